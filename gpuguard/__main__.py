@@ -1,0 +1,5 @@
+"""Allows ``python -m gpuguard``."""
+
+from gpuguard.cli import main
+
+raise SystemExit(main())

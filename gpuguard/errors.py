@@ -1,0 +1,28 @@
+"""The one error type every command turns into a single line and exit code 2.
+
+Anything a user can get wrong (no root, no BPF, a broken rules file, a missing
+GPU library, a corrupt recording) is raised as :class:`GpuguardError` with the
+cause and the fix; the CLI prints ``gpuguard: <cause> (fix: <fix>)`` and exits 2
+instead of showing a traceback.
+"""
+
+from __future__ import annotations
+
+
+class GpuguardError(Exception):
+    """A problem the user can fix: a cause and how to fix it."""
+
+    exit_code = 2
+
+    def __init__(self, cause: str, fix: str = "") -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.fix = fix
+
+    def one_line(self) -> str:
+        from gpuguard.outputs.escape import escape_text
+
+        text = escape_text(self.cause)
+        if self.fix:
+            text += f" (fix: {escape_text(self.fix)})"
+        return text

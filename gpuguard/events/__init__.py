@@ -1,0 +1,1 @@
+"""Events: the typed event model, its JSON form and its wire format."""

@@ -1,0 +1,133 @@
+"""The typed event model every stage after the sensor works with.
+
+Kernel structs (``probes/gpuguard.h``) are decoded into these dataclasses by
+``gpuguard.sources.sensor``; recordings store them (``events.wire``) and the JSON
+lines of ``watch --json`` / ``replay --json`` are their :meth:`Event.to_json`.
+
+``pid`` is always the process id (the kernel's tgid); ``tid`` is the thread.
+``time`` is seconds since the Unix epoch (float).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from gpuguard.outputs.escape import escape_bytes
+
+
+@dataclass(slots=True)
+class Event:
+    """Fields common to every event (the C ``struct gg_header``)."""
+
+    kind: ClassVar[str] = "event"
+    time: float
+    pid: int
+    tid: int = 0
+    uid: int = 0
+    gid: int = 0
+    cgroup_id: int = 0
+    comm: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented JSON object (see README "Event JSON")."""
+        out: dict[str, Any] = {"kind": self.kind}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bytes):
+                value = escape_bytes(value)
+            out[f.name] = value
+        return out
+
+    def to_record(self) -> dict[str, Any]:
+        """Plain values for the msgpack wire format (bytes stay bytes)."""
+        out: dict[str, Any] = {"kind": self.kind}
+        for f in dataclasses.fields(self):
+            out[f.name] = getattr(self, f.name)
+        return out
+
+
+@dataclass(slots=True)
+class GpuOpen(Event):
+    kind: ClassVar[str] = "gpu_open"
+    path: str = ""
+    device_class: str = ""
+    fd: int = -1
+    flags: int = 0
+    relative: bool = False
+
+
+@dataclass(slots=True)
+class GpuIoctl(Event):
+    """ioctls on GPU fds counted in the kernel, reported per interval."""
+
+    kind: ClassVar[str] = "gpu_ioctl"
+    device_class: str = ""
+    command: int = 0
+    command_name: str = ""
+    count: int = 0
+
+
+@dataclass(slots=True)
+class Connect(Event):
+    kind: ClassVar[str] = "connect"
+    family: str = ""          # "ipv4" | "ipv6"
+    address: str = ""
+    port: int = 0
+    fd: int = -1
+    result: int = 0           # 0 or -errno (-115 = EINPROGRESS)
+
+
+@dataclass(slots=True)
+class NetPayload(Event):
+    kind: ClassVar[str] = "net_payload"
+    fd: int = -1
+    seq: int = 0
+    protocol: str = "unknown"
+    detail: dict[str, Any] = field(default_factory=dict)
+    data: bytes = b""
+    truncated: bool = False
+
+
+@dataclass(slots=True)
+class Exec(Event):
+    kind: ClassVar[str] = "exec"
+    filename: str = ""
+    ppid: int = 0
+    cmdline: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Exit(Event):
+    kind: ClassVar[str] = "exit"
+    exit_code: int = -1
+
+
+@dataclass(slots=True)
+class Lost(Event):
+    """Events the kernel could not deliver, by what was lost."""
+
+    kind: ClassVar[str] = "lost"
+    what: str = ""
+    count: int = 0
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls for cls in (GpuOpen, GpuIoctl, Connect, NetPayload, Exec, Exit, Lost)
+}
+
+
+def event_from_record(record: dict[str, Any]) -> Event:
+    """Rebuild an event from :meth:`Event.to_record` output; raises ValueError."""
+    try:
+        cls = EVENT_TYPES[record["kind"]]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown event kind {record.get('kind') if isinstance(record, dict) else record!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in record.items() if k in names}
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ValueError(f"bad {cls.kind} record: {exc}") from None
+

@@ -1,0 +1,1 @@
+"""Outputs: terminal views, SIEM JSON (ECS, OCSF) and metrics."""

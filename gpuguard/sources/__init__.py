@@ -1,0 +1,1 @@
+"""Sources: where facts come from (eBPF sensor, GPU samplers, /proc, recordings)."""

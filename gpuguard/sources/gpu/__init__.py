@@ -1,0 +1,1 @@
+"""GPU samplers: NVIDIA (NVML), AMD (amdsmi) and any DRM driver (fdinfo)."""

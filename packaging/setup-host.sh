@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Set up a Debian host for gpuguard (idempotent), then run a job.
+#
+#   bash packaging/setup-host.sh run  [gpuguard watch options]   # set up, then the live view
+#   bash packaging/setup-host.sh test [pytest options]           # set up, then the whole test suite
+#   bash packaging/setup-host.sh setup                           # set up only
+#
+# Installs what is missing: Debian's bcc (python3-bpfcc), kernel headers (or
+# the closest Debian headers linked in as a fallback), nftables, a compiler for
+# the test workloads, and a virtual environment (.venv) that sees bcc and has
+# gpuguard with its PyPI dependencies.  Safe to run again: it only does what
+# is not done yet.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$ROOT/.venv"
+job=${1:-run}
+[ $# -gt 0 ] && shift
+
+say() { printf 'gpuguard-setup: %s\n' "$*" >&2; }
+die() { printf 'gpuguard-setup: %s\n' "$*" >&2; exit 2; }
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (fix: sudo bash packaging/setup-host.sh $job)"
+command -v apt-get >/dev/null || die "apt-get not found: this script sets up Debian/Ubuntu hosts (fix: install bcc, kernel headers and python3-venv by hand, then pip install -e .)"
+
+DEBS=(python3-bpfcc python3-venv python3-pip python3-nftables nftables iproute2 gcc libc6-dev util-linux procps)
+missing=()
+for p in "${DEBS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+KREL=$(uname -r)
+KBUILD=/lib/modules/$KREL/build
+if [ ! -e "$KBUILD/include" ]; then
+    # Prefer the exact headers; fall back to Debian's generic ones.
+    if apt-cache show "linux-headers-$KREL" >/dev/null 2>&1; then
+        missing+=("linux-headers-$KREL")
+    elif ! ls -d /usr/src/linux-headers-*-amd64 >/dev/null 2>&1 && ! ls -d /usr/src/linux-headers-*-arm64 >/dev/null 2>&1; then
+        case $(uname -m) in
+            x86_64) missing+=(linux-headers-amd64) ;;
+            aarch64) missing+=(linux-headers-arm64) ;;
+        esac
+    fi
+fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null || die "apt-get update failed (fix: check the network / apt sources)"
+    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
+        || die "apt-get install ${missing[*]} failed (fix: run it by hand to see why)"
+fi
+
+if [ ! -e "$KBUILD/include" ]; then
+    # No headers for this exact kernel: link the newest Debian headers.  Probes
+    # only use tracepoint arguments and UAPI structs, so this is safe for them.
+    arch_suffix=amd64; [ "$(uname -m)" = aarch64 ] && arch_suffix=arm64
+    fallback=$(ls -d /usr/src/linux-headers-*-"$arch_suffix" 2>/dev/null | sort -V | tail -n 1 || true)
+    [ -n "$fallback" ] || die "no kernel headers for $KREL (fix: apt-get install linux-headers-$arch_suffix)"
+    common=${fallback%-"$arch_suffix"}-common
+    say "no headers for $KREL: linking $fallback as a fallback"
+    mkdir -p "/lib/modules/$KREL"
+    ln -sfn "$fallback" "$KBUILD"
+    [ -d "$common" ] && ln -sfn "$common" "/lib/modules/$KREL/source"
+fi
+
+# Syscall tracepoints live in tracefs.
+if [ ! -d /sys/kernel/tracing/events ] && [ ! -d /sys/kernel/debug/tracing/events ]; then
+    mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null \
+        || mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null || true
+fi
+
+# A venv on Debian's python3 (bcc is a Debian package for that interpreter).
+stamp="$VENV/.gpuguard-installed"
+want=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "creating the virtual environment in $VENV"
+    [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]" \
+        || die "pip install failed (fix: check access to PyPI, then run this again)"
+    echo "$want" > "$stamp"
+fi
+"$VENV/bin/python" -c "import bcc" 2>/dev/null || die "the venv cannot import bcc (fix: apt-get install --reinstall python3-bpfcc)"
+
+case $job in
+    setup) say "ready: $VENV/bin/gpuguard" ;;
+    run)   exec "$VENV/bin/gpuguard" watch "$@" ;;
+    test)  cd "$ROOT" && exec "$VENV/bin/python" -m pytest --require-root-tests "$@" ;;
+    *)     die "unknown job '$job' (fix: use run, test or setup)" ;;
+esac

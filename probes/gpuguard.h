@@ -1,0 +1,140 @@
+/* gpuguard.h - the one definition of every kernel->user event and of the
+ * enums user space shares with the probes.
+ *
+ * User space never mirrors these structs by hand: the sensor exports each
+ * struct's layout through a one-entry "schema_*" array map, and bcc builds the
+ * ctypes class from clang's view of this file.  gpuguard/events/abi.py parses
+ * the enums below (and only them) so replay and decoding work without a kernel.
+ *
+ * Rules for editing: keep every enum as `NAME = number,` on its own line; add
+ * new kinds at the end; bump GG_ABI_VERSION when a struct changes.
+ */
+#ifndef GPUGUARD_H
+#define GPUGUARD_H
+
+#define GG_ABI_VERSION 1
+
+#define GG_COMM_LEN 16
+#define GG_PATH_LEN 128
+#ifndef GG_PAYLOAD_LEN
+#define GG_PAYLOAD_LEN 512
+#endif
+
+enum gg_event_kind {
+    GG_KIND_GPU_OPEN = 1,
+    GG_KIND_CONNECT = 2,
+    GG_KIND_NET_PAYLOAD = 3,
+    GG_KIND_EXEC = 4,
+    GG_KIND_EXIT = 5,
+};
+
+/* What kind of GPU-related file a descriptor refers to. */
+enum gg_device_class {
+    GG_DEV_NONE = 0,
+    GG_DEV_NVIDIA = 1,           /* /dev/nvidiaN: one GPU */
+    GG_DEV_NVIDIA_CTL = 2,       /* /dev/nvidiactl */
+    GG_DEV_NVIDIA_UVM = 3,       /* /dev/nvidia-uvm */
+    GG_DEV_NVIDIA_UVM_TOOLS = 4, /* /dev/nvidia-uvm-tools */
+    GG_DEV_NVIDIA_MODESET = 5,   /* /dev/nvidia-modeset */
+    GG_DEV_KFD = 6,              /* /dev/kfd: AMD ROCm compute */
+    GG_DEV_DRM_CARD = 7,         /* /dev/dri/cardN */
+    GG_DEV_DRM_RENDER = 8,       /* /dev/dri/renderDN */
+    GG_DEV_PCI_BAR = 9,          /* /sys/bus/pci/devices/X/resourceN */
+    GG_DEV_MEM = 10,             /* /dev/mem */
+    GG_DEV_NVIDIA_CAPS = 11,     /* /dev/nvidia-caps/... (MIG capabilities) */
+};
+
+/* Which ring-buffer/perf reservation failed, for the lost-event counters. */
+enum gg_lost_slot {
+    GG_LOST_GPU_OPEN = 0,
+    GG_LOST_CONNECT = 1,
+    GG_LOST_NET_PAYLOAD = 2,
+    GG_LOST_EXEC = 3,
+    GG_LOST_EXIT = 4,
+    GG_LOST_IOCTL_KEYS = 5,      /* ioctl counter map full: a new key was dropped */
+    GG_LOST_TRACKED_FDS = 6,     /* tracked-fd map full: an open was not tracked */
+    GG_LOST_SLOTS = 7,
+};
+
+/* Flags on a gpu_open event. */
+enum gg_open_flag {
+    GG_OPEN_RELATIVE = 1,        /* path was relative: classified by basename only */
+};
+
+/* Flag OR-ed into an NVIDIA ioctl command when the count is for the command
+ * carried inside an IOCTL_XFER_CMD (escape 211) wrapper. */
+#define GG_NV_XFER_FLAG 0x100000000ULL
+
+/* Every event starts with this header (Tetragon-style): user space reads
+ * kind and size, then casts to the struct for that kind. */
+struct gg_header {
+    __u32 kind;
+    __u32 size;
+    __u64 time_ns;          /* bpf_ktime_get_boot_ns() */
+    __u32 pid;              /* thread id */
+    __u32 tgid;             /* process id */
+    __u32 uid;
+    __u32 gid;
+    __u64 cgroup_id;
+    char comm[GG_COMM_LEN];
+};
+
+struct gg_gpu_open {
+    struct gg_header hdr;
+    __s32 fd;
+    __u32 open_flags;       /* flags passed to open(2) */
+    __u32 device_class;     /* enum gg_device_class */
+    __u32 gg_flags;         /* enum gg_open_flag */
+    char path[GG_PATH_LEN];
+};
+
+struct gg_connect {
+    struct gg_header hdr;
+    __s32 fd;
+    __s32 result;           /* 0 or -errno (e.g. -EINPROGRESS) */
+    __u16 family;           /* AF_INET / AF_INET6 */
+    __u16 port;             /* host byte order */
+    __u32 _pad;
+    __u8 addr[16];          /* IPv4 in the first 4 bytes */
+};
+
+struct gg_net_payload {
+    struct gg_header hdr;
+    __s32 fd;
+    __u32 seq;              /* 0 for the first write on the socket, 1 next... */
+    __u32 len;              /* bytes captured in data */
+    __u32 orig_len;         /* bytes the process wrote in that call */
+    __u8 data[GG_PAYLOAD_LEN];
+};
+
+struct gg_exec {
+    struct gg_header hdr;
+    __u32 ppid;             /* filled in user space when 0 */
+    __u32 _pad;
+    char filename[GG_PATH_LEN];
+};
+
+struct gg_exit {
+    struct gg_header hdr;
+    __s32 exit_code;        /* from exit_group(2) when seen, else -1 */
+    __u32 _pad;
+};
+
+/* Kernel-side maps whose layout user space reads. */
+struct gg_fd_key {
+    __u32 tgid;
+    __s32 fd;
+};
+
+struct gg_tracked_fd {
+    __u32 device_class;
+    __u32 open_flags;
+};
+
+struct gg_ioctl_key {
+    __u32 tgid;
+    __u32 device_class;
+    __u64 command;          /* ioctl cmd; NVIDIA XFER inner cmd | GG_NV_XFER_FLAG */
+};
+
+#endif /* GPUGUARD_H */

@@ -52,16 +52,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     pytest.skip(f"root test: {blocker}")
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
-    if not config.getoption("--require-root-tests"):
-        return
-    skipped = [
-        r for r in terminalreporter.stats.get("skipped", [])
-        if "root" in getattr(r, "keywords", {})
-    ]
-    if skipped:
-        terminalreporter.write_line(f"ERROR: {len(skipped)} root tests were skipped", red=True)
-        terminalreporter._session.exitstatus = 1  # noqa: SLF001
+_skipped_root_tests: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and "root" in report.keywords:
+        _skipped_root_tests.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config.getoption("--require-root-tests") and _skipped_root_tests:
+        print(f"\nERROR: {len(_skipped_root_tests)} root tests were skipped: {_skipped_root_tests[:5]}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,35 @@
+"""Which files are GPU devices: the user-space twin of the probes' path test.
+
+The probes classify an open by its path (they cannot see the device major
+without kernel-internal structs); /proc scans, relative-path checks and tests
+use this module so both sides agree on the same classes.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuguard.events.abi import DeviceClass
+
+# Ordered: the first match wins (nvidiactl before nvidia<N>).
+_ABSOLUTE = (
+    (re.compile(r"^/dev/nvidiactl$"), DeviceClass.NVIDIA_CTL),
+    (re.compile(r"^/dev/nvidia-uvm-tools$"), DeviceClass.NVIDIA_UVM_TOOLS),
+    (re.compile(r"^/dev/nvidia-uvm$"), DeviceClass.NVIDIA_UVM),
+    (re.compile(r"^/dev/nvidia-modeset$"), DeviceClass.NVIDIA_MODESET),
+    (re.compile(r"^/dev/nvidia-caps/"), DeviceClass.NVIDIA_CAPS),
+    (re.compile(r"^/dev/nvidia\d+$"), DeviceClass.NVIDIA),
+    (re.compile(r"^/dev/kfd$"), DeviceClass.KFD),
+    (re.compile(r"^/dev/dri/card\d+$"), DeviceClass.DRM_CARD),
+    (re.compile(r"^/dev/dri/renderD\d+$"), DeviceClass.DRM_RENDER),
+    (re.compile(r"^/sys/(bus/pci/devices|devices/pci[0-9a-f:.]+(/[0-9a-f:.]+)*)/[^/]+/resource\d+(_wc)?$"), DeviceClass.PCI_BAR),
+    (re.compile(r"^/dev/mem$"), DeviceClass.MEM),
+)
+
+
+def classify_device_path(path: str) -> DeviceClass:
+    """Return the GPU device class of an absolute, resolved path (NONE if not a GPU file)."""
+    for pattern, device_class in _ABSOLUTE:
+        if pattern.match(path):
+            return device_class
+    return DeviceClass.NONE

@@ -1,0 +1,93 @@
+"""The one interface every GPU telemetry source implements, and how they are opened.
+
+A sampler is opened once, then ``sample()`` is called at a steady rate (1 Hz in
+the agent).  A source that cannot work here (no library, no driver, no GPU)
+raises :class:`SourceUnavailable` from its ``open`` and is reported once, in one
+line with the cause and the fix; the others keep working.  After a sampler is
+open it never raises from ``sample()``: a metric it cannot read is ``None`` and
+a line in ``GpuSnapshot.errors``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Iterable, Protocol, runtime_checkable
+
+from gpuguard.errors import GpuguardError
+from gpuguard.sources.gpu.snapshot import GpuSnapshot
+
+ALL_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
+
+# source name -> (module, label used in status lines)
+_OPENERS = {
+    "nvml": ("gpuguard.sources.gpu.nvml", "NVML"),
+    "amdsmi": ("gpuguard.sources.gpu.amd", "amdsmi"),
+    "drm-fdinfo": ("gpuguard.sources.gpu.drm_fdinfo", "DRM fdinfo"),
+}
+
+
+@runtime_checkable
+class GpuSampler(Protocol):
+    """A source of :class:`GpuSnapshot`; ``sample()`` never raises once opened."""
+
+    source: str
+
+    def sample(self) -> GpuSnapshot: ...
+
+    def close(self) -> None: ...
+
+
+class SourceUnavailable(GpuguardError):
+    """This telemetry source cannot work on this machine (cause + fix)."""
+
+
+def status_line(label: str, exc: SourceUnavailable) -> str:
+    """``NVML not available: library not found (fix: install the NVIDIA driver)``."""
+    return f"{label} not available: {exc.one_line()}"
+
+
+def open_samplers(
+    sources: Iterable[str] = ALL_SOURCES,
+    proc_root: str = "/proc",
+    on_status: Callable[[str], None] | None = None,
+) -> list[GpuSampler]:
+    """Open every source that works here; report each one that does not, once.
+
+    Each module named in ``_OPENERS`` has ``open_sampler(proc_root=...)``.
+    """
+    samplers: list[GpuSampler] = []
+    for name in sources:
+        if name not in _OPENERS:
+            raise GpuguardError(f"unknown GPU source {name!r}", f"use one of {', '.join(ALL_SOURCES)}")
+        module_name, label = _OPENERS[name]
+        module = importlib.import_module(module_name)
+        try:
+            samplers.append(module.open_sampler(proc_root=proc_root))
+        except SourceUnavailable as exc:
+            if on_status is not None:
+                on_status(status_line(label, exc))
+    return samplers
+
+
+class OnceErrors:
+    """Error lines reported once per (device, field) until that part works again.
+
+    Sampling at 1 Hz must not repeat "power: not supported" every second; a
+    field that recovers and later fails again is reported again.
+    """
+
+    def __init__(self) -> None:
+        self._active: dict[tuple[object, str], str] = {}
+
+    def report(self, errors: list[str], device: object, field: str, line: str) -> None:
+        key = (device, field)
+        if self._active.get(key) != line:
+            self._active[key] = line
+            errors.append(line)
+
+    def clear(self, device: object, field: str) -> None:
+        self._active.pop((device, field), None)
+
+    def clear_device(self, device: object) -> None:
+        for key in [k for k in self._active if k[0] == device]:
+            del self._active[key]

@@ -1,0 +1,1 @@
+"""Faithful fakes of the vendor GPU libraries (pynvml, amdsmi) for adapter tests."""

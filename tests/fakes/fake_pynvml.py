@@ -1,0 +1,328 @@
+"""A fake ``pynvml`` module: same names, return types and error classes as nvidia-ml-py 13.
+
+Built as a real module object (``FakeNvml().module``) so the NVML adapter cannot
+tell it from the real one: errors are ``NVMLError`` instances whose ``__new__``
+maps the code to the per-code subclass (``NVMLError(6)`` is an
+``NVMLError_NotFound``), process lists are objects with ``pid`` /
+``usedGpuMemory`` / ``gpuInstanceId`` / ``computeInstanceId`` attributes like
+pynvml's ``nvmlFriendlyObject``, and utilisation samples are
+``c_nvmlProcessUtilizationSample_t`` ctypes structures.
+
+Default values are an H100 SXM5 80GB as NVML reports it: 81559 MiB total
+memory (nvidia-smi shows "81559MiB"), 700 W enforced power limit, 1980 MHz
+maximum SM clock, 2619 MHz memory clock (HBM3), PCI bus id
+"00000000:18:00.0", driver 550.54.15 (public H100 spec sheet and nvidia-smi
+output of that driver).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import string
+import types
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+
+# The codes pynvml defines (nvml.h's nvmlReturn_t).
+ERROR_CODES = {
+    "NVML_ERROR_UNINITIALIZED": 1,
+    "NVML_ERROR_INVALID_ARGUMENT": 2,
+    "NVML_ERROR_NOT_SUPPORTED": 3,
+    "NVML_ERROR_NO_PERMISSION": 4,
+    "NVML_ERROR_ALREADY_INITIALIZED": 5,
+    "NVML_ERROR_NOT_FOUND": 6,
+    "NVML_ERROR_INSUFFICIENT_SIZE": 7,
+    "NVML_ERROR_INSUFFICIENT_POWER": 8,
+    "NVML_ERROR_DRIVER_NOT_LOADED": 9,
+    "NVML_ERROR_TIMEOUT": 10,
+    "NVML_ERROR_IRQ_ISSUE": 11,
+    "NVML_ERROR_LIBRARY_NOT_FOUND": 12,
+    "NVML_ERROR_FUNCTION_NOT_FOUND": 13,
+    "NVML_ERROR_CORRUPTED_INFOROM": 14,
+    "NVML_ERROR_GPU_IS_LOST": 15,
+    "NVML_ERROR_RESET_REQUIRED": 16,
+    "NVML_ERROR_OPERATING_SYSTEM": 17,
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": 18,
+    "NVML_ERROR_IN_USE": 19,
+    "NVML_ERROR_MEMORY": 20,
+    "NVML_ERROR_NO_DATA": 21,
+    "NVML_ERROR_GPU_NOT_FOUND": 28,
+    "NVML_ERROR_UNKNOWN": 999,
+}
+_STRINGS = {
+    3: "Not Supported", 4: "Insufficient Permissions", 6: "Not Found", 9: "Driver Not Loaded",
+    12: "NVML Shared Library Not Found", 13: "Function Not Found", 15: "GPU is lost", 1: "Uninitialized",
+    28: "GPU not found",
+}
+
+
+class NVMLError(Exception):
+    _valClassMapping: dict[int, type] = {}
+
+    def __new__(typ, value):
+        if typ is NVMLError:
+            typ = NVMLError._valClassMapping.get(value, typ)
+        obj = Exception.__new__(typ)
+        obj.value = value
+        return obj
+
+    def __str__(self):
+        return _STRINGS.get(self.value, f"NVML Error with code {self.value}")
+
+    def __eq__(self, other):
+        return self.value == other.value
+
+    __hash__ = Exception.__hash__
+
+
+class NVMLLibraryMismatchError(Exception):
+    pass
+
+
+def _error_classes() -> dict[str, type]:
+    classes = {}
+    for name, value in ERROR_CODES.items():
+        # NVML_ERROR_GPU_IS_LOST -> NVMLError_GpuIsLost, as pynvml names them
+        class_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace("_", "")
+
+        def new(typ, *args, _value=value):
+            return NVMLError.__new__(typ, _value)
+
+        cls = type(class_name, (NVMLError,), {"__new__": new})
+        NVMLError._valClassMapping[value] = cls
+        classes[class_name] = cls
+    return classes
+
+
+ERROR_CLASSES = _error_classes()
+
+
+class c_nvmlUtilization_t(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class c_nvmlMemory_t(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class nvmlPciInfo_t(ctypes.Structure):
+    _fields_ = [
+        ("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
+        ("busId", ctypes.c_char * 32),
+    ]
+
+
+class c_nvmlProcessUtilizationSample_t(ctypes.Structure):
+    _fields_ = [
+        ("pid", ctypes.c_uint), ("timeStamp", ctypes.c_ulonglong), ("smUtil", ctypes.c_uint),
+        ("memUtil", ctypes.c_uint), ("encUtil", ctypes.c_uint), ("decUtil", ctypes.c_uint),
+    ]
+
+
+class c_nvmlDevice_t(ctypes.Structure):
+    """pynvml's handle type is a pointer-wrapping struct; ours carries the fake's index."""
+
+    _fields_ = [("index", ctypes.c_uint)]
+
+
+class nvmlFriendlyObject:
+    def __init__(self, dictionary):
+        for key, value in dictionary.items():
+            setattr(self, key, value)
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    used_memory: int | None  # bytes; None = NVML_VALUE_NOT_AVAILABLE (WDDM, some MIG set-ups)
+    gpu_instance_id: int = 0xFFFFFFFF
+    compute_instance_id: int = 0xFFFFFFFF
+
+
+@dataclass
+class FakeGpu:
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = "GPU-5c5f5a8e-3b0c-8c0e-2a42-6f1e6d7b1c01"
+    bus_id: str = "00000000:18:00.0"
+    memory_total: int = 81559 * MIB
+    memory_used: int = 0
+    util_gpu: int = 0
+    util_memory: int = 0
+    power_mw: int = 71_000         # an idle H100 SXM draws ~70 W
+    power_limit_mw: int = 700_000
+    sm_clock: int = 345            # idle clock
+    sm_clock_max: int = 1980
+    mem_clock: int = 2619
+    temperature: int = 32
+    pcie_tx_kbs: int = 0
+    pcie_rx_kbs: int = 0
+    mig_mode: int = 0
+    compute: list[FakeProcess] = field(default_factory=list)
+    graphics: list[FakeProcess] = field(default_factory=list)
+    # (pid, timeStamp µs, sm, mem, enc, dec); the driver's ring buffer of samples
+    util_samples: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
+    failing: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
+    lost: bool = False              # every call on this GPU raises GPU_IS_LOST
+
+
+class FakeNvml:
+    """The fake library state plus the module built from it (``.module``)."""
+
+    def __init__(self, gpus: list[FakeGpu] | None = None, driver_version: str = "550.54.15") -> None:
+        self.gpus = gpus if gpus is not None else [FakeGpu()]
+        self.driver_version = driver_version
+        self.init_error: int | None = None   # code nvmlInit raises (12 = library not found)
+        self.initialized = False
+        self.init_calls = 0
+        self.calls = 0
+        self.module = self._build_module()
+
+    # -- helpers for tests ---------------------------------------------------
+
+    def remove(self, *names: str) -> None:
+        """Make functions absent from the module (an older nvidia-ml-py)."""
+        for name in names:
+            delattr(self.module, name)
+
+    def driver_unloaded(self) -> None:
+        """The kernel driver went away: NVML is no longer initialised."""
+        self.initialized = False
+        self.init_error = ERROR_CODES["NVML_ERROR_DRIVER_NOT_LOADED"]
+
+    def driver_loaded(self) -> None:
+        self.init_error = None
+
+    # -- the module ----------------------------------------------------------
+
+    def _raise(self, code: int):
+        raise NVMLError(code)
+
+    def _gpu(self, handle, fn_name: str) -> FakeGpu:
+        self.calls += 1
+        if not self.initialized:
+            self._raise(ERROR_CODES["NVML_ERROR_UNINITIALIZED"])
+        gpu = self.gpus[handle.index]
+        if gpu.lost:
+            self._raise(ERROR_CODES["NVML_ERROR_GPU_IS_LOST"])
+        if fn_name in gpu.failing:
+            self._raise(gpu.failing[fn_name])
+        return gpu
+
+    def _build_module(self) -> types.ModuleType:
+        m = types.ModuleType("pynvml")
+        fake = self
+        for name, value in ERROR_CODES.items():
+            setattr(m, name, value)
+        m.NVML_SUCCESS = 0
+        for name, cls in ERROR_CLASSES.items():
+            setattr(m, name, cls)
+        m.NVMLError = NVMLError
+        m.NVMLLibraryMismatchError = NVMLLibraryMismatchError
+        m.NVML_CLOCK_GRAPHICS, m.NVML_CLOCK_SM, m.NVML_CLOCK_MEM, m.NVML_CLOCK_VIDEO = 0, 1, 2, 3
+        m.NVML_TEMPERATURE_GPU = 0
+        m.NVML_PCIE_UTIL_TX_BYTES, m.NVML_PCIE_UTIL_RX_BYTES = 0, 1
+        m.NVML_DEVICE_MIG_DISABLE, m.NVML_DEVICE_MIG_ENABLE = 0, 1
+        m.c_nvmlProcessUtilizationSample_t = c_nvmlProcessUtilizationSample_t
+        m.c_nvmlUtilization_t = c_nvmlUtilization_t
+        m.c_nvmlMemory_t = c_nvmlMemory_t
+
+        def nvmlInit():
+            fake.init_calls += 1
+            if fake.init_error is not None:
+                raise NVMLError(fake.init_error)
+            fake.initialized = True
+
+        def nvmlShutdown():
+            if not fake.initialized:
+                raise NVMLError(ERROR_CODES["NVML_ERROR_UNINITIALIZED"])
+            fake.initialized = False
+
+        def nvmlSystemGetDriverVersion():
+            if not fake.initialized:
+                raise NVMLError(ERROR_CODES["NVML_ERROR_UNINITIALIZED"])
+            return fake.driver_version  # pynvml's @convertStrBytes decodes to str
+
+        def nvmlDeviceGetCount():
+            fake.calls += 1
+            if not fake.initialized:
+                raise NVMLError(ERROR_CODES["NVML_ERROR_UNINITIALIZED"])
+            return len(fake.gpus)
+
+        def nvmlDeviceGetHandleByIndex(index):
+            fake.calls += 1
+            if not fake.initialized:
+                raise NVMLError(ERROR_CODES["NVML_ERROR_UNINITIALIZED"])
+            if index >= len(fake.gpus):
+                raise NVMLError(ERROR_CODES["NVML_ERROR_INVALID_ARGUMENT"])
+            if fake.gpus[index].lost:
+                raise NVMLError(ERROR_CODES["NVML_ERROR_GPU_IS_LOST"])
+            return c_nvmlDevice_t(index)
+
+        def nvmlDeviceGetHandleByUUID(uuid):
+            fake.calls += 1
+            if not fake.initialized:
+                raise NVMLError(ERROR_CODES["NVML_ERROR_UNINITIALIZED"])
+            for index, gpu in enumerate(fake.gpus):
+                if gpu.uuid == uuid:
+                    if gpu.lost:
+                        raise NVMLError(ERROR_CODES["NVML_ERROR_GPU_IS_LOST"])
+                    return c_nvmlDevice_t(index)
+            raise NVMLError(ERROR_CODES["NVML_ERROR_NOT_FOUND"])
+
+        def simple(fn_name, getter):
+            def fn(handle, *args):
+                return getter(fake._gpu(handle, fn_name), *args)
+            fn.__name__ = fn_name
+            setattr(m, fn_name, fn)
+
+        simple("nvmlDeviceGetName", lambda g: g.name)
+        simple("nvmlDeviceGetUUID", lambda g: g.uuid)
+        simple("nvmlDeviceGetPciInfo", lambda g: nvmlPciInfo_t(busId=g.bus_id.encode(), busIdLegacy=g.bus_id.encode()))
+        simple("nvmlDeviceGetUtilizationRates", lambda g: c_nvmlUtilization_t(g.util_gpu, g.util_memory))
+        simple("nvmlDeviceGetMemoryInfo", lambda g: c_nvmlMemory_t(g.memory_total, g.memory_total - g.memory_used, g.memory_used))
+        simple("nvmlDeviceGetPowerUsage", lambda g: g.power_mw)
+        simple("nvmlDeviceGetEnforcedPowerLimit", lambda g: g.power_limit_mw)
+        simple("nvmlDeviceGetClockInfo", lambda g, t: {1: g.sm_clock, 0: g.sm_clock, 2: g.mem_clock}[t])
+        simple("nvmlDeviceGetMaxClockInfo", lambda g, t: {1: g.sm_clock_max, 0: g.sm_clock_max, 2: g.mem_clock}[t])
+        simple("nvmlDeviceGetTemperature", lambda g, sensor: g.temperature)
+        simple("nvmlDeviceGetPcieThroughput", lambda g, c: g.pcie_tx_kbs if c == 0 else g.pcie_rx_kbs)
+        simple("nvmlDeviceGetMigMode", lambda g: [g.mig_mode, g.mig_mode])
+
+        def friendly(procs):
+            return [nvmlFriendlyObject({"pid": p.pid, "usedGpuMemory": p.used_memory,
+                                        "gpuInstanceId": p.gpu_instance_id,
+                                        "computeInstanceId": p.compute_instance_id}) for p in procs]
+
+        for kind in ("Compute", "Graphics"):
+            attr = kind.lower()
+            for suffix in ("_v3", "_v2", ""):
+                name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
+
+                def lister(handle, _name=name, _attr=attr, _plain=(suffix == "")):
+                    try:
+                        gpu = fake._gpu(handle, _name)
+                    except ERROR_CLASSES["NVMLError_FunctionNotFound"]:
+                        if _plain:  # pynvml's @throwOnVersionMismatch
+                            raise NVMLLibraryMismatchError("Unversioned function called and the pyNVML "
+                                                           "version does not match the NVML lib version.")
+                        raise
+                    return friendly(getattr(gpu, _attr))
+
+                lister.__name__ = name
+                setattr(m, name, lister)
+
+        def nvmlDeviceGetProcessUtilization(handle, timeStamp):
+            gpu = fake._gpu(handle, "nvmlDeviceGetProcessUtilization")
+            newer = [s for s in gpu.util_samples if s[1] > timeStamp]
+            if not newer:
+                # The real call's size query returns NOT_FOUND when no sample is newer.
+                raise NVMLError(ERROR_CODES["NVML_ERROR_NOT_FOUND"])
+            array = (c_nvmlProcessUtilizationSample_t * len(newer))(*[c_nvmlProcessUtilizationSample_t(*s) for s in newer])
+            return array[0:len(newer)]
+
+        for fn in (nvmlInit, nvmlShutdown, nvmlSystemGetDriverVersion, nvmlDeviceGetCount,
+                   nvmlDeviceGetHandleByIndex, nvmlDeviceGetHandleByUUID, nvmlDeviceGetProcessUtilization):
+            setattr(m, fn.__name__, fn)
+        return m

@@ -1,0 +1,185 @@
+/* net.bpf.c - where processes connect, and the first bytes they send there.
+ *
+ * Every IPv4/IPv6 connect(2) becomes a connect event (the correlator decides
+ * what matters).  A connect that succeeds or is in progress marks the socket
+ * "fresh": its first GG_PAYLOAD_WRITES writes/sends are copied (up to
+ * GG_PAYLOAD_LEN bytes each) as net_payload events, then it is forgotten.
+ * Writes on any other fd cost one hash lookup.
+ */
+
+#define GG_AF_INET 2
+#define GG_AF_INET6 10
+#define GG_EINPROGRESS 115
+
+struct gg_pending_connect {
+    __s32 fd;
+    __u16 family;
+    __u16 port;
+    __u8 addr[16];
+};
+
+BPF_HASH(pending_connects, __u64, struct gg_pending_connect, 4096);
+
+/* struct iovec and the start of struct msghdr as user space lays them out
+ * (LP64); only UAPI-visible layouts are read. */
+struct gg_iovec {
+    __u64 base;
+    __u64 len;
+};
+
+struct gg_user_msghdr {
+    __u64 msg_name;
+    __u32 msg_namelen;
+    __u32 _pad;
+    __u64 msg_iov;
+    __u64 msg_iovlen;
+};
+
+TRACEPOINT_PROBE(syscalls, sys_enter_connect)
+{
+    __u16 family = 0;
+    if (bpf_probe_read_user(&family, sizeof(family), args->uservaddr) < 0)
+        return 0;
+    if (family != GG_AF_INET && family != GG_AF_INET6)
+        return 0;
+    struct gg_pending_connect pc = { .fd = args->fd, .family = family };
+    __u16 port_be = 0;
+    /* sin_port and sin6_port both sit at offset 2. */
+    bpf_probe_read_user(&port_be, sizeof(port_be), (char *)args->uservaddr + 2);
+    pc.port = (port_be >> 8) | ((port_be & 0xff) << 8);
+    if (family == GG_AF_INET)
+        bpf_probe_read_user(pc.addr, 4, (char *)args->uservaddr + 4);   /* sin_addr */
+    else
+        bpf_probe_read_user(pc.addr, 16, (char *)args->uservaddr + 8);  /* sin6_addr */
+    __u64 id = bpf_get_current_pid_tgid();
+    pending_connects.update(&id, &pc);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_connect)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    struct gg_pending_connect *pc = pending_connects.lookup(&id);
+    if (!pc)
+        return 0;
+    long ret = args->ret;
+
+#ifdef GG_PAYLOAD_CAPTURE
+    if (ret == 0 || ret == -GG_EINPROGRESS) {
+        struct gg_fd_key key = { .tgid = id >> 32, .fd = pc->fd };
+        __u32 writes = GG_PAYLOAD_WRITES;
+        fresh_sockets.update(&key, &writes);
+    }
+#endif
+
+#ifdef GG_PERF_BUFFER
+    __u32 zero = 0;
+    struct gg_connect *e = scratch_connect.lookup(&zero);
+#else
+    struct gg_connect *e = events.ringbuf_reserve(sizeof(struct gg_connect));
+#endif
+    if (!e) {
+        count_lost(GG_LOST_CONNECT);
+        pending_connects.delete(&id);
+        return 0;
+    }
+    fill_header(&e->hdr, GG_KIND_CONNECT, sizeof(*e));
+    e->fd = pc->fd;
+    e->result = (__s32)ret;
+    e->family = pc->family;
+    e->port = pc->port;
+    e->_pad = 0;
+    __builtin_memcpy(e->addr, pc->addr, sizeof(e->addr));
+#ifdef GG_PERF_BUFFER
+    if (events.perf_submit(args, e, sizeof(*e)) < 0)
+        count_lost(GG_LOST_CONNECT);
+#else
+    events.ringbuf_submit(e, 0);
+#endif
+    pending_connects.delete(&id);
+    return 0;
+}
+
+#ifdef GG_PAYLOAD_CAPTURE
+static __always_inline int capture_write(void *ctx, __s32 fd, __u64 buf, __u64 len)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    struct gg_fd_key key = { .tgid = id >> 32, .fd = fd };
+    __u32 *left = fresh_sockets.lookup(&key);
+    if (!left)
+        return 0;
+    __u32 seq = GG_PAYLOAD_WRITES - *left;
+    if (*left <= 1)
+        fresh_sockets.delete(&key);
+    else
+        __sync_fetch_and_add(left, -1);
+
+#ifdef GG_PERF_BUFFER
+    __u32 zero = 0;
+    struct gg_net_payload *e = scratch_net_payload.lookup(&zero);
+#else
+    struct gg_net_payload *e = events.ringbuf_reserve(sizeof(struct gg_net_payload));
+#endif
+    if (!e) {
+        count_lost(GG_LOST_NET_PAYLOAD);
+        return 0;
+    }
+    fill_header(&e->hdr, GG_KIND_NET_PAYLOAD, sizeof(*e));
+    __u32 n = len > GG_PAYLOAD_LEN ? GG_PAYLOAD_LEN : (__u32)len;
+    e->fd = fd;
+    e->seq = seq;
+    e->orig_len = len > 0xffffffffULL ? 0xffffffff : (__u32)len;
+    e->len = 0;
+    if (n > 0 && n <= GG_PAYLOAD_LEN &&
+        bpf_probe_read_user(e->data, n, (void *)buf) == 0)
+        e->len = n;
+#ifdef GG_PERF_BUFFER
+    if (events.perf_submit(ctx, e, sizeof(*e)) < 0)
+        count_lost(GG_LOST_NET_PAYLOAD);
+#else
+    events.ringbuf_submit(e, 0);
+#endif
+    return 0;
+}
+
+static __always_inline int capture_iov(void *ctx, __s32 fd, __u64 iov, __u64 iovlen)
+{
+    if (iovlen == 0)
+        return 0;
+    __u64 id = bpf_get_current_pid_tgid();
+    struct gg_fd_key key = { .tgid = id >> 32, .fd = fd };
+    if (!fresh_sockets.lookup(&key))
+        return 0;
+    struct gg_iovec first = {};
+    if (bpf_probe_read_user(&first, sizeof(first), (void *)iov) < 0)
+        return 0;
+    return capture_write(ctx, fd, first.base, first.len);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_write)
+{
+    return capture_write(args, (__s32)args->fd, (__u64)args->buf, args->count);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_sendto)
+{
+    return capture_write(args, args->fd, (__u64)args->buff, args->len);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_writev)
+{
+    return capture_iov(args, (__s32)args->fd, (__u64)args->vec, args->vlen);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    struct gg_fd_key key = { .tgid = id >> 32, .fd = args->fd };
+    if (!fresh_sockets.lookup(&key))
+        return 0;
+    struct gg_user_msghdr mh = {};
+    if (bpf_probe_read_user(&mh, sizeof(mh), args->msg) < 0)
+        return 0;
+    return capture_iov(args, args->fd, mh.msg_iov, mh.msg_iovlen);
+}
+#endif /* GG_PAYLOAD_CAPTURE */

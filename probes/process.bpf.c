@@ -1,0 +1,76 @@
+/* process.bpf.c - process exec and exit, so user space can attach facts and clean up.
+ *
+ * exit_group(2)'s code is remembered per process so the exit event can carry
+ * it; processes killed by a signal report -1.
+ */
+
+BPF_HASH(exit_codes, __u32, __s32, 8192);
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+#ifdef GG_PERF_BUFFER
+    __u32 zero = 0;
+    struct gg_exec *e = scratch_exec.lookup(&zero);
+#else
+    struct gg_exec *e = events.ringbuf_reserve(sizeof(struct gg_exec));
+#endif
+    if (!e) {
+        count_lost(GG_LOST_EXEC);
+        return 0;
+    }
+    fill_header(&e->hdr, GG_KIND_EXEC, sizeof(*e));
+    e->ppid = 0;
+    e->_pad = 0;
+    /* __data_loc: low 16 bits are the offset of the string in the record. */
+    __u32 off = args->data_loc_filename & 0xFFFF;
+    bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), (char *)args + off);
+#ifdef GG_PERF_BUFFER
+    if (events.perf_submit(args, e, sizeof(*e)) < 0)
+        count_lost(GG_LOST_EXEC);
+#else
+    events.ringbuf_submit(e, 0);
+#endif
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_exit_group)
+{
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    __s32 code = args->error_code;
+    exit_codes.update(&tgid, &code);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 tgid = id >> 32;
+    if ((__u32)id != tgid)
+        return 0;   /* a thread, not the process */
+    __s32 code = -1;
+    __s32 *saved = exit_codes.lookup(&tgid);
+    if (saved) {
+        code = *saved;
+        exit_codes.delete(&tgid);
+    }
+#ifdef GG_PERF_BUFFER
+    __u32 zero = 0;
+    struct gg_exit *e = scratch_exit.lookup(&zero);
+#else
+    struct gg_exit *e = events.ringbuf_reserve(sizeof(struct gg_exit));
+#endif
+    if (!e) {
+        count_lost(GG_LOST_EXIT);
+        return 0;
+    }
+    fill_header(&e->hdr, GG_KIND_EXIT, sizeof(*e));
+    e->exit_code = code;
+    e->_pad = 0;
+#ifdef GG_PERF_BUFFER
+    if (events.perf_submit(args, e, sizeof(*e)) < 0)
+        count_lost(GG_LOST_EXIT);
+#else
+    events.ringbuf_submit(e, 0);
+#endif
+    return 0;
+}

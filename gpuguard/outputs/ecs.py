@@ -1,0 +1,171 @@
+"""Findings as Elastic Common Schema (ECS) alert documents.
+
+Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one ECS document
+(``event.kind: "alert"``).  Layout choice: **nested JSON objects**
+(``{"process": {"pid": 1}}``), not dotted keys (``{"process.pid": 1}``) —
+ECS's guidelines ask for nested objects when documents are sent as JSON, and
+Elasticsearch/Beats/Logstash read both the same way.  Every document uses the
+same layout; nothing mixes the two.
+
+Field use:
+
+* ``process.*`` (pid, name, executable, command_line, args, start,
+  parent.{pid,name,executable}), ``user.{id,name}``, ``container.{id,runtime}``,
+  ``orchestrator.{type,resource.{type,id}}`` for the Kubernetes pod uid;
+* ``rule.{id,name,description,ruleset}`` — the rule carrying the most weight;
+  every rule that contributed is in ``gpuguard.evidence``;
+* ``event.{kind,category,type,risk_score,severity,module,dataset,created}``;
+  ``event.severity`` follows Elastic's detection-rule numbers (21 low,
+  47 medium, 73 high, 99 critical);
+* ``threat.framework: "MITRE ATT&CK"`` with technique ids/names (and
+  sub-techniques under ``threat.technique.subtechnique``) and their tactics;
+* gpuguard's own view under ``gpuguard.*`` (score, verdict, evidence, ...).
+
+Structured fields carry the exact values (JSON encoding escapes control
+characters); the human sentences (``message``, evidence ``detail``) are
+passed through :func:`escape_text` because people read them in consoles.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import socket
+from typing import Any
+
+from gpuguard import __version__
+from gpuguard.outputs.escape import escape_text
+from gpuguard.outputs.finding import Finding
+
+ECS_VERSION = "8.11.0"
+ECS_SEVERITY = {"informational": 0, "low": 21, "medium": 47, "high": 73, "critical": 99}
+ATTACK_URL = "https://attack.mitre.org/techniques/{}/"
+# Tactics of the techniques gpuguard reports (ATT&CK Enterprise).
+TECHNIQUE_TACTICS: dict[str, tuple[tuple[str, str], ...]] = {
+    "T1496": (("TA0040", "Impact"),),
+    "T1014": (("TA0005", "Defense Evasion"),),
+    "T1564": (("TA0005", "Defense Evasion"),),
+    "T1036": (("TA0005", "Defense Evasion"),),
+    "T1070": (("TA0005", "Defense Evasion"),),
+    "T1574": (("TA0003", "Persistence"), ("TA0004", "Privilege Escalation"), ("TA0005", "Defense Evasion")),
+    "T1053": (("TA0002", "Execution"), ("TA0003", "Persistence"), ("TA0004", "Privilege Escalation")),
+    "T1543": (("TA0003", "Persistence"), ("TA0004", "Privilege Escalation")),
+    "T1546": (("TA0003", "Persistence"), ("TA0004", "Privilege Escalation")),
+    "T1547": (("TA0003", "Persistence"), ("TA0004", "Privilege Escalation")),
+    "T1068": (("TA0004", "Privilege Escalation"),),
+    "T1090": (("TA0011", "Command and Control"),),
+}
+
+
+def iso_time(epoch: float) -> str:
+    """Epoch seconds -> ``2026-11-21T10:57:00.123Z``."""
+    moment = _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def host_fields() -> dict[str, Any]:
+    """ECS ``host`` object of this machine."""
+    uname = os.uname()
+    return {"hostname": socket.gethostname(), "name": socket.gethostname(),
+            "architecture": uname.machine, "os": {"type": "linux", "kernel": uname.release}}
+
+
+def threat_fields(techniques: list[tuple[str, str]]) -> dict[str, Any]:
+    ids: list[str] = []
+    names: list[str] = []
+    sub_ids: list[str] = []
+    sub_names: list[str] = []
+    tactics: list[tuple[str, str]] = []
+    for technique_id, name in techniques:
+        parent_id, _, _ = technique_id.partition(".")
+        parent_name, _, sub_name = name.partition(": ")
+        if parent_id not in ids:
+            ids.append(parent_id)
+            names.append(parent_name)
+        if technique_id != parent_id:
+            sub_ids.append(technique_id)
+            sub_names.append(sub_name or name)
+        for tactic in TECHNIQUE_TACTICS.get(parent_id, ()):
+            if tactic not in tactics:
+                tactics.append(tactic)
+    technique: dict[str, Any] = {"id": ids, "name": names,
+                                 "reference": [ATTACK_URL.format(i) for i in ids]}
+    if sub_ids:
+        technique["subtechnique"] = {"id": sub_ids, "name": sub_names,
+                                     "reference": [ATTACK_URL.format(i.replace(".", "/")) for i in sub_ids]}
+    out: dict[str, Any] = {"framework": "MITRE ATT&CK", "technique": technique}
+    if tactics:
+        out["tactic"] = {"id": [t[0] for t in tactics], "name": [t[1] for t in tactics]}
+    return out
+
+
+def _drop_empty(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in value.items() if v not in (None, "", [], {})}
+
+
+def process_fields(finding: Finding) -> dict[str, Any]:
+    """ECS ``process``, ``user``, ``container`` and ``orchestrator`` objects of a finding."""
+    p = finding.process
+    if p is None:
+        return {}
+    process = _drop_empty({
+        "pid": p.pid, "name": p.name, "executable": p.executable,
+        "command_line": " ".join(p.command_line) if p.command_line else None,
+        "args": list(p.command_line) or None,
+        "args_count": len(p.command_line) or None,
+        "start": iso_time(p.start_time) if p.start_time else None,
+        "parent": _drop_empty({"pid": p.ppid, "name": p.parent_name, "executable": p.parent_executable}),
+    })
+    out: dict[str, Any] = {"process": process}
+    user = _drop_empty({"id": str(p.user_id) if p.user_id is not None else None, "name": p.user_name})
+    if user:
+        out["user"] = user
+    if p.container_id:
+        out["container"] = _drop_empty({"id": p.container_id, "runtime": p.container_runtime})
+    if p.pod_uid:
+        out["orchestrator"] = {"type": "kubernetes", "resource": {"type": "pod", "id": p.pod_uid}}
+    return out
+
+
+def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None = None,
+                   dataset: str = "gpuguard.scan") -> dict[str, Any]:
+    """One ECS alert document for ``finding``."""
+    doc: dict[str, Any] = {
+        "@timestamp": iso_time(created),
+        "ecs": {"version": ECS_VERSION},
+        "message": escape_text(finding.explanation),
+        "event": {
+            "kind": "alert",
+            "category": list(finding.categories),
+            "type": ["info"],
+            "risk_score": round(float(finding.score), 1),
+            "severity": ECS_SEVERITY[finding.severity],
+            "module": "gpuguard",
+            "dataset": dataset,
+            "created": iso_time(created),
+        },
+        "rule": {"id": finding.rule_id, "name": finding.rule_name,
+                 "description": finding.rule_description, "ruleset": "gpuguard",
+                 "version": __version__},
+        "threat": threat_fields(finding.techniques),
+    }
+    if host:
+        doc["host"] = host
+    doc.update(process_fields(finding))
+    if finding.kind == "host" and finding.subject and finding.subject.startswith("/"):
+        doc["file"] = {"path": finding.subject}
+    doc["gpuguard"] = _drop_empty({
+        "kind": finding.kind,
+        "score": round(float(finding.score), 1),
+        "verdict": finding.verdict,
+        "severity": finding.severity,
+        "explanation": escape_text(finding.explanation),
+        "subject": finding.subject,
+        "rule_ids": finding.rule_ids,
+        "evidence": [dict(e.to_json(), detail=escape_text(e.detail)) for e in finding.evidence],
+        "allowlisted": finding.allowlisted or None,
+        "action": finding.action,
+        "executable_deleted": finding.process.executable_deleted if finding.process and finding.process.executable_deleted else None,
+        "cpu_percent": finding.process.cpu_percent if finding.process else None,
+    })
+    return doc

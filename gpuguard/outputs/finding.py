@@ -1,0 +1,118 @@
+"""The one finding shape every scan output renders (table, ECS JSON, OCSF).
+
+Data flow: a process :class:`~gpuguard.detect.score.Verdict` (plus the
+process's :class:`~gpuguard.sources.process.ProcessFacts`) or a
+:class:`~gpuguard.detect.host_checks.HostFinding` -> :class:`Finding`.
+Renderers never reach back into the engine, so the agent can reuse them with
+the same two builders.  Strings here are raw (attacker-controlled where they
+come from a process); each renderer escapes what it prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuguard.detect.host_checks import HostFinding
+from gpuguard.sources.process import ProcessFacts
+
+SEVERITY_BANDS = ((90, "critical"), (70, "high"), (40, "medium"), (1, "low"), (0, "informational"))
+DEFAULT_TECHNIQUES = (("T1496", "Resource Hijacking"),)
+SEVERITY_ORDER = {"informational": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
+
+
+def severity_for_score(score: float) -> str:
+    """0-100 score -> "informational" | "low" | "medium" | "high" | "critical"."""
+    for floor, name in SEVERITY_BANDS:
+        if score >= floor:
+            return name
+    return "informational"
+
+
+@dataclass(slots=True)
+class ProcessInfo:
+    """Who the finding is about, when it is about a process."""
+
+    pid: int
+    name: str = ""
+    executable: str = ""
+    executable_deleted: bool = False
+    command_line: list[str] = field(default_factory=list)
+    start_time: float | None = None
+    ppid: int | None = None
+    parent_name: str | None = None
+    parent_executable: str | None = None
+    user_id: int | None = None
+    user_name: str | None = None
+    container_id: str | None = None
+    container_runtime: str | None = None
+    pod_uid: str | None = None
+    cpu_percent: float | None = None
+
+    @classmethod
+    def from_facts(cls, facts: ProcessFacts) -> "ProcessInfo":
+        parent = facts.ancestors[0] if facts.ancestors else None
+        return cls(
+            pid=facts.pid, name=facts.comm, executable=facts.exe, executable_deleted=facts.exe_deleted,
+            command_line=list(facts.cmdline), start_time=facts.start_time or None,
+            ppid=facts.ppid or None, parent_name=parent.comm if parent else None,
+            parent_executable=(parent.exe or None) if parent else None,
+            user_id=facts.uid if facts.uid >= 0 else None, user_name=facts.username or None,
+            container_id=facts.container_id, container_runtime=facts.container_runtime,
+            pod_uid=facts.pod_uid, cpu_percent=facts.cpu_percent)
+
+
+@dataclass(slots=True)
+class EvidenceItem:
+    rule_id: str
+    detail: str
+    weight: float = 0.0
+    signal: str = ""
+    severity: str = ""
+    tags: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule_id": self.rule_id, "signal": self.signal, "detail": self.detail,
+                "weight": self.weight, "severity": self.severity, "tags": list(self.tags)}
+
+
+@dataclass(slots=True)
+class Finding:
+    kind: str                          # "process" | "host"
+    rule_id: str                       # the rule that carries the most weight
+    rule_name: str
+    rule_description: str
+    score: float                       # 0-100
+    verdict: str                       # "clean" | "suspicious" | "malicious"
+    explanation: str                   # one line
+    evidence: list[EvidenceItem] = field(default_factory=list)
+    categories: list[str] = field(default_factory=list)          # ECS event.category values
+    techniques: list[tuple[str, str]] = field(default_factory=lambda: list(DEFAULT_TECHNIQUES))
+    process: ProcessInfo | None = None
+    subject: str | None = None         # host findings: the path, pid or module concerned
+    allowlisted: bool = False
+    action: str | None = None
+
+    @property
+    def severity(self) -> str:
+        return severity_for_score(self.score)
+
+    @property
+    def rule_ids(self) -> list[str]:
+        seen: list[str] = []
+        for item in self.evidence:
+            if item.rule_id not in seen:
+                seen.append(item.rule_id)
+        return seen or [self.rule_id]
+
+
+def finding_from_host(host: HostFinding) -> Finding:
+    rule = host.rule
+    process = ProcessInfo(pid=host.pid, name=host.process_name or "") if host.pid is not None else None
+    return Finding(
+        kind="host", rule_id=rule.id, rule_name=rule.name, rule_description=rule.description,
+        score=float(rule.score), verdict=host.verdict, explanation=host.explain(),
+        evidence=[EvidenceItem(rule.id, line, 0.0, "host-check", severity_for_score(rule.score))
+                  for line in host.evidence],
+        categories=list(rule.category), techniques=list(rule.techniques),
+        process=process, subject=host.subject)

@@ -1,0 +1,168 @@
+"""Findings as OCSF Detection Finding events (class 2004, Findings category 2).
+
+Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event:
+
+* ``class_uid 2004``, ``category_uid 2``, ``activity_id 1`` (Create: a scan
+  creates each finding), ``type_uid = class_uid * 100 + activity_id``;
+* ``severity_id`` 1 Informational, 2 Low, 3 Medium, 4 High, 5 Critical from
+  the 0-100 score; ``risk_score`` is the score itself; ``status_id 1`` (New);
+* ``finding_info`` {uid, title, desc, types, analytic {uid, name, type_id 1
+  Rule}, attacks [{technique, tactic}], created_time};
+* ``evidences`` — one Evidence Artifacts object per piece of evidence, each
+  carrying the ``process`` (and ``container``) it concerns, or a ``file`` for
+  host checks about a path, plus ``data`` {rule_id, signal, detail, weight};
+* ``resources`` — the host (and the container, when there is one);
+* ``metadata`` {product {name, vendor_name, version}, version (schema)};
+* gpuguard's verdict and evidence list under ``unmapped.gpuguard``.
+
+``time`` and ``*_time`` fields are epoch milliseconds, as OCSF's timestamp
+type requires.  Human sentences are escaped like in the ECS output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from typing import Any
+
+from gpuguard import __version__
+from gpuguard.outputs.ecs import TECHNIQUE_TACTICS
+from gpuguard.outputs.escape import escape_text
+from gpuguard.outputs.finding import Finding
+
+OCSF_VERSION = "1.3.0"
+CLASS_UID = 2004
+CLASS_NAME = "Detection Finding"
+CATEGORY_UID = 2
+CATEGORY_NAME = "Findings"
+ACTIVITY_CREATE = 1
+SEVERITY_ID = {"informational": 1, "low": 2, "medium": 3, "high": 4, "critical": 5}
+SEVERITY_NAME = {1: "Informational", 2: "Low", 3: "Medium", 4: "High", 5: "Critical"}
+ANALYTIC_RULE = 1
+
+
+def _ms(epoch: float) -> int:
+    return int(round(epoch * 1000))
+
+
+def finding_uid(finding: Finding, hostname: str) -> str:
+    """Stable id: the same process (pid + start time) or subject and rule on the same host."""
+    if finding.process is not None and finding.process.start_time:
+        subject = f"{finding.process.pid}@{finding.process.start_time}"
+    else:
+        subject = finding.subject or ""
+    digest = hashlib.sha256(f"{hostname}|{finding.kind}|{finding.rule_id}|{subject}".encode("utf-8", "surrogateescape"))
+    return f"gpuguard-{digest.hexdigest()[:32]}"
+
+
+def process_object(finding: Finding) -> dict[str, Any] | None:
+    p = finding.process
+    if p is None:
+        return None
+    process: dict[str, Any] = {"pid": p.pid, "name": p.name}
+    if p.executable:
+        process["file"] = {"path": p.executable, "name": p.executable.rsplit("/", 1)[-1], "type_id": 1}
+    if p.command_line:
+        process["cmd_line"] = " ".join(p.command_line)
+    if p.start_time:
+        process["created_time"] = _ms(p.start_time)
+    if p.user_id is not None or p.user_name:
+        process["user"] = {k: v for k, v in (("uid", None if p.user_id is None else str(p.user_id)),
+                                             ("name", p.user_name)) if v is not None}
+    if p.ppid:
+        parent: dict[str, Any] = {"pid": p.ppid}
+        if p.parent_name:
+            parent["name"] = p.parent_name
+        if p.parent_executable:
+            parent["file"] = {"path": p.parent_executable, "name": p.parent_executable.rsplit("/", 1)[-1], "type_id": 1}
+        process["parent_process"] = parent
+    if p.container_id:
+        process["container"] = container_object(finding)
+    return process
+
+
+def container_object(finding: Finding) -> dict[str, Any] | None:
+    p = finding.process
+    if p is None or not p.container_id:
+        return None
+    container: dict[str, Any] = {"uid": p.container_id}
+    if p.container_runtime:
+        container["runtime"] = p.container_runtime
+    if p.pod_uid:
+        container["pod_uuid"] = p.pod_uid
+    return container
+
+
+def attacks(finding: Finding) -> list[dict[str, Any]]:
+    out = []
+    for technique_id, name in finding.techniques:
+        parent = technique_id.partition(".")[0]
+        attack: dict[str, Any] = {"technique": {"uid": technique_id, "name": name}, "version": "v15"}
+        tactics = TECHNIQUE_TACTICS.get(parent, ())
+        if tactics:
+            attack["tactic"] = {"uid": tactics[0][0], "name": tactics[0][1]}
+            attack["tactics"] = [{"uid": uid, "name": tname} for uid, tname in tactics]
+        out.append(attack)
+    return out
+
+
+def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = None) -> dict[str, Any]:
+    """One OCSF Detection Finding for ``finding``."""
+    hostname = hostname or socket.gethostname()
+    severity_id = SEVERITY_ID[finding.severity]
+    process = process_object(finding)
+    container = container_object(finding)
+    evidences = []
+    for item in finding.evidence or []:
+        evidence: dict[str, Any] = {"data": {"rule_id": item.rule_id, "signal": item.signal,
+                                             "detail": escape_text(item.detail), "weight": item.weight}}
+        if process is not None:
+            evidence["process"] = process
+        if container is not None:
+            evidence["container"] = container
+        if finding.kind == "host" and finding.subject and finding.subject.startswith("/"):
+            evidence["file"] = {"path": finding.subject, "name": finding.subject.rsplit("/", 1)[-1], "type_id": 0}
+        evidences.append(evidence)
+    if not evidences:
+        evidences.append({"data": {"detail": escape_text(finding.explanation)}, **({"process": process} if process else {})})
+    resources: list[dict[str, Any]] = [{"type": "host", "name": hostname, "uid": hostname}]
+    if container is not None:
+        resources.append({"type": "container", "uid": container["uid"]})
+    return {
+        "class_uid": CLASS_UID,
+        "class_name": CLASS_NAME,
+        "category_uid": CATEGORY_UID,
+        "category_name": CATEGORY_NAME,
+        "activity_id": ACTIVITY_CREATE,
+        "activity_name": "Create",
+        "type_uid": CLASS_UID * 100 + ACTIVITY_CREATE,
+        "type_name": f"{CLASS_NAME}: Create",
+        "time": _ms(created),
+        "severity_id": severity_id,
+        "severity": SEVERITY_NAME[severity_id],
+        "status_id": 1,
+        "status": "New",
+        "is_alert": finding.verdict != "clean",
+        "risk_score": int(round(finding.score)),
+        "message": escape_text(finding.explanation),
+        "finding_info": {
+            "uid": finding_uid(finding, hostname),
+            "title": finding.rule_name,
+            "desc": finding.rule_description,
+            "types": [finding.kind, finding.verdict],
+            "analytic": {"uid": finding.rule_id, "name": finding.rule_name, "type_id": ANALYTIC_RULE, "type": "Rule"},
+            "attacks": attacks(finding),
+            "created_time": _ms(created),
+        },
+        "evidences": evidences,
+        "resources": resources,
+        "device": {"hostname": hostname, "type_id": 0},
+        "metadata": {
+            "version": OCSF_VERSION,
+            "product": {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__},
+        },
+        "unmapped": {"gpuguard": {
+            "score": round(float(finding.score), 1), "verdict": finding.verdict, "kind": finding.kind,
+            "rule_ids": finding.rule_ids, "subject": finding.subject,
+        }},
+    }

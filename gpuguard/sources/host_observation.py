@@ -1,0 +1,179 @@
+"""One look at the live host, in the agent's event model: what ``gpuguard scan`` feeds the engine.
+
+Data flow (each step reads /proc once for every process):
+
+1. list /proc, start one CPU-time baseline for every process at once;
+2. :func:`collect_process_facts` for each pid (ancestors filled from the same
+   table rather than re-read per process);
+3. GPU device holders from /proc/PID/fd -> ``GpuOpen`` events;
+4. one ``psutil.net_connections`` -> ``Connect`` events;
+5. GPU samplers (NVML, amdsmi, DRM fdinfo) sampled at both ends of the window
+   -> ``GpuSnapshot``;
+6. after ``cpu_sample_s`` has passed since step 1 (steps 2-5 run inside the
+   window), every process's CPU percent over that window.
+
+What could not be seen (other users' processes when not root, sockets without
+an owner, GPU sources that do not work here) is kept as counts and turned into
+the "could not see" lines by :func:`limitation_lines`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psutil
+
+from gpuguard.events.model import Event
+from gpuguard.sources.fd_holders import HolderScan, holder_event, scan_device_holders
+from gpuguard.sources.gpu.snapshot import GpuSnapshot
+from gpuguard.sources.hidden_pids import list_proc_pids
+from gpuguard.sources.net_connections import ConnectionTable, connect_event, read_connection_table
+from gpuguard.sources.process import MAX_ANCESTORS, Ancestor, ProcessFacts, collect_process_facts
+
+GPU_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
+
+
+@dataclass(slots=True)
+class HostObservation:
+    time: float
+    listed_pids: set[int]
+    facts: dict[int, ProcessFacts] = field(default_factory=dict)
+    holders: HolderScan = field(default_factory=HolderScan)
+    connections: ConnectionTable = field(default_factory=ConnectionTable)
+    snapshots: list[GpuSnapshot] = field(default_factory=list)
+    gpu_status: list[str] = field(default_factory=list)        # one line per GPU source that does not work here
+    cpu_window_s: float = 0.0
+    own_uid: int = 0
+
+    def events(self) -> list[Event]:
+        """GpuOpen and Connect events for every process with facts, in pid order."""
+        out: list[Event] = []
+        for pid, holders in sorted(self.holders.by_pid().items()):
+            facts = self.facts.get(pid)
+            if facts is None:
+                continue
+            out.extend(holder_event(h, self.time, max(facts.uid, 0), facts.comm) for h in holders)
+        for pid, conns in sorted(self.connections.by_pid.items()):
+            facts = self.facts.get(pid)
+            if facts is None:
+                continue
+            out.extend(connect_event(c, self.time, max(facts.uid, 0), facts.comm) for c in conns)
+        return out
+
+    def gpu_pids(self) -> dict[int, str]:
+        """Pids GPU drivers report (host pids), to cross-check against the /proc listing."""
+        return {p.pid: f"gpu:{s.source}" for s in self.snapshots for p in s.processes}
+
+
+def _fill_ancestors(facts: dict[int, ProcessFacts], proc_root: str) -> None:
+    for f in facts.values():
+        chain: list[Ancestor] = []
+        ppid = f.ppid
+        while ppid > 0 and len(chain) < MAX_ANCESTORS:
+            parent = facts.get(ppid)
+            if parent is None:
+                break
+            chain.append(Ancestor(parent.pid, parent.comm, parent.exe))
+            if parent.pid <= 1 or parent.ppid == ppid:
+                break
+            ppid = parent.ppid
+        f.ancestors = chain
+
+
+def _open_samplers(on_status: Callable[[str], None]) -> list:
+    try:
+        from gpuguard.sources.gpu.sampler import open_samplers  # noqa: PLC0415
+    except ImportError as exc:
+        on_status(f"GPU samplers not available: {exc}")
+        return []
+    samplers = []
+    for source in GPU_SOURCES:
+        try:
+            samplers.extend(open_samplers([source], on_status=on_status))
+        except ImportError as exc:
+            on_status(f"{source} not available: {exc}")
+    return samplers
+
+
+def _sample_all(samplers: list, out: list[GpuSnapshot]) -> None:
+    for sampler in samplers:
+        out.append(sampler.sample())
+
+
+def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool = True,
+                 facts_hook: Callable[[ProcessFacts], None] | None = None) -> HostObservation:
+    """Observe every process once (see the module docstring for the steps)."""
+    listed = list_proc_pids(proc_root)
+    obs = HostObservation(time=time.time(), listed_pids=listed, own_uid=os.geteuid())
+    window_start = time.monotonic()
+    cpu_probes: dict[int, psutil.Process] = {}
+    for pid in listed:
+        try:
+            probe = psutil.Process(pid)
+            probe.cpu_percent(None)
+            cpu_probes[pid] = probe
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+
+    samplers = _open_samplers(obs.gpu_status.append) if gpu else []
+    try:
+        _sample_all(samplers, obs.snapshots)
+        for pid in sorted(listed):
+            facts = collect_process_facts(pid, proc_root, with_ancestors=False)
+            if facts is not None:
+                if facts_hook is not None:
+                    facts_hook(facts)
+                obs.facts[pid] = facts
+        _fill_ancestors(obs.facts, proc_root)
+        obs.holders = scan_device_holders(sorted(obs.facts), proc_root)
+        obs.connections = read_connection_table()
+
+        remaining = cpu_sample_s - (time.monotonic() - window_start)
+        if remaining > 0:
+            time.sleep(remaining)
+        obs.cpu_window_s = time.monotonic() - window_start
+        for pid, probe in cpu_probes.items():
+            facts = obs.facts.get(pid)
+            if facts is None:
+                continue
+            try:
+                facts.cpu_percent = round(probe.cpu_percent(None), 1)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                pass
+        _sample_all(samplers, obs.snapshots)
+    finally:
+        for sampler in samplers:
+            try:
+                sampler.close()
+            except Exception:  # a sampler's close must not turn a finished scan into a traceback
+                pass
+    return obs
+
+
+def limitation_lines(obs: HostObservation) -> list[str]:
+    """What this run could not see, each with the fix ("run as root ...")."""
+    lines: list[str] = []
+    others = [f for f in obs.facts.values() if f.uid != obs.own_uid]
+    no_exe = sum(1 for f in others if not f.exe and not f.kernel_thread and f.start_time)
+    denied = sum(1 for f in others if not f.start_time)
+    no_env = sum(1 for f in others if not f.kernel_thread and f.exe and not f.environ_readable)
+    no_fd = sum(1 for pid in obs.holders.unreadable_pids if obs.facts.get(pid) and obs.facts[pid].uid != obs.own_uid)
+    if no_exe:
+        lines.append(f"could not read /proc/PID/exe for {no_exe} processes owned by other users; run as root to see them")
+    if denied:
+        lines.append(f"could not read /proc/PID/stat for {denied} processes (hidepid?); run as root to see them")
+    if no_fd:
+        lines.append(f"could not read /proc/PID/fd for {no_fd} processes owned by other users, so their GPU "
+                     "device handles are unknown; run as root to see them")
+    if no_env:
+        lines.append(f"could not read /proc/PID/environ for {no_env} processes owned by other users "
+                     "(LD_PRELOAD unchecked); run as root to see them")
+    if obs.connections.unavailable:
+        lines.append(f"{obs.connections.unavailable}; run as root to see them")
+    elif obs.connections.unattributed:
+        lines.append(f"could not map {obs.connections.unattributed} network connections to their processes; "
+                     "run as root to see them")
+    return lines

@@ -15,10 +15,10 @@ struct gg_pending_open {
 };
 
 /* thread -> open in flight (enter seen, exit not yet) */
-BPF_HASH(pending_opens, __u64, struct gg_pending_open, 4096);
+BPF_TABLE("lru_hash", __u64, struct gg_pending_open, pending_opens, 4096);
 BPF_PERCPU_ARRAY(pending_scratch, struct gg_pending_open, 1);
 /* thread -> old fd of a dup in flight */
-BPF_HASH(pending_dups, __u64, __s32, 4096);
+BPF_TABLE("lru_hash", __u64, __s32, pending_dups, 4096);
 
 /* Byte-wise prefix test.  After inlining, the loop unrolls and the literal's
  * bytes fold into immediates (bcc cannot load .rodata; memcmp would be a call). */

@@ -30,7 +30,7 @@ BPF_HASH(ioctl_counts, struct gg_ioctl_key, __u64, GG_MAX_IOCTL_KEYS);
 
 /* (tgid, fd) of sockets the process connected recently -> writes left to
  * capture.  Only these writes are read; every other write costs one lookup. */
-BPF_HASH(fresh_sockets, struct gg_fd_key, __u32, GG_MAX_FRESH_SOCKETS);
+BPF_TABLE("lru_hash", struct gg_fd_key, __u32, fresh_sockets, GG_MAX_FRESH_SOCKETS);
 
 /* Lost-event counters by enum gg_lost_slot. */
 BPF_PERCPU_ARRAY(lost_counts, __u64, GG_LOST_SLOTS);

@@ -18,7 +18,7 @@ struct gg_pending_connect {
     __u8 addr[16];
 };
 
-BPF_HASH(pending_connects, __u64, struct gg_pending_connect, 4096);
+BPF_TABLE("lru_hash", __u64, struct gg_pending_connect, pending_connects, 4096);
 
 /* struct iovec and the start of struct msghdr as user space lays them out
  * (LP64); only UAPI-visible layouts are read. */

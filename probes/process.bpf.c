@@ -4,7 +4,7 @@
  * it; processes killed by a signal report -1.
  */
 
-BPF_HASH(exit_codes, __u32, __s32, 8192);
+BPF_TABLE("lru_hash", __u32, __s32, exit_codes, 8192);
 
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {

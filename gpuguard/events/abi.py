@@ -19,7 +19,7 @@ _ENUM_ITEM = re.compile(r"^\s*(\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*,", re.M)
 _DEFINE = re.compile(r"^#define\s+(GG_\w+)\s+(0x[0-9a-fA-F]+|\d+)(?:ULL|U)?\s*$", re.M)
 
 
-def _probe_dir() -> Path:
+def probe_dir() -> Path:
     # Installed copies ship the probes inside the package (see pyproject);
     # a source checkout keeps them at the top level.
     packaged = Path(__file__).resolve().parent.parent / "probes"
@@ -27,7 +27,7 @@ def _probe_dir() -> Path:
 
 
 def header_text() -> str:
-    return (_probe_dir() / "gpuguard.h").read_text()
+    return (probe_dir() / "gpuguard.h").read_text()
 
 
 def _parse(text: str) -> tuple[dict[str, dict[str, int]], dict[str, int]]:

@@ -1,0 +1,71 @@
+"""The probe C text bcc compiles, and the defines that configure it.
+
+bcc rewrites map operations and generates tracepoint argument structs only in
+its main file, so the probe parts under ``probes/`` are inlined here into one
+text (local ``#include "..."`` lines only).  ``--print-probes`` shows exactly
+this text and these flags.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuguard.events.abi import probe_dir
+
+ENTRY = "sensor.bpf.c"
+_LOCAL_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$')
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    payload_capture: bool = True
+    perf_buffer: bool = False
+    payload_writes: int = 4
+    ringbuf_pages: int = 1024       # 4 MiB with 4 KiB pages; must be a power of two
+    max_tracked_fds: int = 65536
+    max_ioctl_keys: int = 65536
+    max_fresh_sockets: int = 16384
+
+    def cflags(self) -> list[str]:
+        if self.ringbuf_pages & (self.ringbuf_pages - 1):
+            raise ValueError("ringbuf_pages must be a power of two")
+        flags = [
+            f"-DGG_PAYLOAD_WRITES={int(self.payload_writes)}",
+            f"-DGG_RINGBUF_PAGES={int(self.ringbuf_pages)}",
+            f"-DGG_MAX_TRACKED_FDS={int(self.max_tracked_fds)}",
+            f"-DGG_MAX_IOCTL_KEYS={int(self.max_ioctl_keys)}",
+            f"-DGG_MAX_FRESH_SOCKETS={int(self.max_fresh_sockets)}",
+        ]
+        if self.payload_capture:
+            flags.append("-DGG_PAYLOAD_CAPTURE")
+        if self.perf_buffer:
+            flags.append("-DGG_PERF_BUFFER")
+        return flags
+
+
+def _inline(path: Path, seen: set[Path]) -> str:
+    out = []
+    for line in path.read_text().splitlines(keepends=True):
+        match = _LOCAL_INCLUDE.match(line)
+        if not match:
+            out.append(line)
+            continue
+        target = (path.parent / match.group(1)).resolve()
+        if target in seen:
+            continue
+        seen.add(target)
+        out.append(f"/* ---- begin {match.group(1)} ---- */\n")
+        out.append(_inline(target, seen))
+        out.append(f"/* ---- end {match.group(1)} ---- */\n")
+    return "".join(out)
+
+
+def probe_text() -> str:
+    """The single C text handed to bcc."""
+    return _inline(probe_dir() / ENTRY, set())
+
+
+def print_probes(settings: ProbeSettings) -> str:
+    return f"/* bcc cflags: {' '.join(settings.cflags())} */\n" + probe_text()

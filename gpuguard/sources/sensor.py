@@ -1,0 +1,389 @@
+"""The eBPF GPU sensor: loads the probes with bcc and yields typed events.
+
+One :class:`Sensor` owns the loaded program.  :meth:`Sensor.poll` returns the
+events that arrived since the last call: kernel events from the ring buffer
+(perf buffer on kernels without one), ioctl counters drained from the kernel
+every ``drain_interval`` seconds as ``gpu_ioctl`` deltas, and ``lost`` events
+whenever a kernel counter says something could not be delivered.
+
+The sensor also keeps the kernel maps honest: entries of processes that exit
+are removed after a final drain, and a periodic sweep drops descriptors that
+were closed without close(2) (close_range, close-on-exec, fd passing).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from gpuguard.errors import GpuguardError
+from gpuguard.events.abi import DeviceClass, EventKind, LostSlot, device_class_name
+from gpuguard.events.devices import classify_device_path
+from gpuguard.events.ioctl_names import ioctl_name
+from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
+from gpuguard.events.payload import recognise_stream
+from gpuguard.sources import preflight
+from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
+from gpuguard.sources.probe_source import ProbeSettings, probe_text
+
+_SCHEMA_MAPS = {
+    EventKind.GPU_OPEN: "schema_gpu_open",
+    EventKind.CONNECT: "schema_connect",
+    EventKind.NET_PAYLOAD: "schema_net_payload",
+    EventKind.EXEC: "schema_exec",
+    EventKind.EXIT: "schema_exit",
+}
+MAX_PAYLOAD_STREAMS = 4096
+
+
+def kernel_has_ringbuf(release: str | None = None) -> bool:
+    """BPF ring buffers exist from Linux 5.8."""
+    release = release or os.uname().release
+    try:
+        major, minor = (int(x) for x in release.split(".")[:2])
+    except ValueError:
+        return True
+    return (major, minor) >= (5, 8)
+
+
+@dataclass(slots=True)
+class SensorStats:
+    events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    lost: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    malformed: int = 0
+    dropped_relative_opens: int = 0
+    swept_fds: int = 0
+    startup_seconds: float = 0.0
+    buffer: str = ""
+
+
+@dataclass(slots=True)
+class _ProcessHeader:
+    comm: str
+    uid: int
+    gid: int
+    cgroup_id: int
+
+
+def _fd_is_gpu(tgid: int, fd: int) -> tuple[bool, str | None]:
+    """Does /proc/tgid/fd/fd still refer to a GPU file?  Returns (yes, resolved path)."""
+    link = f"/proc/{tgid}/fd/{fd}"
+    try:
+        target = os.readlink(link)
+        st = os.stat(link)
+    except OSError:
+        return False, None
+    if classify_device_path(target) != DeviceClass.NONE:
+        return True, target
+    # Device nodes seen through another mount namespace may not resolve to a
+    # /dev path here; a character device is still a device.
+    return stat.S_ISCHR(st.st_mode), target
+
+
+class Sensor:
+    """Loads the probes, then turns kernel records into model events."""
+
+    def __init__(
+        self,
+        settings: ProbeSettings | None = None,
+        *,
+        drain_interval: float = 1.0,
+        sweep_interval: float = 10.0,
+    ) -> None:
+        self.settings = settings or ProbeSettings()
+        self.drain_interval = drain_interval
+        self.sweep_interval = sweep_interval
+        self.stats = SensorStats()
+        self._bpf = None
+        self._decoder: EventDecoder | None = None
+        self._pending: list[Event] = []
+        self._ioctl_seen: dict[tuple[int, int, int], int] = {}
+        self._lost_seen: dict[int, int] = {}
+        self._headers: dict[int, _ProcessHeader] = {}
+        self._gpu_tgids: set[int] = set()
+        self._streams: dict[tuple[int, int], list[bytes]] = {}
+        # Connected sockets whose first writes are still being captured, per process.
+        self._fresh_fds: dict[int, set[int]] = defaultdict(set)
+        self._next_drain = 0.0
+        self._next_sweep = 0.0
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        bcc = preflight.check_sensor_prerequisites()
+        if not self.settings.perf_buffer and not kernel_has_ringbuf():
+            self.settings = replace(self.settings, perf_buffer=True)
+        started = time.perf_counter()
+        try:
+            self._bpf = bcc.BPF(text=probe_text(), cflags=self.settings.cflags())
+        except Exception as exc:  # bcc raises bare Exception for compile/load/attach errors
+            raise GpuguardError(
+                f"the probes failed to compile or load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                "check that kernel headers match or fall back cleanly (bash packaging/setup-host.sh setup) "
+                "and that the kernel allows BPF (lockdown 'confidentiality' forbids it)",
+            ) from None
+        classes = {kind: self._bpf[name].Leaf for kind, name in _SCHEMA_MAPS.items()}
+        self._decoder = EventDecoder(classes, self._bpf["schema_header"].Leaf)
+        events = self._bpf["events"]
+        if self.settings.perf_buffer:
+            events.open_perf_buffer(self._on_perf, page_cnt=max(8, self.settings.ringbuf_pages // 8),
+                                    lost_cb=self._on_perf_lost)
+            self.stats.buffer = "perf"
+        else:
+            events.open_ring_buffer(self._on_ring)
+            self.stats.buffer = "ring"
+        self.stats.startup_seconds = time.perf_counter() - started
+        now = time.monotonic()
+        self._next_drain = now + self.drain_interval
+        self._next_sweep = now + self.sweep_interval
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+
+    def __enter__(self) -> "Sensor":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- polling -------------------------------------------------------------------
+    def poll(self, timeout_ms: int = 100) -> list[Event]:
+        """Events since the last call; drains counters when their interval is due."""
+        if self._bpf is None:
+            raise GpuguardError("the sensor is not started", "call Sensor.start() first")
+        if self.settings.perf_buffer:
+            self._bpf.perf_buffer_poll(timeout=timeout_ms)
+        else:
+            self._bpf.ring_buffer_poll(timeout=timeout_ms)
+        now = time.monotonic()
+        if now >= self._next_drain:
+            self._next_drain = now + self.drain_interval
+            self._consume_buffer()  # opens before counts, so counts know their process
+            self._drain_into(self._pending)
+        if now >= self._next_sweep:
+            self._next_sweep = now + self.sweep_interval
+            self.sweep()
+        out, self._pending = self._pending, []
+        return out
+
+    def drain(self) -> list[Event]:
+        """Read everything buffered and every counter now (e.g. before stopping)."""
+        self._consume_buffer()
+        self._drain_into(self._pending)
+        out, self._pending = self._pending, []
+        return out
+
+    def _consume_buffer(self) -> None:
+        if self.settings.perf_buffer:
+            self._bpf.perf_buffer_poll(timeout=0)
+        else:
+            self._bpf.ring_buffer_consume()
+
+    # -- buffer callbacks (must never raise: ctypes would print and swallow) --------
+    def _on_ring(self, _ctx, data, size) -> int:
+        self._handle(data, size)
+        return 0
+
+    def _on_perf(self, _cpu, data, size) -> None:
+        self._handle(data, size)
+
+    def _on_perf_lost(self, count) -> None:
+        self.stats.lost["perf-buffer"] += count
+        self._pending.append(Lost(time=time.time(), pid=0, what="perf-buffer", count=int(count)))
+
+    def _handle(self, data, size) -> None:
+        try:
+            event = self._decoder.decode(data, size)
+        except MalformedEvent:
+            self.stats.malformed += 1
+            return
+        try:
+            self._route(event)
+        except Exception:  # noqa: BLE001 - one bad record must not stop the sensor
+            self.stats.malformed += 1
+
+    def _route(self, event: Event) -> None:
+        if isinstance(event, GpuOpen):
+            if event.relative and not self._confirm_relative_open(event):
+                return
+            self._gpu_tgids.add(event.pid)
+            self._remember_header(event)
+        elif isinstance(event, NetPayload):
+            self._recognise(event)
+        elif isinstance(event, Connect):
+            self._streams.pop((event.pid, event.fd), None)
+            if self.settings.payload_capture and (event.result == 0 or event.result == -errno.EINPROGRESS):
+                self._fresh_fds[event.pid].add(event.fd)
+        elif isinstance(event, Exec):
+            self._enrich_exec(event)
+            if event.pid in self._headers:
+                self._remember_header(event)
+        elif isinstance(event, Exit):
+            self._process_gone(event.pid, final_drain=True)
+        self.stats.events[event.kind] += 1
+        self._pending.append(event)
+
+    # -- enrichment -----------------------------------------------------------------
+    def _remember_header(self, event: Event) -> None:
+        self._headers[event.pid] = _ProcessHeader(event.comm, event.uid, event.gid, event.cgroup_id)
+
+    def _confirm_relative_open(self, event: GpuOpen) -> bool:
+        """A relative open was classified by basename; keep it only if /proc agrees."""
+        is_gpu, target = _fd_is_gpu(event.pid, event.fd)
+        if target is None:
+            return True  # already closed: the kernel's view is all there is
+        if not is_gpu:
+            self._forget_fd(event.pid, event.fd)
+            self.stats.dropped_relative_opens += 1
+            return False
+        if classify_device_path(target) != DeviceClass.NONE:
+            event.path = target
+        return True
+
+    def _enrich_exec(self, event: Exec) -> None:
+        try:
+            with open(f"/proc/{event.pid}/cmdline", "rb") as f:
+                raw = f.read(32768)
+            event.cmdline = [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\x00")[:-1]] if raw else []
+            with open(f"/proc/{event.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            event.ppid = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            pass  # the process already exited: the kernel's fields stand
+
+    def _recognise(self, event: NetPayload) -> None:
+        key = (event.pid, event.fd)
+        chunks = self._streams.get(key)
+        if chunks is None:
+            if len(self._streams) >= MAX_PAYLOAD_STREAMS:
+                self._streams.pop(next(iter(self._streams)))
+            chunks = self._streams[key] = []
+        chunks.append(event.data)
+        event.protocol, event.detail = recognise_stream(chunks)
+        if event.seq + 1 >= self.settings.payload_writes:
+            self._streams.pop(key, None)
+            fresh = self._fresh_fds.get(event.pid)
+            if fresh is not None:
+                fresh.discard(event.fd)
+                if not fresh:
+                    del self._fresh_fds[event.pid]
+
+    # -- counters -------------------------------------------------------------------
+    def _drain_into(self, out: list[Event], only_tgid: int | None = None) -> None:
+        """Append ioctl deltas (all processes, or one that is exiting) and lost counts."""
+        now = time.time()
+        table = self._bpf["ioctl_counts"]
+        for key, value in table.items():
+            if only_tgid is not None and key.tgid != only_tgid:
+                continue
+            ident = (key.tgid, key.device_class, key.command)
+            total = value.value
+            delta = total - self._ioctl_seen.get(ident, 0)
+            if delta <= 0:
+                continue
+            self._ioctl_seen[ident] = total
+            out.append(self._ioctl_event(now, key.tgid, key.device_class, key.command, delta))
+        if only_tgid is not None:
+            return
+        lost = self._bpf["lost_counts"]
+        for slot in LostSlot:
+            if slot == LostSlot.SLOTS:
+                continue
+            total = sum(lost.getvalue(lost.Key(slot)))
+            delta = total - self._lost_seen.get(slot, 0)
+            if delta > 0:
+                self._lost_seen[slot] = total
+                what = slot.name.lower().replace("_", "-")
+                self.stats.lost[what] += delta
+                out.append(Lost(time=now, pid=0, what=what, count=delta))
+
+    def _ioctl_event(self, now: float, tgid: int, device_class: int, command: int, count: int) -> GpuIoctl:
+        header = self._headers.get(tgid)
+        class_name = device_class_name(device_class)
+        self.stats.events["gpu_ioctl"] += 1
+        return GpuIoctl(
+            time=now,
+            pid=tgid,
+            uid=header.uid if header else 0,
+            gid=header.gid if header else 0,
+            cgroup_id=header.cgroup_id if header else 0,
+            comm=header.comm if header else _comm_of(tgid),
+            device_class=class_name,
+            command=command,
+            command_name=ioctl_name(class_name, command),
+            count=count,
+        )
+
+    # -- map hygiene ------------------------------------------------------------------
+    def _forget_fd(self, tgid: int, fd: int) -> None:
+        table = self._bpf["tracked_fds"]
+        try:
+            del table[table.Key(tgid, fd)]
+        except KeyError:
+            pass
+
+    def _process_gone(self, tgid: int, final_drain: bool) -> None:
+        """Remove a dead process's kernel entries (after reporting its last counts)."""
+        fresh = self._fresh_fds.pop(tgid, None)
+        if fresh:
+            table = self._bpf["fresh_sockets"]
+            for fd in fresh:
+                try:
+                    del table[table.Key(tgid, fd)]
+                except KeyError:
+                    pass
+            for fd in fresh:
+                self._streams.pop((tgid, fd), None)
+        if tgid not in self._gpu_tgids:
+            return
+        if final_drain:
+            self._drain_into(self._pending, only_tgid=tgid)
+        for name in ("tracked_fds", "ioctl_counts"):
+            table = self._bpf[name]
+            for key in [k for k in table.keys() if k.tgid == tgid]:
+                try:
+                    del table[key]
+                except KeyError:
+                    pass
+        for ident in [i for i in self._ioctl_seen if i[0] == tgid]:
+            del self._ioctl_seen[ident]
+        self._gpu_tgids.discard(tgid)
+        self._headers.pop(tgid, None)
+
+    def sweep(self) -> None:
+        """Drop entries of processes that died unseen and fds closed without close(2)."""
+        table = self._bpf["tracked_fds"]
+        dead: set[int] = set()
+        for key in list(table.keys()):
+            if not os.path.exists(f"/proc/{key.tgid}"):
+                dead.add(key.tgid)
+                continue
+            is_gpu, _ = _fd_is_gpu(key.tgid, key.fd)
+            if not is_gpu:
+                self._forget_fd(key.tgid, key.fd)
+                self.stats.swept_fds += 1
+        for key in list(self._bpf["ioctl_counts"].keys()):
+            if not os.path.exists(f"/proc/{key.tgid}"):
+                dead.add(key.tgid)
+        for tgid in dead:
+            self._gpu_tgids.add(tgid)  # so _process_gone cleans up even if we never saw its open
+            self._process_gone(tgid, final_drain=False)
+            self.stats.swept_fds += 1
+
+    # -- debugging ------------------------------------------------------------------
+    def map_sizes(self) -> dict[str, int]:
+        return {name: len(list(self._bpf[name].keys())) for name in ("tracked_fds", "ioctl_counts", "fresh_sockets")}
+
+
+def _comm_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().rstrip(b"\n").decode("utf-8", "surrogateescape")
+    except OSError:
+        return ""

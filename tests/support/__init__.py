@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: the C workload and the private-/dev namespace."""

@@ -1,0 +1,71 @@
+"""Build the C test workload and run it with GPU-named device nodes.
+
+The machine has no GPU.  A workload runs in its own mount namespace with a
+tmpfs on /dev holding nodes named like GPU devices but backed by the null
+driver (major 1, minor 3): open() succeeds, ioctl() fails with ENOTTY, and the
+kernel's syscall tracepoints see the real GPU paths (platform.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+WORKLOAD_SOURCE = Path(__file__).resolve().parent.parent / "workloads" / "gpu_workload.c"
+
+GPU_NODES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia0",
+    "/dev/nvidia1",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+    "/dev/kfd",
+    "/dev/dri/card0",
+    "/dev/dri/renderD128",
+    "/dev/mem",
+)
+
+# Builds /dev inside the new namespace, then execs the workload (same pid).
+_PRIVATE_DEV_SCRIPT = r"""
+set -e
+mount --make-rprivate / 2>/dev/null || true
+mount -t tmpfs -o mode=755 gpuguard-test-dev /dev
+mknod -m 666 /dev/null c 1 3
+mkdir -p /dev/dri
+for node in $GG_NODES; do mknod -m 666 "$node" c 1 3; done
+exec "$@"
+"""
+
+
+def build_workload(directory: Path | None = None) -> Path:
+    """Compile gpu_workload.c once per source version; return the binary."""
+    digest = hashlib.sha256(WORKLOAD_SOURCE.read_bytes()).hexdigest()[:12]
+    directory = directory or Path(tempfile.gettempdir()) / "gpuguard-test-bin"
+    directory.mkdir(parents=True, exist_ok=True)
+    binary = directory / f"gpu_workload-{digest}"
+    if not binary.exists():
+        tmp = binary.with_suffix(".tmp")
+        subprocess.run(["gcc", "-O2", "-Wall", "-o", str(tmp), str(WORKLOAD_SOURCE)], check=True)
+        tmp.rename(binary)
+    return binary
+
+
+def private_dev_command(argv: list[str], nodes: tuple[str, ...] = GPU_NODES) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run ``argv`` with GPU-named nodes."""
+    env = dict(os.environ, GG_NODES=" ".join(nodes))
+    unshare = shutil.which("unshare") or "unshare"
+    return [unshare, "-m", "--propagation", "private", "sh", "-c", _PRIVATE_DEV_SCRIPT, "gpuguard-test", *argv], env
+
+
+def run_with_gpu_nodes(argv: list[str], *, nodes: tuple[str, ...] = GPU_NODES, **popen_kwargs) -> subprocess.Popen:
+    """Start ``argv`` in a private mount namespace with GPU-named nodes; pid == the workload's."""
+    command, env = private_dev_command(argv, nodes)
+    popen_kwargs.setdefault("stdin", subprocess.PIPE)
+    popen_kwargs.setdefault("stdout", subprocess.PIPE)
+    popen_kwargs.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen(command, env=env, **popen_kwargs)

@@ -5,7 +5,8 @@ the agent).  A source that cannot work here (no library, no driver, no GPU)
 raises :class:`SourceUnavailable` from its ``open`` and is reported once, in one
 line with the cause and the fix; the others keep working.  After a sampler is
 open it never raises from ``sample()``: a metric it cannot read is ``None`` and
-a line in ``GpuSnapshot.errors``.
+a line in ``GpuSnapshot.errors``.  (The one exception is the replay sampler,
+which raises ``EndOfRecording`` after the last recorded snapshot.)
 """
 
 from __future__ import annotations

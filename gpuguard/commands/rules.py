@@ -1,0 +1,100 @@
+"""`gpuguard rules`: check rule files, replay golden cases, list rules and signals.
+
+* ``validate [PATH...]`` — every problem as ``file:line:col: message``; exit 0 valid, 2 invalid.
+* ``test [--cases DIR] [--rules PATH]`` — replay ``tests/cases/*`` through
+  decode → correlate → score; pass/fail per case, evidence diff on failure;
+  exit 0 all pass, 1 any fail.
+* ``list`` — the compiled rules with weights and the signals they read.
+* ``signals`` — every signal a condition can use, with its type.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpuguard.detect.conditions import OPERATORS
+from gpuguard.detect.rules import load_ruleset, validate_rules
+from gpuguard.detect.shipped import default_rule_paths
+from gpuguard.detect.signals import SIGNALS
+from gpuguard.outputs.escape import escape_text
+
+HELP = "validate rule files, replay golden cases, list rules and signals"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="rules_command", metavar="ACTION")
+    validate = sub.add_parser("validate", help="check rule files; every problem as file:line:col: message")
+    validate.add_argument("paths", nargs="*", type=Path, metavar="PATH",
+                          help="rule files layered in order (default: shipped rules + /etc/gpuguard/*.yaml)")
+    validate.add_argument("--with-defaults", action="store_true",
+                          help="layer PATHs on top of the default rule files")
+    test = sub.add_parser("test", help="replay golden cases and compare verdicts with expected.yaml")
+    test.add_argument("--cases", type=Path, default=None, metavar="DIR",
+                      help="a directory of cases (each NAME/capture.ggrec + NAME/expected.yaml) or one case")
+    test.add_argument("--rules", type=Path, action="append", default=None, metavar="PATH",
+                      help="rule files to use instead of the defaults (repeatable, layered in order)")
+    test.add_argument("-v", "--verbose", action="store_true", help="print every process's verdict line")
+    listing = sub.add_parser("list", help="list the compiled rules")
+    listing.add_argument("--rules", type=Path, action="append", default=None, metavar="PATH")
+    sub.add_parser("signals", help="list the signals conditions can test, and the operators")
+
+
+def _validate(args: argparse.Namespace) -> int:
+    paths = list(args.paths) or None
+    if args.with_defaults:
+        paths = default_rule_paths() + list(args.paths)
+    problems = validate_rules(paths)
+    for problem in problems:
+        print(escape_text(str(problem)))
+    if problems:
+        print(f"{len(problems)} problem{'s' if len(problems) != 1 else ''}", file=sys.stderr)
+        return 2
+    shown = ", ".join(str(p) for p in (paths or default_rule_paths()))
+    print(f"ok: {escape_text(shown)}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    ruleset = load_ruleset(args.rules)
+    for rule in ruleset.rules + ruleset.disabled:
+        state = "" if rule.enabled else " (disabled)"
+        print(f"{rule.id:36} {rule.weight:+4d} {rule.severity:8} {rule.description}{state}  [{', '.join(rule.signals)}]")
+    print(f"thresholds: suspicious {ruleset.thresholds.suspicious}, malicious {ruleset.thresholds.malicious}; "
+          f"allowlist entries: {len(ruleset.allowlist)}; YARA files: {len(ruleset.yara_files)}")
+    return 0
+
+
+def _signals(args: argparse.Namespace) -> int:
+    for signal in sorted(SIGNALS.values(), key=lambda s: (s.group, s.name)):
+        print(f"{signal.group:9} {signal.name:28} {signal.type:8} {signal.description}")
+    print()
+    for name, (types, meaning) in OPERATORS.items():
+        print(f"operator {name:15} on {', '.join(types):30} {meaning}")
+    return 0
+
+
+def _test(args: argparse.Namespace) -> int:
+    from gpuguard.detect.cases import default_cases_dir, run_cases
+
+    ruleset = load_ruleset(args.rules)
+    results = run_cases(args.cases or default_cases_dir(), ruleset)
+    failed = 0
+    for result in results:
+        print(f"{'PASS' if result.passed else 'FAIL'} {escape_text(result.name)}")
+        if args.verbose or not result.passed:
+            for line in result.report_lines(verbose=args.verbose):
+                print(f"    {line}")
+        failed += not result.passed
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    action = getattr(args, "rules_command", None)
+    handlers = {"validate": _validate, "test": _test, "list": _list, "signals": _signals}
+    if action not in handlers:
+        print("usage: gpuguard rules {validate,test,list,signals} (see gpuguard rules --help)", file=sys.stderr)
+        return 2
+    return handlers[action](args)

@@ -1,0 +1,336 @@
+"""The correlator: routes every event, snapshot and facts record to one process's state.
+
+It works the same from the live sensor, from a recording and from a /proc
+walk (``gpuguard scan`` feeds synthesized ``GpuOpen``/``Connect`` events, GPU
+snapshots and ``ProcessFacts``; no kernel events needed).  Live, a
+``facts_provider`` (normally :func:`collect_process_facts`) fills in who a
+process is on first sight; in replay the recorded ``ProcessFacts`` come first
+and ``facts_provider`` is ``None``.
+
+State is bounded (``max_processes``, least recently active evicted first) and
+expires (exited processes after ``exit_grace_s``, silent ones after
+``idle_expiry_s``).  :meth:`Correlator.score` rescores only processes whose
+state changed (the ``dirty`` flag), parents before children, so a child can
+inherit its parent's verdict.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from gpuguard.correlate.config_files import read_config_files
+from gpuguard.correlate.state import ProcessKey, ProcessState
+from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
+from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
+from gpuguard.sources.gpu.snapshot import GpuSnapshot
+from gpuguard.sources.process import ProcessFacts, collect_process_facts
+
+if TYPE_CHECKING:
+    from gpuguard.detect.rules import RuleSet
+    from gpuguard.detect.score import Verdict
+    from gpuguard.detect.yara_scan import YaraScanner
+
+FactsProvider = Callable[[int], "ProcessFacts | None"]
+_SAME_PROCESS_SLACK_S = 1.0   # start times are rounded; an event's time is after the start
+
+
+class Correlator:
+    """Per-process state from a stream of items; see the module docstring."""
+
+    def __init__(
+        self,
+        ruleset: "RuleSet | None" = None,
+        *,
+        max_processes: int = 8192,
+        idle_expiry_s: float = 900.0,
+        exit_grace_s: float = 30.0,
+        facts_provider: FactsProvider | None = collect_process_facts,
+        read_configs: bool | None = None,
+        yara_scanner: "YaraScanner | None" = None,
+        proc_root: str = "/proc",
+    ) -> None:
+        self.ruleset = ruleset
+        self.max_processes = max_processes
+        self.idle_expiry_s = idle_expiry_s
+        self.exit_grace_s = exit_grace_s
+        self.facts_provider = facts_provider
+        self.read_configs = facts_provider is not None if read_configs is None else read_configs
+        self.yara_scanner = yara_scanner
+        self.proc_root = proc_root
+        self._states: OrderedDict[ProcessKey, ProcessState] = OrderedDict()
+        self._by_pid: dict[int, ProcessKey] = {}
+        self._device_totals: dict[tuple[str, int], int] = {}
+        self._ioctl_cache: dict[tuple[str, int, str], tuple[str, str]] = {}
+        self.counters: dict[str, int] = {
+            "events": 0, "facts": 0, "snapshots": 0, "processes_created": 0,
+            "evicted": 0, "expired": 0, "lost_events": 0, "ignored": 0, "yara_scans": 0,
+        }
+        self._handlers: dict[type, Callable] = {
+            GpuOpen: self._on_gpu_open,
+            GpuIoctl: self._on_gpu_ioctl,
+            Connect: self._on_connect,
+            NetPayload: self._on_payload,
+            Exec: self._on_exec,
+            Exit: self._on_exit,
+            Lost: self._on_lost,
+            GpuSnapshot: self._on_snapshot,
+            ProcessFacts: self._on_facts,
+        }
+
+    # -- public API ---------------------------------------------------------
+
+    def feed(self, item: Event | GpuSnapshot | ProcessFacts) -> None:
+        """Apply one item to the state of the process it belongs to."""
+        handler = self._handlers.get(type(item))
+        if handler is None:
+            self.counters["ignored"] += 1
+            return
+        handler(item)
+
+    def states(self) -> Iterable[ProcessState]:
+        """Every tracked process, oldest first (a stable order for the same input)."""
+        return sorted(self._states.values(), key=lambda s: (s.key.start_time, s.key.pid))
+
+    def state_of(self, pid: int) -> ProcessState | None:
+        """The current (newest) process with this pid, if tracked."""
+        key = self._by_pid.get(pid)
+        return self._states.get(key) if key else None
+
+    def get(self, key: ProcessKey) -> ProcessState | None:
+        return self._states.get(key)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def set_ruleset(self, ruleset: "RuleSet") -> None:
+        """Use a new rule set (hot reload): every process is rescored on the next :meth:`score`."""
+        self.ruleset = ruleset
+        for state in self._states.values():
+            state.dirty = True
+
+    def expire(self, now: float) -> None:
+        """Forget processes that exited more than ``exit_grace_s`` ago or were idle too long."""
+        for key in [k for k, s in self._states.items() if self._expired(s, now)]:
+            self._drop(key)
+            self.counters["expired"] += 1
+
+    def score(self, now: float, ruleset: "RuleSet | None" = None) -> list["Verdict"]:
+        """Rescore processes whose state changed; returns their new verdicts, oldest process first."""
+        from gpuguard.detect.score import score_process
+
+        ruleset = ruleset or self.ruleset
+        if ruleset is None:
+            raise ValueError("Correlator.score needs a rule set")
+        out: list[Verdict] = []
+        for _ in range(10):   # parents first; a changed parent re-dirties its children
+            dirty = [s for s in self._states.values() if s.dirty]
+            if not dirty:
+                break
+            dirty.sort(key=lambda s: (s.key.start_time, s.key.pid))
+            changed: set[ProcessKey] = set()
+            for state in dirty:
+                self._link_parent(state)
+                previous = state.verdict
+                parent = self._states.get(state.parent_key) if state.parent_key else None
+                state.parent_verdict = parent.verdict if parent else None
+                verdict = score_process(state, ruleset, now)
+                state.verdict = verdict
+                state.dirty = False
+                out.append(verdict)
+                if previous is None or previous.verdict != verdict.verdict:
+                    changed.add(state.key)
+            if not changed:
+                break
+            for state in self._states.values():
+                if state.parent_key in changed:
+                    state.dirty = True
+        latest = {v.key: v for v in out}
+        return sorted(latest.values(), key=lambda v: (v.key.start_time, v.key.pid))
+
+    def verdicts(self, now: float, ruleset: "RuleSet | None" = None) -> list["Verdict"]:
+        """The current verdict of every tracked process (rescoring the changed ones)."""
+        self.score(now, ruleset)
+        return [s.verdict for s in self.states() if s.verdict is not None]
+
+    # -- process lookup -----------------------------------------------------
+
+    def _expired(self, state: ProcessState, now: float) -> bool:
+        if state.exited_at is not None and now - state.exited_at > self.exit_grace_s:
+            return True
+        return now - state.last_seen > self.idle_expiry_s
+
+    def _drop(self, key: ProcessKey) -> None:
+        self._states.pop(key, None)
+        if self._by_pid.get(key.pid) == key:
+            del self._by_pid[key.pid]
+
+    def _new_state(self, key: ProcessKey, time: float, provisional: bool) -> ProcessState:
+        old = self._by_pid.get(key.pid)
+        if old is not None and old != key and old in self._states:
+            # The pid was reused without us seeing the exit: the old process is gone.
+            old_state = self._states[old]
+            if old_state.exited_at is None:
+                old_state.exited_at = time
+        state = ProcessState(key=key, provisional=provisional, first_seen=time, last_seen=time)
+        self._states[key] = state
+        self._by_pid[key.pid] = key
+        self.counters["processes_created"] += 1
+        while len(self._states) > self.max_processes:
+            victim, _ = next(iter(self._states.items()))
+            self._drop(victim)
+            self.counters["evicted"] += 1
+        return state
+
+    def _state_for(self, pid: int, time: float, comm: str = "") -> ProcessState:
+        """The process ``pid`` now; created (live: with facts) on first sight."""
+        key = self._by_pid.get(pid)
+        if key is not None:
+            state = self._states.get(key)
+            if state is not None:
+                self._states.move_to_end(key)
+                return state
+        facts = self.facts_provider(pid) if self.facts_provider else None
+        if facts is not None and facts.start_time > 0:
+            state = self._new_state(ProcessKey(pid, facts.start_time), time, provisional=False)
+            self._adopt_facts(state, facts)
+        else:
+            state = self._new_state(ProcessKey(pid, time), time, provisional=True)
+            state.comm = comm
+        return state
+
+    def _link_parent(self, state: ProcessState) -> None:
+        if state.parent_key is not None and state.parent_key in self._states:
+            return
+        state.parent_key = None
+        if state.ppid:
+            parent_key = self._by_pid.get(state.ppid)
+            if parent_key is not None and parent_key.start_time <= state.key.start_time + _SAME_PROCESS_SLACK_S:
+                state.parent_key = parent_key
+
+    def _adopt_facts(self, state: ProcessState, facts: ProcessFacts) -> None:
+        if self.read_configs and not facts.config_files and not facts.kernel_thread:
+            facts.config_files = read_config_files(facts.pid, facts.cmdline, self.proc_root)
+        state.set_facts(facts)
+        if self.yara_scanner is not None and not state.yara_scanned and not facts.kernel_thread:
+            result = self.yara_scanner.scan_process(facts, self.proc_root)
+            state.yara_matches |= set(result.rules)
+            state.yara_tags |= set(result.tags)
+            state.yara_scanned = True
+            self.counters["yara_scans"] += 1
+        if self.ruleset is not None and self.facts_provider is not None:
+            state.exe_sha256 = self.ruleset.allowlist.exe_sha256_if_needed(facts, self.proc_root)
+
+    # -- handlers -----------------------------------------------------------
+
+    def _on_facts(self, facts: ProcessFacts) -> None:
+        self.counters["facts"] += 1
+        key = ProcessKey(facts.pid, facts.start_time)
+        state = self._states.get(key)
+        if state is None:
+            current = self._by_pid.get(facts.pid)
+            current_state = self._states.get(current) if current else None
+            if (
+                current_state is not None
+                and current_state.provisional
+                and facts.start_time <= current_state.first_seen + _SAME_PROCESS_SLACK_S
+            ):
+                # Events arrived before the facts: the same process; re-key it.
+                del self._states[current]
+                current_state.key = key
+                self._states[key] = current_state
+                self._by_pid[facts.pid] = key
+                state = current_state
+            else:
+                state = self._new_state(key, facts.start_time, provisional=False)
+        else:
+            self._states.move_to_end(key)
+        self._adopt_facts(state, facts)
+
+    def _on_gpu_open(self, event: GpuOpen) -> None:
+        self.counters["events"] += 1
+        state = self._state_for(event.pid, event.time, event.comm)
+        if event.device_class:
+            state.gpu_device_classes.add(event.device_class)
+        if event.path and len(state.gpu_paths) < 32:
+            state.gpu_paths.add(event.path)
+        state.touch(event.time)
+
+    def _on_gpu_ioctl(self, event: GpuIoctl) -> None:
+        self.counters["events"] += 1
+        state = self._state_for(event.pid, event.time, event.comm)
+        cache_key = (event.device_class, event.command, event.command_name)
+        decoded = self._ioctl_cache.get(cache_key)
+        if decoded is None:
+            name = event.command_name or ioctl_name(event.device_class, event.command)
+            decoded = self._ioctl_cache[cache_key] = (name, ioctl_category(name))
+        if event.device_class:
+            state.gpu_device_classes.add(event.device_class)
+        state.add_ioctl(event.time, decoded[0], decoded[1], event.count)
+        state.touch(event.time)
+
+    def _on_connect(self, event: Connect) -> None:
+        self.counters["events"] += 1
+        state = self._state_for(event.pid, event.time, event.comm)
+        state.add_connection(event.address, event.port)
+        state.touch(event.time)
+
+    def _on_payload(self, event: NetPayload) -> None:
+        self.counters["events"] += 1
+        state = self._state_for(event.pid, event.time, event.comm)
+        state.add_payload(event.time, event.protocol, event.detail)
+        state.touch(event.time)
+
+    def _on_exec(self, event: Exec) -> None:
+        self.counters["events"] += 1
+        state = self._state_for(event.pid, event.time, event.comm)
+        state.comm = event.comm or state.comm
+        state.exe = event.filename or state.exe
+        if event.cmdline:
+            state.cmdline = list(event.cmdline)
+        if event.ppid:
+            state.ppid = event.ppid
+            state.parent_key = None
+        state.derived.clear()
+        if self.facts_provider is not None and state.facts is not None:
+            facts = self.facts_provider(event.pid)   # the new image: new exe, cmdline, identity
+            if facts is not None and facts.start_time == state.key.start_time:
+                state.yara_scanned = False
+                self._adopt_facts(state, facts)
+        state.touch(event.time)
+
+    def _on_exit(self, event: Exit) -> None:
+        self.counters["events"] += 1
+        key = self._by_pid.get(event.pid)
+        state = self._states.get(key) if key else None
+        if state is None:
+            return
+        state.exited_at = event.time
+        state.exit_code = event.exit_code
+        state.touch(event.time)
+        del self._by_pid[event.pid]   # a later event with this pid is a new process
+
+    def _on_lost(self, event: Lost) -> None:
+        self.counters["events"] += 1
+        self.counters["lost_events"] += event.count
+        key = self._by_pid.get(event.pid)
+        if key and key in self._states:
+            self._states[key].lost_events += event.count
+
+    def _on_snapshot(self, snapshot: GpuSnapshot) -> None:
+        self.counters["snapshots"] += 1
+        for device in snapshot.devices:
+            if device.memory_total:
+                self._device_totals[(device.vendor, device.index)] = device.memory_total
+        per_pid: dict[int, list] = {}
+        for usage in snapshot.processes:
+            per_pid.setdefault(usage.pid, []).append(usage)
+        for pid, usages in per_pid.items():
+            state = self._state_for(pid, snapshot.time)
+            utils = [u.sm_util for u in usages if u.sm_util is not None]
+            memories = [u.used_memory for u in usages if u.used_memory is not None]
+            totals = [self._device_totals.get((u.vendor, u.device_index)) for u in usages]
+            state.add_gpu_sample(snapshot.time, max(utils) if utils else None, sum(memories) if memories else None)
+            if totals and all(totals):
+                state.gpu_memory_total = sum(totals)  # type: ignore[arg-type]
+            state.touch(snapshot.time)

@@ -1,0 +1,114 @@
+"""Bounded sliding windows: time series of samples and event-count rates.
+
+Both keep at most ``max_samples`` entries and forget anything older than
+``span_s`` before the newest entry, so a process that lives for weeks costs
+the same memory as one that lives for minutes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+
+class SampleWindow:
+    """Samples ``(time, value)`` over the last ``span_s`` seconds: mean, variance, span."""
+
+    __slots__ = ("span_s", "_samples", "_sum", "_sumsq")
+
+    def __init__(self, span_s: float = 300.0, max_samples: int = 600) -> None:
+        self.span_s = span_s
+        self._samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        self._sum = 0.0
+        self._sumsq = 0.0
+
+    def add(self, time: float, value: float) -> None:
+        samples = self._samples
+        if len(samples) == samples.maxlen:
+            self._forget(samples[0][1])
+        samples.append((time, value))
+        self._sum += value
+        self._sumsq += value * value
+        horizon = time - self.span_s
+        while samples and samples[0][0] < horizon:
+            self._forget(samples.popleft()[1])
+
+    def _forget(self, value: float) -> None:
+        self._sum -= value
+        self._sumsq -= value * value
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    @property
+    def latest(self) -> float | None:
+        return self._samples[-1][1] if self._samples else None
+
+    @property
+    def duration_s(self) -> float:
+        """Time between the oldest and the newest sample in the window."""
+        if len(self._samples) < 2:
+            return 0.0
+        return self._samples[-1][0] - self._samples[0][0]
+
+    @property
+    def mean(self) -> float | None:
+        n = len(self._samples)
+        return self._sum / n if n else None
+
+    @property
+    def variance(self) -> float | None:
+        """Population variance of the values (None with fewer than two samples)."""
+        n = len(self._samples)
+        if n < 2:
+            return None
+        mean = self._sum / n
+        # Running sums drift; recompute exactly when the shortcut looks unsafe.
+        value = self._sumsq / n - mean * mean
+        if value < 1e-6 * max(1.0, mean * mean):
+            value = sum((v - mean) ** 2 for _, v in self._samples) / n
+        return max(0.0, value)
+
+    @property
+    def minimum(self) -> float | None:
+        return min(v for _, v in self._samples) if self._samples else None
+
+    def values(self) -> list[float]:
+        return [v for _, v in self._samples]
+
+
+class RateWindow:
+    """Counts reported at times; the rate per second over the last ``span_s`` seconds."""
+
+    __slots__ = ("span_s", "_counts", "_total", "first_time")
+
+    def __init__(self, span_s: float = 60.0, max_samples: int = 256) -> None:
+        self.span_s = span_s
+        self._counts: deque[tuple[float, int]] = deque(maxlen=max_samples)
+        self._total = 0
+        self.first_time: float | None = None
+
+    def add(self, time: float, count: int) -> None:
+        if self.first_time is None:
+            self.first_time = time
+        counts = self._counts
+        if len(counts) == counts.maxlen:
+            self._total -= counts[0][1]
+        counts.append((time, count))
+        self._total += count
+        horizon = time - self.span_s
+        while counts and counts[0][0] <= horizon:
+            self._total -= counts.popleft()[1]
+
+    def rate(self, now: float) -> float:
+        """Events per second in ``(now - span_s, now]``; the divisor is the time observed, at least 1 s."""
+        if self.first_time is None:
+            return 0.0
+        horizon = now - self.span_s
+        total = self._total
+        for time, count in self._counts:
+            if time > horizon:
+                break
+            total -= count
+        observed = min(self.span_s, max(1.0, now - self.first_time))
+        return total / observed if math.isfinite(observed) else 0.0

@@ -1,0 +1,383 @@
+"""The condition language: YAML maps compiled once into fast closures.
+
+A condition is either a combination::
+
+    all: [COND, ...]      every one matches
+    any: [COND, ...]      at least one matches
+    not: COND             it does not match
+
+or a test of one signal with exactly one operator::
+
+    {signal: connect_ports, in_list: pool_ports}
+    {signal: gpu_util_mean, gte: 85}
+
+A compiled condition takes a :class:`SignalReader` and returns ``None`` (no
+match) or a list of witnesses such as ``"connect_ports=3333 (in pool_ports)"``
+that become the evidence detail.  Signals of a set type (``texts``,
+``numbers``) match when any element does.  An unavailable signal (``None``)
+never matches.  Every mistake is reported with its file position.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gpuguard.detect.signals import SIGNALS, SignalReader
+from gpuguard.detect.yaml_marks import Position
+
+Condition = Callable[[SignalReader], "list[str] | None"]
+Problem_ = tuple[Position, str]
+
+_SCALAR = ("bool", "number", "text")
+_SETS = ("texts", "numbers")
+OPERATORS: dict[str, tuple[tuple[str, ...], str]] = {
+    # name: (signal types it applies to, what it means)
+    "is": (("bool", "number", "text"), "equals the value"),
+    "in": (("number", "text", "texts", "numbers"), "is one of the values listed inline"),
+    "in_list": (("number", "text", "texts", "numbers"), "is an entry of the named list (numbers lists may hold ranges 'a-b')"),
+    "contains": (("text", "texts", "numbers"), "text contains the substring / set contains the element"),
+    "glob": (("text", "texts"), "matches the shell pattern"),
+    "glob_list": (("text", "texts"), "matches a shell pattern of the named list"),
+    "matches": (("text", "texts"), "matches the regular expression (search)"),
+    "matches_list": (("text", "texts"), "matches a regular expression of the named list"),
+    "domain_in_list": (("text", "texts"), "is a domain of the named list or a subdomain of one"),
+    "cidr_in_list": (("text", "texts"), "is an address inside a network of the named list"),
+    "gt": (("number", "numbers"), "greater than"),
+    "gte": (("number", "numbers"), "greater than or equal"),
+    "lt": (("number", "numbers"), "less than"),
+    "lte": (("number", "numbers"), "less than or equal"),
+    "empty": (("text", "texts", "numbers"), "is empty (true) or not empty (false)"),
+}
+_LIST_OPS = {"in_list", "glob_list", "matches_list", "domain_in_list", "cidr_in_list"}
+_MAX_WITNESSES = 3
+
+
+@dataclass(slots=True)
+class ListDef:
+    """A named list after merging every file: entries with where each came from."""
+
+    name: str
+    position: Position
+    entries: list[tuple[Any, Position]] = field(default_factory=list)
+
+    @property
+    def values(self) -> list[Any]:
+        return [v for v, _ in self.entries]
+
+
+@dataclass(slots=True)
+class CompileContext:
+    lists: dict[str, ListDef]
+    problems: list[Problem_] = field(default_factory=list)
+    signals_used: set[str] = field(default_factory=set)
+    lists_used: set[str] = field(default_factory=set)
+    _compiled_lists: dict[tuple[str, str], Any] = field(default_factory=dict)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# -- list compilation (once per list and operator) ---------------------------
+
+_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any:
+    cached = ctx._compiled_lists.get((name, op))
+    if cached is not None:
+        return cached
+    listdef = ctx.lists[name]
+    bad = ctx.problems.append
+    if op == "in_list" and numeric:
+        exact: set[float] = set()
+        ranges: list[tuple[int, int]] = []
+        for value, pos in listdef.entries:
+            match = _RANGE.match(value) if isinstance(value, str) else None
+            if _is_number(value):
+                exact.add(value)
+            elif match and int(match[1]) <= int(match[2]):
+                ranges.append((int(match[1]), int(match[2])))
+            else:
+                bad((pos, f"list {name!r}: {value!r} is not a number or range 'a-b' (the list is used with a number signal)"))
+        compiled: Any = (frozenset(exact), tuple(ranges))
+    elif op == "in_list":
+        compiled = frozenset(str(v).lower() if isinstance(v, str) else v for v in listdef.values)
+    elif op == "glob_list":
+        patterns = []
+        for value, pos in listdef.entries:
+            if not isinstance(value, str):
+                bad((pos, f"list {name!r}: glob {value!r} must be text"))
+            else:
+                patterns.append(fnmatch.translate(value))
+        compiled = re.compile("|".join(f"(?:{p})" for p in patterns) or r"(?!)", re.S)
+    elif op == "matches_list":
+        regexes = []
+        for value, pos in listdef.entries:
+            try:
+                regexes.append((str(value), re.compile(str(value))))
+            except re.error as exc:
+                bad((pos, f"list {name!r}: bad regular expression {value!r}: {exc}"))
+        compiled = tuple(regexes)
+    elif op == "domain_in_list":
+        domains = set()
+        for value, pos in listdef.entries:
+            if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*\.?", value):
+                bad((pos, f"list {name!r}: {value!r} is not a domain name"))
+            else:
+                domains.add(value.lower().rstrip("."))
+        compiled = frozenset(domains)
+    else:  # cidr_in_list
+        networks = []
+        for value, pos in listdef.entries:
+            try:
+                networks.append(ipaddress.ip_network(str(value), strict=False))
+            except ValueError:
+                bad((pos, f"list {name!r}: {value!r} is not an address or network (CIDR)"))
+        compiled = tuple(networks)
+    ctx._compiled_lists[(name, op)] = compiled
+    return compiled
+
+
+# -- element tests: (value) -> bool ------------------------------------------
+
+def _element_test(op: str, operand: Any, compiled: Any, numeric: bool) -> Callable[[Any], bool]:
+    if op == "is":
+        if isinstance(operand, str):
+            low = operand.lower()
+            return lambda v: isinstance(v, str) and v.lower() == low
+        return lambda v: v == operand and type(v) is not bool if not isinstance(operand, bool) else v is operand
+    if op == "in":
+        values = frozenset(o.lower() if isinstance(o, str) else o for o in operand)
+        return lambda v: (v.lower() if isinstance(v, str) else v) in values
+    if op == "in_list":
+        if numeric:
+            exact, ranges = compiled
+            return lambda v: v in exact or any(lo <= v <= hi for lo, hi in ranges)
+        return lambda v: (v.lower() if isinstance(v, str) else v) in compiled
+    if op == "contains":   # text: substring (case-insensitive); sets use equality (see _set_leaf)
+        needle = str(operand).lower()
+        return lambda v: needle in v.lower()
+    if op == "glob":
+        rx = re.compile(fnmatch.translate(operand), re.S)
+        return lambda v: rx.match(v) is not None
+    if op == "glob_list":
+        return lambda v: compiled.match(v) is not None
+    if op == "matches":
+        rx = re.compile(operand)
+        return lambda v: rx.search(v) is not None
+    if op == "matches_list":
+        return lambda v: any(rx.search(v) for _, rx in compiled)
+    if op == "domain_in_list":
+        def in_domains(v: str) -> bool:
+            parts = v.lower().rstrip(".").split(".")
+            return any(".".join(parts[i:]) in compiled for i in range(len(parts)))
+        return in_domains
+    if op == "cidr_in_list":
+        def in_networks(v: str) -> bool:
+            try:
+                address = ipaddress.ip_address(v.split("%", 1)[0])
+            except ValueError:
+                return False
+            if address.version == 6 and address.ipv4_mapped:
+                address = address.ipv4_mapped
+            return any(address in n for n in compiled)
+        return in_networks
+    comparisons = {"gt": lambda v: v > operand, "gte": lambda v: v >= operand,
+                   "lt": lambda v: v < operand, "lte": lambda v: v <= operand}
+    return comparisons[op]
+
+
+def _describe(op: str, operand: Any) -> str:
+    symbols = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+    if op in symbols:
+        return f"{symbols[op]} {_fmt(operand)}"
+    if op in _LIST_OPS:
+        return f"{op.replace('_', ' ')} {operand}"
+    if op == "in":
+        return "in [" + ", ".join(_fmt(o) for o in operand) + "]"
+    return f"{op} {_fmt(operand)}"
+
+
+def _leaf(name: str, type_: str, op: str, operand: Any, compiled: Any) -> Condition:
+    numeric = type_ in ("number", "numbers")
+    about = _describe(op, operand)
+    if op == "empty":
+        want = bool(operand)
+
+        def empty_leaf(r: SignalReader) -> list[str] | None:
+            v = r.get(name)
+            if v is None or (not v) != want:
+                return None
+            return [f"{name} {'empty' if want else 'not empty'}"]
+        return empty_leaf
+    if type_ in _SETS and op == "contains":
+        wanted = operand.lower() if isinstance(operand, str) else operand
+
+        def contains_leaf(r: SignalReader) -> list[str] | None:
+            v = r.get(name)
+            if not v or wanted not in v:
+                return None
+            return [f"{name} contains {_fmt(operand)}"]
+        return contains_leaf
+    test = _element_test(op, operand, compiled, numeric)
+    if type_ in _SETS:
+        def set_leaf(r: SignalReader) -> list[str] | None:
+            v = r.get(name)
+            if not v:
+                return None
+            hits = sorted((e for e in v if test(e)), key=str)
+            if not hits:
+                return None
+            shown = ",".join(_fmt(h) for h in hits[:_MAX_WITNESSES]) + (",..." if len(hits) > _MAX_WITNESSES else "")
+            return [f"{name}={shown} ({about})"]
+        return set_leaf
+
+    def scalar_leaf(r: SignalReader) -> list[str] | None:
+        v = r.get(name)
+        if v is None or not test(v):
+            return None
+        return [f"{name}={_fmt(v)} ({about})"]
+    return scalar_leaf
+
+
+# -- compiling a condition tree -----------------------------------------------
+
+def compile_condition(node: Any, path: tuple, at: Callable[[tuple], Position],
+                      key_at: Callable[[tuple], Position], ctx: CompileContext) -> Condition | None:
+    """Compile ``node`` (found at ``path`` of a document); problems go to ``ctx.problems``."""
+    bad = ctx.problems.append
+    if not isinstance(node, dict) or not node:
+        bad((at(path), "a condition must be a map: all:/any:/not: or {signal: NAME, OPERATOR: VALUE}"))
+        return None
+    combinators = [k for k in ("all", "any", "not") if k in node]
+    if combinators:
+        if len(node) != 1:
+            extra = sorted(str(k) for k in node if k != combinators[0])
+            bad((key_at(path + (extra[0],)), f"{combinators[0]}: must be alone in its map (found also {', '.join(extra)})"))
+            return None
+        kind = combinators[0]
+        body = node[kind]
+        if kind == "not":
+            inner = compile_condition(body, path + ("not",), at, key_at, ctx)
+            if inner is None:
+                return None
+            return lambda r: [] if inner(r) is None else None
+        if not isinstance(body, list) or not body:
+            bad((at(path + (kind,)), f"{kind}: needs a non-empty list of conditions"))
+            return None
+        parts = [compile_condition(item, path + (kind, i), at, key_at, ctx) for i, item in enumerate(body)]
+        if any(p is None for p in parts):
+            return None
+        parts_t = tuple(parts)
+        if kind == "all":
+            def all_of(r: SignalReader) -> list[str] | None:
+                out: list[str] = []
+                for part in parts_t:
+                    got = part(r)
+                    if got is None:
+                        return None
+                    out += got
+                return out
+            return all_of
+
+        def any_of(r: SignalReader) -> list[str] | None:
+            for part in parts_t:
+                got = part(r)
+                if got is not None:
+                    return got
+            return None
+        return any_of
+    return _compile_leaf(node, path, at, key_at, ctx)
+
+
+def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> Condition | None:
+    bad = ctx.problems.append
+    if "signal" not in node:
+        unknown = sorted(str(k) for k in node)
+        bad((key_at(path + (unknown[0],)), f"unknown condition key {unknown[0]!r} (expected all, any, not or signal)"))
+        return None
+    name = node["signal"]
+    if not isinstance(name, str) or name not in SIGNALS:
+        close = [s for s in SIGNALS if isinstance(name, str) and (name in s or s in name)][:3]
+        hint = f" (did you mean {', '.join(close)}?)" if close else " (`gpuguard rules signals` lists them)"
+        bad((at(path + ("signal",)), f"unknown signal {name!r}{hint}"))
+        return None
+    type_ = SIGNALS[name].type
+    ops = [k for k in node if k != "signal"]
+    if len(ops) != 1:
+        bad((at(path), f"signal {name}: needs exactly one operator ({', '.join(OPERATORS)}), found {len(ops)}"))
+        return None
+    op = ops[0]
+    operand = node[op]
+    here = at(path + (op,))
+    if op not in OPERATORS:
+        bad((key_at(path + (op,)), f"unknown operator {op!r} (expected one of {', '.join(OPERATORS)})"))
+        return None
+    if type_ not in OPERATORS[op][0]:
+        bad((key_at(path + (op,)), f"operator {op!r} does not apply to {type_} signal {name} (use one of "
+             f"{', '.join(o for o, (types, _) in OPERATORS.items() if type_ in types)})"))
+        return None
+    ctx.signals_used.add(name)
+    compiled = None
+    numeric = type_ in ("number", "numbers")
+    if op in _LIST_OPS:
+        if not isinstance(operand, str) or operand not in ctx.lists:
+            bad((here, f"unknown list {operand!r}" + (f" (lists: {', '.join(sorted(ctx.lists))})" if ctx.lists else "")))
+            return None
+        if op in ("domain_in_list", "cidr_in_list", "glob_list", "matches_list") and numeric:
+            bad((here, f"operator {op!r} needs a text signal"))
+            return None
+        ctx.lists_used.add(operand)
+        compiled = _compile_list(ctx, operand, op, numeric)
+    elif op in ("gt", "gte", "lt", "lte"):
+        if not _is_number(operand):
+            bad((here, f"{op}: needs a number, got {operand!r}"))
+            return None
+    elif op == "is":
+        expected = {"bool": bool, "number": (int, float), "text": str}[type_]
+        if not isinstance(operand, expected) or (type_ == "number" and isinstance(operand, bool)):
+            bad((here, f"is: {name} is a {type_} signal; {operand!r} is not a {type_}"))
+            return None
+    elif op == "in":
+        if not isinstance(operand, list) or not operand:
+            bad((here, "in: needs a non-empty inline list"))
+            return None
+        if numeric and not all(_is_number(o) for o in operand):
+            bad((here, f"in: {name} is a number signal; every value must be a number"))
+            return None
+        if not numeric and not all(isinstance(o, str) for o in operand):
+            bad((here, f"in: {name} is a text signal; every value must be text"))
+            return None
+    elif op == "empty":
+        if not isinstance(operand, bool):
+            bad((here, "empty: needs true or false"))
+            return None
+    elif op == "contains":
+        if numeric and not _is_number(operand) or not numeric and not isinstance(operand, str):
+            bad((here, f"contains: needs a {'number' if numeric else 'text'} value"))
+            return None
+    elif op in ("glob", "matches"):
+        if not isinstance(operand, str):
+            bad((here, f"{op}: needs text"))
+            return None
+        if op == "matches":
+            try:
+                re.compile(operand)
+            except re.error as exc:
+                bad((here, f"bad regular expression {operand!r}: {exc}"))
+                return None
+    return _leaf(name, type_, op, operand, compiled)

@@ -1,0 +1,555 @@
+"""The named signals rule conditions test, each computed here by the name it has in the rules file.
+
+A signal has a type (``bool``, ``number``, ``text``, ``texts`` — a set of
+texts, ``numbers`` — a set of numbers) and is computed lazily from a
+:class:`ProcessState`: :class:`SignalReader` computes a signal the first
+time a condition asks for it and caches it for the rest of that evaluation.
+Costly derivations (parsing the command line, config files, payload details)
+are cached on the state in ``state.derived`` until its identity changes.
+
+``None`` means "not available" (no facts, no GPU samples...): a condition on
+an unavailable signal never matches.
+"""
+
+from __future__ import annotations
+
+import os
+import time as _time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gpuguard.correlate.config_files import parse_config_files
+from gpuguard.correlate.endpoints import Endpoint, endpoints_in_argv, parse_endpoint
+from gpuguard.correlate.state import ProcessState
+
+SIGNAL_TYPES = ("bool", "number", "text", "texts", "numbers")
+_CMDLINE_MAX = 4096
+_ALGO_OPTIONS = ("-a", "--algo", "--algorithm", "-algo", "--coin")
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    name: str
+    type: str
+    group: str
+    description: str
+    compute: Callable[[ProcessState, float], Any]
+
+
+SIGNALS: dict[str, Signal] = {}
+
+
+def _signal(name: str, type_: str, group: str, description: str):
+    def register(fn: Callable[[ProcessState, float], Any]) -> Callable[[ProcessState, float], Any]:
+        assert type_ in SIGNAL_TYPES and name not in SIGNALS
+        SIGNALS[name] = Signal(name, type_, group, description, fn)
+        return fn
+    return register
+
+
+class SignalReader:
+    """Signals of one process at one moment, each computed at most once."""
+
+    __slots__ = ("state", "now", "cache")
+
+    def __init__(self, state: ProcessState, now: float) -> None:
+        self.state = state
+        self.now = now
+        self.cache: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        try:
+            return self.cache[name]
+        except KeyError:
+            value = self.cache[name] = SIGNALS[name].compute(self.state, self.now)
+            return value
+
+
+# -- derived views (cached on the state) -------------------------------------
+
+def _basename(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1] if path else ""
+
+
+@dataclass(slots=True)
+class _Cmdline:
+    text: str
+    endpoints: list[Endpoint]
+    flags: set[str]
+    algorithms: set[str]
+
+
+def _cmdline(state: ProcessState) -> _Cmdline:
+    cached = state.derived.get("cmdline")
+    if cached is None:
+        argv = state.cmdline[:256]
+        flags: set[str] = set()
+        algorithms: set[str] = set()
+        for i, arg in enumerate(argv):
+            if arg.startswith("-") and len(arg) > 1:
+                option, has_value, inline = arg.partition("=")
+                flags.add(option[:64])
+                if option in _ALGO_OPTIONS:
+                    value = inline if has_value else (argv[i + 1] if i + 1 < len(argv) else "")
+                    if value:
+                        algorithms.add(value.lower()[:64])
+        cached = state.derived["cmdline"] = _Cmdline(
+            " ".join(argv)[:_CMDLINE_MAX], endpoints_in_argv(argv), flags, algorithms
+        )
+    return cached
+
+
+def _config(state: ProcessState):
+    cached = state.derived.get("config")
+    if cached is None:
+        files = state.facts.config_files if state.facts is not None else {}
+        cached = state.derived["config"] = parse_config_files(files or {})
+    return cached
+
+
+@dataclass(slots=True)
+class _Net:
+    ports: frozenset[int]
+    addresses: frozenset[str]
+    agents: set[str]
+    methods: set[str]
+    logins: set[str]
+    payload_hosts: set[str]
+    proxy_hosts: set[str]
+    proxy_ports: set[int]
+
+
+def _host_port(value: Any) -> Endpoint | None:
+    return parse_endpoint(str(value)) if value else None
+
+
+def _net(state: ProcessState) -> _Net:
+    cached = state.derived.get("net")
+    if cached is None:
+        net = _Net(frozenset(p for _, p in state.connections), frozenset(a for a, _ in state.connections),
+                   set(), set(), set(), set(), set(), set())
+        for payload in state.payloads:
+            detail = payload.detail
+            for key, into in (("agent", net.agents), ("method", net.methods), ("login", net.logins), ("user", net.logins)):
+                value = detail.get(key)
+                if isinstance(value, str) and value:
+                    into.add(value[:256])
+            for key in ("sni", "host"):
+                value = detail.get(key)
+                if isinstance(value, str) and value:
+                    net.payload_hosts.add(value.lower().rstrip(".").split(":")[0][:253])
+            target_host, target_port = detail.get("target_host"), detail.get("target_port")
+            if not target_host and detail.get("target"):
+                ep = _host_port(detail["target"])
+                if ep:
+                    target_host, target_port = ep.host, ep.port
+            if isinstance(target_host, str) and target_host:
+                net.proxy_hosts.add(target_host.lower().rstrip(".")[:253])
+                net.payload_hosts.add(target_host.lower().rstrip(".")[:253])
+            if isinstance(target_port, int) and 0 < target_port < 65536:
+                net.proxy_ports.add(target_port)
+        cached = state.derived["net"] = net
+    return cached
+
+
+# -- identity -----------------------------------------------------------------
+
+@_signal("comm", "text", "identity", "kernel process name (15 characters, settable by the process)")
+def _comm(s: ProcessState, now: float) -> str | None:
+    return s.comm or None
+
+
+@_signal("exe", "text", "identity", "resolved executable path")
+def _exe(s: ProcessState, now: float) -> str | None:
+    return s.exe or None
+
+
+@_signal("exe_name", "text", "identity", "executable file name, lower-case")
+def _exe_name(s: ProcessState, now: float) -> str | None:
+    return _basename(s.exe).lower() or None
+
+
+@_signal("exe_dir", "text", "identity", "directory of the executable")
+def _exe_dir(s: ProcessState, now: float) -> str | None:
+    return os.path.dirname(s.exe) or None if s.exe else None
+
+
+@_signal("process_names", "texts", "identity", "comm, executable name and argv[0] name, lower-case")
+def _process_names(s: ProcessState, now: float) -> set[str]:
+    names = {s.comm.lower(), _basename(s.exe).lower()}
+    if s.cmdline:
+        names.add(_basename(s.cmdline[0].split(" ", 1)[0]).lower())
+    names.discard("")
+    return names
+
+
+@_signal("comm_differs_from_exe", "bool", "identity",
+         "comm is not the executable's name, nor argv[0]/argv[1] (a script) — masquerading")
+def _comm_differs(s: ProcessState, now: float) -> bool | None:
+    if not s.comm or not s.exe:
+        return None
+    comm = s.comm[:15]
+    candidates = [_basename(s.exe)] + [_basename(a.split(" ", 1)[0]) for a in s.cmdline[:2]]
+    if s.exe.startswith("/memfd:"):
+        candidates.append(s.exe[len("/memfd:"):])
+    for name in candidates:
+        short = name[:15]
+        # "python3" runs python3.11: a prefix ending before a letter is the same program.
+        if short == comm or (short.startswith(comm) and not short[len(comm)].isalpha()):
+            return False
+    return True
+
+
+@_signal("kernel_thread", "bool", "identity", "a real kernel thread (no executable, child of kthreadd)")
+def _kernel_thread(s: ProcessState, now: float) -> bool | None:
+    return s.facts.kernel_thread if s.facts is not None else None
+
+
+@_signal("has_executable", "bool", "identity", "the process runs a user-space executable")
+def _has_executable(s: ProcessState, now: float) -> bool:
+    return bool(s.exe)
+
+
+@_signal("cmdline_bracketed", "bool", "identity", "command line is one '[name]' word like a kernel thread's, yet it has an executable")
+def _cmdline_bracketed(s: ProcessState, now: float) -> bool:
+    text = " ".join(s.cmdline).strip()
+    return bool(s.exe) and text.startswith("[") and text.endswith("]")
+
+
+@_signal("exe_deleted", "bool", "identity", "the executable file was deleted after start")
+def _exe_deleted(s: ProcessState, now: float) -> bool | None:
+    return s.facts.exe_deleted if s.facts is not None else None
+
+
+@_signal("exe_memfd", "bool", "identity", "the executable is an anonymous memfd (fileless)")
+def _exe_memfd(s: ProcessState, now: float) -> bool:
+    return (s.facts.exe_memfd if s.facts is not None else False) or s.exe.startswith("/memfd:")
+
+
+@_signal("user", "text", "identity", "user name of the real uid")
+def _user(s: ProcessState, now: float) -> str | None:
+    return (s.facts.username or None) if s.facts is not None else None
+
+
+@_signal("uid", "number", "identity", "real uid")
+def _uid(s: ProcessState, now: float) -> int | None:
+    return s.facts.uid if s.facts is not None and s.facts.uid >= 0 else None
+
+
+@_signal("cgroup", "text", "identity", "cgroup path")
+def _cgroup(s: ProcessState, now: float) -> str | None:
+    return (s.facts.cgroup or None) if s.facts is not None else None
+
+
+@_signal("container_id", "text", "identity", "container id from the cgroup, if in a container")
+def _container_id(s: ProcessState, now: float) -> str | None:
+    return s.facts.container_id if s.facts is not None else None
+
+
+@_signal("in_container", "bool", "identity", "the process runs in a container")
+def _in_container(s: ProcessState, now: float) -> bool | None:
+    return s.facts.container_id is not None if s.facts is not None else None
+
+
+@_signal("ld_preload", "text", "identity", "LD_PRELOAD value")
+def _ld_preload(s: ProcessState, now: float) -> str | None:
+    return s.facts.ld_preload if s.facts is not None else None
+
+
+@_signal("ld_preload_set", "bool", "identity", "LD_PRELOAD is set (library injection, /proc hiding)")
+def _ld_preload_set(s: ProcessState, now: float) -> bool | None:
+    if s.facts is None or not s.facts.environ_readable:
+        return None
+    return bool(s.facts.ld_preload)
+
+
+@_signal("age_s", "number", "time", "seconds since the process started")
+def _age(s: ProcessState, now: float) -> float:
+    return max(0.0, now - s.key.start_time)
+
+
+@_signal("hour_of_day", "number", "time", "hour (0-23, UTC) at evaluation time")
+def _hour(s: ProcessState, now: float) -> int:
+    return _time.gmtime(now).tm_hour
+
+
+@_signal("exited", "bool", "time", "the process has exited")
+def _exited(s: ProcessState, now: float) -> bool:
+    return s.exited_at is not None
+
+
+# -- command line and config files --------------------------------------------
+
+@_signal("cmdline", "text", "cmdline", "command line, arguments joined by spaces (first 4096 characters)")
+def _cmdline_text(s: ProcessState, now: float) -> str | None:
+    return _cmdline(s).text or None
+
+
+@_signal("cmdline_flags", "texts", "cmdline", "option names on the command line (--donate-level=1 gives --donate-level)")
+def _cmdline_flags(s: ProcessState, now: float) -> set[str]:
+    return _cmdline(s).flags
+
+
+@_signal("cmdline_algorithm", "texts", "cmdline", "values of -a/--algo/--algorithm/--coin, lower-case")
+def _cmdline_algorithm(s: ProcessState, now: float) -> set[str]:
+    return _cmdline(s).algorithms
+
+
+@_signal("cmdline_url_schemes", "texts", "cmdline", "URL schemes on the command line (stratum+tcp...)")
+def _cmdline_schemes(s: ProcessState, now: float) -> set[str]:
+    return {e.scheme for e in _cmdline(s).endpoints if e.scheme}
+
+
+@_signal("cmdline_endpoints", "texts", "cmdline", "URLs and pool-option host:port values on the command line")
+def _cmdline_endpoints(s: ProcessState, now: float) -> set[str]:
+    return {str(e) for e in _cmdline(s).endpoints}
+
+
+@_signal("cmdline_hosts", "texts", "cmdline", "host names/addresses in command-line URLs and pool options")
+def _cmdline_hosts(s: ProcessState, now: float) -> set[str]:
+    return {e.host for e in _cmdline(s).endpoints}
+
+
+@_signal("cmdline_ports", "numbers", "cmdline", "ports in command-line URLs and pool options")
+def _cmdline_ports(s: ProcessState, now: float) -> set[int]:
+    return {e.port for e in _cmdline(s).endpoints if e.port}
+
+
+@_signal("config_keys", "texts", "config", "setting names in config files beside/named by the process, lower-case")
+def _config_keys(s: ProcessState, now: float) -> set[str]:
+    return _config(s).keys
+
+
+@_signal("config_url_schemes", "texts", "config", "URL schemes in its config files")
+def _config_schemes(s: ProcessState, now: float) -> set[str]:
+    return {e.scheme for e in _config(s).endpoints if e.scheme}
+
+
+@_signal("config_endpoints", "texts", "config", "URLs and host:port values in its config files")
+def _config_endpoints(s: ProcessState, now: float) -> set[str]:
+    return {str(e) for e in _config(s).endpoints}
+
+
+@_signal("config_hosts", "texts", "config", "host names in its config files")
+def _config_hosts(s: ProcessState, now: float) -> set[str]:
+    return {e.host for e in _config(s).endpoints}
+
+
+@_signal("config_ports", "numbers", "config", "ports in its config files")
+def _config_ports(s: ProcessState, now: float) -> set[int]:
+    return {e.port for e in _config(s).endpoints if e.port}
+
+
+# -- network ------------------------------------------------------------------
+
+@_signal("connect_ports", "numbers", "network", "remote ports it connected to")
+def _connect_ports(s: ProcessState, now: float) -> frozenset[int]:
+    return _net(s).ports
+
+
+@_signal("connect_addresses", "texts", "network", "remote addresses it connected to")
+def _connect_addresses(s: ProcessState, now: float) -> frozenset[str]:
+    return _net(s).addresses
+
+
+@_signal("connect_count", "number", "network", "connect attempts")
+def _connect_count(s: ProcessState, now: float) -> int:
+    return s.connect_total
+
+
+@_signal("connected_to_revealed_port", "bool", "network",
+         "it connected to a port named in its own command line or config (the pool it was told to use)")
+def _connected_revealed(s: ProcessState, now: float) -> bool:
+    ports = _net(s).ports
+    if not ports:
+        return False
+    revealed = {e.port for e in _cmdline(s).endpoints if e.port} | {e.port for e in _config(s).endpoints if e.port}
+    return bool(ports & revealed)
+
+
+@_signal("payload_protocols", "texts", "network", "protocols recognised in its first payload bytes (stratum, cryptonote, ethproxy, socks5, tls...)")
+def _payload_protocols(s: ProcessState, now: float) -> set[str]:
+    return s.payload_protocols
+
+
+@_signal("payload_agents", "texts", "network", "client agent strings in payloads (cryptonote login agent)")
+def _payload_agents(s: ProcessState, now: float) -> set[str]:
+    return _net(s).agents
+
+
+@_signal("payload_methods", "texts", "network", "JSON-RPC/HTTP methods in payloads")
+def _payload_methods(s: ProcessState, now: float) -> set[str]:
+    return _net(s).methods
+
+
+@_signal("payload_logins", "texts", "network", "login/user values in payloads (a wallet, for pool logins)")
+def _payload_logins(s: ProcessState, now: float) -> set[str]:
+    return _net(s).logins
+
+
+@_signal("payload_hosts", "texts", "network", "host names it revealed on the wire: TLS SNI, HTTP Host/CONNECT, SOCKS target")
+def _payload_hosts(s: ProcessState, now: float) -> set[str]:
+    return _net(s).payload_hosts
+
+
+@_signal("proxy_target_hosts", "texts", "network", "hosts it asked a SOCKS/HTTP proxy to reach")
+def _proxy_hosts(s: ProcessState, now: float) -> set[str]:
+    return _net(s).proxy_hosts
+
+
+@_signal("proxy_target_ports", "numbers", "network", "ports it asked a SOCKS/HTTP proxy to reach")
+def _proxy_ports(s: ProcessState, now: float) -> set[int]:
+    return _net(s).proxy_ports
+
+
+@_signal("revealed_hosts", "texts", "network", "every host it named: command line, config files and payloads")
+def _revealed_hosts(s: ProcessState, now: float) -> set[str]:
+    return ({e.host for e in _cmdline(s).endpoints} | {e.host for e in _config(s).endpoints} | _net(s).payload_hosts)
+
+
+# -- GPU ----------------------------------------------------------------------
+
+@_signal("gpu_device_classes", "texts", "gpu", "GPU device classes opened (nvidia, nvidia-ctl, nvidia-uvm, kfd, drm-render, pci-bar, mem...)")
+def _gpu_classes(s: ProcessState, now: float) -> set[str]:
+    return s.gpu_device_classes
+
+
+@_signal("gpu_paths", "texts", "gpu", "GPU device paths opened")
+def _gpu_paths(s: ProcessState, now: float) -> set[str]:
+    return s.gpu_paths
+
+
+@_signal("ioctl_names", "texts", "gpu", "decoded GPU ioctl command names issued")
+def _ioctl_names(s: ProcessState, now: float) -> set[str]:
+    return set(s.ioctl_counts)
+
+
+@_signal("ioctl_categories", "texts", "gpu", "GPU ioctl categories issued (submit, memory, query, setup, other)")
+def _ioctl_categories(s: ProcessState, now: float) -> set[str]:
+    return set(s.ioctl_category_counts)
+
+
+@_signal("ioctl_total", "number", "gpu", "GPU ioctls issued in total")
+def _ioctl_total(s: ProcessState, now: float) -> int:
+    return sum(s.ioctl_category_counts.values())
+
+
+@_signal("ioctl_query_only", "bool", "gpu", "every GPU ioctl was a query or set-up (a monitor, not a compute job)")
+def _ioctl_query_only(s: ProcessState, now: float) -> bool | None:
+    if not s.ioctl_category_counts:
+        return None
+    return set(s.ioctl_category_counts) <= {"query", "setup"}
+
+
+def _rate_signal(category: str) -> None:
+    def compute(s: ProcessState, now: float) -> float:
+        window = s.ioctl_rates.get(category)
+        return window.rate(now) if window is not None else 0.0
+    _signal(f"ioctl_rate_{category}", "number", "gpu", f"'{category}' GPU ioctls per second over the last minute")(compute)
+
+
+for _category in ("submit", "memory", "query", "setup", "other"):
+    _rate_signal(_category)
+
+
+@_signal("gpu_util_mean", "number", "gpu", "mean per-process GPU (SM) utilisation %, last 5 minutes")
+def _gpu_util_mean(s: ProcessState, now: float) -> float | None:
+    return s.gpu_util.mean
+
+
+@_signal("gpu_util_variance", "number", "gpu", "variance of per-process GPU utilisation, last 5 minutes (miners: very low)")
+def _gpu_util_variance(s: ProcessState, now: float) -> float | None:
+    return s.gpu_util.variance
+
+
+@_signal("gpu_util_min", "number", "gpu", "lowest per-process GPU utilisation %, last 5 minutes")
+def _gpu_util_min(s: ProcessState, now: float) -> float | None:
+    return s.gpu_util.minimum
+
+
+@_signal("gpu_util_latest", "number", "gpu", "latest per-process GPU utilisation %")
+def _gpu_util_latest(s: ProcessState, now: float) -> float | None:
+    return s.gpu_util.latest
+
+
+@_signal("gpu_util_samples", "number", "gpu", "GPU utilisation samples in the window")
+def _gpu_util_samples(s: ProcessState, now: float) -> int:
+    return len(s.gpu_util)
+
+
+@_signal("gpu_util_window_s", "number", "gpu", "seconds covered by the GPU utilisation window")
+def _gpu_util_window(s: ProcessState, now: float) -> float:
+    return s.gpu_util.duration_s
+
+
+@_signal("gpu_memory_bytes", "number", "gpu", "GPU memory used now, bytes")
+def _gpu_memory(s: ProcessState, now: float) -> float | None:
+    return s.gpu_memory.latest
+
+
+@_signal("gpu_memory_fraction", "number", "gpu", "GPU memory used / total of its GPUs (0-1)")
+def _gpu_memory_fraction(s: ProcessState, now: float) -> float | None:
+    used = s.gpu_memory.latest
+    if used is None or not s.gpu_memory_total:
+        return None
+    return used / s.gpu_memory_total
+
+
+@_signal("cpu_percent_mean", "number", "cpu", "mean CPU % (100 = one core), last 5 minutes")
+def _cpu_mean(s: ProcessState, now: float) -> float | None:
+    return s.cpu.mean
+
+
+@_signal("cpu_window_s", "number", "cpu", "seconds covered by the CPU window")
+def _cpu_window(s: ProcessState, now: float) -> float:
+    return s.cpu.duration_s
+
+
+# -- scanning and ancestry ----------------------------------------------------
+
+@_signal("yara_rules", "texts", "yara", "YARA rules that matched its executable, command line, environment or memory")
+def _yara_rules(s: ProcessState, now: float) -> set[str]:
+    return s.yara_matches
+
+
+@_signal("yara_tags", "texts", "yara", "tags of the YARA rules that matched")
+def _yara_tags(s: ProcessState, now: float) -> set[str]:
+    return s.yara_tags
+
+
+def _ancestors(s: ProcessState) -> list:
+    return s.facts.ancestors if s.facts is not None else []
+
+
+@_signal("parent_name", "text", "ancestry", "parent's comm, lower-case")
+def _parent_name(s: ProcessState, now: float) -> str | None:
+    a = _ancestors(s)
+    return a[0].comm.lower() if a else None
+
+
+@_signal("parent_exe", "text", "ancestry", "parent's executable")
+def _parent_exe(s: ProcessState, now: float) -> str | None:
+    a = _ancestors(s)
+    return (a[0].exe or None) if a else None
+
+
+@_signal("ancestor_names", "texts", "ancestry", "comm and executable names of all ancestors (up to 8), lower-case")
+def _ancestor_names(s: ProcessState, now: float) -> set[str]:
+    names = {a.comm.lower() for a in _ancestors(s)} | {_basename(a.exe).lower() for a in _ancestors(s)}
+    names.discard("")
+    return names
+
+
+@_signal("ancestor_exes", "texts", "ancestry", "executables of all ancestors")
+def _ancestor_exes(s: ProcessState, now: float) -> set[str]:
+    return {a.exe for a in _ancestors(s) if a.exe}
+
+
+@_signal("parent_verdict", "text", "ancestry", "the parent's current verdict (clean, suspicious, malicious)")
+def _parent_verdict(s: ProcessState, now: float) -> str | None:
+    return s.parent_verdict.verdict if s.parent_verdict is not None else None
+
+
+@_signal("parent_score", "number", "ancestry", "the parent's current score")
+def _parent_score(s: ProcessState, now: float) -> int | None:
+    return s.parent_verdict.score if s.parent_verdict is not None else None

@@ -37,6 +37,7 @@ _SCHEMA_MAPS = {
     EventKind.EXEC: "schema_exec",
     EventKind.EXIT: "schema_exit",
 }
+_TABLES = ("tracked_fds", "ioctl_counts", "fresh_sockets", "lost_counts")
 MAX_PAYLOAD_STREAMS = 4096
 
 
@@ -99,6 +100,7 @@ class Sensor:
         self.sweep_interval = sweep_interval
         self.stats = SensorStats()
         self._bpf = None
+        self.tables: dict = {}
         self._decoder: EventDecoder | None = None
         self._pending: list[Event] = []
         self._ioctl_seen: dict[tuple[int, int, int], int] = {}
@@ -125,9 +127,10 @@ class Sensor:
                 "check that kernel headers match or fall back cleanly (bash packaging/setup-host.sh setup) "
                 "and that the kernel allows BPF (lockdown 'confidentiality' forbids it)",
             ) from None
-        classes = {kind: self._bpf[name].Leaf for kind, name in _SCHEMA_MAPS.items()}
-        self._decoder = EventDecoder(classes, self._bpf["schema_header"].Leaf)
-        events = self._bpf["events"]
+        self.tables = {name: self._bpf[name.encode()] for name in _TABLES}
+        classes = {kind: self._bpf[name.encode()].Leaf for kind, name in _SCHEMA_MAPS.items()}
+        self._decoder = EventDecoder(classes, self._bpf[b"schema_header"].Leaf)
+        events = self._bpf[b"events"]
         if self.settings.perf_buffer:
             events.open_perf_buffer(self._on_perf, page_cnt=max(8, self.settings.ringbuf_pages // 8),
                                     lost_cb=self._on_perf_lost)
@@ -278,7 +281,7 @@ class Sensor:
     def _drain_into(self, out: list[Event], only_tgid: int | None = None) -> None:
         """Append ioctl deltas (all processes, or one that is exiting) and lost counts."""
         now = time.time()
-        table = self._bpf["ioctl_counts"]
+        table = self.tables["ioctl_counts"]
         for key, value in table.items():
             if only_tgid is not None and key.tgid != only_tgid:
                 continue
@@ -291,7 +294,7 @@ class Sensor:
             out.append(self._ioctl_event(now, key.tgid, key.device_class, key.command, delta))
         if only_tgid is not None:
             return
-        lost = self._bpf["lost_counts"]
+        lost = self.tables["lost_counts"]
         for slot in LostSlot:
             if slot == LostSlot.SLOTS:
                 continue
@@ -322,7 +325,7 @@ class Sensor:
 
     # -- map hygiene ------------------------------------------------------------------
     def _forget_fd(self, tgid: int, fd: int) -> None:
-        table = self._bpf["tracked_fds"]
+        table = self.tables["tracked_fds"]
         try:
             del table[table.Key(tgid, fd)]
         except KeyError:
@@ -332,7 +335,7 @@ class Sensor:
         """Remove a dead process's kernel entries (after reporting its last counts)."""
         fresh = self._fresh_fds.pop(tgid, None)
         if fresh:
-            table = self._bpf["fresh_sockets"]
+            table = self.tables["fresh_sockets"]
             for fd in fresh:
                 try:
                     del table[table.Key(tgid, fd)]
@@ -345,7 +348,7 @@ class Sensor:
         if final_drain:
             self._drain_into(self._pending, only_tgid=tgid)
         for name in ("tracked_fds", "ioctl_counts"):
-            table = self._bpf[name]
+            table = self.tables[name]
             for key in [k for k in table.keys() if k.tgid == tgid]:
                 try:
                     del table[key]
@@ -358,7 +361,7 @@ class Sensor:
 
     def sweep(self) -> None:
         """Drop entries of processes that died unseen and fds closed without close(2)."""
-        table = self._bpf["tracked_fds"]
+        table = self.tables["tracked_fds"]
         dead: set[int] = set()
         for key in list(table.keys()):
             if not os.path.exists(f"/proc/{key.tgid}"):
@@ -368,7 +371,7 @@ class Sensor:
             if not is_gpu:
                 self._forget_fd(key.tgid, key.fd)
                 self.stats.swept_fds += 1
-        for key in list(self._bpf["ioctl_counts"].keys()):
+        for key in list(self.tables["ioctl_counts"].keys()):
             if not os.path.exists(f"/proc/{key.tgid}"):
                 dead.add(key.tgid)
         for tgid in dead:
@@ -378,7 +381,7 @@ class Sensor:
 
     # -- debugging ------------------------------------------------------------------
     def map_sizes(self) -> dict[str, int]:
-        return {name: len(list(self._bpf[name].keys())) for name in ("tracked_fds", "ioctl_counts", "fresh_sockets")}
+        return {name: len(list(self.tables[name].keys())) for name in ("tracked_fds", "ioctl_counts", "fresh_sockets")}
 
 
 def _comm_of(pid: int) -> str:

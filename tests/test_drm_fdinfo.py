@@ -262,7 +262,7 @@ def test_real_proc_finds_a_drm_named_fd_with_no_data():
     # A private mount namespace with its own /dev where renderD128 is the null device
     # (platform.md): the fd link reads /dev/dri/renderD128 in the host's /proc.
     script = ("mount --make-rprivate / && mount -t tmpfs tmpfs /dev && mkdir /dev/dri && "
-              "mknod /dev/dri/renderD128 c 1 3 && echo ready && exec sleep 30 7</dev/dri/renderD128")
+              "mknod /dev/dri/renderD128 c 1 3 && exec 7</dev/dri/renderD128 && echo ready && exec sleep 30")
     child = subprocess.Popen(["unshare", "-m", "sh", "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
@@ -278,3 +278,16 @@ def test_real_proc_finds_a_drm_named_fd_with_no_data():
     finally:
         child.kill()
         child.wait()
+
+
+def test_sweeper_finds_late_opens_within_the_sweep_period_and_drops_closed_fds(tmp_path):
+    proc = FakeProc(tmp_path / "proc")
+    proc.fd(500, 3, "/usr/lib/libc.so.6")  # seen first with no DRM fd
+    proc.fd(501, 4, "/dev/dri/renderD128", I915)
+    sampler = DrmFdinfoSampler(proc_root=str(proc.root), sys_root=str(tmp_path / "sys"), sweep_every=3)
+    assert [p.pid for p in sampler.sample().processes] == [501]
+    proc.fd(500, 5, "/dev/dri/renderD128", XE)  # opened later
+    seen = [[p.pid for p in sampler.sample().processes] for _ in range(3)]
+    assert seen[-1] == [500, 501] and seen.count([501]) <= 2  # found within 3 samples
+    (proc.root / "501" / "fd" / "4").unlink()  # closed: gone at once, no sweep needed
+    assert [p.pid for p in sampler.sample().processes] == [500]

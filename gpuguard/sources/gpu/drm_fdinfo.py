@@ -34,6 +34,9 @@ SOURCE = "drm-fdinfo"
 _SIZE_UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
 _FREQ_UNITS = {"": 1, "Hz": 1, "KHz": 1000, "kHz": 1000, "MHz": 1_000_000}
 _MEMORY_KINDS = ("total", "shared", "resident", "purgeable", "active", "memory")
+_DRM_CLASSES = (DeviceClass.DRM_CARD, DeviceClass.DRM_RENDER)
+# A full sweep of every process's fd table every 5 samples (5 s at 1 Hz); see FdTableSweeper.
+SWEEP_EVERY = 5
 # Which memory figure stands for "what this client holds" in a region, best first.
 _HELD = ("resident", "memory", "total")
 
@@ -77,56 +80,59 @@ def _number(value: str, units: dict[str, int]) -> int | None:
 def parse_fdinfo(text: str) -> DrmClient | None:
     """The DRM usage stats in one fdinfo file, or None if it has none (no ``drm-driver``)."""
     client: DrmClient | None = None
-    pending: list[tuple[str, str]] = []
+    pending: list[tuple[str, str, str]] = []
     for line in text.split("\n"):
+        if not line.startswith("drm-"):
+            continue  # pos/flags/mnt_id/ino and driver-private keys (amd-*, panfrost-*)
         key, sep, value = line.partition(":")
-        if not sep or not key.startswith("drm-"):
+        if not sep:
             continue
-        value = value.strip()
-        if key == "drm-driver":
-            client = DrmClient(driver=value)
+        kind, _, rest = key[4:].partition("-")
+        if kind == "driver":
+            client = DrmClient(driver=value.strip())
         else:
-            pending.append((key, value))
+            pending.append((kind, rest, value.strip()))
     if client is None:
         return None
-    for key, value in pending:
-        _apply(client, key, value)
+    for kind, rest, value in pending:
+        _apply(client, kind, rest, value)
     return client
 
 
-def _apply(client: DrmClient, key: str, value: str) -> None:
-    if key == "drm-client-id":
-        client.client_id = value
-    elif key == "drm-pdev":
+def _apply(client: DrmClient, kind: str, rest: str, value: str) -> None:
+    """One ``drm-<kind>-<rest>: value`` line (``drm-client-id`` is kind "client", rest "id")."""
+    if kind == "engine":
+        if rest.startswith("capacity-"):
+            n = _number(value, _SIZE_UNITS)
+            if n:  # zero capacity is not allowed; absent means one
+                client.capacity[rest[9:]] = n
+        else:
+            n = _number(value[:-2] if value.endswith("ns") else value, _SIZE_UNITS)
+            if n is not None:
+                client.engine_ns[rest] = n
+    elif kind == "cycles":
+        n = _number(value, _SIZE_UNITS)
+        if n is not None:
+            client.cycles[rest] = n
+    elif kind == "total" and rest.startswith("cycles-"):  # drm-total-cycles-<engine>, not a region
+        n = _number(value, _SIZE_UNITS)
+        if n is not None:
+            client.total_cycles[rest[7:]] = n
+    elif kind in _MEMORY_KINDS and rest:
+        n = _number(value, _SIZE_UNITS)
+        if n is not None:
+            client.memory.setdefault(kind, {})[rest] = n
+    elif kind == "client":
+        if rest == "id":
+            client.client_id = value
+        elif rest == "name":
+            client.name = value
+    elif kind == "pdev" and not rest:
         client.pdev = value
-    elif key == "drm-client-name":
-        client.name = value
-    elif key.startswith("drm-engine-capacity-"):
-        n = _number(value, _SIZE_UNITS)
-        if n:  # zero capacity is not allowed; absent means one
-            client.capacity[key[20:]] = n
-    elif key.startswith("drm-engine-"):
-        n = _number(value.replace("ns", ""), _SIZE_UNITS)
-        if n is not None:
-            client.engine_ns[key[11:]] = n
-    elif key.startswith("drm-total-cycles-"):  # before drm-total-<region>
-        n = _number(value, _SIZE_UNITS)
-        if n is not None:
-            client.total_cycles[key[17:]] = n
-    elif key.startswith("drm-cycles-"):
-        n = _number(value, _SIZE_UNITS)
-        if n is not None:
-            client.cycles[key[11:]] = n
-    elif key.startswith("drm-maxfreq-"):
+    elif kind == "maxfreq":
         n = _number(value, _FREQ_UNITS)
         if n:
-            client.maxfreq_hz[key[12:]] = n
-    else:
-        kind, _, region = key[4:].partition("-")
-        if kind in _MEMORY_KINDS and region:
-            n = _number(value, _SIZE_UNITS)
-            if n is not None:
-                client.memory.setdefault(kind, {})[region] = n
+            client.maxfreq_hz[rest] = n
 
 
 @dataclass(slots=True)
@@ -202,46 +208,109 @@ class ScanResult:
     drm_fds: int = 0
 
 
-def scan_drm_fds(proc_root: str = "/proc") -> ScanResult:
-    """Every process's open DRM fds and what their fdinfo says."""
-    result = ScanResult([])
+def _read_text(path: str) -> str | None:
     try:
-        entries = os.listdir(proc_root)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return result
-    for name in entries:
-        if not name.isdigit():
-            continue
-        fd_dir = f"{proc_root}/{name}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except PermissionError:
-            result.denied += 1
-            continue
-        except OSError:  # exited
-            continue
-        by_device: dict[int, _Held] = {}
-        for fd in fds:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 8192):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _drm_fds(fd_dir: str) -> list[tuple[str, str]]:
+    """(fd, target) of the DRM nodes among a process's fds; PermissionError if not ours to read."""
+    dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        found = []
+        for fd in os.listdir(dir_fd):
             try:
-                target = os.readlink(f"{fd_dir}/{fd}")
+                target = os.readlink(fd, dir_fd=dir_fd)  # relative to the open dir: no path walk per fd
             except OSError:
                 continue
-            if not target.startswith("/dev/dri/") or classify_device_path(target) not in (
-                    DeviceClass.DRM_CARD, DeviceClass.DRM_RENDER):
+            if target.startswith("/dev/dri/") and classify_device_path(target) in _DRM_CLASSES:
+                found.append((fd, target))
+        return found
+    finally:
+        os.close(dir_fd)
+
+
+class FdTableSweeper:
+    """Which fds of which processes are DRM nodes, without reading every fd table every sample.
+
+    Reading every fd link of every process is most of the cost on a busy host
+    (tens of thousands of readlinks).  A process is swept when first seen and
+    then once every ``sweep_every`` samples (pids are spread over the slices);
+    in between, only its known DRM fds are checked (one readlink each).  A
+    process that opens a GPU node after it started is found within
+    ``sweep_every`` samples.
+    """
+
+    def __init__(self, proc_root: str = "/proc", sweep_every: int = 1) -> None:
+        self.proc_root = proc_root
+        self.sweep_every = max(1, sweep_every)
+        self._tick = 0
+        self._known: dict[int, list[tuple[str, str]]] = {}
+
+    def drm_fds(self, result: ScanResult) -> dict[int, list[tuple[str, str]]]:
+        self._tick += 1
+        try:
+            pids = [int(n) for n in os.listdir(self.proc_root) if n.isdigit()]
+        except OSError:
+            return {}
+        known, self._known = self._known, {}
+        for pid in pids:
+            fd_dir = f"{self.proc_root}/{pid}/fd"
+            previous = known.get(pid)
+            try:
+                if previous is None or (pid + self._tick) % self.sweep_every == 0:
+                    found = _drm_fds(fd_dir)
+                else:
+                    found = [(fd, target) for fd, target in previous if _still_links(fd_dir, fd, target)]
+            except PermissionError:
+                result.denied += 1
                 continue
+            except OSError:  # exited
+                continue
+            self._known[pid] = found
+        return {pid: fds for pid, fds in self._known.items() if fds}
+
+
+def _still_links(fd_dir: str, fd: str, target: str) -> bool:
+    try:
+        return os.readlink(f"{fd_dir}/{fd}") == target
+    except FileNotFoundError:
+        return False
+
+
+def scan_drm_fds(proc_root: str = "/proc", sweeper: FdTableSweeper | None = None) -> ScanResult:
+    """Every process's open DRM fds and what their fdinfo says."""
+    result = ScanResult([])
+    sweeper = sweeper or FdTableSweeper(proc_root)
+    parsed: dict[str, DrmClient | None] = {}  # one client behind several fds prints the same text
+    for pid, drm_fds in sweeper.drm_fds(result).items():
+        by_device: dict[int, _Held] = {}
+        for fd, target in drm_fds:
             result.drm_fds += 1
             device = node_index(target)
             held = by_device.get(device)
             if held is None:
-                held = by_device[device] = _Held(int(name), device)
-            try:
-                with open(f"{proc_root}/{name}/fdinfo/{fd}", encoding="utf-8", errors="replace") as f:
-                    client = parse_fdinfo(f.read())
-            except OSError:
+                held = by_device[device] = _Held(pid, device)
+            text = _read_text(f"{proc_root}/{pid}/fdinfo/{fd}")
+            if text is None:
                 continue
+            if text not in parsed:
+                parsed[text] = parse_fdinfo(text)
+            client = parsed[text]
             if client is not None:
                 # Several fds of one client (dup, a card and a render fd) count once.
-                key = (client.pdev or client.driver, client.client_id or f"{name}/fd{fd}")
+                key = (client.pdev or client.driver, client.client_id or f"{pid}/fd{fd}")
                 held.clients.setdefault(key, client)
         result.held.extend(by_device.values())
     return result
@@ -290,10 +359,11 @@ def sysfs_devices(sys_root: str = "/sys") -> dict[int, _SysDevice]:
     return out
 
 
-def open_sampler(proc_root: str = "/proc", sys_root: str = "/sys") -> "DrmFdinfoSampler":
+def open_sampler(proc_root: str = "/proc", sys_root: str = "/sys",
+                 sweep_every: int = SWEEP_EVERY) -> "DrmFdinfoSampler":
     if not os.path.isdir(f"{proc_root}/self/fdinfo"):
         raise SourceUnavailable(f"{proc_root}/self/fdinfo is missing", "mount procfs (Linux 2.6.22+)")
-    sampler = DrmFdinfoSampler(proc_root=proc_root, sys_root=sys_root)
+    sampler = DrmFdinfoSampler(proc_root=proc_root, sys_root=sys_root, sweep_every=sweep_every)
     first = sampler.sample()
     if not first.devices:
         raise SourceUnavailable(f"no DRM device ({sys_root}/class/drm has no card, no process holds /dev/dri open)",
@@ -308,8 +378,10 @@ class DrmFdinfoSampler:
     source = SOURCE
 
     def __init__(self, proc_root: str = "/proc", sys_root: str = "/sys",
-                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 sweep_every: int = 1) -> None:
         self._proc_root = proc_root
+        self._sweeper = FdTableSweeper(proc_root, sweep_every)
         self._sys_root = sys_root
         self._clock = clock
         self._monotonic = monotonic
@@ -320,7 +392,7 @@ class DrmFdinfoSampler:
     def sample(self) -> GpuSnapshot:
         now, mono = self._clock(), self._monotonic()
         errors, self.pending = self.pending, []
-        scan = scan_drm_fds(self._proc_root)
+        scan = scan_drm_fds(self._proc_root, self._sweeper)
         if scan.denied:
             self._once.report(errors, "system", "denied", "drm-fdinfo: some processes' fds are not readable, "
                                                           "their GPU use is not shown (run as root)")

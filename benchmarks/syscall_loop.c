@@ -1,0 +1,47 @@
+/* syscall_loop.c - ns per syscall for the sensor's overhead benchmark.
+ *   syscall_loop MODE COUNT [PATH]
+ * MODE: getppid | read (1 byte of /dev/zero) | write (1 byte to /dev/null)
+ *       | ioctl (RM_CONTROL on PATH, opened read-write) | close-bad (close(-1))
+ * Prints one line: "<ns per call>".
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    if (argc < 3)
+        return 2;
+    const char *mode = argv[1];
+    long n = strtol(argv[2], NULL, 0);
+    int fd = -1;
+    char buf[64] = {0};
+    if (!strcmp(mode, "read"))
+        fd = open("/dev/zero", O_RDONLY);
+    else if (!strcmp(mode, "write"))
+        fd = open("/dev/null", O_WRONLY);
+    else if (!strcmp(mode, "ioctl"))
+        fd = open(argc > 3 ? argv[3] : "/dev/null", O_RDWR);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++) {
+        if (!strcmp(mode, "getppid"))
+            getppid();
+        else if (mode[0] == 'r')
+            read(fd, buf, 1);
+        else if (mode[0] == 'w')
+            write(fd, buf, 1);
+        else if (mode[0] == 'i')
+            ioctl(fd, 0xc020462aUL, buf);
+        else
+            close(-1);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double ns = ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / (double)n;
+    printf("%.1f\n", ns);
+    return 0;
+}

@@ -1,0 +1,114 @@
+"""`gpuguard record`: write sensor events, process facts and GPU samples to a file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from gpuguard.commands.watch import add_sensor_arguments, print_stats, start_sensor, stop_on_sigterm
+from gpuguard.errors import GpuguardError
+from gpuguard.events.model import Connect, GpuIoctl, GpuOpen, NetPayload
+
+HELP = "record sensor events, process facts and GPU samples to FILE (msgpack; replay with 'gpuguard replay')"
+
+# Events that make a process worth describing in the recording.
+_INTERESTING = (GpuOpen, GpuIoctl, Connect, NetPayload)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", "-o", required=True, metavar="FILE", help="recording to write (must not exist)")
+    parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    parser.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    parser.add_argument("--gpu-interval", type=float, default=1.0, metavar="S",
+                        help="seconds between GPU telemetry samples (default 1; 0 disables)")
+    add_sensor_arguments(parser)
+
+
+class _Progress:
+    """A one-line counter on stderr, redrawn at most once a second, only on a terminal."""
+
+    def __init__(self, path: str, duration: float | None) -> None:
+        self.enabled = sys.stderr.isatty()
+        self.path = path
+        self.duration = duration
+        self.started = time.monotonic()
+        self.next_draw = 0.0
+
+    def update(self, written: int, lost: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now < self.next_draw and not force):
+            return
+        self.next_draw = now + 1.0
+        elapsed = now - self.started
+        of = f" / {self.duration:.0f} s" if self.duration else ""
+        sys.stderr.write(f"\rrecording {self.path}: {written} items, {lost} lost, {elapsed:.0f} s{of}  ")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuguard.events.wire import RecordingWriter
+    from gpuguard.sources.gpu.sampler import open_samplers
+    from gpuguard.sources.process import collect_process_facts
+
+    if args.print_probes:
+        from gpuguard.commands.watch import probe_settings
+        from gpuguard.sources.probe_source import print_probes
+
+        sys.stdout.write(print_probes(probe_settings(args)))
+        return 0
+    statuses: list[str] = []
+    samplers = open_samplers(on_status=statuses.append) if args.gpu_interval > 0 else []
+    for line in statuses:
+        print(f"gpuguard: {line}", file=sys.stderr)
+    try:
+        writer = RecordingWriter(args.output, meta={"recorder": "gpuguard record", "interval": args.interval},
+                                 overwrite=args.force)
+    except FileExistsError:
+        raise GpuguardError(f"{args.output} already exists", "choose another --output or add --force") from None
+    except OSError as exc:
+        raise GpuguardError(f"cannot write {args.output}: {exc.strerror}", "check the path and permissions") from None
+    sensor = start_sensor(args)
+    stop_on_sigterm()
+    described: set[int] = set()
+    progress = _Progress(args.output, args.duration)
+    deadline = time.monotonic() + args.duration if args.duration else None
+    next_sample = time.monotonic()
+
+    def write_events(events) -> None:  # noqa: ANN001
+        for event in events:
+            if isinstance(event, _INTERESTING) and event.pid not in described:
+                described.add(event.pid)
+                facts = collect_process_facts(event.pid)
+                if facts is not None:
+                    writer.write(facts)
+            writer.write(event)
+
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            write_events(sensor.poll(100))
+            if samplers and time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + args.gpu_interval
+                for sampler in samplers:
+                    writer.write(sampler.sample())
+            progress.update(writer.count, sum(sensor.stats.lost.values()))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        try:
+            write_events(sensor.drain())
+        finally:
+            writer.close()
+            progress.update(writer.count, sum(sensor.stats.lost.values()), force=True)
+            progress.done()
+            for sampler in samplers:
+                sampler.close()
+            sensor.close()
+    print(f"gpuguard: wrote {writer.count} items to {args.output}", file=sys.stderr)
+    if args.stats if hasattr(args, "stats") else False:
+        print_stats(sensor)
+    return 0

@@ -1,0 +1,100 @@
+"""`gpuguard watch`: the live view of GPU opens, ioctls and connections."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+from gpuguard.outputs.console import LiveView
+from gpuguard.outputs.jsonl import dumps_line
+
+HELP = "live view: GPU opens, per-interval ioctl summaries, connections of GPU-touching processes"
+
+
+def add_sensor_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by every command that runs the sensor."""
+    parser.add_argument("--interval", type=float, default=1.0, metavar="S",
+                        help="seconds between ioctl counter reports (default 1)")
+    parser.add_argument("--no-payload", action="store_true",
+                        help="do not capture the first bytes of new connections (removes the write(2) probe)")
+    parser.add_argument("--perf-buffer", action="store_true",
+                        help="use a perf buffer even where the kernel has a BPF ring buffer")
+    parser.add_argument("--print-probes", action="store_true", help=argparse.SUPPRESS)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON object per event per line (every event)")
+    parser.add_argument("--all", action="store_true", help="show every process's events, not only GPU-touching ones")
+    parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    parser.add_argument("--stats", action="store_true", help="print sensor statistics on stderr at the end")
+    add_sensor_arguments(parser)
+
+
+def probe_settings(args: argparse.Namespace):
+    from gpuguard.sources.probe_source import ProbeSettings
+
+    return ProbeSettings(payload_capture=not args.no_payload, perf_buffer=args.perf_buffer)
+
+
+def start_sensor(args: argparse.Namespace):
+    from gpuguard.sources.sensor import Sensor
+
+    sensor = Sensor(probe_settings(args), drain_interval=max(0.05, args.interval))
+    sensor.start()
+    return sensor
+
+
+def stop_on_sigterm() -> None:
+    def _raise(signum, frame):  # noqa: ANN001
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _raise)
+
+
+def print_stats(sensor) -> None:  # noqa: ANN001
+    st = sensor.stats
+    events = ", ".join(f"{k} {v}" for k, v in sorted(st.events.items())) or "none"
+    lost = ", ".join(f"{k} {v}" for k, v in sorted(st.lost.items())) or "none"
+    print(f"gpuguard: events: {events}; lost: {lost}; malformed: {st.malformed}; "
+          f"start-up {st.startup_seconds:.2f} s ({st.buffer} buffer)", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.print_probes:
+        from gpuguard.sources.probe_source import print_probes
+
+        sys.stdout.write(print_probes(probe_settings(args)))
+        return 0
+    sensor = start_sensor(args)
+    stop_on_sigterm()
+    view = None if args.json else LiveView(sys.stdout, show_all=args.all)
+    if view is not None:
+        print(f"gpuguard: watching GPU devices (probes loaded in {sensor.stats.startup_seconds:.2f} s); Ctrl-C stops",
+              file=sys.stderr)
+    deadline = time.monotonic() + args.duration if args.duration else None
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            events = sensor.poll(100)
+            _emit(events, view)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        try:
+            _emit(sensor.drain(), view)
+        finally:
+            if args.stats:
+                print_stats(sensor)
+            sensor.close()
+    return 0
+
+
+def _emit(events, view) -> None:  # noqa: ANN001
+    if not events:
+        return
+    if view is None:
+        sys.stdout.write("".join(dumps_line(e.to_json()) + "\n" for e in events))
+        sys.stdout.flush()
+    else:
+        view.write(events)

@@ -1,0 +1,35 @@
+"""JSON lines for machines (SIEMs, jq): one compact object per line, always valid UTF-8.
+
+Kernel strings are decoded with ``surrogateescape`` so no byte is lost; here
+any such byte is written as the text ``\\xNN`` so the line stays valid JSON
+that every parser accepts.  Control characters are escaped by JSON itself.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(value, dict):
+        return {str(_clean(k)): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return value
+
+
+def dumps_line(obj: dict[str, Any]) -> str:
+    """One JSON object on one line (no trailing newline)."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (UnicodeEncodeError, TypeError, ValueError):
+        return json.dumps(_clean(obj), ensure_ascii=False, separators=(",", ":"), default=str)

@@ -68,13 +68,13 @@ class _Converter:
                 if not isinstance(key_node, yaml.ScalarNode):
                     self.doc.problems.append((self.pos(key_node), "mapping keys must be plain values"))
                     continue
+                if key_node.tag.endswith(":merge"):
+                    self.doc.problems.append((self.pos(key_node), "YAML merge keys (<<) are not supported in rule files"))
+                    continue
                 try:
                     key = self.constructor.construct_object(key_node)
                 except yaml.constructor.ConstructorError as exc:
                     self.doc.problems.append((self.pos(key_node), f"YAML value error: {exc.problem}"))
-                    continue
-                if key == "<<":
-                    self.doc.problems.append((self.pos(key_node), "YAML merge keys (<<) are not supported in rule files"))
                     continue
                 if not isinstance(key, (str, int, bool)) or key is None:
                     self.doc.problems.append((self.pos(key_node), f"mapping key {key!r} must be text"))

@@ -1,0 +1,166 @@
+"""Golden cases for rule authors: replay a recording, compare verdicts with ``expected.yaml``.
+
+A case is a directory with ``capture.ggrec`` (the wire format of
+``gpuguard.events.wire``) and ``expected.yaml``::
+
+    description: what the capture shows
+    others: clean            # optional: every process not listed must be clean
+    processes:
+      - match: {comm: xmrig}           # comm, exe (shell glob) and/or pid; all given must match
+        verdict: malicious             # clean | suspicious | malicious
+        min_score: 75                  # optional
+        max_score: 100                 # optional
+        allowlisted: false             # optional
+        rules: [miner-cmdline-stratum] # must all be in the evidence
+        forbidden_rules: [exe-deleted] # must not be
+
+The replay runs decode → correlate → score exactly like ``gpuguard replay``
+(no /proc, no live YARA) and scores once at the time of the last item.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuguard.correlate.correlator import Correlator
+from gpuguard.detect.rules import VERDICTS, RuleSet
+from gpuguard.detect.score import Verdict
+from gpuguard.errors import GpuguardError
+from gpuguard.events.model import Event
+from gpuguard.sources.gpu.snapshot import GpuSnapshot
+from gpuguard.sources.process import ProcessFacts
+
+CAPTURE = "capture.ggrec"
+EXPECTED = "expected.yaml"
+_EXPECT_KEYS = {"match", "verdict", "min_score", "max_score", "allowlisted", "rules", "forbidden_rules"}
+
+
+def default_cases_dir() -> Path:
+    return Path(__file__).resolve().parent.parent.parent / "tests" / "cases"
+
+
+def replay(capture: Path, ruleset: RuleSet) -> tuple[list[Verdict], Correlator]:
+    """Every process's verdict after replaying ``capture`` (scored at its last timestamp)."""
+    from gpuguard.events.wire import iter_recording
+
+    correlator = Correlator(ruleset, facts_provider=None)
+    now = 0.0
+    for item in iter_recording(capture):
+        correlator.feed(item)
+        if isinstance(item, (Event, GpuSnapshot)):
+            now = max(now, item.time)
+        elif isinstance(item, ProcessFacts):
+            now = max(now, item.start_time)
+    return correlator.verdicts(now), correlator
+
+
+def _matches(spec: dict[str, Any], verdict: Verdict) -> bool:
+    if "pid" in spec and verdict.pid != spec["pid"]:
+        return False
+    if "comm" in spec and verdict.comm != spec["comm"]:
+        return False
+    if "exe" in spec and not fnmatch.fnmatchcase(verdict.exe, spec["exe"]):
+        return False
+    return True
+
+
+@dataclass(slots=True)
+class CaseResult:
+    name: str
+    passed: bool
+    failures: list[str] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    diffs: list[str] = field(default_factory=list)
+
+    def report_lines(self, verbose: bool = False) -> list[str]:
+        lines = list(self.failures) + list(self.diffs)
+        if verbose or not self.passed:
+            lines += [v.explain() for v in self.verdicts]
+        return lines
+
+
+def _load_expected(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise GpuguardError(f"cannot read {path}: {exc}", "fix the case's expected.yaml") from None
+    if not isinstance(data, dict) or not isinstance(data.get("processes"), list):
+        raise GpuguardError(f"{path}: expected a map with a `processes:` list", "see docs/rules.md, golden cases")
+    for i, spec in enumerate(data["processes"]):
+        if not isinstance(spec, dict) or not isinstance(spec.get("match"), dict) or set(spec) - _EXPECT_KEYS:
+            raise GpuguardError(f"{path}: processes[{i}] must be a map with match: and only {', '.join(sorted(_EXPECT_KEYS))}",
+                                "see docs/rules.md, golden cases")
+        if spec.get("verdict") not in (None, *VERDICTS):
+            raise GpuguardError(f"{path}: processes[{i}]: verdict must be one of {', '.join(VERDICTS)}", "fix expected.yaml")
+    return data
+
+
+def _evidence_diff(verdict: Verdict, wanted: list[str], forbidden: list[str]) -> list[str]:
+    got = {e.rule_id: e for e in verdict.evidence}
+    lines = [f"  evidence of pid {verdict.pid} {verdict.comm}:"]
+    for rule_id in sorted(set(wanted) | set(got)):
+        if rule_id in got:
+            e = got[rule_id]
+            mark = "!" if rule_id in forbidden else ("=" if rule_id in wanted else "+")
+            lines.append(f"    {mark} {rule_id} ({e.weight:+d}) {e.detail}")
+        else:
+            lines.append(f"    - {rule_id} (expected, not matched)")
+    return lines
+
+
+def run_case(case_dir: Path, ruleset: RuleSet) -> CaseResult:
+    """Replay one case and check it against its expected.yaml."""
+    expected = _load_expected(case_dir / EXPECTED)
+    verdicts, _ = replay(case_dir / CAPTURE, ruleset)
+    result = CaseResult(case_dir.name, True, verdicts=verdicts)
+    claimed: set[int] = set()
+    for spec in expected["processes"]:
+        found = [v for v in verdicts if _matches(spec["match"], v)]
+        label = ", ".join(f"{k}={v}" for k, v in sorted(spec["match"].items()))
+        if not found:
+            result.failures.append(f"no process matches {label}")
+            continue
+        for verdict in found:
+            claimed.add(id(verdict))
+            problems = []
+            if "verdict" in spec and verdict.verdict != spec["verdict"]:
+                problems.append(f"verdict {verdict.verdict}, expected {spec['verdict']}")
+            if "min_score" in spec and verdict.score < spec["min_score"]:
+                problems.append(f"score {verdict.score} < min_score {spec['min_score']}")
+            if "max_score" in spec and verdict.score > spec["max_score"]:
+                problems.append(f"score {verdict.score} > max_score {spec['max_score']}")
+            if "allowlisted" in spec and verdict.allowlisted != spec["allowlisted"]:
+                problems.append(f"allowlisted {verdict.allowlisted}, expected {spec['allowlisted']}")
+            rule_ids = {e.rule_id for e in verdict.evidence}
+            missing = [r for r in spec.get("rules", []) if r not in rule_ids]
+            present = [r for r in spec.get("forbidden_rules", []) if r in rule_ids]
+            if missing:
+                problems.append(f"missing rules {', '.join(missing)}")
+            if present:
+                problems.append(f"forbidden rules matched {', '.join(present)}")
+            if problems:
+                result.failures.append(f"{label} (pid {verdict.pid}): " + "; ".join(problems))
+                result.diffs += _evidence_diff(verdict, spec.get("rules", []), spec.get("forbidden_rules", []))
+    if expected.get("others") == "clean":
+        for verdict in verdicts:
+            if id(verdict) not in claimed and verdict.verdict != "clean":
+                result.failures.append(f"unlisted pid {verdict.pid} {verdict.comm} is {verdict.verdict} (others: clean)")
+                result.diffs += _evidence_diff(verdict, [], [])
+    result.passed = not result.failures
+    return result
+
+
+def run_cases(path: Path, ruleset: RuleSet) -> list[CaseResult]:
+    """Run one case directory, or every case directory under ``path`` (sorted by name)."""
+    path = Path(path)
+    if (path / EXPECTED).is_file():
+        return [run_case(path, ruleset)]
+    cases = sorted(p for p in path.iterdir() if (p / EXPECTED).is_file()) if path.is_dir() else []
+    if not cases:
+        raise GpuguardError(f"no golden cases in {path}", "point --cases at a directory of NAME/capture.ggrec + NAME/expected.yaml")
+    return [run_case(case, ruleset) for case in cases]

@@ -61,10 +61,9 @@ def run(args: argparse.Namespace) -> int:
 
         sys.stdout.write(print_probes(probe_settings(args)))
         return 0
-    statuses: list[str] = []
-    samplers = open_samplers(on_status=statuses.append) if args.gpu_interval > 0 else []
-    for line in statuses:
-        print(f"gpuguard: {line}", file=sys.stderr)
+    from gpuguard.sources.preflight import check_sensor_prerequisites
+
+    check_sensor_prerequisites()  # no root, bcc or headers: say so before anything else
     try:
         writer = RecordingWriter(args.output, meta={"recorder": "gpuguard record", "interval": args.interval},
                                  overwrite=args.force)
@@ -72,7 +71,15 @@ def run(args: argparse.Namespace) -> int:
         raise GpuguardError(f"{args.output} already exists", "choose another --output or add --force") from None
     except OSError as exc:
         raise GpuguardError(f"cannot write {args.output}: {exc.strerror}", "check the path and permissions") from None
-    sensor = start_sensor(args)
+    statuses: list[str] = []
+    samplers = open_samplers(on_status=statuses.append) if args.gpu_interval > 0 else []
+    for line in statuses:
+        print(f"gpuguard: {line}", file=sys.stderr)
+    try:
+        sensor = start_sensor(args)
+    except BaseException:
+        writer.close()
+        raise
     stop_on_sigterm()
     described: set[int] = set()
     progress = _Progress(args.output, args.duration)
@@ -95,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                 next_sample = time.monotonic() + args.gpu_interval
                 for sampler in samplers:
                     writer.write(sampler.sample())
-            progress.update(writer.count, sum(sensor.stats.lost.values()))
+            progress.update(writer.items_written, sum(sensor.stats.lost.values()))
     except KeyboardInterrupt:
         pass
     finally:
@@ -103,12 +110,11 @@ def run(args: argparse.Namespace) -> int:
             write_events(sensor.drain())
         finally:
             writer.close()
-            progress.update(writer.count, sum(sensor.stats.lost.values()), force=True)
+            progress.update(writer.items_written, sum(sensor.stats.lost.values()), force=True)
             progress.done()
             for sampler in samplers:
                 sampler.close()
             sensor.close()
-    print(f"gpuguard: wrote {writer.count} items to {args.output}", file=sys.stderr)
-    if args.stats if hasattr(args, "stats") else False:
-        print_stats(sensor)
+    print(f"gpuguard: wrote {writer.items_written} items to {args.output}", file=sys.stderr)
+    print_stats(sensor)
     return 0

@@ -1,0 +1,122 @@
+"""The sensor commands from the outside: watch, record, replay and their errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.workloads import build_workload, run_with_gpu_nodes
+
+REPO = Path(__file__).resolve().parent.parent
+GPUGUARD = [sys.executable, "-m", "gpuguard"]
+
+
+def gpuguard(*args: str, user: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+    cmd = [*GPUGUARD, *args]
+    if user:
+        cmd = ["setpriv", "--reuid", user, "--regid", user, "--clear-groups", *cmd]
+    kwargs.setdefault("timeout", 60)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, **kwargs)
+
+
+def test_print_probes_shows_the_compiled_c_without_root():
+    out = gpuguard("watch", "--print-probes", "--no-payload")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("/* bcc cflags: ")
+    assert "-DGG_PAYLOAD_CAPTURE" not in out.stdout.splitlines()[0]
+    assert "TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)" in out.stdout
+    assert "struct gg_gpu_open {" in out.stdout  # the shared header is part of the text
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("command", [["watch", "--duration", "1"], ["record", "--output", "/tmp/x.ggrec", "--duration", "1"]])
+def test_sensor_commands_without_root_give_one_line_and_exit_2(command):
+    out = gpuguard(*command, user="65534")
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "needs root" in out.stderr and "fix:" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.root
+def test_missing_kernel_headers_is_one_line(tmp_path, monkeypatch):
+    code = (
+        "import os, gpuguard.sources.preflight as p\n"
+        "p.require_kernel_headers.__globals__['Path'] = lambda *_: __import__('pathlib').Path('/nonexistent')\n"
+        "from gpuguard.cli import main\n"
+        "raise SystemExit(main(['watch', '--duration', '1']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.startswith("gpuguard: no kernel headers at /nonexistent")
+    assert "setup-host.sh" in out.stderr and out.stderr.count("\n") == 1
+
+
+@pytest.mark.root
+def test_record_then_replay_reads_back_exactly(tmp_path):
+    rec = tmp_path / "capture.ggrec"
+    recorder = subprocess.Popen([*GPUGUARD, "record", "--output", str(rec), "--duration", "6", "--interval", "0.2"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3.0)  # probes compiled and attached
+    proc = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidiactl", "ioctl:0:0xc020462a:321", "exit:5"])
+    proc.wait(timeout=10)
+    _, err = recorder.communicate(timeout=60)
+    assert recorder.returncode == 0, err
+    assert "wrote" in err
+
+    replay = gpuguard("replay", str(rec), "--json")
+    assert replay.returncode == 0, replay.stderr
+    items = [json.loads(line) for line in replay.stdout.splitlines()]
+    mine = [i for i in items if i.get("pid") == proc.pid]
+    kinds = [i["kind"] for i in mine]
+    assert "process" in kinds  # facts recorded the first time the process mattered
+    assert [i["path"] for i in mine if i["kind"] == "gpu_open"] == ["/dev/nvidiactl"]
+    assert sum(i["count"] for i in mine if i["kind"] == "gpu_ioctl") == 321
+    assert [i["exit_code"] for i in mine if i["kind"] == "exit"] == [5]
+
+    # Reading it twice gives the same items: replay is exact and deterministic.
+    assert gpuguard("replay", str(rec), "--json").stdout == replay.stdout
+    table = gpuguard("replay", str(rec))
+    assert f"pid {proc.pid}" in table.stdout and "NV_ESC_RM_CONTROLx321" in table.stdout
+
+
+@pytest.mark.root
+def test_replay_of_a_truncated_recording_shows_the_prefix_then_one_error(tmp_path):
+    rec = tmp_path / "capture.ggrec"
+    out = gpuguard("record", "--output", str(rec), "--duration", "3", "--gpu-interval", "0")
+    assert out.returncode == 0, out.stderr
+    whole = gpuguard("replay", str(rec), "--json").stdout.splitlines()
+    assert len(whole) > 3
+    cut = tmp_path / "cut.ggrec"
+    data = rec.read_bytes()
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    damaged = gpuguard("replay", str(cut), "--json")
+    assert damaged.returncode == 2
+    assert damaged.stderr.count("\n") == 1 and "Traceback" not in damaged.stderr
+    assert "cut.ggrec" in damaged.stderr
+    got = damaged.stdout.splitlines()
+    assert 0 < len(got) < len(whole)
+    assert got == whole[: len(got)]  # exactly the items before the damage
+
+
+def test_record_refuses_to_overwrite(tmp_path):
+    existing = tmp_path / "keep.ggrec"
+    existing.write_bytes(b"precious")
+    out = gpuguard("record", "--output", str(existing), "--duration", "1")
+    if os.geteuid() != 0:
+        assert out.returncode == 2  # the root check or the file check, either way one line
+        return
+    assert out.returncode == 2
+    assert "already exists" in out.stderr and existing.read_bytes() == b"precious"
+
+
+def test_replay_missing_file_is_one_line(tmp_path):
+    out = gpuguard("replay", str(tmp_path / "nope.ggrec"))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "nope.ggrec" in out.stderr

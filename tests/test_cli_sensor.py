@@ -63,7 +63,9 @@ def test_record_then_replay_reads_back_exactly(tmp_path):
     rec = tmp_path / "capture.ggrec"
     recorder = subprocess.Popen([*GPUGUARD, "record", "--output", str(rec), "--duration", "6", "--interval", "0.2"],
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3.0)  # probes compiled and attached
+    for line in recorder.stderr:  # wait until the probes are attached
+        if "recording to" in line:
+            break
     proc = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidiactl", "ioctl:0:0xc020462a:321", "exit:5"])
     proc.wait(timeout=10)
     _, err = recorder.communicate(timeout=60)

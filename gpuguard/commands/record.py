@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         writer.close()
         raise
     stop_on_sigterm()
+    print(f"gpuguard: recording to {args.output} (probes loaded in {sensor.stats.startup_seconds:.2f} s); "
+          "Ctrl-C stops", file=sys.stderr, flush=True)
     described: set[int] = set()
     progress = _Progress(args.output, args.duration)
     deadline = time.monotonic() + args.duration if args.duration else None

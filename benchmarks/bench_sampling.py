@@ -15,14 +15,15 @@ DRM fdinfo: a synthetic /proc-shaped tree on the local file system with
 this machine (every process's fd table is read; no DRM fds here).  Real
 /proc/PID/fdinfo reads call the driver's show_fdinfo (amdgpu walks the
 client's buffer objects), so real hosts cost more per DRM fd than tmpfs.
-Target: ≤ 2 ms per device per sample at 1 Hz.
+Target: ≤ 2 ms per device per sample at 1 Hz.  Figures are the best of N
+samples: the project's 2-core machines are shared, and the median moves 2x
+with the neighbours' load.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -95,9 +96,9 @@ def bench_nvml(devices: int, procs: int, repeat: int) -> None:
         return run
 
     timed(both(direct), 20), timed(both(sampler.sample), 20)  # warm up
-    base = statistics.median(timed(both(direct), repeat)) / devices
-    adapter = statistics.median(timed(both(sampler.sample), repeat)) / devices
-    print(f"NVML over the fake: {devices} GPUs x {procs} processes, median of {repeat} samples")
+    base = min(timed(both(direct), repeat)) / devices
+    adapter = min(timed(both(sampler.sample), repeat)) / devices
+    print(f"NVML over the fake: {devices} GPUs x {procs} processes, best of {repeat} samples")
     print(f"  fake called directly     {base * 1e6:8.1f} µs per GPU per sample")
     print(f"  adapter (sample())       {adapter * 1e6:8.1f} µs per GPU per sample  ({adapter / base:.1f}x)")
     print(f"  adapter's own cost       {(adapter - base) * 1e6:8.1f} µs per GPU per sample "
@@ -128,7 +129,7 @@ def build_proc_tree(root: Path, n_procs: int, fds: int, noise: int) -> None:
 
 def bench_fdinfo(n_procs: int, fds: int, noise: int, repeat: int) -> None:
     print(f"DRM fdinfo, synthetic tree: {n_procs} processes x {fds} DRM fds, amdgpu text, 2 devices, "
-          f"median of {repeat}")
+          f"best of {repeat}")
     for extra_fds in sorted({0, noise}):
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp) / "proc"
@@ -138,7 +139,7 @@ def bench_fdinfo(n_procs: int, fds: int, noise: int, repeat: int) -> None:
                                            sweep_every=sweep_every)
                 snap = sampler.sample()
                 assert len(snap.processes) == n_procs and len(snap.devices) == 2
-                total = statistics.median(timed(sampler.sample, repeat))
+                total = min(timed(sampler.sample, repeat))
                 print(f"  +{extra_fds:2d} other fds/process, full fd sweep every {sweep_every} sample(s): "
                       f"{total * 1e3:6.2f} ms per sample, {total / 2 * 1e3:5.2f} ms per device, "
                       f"{total / (n_procs * fds) * 1e6:5.1f} µs per DRM fd")
@@ -149,7 +150,7 @@ def bench_fdinfo(n_procs: int, fds: int, noise: int, repeat: int) -> None:
     for sweep_every in (1, SWEEP_EVERY):
         real = DrmFdinfoSampler(sweep_every=sweep_every)
         real.sample()
-        total = statistics.median(timed(real.sample, repeat))
+        total = min(timed(real.sample, repeat))
         print(f"  full fd sweep every {sweep_every} sample(s): {total * 1e3:6.2f} ms per sample")
 
 

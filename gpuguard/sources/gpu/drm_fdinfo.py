@@ -69,6 +69,8 @@ class DrmClient:
 
 
 def _number(value: str, units: dict[str, int]) -> int | None:
+    if value.isdigit():  # the common case: plain bytes or a counter
+        return int(value)
     parts = value.split()
     if not parts or not parts[0].isdigit():
         return None

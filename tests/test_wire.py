@@ -376,6 +376,7 @@ def test_empty_file_is_damage_at_byte_zero(tmp_path):
     msgpack.packb({"format": "pcap", "version": 1}),
     msgpack.packb([1, 2, 3]),
     b"\x89PNG\r\n\x1a\n",
+    b"\xc1\x00garbage",
 ])
 def test_a_file_that_is_not_a_recording_says_so_with_a_fix(tmp_path, content):
     path = tmp_path / "other.bin"

@@ -333,11 +333,14 @@ class _Reader:
         # the block before the current one.
         self._blocks: list[tuple[int, int, bytes]] = []  # (start, crc before it, bytes)
         self._crc = 0
+        self._head = b""  # the file's first bytes, to tell a cut header from another format
 
     def damaged(self, offset: int, what: str) -> RecordingDamaged:
         return RecordingDamaged(self.name, self.items, offset, what)
 
     def _feed(self, block: bytes) -> None:
+        if not self.fed:
+            self._head = block[:64]
         self._blocks = self._blocks[-1:] + [(self.fed, self._crc, block)]
         self._crc = zlib.crc32(block, self._crc)
         try:
@@ -354,6 +357,29 @@ class _Reader:
                 return zlib.crc32(block[: offset - start], crc_before)
         return None
 
+    def _not_msgpack(self, exc: Exception) -> GpuguardError:
+        if self.header is None and not self._could_be_header_start():
+            return _not_a_recording(self.name)
+        offset = self.position
+        where = "the header" if self.header is None else f"item {self.items + 1}"
+        return self.damaged(offset, f"{where} at byte {offset} is not valid msgpack ({type(exc).__name__}: "
+                            f"{str(exc)[:80]}); the {self.items} items before it were read")
+
+    def _bad_record(self, offset: int, exc: _BadItem) -> RecordingDamaged:
+        return self.damaged(offset, f"item {self.items + 1} at byte {offset} is not a valid record "
+                            f"({exc}); the {self.items} items before it were read")
+
+    def _unusual_record(self, offset: int, record: object) -> None:
+        """Accept the end marker; anything else without a known kind is damage."""
+        if type(record) is dict and record.get("kind") == END_KIND:
+            self._end_marker(offset, record)
+            return
+        try:
+            _decode_item(record)
+        except _BadItem as exc:
+            raise self._bad_record(offset, exc) from None
+        raise self._bad_record(offset, _BadItem("record the reader could not dispatch"))
+
     def _next_object(self) -> tuple[int, object] | None:
         """(offset, object) of the next complete object, or None when more bytes are needed."""
         offset = self.position
@@ -362,9 +388,7 @@ class _Reader:
         except msgpack.OutOfData:
             return None
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
-            where = "the header" if self.header is None else f"item {self.items + 1}"
-            raise self.damaged(offset, f"{where} at byte {offset} is not valid msgpack ({type(exc).__name__}: "
-                               f"{str(exc)[:80]}); the {self.items} items before it were read") from None
+            raise self._not_msgpack(exc) from None
         self.position = self.unpacker.tell()
         return found
 
@@ -381,7 +405,7 @@ class _Reader:
         # An incomplete first object is a cut recording only if it is a map that
         # holds (or was cut inside) the format key our writer puts first;
         # anything else (a PNG, a text file) is simply not a recording.
-        head = self._blocks[0][2] if self._blocks else b""
+        head = self._head
         if head[:1] not in _MAP_HEADERS:
             return False
         body = head[1:] if head[0] != 0xDE else head[3:]
@@ -407,27 +431,30 @@ class _Reader:
     def items_iter(self) -> Iterator[Item]:
         self.read_header()
         decoders = _DECODERS
+        unpack, tell = self.unpacker.unpack, self.unpacker.tell
+        # The hot loop of every replay: kept to one unpack, one lookup and one
+        # decode per item; anything unusual goes to _unusual_record.
         while True:
             while True:
-                found = self._next_object()
-                if found is None:
+                try:
+                    record = unpack()
+                except msgpack.OutOfData:
                     break
-                offset, record = found
+                except (ValueError, TypeError, msgpack.UnpackException) as exc:
+                    raise self._not_msgpack(exc) from None
+                offset = self.position
+                self.position = tell()
                 if self.ended:
                     raise self.damaged(offset, f"unexpected data at byte {offset} after the end marker")
-                kind = record.get("kind") if type(record) is dict else None
-                decoder = decoders.get(kind) if type(kind) is str else None
                 try:
-                    if decoder is None:
-                        if kind == END_KIND:
-                            self._end_marker(offset, record)  # type: ignore[arg-type]
-                            continue
-                        item = _decode_item(record)  # raises _BadItem with the reason
-                    else:
-                        item = decoder(record)  # type: ignore[arg-type]
+                    decoder = decoders[record["kind"]]
+                except (KeyError, TypeError, IndexError):
+                    self._unusual_record(offset, record)
+                    continue
+                try:
+                    item = decoder(record)
                 except _BadItem as exc:
-                    raise self.damaged(offset, f"item {self.items + 1} at byte {offset} is not a valid record "
-                                       f"({exc}); the {self.items} items before it were read") from None
+                    raise self._bad_record(offset, exc) from None
                 self.items += 1
                 yield item
             block = self.file.read(_READ_BLOCK)

@@ -107,7 +107,7 @@ def test_several_problems_all_reported(tmp_path):
     path = tmp_path / "rules.yaml"
     path.write_text(HEAD + "bogus: 1\n" + RULE.replace("{COND}", "{signal: nope, is: 1}") + "actions: {clean: zap}\n")
     messages = [str(p) for p in validate_rules([path])]
-    assert [m.split(": ", 1)[0].rsplit(":", 2)[-2:] for m in messages] == [["2", "1"], ["9", "18"], ["8", "25"]]
+    assert [m.split(": ", 1)[0].rsplit(":", 2)[-2:] for m in messages] == [["2", "1"], ["8", "25"], ["9", "18"]]
 
 
 def test_yara_compile_error_names_file_and_line(tmp_path):

@@ -329,7 +329,8 @@ class Correlator:
             state = self._state_for(pid, snapshot.time)
             utils = [u.sm_util for u in usages if u.sm_util is not None]
             memories = [u.used_memory for u in usages if u.used_memory is not None]
-            totals = [self._device_totals.get((u.vendor, u.device_index)) for u in usages]
+            devices = {(u.vendor, u.device_index) for u in usages}
+            totals = [self._device_totals.get(d) for d in devices]
             state.add_gpu_sample(snapshot.time, max(utils) if utils else None, sum(memories) if memories else None)
             if totals and all(totals):
                 state.gpu_memory_total = sum(totals)  # type: ignore[arg-type]

@@ -109,6 +109,8 @@ def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any
             match = _RANGE.match(value) if isinstance(value, str) else None
             if _is_number(value):
                 exact.add(value)
+            elif isinstance(value, str) and value.strip().isdigit():
+                exact.add(int(value))
             elif match and int(match[1]) <= int(match[2]):
                 ranges.append((int(match[1]), int(match[2])))
             else:

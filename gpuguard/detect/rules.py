@@ -456,7 +456,10 @@ def _build(paths: Sequence[Path] | None) -> tuple[RuleSet | None, list[Problem]]
     collector = _Collector()
     for doc in docs:
         collector.add(doc)
-    return _compile(collector.out, paths, check_files=True)
+    ruleset, problems = _compile(collector.out, paths, check_files=True)
+    order = {str(p): i for i, p in enumerate(paths)}
+    problems.sort(key=lambda p: (order.get(p.file, len(order)), p.file, p.line, p.col))
+    return ruleset, problems
 
 
 def validate_rules(paths: Sequence[Path] | None = None) -> list[Problem]:

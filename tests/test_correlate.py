@@ -1,0 +1,235 @@
+"""The correlator: keys, pid reuse, live facts, scan-style feeds, bounds, expiry, inheritance."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpuguard.correlate.correlator import Correlator
+from gpuguard.correlate.state import Correlator as CorrelatorFromState, ProcessKey
+from gpuguard.detect.rules import load_ruleset
+from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.events.model import Connect, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
+from gpuguard.sources.gpu.snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.sources.process import Ancestor, ProcessFacts, collect_process_facts
+
+T = 1_700_000_000.0
+
+
+@pytest.fixture(scope="module")
+def ruleset():
+    return load_ruleset([shipped_rules_file()])
+
+
+def facts(pid, start, comm="app", exe="/usr/bin/app", **kw):
+    return ProcessFacts(pid=pid, start_time=start, comm=comm, exe=exe, cmdline=kw.pop("cmdline", [exe]), **kw)
+
+
+def test_correlator_is_importable_from_state():
+    assert CorrelatorFromState is Correlator
+
+
+def test_pid_reuse_never_merges():
+    c = Correlator(facts_provider=None)
+    c.feed(facts(10, T, comm="first"))
+    c.feed(Connect(time=T + 1, pid=10, address="1.1.1.1", port=3333))
+    c.feed(Exit(time=T + 2, pid=10))
+    c.feed(facts(10, T + 5, comm="second"))
+    c.feed(Connect(time=T + 6, pid=10, address="2.2.2.2", port=80))
+    states = list(c.states())
+    assert [s.key for s in states] == [ProcessKey(10, T), ProcessKey(10, T + 5)]
+    assert [(s.comm, dict(s.connections)) for s in states] == [
+        ("first", {("1.1.1.1", 3333): 1}), ("second", {("2.2.2.2", 80): 1})]
+    assert states[0].exited_at == T + 2 and states[1].exited_at is None
+
+
+def test_pid_reuse_without_exit_event_closes_the_old_process():
+    c = Correlator(facts_provider=None)
+    c.feed(facts(10, T))
+    c.feed(facts(10, T + 100))
+    old, new = c.states()
+    assert old.exited_at == T + 100 and new.exited_at is None
+    assert c.state_of(10) is new
+
+
+def test_events_before_facts_are_rekeyed_to_the_same_process():
+    c = Correlator(facts_provider=None)
+    c.feed(GpuOpen(time=T + 0.5, pid=20, comm="x", path="/dev/nvidia-uvm", device_class="nvidia-uvm"))
+    (provisional,) = c.states()
+    assert provisional.provisional and provisional.key == ProcessKey(20, T + 0.5)
+    c.feed(facts(20, T, comm="x"))
+    (state,) = c.states()
+    assert state is provisional and state.key == ProcessKey(20, T) and not state.provisional
+    assert state.gpu_device_classes == {"nvidia-uvm"}
+
+
+def test_live_facts_provider_with_a_real_process():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        c = Correlator(facts_provider=collect_process_facts)
+        c.feed(Connect(time=T, pid=child.pid, address="127.0.0.1", port=9))
+        state = c.state_of(child.pid)
+        assert not state.provisional
+        assert state.facts.exe == os.path.realpath(sys.executable)
+        assert state.key.start_time == state.facts.start_time > 0
+        assert state.facts.ancestors[0].pid == os.getpid()
+        assert state.facts.config_files == {}      # read, but no config beside it
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_live_reads_config_files_in_cwd(tmp_path):
+    (tmp_path / "config.json").write_text('{"pools": [{"url": "pool.supportxmr.com:3333"}], "donate-level": 1}')
+    os.mkfifo(tmp_path / "config.ini")                  # a FIFO must never be opened (it would block)
+    (tmp_path / "cfg.json").symlink_to("/etc/shadow")   # nor a symlink
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-c", "cfg.json"], cwd=tmp_path)
+    try:
+        c = Correlator(facts_provider=collect_process_facts)
+        c.feed(GpuOpen(time=T, pid=child.pid, path="/dev/nvidia0", device_class="nvidia"))
+        assert list(c.state_of(child.pid).facts.config_files) == ["config.json"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_scan_style_feed_without_kernel_events(ruleset):
+    """What `gpuguard scan` feeds: facts, synthesized opens/connects, a GPU snapshot."""
+    c = Correlator(ruleset, facts_provider=None)
+    c.feed(facts(30, T, comm="xmrig", exe="/tmp/xmrig", cmdline=["/tmp/xmrig", "-o", "stratum+tcp://pool.minexmr.com:4444"]))
+    c.feed(GpuOpen(time=T + 60, pid=30, path="/dev/nvidia-uvm", device_class="nvidia-uvm"))
+    c.feed(Connect(time=T + 60, pid=30, address="5.6.7.8", port=4444))
+    c.feed(GpuSnapshot(time=T + 60, source="nvml", devices=[DeviceSample("nvidia", 0, memory_total=16 << 30)],
+                       processes=[ProcessGpuUsage(30, "nvidia", 0, sm_util=97.0, used_memory=2 << 30)]))
+    (verdict,) = c.verdicts(T + 60)
+    assert verdict.verdict == "malicious"
+    assert {"miner-binary-name", "miner-cmdline-stratum", "miner-cmdline-pool-domain", "net-pool-port",
+            "net-connected-to-configured-pool", "exe-in-temp-dir", "gpu-compute-from-temp-dir"} <= {e.rule_id for e in verdict.evidence}
+
+
+def test_snapshot_aggregates_devices_and_memory_total():
+    c = Correlator(facts_provider=None)
+    c.feed(facts(40, T))
+    c.feed(GpuSnapshot(time=T + 1, source="nvml",
+                       devices=[DeviceSample("nvidia", 0, memory_total=80 << 30), DeviceSample("nvidia", 1, memory_total=80 << 30)],
+                       processes=[ProcessGpuUsage(40, "nvidia", 0, sm_util=90.0, used_memory=10 << 30),
+                                  ProcessGpuUsage(40, "nvidia", 1, sm_util=70.0, used_memory=30 << 30),
+                                  ProcessGpuUsage(40, "nvidia", 1, sm_util=None, used_memory=None)]))
+    s = c.state_of(40)
+    assert (s.gpu_util.latest, s.gpu_memory.latest, s.gpu_memory_total) == (90.0, float(40 << 30), 160 << 30)
+
+
+def test_ioctls_are_named_and_categorised_from_the_command_number():
+    c = Correlator(facts_provider=None)
+    c.feed(facts(50, T))
+    c.feed(GpuIoctl(time=T + 1, pid=50, device_class="nvidia-uvm", command=27, count=4))
+    c.feed(GpuIoctl(time=T + 2, pid=50, device_class="nvidia-ctl", command=0xC020462A, count=10))
+    c.feed(GpuIoctl(time=T + 3, pid=50, device_class="nvidia-ctl", command=0xC020462A, command_name="NV_ESC_RM_CONTROL", count=1))
+    s = c.state_of(50)
+    assert s.ioctl_counts == {"UVM_REGISTER_CHANNEL": 4, "NV_ESC_RM_CONTROL": 11}
+    assert s.ioctl_category_counts == {"submit": 4, "query": 11}
+    assert s.gpu_device_classes == {"nvidia-uvm", "nvidia-ctl"}
+
+
+def test_exec_updates_identity_and_payloads_are_bounded():
+    c = Correlator(facts_provider=None)
+    c.feed(facts(60, T, comm="sh", exe="/usr/bin/dash"))
+    c.feed(Exec(time=T + 1, pid=60, comm="xmrig", filename="/tmp/xmrig", ppid=1, cmdline=["/tmp/xmrig", "-o", "a.b:3333"]))
+    for i in range(40):
+        c.feed(NetPayload(time=T + 2 + i, pid=60, fd=i, protocol="stratum", detail={"method": "mining.submit"}))
+    s = c.state_of(60)
+    assert (s.comm, s.exe, s.cmdline[0], s.ppid) == ("xmrig", "/tmp/xmrig", "/tmp/xmrig", 1)
+    assert len(s.payloads) == 16 and s.payload_protocols == {"stratum"}
+
+
+def test_connection_table_is_bounded():
+    c = Correlator(facts_provider=None)
+    c.feed(facts(61, T))
+    for port in range(1000):
+        c.feed(Connect(time=T + 1, pid=61, address="1.1.1.1", port=port))
+    s = c.state_of(61)
+    assert len(s.connections) == 64 and s.connect_total == 1000
+
+
+def test_max_processes_evicts_least_recently_active():
+    c = Correlator(facts_provider=None, max_processes=3)
+    for pid in (1, 2, 3):
+        c.feed(facts(pid, T + pid))
+    c.feed(Connect(time=T + 10, pid=1, address="1.1.1.1", port=1))   # 1 becomes recent
+    c.feed(facts(4, T + 4))
+    assert sorted(s.pid for s in c.states()) == [1, 3, 4]
+    assert c.counters["evicted"] == 1
+
+
+def test_expire_exited_and_idle():
+    c = Correlator(facts_provider=None, idle_expiry_s=100, exit_grace_s=10)
+    c.feed(facts(1, T))
+    c.feed(facts(2, T))
+    c.feed(Connect(time=T + 50, pid=2, address="1.1.1.1", port=1))
+    c.feed(facts(3, T))
+    c.feed(Exit(time=T + 60, pid=3))
+    c.expire(T + 65)
+    assert sorted(s.pid for s in c.states()) == [1, 2, 3]
+    c.expire(T + 71)
+    assert sorted(s.pid for s in c.states()) == [1, 2]
+    c.expire(T + 101)
+    assert sorted(s.pid for s in c.states()) == [2]
+    assert c.counters["expired"] == 2
+
+
+def test_lost_events_are_counted():
+    c = Correlator(facts_provider=None)
+    c.feed(facts(70, T))
+    c.feed(Lost(time=T + 1, pid=70, what="payload", count=5))
+    assert c.counters["lost_events"] == 5 and c.state_of(70).lost_events == 5
+
+
+def test_children_inherit_a_parents_verdict(ruleset):
+    c = Correlator(ruleset, facts_provider=None)
+    miner_cmd = ["/tmp/xmrig", "-o", "stratum+tcp://pool.supportxmr.com:3333", "--donate-level=1"]
+    c.feed(facts(80, T, comm="xmrig", exe="/tmp/xmrig", cmdline=miner_cmd))
+    c.feed(facts(81, T + 1, comm="helper", exe="/usr/bin/helper", ppid=80, ancestors=[Ancestor(80, "xmrig", "/tmp/xmrig")]))
+    verdicts = {v.pid: v for v in c.score(T + 2)}
+    assert verdicts[80].verdict == "malicious"
+    child = verdicts[81]
+    assert [e.rule_id for e in child.evidence] == ["ancestry-suspicious-parent"]
+    assert child.evidence[0].detail == "parent_verdict=malicious (in list suspicious_verdicts)"
+    assert child.score == 20 and child.verdict == "clean"
+
+
+def test_child_seen_before_parent_is_rescored_when_the_parent_turns_bad(ruleset):
+    c = Correlator(ruleset, facts_provider=None)
+    c.feed(facts(91, T + 1, comm="helper", exe="/usr/bin/helper", ppid=90))
+    c.feed(facts(90, T, comm="app", exe="/usr/bin/app"))
+    assert {v.pid: v.score for v in c.score(T + 2)} == {90: 0, 91: 0}
+    assert c.score(T + 3) == []                        # nothing changed: nothing rescored
+    c.feed(NetPayload(time=T + 4, pid=90, protocol="stratum", detail={"method": "mining.subscribe"}))
+    c.feed(NetPayload(time=T + 4, pid=90, protocol="cryptonote", detail={"agent": "XMRig/6.21.0"}))
+    rescored = {v.pid: v for v in c.score(T + 5)}
+    assert rescored[90].verdict == "malicious"
+    assert rescored[91].score == 20                    # re-dirtied by the parent's change
+
+
+def test_set_ruleset_rescores_everything(ruleset, tmp_path):
+    c = Correlator(ruleset, facts_provider=None)
+    c.feed(facts(95, T, comm="xmrig", exe="/usr/bin/xmrig"))
+    assert c.score(T)[0].score == 35
+    site = tmp_path / "site.yaml"
+    site.write_text("version: 1\nrules:\n  - id: miner-binary-name\n    override: {weight: 80}\n")
+    c.set_ruleset(load_ruleset([shipped_rules_file(), site]))
+    (v,) = c.score(T)
+    assert (v.score, v.verdict) == (80, "malicious")
+
+
+def test_unknown_items_are_counted_not_fatal():
+    c = Correlator(facts_provider=None)
+    c.feed("not an item")  # type: ignore[arg-type]
+    assert c.counters["ignored"] == 1 and len(c) == 0
+
+
+def test_score_needs_a_ruleset():
+    with pytest.raises(ValueError):
+        Correlator(facts_provider=None).score(T)

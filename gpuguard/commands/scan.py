@@ -1,16 +1,279 @@
-"""`gpuguard scan`: a one-shot, read-only audit of this host (being built; see docs/scan.md)."""
+"""`gpuguard scan`: a one-shot, read-only audit of this host for miners and GPU abuse.
+
+Wiring only, in data-flow order (docs/scan.md explains each check):
+
+1. load the rule set (the agent's rules; ``--rules`` replaces the default set);
+2. observe every process once (:mod:`gpuguard.sources.host_observation`) and
+   feed its facts, synthesized ``GpuOpen``/``Connect`` events and GPU snapshots
+   to the agent's :class:`Correlator`; YARA scans executables through a cache
+   that persists across runs; ``--deep`` adds a memory scan per process;
+3. score every process with the agent's scoring engine;
+4. run the host checks (:mod:`gpuguard.detect.host_checks`) on autostart files,
+   the GPU stack, device nodes, /etc/ld.so.preload and hidden pids;
+5. render a table, or one JSON document (ECS or OCSF findings).
+
+Nothing is changed on the host (the YARA cache under /var/cache/gpuguard is
+the only file written).  Exit codes: 0 nothing reached the suspicious
+threshold, 1 something did, 2 usage or configuration error.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from gpuguard.errors import GpuguardError
 
 HELP = "audit this host once for miners and GPU abuse (read-only)"
+FORMATS = ("table", "json", "ocsf")
+MAX_CPU_SAMPLE_S = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON document (ECS field names)")
+    parser.add_argument("--json", action="store_true", help="same as --format json (ECS findings)")
+    parser.add_argument("--format", choices=FORMATS, default=None,
+                        help="table (default), json (ECS field names) or ocsf (OCSF Detection Finding)")
+    parser.add_argument("--deep", action="store_true",
+                        help="also scan process memory with the YARA rules (slower; progress on a terminal)")
+    parser.add_argument("--rules", type=Path, action="append", default=None, metavar="PATH",
+                        help="rules file to use instead of the default set; repeat to layer files "
+                             "(list rules/miner-rules.yaml first to extend the shipped rules)")
+    parser.add_argument("--root", default="/", metavar="DIR",
+                        help="filesystem root for autostart files, /etc/ld.so.preload and device nodes (default /)")
+    parser.add_argument("--cpu-sample", type=float, default=0.5, metavar="SECONDS",
+                        help="window over which every process's CPU use is measured (default 0.5)")
+    parser.add_argument("--no-yara", action="store_true", help="skip YARA scanning of executables and memory")
 
+
+# ---- option checks ----------------------------------------------------------------
+
+def _output_format(args: argparse.Namespace) -> str:
+    if args.json and args.format not in (None, "json"):
+        raise GpuguardError(f"--json and --format {args.format} contradict each other",
+                            "give one of them")
+    return "json" if args.json else (args.format or "table")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if not 0 <= args.cpu_sample <= MAX_CPU_SAMPLE_S:
+        raise GpuguardError(f"--cpu-sample {args.cpu_sample} is outside 0-{MAX_CPU_SAMPLE_S:g} seconds",
+                            "give a window such as --cpu-sample 0.5")
+    if not os.path.isdir(args.root):
+        raise GpuguardError(f"--root {args.root} is not a directory", "point --root at a filesystem tree, e.g. /")
+    if args.deep and args.no_yara:
+        raise GpuguardError("--deep scans memory with YARA, so it cannot be combined with --no-yara",
+                            "drop one of them")
+
+
+# ---- engine glue -----------------------------------------------------------------
+
+def _vocabulary(ruleset):
+    from gpuguard.detect.host_checks import MinerVocabulary
+
+    def words(name: str) -> list[str]:
+        return [str(v).lower() for v in ruleset.lists.get(name, [])]
+
+    return MinerVocabulary(
+        miner_names=frozenset(words("miner_names")),
+        url_schemes=frozenset(words("stratum_schemes")),
+        pool_domains=tuple(words("pool_domains")),
+        miner_flags=frozenset(words("miner_flags")),
+    )
+
+
+def _yara_scanner(ruleset, args: argparse.Namespace, notes: list[str]):
+    if args.no_yara or not ruleset.yara_files:
+        return None
+    from gpuguard.sources.yara_verdict_cache import PersistentYaraScanner
+
+    try:
+        scanner = PersistentYaraScanner.for_files(ruleset.yara_files)
+    except OSError as exc:
+        raise GpuguardError(f"cannot read YARA file {exc.filename}: {exc.strerror}",
+                            "fix the yara: entries of the rules file") from None
+    if scanner.note:
+        notes.append(scanner.note)
+    return scanner
+
+
+def _deep_scan(correlator, scanner, err_console, show_progress: bool) -> int:
+    """YARA over each process's memory; returns how many processes could not be read."""
+    from gpuguard.events.model import Event  # noqa: F401  (keeps the import graph obvious)
+
+    states = [s for s in correlator.states() if s.facts is not None and not s.facts.kernel_thread]
+    failures = 0
+
+    def scan_one(state) -> None:
+        nonlocal failures
+        errors_before = scanner.stats["errors"]
+        result = scanner.scan_memory(state.pid)
+        if scanner.stats["errors"] > errors_before and not result:
+            failures += 1
+        if result.rules:
+            state.yara_matches |= set(result.rules)
+            state.yara_tags |= set(result.tags)
+            state.derived.clear()
+            state.dirty = True
+
+    if show_progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("scanning memory"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err_console, transient=True) as progress:
+            task = progress.add_task("memory", total=len(states))
+            for state in states:
+                scan_one(state)
+                progress.advance(task)
+    else:
+        for state in states:
+            scan_one(state)
+    return failures
+
+
+def _process_finding(verdict, state, ruleset):
+    from gpuguard.outputs.finding import EvidenceItem, Finding, ProcessInfo
+
+    top = verdict.evidence[0] if verdict.evidence else None
+    rule = ruleset.rule(top.rule_id) if top else None
+    facts = state.facts
+    process = ProcessInfo.from_facts(facts) if facts is not None else ProcessInfo(
+        pid=verdict.pid, name=verdict.comm, executable=verdict.exe)
+    categories = ["process", "intrusion_detection"]
+    if any(e.rule_id.startswith("net-") for e in verdict.evidence):
+        categories.append("network")
+    if any(e.rule_id.startswith("yara") for e in verdict.evidence):
+        categories.append("malware")
+    return Finding(
+        kind="process",
+        rule_id=top.rule_id if top else "none",
+        rule_name=top.rule_id if top else "none",
+        rule_description=(rule.description if rule else top.description) if top else "",
+        score=float(verdict.score),
+        verdict=verdict.verdict,
+        explanation=verdict.explain(),
+        evidence=[EvidenceItem(e.rule_id, e.detail, float(e.weight), e.signal, e.severity, list(e.tags),
+                               e.description) for e in verdict.evidence],
+        categories=categories,
+        process=process,
+        allowlisted=verdict.allowlisted,
+        action=verdict.action if verdict.action != "none" else None,
+    )
+
+
+# ---- host checks -----------------------------------------------------------------
+
+def _read_ld_so_preload(root: str) -> str | None:
+    path = os.path.join(root, "etc/ld.so.preload")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 65536).decode("utf-8", "surrogateescape")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _host_findings(args, ruleset, obs, limitations: list[str], notes: list[str]):
+    from gpuguard.detect import host_checks
+    from gpuguard.sources.hidden_pids import find_hidden_pids
+    from gpuguard.sources.host_gpu_stack import collect_gpu_stack
+    from gpuguard.sources.persistence import collect_autostart_files
+
+    stack = collect_gpu_stack(root=args.root)
+    sampler_said_nvml = any(n.startswith("NVML") for n in notes)
+    notes.extend(n for n in stack.unavailable if not (sampler_said_nvml and n.startswith("NVML")))
+    autostart = collect_autostart_files(args.root)
+    if autostart.unreadable:
+        limitations.append(f"could not read {len(autostart.unreadable)} autostart files or directories "
+                           f"(e.g. {autostart.unreadable[0]}); run as root to see them")
+    hidden = find_hidden_pids(obs.listed_pids, {f.ppid for f in obs.facts.values()}, obs.gpu_pids())
+    limitations.extend(hidden.unavailable)
+    findings = (host_checks.check_autostart_files(autostart.files, _vocabulary(ruleset))
+                + host_checks.check_ld_so_preload(_read_ld_so_preload(args.root))
+                + host_checks.check_device_nodes(stack.device_nodes)
+                + host_checks.check_kernel(stack)
+                + host_checks.check_hidden_pids(hidden.hidden))
+    host_checks.apply_thresholds(findings, ruleset.thresholds.suspicious, ruleset.thresholds.malicious)
+    counters = {"autostart_files": len(autostart.files), "hidden_pid_candidates": hidden.candidates_checked}
+    return findings, stack, counters
+
+
+# ---- the command -----------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> int:
-    print("gpuguard scan: not available in this build yet")
-    return 0
+    fmt = _output_format(args)
+    _check_options(args)
+    from rich.console import Console
+
+    from gpuguard.correlate.correlator import Correlator
+    from gpuguard.detect.rules import load_ruleset
+    from gpuguard.outputs.finding import finding_from_host
+    from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
+    from gpuguard.sources.host_observation import limitation_lines, observe_host
+
+    ruleset = load_ruleset(args.rules)
+    started = time.time()
+    notes: list[str] = []
+    scanner = _yara_scanner(ruleset, args, notes)
+
+    obs = observe_host(cpu_sample_s=args.cpu_sample)
+    notes.extend(obs.gpu_status)
+    limitations = limitation_lines(obs)
+
+    correlator = Correlator(ruleset, facts_provider=obs.facts.get, read_configs=True, yara_scanner=scanner)
+    for facts in sorted(obs.facts.values(), key=lambda f: (f.start_time, f.pid)):
+        correlator.feed(facts)
+    for event in obs.events():
+        correlator.feed(event)
+    for snapshot in obs.snapshots:
+        correlator.feed(snapshot)
+
+    err_console = Console(file=sys.stderr, highlight=False)
+    if args.deep and scanner is not None:
+        unreadable = _deep_scan(correlator, scanner, err_console, show_progress=sys.stderr.isatty())
+        if unreadable:
+            limitations.append(f"could not read the memory of {unreadable} processes; run as root to see them")
+    if scanner is not None:
+        scanner.save()
+        if scanner.note and scanner.note not in notes:
+            notes.append(scanner.note)
+
+    now = time.time()
+    findings = []
+    for verdict in correlator.score(now):
+        state = correlator.get(verdict.key)
+        if verdict.score > 0 and state is not None:
+            findings.append(_process_finding(verdict, state, ruleset))
+
+    host_findings, stack, host_counters = _host_findings(args, ruleset, obs, limitations, notes)
+    findings += [finding_from_host(h) for h in host_findings]
+
+    counters = {"processes": len(obs.facts), "gpu_handles": len(obs.holders.holders),
+                "connections": sum(len(c) for c in obs.connections.by_pid.values()),
+                "gpu_snapshots": len(obs.snapshots), **host_counters}
+    if scanner is not None:
+        counters.update({f"yara_{k}": v for k, v in scanner.stats.items()})
+    report = ScanReport(
+        started=started, finished=time.time(), findings=findings, gpu_stack=stack,
+        processes_scanned=len(obs.facts),
+        suspicious_threshold=ruleset.thresholds.suspicious, malicious_threshold=ruleset.thresholds.malicious,
+        limitations=limitations, notes=notes, counters=counters,
+        options={"deep": args.deep, "yara": not args.no_yara, "root": args.root, "cpu_sample_s": args.cpu_sample,
+                 "rules": [str(p) for p in ruleset.sources]},
+    )
+    if fmt == "table":
+        # A pipe or file gets wide lines rather than an 80-column wrap.
+        width = None if sys.stdout.isatty() else 160
+        render_console(report, Console(file=sys.stdout, highlight=False, width=width))
+    else:
+        json.dump(scan_document(report, fmt), sys.stdout, indent=2, ensure_ascii=True)
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    return report.exit_code

@@ -162,7 +162,8 @@ def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None
         "explanation": escape_text(finding.explanation),
         "subject": finding.subject,
         "rule_ids": finding.rule_ids,
-        "evidence": [dict(e.to_json(), detail=escape_text(e.detail)) for e in finding.evidence],
+        "evidence": [dict(e.to_json(), detail=escape_text(e.detail), description=escape_text(e.description))
+                     for e in finding.evidence],
         "allowlisted": finding.allowlisted or None,
         "action": finding.action,
         "executable_deleted": finding.process.executable_deleted if finding.process and finding.process.executable_deleted else None,

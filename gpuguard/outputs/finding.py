@@ -70,9 +70,10 @@ class EvidenceItem:
     signal: str = ""
     severity: str = ""
     tags: list[str] = field(default_factory=list)
+    description: str = ""        # what the rule means, e.g. "executable deleted after start"
 
     def to_json(self) -> dict[str, Any]:
-        return {"rule_id": self.rule_id, "signal": self.signal, "detail": self.detail,
+        return {"rule_id": self.rule_id, "description": self.description, "signal": self.signal, "detail": self.detail,
                 "weight": self.weight, "severity": self.severity, "tags": list(self.tags)}
 
 
@@ -96,6 +97,13 @@ class Finding:
     @property
     def severity(self) -> str:
         return severity_for_score(self.score)
+
+    @property
+    def reasons(self) -> str:
+        """The evidence alone, one line (the table's "why" column; the explanation also names the process)."""
+        if self.kind == "host" or not self.evidence:
+            return self.explanation
+        return "; ".join(f"{e.description or e.detail} ({e.weight:+.0f}, {e.rule_id})" for e in self.evidence)
 
     @property
     def rule_ids(self) -> list[str]:

@@ -115,6 +115,7 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
     evidences = []
     for item in finding.evidence or []:
         evidence: dict[str, Any] = {"data": {"rule_id": item.rule_id, "signal": item.signal,
+                                             "description": escape_text(item.description),
                                              "detail": escape_text(item.detail), "weight": item.weight}}
         if process is not None:
             evidence["process"] = process

@@ -1,0 +1,179 @@
+"""YARA results of executables from earlier runs, kept on disk so a repeated scan skips them.
+
+Data flow: ``/var/cache/gpuguard/yara-exe-cache.json`` -> results keyed by the
+executable's identity -> :class:`PersistentYaraScanner` answers file scans
+from it and records new ones -> written back at the end of the run.
+
+The key is (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of the file
+behind ``/proc/PID/exe``: ctime cannot be set from user space, so a binary
+rewritten in place with its size and mtime restored still gets a new key.
+The whole file belongs to one rule-set digest (sha256 of every YARA file's
+path and bytes); new rules discard it.
+
+A cache that decides what root treats as clean must not be writable by
+anyone else: it is used only when running as root, only when its directory
+and file are owned by root and not writable by group/others, is opened with
+O_NOFOLLOW, and is replaced atomically.  Anything else (missing, corrupt,
+unsafe) means "no cache", with a note saying why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from gpuguard.detect.yara_scan import YaraResult, YaraScanner, compile_files
+
+DEFAULT_CACHE_DIR = Path("/var/cache/gpuguard")
+CACHE_NAME = "yara-exe-cache.json"
+CACHE_FORMAT = 1
+MAX_ENTRIES = 65536
+MAX_CACHE_BYTES = 32 << 20
+
+
+def rules_digest(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(str(path).encode("utf-8", "surrogateescape") + b"\0")
+        digest.update(Path(path).read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _unsafe(st: os.stat_result, what: str) -> str | None:
+    if st.st_uid != 0:
+        return f"{what} is owned by uid {st.st_uid}, not root"
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{what} is writable by group/others (mode {mode:04o})"
+    return None
+
+
+class PersistentYaraScanner(YaraScanner):
+    """A :class:`YaraScanner` whose executable results survive the process (see module docstring).
+
+    Memory is never scanned from :meth:`scan_process` here: a deep scan asks
+    for it explicitly (one process at a time, with progress shown).
+    """
+
+    def __init__(self, rules, digest: str, cache_dir: Path | None = DEFAULT_CACHE_DIR, **options) -> None:
+        super().__init__(rules, **options)
+        self.memory_capable = self.wants_memory
+        self.wants_memory = False
+        self.digest = digest
+        self.cache_dir = cache_dir
+        self.note: str | None = None
+        self._disk: dict[str, list[list[str]]] = {}
+        self._dirty = False
+        self.stats["disk_cache_hits"] = 0
+
+    @classmethod
+    def for_files(cls, paths: list[Path], cache_dir: Path | None = DEFAULT_CACHE_DIR) -> "PersistentYaraScanner":
+        paths = [Path(p) for p in paths]
+        scanner = cls(compile_files(paths), rules_digest(paths), cache_dir)
+        scanner.load()
+        return scanner
+
+    # -- disk -------------------------------------------------------------
+
+    @property
+    def cache_path(self) -> Path | None:
+        return self.cache_dir / CACHE_NAME if self.cache_dir is not None else None
+
+    def load(self) -> None:
+        path = self.cache_path
+        if path is None:
+            return
+        if os.geteuid() != 0:
+            self.note = "YARA results are not cached across runs when not running as root"
+            self.cache_dir = None
+            return
+        try:
+            dir_st = os.stat(self.cache_dir)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self.note = f"YARA cache directory {self.cache_dir} unusable: {exc.strerror}"
+            self.cache_dir = None
+            return
+        reason = _unsafe(dir_st, f"YARA cache directory {self.cache_dir}")
+        if reason:
+            self.note = f"{reason}; not using it (fix: chown root: {self.cache_dir} && chmod 0700 {self.cache_dir})"
+            self.cache_dir = None
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self.note = f"YARA cache {path} unusable: {exc.strerror}; it will be rewritten"
+            return
+        try:
+            st = os.fstat(fd)
+            reason = _unsafe(st, f"YARA cache {path}") or (None if stat.S_ISREG(st.st_mode) else f"{path} is not a regular file")
+            if reason:
+                self.note = f"{reason}; ignoring it (it will be replaced)"
+                return
+            raw = os.read(fd, MAX_CACHE_BYTES + 1)
+        finally:
+            os.close(fd)
+        try:
+            data = json.loads(raw) if len(raw) <= MAX_CACHE_BYTES else None
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or not isinstance(data.get("entries"), dict):
+            self.note = f"YARA cache {path} is damaged or from another version; it will be rewritten"
+            return
+        if data.get("rules") != self.digest:
+            return   # other rules: every result must be recomputed
+        self._disk = {k: v for k, v in data["entries"].items()
+                      if isinstance(v, list) and len(v) == 2 and all(isinstance(x, list) for x in v)}
+
+    def save(self) -> None:
+        """Write the cache back (atomically) when this run added results."""
+        path = self.cache_path
+        if path is None or not self._dirty or os.geteuid() != 0:
+            return
+        try:
+            os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)
+            reason = _unsafe(os.stat(self.cache_dir), f"YARA cache directory {self.cache_dir}")
+            if reason:
+                self.note = reason
+                return
+            entries = dict(list(self._disk.items())[-MAX_ENTRIES:])
+            fd, tmp = tempfile.mkstemp(prefix=".yara-cache-", dir=self.cache_dir)
+            try:
+                with os.fdopen(fd, "w") as handle:
+                    json.dump({"format": CACHE_FORMAT, "rules": self.digest, "entries": entries}, handle)
+                os.chmod(tmp, 0o600)
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as exc:
+            self.note = f"could not write the YARA cache {path}: {exc.strerror}"
+
+    # -- scanning ---------------------------------------------------------
+
+    def scan_file(self, path: str, identity: tuple | None = None) -> YaraResult:
+        key = None
+        if identity is not None:
+            try:
+                st = os.stat(path)
+                key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+            except OSError:
+                key = None
+        if key is not None:
+            cached = self._disk.get(key)
+            if cached is not None:
+                self.stats["disk_cache_hits"] += 1
+                return YaraResult(tuple(cached[0]), tuple(cached[1]))
+        result = super().scan_file(path, identity)
+        if key is not None:
+            self._disk[key] = [list(result.rules), list(result.tags)]
+            self._dirty = True
+        return result

@@ -134,36 +134,6 @@ def _deep_scan(correlator, scanner, err_console, show_progress: bool) -> int:
     return failures
 
 
-def _process_finding(verdict, state, ruleset):
-    from gpuguard.outputs.finding import EvidenceItem, Finding, ProcessInfo
-
-    top = verdict.evidence[0] if verdict.evidence else None
-    rule = ruleset.rule(top.rule_id) if top else None
-    facts = state.facts
-    process = ProcessInfo.from_facts(facts) if facts is not None else ProcessInfo(
-        pid=verdict.pid, name=verdict.comm, executable=verdict.exe)
-    categories = ["process", "intrusion_detection"]
-    if any(e.rule_id.startswith("net-") for e in verdict.evidence):
-        categories.append("network")
-    if any(e.rule_id.startswith("yara") for e in verdict.evidence):
-        categories.append("malware")
-    return Finding(
-        kind="process",
-        rule_id=top.rule_id if top else "none",
-        rule_name=top.rule_id if top else "none",
-        rule_description=(rule.description if rule else top.description) if top else "",
-        score=float(verdict.score),
-        verdict=verdict.verdict,
-        explanation=verdict.explain(),
-        evidence=[EvidenceItem(e.rule_id, e.detail, float(e.weight), e.signal, e.severity, list(e.tags),
-                               e.description) for e in verdict.evidence],
-        categories=categories,
-        process=process,
-        allowlisted=verdict.allowlisted,
-        action=verdict.action if verdict.action != "none" else None,
-    )
-
-
 # ---- host checks -----------------------------------------------------------------
 
 def _read_ld_so_preload(root: str) -> str | None:
@@ -214,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuguard.correlate.correlator import Correlator
     from gpuguard.detect.rules import load_ruleset
-    from gpuguard.outputs.finding import finding_from_host
+    from gpuguard.outputs.finding import finding_from_host, finding_from_verdict
     from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
     from gpuguard.sources.host_observation import limitation_lines, observe_host
 
@@ -250,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     for verdict in correlator.score(now):
         state = correlator.get(verdict.key)
         if verdict.score > 0 and state is not None:
-            findings.append(_process_finding(verdict, state, ruleset))
+            findings.append(finding_from_verdict(verdict, state.facts, ruleset))
 
     host_findings, stack, host_counters = _host_findings(args, ruleset, obs, limitations, notes)
     findings += [finding_from_host(h) for h in host_findings]

@@ -54,6 +54,8 @@ TECHNIQUE_TACTICS: dict[str, tuple[tuple[str, str], ...]] = {
     "T1547": (("TA0003", "Persistence"), ("TA0004", "Privilege Escalation")),
     "T1068": (("TA0004", "Privilege Escalation"),),
     "T1090": (("TA0011", "Command and Control"),),
+    "T1190": (("TA0001", "Initial Access"),),
+    "T1610": (("TA0002", "Execution"), ("TA0005", "Defense Evasion")),
 }
 
 

@@ -10,6 +10,7 @@ come from a process); each renderer escapes what it prints.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,19 @@ from gpuguard.sources.process import ProcessFacts
 
 SEVERITY_BANDS = ((90, "critical"), (70, "high"), (40, "medium"), (1, "low"), (0, "informational"))
 DEFAULT_TECHNIQUES = (("T1496", "Resource Hijacking"),)
+# Names of the ATT&CK techniques rule tags cite (a tag like "T1036" names a technique).
+TECHNIQUE_NAMES = {
+    "T1496": "Resource Hijacking",
+    "T1036": "Masquerading",
+    "T1053": "Scheduled Task/Job",
+    "T1190": "Exploit Public-Facing Application",
+    "T1574.006": "Hijack Execution Flow: Dynamic Linker Hijacking",
+    "T1610": "Deploy Container",
+    "T1014": "Rootkit",
+    "T1090": "Proxy",
+    "T1070.004": "Indicator Removal: File Deletion",
+}
+_TECHNIQUE_TAG = re.compile(r"^T\d{4}(\.\d{3})?$")
 SEVERITY_ORDER = {"informational": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 
 
@@ -112,6 +126,49 @@ class Finding:
             if item.rule_id not in seen:
                 seen.append(item.rule_id)
         return seen or [self.rule_id]
+
+
+def techniques_from_tags(tags: list[str]) -> list[tuple[str, str]]:
+    """ATT&CK (id, name) pairs cited by rule tags, T1496 first; T1496 alone when none are."""
+    found = list(DEFAULT_TECHNIQUES)
+    for tag in tags:
+        if _TECHNIQUE_TAG.match(tag) and tag not in (t[0] for t in found):
+            found.append((tag, TECHNIQUE_NAMES.get(tag, tag)))
+    return found
+
+
+def finding_from_verdict(verdict: Any, facts: ProcessFacts | None, ruleset: Any = None) -> Finding:
+    """A process :class:`~gpuguard.detect.score.Verdict` as a finding.
+
+    The rule carrying the most weight names the finding (``rule_id``); every
+    contributing rule stays in ``evidence``.  ``ruleset`` (optional) supplies
+    that rule's description.
+    """
+    top = verdict.evidence[0] if verdict.evidence else None
+    rule = ruleset.rule(top.rule_id) if (top is not None and ruleset is not None) else None
+    process = ProcessInfo.from_facts(facts) if facts is not None else ProcessInfo(
+        pid=verdict.pid, name=verdict.comm, executable=verdict.exe, executable_deleted=verdict.exe_deleted)
+    categories = ["process", "intrusion_detection"]
+    if any(e.rule_id.startswith("net-") for e in verdict.evidence):
+        categories.append("network")
+    if any(e.rule_id.startswith("yara") for e in verdict.evidence):
+        categories.append("malware")
+    return Finding(
+        kind="process",
+        rule_id=top.rule_id if top else "none",
+        rule_name=top.rule_id if top else "none",
+        rule_description=(rule.description if rule is not None else top.description) if top else "no evidence",
+        score=float(verdict.score),
+        verdict=verdict.verdict,
+        explanation=verdict.explain(),
+        evidence=[EvidenceItem(e.rule_id, e.detail, float(e.weight), e.signal, e.severity, list(e.tags),
+                               e.description) for e in verdict.evidence],
+        categories=categories,
+        techniques=techniques_from_tags([t for e in verdict.evidence for t in e.tags]),
+        process=process,
+        allowlisted=verdict.allowlisted,
+        action=verdict.action if verdict.action != "none" else None,
+    )
 
 
 def finding_from_host(host: HostFinding) -> Finding:

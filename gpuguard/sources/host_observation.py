@@ -160,7 +160,8 @@ def limitation_lines(obs: HostObservation) -> list[str]:
     no_exe = sum(1 for f in others if not f.exe and not f.kernel_thread and f.start_time)
     denied = sum(1 for f in others if not f.start_time)
     no_env = sum(1 for f in others if not f.kernel_thread and f.exe and not f.environ_readable)
-    no_fd = sum(1 for pid in obs.holders.unreadable_pids if obs.facts.get(pid) and obs.facts[pid].uid != obs.own_uid)
+    no_fd = sum(1 for pid in obs.holders.unreadable_pids
+                if (f := obs.facts.get(pid)) is not None and f.uid != obs.own_uid and not f.kernel_thread)
     if no_exe:
         lines.append(f"could not read /proc/PID/exe for {no_exe} processes owned by other users; run as root to see them")
     if denied:

@@ -110,7 +110,7 @@ class RecordingWriter:
         except FileExistsError:
             raise GpuguardError(
                 f"{self.path} already exists; a recording is never overwritten by default",
-                "choose another output file, or remove the old one first",
+                "choose another output file, or overwrite it on purpose (`gpuguard record --force`)",
             ) from None
         except OSError as exc:
             raise GpuguardError(f"cannot create {self.path}: {exc.strerror}", "check the directory and its permissions") from None

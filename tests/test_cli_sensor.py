@@ -66,7 +66,8 @@ def test_record_then_replay_reads_back_exactly(tmp_path):
     for line in recorder.stderr:  # wait until the probes are attached
         if "recording to" in line:
             break
-    proc = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidiactl", "ioctl:0:0xc020462a:321", "exit:5"])
+    # It stays alive a moment: facts are read from /proc when the process first matters.
+    proc = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidiactl", "ioctl:0:0xc020462a:321", "sleep:1500", "exit:5"])
     proc.wait(timeout=10)
     _, err = recorder.communicate(timeout=60)
     assert recorder.returncode == 0, err

@@ -67,8 +67,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         writer = RecordingWriter(args.output, meta={"recorder": "gpuguard record", "interval": args.interval},
                                  overwrite=args.force)
-    except FileExistsError:
-        raise GpuguardError(f"{args.output} already exists", "choose another --output or add --force") from None
     except OSError as exc:
         raise GpuguardError(f"cannot write {args.output}: {exc.strerror}", "check the path and permissions") from None
     statuses: list[str] = []

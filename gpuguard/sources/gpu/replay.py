@@ -58,10 +58,9 @@ class ReplaySampler:
                     elif isinstance(item, GpuSnapshot):
                         self._wait_for(item.time)
                         return item
-            except ValueError as exc:  # a damaged record
+            except GpuguardError:  # RecordingDamaged: the reader already says where and why
                 self.finished = True
-                raise GpuguardError(f"recording {self.path!r} is damaged: {exc}",
-                                    "record it again; the snapshots before this point were shown") from None
+                raise
             self.finished = True
         raise EndOfRecording(self.path)
 

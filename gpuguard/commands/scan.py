@@ -102,8 +102,6 @@ def _yara_scanner(ruleset, args: argparse.Namespace, notes: list[str]):
 
 def _deep_scan(correlator, scanner, err_console, show_progress: bool) -> int:
     """YARA over each process's memory; returns how many processes could not be read."""
-    from gpuguard.events.model import Event  # noqa: F401  (keeps the import graph obvious)
-
     states = [s for s in correlator.states() if s.facts is not None and not s.facts.kernel_thread]
     failures = 0
 
@@ -150,9 +148,24 @@ def _read_ld_so_preload(root: str) -> str | None:
         os.close(fd)
 
 
-def _host_findings(args, ruleset, obs, limitations: list[str], notes: list[str]):
-    from gpuguard.detect import host_checks
+def _probe_hidden_pids(obs, limitations: list[str]):
+    """Hidden pids, with their facts added to ``obs`` so the rules score them like any process."""
+    from gpuguard.sources.fd_holders import holders_of_pid
     from gpuguard.sources.hidden_pids import find_hidden_pids
+    from gpuguard.sources.process import collect_process_facts
+
+    hidden = find_hidden_pids(obs.listed_pids, {f.ppid for f in obs.facts.values()}, obs.gpu_pids())
+    limitations.extend(hidden.unavailable)
+    for entry in hidden.hidden:
+        facts = collect_process_facts(entry.pid)
+        if facts is not None:
+            obs.facts[entry.pid] = facts
+            obs.holders.holders.extend(holders_of_pid(entry.pid) or [])
+    return hidden
+
+
+def _host_findings(args, ruleset, hidden, limitations: list[str], notes: list[str]):
+    from gpuguard.detect import host_checks
     from gpuguard.sources.host_gpu_stack import collect_gpu_stack
     from gpuguard.sources.persistence import collect_autostart_files
 
@@ -163,8 +176,6 @@ def _host_findings(args, ruleset, obs, limitations: list[str], notes: list[str])
     if autostart.unreadable:
         limitations.append(f"could not read {len(autostart.unreadable)} autostart files or directories "
                            f"(e.g. {autostart.unreadable[0]}); run as root to see them")
-    hidden = find_hidden_pids(obs.listed_pids, {f.ppid for f in obs.facts.values()}, obs.gpu_pids())
-    limitations.extend(hidden.unavailable)
     findings = (host_checks.check_autostart_files(autostart.files, _vocabulary(ruleset))
                 + host_checks.check_ld_so_preload(_read_ld_so_preload(args.root))
                 + host_checks.check_device_nodes(stack.device_nodes)
@@ -196,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     obs = observe_host(cpu_sample_s=args.cpu_sample)
     notes.extend(obs.gpu_status)
     limitations = limitation_lines(obs)
+    hidden = _probe_hidden_pids(obs, limitations)
 
     correlator = Correlator(ruleset, facts_provider=obs.facts.get, read_configs=True, yara_scanner=scanner)
     for facts in sorted(obs.facts.values(), key=lambda f: (f.start_time, f.pid)):
@@ -222,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         if verdict.score > 0 and state is not None:
             findings.append(finding_from_verdict(verdict, state.facts, ruleset))
 
-    host_findings, stack, host_counters = _host_findings(args, ruleset, obs, limitations, notes)
+    host_findings, stack, host_counters = _host_findings(args, ruleset, hidden, limitations, notes)
     findings += [finding_from_host(h) for h in host_findings]
 
     counters = {"processes": len(obs.facts), "gpu_handles": len(obs.holders.holders),

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from gpuguard.errors import GpuguardError
 from gpuguard.events.model import Event
 from gpuguard.sources.fd_holders import HolderScan, holder_event, scan_device_holders
 from gpuguard.sources.gpu.snapshot import GpuSnapshot
@@ -106,7 +107,11 @@ def _sample_all(samplers: list, out: list[GpuSnapshot]) -> None:
 def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool = True,
                  facts_hook: Callable[[ProcessFacts], None] | None = None) -> HostObservation:
     """Observe every process once (see the module docstring for the steps)."""
-    listed = list_proc_pids(proc_root)
+    try:
+        listed = list_proc_pids(proc_root)
+    except OSError as exc:
+        raise GpuguardError(f"cannot list processes in {proc_root}: {exc.strerror}",
+                            "mount procfs (mount -t proc proc /proc)") from None
     obs = HostObservation(time=time.time(), listed_pids=listed, own_uid=os.geteuid())
     window_start = time.monotonic()
     cpu_probes: dict[int, psutil.Process] = {}

@@ -22,7 +22,6 @@ from test_scan_support import (
     findings_for_pid,
     pool_listener,
     run_scan,
-    scan_json,
     shape_errors,
     sleeper,
     started_miner,

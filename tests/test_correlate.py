@@ -139,10 +139,45 @@ def test_exec_updates_identity_and_payloads_are_bounded():
     c.feed(facts(60, T, comm="sh", exe="/usr/bin/dash"))
     c.feed(Exec(time=T + 1, pid=60, comm="xmrig", filename="/tmp/xmrig", ppid=1, cmdline=["/tmp/xmrig", "-o", "a.b:3333"]))
     for i in range(40):
-        c.feed(NetPayload(time=T + 2 + i, pid=60, fd=i, protocol="stratum", detail={"method": "mining.submit"}))
+        c.feed(NetPayload(time=T + 2 + i, pid=60, fd=i, protocol="stratum", detail={"method": "mining.submit", "id": i}))
+        c.feed(NetPayload(time=T + 2 + i, pid=60, fd=i, protocol="stratum", detail={"method": "mining.subscribe"}))
     s = c.state_of(60)
     assert (s.comm, s.exe, s.cmdline[0], s.ppid) == ("xmrig", "/tmp/xmrig", "/tmp/xmrig", 1)
     assert len(s.payloads) == 16 and s.payload_protocols == {"stratum"}
+    assert sum(p.detail == {"method": "mining.subscribe"} for p in s.payloads) == 1   # repeats are kept once
+
+
+def test_only_changes_mark_a_process_for_rescoring(ruleset):
+    c = Correlator(ruleset, facts_provider=None)
+    c.feed(facts(62, T))
+    c.feed(Connect(time=T + 1, pid=62, address="1.1.1.1", port=443))
+    c.feed(GpuIoctl(time=T + 1, pid=62, device_class="nvidia-ctl", command=0xC020462A, count=3))
+    c.feed(GpuOpen(time=T + 1, pid=62, path="/dev/nvidiactl", device_class="nvidia-ctl"))
+    assert len(c.score(T + 1)) == 1
+    c.feed(Connect(time=T + 2, pid=62, address="1.1.1.1", port=443))            # a repeat
+    c.feed(GpuIoctl(time=T + 2, pid=62, device_class="nvidia-ctl", command=0xC020462A, count=3))
+    c.feed(GpuOpen(time=T + 2, pid=62, path="/dev/nvidiactl", device_class="nvidia-ctl"))
+    assert c.score(T + 2) == [] and c.state_of(62).connect_total == 2
+    usage = lambda t: GpuSnapshot(time=t, source="nvml", processes=[ProcessGpuUsage(62, "nvidia", 0, sm_util=50.0)])  # noqa: E731
+    c.feed(usage(T + 3))
+    assert len(c.score(T + 3)) == 1                                                  # first GPU sample
+    c.feed(usage(T + 4))
+    assert c.score(T + 4) == []                                                      # within 10 s
+    c.feed(usage(T + 13))
+    assert len(c.score(T + 13)) == 1
+    assert len(c.score(T + 14, everything=True)) == 1
+
+
+def test_counts_mark_dirty_when_a_rule_reads_them(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("version: 1\nrules:\n  - id: busy\n    description: many connects\n    severity: low\n"
+                    "    weight: 50\n    condition: {signal: connect_count, gte: 3}\n")
+    c = Correlator(load_ruleset([path]), facts_provider=None)
+    c.feed(facts(63, T))
+    for i in range(3):
+        c.feed(Connect(time=T + i, pid=63, address="1.1.1.1", port=443))
+    (v,) = c.score(T + 3)
+    assert v.score == 50
 
 
 def test_connection_table_is_bounded():
@@ -233,3 +268,19 @@ def test_unknown_items_are_counted_not_fatal():
 def test_score_needs_a_ruleset():
     with pytest.raises(ValueError):
         Correlator(facts_provider=None).score(T)
+
+
+def test_facts_of_an_old_process_count_as_seen_now():
+    c = Correlator(facts_provider=None, idle_expiry_s=100)
+    c.feed(Connect(time=T + 10_000, pid=1, address="1.1.1.1", port=1))   # the clock is now T + 10000
+    c.feed(facts(2, T))                                                      # started long ago, seen now
+    c.expire(T + 10_050)
+    assert 2 in [s.pid for s in c.states()]
+
+
+def test_eviction_under_a_fork_flood_is_batched():
+    c = Correlator(facts_provider=None, max_processes=100)
+    for pid in range(1, 1001):
+        c.feed(facts(pid, T + pid))
+    assert len(c) <= 100 and c.state_of(1000) is not None
+    assert c.counters["evicted"] == 900

@@ -7,7 +7,8 @@ snapshots and ``ProcessFacts``; no kernel events needed).  Live, a
 process is on first sight; in replay the recorded ``ProcessFacts`` come first
 and ``facts_provider`` is ``None``.
 
-State is bounded (``max_processes``, least recently active evicted first) and
+State is bounded (``max_processes``: when full, the least recently active tenth
+is evicted in one pass, so a fork flood costs O(log n) per process) and
 expires (exited processes after ``exit_grace_s``, silent ones after
 ``idle_expiry_s``).  :meth:`Correlator.score` rescores only processes whose
 state changed (the ``dirty`` flag), parents before children, so a child can
@@ -16,7 +17,6 @@ inherit its parent's verdict.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from gpuguard.correlate.config_files import read_config_files
@@ -58,10 +58,13 @@ class Correlator:
         self.read_configs = facts_provider is not None if read_configs is None else read_configs
         self.yara_scanner = yara_scanner
         self.proc_root = proc_root
-        self._states: OrderedDict[ProcessKey, ProcessState] = OrderedDict()
+        self._states: dict[ProcessKey, ProcessState] = {}
         self._by_pid: dict[int, ProcessKey] = {}
         self._device_totals: dict[tuple[str, int], int] = {}
         self._ioctl_cache: dict[tuple[str, int, str], tuple[str, str]] = {}
+        self._counts_matter = self._track_rates = True
+        self.clock = 0.0      # newest item time seen: when facts (which carry no time) were observed
+        self.set_ruleset(ruleset)
         self.counters: dict[str, int] = {
             "events": 0, "facts": 0, "snapshots": 0, "processes_created": 0,
             "evicted": 0, "expired": 0, "lost_events": 0, "ignored": 0, "yara_scans": 0,
@@ -87,6 +90,9 @@ class Correlator:
             self.counters["ignored"] += 1
             return
         handler(item)
+        time = getattr(item, "time", None)
+        if time is not None and time > self.clock:
+            self.clock = time
 
     def states(self) -> Iterable[ProcessState]:
         """Every tracked process, oldest first (a stable order for the same input)."""
@@ -103,9 +109,13 @@ class Correlator:
     def __len__(self) -> int:
         return len(self._states)
 
-    def set_ruleset(self, ruleset: "RuleSet") -> None:
+    def set_ruleset(self, ruleset: "RuleSet | None") -> None:
         """Use a new rule set (hot reload): every process is rescored on the next :meth:`score`."""
         self.ruleset = ruleset
+        used = ruleset.signals_used if ruleset is not None else None
+        # Repeated counts only matter to rules that read counts or rates; without rules, assume they do.
+        self._track_rates = used is None or any(name.startswith("ioctl_rate_") for name in used)
+        self._counts_matter = self._track_rates or bool(used & {"connect_count", "ioctl_total"})
         for state in self._states.values():
             state.dirty = True
 
@@ -115,13 +125,17 @@ class Correlator:
             self._drop(key)
             self.counters["expired"] += 1
 
-    def score(self, now: float, ruleset: "RuleSet | None" = None) -> list["Verdict"]:
-        """Rescore processes whose state changed; returns their new verdicts, oldest process first."""
+    def score(self, now: float, ruleset: "RuleSet | None" = None, *, everything: bool = False) -> list["Verdict"]:
+        """Rescore processes whose state changed (all with ``everything``, e.g. for time-only
+        signals such as age or hour); returns their new verdicts, oldest process first."""
         from gpuguard.detect.score import score_process
 
         ruleset = ruleset or self.ruleset
         if ruleset is None:
             raise ValueError("Correlator.score needs a rule set")
+        if everything:
+            for state in self._states.values():
+                state.dirty = True
         out: list[Verdict] = []
         for _ in range(10):   # parents first; a changed parent re-dirties its children
             dirty = [s for s in self._states.values() if s.dirty]
@@ -176,11 +190,19 @@ class Correlator:
         self._states[key] = state
         self._by_pid[key.pid] = key
         self.counters["processes_created"] += 1
-        while len(self._states) > self.max_processes:
-            victim, _ = next(iter(self._states.items()))
-            self._drop(victim)
-            self.counters["evicted"] += 1
+        if len(self._states) > self.max_processes:
+            self._evict(keep=key)
         return state
+
+    def _evict(self, keep: ProcessKey) -> None:
+        excess = len(self._states) - self.max_processes
+        batch = max(excess, self.max_processes // 10, 1)
+        # Exited processes go first, then the least recently active; never the one just added.
+        ranked = sorted((s for s in self._states.values() if s.key != keep),
+                        key=lambda s: (s.exited_at is None, s.last_seen, s.key))
+        for victim in ranked[:batch]:
+            self._drop(victim.key)
+            self.counters["evicted"] += 1
 
     def _state_for(self, pid: int, time: float, comm: str = "") -> ProcessState:
         """The process ``pid`` now; created (live: with facts) on first sight."""
@@ -188,7 +210,6 @@ class Correlator:
         if key is not None:
             state = self._states.get(key)
             if state is not None:
-                self._states.move_to_end(key)
                 return state
         facts = self.facts_provider(pid) if self.facts_provider else None
         if facts is not None and facts.start_time > 0:
@@ -242,19 +263,20 @@ class Correlator:
                 self._by_pid[facts.pid] = key
                 state = current_state
             else:
-                state = self._new_state(key, facts.start_time, provisional=False)
-        else:
-            self._states.move_to_end(key)
+                state = self._new_state(key, max(self.clock, facts.start_time), provisional=False)
         self._adopt_facts(state, facts)
 
     def _on_gpu_open(self, event: GpuOpen) -> None:
         self.counters["events"] += 1
         state = self._state_for(event.pid, event.time, event.comm)
-        if event.device_class:
+        changed = False
+        if event.device_class and event.device_class not in state.gpu_device_classes:
             state.gpu_device_classes.add(event.device_class)
-        if event.path and len(state.gpu_paths) < 32:
+            changed = True
+        if event.path and event.path not in state.gpu_paths and len(state.gpu_paths) < 32:
             state.gpu_paths.add(event.path)
-        state.touch(event.time)
+            changed = True
+        state.touch(event.time, changed)
 
     def _on_gpu_ioctl(self, event: GpuIoctl) -> None:
         self.counters["events"] += 1
@@ -264,22 +286,23 @@ class Correlator:
         if decoded is None:
             name = event.command_name or ioctl_name(event.device_class, event.command)
             decoded = self._ioctl_cache[cache_key] = (name, ioctl_category(name))
-        if event.device_class:
+        changed = self._counts_matter
+        if event.device_class and event.device_class not in state.gpu_device_classes:
             state.gpu_device_classes.add(event.device_class)
-        state.add_ioctl(event.time, decoded[0], decoded[1], event.count)
-        state.touch(event.time)
+            changed = True
+        changed |= state.add_ioctl(event.time, decoded[0], decoded[1], event.count, self._track_rates)
+        state.touch(event.time, changed)
 
     def _on_connect(self, event: Connect) -> None:
         self.counters["events"] += 1
         state = self._state_for(event.pid, event.time, event.comm)
-        state.add_connection(event.address, event.port)
-        state.touch(event.time)
+        new = state.add_connection(event.address, event.port)
+        state.touch(event.time, new or self._counts_matter)
 
     def _on_payload(self, event: NetPayload) -> None:
         self.counters["events"] += 1
         state = self._state_for(event.pid, event.time, event.comm)
-        state.add_payload(event.time, event.protocol, event.detail)
-        state.touch(event.time)
+        state.touch(event.time, state.add_payload(event.time, event.protocol, event.detail))
 
     def _on_exec(self, event: Exec) -> None:
         self.counters["events"] += 1
@@ -331,7 +354,9 @@ class Correlator:
             memories = [u.used_memory for u in usages if u.used_memory is not None]
             devices = {(u.vendor, u.device_index) for u in usages}
             totals = [self._device_totals.get(d) for d in devices]
-            state.add_gpu_sample(snapshot.time, max(utils) if utils else None, sum(memories) if memories else None)
+            changed = state.add_gpu_sample(snapshot.time, max(utils) if utils else None, sum(memories) if memories else None)
             if totals and all(totals):
-                state.gpu_memory_total = sum(totals)  # type: ignore[arg-type]
-            state.touch(snapshot.time)
+                total = sum(totals)  # type: ignore[arg-type]
+                changed |= total != state.gpu_memory_total
+                state.gpu_memory_total = total
+            state.touch(snapshot.time, changed)

@@ -26,6 +26,7 @@ MAX_IOCTL_NAMES = 64
 GPU_WINDOW_S = 300.0
 CPU_WINDOW_S = 300.0
 IOCTL_WINDOW_S = 60.0
+GPU_RESCORE_EVERY_S = 10.0   # GPU windows span minutes: a new sample rescores at most this often
 
 
 class ProcessKey(NamedTuple):
@@ -87,6 +88,7 @@ class ProcessState:
     yara_matches: set[str] = field(default_factory=set)
     yara_tags: set[str] = field(default_factory=set)
     yara_scanned: bool = False
+    gpu_rescored_at: float | None = None
     exe_sha256: str | None = None
     # bookkeeping
     lost_events: int = 0
@@ -103,10 +105,12 @@ class ProcessState:
     def exited(self) -> bool:
         return self.exited_at is not None
 
-    def touch(self, time: float) -> None:
+    def touch(self, time: float, changed: bool = True) -> None:
+        """Note activity at ``time``; ``changed`` marks the state for rescoring."""
         if time > self.last_seen:
             self.last_seen = time
-        self.dirty = True
+        if changed:
+            self.dirty = True
 
     def set_facts(self, facts: ProcessFacts) -> None:
         """Adopt /proc facts (first sight, or a fresh collection after exec)."""
@@ -125,36 +129,58 @@ class ProcessState:
         self.derived.clear()
         self.dirty = True
 
-    def add_ioctl(self, time: float, name: str, category: str, count: int) -> None:
+    def add_ioctl(self, time: float, name: str, category: str, count: int, track_rate: bool = True) -> bool:
+        """Count ioctls (and their recent rate, when ``track_rate``); True when a name or category is new."""
         counts = self.ioctl_counts
-        if name in counts or len(counts) < MAX_IOCTL_NAMES:
-            counts[name] = counts.get(name, 0) + count
-        self.ioctl_category_counts[category] = self.ioctl_category_counts.get(category, 0) + count
-        window = self.ioctl_rates.get(category)
-        if window is None:
-            window = self.ioctl_rates[category] = RateWindow(IOCTL_WINDOW_S)
-        window.add(time, count)
+        new = False
+        if name in counts:
+            counts[name] += count
+        elif len(counts) < MAX_IOCTL_NAMES:
+            counts[name] = count
+            new = True
+        categories = self.ioctl_category_counts
+        if category in categories:
+            categories[category] += count
+        else:
+            categories[category] = count
+            new = True
+        if track_rate:
+            window = self.ioctl_rates.get(category)
+            if window is None:
+                window = self.ioctl_rates[category] = RateWindow(IOCTL_WINDOW_S)
+            window.add(time, count)
+        return new
 
     def add_connection(self, address: str, port: int) -> bool:
-        """Count one connect; False when the bounded table is full and it was new."""
+        """Count one connect; True when the endpoint is new (and fits the bounded table)."""
         self.connect_total += 1
         endpoint = (address, port)
         if endpoint in self.connections:
             self.connections[endpoint] += 1
-            return True
+            return False
         if len(self.connections) >= MAX_CONNECTIONS:
             return False
         self.connections[endpoint] = 1
         self.derived.pop("net", None)
+        self.derived.pop("signals:net", None)
         return True
 
-    def add_payload(self, time: float, protocol: str, detail: dict[str, Any]) -> None:
+    def add_payload(self, time: float, protocol: str, detail: dict[str, Any]) -> bool:
+        """Keep a recognised payload; True when it added something (a new protocol or a kept detail)."""
+        new = protocol not in self.payload_protocols
         self.payload_protocols.add(protocol)
-        if len(self.payloads) < MAX_PAYLOADS:
+        if len(self.payloads) < MAX_PAYLOADS and not any(
+            p.protocol == protocol and p.detail == detail for p in self.payloads
+        ):
             self.payloads.append(PayloadSeen(time, protocol, dict(detail)))
-        self.derived.pop("net", None)
+            new = True
+        if new:
+            self.derived.pop("net", None)
+            self.derived.pop("signals:net", None)
+        return new
 
-    def add_gpu_sample(self, time: float, sm_util: float | None, used_memory: int | None) -> None:
+    def add_gpu_sample(self, time: float, sm_util: float | None, used_memory: int | None) -> bool:
+        """Add one sample; True when it is time to rescore (first sample, then every GPU_RESCORE_EVERY_S)."""
         if sm_util is not None:
             self.gpu_util.add(time, sm_util)
         if used_memory is not None:
@@ -162,6 +188,10 @@ class ProcessState:
         self.gpu_samples.append(GpuUsageSample(time, sm_util, used_memory))
         if len(self.gpu_samples) > 8:
             del self.gpu_samples[0]
+        if self.gpu_rescored_at is None or time - self.gpu_rescored_at >= GPU_RESCORE_EVERY_S:
+            self.gpu_rescored_at = time
+            return True
+        return False
 
 
 def __getattr__(name: str) -> Any:

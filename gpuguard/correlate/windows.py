@@ -78,36 +78,49 @@ class SampleWindow:
 
 
 class RateWindow:
-    """Counts reported at times; the rate per second over the last ``span_s`` seconds."""
+    """Counts reported at times; the rate per second over the last ``span_s`` seconds.
 
-    __slots__ = ("span_s", "_counts", "_total", "first_time")
+    Counts are kept in one-second buckets, so the many reports a busy process
+    makes within a second cost one addition each.
+    """
 
-    def __init__(self, span_s: float = 60.0, max_samples: int = 256) -> None:
+    __slots__ = ("span_s", "_seconds", "_counts", "_total", "first_time")
+
+    def __init__(self, span_s: float = 60.0, max_buckets: int = 256) -> None:
         self.span_s = span_s
-        self._counts: deque[tuple[float, int]] = deque(maxlen=max_samples)
+        # Two deques of plain ints (not per-bucket objects): nothing for the garbage collector to chase.
+        self._seconds: deque[int] = deque(maxlen=max_buckets)
+        self._counts: deque[int] = deque(maxlen=max_buckets)
         self._total = 0
         self.first_time: float | None = None
 
     def add(self, time: float, count: int) -> None:
+        second = int(time)
+        seconds = self._seconds
+        self._total += count
+        if seconds and seconds[-1] == second:
+            self._counts[-1] += count
+            return
         if self.first_time is None:
             self.first_time = time
         counts = self._counts
-        if len(counts) == counts.maxlen:
-            self._total -= counts[0][1]
-        counts.append((time, count))
-        self._total += count
-        horizon = time - self.span_s
-        while counts and counts[0][0] <= horizon:
-            self._total -= counts.popleft()[1]
+        if len(seconds) == seconds.maxlen:
+            self._total -= counts[0]
+        seconds.append(second)
+        counts.append(count)
+        horizon = second - self.span_s
+        while seconds[0] <= horizon:
+            seconds.popleft()
+            self._total -= counts.popleft()
 
     def rate(self, now: float) -> float:
-        """Events per second in ``(now - span_s, now]``; the divisor is the time observed, at least 1 s."""
+        """Events per second in the last ``span_s`` seconds before ``now``; divided by the time observed (at least 1 s)."""
         if self.first_time is None:
             return 0.0
-        horizon = now - self.span_s
+        horizon = int(now) - self.span_s
         total = self._total
-        for time, count in self._counts:
-            if time > horizon:
+        for second, count in zip(self._seconds, self._counts):
+            if second > horizon:
                 break
             total -= count
         observed = min(self.span_s, max(1.0, now - self.first_time))

@@ -221,7 +221,7 @@ def _leaf(name: str, type_: str, op: str, operand: Any, compiled: Any) -> Condit
         want = bool(operand)
 
         def empty_leaf(r: SignalReader) -> list[str] | None:
-            v = r.get(name)
+            v = r[name]
             if v is None or (not v) != want:
                 return None
             return [f"{name} {'empty' if want else 'not empty'}"]
@@ -230,7 +230,7 @@ def _leaf(name: str, type_: str, op: str, operand: Any, compiled: Any) -> Condit
         wanted = operand.lower() if isinstance(operand, str) else operand
 
         def contains_leaf(r: SignalReader) -> list[str] | None:
-            v = r.get(name)
+            v = r[name]
             if not v or wanted not in v:
                 return None
             return [f"{name} contains {_fmt(operand)}"]
@@ -238,18 +238,19 @@ def _leaf(name: str, type_: str, op: str, operand: Any, compiled: Any) -> Condit
     test = _element_test(op, operand, compiled, numeric)
     if type_ in _SETS:
         def set_leaf(r: SignalReader) -> list[str] | None:
-            v = r.get(name)
+            v = r[name]
             if not v:
                 return None
-            hits = sorted((e for e in v if test(e)), key=str)
+            hits = [e for e in v if test(e)]
             if not hits:
                 return None
+            hits.sort(key=str)
             shown = ",".join(_fmt(h) for h in hits[:_MAX_WITNESSES]) + (",..." if len(hits) > _MAX_WITNESSES else "")
             return [f"{name}={shown} ({about})"]
         return set_leaf
 
     def scalar_leaf(r: SignalReader) -> list[str] | None:
-        v = r.get(name)
+        v = r[name]
         if v is None or not test(v):
             return None
         return [f"{name}={_fmt(v)} ({about})"]

@@ -85,6 +85,11 @@ class RuleSet:
     sources: list[Path]
     _yara: Any = field(default=None, repr=False)
 
+    @property
+    def signals_used(self) -> frozenset[str]:
+        """Signals the enabled rules read (the correlator skips rescoring for changes to others)."""
+        return frozenset(name for rule in self.rules for name in rule.signals)
+
     def rule(self, rule_id: str) -> Rule | None:
         return next((r for r in self.rules + self.disabled if r.id == rule_id), None)
 

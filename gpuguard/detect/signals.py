@@ -37,6 +37,10 @@ class Signal:
 
 
 SIGNALS: dict[str, Signal] = {}
+# Signal groups whose values are kept on the state between evaluations (see SignalReader).
+_CACHES = {"identity": "signals:stable", "cmdline": "signals:stable", "config": "signals:stable",
+           "ancestry": "signals:stable", "network": "signals:net"}
+_UNCACHED = frozenset({"parent_verdict", "parent_score", "connect_count"})
 
 
 def _signal(name: str, type_: str, group: str, description: str):
@@ -47,22 +51,41 @@ def _signal(name: str, type_: str, group: str, description: str):
     return register
 
 
-class SignalReader:
-    """Signals of one process at one moment, each computed at most once."""
+class SignalReader(dict):
+    """Signals of one process at one moment, each computed at most once.
 
-    __slots__ = ("state", "now", "cache")
+    A dict whose missing keys are computed on first use: ``reader[name]`` (or
+    ``reader.get(name)``) costs one dictionary lookup after the first time.
+    """
+
+    __slots__ = ("state", "now")
 
     def __init__(self, state: ProcessState, now: float) -> None:
+        super().__init__()
         self.state = state
         self.now = now
-        self.cache: dict[str, Any] = {}
 
-    def get(self, name: str) -> Any:
-        try:
-            return self.cache[name]
-        except KeyError:
-            value = self.cache[name] = SIGNALS[name].compute(self.state, self.now)
+    def __missing__(self, name: str) -> Any:
+        signal = SIGNALS[name]
+        cache_name = _CACHES.get(signal.group)
+        if cache_name is None or name in _UNCACHED:
+            value = self[name] = signal.compute(self.state, self.now)
             return value
+        # Identity and network signals only change with the facts or a new connection/payload:
+        # keep them on the state until that happens (the state clears ``derived`` then).
+        derived = self.state.derived
+        cache = derived.get(cache_name)
+        if cache is None:
+            cache = derived[cache_name] = {}
+        try:
+            value = cache[name]
+        except KeyError:
+            value = cache[name] = signal.compute(self.state, self.now)
+        self[name] = value
+        return value
+
+    def get(self, name: str) -> Any:  # type: ignore[override]
+        return self[name]
 
 
 # -- derived views (cached on the state) -------------------------------------

@@ -1,7 +1,8 @@
 /* gpu_files.bpf.c - which processes open GPU device files, and which fds they hold.
  *
  * A successful open(2)/openat(2)/openat2(2) of a GPU path becomes a gpu_open
- * event and a tracked_fds entry; close(2) and dup*(2) keep tracked_fds right.
+ * event, a tracked_fds entry and its gpu_fd_slots tag; close(2) and dup*(2)
+ * keep both right (a close of any other fd costs two array reads).
  * Paths are classified by name (no kernel-internal structs), the same way
  * gpuguard/events/devices.py does it.
  */
@@ -166,6 +167,8 @@ static __always_inline int open_exit(void *ctx, long ret)
     struct gg_tracked_fd val = { .device_class = po->device_class, .open_flags = po->open_flags };
     if (tracked_fds.update(&key, &val) < 0)
         count_lost(GG_LOST_TRACKED_FDS);
+    else
+        gpu_slot_publish(key.tgid, key.fd, val.device_class);
 
 #ifdef GG_PERF_BUFFER
     __u32 zero = 0;
@@ -194,44 +197,62 @@ static __always_inline int open_exit(void *ctx, long ret)
     return 0;
 }
 
+#ifndef GG_RAW_SYS_ENTER
 TRACEPOINT_PROBE(syscalls, sys_enter_openat)
 {
     return open_enter(args->filename, args->flags);
 }
+#endif
 
 TRACEPOINT_PROBE(syscalls, sys_exit_openat)
 {
     return open_exit(args, args->ret);
 }
 
+#ifndef GG_RAW_SYS_ENTER
 TRACEPOINT_PROBE(syscalls, sys_enter_open)
 {
     return open_enter(args->filename, args->flags);
 }
+#endif
 
 TRACEPOINT_PROBE(syscalls, sys_exit_open)
 {
     return open_exit(args, args->ret);
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_openat2)
+static __always_inline int openat2_enter(const char *filename, const void *how)
 {
     __u64 flags = 0;
-    bpf_probe_read_user(&flags, sizeof(flags), args->how); /* open_how.flags is first */
-    return open_enter(args->filename, (__u32)flags);
+    bpf_probe_read_user(&flags, sizeof(flags), how); /* open_how.flags is first */
+    return open_enter(filename, (__u32)flags);
 }
+
+#ifndef GG_RAW_SYS_ENTER
+TRACEPOINT_PROBE(syscalls, sys_enter_openat2)
+{
+    return openat2_enter(args->filename, args->how);
+}
+#endif
 
 TRACEPOINT_PROBE(syscalls, sys_exit_openat2)
 {
     return open_exit(args, args->ret);
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_close)
+static __always_inline int close_enter(__s32 fd)
 {
     __u64 id = bpf_get_current_pid_tgid();
-    forget_fd(id >> 32, (__s32)args->fd);
+    forget_fd(id >> 32, fd);
     return 0;
 }
+
+#ifndef GG_RAW_SYS_ENTER
+TRACEPOINT_PROBE(syscalls, sys_enter_close)
+{
+    return close_enter((__s32)args->fd);
+}
+#endif
 
 /* dup/dup2/dup3 of a tracked fd: the new fd drives the same GPU.  dup2/dup3
  * close newfd first, so whatever newfd was is forgotten either way. */
@@ -241,7 +262,10 @@ static __always_inline int dup_enter(__u32 oldfd, __s32 newfd)
     if (newfd >= 0 && (__u32)newfd != oldfd)
         forget_fd(id >> 32, newfd);
     struct gg_fd_key key = { .tgid = id >> 32, .fd = (__s32)oldfd };
-    if (!tracked_fds.lookup(&key))
+    __u32 st = gpu_slot_get(key.tgid, key.fd);
+    if (st == GG_SLOT_ABSENT)
+        return 0;
+    if (st == GG_SLOT_ASK && !tracked_fds.lookup(&key))
         return 0;
     __s32 fd = (__s32)oldfd;
     pending_dups.update(&id, &fd);
@@ -265,12 +289,16 @@ static __always_inline int dup_exit(long ret)
     struct gg_fd_key newkey = { .tgid = id >> 32, .fd = (__s32)ret };
     if (tracked_fds.update(&newkey, &copy) < 0)
         count_lost(GG_LOST_TRACKED_FDS);
+    else
+        gpu_slot_publish(newkey.tgid, newkey.fd, copy.device_class);
     return 0;
 }
 
+#ifndef GG_RAW_SYS_ENTER
 TRACEPOINT_PROBE(syscalls, sys_enter_dup) { return dup_enter(args->fildes, -1); }
-TRACEPOINT_PROBE(syscalls, sys_exit_dup) { return dup_exit(args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_dup2) { return dup_enter(args->oldfd, (__s32)args->newfd); }
-TRACEPOINT_PROBE(syscalls, sys_exit_dup2) { return dup_exit(args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_dup3) { return dup_enter(args->oldfd, (__s32)args->newfd); }
+#endif
+TRACEPOINT_PROBE(syscalls, sys_exit_dup) { return dup_exit(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_dup2) { return dup_exit(args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_exit_dup3) { return dup_exit(args->ret); }

@@ -137,4 +137,22 @@ struct gg_ioctl_key {
     __u64 command;          /* ioctl cmd; NVIDIA XFER inner cmd | GG_NV_XFER_FLAG */
 };
 
+/* fd slots: a direct-mapped prefilter in front of tracked_fds and
+ * fresh_sockets (BPF arrays, so the verifier inlines the lookup: no helper
+ * call).  Slot index = (tgid * GG_SLOT_HASH_MUL + fd) mod the slot count.
+ * A slot's __u64 is
+ *   0                    nothing there: the fd is not in the map (no lookup)
+ *   GG_SLOT_MULTI        several fds (or one that does not fit a tag) may be
+ *                        there: look in the map
+ *   tag | value          exactly this (tgid, fd): tag = (tgid << GG_SLOT_FD_BITS
+ *                        | fd) << 8, value (1..254) = the device class for
+ *                        gpu_fd_slots, 1 for sock_fd_slots
+ * The kernel moves a slot 0 -> tag (cmpxchg), tag -> 0 (cmpxchg, on close of
+ * that fd) and anything -> GG_SLOT_MULTI (plain store); user space only ever
+ * writes GG_SLOT_MULTI.  So a slot never says "absent" for an fd in the map. */
+#define GG_SLOT_MULTI 0xffffffffffffffffULL
+#define GG_SLOT_HASH_MUL 0x9E3779B1
+#define GG_SLOT_FD_BITS 26
+#define GG_SLOT_TGID_BITS 22
+
 #endif /* GPUGUARD_H */

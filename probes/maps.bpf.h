@@ -21,6 +21,9 @@
 #ifndef GG_RINGBUF_PAGES
 #define GG_RINGBUF_PAGES 1024
 #endif
+#ifndef GG_FD_SLOTS
+#define GG_FD_SLOTS 32768       /* power of two */
+#endif
 
 /* (tgid, fd) -> device class for every open GPU file descriptor. */
 BPF_HASH(tracked_fds, struct gg_fd_key, struct gg_tracked_fd, GG_MAX_TRACKED_FDS);
@@ -31,6 +34,13 @@ BPF_HASH(ioctl_counts, struct gg_ioctl_key, __u64, GG_MAX_IOCTL_KEYS);
 /* (tgid, fd) of sockets the process connected recently -> writes left to
  * capture.  Only these writes are read; every other write costs one lookup. */
 BPF_TABLE("lru_hash", struct gg_fd_key, __u32, fresh_sockets, GG_MAX_FRESH_SOCKETS);
+
+/* Prefilters in front of tracked_fds and fresh_sockets (see "fd slots" in
+ * gpuguard.h): an ioctl, write or close on an fd that is neither costs one
+ * inlined array read instead of a hash lookup, and an ioctl on a tracked GPU
+ * fd whose slot holds its tag gets the device class without one. */
+BPF_ARRAY(gpu_fd_slots, __u64, GG_FD_SLOTS);
+BPF_ARRAY(sock_fd_slots, __u64, GG_FD_SLOTS);
 
 /* Lost-event counters by enum gg_lost_slot. */
 BPF_PERCPU_ARRAY(lost_counts, __u64, GG_LOST_SLOTS);
@@ -78,12 +88,123 @@ static __always_inline void fill_header(struct gg_header *h, __u32 kind, __u32 s
     bpf_get_current_comm(&h->comm, sizeof(h->comm));
 }
 
-/* The fd is closed (or replaced): it no longer refers to a GPU or a fresh socket. */
+/* What a slot says about (tgid, fd). */
+#define GG_SLOT_ABSENT 0        /* not in the map: skip it */
+#define GG_SLOT_ASK 0x100       /* may be in the map: look */
+/* 1..254: exactly this fd, with that value (device class / 1) */
+
+static __always_inline __u32 gg_slot_index(__u32 tgid, __s32 fd)
+{
+    return (tgid * (__u32)GG_SLOT_HASH_MUL + (__u32)fd) & (GG_FD_SLOTS - 1);
+}
+
+static __always_inline int gg_slot_taggable(__u32 tgid, __s32 fd)
+{
+    return fd >= 0 && fd < (1 << GG_SLOT_FD_BITS) && tgid < (1U << GG_SLOT_TGID_BITS);
+}
+
+static __always_inline __u64 gg_slot_tag(__u32 tgid, __s32 fd)
+{
+    return (((__u64)tgid << GG_SLOT_FD_BITS) | (__u32)fd) << 8;
+}
+
+static __always_inline __u32 gg_slot_match(__u64 v, __u32 tgid, __s32 fd)
+{
+    if (v == 0)
+        return GG_SLOT_ABSENT;
+    if (v == GG_SLOT_MULTI)
+        return GG_SLOT_ASK;
+    /* A tag is never written for an untaggable fd (it gets MULTI), and its
+     * bits could alias another (tgid, fd): never compare those. */
+    if (!gg_slot_taggable(tgid, fd) || (v & ~0xffULL) != gg_slot_tag(tgid, fd))
+        return GG_SLOT_ABSENT;
+    return (__u32)(v & 0xff);
+}
+
+/* Publish (tgid, fd) -> value in a slot.  Call after the map update, so a
+ * slot that is read as "absent" never hides an entry (user-space rebuilds
+ * rely on that order too). */
+static __always_inline void gg_slot_publish(__u64 *s, __u32 tgid, __s32 fd, __u32 value)
+{
+    __u64 want = gg_slot_taggable(tgid, fd) ? (gg_slot_tag(tgid, fd) | value) : GG_SLOT_MULTI;
+    __u64 old = __sync_val_compare_and_swap(s, 0, want);
+    if (old == 0 || old == want || old == GG_SLOT_MULTI)
+        return;
+    if (want != GG_SLOT_MULTI && (old & ~0xffULL) == (want & ~0xffULL) &&
+        __sync_val_compare_and_swap(s, old, want) == old)
+        return;                 /* same fd, new value (reopened without close) */
+    *s = GG_SLOT_MULTI;         /* another fd is there: both must ask the map */
+}
+
+static __always_inline void gpu_slot_publish(__u32 tgid, __s32 fd, __u32 device_class)
+{
+    __u32 i = gg_slot_index(tgid, fd);
+    __u64 *s = gpu_fd_slots.lookup(&i);
+    if (s)
+        gg_slot_publish(s, tgid, fd, device_class);
+}
+
+static __always_inline void sock_slot_publish(__u32 tgid, __s32 fd)
+{
+    __u32 i = gg_slot_index(tgid, fd);
+    __u64 *s = sock_fd_slots.lookup(&i);
+    if (s)
+        gg_slot_publish(s, tgid, fd, 1);
+}
+
+/* GG_SLOT_ABSENT, GG_SLOT_ASK or the device class. */
+static __always_inline __u32 gpu_slot_get(__u32 tgid, __s32 fd)
+{
+    __u32 i = gg_slot_index(tgid, fd);
+    __u64 *s = gpu_fd_slots.lookup(&i);
+    return s ? gg_slot_match(*s, tgid, fd) : GG_SLOT_ASK;
+}
+
+static __always_inline __u32 sock_slot_get(__u32 tgid, __s32 fd)
+{
+    __u32 i = gg_slot_index(tgid, fd);
+    __u64 *s = sock_fd_slots.lookup(&i);
+    return s ? gg_slot_match(*s, tgid, fd) : GG_SLOT_ASK;
+}
+
+/* The fd left fresh_sockets: give its slot back if it still holds its tag. */
+static __always_inline void sock_slot_release(__u32 tgid, __s32 fd)
+{
+    __u32 i = gg_slot_index(tgid, fd);
+    __u64 *s = sock_fd_slots.lookup(&i);
+    if (!s)
+        return;
+    __u64 v = *s;
+    if (v != 0 && v != GG_SLOT_MULTI && gg_slot_match(v, tgid, fd) != GG_SLOT_ABSENT)
+        __sync_val_compare_and_swap(s, v, 0);
+}
+
+/* The fd is closed (or replaced): it no longer refers to a GPU or a fresh
+ * socket.  The slots make this free for every other fd. */
 static __always_inline void forget_fd(__u32 tgid, __s32 fd)
 {
     struct gg_fd_key key = { .tgid = tgid, .fd = fd };
-    tracked_fds.delete(&key);
-    fresh_sockets.delete(&key);
+    __u32 i = gg_slot_index(tgid, fd);
+    __u64 *s = gpu_fd_slots.lookup(&i);
+    if (s) {
+        __u64 v = *s;
+        __u32 st = gg_slot_match(v, tgid, fd);
+        if (st != GG_SLOT_ABSENT) {
+            tracked_fds.delete(&key);
+            if (st != GG_SLOT_ASK)
+                __sync_val_compare_and_swap(s, v, 0);
+        }
+    }
+    s = sock_fd_slots.lookup(&i);
+    if (s) {
+        __u64 v = *s;
+        __u32 st = gg_slot_match(v, tgid, fd);
+        if (st != GG_SLOT_ABSENT) {
+            fresh_sockets.delete(&key);
+            if (st != GG_SLOT_ASK)
+                __sync_val_compare_and_swap(s, v, 0);
+        }
+    }
 }
 
 #endif /* GG_MAPS_BPF_H */

@@ -4,7 +4,7 @@
  * what matters).  A connect that succeeds or is in progress marks the socket
  * "fresh": its first GG_PAYLOAD_WRITES writes/sends are copied (up to
  * GG_PAYLOAD_LEN bytes each) as net_payload events, then it is forgotten.
- * Writes on any other fd cost one hash lookup.
+ * Writes on any other fd cost one inlined array read (sock_fd_slots).
  */
 
 #define GG_AF_INET 2
@@ -35,26 +35,33 @@ struct gg_user_msghdr {
     __u64 msg_iovlen;
 };
 
-TRACEPOINT_PROBE(syscalls, sys_enter_connect)
+static __always_inline int connect_enter(__s32 fd, const char *uservaddr)
 {
     __u16 family = 0;
-    if (bpf_probe_read_user(&family, sizeof(family), args->uservaddr) < 0)
+    if (bpf_probe_read_user(&family, sizeof(family), uservaddr) < 0)
         return 0;
     if (family != GG_AF_INET && family != GG_AF_INET6)
         return 0;
-    struct gg_pending_connect pc = { .fd = args->fd, .family = family };
+    struct gg_pending_connect pc = { .fd = fd, .family = family };
     __u16 port_be = 0;
     /* sin_port and sin6_port both sit at offset 2. */
-    bpf_probe_read_user(&port_be, sizeof(port_be), (char *)args->uservaddr + 2);
+    bpf_probe_read_user(&port_be, sizeof(port_be), (char *)uservaddr + 2);
     pc.port = (port_be >> 8) | ((port_be & 0xff) << 8);
     if (family == GG_AF_INET)
-        bpf_probe_read_user(pc.addr, 4, (char *)args->uservaddr + 4);   /* sin_addr */
+        bpf_probe_read_user(pc.addr, 4, (char *)uservaddr + 4);   /* sin_addr */
     else
-        bpf_probe_read_user(pc.addr, 16, (char *)args->uservaddr + 8);  /* sin6_addr */
+        bpf_probe_read_user(pc.addr, 16, (char *)uservaddr + 8);  /* sin6_addr */
     __u64 id = bpf_get_current_pid_tgid();
     pending_connects.update(&id, &pc);
     return 0;
 }
+
+#ifndef GG_RAW_SYS_ENTER
+TRACEPOINT_PROBE(syscalls, sys_enter_connect)
+{
+    return connect_enter(args->fd, (const char *)args->uservaddr);
+}
+#endif
 
 TRACEPOINT_PROBE(syscalls, sys_exit_connect)
 {
@@ -68,7 +75,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
     if (ret == 0 || ret == -GG_EINPROGRESS) {
         struct gg_fd_key key = { .tgid = id >> 32, .fd = pc->fd };
         __u32 writes = GG_PAYLOAD_WRITES;
-        fresh_sockets.update(&key, &writes);
+        if (fresh_sockets.update(&key, &writes) == 0)
+            sock_slot_publish(key.tgid, key.fd);
     }
 #endif
 
@@ -105,13 +113,16 @@ static __always_inline int capture_write(void *ctx, __s32 fd, __u64 buf, __u64 l
 {
     __u64 id = bpf_get_current_pid_tgid();
     struct gg_fd_key key = { .tgid = id >> 32, .fd = fd };
+    if (sock_slot_get(key.tgid, fd) == GG_SLOT_ABSENT)
+        return 0;
     __u32 *left = fresh_sockets.lookup(&key);
     if (!left)
         return 0;
     __u32 seq = GG_PAYLOAD_WRITES - *left;
-    if (*left <= 1)
+    if (*left <= 1) {
         fresh_sockets.delete(&key);
-    else
+        sock_slot_release(key.tgid, fd);
+    } else
         __sync_fetch_and_add(left, -1);
 
 #ifdef GG_PERF_BUFFER
@@ -148,7 +159,7 @@ static __always_inline int capture_iov(void *ctx, __s32 fd, __u64 iov, __u64 iov
         return 0;
     __u64 id = bpf_get_current_pid_tgid();
     struct gg_fd_key key = { .tgid = id >> 32, .fd = fd };
-    if (!fresh_sockets.lookup(&key))
+    if (sock_slot_get(key.tgid, fd) == GG_SLOT_ABSENT || !fresh_sockets.lookup(&key))
         return 0;
     struct gg_iovec first = {};
     if (bpf_probe_read_user(&first, sizeof(first), (void *)iov) < 0)
@@ -156,6 +167,19 @@ static __always_inline int capture_iov(void *ctx, __s32 fd, __u64 iov, __u64 iov
     return capture_write(ctx, fd, first.base, first.len);
 }
 
+static __always_inline int sendmsg_enter(void *ctx, __s32 fd, const void *msg)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    struct gg_fd_key key = { .tgid = id >> 32, .fd = fd };
+    if (sock_slot_get(key.tgid, key.fd) == GG_SLOT_ABSENT || !fresh_sockets.lookup(&key))
+        return 0;
+    struct gg_user_msghdr mh = {};
+    if (bpf_probe_read_user(&mh, sizeof(mh), msg) < 0)
+        return 0;
+    return capture_iov(ctx, fd, mh.msg_iov, mh.msg_iovlen);
+}
+
+#ifndef GG_RAW_SYS_ENTER
 TRACEPOINT_PROBE(syscalls, sys_enter_write)
 {
     return capture_write(args, (__s32)args->fd, (__u64)args->buf, args->count);
@@ -173,13 +197,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_writev)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg)
 {
-    __u64 id = bpf_get_current_pid_tgid();
-    struct gg_fd_key key = { .tgid = id >> 32, .fd = args->fd };
-    if (!fresh_sockets.lookup(&key))
-        return 0;
-    struct gg_user_msghdr mh = {};
-    if (bpf_probe_read_user(&mh, sizeof(mh), args->msg) < 0)
-        return 0;
-    return capture_iov(args, args->fd, mh.msg_iov, mh.msg_iovlen);
+    return sendmsg_enter(args, args->fd, args->msg);
 }
+#endif
 #endif /* GG_PAYLOAD_CAPTURE */

@@ -33,13 +33,19 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_exit_group)
+static __always_inline int exit_group_enter(__s32 code)
 {
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    __s32 code = args->error_code;
     exit_codes.update(&tgid, &code);
     return 0;
 }
+
+#ifndef GG_RAW_SYS_ENTER
+TRACEPOINT_PROBE(syscalls, sys_enter_exit_group)
+{
+    return exit_group_enter(args->error_code);
+}
+#endif
 
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {

@@ -12,3 +12,4 @@
 #include "gpu_ioctl.bpf.c"
 #include "net.bpf.c"
 #include "process.bpf.c"
+#include "raw_enter.bpf.c"

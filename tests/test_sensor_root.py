@@ -25,11 +25,14 @@ KFD_CREATE_QUEUE = 0xC0584B02
 AMDGPU_CS = 0xC0186444
 
 
-@pytest.fixture(scope="module")
-def sensor():
+@pytest.fixture(scope="module", params=["tracepoint", "raw"])
+def sensor(request):
+    """Every test below runs with both syscall-entry hooks: the per-syscall
+    tracepoints (default) and the one raw sys_enter program must agree exactly."""
+    from gpuguard.sources.probe_source import ProbeSettings
     from gpuguard.sources.sensor import Sensor
 
-    s = Sensor(drain_interval=0.2, sweep_interval=3600)
+    s = Sensor(ProbeSettings(enter_hook=request.param), drain_interval=0.2, sweep_interval=3600)
     s.start()
     yield s
     s.close()
@@ -127,6 +130,10 @@ def test_gpu_opens_are_reported_with_path_class_and_fd(sensor, workload):
 
 
 def test_ioctl_counts_are_exact_per_command_and_decoded(sensor, workload):
+    check_exact_ioctl_counts(sensor, workload)
+
+
+def check_exact_ioctl_counts(sensor, workload):
     proc = run(
         workload,
         "open:/dev/nvidiactl", "open:/dev/nvidia-uvm", "open:/dev/kfd", "open:/dev/dri/renderD128",
@@ -167,6 +174,10 @@ def test_ioctl_counts_are_exact_per_command_and_decoded(sensor, workload):
 
 
 def test_connect_and_first_bytes_are_recognised(sensor, workload):
+    check_connect_and_first_bytes(sensor, workload)
+
+
+def check_connect_and_first_bytes(sensor, workload):
     v4, v6 = Listener(), Listener(socket.AF_INET6, "::1")
     login = b'{"id":1,"jsonrpc":"2.0","method":"login","params":{"login":"44AFFq5kSiGBoZ","pass":"x","agent":"XMRig/6.21.0 (Linux x86_64) libuv/1.44.2 gcc/12.2.0","algo":["rx/0"]}}\n'
     subscribe = b'{"id":1,"method":"mining.subscribe","params":["ccminer/2.3.1"]}\n'
@@ -310,3 +321,49 @@ def test_perf_buffer_fallback_delivers_the_same_events(workload):
     assert [(e.path, e.device_class) for e in events if e.kind == "gpu_open"] == [("/dev/kfd", "kfd")]
     assert sum(e.count for e in events if e.kind == "gpu_ioctl") == 321
     assert [e.exit_code for e in events if e.kind == "exit"] == [3]
+
+
+@pytest.mark.parametrize("enter_hook", ["tracepoint", "raw"])
+def test_colliding_and_stale_fd_slots_lose_nothing(workload, enter_hook):
+    """With one prefilter slot every fd collides: the slot goes to MULTI and the
+    probes must fall back to the maps, so counts, dups, close/reuse and payloads
+    stay exact.  Then a stale slot (left by an exited process, marked MULTI by
+    user space) must not count a later process's ioctls on the same fd number
+    when that fd is not a GPU file."""
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import SLOT_MULTI, Sensor
+
+    with Sensor(ProbeSettings(fd_slots=1, enter_hook=enter_hook), drain_interval=0.2, sweep_interval=3600) as s:
+        check_exact_ioctl_counts(s, workload)
+        assert [v.value for v in s.tables["gpu_fd_slots"].values()] == [SLOT_MULTI]
+        check_connect_and_first_bytes(s, workload)
+        proc = run(workload, "open:/dev/null", f"ioctl:0:{RM_CONTROL:#x}:25", "exit:0")
+        proc.wait(timeout=10)
+        events = collect(s, proc.pid, exited)
+        assert [e for e in events if e.kind == "gpu_ioctl"] == []
+
+
+@pytest.mark.parametrize("enter_hook", ["tracepoint", "raw"])
+def test_slot_tags_follow_close_and_reopen(workload, enter_hook):
+    """With many slots, a tracked fd's slot holds its tag and class; closing it
+    and reopening the same number as another GPU device (or as /dev/null) must
+    count under the new class (or not at all)."""
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    with Sensor(ProbeSettings(enter_hook=enter_hook), drain_interval=0.2, sweep_interval=3600) as s:
+        proc = run(
+            workload,
+            "open:/dev/nvidiactl", f"ioctl:0:{RM_CONTROL:#x}:7", "close:0",
+            "open:/dev/kfd", f"ioctl:1:{RM_CONTROL:#x}:11", "close:1",        # same fd number, new class
+            "open:/dev/null", f"ioctl:2:{RM_CONTROL:#x}:13",                  # same number, not a GPU
+            "open:/dev/dri/renderD128", "dup:3", "close:3", f"ioctl:4:{AMDGPU_CS:#x}:5",  # dup survives close
+            "exit:0",
+        )
+        proc.wait(timeout=10)
+        events = collect(s, proc.pid, exited)
+    counts = Counter()
+    for e in events:
+        if e.kind == "gpu_ioctl":
+            counts[(e.device_class, e.command)] += e.count
+    assert counts == {("nvidia-ctl", RM_CONTROL): 7, ("kfd", RM_CONTROL): 11, ("drm-render", AMDGPU_CS): 5}

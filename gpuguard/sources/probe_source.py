@@ -27,17 +27,30 @@ class ProbeSettings:
     max_tracked_fds: int = 65536
     max_ioctl_keys: int = 65536
     max_fresh_sockets: int = 16384
+    fd_slots: int = 32768           # prefilter slots per map; must be a power of two
+    # How syscall entries are hooked: "tracepoint" (one syscalls:sys_enter_*
+    # tracepoint per hooked syscall) or "raw" (one raw sys_enter program for
+    # all: cheaper per hooked call, dearer for every other syscall on the
+    # host; see benchmarks/README-sensor.md).
+    enter_hook: str = "tracepoint"
 
     def cflags(self) -> list[str]:
         if self.ringbuf_pages & (self.ringbuf_pages - 1):
             raise ValueError("ringbuf_pages must be a power of two")
+        if self.fd_slots < 1 or self.fd_slots & (self.fd_slots - 1):
+            raise ValueError("fd_slots must be a power of two")
+        if self.enter_hook not in ("tracepoint", "raw"):
+            raise ValueError('enter_hook must be "tracepoint" or "raw"')
         flags = [
             f"-DGG_PAYLOAD_WRITES={int(self.payload_writes)}",
             f"-DGG_RINGBUF_PAGES={int(self.ringbuf_pages)}",
             f"-DGG_MAX_TRACKED_FDS={int(self.max_tracked_fds)}",
             f"-DGG_MAX_IOCTL_KEYS={int(self.max_ioctl_keys)}",
             f"-DGG_MAX_FRESH_SOCKETS={int(self.max_fresh_sockets)}",
+            f"-DGG_FD_SLOTS={int(self.fd_slots)}",
         ]
+        if self.enter_hook == "raw":
+            flags.append("-DGG_RAW_SYS_ENTER")
         if self.payload_capture:
             flags.append("-DGG_PAYLOAD_CAPTURE")
         if self.perf_buffer:

@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from gpuguard.errors import GpuguardError
-from gpuguard.events.abi import DeviceClass, EventKind, LostSlot, device_class_name
+from gpuguard.events.abi import DEFINES, DeviceClass, EventKind, LostSlot, device_class_name
 from gpuguard.events.devices import classify_device_path
 from gpuguard.events.ioctl_names import ioctl_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
@@ -37,8 +37,14 @@ _SCHEMA_MAPS = {
     EventKind.EXEC: "schema_exec",
     EventKind.EXIT: "schema_exit",
 }
-_TABLES = ("tracked_fds", "ioctl_counts", "fresh_sockets", "lost_counts")
+_TABLES = ("tracked_fds", "ioctl_counts", "fresh_sockets", "lost_counts", "gpu_fd_slots", "sock_fd_slots")
+SLOT_MULTI = DEFINES["GG_SLOT_MULTI"]
 MAX_PAYLOAD_STREAMS = 4096
+
+
+def slot_index(tgid: int, fd: int, slots: int) -> int:
+    """The probes' fd-slot index for (tgid, fd) (gg_slot_index in maps.bpf.h)."""
+    return ((tgid * DEFINES["GG_SLOT_HASH_MUL"]) + (fd & 0xFFFFFFFF)) & 0xFFFFFFFF & (slots - 1)
 
 
 def kernel_has_ringbuf(release: str | None = None) -> bool:
@@ -120,7 +126,7 @@ class Sensor:
             self.settings = replace(self.settings, perf_buffer=True)
         started = time.perf_counter()
         try:
-            self._bpf = bcc.BPF(text=probe_text(), cflags=self.settings.cflags())
+            self._bpf = bcc.BPF(text=probe_text().encode(), cflags=self.settings.cflags())
         except Exception as exc:  # bcc raises bare Exception for compile/load/attach errors
             raise GpuguardError(
                 f"the probes failed to compile or load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
@@ -330,6 +336,15 @@ class Sensor:
             del table[table.Key(tgid, fd)]
         except KeyError:
             pass
+        self._unslot(tgid, fd)
+
+    def _unslot(self, tgid: int, fd: int) -> None:
+        """A tracked fd left tracked_fds from user space: its slot may still carry
+        its tag (and device class), so make the probes ask the map instead.  User
+        space only ever writes MULTI: the kernel may be changing the slot at the
+        same moment, and MULTI is the one value that is right whatever it did."""
+        slots = self.tables["gpu_fd_slots"]
+        slots[slots.Key(slot_index(tgid, fd, self.settings.fd_slots))] = slots.Leaf(SLOT_MULTI)
 
     def _process_gone(self, tgid: int, final_drain: bool) -> None:
         """Remove a dead process's kernel entries (after reporting its last counts)."""
@@ -354,6 +369,8 @@ class Sensor:
                     del table[key]
                 except KeyError:
                     pass
+                if name == "tracked_fds":
+                    self._unslot(tgid, key.fd)  # the pid may come back
         for ident in [i for i in self._ioctl_seen if i[0] == tgid]:
             del self._ioctl_seen[ident]
         self._gpu_tgids.discard(tgid)

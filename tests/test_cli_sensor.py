@@ -90,6 +90,24 @@ def test_record_then_replay_reads_back_exactly(tmp_path):
 
 
 @pytest.mark.root
+def test_record_keeps_the_pool_a_miner_hides_in_its_config_file(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text('{"pools": [{"url": "stratum+tcp://pool.hidden.example:3333", "user": "4wallet"}]}')
+    rec = tmp_path / "capture.ggrec"
+    recorder = subprocess.Popen([*GPUGUARD, "record", "--output", str(rec), "--duration", "5", "--gpu-interval", "0"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in recorder.stderr:
+        if "recording to" in line:
+            break
+    proc = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidia0", "sleep:1500", "exit:0", "-c", str(config)])
+    proc.wait(timeout=10)
+    recorder.communicate(timeout=60)
+    facts = [json.loads(line) for line in gpuguard("replay", str(rec), "--json").stdout.splitlines()]
+    mine = [f for f in facts if f["kind"] == "process" and f["pid"] == proc.pid]
+    assert mine and "stratum+tcp://pool.hidden.example:3333" in mine[0]["config_files"][str(config)]
+
+
+@pytest.mark.root
 def test_replay_of_a_truncated_recording_shows_the_prefix_then_one_error(tmp_path):
     rec = tmp_path / "capture.ggrec"
     out = gpuguard("record", "--output", str(rec), "--duration", "3", "--gpu-interval", "0")

@@ -51,6 +51,7 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuguard.correlate.config_files import read_config_files
     from gpuguard.events.wire import RecordingWriter
     from gpuguard.sources.gpu.sampler import open_samplers
     from gpuguard.sources.process import collect_process_facts
@@ -92,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
                 described.add(event.pid)
                 facts = collect_process_facts(event.pid)
                 if facts is not None:
+                    if not facts.kernel_thread:
+                        # Pools hidden in a config file must reach replay too.
+                        facts.config_files = read_config_files(facts.pid, facts.cmdline)
                     writer.write(facts)
             writer.write(event)
 

@@ -367,3 +367,19 @@ def test_slot_tags_follow_close_and_reopen(workload, enter_hook):
         if e.kind == "gpu_ioctl":
             counts[(e.device_class, e.command)] += e.count
     assert counts == {("nvidia-ctl", RM_CONTROL): 7, ("kfd", RM_CONTROL): 11, ("drm-render", AMDGPU_CS): 5}
+
+
+def test_writes_after_a_cut_write_are_recognised_alone(sensor, workload):
+    """A write longer than the capture is cut; the next write is not glued to it."""
+    listener = Listener()
+    try:
+        big = b"x" * 900
+        line = b'{"id":2,"method":"mining.submit","params":["w","1","2","3","4"]}\n'
+        proc = run(workload, f"connect:127.0.0.1:{listener.port}", f"send:0:{big.hex()}", f"send:0:{line.hex()}", "exit:0")
+        proc.wait(timeout=10)
+        events = collect(sensor, proc.pid, exited)
+    finally:
+        listener.close()
+    payloads = [e for e in events if e.kind == "net_payload"]
+    assert [e.truncated for e in payloads] == [True, False]
+    assert payloads[1].protocol == "stratum" and payloads[1].detail["method"] == "mining.submit"

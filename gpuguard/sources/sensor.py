@@ -25,7 +25,7 @@ from gpuguard.events.abi import DEFINES, DeviceClass, EventKind, LostSlot, devic
 from gpuguard.events.devices import classify_device_path
 from gpuguard.events.ioctl_names import ioctl_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
-from gpuguard.events.payload import recognise_stream
+from gpuguard.events.payload import recognise_payload, recognise_stream
 from gpuguard.sources import preflight
 from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.probe_source import ProbeSettings, probe_text
@@ -40,6 +40,7 @@ _SCHEMA_MAPS = {
 _TABLES = ("tracked_fds", "ioctl_counts", "fresh_sockets", "lost_counts", "gpu_fd_slots", "sock_fd_slots")
 SLOT_MULTI = DEFINES["GG_SLOT_MULTI"]
 MAX_PAYLOAD_STREAMS = 4096
+_CUT = b""  # marks a stream whose last captured write was truncated (compared by identity)
 
 
 def slot_index(tgid: int, fd: int, slots: int) -> int:
@@ -273,8 +274,15 @@ class Sensor:
             if len(self._streams) >= MAX_PAYLOAD_STREAMS:
                 self._streams.pop(next(iter(self._streams)))
             chunks = self._streams[key] = []
-        chunks.append(event.data)
-        event.protocol, event.detail = recognise_stream(chunks)
+        if chunks and chunks[-1] is _CUT:
+            # An earlier write was cut at the capture limit: what follows is not
+            # contiguous with it, so this write is recognised on its own.
+            event.protocol, event.detail = recognise_payload(event.data)
+        else:
+            chunks.append(event.data)
+            event.protocol, event.detail = recognise_stream(chunks)
+            if event.truncated:
+                chunks.append(_CUT)
         if event.seq + 1 >= self.settings.payload_writes:
             self._streams.pop(key, None)
             fresh = self._fresh_fds.get(event.pid)

@@ -1,10 +1,18 @@
 """Sensor overhead: syscall tax, start-up time and steady memory (run as root).
 
     .venv/bin/python benchmarks/bench_sensor.py [--calls 2000000] [--repeat 5]
+        [--variant tracepoint,raw] [--floors] [--json]
 
-Every figure is measured twice in this one run, probes detached and attached,
-and reported as a difference and a ratio, so the machine's speed cancels out.
-The `strchr`-style mode dispatch inside the C loop is in both measurements.
+Every program variant is compiled and loaded once, then attached only while
+its own measurements run.  Each round runs every case detached and then with
+each variant attached, back to back, so the machine's drift (other jobs on the
+same cores) hits both sides of a pair alike; the reported delta is the median
+of those paired differences, the detached/attached columns are medians too.
+
+Variants: ``tracepoint`` (the default sensor), ``raw`` (enter_hook="raw":
+every sys_enter hook in one raw sys_enter program).  ``--floors`` adds two
+empty programs that show what the kernel charges before a probe does any
+work: an empty syscalls:sys_enter_ioctl program, and an empty raw sys_enter.
 """
 
 from __future__ import annotations
@@ -29,11 +37,16 @@ CASES = (
     # (label, mode, path, needs GPU-named nodes)
     ("getppid (no probe on it)", "getppid", None, False),
     ("read 1 B /dev/zero (no probe on it)", "read", None, False),
-    ("close(-1) (close probe: 2 map deletes)", "close-bad", None, False),
-    ("write 1 B /dev/null (payload probe: 1 lookup)", "write", None, False),
+    ("close(-1) (close probe)", "close-bad", None, False),
+    ("write 1 B /dev/null (payload probe)", "write", None, False),
     ("ioctl on untracked fd /dev/null", "ioctl", "/dev/null", False),
     ("ioctl on tracked GPU fd /dev/nvidiactl", "ioctl", "/dev/nvidiactl", True),
 )
+
+FLOORS = {
+    "floor-tp-ioctl": b"TRACEPOINT_PROBE(syscalls, sys_enter_ioctl) { return 0; }",
+    "floor-raw": b"RAW_TRACEPOINT_PROBE(sys_enter) { return 0; }",
+}
 
 
 def build_loop() -> Path:
@@ -44,17 +57,14 @@ def build_loop() -> Path:
     return out
 
 
-def measure(binary: Path, mode: str, path: str | None, gpu: bool, calls: int, repeat: int) -> float:
+def run_once(binary: Path, mode: str, path: str | None, gpu: bool, calls: int) -> float:
     argv = [str(binary), mode, str(calls)] + ([path] if path else [])
-    results = []
-    for _ in range(repeat):
-        if gpu:
-            cmd, env = private_dev_command(argv)
-            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-        else:
-            out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-        results.append(float(out.strip()))
-    return statistics.median(results)
+    if gpu:
+        cmd, env = private_dev_command(argv)
+        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    else:
+        out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return float(out.strip())
 
 
 def rss_mb(pid: int) -> float:
@@ -65,67 +75,155 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def foreign_bpf_holders() -> list[int]:
+    """Other processes holding BPF programs: their probes skew both columns."""
+    me, pids = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") == "anon_inode:bpf-prog" for fd in fds):
+                pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+class Attachable:
+    """A loaded bcc program whose tracepoints can be detached and re-attached."""
+
+    def __init__(self, bpf) -> None:
+        self.bpf = bpf
+        self.tps = list(bpf.tracepoint_fds)
+        self.raws = list(bpf.raw_tracepoint_fds)
+        self.detach()
+
+    def detach(self) -> None:
+        for tp in list(self.bpf.tracepoint_fds):
+            self.bpf.detach_tracepoint(tp)
+        for tp in list(self.bpf.raw_tracepoint_fds):
+            self.bpf.detach_raw_tracepoint(tp)
+
+    def attach(self) -> None:
+        for tp in self.tps:
+            self.bpf.attach_tracepoint(tp=tp, fn_name=b"tracepoint__" + tp.replace(b":", b"__"))
+        for tp in self.raws:
+            self.bpf.attach_raw_tracepoint(tp=tp, fn_name=b"raw_tracepoint__" + tp)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2_000_000)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=5, help="rounds (each: detached + every variant)")
+    parser.add_argument("--variant", default="tracepoint,raw", help="comma-separated: tracepoint, raw")
+    parser.add_argument("--floors", action="store_true", help="also measure empty reference programs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench_sensor: needs root (it loads the probes)", file=sys.stderr)
         return 2
+    import bcc
+
+    from gpuguard.sources.probe_source import ProbeSettings
     from gpuguard.sources.sensor import Sensor
 
     binary = build_loop()
-    baseline = {label: measure(binary, mode, path, gpu, args.calls, args.repeat) for label, mode, path, gpu in CASES}
+    variants = [v for v in args.variant.split(",") if v]
+    for v in variants:
+        if v not in ("tracepoint", "raw"):
+            parser.error(f"unknown variant {v!r}")
 
-    startups = []
-    for _ in range(3):
-        s = Sensor()
-        s.start()
-        startups.append(s.stats.startup_seconds)
-        s.close()
+    # Start-up (compile + load + attach) of each variant, three times.
+    startups: dict[str, list[float]] = {}
+    for v in variants:
+        startups[v] = []
+        for _ in range(3):
+            s = Sensor(ProbeSettings(enter_hook=v))
+            s.start()
+            startups[v].append(s.stats.startup_seconds)
+            s.close()
+
     rss_before = rss_mb(os.getpid())
-    sensor = Sensor()
-    sensor.start()
+    sensors: dict[str, Sensor] = {}
+    programs: dict[str, Attachable] = {}
+    rss_one = 0.0
+    for v in variants:
+        sensors[v] = Sensor(ProbeSettings(enter_hook=v))
+        sensors[v].start()
+        programs[v] = Attachable(sensors[v]._bpf)
+        if not rss_one:
+            rss_one = rss_mb(os.getpid())
+    if args.floors:
+        for name, text in FLOORS.items():
+            programs[name] = Attachable(bcc.BPF(text=b"#include <uapi/linux/ptrace.h>\n" + text))
+
     stop = threading.Event()
 
     def consume() -> None:
         while not stop.is_set():
-            sensor.poll(100)
+            for s in sensors.values():
+                s.poll(20)
 
     consumer = threading.Thread(target=consume, daemon=True)
     consumer.start()
-    attached = {label: measure(binary, mode, path, gpu, args.calls, args.repeat) for label, mode, path, gpu in CASES}
+    foreign = foreign_bpf_holders()
+
+    detached: dict[str, list[float]] = {c[0]: [] for c in CASES}
+    attached: dict[str, dict[str, list[float]]] = {p: {c[0]: [] for c in CASES} for p in programs}
+    deltas: dict[str, dict[str, list[float]]] = {p: {c[0]: [] for c in CASES} for p in programs}
+    for _ in range(args.repeat):
+        for label, mode, path, gpu in CASES:
+            base = run_once(binary, mode, path, gpu, args.calls)
+            detached[label].append(base)
+            for name, prog in programs.items():
+                prog.attach()
+                try:
+                    t = run_once(binary, mode, path, gpu, args.calls)
+                finally:
+                    prog.detach()
+                attached[name][label].append(t)
+                deltas[name][label].append(t - base)
     time.sleep(1.0)
     rss_steady = rss_mb(os.getpid())
     stop.set()
     consumer.join()
-    sensor.close()
+    for s in sensors.values():
+        s.close()
 
-    rows = []
-    for label, *_ in CASES:
-        before, after = baseline[label], attached[label]
-        rows.append({"case": label, "ns_detached": before, "ns_attached": after,
-                     "delta_ns": round(after - before, 1), "ratio": round(after / before, 2)})
+    med = statistics.median
     result = {
         "calls_per_run": args.calls,
-        "repeat": args.repeat,
-        "syscalls": rows,
-        "startup_s": {"median": round(statistics.median(startups), 2), "runs": [round(x, 2) for x in startups]},
-        "sensor_rss_mb": {"before_load": round(rss_before, 1), "steady": round(rss_steady, 1)},
+        "rounds": args.repeat,
+        "foreign_bpf_pids": foreign,
+        "variants": {},
+        "startup_s": {v: {"median": round(med(x), 2), "runs": [round(y, 2) for y in x]} for v, x in startups.items()},
+        "sensor_rss_mb": {"before_load": round(rss_before, 1), "one_sensor_loaded": round(rss_one, 1),
+                          "steady_all_loaded": round(rss_steady, 1)},
     }
+    for name in programs:
+        rows = []
+        for label, *_ in CASES:
+            before, after = med(detached[label]), med(attached[name][label])
+            rows.append({"case": label, "ns_detached": round(before, 1), "ns_attached": round(after, 1),
+                         "delta_ns": round(med(deltas[name][label]), 1), "ratio": round(after / before, 2)})
+        result["variants"][name] = rows
     if args.json:
         print(json.dumps(result, indent=2))
-    else:
-        print(f"{'case':<48} {'detached':>9} {'attached':>9} {'delta':>8} {'ratio':>6}")
+        return 0
+    if foreign:
+        print(f"warning: other processes hold BPF programs ({foreign}); their probes skew these figures")
+    for name, rows in result["variants"].items():
+        print(f"\n[{name}]  {args.calls} calls x {args.repeat} rounds; delta = median of paired differences")
+        print(f"{'case':<42} {'detached':>9} {'attached':>9} {'delta':>8} {'ratio':>6}")
         for r in rows:
-            print(f"{r['case']:<48} {r['ns_detached']:>7.1f}ns {r['ns_attached']:>7.1f}ns "
+            print(f"{r['case']:<42} {r['ns_detached']:>7.1f}ns {r['ns_attached']:>7.1f}ns "
                   f"{r['delta_ns']:>+6.1f}ns {r['ratio']:>6.2f}")
-        print(f"probe start-up (compile + attach): median {result['startup_s']['median']} s "
-              f"over {result['startup_s']['runs']}")
-        print(f"sensor process RSS: {result['sensor_rss_mb']['steady']} MB steady "
-              f"(python + bcc before load: {result['sensor_rss_mb']['before_load']} MB)")
+    for v, st in result["startup_s"].items():
+        print(f"start-up [{v}] (compile + load + attach): median {st['median']} s over {st['runs']}")
+    r = result["sensor_rss_mb"]
+    print(f"RSS: python + bcc {r['before_load']} MB; one sensor loaded {r['one_sensor_loaded']} MB; "
+          f"all variants loaded, steady {r['steady_all_loaded']} MB")
     return 0
 
 

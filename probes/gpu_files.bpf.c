@@ -12,8 +12,14 @@ struct gg_pending_open {
     __u32 open_flags;
     __u32 gg_flags;
     __u32 _pad;
+    __u64 filename;             /* user pointer, handed to the classifier */
     char path[GG_PATH_LEN];
 };
+
+/* The one classifier program (slot 0), shared by every open hook through a
+ * tail call: the path tests are large, and compiling them once per hook
+ * cost ~0.2 s of clang time each at start-up. */
+BPF_PROG_ARRAY(open_classifier, 1);
 
 /* thread -> open in flight (enter seen, exit not yet) */
 BPF_TABLE("lru_hash", __u64, struct gg_pending_open, pending_opens, 4096);
@@ -121,7 +127,7 @@ static __always_inline __u32 classify_relative(const char *p)
     return GG_DEV_NONE;
 }
 
-static __always_inline int open_enter(const char *filename, __u32 flags)
+static __always_inline int open_enter(void *ctx, const char *filename, __u32 flags)
 {
     /* Most opens are not GPU files: look at the first bytes before
      * paying for the whole path. */
@@ -136,9 +142,25 @@ static __always_inline int open_enter(const char *filename, __u32 flags)
     struct gg_pending_open *po = pending_scratch.lookup(&zero);
     if (!po)
         return 0;
+    po->filename = (__u64)filename;
+    po->open_flags = flags;
+    open_classifier.call(ctx, 0);
+    count_lost(GG_LOST_OPEN_CLASSIFY);  /* reached only if the tail call failed */
+    return 0;
+}
+
+/* Tail-call target (loaded by the sensor, not attached): classify the path
+ * stashed by open_enter on this CPU and remember a GPU open in flight. */
+int classify_open(void *ctx)
+{
+    __u32 zero = 0;
+    struct gg_pending_open *po = pending_scratch.lookup(&zero);
+    if (!po)
+        return 0;
+    const char *filename = (const char *)po->filename;
     if (bpf_probe_read_user_str(po->path, sizeof(po->path), filename) < 0)
         return 0;
-    if (head[0] == '/') {
+    if (po->path[0] == '/') {
         po->device_class = classify_absolute(po->path);
         po->gg_flags = 0;
     } else {
@@ -147,7 +169,6 @@ static __always_inline int open_enter(const char *filename, __u32 flags)
     }
     if (po->device_class == GG_DEV_NONE)
         return 0;
-    po->open_flags = flags;
     __u64 id = bpf_get_current_pid_tgid();
     pending_opens.update(&id, po);
     return 0;
@@ -200,7 +221,7 @@ static __always_inline int open_exit(void *ctx, long ret)
 #ifndef GG_RAW_SYS_ENTER
 TRACEPOINT_PROBE(syscalls, sys_enter_openat)
 {
-    return open_enter(args->filename, args->flags);
+    return open_enter(args, args->filename, args->flags);
 }
 #endif
 
@@ -212,7 +233,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
 #ifndef GG_RAW_SYS_ENTER
 TRACEPOINT_PROBE(syscalls, sys_enter_open)
 {
-    return open_enter(args->filename, args->flags);
+    return open_enter(args, args->filename, args->flags);
 }
 #endif
 
@@ -221,17 +242,17 @@ TRACEPOINT_PROBE(syscalls, sys_exit_open)
     return open_exit(args, args->ret);
 }
 
-static __always_inline int openat2_enter(const char *filename, const void *how)
+static __always_inline int openat2_enter(void *ctx, const char *filename, const void *how)
 {
     __u64 flags = 0;
     bpf_probe_read_user(&flags, sizeof(flags), how); /* open_how.flags is first */
-    return open_enter(filename, (__u32)flags);
+    return open_enter(ctx, filename, (__u32)flags);
 }
 
 #ifndef GG_RAW_SYS_ENTER
 TRACEPOINT_PROBE(syscalls, sys_enter_openat2)
 {
-    return openat2_enter(args->filename, args->how);
+    return openat2_enter(args, args->filename, args->how);
 }
 #endif
 

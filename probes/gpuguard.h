@@ -53,7 +53,8 @@ enum gg_lost_slot {
     GG_LOST_EXIT = 4,
     GG_LOST_IOCTL_KEYS = 5,      /* ioctl counter map full: a new key was dropped */
     GG_LOST_TRACKED_FDS = 6,     /* tracked-fd map full: an open was not tracked */
-    GG_LOST_SLOTS = 7,
+    GG_LOST_OPEN_CLASSIFY = 7,   /* the tail call to the open classifier failed */
+    GG_LOST_SLOTS = 8,
 };
 
 /* Flags on a gpu_open event. */

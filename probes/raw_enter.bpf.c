@@ -77,13 +77,13 @@ RAW_TRACEPOINT_PROBE(sys_enter)
         return sendmsg_enter(ctx, (__s32)a1, (const void *)a2);
 #endif
     if (nr == __NR_openat)
-        return open_enter((const char *)a2, (__u32)a3);
+        return open_enter(ctx, (const char *)a2, (__u32)a3);
 #ifdef __NR_open
     if (nr == __NR_open)
-        return open_enter((const char *)a1, (__u32)a2);
+        return open_enter(ctx, (const char *)a1, (__u32)a2);
 #endif
     if (nr == __NR_openat2)
-        return openat2_enter((const char *)a2, (const void *)a3);
+        return openat2_enter(ctx, (const char *)a2, (const void *)a3);
     if (nr == __NR_dup)
         return dup_enter((__u32)a1, -1);
 #ifdef __NR_dup2

@@ -110,8 +110,16 @@ def test_record_keeps_the_pool_a_miner_hides_in_its_config_file(tmp_path):
 @pytest.mark.root
 def test_replay_of_a_truncated_recording_shows_the_prefix_then_one_error(tmp_path):
     rec = tmp_path / "capture.ggrec"
-    out = gpuguard("record", "--output", str(rec), "--duration", "3", "--gpu-interval", "0")
-    assert out.returncode == 0, out.stderr
+    recorder = subprocess.Popen([*GPUGUARD, "record", "--output", str(rec), "--duration", "4", "--gpu-interval", "0"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in recorder.stderr:
+        if "recording to" in line:
+            break
+    workload = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidia0", "open:/dev/kfd",
+                                   "ioctl:0:0xc020462a:10", "sleep:1200", "exit:0"])
+    workload.wait(timeout=10)
+    recorder.communicate(timeout=60)
+    assert recorder.returncode == 0
     whole = gpuguard("replay", str(rec), "--json").stdout.splitlines()
     assert len(whole) > 3
     cut = tmp_path / "cut.ggrec"

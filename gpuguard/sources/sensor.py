@@ -13,6 +13,7 @@ were closed without close(2) (close_range, close-on-exec, fd passing).
 
 from __future__ import annotations
 
+import ctypes as ct
 import errno
 import os
 import stat
@@ -127,7 +128,13 @@ class Sensor:
             self.settings = replace(self.settings, perf_buffer=True)
         started = time.perf_counter()
         try:
-            self._bpf = bcc.BPF(text=probe_text().encode(), cflags=self.settings.cflags())
+            self._bpf = _deferred_attach_bpf(bcc)(text=probe_text().encode(), cflags=self.settings.cflags())
+            # Every open hook tail-calls this one classifier: it must be in the
+            # program array before any hook is attached, or opens would be missed.
+            hook_type = bcc.BPF.RAW_TRACEPOINT if self.settings.enter_hook == "raw" else bcc.BPF.TRACEPOINT
+            classifier = self._bpf.load_func(b"classify_open", hook_type)
+            self._bpf[b"open_classifier"][ct.c_int(0)] = ct.c_int(classifier.fd)
+            self._bpf.attach_all()
         except Exception as exc:  # bcc raises bare Exception for compile/load/attach errors
             raise GpuguardError(
                 f"the probes failed to compile or load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
@@ -407,6 +414,20 @@ class Sensor:
     # -- debugging ------------------------------------------------------------------
     def map_sizes(self) -> dict[str, int]:
         return {name: len(list(self.tables[name].keys())) for name in ("tracked_fds", "ioctl_counts", "fresh_sockets")}
+
+
+def _deferred_attach_bpf(bcc):  # noqa: ANN001, ANN202
+    """bcc.BPF whose automatic attach of TRACEPOINT_PROBE/RAW_TRACEPOINT_PROBE
+    programs waits for ``attach_all()``, so set-up can finish first."""
+
+    class DeferredAttachBPF(bcc.BPF):
+        def _trace_autoload(self) -> None:
+            pass
+
+        def attach_all(self) -> None:
+            bcc.BPF._trace_autoload(self)
+
+    return DeferredAttachBPF
 
 
 def _comm_of(pid: int) -> str:

@@ -25,6 +25,16 @@ def gpuguard(*args: str, user: str | None = None, **kwargs) -> subprocess.Comple
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, **kwargs)
 
 
+def start_recorder(output, *options: str) -> subprocess.Popen:
+    """Start `gpuguard record` and return once its probes are attached."""
+    recorder = subprocess.Popen([*GPUGUARD, "record", "--output", str(output), *options],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in recorder.stderr:
+        if "recording to" in line:
+            break
+    return recorder
+
+
 def test_print_probes_shows_the_compiled_c_without_root():
     out = gpuguard("watch", "--print-probes", "--no-payload")
     assert out.returncode == 0, out.stderr
@@ -61,11 +71,7 @@ def test_missing_kernel_headers_is_one_line(tmp_path, monkeypatch):
 @pytest.mark.root
 def test_record_then_replay_reads_back_exactly(tmp_path):
     rec = tmp_path / "capture.ggrec"
-    recorder = subprocess.Popen([*GPUGUARD, "record", "--output", str(rec), "--duration", "6", "--interval", "0.2"],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in recorder.stderr:  # wait until the probes are attached
-        if "recording to" in line:
-            break
+    recorder = start_recorder(rec, "--duration", "6", "--interval", "0.2")
     # It stays alive a moment: facts are read from /proc when the process first matters.
     proc = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidiactl", "ioctl:0:0xc020462a:321", "sleep:1500", "exit:5"])
     proc.wait(timeout=10)
@@ -94,11 +100,7 @@ def test_record_keeps_the_pool_a_miner_hides_in_its_config_file(tmp_path):
     config = tmp_path / "config.json"
     config.write_text('{"pools": [{"url": "stratum+tcp://pool.hidden.example:3333", "user": "4wallet"}]}')
     rec = tmp_path / "capture.ggrec"
-    recorder = subprocess.Popen([*GPUGUARD, "record", "--output", str(rec), "--duration", "5", "--gpu-interval", "0"],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in recorder.stderr:
-        if "recording to" in line:
-            break
+    recorder = start_recorder(rec, "--duration", "5", "--gpu-interval", "0")
     proc = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidia0", "sleep:1500", "exit:0", "-c", str(config)])
     proc.wait(timeout=10)
     recorder.communicate(timeout=60)
@@ -110,11 +112,7 @@ def test_record_keeps_the_pool_a_miner_hides_in_its_config_file(tmp_path):
 @pytest.mark.root
 def test_replay_of_a_truncated_recording_shows_the_prefix_then_one_error(tmp_path):
     rec = tmp_path / "capture.ggrec"
-    recorder = subprocess.Popen([*GPUGUARD, "record", "--output", str(rec), "--duration", "4", "--gpu-interval", "0"],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in recorder.stderr:
-        if "recording to" in line:
-            break
+    recorder = start_recorder(rec, "--duration", "4", "--gpu-interval", "0")
     workload = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidia0", "open:/dev/kfd",
                                    "ioctl:0:0xc020462a:10", "sleep:1200", "exit:0"])
     workload.wait(timeout=10)

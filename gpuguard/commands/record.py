@@ -6,7 +6,13 @@ import argparse
 import sys
 import time
 
-from gpuguard.commands.watch import add_sensor_arguments, print_stats, start_sensor, stop_on_sigterm
+from gpuguard.commands.watch import (
+    add_sensor_arguments,
+    print_stats,
+    printed_probes,
+    start_sensor,
+    stop_on_sigterm,
+)
 from gpuguard.errors import GpuguardError
 from gpuguard.events.model import Connect, GpuIoctl, GpuOpen, NetPayload
 
@@ -56,11 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuguard.sources.gpu.sampler import open_samplers
     from gpuguard.sources.process import collect_process_facts
 
-    if args.print_probes:
-        from gpuguard.commands.watch import probe_settings
-        from gpuguard.sources.probe_source import print_probes
-
-        sys.stdout.write(print_probes(probe_settings(args)))
+    if printed_probes(args):
         return 0
     from gpuguard.sources.preflight import check_sensor_prerequisites
 

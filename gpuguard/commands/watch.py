@@ -38,6 +38,16 @@ def probe_settings(args: argparse.Namespace):
     return ProbeSettings(payload_capture=not args.no_payload, perf_buffer=args.perf_buffer)
 
 
+def printed_probes(args: argparse.Namespace) -> bool:
+    """Handle the hidden --print-probes: print the compiled C and say so."""
+    if not args.print_probes:
+        return False
+    from gpuguard.sources.probe_source import print_probes
+
+    sys.stdout.write(print_probes(probe_settings(args)))
+    return True
+
+
 def start_sensor(args: argparse.Namespace):
     from gpuguard.sources.sensor import Sensor
 
@@ -62,10 +72,7 @@ def print_stats(sensor) -> None:  # noqa: ANN001
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.print_probes:
-        from gpuguard.sources.probe_source import print_probes
-
-        sys.stdout.write(print_probes(probe_settings(args)))
+    if printed_probes(args):
         return 0
     sensor = start_sensor(args)
     stop_on_sigterm()

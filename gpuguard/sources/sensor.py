@@ -242,7 +242,7 @@ class Sensor:
             if event.pid in self._headers:
                 self._remember_header(event)
         elif isinstance(event, Exit):
-            self._process_gone(event.pid, final_drain=True)
+            self._process_gone(event.pid)
         self.stats.events[event.kind] += 1
         self._pending.append(event)
 
@@ -361,8 +361,8 @@ class Sensor:
         slots = self.tables["gpu_fd_slots"]
         slots[slots.Key(slot_index(tgid, fd, self.settings.fd_slots))] = slots.Leaf(SLOT_MULTI)
 
-    def _process_gone(self, tgid: int, final_drain: bool) -> None:
-        """Remove a dead process's kernel entries (after reporting its last counts)."""
+    def _process_gone(self, tgid: int) -> None:
+        """A process exited: report its last counts, then remove its kernel entries."""
         fresh = self._fresh_fds.pop(tgid, None)
         if fresh:
             table = self.tables["fresh_sockets"]
@@ -371,25 +371,31 @@ class Sensor:
                     del table[table.Key(tgid, fd)]
                 except KeyError:
                     pass
-            for fd in fresh:
                 self._streams.pop((tgid, fd), None)
-        if tgid not in self._gpu_tgids:
-            return
-        if final_drain:
+        if tgid in self._gpu_tgids:
             self._drain_into(self._pending, only_tgid=tgid)
+            self._forget_processes({tgid})
+
+    def _forget_processes(self, tgids: set[int]) -> int:
+        """Delete the tracked fds and ioctl counters of these (dead) processes in one
+        pass over each map; return how many tracked fds went."""
+        removed = 0
         for name in ("tracked_fds", "ioctl_counts"):
             table = self.tables[name]
-            for key in [k for k in table.keys() if k.tgid == tgid]:
+            for key in [k for k in table.keys() if k.tgid in tgids]:
                 try:
                     del table[key]
                 except KeyError:
                     pass
                 if name == "tracked_fds":
-                    self._unslot(tgid, key.fd)  # the pid may come back
-        for ident in [i for i in self._ioctl_seen if i[0] == tgid]:
+                    removed += 1
+                    self._unslot(key.tgid, key.fd)  # the pid may come back
+        for ident in [i for i in self._ioctl_seen if i[0] in tgids]:
             del self._ioctl_seen[ident]
-        self._gpu_tgids.discard(tgid)
-        self._headers.pop(tgid, None)
+        for tgid in tgids:
+            self._gpu_tgids.discard(tgid)
+            self._headers.pop(tgid, None)
+        return removed
 
     def sweep(self) -> None:
         """Drop entries of processes that died unseen and fds closed without close(2)."""
@@ -406,10 +412,8 @@ class Sensor:
         for key in list(self.tables["ioctl_counts"].keys()):
             if not os.path.exists(f"/proc/{key.tgid}"):
                 dead.add(key.tgid)
-        for tgid in dead:
-            self._gpu_tgids.add(tgid)  # so _process_gone cleans up even if we never saw its open
-            self._process_gone(tgid, final_drain=False)
-            self.stats.swept_fds += 1
+        if dead:
+            self.stats.swept_fds += self._forget_processes(dead)
 
     # -- debugging ------------------------------------------------------------------
     def map_sizes(self) -> dict[str, int]:

@@ -88,7 +88,7 @@ def write_recording(path: Path, events: int, processes: int) -> int:
     return items
 
 
-def bench_replay(path: Path, ruleset) -> dict[str, float]:
+def bench_replay(path: Path, ruleset, rounds: int = 3) -> dict[str, float]:
     def timed(fn) -> tuple[float, int]:
         start = time.perf_counter()
         count = fn()
@@ -127,12 +127,17 @@ def bench_replay(path: Path, ruleset) -> dict[str, float]:
         scored["verdicts"] += len(c.score(next_score or T0))
         return n
 
-    base_s, n = timed(baseline)
-    corr_s, _ = timed(correlate_only)
-    full_s, _ = timed(correlate_and_score)
+    # Interleaved rounds, best of each: the VM's neighbours slow single runs by up to 30 %.
+    base_s = corr_s = full_s = float("inf")
+    for _ in range(rounds):
+        elapsed, n = timed(baseline)
+        base_s = min(base_s, elapsed)
+        corr_s = min(corr_s, timed(correlate_only)[0])
+        scored["verdicts"] = 0
+        full_s = min(full_s, timed(correlate_and_score)[0])
     return {"items": n, "baseline_s": base_s, "correlate_s": corr_s, "full_s": full_s,
             "baseline_eps": n / base_s, "correlate_eps": n / corr_s, "full_eps": n / full_s,
-            "ratio": full_s / base_s, "verdicts": scored["verdicts"]}
+            "ratio": full_s / base_s, "verdicts": scored["verdicts"], "rounds": rounds}
 
 
 def rich_state(miner: bool) -> ProcessState:
@@ -201,6 +206,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--processes", type=int, default=2000)
     parser.add_argument("--iterations", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=3, help="replay rounds; the best of each variant is shown")
     args = parser.parse_args()
     try:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -211,8 +217,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.ggrec"
         write_recording(path, args.events, args.processes)
-        r = bench_replay(path, ruleset)
-    print(f"replay: {r['items']} items ({args.processes} processes)")
+        r = bench_replay(path, ruleset, args.rounds)
+    print(f"replay: {r['items']} items ({args.processes} processes), best of {r['rounds']} interleaved rounds")
     print(f"  decode only (baseline)        {r['baseline_eps']:>10,.0f} items/s  {r['baseline_s']:.2f} s")
     print(f"  decode + correlate            {r['correlate_eps']:>10,.0f} items/s  {r['correlate_s']:.2f} s")
     print(f"  decode + correlate + score    {r['full_eps']:>10,.0f} items/s  {r['full_s']:.2f} s  "

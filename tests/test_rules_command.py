@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from gpuguard.detect.cases import default_cases_dir
 from gpuguard.detect.shipped import shipped_rules_dir, shipped_rules_file

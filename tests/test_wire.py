@@ -306,6 +306,9 @@ def test_unknown_kind_is_damage_with_a_clear_message(tmp_path):
 @pytest.mark.parametrize("record, reason", [
     ({"kind": "gpu_ioctl", "time": T0, "pid": "4242"}, "'pid' holds str"),
     ({"kind": "gpu_ioctl", "time": T0}, "bad fields"),
+    ({"kind": "gpu_ioctl", "time": True, "pid": 1}, "'time' holds bool"),
+    ({"kind": "gpu_open", "time": T0, "pid": 1, "relative": 1}, "'relative' holds int"),
+    ({"kind": "connect", "time": T0, "pid": 1, "port": 3333.0}, "'port' holds float"),
     ({"kind": "exec", "time": T0, "pid": 1, "cmdline": ["a", 7]}, "'cmdline' holds a non-str"),
     ({"kind": "net_payload", "time": T0, "pid": 1, "data": "not bytes"}, "'data' holds str"),
     ({"kind": "gpu_snapshot", "time": T0, "source": "nvml", "devices": [{"nope": 1}]}, "bad fields"),
@@ -323,6 +326,11 @@ def test_records_with_bad_fields_are_damage(tmp_path, record, reason):
     assert reason in str(damage) and "item 1 at byte" in str(damage)
     with pytest.raises(ValueError, match=reason.replace("(", r"\(").replace("[", r"\[")):
         item_from_record(record)
+
+
+def test_an_integer_time_is_a_valid_time():
+    event = item_from_record({"kind": "gpu_ioctl", "time": 1_700_000_000, "pid": 7, "count": 3})
+    assert event.time == 1_700_000_000 and event.count == 3
 
 
 def test_fields_from_a_newer_recorder_are_ignored(tmp_path):

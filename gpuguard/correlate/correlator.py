@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from gpuguard.correlate.config_files import read_config_files
-from gpuguard.correlate.state import ProcessKey, ProcessState
+from gpuguard.correlate.state import ANY_ADDITION, ProcessKey, ProcessState
 from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
 from gpuguard.sources.gpu.snapshot import GpuSnapshot
@@ -59,10 +59,11 @@ class Correlator:
         self.yara_scanner = yara_scanner
         self.proc_root = proc_root
         self._states: dict[ProcessKey, ProcessState] = {}
-        self._by_pid: dict[int, ProcessKey] = {}
+        self._by_pid: dict[int, ProcessState] = {}    # the live process with each pid
         self._device_totals: dict[tuple[str, int], int] = {}
         self._ioctl_cache: dict[tuple[str, int, str], tuple[str, str]] = {}
         self._counts_matter = self._track_rates = True
+        self._rescore_on = ANY_ADDITION
         self.clock = 0.0      # newest item time seen: when facts (which carry no time) were observed
         self.set_ruleset(ruleset)
         self.counters: dict[str, int] = {
@@ -100,8 +101,7 @@ class Correlator:
 
     def state_of(self, pid: int) -> ProcessState | None:
         """The current (newest) process with this pid, if tracked."""
-        key = self._by_pid.get(pid)
-        return self._states.get(key) if key else None
+        return self._by_pid.get(pid)
 
     def get(self, key: ProcessKey) -> ProcessState | None:
         return self._states.get(key)
@@ -112,10 +112,14 @@ class Correlator:
     def set_ruleset(self, ruleset: "RuleSet | None") -> None:
         """Use a new rule set (hot reload): every process is rescored on the next :meth:`score`."""
         self.ruleset = ruleset
-        used = ruleset.signals_used if ruleset is not None else None
-        # Repeated counts only matter to rules that read counts or rates; without rules, assume they do.
-        self._track_rates = used is None or any(name.startswith("ioctl_rate_") for name in used)
-        self._counts_matter = self._track_rates or bool(used & {"connect_count", "ioctl_total"})
+        # A process is rescored for an addition (a new port, ioctl name...) or a repeated count
+        # only when some rule reads it; without rules, everything counts.
+        if ruleset is None:
+            self._rescore_on, self._track_rates, self._counts_matter = ANY_ADDITION, True, True
+        else:
+            self._rescore_on = ruleset.rescore_on
+            self._track_rates = ruleset.reads_rates
+            self._counts_matter = ruleset.reads_counts
         for state in self._states.values():
             state.dirty = True
 
@@ -175,20 +179,18 @@ class Correlator:
         return now - state.last_seen > self.idle_expiry_s
 
     def _drop(self, key: ProcessKey) -> None:
-        self._states.pop(key, None)
-        if self._by_pid.get(key.pid) == key:
+        state = self._states.pop(key, None)
+        if state is not None and self._by_pid.get(key.pid) is state:
             del self._by_pid[key.pid]
 
     def _new_state(self, key: ProcessKey, time: float, provisional: bool) -> ProcessState:
-        old = self._by_pid.get(key.pid)
-        if old is not None and old != key and old in self._states:
+        old_state = self._by_pid.get(key.pid)
+        if old_state is not None and old_state.key != key and old_state.exited_at is None:
             # The pid was reused without us seeing the exit: the old process is gone.
-            old_state = self._states[old]
-            if old_state.exited_at is None:
-                old_state.exited_at = time
+            old_state.exited_at = time
         state = ProcessState(key=key, provisional=provisional, first_seen=time, last_seen=time)
         self._states[key] = state
-        self._by_pid[key.pid] = key
+        self._by_pid[key.pid] = state
         self.counters["processes_created"] += 1
         if len(self._states) > self.max_processes:
             self._evict(keep=key)
@@ -206,11 +208,9 @@ class Correlator:
 
     def _state_for(self, pid: int, time: float, comm: str = "") -> ProcessState:
         """The process ``pid`` now; created (live: with facts) on first sight."""
-        key = self._by_pid.get(pid)
-        if key is not None:
-            state = self._states.get(key)
-            if state is not None:
-                return state
+        state = self._by_pid.get(pid)
+        if state is not None:
+            return state
         facts = self.facts_provider(pid) if self.facts_provider else None
         if facts is not None and facts.start_time > 0:
             state = self._new_state(ProcessKey(pid, facts.start_time), time, provisional=False)
@@ -225,9 +225,9 @@ class Correlator:
             return
         state.parent_key = None
         if state.ppid:
-            parent_key = self._by_pid.get(state.ppid)
-            if parent_key is not None and parent_key.start_time <= state.key.start_time + _SAME_PROCESS_SLACK_S:
-                state.parent_key = parent_key
+            parent = self._by_pid.get(state.ppid)
+            if parent is not None and parent.key.start_time <= state.key.start_time + _SAME_PROCESS_SLACK_S:
+                state.parent_key = parent.key
 
     def _adopt_facts(self, state: ProcessState, facts: ProcessFacts) -> None:
         if self.read_configs and not facts.config_files and not facts.kernel_thread:
@@ -249,18 +249,16 @@ class Correlator:
         key = ProcessKey(facts.pid, facts.start_time)
         state = self._states.get(key)
         if state is None:
-            current = self._by_pid.get(facts.pid)
-            current_state = self._states.get(current) if current else None
+            current_state = self._by_pid.get(facts.pid)
             if (
                 current_state is not None
                 and current_state.provisional
                 and facts.start_time <= current_state.first_seen + _SAME_PROCESS_SLACK_S
             ):
                 # Events arrived before the facts: the same process; re-key it.
-                del self._states[current]
+                del self._states[current_state.key]
                 current_state.key = key
                 self._states[key] = current_state
-                self._by_pid[facts.pid] = key
                 state = current_state
             else:
                 state = self._new_state(key, max(self.clock, facts.start_time), provisional=False)
@@ -269,40 +267,36 @@ class Correlator:
     def _on_gpu_open(self, event: GpuOpen) -> None:
         self.counters["events"] += 1
         state = self._state_for(event.pid, event.time, event.comm)
-        changed = False
-        if event.device_class and event.device_class not in state.gpu_device_classes:
-            state.gpu_device_classes.add(event.device_class)
-            changed = True
-        if event.path and event.path not in state.gpu_paths and len(state.gpu_paths) < 32:
-            state.gpu_paths.add(event.path)
-            changed = True
-        state.touch(event.time, changed)
+        state.touch(event.time, bool(state.add_gpu_device(event.device_class, event.path) & self._rescore_on))
 
     def _on_gpu_ioctl(self, event: GpuIoctl) -> None:
+        # The hottest handler (most events are ioctl counts): lookups inlined.
         self.counters["events"] += 1
-        state = self._state_for(event.pid, event.time, event.comm)
-        cache_key = (event.device_class, event.command, event.command_name)
+        state = self._by_pid.get(event.pid) or self._state_for(event.pid, event.time, event.comm)
+        device_class = event.device_class
+        cache_key = (device_class, event.command, event.command_name)
         decoded = self._ioctl_cache.get(cache_key)
         if decoded is None:
-            name = event.command_name or ioctl_name(event.device_class, event.command)
+            name = event.command_name or ioctl_name(device_class, event.command)
             decoded = self._ioctl_cache[cache_key] = (name, ioctl_category(name))
-        changed = self._counts_matter
-        if event.device_class and event.device_class not in state.gpu_device_classes:
-            state.gpu_device_classes.add(event.device_class)
-            changed = True
-        changed |= state.add_ioctl(event.time, decoded[0], decoded[1], event.count, self._track_rates)
-        state.touch(event.time, changed)
+        new = state.add_ioctl(event.time, decoded[0], decoded[1], event.count, self._track_rates)
+        if device_class and device_class not in state.gpu_device_classes:
+            new |= state.add_gpu_device(device_class)
+        if event.time > state.last_seen:
+            state.last_seen = event.time
+        if new & self._rescore_on or self._counts_matter:
+            state.dirty = True
 
     def _on_connect(self, event: Connect) -> None:
         self.counters["events"] += 1
-        state = self._state_for(event.pid, event.time, event.comm)
+        state = self._by_pid.get(event.pid) or self._state_for(event.pid, event.time, event.comm)
         new = state.add_connection(event.address, event.port)
-        state.touch(event.time, new or self._counts_matter)
+        state.touch(event.time, bool(new & self._rescore_on) or self._counts_matter)
 
     def _on_payload(self, event: NetPayload) -> None:
         self.counters["events"] += 1
         state = self._state_for(event.pid, event.time, event.comm)
-        state.touch(event.time, state.add_payload(event.time, event.protocol, event.detail))
+        state.touch(event.time, bool(state.add_payload(event.time, event.protocol, event.detail) & self._rescore_on))
 
     def _on_exec(self, event: Exec) -> None:
         self.counters["events"] += 1
@@ -324,8 +318,7 @@ class Correlator:
 
     def _on_exit(self, event: Exit) -> None:
         self.counters["events"] += 1
-        key = self._by_pid.get(event.pid)
-        state = self._states.get(key) if key else None
+        state = self._by_pid.get(event.pid)
         if state is None:
             return
         state.exited_at = event.time
@@ -336,9 +329,9 @@ class Correlator:
     def _on_lost(self, event: Lost) -> None:
         self.counters["events"] += 1
         self.counters["lost_events"] += event.count
-        key = self._by_pid.get(event.pid)
-        if key and key in self._states:
-            self._states[key].lost_events += event.count
+        state = self._by_pid.get(event.pid)
+        if state is not None:
+            state.lost_events += event.count
 
     def _on_snapshot(self, snapshot: GpuSnapshot) -> None:
         self.counters["snapshots"] += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from gpuguard.correlate.network import NetworkView
 from gpuguard.correlate.windows import RateWindow, SampleWindow
 from gpuguard.sources.process import ProcessFacts
 
@@ -27,6 +28,23 @@ GPU_WINDOW_S = 300.0
 CPU_WINDOW_S = 300.0
 IOCTL_WINDOW_S = 60.0
 GPU_RESCORE_EVERY_S = 10.0   # GPU windows span minutes: a new sample rescores at most this often
+# ``ProcessState.derived`` holds what gpuguard.detect derives from a state (parsed command
+# line, signal values, rule outcomes).  All of it is dropped with new facts (set_facts, exec).
+# What was derived from connections and payloads is also dropped when a new endpoint or
+# payload comes; what was derived from the GPU devices, paths and ioctl names it used, when
+# one of those is new.
+# What an observation added, as bits: the correlator rescores a process only for additions
+# that some rule reads (gpuguard.detect.signals.SIGNALS_READING says which signals read which).
+NEW_PORT = 1            # a remote port not connected to before
+NEW_ADDRESS = 2         # a remote address not connected to before
+NEW_PAYLOAD = 4         # a protocol or payload detail not seen before
+NEW_DEVICE_CLASS = 8    # a GPU device class not used before
+NEW_GPU_PATH = 16       # a GPU device path not opened before
+NEW_IOCTL_NAME = 32     # a decoded GPU ioctl name not issued before
+NEW_IOCTL_CATEGORY = 64
+ANY_ADDITION = 127
+DERIVED_FROM_NETWORK = ("signals:network", "rules:network", "rules:devices+network")
+DERIVED_FROM_DEVICES = ("signals:devices", "rules:devices", "rules:devices+network")
 
 
 class ProcessKey(NamedTuple):
@@ -70,14 +88,16 @@ class ProcessState:
     gpu_device_classes: set[str] = field(default_factory=set)
     gpu_paths: set[str] = field(default_factory=set)
     # ioctls: totals by decoded name and category; recent rates by category
-    ioctl_counts: dict[str, int] = field(default_factory=dict)
-    ioctl_category_counts: dict[str, int] = field(default_factory=dict)
+    ioctl_counts: dict[str, int] = field(default_factory=dict)     # the first MAX_IOCTL_NAMES names
+    ioctl_categories: set[str] = field(default_factory=set)
+    ioctl_total: int = 0
     ioctl_rates: dict[str, RateWindow] = field(default_factory=dict)
     # network
     connections: dict[tuple[str, int], int] = field(default_factory=dict)   # (address, port) -> attempts
     connect_total: int = 0
     payloads: list[PayloadSeen] = field(default_factory=list)
     payload_protocols: set[str] = field(default_factory=set)
+    network: NetworkView = field(default_factory=NetworkView)   # what the connections and payloads revealed
     # usage windows
     gpu_util: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
     gpu_memory: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
@@ -129,55 +149,79 @@ class ProcessState:
         self.derived.clear()
         self.dirty = True
 
-    def add_ioctl(self, time: float, name: str, category: str, count: int, track_rate: bool = True) -> bool:
-        """Count ioctls (and their recent rate, when ``track_rate``); True when a name or category is new."""
+    def add_gpu_device(self, device_class: str, path: str = "") -> int:
+        """Note a GPU device class (and path) it used; the NEW_* bits of what was new (0: nothing)."""
+        new = 0
+        if device_class and device_class not in self.gpu_device_classes:
+            self.gpu_device_classes.add(device_class)
+            new = NEW_DEVICE_CLASS
+        if path and path not in self.gpu_paths and len(self.gpu_paths) < MAX_PATHS:
+            self.gpu_paths.add(path)
+            new |= NEW_GPU_PATH
+        if new:
+            self._drop_derived(DERIVED_FROM_DEVICES)
+        return new
+
+    def add_ioctl(self, time: float, name: str, category: str, count: int, track_rate: bool = True) -> int:
+        """Count ioctls (and their recent rate, when ``track_rate``); the NEW_* bits of a new name or category."""
+        self.ioctl_total += count
         counts = self.ioctl_counts
-        new = False
+        new = 0
         if name in counts:
-            counts[name] += count
-        elif len(counts) < MAX_IOCTL_NAMES:
-            counts[name] = count
-            new = True
-        categories = self.ioctl_category_counts
-        if category in categories:
-            categories[category] += count
+            counts[name] += count     # a known name: its category is known too
         else:
-            categories[category] = count
-            new = True
+            if len(counts) < MAX_IOCTL_NAMES:
+                counts[name] = count
+                new = NEW_IOCTL_NAME
+            if category not in self.ioctl_categories:
+                self.ioctl_categories.add(category)
+                new |= NEW_IOCTL_CATEGORY
         if track_rate:
             window = self.ioctl_rates.get(category)
             if window is None:
                 window = self.ioctl_rates[category] = RateWindow(IOCTL_WINDOW_S)
             window.add(time, count)
+        if new:
+            self._drop_derived(DERIVED_FROM_DEVICES)
         return new
 
-    def add_connection(self, address: str, port: int) -> bool:
-        """Count one connect; True when the endpoint is new (and fits the bounded table)."""
+    def add_connection(self, address: str, port: int) -> int:
+        """Count one connect; NEW_PORT / NEW_ADDRESS when the endpoint (kept while the table has room) brought one."""
         self.connect_total += 1
         endpoint = (address, port)
         if endpoint in self.connections:
             self.connections[endpoint] += 1
-            return False
+            return 0
         if len(self.connections) >= MAX_CONNECTIONS:
-            return False
+            return 0
         self.connections[endpoint] = 1
-        self.derived.pop("net", None)
-        self.derived.pop("signals:net", None)
-        return True
+        network = self.network
+        new = (NEW_PORT if port not in network.ports else 0) | (NEW_ADDRESS if address not in network.addresses else 0)
+        if new:
+            network.add_endpoint(address, port)
+            self._drop_derived(DERIVED_FROM_NETWORK)
+        return new
 
-    def add_payload(self, time: float, protocol: str, detail: dict[str, Any]) -> bool:
-        """Keep a recognised payload; True when it added something (a new protocol or a kept detail)."""
+    def add_payload(self, time: float, protocol: str, detail: dict[str, Any]) -> int:
+        """Keep a recognised payload; NEW_PAYLOAD when it added something (a new protocol or a kept detail)."""
         new = protocol not in self.payload_protocols
         self.payload_protocols.add(protocol)
         if len(self.payloads) < MAX_PAYLOADS and not any(
             p.protocol == protocol and p.detail == detail for p in self.payloads
         ):
             self.payloads.append(PayloadSeen(time, protocol, dict(detail)))
+            self.network.add_payload_detail(detail)
             new = True
         if new:
-            self.derived.pop("net", None)
-            self.derived.pop("signals:net", None)
-        return new
+            self._drop_derived(DERIVED_FROM_NETWORK)
+            return NEW_PAYLOAD
+        return 0
+
+    def _drop_derived(self, names: tuple[str, ...]) -> None:
+        derived = self.derived
+        if derived:
+            for name in names:
+                derived.pop(name, None)
 
     def add_gpu_sample(self, time: float, sm_util: float | None, used_memory: int | None) -> bool:
         """Add one sample; True when it is time to rescore (first sample, then every GPU_RESCORE_EVERY_S)."""

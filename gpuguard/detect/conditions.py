@@ -168,6 +168,11 @@ def _element_test(op: str, operand: Any, compiled: Any, numeric: bool) -> Callab
     if op == "in_list":
         if numeric:
             exact, ranges = compiled
+            if not ranges:
+                return exact.__contains__
+            if len(ranges) == 1:
+                (low, high), = ranges
+                return lambda v: v in exact or low <= v <= high
             return lambda v: v in exact or any(lo <= v <= hi for lo, hi in ranges)
         return lambda v: (v.lower() if isinstance(v, str) else v) in compiled
     if op == "contains":   # text: substring (case-insensitive); sets use equality (see _set_leaf)

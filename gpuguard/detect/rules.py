@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from gpuguard.detect.allowlist import ENTRY_FIELDS, AllowEntry, Allowlist
 from gpuguard.detect.conditions import CompileContext, Condition, ListDef, compile_condition
 from gpuguard.detect.filecheck import untrusted_reason
+from gpuguard.detect.signals import COUNT_SIGNALS, RATE_SIGNALS, additions_read, rule_cache
 from gpuguard.detect.shipped import default_rule_paths
 from gpuguard.detect.yaml_marks import MarkedDocument, Position, load_marked_file
 from gpuguard.errors import GpuguardError
@@ -71,6 +72,7 @@ class Rule:
     condition: Condition
     signals: tuple[str, ...]        # signal names the condition reads, sorted
     source: Position
+    outcome_cache: str | None = None   # the state.derived entry its outcome is kept in (signals.rule_cache)
 
 
 @dataclass(slots=True)
@@ -84,11 +86,35 @@ class RuleSet:
     yara_files: list[Path]
     sources: list[Path]
     _yara: Any = field(default=None, repr=False)
+    _groups: Any = field(default=None, repr=False)
+
+    @property
+    def evaluation_groups(self) -> "tuple[tuple[str | None, tuple[Rule, ...]], ...]":
+        """The enabled rules grouped by where their outcome is kept (``Rule.outcome_cache``), None first."""
+        if self._groups is None:
+            names = sorted({rule.outcome_cache for rule in self.rules}, key=lambda name: (name is not None, name or ""))
+            self._groups = tuple((name, tuple(r for r in self.rules if r.outcome_cache == name)) for name in names)
+        return self._groups
 
     @property
     def signals_used(self) -> frozenset[str]:
         """Signals the enabled rules read (the correlator skips rescoring for changes to others)."""
         return frozenset(name for rule in self.rules for name in rule.signals)
+
+    @property
+    def rescore_on(self) -> int:
+        """The additions to a process state (correlate.state.NEW_* bits) some enabled rule reads."""
+        return additions_read(self.signals_used)
+
+    @property
+    def reads_counts(self) -> bool:
+        """Some rule reads a repeated count (connect_count, ioctl_total, an ioctl rate)."""
+        return bool(self.signals_used & COUNT_SIGNALS)
+
+    @property
+    def reads_rates(self) -> bool:
+        """Some rule reads an ioctl rate (the correlator keeps rate windows only then)."""
+        return bool(self.signals_used & RATE_SIGNALS)
 
     def rule(self, rule_id: str) -> Rule | None:
         return next((r for r in self.rules + self.disabled if r.id == rule_id), None)
@@ -404,6 +430,7 @@ def _compile(collected: _Collected, sources: list[Path], check_files: bool) -> t
             condition=condition,
             signals=signals,
             source=id_field.doc.at(id_field.path),
+            outcome_cache=rule_cache(signals),
         )
         (rules if rule.enabled else disabled).append(rule)
     for position, message in ctx.problems:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
-from gpuguard.detect.rules import RuleSet
+from gpuguard.detect.rules import Rule, RuleSet
 from gpuguard.detect.signals import SignalReader
 from gpuguard.outputs.escape import escape_text
 
@@ -97,17 +97,25 @@ def verdict_for(score: int, ruleset: RuleSet) -> str:
 
 
 def score_process(state: ProcessState, ruleset: RuleSet, now: float) -> Verdict:
-    """Evaluate every enabled rule on ``state`` at ``now``; see the module docstring."""
+    """Evaluate every enabled rule on ``state`` at ``now``; see the module docstring.
+
+    A rule that reads only signals derived from the facts, endpoints and GPU
+    devices is evaluated once and its outcome kept in ``state.derived`` until
+    one of those changes; rules reading GPU or CPU windows, counts, time, YARA
+    or the parent's verdict are evaluated every time.
+    """
     reader = SignalReader(state, now)
+    derived = state.derived
     evidence: list[Evidence] = []
-    total = 0
-    for rule in ruleset.rules:
-        witnesses = rule.condition(reader)
-        if witnesses is None:
+    for cache_name, rules in ruleset.evaluation_groups:
+        if cache_name is None:
+            evidence += _matched(rules, reader)
             continue
-        total += rule.weight
-        evidence.append(Evidence(rule.id, ",".join(rule.signals), "; ".join(witnesses), rule.weight,
-                                 rule.severity, rule.tags, rule.description))
+        kept = derived.get(cache_name)
+        if kept is None or kept[0] is not ruleset:   # not evaluated since the last change, or rules reloaded
+            kept = derived[cache_name] = (ruleset, _matched(rules, reader))
+        evidence += kept[1]
+    total = sum(e.weight for e in evidence)
     evidence.sort(key=lambda e: (-e.weight, e.rule_id))
     score = max(0, min(100, total))
     verdict = verdict_for(score, ruleset)
@@ -129,3 +137,14 @@ def score_process(state: ProcessState, ruleset: RuleSet, now: float) -> Verdict:
         exe_deleted=bool(facts and facts.exe_deleted),
         time=now,
     )
+
+
+def _matched(rules: tuple[Rule, ...], reader: SignalReader) -> list[Evidence]:
+    """Evidence of each of ``rules`` whose condition holds."""
+    found = []
+    for rule in rules:
+        witnesses = rule.condition(reader)
+        if witnesses is not None:
+            found.append(Evidence(rule.id, ",".join(rule.signals), "; ".join(witnesses), rule.weight,
+                                  rule.severity, rule.tags, rule.description))
+    return found

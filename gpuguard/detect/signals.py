@@ -19,8 +19,20 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gpuguard.correlate.config_files import parse_config_files
-from gpuguard.correlate.endpoints import Endpoint, endpoints_in_argv, parse_endpoint
-from gpuguard.correlate.state import ProcessState
+from gpuguard.correlate.endpoints import Endpoint, endpoints_in_argv
+from gpuguard.correlate.state import (
+    ANY_ADDITION,
+    DERIVED_FROM_DEVICES,
+    DERIVED_FROM_NETWORK,
+    NEW_ADDRESS,
+    NEW_DEVICE_CLASS,
+    NEW_GPU_PATH,
+    NEW_IOCTL_CATEGORY,
+    NEW_IOCTL_NAME,
+    NEW_PAYLOAD,
+    NEW_PORT,
+    ProcessState,
+)
 
 SIGNAL_TYPES = ("bool", "number", "text", "texts", "numbers")
 _CMDLINE_MAX = 4096
@@ -37,10 +49,42 @@ class Signal:
 
 
 SIGNALS: dict[str, Signal] = {}
-# Signal groups whose values are kept on the state between evaluations (see SignalReader).
-_CACHES = {"identity": "signals:stable", "cmdline": "signals:stable", "config": "signals:stable",
-           "ancestry": "signals:stable", "network": "signals:net"}
+
+# How long a signal's value stays valid on a state, by what it is derived from:
+# FACTS (identity, command line, config, ancestry) change only with new facts,
+# which clear every cache; NETWORK (endpoints, payloads) and DEVICES (GPU device
+# classes, paths, ioctl names) change when ProcessState drops
+# DERIVED_FROM_NETWORK / DERIVED_FROM_DEVICES.  Anything else (GPU and CPU
+# windows, counts, time, YARA, the parent's verdict) is recomputed every time.
+FACTS, NETWORK, DEVICES = "facts", "network", "devices"
+_KIND_OF_GROUP = {"identity": FACTS, "cmdline": FACTS, "config": FACTS, "ancestry": FACTS, "network": NETWORK}
+_DEVICE_SIGNALS = frozenset({"gpu_device_classes", "gpu_paths", "ioctl_names", "ioctl_categories", "ioctl_query_only"})
 _UNCACHED = frozenset({"parent_verdict", "parent_score", "connect_count"})
+
+
+def signal_kind(name: str) -> str | None:
+    """What signal ``name`` is derived from: FACTS, NETWORK, DEVICES, or None (recompute every time)."""
+    if name in _UNCACHED:
+        return None
+    if name in _DEVICE_SIGNALS:
+        return DEVICES
+    return _KIND_OF_GROUP.get(SIGNALS[name].group)
+
+
+def rule_cache(signals: "tuple[str, ...] | frozenset[str]") -> str | None:
+    """The ``state.derived`` entry a rule's outcome may be kept in (None: evaluate every time).
+
+    Named after what the outcome depends on besides the facts, e.g. ``rules:network``;
+    ProcessState drops it when one of those changes.
+    """
+    kinds = {signal_kind(name) for name in signals}
+    if None in kinds:
+        return None
+    kinds.discard(FACTS)
+    name = "rules:" + ("+".join(sorted(kinds)) if kinds else FACTS)
+    assert kinds <= {NETWORK, DEVICES}
+    assert all(name in (DERIVED_FROM_NETWORK if kind == NETWORK else DERIVED_FROM_DEVICES) for kind in kinds)
+    return name
 
 
 def _signal(name: str, type_: str, group: str, description: str):
@@ -56,6 +100,7 @@ class SignalReader(dict):
 
     A dict whose missing keys are computed on first use: ``reader[name]`` (or
     ``reader.get(name)``) costs one dictionary lookup after the first time.
+    It starts with the values kept on the state from earlier evaluations.
     """
 
     __slots__ = ("state", "now")
@@ -64,15 +109,20 @@ class SignalReader(dict):
         super().__init__()
         self.state = state
         self.now = now
+        derived = state.derived
+        for cache_name in _KEPT_SIGNALS:
+            kept = derived.get(cache_name)
+            if kept:
+                self.update(kept)
 
     def __missing__(self, name: str) -> Any:
         signal = SIGNALS[name]
-        cache_name = _CACHES.get(signal.group)
-        if cache_name is None or name in _UNCACHED:
+        cache_name = _SIGNAL_CACHE[name]
+        if cache_name is None:
             value = self[name] = signal.compute(self.state, self.now)
             return value
-        # Identity and network signals only change with the facts or a new connection/payload:
-        # keep them on the state until that happens (the state clears ``derived`` then).
+        # Values derived from the facts, endpoints or devices are kept on the state until
+        # those change (the state drops the cache then; see signal_kind).
         derived = self.state.derived
         cache = derived.get(cache_name)
         if cache is None:
@@ -127,51 +177,6 @@ def _config(state: ProcessState):
     if cached is None:
         files = state.facts.config_files if state.facts is not None else {}
         cached = state.derived["config"] = parse_config_files(files or {})
-    return cached
-
-
-@dataclass(slots=True)
-class _Net:
-    ports: frozenset[int]
-    addresses: frozenset[str]
-    agents: set[str]
-    methods: set[str]
-    logins: set[str]
-    payload_hosts: set[str]
-    proxy_hosts: set[str]
-    proxy_ports: set[int]
-
-
-def _host_port(value: Any) -> Endpoint | None:
-    return parse_endpoint(str(value)) if value else None
-
-
-def _net(state: ProcessState) -> _Net:
-    cached = state.derived.get("net")
-    if cached is None:
-        net = _Net(frozenset(p for _, p in state.connections), frozenset(a for a, _ in state.connections),
-                   set(), set(), set(), set(), set(), set())
-        for payload in state.payloads:
-            detail = payload.detail
-            for key, into in (("agent", net.agents), ("method", net.methods), ("login", net.logins), ("user", net.logins)):
-                value = detail.get(key)
-                if isinstance(value, str) and value:
-                    into.add(value[:256])
-            for key in ("sni", "host"):
-                value = detail.get(key)
-                if isinstance(value, str) and value:
-                    net.payload_hosts.add(value.lower().rstrip(".").split(":")[0][:253])
-            target_host, target_port = detail.get("target_host"), detail.get("target_port")
-            if not target_host and detail.get("target"):
-                ep = _host_port(detail["target"])
-                if ep:
-                    target_host, target_port = ep.host, ep.port
-            if isinstance(target_host, str) and target_host:
-                net.proxy_hosts.add(target_host.lower().rstrip(".")[:253])
-                net.payload_hosts.add(target_host.lower().rstrip(".")[:253])
-            if isinstance(target_port, int) and 0 < target_port < 65536:
-                net.proxy_ports.add(target_port)
-        cached = state.derived["net"] = net
     return cached
 
 
@@ -367,12 +372,12 @@ def _config_ports(s: ProcessState, now: float) -> set[int]:
 
 @_signal("connect_ports", "numbers", "network", "remote ports it connected to")
 def _connect_ports(s: ProcessState, now: float) -> frozenset[int]:
-    return _net(s).ports
+    return s.network.ports
 
 
 @_signal("connect_addresses", "texts", "network", "remote addresses it connected to")
 def _connect_addresses(s: ProcessState, now: float) -> frozenset[str]:
-    return _net(s).addresses
+    return s.network.addresses
 
 
 @_signal("connect_count", "number", "network", "connect attempts")
@@ -383,7 +388,7 @@ def _connect_count(s: ProcessState, now: float) -> int:
 @_signal("connected_to_revealed_port", "bool", "network",
          "it connected to a port named in its own command line or config (the pool it was told to use)")
 def _connected_revealed(s: ProcessState, now: float) -> bool:
-    ports = _net(s).ports
+    ports = s.network.ports
     if not ports:
         return False
     revealed = {e.port for e in _cmdline(s).endpoints if e.port} | {e.port for e in _config(s).endpoints if e.port}
@@ -397,37 +402,37 @@ def _payload_protocols(s: ProcessState, now: float) -> set[str]:
 
 @_signal("payload_agents", "texts", "network", "client agent strings in payloads (cryptonote login agent)")
 def _payload_agents(s: ProcessState, now: float) -> set[str]:
-    return _net(s).agents
+    return s.network.agents
 
 
 @_signal("payload_methods", "texts", "network", "JSON-RPC/HTTP methods in payloads")
 def _payload_methods(s: ProcessState, now: float) -> set[str]:
-    return _net(s).methods
+    return s.network.methods
 
 
 @_signal("payload_logins", "texts", "network", "login/user values in payloads (a wallet, for pool logins)")
 def _payload_logins(s: ProcessState, now: float) -> set[str]:
-    return _net(s).logins
+    return s.network.logins
 
 
 @_signal("payload_hosts", "texts", "network", "host names it revealed on the wire: TLS SNI, HTTP Host/CONNECT, SOCKS target")
 def _payload_hosts(s: ProcessState, now: float) -> set[str]:
-    return _net(s).payload_hosts
+    return s.network.payload_hosts
 
 
 @_signal("proxy_target_hosts", "texts", "network", "hosts it asked a SOCKS/HTTP proxy to reach")
 def _proxy_hosts(s: ProcessState, now: float) -> set[str]:
-    return _net(s).proxy_hosts
+    return s.network.proxy_hosts
 
 
 @_signal("proxy_target_ports", "numbers", "network", "ports it asked a SOCKS/HTTP proxy to reach")
 def _proxy_ports(s: ProcessState, now: float) -> set[int]:
-    return _net(s).proxy_ports
+    return s.network.proxy_ports
 
 
 @_signal("revealed_hosts", "texts", "network", "every host it named: command line, config files and payloads")
 def _revealed_hosts(s: ProcessState, now: float) -> set[str]:
-    return ({e.host for e in _cmdline(s).endpoints} | {e.host for e in _config(s).endpoints} | _net(s).payload_hosts)
+    return ({e.host for e in _cmdline(s).endpoints} | {e.host for e in _config(s).endpoints} | s.network.payload_hosts)
 
 
 # -- GPU ----------------------------------------------------------------------
@@ -449,19 +454,19 @@ def _ioctl_names(s: ProcessState, now: float) -> set[str]:
 
 @_signal("ioctl_categories", "texts", "gpu", "GPU ioctl categories issued (submit, memory, query, setup, other)")
 def _ioctl_categories(s: ProcessState, now: float) -> set[str]:
-    return set(s.ioctl_category_counts)
+    return s.ioctl_categories
 
 
 @_signal("ioctl_total", "number", "gpu", "GPU ioctls issued in total")
 def _ioctl_total(s: ProcessState, now: float) -> int:
-    return sum(s.ioctl_category_counts.values())
+    return s.ioctl_total
 
 
 @_signal("ioctl_query_only", "bool", "gpu", "every GPU ioctl was a query or set-up (a monitor, not a compute job)")
 def _ioctl_query_only(s: ProcessState, now: float) -> bool | None:
-    if not s.ioctl_category_counts:
+    if not s.ioctl_categories:
         return None
-    return set(s.ioctl_category_counts) <= {"query", "setup"}
+    return s.ioctl_categories <= {"query", "setup"}
 
 
 def _rate_signal(category: str) -> None:
@@ -576,3 +581,37 @@ def _parent_verdict(s: ProcessState, now: float) -> str | None:
 @_signal("parent_score", "number", "ancestry", "the parent's current score")
 def _parent_score(s: ProcessState, now: float) -> int | None:
     return s.parent_verdict.score if s.parent_verdict is not None else None
+
+
+# Where each signal's value is kept on the state (None: nowhere), now that all are registered.
+_SIGNAL_CACHE: dict[str, str | None] = {
+    name: None if signal_kind(name) is None else f"signals:{signal_kind(name)}" for name in SIGNALS
+}
+_KEPT_SIGNALS = tuple(sorted({c for c in _SIGNAL_CACHE.values() if c}))
+assert set(_KEPT_SIGNALS) <= {"signals:facts", *DERIVED_FROM_NETWORK, *DERIVED_FROM_DEVICES}
+
+# The signals that read each kind of addition to a state (correlate.state.NEW_*), and those
+# that read repeated counts: the correlator rescores a process for an addition or a count
+# only when a rule reads one of them.  tests/test_signals.py checks these against every signal.
+SIGNALS_READING: dict[int, frozenset[str]] = {
+    NEW_PORT: frozenset({"connect_ports", "connected_to_revealed_port"}),
+    NEW_ADDRESS: frozenset({"connect_addresses"}),
+    NEW_PAYLOAD: frozenset({"payload_protocols", "payload_agents", "payload_methods", "payload_logins",
+                            "payload_hosts", "proxy_target_hosts", "proxy_target_ports", "revealed_hosts"}),
+    NEW_DEVICE_CLASS: frozenset({"gpu_device_classes"}),
+    NEW_GPU_PATH: frozenset({"gpu_paths"}),
+    NEW_IOCTL_NAME: frozenset({"ioctl_names"}),
+    NEW_IOCTL_CATEGORY: frozenset({"ioctl_categories", "ioctl_query_only"}),
+}
+RATE_SIGNALS = frozenset(name for name in SIGNALS if name.startswith("ioctl_rate_"))
+COUNT_SIGNALS = frozenset({"connect_count", "ioctl_total"}) | RATE_SIGNALS
+assert sum(SIGNALS_READING) == ANY_ADDITION and set().union(*SIGNALS_READING.values()) <= set(SIGNALS)
+
+
+def additions_read(signals: "frozenset[str] | set[str]") -> int:
+    """The NEW_* bits of the additions that some of ``signals`` read."""
+    bits = 0
+    for bit, readers in SIGNALS_READING.items():
+        if readers & signals:
+            bits |= bit
+    return bits

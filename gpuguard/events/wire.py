@@ -27,6 +27,8 @@ keeps the msgpack structure valid is only caught by the checksum, at the end).
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 import os
 import socket
 import time
@@ -198,6 +200,11 @@ def _event_decoder(cls: type[Event]) -> Callable[[dict[str, Any]], Event]:
     names = frozenset(f.name for f in dataclasses.fields(cls))
     checks = _field_checks(cls)
     kind = cls.kind
+    # The common case in one C-level step: the tuple of the field value types
+    # must be one of the allowed combinations (only float fields allow two).
+    values_of = operator.attrgetter(*(name for name, _, _ in checks))
+    allowed_types = frozenset(itertools.product(*(allowed for _, allowed, _ in checks)))
+    element_checks = [(name, element) for name, _, element in checks if element is not None]
 
     def decode(record: dict[str, Any]) -> Event:
         del record["kind"]
@@ -210,11 +217,13 @@ def _event_decoder(cls: type[Event]) -> Callable[[dict[str, Any]], Event]:
                 event = cls(**{k: v for k, v in record.items() if k in names})
             except TypeError as exc:
                 raise _BadItem(f"{kind} record with bad fields ({exc})") from None
-        for name, allowed, element in checks:
-            value = getattr(event, name)
-            if type(value) not in allowed:
-                raise _BadItem(f"{kind} field {name!r} holds {type(value).__name__}")
-            if element is not None and any(type(v) not in element for v in value):
+        if tuple(map(type, values_of(event))) not in allowed_types:
+            for name, allowed, _ in checks:
+                value = getattr(event, name)
+                if type(value) not in allowed:
+                    raise _BadItem(f"{kind} field {name!r} holds {type(value).__name__}")
+        for name, element in element_checks:
+            if any(type(v) not in element for v in getattr(event, name)):
                 raise _BadItem(f"{kind} field {name!r} holds a non-{element[0].__name__} entry")
         return event
 

@@ -17,7 +17,6 @@ SHOULD produce; this script never writes it.
 
 from __future__ import annotations
 
-import math
 import random
 import sys
 from pathlib import Path

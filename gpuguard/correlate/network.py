@@ -1,0 +1,63 @@
+"""What a process revealed about its network peers, kept current as connects and payloads arrive.
+
+From connects: the ports and addresses it reached.  From recognised payloads
+(``events.payload`` details): client agent strings, JSON-RPC/HTTP methods,
+login/user values, the hosts it named on the wire (TLS SNI, HTTP Host or
+CONNECT, SOCKS target) and the hosts and ports it asked a proxy to reach.
+Each new endpoint or kept payload updates the sets in place, so the network
+signals read them without re-deriving anything; names are never resolved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuguard.correlate.endpoints import parse_endpoint
+
+_TEXT_KEYS = (("agent", "agents"), ("method", "methods"), ("login", "logins"), ("user", "logins"))
+
+
+class NetworkView:
+    """Sets of what one process revealed on the network (see the module docstring)."""
+
+    __slots__ = ("ports", "addresses", "agents", "methods", "logins", "payload_hosts", "proxy_hosts", "proxy_ports")
+
+    def __init__(self) -> None:
+        self.ports: set[int] = set()
+        self.addresses: set[str] = set()
+        self.agents: set[str] = set()
+        self.methods: set[str] = set()
+        self.logins: set[str] = set()
+        self.payload_hosts: set[str] = set()
+        self.proxy_hosts: set[str] = set()
+        self.proxy_ports: set[int] = set()
+
+    def add_endpoint(self, address: str, port: int) -> None:
+        self.ports.add(port)
+        self.addresses.add(address)
+
+    def add_payload_detail(self, detail: dict[str, Any]) -> None:
+        """Take what a recognised payload's detail names (values are bounded; bad types ignored)."""
+        for key, into in _TEXT_KEYS:
+            value = detail.get(key)
+            if isinstance(value, str) and value:
+                getattr(self, into).add(value[:256])
+        for key in ("sni", "host"):
+            value = detail.get(key)
+            if isinstance(value, str) and value:
+                self.payload_hosts.add(_host_name(value.split(":")[0]))
+        target_host, target_port = detail.get("target_host"), detail.get("target_port")
+        if not target_host and detail.get("target"):
+            endpoint = parse_endpoint(str(detail["target"]))
+            if endpoint:
+                target_host, target_port = endpoint.host, endpoint.port
+        if isinstance(target_host, str) and target_host:
+            host = _host_name(target_host)
+            self.proxy_hosts.add(host)
+            self.payload_hosts.add(host)
+        if isinstance(target_port, int) and not isinstance(target_port, bool) and 0 < target_port < 65536:
+            self.proxy_ports.add(target_port)
+
+
+def _host_name(value: str) -> str:
+    return value.lower().rstrip(".")[:253]

@@ -341,15 +341,23 @@ class Correlator:
         per_pid: dict[int, list] = {}
         for usage in snapshot.processes:
             per_pid.setdefault(usage.pid, []).append(usage)
+        totals = self._device_totals
+        time = snapshot.time
         for pid, usages in per_pid.items():
-            state = self._state_for(pid, snapshot.time)
-            utils = [u.sm_util for u in usages if u.sm_util is not None]
-            memories = [u.used_memory for u in usages if u.used_memory is not None]
-            devices = {(u.vendor, u.device_index) for u in usages}
-            totals = [self._device_totals.get(d) for d in devices]
-            changed = state.add_gpu_sample(snapshot.time, max(utils) if utils else None, sum(memories) if memories else None)
-            if totals and all(totals):
-                total = sum(totals)  # type: ignore[arg-type]
-                changed |= total != state.gpu_memory_total
+            state = self._by_pid.get(pid) or self._state_for(pid, time)
+            if len(usages) == 1:      # the usual case: one GPU per process
+                usage = usages[0]
+                util, memory = usage.sm_util, usage.used_memory
+                total = totals.get((usage.vendor, usage.device_index))
+            else:
+                utils = [u.sm_util for u in usages if u.sm_util is not None]
+                memories = [u.used_memory for u in usages if u.used_memory is not None]
+                util = max(utils) if utils else None
+                memory = sum(memories) if memories else None
+                device_totals = [totals.get(d) for d in {(u.vendor, u.device_index) for u in usages}]
+                total = sum(device_totals) if all(device_totals) else None  # type: ignore[arg-type]
+            changed = state.add_gpu_sample(time, util, memory)
+            if total and total != state.gpu_memory_total:
                 state.gpu_memory_total = total
-            state.touch(snapshot.time, changed)
+                changed = True
+            state.touch(time, changed)

@@ -74,7 +74,7 @@ def endpoints_in_argv(argv: list[str]) -> list[Endpoint]:
     for arg in argv[:256]:
         arg = arg[:1024]
         option, _, inline = arg.partition("=") if arg.startswith("-") else ("", "", "")
-        candidates = urls_in_text(arg)
+        candidates = urls_in_text(arg) if "://" in arg else []
         if previous in POOL_OPTIONS or (inline and option in POOL_OPTIONS):
             ep = parse_endpoint(inline or arg)
             if ep:

@@ -61,13 +61,6 @@ class PayloadSeen:
     detail: dict[str, Any]
 
 
-@dataclass(slots=True)
-class GpuUsageSample:
-    time: float
-    sm_util: float | None
-    used_memory: int | None
-
-
 @dataclass(slots=True, eq=False)
 class ProcessState:
     """Facts and bounded observations for one process (see module docstring)."""
@@ -102,7 +95,6 @@ class ProcessState:
     gpu_util: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
     gpu_memory: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
     gpu_memory_total: int | None = None    # summed totals of the devices it uses
-    gpu_samples: list[GpuUsageSample] = field(default_factory=list)  # last few, for evidence
     cpu: SampleWindow = field(default_factory=lambda: SampleWindow(CPU_WINDOW_S))
     # scanning
     yara_matches: set[str] = field(default_factory=set)
@@ -229,9 +221,6 @@ class ProcessState:
             self.gpu_util.add(time, sm_util)
         if used_memory is not None:
             self.gpu_memory.add(time, float(used_memory))
-        self.gpu_samples.append(GpuUsageSample(time, sm_util, used_memory))
-        if len(self.gpu_samples) > 8:
-            del self.gpu_samples[0]
         if self.gpu_rescored_at is None or time - self.gpu_rescored_at >= GPU_RESCORE_EVERY_S:
             self.gpu_rescored_at = time
             return True

@@ -208,6 +208,18 @@ def _element_test(op: str, operand: Any, compiled: Any, numeric: bool) -> Callab
     return comparisons[op]
 
 
+def _set_selector(op: str, operand: Any, compiled: Any, numeric: bool,
+                  test: Callable[[Any], bool]) -> Callable[[Any], list]:
+    """The elements of a set signal that pass ``test``; membership tests inlined (no call per element)."""
+    if op in ("in", "in_list") and not numeric:
+        members = compiled if op == "in_list" else frozenset(o.lower() if isinstance(o, str) else o for o in operand)
+        return lambda values: [e for e in values if (e.lower() if type(e) is str else e) in members]
+    if numeric and (op == "in" or op == "in_list" and not compiled[1]):
+        members = compiled[0] if op == "in_list" else frozenset(operand)
+        return lambda values: [e for e in values if e in members]
+    return lambda values: [e for e in values if test(e)]
+
+
 def _describe(op: str, operand: Any) -> str:
     symbols = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
     if op in symbols:
@@ -242,11 +254,13 @@ def _leaf(name: str, type_: str, op: str, operand: Any, compiled: Any) -> Condit
         return contains_leaf
     test = _element_test(op, operand, compiled, numeric)
     if type_ in _SETS:
+        select = _set_selector(op, operand, compiled, numeric, test)
+
         def set_leaf(r: SignalReader) -> list[str] | None:
             v = r[name]
             if not v:
                 return None
-            hits = [e for e in v if test(e)]
+            hits = select(v)
             if not hits:
                 return None
             hits.sort(key=str)

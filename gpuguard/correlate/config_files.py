@@ -3,22 +3,22 @@
 A miner started as ``./x`` with ``config.json`` beside it shows nothing on its
 command line.  Live, :func:`read_config_files` reads the small JSON/INI files
 it names with ``-c``/``--config`` and the usual names in its working
-directory (through ``/proc/PID/cwd``, so container mounts resolve) into
-``ProcessFacts.config_files``; recordings carry that field, so replay sees the
-same text.  :func:`parse_config_files` turns the text into pool endpoints and
-key names.  Everything is bounded: at most ``MAX_FILES`` regular files of at
-most ``MAX_BYTES`` each; FIFOs, devices and symlinks are never opened.
+directory into ``ProcessFacts.config_files``, each resolved inside the
+process's own root or working directory (``sources.proc_files``: never a host
+file, whatever symlinks or ``..`` it uses); recordings carry that field, so
+replay sees the same text.  :func:`parse_config_files` turns the text into
+pool endpoints and key names.  Everything is bounded: at most ``MAX_FILES``
+regular files of at most ``MAX_BYTES`` each; FIFOs and devices are never read.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from dataclasses import dataclass, field
 
 from gpuguard.correlate.endpoints import MAX_ENDPOINTS, Endpoint, parse_endpoint, urls_in_text
+from gpuguard.sources.proc_files import read_process_file
 
 MAX_FILES = 4
 MAX_BYTES = 65536
@@ -41,33 +41,18 @@ def config_paths_from_argv(argv: list[str]) -> list[str]:
     return paths
 
 
-def _read_small_regular_file(path: str) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
-            return None
-        return os.read(fd, MAX_BYTES).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def read_config_files(pid: int, argv: list[str], proc_root: str = "/proc") -> dict[str, str]:
-    """``{path as the process names it: text}`` for its likely config files (live only)."""
-    cwd = f"{proc_root}/{pid}/cwd"
-    root = f"{proc_root}/{pid}/root"
+    """``{path as the process names it: text}`` for its likely config files (live only).
+
+    Each path resolves inside the process's own filesystem view and can never
+    lead outside it (``sources.proc_files``): a hostile process cannot make us
+    read a host file.
+    """
     out: dict[str, str] = {}
     for name in [*config_paths_from_argv(argv), *CWD_CANDIDATES]:
         if len(out) >= MAX_FILES or not name or name in out:
             continue
-        # Resolve inside the process's own view of the filesystem.
-        path = f"{root}{name}" if name.startswith("/") else f"{cwd}/{name}"
-        text = _read_small_regular_file(path)
+        text = read_process_file(pid, name, MAX_BYTES, proc_root)
         if text is not None:
             out[name] = text
     return out

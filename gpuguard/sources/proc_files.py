@@ -1,0 +1,110 @@
+"""Read a small file as another process sees it, without letting that process steer us elsewhere.
+
+The agent runs as root on the host; the process it inspects may be in a
+container and is possibly hostile.  A path it names (``-c ../../etc/shadow``,
+or a ``config.json`` that is a symlink to ``/etc/shadow``) must resolve inside
+*its* filesystem view, never the host's:
+
+* absolute paths are opened relative to ``/proc/PID/root`` with
+  ``openat2(RESOLVE_IN_ROOT)``: ``..`` and absolute symlinks stay inside the
+  process's root;
+* relative paths are opened relative to ``/proc/PID/cwd`` with
+  ``openat2(RESOLVE_BENEATH)``: nothing may leave the working directory;
+* magic links (``/proc/self/root`` and the like) are never followed.
+
+Kernels without openat2 (before 5.6, or a seccomp filter refusing it) get a
+stricter fallback: the path is walked one component at a time with
+``O_NOFOLLOW``, and any symlink or ``..`` refuses the file.  Only regular
+files up to the size cap are read; FIFOs and devices are never read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+
+_SYS_OPENAT2 = 437          # the same number on every architecture (added after the table was unified)
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_BENEATH = 0x08
+_RESOLVE_IN_ROOT = 0x10
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_openat2_works: bool | None = None     # learnt on first use
+
+
+def _openat2(dirfd: int, path: str, resolve: int) -> int:
+    how = _OpenHow(_OPEN_FLAGS, 0, resolve | _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(os.fsencode(path)),
+                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), path)
+    return fd
+
+
+def _open_walking(dirfd: int, path: str) -> int:
+    """The fallback: every component opened with O_NOFOLLOW; symlinks and '..' refuse the path."""
+    parts = [p for p in path.split("/") if p and p != "."]
+    if not parts or ".." in parts:
+        raise OSError(errno.EXDEV, "path leaves the directory", path)
+    fd = os.dup(dirfd)
+    try:
+        for part in parts[:-1]:
+            next_fd = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        return os.open(parts[-1], _OPEN_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _open_inside(dirfd: int, path: str, resolve: int) -> int:
+    global _openat2_works
+    if _openat2_works is not False:
+        try:
+            fd = _openat2(dirfd, path, resolve)
+            _openat2_works = True
+            return fd
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSYS, errno.EPERM) or _openat2_works:
+                raise
+            _openat2_works = False
+    return _open_walking(dirfd, path)
+
+
+def read_process_file(pid: int, path: str, max_bytes: int, proc_root: str = "/proc") -> str | None:
+    """The text of ``path`` as process ``pid`` names it (absolute: in its root; relative: under its
+    working directory), if it is a regular file of at most ``max_bytes``; else None."""
+    if not path or "\x00" in path:
+        return None
+    anchor = f"{proc_root}/{pid}/root" if path.startswith("/") else f"{proc_root}/{pid}/cwd"
+    resolve = _RESOLVE_IN_ROOT if path.startswith("/") else _RESOLVE_BENEATH
+    try:
+        dirfd = os.open(anchor, _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        fd = _open_inside(dirfd, path, resolve)
+    except OSError:
+        return None
+    finally:
+        os.close(dirfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+            return None
+        return os.read(fd, max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

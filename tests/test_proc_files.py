@@ -1,0 +1,113 @@
+"""Files a process names are read inside its own filesystem view: no symlink or '..' leads to a host file."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from gpuguard.correlate.config_files import read_config_files
+from gpuguard.sources import proc_files
+from gpuguard.sources.proc_files import read_process_file
+
+PID = 4242
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def resolver(request, monkeypatch):
+    """Both ways of opening: openat2 (kernel >= 5.6) and the component walk used without it."""
+    monkeypatch.setattr(proc_files, "_openat2_works", None if request.param == "openat2" else False)
+    return request.param
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A host secret, and a 'container' whose root and cwd a fake /proc/PID points at."""
+    secret = tmp_path / "host" / "secret.json"
+    secret.parent.mkdir()
+    secret.write_text('{"pools": [{"url": "host-only.example:1"}]}')
+    root = tmp_path / "container"
+    (root / "etc").mkdir(parents=True)
+    (root / "app" / "sub").mkdir(parents=True)
+    (root / "etc" / "miner.json").write_text('{"url": "stratum+tcp://pool.example:3333"}')
+    (root / "app" / "config.json").write_text('{"url": "pool.example:4444"}')
+    (root / "app" / "sub" / "pools.txt").write_text("pool1 = pool.example:5555\n")
+    proc = tmp_path / "proc"
+    (proc / str(PID)).mkdir(parents=True)
+    os.symlink(root, proc / str(PID) / "root")
+    os.symlink(root / "app", proc / str(PID) / "cwd")
+    return {"secret": secret, "root": root, "proc": str(proc)}
+
+
+def read(world, path, max_bytes=65536):
+    return read_process_file(PID, path, max_bytes, world["proc"])
+
+
+def test_paths_resolve_in_the_process_view(world, resolver):
+    assert "pool.example:3333" in read(world, "/etc/miner.json")
+    assert "pool.example:4444" in read(world, "config.json")
+    assert "pool.example:5555" in read(world, "sub/pools.txt")
+    assert read(world, "/app/config.json") == read(world, "config.json")
+
+
+def test_an_absolute_symlink_never_reaches_the_host(world, resolver):
+    os.symlink(world["secret"], world["root"] / "app" / "evil.json")
+    os.symlink(world["secret"], world["root"] / "etc" / "evil.json")
+    assert read(world, "evil.json") is None
+    assert read(world, "/etc/evil.json") is None
+    # The same path inside the container is what an absolute link means there.
+    inside = world["root"] / str(world["secret"]).lstrip("/")
+    inside.parent.mkdir(parents=True)
+    inside.write_text('{"url": "container.example:2"}')
+    assert read(world, "/etc/evil.json") == ('{"url": "container.example:2"}' if resolver == "openat2" else None)
+
+
+def test_dot_dot_never_climbs_out(world, resolver):
+    climb = "../" * 12 + str(world["secret"]).lstrip("/")
+    assert read(world, climb) is None
+    assert read(world, "/" + climb) is None
+    os.symlink("../../../../../../../../../../" + str(world["secret"]).lstrip("/"), world["root"] / "app" / "up.json")
+    assert read(world, "up.json") is None
+
+
+def test_relative_links_inside_the_directory_work_only_with_openat2(world, resolver):
+    os.symlink("sub/pools.txt", world["root"] / "app" / "linked.txt")
+    expected = "pool1 = pool.example:5555\n" if resolver == "openat2" else None
+    assert read(world, "linked.txt") == expected
+
+
+def test_only_small_regular_files_are_read(world, resolver):
+    os.mkfifo(world["root"] / "app" / "fifo.json")                 # would block a plain open
+    os.mknod(world["root"] / "app" / "null.json", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    (world["root"] / "app" / "big.json").write_text("x" * 100)
+    assert read(world, "fifo.json") is None
+    assert read(world, "null.json") is None
+    assert read(world, "big.json", max_bytes=99) is None
+    assert read(world, "big.json", max_bytes=100) == "x" * 100
+    assert read(world, "sub") is None and read(world, "") is None and read(world, "a\x00b") is None
+
+
+def test_a_missing_process_reads_nothing(world, resolver):
+    assert read_process_file(PID + 1, "config.json", 65536, world["proc"]) is None
+
+
+def test_config_files_of_a_hostile_process(world, resolver):
+    os.symlink(world["secret"], world["root"] / "app" / "config.ini")
+    argv = ["./x", "-c", "/etc/miner.json", "--config=" + "../" * 9 + str(world["secret"]).lstrip("/")]
+    files = read_config_files(PID, argv, world["proc"])
+    assert sorted(files) == ["/etc/miner.json", "config.json"]
+    assert "host-only" not in "".join(files.values())
+
+
+def test_a_real_process_by_its_absolute_and_relative_paths(tmp_path):
+    (tmp_path / "config.json").write_text('{"url": "pool.example:6666"}')
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], cwd=tmp_path)
+    try:
+        assert "6666" in read_process_file(child.pid, "config.json", 65536)
+        assert "6666" in read_process_file(child.pid, str(tmp_path / "config.json"), 65536)
+    finally:
+        child.kill()
+        child.wait()

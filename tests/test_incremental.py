@@ -297,3 +297,66 @@ def test_kept_values_are_dropped_when_what_they_read_changes():
     assert "gpu-raw-bar-access" in [e.rule_id for e in score_process(state, ruleset, HOUR + 60).evidence]
     state.set_facts(facts(9, miner=True))          # new facts (exec): everything is evaluated again
     assert "miner-cmdline-stratum" in [e.rule_id for e in score_process(state, ruleset, HOUR + 60).evidence]
+
+
+CLOCK_RULES = """\
+version: 1
+rules:
+  - id: night
+    description: runs at night
+    severity: low
+    weight: 50
+    condition: {signal: hour_of_day, gte: 22}
+  - id: old
+    description: older than ten minutes
+    severity: low
+    weight: 20
+    condition: {signal: age_s, gt: 600}
+  - id: child-of-busy-parent
+    description: parent scores high
+    severity: low
+    weight: 10
+    condition: {signal: parent_score, gte: 40}
+  - id: parent-gpu
+    description: uses a GPU device
+    severity: low
+    weight: 30
+    condition: {signal: gpu_device_classes, contains: kfd}
+"""
+
+
+def test_clock_rules_fire_without_another_event(tmp_path):
+    path = tmp_path / "clock.yaml"
+    path.write_text(CLOCK_RULES)
+    ruleset = load_ruleset([path])
+    evening = HOUR - (HOUR % 86400) + 21 * 3600 + 2400        # 21:40 UTC
+    c = Correlator(ruleset, facts_provider=None)
+    f = facts(7, miner=False)
+    f.start_time = evening
+    c.feed(f)
+    assert c.score(evening)[0].score == 0
+    assert c.score(evening + 30) == []                         # nothing changed, same minute
+    (v,) = c.score(evening + 660)                              # 21:51: a new minute, age > 600 s
+    assert [e.rule_id for e in v.evidence] == ["old"]
+    assert c.score(evening + 690) == []                        # the same minute again
+    (v,) = c.score(evening + 1205)                             # 22:00:05: a new hour
+    assert {e.rule_id for e in v.evidence} == {"night", "old"} and v.score == 70
+
+
+def test_children_are_rescored_when_the_parent_score_changes(tmp_path):
+    path = tmp_path / "clock.yaml"
+    path.write_text(CLOCK_RULES)
+    c = Correlator(load_ruleset([path]), facts_provider=None)
+    parent, child = facts(10, miner=False), facts(11, miner=False)
+    child.ppid = 10
+    noon = HOUR - (HOUR % 86400) + 12 * 3600
+    parent.start_time = child.start_time = noon
+    c.feed(parent)
+    c.feed(child)
+    c.score(noon)
+    c.feed(GpuOpen(time=noon + 1, pid=10, path="/dev/kfd", device_class="kfd", fd=3))
+    verdicts = {v.pid: v for v in c.score(noon + 1)}
+    assert verdicts[10].score == 30 and verdicts[10].verdict == "clean"     # the verdict did not change
+    assert verdicts[11].score == 0                                          # 30 < 40: rescored, no match
+    c.feed(GpuOpen(time=noon + 2, pid=10, path="/dev/kfd", device_class="kfd", fd=3))
+    assert c.score(noon + 2) == []

@@ -65,6 +65,7 @@ class Correlator:
         self._counts_matter = self._track_rates = True
         self._rescore_on = ANY_ADDITION
         self.clock = 0.0      # newest item time seen: when facts (which carry no time) were observed
+        self._time_bucket: int | None = None   # the clock period of the last score (see score)
         self.set_ruleset(ruleset)
         self.counters: dict[str, int] = {
             "events": 0, "facts": 0, "snapshots": 0, "processes_created": 0,
@@ -130,13 +131,24 @@ class Correlator:
             self.counters["expired"] += 1
 
     def score(self, now: float, ruleset: "RuleSet | None" = None, *, everything: bool = False) -> list["Verdict"]:
-        """Rescore processes whose state changed (all with ``everything``, e.g. for time-only
-        signals such as age or hour); returns their new verdicts, oldest process first."""
+        """Rescore processes whose state changed (all with ``everything``); returns their new
+        verdicts, oldest process first.
+
+        When a rule reads the clock (``age_s``, ``hour_of_day``), every process is also
+        rescored once per period of that signal (a minute, an hour), so a verdict that
+        depends on the time alone does not wait for the process's next event.
+        """
         from gpuguard.detect.score import score_process
 
         ruleset = ruleset or self.ruleset
         if ruleset is None:
             raise ValueError("Correlator.score needs a rule set")
+        period = ruleset.time_rescore_period_s
+        if period:
+            bucket = int(now // period)
+            if self._time_bucket is not None and bucket != self._time_bucket:
+                everything = True
+            self._time_bucket = bucket
         if everything:
             for state in self._states.values():
                 state.dirty = True
@@ -156,8 +168,8 @@ class Correlator:
                 state.verdict = verdict
                 state.dirty = False
                 out.append(verdict)
-                if previous is None or previous.verdict != verdict.verdict:
-                    changed.add(state.key)
+                if previous is None or (previous.verdict, previous.score) != (verdict.verdict, verdict.score):
+                    changed.add(state.key)     # children read parent_verdict / parent_score
             if not changed:
                 break
             for state in self._states.values():

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from gpuguard.detect.allowlist import ENTRY_FIELDS, AllowEntry, Allowlist
 from gpuguard.detect.conditions import CompileContext, Condition, ListDef, compile_condition
 from gpuguard.detect.filecheck import untrusted_reason
-from gpuguard.detect.signals import COUNT_SIGNALS, RATE_SIGNALS, additions_read, rule_cache
+from gpuguard.detect.signals import COUNT_SIGNALS, RATE_SIGNALS, TIME_SIGNAL_PERIODS_S, additions_read, rule_cache
 from gpuguard.detect.shipped import default_rule_paths
 from gpuguard.detect.yaml_marks import MarkedDocument, Position, load_marked_file
 from gpuguard.errors import GpuguardError
@@ -110,6 +110,12 @@ class RuleSet:
     def reads_counts(self) -> bool:
         """Some rule reads a repeated count (connect_count, ioctl_total, an ioctl rate)."""
         return bool(self.signals_used & COUNT_SIGNALS)
+
+    @property
+    def time_rescore_period_s(self) -> float | None:
+        """How often every process must be re-evaluated because a rule reads the clock (None: never)."""
+        periods = [TIME_SIGNAL_PERIODS_S[name] for name in self.signals_used if name in TIME_SIGNAL_PERIODS_S]
+        return min(periods) if periods else None
 
     @property
     def reads_rates(self) -> bool:

@@ -608,6 +608,11 @@ COUNT_SIGNALS = frozenset({"connect_count", "ioctl_total"}) | RATE_SIGNALS
 assert sum(SIGNALS_READING) == ANY_ADDITION and set().union(*SIGNALS_READING.values()) <= set(SIGNALS)
 
 
+# Signals that change with the clock alone, and how often the correlator re-evaluates every
+# process for them when a rule reads them (an age rule may fire up to a minute late).
+TIME_SIGNAL_PERIODS_S = {"age_s": 60.0, "hour_of_day": 3600.0}
+
+
 def additions_read(signals: "frozenset[str] | set[str]") -> int:
     """The NEW_* bits of the additions that some of ``signals`` read."""
     bits = 0

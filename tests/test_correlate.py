@@ -284,3 +284,22 @@ def test_eviction_under_a_fork_flood_is_batched():
         c.feed(facts(pid, T + pid))
     assert len(c) <= 100 and c.state_of(1000) is not None
     assert c.counters["evicted"] == 900
+
+
+def test_decoy_connections_and_payloads_do_not_hide_the_pool(ruleset):
+    """The bounded tables (64 endpoints, 16 payloads) fill up; what comes after still counts."""
+    c = Correlator(ruleset, facts_provider=None)
+    c.feed(facts(77, T))
+    for i in range(200):
+        c.feed(Connect(time=T + 1, pid=77, family="ipv4", address=f"10.1.{i // 250}.{i % 250}", port=443))
+        c.feed(NetPayload(time=T + 1, pid=77, fd=5, protocol="tls", detail={"sni": f"cdn{i}.example.com"}))
+    c.score(T + 1)
+    c.feed(Connect(time=T + 2, pid=77, family="ipv4", address="198.51.100.7", port=3333))
+    c.feed(NetPayload(time=T + 2, pid=77, fd=6, protocol="cryptonote",
+                      detail={"method": "login", "login": "4" + "A" * 94, "agent": "XMRig/6.21.0"}))
+    state = c.state_of(77)
+    assert len(state.connections) == 64 and len(state.payloads) == 16      # the tables stay bounded
+    assert state.dirty
+    (verdict,) = c.score(T + 2)
+    rules = {e.rule_id for e in verdict.evidence}
+    assert {"net-pool-port", "net-miner-agent", "net-wallet-login"} <= rules, rules

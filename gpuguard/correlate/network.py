@@ -15,6 +15,8 @@ from typing import Any
 from gpuguard.correlate.endpoints import parse_endpoint
 
 _TEXT_KEYS = (("agent", "agents"), ("method", "methods"), ("login", "logins"), ("user", "logins"))
+MAX_ADDRESSES = 1024       # ports are bounded by their range
+MAX_TEXTS = 256            # per set of texts
 
 
 class NetworkView:
@@ -34,18 +36,20 @@ class NetworkView:
 
     def add_endpoint(self, address: str, port: int) -> None:
         self.ports.add(port)
-        self.addresses.add(address)
+        if len(self.addresses) < MAX_ADDRESSES:
+            self.addresses.add(address)
 
-    def add_payload_detail(self, detail: dict[str, Any]) -> None:
-        """Take what a recognised payload's detail names (values are bounded; bad types ignored)."""
+    def add_payload_detail(self, detail: dict[str, Any]) -> bool:
+        """Take what a recognised payload's detail names (bounded; bad types ignored); True if anything was new."""
+        before = self._size()
         for key, into in _TEXT_KEYS:
             value = detail.get(key)
             if isinstance(value, str) and value:
-                getattr(self, into).add(value[:256])
+                _bounded_add(getattr(self, into), value[:256])
         for key in ("sni", "host"):
             value = detail.get(key)
             if isinstance(value, str) and value:
-                self.payload_hosts.add(_host_name(value.split(":")[0]))
+                _bounded_add(self.payload_hosts, _host_name(value.split(":")[0]))
         target_host, target_port = detail.get("target_host"), detail.get("target_port")
         if not target_host and detail.get("target"):
             endpoint = parse_endpoint(str(detail["target"]))
@@ -53,10 +57,20 @@ class NetworkView:
                 target_host, target_port = endpoint.host, endpoint.port
         if isinstance(target_host, str) and target_host:
             host = _host_name(target_host)
-            self.proxy_hosts.add(host)
-            self.payload_hosts.add(host)
+            _bounded_add(self.proxy_hosts, host)
+            _bounded_add(self.payload_hosts, host)
         if isinstance(target_port, int) and not isinstance(target_port, bool) and 0 < target_port < 65536:
             self.proxy_ports.add(target_port)
+        return self._size() != before
+
+    def _size(self) -> int:
+        return (len(self.agents) + len(self.methods) + len(self.logins) + len(self.payload_hosts)
+                + len(self.proxy_hosts) + len(self.proxy_ports))
+
+
+def _bounded_add(into: set[str], value: str) -> None:
+    if len(into) < MAX_TEXTS:
+        into.add(value)
 
 
 def _host_name(value: str) -> str:

@@ -28,11 +28,7 @@ GPU_WINDOW_S = 300.0
 CPU_WINDOW_S = 300.0
 IOCTL_WINDOW_S = 60.0
 GPU_RESCORE_EVERY_S = 10.0   # GPU windows span minutes: a new sample rescores at most this often
-# ``ProcessState.derived`` holds what gpuguard.detect derives from a state (parsed command
-# line, signal values, rule outcomes).  All of it is dropped with new facts (set_facts, exec).
-# What was derived from connections and payloads is also dropped when a new endpoint or
-# payload comes; what was derived from the GPU devices, paths and ioctl names it used, when
-# one of those is new.
+
 # What an observation added, as bits: the correlator rescores a process only for additions
 # that some rule reads (gpuguard.detect.signals.SIGNALS_READING says which signals read which).
 NEW_PORT = 1            # a remote port not connected to before
@@ -43,6 +39,12 @@ NEW_GPU_PATH = 16       # a GPU device path not opened before
 NEW_IOCTL_NAME = 32     # a decoded GPU ioctl name not issued before
 NEW_IOCTL_CATEGORY = 64
 ANY_ADDITION = 127
+
+# ``ProcessState.derived`` holds what gpuguard.detect derives from a state (parsed command
+# line, signal values, rule outcomes).  All of it is dropped with new facts (set_facts, exec).
+# What was derived from connections and payloads is also dropped when a new endpoint or
+# payload comes; what was derived from the GPU devices, paths and ioctl names it used, when
+# one of those is new.
 DERIVED_FROM_NETWORK = ("signals:network", "rules:network", "rules:devices+network")
 DERIVED_FROM_DEVICES = ("signals:devices", "rules:devices", "rules:devices+network")
 
@@ -178,15 +180,16 @@ class ProcessState:
         return new
 
     def add_connection(self, address: str, port: int) -> int:
-        """Count one connect; NEW_PORT / NEW_ADDRESS when the endpoint (kept while the table has room) brought one."""
+        """Count one connect; NEW_PORT / NEW_ADDRESS when it reached a port or address not seen before."""
         self.connect_total += 1
         endpoint = (address, port)
         if endpoint in self.connections:
             self.connections[endpoint] += 1
             return 0
-        if len(self.connections) >= MAX_CONNECTIONS:
-            return 0
-        self.connections[endpoint] = 1
+        if len(self.connections) < MAX_CONNECTIONS:
+            self.connections[endpoint] = 1
+        # The ports and addresses are kept beyond the table (up to NetworkView's own bounds):
+        # 64 decoy connections must not hide the pool connection that follows them.
         network = self.network
         new = (NEW_PORT if port not in network.ports else 0) | (NEW_ADDRESS if address not in network.addresses else 0)
         if new:
@@ -198,12 +201,13 @@ class ProcessState:
         """Keep a recognised payload; NEW_PAYLOAD when it added something (a new protocol or a kept detail)."""
         new = protocol not in self.payload_protocols
         self.payload_protocols.add(protocol)
-        if len(self.payloads) < MAX_PAYLOADS and not any(
-            p.protocol == protocol and p.detail == detail for p in self.payloads
-        ):
-            self.payloads.append(PayloadSeen(time, protocol, dict(detail)))
-            self.network.add_payload_detail(detail)
-            new = True
+        if not any(p.protocol == protocol and p.detail == detail for p in self.payloads):
+            # Details are kept beyond the list too (up to NetworkView's bounds), so decoy
+            # payloads cannot hide the pool login that follows them.
+            new |= self.network.add_payload_detail(detail)
+            if len(self.payloads) < MAX_PAYLOADS:
+                self.payloads.append(PayloadSeen(time, protocol, dict(detail)))
+                new = True
         if new:
             self._drop_derived(DERIVED_FROM_NETWORK)
             return NEW_PAYLOAD

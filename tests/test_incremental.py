@@ -70,6 +70,11 @@ rules:
     severity: low
     weight: 5
     condition: {signal: connect_count, gte: 6}
+  - id: site-busy-channel
+    description: registers UVM channels often
+    severity: low
+    weight: 5
+    condition: {signal: ioctl_command_rate, command: UVM_REGISTER_CHANNEL, gte: 0.2}
 lists:
   lab_networks: [10.9.0.0/16]
 """
@@ -154,7 +159,9 @@ def test_incremental_verdicts_equal_full_evaluation(ruleset, seed):
         if step % 7 == 0:
             rescored += len(c.score(t))
             for state in c.states():
-                assert essence(state.verdict) == essence(from_scratch(state, ruleset, t)), (seed, step, state.key)
+                # At the verdict's own time: rates and windows are functions of the clock.
+                full = from_scratch(state, ruleset, state.verdict.time)
+                assert essence(state.verdict) == essence(full), (seed, step, state.key)
                 checked += 1
     assert t - HOUR < 3600 and checked > 4000 and rescored > 200
 
@@ -360,3 +367,18 @@ def test_children_are_rescored_when_the_parent_score_changes(tmp_path):
     assert verdicts[11].score == 0                                          # 30 < 40: rescored, no match
     c.feed(GpuOpen(time=noon + 2, pid=10, path="/dev/kfd", device_class="kfd", fd=3))
     assert c.score(noon + 2) == []
+
+
+def test_command_rates_are_kept_only_when_a_rule_reads_them(tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text(SITE_RULES)
+    for paths, tracked in (([shipped_rules_file()], False), ([shipped_rules_file(), site], True)):
+        c = Correlator(load_ruleset(paths), facts_provider=None)
+        c.feed(facts(30, miner=False))
+        for i in range(30):
+            c.feed(GpuIoctl(time=HOUR + i, pid=30, device_class="nvidia-uvm", command=27, count=3))
+        state = c.state_of(30)
+        assert bool(state.ioctl_command_rates) is tracked and bool(state.ioctl_rates) is tracked
+        rules = {e.rule_id for e in c.score(HOUR + 30)[0].evidence}
+        assert ("site-busy-channel" in rules) is tracked
+

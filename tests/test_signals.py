@@ -139,6 +139,7 @@ def test_every_signal_is_exercised_or_computable():
         assert signal.type in ("bool", "number", "text", "texts", "numbers")
         assert signal.description
     untested = set(SIGNALS) - tested - {f"ioctl_rate_{c}" for c in ("submit", "memory", "query", "setup", "other")}
+    untested -= {"ioctl_command_rate"}    # test_ioctl_rate_over_the_last_minute
     assert untested <= {"exe", "cgroup", "container_id", "ld_preload", "hour_of_day", "exited", "cmdline_hosts",
                         "config_url_schemes", "gpu_paths", "gpu_util_latest", "cpu_percent_mean", "cpu_window_s",
                         "yara_tags", "parent_exe", "parent_score", "proxy_target_hosts", "payload_hosts"}, untested
@@ -152,6 +153,22 @@ def test_ioctl_rate_over_the_last_minute():
     assert reader.get("ioctl_rate_submit") == pytest.approx(10.0, rel=0.05)
     assert reader.get("ioctl_rate_query") == 0.0
     assert SignalReader(state, T + 119 + 3600).get("ioctl_rate_submit") == 0.0
+    assert reader[("ioctl_command_rate", "UVM_REGISTER_CHANNEL")] == pytest.approx(10.0, rel=0.05)
+    assert reader[("ioctl_command_rate", "NV_ESC_RM_CONTROL")] == 0.0
+    assert reader["ioctl_command_rate"] is None           # without a command: nothing to measure
+
+
+def test_rate_of_one_decoded_command_in_a_condition():
+    state = make()
+    for i in range(60):
+        state.add_ioctl(T + i, "UVM_REGISTER_CHANNEL", "submit", 50)
+        state.add_ioctl(T + i, "UVM_MAP_EXTERNAL_ALLOCATION", "submit", 1)
+    busy = compile_({"signal": "ioctl_command_rate", "command": "UVM_REGISTER_CHANNEL", "gte": 40})
+    reader = SignalReader(state, T + 59)
+    assert reader[("ioctl_command_rate", "UVM_REGISTER_CHANNEL")] == pytest.approx(50.0, rel=0.03)
+    assert busy(reader) == [f"ioctl_command_rate[UVM_REGISTER_CHANNEL]={3000 / 59:.4g} (>= 40)"]
+    other = compile_({"signal": "ioctl_command_rate", "command": "UVM_MAP_EXTERNAL_ALLOCATION", "gte": 40})
+    assert other(SignalReader(state, T + 59)) is None
 
 
 def test_hour_of_day_is_utc():

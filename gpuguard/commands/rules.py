@@ -68,7 +68,8 @@ def _list(args: argparse.Namespace) -> int:
 
 def _signals(args: argparse.Namespace) -> int:
     for signal in sorted(SIGNALS.values(), key=lambda s: (s.group, s.name)):
-        print(f"{signal.group:9} {signal.name:28} {signal.type:8} {signal.description}")
+        name = f"{signal.name} ({signal.parameter}: ...)" if signal.parameter else signal.name
+        print(f"{signal.group:9} {name:28} {signal.type:8} {signal.description}")
     print()
     for name, (types, meaning) in OPERATORS.items():
         print(f"operator {name:15} on {', '.join(types):30} {meaning}")

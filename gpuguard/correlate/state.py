@@ -86,7 +86,8 @@ class ProcessState:
     ioctl_counts: dict[str, int] = field(default_factory=dict)     # the first MAX_IOCTL_NAMES names
     ioctl_categories: set[str] = field(default_factory=set)
     ioctl_total: int = 0
-    ioctl_rates: dict[str, RateWindow] = field(default_factory=dict)
+    ioctl_rates: dict[str, RateWindow] = field(default_factory=dict)           # by category
+    ioctl_command_rates: dict[str, RateWindow] = field(default_factory=dict)   # by name (those in ioctl_counts)
     # network
     connections: dict[tuple[str, int], int] = field(default_factory=dict)   # (address, port) -> attempts
     connect_total: int = 0
@@ -175,6 +176,11 @@ class ProcessState:
             if window is None:
                 window = self.ioctl_rates[category] = RateWindow(IOCTL_WINDOW_S)
             window.add(time, count)
+            window = self.ioctl_command_rates.get(name)
+            if window is None and name in counts:
+                window = self.ioctl_command_rates[name] = RateWindow(IOCTL_WINDOW_S)
+            if window is not None:
+                window.add(time, count)
         if new:
             self._drop_derived(DERIVED_FROM_DEVICES)
         return new

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuguard.detect.signals import SIGNALS, SignalReader
+from gpuguard.events.ioctl_names import is_ioctl_name
 from gpuguard.detect.yaml_marks import Position
 
 Condition = Callable[[SignalReader], "list[str] | None"]
@@ -231,33 +232,34 @@ def _describe(op: str, operand: Any) -> str:
     return f"{op} {_fmt(operand)}"
 
 
-def _leaf(name: str, type_: str, op: str, operand: Any, compiled: Any) -> Condition:
+def _leaf(key: "str | tuple[str, str]", label: str, type_: str, op: str, operand: Any, compiled: Any) -> Condition:
+    """A test of one signal: ``key`` is what the reader is asked for, ``label`` what the witness shows."""
     numeric = type_ in ("number", "numbers")
     about = _describe(op, operand)
     if op == "empty":
         want = bool(operand)
 
         def empty_leaf(r: SignalReader) -> list[str] | None:
-            v = r[name]
+            v = r[key]
             if v is None or (not v) != want:
                 return None
-            return [f"{name} {'empty' if want else 'not empty'}"]
+            return [f"{label} {'empty' if want else 'not empty'}"]
         return empty_leaf
     if type_ in _SETS and op == "contains":
         wanted = operand.lower() if isinstance(operand, str) else operand
 
         def contains_leaf(r: SignalReader) -> list[str] | None:
-            v = r[name]
+            v = r[key]
             if not v or wanted not in v:
                 return None
-            return [f"{name} contains {_fmt(operand)}"]
+            return [f"{label} contains {_fmt(operand)}"]
         return contains_leaf
     test = _element_test(op, operand, compiled, numeric)
     if type_ in _SETS:
         select = _set_selector(op, operand, compiled, numeric, test)
 
         def set_leaf(r: SignalReader) -> list[str] | None:
-            v = r[name]
+            v = r[key]
             if not v:
                 return None
             hits = select(v)
@@ -265,14 +267,14 @@ def _leaf(name: str, type_: str, op: str, operand: Any, compiled: Any) -> Condit
                 return None
             hits.sort(key=str)
             shown = ",".join(_fmt(h) for h in hits[:_MAX_WITNESSES]) + (",..." if len(hits) > _MAX_WITNESSES else "")
-            return [f"{name}={shown} ({about})"]
+            return [f"{label}={shown} ({about})"]
         return set_leaf
 
     def scalar_leaf(r: SignalReader) -> list[str] | None:
-        v = r[name]
+        v = r[key]
         if v is None or not test(v):
             return None
-        return [f"{name}={_fmt(v)} ({about})"]
+        return [f"{label}={_fmt(v)} ({about})"]
     return scalar_leaf
 
 
@@ -339,7 +341,20 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
         bad((at(path + ("signal",)), f"unknown signal {name!r}{hint}"))
         return None
     type_ = SIGNALS[name].type
-    ops = [k for k in node if k != "signal"]
+    parameter = SIGNALS[name].parameter
+    key: str | tuple[str, str] = name
+    label = name
+    if parameter is not None:
+        argument = node.get(parameter)
+        if not isinstance(argument, str) or not argument:
+            bad((at(path), f"signal {name}: needs `{parameter}: NAME` saying what to measure"))
+            return None
+        problem = _argument_problem(parameter, argument)
+        if problem:
+            bad((at(path + (parameter,)), f"signal {name}: {problem}"))
+            return None
+        key, label = (name, argument), f"{name}[{argument}]"
+    ops = [k for k in node if k not in ("signal", parameter)]
     if len(ops) != 1:
         bad((at(path), f"signal {name}: needs exactly one operator ({', '.join(OPERATORS)}), found {len(ops)}"))
         return None
@@ -402,4 +417,12 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
             except re.error as exc:
                 bad((here, f"bad regular expression {operand!r}: {exc}"))
                 return None
-    return _leaf(name, type_, op, operand, compiled)
+    return _leaf(key, label, type_, op, operand, compiled)
+
+
+def _argument_problem(parameter: str, argument: str) -> str | None:
+    """Why ``argument`` cannot be measured (None when it can)."""
+    if parameter == "command" and not is_ioctl_name(argument):
+        return (f"{argument!r} is not a decoded ioctl name (names such as NV_ESC_RM_CONTROL, "
+                "UVM_REGISTER_CHANNEL, AMDKFD_IOC_CREATE_QUEUE: see docs/event-decoding.md)")
+    return None

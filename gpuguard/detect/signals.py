@@ -45,7 +45,8 @@ class Signal:
     type: str
     group: str
     description: str
-    compute: Callable[[ProcessState, float], Any]
+    compute: Callable[..., Any]        # (state, now), or (state, now, argument) with a parameter
+    parameter: str | None = None       # a condition key naming what to measure, e.g. ``command``
 
 
 SIGNALS: dict[str, Signal] = {}
@@ -87,10 +88,10 @@ def rule_cache(signals: "tuple[str, ...] | frozenset[str]") -> str | None:
     return name
 
 
-def _signal(name: str, type_: str, group: str, description: str):
-    def register(fn: Callable[[ProcessState, float], Any]) -> Callable[[ProcessState, float], Any]:
+def _signal(name: str, type_: str, group: str, description: str, parameter: str | None = None):
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         assert type_ in SIGNAL_TYPES and name not in SIGNALS
-        SIGNALS[name] = Signal(name, type_, group, description, fn)
+        SIGNALS[name] = Signal(name, type_, group, description, fn, parameter)
         return fn
     return register
 
@@ -115,7 +116,11 @@ class SignalReader(dict):
             if kept:
                 self.update(kept)
 
-    def __missing__(self, name: str) -> Any:
+    def __missing__(self, name: "str | tuple[str, str]") -> Any:
+        if type(name) is tuple:      # (signal, argument) for a signal with a parameter; never kept
+            signal_name, argument = name
+            value = self[name] = SIGNALS[signal_name].compute(self.state, self.now, argument)
+            return value
         signal = SIGNALS[name]
         cache_name = _SIGNAL_CACHE[name]
         if cache_name is None:
@@ -480,6 +485,15 @@ for _category in ("submit", "memory", "query", "setup", "other"):
     _rate_signal(_category)
 
 
+@_signal("ioctl_command_rate", "number", "gpu", "GPU ioctls per second over the last minute of one decoded command, "
+         "named by the condition's `command:` (e.g. UVM_REGISTER_CHANNEL)", parameter="command")
+def _ioctl_command_rate(s: ProcessState, now: float, command: str | None = None) -> float | None:
+    if command is None:
+        return None
+    window = s.ioctl_command_rates.get(command)
+    return window.rate(now) if window is not None else 0.0
+
+
 @_signal("gpu_util_mean", "number", "gpu", "mean per-process GPU (SM) utilisation %, last 5 minutes")
 def _gpu_util_mean(s: ProcessState, now: float) -> float | None:
     return s.gpu_util.mean
@@ -603,14 +617,15 @@ SIGNALS_READING: dict[int, frozenset[str]] = {
     NEW_IOCTL_NAME: frozenset({"ioctl_names"}),
     NEW_IOCTL_CATEGORY: frozenset({"ioctl_categories", "ioctl_query_only"}),
 }
-RATE_SIGNALS = frozenset(name for name in SIGNALS if name.startswith("ioctl_rate_"))
+RATE_SIGNALS = frozenset(name for name in SIGNALS if name.startswith("ioctl_rate_")) | {"ioctl_command_rate"}
 COUNT_SIGNALS = frozenset({"connect_count", "ioctl_total"}) | RATE_SIGNALS
 assert sum(SIGNALS_READING) == ANY_ADDITION and set().union(*SIGNALS_READING.values()) <= set(SIGNALS)
 
 
 # Signals that change with the clock alone, and how often the correlator re-evaluates every
-# process for them when a rule reads them (an age rule may fire up to a minute late).
-TIME_SIGNAL_PERIODS_S = {"age_s": 60.0, "hour_of_day": 3600.0}
+# process for them when a rule reads them (an age rule may fire up to a minute late; a rate
+# falls within 10 s of a process going quiet).
+TIME_SIGNAL_PERIODS_S = {"age_s": 60.0, "hour_of_day": 3600.0, **{name: 10.0 for name in RATE_SIGNALS}}
 
 
 def additions_read(signals: "frozenset[str] | set[str]") -> int:

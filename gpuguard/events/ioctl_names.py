@@ -30,6 +30,8 @@ the command number is chosen by the (possibly hostile) caller.
 
 from __future__ import annotations
 
+import re
+
 from gpuguard.events.abi import NV_XFER_FLAG
 
 SUBMIT = "submit"   # creates an execution context/queue/channel or submits work
@@ -566,6 +568,16 @@ def _compute_name(device_class: str, command: object) -> str:
     if cache is not None and len(cache) < _cache_limit[device_class]:
         cache[command] = name
     return name
+
+
+_GENERIC_NAME = re.compile(r"^[A-Z][A-Z0-9_]*\([A-Za-z0-9=,]{1,40}\)$")   # NV_ESC(nr=0x2a), IOCTL(0x1234)...
+
+
+def is_ioctl_name(name: str) -> bool:
+    """Whether ``name`` is a name :func:`ioctl_name` can give: a known command (or its
+    ``(xfer)`` form) or a generic ``PREFIX(...)`` name for an unknown number."""
+    base = name[: -len(XFER_SUFFIX)] if name.endswith(XFER_SUFFIX) else name
+    return base in _CATEGORY_BY_NAME or _GENERIC_NAME.match(name) is not None
 
 
 def ioctl_category(name: str) -> str:

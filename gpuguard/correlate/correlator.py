@@ -134,9 +134,10 @@ class Correlator:
         """Rescore processes whose state changed (all with ``everything``); returns their new
         verdicts, oldest process first.
 
-        When a rule reads the clock (``age_s``, ``hour_of_day``), every process is also
-        rescored once per period of that signal (a minute, an hour), so a verdict that
-        depends on the time alone does not wait for the process's next event.
+        When a rule reads a signal that moves with the clock alone (an ioctl rate,
+        ``age_s``, ``hour_of_day``), every process is also rescored once per period of
+        that signal (10 s, a minute, an hour), so such a verdict does not wait for the
+        process's next event.
         """
         from gpuguard.detect.score import score_process
 

@@ -164,7 +164,7 @@ def _element_test(op: str, operand: Any, compiled: Any, numeric: bool) -> Callab
             return lambda v: isinstance(v, str) and v.lower() == low
         return lambda v: v == operand and type(v) is not bool if not isinstance(operand, bool) else v is operand
     if op == "in":
-        values = frozenset(o.lower() if isinstance(o, str) else o for o in operand)
+        values = _members(op, operand, compiled, numeric)
         return lambda v: (v.lower() if isinstance(v, str) else v) in values
     if op == "in_list":
         if numeric:
@@ -209,16 +209,28 @@ def _element_test(op: str, operand: Any, compiled: Any, numeric: bool) -> Callab
     return comparisons[op]
 
 
+def _members(op: str, operand: Any, compiled: Any, numeric: bool) -> frozenset | None:
+    """The set an ``in``/``in_list`` test looks values up in (texts lower-case); None when the
+    test is not plain membership (another operator, or a number list with ranges)."""
+    if op == "in":
+        return frozenset(o.lower() if isinstance(o, str) else o for o in operand)
+    if op == "in_list":
+        if not numeric:
+            return compiled
+        exact, ranges = compiled
+        return None if ranges else exact
+    return None
+
+
 def _set_selector(op: str, operand: Any, compiled: Any, numeric: bool,
                   test: Callable[[Any], bool]) -> Callable[[Any], list]:
     """The elements of a set signal that pass ``test``; membership tests inlined (no call per element)."""
-    if op in ("in", "in_list") and not numeric:
-        members = compiled if op == "in_list" else frozenset(o.lower() if isinstance(o, str) else o for o in operand)
-        return lambda values: [e for e in values if (e.lower() if type(e) is str else e) in members]
-    if numeric and (op == "in" or op == "in_list" and not compiled[1]):
-        members = compiled[0] if op == "in_list" else frozenset(operand)
+    members = _members(op, operand, compiled, numeric)
+    if members is None:
+        return lambda values: [e for e in values if test(e)]
+    if numeric:
         return lambda values: [e for e in values if e in members]
-    return lambda values: [e for e in values if test(e)]
+    return lambda values: [e for e in values if (e.lower() if type(e) is str else e) in members]
 
 
 def _describe(op: str, operand: Any) -> str:

@@ -87,6 +87,7 @@ class RuleSet:
     sources: list[Path]
     _yara: Any = field(default=None, repr=False)
     _groups: Any = field(default=None, repr=False)
+    _signals_used: frozenset[str] | None = field(default=None, repr=False)
 
     @property
     def evaluation_groups(self) -> "tuple[tuple[str | None, tuple[Rule, ...]], ...]":
@@ -99,7 +100,9 @@ class RuleSet:
     @property
     def signals_used(self) -> frozenset[str]:
         """Signals the enabled rules read (the correlator skips rescoring for changes to others)."""
-        return frozenset(name for rule in self.rules for name in rule.signals)
+        if self._signals_used is None:
+            self._signals_used = frozenset(name for rule in self.rules for name in rule.signals)
+        return self._signals_used
 
     @property
     def rescore_on(self) -> int:
@@ -114,7 +117,8 @@ class RuleSet:
     @property
     def time_rescore_period_s(self) -> float | None:
         """How often every process must be re-evaluated because a rule reads the clock (None: never)."""
-        periods = [TIME_SIGNAL_PERIODS_S[name] for name in self.signals_used if name in TIME_SIGNAL_PERIODS_S]
+        used = self.signals_used
+        periods = [period for name, period in TIME_SIGNAL_PERIODS_S.items() if name in used]
         return min(periods) if periods else None
 
     @property

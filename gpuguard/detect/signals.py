@@ -83,7 +83,6 @@ def rule_cache(signals: "tuple[str, ...] | frozenset[str]") -> str | None:
         return None
     kinds.discard(FACTS)
     name = "rules:" + ("+".join(sorted(kinds)) if kinds else FACTS)
-    assert kinds <= {NETWORK, DEVICES}
     assert all(name in (DERIVED_FROM_NETWORK if kind == NETWORK else DERIVED_FROM_DEVICES) for kind in kinds)
     return name
 
@@ -328,9 +327,21 @@ def _cmdline_algorithm(s: ProcessState, now: float) -> set[str]:
     return _cmdline(s).algorithms
 
 
+def _schemes(endpoints: list[Endpoint]) -> set[str]:
+    return {e.scheme for e in endpoints if e.scheme}
+
+
+def _hosts(endpoints: list[Endpoint]) -> set[str]:
+    return {e.host for e in endpoints}
+
+
+def _ports(endpoints: list[Endpoint]) -> set[int]:
+    return {e.port for e in endpoints if e.port}
+
+
 @_signal("cmdline_url_schemes", "texts", "cmdline", "URL schemes on the command line (stratum+tcp...)")
 def _cmdline_schemes(s: ProcessState, now: float) -> set[str]:
-    return {e.scheme for e in _cmdline(s).endpoints if e.scheme}
+    return _schemes(_cmdline(s).endpoints)
 
 
 @_signal("cmdline_endpoints", "texts", "cmdline", "URLs and pool-option host:port values on the command line")
@@ -340,12 +351,12 @@ def _cmdline_endpoints(s: ProcessState, now: float) -> set[str]:
 
 @_signal("cmdline_hosts", "texts", "cmdline", "host names/addresses in command-line URLs and pool options")
 def _cmdline_hosts(s: ProcessState, now: float) -> set[str]:
-    return {e.host for e in _cmdline(s).endpoints}
+    return _hosts(_cmdline(s).endpoints)
 
 
 @_signal("cmdline_ports", "numbers", "cmdline", "ports in command-line URLs and pool options")
 def _cmdline_ports(s: ProcessState, now: float) -> set[int]:
-    return {e.port for e in _cmdline(s).endpoints if e.port}
+    return _ports(_cmdline(s).endpoints)
 
 
 @_signal("config_keys", "texts", "config", "setting names in config files beside/named by the process, lower-case")
@@ -355,7 +366,7 @@ def _config_keys(s: ProcessState, now: float) -> set[str]:
 
 @_signal("config_url_schemes", "texts", "config", "URL schemes in its config files")
 def _config_schemes(s: ProcessState, now: float) -> set[str]:
-    return {e.scheme for e in _config(s).endpoints if e.scheme}
+    return _schemes(_config(s).endpoints)
 
 
 @_signal("config_endpoints", "texts", "config", "URLs and host:port values in its config files")
@@ -365,23 +376,23 @@ def _config_endpoints(s: ProcessState, now: float) -> set[str]:
 
 @_signal("config_hosts", "texts", "config", "host names in its config files")
 def _config_hosts(s: ProcessState, now: float) -> set[str]:
-    return {e.host for e in _config(s).endpoints}
+    return _hosts(_config(s).endpoints)
 
 
 @_signal("config_ports", "numbers", "config", "ports in its config files")
 def _config_ports(s: ProcessState, now: float) -> set[int]:
-    return {e.port for e in _config(s).endpoints if e.port}
+    return _ports(_config(s).endpoints)
 
 
 # -- network ------------------------------------------------------------------
 
 @_signal("connect_ports", "numbers", "network", "remote ports it connected to")
-def _connect_ports(s: ProcessState, now: float) -> frozenset[int]:
+def _connect_ports(s: ProcessState, now: float) -> set[int]:
     return s.network.ports
 
 
 @_signal("connect_addresses", "texts", "network", "remote addresses it connected to")
-def _connect_addresses(s: ProcessState, now: float) -> frozenset[str]:
+def _connect_addresses(s: ProcessState, now: float) -> set[str]:
     return s.network.addresses
 
 
@@ -396,7 +407,7 @@ def _connected_revealed(s: ProcessState, now: float) -> bool:
     ports = s.network.ports
     if not ports:
         return False
-    revealed = {e.port for e in _cmdline(s).endpoints if e.port} | {e.port for e in _config(s).endpoints if e.port}
+    revealed = _ports(_cmdline(s).endpoints) | _ports(_config(s).endpoints)
     return bool(ports & revealed)
 
 
@@ -437,7 +448,7 @@ def _proxy_ports(s: ProcessState, now: float) -> set[int]:
 
 @_signal("revealed_hosts", "texts", "network", "every host it named: command line, config files and payloads")
 def _revealed_hosts(s: ProcessState, now: float) -> set[str]:
-    return ({e.host for e in _cmdline(s).endpoints} | {e.host for e in _config(s).endpoints} | s.network.payload_hosts)
+    return _hosts(_cmdline(s).endpoints) | _hosts(_config(s).endpoints) | s.network.payload_hosts
 
 
 # -- GPU ----------------------------------------------------------------------
@@ -606,7 +617,7 @@ assert set(_KEPT_SIGNALS) <= {"signals:facts", *DERIVED_FROM_NETWORK, *DERIVED_F
 
 # The signals that read each kind of addition to a state (correlate.state.NEW_*), and those
 # that read repeated counts: the correlator rescores a process for an addition or a count
-# only when a rule reads one of them.  tests/test_signals.py checks these against every signal.
+# only when a rule reads one of them.  tests/test_incremental.py checks these against every signal.
 SIGNALS_READING: dict[int, frozenset[str]] = {
     NEW_PORT: frozenset({"connect_ports", "connected_to_revealed_port"}),
     NEW_ADDRESS: frozenset({"connect_addresses"}),

@@ -38,8 +38,8 @@ from gpuguard.detect.score import score_process  # noqa: E402
 from gpuguard.detect.shipped import shipped_rules_file  # noqa: E402
 from gpuguard.events.model import Connect, GpuIoctl, GpuOpen, NetPayload  # noqa: E402
 from gpuguard.events.wire import RecordingWriter, iter_recording  # noqa: E402
-from gpuguard.sources.gpu.snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
-from gpuguard.sources.process import Ancestor, ProcessFacts  # noqa: E402
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
+from gpuguard.events.process_facts import Ancestor, ProcessFacts  # noqa: E402
 
 T0 = 1_700_000_000.0
 IOCTLS = [("nvidia-ctl", 0xC020462A), ("nvidia-ctl", 0xC030462B), ("nvidia-ctl", 0xC038464E),

@@ -20,7 +20,7 @@ class GpuguardError(Exception):
         self.fix = fix
 
     def one_line(self) -> str:
-        from gpuguard.outputs.escape import escape_text
+        from gpuguard.escape import escape_text
 
         text = escape_text(self.cause)
         if self.fix:

@@ -13,8 +13,9 @@ from gpuguard.correlate.state import Correlator as CorrelatorFromState, ProcessK
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_file
 from gpuguard.events.model import Connect, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
-from gpuguard.sources.gpu.snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
-from gpuguard.sources.process import Ancestor, ProcessFacts, collect_process_facts
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.events.process_facts import Ancestor, ProcessFacts
+from gpuguard.sources.process import collect_process_facts
 
 T = 1_700_000_000.0
 

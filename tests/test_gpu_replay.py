@@ -12,8 +12,8 @@ from gpuguard.errors import GpuguardError
 from gpuguard.events.model import GpuOpen
 from gpuguard.events.wire import RecordingWriter
 from gpuguard.sources.gpu.replay import EndOfRecording, ReplaySampler
-from gpuguard.sources.gpu.snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
-from gpuguard.sources.process import ProcessFacts
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.events.process_facts import ProcessFacts
 
 MIB = 1024 * 1024
 T0 = 1_750_000_000.0

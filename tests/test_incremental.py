@@ -39,8 +39,8 @@ from gpuguard.detect.signals import (
     signal_kind,
 )
 from gpuguard.events.model import Connect, Exec, GpuIoctl, GpuOpen, NetPayload
-from gpuguard.sources.gpu.snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
-from gpuguard.sources.process import Ancestor, ProcessFacts
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.events.process_facts import Ancestor, ProcessFacts
 
 HOUR = 1_700_002_800.0     # the start of an hour: hour_of_day stays the same for the whole stream
 TIME_SIGNALS = frozenset(name for name, s in SIGNALS.items() if s.group == "time")

@@ -10,7 +10,7 @@ import pytest
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.score import score_process
-from gpuguard.sources.process import Ancestor, ProcessFacts
+from gpuguard.events.process_facts import Ancestor, ProcessFacts
 
 T = 1_700_000_000.0
 

@@ -8,7 +8,7 @@ from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.conditions import CompileContext, ListDef, compile_condition
 from gpuguard.detect.signals import SIGNALS, SignalReader
 from gpuguard.detect.yaml_marks import Position
-from gpuguard.sources.process import Ancestor, ProcessFacts
+from gpuguard.events.process_facts import Ancestor, ProcessFacts
 
 T = 1_700_000_000.0
 WALLET = "4" + "A" * 94

@@ -19,8 +19,8 @@ from gpuguard.events.model import (
 from gpuguard.events.wire import (
     RecordingDamaged, RecordingWriter, item_from_record, iter_recording, read_header,
 )
-from gpuguard.sources.gpu.snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
-from gpuguard.sources.process import Ancestor, ProcessFacts
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.events.process_facts import Ancestor, ProcessFacts
 
 T0 = 1_718_000_000.25
 

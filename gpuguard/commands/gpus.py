@@ -16,8 +16,9 @@ from typing import Callable, Iterable
 
 from gpuguard.outputs.gpu_table import GpuView, ProcessLabel, render_view, view_to_json
 from gpuguard.sources.gpu.sampler import ALL_SOURCES, GpuSampler, open_samplers
-from gpuguard.sources.gpu.snapshot import GpuSnapshot
-from gpuguard.sources.process import ProcessFacts, collect_process_facts
+from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.sources.process import collect_process_facts
 
 HELP = "show GPUs and the processes using them (NVIDIA, AMD, any DRM driver)"
 # Engine busy time (DRM fdinfo, amdsmi) is a counter: a rate needs two reads.

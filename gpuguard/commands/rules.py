@@ -18,7 +18,7 @@ from gpuguard.detect.conditions import OPERATORS
 from gpuguard.detect.rules import load_ruleset, validate_rules
 from gpuguard.detect.shipped import default_rule_paths
 from gpuguard.detect.signals import SIGNALS
-from gpuguard.outputs.escape import escape_text
+from gpuguard.escape import escape_text
 
 HELP = "validate rule files, replay golden cases, list rules and signals"
 

@@ -23,8 +23,9 @@ from gpuguard.correlate.config_files import read_config_files
 from gpuguard.correlate.state import ANY_ADDITION, ProcessKey, ProcessState
 from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
-from gpuguard.sources.gpu.snapshot import GpuSnapshot
-from gpuguard.sources.process import ProcessFacts, collect_process_facts
+from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.sources.process import collect_process_facts
 
 if TYPE_CHECKING:
     from gpuguard.detect.rules import RuleSet

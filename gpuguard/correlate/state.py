@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuguard.correlate.network import NetworkView
 from gpuguard.correlate.windows import RateWindow, SampleWindow
-from gpuguard.sources.process import ProcessFacts
+from gpuguard.events.process_facts import ProcessFacts
 
 if TYPE_CHECKING:
     from gpuguard.detect.score import Verdict

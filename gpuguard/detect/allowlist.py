@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.yaml_marks import Position
-from gpuguard.sources.process import ProcessFacts
+from gpuguard.events.process_facts import ProcessFacts
 
 ENTRY_FIELDS = ("id", "exe", "sha256", "user", "cgroup", "container_id", "parent_exe", "any_container", "comment")
 MAX_HASH_BYTES = 1 << 30

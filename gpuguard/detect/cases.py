@@ -32,8 +32,8 @@ from gpuguard.detect.rules import VERDICTS, RuleSet
 from gpuguard.detect.score import Verdict
 from gpuguard.errors import GpuguardError
 from gpuguard.events.model import Event
-from gpuguard.sources.gpu.snapshot import GpuSnapshot
-from gpuguard.sources.process import ProcessFacts
+from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.events.process_facts import ProcessFacts
 
 CAPTURE = "capture.ggrec"
 EXPECTED = "expected.yaml"

@@ -18,7 +18,7 @@ from typing import Any
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.rules import Rule, RuleSet
 from gpuguard.detect.signals import SignalReader
-from gpuguard.outputs.escape import escape_text
+from gpuguard.escape import escape_text
 
 
 @dataclass(slots=True)

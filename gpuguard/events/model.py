@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gpuguard.outputs.escape import escape_bytes
+from gpuguard.escape import escape_bytes
 
 
 @dataclass(slots=True)

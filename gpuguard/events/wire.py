@@ -42,8 +42,8 @@ from gpuguard import __version__
 from gpuguard.errors import GpuguardError
 from gpuguard.events.abi import ABI_VERSION
 from gpuguard.events.model import EVENT_TYPES, Event
-from gpuguard.sources.gpu.snapshot import GpuSnapshot
-from gpuguard.sources.process import ProcessFacts
+from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.events.process_facts import ProcessFacts
 
 FORMAT_NAME = "gpuguard-recording"
 FORMAT_VERSION = 1

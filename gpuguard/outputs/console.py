@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Iterable, TextIO
 
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
-from gpuguard.outputs.escape import escape_text
+from gpuguard.escape import escape_text
 
 MINING_PROTOCOLS = frozenset({"stratum", "cryptonote", "ethproxy", "stratum-v2"})
 

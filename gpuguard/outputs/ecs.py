@@ -34,7 +34,7 @@ import socket
 from typing import Any
 
 from gpuguard import __version__
-from gpuguard.outputs.escape import escape_text
+from gpuguard.escape import escape_text
 from gpuguard.outputs.finding import Finding
 
 ECS_VERSION = "8.11.0"

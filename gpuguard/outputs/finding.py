@@ -1,7 +1,7 @@
 """The one finding shape every scan output renders (table, ECS JSON, OCSF).
 
 Data flow: a process :class:`~gpuguard.detect.score.Verdict` (plus the
-process's :class:`~gpuguard.sources.process.ProcessFacts`) or a
+process's :class:`~gpuguard.events.process_facts.ProcessFacts`) or a
 :class:`~gpuguard.detect.host_checks.HostFinding` -> :class:`Finding`.
 Renderers never reach back into the engine, so the agent can reuse them with
 the same two builders.  Strings here are raw (attacker-controlled where they
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.detect.host_checks import HostFinding
-from gpuguard.sources.process import ProcessFacts
+from gpuguard.events.process_facts import ProcessFacts
 
 SEVERITY_BANDS = ((90, "critical"), (70, "high"), (40, "medium"), (1, "low"), (0, "informational"))
 DEFAULT_TECHNIQUES = (("T1496", "Resource Hijacking"),)

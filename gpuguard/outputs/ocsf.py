@@ -27,7 +27,7 @@ from typing import Any
 
 from gpuguard import __version__
 from gpuguard.outputs.ecs import TECHNIQUE_TACTICS
-from gpuguard.outputs.escape import escape_text
+from gpuguard.escape import escape_text
 from gpuguard.outputs.finding import Finding
 
 OCSF_VERSION = "1.3.0"

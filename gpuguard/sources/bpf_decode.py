@@ -15,7 +15,7 @@ import time
 
 from gpuguard.events.abi import OPEN_RELATIVE, EventKind, device_class_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuOpen, NetPayload
-from gpuguard.outputs.escape import decode_c_string
+from gpuguard.escape import decode_c_string
 
 
 class MalformedEvent(ValueError):

@@ -29,10 +29,11 @@ import psutil
 from gpuguard.errors import GpuguardError
 from gpuguard.events.model import Event
 from gpuguard.sources.fd_holders import HolderScan, holder_event, scan_device_holders
-from gpuguard.sources.gpu.snapshot import GpuSnapshot
+from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.sources.hidden_pids import list_proc_pids
 from gpuguard.sources.net_connections import ConnectionTable, connect_event, read_connection_table
-from gpuguard.sources.process import MAX_ANCESTORS, Ancestor, ProcessFacts, collect_process_facts
+from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
+from gpuguard.sources.process import collect_process_facts
 
 GPU_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
 

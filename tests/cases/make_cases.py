@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO))
 from gpuguard.events.ioctl_names import ioc  # noqa: E402
 from gpuguard.events.model import Connect, Exec, GpuIoctl, GpuOpen, NetPayload  # noqa: E402
 from gpuguard.events.wire import RecordingWriter  # noqa: E402
-from gpuguard.sources.gpu.snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
-from gpuguard.sources.process import Ancestor, ProcessFacts  # noqa: E402
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
+from gpuguard.events.process_facts import Ancestor, ProcessFacts  # noqa: E402
 
 CASES_DIR = Path(__file__).resolve().parent
 T0 = 1_700_000_000.0

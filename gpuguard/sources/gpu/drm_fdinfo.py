@@ -27,7 +27,7 @@ from typing import Callable
 from gpuguard.events.abi import DeviceClass
 from gpuguard.events.devices import classify_device_path
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
-from gpuguard.sources.gpu.snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.sources.pidns import namespace_pid
 
 SOURCE = "drm-fdinfo"

@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
-from gpuguard.sources.gpu.snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.sources.pidns import namespace_pid
 
 SOURCE = "nvml"

@@ -16,8 +16,8 @@ import time
 from typing import Callable, Iterator
 
 from gpuguard.errors import GpuguardError
-from gpuguard.sources.gpu.snapshot import GpuSnapshot
-from gpuguard.sources.process import ProcessFacts
+from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.events.process_facts import ProcessFacts
 
 SOURCE = "replay"
 

@@ -15,7 +15,7 @@ import importlib
 from typing import Callable, Iterable, Protocol, runtime_checkable
 
 from gpuguard.errors import GpuguardError
-from gpuguard.sources.gpu.snapshot import GpuSnapshot
+from gpuguard.events.gpu_snapshot import GpuSnapshot
 
 ALL_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
 

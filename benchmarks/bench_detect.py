@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuguard.correlate.correlator import Correlator  # noqa: E402
+from gpuguard.detect.engine import DetectionEngine, rescore_policy  # noqa: E402
 from gpuguard.correlate.state import ProcessKey, ProcessState  # noqa: E402
 from gpuguard.detect.rules import load_ruleset  # noqa: E402
 from gpuguard.detect.score import score_process  # noqa: E402
@@ -103,7 +104,7 @@ def bench_replay(path: Path, ruleset, rounds: int = 3) -> dict[str, float]:
         return n
 
     def correlate_only() -> int:
-        c = Correlator(ruleset, facts_provider=None)
+        c = Correlator(rescore_policy(ruleset), facts_provider=None)
         n = 0
         for item in iter_recording(path):
             c.feed(item)
@@ -113,7 +114,8 @@ def bench_replay(path: Path, ruleset, rounds: int = 3) -> dict[str, float]:
     scored = {"verdicts": 0}
 
     def correlate_and_score() -> int:
-        c = Correlator(ruleset, facts_provider=None)
+        c = Correlator(facts_provider=None)
+        engine = DetectionEngine(c, ruleset)
         n = 0
         next_score = None
         for item in iter_recording(path):
@@ -124,9 +126,9 @@ def bench_replay(path: Path, ruleset, rounds: int = 3) -> dict[str, float]:
                 if next_score is None:
                     next_score = t + 1.0
                 elif t >= next_score:
-                    scored["verdicts"] += len(c.score(t))
+                    scored["verdicts"] += len(engine.score(t))
                     next_score = t + 1.0
-        scored["verdicts"] += len(c.score(next_score or T0))
+        scored["verdicts"] += len(engine.score(next_score or T0))
         return n
 
     # Interleaved rounds, best of each: the VM's neighbours slow single runs by up to 30 %.

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.correlate.state import Correlator as CorrelatorFromState, ProcessKey
+from gpuguard.detect.engine import DetectionEngine
+from gpuguard.correlate.state import ProcessKey
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_file
 from gpuguard.events.model import Connect, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
@@ -27,10 +28,6 @@ def ruleset():
 
 def facts(pid, start, comm="app", exe="/usr/bin/app", **kw):
     return ProcessFacts(pid=pid, start_time=start, comm=comm, exe=exe, cmdline=kw.pop("cmdline", [exe]), **kw)
-
-
-def test_correlator_is_importable_from_state():
-    assert CorrelatorFromState is Correlator
 
 
 def test_pid_reuse_never_merges():
@@ -99,13 +96,14 @@ def test_live_reads_config_files_in_cwd(tmp_path):
 
 def test_scan_style_feed_without_kernel_events(ruleset):
     """What `gpuguard scan` feeds: facts, synthesized opens/connects, a GPU snapshot."""
-    c = Correlator(ruleset, facts_provider=None)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
     c.feed(facts(30, T, comm="xmrig", exe="/tmp/xmrig", cmdline=["/tmp/xmrig", "-o", "stratum+tcp://pool.minexmr.com:4444"]))
     c.feed(GpuOpen(time=T + 60, pid=30, path="/dev/nvidia-uvm", device_class="nvidia-uvm"))
     c.feed(Connect(time=T + 60, pid=30, address="5.6.7.8", port=4444))
     c.feed(GpuSnapshot(time=T + 60, source="nvml", devices=[DeviceSample("nvidia", 0, memory_total=16 << 30)],
                        processes=[ProcessGpuUsage(30, "nvidia", 0, sm_util=97.0, used_memory=2 << 30)]))
-    (verdict,) = c.verdicts(T + 60)
+    (verdict,) = engine.verdicts(T + 60)
     assert verdict.verdict == "malicious"
     assert {"miner-binary-name", "miner-cmdline-stratum", "miner-cmdline-pool-domain", "net-pool-port",
             "net-connected-to-configured-pool", "exe-in-temp-dir", "gpu-compute-from-temp-dir"} <= {e.rule_id for e in verdict.evidence}
@@ -149,35 +147,37 @@ def test_exec_updates_identity_and_payloads_are_bounded():
 
 
 def test_only_changes_mark_a_process_for_rescoring(ruleset):
-    c = Correlator(ruleset, facts_provider=None)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
     c.feed(facts(62, T))
     c.feed(Connect(time=T + 1, pid=62, address="1.1.1.1", port=443))
     c.feed(GpuIoctl(time=T + 1, pid=62, device_class="nvidia-ctl", command=0xC020462A, count=3))
     c.feed(GpuOpen(time=T + 1, pid=62, path="/dev/nvidiactl", device_class="nvidia-ctl"))
-    assert len(c.score(T + 1)) == 1
+    assert len(engine.score(T + 1)) == 1
     c.feed(Connect(time=T + 2, pid=62, address="1.1.1.1", port=443))            # a repeat
     c.feed(GpuIoctl(time=T + 2, pid=62, device_class="nvidia-ctl", command=0xC020462A, count=3))
     c.feed(GpuOpen(time=T + 2, pid=62, path="/dev/nvidiactl", device_class="nvidia-ctl"))
-    assert c.score(T + 2) == [] and c.state_of(62).connect_total == 2
+    assert engine.score(T + 2) == [] and c.state_of(62).connect_total == 2
     usage = lambda t: GpuSnapshot(time=t, source="nvml", processes=[ProcessGpuUsage(62, "nvidia", 0, sm_util=50.0)])  # noqa: E731
     c.feed(usage(T + 3))
-    assert len(c.score(T + 3)) == 1                                                  # first GPU sample
+    assert len(engine.score(T + 3)) == 1                                                  # first GPU sample
     c.feed(usage(T + 4))
-    assert c.score(T + 4) == []                                                      # within 10 s
+    assert engine.score(T + 4) == []                                                      # within 10 s
     c.feed(usage(T + 13))
-    assert len(c.score(T + 13)) == 1
-    assert len(c.score(T + 14, everything=True)) == 1
+    assert len(engine.score(T + 13)) == 1
+    assert len(engine.score(T + 14, everything=True)) == 1
 
 
 def test_counts_mark_dirty_when_a_rule_reads_them(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("version: 1\nrules:\n  - id: busy\n    description: many connects\n    severity: low\n"
                     "    weight: 50\n    condition: {signal: connect_count, gte: 3}\n")
-    c = Correlator(load_ruleset([path]), facts_provider=None)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, load_ruleset([path]))
     c.feed(facts(63, T))
     for i in range(3):
         c.feed(Connect(time=T + i, pid=63, address="1.1.1.1", port=443))
-    (v,) = c.score(T + 3)
+    (v,) = engine.score(T + 3)
     assert v.score == 50
 
 
@@ -224,11 +224,12 @@ def test_lost_events_are_counted():
 
 
 def test_children_inherit_a_parents_verdict(ruleset):
-    c = Correlator(ruleset, facts_provider=None)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
     miner_cmd = ["/tmp/xmrig", "-o", "stratum+tcp://pool.supportxmr.com:3333", "--donate-level=1"]
     c.feed(facts(80, T, comm="xmrig", exe="/tmp/xmrig", cmdline=miner_cmd))
     c.feed(facts(81, T + 1, comm="helper", exe="/usr/bin/helper", ppid=80, ancestors=[Ancestor(80, "xmrig", "/tmp/xmrig")]))
-    verdicts = {v.pid: v for v in c.score(T + 2)}
+    verdicts = {v.pid: v for v in engine.score(T + 2)}
     assert verdicts[80].verdict == "malicious"
     child = verdicts[81]
     assert [e.rule_id for e in child.evidence] == ["ancestry-suspicious-parent"]
@@ -237,26 +238,28 @@ def test_children_inherit_a_parents_verdict(ruleset):
 
 
 def test_child_seen_before_parent_is_rescored_when_the_parent_turns_bad(ruleset):
-    c = Correlator(ruleset, facts_provider=None)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
     c.feed(facts(91, T + 1, comm="helper", exe="/usr/bin/helper", ppid=90))
     c.feed(facts(90, T, comm="app", exe="/usr/bin/app"))
-    assert {v.pid: v.score for v in c.score(T + 2)} == {90: 0, 91: 0}
-    assert c.score(T + 3) == []                        # nothing changed: nothing rescored
+    assert {v.pid: v.score for v in engine.score(T + 2)} == {90: 0, 91: 0}
+    assert engine.score(T + 3) == []                        # nothing changed: nothing rescored
     c.feed(NetPayload(time=T + 4, pid=90, protocol="stratum", detail={"method": "mining.subscribe"}))
     c.feed(NetPayload(time=T + 4, pid=90, protocol="cryptonote", detail={"agent": "XMRig/6.21.0"}))
-    rescored = {v.pid: v for v in c.score(T + 5)}
+    rescored = {v.pid: v for v in engine.score(T + 5)}
     assert rescored[90].verdict == "malicious"
     assert rescored[91].score == 20                    # re-dirtied by the parent's change
 
 
 def test_set_ruleset_rescores_everything(ruleset, tmp_path):
-    c = Correlator(ruleset, facts_provider=None)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
     c.feed(facts(95, T, comm="xmrig", exe="/usr/bin/xmrig"))
-    assert c.score(T)[0].score == 35
+    assert engine.score(T)[0].score == 35
     site = tmp_path / "site.yaml"
     site.write_text("version: 1\nrules:\n  - id: miner-binary-name\n    override: {weight: 80}\n")
-    c.set_ruleset(load_ruleset([shipped_rules_file(), site]))
-    (v,) = c.score(T)
+    engine.set_ruleset(load_ruleset([shipped_rules_file(), site]))
+    (v,) = engine.score(T)
     assert (v.score, v.verdict) == (80, "malicious")
 
 
@@ -268,7 +271,7 @@ def test_unknown_items_are_counted_not_fatal():
 
 def test_score_needs_a_ruleset():
     with pytest.raises(ValueError):
-        Correlator(facts_provider=None).score(T)
+        DetectionEngine(Correlator(facts_provider=None), None).score(T)
 
 
 def test_facts_of_an_old_process_count_as_seen_now():
@@ -289,18 +292,19 @@ def test_eviction_under_a_fork_flood_is_batched():
 
 def test_decoy_connections_and_payloads_do_not_hide_the_pool(ruleset):
     """The bounded tables (64 endpoints, 16 payloads) fill up; what comes after still counts."""
-    c = Correlator(ruleset, facts_provider=None)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
     c.feed(facts(77, T))
     for i in range(200):
         c.feed(Connect(time=T + 1, pid=77, family="ipv4", address=f"10.1.{i // 250}.{i % 250}", port=443))
         c.feed(NetPayload(time=T + 1, pid=77, fd=5, protocol="tls", detail={"sni": f"cdn{i}.example.com"}))
-    c.score(T + 1)
+    engine.score(T + 1)
     c.feed(Connect(time=T + 2, pid=77, family="ipv4", address="198.51.100.7", port=3333))
     c.feed(NetPayload(time=T + 2, pid=77, fd=6, protocol="cryptonote",
                       detail={"method": "login", "login": "4" + "A" * 94, "agent": "XMRig/6.21.0"}))
     state = c.state_of(77)
     assert len(state.connections) == 64 and len(state.payloads) == 16      # the tables stay bounded
     assert state.dirty
-    (verdict,) = c.score(T + 2)
+    (verdict,) = engine.score(T + 2)
     rules = {e.rule_id for e in verdict.evidence}
     assert {"net-pool-port", "net-miner-agent", "net-wallet-login"} <= rules, rules

@@ -15,6 +15,7 @@ import random
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
+from gpuguard.detect.engine import DetectionEngine
 from gpuguard.correlate.state import (
     NEW_ADDRESS,
     NEW_DEVICE_CLASS,
@@ -29,15 +30,9 @@ from gpuguard.correlate.state import (
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.score import score_process
 from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.detect.signals import (
-    COUNT_SIGNALS,
-    DEVICES,
-    NETWORK,
-    SIGNALS,
-    SIGNALS_READING,
-    SignalReader,
-    signal_kind,
-)
+from gpuguard.detect.rescore import COUNT_SIGNALS, DEVICES, NETWORK, SIGNALS_READING, signal_kind
+from gpuguard.detect.signal_reader import SignalReader
+from gpuguard.detect.signals import SIGNALS
 from gpuguard.events.model import Connect, Exec, GpuIoctl, GpuOpen, NetPayload
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
@@ -142,7 +137,8 @@ def ruleset(request, tmp_path):
 @pytest.mark.parametrize("seed", range(4))
 def test_incremental_verdicts_equal_full_evaluation(ruleset, seed):
     rng = random.Random(seed)
-    c = Correlator(ruleset, facts_provider=None)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
     pids = list(range(100, 120))
     for pid in pids:
         c.feed(facts(pid, miner=pid % 4 == 0))
@@ -157,7 +153,7 @@ def test_incremental_verdicts_equal_full_evaluation(ruleset, seed):
                                                           sm_util=rng.choice([20.0, 97.0, 97.5]),
                                                           used_memory=rng.choice([1, 70]) << 30) for p in pids[:8]]))
         if step % 7 == 0:
-            rescored += len(c.score(t))
+            rescored += len(engine.score(t))
             for state in c.states():
                 # At the verdict's own time: rates and windows are functions of the clock.
                 full = from_scratch(state, ruleset, state.verdict.time)
@@ -167,18 +163,19 @@ def test_incremental_verdicts_equal_full_evaluation(ruleset, seed):
 
 
 def test_rescoring_is_skipped_only_for_additions_no_rule_reads(ruleset):
-    c = Correlator(ruleset, facts_provider=None)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
     c.feed(facts(7, miner=False))
-    c.score(HOUR)
+    engine.score(HOUR)
     c.feed(Connect(time=HOUR + 1, pid=7, family="ipv4", address="1.1.1.1", port=443))
-    c.score(HOUR + 1)
+    engine.score(HOUR + 1)
     c.feed(Connect(time=HOUR + 2, pid=7, family="ipv4", address="10.9.0.1", port=443))   # a new address only
     reads_addresses = "connect_addresses" in ruleset.signals_used
     assert c.state_of(7).dirty is reads_addresses
-    assert [v.pid for v in c.score(HOUR + 2)] == ([7] if reads_addresses else [])
+    assert [v.pid for v in engine.score(HOUR + 2)] == ([7] if reads_addresses else [])
     c.feed(Connect(time=HOUR + 3, pid=7, family="ipv4", address="10.9.0.1", port=14444))   # a new port
     assert c.state_of(7).dirty
-    assert "net-pool-port" in [e.rule_id for e in c.score(HOUR + 3)[0].evidence]
+    assert "net-pool-port" in [e.rule_id for e in engine.score(HOUR + 3)[0].evidence]
 
 
 def test_kept_outcomes_are_not_reused_by_another_rule_set(tmp_path):
@@ -337,48 +334,51 @@ def test_clock_rules_fire_without_another_event(tmp_path):
     path.write_text(CLOCK_RULES)
     ruleset = load_ruleset([path])
     evening = HOUR - (HOUR % 86400) + 21 * 3600 + 2400        # 21:40 UTC
-    c = Correlator(ruleset, facts_provider=None)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
     f = facts(7, miner=False)
     f.start_time = evening
     c.feed(f)
-    assert c.score(evening)[0].score == 0
-    assert c.score(evening + 30) == []                         # nothing changed, same minute
-    (v,) = c.score(evening + 660)                              # 21:51: a new minute, age > 600 s
+    assert engine.score(evening)[0].score == 0
+    assert engine.score(evening + 30) == []                         # nothing changed, same minute
+    (v,) = engine.score(evening + 660)                              # 21:51: a new minute, age > 600 s
     assert [e.rule_id for e in v.evidence] == ["old"]
-    assert c.score(evening + 690) == []                        # the same minute again
-    (v,) = c.score(evening + 1205)                             # 22:00:05: a new hour
+    assert engine.score(evening + 690) == []                        # the same minute again
+    (v,) = engine.score(evening + 1205)                             # 22:00:05: a new hour
     assert {e.rule_id for e in v.evidence} == {"night", "old"} and v.score == 70
 
 
 def test_children_are_rescored_when_the_parent_score_changes(tmp_path):
     path = tmp_path / "clock.yaml"
     path.write_text(CLOCK_RULES)
-    c = Correlator(load_ruleset([path]), facts_provider=None)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, load_ruleset([path]))
     parent, child = facts(10, miner=False), facts(11, miner=False)
     child.ppid = 10
     noon = HOUR - (HOUR % 86400) + 12 * 3600
     parent.start_time = child.start_time = noon
     c.feed(parent)
     c.feed(child)
-    c.score(noon)
+    engine.score(noon)
     c.feed(GpuOpen(time=noon + 1, pid=10, path="/dev/kfd", device_class="kfd", fd=3))
-    verdicts = {v.pid: v for v in c.score(noon + 1)}
+    verdicts = {v.pid: v for v in engine.score(noon + 1)}
     assert verdicts[10].score == 30 and verdicts[10].verdict == "clean"     # the verdict did not change
     assert verdicts[11].score == 0                                          # 30 < 40: rescored, no match
     c.feed(GpuOpen(time=noon + 2, pid=10, path="/dev/kfd", device_class="kfd", fd=3))
-    assert c.score(noon + 2) == []
+    assert engine.score(noon + 2) == []
 
 
 def test_command_rates_are_kept_only_when_a_rule_reads_them(tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text(SITE_RULES)
     for paths, tracked in (([shipped_rules_file()], False), ([shipped_rules_file(), site], True)):
-        c = Correlator(load_ruleset(paths), facts_provider=None)
+        c = Correlator(facts_provider=None)
+        engine = DetectionEngine(c, load_ruleset(paths))
         c.feed(facts(30, miner=False))
         for i in range(30):
             c.feed(GpuIoctl(time=HOUR + i, pid=30, device_class="nvidia-uvm", command=27, count=3))
         state = c.state_of(30)
         assert bool(state.ioctl_command_rates) is tracked and bool(state.ioctl_rates) is tracked
-        rules = {e.rule_id for e in c.score(HOUR + 30)[0].evidence}
+        rules = {e.rule_id for e in engine.score(HOUR + 30)[0].evidence}
         assert ("site-busy-channel" in rules) is tracked
 

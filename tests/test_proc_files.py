@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gpuguard.correlate.config_files import read_config_files
+from gpuguard.sources.config_files import read_config_files
 from gpuguard.sources import proc_files
 from gpuguard.sources.proc_files import read_process_file
 

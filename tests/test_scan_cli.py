@@ -12,7 +12,8 @@ import pytest
 
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.sources.process import collect_process_facts
-from gpuguard.sources.yara_verdict_cache import CACHE_NAME, PersistentYaraScanner
+from gpuguard.detect.yara_persistent import PersistentYaraScanner
+from gpuguard.sources.yara_verdict_cache import CACHE_NAME
 from test_scan_support import REPO, run_scan, scan_json, sleeper
 
 

@@ -144,6 +144,7 @@ def test_allowlist_sha256_from_live_exe(tmp_path, ruleset):
     import sys
 
     from gpuguard.correlate.correlator import Correlator
+    from gpuguard.detect.engine import DetectionEngine
     from gpuguard.sources.process import collect_process_facts
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -154,7 +155,8 @@ def test_allowlist_sha256_from_live_exe(tmp_path, ruleset):
         rules.write_text(f"version: 1\nallowlist:\n  - id: py-wrong\n    exe: {facts.exe}\n    sha256: '{'0' * 64}'\n"
                          f"  - id: py\n    exe: {facts.exe}\n    sha256: '{digest}'\n")
         rs = load_ruleset([rules])
-        correlator = Correlator(rs, facts_provider=collect_process_facts)
+        correlator = Correlator(facts_provider=collect_process_facts)
+        DetectionEngine(correlator, rs)
         correlator.feed(facts)
         st = correlator.state_of(sleeper.pid)
         assert st.exe_sha256 == digest

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
+from gpuguard.detect.engine import DetectionEngine
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_dir, shipped_rules_file
 from gpuguard.detect.yara_scan import YaraScanner, compile_files
@@ -182,11 +183,12 @@ def test_correlator_scans_new_processes_and_the_rule_fires(miner_binary):
     ruleset = load_ruleset([shipped_rules_file()])
     proc = start(miner_binary)
     try:
-        correlator = Correlator(ruleset, facts_provider=collect_process_facts, yara_scanner=ruleset.yara_scanner())
+        correlator = Correlator(facts_provider=collect_process_facts)
+        engine = DetectionEngine(correlator, ruleset, yara_scanner=ruleset.yara_scanner())
         correlator.feed(collect_process_facts(proc.pid))
         state = correlator.state_of(proc.pid)
         assert state.yara_matches == {"xmrig_strings"} and state.yara_tags == {"miner"}
-        (verdict,) = correlator.score(time.time())
+        (verdict,) = engine.score(time.time())
         assert "yara-miner" in {e.rule_id for e in verdict.evidence}
         assert next(e for e in verdict.evidence if e.rule_id == "yara-miner").detail == "yara_tags contains miner"
     finally:

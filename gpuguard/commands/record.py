@@ -57,10 +57,9 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuguard.correlate.config_files import read_config_files
     from gpuguard.events.wire import RecordingWriter
+    from gpuguard.sources.config_files import collect_facts_with_configs
     from gpuguard.sources.gpu.sampler import open_samplers
-    from gpuguard.sources.process import collect_process_facts
 
     if printed_probes(args):
         return 0
@@ -93,11 +92,8 @@ def run(args: argparse.Namespace) -> int:
         for event in events:
             if isinstance(event, _INTERESTING) and event.pid not in described:
                 described.add(event.pid)
-                facts = collect_process_facts(event.pid)
+                facts = collect_facts_with_configs(event.pid)   # pools hidden in a config file reach replay too
                 if facts is not None:
-                    if not facts.kernel_thread:
-                        # Pools hidden in a config file must reach replay too.
-                        facts.config_files = read_config_files(facts.pid, facts.cmdline)
                     writer.write(facts)
             writer.write(event)
 

@@ -5,7 +5,7 @@ Wiring only, in data-flow order (docs/scan.md explains each check):
 1. load the rule set (the agent's rules; ``--rules`` replaces the default set);
 2. observe every process once (:mod:`gpuguard.sources.host_observation`) and
    feed its facts, synthesized ``GpuOpen``/``Connect`` events and GPU snapshots
-   to the agent's :class:`Correlator`; YARA scans executables through a cache
+   to the agent's :class:`Correlator`, scored by its :class:`DetectionEngine`; YARA scans executables through a cache
    that persists across runs; ``--deep`` adds a memory scan per process;
 3. score every process with the agent's scoring engine;
 4. run the host checks (:mod:`gpuguard.detect.host_checks`) on autostart files,
@@ -88,7 +88,7 @@ def _vocabulary(ruleset):
 def _yara_scanner(ruleset, args: argparse.Namespace, notes: list[str]):
     if args.no_yara or not ruleset.yara_files:
         return None
-    from gpuguard.sources.yara_verdict_cache import PersistentYaraScanner
+    from gpuguard.detect.yara_persistent import PersistentYaraScanner
 
     try:
         scanner = PersistentYaraScanner.for_files(ruleset.yara_files)
@@ -111,11 +111,7 @@ def _deep_scan(correlator, scanner, err_console, show_progress: bool) -> int:
         result = scanner.scan_memory(state.pid)
         if scanner.stats["errors"] > errors_before and not result:
             failures += 1
-        if result.rules:
-            state.yara_matches |= set(result.rules)
-            state.yara_tags |= set(result.tags)
-            state.derived.clear()
-            state.dirty = True
+        state.add_yara_result(result.rules, result.tags)
 
     if show_progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -194,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from gpuguard.correlate.correlator import Correlator
+    from gpuguard.detect.engine import DetectionEngine
     from gpuguard.detect.rules import load_ruleset
     from gpuguard.outputs.finding import finding_from_host, finding_from_verdict
     from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
@@ -209,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
     limitations = limitation_lines(obs)
     hidden = _probe_hidden_pids(obs, limitations)
 
-    correlator = Correlator(ruleset, facts_provider=obs.facts.get, read_configs=True, yara_scanner=scanner)
+    correlator = Correlator(facts_provider=obs.facts.get, read_configs=True)
+    engine = DetectionEngine(correlator, ruleset, yara_scanner=scanner)
     for facts in sorted(obs.facts.values(), key=lambda f: (f.start_time, f.pid)):
         correlator.feed(facts)
     for event in obs.events():
@@ -229,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
 
     now = time.time()
     findings = []
-    for verdict in correlator.score(now):
+    for verdict in engine.score(now):
         state = correlator.get(verdict.key)
         if verdict.score > 0 and state is not None:
             findings.append(finding_from_verdict(verdict, state.facts, ruleset))

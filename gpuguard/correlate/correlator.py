@@ -10,30 +10,41 @@ and ``facts_provider`` is ``None``.
 State is bounded (``max_processes``: when full, the least recently active tenth
 is evicted in one pass, so a fork flood costs O(log n) per process) and
 expires (exited processes after ``exit_grace_s``, silent ones after
-``idle_expiry_s``).  :meth:`Correlator.score` rescores only processes whose
-state changed (the ``dirty`` flag), parents before children, so a child can
-inherit its parent's verdict.
+``idle_expiry_s``).  Every change marks the process ``dirty``; what counts as a
+change worth rescoring is the :class:`RescorePolicy` the detection engine
+derives from its rules.  Scoring itself is ``gpuguard.detect.engine``: this
+module knows nothing of rules, verdicts or YARA (new facts go to the
+``on_new_facts`` hook the wiring supplies).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
-from gpuguard.correlate.config_files import read_config_files
 from gpuguard.correlate.state import ANY_ADDITION, ProcessKey, ProcessState
 from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.sources.config_files import attach_config_files
 from gpuguard.sources.process import collect_process_facts
 
-if TYPE_CHECKING:
-    from gpuguard.detect.rules import RuleSet
-    from gpuguard.detect.score import Verdict
-    from gpuguard.detect.yara_scan import YaraScanner
-
 FactsProvider = Callable[[int], "ProcessFacts | None"]
+NewFactsHook = Callable[[ProcessState, ProcessFacts], None]
 _SAME_PROCESS_SLACK_S = 1.0   # start times are rounded; an event's time is after the start
+
+
+@dataclass(frozen=True, slots=True)
+class RescorePolicy:
+    """Which changes mark a process for rescoring (the detect layer derives it from its rules).
+
+    The default, with no rules known, treats every change as one that matters.
+    """
+
+    additions: int = ANY_ADDITION   # correlate.state NEW_* bits some rule reads
+    counts: bool = True             # a repeated connect or ioctl count matters (some rule reads a count)
+    rates: bool = True              # keep ioctl rate windows (some rule reads a rate)
 
 
 class Correlator:
@@ -41,37 +52,33 @@ class Correlator:
 
     def __init__(
         self,
-        ruleset: "RuleSet | None" = None,
+        policy: RescorePolicy | None = None,
         *,
         max_processes: int = 8192,
         idle_expiry_s: float = 900.0,
         exit_grace_s: float = 30.0,
         facts_provider: FactsProvider | None = collect_process_facts,
         read_configs: bool | None = None,
-        yara_scanner: "YaraScanner | None" = None,
+        on_new_facts: NewFactsHook | None = None,
         proc_root: str = "/proc",
     ) -> None:
-        self.ruleset = ruleset
         self.max_processes = max_processes
         self.idle_expiry_s = idle_expiry_s
         self.exit_grace_s = exit_grace_s
         self.facts_provider = facts_provider
         self.read_configs = facts_provider is not None if read_configs is None else read_configs
-        self.yara_scanner = yara_scanner
+        self.on_new_facts = on_new_facts   # enrichment (YARA, exe hash) on first sight and after exec
         self.proc_root = proc_root
         self._states: dict[ProcessKey, ProcessState] = {}
         self._by_pid: dict[int, ProcessState] = {}    # the live process with each pid
         self._device_totals: dict[tuple[str, int], int] = {}
         self._ioctl_cache: dict[tuple[str, int, str], tuple[str, str]] = {}
-        self._counts_matter = self._track_rates = True
-        self._rescore_on = ANY_ADDITION
         self.clock = 0.0      # newest item time seen: when facts (which carry no time) were observed
-        self._time_bucket: int | None = None   # the clock period of the last score (see score)
-        self.set_ruleset(ruleset)
         self.counters: dict[str, int] = {
             "events": 0, "facts": 0, "snapshots": 0, "processes_created": 0,
-            "evicted": 0, "expired": 0, "lost_events": 0, "ignored": 0, "yara_scans": 0,
+            "evicted": 0, "expired": 0, "lost_events": 0, "ignored": 0,
         }
+        self.set_policy(policy or RescorePolicy())
         self._handlers: dict[type, Callable] = {
             GpuOpen: self._on_gpu_open,
             GpuIoctl: self._on_gpu_ioctl,
@@ -101,6 +108,10 @@ class Correlator:
         """Every tracked process, oldest first (a stable order for the same input)."""
         return sorted(self._states.values(), key=lambda s: (s.key.start_time, s.key.pid))
 
+    def unordered_states(self) -> Iterable[ProcessState]:
+        """Every tracked process, in no particular order (a live view: cheap, do not add while iterating)."""
+        return self._states.values()
+
     def state_of(self, pid: int) -> ProcessState | None:
         """The current (newest) process with this pid, if tracked."""
         return self._by_pid.get(pid)
@@ -111,17 +122,10 @@ class Correlator:
     def __len__(self) -> int:
         return len(self._states)
 
-    def set_ruleset(self, ruleset: "RuleSet | None") -> None:
-        """Use a new rule set (hot reload): every process is rescored on the next :meth:`score`."""
-        self.ruleset = ruleset
-        # A process is rescored for an addition (a new port, ioctl name...) or a repeated count
-        # only when some rule reads it; without rules, everything counts.
-        if ruleset is None:
-            self._rescore_on, self._track_rates, self._counts_matter = ANY_ADDITION, True, True
-        else:
-            self._rescore_on = ruleset.rescore_on
-            self._track_rates = ruleset.reads_rates
-            self._counts_matter = ruleset.reads_counts
+    def set_policy(self, policy: RescorePolicy) -> None:
+        """Use a new rescore policy (new rules): every process is marked for rescoring."""
+        self.policy = policy
+        self._rescore_on, self._track_rates, self._counts_matter = policy.additions, policy.rates, policy.counts
         for state in self._states.values():
             state.dirty = True
 
@@ -131,59 +135,10 @@ class Correlator:
             self._drop(key)
             self.counters["expired"] += 1
 
-    def score(self, now: float, ruleset: "RuleSet | None" = None, *, everything: bool = False) -> list["Verdict"]:
-        """Rescore processes whose state changed (all with ``everything``); returns their new
-        verdicts, oldest process first.
-
-        When a rule reads a signal that moves with the clock alone (an ioctl rate,
-        ``age_s``, ``hour_of_day``), every process is also rescored once per period of
-        that signal (10 s, a minute, an hour), so such a verdict does not wait for the
-        process's next event.
-        """
-        from gpuguard.detect.score import score_process
-
-        ruleset = ruleset or self.ruleset
-        if ruleset is None:
-            raise ValueError("Correlator.score needs a rule set")
-        period = ruleset.time_rescore_period_s
-        if period:
-            bucket = int(now // period)
-            if self._time_bucket is not None and bucket != self._time_bucket:
-                everything = True
-            self._time_bucket = bucket
-        if everything:
-            for state in self._states.values():
-                state.dirty = True
-        out: list[Verdict] = []
-        for _ in range(10):   # parents first; a changed parent re-dirties its children
-            dirty = [s for s in self._states.values() if s.dirty]
-            if not dirty:
-                break
-            dirty.sort(key=lambda s: (s.key.start_time, s.key.pid))
-            changed: set[ProcessKey] = set()
-            for state in dirty:
-                self._link_parent(state)
-                previous = state.verdict
-                parent = self._states.get(state.parent_key) if state.parent_key else None
-                state.parent_verdict = parent.verdict if parent else None
-                verdict = score_process(state, ruleset, now)
-                state.verdict = verdict
-                state.dirty = False
-                out.append(verdict)
-                if previous is None or (previous.verdict, previous.score) != (verdict.verdict, verdict.score):
-                    changed.add(state.key)     # children read parent_verdict / parent_score
-            if not changed:
-                break
-            for state in self._states.values():
-                if state.parent_key in changed:
-                    state.dirty = True
-        latest = {v.key: v for v in out}
-        return sorted(latest.values(), key=lambda v: (v.key.start_time, v.key.pid))
-
-    def verdicts(self, now: float, ruleset: "RuleSet | None" = None) -> list["Verdict"]:
-        """The current verdict of every tracked process (rescoring the changed ones)."""
-        self.score(now, ruleset)
-        return [s.verdict for s in self.states() if s.verdict is not None]
+    def parent_of(self, state: ProcessState) -> ProcessState | None:
+        """The tracked parent of ``state`` (linked by pid and start order; see :meth:`link_parent`)."""
+        self.link_parent(state)
+        return self._states.get(state.parent_key) if state.parent_key else None
 
     # -- process lookup -----------------------------------------------------
 
@@ -234,7 +189,8 @@ class Correlator:
             state.comm = comm
         return state
 
-    def _link_parent(self, state: ProcessState) -> None:
+    def link_parent(self, state: ProcessState) -> None:
+        """Set ``state.parent_key`` to its parent's, if the parent is tracked and started first."""
         if state.parent_key is not None and state.parent_key in self._states:
             return
         state.parent_key = None
@@ -244,17 +200,11 @@ class Correlator:
                 state.parent_key = parent.key
 
     def _adopt_facts(self, state: ProcessState, facts: ProcessFacts) -> None:
-        if self.read_configs and not facts.config_files and not facts.kernel_thread:
-            facts.config_files = read_config_files(facts.pid, facts.cmdline, self.proc_root)
+        if self.read_configs:
+            attach_config_files(facts, self.proc_root)
         state.set_facts(facts)
-        if self.yara_scanner is not None and not state.yara_scanned and not facts.kernel_thread:
-            result = self.yara_scanner.scan_process(facts, self.proc_root)
-            state.yara_matches |= set(result.rules)
-            state.yara_tags |= set(result.tags)
-            state.yara_scanned = True
-            self.counters["yara_scans"] += 1
-        if self.ruleset is not None and self.facts_provider is not None:
-            state.exe_sha256 = self.ruleset.allowlist.exe_sha256_if_needed(facts, self.proc_root)
+        if self.on_new_facts is not None:
+            self.on_new_facts(state, facts)
 
     # -- handlers -----------------------------------------------------------
 

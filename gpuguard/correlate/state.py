@@ -11,14 +11,11 @@ scoring runs only for processes that changed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from gpuguard.correlate.network import NetworkView
 from gpuguard.correlate.windows import RateWindow, SampleWindow
 from gpuguard.events.process_facts import ProcessFacts
-
-if TYPE_CHECKING:
-    from gpuguard.detect.score import Verdict
 
 MAX_PATHS = 32
 MAX_CONNECTIONS = 64
@@ -30,7 +27,7 @@ IOCTL_WINDOW_S = 60.0
 GPU_RESCORE_EVERY_S = 10.0   # GPU windows span minutes: a new sample rescores at most this often
 
 # What an observation added, as bits: the correlator rescores a process only for additions
-# that some rule reads (gpuguard.detect.signals.SIGNALS_READING says which signals read which).
+# that some rule reads (gpuguard.detect.rescore.SIGNALS_READING says which signals read which).
 NEW_PORT = 1            # a remote port not connected to before
 NEW_ADDRESS = 2         # a remote address not connected to before
 NEW_PAYLOAD = 4         # a protocol or payload detail not seen before
@@ -52,6 +49,18 @@ DERIVED_FROM_DEVICES = ("signals:devices", "rules:devices", "rules:devices+netwo
 class ProcessKey(NamedTuple):
     pid: int
     start_time: float   # seconds since the epoch, as /proc reports it (2 decimals)
+
+
+class ScoredVerdict(Protocol):
+    """What correlation keeps of a verdict (the detect layer's ``Verdict`` has these and more).
+
+    Declared here so the state can hold a verdict, and children read their
+    parent's, without correlate importing detect.
+    """
+
+    key: ProcessKey
+    verdict: str
+    score: int
 
 
 @dataclass(slots=True)
@@ -108,8 +117,8 @@ class ProcessState:
     # bookkeeping
     lost_events: int = 0
     dirty: bool = True
-    verdict: "Verdict | None" = None
-    parent_verdict: "Verdict | None" = None   # the parent's latest verdict, set before scoring
+    verdict: ScoredVerdict | None = None          # the latest verdict (detect's Verdict)
+    parent_verdict: ScoredVerdict | None = None   # the parent's latest verdict, set before scoring
     derived: dict[str, Any] = field(default_factory=dict)   # signal caches, cleared on identity change
 
     @property
@@ -219,6 +228,21 @@ class ProcessState:
             return NEW_PAYLOAD
         return 0
 
+    def add_yara_result(self, rules: "tuple[str, ...] | set[str]", tags: "tuple[str, ...] | set[str]",
+                        *, scanned: bool = False) -> None:
+        """Merge YARA matches (an executable scan on first sight, or a later memory scan).
+
+        ``scanned`` records that the executable was scanned, so it is not scanned again
+        until the next exec.  New matches mark the state for rescoring.
+        """
+        if scanned:
+            self.yara_scanned = True
+        if rules:
+            self.yara_matches |= set(rules)
+            self.yara_tags |= set(tags)
+            self.derived.clear()
+            self.dirty = True
+
     def _drop_derived(self, names: tuple[str, ...]) -> None:
         derived = self.derived
         if derived:
@@ -236,12 +260,3 @@ class ProcessState:
             return True
         return False
 
-
-def __getattr__(name: str) -> Any:
-    # ``from gpuguard.correlate.state import Correlator`` keeps working although the
-    # correlator lives in its own module (it imports this one).
-    if name == "Correlator":
-        from gpuguard.correlate.correlator import Correlator
-
-        return Correlator
-    raise AttributeError(name)

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from gpuguard.correlate.correlator import Correlator
+from gpuguard.detect.engine import DetectionEngine
 from gpuguard.detect.rules import VERDICTS, RuleSet
 from gpuguard.detect.score import Verdict
 from gpuguard.errors import GpuguardError
@@ -48,7 +49,8 @@ def replay(capture: Path, ruleset: RuleSet) -> tuple[list[Verdict], Correlator]:
     """Every process's verdict after replaying ``capture`` (scored at its last timestamp)."""
     from gpuguard.events.wire import iter_recording
 
-    correlator = Correlator(ruleset, facts_provider=None)
+    correlator = Correlator(facts_provider=None)
+    engine = DetectionEngine(correlator, ruleset)
     now = 0.0
     for item in iter_recording(capture):
         correlator.feed(item)
@@ -56,7 +58,7 @@ def replay(capture: Path, ruleset: RuleSet) -> tuple[list[Verdict], Correlator]:
             now = max(now, item.time)
         elif isinstance(item, ProcessFacts):
             now = max(now, item.start_time)
-    return correlator.verdicts(now), correlator
+    return engine.verdicts(now), correlator
 
 
 def _matches(spec: dict[str, Any], verdict: Verdict) -> bool:

@@ -26,7 +26,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuguard.detect.signals import SIGNALS, SignalReader
+from gpuguard.detect.signal_reader import SignalReader
+from gpuguard.detect.signals import SIGNALS
 from gpuguard.events.ioctl_names import is_ioctl_name
 from gpuguard.detect.yaml_marks import Position
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from gpuguard.detect.allowlist import ENTRY_FIELDS, AllowEntry, Allowlist
 from gpuguard.detect.conditions import CompileContext, Condition, ListDef, compile_condition
 from gpuguard.detect.filecheck import untrusted_reason
-from gpuguard.detect.signals import COUNT_SIGNALS, RATE_SIGNALS, TIME_SIGNAL_PERIODS_S, additions_read, rule_cache
+from gpuguard.detect.rescore import COUNT_SIGNALS, RATE_SIGNALS, TIME_SIGNAL_PERIODS_S, additions_read, rule_cache
 from gpuguard.detect.shipped import default_rule_paths
 from gpuguard.detect.yaml_marks import MarkedDocument, Position, load_marked_file
 from gpuguard.errors import GpuguardError
@@ -72,7 +72,7 @@ class Rule:
     condition: Condition
     signals: tuple[str, ...]        # signal names the condition reads, sorted
     source: Position
-    outcome_cache: str | None = None   # the state.derived entry its outcome is kept in (signals.rule_cache)
+    outcome_cache: str | None = None   # the state.derived entry its outcome is kept in (rescore.rule_cache)
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.rules import Rule, RuleSet
-from gpuguard.detect.signals import SignalReader
+from gpuguard.detect.signal_reader import SignalReader
 from gpuguard.escape import escape_text
 
 

@@ -1,11 +1,13 @@
 """The named signals rule conditions test, each computed here by the name it has in the rules file.
 
 A signal has a type (``bool``, ``number``, ``text``, ``texts`` — a set of
-texts, ``numbers`` — a set of numbers) and is computed lazily from a
-:class:`ProcessState`: :class:`SignalReader` computes a signal the first
-time a condition asks for it and caches it for the rest of that evaluation.
-Costly derivations (parsing the command line, config files, payload details)
-are cached on the state in ``state.derived`` until its identity changes.
+texts, ``numbers`` — a set of numbers), a group, a description and the
+function computing it from a :class:`ProcessState`; each row below registers
+one, by the name rules use.  Reading them lazily for one evaluation is
+:mod:`gpuguard.detect.signal_reader`; what each signal depends on (how long a
+value stays valid, which changes rescore a process) is
+:mod:`gpuguard.detect.rescore`.  Costly derivations (parsing the command line,
+config files) are kept on the state in ``state.derived`` until its identity changes.
 
 ``None`` means "not available" (no facts, no GPU samples...): a condition on
 an unavailable signal never matches.
@@ -20,19 +22,7 @@ from typing import Any, Callable
 
 from gpuguard.correlate.config_files import parse_config_files
 from gpuguard.correlate.endpoints import Endpoint, endpoints_in_argv
-from gpuguard.correlate.state import (
-    ANY_ADDITION,
-    DERIVED_FROM_DEVICES,
-    DERIVED_FROM_NETWORK,
-    NEW_ADDRESS,
-    NEW_DEVICE_CLASS,
-    NEW_GPU_PATH,
-    NEW_IOCTL_CATEGORY,
-    NEW_IOCTL_NAME,
-    NEW_PAYLOAD,
-    NEW_PORT,
-    ProcessState,
-)
+from gpuguard.correlate.state import ProcessState
 
 SIGNAL_TYPES = ("bool", "number", "text", "texts", "numbers")
 _CMDLINE_MAX = 4096
@@ -51,95 +41,12 @@ class Signal:
 
 SIGNALS: dict[str, Signal] = {}
 
-# How long a signal's value stays valid on a state, by what it is derived from:
-# FACTS (identity, command line, config, ancestry) change only with new facts,
-# which clear every cache; NETWORK (endpoints, payloads) and DEVICES (GPU device
-# classes, paths, ioctl names) change when ProcessState drops
-# DERIVED_FROM_NETWORK / DERIVED_FROM_DEVICES.  Anything else (GPU and CPU
-# windows, counts, time, YARA, the parent's verdict) is recomputed every time.
-FACTS, NETWORK, DEVICES = "facts", "network", "devices"
-_KIND_OF_GROUP = {"identity": FACTS, "cmdline": FACTS, "config": FACTS, "ancestry": FACTS, "network": NETWORK}
-_DEVICE_SIGNALS = frozenset({"gpu_device_classes", "gpu_paths", "ioctl_names", "ioctl_categories", "ioctl_query_only"})
-_UNCACHED = frozenset({"parent_verdict", "parent_score", "connect_count"})
-
-
-def signal_kind(name: str) -> str | None:
-    """What signal ``name`` is derived from: FACTS, NETWORK, DEVICES, or None (recompute every time)."""
-    if name in _UNCACHED:
-        return None
-    if name in _DEVICE_SIGNALS:
-        return DEVICES
-    return _KIND_OF_GROUP.get(SIGNALS[name].group)
-
-
-def rule_cache(signals: "tuple[str, ...] | frozenset[str]") -> str | None:
-    """The ``state.derived`` entry a rule's outcome may be kept in (None: evaluate every time).
-
-    Named after what the outcome depends on besides the facts, e.g. ``rules:network``;
-    ProcessState drops it when one of those changes.
-    """
-    kinds = {signal_kind(name) for name in signals}
-    if None in kinds:
-        return None
-    kinds.discard(FACTS)
-    name = "rules:" + ("+".join(sorted(kinds)) if kinds else FACTS)
-    assert all(name in (DERIVED_FROM_NETWORK if kind == NETWORK else DERIVED_FROM_DEVICES) for kind in kinds)
-    return name
-
-
 def _signal(name: str, type_: str, group: str, description: str, parameter: str | None = None):
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         assert type_ in SIGNAL_TYPES and name not in SIGNALS
         SIGNALS[name] = Signal(name, type_, group, description, fn, parameter)
         return fn
     return register
-
-
-class SignalReader(dict):
-    """Signals of one process at one moment, each computed at most once.
-
-    A dict whose missing keys are computed on first use: ``reader[name]`` (or
-    ``reader.get(name)``) costs one dictionary lookup after the first time.
-    It starts with the values kept on the state from earlier evaluations.
-    """
-
-    __slots__ = ("state", "now")
-
-    def __init__(self, state: ProcessState, now: float) -> None:
-        super().__init__()
-        self.state = state
-        self.now = now
-        derived = state.derived
-        for cache_name in _KEPT_SIGNALS:
-            kept = derived.get(cache_name)
-            if kept:
-                self.update(kept)
-
-    def __missing__(self, name: "str | tuple[str, str]") -> Any:
-        if type(name) is tuple:      # (signal, argument) for a signal with a parameter; never kept
-            signal_name, argument = name
-            value = self[name] = SIGNALS[signal_name].compute(self.state, self.now, argument)
-            return value
-        signal = SIGNALS[name]
-        cache_name = _SIGNAL_CACHE[name]
-        if cache_name is None:
-            value = self[name] = signal.compute(self.state, self.now)
-            return value
-        # Values derived from the facts, endpoints or devices are kept on the state until
-        # those change (the state drops the cache then; see signal_kind).
-        derived = self.state.derived
-        cache = derived.get(cache_name)
-        if cache is None:
-            cache = derived[cache_name] = {}
-        try:
-            value = cache[name]
-        except KeyError:
-            value = cache[name] = signal.compute(self.state, self.now)
-        self[name] = value
-        return value
-
-    def get(self, name: str) -> Any:  # type: ignore[override]
-        return self[name]
 
 
 # -- derived views (cached on the state) -------------------------------------
@@ -485,15 +392,34 @@ def _ioctl_query_only(s: ProcessState, now: float) -> bool | None:
     return s.ioctl_categories <= {"query", "setup"}
 
 
-def _rate_signal(category: str) -> None:
-    def compute(s: ProcessState, now: float) -> float:
-        window = s.ioctl_rates.get(category)
-        return window.rate(now) if window is not None else 0.0
-    _signal(f"ioctl_rate_{category}", "number", "gpu", f"'{category}' GPU ioctls per second over the last minute")(compute)
+def _category_rate(s: ProcessState, now: float, category: str) -> float:
+    window = s.ioctl_rates.get(category)
+    return window.rate(now) if window is not None else 0.0
 
 
-for _category in ("submit", "memory", "query", "setup", "other"):
-    _rate_signal(_category)
+@_signal("ioctl_rate_submit", "number", "gpu", "'submit' GPU ioctls per second over the last minute")
+def _ioctl_rate_submit(s: ProcessState, now: float) -> float:
+    return _category_rate(s, now, "submit")
+
+
+@_signal("ioctl_rate_memory", "number", "gpu", "'memory' GPU ioctls per second over the last minute")
+def _ioctl_rate_memory(s: ProcessState, now: float) -> float:
+    return _category_rate(s, now, "memory")
+
+
+@_signal("ioctl_rate_query", "number", "gpu", "'query' GPU ioctls per second over the last minute")
+def _ioctl_rate_query(s: ProcessState, now: float) -> float:
+    return _category_rate(s, now, "query")
+
+
+@_signal("ioctl_rate_setup", "number", "gpu", "'setup' GPU ioctls per second over the last minute")
+def _ioctl_rate_setup(s: ProcessState, now: float) -> float:
+    return _category_rate(s, now, "setup")
+
+
+@_signal("ioctl_rate_other", "number", "gpu", "'other' GPU ioctls per second over the last minute")
+def _ioctl_rate_other(s: ProcessState, now: float) -> float:
+    return _category_rate(s, now, "other")
 
 
 @_signal("ioctl_command_rate", "number", "gpu", "GPU ioctls per second over the last minute of one decoded command, "
@@ -606,43 +532,3 @@ def _parent_verdict(s: ProcessState, now: float) -> str | None:
 @_signal("parent_score", "number", "ancestry", "the parent's current score")
 def _parent_score(s: ProcessState, now: float) -> int | None:
     return s.parent_verdict.score if s.parent_verdict is not None else None
-
-
-# Where each signal's value is kept on the state (None: nowhere), now that all are registered.
-_SIGNAL_CACHE: dict[str, str | None] = {
-    name: None if signal_kind(name) is None else f"signals:{signal_kind(name)}" for name in SIGNALS
-}
-_KEPT_SIGNALS = tuple(sorted({c for c in _SIGNAL_CACHE.values() if c}))
-assert set(_KEPT_SIGNALS) <= {"signals:facts", *DERIVED_FROM_NETWORK, *DERIVED_FROM_DEVICES}
-
-# The signals that read each kind of addition to a state (correlate.state.NEW_*), and those
-# that read repeated counts: the correlator rescores a process for an addition or a count
-# only when a rule reads one of them.  tests/test_incremental.py checks these against every signal.
-SIGNALS_READING: dict[int, frozenset[str]] = {
-    NEW_PORT: frozenset({"connect_ports", "connected_to_revealed_port"}),
-    NEW_ADDRESS: frozenset({"connect_addresses"}),
-    NEW_PAYLOAD: frozenset({"payload_protocols", "payload_agents", "payload_methods", "payload_logins",
-                            "payload_hosts", "proxy_target_hosts", "proxy_target_ports", "revealed_hosts"}),
-    NEW_DEVICE_CLASS: frozenset({"gpu_device_classes"}),
-    NEW_GPU_PATH: frozenset({"gpu_paths"}),
-    NEW_IOCTL_NAME: frozenset({"ioctl_names"}),
-    NEW_IOCTL_CATEGORY: frozenset({"ioctl_categories", "ioctl_query_only"}),
-}
-RATE_SIGNALS = frozenset(name for name in SIGNALS if name.startswith("ioctl_rate_")) | {"ioctl_command_rate"}
-COUNT_SIGNALS = frozenset({"connect_count", "ioctl_total"}) | RATE_SIGNALS
-assert sum(SIGNALS_READING) == ANY_ADDITION and set().union(*SIGNALS_READING.values()) <= set(SIGNALS)
-
-
-# Signals that change with the clock alone, and how often the correlator re-evaluates every
-# process for them when a rule reads them (an age rule may fire up to a minute late; a rate
-# falls within 10 s of a process going quiet).
-TIME_SIGNAL_PERIODS_S = {"age_s": 60.0, "hour_of_day": 3600.0, **{name: 10.0 for name in RATE_SIGNALS}}
-
-
-def additions_read(signals: "frozenset[str] | set[str]") -> int:
-    """The NEW_* bits of the additions that some of ``signals`` read."""
-    bits = 0
-    for bit, readers in SIGNALS_READING.items():
-        if readers & signals:
-            bits |= bit
-    return bits

@@ -1,8 +1,10 @@
 """YARA results of executables from earlier runs, kept on disk so a repeated scan skips them.
 
-Data flow: ``/var/cache/gpuguard/yara-exe-cache.json`` -> results keyed by the
-executable's identity -> :class:`PersistentYaraScanner` answers file scans
-from it and records new ones -> written back at the end of the run.
+Data flow: ``/var/cache/gpuguard/yara-exe-cache.json`` -> :class:`YaraExeCache`
+(plain ``(rules, tags)`` per executable identity) -> the detect layer's
+``PersistentYaraScanner`` answers file scans from it and stores new ones ->
+written back at the end of the run.  This module reads and writes the file
+only; it knows nothing of YARA itself.
 
 The key is (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of the file
 behind ``/proc/PID/exe``: ctime cannot be set from user space, so a binary
@@ -26,7 +28,6 @@ import stat
 import tempfile
 from pathlib import Path
 
-from gpuguard.detect.yara_scan import YaraResult, YaraScanner, compile_files
 
 DEFAULT_CACHE_DIR = Path("/var/cache/gpuguard")
 CACHE_NAME = "yara-exe-cache.json"
@@ -53,30 +54,33 @@ def _unsafe(st: os.stat_result, what: str) -> str | None:
     return None
 
 
-class PersistentYaraScanner(YaraScanner):
-    """A :class:`YaraScanner` whose executable results survive the process (see module docstring).
+class YaraExeCache:
+    """The on-disk results of one rule set's executable scans (see module docstring)."""
 
-    Memory is never scanned from :meth:`scan_process` here: a deep scan asks
-    for it explicitly (one process at a time, with progress shown).
-    """
-
-    def __init__(self, rules, digest: str, cache_dir: Path | None = DEFAULT_CACHE_DIR, **options) -> None:
-        super().__init__(rules, **options)
-        self.memory_capable = self.wants_memory
-        self.wants_memory = False
+    def __init__(self, digest: str, cache_dir: Path | None = DEFAULT_CACHE_DIR) -> None:
         self.digest = digest
         self.cache_dir = cache_dir
         self.note: str | None = None
         self._disk: dict[str, list[list[str]]] = {}
         self._dirty = False
-        self.stats["disk_cache_hits"] = 0
 
-    @classmethod
-    def for_files(cls, paths: list[Path], cache_dir: Path | None = DEFAULT_CACHE_DIR) -> "PersistentYaraScanner":
-        paths = [Path(p) for p in paths]
-        scanner = cls(compile_files(paths), rules_digest(paths), cache_dir)
-        scanner.load()
-        return scanner
+    @staticmethod
+    def identity_key(path: str) -> str | None:
+        """The cache key of the file behind ``path`` (None when it cannot be stat'ed)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+    def lookup(self, key: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """``(rules, tags)`` stored for ``key``, or None."""
+        cached = self._disk.get(key)
+        return (tuple(cached[0]), tuple(cached[1])) if cached is not None else None
+
+    def store(self, key: str, rules: tuple[str, ...], tags: tuple[str, ...]) -> None:
+        self._disk[key] = [list(rules), list(tags)]
+        self._dirty = True
 
     # -- disk -------------------------------------------------------------
 
@@ -156,24 +160,3 @@ class PersistentYaraScanner(YaraScanner):
                 raise
         except OSError as exc:
             self.note = f"could not write the YARA cache {path}: {exc.strerror}"
-
-    # -- scanning ---------------------------------------------------------
-
-    def scan_file(self, path: str, identity: tuple | None = None) -> YaraResult:
-        key = None
-        if identity is not None:
-            try:
-                st = os.stat(path)
-                key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
-            except OSError:
-                key = None
-        if key is not None:
-            cached = self._disk.get(key)
-            if cached is not None:
-                self.stats["disk_cache_hits"] += 1
-                return YaraResult(tuple(cached[0]), tuple(cached[1]))
-        result = super().scan_file(path, identity)
-        if key is not None:
-            self._disk[key] = [list(result.rules), list(result.tags)]
-            self._dirty = True
-        return result

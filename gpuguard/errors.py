@@ -9,6 +9,11 @@ instead of showing a traceback.
 from __future__ import annotations
 
 
+def with_fix(cause: str, fix: str | None) -> str:
+    """``cause (fix: fix)``, or the cause alone: the one place that format is written."""
+    return f"{cause} (fix: {fix})" if fix else cause
+
+
 class GpuguardError(Exception):
     """A problem the user can fix: a cause and how to fix it."""
 
@@ -22,7 +27,4 @@ class GpuguardError(Exception):
     def one_line(self) -> str:
         from gpuguard.escape import escape_text
 
-        text = escape_text(self.cause)
-        if self.fix:
-            text += f" (fix: {escape_text(self.fix)})"
-        return text
+        return with_fix(escape_text(self.cause), escape_text(self.fix) if self.fix else None)

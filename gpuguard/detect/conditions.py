@@ -26,12 +26,38 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import re2
+
 from gpuguard.detect.signal_reader import SignalReader
 from gpuguard.detect.signals import SIGNALS
 from gpuguard.events.ioctl_names import is_ioctl_name
-from gpuguard.detect.yaml_marks import Position
+from gpuguard.detect.yaml_marks import Position, shown
 
 Condition = Callable[[SignalReader], "list[str] | None"]
+
+# Rule regexes run on attacker-chosen text (command lines, payload fields): RE2 matches in
+# linear time, so `(a+)+$` cannot hang a scan.  Patterns RE2 cannot take (back-references,
+# look-around) are rejected when the rules are validated.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False    # the problem is reported as a rule problem, not logged to stderr
+
+
+def compile_rule_regex(pattern: str) -> Any:
+    """``pattern`` compiled with RE2; raises ValueError saying why when it is not a regex or RE2 cannot take it."""
+    try:
+        re.compile(pattern)      # Python's wording for plain syntax errors (what rule authors know)
+    except re.error as exc:
+        raise ValueError(str(exc)) from None
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else "invalid"
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise ValueError(f"RE2 cannot run it in linear time: {reason} (rule regexes use RE2 syntax: "
+                         "no back-references or look-around)") from None
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 Problem_ = tuple[Position, str]
 
 _SCALAR = ("bool", "number", "text")
@@ -116,7 +142,7 @@ def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any
             elif match and int(match[1]) <= int(match[2]):
                 ranges.append((int(match[1]), int(match[2])))
             else:
-                bad((pos, f"list {name!r}: {value!r} is not a number or range 'a-b' (the list is used with a number signal)"))
+                bad((pos, f"list {shown(name)}: {shown(value)} is not a number or range 'a-b' (the list is used with a number signal)"))
         compiled: Any = (frozenset(exact), tuple(ranges))
     elif op == "in_list":
         compiled = frozenset(str(v).lower() if isinstance(v, str) else v for v in listdef.values)
@@ -124,7 +150,7 @@ def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any
         patterns = []
         for value, pos in listdef.entries:
             if not isinstance(value, str):
-                bad((pos, f"list {name!r}: glob {value!r} must be text"))
+                bad((pos, f"list {shown(name)}: glob {shown(value)} must be text"))
             else:
                 patterns.append(fnmatch.translate(value))
         compiled = re.compile("|".join(f"(?:{p})" for p in patterns) or r"(?!)", re.S)
@@ -132,15 +158,15 @@ def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any
         regexes = []
         for value, pos in listdef.entries:
             try:
-                regexes.append((str(value), re.compile(str(value))))
-            except re.error as exc:
-                bad((pos, f"list {name!r}: bad regular expression {value!r}: {exc}"))
+                regexes.append((str(value), compile_rule_regex(str(value))))
+            except ValueError as exc:
+                bad((pos, f"list {shown(name)}: bad regular expression {shown(value)}: {exc}"))
         compiled = tuple(regexes)
     elif op == "domain_in_list":
         domains = set()
         for value, pos in listdef.entries:
             if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*\.?", value):
-                bad((pos, f"list {name!r}: {value!r} is not a domain name"))
+                bad((pos, f"list {shown(name)}: {shown(value)} is not a domain name"))
             else:
                 domains.add(value.lower().rstrip("."))
         compiled = frozenset(domains)
@@ -150,7 +176,7 @@ def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any
             try:
                 networks.append(ipaddress.ip_network(str(value), strict=False))
             except ValueError:
-                bad((pos, f"list {name!r}: {value!r} is not an address or network (CIDR)"))
+                bad((pos, f"list {shown(name)}: {shown(value)} is not an address or network (CIDR)"))
         compiled = tuple(networks)
     ctx._compiled_lists[(name, op)] = compiled
     return compiled
@@ -186,7 +212,7 @@ def _element_test(op: str, operand: Any, compiled: Any, numeric: bool) -> Callab
     if op == "glob_list":
         return lambda v: compiled.match(v) is not None
     if op == "matches":
-        rx = re.compile(operand)
+        rx = compile_rule_regex(operand)
         return lambda v: rx.search(v) is not None
     if op == "matches_list":
         return lambda v: any(rx.search(v) for _, rx in compiled)
@@ -345,13 +371,13 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
     bad = ctx.problems.append
     if "signal" not in node:
         unknown = sorted(str(k) for k in node)
-        bad((key_at(path + (unknown[0],)), f"unknown condition key {unknown[0]!r} (expected all, any, not or signal)"))
+        bad((key_at(path + (unknown[0],)), f"unknown condition key {shown(unknown[0])} (expected all, any, not or signal)"))
         return None
     name = node["signal"]
     if not isinstance(name, str) or name not in SIGNALS:
         close = [s for s in SIGNALS if isinstance(name, str) and (name in s or s in name)][:3]
         hint = f" (did you mean {', '.join(close)}?)" if close else " (`gpuguard rules signals` lists them)"
-        bad((at(path + ("signal",)), f"unknown signal {name!r}{hint}"))
+        bad((at(path + ("signal",)), f"unknown signal {shown(name)}{hint}"))
         return None
     type_ = SIGNALS[name].type
     parameter = SIGNALS[name].parameter
@@ -375,10 +401,10 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
     operand = node[op]
     here = at(path + (op,))
     if op not in OPERATORS:
-        bad((key_at(path + (op,)), f"unknown operator {op!r} (expected one of {', '.join(OPERATORS)})"))
+        bad((key_at(path + (op,)), f"unknown operator {shown(op)} (expected one of {', '.join(OPERATORS)})"))
         return None
     if type_ not in OPERATORS[op][0]:
-        bad((key_at(path + (op,)), f"operator {op!r} does not apply to {type_} signal {name} (use one of "
+        bad((key_at(path + (op,)), f"operator {shown(op)} does not apply to {type_} signal {name} (use one of "
              f"{', '.join(o for o, (types, _) in OPERATORS.items() if type_ in types)})"))
         return None
     ctx.signals_used.add(name)
@@ -386,21 +412,21 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
     numeric = type_ in ("number", "numbers")
     if op in _LIST_OPS:
         if not isinstance(operand, str) or operand not in ctx.lists:
-            bad((here, f"unknown list {operand!r}" + (f" (lists: {', '.join(sorted(ctx.lists))})" if ctx.lists else "")))
+            bad((here, f"unknown list {shown(operand)}" + (f" (lists: {', '.join(sorted(ctx.lists))})" if ctx.lists else "")))
             return None
         if op in ("domain_in_list", "cidr_in_list", "glob_list", "matches_list") and numeric:
-            bad((here, f"operator {op!r} needs a text signal"))
+            bad((here, f"operator {shown(op)} needs a text signal"))
             return None
         ctx.lists_used.add(operand)
         compiled = _compile_list(ctx, operand, op, numeric)
     elif op in ("gt", "gte", "lt", "lte"):
         if not _is_number(operand):
-            bad((here, f"{op}: needs a number, got {operand!r}"))
+            bad((here, f"{op}: needs a number, got {shown(operand)}"))
             return None
     elif op == "is":
         expected = {"bool": bool, "number": (int, float), "text": str}[type_]
         if not isinstance(operand, expected) or (type_ == "number" and isinstance(operand, bool)):
-            bad((here, f"is: {name} is a {type_} signal; {operand!r} is not a {type_}"))
+            bad((here, f"is: {name} is a {type_} signal; {shown(operand)} is not a {type_}"))
             return None
     elif op == "in":
         if not isinstance(operand, list) or not operand:
@@ -426,9 +452,9 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
             return None
         if op == "matches":
             try:
-                re.compile(operand)
-            except re.error as exc:
-                bad((here, f"bad regular expression {operand!r}: {exc}"))
+                compile_rule_regex(operand)
+            except ValueError as exc:
+                bad((here, f"bad regular expression {shown(operand)}: {exc}"))
                 return None
     return _leaf(key, label, type_, op, operand, compiled)
 
@@ -436,6 +462,6 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
 def _argument_problem(parameter: str, argument: str) -> str | None:
     """Why ``argument`` cannot be measured (None when it can)."""
     if parameter == "command" and not is_ioctl_name(argument):
-        return (f"{argument!r} is not a decoded ioctl name (names such as NV_ESC_RM_CONTROL, "
+        return (f"{shown(argument)} is not a decoded ioctl name (names such as NV_ESC_RM_CONTROL, "
                 "UVM_REGISTER_CHANNEL, AMDKFD_IOC_CREATE_QUEUE: see docs/event-decoding.md)")
     return None

@@ -4,6 +4,12 @@ Rule errors must name ``file:line:col``; PyYAML's composer keeps a mark on
 every node, so we compose, convert the node tree to plain values, and record
 the marks by path (``("rules", 3, "condition", "all", 0)``).  Duplicate keys,
 which plain ``yaml.safe_load`` silently merges, are reported.
+
+Before composing, the text is walked once with YAML's event parser (iterative,
+no recursion) to bound nesting depth and the size of the document once aliases
+are expanded: PyYAML's C composer recurses per level (50,000 levels crash the
+interpreter) and an alias bomb of a few hundred bytes expands to billions of
+nodes.  Anything over a limit is one problem naming the limit.
 """
 
 from __future__ import annotations
@@ -15,6 +21,16 @@ from typing import Any
 import yaml
 
 Path_ = tuple[Any, ...]
+MAX_DEPTH = 64              # nesting levels (rule conditions need a handful)
+MAX_NODES = 200_000         # values in the document with every alias expanded (the shipped rules: ~5,000)
+SHOWN_MAX = 60     # a value quoted back in a problem: never more than this much of it
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to ``SHOWN_MAX`` characters: problems quote a short excerpt, never a whole file."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX - 3] + "..."
+
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -94,10 +110,47 @@ class _Converter:
             return None
 
 
+def _over_limit(text: str) -> tuple[yaml.Mark | None, str] | None:
+    """Where and how ``text`` exceeds MAX_DEPTH or MAX_NODES (None: within both), without composing it."""
+    sizes: dict[str, int] = {}       # expanded size of each anchored value
+    open_: list[list] = []           # [anchor, expanded size so far] per open collection
+    total = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            open_.append([event.anchor, 1])
+            total += 1
+            if len(open_) > MAX_DEPTH:
+                return event.start_mark, f"nesting deeper than {MAX_DEPTH} levels"
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, size = open_.pop()
+            if anchor is not None:
+                sizes[anchor] = size
+            if open_:
+                open_[-1][1] += size
+            continue
+        elif isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+            size = 1 if isinstance(event, yaml.ScalarEvent) else sizes.get(event.anchor, 1)
+            if isinstance(event, yaml.ScalarEvent) and event.anchor is not None:
+                sizes[event.anchor] = 1
+            total += size
+            if open_:
+                open_[-1][1] += size
+        if total > MAX_NODES:
+            return event.start_mark, (f"more than {MAX_NODES:,} values once aliases are expanded "
+                                      "(an alias bomb, or a file far larger than any rules file)")
+    return None
+
+
 def load_marked(text: str, file: str) -> MarkedDocument:
-    """Parse one YAML document; syntax errors become ``problems`` (never exceptions)."""
+    """Parse one YAML document; syntax errors and limits become ``problems`` (never exceptions)."""
     converter = _Converter(file)
     try:
+        limit = _over_limit(text)
+        if limit is not None:
+            mark, what = limit
+            position = Position(file, mark.line + 1, mark.column + 1) if mark else Position(file, 1, 1)
+            converter.doc.problems.append((position, f"refusing to read the rules: {what}"))
+            return converter.doc
         node = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -114,5 +167,9 @@ def load_marked(text: str, file: str) -> MarkedDocument:
     return converter.doc
 
 
-def load_marked_file(path: Path) -> MarkedDocument:
-    return load_marked(path.read_text(encoding="utf-8", errors="replace"), str(path))
+def load_marked_file(path: Path, max_bytes: int) -> MarkedDocument:
+    """Read (a regular file of at most ``max_bytes``: ``filecheck``) and parse; raises GpuguardError."""
+    from gpuguard.detect.filecheck import read_regular_file
+
+    data = read_regular_file(path, max_bytes, "rules file")
+    return load_marked(data.decode("utf-8", errors="replace"), str(path))

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 
-from gpuguard.detect.cases import default_cases_dir
 from gpuguard.detect.shipped import shipped_rules_dir, shipped_rules_file
 
 REPO = Path(__file__).resolve().parent.parent
+CASES_DIR = REPO / "tests" / "cases"
 
 
 def gpuguard(*args: str) -> subprocess.CompletedProcess:
@@ -80,7 +80,7 @@ def test_test_fails_with_diff_and_exit_1(tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text("version: 1\nrules:\n  - id: net-pool-protocol\n    override: {enabled: false}\n")
     done = gpuguard("test", "--rules", str(shipped_rules_file()), "--rules", str(site),
-                    "--cases", str(default_cases_dir() / "miner_socks5_proxy"))
+                    "--cases", str(CASES_DIR / "miner_socks5_proxy"))
     assert done.returncode == 1
     assert done.stdout.splitlines()[0] == "FAIL miner_socks5_proxy"
     assert "    comm=dbus-worker (pid 6200): missing rules net-pool-protocol" in done.stdout

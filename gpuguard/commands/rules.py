@@ -1,7 +1,7 @@
 """`gpuguard rules`: check rule files, replay golden cases, list rules and signals.
 
 * ``validate [PATH...]`` — every problem as ``file:line:col: message``; exit 0 valid, 2 invalid.
-* ``test [--cases DIR] [--rules PATH]`` — replay ``tests/cases/*`` through
+* ``test [--cases DIR] [--rules PATH]`` — replay ``DIR/*`` (default ``tests/cases``) through
   decode → correlate → score; pass/fail per case, evidence diff on failure;
   exit 0 all pass, 1 any fail.
 * ``list`` — the compiled rules with weights and the signals they read.
@@ -21,6 +21,7 @@ from gpuguard.detect.signals import SIGNALS
 from gpuguard.escape import escape_text
 
 HELP = "validate rule files, replay golden cases, list rules and signals"
+DEFAULT_CASES_DIR = Path("tests/cases")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     validate.add_argument("--with-defaults", action="store_true",
                           help="layer PATHs on top of the default rule files")
     test = sub.add_parser("test", help="replay golden cases and compare verdicts with expected.yaml")
-    test.add_argument("--cases", type=Path, default=None, metavar="DIR",
-                      help="a directory of cases (each NAME/capture.ggrec + NAME/expected.yaml) or one case")
+    test.add_argument("--cases", type=Path, default=DEFAULT_CASES_DIR, metavar="DIR",
+                      help="a directory of cases (each NAME/capture.ggrec + NAME/expected.yaml) or one case "
+                           f"(default: {DEFAULT_CASES_DIR} under the current directory, as in a checkout)")
     test.add_argument("--rules", type=Path, action="append", default=None, metavar="PATH",
                       help="rule files to use instead of the defaults (repeatable, layered in order)")
     test.add_argument("-v", "--verbose", action="store_true", help="print every process's verdict line")
@@ -77,10 +79,10 @@ def _signals(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
-    from gpuguard.detect.cases import default_cases_dir, run_cases
+    from gpuguard.detect.cases import run_cases
 
     ruleset = load_ruleset(args.rules)
-    results = run_cases(args.cases or default_cases_dir(), ruleset)
+    results = run_cases(args.cases, ruleset)
     failed = 0
     for result in results:
         print(f"{'PASS' if result.passed else 'FAIL'} {escape_text(result.name)}")

@@ -167,8 +167,8 @@ def sorted_items(items: list) -> list:
     return facts_items + sorted(rest, key=lambda i: i.time)
 
 
-def write_case(name: str, description: str, items: list) -> Path:
-    case_dir = CASES_DIR / name
+def write_case(name: str, description: str, items: list, out_dir: Path = CASES_DIR) -> Path:
+    case_dir = out_dir / name
     case_dir.mkdir(exist_ok=True)
     path = case_dir / "capture.ggrec"
     meta = {"synthetic": True, "case": name, "description": description, "generator": "tests/cases/make_cases.py"}

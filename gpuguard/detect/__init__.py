@@ -1,10 +1,18 @@
 """Detection: rules, signals, YARA and scoring into an explainable verdict per process.
 
-Rule files are read with positions (``yaml_marks``), merged and compiled
-(``rules``, ``conditions``), checked for safe ownership (``filecheck``) and
-found in one place (``shipped``).  ``signals`` computes the named values the
-rule conditions test, ``yara_scan`` scans executables and memory,
+Rule files are read with positions and limits (``yaml_marks``, ``filecheck``),
+collected, validated and compiled (``rules`` the loader, ``rule_collect``,
+``conditions``) into the model (``rule_model``), and found in one place
+(``shipped``).  ``signals`` is the table of named values rule conditions test
+(``signal_reader`` reads them lazily, ``rescore`` says what each depends on);
+``yara_scan`` and ``yara_persistent`` scan executables and memory,
 ``allowlist`` exempts known-good processes, ``score`` turns matched rules into
-a :class:`~gpuguard.detect.score.Verdict`, ``reload`` swaps rule sets in
-long-running commands and ``cases`` replays golden cases for rule authors.
+a :class:`~gpuguard.detect.score.Verdict` and ``engine`` scores the
+correlator's processes, parents first.  ``reload`` swaps rule sets in
+long-running commands, ``cases`` replays golden cases for rule authors and
+``host_checks`` judges host-wide findings for ``scan``.
+
+May import: ``gpuguard.errors``, ``gpuguard.escape``, ``gpuguard.events``,
+``gpuguard.sources``, ``gpuguard.correlate`` and itself; never respond, outputs
+or commands (tests/test_layers.py).
 """

@@ -1,1 +1,4 @@
-"""GPU samplers: NVIDIA (NVML), AMD (amdsmi) and any DRM driver (fdinfo)."""
+"""GPU samplers: NVIDIA (NVML), AMD (amdsmi) and any DRM driver (fdinfo), and replay of recorded samples.
+
+Part of ``gpuguard.sources``: may import errors, escape, events and sources.
+"""

@@ -41,6 +41,7 @@ from gpuguard.detect.yaml_marks import MarkedDocument, Position, shown
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _RULE_ID = re.compile(r"^[a-z0-9][a-z0-9._\-]{0,79}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+NOT_RULES_EXCERPT = 16   # of a file that is not a rules file (it may be /etc/shadow): a few characters only
 
 
 @dataclass(slots=True)
@@ -80,11 +81,11 @@ class Collector:
             if data is not None:
                 self.bad(doc.at(()), "a rules file must be a map with version, lists, rules, allowlist...")
             return
-        if not any(key in TOP_KEYS for key in data):
+        if data and not any(key in TOP_KEYS for key in data):
             # Not a rules file at all (a wrong path, or a symlink to some other file): one
             # problem with a short excerpt, never its lines quoted back one by one.
             self.bad(doc.at(()), f"not a gpuguard rules file: none of its top-level keys is a rules key "
-                     f"(it starts with {shown(next(iter(data)))})",
+                     f"(it starts with {shown(next(iter(data)), NOT_RULES_EXCERPT)})",
                      fix="point at a rules file (it starts with `version: 1`)")
             return
         for key in data:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from gpuguard.detect.filecheck import untrusted_reason
+from gpuguard.detect.filecheck import not_regular_reason, untrusted_reason
 from gpuguard.detect.rule_collect import Collector, compile_collected
 from gpuguard.detect.rule_model import (  # noqa: F401  (the model, re-exported for callers of the loader)
     ACTIONS,
@@ -42,7 +42,9 @@ def _check_and_read(paths: Sequence[Path]) -> tuple[list[MarkedDocument], list[P
     docs, problems = [], []
     for path in paths:
         path = Path(path)
-        reason = untrusted_reason(path)
+        # What it is first (a FIFO, a device, a directory: named as such, never opened blocking),
+        # then whether root can trust it.
+        reason = not_regular_reason(path, "rules file") or untrusted_reason(path)
         if reason:
             problems.append(Problem(str(path), 1, 1, reason[0], fix=reason[1]))
             continue

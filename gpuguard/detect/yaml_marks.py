@@ -26,10 +26,10 @@ MAX_NODES = 200_000         # values in the document with every alias expanded (
 SHOWN_MAX = 60     # a value quoted back in a problem: never more than this much of it
 
 
-def shown(value: Any) -> str:
-    """``repr(value)`` cut to ``SHOWN_MAX`` characters: problems quote a short excerpt, never a whole file."""
+def shown(value: Any, limit: int = SHOWN_MAX) -> str:
+    """``repr(value)`` cut to ``limit`` characters: problems quote a short excerpt, never a whole file."""
     text = repr(value)
-    return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX - 3] + "..."
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 

@@ -48,7 +48,7 @@ class ProcessFacts:
     rss_bytes: int | None = None
     num_threads: int | None = None
     # Likely miner config files ({path as named: text}, bounded), filled live by
-    # gpuguard.correlate.config_files.read_config_files; recorded so replay sees them.
+    # gpuguard.sources.config_files.read_config_files; recorded so replay sees them.
     config_files: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -28,6 +28,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+from gpuguard.errors import with_fix
 
 DEFAULT_CACHE_DIR = Path("/var/cache/gpuguard")
 CACHE_NAME = "yara-exe-cache.json"
@@ -106,7 +107,7 @@ class YaraExeCache:
             return
         reason = _unsafe(dir_st, f"YARA cache directory {self.cache_dir}")
         if reason:
-            self.note = f"{reason}; not using it (fix: chown root: {self.cache_dir} && chmod 0700 {self.cache_dir})"
+            self.note = with_fix(f"{reason}; not using it", f"chown root: {self.cache_dir} && chmod 0700 {self.cache_dir}")
             self.cache_dir = None
             return
         try:

@@ -150,6 +150,9 @@ def test_catastrophic_regex_scores_an_attacker_command_line_in_linear_time(tmp_p
     assert verdict.score == 0
     state.set_facts(ProcessFacts(pid=4242, start_time=1.0, comm="x", exe="/x", cmdline=["x", "aaaa"]))
     assert score_process(state, ruleset, 2.0).score == 50
+    # Invalid UTF-8 in an argument (kept as surrogate escapes) is searched, never an error.
+    state.set_facts(ProcessFacts(pid=4242, start_time=1.0, comm="x", exe="/x", cmdline=["x", "\udcff\udcfeaa"]))
+    assert score_process(state, ruleset, 2.0).score == 50
 
 
 @pytest.mark.root

@@ -42,14 +42,14 @@ _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False    # the problem is reported as a rule problem, not logged to stderr
 
 
-def compile_rule_regex(pattern: str) -> Any:
-    """``pattern`` compiled with RE2; raises ValueError saying why when it is not a regex or RE2 cannot take it."""
+def check_rule_regex(pattern: str) -> None:
+    """Raise ValueError saying why when ``pattern`` is not a regex, or one RE2 cannot run."""
     try:
         re.compile(pattern)      # Python's wording for plain syntax errors (what rule authors know)
     except re.error as exc:
         raise ValueError(str(exc)) from None
     try:
-        return re2.compile(pattern, _RE2_OPTIONS)
+        re2.compile(pattern, _RE2_OPTIONS)
     except re2.error as exc:
         reason = exc.args[0] if exc.args else "invalid"
         if isinstance(reason, bytes):
@@ -58,6 +58,31 @@ def compile_rule_regex(pattern: str) -> Any:
                          "no back-references or look-around)") from None
     except TypeError as exc:
         raise ValueError(str(exc)) from None
+
+
+class RuleRegexes:
+    """One or more rule regexes searched in one linear-time pass (an RE2 set).
+
+    The text is searched as UTF-8 bytes; the bytes of an invalid UTF-8 argument
+    (kept as surrogate escapes) are searched as they are, never an error.
+    """
+
+    __slots__ = ("patterns", "_set")
+
+    def __init__(self, patterns: "list[str]") -> None:
+        self.patterns = tuple(patterns)
+        regex_set = re2.Set.SearchSet(_RE2_OPTIONS)
+        for pattern in self.patterns:
+            regex_set.Add(pattern)
+        if self.patterns:
+            regex_set.Compile()
+        self._set = regex_set
+
+    def search(self, text: str) -> bool:
+        """Whether any of the patterns is found in ``text``."""
+        return bool(self.patterns) and self._set.Match(text.encode("utf-8", "surrogateescape")) is not None
+
+
 Problem_ = tuple[Position, str]
 
 _SCALAR = ("bool", "number", "text")
@@ -155,13 +180,14 @@ def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any
                 patterns.append(fnmatch.translate(value))
         compiled = re.compile("|".join(f"(?:{p})" for p in patterns) or r"(?!)", re.S)
     elif op == "matches_list":
-        regexes = []
+        patterns = []
         for value, pos in listdef.entries:
             try:
-                regexes.append((str(value), compile_rule_regex(str(value))))
+                check_rule_regex(str(value))
+                patterns.append(str(value))
             except ValueError as exc:
                 bad((pos, f"list {shown(name)}: bad regular expression {shown(value)}: {exc}"))
-        compiled = tuple(regexes)
+        compiled = RuleRegexes(patterns)
     elif op == "domain_in_list":
         domains = set()
         for value, pos in listdef.entries:
@@ -212,10 +238,9 @@ def _element_test(op: str, operand: Any, compiled: Any, numeric: bool) -> Callab
     if op == "glob_list":
         return lambda v: compiled.match(v) is not None
     if op == "matches":
-        rx = compile_rule_regex(operand)
-        return lambda v: rx.search(v) is not None
+        return RuleRegexes([operand]).search
     if op == "matches_list":
-        return lambda v: any(rx.search(v) for _, rx in compiled)
+        return compiled.search
     if op == "domain_in_list":
         def in_domains(v: str) -> bool:
             parts = v.lower().rstrip(".").split(".")
@@ -452,7 +477,7 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
             return None
         if op == "matches":
             try:
-                compile_rule_regex(operand)
+                check_rule_regex(operand)
             except ValueError as exc:
                 bad((here, f"bad regular expression {shown(operand)}: {exc}"))
                 return None

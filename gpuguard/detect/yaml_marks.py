@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from gpuguard.detect.filecheck import read_regular_file
+
 Path_ = tuple[Any, ...]
 MAX_DEPTH = 64              # nesting levels (rule conditions need a handful)
 MAX_NODES = 200_000         # values in the document with every alias expanded (the shipped rules: ~5,000)
@@ -169,7 +171,5 @@ def load_marked(text: str, file: str) -> MarkedDocument:
 
 def load_marked_file(path: Path, max_bytes: int) -> MarkedDocument:
     """Read (a regular file of at most ``max_bytes``: ``filecheck``) and parse; raises GpuguardError."""
-    from gpuguard.detect.filecheck import read_regular_file
-
     data = read_regular_file(path, max_bytes, "rules file")
     return load_marked(data.decode("utf-8", errors="replace"), str(path))

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build the gpuguard container image with podman (or buildah) from this checkout, offline.
 #
-#   bash packaging/build-image.sh [--tag TAG] [--base IMAGE | --debian-base]
+#   bash packaging/build-image.sh [--tag TAG] [--base IMAGE | --debian-base] [--isolation chroot]
 #
 # --base IMAGE     a Debian bookworm image you already have (default docker.io/library/debian:bookworm-slim)
+# --isolation chroot  run the RUN steps in a chroot instead of an OCI runtime (hosts where
+#                  crun/runc cannot start containers, e.g. hybrid cgroups or no CAP_SYS_RESOURCE)
 # --debian-base    make that base from Debian's archive with mmdebstrap (python3, bcc, nftables
 #                  included) and import it as localhost/gpuguard-base:bookworm: no image registry needed
 set -euo pipefail
@@ -11,12 +13,14 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TAG=localhost/gpuguard:latest
 BASE=docker.io/library/debian:bookworm-slim
 make_base=0
+ISOLATION=()
 die() { printf 'gpuguard-image: %s\n' "$*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
         --tag) TAG=$2; shift ;;
         --base) BASE=$2; shift ;;
         --debian-base) make_base=1; BASE=localhost/gpuguard-base:bookworm ;;
+        --isolation) ISOLATION=(--isolation "$2"); shift ;;
         *) die "unknown option $1" ;;
     esac
     shift
@@ -39,5 +43,5 @@ fi
 python3 -m pip wheel -q --disable-pip-version-check -w "$ctx/wheels" "$ROOT" \
     || die "could not build the wheelhouse (fix: check access to PyPI)"
 cp "$ROOT/packaging/agent.yaml" "$ctx/agent.yaml"
-"${builder[@]}" --build-arg "BASE=$BASE" -f "$ROOT/packaging/Containerfile" -t "$TAG" "$ctx"
+"${builder[@]}" "${ISOLATION[@]}" --build-arg "BASE=$BASE" -f "$ROOT/packaging/Containerfile" -t "$TAG" "$ctx"
 printf 'gpuguard-image: built %s\n' "$TAG" >&2

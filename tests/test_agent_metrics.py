@@ -177,6 +177,36 @@ def test_top_processes_are_bounded_and_replaced():
     assert {s.labels["pid"] for s in metrics.proc_util.collect()[0].samples} == {"7"}
 
 
+def test_the_agents_running_totals_become_counters_that_only_move_forward():
+    metrics = AgentMetrics()
+
+    def value(name, **labels):
+        return metrics.registry.get_sample_value(name, labels or None)
+    totals = {"events_by_kind": {"exec": 10, "gpu_ioctl": 500}, "ring_lost": {"events": 3, "payloads": 1},
+              "intake": {"depth": 7, "dropped": {"sensor": 2}}, "output": {"depth": 1, "lines": 40, "dropped": 0,
+                                                                            "errors": 5},
+              "sampler_errors": {"nvml": 1}, "processes_tracked": 55,
+              "findings": {"miner-binary-name/malicious": 2}, "actions": {"kill/done": 1}}
+    metrics.sync_totals(totals)
+    metrics.sync_totals(totals)                                  # the same totals again: no double count
+    assert value("gpuguard_events_total", kind="gpu_ioctl") == 500
+    assert value("gpuguard_ring_lost_events_total") == 4
+    assert value("gpuguard_queue_depth", stage="intake") == 7
+    assert value("gpuguard_queue_dropped_total", stage="intake:sensor") == 2
+    assert value("gpuguard_log_dropped_total", destination="log", reason="write-failed") == 5
+    assert value("gpuguard_findings_total", rule="miner-binary-name", verdict="malicious") == 2
+    assert value("gpuguard_actions_total", action="kill", status="done") == 1
+    assert value("gpuguard_processes_tracked") == 55
+    totals["events_by_kind"]["gpu_ioctl"] = 800
+    metrics.sync_totals(totals)
+    assert value("gpuguard_events_total", kind="gpu_ioctl") == 800
+    totals["events_by_kind"]["gpu_ioctl"] = 100                  # the agent restarted its counters
+    metrics.sync_totals(totals)
+    totals["events_by_kind"]["gpu_ioctl"] = 150
+    metrics.sync_totals(totals)
+    assert value("gpuguard_events_total", kind="gpu_ioctl") == 850
+
+
 def test_served_over_http(fed):
     metrics, _ = fed
     server = metrics.serve("127.0.0.1:0")

@@ -1,1 +1,1 @@
-"""Outputs: terminal views, SIEM JSON (ECS, OCSF) and metrics."""
+"""Outputs: terminal views, the agent's SIEM log (ECS, OCSF, CEF to a file, stdout or syslog) and its Prometheus metrics."""

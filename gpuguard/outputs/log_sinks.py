@@ -28,6 +28,8 @@ from gpuguard.outputs.ecs import iso_time
 
 DEFAULT_MAX_BYTES = 50 * 1024 * 1024
 DEFAULT_KEEP = 5
+# A syslog daemon that stops reading fails a send after this long (counted), never hangs the writer.
+SEND_TIMEOUT_S = 5.0
 FILE_MODE = 0o640
 FACILITIES = {"kern": 0, "user": 1, "daemon": 3, "auth": 4, "syslog": 5, "authpriv": 10,
               **{f"local{i}": 16 + i for i in range(8)}}
@@ -179,6 +181,7 @@ class SyslogSink:
         if self.transport == "unix":
             for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
                 sock = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC)
+                sock.settimeout(SEND_TIMEOUT_S)
                 try:
                     sock.connect(self.address)
                 except OSError as exc:
@@ -193,9 +196,8 @@ class SyslogSink:
         kind = socket.SOCK_DGRAM if self.transport == "udp" else socket.SOCK_STREAM
         family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=kind)[0]
         sock = socket.socket(family, kind | socket.SOCK_CLOEXEC)
+        sock.settimeout(SEND_TIMEOUT_S)
         try:
-            if kind == socket.SOCK_STREAM:
-                sock.settimeout(5.0)
             sock.connect(sockaddr)
         except OSError:
             sock.close()

@@ -1,7 +1,8 @@
 """The agent's Prometheus metrics: one registry the pipeline updates, served over HTTP.
 
 Data flow: the agent calls the ``count_*`` / ``set_*`` / ``observe_*``
-methods of :class:`AgentMetrics` as items pass each stage;
+methods of :class:`AgentMetrics` as items pass each stage, or hands it the
+cumulative totals it already keeps (:meth:`AgentMetrics.sync_totals`);
 :meth:`AgentMetrics.serve` exposes them at ``http://HOST:PORT/metrics``.
 Every metric is named ``gpuguard_*`` (see :data:`METRIC_NAMES`); the Grafana
 dashboard in ``packaging/grafana-dashboard.json`` queries only these (a test
@@ -84,6 +85,7 @@ class AgentMetrics:
         self._proc_labels: set[tuple[str, str, str]] = set()
         self._log_seen: dict[str, tuple[int, int, int]] = {}
         self._blind: set[str] = set()
+        self._totals: dict[tuple[int, tuple[str, ...]], float] = {}
         self.info.info({"version": __version__, "mode": "monitor", "sensor": "unknown"})
         self.reduced_mode.set(0)
 
@@ -189,6 +191,56 @@ class AgentMetrics:
                     except KeyError:
                         pass
             self._proc_labels = (self._proc_labels - stale) | fresh
+
+    # -- cumulative totals ---------------------------------------------------------------
+    def _advance(self, metric: Any, labels: tuple[str, ...], total: float) -> None:
+        """Bring a counter up to ``total`` (a count the agent keeps itself); a smaller total
+        (the agent's counters were reset) becomes the new base instead of a negative step."""
+        key = (id(metric), labels)
+        with self._lock:
+            before = self._totals.get(key, 0.0)
+            self._totals[key] = total
+        if total > before:
+            (metric.labels(*labels) if labels else metric).inc(total - before)
+
+    def sync_totals(self, totals: dict[str, Any]) -> None:
+        """Counters and gauges from the agent's own running totals.
+
+        ``totals`` is the ``counters`` object of the agent's status file: ``events_by_kind``
+        {kind: n}, ``ring_lost`` {what: n}, ``intake`` {depth, dropped {producer: n}},
+        ``output`` {depth, lines, dropped, errors}, ``sampler_errors`` {source: n},
+        ``processes_tracked``, ``findings`` {"RULE/VERDICT": n}, ``actions``
+        {"ACTION/STATUS": n}.  Missing keys are left alone.
+        """
+        for kind, n in (totals.get("events_by_kind") or {}).items():
+            self._advance(self.events, (str(kind),), n)
+        if "ring_lost" in totals:
+            self._advance(self.ring_lost, (), sum((totals["ring_lost"] or {}).values()))
+        for stage in ("intake", "output"):
+            part = totals.get(stage) or {}
+            if "depth" in part:
+                self.set_queue(stage, part["depth"])
+            dropped = part.get("dropped")
+            if isinstance(dropped, dict):
+                for producer, n in dropped.items():
+                    self._advance(self.queue_dropped, (f"{stage}:{producer}",), n)
+            elif dropped is not None:
+                self._advance(self.queue_dropped, (stage,), dropped)
+        output = totals.get("output") or {}
+        if "lines" in output:
+            self._advance(self.log_records, ("log",), output["lines"])
+        if "errors" in output:
+            self._advance(self.log_dropped, ("log", "write-failed"), output["errors"])
+        for source, n in (totals.get("sampler_errors") or {}).items():
+            self._advance(self.sampler_errors, (str(source),), n)
+        if "processes_tracked" in totals:
+            self.set_processes(totals["processes_tracked"])
+        for key, n in (totals.get("findings") or {}).items():
+            rule, _, verdict = str(key).rpartition("/")
+            self._advance(self.findings, (rule, verdict), n)
+        for key, n in (totals.get("actions") or {}).items():
+            action, _, status = str(key).rpartition("/")
+            self._advance(self.actions, (action, status), n)
 
     # -- export ------------------------------------------------------------------------
     def exposition(self) -> bytes:

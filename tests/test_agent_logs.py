@@ -108,6 +108,14 @@ def test_ecs_actions_and_lifecycle():
     assert egress["destination"] == {"address": "198.51.100.7"}
 
 
+def test_ocsf_finding_from_a_real_replay_names_the_pool_endpoint(miner_finding):
+    event = json.loads(render_record(miner_finding, "ocsf", HOST))
+    network = [e for e in event["evidences"] if e["data"]["rule_id"].startswith("net-")]
+    assert network and all(e["dst_endpoint"] == {"ip": "141.94.96.144", "port": 3333} for e in network)
+    ecs = json.loads(render_record(miner_finding, "ecs", HOST))
+    assert event["evidences"][0]["process"]["uid"] == ecs["process"]["entity_id"]
+
+
 def test_ocsf_classes():
     finding, action, fault = (json.loads(render_record(r, "ocsf", HOST)) for r in hostile_records())
     assert (finding["class_uid"], finding["category_uid"], finding["type_uid"]) == (2004, 2, 200401)

@@ -281,11 +281,11 @@ def test_a_slow_destination_drops_and_counts_without_blocking(tmp_path):
     writer = open_log(str(fifo), "ecs", queue_size=16, host=HOST)
     try:
         started = time.monotonic()
-        for _ in range(2000):
+        for _ in range(500):                                 # ~300 KiB into a 64 KiB pipe nobody reads
             writer.write(hostile_finding())
         elapsed = time.monotonic() - started
-        assert writer.dropped > 0 and writer.dropped + writer.queue_depth + writer.written <= 2000
-        assert elapsed < 5.0                                  # the caller never waited on the pipe
+        assert writer.dropped > 0 and writer.dropped + writer.queue_depth + writer.written <= 500
+        assert elapsed < 20.0                                 # the caller never waited on the pipe (it would hang)
     finally:
         drained = 0
         deadline = time.monotonic() + 10

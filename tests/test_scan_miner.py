@@ -102,9 +102,11 @@ def test_json_document_has_the_documented_shape(live_host):
     assert doc["findings"], "no findings at all"
     for finding in doc["findings"]:
         assert shape_errors(finding, ECS_FINDING_SHAPE) == [], finding.get("rule")
+        # a SIEM pages on alerts: only suspicious and malicious verdicts are alerts
+        assert (finding["event"]["kind"] == "alert") == (finding["gpuguard"]["verdict"] != "clean")
     # the validator itself can fail
     broken = json.loads(json.dumps(doc["findings"][0]))
-    broken["event"]["kind"] = "event"
+    broken["event"]["kind"] = "signal"
     del broken["rule"]["id"]
     assert len(shape_errors(broken, ECS_FINDING_SHAPE)) == 2
 

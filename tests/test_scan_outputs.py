@@ -71,6 +71,15 @@ def test_ecs_process_fields_nested():
     assert doc["gpuguard"]["executable_deleted"] is True
 
 
+def test_ecs_event_kind_is_alert_only_at_or_above_the_suspicious_threshold():
+    # A score-10 clean finding is an event, not an alert a SIEM would page on.
+    kinds = {verdict: finding_to_ecs(_process_finding(score, verdict), 1.0, {"hostname": "h1"})["event"]["kind"]
+             for score, verdict in ((10, "clean"), (50, "suspicious"), (95, "malicious"))}
+    assert kinds == {"clean": "event", "suspicious": "alert", "malicious": "alert"}
+    clean = finding_to_ecs(_process_finding(10, "clean"), 1.0, {"hostname": "h1"})
+    assert shape_errors(clean, ECS_FINDING_SHAPE) == []
+
+
 def test_ecs_threat_subtechniques_and_tactics():
     threat = threat_fields([("T1496", "Resource Hijacking"),
                             ("T1053.003", "Scheduled Task/Job: Cron")])

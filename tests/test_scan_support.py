@@ -264,7 +264,7 @@ ECS_FINDING_SHAPE: dict[str, Any] = {
         "ecs": {"type": dict, "required": ["version"]},
         "message": {"type": _STR},
         "event": {"type": dict, "required": ["kind", "category", "type", "risk_score", "severity", "module", "dataset"],
-                  "properties": {"kind": {"type": _STR, "enum": ["alert"]}, "category": _STRS, "type": _STRS,
+                  "properties": {"kind": {"type": _STR, "enum": ["alert", "event"]}, "category": _STRS, "type": _STRS,
                                  "risk_score": {"type": _NUM}, "severity": {"type": _INT}}},
         "rule": {"type": dict, "required": ["id", "name", "description"],
                  "properties": {"id": {"type": _STR}, "name": {"type": _STR}, "description": {"type": _STR}}},

@@ -6,6 +6,8 @@ from pathlib import Path
 
 SITE_RULES_DIR = Path("/etc/gpuguard")
 SHIPPED_RULES_NAME = "miner-rules.yaml"
+# The agent's own config lives in the same directory (/etc/gpuguard/agent.yaml); it is not a rules file.
+NOT_RULES = frozenset({"agent.yaml"})
 
 
 def shipped_rules_dir() -> Path:
@@ -21,8 +23,8 @@ def shipped_rules_file() -> Path:
 
 
 def default_rule_paths(site_dir: Path = SITE_RULES_DIR) -> list[Path]:
-    """The shipped rules, then ``/etc/gpuguard/*.yaml`` (sorted) when present."""
+    """The shipped rules, then ``/etc/gpuguard/*.yaml`` (sorted, the agent's ``agent.yaml`` excepted) when present."""
     paths = [shipped_rules_file()]
     if site_dir.is_dir():
-        paths += sorted(p for p in site_dir.glob("*.yaml") if p.is_file())
+        paths += sorted(p for p in site_dir.glob("*.yaml") if p.is_file() and p.name not in NOT_RULES)
     return paths

@@ -1,4 +1,5 @@
-"""Outputs: terminal views, SIEM JSON (ECS, OCSF), JSON lines and metrics.
+"""Outputs: terminal views, JSON lines, the agent's SIEM log (ECS, OCSF, CEF to a
+file, stdout or syslog) and its Prometheus metrics.
 
 Owns how verdicts, findings, events and the agent's own events are shown or
 shipped; it decides nothing.

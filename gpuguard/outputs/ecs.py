@@ -1,7 +1,8 @@
-"""Findings as Elastic Common Schema (ECS) alert documents.
+"""Findings as Elastic Common Schema (ECS) documents.
 
 Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one ECS document
-(``event.kind: "alert"``).  Layout choice: **nested JSON objects**
+(``event.kind: "alert"`` for suspicious and malicious verdicts, ``"event"``
+below the threshold, so a SIEM pages only on what gpuguard calls an alert).  Layout choice: **nested JSON objects**
 (``{"process": {"pid": 1}}``), not dotted keys (``{"process.pid": 1}``) —
 ECS's guidelines ask for nested objects when documents are sent as JSON, and
 Elasticsearch/Beats/Logstash read both the same way.  Every document uses the
@@ -9,17 +10,21 @@ same layout; nothing mixes the two.
 
 Field use:
 
-* ``process.*`` (pid, name, executable, command_line, args, start,
+* ``process.*`` (pid, entity_id, name, executable, command_line, args, start,
   parent.{pid,name,executable}), ``user.{id,name}``, ``container.{id,runtime}``,
   ``orchestrator.{type,resource.{type,id}}`` for the Kubernetes pod uid;
 * ``rule.{id,name,description,ruleset}`` — the rule carrying the most weight;
   every rule that contributed is in ``gpuguard.evidence``;
-* ``event.{kind,category,type,risk_score,severity,module,dataset,created}``;
+* ``event.{kind,action,category,type,risk_score,severity,module,dataset,created}``
+  (``event.action`` is ``KIND-VERDICT``, e.g. ``process-malicious``);
   ``event.severity`` follows Elastic's detection-rule numbers (21 low,
   47 medium, 73 high, 99 critical);
 * ``threat.framework: "MITRE ATT&CK"`` with technique ids/names (and
   sub-techniques under ``threat.technique.subtechnique``) and their tactics;
-* gpuguard's own view under ``gpuguard.*`` (score, verdict, evidence, ...).
+* ``destination.{address,ip,port,domain}`` — the endpoint the process dialled
+  most (the agent knows it; ``scan`` does not), every endpoint under
+  ``gpuguard.destinations``;
+* gpuguard's own view under ``gpuguard.*`` (score, verdict, evidence, gpu, ...).
 
 Structured fields carry the exact values (JSON encoding escapes control
 characters); the human sentences (``message``, evidence ``detail``) are
@@ -29,13 +34,14 @@ passed through :func:`escape_text` because people read them in consoles.
 from __future__ import annotations
 
 import datetime as _dt
+import ipaddress
 import os
 import socket
 from typing import Any
 
 from gpuguard import __version__
 from gpuguard.escape import escape_text
-from gpuguard.outputs.finding import Finding
+from gpuguard.outputs.finding import Finding, process_entity_id
 
 ECS_VERSION = "8.11.0"
 ECS_SEVERITY = {"informational": 0, "low": 21, "medium": 47, "high": 73, "critical": 99}
@@ -105,13 +111,14 @@ def _drop_empty(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if v not in (None, "", [], {})}
 
 
-def process_fields(finding: Finding) -> dict[str, Any]:
+def process_fields(finding: Finding, hostname: str | None = None) -> dict[str, Any]:
     """ECS ``process``, ``user``, ``container`` and ``orchestrator`` objects of a finding."""
     p = finding.process
     if p is None:
         return {}
     process = _drop_empty({
-        "pid": p.pid, "name": p.name, "executable": p.executable,
+        "pid": p.pid, "entity_id": process_entity_id(hostname or socket.gethostname(), p.pid, p.start_time),
+        "name": p.name, "executable": p.executable,
         "command_line": " ".join(p.command_line) if p.command_line else None,
         "args": list(p.command_line) or None,
         "args_count": len(p.command_line) or None,
@@ -129,15 +136,31 @@ def process_fields(finding: Finding) -> dict[str, Any]:
     return out
 
 
+def destination_fields(finding: Finding) -> dict[str, Any]:
+    """ECS ``destination`` of the endpoint the process dialled most, when the agent saw one."""
+    if not finding.destinations:
+        return {}
+    top = finding.destinations[0]
+    out: dict[str, Any] = {"address": top.address, "port": top.port}
+    try:
+        out["ip"] = str(ipaddress.ip_address(top.address))
+    except ValueError:
+        pass
+    if top.domain:
+        out["domain"] = top.domain
+    return {"destination": out}
+
+
 def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None = None,
                    dataset: str = "gpuguard.scan") -> dict[str, Any]:
-    """One ECS alert document for ``finding``."""
+    """One ECS document for ``finding``: an alert when its verdict is suspicious or malicious."""
     doc: dict[str, Any] = {
         "@timestamp": iso_time(created),
         "ecs": {"version": ECS_VERSION},
         "message": escape_text(finding.explanation),
         "event": {
-            "kind": "alert",
+            "kind": "alert" if finding.is_alert else "event",
+            "action": f"{finding.kind}-{finding.verdict}",     # e.g. "process-malicious"
             "category": list(finding.categories),
             "type": ["info"],
             "risk_score": round(float(finding.score), 1),
@@ -153,7 +176,8 @@ def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None
     }
     if host:
         doc["host"] = host
-    doc.update(process_fields(finding))
+    doc.update(process_fields(finding, (host or {}).get("hostname")))
+    doc.update(destination_fields(finding))
     if finding.kind == "host" and finding.subject and finding.subject.startswith("/"):
         doc["file"] = {"path": finding.subject}
     doc["gpuguard"] = _drop_empty({
@@ -170,5 +194,7 @@ def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None
         "action": finding.action,
         "executable_deleted": finding.process.executable_deleted if finding.process and finding.process.executable_deleted else None,
         "cpu_percent": finding.process.cpu_percent if finding.process else None,
+        "destinations": [d.to_json() for d in finding.destinations],
+        "gpu": finding.gpu.to_json() if finding.gpu is not None else None,
     })
     return doc

@@ -10,10 +10,12 @@ come from a process); each renderer escapes what it prints.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.host_checks import HostFinding
 from gpuguard.events.process_facts import ProcessFacts
 
@@ -33,6 +35,8 @@ TECHNIQUE_NAMES = {
 }
 _TECHNIQUE_TAG = re.compile(r"^T\d{4}(\.\d{3})?$")
 SEVERITY_ORDER = {"informational": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
+ALERT_VERDICTS = ("suspicious", "malicious")   # the verdicts a SIEM should page on
+MAX_DESTINATIONS = 8
 
 
 def severity_for_score(score: float) -> str:
@@ -92,6 +96,38 @@ class EvidenceItem:
 
 
 @dataclass(slots=True)
+class Destination:
+    """A remote endpoint the process connected to (the pool, when the evidence is about one)."""
+
+    address: str
+    port: int
+    attempts: int = 1
+    domain: str | None = None     # the name it asked for (TLS SNI, HTTP Host, proxy target), when one was seen
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"address": self.address, "port": self.port, "attempts": self.attempts}
+        if self.domain:
+            out["domain"] = self.domain
+        return out
+
+
+@dataclass(slots=True)
+class GpuUse:
+    """What the process did with GPUs, from the correlator's state."""
+
+    device_classes: list[str] = field(default_factory=list)     # "nvidia", "dri", ...
+    device_paths: list[str] = field(default_factory=list)
+    util_mean: float | None = None                               # percent, over the usage window
+    memory_used: int | None = None                               # bytes, latest sample
+    ioctl_total: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device_classes": self.device_classes, "device_paths": self.device_paths,
+                "util_mean": None if self.util_mean is None else round(self.util_mean, 1),
+                "memory_used": self.memory_used, "ioctl_total": self.ioctl_total}
+
+
+@dataclass(slots=True)
 class Finding:
     kind: str                          # "process" | "host"
     rule_id: str                       # the rule that carries the most weight
@@ -107,10 +143,18 @@ class Finding:
     subject: str | None = None         # host findings: the path, pid or module concerned
     allowlisted: bool = False
     action: str | None = None
+    destinations: list[Destination] = field(default_factory=list)   # most attempted first
+    gpu: GpuUse | None = None
+    created: float = 0.0               # when the verdict was made (epoch seconds); 0: not known
 
     @property
     def severity(self) -> str:
         return severity_for_score(self.score)
+
+    @property
+    def is_alert(self) -> bool:
+        """A verdict at or above the suspicious threshold; a clean finding is only an event."""
+        return self.verdict in ALERT_VERDICTS
 
     @property
     def reasons(self) -> str:
@@ -128,6 +172,13 @@ class Finding:
         return seen or [self.rule_id]
 
 
+def process_entity_id(hostname: str, pid: int, start_time: float | None) -> str:
+    """One process on one host, stable across events and distinct from a later process with its pid
+    (ECS ``process.entity_id``, OCSF ``process.uid``)."""
+    text = f"{hostname}|{pid}|{start_time or 0:.2f}"
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
 def techniques_from_tags(tags: list[str]) -> list[tuple[str, str]]:
     """ATT&CK (id, name) pairs cited by rule tags, T1496 first; T1496 alone when none are."""
     found = list(DEFAULT_TECHNIQUES)
@@ -137,12 +188,31 @@ def techniques_from_tags(tags: list[str]) -> list[tuple[str, str]]:
     return found
 
 
-def finding_from_verdict(verdict: Any, facts: ProcessFacts | None, ruleset: Any = None) -> Finding:
+def destinations_of(state: ProcessState) -> list[Destination]:
+    """The process's remote endpoints, most attempted first (bounded)."""
+    ranked = sorted(state.connections.items(), key=lambda item: (-item[1], item[0]))[:MAX_DESTINATIONS]
+    hosts = sorted(state.network.payload_hosts | state.network.proxy_hosts)
+    domain = hosts[0] if len(hosts) == 1 else None   # one name seen: it is the one they dialled
+    return [Destination(address, port, attempts, domain) for (address, port), attempts in ranked]
+
+
+def gpu_use_of(state: ProcessState) -> GpuUse | None:
+    """The process's GPU use, or None when it never touched one."""
+    if not (state.gpu_paths or state.gpu_device_classes or len(state.gpu_util) or state.ioctl_total):
+        return None
+    memory = state.gpu_memory.latest
+    return GpuUse(sorted(state.gpu_device_classes), sorted(state.gpu_paths), state.gpu_util.mean,
+                  int(memory) if memory is not None else None, state.ioctl_total)
+
+
+def finding_from_verdict(verdict: Any, facts: ProcessFacts | None, ruleset: Any = None,
+                         state: ProcessState | None = None) -> Finding:
     """A process :class:`~gpuguard.detect.score.Verdict` as a finding.
 
     The rule carrying the most weight names the finding (``rule_id``); every
     contributing rule stays in ``evidence``.  ``ruleset`` (optional) supplies
-    that rule's description.
+    that rule's description; ``state`` (the correlator's, optional) supplies
+    the remote endpoints and GPU use the agent's log records carry.
     """
     top = verdict.evidence[0] if verdict.evidence else None
     rule = ruleset.rule(top.rule_id) if (top is not None and ruleset is not None) else None
@@ -168,6 +238,9 @@ def finding_from_verdict(verdict: Any, facts: ProcessFacts | None, ruleset: Any 
         process=process,
         allowlisted=verdict.allowlisted,
         action=verdict.action if verdict.action != "none" else None,
+        destinations=destinations_of(state) if state is not None else [],
+        gpu=gpu_use_of(state) if state is not None else None,
+        created=float(getattr(verdict, "time", 0.0) or 0.0),
     )
 
 

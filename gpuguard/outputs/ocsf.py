@@ -9,7 +9,8 @@ Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event:
 * ``finding_info`` {uid, title, desc, types, analytic {uid, name, type_id 1
   Rule}, attacks [{technique, tactic}], created_time};
 * ``evidences`` — one Evidence Artifacts object per piece of evidence, each
-  carrying the ``process`` (and ``container``) it concerns, or a ``file`` for
+  carrying the ``process`` (``uid`` = ECS ``process.entity_id``) and
+  ``container`` it concerns, network evidence the ``dst_endpoint`` dialled most, or a ``file`` for
   host checks about a path, plus ``data`` {rule_id, signal, detail, weight};
 * ``resources`` — the host (and the container, when there is one);
 * ``metadata`` {product {name, vendor_name, version}, version (schema)};
@@ -22,13 +23,14 @@ type requires.  Human sentences are escaped like in the ECS output.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import socket
 from typing import Any
 
 from gpuguard import __version__
 from gpuguard.outputs.ecs import TECHNIQUE_TACTICS
 from gpuguard.escape import escape_text
-from gpuguard.outputs.finding import Finding
+from gpuguard.outputs.finding import Finding, process_entity_id
 
 OCSF_VERSION = "1.3.0"
 CLASS_UID = 2004
@@ -55,11 +57,13 @@ def finding_uid(finding: Finding, hostname: str) -> str:
     return f"gpuguard-{digest.hexdigest()[:32]}"
 
 
-def process_object(finding: Finding) -> dict[str, Any] | None:
+def process_object(finding: Finding, hostname: str | None = None) -> dict[str, Any] | None:
     p = finding.process
     if p is None:
         return None
     process: dict[str, Any] = {"pid": p.pid, "name": p.name}
+    if hostname:
+        process["uid"] = process_entity_id(hostname, p.pid, p.start_time)   # = ECS process.entity_id
     if p.executable:
         process["file"] = {"path": p.executable, "name": p.executable.rsplit("/", 1)[-1], "type_id": 1}
     if p.command_line:
@@ -93,6 +97,21 @@ def container_object(finding: Finding) -> dict[str, Any] | None:
     return container
 
 
+def dst_endpoint(finding: Finding) -> dict[str, Any] | None:
+    """OCSF Network Endpoint of the address the process dialled most, when the agent saw one."""
+    if not finding.destinations:
+        return None
+    top = finding.destinations[0]
+    try:
+        endpoint: dict[str, Any] = {"ip": str(ipaddress.ip_address(top.address))}
+    except ValueError:
+        endpoint = {"hostname": top.address}
+    endpoint["port"] = top.port
+    if top.domain:
+        endpoint["domain"] = top.domain
+    return endpoint
+
+
 def attacks(finding: Finding) -> list[dict[str, Any]]:
     out = []
     for technique_id, name in finding.techniques:
@@ -110,8 +129,9 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
     """One OCSF Detection Finding for ``finding``."""
     hostname = hostname or socket.gethostname()
     severity_id = SEVERITY_ID[finding.severity]
-    process = process_object(finding)
+    process = process_object(finding, hostname)
     container = container_object(finding)
+    endpoint = dst_endpoint(finding)
     evidences = []
     for item in finding.evidence or []:
         evidence: dict[str, Any] = {"data": {"rule_id": item.rule_id, "signal": item.signal,
@@ -121,6 +141,8 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
             evidence["process"] = process
         if container is not None:
             evidence["container"] = container
+        if endpoint is not None and item.rule_id.startswith("net-"):
+            evidence["dst_endpoint"] = endpoint
         if finding.kind == "host" and finding.subject and finding.subject.startswith("/"):
             evidence["file"] = {"path": finding.subject, "name": finding.subject.rsplit("/", 1)[-1], "type_id": 0}
         evidences.append(evidence)

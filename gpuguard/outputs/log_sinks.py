@@ -1,0 +1,241 @@
+"""Where log lines go: a size-rotated file, stdout, or syslog (RFC 5424 / RFC 3164).
+
+Each sink takes one finished line (no newline) and its syslog severity, and
+raises ``OSError`` when the destination fails (full disk, closed pipe, a
+syslog socket that went away); :mod:`gpuguard.outputs.log_writer` turns that
+into a counted, reported fault.  Sinks reopen on the next write after a
+failure, so a destination that comes back is used again.
+
+* :class:`FileSink` rotates by size (``path`` -> ``path.1`` ... ``path.KEEP``)
+  and reopens when logrotate (or anyone) renamed the file away.
+* :class:`StdoutSink` writes with ``os.write`` on fd 1, so a closed pipe is an
+  ``EPIPE`` error here, never a Python exception at interpreter exit.
+* :class:`SyslogSink` frames a line for RFC 5424 (default) or RFC 3164 and
+  sends it over a unix socket (``/dev/log``; datagram, else stream) or
+  UDP/TCP (TCP lines end with ``\\n``, the non-transparent framing of
+  RFC 6587 that rsyslog and syslog-ng read).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+from typing import Protocol
+
+from gpuguard.outputs.ecs import iso_time
+
+DEFAULT_MAX_BYTES = 50 * 1024 * 1024
+DEFAULT_KEEP = 5
+# A syslog daemon that stops reading fails a send after this long (counted), never hangs the writer.
+SEND_TIMEOUT_S = 5.0
+FILE_MODE = 0o640
+FACILITIES = {"kern": 0, "user": 1, "daemon": 3, "auth": 4, "syslog": 5, "authpriv": 10,
+              **{f"local{i}": 16 + i for i in range(8)}}
+SEVERITIES = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warning": 4, "notice": 5, "info": 6, "debug": 7}
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+class Sink(Protocol):
+    name: str
+
+    def send(self, line: str, severity: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def _encode(line: str) -> bytes:
+    # Lines are valid UTF-8 already (jsonl / escape_text); surrogates would be a bug upstream, never a crash here.
+    return line.encode("utf-8", "backslashreplace")
+
+
+class FileSink:
+    """Appends lines to ``path``; rotates when the next line would pass ``max_bytes``, keeping ``keep`` old files."""
+
+    def __init__(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES, keep: int = DEFAULT_KEEP) -> None:
+        if max_bytes < 1 or keep < 0:
+            raise ValueError("max_bytes must be >= 1 and keep >= 0")
+        self.name = path
+        self.path = path
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self._fd: int | None = None
+        self._size = 0
+        self._inode: tuple[int, int] | None = None
+
+    def _open(self) -> int:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        st = os.fstat(fd)
+        self._fd, self._size, self._inode = fd, st.st_size, (st.st_dev, st.st_ino)
+        return fd
+
+    def _renamed_away(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        return (st.st_dev, st.st_ino) != self._inode
+
+    def _rotate(self) -> None:
+        self._drop_fd()
+        if self.keep == 0:
+            os.truncate(self.path, 0)
+            return
+        for index in range(self.keep - 1, 0, -1):
+            older = f"{self.path}.{index}"
+            if os.path.exists(older):
+                os.replace(older, f"{self.path}.{index + 1}")
+        if os.path.exists(self.path):
+            os.replace(self.path, f"{self.path}.1")
+
+    def send(self, line: str, severity: int) -> None:
+        data = _encode(line) + b"\n"
+        if self._fd is not None and self._renamed_away():
+            self._drop_fd()
+        if self._fd is None:
+            self._open()
+        if self._size and self._size + len(data) > self.max_bytes:
+            self._rotate()
+            self._open()
+        fd = self._fd
+        assert fd is not None
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except OSError:
+            # A partial line stays partial on disk; start the next one on a fresh line after reopening.
+            self._drop_fd()
+            raise
+        finally:
+            self._size += written
+
+    def _drop_fd(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._fd = None
+
+    def close(self) -> None:
+        self._drop_fd()
+
+
+class StdoutSink:
+    """Lines on file descriptor 1."""
+
+    name = "stdout"
+
+    def __init__(self, fd: int = 1) -> None:
+        self.fd = fd
+
+    def send(self, line: str, severity: int) -> None:
+        data = _encode(line) + b"\n"
+        written = 0
+        while written < len(data):
+            written += os.write(self.fd, data[written:])
+
+    def close(self) -> None:
+        pass
+
+
+def rfc5424(line: str, severity: int, facility: int, hostname: str, app: str = "gpuguard",
+            msgid: str = "-", now: float | None = None) -> str:
+    """``<PRI>1 TIMESTAMP HOST APP PROCID MSGID - MSG``."""
+    stamp = iso_time(time.time() if now is None else now)
+    return f"<{facility * 8 + severity}>1 {stamp} {hostname or '-'} {app} {os.getpid()} {msgid} - {line}"
+
+
+def rfc3164(line: str, severity: int, facility: int, hostname: str, app: str = "gpuguard",
+            now: float | None = None) -> str:
+    """``<PRI>Mmm dd hh:mm:ss HOST TAG[PID]: MSG`` (local time, as the RFC says)."""
+    t = time.localtime(time.time() if now is None else now)
+    stamp = f"{_MONTHS[t.tm_mon - 1]} {t.tm_mday:2d} {t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+    return f"<{facility * 8 + severity}>{stamp} {hostname or 'localhost'} {app}[{os.getpid()}]: {line}"
+
+
+class SyslogSink:
+    """Syslog over a unix socket, UDP or TCP.
+
+    ``target``: ``unix:/dev/log`` | ``udp:HOST:PORT`` | ``tcp:HOST:PORT``
+    (IPv6 hosts in brackets: ``udp:[::1]:514``).
+    """
+
+    def __init__(self, target: str = "unix:/dev/log", framing: str = "rfc5424", facility: str = "daemon",
+                 hostname: str | None = None, app: str = "gpuguard") -> None:
+        if framing not in ("rfc5424", "rfc3164"):
+            raise ValueError(f"unknown syslog format {framing!r} (rfc5424 or rfc3164)")
+        if facility not in FACILITIES:
+            raise ValueError(f"unknown syslog facility {facility!r} (one of {', '.join(FACILITIES)})")
+        self.name = f"syslog:{target}"
+        self.transport, self.address = parse_syslog_target(target)
+        self.framing = framing
+        self.facility = FACILITIES[facility]
+        self.hostname = hostname or socket.gethostname()
+        self.app = app
+        self._sock: socket.socket | None = None
+        self._stream = False
+
+    def _connect(self) -> socket.socket:
+        if self.transport == "unix":
+            for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+                sock = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC)
+                sock.settimeout(SEND_TIMEOUT_S)
+                try:
+                    sock.connect(self.address)
+                except OSError as exc:
+                    sock.close()
+                    if exc.errno != errno.EPROTOTYPE:
+                        raise
+                    continue
+                self._sock, self._stream = sock, kind == socket.SOCK_STREAM
+                return sock
+            raise OSError(errno.EPROTOTYPE, f"cannot connect to {self.address}")
+        host, port = self.address
+        kind = socket.SOCK_DGRAM if self.transport == "udp" else socket.SOCK_STREAM
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=kind)[0]
+        sock = socket.socket(family, kind | socket.SOCK_CLOEXEC)
+        sock.settimeout(SEND_TIMEOUT_S)
+        try:
+            sock.connect(sockaddr)
+        except OSError:
+            sock.close()
+            raise
+        self._sock, self._stream = sock, kind == socket.SOCK_STREAM
+        return sock
+
+    def frame(self, line: str, severity: int) -> str:
+        if self.framing == "rfc3164":
+            return rfc3164(line, severity, self.facility, self.hostname, self.app)
+        return rfc5424(line, severity, self.facility, self.hostname, self.app)
+
+    def send(self, line: str, severity: int) -> None:
+        sock = self._sock or self._connect()
+        data = _encode(self.frame(line, severity))
+        try:
+            if self._stream:
+                sock.sendall(data + b"\n")
+            else:
+                sock.send(data)
+        except OSError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def parse_syslog_target(target: str) -> tuple[str, object]:
+    """``unix:PATH`` -> ("unix", PATH); ``udp:HOST:PORT`` / ``tcp:HOST:PORT`` -> (proto, (HOST, PORT))."""
+    transport, _, rest = target.partition(":")
+    if transport == "unix" and rest.startswith("/"):
+        return "unix", rest
+    if transport in ("udp", "tcp"):
+        host, _, port = rest.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if host and port.isdigit() and 0 < int(port) < 65536:
+            return transport, (host, int(port))
+    raise ValueError(f"bad syslog target {target!r} (unix:/dev/log, udp:HOST:PORT or tcp:HOST:PORT)")

@@ -1,0 +1,290 @@
+"""The agent's Prometheus metrics: one registry the pipeline updates, served over HTTP.
+
+Data flow: the agent calls the ``count_*`` / ``set_*`` / ``observe_*``
+methods of :class:`AgentMetrics` as items pass each stage, or hands it the
+cumulative totals it already keeps (:meth:`AgentMetrics.sync_totals`);
+:meth:`AgentMetrics.serve` exposes them at ``http://HOST:PORT/metrics``.
+Every metric is named ``gpuguard_*`` (see :data:`METRIC_NAMES`); the Grafana
+dashboard in ``packaging/grafana-dashboard.json`` queries only these (a test
+checks it, and another has a real Prometheus scrape them).
+
+Label cardinality is bounded: per-process GPU users are the top
+``top_processes`` per GPU, replaced (not accumulated) on every snapshot;
+process names are escaped (:func:`~gpuguard.escape.escape_text`) and cut to
+64 characters; rule ids come from the loaded rules file.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import generate_latest, start_http_server
+
+from gpuguard import __version__
+from gpuguard.escape import escape_text
+from gpuguard.events.agent_events import ActionOutcome
+from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.outputs.finding import Finding
+
+DEFAULT_TOP_PROCESSES = 5
+# Scoring one dirty process takes tens of microseconds; a full rescore of thousands a few ms.
+SCORING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_NAME_MAX = 64
+
+
+def _gpu_label(vendor: str, index: int) -> str:
+    return f"{vendor}{index}"
+
+
+class AgentMetrics:
+    """Every metric the agent exports, in a registry of its own (no process-wide globals)."""
+
+    def __init__(self, top_processes: int = DEFAULT_TOP_PROCESSES) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.top_processes = top_processes
+        r = self.registry
+        self.info = Info("gpuguard_agent", "The running agent: version, mode and sensor", registry=r)
+        self.events = Counter("gpuguard_events", "Sensor and sampler events taken in, by kind", ["kind"], registry=r)
+        self.ring_lost = Counter("gpuguard_ring_lost_events", "Events the kernel ring buffer lost (reader too slow)",
+                                 registry=r)
+        self.queue_depth = Gauge("gpuguard_queue_depth", "Items waiting in each pipeline stage's queue", ["stage"],
+                                 registry=r)
+        self.queue_dropped = Counter("gpuguard_queue_dropped", "Items a full stage queue dropped", ["stage"],
+                                     registry=r)
+        self.findings = Counter("gpuguard_findings", "Findings reported, by top rule and verdict",
+                                ["rule", "verdict"], registry=r)
+        self.processes = Gauge("gpuguard_processes_tracked", "Processes the correlator holds state for", registry=r)
+        self.gpu_util = Gauge("gpuguard_gpu_utilization_percent", "GPU busy percent", ["gpu", "name"], registry=r)
+        self.gpu_mem_used = Gauge("gpuguard_gpu_memory_used_bytes", "GPU memory in use", ["gpu", "name"], registry=r)
+        self.gpu_mem_total = Gauge("gpuguard_gpu_memory_total_bytes", "GPU memory size", ["gpu", "name"], registry=r)
+        self.gpu_power = Gauge("gpuguard_gpu_power_watts", "GPU power draw", ["gpu", "name"], registry=r)
+        self.proc_util = Gauge("gpuguard_gpu_process_utilization_percent",
+                               "Top GPU users: SM busy percent per process", ["gpu", "pid", "comm"], registry=r)
+        self.proc_mem = Gauge("gpuguard_gpu_process_memory_bytes",
+                              "Top GPU users: GPU memory per process", ["gpu", "pid", "comm"], registry=r)
+        self.sampler_errors = Counter("gpuguard_sampler_errors", "Sampler failures, by source", ["source"], registry=r)
+        self.scoring_latency = Histogram("gpuguard_scoring_latency_seconds", "Time to score one batch of processes",
+                                         buckets=SCORING_BUCKETS, registry=r)
+        self.rules = Info("gpuguard_rules", "The loaded rules: version and content digest", registry=r)
+        self.rules_loaded = Gauge("gpuguard_rules_loaded_timestamp_seconds", "When the rules in use were loaded",
+                                  registry=r)
+        self.reloads = Counter("gpuguard_reloads", "Rules/config reloads, by result", ["result"], registry=r)
+        self.reduced_mode = Gauge("gpuguard_reduced_mode", "1 when running without eBPF (periodic /proc sweeps)",
+                                  registry=r)
+        self.blind_spots = Gauge("gpuguard_blind_spot", "What reduced mode cannot see (1 per blind spot)", ["spot"],
+                                 registry=r)
+        self.actions = Counter("gpuguard_actions", "Response actions, by action and status", ["action", "status"],
+                               registry=r)
+        self.log_records = Counter("gpuguard_log_records", "Log records written, by destination", ["destination"],
+                                   registry=r)
+        self.log_dropped = Counter("gpuguard_log_dropped", "Log records lost (queue full or destination failed)",
+                                   ["destination", "reason"], registry=r)
+        self._lock = threading.Lock()
+        self._proc_labels: set[tuple[str, str, str]] = set()
+        self._log_seen: dict[str, tuple[int, int, int]] = {}
+        self._blind: set[str] = set()
+        self._totals: dict[tuple[int, tuple[str, ...]], float] = {}
+        self.info.info({"version": __version__, "mode": "monitor", "sensor": "unknown"})
+        self.reduced_mode.set(0)
+
+    # -- agent state -----------------------------------------------------------------
+    def set_agent(self, mode: str, sensor: str) -> None:
+        self.info.info({"version": __version__, "mode": mode, "sensor": sensor})
+
+    def set_rules(self, version: str, digest: str = "", loaded_at: float | None = None) -> None:
+        self.rules.info({"version": str(version), "digest": digest})
+        if loaded_at is not None:
+            self.rules_loaded.set(loaded_at)
+
+    def count_reload(self, ok: bool) -> None:
+        self.reloads.labels("ok" if ok else "failed").inc()
+
+    def set_blind_spots(self, spots: Iterable[str]) -> None:
+        """Reduced mode's blind spots (empty: full eBPF sensing)."""
+        spots = {escape_text(s)[:_NAME_MAX] for s in spots}
+        with self._lock:
+            for gone in self._blind - spots:
+                self.blind_spots.remove(gone)
+            for spot in spots:
+                self.blind_spots.labels(spot).set(1)
+            self._blind = spots
+        self.reduced_mode.set(1 if spots else 0)
+
+    # -- pipeline ----------------------------------------------------------------------
+    def count_event(self, kind: str, n: int = 1) -> None:
+        self.events.labels(kind).inc(n)
+
+    def add_ring_lost(self, n: int) -> None:
+        if n > 0:
+            self.ring_lost.inc(n)
+
+    def set_queue(self, stage: str, depth: int) -> None:
+        self.queue_depth.labels(stage).set(depth)
+
+    def count_drop(self, stage: str, n: int = 1) -> None:
+        if n > 0:
+            self.queue_dropped.labels(stage).inc(n)
+
+    def set_processes(self, n: int) -> None:
+        self.processes.set(n)
+
+    def observe_scoring(self, seconds: float) -> None:
+        self.scoring_latency.observe(seconds)
+
+    def count_finding(self, finding: Finding) -> None:
+        self.findings.labels(finding.rule_id, finding.verdict).inc()
+
+    def count_action(self, outcome: ActionOutcome) -> None:
+        self.actions.labels(outcome.action, outcome.status).inc()
+
+    def count_sampler_error(self, source: str, n: int = 1) -> None:
+        self.sampler_errors.labels(source).inc(n)
+
+    def observe_log(self, writer: Any) -> None:
+        """Copy a :class:`~gpuguard.outputs.log_writer.LogWriter`'s counters (call it periodically)."""
+        name = writer.destination
+        now = (writer.written, writer.dropped, writer.errors)
+        with self._lock:
+            before = self._log_seen.get(name, (0, 0, 0))
+            self._log_seen[name] = now
+        for value, previous, metric in zip(now, before, (self.log_records.labels(name),
+                                                         self.log_dropped.labels(name, "queue-full"),
+                                                         self.log_dropped.labels(name, "write-failed"))):
+            if value > previous:
+                metric.inc(value - previous)
+        self.set_queue(f"log:{name}", writer.queue_depth)
+
+    def observe_snapshot(self, snapshot: GpuSnapshot, comm_of: Any = None) -> None:
+        """Per-GPU gauges and the top per-process users from one sampler snapshot.
+
+        ``comm_of(pid) -> str | None`` names a pid (the correlator knows); without it
+        the label is empty.  A snapshot's ``errors`` count as sampler errors.
+        """
+        if snapshot.errors:
+            self.count_sampler_error(snapshot.source, len(snapshot.errors))
+        for device in snapshot.devices:
+            labels = (_gpu_label(device.vendor, device.index), escape_text(device.name or "")[:_NAME_MAX])
+            for metric, value in ((self.gpu_util, device.gpu_util), (self.gpu_mem_used, device.memory_used),
+                                  (self.gpu_mem_total, device.memory_total), (self.gpu_power, device.power_w)):
+                if value is not None:
+                    metric.labels(*labels).set(value)
+        by_gpu: dict[str, list[Any]] = {}
+        for usage in snapshot.processes:
+            by_gpu.setdefault(_gpu_label(usage.vendor, usage.device_index), []).append(usage)
+        fresh: set[tuple[str, str, str]] = set()
+        for gpu, users in by_gpu.items():
+            users.sort(key=lambda u: (-(u.sm_util or 0.0), -(u.used_memory or 0), u.pid))
+            for usage in users[: self.top_processes]:
+                comm = comm_of(usage.pid) if comm_of is not None else None
+                labels = (gpu, str(usage.pid), escape_text(comm or "")[:_NAME_MAX])
+                fresh.add(labels)
+                self.proc_util.labels(*labels).set(usage.sm_util or 0.0)
+                self.proc_mem.labels(*labels).set(usage.used_memory or 0)
+        with self._lock:
+            stale = self._proc_labels - fresh if snapshot.processes or snapshot.devices else set()
+            for labels in stale:
+                for metric in (self.proc_util, self.proc_mem):
+                    try:
+                        metric.remove(*labels)
+                    except KeyError:
+                        pass
+            self._proc_labels = (self._proc_labels - stale) | fresh
+
+    # -- cumulative totals ---------------------------------------------------------------
+    def _advance(self, metric: Any, labels: tuple[str, ...], total: float) -> None:
+        """Bring a counter up to ``total`` (a count the agent keeps itself); a smaller total
+        (the agent's counters were reset) becomes the new base instead of a negative step."""
+        key = (id(metric), labels)
+        with self._lock:
+            before = self._totals.get(key, 0.0)
+            self._totals[key] = total
+        if total > before:
+            (metric.labels(*labels) if labels else metric).inc(total - before)
+
+    def sync_totals(self, totals: dict[str, Any]) -> None:
+        """Counters and gauges from the agent's own running totals.
+
+        ``totals`` is the ``counters`` object of the agent's status file: ``events_by_kind``
+        {kind: n}, ``ring_lost`` {what: n}, ``intake`` {depth, dropped {producer: n}},
+        ``output`` {depth, lines, dropped, errors}, ``sampler_errors`` {source: n},
+        ``processes_tracked``, ``findings`` {"RULE/VERDICT": n}, ``actions``
+        {"ACTION/STATUS": n}.  Missing keys are left alone.
+        """
+        for kind, n in (totals.get("events_by_kind") or {}).items():
+            self._advance(self.events, (str(kind),), n)
+        if "ring_lost" in totals:
+            self._advance(self.ring_lost, (), sum((totals["ring_lost"] or {}).values()))
+        for stage in ("intake", "output"):
+            part = totals.get(stage) or {}
+            if "depth" in part:
+                self.set_queue(stage, part["depth"])
+            dropped = part.get("dropped")
+            if isinstance(dropped, dict):
+                for producer, n in dropped.items():
+                    self._advance(self.queue_dropped, (f"{stage}:{producer}",), n)
+            elif dropped is not None:
+                self._advance(self.queue_dropped, (stage,), dropped)
+        output = totals.get("output") or {}
+        if "lines" in output:
+            self._advance(self.log_records, ("log",), output["lines"])
+        if "errors" in output:
+            self._advance(self.log_dropped, ("log", "write-failed"), output["errors"])
+        for source, n in (totals.get("sampler_errors") or {}).items():
+            self._advance(self.sampler_errors, (str(source),), n)
+        if "processes_tracked" in totals:
+            self.set_processes(totals["processes_tracked"])
+        for key, n in (totals.get("findings") or {}).items():
+            rule, _, verdict = str(key).rpartition("/")
+            self._advance(self.findings, (rule, verdict), n)
+        for key, n in (totals.get("actions") or {}).items():
+            action, _, status = str(key).rpartition("/")
+            self._advance(self.actions, (action, status), n)
+
+    # -- export ------------------------------------------------------------------------
+    def exposition(self) -> bytes:
+        """The text format Prometheus scrapes."""
+        return generate_latest(self.registry)
+
+    def serve(self, address: str) -> "MetricsServer":
+        """Serve ``/metrics`` on ``HOST:PORT`` (``[::1]:9400`` for IPv6; port 0 picks a free one)."""
+        host, port = parse_address(address)
+        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        return MetricsServer(server, thread)
+
+
+class MetricsServer:
+    """A running ``/metrics`` endpoint; :meth:`close` stops it."""
+
+    def __init__(self, server: Any, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+        self.host, self.port = server.server_address[:2]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port); ``:PORT`` means every interface."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"bad metrics address {address!r} (expected HOST:PORT, e.g. 127.0.0.1:9400)")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host or "0.0.0.0", int(port)
+
+
+# What the exporter serves (the sample names Prometheus stores).
+METRIC_NAMES = frozenset({
+    "gpuguard_agent_info", "gpuguard_events_total", "gpuguard_ring_lost_events_total", "gpuguard_queue_depth",
+    "gpuguard_queue_dropped_total", "gpuguard_findings_total", "gpuguard_processes_tracked",
+    "gpuguard_gpu_utilization_percent", "gpuguard_gpu_memory_used_bytes", "gpuguard_gpu_memory_total_bytes",
+    "gpuguard_gpu_power_watts", "gpuguard_gpu_process_utilization_percent", "gpuguard_gpu_process_memory_bytes",
+    "gpuguard_sampler_errors_total", "gpuguard_scoring_latency_seconds_bucket",
+    "gpuguard_scoring_latency_seconds_sum", "gpuguard_scoring_latency_seconds_count", "gpuguard_rules_info",
+    "gpuguard_rules_loaded_timestamp_seconds", "gpuguard_reloads_total", "gpuguard_reduced_mode",
+    "gpuguard_blind_spot", "gpuguard_actions_total", "gpuguard_log_records_total", "gpuguard_log_dropped_total",
+})

@@ -1,0 +1,232 @@
+"""The agent's log records: one line per finding, action and lifecycle event, in ECS, OCSF or CEF.
+
+Data flow: :class:`~gpuguard.outputs.finding.Finding` |
+:class:`~gpuguard.events.agent_events.ActionOutcome` |
+:class:`~gpuguard.events.agent_events.AgentLifecycle` -> :func:`render_record`
+-> one line of text (no newline) that a log destination writes.
+
+* **ECS** (default): findings reuse ``scan --json``'s mapping
+  (:func:`~gpuguard.outputs.ecs.finding_to_ecs`, dataset ``gpuguard.agent``);
+  actions are ``event.kind: "event"``, ``event.category: ["process"]`` (or
+  ``["network"]`` for egress blocks), ``event.type`` from what the action did,
+  ``event.outcome`` success/failure/unknown; lifecycle records are
+  ``event.category: ["configuration"|"process"]`` with ``event.action`` the
+  lifecycle step.
+* **OCSF**: findings are Detection Finding 2004; actions are Remediation
+  classes (7003 Process Remediation, 7004 Network Remediation, 7001 for the
+  rest) with the D3FEND activity (1 Isolate, 2 Evict, 3 Restore, 99 Other);
+  lifecycle records are Application Lifecycle 6002 (3 Start, 4 Stop, 8 Update,
+  99 Other).
+* **CEF**: :mod:`gpuguard.outputs.cef`.
+
+JSON encoding escapes every control character in structured fields, and
+:func:`~gpuguard.outputs.jsonl.dumps_line` writes invalid UTF-8 as ``\\xNN``,
+so one record is always exactly one line whatever a process calls itself.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any, Union
+
+from gpuguard import __version__
+from gpuguard.escape import escape_text
+from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
+from gpuguard.outputs.cef import cef_line
+from gpuguard.outputs.ecs import ECS_VERSION, finding_to_ecs, host_fields, iso_time
+from gpuguard.outputs.finding import Finding, process_entity_id
+from gpuguard.outputs.jsonl import dumps_line
+from gpuguard.outputs.ocsf import OCSF_VERSION, finding_to_ocsf
+
+Record = Union[Finding, ActionOutcome, AgentLifecycle]
+FORMATS = ("ecs", "ocsf", "cef")
+DATASET = "gpuguard.agent"
+
+# What each action does, in ECS event.type terms and OCSF remediation terms.
+_ACTION_ECS_TYPE = {"kill": "end", "kill-on-touch": "denied", "suspend": "change", "quarantine": "denied",
+                    "block-egress": "denied", "unblock": "allowed", "hook": "info", "alert": "info"}
+_ACTION_OCSF_CLASS = {"kill": 7003, "kill-on-touch": 7003, "suspend": 7003, "quarantine": 7003,
+                      "block-egress": 7004}
+_OCSF_CLASS_NAME = {7001: "Remediation Activity", 7003: "Process Remediation Activity",
+                    7004: "Network Remediation Activity"}
+_OCSF_ACTIVITY = {"suspend": (1, "Isolate"), "quarantine": (1, "Isolate"), "block-egress": (1, "Isolate"),
+                  "kill": (2, "Evict"), "kill-on-touch": (2, "Evict"), "unblock": (3, "Restore")}
+_ACTION_OUTCOME = {"done": "success", "failed": "failure"}
+_LIFECYCLE_OCSF = {"start": (3, "Start"), "stop": (4, "Stop"), "reload": (8, "Update"),
+                   "reload-failed": (8, "Update")}
+_LIFECYCLE_FAILURES = ("reload-failed", "fault")
+_LIFECYCLE_WARNINGS = ("drops", "degraded")
+
+
+def _ms(epoch: float) -> int:
+    return int(round(epoch * 1000))
+
+
+def _clean(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in value.items() if v not in (None, "", [], {})}
+
+
+def _product() -> dict[str, Any]:
+    return {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__}
+
+
+def lifecycle_severity(record: AgentLifecycle) -> str:
+    """"high" for faults and failed reloads, "medium" for drops and degraded mode, else "informational"."""
+    if record.action in _LIFECYCLE_FAILURES:
+        return "high"
+    if record.action in _LIFECYCLE_WARNINGS:
+        return "medium"
+    return "informational"
+
+
+def action_to_ecs(outcome: ActionOutcome, host: dict[str, Any]) -> dict[str, Any]:
+    """One ECS event for a response action and how it ended."""
+    hostname = host.get("hostname", "")
+    process = _clean({"pid": outcome.pid or None, "name": outcome.comm, "executable": outcome.exe,
+                      "entity_id": process_entity_id(hostname, outcome.pid, outcome.start_time) if outcome.pid else None,
+                      "start": iso_time(outcome.start_time) if outcome.start_time else None})
+    category = ["network"] if outcome.action == "block-egress" else ["process"]
+    doc: dict[str, Any] = {
+        "@timestamp": iso_time(outcome.time),
+        "ecs": {"version": ECS_VERSION},
+        "message": escape_text(f"{outcome.action} {outcome.status}: {outcome.reason}" if outcome.reason
+                               else f"{outcome.action} {outcome.status}"),
+        "event": {"kind": "event", "category": category, "type": [_ACTION_ECS_TYPE.get(outcome.action, "info")],
+                  "action": outcome.action, "outcome": _ACTION_OUTCOME.get(outcome.status, "unknown"),
+                  "module": "gpuguard", "dataset": DATASET, "created": iso_time(outcome.time)},
+        "host": host,
+    }
+    if process:
+        doc["process"] = process
+    if outcome.rule_ids:
+        doc["rule"] = {"id": outcome.rule_ids[0], "ruleset": "gpuguard"}
+    addresses = outcome.detail.get("addresses") if isinstance(outcome.detail, dict) else None
+    if isinstance(addresses, list) and addresses and isinstance(addresses[0], str):
+        doc["destination"] = {"address": addresses[0]}
+    doc["gpuguard"] = _clean({
+        "kind": "action", "action": outcome.action, "status": outcome.status, "verdict": outcome.verdict,
+        "score": outcome.score, "rule_ids": list(outcome.rule_ids), "reason": escape_text(outcome.reason),
+        "block_id": outcome.block_id,
+        "expires": iso_time(outcome.expires) if outcome.expires else None,
+        "detail": outcome.detail,
+    })
+    return doc
+
+
+def lifecycle_to_ecs(record: AgentLifecycle, host: dict[str, Any]) -> dict[str, Any]:
+    """One ECS event for the agent's own start, reload, stop, drops or fault."""
+    category = ["configuration"] if record.action.startswith("reload") else ["process"]
+    event_type = {"start": "start", "stop": "end", "reload": "change", "reload-failed": "change"}.get(record.action, "info")
+    outcome = "failure" if record.action in _LIFECYCLE_FAILURES else "success"
+    return {
+        "@timestamp": iso_time(record.time),
+        "ecs": {"version": ECS_VERSION},
+        "message": escape_text(record.message or record.action),
+        "event": {"kind": "event", "category": category, "type": [event_type], "action": record.action,
+                  "outcome": outcome, "module": "gpuguard", "dataset": DATASET, "created": iso_time(record.time)},
+        "log": {"level": {"high": "error", "medium": "warning"}.get(lifecycle_severity(record), "info")},
+        "host": host,
+        "service": {"name": "gpuguard", "type": "gpuguard", "version": __version__},
+        "gpuguard": _clean({"kind": "lifecycle", "action": record.action, "detail": record.detail}),
+    }
+
+
+def action_to_ocsf(outcome: ActionOutcome, hostname: str) -> dict[str, Any]:
+    """One OCSF Remediation Activity event (category 7) for a response action."""
+    class_uid = _ACTION_OCSF_CLASS.get(outcome.action, 7001)
+    activity_id, activity_name = _OCSF_ACTIVITY.get(outcome.action, (99, "Other"))
+    status_id, status = {"done": (1, "Success"), "failed": (2, "Failure")}.get(outcome.status, (99, "Other"))
+    event: dict[str, Any] = {
+        "class_uid": class_uid, "class_name": _OCSF_CLASS_NAME[class_uid],
+        "category_uid": 7, "category_name": "Remediation",
+        "activity_id": activity_id, "activity_name": activity_name,
+        "type_uid": class_uid * 100 + activity_id,
+        "type_name": f"{_OCSF_CLASS_NAME[class_uid]}: {activity_name}",
+        "time": _ms(outcome.time), "severity_id": 1, "severity": "Informational",
+        "status_id": status_id, "status": status, "status_detail": f"{outcome.action} {outcome.status}",
+        "message": escape_text(outcome.reason or f"{outcome.action} {outcome.status}"),
+        "device": {"hostname": hostname, "type_id": 0},
+        "metadata": {"version": OCSF_VERSION, "product": _product()},
+        "unmapped": {"gpuguard": _clean({"action": outcome.action, "status": outcome.status,
+                                         "verdict": outcome.verdict, "score": outcome.score,
+                                         "rule_ids": list(outcome.rule_ids), "block_id": outcome.block_id,
+                                         "expires": _ms(outcome.expires) if outcome.expires else None,
+                                         "detail": outcome.detail})},
+    }
+    if outcome.pid:
+        process: dict[str, Any] = {"pid": outcome.pid, "name": outcome.comm,
+                                   "uid": process_entity_id(hostname, outcome.pid, outcome.start_time)}
+        if outcome.exe:
+            process["file"] = {"path": outcome.exe, "name": outcome.exe.rsplit("/", 1)[-1], "type_id": 1}
+        if outcome.start_time:
+            process["created_time"] = _ms(outcome.start_time)
+        event["process"] = process
+    return event
+
+
+def lifecycle_to_ocsf(record: AgentLifecycle, hostname: str) -> dict[str, Any]:
+    """One OCSF Application Lifecycle event (6002) for the agent itself."""
+    activity_id, activity_name = _LIFECYCLE_OCSF.get(record.action, (99, "Other"))
+    failed = record.action in _LIFECYCLE_FAILURES
+    severity_id = {"high": 4, "medium": 3}.get(lifecycle_severity(record), 1)
+    return {
+        "class_uid": 6002, "class_name": "Application Lifecycle",
+        "category_uid": 6, "category_name": "Application Activity",
+        "activity_id": activity_id, "activity_name": activity_name,
+        "type_uid": 6002 * 100 + activity_id, "type_name": f"Application Lifecycle: {activity_name}",
+        "time": _ms(record.time), "severity_id": severity_id,
+        "severity": {1: "Informational", 3: "Medium", 4: "High"}[severity_id],
+        "status_id": 2 if failed else 1, "status": "Failure" if failed else "Success",
+        "status_detail": record.action,
+        "message": escape_text(record.message or record.action),
+        "app": {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__},
+        "device": {"hostname": hostname, "type_id": 0},
+        "metadata": {"version": OCSF_VERSION, "product": _product()},
+        "unmapped": {"gpuguard": {"action": record.action, "detail": record.detail}},
+    }
+
+
+class RecordRenderer:
+    """Renders records in one format for one host (host facts are read once)."""
+
+    def __init__(self, fmt: str = "ecs", host: dict[str, Any] | None = None) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown log format {fmt!r} (one of {', '.join(FORMATS)})")
+        self.fmt = fmt
+        self.host = host or host_fields()
+        self.hostname = self.host.get("hostname") or socket.gethostname()
+
+    def document(self, record: Record) -> dict[str, Any]:
+        """The ECS or OCSF object for ``record``."""
+        if self.fmt == "ocsf":
+            if isinstance(record, Finding):
+                return finding_to_ocsf(record, _finding_time(record), self.hostname)
+            if isinstance(record, ActionOutcome):
+                return action_to_ocsf(record, self.hostname)
+            if isinstance(record, AgentLifecycle):
+                return lifecycle_to_ocsf(record, self.hostname)
+        else:
+            if isinstance(record, Finding):
+                return finding_to_ecs(record, _finding_time(record), self.host, dataset=DATASET)
+            if isinstance(record, ActionOutcome):
+                return action_to_ecs(record, self.host)
+            if isinstance(record, AgentLifecycle):
+                return lifecycle_to_ecs(record, self.host)
+        raise TypeError(f"not a log record: {type(record).__name__}")
+
+    def line(self, record: Record) -> str:
+        """One line of text (no trailing newline)."""
+        if self.fmt == "cef":
+            return cef_line(record, self.hostname, _finding_time(record) if isinstance(record, Finding) else None)
+        return dumps_line(self.document(record))
+
+
+def _finding_time(finding: Finding) -> float:
+    """When the finding was made (the verdict's time); a finding without one is "now"."""
+    return finding.created if finding.created else time.time()
+
+
+def render_record(record: Record, fmt: str = "ecs", host: dict[str, Any] | None = None) -> str:
+    """One log line for ``record`` in ``fmt`` (``ecs``, ``ocsf`` or ``cef``)."""
+    return RecordRenderer(fmt, host).line(record)

@@ -1,0 +1,291 @@
+"""Agent metrics: fed from a real pipeline, exported, scraped by Debian's real Prometheus,
+and every query of the shipped Grafana dashboard returns data from it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuguard.correlate.correlator import Correlator
+from gpuguard.detect.cases import default_cases_dir
+from gpuguard.detect.rules import load_ruleset
+from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.events.agent_events import ActionOutcome
+from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.events.model import Event, Lost
+from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.events.wire import iter_recording
+from gpuguard.outputs.finding import finding_from_verdict
+from gpuguard.outputs.log_writer import open_log
+from gpuguard.outputs.metrics import METRIC_NAMES, AgentMetrics, parse_address
+from gpuguard.sources.gpu import nvml
+from tests.fakes.fake_pynvml import ERROR_CODES, MIB, FakeGpu, FakeNvml, FakeProcess
+
+REPO = Path(__file__).resolve().parent.parent
+DASHBOARD = REPO / "packaging" / "grafana-dashboard.json"
+CASE = default_cases_dir() / "miner_stratum_cmdline" / "capture.ggrec"
+HOSTILE = "x\n\x1b]0;pwned\x07\"} evil{a=\"1"
+
+
+def dashboard_exprs() -> list[str]:
+    doc = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in doc["panels"] for t in p["targets"]]
+
+
+def exported_names(metrics: AgentMetrics) -> set[str]:
+    return {s.name for fam in text_string_to_metric_families(metrics.exposition().decode()) for s in fam.samples}
+
+
+def _fake_gpus(now_us: int) -> FakeNvml:
+    busy = FakeGpu(util_gpu=98, util_memory=61, memory_used=76_210 * MIB, power_mw=688_512, sm_clock=1980,
+                   compute=[FakeProcess(4242, 70_000 * MIB), FakeProcess(4343, 1_000 * MIB)],
+                   util_samples=[(4242, now_us - 200_000, 97, 55, 0, 0), (4343, now_us - 200_000, 1, 1, 0, 0)])
+    # A second GPU whose temperature read fails: a sampler error, as NVML reports it.
+    flaky = FakeGpu(uuid="GPU-5c5f5a8e-3b0c-8c0e-2a42-6f1e6d7b1c02", bus_id="00000000:2A:00.0",
+                    failing={"nvmlDeviceGetTemperature": ERROR_CODES["NVML_ERROR_UNKNOWN"]})
+    return FakeNvml([busy, flaky])
+
+
+class Pipeline:
+    """A golden miner case replayed through the real correlator and scoring, plus the NVML sampler
+    over the fake library, feeding :class:`AgentMetrics` the way the agent does."""
+
+    def __init__(self, metrics: AgentMetrics, log_dir: Path) -> None:
+        self.metrics = metrics
+        self.ruleset = load_ruleset([shipped_rules_file()])
+        self.items = list(iter_recording(CASE))
+        self.sampler = nvml.open_sampler(proc_root="/nonexistent", library=_fake_gpus(int(time.time() * 1e6)).module)
+        self.log = open_log(str(log_dir / "agent.log"), "ecs", queue_size=0)
+        self.broken_log = open_log("/dev/full", "ecs", queue_size=0)   # every write: ENOSPC
+        metrics.set_agent("monitor", "proc")
+        metrics.set_rules("1", "sha256:0123abcd", time.time())
+        metrics.set_blind_spots(["gpu ioctls (no eBPF)", "connect payloads (no eBPF)"])
+
+    def run_once(self) -> None:
+        m = self.metrics
+        correlator = Correlator(self.ruleset, facts_provider=None)
+        now = 0.0
+        for item in self.items + [Lost(time=0.0, pid=0, what="events", count=2)]:
+            correlator.feed(item)
+            if isinstance(item, Event):
+                m.count_event(item.kind)
+                if isinstance(item, Lost):
+                    m.add_ring_lost(item.count)
+            elif isinstance(item, GpuSnapshot):
+                m.count_event("gpu_snapshot")
+            elif isinstance(item, ProcessFacts):
+                m.count_event("process_facts")
+            now = max(now, getattr(item, "time", 0.0) or getattr(item, "start_time", 0.0))
+        started = time.perf_counter()
+        verdicts = correlator.verdicts(now)
+        m.observe_scoring(time.perf_counter() - started)
+        m.set_processes(len(list(correlator.states())))
+        for verdict in verdicts:
+            state = correlator.get(verdict.key)
+            finding = finding_from_verdict(verdict, state.facts if state else None, self.ruleset, state)
+            m.count_finding(finding)
+            self.log.write(finding)
+            self.broken_log.write(finding)
+            if verdict.verdict == "malicious":
+                m.count_action(ActionOutcome(time=time.time(), action="alert", status="done", pid=verdict.pid,
+                                             comm=verdict.comm, verdict=verdict.verdict, score=verdict.score))
+        snapshot = self.sampler.sample()
+        m.observe_snapshot(snapshot, comm_of=lambda pid: {4242: "xmrig", 4343: HOSTILE}.get(pid))
+        m.set_queue("sensor", 3)
+        m.count_drop("sensor", 1)
+        m.count_reload(True)
+        m.observe_log(self.log)
+        m.observe_log(self.broken_log)
+
+    def close(self) -> None:
+        self.log.close()
+        self.broken_log.close()
+
+
+@pytest.fixture
+def fed(tmp_path):
+    metrics = AgentMetrics()
+    pipeline = Pipeline(metrics, tmp_path)
+    pipeline.run_once()
+    yield metrics, pipeline
+    pipeline.close()
+
+
+def test_metric_names_list_matches_what_is_exported(fed):
+    metrics, _ = fed
+    names = {n for n in exported_names(metrics) if not n.endswith("_created")}
+    assert names == METRIC_NAMES
+
+
+def test_every_metric_the_dashboard_queries_is_exported(fed):
+    metrics, _ = fed
+    queried = {name for expr in dashboard_exprs() for name in re.findall(r"\bgpuguard_[a-z_]+\b", expr)}
+    assert queried, "the dashboard queries nothing"
+    assert queried <= exported_names(metrics), sorted(queried - exported_names(metrics))
+    # and the dashboard shows every kind of metric the agent has (nothing exported goes unseen)
+    base = {re.sub(r"_(bucket|sum|count)$", "", n) for n in METRIC_NAMES}
+    shown = {re.sub(r"_(bucket|sum|count)$", "", n) for n in queried}
+    assert base <= shown, sorted(base - shown)
+
+
+def test_pipeline_values_land_in_the_right_series(fed):
+    metrics, _ = fed
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(metrics.exposition().decode()) for s in fam.samples}
+    assert samples[("gpuguard_findings_total", (("rule", "net-pool-protocol"), ("verdict", "malicious")))] == 1
+    assert samples[("gpuguard_events_total", (("kind", "gpu_ioctl"),))] == 73
+    assert samples[("gpuguard_ring_lost_events_total", ())] == 2
+    assert samples[("gpuguard_gpu_utilization_percent", (("gpu", "nvidia0"), ("name", "NVIDIA H100 80GB HBM3")))] == 98
+    assert samples[("gpuguard_gpu_power_watts", (("gpu", "nvidia0"), ("name", "NVIDIA H100 80GB HBM3")))] == pytest.approx(688.512)
+    assert samples[("gpuguard_gpu_process_utilization_percent", (("comm", "xmrig"), ("gpu", "nvidia0"), ("pid", "4242")))] == 97
+    assert samples[("gpuguard_sampler_errors_total", (("source", "nvml"),))] >= 1
+    assert samples[("gpuguard_log_dropped_total", (("destination", "/dev/full"), ("reason", "write-failed")))] >= 1
+    assert samples[("gpuguard_reduced_mode", ())] == 1
+
+
+def test_hostile_process_name_is_one_escaped_label(fed):
+    metrics, _ = fed
+    text = metrics.exposition().decode()
+    lines = [line for line in text.splitlines() if 'pid="4343"' in line]
+    assert len(lines) == 2                       # utilisation and memory, one line each: no forged series
+    assert all("\x1b" not in line and "evil{" not in line.split("}")[-1] for line in lines)
+    assert all('comm="x\\\\n\\\\x1b]0;pwned\\\\x07\\"} evil{a=\\"1"' in line for line in lines), lines
+
+
+def test_top_processes_are_bounded_and_replaced():
+    metrics = AgentMetrics(top_processes=2)
+    from gpuguard.events.gpu_snapshot import DeviceSample, ProcessGpuUsage
+
+    def snap(pids):
+        return GpuSnapshot(time=1.0, source="nvml", devices=[DeviceSample("nvidia", 0)],
+                           processes=[ProcessGpuUsage(pid, "nvidia", 0, sm_util=float(pid)) for pid in pids])
+    metrics.observe_snapshot(snap([1, 2, 3, 4]))
+    assert {s.labels["pid"] for s in metrics.proc_util.collect()[0].samples} == {"3", "4"}
+    metrics.observe_snapshot(snap([7]))
+    assert {s.labels["pid"] for s in metrics.proc_util.collect()[0].samples} == {"7"}
+
+
+def test_the_agents_running_totals_become_counters_that_only_move_forward():
+    metrics = AgentMetrics()
+
+    def value(name, **labels):
+        return metrics.registry.get_sample_value(name, labels or None)
+    totals = {"events_by_kind": {"exec": 10, "gpu_ioctl": 500}, "ring_lost": {"events": 3, "payloads": 1},
+              "intake": {"depth": 7, "dropped": {"sensor": 2}}, "output": {"depth": 1, "lines": 40, "dropped": 0,
+                                                                            "errors": 5},
+              "sampler_errors": {"nvml": 1}, "processes_tracked": 55,
+              "findings": {"miner-binary-name/malicious": 2}, "actions": {"kill/done": 1}}
+    metrics.sync_totals(totals)
+    metrics.sync_totals(totals)                                  # the same totals again: no double count
+    assert value("gpuguard_events_total", kind="gpu_ioctl") == 500
+    assert value("gpuguard_ring_lost_events_total") == 4
+    assert value("gpuguard_queue_depth", stage="intake") == 7
+    assert value("gpuguard_queue_dropped_total", stage="intake:sensor") == 2
+    assert value("gpuguard_log_dropped_total", destination="log", reason="write-failed") == 5
+    assert value("gpuguard_findings_total", rule="miner-binary-name", verdict="malicious") == 2
+    assert value("gpuguard_actions_total", action="kill", status="done") == 1
+    assert value("gpuguard_processes_tracked") == 55
+    totals["events_by_kind"]["gpu_ioctl"] = 800
+    metrics.sync_totals(totals)
+    assert value("gpuguard_events_total", kind="gpu_ioctl") == 800
+    totals["events_by_kind"]["gpu_ioctl"] = 100                  # the agent restarted its counters
+    metrics.sync_totals(totals)
+    totals["events_by_kind"]["gpu_ioctl"] = 150
+    metrics.sync_totals(totals)
+    assert value("gpuguard_events_total", kind="gpu_ioctl") == 850
+
+
+def test_served_over_http(fed):
+    metrics, _ = fed
+    server = metrics.serve("127.0.0.1:0")
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5).read().decode()
+    finally:
+        server.close()
+    assert "gpuguard_findings_total{" in body and "gpuguard_scoring_latency_seconds_bucket" in body
+
+
+def test_bad_metrics_address_is_one_clear_error():
+    assert parse_address("[::1]:9400") == ("::1", 9400)
+    assert parse_address(":9400") == ("0.0.0.0", 9400)
+    for bad in ("9400", "host:port", "h:99999"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            parse_address(bad)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _query(port: int, expr: str) -> list:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    body = json.loads(urllib.request.urlopen(url, timeout=5).read())
+    assert body["status"] == "success", body
+    return [r for r in body["data"]["result"] if r["value"][1] not in ("NaN", "+Inf", "-Inf")]
+
+
+def test_real_prometheus_scrapes_the_exporter_and_every_dashboard_query_returns_data(tmp_path):
+    binary = shutil.which("prometheus")
+    assert binary, "Debian's prometheus is not installed (fix: bash packaging/setup-host.sh setup)"
+    metrics = AgentMetrics()
+    pipeline = Pipeline(metrics, tmp_path)
+    exporter = metrics.serve("127.0.0.1:0")
+    stop = threading.Event()
+
+    def keep_feeding():          # counters must move between scrapes for rate() to have data
+        while not stop.is_set():
+            pipeline.run_once()
+            stop.wait(0.3)
+    feeder = threading.Thread(target=keep_feeding, daemon=True)
+    feeder.start()
+    port = _free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                      f"scrape_configs:\n  - job_name: gpuguard\n    static_configs:\n"
+                      f"      - targets: ['127.0.0.1:{exporter.port}']\n")
+    log = open(tmp_path / "prometheus.log", "w")
+    server = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                               f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],
+                              stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    pending = {expr.replace("$__rate_interval", "15s").replace("$instance", ".*") for expr in dashboard_exprs()}
+    try:
+        deadline = time.monotonic() + 25
+        while pending and time.monotonic() < deadline:
+            assert server.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+            for expr in sorted(pending):
+                try:
+                    if _query(port, expr):
+                        pending.discard(expr)
+                except OSError:
+                    break            # not listening yet
+            time.sleep(0.5)
+        assert not pending, f"dashboard queries without data from Prometheus: {sorted(pending)}"
+        # the variable the dashboard's host picker uses
+        url = f"http://127.0.0.1:{port}/api/v1/label/instance/values"
+        assert f"127.0.0.1:{exporter.port}" in json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]
+    finally:
+        stop.set()
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+        feeder.join(5)
+        exporter.close()
+        pipeline.close()

@@ -9,11 +9,11 @@ once with the reason; with no GPU at all the command says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Callable, Iterable
 
+from gpuguard.outputs.jsonl import dumps_line
 from gpuguard.outputs.gpu_table import GpuView, ProcessLabel, render_view, view_to_json
 from gpuguard.sources.gpu.sampler import ALL_SOURCES, GpuSampler, open_samplers
 from gpuguard.events.gpu_snapshot import GpuSnapshot
@@ -90,7 +90,7 @@ class _Printer:
 
     def show(self, view: GpuView) -> None:
         if self.as_json:
-            sys.stdout.write(json.dumps(view_to_json(view), ensure_ascii=True) + "\n")
+            sys.stdout.write(dumps_line(view_to_json(view)) + "\n")
             sys.stdout.flush()
         elif self.live is not None:
             self.live.update(render_view(view), refresh=True)

@@ -20,7 +20,6 @@ threshold, 1 something did, 2 usage or configuration error.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -196,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuguard.correlate.correlator import Correlator
     from gpuguard.detect.rules import load_ruleset
     from gpuguard.outputs.finding import finding_from_host, finding_from_verdict
+    from gpuguard.outputs.jsonl import dumps_document
     from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
     from gpuguard.sources.host_observation import limitation_lines, observe_host
 
@@ -255,7 +255,6 @@ def run(args: argparse.Namespace) -> int:
         width = None if sys.stdout.isatty() else 160
         render_console(report, Console(file=sys.stdout, highlight=False, width=width))
     else:
-        json.dump(scan_document(report, fmt), sys.stdout, indent=2, ensure_ascii=True)
-        sys.stdout.write("\n")
+        sys.stdout.write(dumps_document(scan_document(report, fmt)) + "\n")
     sys.stdout.flush()
     return report.exit_code

@@ -46,6 +46,7 @@ from gpuguard.events.abi import ABI_VERSION
 from gpuguard.events.model import EVENT_TYPES, Event
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.events.record_types import RecordTypeError, record_checker
 
 FORMAT_NAME = "gpuguard-recording"
 FORMAT_VERSION = 1
@@ -88,15 +89,22 @@ def _header(meta: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def item_kind(item: Item) -> str:
+    """The ``kind`` an item is stored (and shown in ``replay --json``) under: the one place that decides."""
+    if isinstance(item, Event):
+        return item.kind
+    if isinstance(item, GpuSnapshot):
+        return SNAPSHOT_KIND
+    if isinstance(item, ProcessFacts):
+        return PROCESS_KIND
+    raise TypeError(f"cannot record a {type(item).__name__}: expected an Event, GpuSnapshot or ProcessFacts")
+
+
 def item_record(item: Item) -> dict[str, Any]:
     """The map an item is stored as."""
     if isinstance(item, Event):
         return item.to_record()
-    if isinstance(item, GpuSnapshot):
-        return {"kind": SNAPSHOT_KIND, **item.to_record()}
-    if isinstance(item, ProcessFacts):
-        return {"kind": PROCESS_KIND, **item.to_record()}
-    raise TypeError(f"cannot record a {type(item).__name__}: expected an Event, GpuSnapshot or ProcessFacts")
+    return {"kind": item_kind(item), **item.to_record()}
 
 
 class RecordingWriteFailed(GpuguardError):
@@ -290,6 +298,17 @@ def _event_decoder(cls: type[Event]) -> Callable[[dict[str, Any]], Event]:
     return decode
 
 
+_SNAPSHOT_CHECK = record_checker(GpuSnapshot)
+_PROCESS_CHECK = record_checker(ProcessFacts)
+
+
+def _checked(check: Callable[[Any], None], record: dict[str, Any], kind: str) -> None:
+    try:
+        check(record)
+    except RecordTypeError as exc:
+        raise _BadItem(f"{kind} record with bad fields ({exc})") from None
+
+
 def _require_number(record: dict[str, Any], key: str, kind: str) -> None:
     if type(record.get(key)) not in (float, int):
         raise _BadItem(f"{kind} record without a numeric {key!r}")
@@ -297,19 +316,18 @@ def _require_number(record: dict[str, Any], key: str, kind: str) -> None:
 
 def _decode_snapshot(record: dict[str, Any]) -> GpuSnapshot:
     _require_number(record, "time", SNAPSHOT_KIND)
+    _checked(_SNAPSHOT_CHECK, record, SNAPSHOT_KIND)
     try:
-        snapshot = GpuSnapshot.from_record(record)
+        return GpuSnapshot.from_record(record)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise _BadItem(f"{SNAPSHOT_KIND} record with bad fields ({exc})") from None
-    if not isinstance(snapshot.source, str):
-        raise _BadItem(f"{SNAPSHOT_KIND} field 'source' holds {type(snapshot.source).__name__}")
-    return snapshot
 
 
 def _decode_process(record: dict[str, Any]) -> ProcessFacts:
     _require_number(record, "start_time", PROCESS_KIND)
     if type(record.get("pid")) is not int:
         raise _BadItem(f"{PROCESS_KIND} record without an integer 'pid'")
+    _checked(_PROCESS_CHECK, record, PROCESS_KIND)
     try:
         return ProcessFacts.from_record(record)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -357,7 +375,7 @@ def _open(path: str | os.PathLike[str]) -> BinaryIO:
     try:
         return open(path, "rb")
     except FileNotFoundError:
-        raise GpuguardError(f"{os.fspath(path)}: no such recording", "check the file name") from None
+        raise GpuguardError(f"{os.fspath(path)}: no such recording (not found)", "check the file name") from None
     except IsADirectoryError:
         raise GpuguardError(f"{os.fspath(path)} is a directory, not a recording", "pass the recording file") from None
     except OSError as exc:
@@ -390,7 +408,9 @@ class _Reader:
         self.file = file
         self.name = name
         self.unpacker = _new_unpacker()
-        self.items = 0
+        self.items = 0               # good items yielded
+        self.records = 0             # every record after the header (what the end marker counts)
+        self.bad: list[str] = []     # "item N at byte B is not a valid record (why)", skipped
         self.fed = 0                 # bytes handed to the unpacker
         # End of the last complete object.  The unpacker's tell() is only
         # meaningful right after a complete object: inside a partial one it
@@ -415,7 +435,7 @@ class _Reader:
         try:
             self.unpacker.feed(block)
         except msgpack.BufferFull:
-            raise self.damaged(self.position, f"item {self.items + 1} at byte {self.position} "
+            raise self.damaged(self.position, f"item {self.records + 1} at byte {self.position} "
                                f"claims more than {MAX_ITEM_BYTES} bytes (a corrupt length); "
                                f"the {self.items} items before it were read") from None
         self.fed += len(block)
@@ -430,24 +450,32 @@ class _Reader:
         if self.header is None and not self._could_be_header_start():
             return _not_a_recording(self.name)
         offset = self.position
-        where = "the header" if self.header is None else f"item {self.items + 1}"
+        where = "the header" if self.header is None else f"item {self.records + 1}"
         return self.damaged(offset, f"{where} at byte {offset} is not valid msgpack ({type(exc).__name__}: "
                             f"{str(exc)[:80]}); the {self.items} items before it were read")
 
-    def _bad_record(self, offset: int, exc: _BadItem) -> RecordingDamaged:
-        return self.damaged(offset, f"item {self.items + 1} at byte {offset} is not a valid record "
-                            f"({exc}); the {self.items} items before it were read")
+    def _skip(self, offset: int, exc: _BadItem) -> None:
+        """A record that unpacked but is not valid: remember it with its index, go on with the next."""
+        self.records += 1
+        self.bad.append(f"item {self.records} at byte {offset} is not a valid record ({exc})")
 
     def _unusual_record(self, offset: int, record: object) -> None:
-        """Accept the end marker; anything else without a known kind is damage."""
+        """Accept the end marker; anything else without a known kind is a bad item."""
         if type(record) is dict and record.get("kind") == END_KIND:
             self._end_marker(offset, record)
             return
         try:
             _decode_item(record)
         except _BadItem as exc:
-            raise self._bad_record(offset, exc) from None
-        raise self._bad_record(offset, _BadItem("record the reader could not dispatch"))
+            self._skip(offset, exc)
+            return
+        self._skip(offset, _BadItem("record the reader could not dispatch"))
+
+    def _bad_items(self) -> RecordingDamaged:
+        shown = "; ".join(self.bad[:3]) + (f"; and {len(self.bad) - 3} more" if len(self.bad) > 3 else "")
+        return RecordingDamaged(self.name, self.items, 0,
+                                f"{len(self.bad)} bad item(s) skipped: {shown}; the {self.items} other items were read",
+                                "the recording was altered or written by a broken recorder; record again")
 
     def _next_object(self) -> tuple[int, object] | None:
         """(offset, object) of the next complete object, or None when more bytes are needed."""
@@ -462,9 +490,9 @@ class _Reader:
         return found
 
     def _end_marker(self, offset: int, marker: dict[str, Any]) -> None:
-        if marker.get("items") != self.items:
+        if marker.get("items") != self.records:
             raise self.damaged(offset, f"end marker at byte {offset} counts {marker.get('items')!r} items but "
-                               f"{self.items} were read: the recording was altered after it was written")
+                               f"{self.records} were read: the recording was altered after it was written")
         if marker.get("crc32") != self._crc_before(offset):
             raise self.damaged(offset, f"checksum mismatch at the end marker (byte {offset}): the recording "
                                f"was altered after it was written; its {self.items} items were read but may be wrong")
@@ -523,8 +551,10 @@ class _Reader:
                 try:
                     item = decoder(record)
                 except _BadItem as exc:
-                    raise self._bad_record(offset, exc) from None
+                    self._skip(offset, exc)
+                    continue
                 self.items += 1
+                self.records += 1
                 yield item
             block = self.file.read(_READ_BLOCK)
             if not block:
@@ -532,12 +562,14 @@ class _Reader:
             self._feed(block)
         stopped = self.position
         if stopped < self.fed:
-            raise self.damaged(stopped, f"truncated after item {self.items} at byte {stopped} (the recording "
+            raise self.damaged(stopped, f"truncated after item {self.records} at byte {stopped} (the recording "
                                f"stopped mid-write; the {self.items} items before it were read)")
         if not self.ended:
-            raise self.damaged(stopped, f"ends after item {self.items} at byte {stopped} without its end marker "
+            raise self.damaged(stopped, f"ends after item {self.records} at byte {stopped} without its end marker "
                                f"(the recorder did not close it: it crashed, was killed or is still running; "
                                f"the {self.items} items before it were read)")
+        if self.bad:
+            raise self._bad_items()
 
 
 def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:

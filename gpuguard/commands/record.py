@@ -124,11 +124,14 @@ def run(args: argparse.Namespace) -> int:
             stop.restore()
             progress.update(writer.items_written, sum(sensor.stats.lost.values()), force=True)
             progress.done()
+            if failure is None:
+                print(f"gpuguard: wrote {writer.items_written} items to {args.output}", file=sys.stderr)
+            # The summary goes out before the probes are detached (that takes the kernel
+            # ~70 ms per tracepoint), so a stopped recorder reports at once.
+            print_stats(sensor)
             for sampler in samplers:
                 sampler.close()
             sensor.close()
-    print_stats(sensor)
     if failure is not None:
         raise failure
-    print(f"gpuguard: wrote {writer.items_written} items to {args.output}", file=sys.stderr)
     return 0

@@ -175,6 +175,8 @@ def _host_findings(args, ruleset, hidden, limitations: list[str], notes: list[st
     if autostart.unreadable:
         limitations.append(f"could not read {len(autostart.unreadable)} autostart files or directories "
                            f"(e.g. {autostart.unreadable[0]}); run as root to see them")
+    for partly in autostart.partly_read:
+        limitations.append(f"read only part of autostart file {partly}")
     findings = (host_checks.check_autostart_files(autostart.files, _vocabulary(ruleset))
                 + host_checks.check_ld_so_preload(_read_ld_so_preload(args.root))
                 + host_checks.check_device_nodes(stack.device_nodes)

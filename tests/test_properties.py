@@ -61,7 +61,7 @@ KINDS = [*EVENT_TYPES, SNAPSHOT_KIND, PROCESS_KIND, "recording_end", "nope"]
 
 
 def _nested_device(vals):  # noqa: ANN001, ANN202
-    return st.fixed_dictionaries({"vendor": st.one_of(kernel_text, vals), "index": st.one_of(st.integers(), vals)},
+    return st.fixed_dictionaries({"vendor": st.one_of(kernel_text, vals), "index": st.one_of(st.integers(-(2**63), 2**63 - 1), vals)},
                                  optional={"sm_util": vals, "memory_total": vals, "gpu_util": vals, "name": vals,
                                            "extra": vals, "engines": vals, "device_index": vals, "pid": vals})
 

@@ -17,7 +17,6 @@ import ctypes as ct
 import errno
 import math
 import os
-import stat
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -30,6 +29,7 @@ from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen,
 from gpuguard.events.payload import recognise_payload, recognise_stream
 from gpuguard.sources import preflight
 from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
+from gpuguard.sources.gpu_fds import fd_is_gpu
 from gpuguard.sources.probe_source import ProbeSettings, probe_text
 
 _SCHEMA_MAPS = {
@@ -79,21 +79,6 @@ class _ProcessHeader:
     uid: int
     gid: int
     cgroup_id: int
-
-
-def _fd_is_gpu(tgid: int, fd: int) -> tuple[bool, str | None]:
-    """Does /proc/tgid/fd/fd still refer to a GPU file?  Returns (yes, resolved path)."""
-    link = f"/proc/{tgid}/fd/{fd}"
-    try:
-        target = os.readlink(link)
-        st = os.stat(link)
-    except OSError:
-        return False, None
-    if classify_device_path(target) != DeviceClass.NONE:
-        return True, target
-    # Device nodes seen through another mount namespace may not resolve to a
-    # /dev path here; a character device is still a device.
-    return stat.S_ISCHR(st.st_mode), target
 
 
 class Sensor:
@@ -269,7 +254,7 @@ class Sensor:
 
     def _confirm_relative_open(self, event: GpuOpen) -> bool:
         """A relative open was classified by basename; keep it only if /proc agrees."""
-        is_gpu, target = _fd_is_gpu(event.pid, event.fd)
+        is_gpu, target = fd_is_gpu(event.pid, event.fd)
         if target is None:
             return True  # already closed: the kernel's view is all there is
         if not is_gpu:
@@ -422,7 +407,7 @@ class Sensor:
             if not os.path.exists(f"/proc/{key.tgid}"):
                 dead.add(key.tgid)
                 continue
-            is_gpu, _ = _fd_is_gpu(key.tgid, key.fd)
+            is_gpu, _ = fd_is_gpu(key.tgid, key.fd)
             if not is_gpu:
                 self._forget_fd(key.tgid, key.fd)
                 self.stats.swept_fds += 1

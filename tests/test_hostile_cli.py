@@ -214,3 +214,49 @@ def test_sigterm_and_sigint_under_an_event_flood_always_stop_within_a_second(tmp
         stop.set()
         for t in floods:
             t.join(10)
+
+
+def test_a_reader_that_goes_away_is_not_an_error(tmp_path):
+    path = tmp_path / "many.ggr"
+    from gpuguard.events.model import Exec
+
+    with RecordingWriter(path) as writer:
+        for i in range(20000):
+            writer.write(Exec(time=T0 + i, pid=i, comm="x", cmdline=["x" * 100]))
+    replay = subprocess.Popen([*GPUGUARD, "replay", "--json", str(path)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    replay.stdout.readline()
+    replay.stdout.close()          # `| head -1`
+    err = replay.stderr.read().decode()
+    assert replay.wait(30) == 0, err
+    assert err == ""               # no traceback, no "Exception ignored ... BrokenPipeError" at exit
+
+
+def test_cli_main_has_no_return_in_finally():
+    import ast
+
+    tree = ast.parse((REPO / "gpuguard" / "cli.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try):
+            assert not any(isinstance(n, ast.Return) for f in node.finalbody for n in ast.walk(f))
+        if isinstance(node, ast.Assign):
+            assert "sys.stdout" not in ast.unparse(node.targets[0])
+
+
+def test_a_routing_bug_is_counted_apart_from_malformed_records(monkeypatch):
+    from gpuguard.events.model import Exit
+    from gpuguard.sources.sensor import Sensor
+
+    sensor = Sensor()
+
+    class Decoder:
+        def decode(self, data, size):  # noqa: ANN001
+            return Exit(time=T0, pid=1)
+
+    def broken_route(event):  # noqa: ANN001
+        raise KeyError("a bug in our own routing")
+
+    sensor._decoder = Decoder()
+    monkeypatch.setattr(sensor, "_route", broken_route)
+    sensor._handle(b"", 0)
+    assert (sensor.stats.routing_errors, sensor.stats.malformed) == (1, 0)

@@ -52,7 +52,7 @@ def _checker(hint: Any) -> Check:
     if hint is type(None):
         return _exact(type(None), "nothing")
     if dataclasses.is_dataclass(hint):
-        return record_checker(hint)
+        return _explaining_checker(hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         options = [_checker(a) for a in args]
@@ -98,15 +98,122 @@ def _checker(hint: Any) -> Check:
     raise TypeError(f"no record check for annotation {hint!r}")  # a new field type: teach this module
 
 
+# --- the fast path: a predicate per annotation, no exceptions, no paths -------------------
+
+Accept = Callable[[Any], bool]
+_SIMPLE = {int: (int,), float: (int, float), str: (str,), bytes: (bytes,), bool: (bool,),
+           type(None): (type(None),)}
+
+
+def _simple_types(hint: Any) -> tuple[type, ...] | None:
+    """The exact value types ``hint`` allows, when it is a scalar or a union of scalars."""
+    if hint in _SIMPLE:
+        return _SIMPLE[hint]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        out: tuple[type, ...] = ()
+        for arg in typing.get_args(hint):
+            if arg not in _SIMPLE:
+                return None
+            out += _SIMPLE[arg]
+        return out
+    return None
+
+
+def _predicate(hint: Any) -> Accept:
+    if hint is Any:
+        return lambda value: True
+    simple = _simple_types(hint)
+    if simple is not None:
+        allowed = frozenset(simple)
+        return lambda value: type(value) in allowed
+    if dataclasses.is_dataclass(hint):
+        return _record_predicate(hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [_predicate(a) for a in args]
+        return lambda value: any(option(value) for option in options)
+    if origin is list:
+        simple_element = _simple_types(args[0]) if args else None
+        if simple_element is not None:
+            element_types = frozenset(simple_element)
+            return lambda value: type(value) is list and all(type(v) in element_types for v in value)
+        element = _predicate(args[0]) if args else (lambda value: True)
+        return lambda value: type(value) is list and all(map(element, value))
+    if origin is tuple:
+        elements = [_predicate(a) for a in args]
+        return lambda value: (type(value) in (list, tuple) and len(value) == len(elements)
+                              and all(e(v) for e, v in zip(elements, value)))
+    if origin is dict and args and _simple_types(args[0]) is not None and _simple_types(args[1]) is not None:
+        key_types, value_types = frozenset(_simple_types(args[0])), frozenset(_simple_types(args[1]))
+        return lambda value: type(value) is dict and all(
+            type(k) in key_types and type(v) in value_types for k, v in value.items())
+    if origin is dict:
+        key_ok, value_ok = (_predicate(args[0]), _predicate(args[1])) if args else (lambda v: True, lambda v: True)
+        return lambda value: type(value) is dict and all(key_ok(k) and value_ok(v) for k, v in value.items())
+    raise TypeError(f"no record check for annotation {hint!r}")
+
+
+def _fields(cls: type) -> list[tuple[str, Any, bool]]:
+    hints = typing.get_type_hints(cls)
+    return [(f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(cls) if f.init]
+
+
+class _Missing:
+    """The type of a field a record leaves out; an optional scalar field allows it."""
+
+
+_MISSING = _Missing()
+
+
+def _record_predicate(cls: type) -> Accept:
+    # Scalar fields (most of them) are one type-set lookup each: the hot path of
+    # replaying GPU snapshots, which hold many devices and processes.
+    scalars: list[tuple[str, frozenset[type]]] = []
+    nested: list[tuple[str, Accept, bool]] = []
+    for name, hint, required in _fields(cls):
+        simple = _simple_types(hint)
+        if simple is not None:
+            scalars.append((name, frozenset(simple if required else (*simple, _Missing))))
+        else:
+            nested.append((name, _predicate(hint), required))
+
+    def accept(record: Any) -> bool:
+        if type(record) is not dict:
+            return False
+        get = record.get
+        for name, allowed in scalars:
+            if type(get(name, _MISSING)) not in allowed:
+                return False
+        for name, ok, required in nested:
+            value = get(name, _MISSING)
+            if value is _MISSING:
+                if required:
+                    return False
+            elif not ok(value):
+                return False
+        return True
+    return accept
+
+
 def record_checker(cls: type) -> Check:
     """A check of a stored map against ``cls``: known fields typed, required fields present.
 
     Unknown keys are allowed (a newer recorder's fields are dropped by the caller).
+    A fast predicate accepts good records; only a bad one is walked again to name
+    the first bad field.
     """
-    hints = typing.get_type_hints(cls)
-    fields = [(f.name, _checker(hints[f.name]),
-               f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-              for f in dataclasses.fields(cls) if f.init]
+    accept = _record_predicate(cls)
+    explain = _explaining_checker(cls)
+
+    def check(record: Any, path: str = "") -> None:
+        if not accept(record):
+            explain(record, path)
+    return check
+
+
+def _explaining_checker(cls: type) -> Check:
+    fields = [(name, _checker(hint), required) for name, hint, required in _fields(cls)]
 
     def check(record: Any, path: str = "") -> None:
         if type(record) is not dict:

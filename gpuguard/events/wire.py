@@ -409,7 +409,6 @@ class _Reader:
         self.name = name
         self.unpacker = _new_unpacker()
         self.items = 0               # good items yielded
-        self.records = 0             # every record after the header (what the end marker counts)
         self.bad: list[str] = []     # "item N at byte B is not a valid record (why)", skipped
         self.fed = 0                 # bytes handed to the unpacker
         # End of the last complete object.  The unpacker's tell() is only
@@ -454,10 +453,14 @@ class _Reader:
         return self.damaged(offset, f"{where} at byte {offset} is not valid msgpack ({type(exc).__name__}: "
                             f"{str(exc)[:80]}); the {self.items} items before it were read")
 
+    @property
+    def records(self) -> int:
+        """Every record after the header so far, good or bad (what the end marker counts)."""
+        return self.items + len(self.bad)
+
     def _skip(self, offset: int, exc: _BadItem) -> None:
         """A record that unpacked but is not valid: remember it with its index, go on with the next."""
-        self.records += 1
-        self.bad.append(f"item {self.records} at byte {offset} is not a valid record ({exc})")
+        self.bad.append(f"item {self.records + 1} at byte {offset} is not a valid record ({exc})")
 
     def _unusual_record(self, offset: int, record: object) -> None:
         """Accept the end marker; anything else without a known kind is a bad item."""
@@ -554,7 +557,6 @@ class _Reader:
                     self._skip(offset, exc)
                     continue
                 self.items += 1
-                self.records += 1
                 yield item
             block = self.file.read(_READ_BLOCK)
             if not block:

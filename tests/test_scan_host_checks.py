@@ -160,6 +160,19 @@ def test_what_a_bound_leaves_unread_is_a_blind_spot_with_its_path(tmp_path: Path
     assert [n for n, _ in wide.lines] == [1, 2] and len(wide.lines[0][1]) == 100  # cut, and line 2 still found
 
 
+def test_an_autostart_file_beyond_the_bound_is_a_blind_spot_in_the_scan(tmp_path: Path):
+    root = tmp_path / "root"
+    (root / "etc/cron.d").mkdir(parents=True)
+    line = b"#" + b"x" * 60000 + b"\n"
+    with open(root / "etc/cron.d/huge", "wb") as f:
+        for _ in range(MAX_FILE_BYTES // len(line) + 2):
+            f.write(line)
+        f.write(b"* * * * * root /tmp/xmrig -o stratum+tcp://p:3333\n")
+    _, doc, _ = scan_json("--root", str(root), "--no-yara", "--cpu-sample", "0")
+    blind = [x for x in doc["summary"]["could_not_see"] if "/etc/cron.d/huge" in x]
+    assert blind and "read only part of autostart file /etc/cron.d/huge (larger than" in blind[0]
+
+
 def test_ld_so_preload_reported():
     assert check_ld_so_preload(None) == []
     assert check_ld_so_preload("# nothing\n\n") == []

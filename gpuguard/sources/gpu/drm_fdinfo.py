@@ -2,7 +2,7 @@
 
 Which processes hold DRM nodes (:class:`FdTableSweeper`, through
 ``gpuguard.sources.gpu_fds``), which cards sysfs knows, and the sampler that
-turns both into :class:`GpuSnapshot`\ s.  Parsing an fdinfo and the utilisation
+turns both into GPU snapshots.  Parsing an fdinfo and the utilisation
 maths are in ``drm_usage``.
 
 Utilisation is the change between two samples, so a client's first sighting

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from gpuguard import __version__
@@ -33,12 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
-        parser.print_help(sys.stderr)
-        return 2
     try:
+        parser = build_parser()
+        # Option types raise GpuguardError (gpuguard.commands.options): one line, exit 2.
+        args = parser.parse_args(argv)
+        if not getattr(args, "_run", None):
+            parser.print_help(sys.stderr)
+            return 2
         return int(args._run(args) or 0)
     except GpuguardError as exc:
         print(f"gpuguard: {exc.one_line()}", file=sys.stderr)
@@ -46,8 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        # `gpuguard watch | head`: the reader went away; not an error.
+        # `gpuguard watch | head`: the reader went away; not an error.  Python
+        # flushes stdout again at exit; point it at /dev/null so that flush
+        # cannot fail a second time.
         try:
-            sys.stdout = None  # type: ignore[assignment]
-        finally:
-            return 0
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # stdout is not a real file (captured): nothing to flush at exit
+            pass
+        return 0

@@ -65,3 +65,27 @@ def decode_c_string(raw: bytes) -> str:
     if end >= 0:
         raw = raw[:end]
     return raw.decode("utf-8", "surrogateescape")
+
+
+def json_safe_text(text: str) -> str:
+    """``text`` with every lone surrogate written out, so it encodes as UTF-8.
+
+    A byte that was not valid UTF-8 (``surrogateescape``, U+DC80..U+DCFF)
+    becomes the text ``\\xNN``; any other lone surrogate the text ``\\uXXXX``.
+    Everything else is kept exactly (JSON encoding escapes control characters).
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)

@@ -469,7 +469,7 @@ def test_a_decoder_bug_is_contained_and_visible(monkeypatch):
     def broken(data):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(payload, "_tls", broken)
+    monkeypatch.setattr(payload.tls, "recognise_tls", broken)
     assert recognise_payload(b"\x16\x03\x01\x00\x10\x01") == ("unknown", {"decode_error": "RuntimeError"})
 
 
@@ -477,3 +477,29 @@ def test_non_bytes_input_is_unknown():
     assert recognise_payload("GET / HTTP/1.1") == ("unknown", {})  # type: ignore[arg-type]
     assert recognise_stream([None, 3, b"\x05\x01\x00"]) == ("socks5", {"stage": "greeting", "methods": ["none"]})  # type: ignore[list-item]
     assert recognise_stream(None) == ("unknown", {})  # type: ignore[arg-type]
+
+
+# --- TLS records after the ClientHello (issue 13) ---------------------------------------
+
+def test_tls_client_writes_after_the_hello_are_tls_records():
+    """A ClientHello is often longer than the capture: the sensor then recognises each later write alone."""
+    client, server = socket.socketpair()
+    with client, server:
+        tls = ssl.create_default_context().wrap_socket(client, server_hostname="pool.example.org",
+                                                       do_handshake_on_connect=False)
+        tls.setblocking(False)
+        with pytest.raises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        hello = server.recv(65536)
+    assert recognise_payload(hello[:CAPTURE])[0] == "tls"
+    later = {
+        b"\x14\x03\x03\x00\x01\x01": "change_cipher_spec",
+        b"\x17\x03\x03\x00\x35" + bytes(range(0x35)): "application_data",
+        b"\x15\x03\x03\x00\x02\x01\x00": "alert",
+        b"\x16\x03\x03\x00\x46\x10\x00\x00\x42" + bytes(0x42): "handshake",   # ClientKeyExchange (TLS 1.2)
+    }
+    for data, record in later.items():
+        assert recognise_payload(data) == ("tls", {"record": record}), data
+    # a ServerHello or a record with an impossible length is still not claimed
+    assert recognise_payload(b"\x17\x03\x03\x00\x00")[0] == "unknown"
+    assert recognise_payload(b"\x17\x03\x03\xff\xff" + bytes(8))[0] == "unknown"

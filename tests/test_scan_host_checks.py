@@ -118,7 +118,7 @@ def test_autostart_reading_is_bounded(tmp_path: Path, vocabulary):
     root = tmp_path / "root"
     (root / "etc/cron.d").mkdir(parents=True)
     os.mkfifo(root / "etc/cron.d/pipe")                         # must not block the scan
-    big = _write(root, "etc/cron.d/big", "# padding\n" * (MAX_FILE_BYTES // 10 + 100))
+    big = _write(root, "etc/cron.d/big", "# padding\n" * (300 * 1024 // 10))
     outside = tmp_path / "outside"
     outside.write_text("* * * * * root xmrig\n")
     (root / "etc/cron.d/escape").symlink_to(outside)            # resolves outside --root: ignored
@@ -128,9 +128,49 @@ def test_autostart_reading_is_bounded(tmp_path: Path, vocabulary):
     assert time.monotonic() - started < 5
     by_path = {f.path: f for f in scan.files}
     assert set(by_path) == {"/etc/cron.d/big"}
-    assert by_path["/etc/cron.d/big"].truncated is True
-    assert len(by_path["/etc/cron.d/big"].text) == MAX_FILE_BYTES
+    assert by_path["/etc/cron.d/big"].truncated is False        # comments are streamed past, not kept
+    assert by_path["/etc/cron.d/big"].lines == [] and scan.partly_read == []
     assert check_autostart_files(scan.files, vocabulary) == []
+
+
+def test_comment_padding_does_not_hide_a_miner_line(tmp_path: Path, vocabulary):
+    """256 KiB of comments before the miner line once hid it (the reader stopped at 256 KiB)."""
+    root = tmp_path / "root"
+    padding = "# " + "x" * 78 + "\n"
+    _write(root, "etc/cron.d/job", padding * ((1 << 20) // 80) + "* * * * * root /tmp/xmrig -o stratum+tcp://p:3333\n")
+    _write(root, "root/.bashrc", "\n" * (1 << 20) + "nohup /tmp/.x/xmrig &\n")
+    scan = collect_autostart_files(str(root))
+    found = {f.subject: f for f in check_autostart_files(scan.files, vocabulary)}
+    assert set(found) == {"/etc/cron.d/job", "/root/.bashrc"}
+    assert found["/root/.bashrc"].evidence == [f"/root/.bashrc:{(1 << 20) + 1}: nohup /tmp/.x/xmrig &"]
+    assert scan.partly_read == []
+
+
+def test_what_a_bound_leaves_unread_is_a_blind_spot_with_its_path(tmp_path: Path, monkeypatch, vocabulary):
+    from gpuguard.sources import persistence
+
+    monkeypatch.setattr(persistence, "MAX_FILE_BYTES", 4096)
+    monkeypatch.setattr(persistence, "MAX_LINE_CHARS", 100)
+    root = tmp_path / "root"
+    _write(root, "etc/cron.d/long", "# c\n" * 2000 + "* * * * * root xmrig\n")
+    _write(root, "etc/cron.d/wide", "A=" + "y" * 500 + " xmrig\n* * * * * root xmrig -o stratum+tcp://p:1\n")
+    scan = collect_autostart_files(str(root))
+    assert scan.partly_read == ["/etc/cron.d/long (larger than 4096 bytes; read to line 1025)"]
+    wide = [f for f in scan.files if f.path == "/etc/cron.d/wide"][0]
+    assert [n for n, _ in wide.lines] == [1, 2] and len(wide.lines[0][1]) == 100  # cut, and line 2 still found
+
+
+def test_an_autostart_file_beyond_the_bound_is_a_blind_spot_in_the_scan(tmp_path: Path):
+    root = tmp_path / "root"
+    (root / "etc/cron.d").mkdir(parents=True)
+    line = b"#" + b"x" * 60000 + b"\n"
+    with open(root / "etc/cron.d/huge", "wb") as f:
+        for _ in range(MAX_FILE_BYTES // len(line) + 2):
+            f.write(line)
+        f.write(b"* * * * * root /tmp/xmrig -o stratum+tcp://p:3333\n")
+    _, doc, _ = scan_json("--root", str(root), "--no-yara", "--cpu-sample", "0")
+    blind = [x for x in doc["summary"]["could_not_see"] if "/etc/cron.d/huge" in x]
+    assert blind and "read only part of autostart file /etc/cron.d/huge (larger than" in blind[0]
 
 
 def test_ld_so_preload_reported():

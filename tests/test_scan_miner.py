@@ -87,7 +87,12 @@ def test_miner_is_malicious_with_the_right_evidence(live_host):
 
 def test_ordinary_process_is_not_flagged(live_host):
     doc = _ecs(live_host)
+    # The same scan saw and flagged the miner: an empty list for the sleeper means
+    # "looked at and found clean", not "the scan reported nothing at all".
+    assert findings_for_pid(doc, live_host["miner"]["pid"]) != []
+    assert doc["summary"]["processes_scanned"] >= 3
     assert findings_for_pid(doc, live_host["sleep_pid"]) == []
+    assert str(live_host["sleep_pid"]) not in json.dumps(doc["findings"])
 
 
 def test_exit_code_is_one_when_something_is_suspicious(live_host):

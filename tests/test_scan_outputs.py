@@ -9,6 +9,7 @@ from rich.console import Console
 
 from gpuguard.detect.host_checks import HostFinding, apply_thresholds
 from gpuguard.outputs.ecs import finding_to_ecs, threat_fields
+from gpuguard.outputs.jsonl import dumps_line
 from gpuguard.outputs.finding import EvidenceItem, Finding, ProcessInfo, finding_from_host, severity_for_score
 from gpuguard.outputs.ocsf import finding_to_ocsf, finding_uid
 from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
@@ -64,9 +65,10 @@ def test_ecs_process_fields_nested():
     assert doc["event"]["kind"] == "alert" and doc["event"]["severity"] == 73 and doc["event"]["risk_score"] == 80
     assert doc["rule"]["id"] == "miner-cmdline-stratum"
     assert not any("." in key for key in doc)                        # nested objects, never dotted keys
-    # human sentences are escaped: no raw ESC/BEL reaches a console reading `message`
-    assert "\x1b" not in doc["message"] and "\\x1b]0;pwned\\x07" in doc["message"]
-    assert all("\x1b" not in e["detail"] for e in doc["gpuguard"]["evidence"])
+    # one JSON escaping rule (outputs/jsonl): sentences hold the exact text, escaped once, by JSON
+    assert EVIL_NAME in doc["message"] and "\\x1b" not in doc["message"]
+    line = dumps_line(doc)
+    assert "\x1b" not in line and "\x07" not in line and "\\u001b]0;pwned\\u0007" in line
     assert doc["gpuguard"]["rule_ids"] == ["miner-cmdline-stratum", "masquerade-kernel-thread"]
     assert doc["gpuguard"]["executable_deleted"] is True
 

@@ -299,8 +299,31 @@ def test_unknown_kind_is_damage_with_a_clear_message(tmp_path):
     records = [sample_events()[0].to_record(), {"kind": "gpu_teleport", "time": T0}, sample_events()[1].to_record()]
     path.write_bytes(raw_recording(records))
     got, damage = read_until_damage(path)
-    assert got == sample_events()[:1]
+    # the bad item is skipped and named with its index; the items after it still replay (issue 10)
+    assert got == sample_events()[:2]
     assert "item 2 at byte" in str(damage) and "unknown record kind 'gpu_teleport'" in str(damage)
+    assert damage.items_read == 2
+
+
+@pytest.mark.parametrize("bad, path_named", [
+    ({"kind": "gpu_snapshot", "time": T0, "source": "nvml",
+      "devices": [{"vendor": "nvidia", "index": 0, "memory_total": "lots"}]}, "devices[0].memory_total"),
+    ({"kind": "gpu_snapshot", "time": T0, "source": "nvml",
+      "processes": [{"pid": 1, "vendor": "nvidia", "device_index": 0, "sm_util": "x"}]}, "processes[0].sm_util"),
+    ({"kind": "gpu_snapshot", "time": T0, "source": "nvml", "errors": [5]}, "errors[0]"),
+    ({"kind": "process", "pid": 1, "start_time": T0, "config_files": {"a": 5}}, "config_files['a']"),
+    ({"kind": "process", "pid": 1, "start_time": T0, "cmdline": "not a list"}, "cmdline"),
+    ({"kind": "process", "pid": 1, "start_time": T0, "exe_identity": [1, 2]}, "exe_identity"),
+    ({"kind": "process", "pid": 1, "start_time": T0, "ancestors": [{"pid": 1, "comm": 2, "exe": "x"}]},
+     "ancestors[0].comm"),
+])
+def test_wrong_types_deep_inside_are_reported_with_the_index_and_the_rest_replays(tmp_path, bad, path_named):
+    path = tmp_path / "rec.gg"
+    records = [sample_events()[0].to_record(), bad, sample_events()[1].to_record()]
+    path.write_bytes(raw_recording(records))
+    got, damage = read_until_damage(path)
+    assert got == sample_events()[:2]
+    assert "item 2 at byte" in str(damage) and path_named in str(damage) and "1 bad item" in str(damage)
 
 
 @pytest.mark.parametrize("record, reason", [

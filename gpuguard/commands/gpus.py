@@ -9,11 +9,12 @@ once with the reason; with no GPU at all the command says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Callable, Iterable
 
+from gpuguard.commands.options import seconds
+from gpuguard.outputs.jsonl import dumps_line
 from gpuguard.outputs.gpu_table import GpuView, ProcessLabel, render_view, view_to_json
 from gpuguard.sources.gpu.sampler import ALL_SOURCES, GpuSampler, open_samplers
 from gpuguard.events.gpu_snapshot import GpuSnapshot
@@ -29,7 +30,7 @@ _RATE_SOURCES = ("amdsmi", "drm-fdinfo")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON document (one JSON line per sample with --watch or --replay)")
-    parser.add_argument("--watch", nargs="?", type=float, const=1.0, default=None, metavar="SECONDS",
+    parser.add_argument("--watch", nargs="?", type=seconds("--watch"), const=1.0, default=None, metavar="SECONDS",
                         help="refresh every SECONDS (default 1) until Ctrl-C; with --replay, pace by recorded time")
     parser.add_argument("--replay", metavar="FILE", help="show the GPU telemetry recorded in FILE")
     parser.add_argument("--source", action="append", choices=ALL_SOURCES, dest="sources",
@@ -90,7 +91,7 @@ class _Printer:
 
     def show(self, view: GpuView) -> None:
         if self.as_json:
-            sys.stdout.write(json.dumps(view_to_json(view), ensure_ascii=True) + "\n")
+            sys.stdout.write(dumps_line(view_to_json(view)) + "\n")
             sys.stdout.flush()
         elif self.live is not None:
             self.live.update(render_view(view), refresh=True)

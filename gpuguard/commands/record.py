@@ -11,9 +11,9 @@ from gpuguard.commands.watch import (
     print_stats,
     printed_probes,
     start_sensor,
-    stop_on_sigterm,
+    StopRequest,
 )
-from gpuguard.errors import GpuguardError
+from gpuguard.commands.options import YEAR_S, seconds
 from gpuguard.events.model import Connect, GpuIoctl, GpuOpen, NetPayload
 
 HELP = "record sensor events, process facts and GPU samples to FILE (msgpack; replay with 'gpuguard replay')"
@@ -24,9 +24,11 @@ _INTERESTING = (GpuOpen, GpuIoctl, Connect, NetPayload)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", "-o", required=True, metavar="FILE", help="recording to write (must not exist)")
-    parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    parser.add_argument("--duration", type=seconds("--duration", maximum=YEAR_S), metavar="S",
+                        help="stop after S seconds (default: until Ctrl-C)")
     parser.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
-    parser.add_argument("--gpu-interval", type=float, default=1.0, metavar="S",
+    parser.add_argument("--gpu-interval", type=seconds("--gpu-interval", zero_means="disables GPU sampling"),
+                        default=1.0, metavar="S",
                         help="seconds between GPU telemetry samples (default 1; 0 disables)")
     add_sensor_arguments(parser)
 
@@ -57,7 +59,7 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuguard.events.wire import RecordingWriter
+    from gpuguard.events.wire import RecordingWriteFailed, RecordingWriter
     from gpuguard.sources.config_files import collect_facts_with_configs
     from gpuguard.sources.gpu.sampler import open_samplers
 
@@ -66,11 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuguard.sources.preflight import check_sensor_prerequisites
 
     check_sensor_prerequisites()  # no root, bcc or headers: say so before anything else
-    try:
-        writer = RecordingWriter(args.output, meta={"recorder": "gpuguard record", "interval": args.interval},
-                                 overwrite=args.force)
-    except OSError as exc:
-        raise GpuguardError(f"cannot write {args.output}: {exc.strerror}", "check the path and permissions") from None
+    writer = RecordingWriter(args.output, meta={"recorder": "gpuguard record", "interval": args.interval},
+                             overwrite=args.force)
     statuses: list[str] = []
     samplers = open_samplers(on_status=statuses.append) if args.gpu_interval > 0 else []
     for line in statuses:
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         writer.close()
         raise
-    stop_on_sigterm()
+    stop = StopRequest(sensor)
     print(f"gpuguard: recording to {args.output} (probes loaded in {sensor.stats.startup_seconds:.2f} s); "
           "Ctrl-C stops", file=sys.stderr, flush=True)
     described: set[int] = set()
@@ -97,26 +96,38 @@ def run(args: argparse.Namespace) -> int:
                     writer.write(facts)
             writer.write(event)
 
+    failure: RecordingWriteFailed | None = None
     try:
-        while deadline is None or time.monotonic() < deadline:
+        while not stop.requested and (deadline is None or time.monotonic() < deadline):
             write_events(sensor.poll(100))
             if samplers and time.monotonic() >= next_sample:
                 next_sample = time.monotonic() + args.gpu_interval
                 for sampler in samplers:
                     writer.write(sampler.sample())
+            writer.flush()  # at most ~10 writes a second; a full disk is found within one poll
             progress.update(writer.items_written, sum(sensor.stats.lost.values()))
-    except KeyboardInterrupt:
-        pass
+    except RecordingWriteFailed as exc:  # disk full: stop, keep what is on disk, say so
+        failure = exc
     finally:
         try:
-            write_events(sensor.drain())
+            if failure is None:
+                write_events(sensor.drain())
+                writer.close()
+        except RecordingWriteFailed as exc:
+            failure = exc
         finally:
-            writer.close()
+            writer.abandon()  # no-op after close(); after any other exception, closes the file
+            stop.restore()
             progress.update(writer.items_written, sum(sensor.stats.lost.values()), force=True)
             progress.done()
+            if failure is None:
+                print(f"gpuguard: wrote {writer.items_written} items to {args.output}", file=sys.stderr)
+            # The summary goes out before the probes are detached (that takes the kernel
+            # ~70 ms per tracepoint), so a stopped recorder reports at once.
+            print_stats(sensor)
             for sampler in samplers:
                 sampler.close()
             sensor.close()
-    print(f"gpuguard: wrote {writer.items_written} items to {args.output}", file=sys.stderr)
-    print_stats(sensor)
+    if failure is not None:
+        raise failure
     return 0

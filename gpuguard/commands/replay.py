@@ -20,11 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _json_of(item) -> dict:  # noqa: ANN001
-    if isinstance(item, Event):
-        return item.to_json()
-    record = item.to_record()
-    record.setdefault("kind", "process" if hasattr(item, "start_time") else "gpu_snapshot")
-    return record
+    from gpuguard.events.wire import item_record
+
+    return item.to_json() if isinstance(item, Event) else item_record(item)
 
 
 def run(args: argparse.Namespace) -> int:

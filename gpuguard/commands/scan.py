@@ -20,7 +20,6 @@ threshold, 1 something did, 2 usage or configuration error.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -172,6 +171,8 @@ def _host_findings(args, ruleset, hidden, limitations: list[str], notes: list[st
     if autostart.unreadable:
         limitations.append(f"could not read {len(autostart.unreadable)} autostart files or directories "
                            f"(e.g. {autostart.unreadable[0]}); run as root to see them")
+    for partly in autostart.partly_read:
+        limitations.append(f"read only part of autostart file {partly}")
     findings = (host_checks.check_autostart_files(autostart.files, _vocabulary(ruleset))
                 + host_checks.check_ld_so_preload(_read_ld_so_preload(args.root))
                 + host_checks.check_device_nodes(stack.device_nodes)
@@ -193,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuguard.detect.engine import DetectionEngine
     from gpuguard.detect.rules import load_ruleset
     from gpuguard.outputs.finding import finding_from_host, finding_from_verdict
+    from gpuguard.outputs.jsonl import dumps_document
     from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
     from gpuguard.sources.host_observation import limitation_lines, observe_host
 
@@ -253,7 +255,6 @@ def run(args: argparse.Namespace) -> int:
         width = None if sys.stdout.isatty() else 160
         render_console(report, Console(file=sys.stdout, highlight=False, width=width))
     else:
-        json.dump(scan_document(report, fmt), sys.stdout, indent=2, ensure_ascii=True)
-        sys.stdout.write("\n")
+        sys.stdout.write(dumps_document(scan_document(report, fmt)) + "\n")
     sys.stdout.flush()
     return report.exit_code

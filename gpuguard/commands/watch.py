@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 
+from gpuguard.commands.options import YEAR_S, seconds
 from gpuguard.outputs.console import LiveView
 from gpuguard.outputs.jsonl import dumps_line
 
@@ -15,7 +16,7 @@ HELP = "live view: GPU opens, per-interval ioctl summaries, connections of GPU-t
 
 def add_sensor_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by every command that runs the sensor."""
-    parser.add_argument("--interval", type=float, default=1.0, metavar="S",
+    parser.add_argument("--interval", type=seconds("--interval"), default=1.0, metavar="S",
                         help="seconds between ioctl counter reports (default 1)")
     parser.add_argument("--no-payload", action="store_true",
                         help="do not capture the first bytes of new connections (removes the write(2) probe)")
@@ -27,7 +28,8 @@ def add_sensor_arguments(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per event per line (every event)")
     parser.add_argument("--all", action="store_true", help="show every process's events, not only GPU-touching ones")
-    parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    parser.add_argument("--duration", type=seconds("--duration", maximum=YEAR_S), metavar="S",
+                        help="stop after S seconds")
     parser.add_argument("--stats", action="store_true", help="print sensor statistics on stderr at the end")
     add_sensor_arguments(parser)
 
@@ -56,11 +58,27 @@ def start_sensor(args: argparse.Namespace):
     return sensor
 
 
-def stop_on_sigterm() -> None:
-    def _raise(signum, frame):  # noqa: ANN001
-        raise KeyboardInterrupt
+class StopRequest:
+    """SIGINT/SIGTERM set a flag the poll loop checks; nothing is raised.
 
-    signal.signal(signal.SIGTERM, _raise)
+    An exception raised by a signal handler lands wherever Python happens to
+    be, including inside bcc's ring-buffer ctypes callback, where ctypes prints
+    and swallows it and polling would go on forever.  The handler only records
+    the request and asks the sensor to end its current poll between records.
+    """
+
+    def __init__(self, sensor) -> None:  # noqa: ANN001
+        self.sensor = sensor
+        self.requested = False
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum, frame) -> None:  # noqa: ANN001
+        self.requested = True
+        self.sensor.request_stop()
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def print_stats(sensor) -> None:  # noqa: ANN001
@@ -68,6 +86,7 @@ def print_stats(sensor) -> None:  # noqa: ANN001
     events = ", ".join(f"{k} {v}" for k, v in sorted(st.events.items())) or "none"
     lost = ", ".join(f"{k} {v}" for k, v in sorted(st.lost.items())) or "none"
     print(f"gpuguard: events: {events}; lost: {lost}; malformed: {st.malformed}; "
+          f"{f'routing errors (a gpuguard bug): {st.routing_errors}; ' if st.routing_errors else ''}"
           f"start-up {st.startup_seconds:.2f} s ({st.buffer} buffer)", file=sys.stderr)
 
 
@@ -75,22 +94,20 @@ def run(args: argparse.Namespace) -> int:
     if printed_probes(args):
         return 0
     sensor = start_sensor(args)
-    stop_on_sigterm()
+    stop = StopRequest(sensor)
     view = None if args.json else LiveView(sys.stdout, show_all=args.all)
     if view is not None:
         print(f"gpuguard: watching GPU devices (probes loaded in {sensor.stats.startup_seconds:.2f} s); Ctrl-C stops",
               file=sys.stderr)
     deadline = time.monotonic() + args.duration if args.duration else None
     try:
-        while deadline is None or time.monotonic() < deadline:
-            events = sensor.poll(100)
-            _emit(events, view)
-    except KeyboardInterrupt:
-        pass
+        while not stop.requested and (deadline is None or time.monotonic() < deadline):
+            _emit(sensor.poll(100), view)
     finally:
         try:
             _emit(sensor.drain(), view)
         finally:
+            stop.restore()
             if args.stats:
                 print_stats(sensor)
             sensor.close()

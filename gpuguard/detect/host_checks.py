@@ -126,11 +126,6 @@ _URL_SCHEME = re.compile(r"([a-z][a-z0-9+.\-]{1,30})://", re.I)
 _HOSTNAME = re.compile(r"[a-z0-9][a-z0-9\-]{0,62}(?:\.[a-z0-9\-]{1,63})+", re.I)
 
 
-def _comment(line: str, kind: str) -> bool:
-    stripped = line.lstrip()
-    return not stripped or stripped.startswith("#") or (kind == "systemd-unit" and stripped.startswith(";"))
-
-
 def miner_reasons(line: str, vocabulary: MinerVocabulary) -> list[str]:
     """Why ``line`` launches a miner: named miners, pool URL schemes, pool domains, miner flags."""
     reasons: list[str] = []
@@ -160,9 +155,7 @@ def check_autostart_files(files: Iterable[AutostartFile], vocabulary: MinerVocab
     for f in files:
         matches: list[str] = []
         reasons_seen: list[str] = []
-        for number, line in enumerate(f.text.splitlines(), 1):
-            if _comment(line, f.kind):
-                continue
+        for number, line in f.lines:  # comments were left out by the reader (sources.persistence)
             reasons = miner_reasons(line, vocabulary)
             if reasons:
                 snippet = line.strip()[:MAX_LINE_CHARS]

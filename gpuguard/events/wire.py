@@ -27,10 +27,12 @@ keeps the msgpack structure valid is only caught by the checksum, at the end).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import itertools
 import operator
 import os
 import socket
+import stat
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -44,6 +46,7 @@ from gpuguard.events.abi import ABI_VERSION
 from gpuguard.events.model import EVENT_TYPES, Event
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.events.record_types import RecordTypeError, record_checker
 
 FORMAT_NAME = "gpuguard-recording"
 FORMAT_VERSION = 1
@@ -86,40 +89,85 @@ def _header(meta: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def item_kind(item: Item) -> str:
+    """The ``kind`` an item is stored (and shown in ``replay --json``) under: the one place that decides."""
+    if isinstance(item, Event):
+        return item.kind
+    if isinstance(item, GpuSnapshot):
+        return SNAPSHOT_KIND
+    if isinstance(item, ProcessFacts):
+        return PROCESS_KIND
+    raise TypeError(f"cannot record a {type(item).__name__}: expected an Event, GpuSnapshot or ProcessFacts")
+
+
 def item_record(item: Item) -> dict[str, Any]:
     """The map an item is stored as."""
     if isinstance(item, Event):
         return item.to_record()
-    if isinstance(item, GpuSnapshot):
-        return {"kind": SNAPSHOT_KIND, **item.to_record()}
-    if isinstance(item, ProcessFacts):
-        return {"kind": PROCESS_KIND, **item.to_record()}
-    raise TypeError(f"cannot record a {type(item).__name__}: expected an Event, GpuSnapshot or ProcessFacts")
+    return {"kind": item_kind(item), **item.to_record()}
+
+
+class RecordingWriteFailed(GpuguardError):
+    """The disk refused a write (full, quota, I/O error): what reached it is a readable prefix."""
+
+    def __init__(self, path: str, items: int, size: int, strerror: str) -> None:
+        super().__init__(
+            f"{path}: {strerror} after {items} items ({size} bytes) were written; the recording stops there, "
+            "without its end marker",
+            "free space on that disk or record to another one; `gpuguard replay` reads the items written",
+        )
+        self.items = items
+        self.size = size
+
+
+def _open_for_recording(path: str, overwrite: bool) -> int:
+    """A new (or, on purpose, truncated) regular file; never blocks on a FIFO, never writes a device."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_TRUNC if overwrite else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError:
+        raise GpuguardError(
+            f"{path} already exists; a recording is never overwritten by default",
+            "choose another output file, or overwrite it on purpose (`gpuguard record --force`)",
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads: O_NONBLOCK made open() fail instead of hang
+            raise _not_regular(path, "a FIFO") from None
+        raise GpuguardError(f"cannot create {path}: {exc.strerror}", "check the directory and its permissions") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+                stat.S_IFSOCK: "a socket"}.get(stat.S_IFMT(mode), "not a regular file")
+        raise _not_regular(path, what)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _not_regular(path: str, what: str) -> GpuguardError:
+    return GpuguardError(f"{path} is {what}; a recording is written to a regular file only (it is checksummed "
+                         "and synced to disk)", "choose a file on a disk")
 
 
 class RecordingWriter:
-    """Appends items to a new recording; a crash leaves a readable prefix.
+    """Appends items to a new recording; a crash or a full disk leaves a readable prefix.
 
     Items are packed into a buffer that goes to the file whole, so the file only
     ever ends inside the last write; :meth:`flush` bounds what a crash can lose.
+    A write the disk refuses raises :class:`RecordingWriteFailed` (once) and
+    closes the file.
     """
 
     def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None,
                  overwrite: bool = False) -> None:
         self.path = os.fspath(path)
-        try:
-            self._file: BinaryIO | None = open(self.path, "wb" if overwrite else "xb")
-        except FileExistsError:
-            raise GpuguardError(
-                f"{self.path} already exists; a recording is never overwritten by default",
-                "choose another output file, or overwrite it on purpose (`gpuguard record --force`)",
-            ) from None
-        except OSError as exc:
-            raise GpuguardError(f"cannot create {self.path}: {exc.strerror}", "check the directory and its permissions") from None
+        self._fd: int | None = _open_for_recording(self.path, overwrite)
         self._packer = msgpack.Packer(use_bin_type=True, unicode_errors=_UNICODE_ERRORS)
         self._buffer = bytearray()
         self._crc = 0
         self.items_written = 0
+        self.items_on_disk = 0       # items whose bytes all reached the file
+        self.bytes_on_disk = 0
         self._append(self._packer.pack(_header(meta)))
         self.flush()
 
@@ -128,7 +176,7 @@ class RecordingWriter:
         self._buffer += packed
 
     def write(self, item: Item) -> None:
-        if self._file is None:
+        if self._fd is None:
             raise ValueError(f"{self.path}: recording already closed")
         self._append(self._packer.pack(item_record(item)))
         self.items_written += 1
@@ -137,25 +185,45 @@ class RecordingWriter:
 
     def flush(self) -> None:
         """Hand every item written so far to the operating system."""
-        if self._file is None:
+        if self._fd is None or not self._buffer:
             return
-        if self._buffer:
-            self._file.write(self._buffer)
-            self._buffer.clear()
-        self._file.flush()
+        view = memoryview(self._buffer)
+        try:
+            while view:
+                done = os.write(self._fd, view)
+                self.bytes_on_disk += done
+                view = view[done:]
+        except OSError as exc:
+            view.release()
+            self._failed(exc)
+        view.release()
+        self._buffer.clear()
+        self.items_on_disk = self.items_written
+
+    def _failed(self, exc: OSError) -> None:
+        self.abandon()
+        raise RecordingWriteFailed(self.path, self.items_on_disk, self.bytes_on_disk,
+                                   exc.strerror or str(exc)) from None
 
     def close(self) -> None:
         """Write the end marker and close; a closed recording reads without damage."""
-        if self._file is None:
+        if self._fd is None:
             return
         end = {"kind": END_KIND, "items": self.items_written, "crc32": self._crc}
         self._buffer += self._packer.pack(end)
+        self.flush()
         try:
-            self.flush()
-            os.fsync(self._file.fileno())
-        finally:
-            self._file.close()
-            self._file = None
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._failed(exc)
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Close the file as it is (no end marker); nothing more is written."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            self._buffer.clear()
+            os.close(fd)
 
     def __enter__(self) -> "RecordingWriter":
         return self
@@ -230,6 +298,17 @@ def _event_decoder(cls: type[Event]) -> Callable[[dict[str, Any]], Event]:
     return decode
 
 
+_SNAPSHOT_CHECK = record_checker(GpuSnapshot)
+_PROCESS_CHECK = record_checker(ProcessFacts)
+
+
+def _checked(check: Callable[[Any], None], record: dict[str, Any], kind: str) -> None:
+    try:
+        check(record)
+    except RecordTypeError as exc:
+        raise _BadItem(f"{kind} record with bad fields ({exc})") from None
+
+
 def _require_number(record: dict[str, Any], key: str, kind: str) -> None:
     if type(record.get(key)) not in (float, int):
         raise _BadItem(f"{kind} record without a numeric {key!r}")
@@ -237,19 +316,18 @@ def _require_number(record: dict[str, Any], key: str, kind: str) -> None:
 
 def _decode_snapshot(record: dict[str, Any]) -> GpuSnapshot:
     _require_number(record, "time", SNAPSHOT_KIND)
+    _checked(_SNAPSHOT_CHECK, record, SNAPSHOT_KIND)
     try:
-        snapshot = GpuSnapshot.from_record(record)
+        return GpuSnapshot.from_record(record)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise _BadItem(f"{SNAPSHOT_KIND} record with bad fields ({exc})") from None
-    if not isinstance(snapshot.source, str):
-        raise _BadItem(f"{SNAPSHOT_KIND} field 'source' holds {type(snapshot.source).__name__}")
-    return snapshot
 
 
 def _decode_process(record: dict[str, Any]) -> ProcessFacts:
     _require_number(record, "start_time", PROCESS_KIND)
     if type(record.get("pid")) is not int:
         raise _BadItem(f"{PROCESS_KIND} record without an integer 'pid'")
+    _checked(_PROCESS_CHECK, record, PROCESS_KIND)
     try:
         return ProcessFacts.from_record(record)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -297,7 +375,7 @@ def _open(path: str | os.PathLike[str]) -> BinaryIO:
     try:
         return open(path, "rb")
     except FileNotFoundError:
-        raise GpuguardError(f"{os.fspath(path)}: no such recording", "check the file name") from None
+        raise GpuguardError(f"{os.fspath(path)}: no such recording (not found)", "check the file name") from None
     except IsADirectoryError:
         raise GpuguardError(f"{os.fspath(path)} is a directory, not a recording", "pass the recording file") from None
     except OSError as exc:
@@ -330,7 +408,8 @@ class _Reader:
         self.file = file
         self.name = name
         self.unpacker = _new_unpacker()
-        self.items = 0
+        self.items = 0               # good items yielded
+        self.bad: list[str] = []     # "item N at byte B is not a valid record (why)", skipped
         self.fed = 0                 # bytes handed to the unpacker
         # End of the last complete object.  The unpacker's tell() is only
         # meaningful right after a complete object: inside a partial one it
@@ -355,7 +434,7 @@ class _Reader:
         try:
             self.unpacker.feed(block)
         except msgpack.BufferFull:
-            raise self.damaged(self.position, f"item {self.items + 1} at byte {self.position} "
+            raise self.damaged(self.position, f"item {self.records + 1} at byte {self.position} "
                                f"claims more than {MAX_ITEM_BYTES} bytes (a corrupt length); "
                                f"the {self.items} items before it were read") from None
         self.fed += len(block)
@@ -370,24 +449,36 @@ class _Reader:
         if self.header is None and not self._could_be_header_start():
             return _not_a_recording(self.name)
         offset = self.position
-        where = "the header" if self.header is None else f"item {self.items + 1}"
+        where = "the header" if self.header is None else f"item {self.records + 1}"
         return self.damaged(offset, f"{where} at byte {offset} is not valid msgpack ({type(exc).__name__}: "
                             f"{str(exc)[:80]}); the {self.items} items before it were read")
 
-    def _bad_record(self, offset: int, exc: _BadItem) -> RecordingDamaged:
-        return self.damaged(offset, f"item {self.items + 1} at byte {offset} is not a valid record "
-                            f"({exc}); the {self.items} items before it were read")
+    @property
+    def records(self) -> int:
+        """Every record after the header so far, good or bad (what the end marker counts)."""
+        return self.items + len(self.bad)
+
+    def _skip(self, offset: int, exc: _BadItem) -> None:
+        """A record that unpacked but is not valid: remember it with its index, go on with the next."""
+        self.bad.append(f"item {self.records + 1} at byte {offset} is not a valid record ({exc})")
 
     def _unusual_record(self, offset: int, record: object) -> None:
-        """Accept the end marker; anything else without a known kind is damage."""
+        """Accept the end marker; anything else without a known kind is a bad item."""
         if type(record) is dict and record.get("kind") == END_KIND:
             self._end_marker(offset, record)
             return
         try:
             _decode_item(record)
         except _BadItem as exc:
-            raise self._bad_record(offset, exc) from None
-        raise self._bad_record(offset, _BadItem("record the reader could not dispatch"))
+            self._skip(offset, exc)
+            return
+        self._skip(offset, _BadItem("record the reader could not dispatch"))
+
+    def _bad_items(self) -> RecordingDamaged:
+        shown = "; ".join(self.bad[:3]) + (f"; and {len(self.bad) - 3} more" if len(self.bad) > 3 else "")
+        return RecordingDamaged(self.name, self.items, 0,
+                                f"{len(self.bad)} bad item(s) skipped: {shown}; the {self.items} other items were read",
+                                "the recording was altered or written by a broken recorder; record again")
 
     def _next_object(self) -> tuple[int, object] | None:
         """(offset, object) of the next complete object, or None when more bytes are needed."""
@@ -402,9 +493,9 @@ class _Reader:
         return found
 
     def _end_marker(self, offset: int, marker: dict[str, Any]) -> None:
-        if marker.get("items") != self.items:
+        if marker.get("items") != self.records:
             raise self.damaged(offset, f"end marker at byte {offset} counts {marker.get('items')!r} items but "
-                               f"{self.items} were read: the recording was altered after it was written")
+                               f"{self.records} were read: the recording was altered after it was written")
         if marker.get("crc32") != self._crc_before(offset):
             raise self.damaged(offset, f"checksum mismatch at the end marker (byte {offset}): the recording "
                                f"was altered after it was written; its {self.items} items were read but may be wrong")
@@ -463,7 +554,8 @@ class _Reader:
                 try:
                     item = decoder(record)
                 except _BadItem as exc:
-                    raise self._bad_record(offset, exc) from None
+                    self._skip(offset, exc)
+                    continue
                 self.items += 1
                 yield item
             block = self.file.read(_READ_BLOCK)
@@ -472,12 +564,14 @@ class _Reader:
             self._feed(block)
         stopped = self.position
         if stopped < self.fed:
-            raise self.damaged(stopped, f"truncated after item {self.items} at byte {stopped} (the recording "
+            raise self.damaged(stopped, f"truncated after item {self.records} at byte {stopped} (the recording "
                                f"stopped mid-write; the {self.items} items before it were read)")
         if not self.ended:
-            raise self.damaged(stopped, f"ends after item {self.items} at byte {stopped} without its end marker "
+            raise self.damaged(stopped, f"ends after item {self.records} at byte {stopped} without its end marker "
                                f"(the recorder did not close it: it crashed, was killed or is still running; "
                                f"the {self.items} items before it were read)")
+        if self.bad:
+            raise self._bad_items()
 
 
 def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:

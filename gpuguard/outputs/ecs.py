@@ -26,9 +26,9 @@ Field use:
   ``gpuguard.destinations``;
 * gpuguard's own view under ``gpuguard.*`` (score, verdict, evidence, gpu, ...).
 
-Structured fields carry the exact values (JSON encoding escapes control
-characters); the human sentences (``message``, evidence ``detail``) are
-passed through :func:`escape_text` because people read them in consoles.
+Every field carries the exact value; the one JSON escaping rule
+(:mod:`gpuguard.outputs.jsonl`) makes control characters and bytes that are
+not UTF-8 harmless when the document is written.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import socket
 from typing import Any
 
 from gpuguard import __version__
-from gpuguard.escape import escape_text
 from gpuguard.outputs.finding import Finding, process_entity_id
 
 ECS_VERSION = "8.11.0"
@@ -157,7 +156,7 @@ def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None
     doc: dict[str, Any] = {
         "@timestamp": iso_time(created),
         "ecs": {"version": ECS_VERSION},
-        "message": escape_text(finding.explanation),
+        "message": finding.explanation,
         "event": {
             "kind": "alert" if finding.is_alert else "event",
             "action": f"{finding.kind}-{finding.verdict}",     # e.g. "process-malicious"
@@ -185,11 +184,10 @@ def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None
         "score": round(float(finding.score), 1),
         "verdict": finding.verdict,
         "severity": finding.severity,
-        "explanation": escape_text(finding.explanation),
+        "explanation": finding.explanation,
         "subject": finding.subject,
         "rule_ids": finding.rule_ids,
-        "evidence": [dict(e.to_json(), detail=escape_text(e.detail), description=escape_text(e.description))
-                     for e in finding.evidence],
+        "evidence": [e.to_json() for e in finding.evidence],
         "allowlisted": finding.allowlisted or None,
         "action": finding.action,
         "executable_deleted": finding.process.executable_deleted if finding.process and finding.process.executable_deleted else None,

@@ -1,17 +1,28 @@
-"""JSON lines for machines (SIEMs, jq): one compact object per line, always valid UTF-8.
+"""Every JSON gpuguard writes (watch/replay lines, gpus, scan documents): one escaping rule.
 
-Kernel strings are decoded with ``surrogateescape`` so no byte is lost; here
-any such byte is written as the text ``\\xNN`` so the line stays valid JSON
-that every parser accepts.  Control characters are escaped by JSON itself;
-the line breaks JSON leaves alone (C1 controls such as NEL, U+2028 and
-U+2029, which some readers split lines on) are written as ``\\uXXXX`` too,
-so one object is one line for every reader.
+The rule, the same for every JSON output and every field:
+
+* strings carry the exact text; JSON's own escaping handles control
+  characters (``"\\u001b"``), so no human-sentence field is escaped a second time;
+* a byte that was not valid UTF-8 (kernel strings are decoded with
+  ``surrogateescape``) is written as the four characters ``\\xNN``, and any
+  other lone surrogate as ``\\uXXXX`` text (:func:`gpuguard.escape.json_safe_text`),
+  so the output is always valid UTF-8 that strict parsers (Python's json, jq)
+  accept;
+* ``bytes`` values are shown like that too; NaN and infinities become ``null``
+  (JSON has no such numbers); anything else JSON cannot hold becomes its ``str``;
+* the line breaks JSON leaves alone (C1 controls such as NEL, U+2028 and
+  U+2029, which some readers split lines on) are written as ``\\uXXXX``, so
+  one object is one line for every reader.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
+
+from gpuguard.escape import json_safe_text
 
 # Characters a JSON encoder may emit raw that some line readers treat as line breaks or controls.
 _LINE_BREAKERS = {code: f"\\u{code:04x}" for code in (*range(0x7F, 0xA0), 0x2028, 0x2029)}
@@ -19,25 +30,46 @@ _LINE_BREAKERS = {code: f"\\u{code:04x}" for code in (*range(0x7F, 0xA0), 0x2028
 
 def _clean(value: Any) -> Any:
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-            return value
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        return json_safe_text(value)
     if isinstance(value, dict):
-        return {str(_clean(k)): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+        return {json_safe_text(k if isinstance(k, str) else str(k)): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
         return [_clean(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    return value
+    if isinstance(value, (bytes, bytearray)):
+        return json_safe_text(bytes(value).decode("utf-8", "surrogateescape"))
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return json_safe_text(str(value))
 
 
-def dumps_line(obj: dict[str, Any]) -> str:
-    """One JSON object on one line (no trailing newline)."""
+def _valid(text: str) -> bool:
+    if text.isascii():
+        return True
     try:
-        line = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        line.encode("utf-8")   # json.dumps keeps lone surrogates (undecodable bytes) as they are
-    except (UnicodeEncodeError, TypeError, ValueError):
-        line = json.dumps(_clean(obj), ensure_ascii=False, separators=(",", ":"), default=str)
-    return line.translate(_LINE_BREAKERS)
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _dumps(obj: Any, indent: int | None) -> str:
+    separators = (",", ":") if indent is None else (",", ": ")
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=separators, indent=indent, allow_nan=False)
+        if not _valid(text):
+            text = json.dumps(_clean(obj), ensure_ascii=False, separators=separators, indent=indent, allow_nan=False)
+    except (TypeError, ValueError):
+        text = json.dumps(_clean(obj), ensure_ascii=False, separators=separators, indent=indent, allow_nan=False)
+    return text if text.isascii() else text.translate(_LINE_BREAKERS)
+
+
+def dumps_line(obj: Any) -> str:
+    """One JSON object on one line (no trailing newline), valid UTF-8 whatever ``obj`` holds."""
+    return _dumps(obj, None)
+
+
+def dumps_document(obj: Any, indent: int = 2) -> str:
+    """One indented JSON document (``scan --json``), under the same rule as :func:`dumps_line`."""
+    return _dumps(obj, indent)

@@ -17,7 +17,7 @@ Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event:
 * gpuguard's verdict and evidence list under ``unmapped.gpuguard``.
 
 ``time`` and ``*_time`` fields are epoch milliseconds, as OCSF's timestamp
-type requires.  Human sentences are escaped like in the ECS output.
+type requires.  Values are exact; the JSON escaping rule of :mod:`gpuguard.outputs.jsonl` applies.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from typing import Any
 
 from gpuguard import __version__
 from gpuguard.outputs.ecs import TECHNIQUE_TACTICS
-from gpuguard.escape import escape_text
 from gpuguard.outputs.finding import Finding, process_entity_id
 
 OCSF_VERSION = "1.3.0"
@@ -53,7 +52,12 @@ def finding_uid(finding: Finding, hostname: str) -> str:
         subject = f"{finding.process.pid}@{finding.process.start_time}"
     else:
         subject = finding.subject or ""
-    digest = hashlib.sha256(f"{hostname}|{finding.kind}|{finding.rule_id}|{subject}".encode("utf-8", "surrogateescape"))
+    key = f"{hostname}|{finding.kind}|{finding.rule_id}|{subject}"
+    try:
+        data = key.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate no decoder of ours makes: keep it distinct
+        data = key.encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(data)
     return f"gpuguard-{digest.hexdigest()[:32]}"
 
 
@@ -135,8 +139,8 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
     evidences = []
     for item in finding.evidence or []:
         evidence: dict[str, Any] = {"data": {"rule_id": item.rule_id, "signal": item.signal,
-                                             "description": escape_text(item.description),
-                                             "detail": escape_text(item.detail), "weight": item.weight}}
+                                             "description": item.description,
+                                             "detail": item.detail, "weight": item.weight}}
         if process is not None:
             evidence["process"] = process
         if container is not None:
@@ -147,7 +151,7 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
             evidence["file"] = {"path": finding.subject, "name": finding.subject.rsplit("/", 1)[-1], "type_id": 0}
         evidences.append(evidence)
     if not evidences:
-        evidences.append({"data": {"detail": escape_text(finding.explanation)}, **({"process": process} if process else {})})
+        evidences.append({"data": {"detail": finding.explanation}, **({"process": process} if process else {})})
     resources: list[dict[str, Any]] = [{"type": "host", "name": hostname, "uid": hostname}]
     if container is not None:
         resources.append({"type": "container", "uid": container["uid"]})
@@ -167,7 +171,7 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
         "status": "New",
         "is_alert": finding.verdict != "clean",
         "risk_score": int(round(finding.score)),
-        "message": escape_text(finding.explanation),
+        "message": finding.explanation,
         "finding_info": {
             "uid": finding_uid(finding, hostname),
             "title": finding.rule_name,

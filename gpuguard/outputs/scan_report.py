@@ -171,8 +171,8 @@ def summary_fields(report: ScanReport) -> dict[str, Any]:
         "thresholds": {"suspicious": report.suspicious_threshold, "malicious": report.malicious_threshold},
         "exit_code": report.exit_code,
         "duration_s": round(report.finished - report.started, 3),
-        "could_not_see": [escape_text(x) for x in report.limitations],
-        "notes": [escape_text(x) for x in report.notes],
+        "could_not_see": list(report.limitations),
+        "notes": list(report.notes),
         "counters": dict(report.counters),
         "gpu_stack": {
             "driver_versions": dict(stack.driver_versions),

@@ -14,19 +14,11 @@ path-classifying probes have.  DRM fds also get their ``drm-*`` fdinfo keys
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
-from gpuguard.events.abi import DeviceClass, device_class_name
-from gpuguard.events.devices import classify_device_path
+from gpuguard.events.abi import device_class_name
 from gpuguard.events.model import GpuOpen
-
-# Only these prefixes can classify as GPU files; everything else (sockets,
-# pipes, regular files) is skipped before the regex test.
-_CANDIDATE_PREFIXES = ("/dev/", "/sys/")
-_DRM_CLASSES = (DeviceClass.DRM_CARD, DeviceClass.DRM_RENDER)
-MAX_FDINFO_BYTES = 16384
-
+from gpuguard.sources.gpu_fds import DRM_CLASSES, FdInfo, list_gpu_fds, parse_fdinfo_fields, read_fdinfo
 
 @dataclass(slots=True)
 class DeviceHolder:
@@ -54,51 +46,20 @@ class HolderScan:
         return out
 
 
-def _read_fdinfo(pid: int, fd: int, proc_root: str) -> tuple[int, dict[str, str]]:
-    try:
-        with open(f"{proc_root}/{pid}/fdinfo/{fd}", "rb") as f:
-            raw = f.read(MAX_FDINFO_BYTES)
-    except OSError:
-        return 0, {}
-    flags = 0
-    drm: dict[str, str] = {}
-    for line in raw.decode("utf-8", "replace").splitlines():
-        key, _, value = line.partition(":")
-        value = value.strip()
-        if key == "flags":
-            try:
-                flags = int(value, 8)
-            except ValueError:
-                pass
-        elif key.startswith("drm-"):
-            drm[key] = value
-    return flags, drm
-
-
 def holders_of_pid(pid: int, proc_root: str = "/proc") -> list[DeviceHolder] | None:
     """GPU files ``pid`` holds open; ``None`` when its fd table is unreadable (or it is gone)."""
-    fd_dir = f"{proc_root}/{pid}/fd"
     try:
-        names = os.listdir(fd_dir)
+        fds = list_gpu_fds(pid, proc_root)
     except FileNotFoundError:
         return []
     except OSError:
         return None
     out: list[DeviceHolder] = []
-    for name in names:
-        try:
-            target = os.readlink(f"{fd_dir}/{name}")
-        except OSError:
-            continue
-        if not target.startswith(_CANDIDATE_PREFIXES):
-            continue
-        device_class = classify_device_path(target)
-        if device_class == DeviceClass.NONE:
-            continue
-        fd = int(name)
-        flags, drm = _read_fdinfo(pid, fd, proc_root)
-        out.append(DeviceHolder(pid, fd, target, device_class_name(device_class), flags,
-                                drm if device_class in _DRM_CLASSES else {}))
+    for gpu_fd in fds:
+        text = read_fdinfo(pid, gpu_fd.fd, proc_root)
+        info = parse_fdinfo_fields(text) if text is not None else FdInfo()
+        out.append(DeviceHolder(pid, gpu_fd.fd, gpu_fd.target, device_class_name(gpu_fd.device_class), info.flags,
+                                info.drm if gpu_fd.device_class in DRM_CLASSES else {}))
     return out
 
 

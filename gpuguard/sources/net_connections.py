@@ -7,11 +7,15 @@ same events the sensor emits at connect(2), so pool-port, pool-CIDR and proxy
 rules apply unchanged.
 
 Without root, sockets of other users' processes are listed by the kernel but
-cannot be mapped to a pid; they are counted so the scan can say so.
+cannot be mapped to a pid; they are counted so the scan can say so.  Sockets
+that no process owns (TIME_WAIT, or any pid-less socket when running as root,
+who can read every fd table) are not a blind spot: they are counted apart as
+``ownerless`` and never reported as unmapped.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass, field
 
@@ -20,6 +24,8 @@ import psutil
 from gpuguard.events.model import Connect
 
 _FAMILY = {socket.AF_INET: "ipv4", socket.AF_INET6: "ipv6"}
+# A socket in TIME_WAIT has been closed by its process: the kernel alone holds it.
+_NO_OWNER_STATUSES = frozenset({psutil.CONN_TIME_WAIT})
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,12 +46,14 @@ class RemoteConnection:
 @dataclass(slots=True)
 class ConnectionTable:
     by_pid: dict[int, list[RemoteConnection]] = field(default_factory=dict)
-    unattributed: int = 0     # remote connections whose owner pid could not be read
+    unattributed: int = 0     # remote connections whose owner pid could not be read (not root)
+    ownerless: int = 0        # remote connections no process owns (TIME_WAIT; pid-less as root)
     unavailable: str | None = None  # why no table could be read at all
 
 
-def read_connection_table() -> ConnectionTable:
+def read_connection_table(as_root: bool | None = None) -> ConnectionTable:
     """Every inet socket with a remote address, by owning pid."""
+    as_root = os.geteuid() == 0 if as_root is None else as_root
     table = ConnectionTable()
     try:
         conns = psutil.net_connections(kind="inet")
@@ -56,7 +64,10 @@ def read_connection_table() -> ConnectionTable:
         if not conn.raddr:
             continue
         if conn.pid is None:
-            table.unattributed += 1
+            if as_root or conn.status in _NO_OWNER_STATUSES:
+                table.ownerless += 1
+            else:
+                table.unattributed += 1
             continue
         remote = RemoteConnection(
             pid=conn.pid,

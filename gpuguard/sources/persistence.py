@@ -5,10 +5,15 @@ autostart files below -> :class:`AutostartFile` (path, kind, owner, text).
 ``gpuguard.detect.host_checks`` decides which lines launch a miner; this
 module only reads.
 
-Bounds, because the tree may be hostile: at most ``MAX_FILE_BYTES`` of each
-file, ``MAX_FILES_PER_DIR`` entries per directory, regular files only (a
-symlink is read only when it resolves inside ``root``: a unit linked to
-/dev/zero or a FIFO must not hang the scan).
+Files are streamed line by line: comments and blank lines (:func:`is_comment`)
+are counted but not kept, so padding a cron file or ``~/.bashrc`` with
+megabytes of comments hides nothing.  Bounds, because the tree may be hostile:
+``MAX_FILE_BYTES`` read per file, ``MAX_KEPT_BYTES`` of meaningful lines kept
+per file (each cut at ``MAX_LINE_CHARS``), ``MAX_FILES_PER_DIR`` entries per
+directory, regular files only (a symlink is read only when it resolves inside
+``root``: a unit linked to /dev/zero or a FIFO must not hang the scan).  What a
+bound leaves unread is listed in :attr:`AutostartScan.partly_read`, a blind spot
+the scan reports with the path.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-MAX_FILE_BYTES = 256 * 1024
+MAX_FILE_BYTES = 64 << 20      # read per file; a larger autostart file is itself a red flag
+MAX_KEPT_BYTES = 4 << 20       # meaningful (non-comment) lines kept per file
+MAX_LINE_CHARS = 64 << 10      # of one line
 MAX_FILES_PER_DIR = 2000
 MAX_HOMES = 1000
 
@@ -38,20 +45,27 @@ HOME_PROFILE_FILES = (".bashrc", ".profile", ".bash_profile", ".bash_login", ".z
 HOME_SYSTEMD_DIR = ".config/systemd/user"
 
 
+def is_comment(line: str, kind: str) -> bool:
+    """A blank line or a comment in an autostart file of ``kind`` (starts nothing)."""
+    stripped = line.lstrip()
+    return not stripped or stripped.startswith("#") or (kind == "systemd-unit" and stripped.startswith(";"))
+
+
 @dataclass(slots=True)
 class AutostartFile:
     path: str          # as the host sees it (``root`` removed), e.g. "/etc/cron.d/job"
     kind: str          # "systemd-unit" | "cron" | "shell-profile" | "rc-local"
-    text: str
+    lines: list[tuple[int, str]]   # (line number, line) of every line that is not a comment
     owner_uid: int
     mode: int
-    truncated: bool = False
+    truncated: bool = False        # a bound stopped the reading; the path is in AutostartScan.partly_read
 
 
 @dataclass(slots=True)
 class AutostartScan:
     files: list[AutostartFile] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)   # host paths that exist but could not be read
+    partly_read: list[str] = field(default_factory=list)  # "path (why)" of files a bound stopped
 
 
 class _Reader:
@@ -90,15 +104,15 @@ class _Reader:
             return
         try:
             with os.fdopen(fd, "rb") as f:
-                raw = f.read(MAX_FILE_BYTES + 1)
+                lines, stopped = _meaningful_lines(f, kind)
         except OSError:
             self.scan.unreadable.append(self.host_path(real))
             return
-        self.scan.files.append(AutostartFile(
-            path=self.host_path(real), kind=kind,
-            text=raw[:MAX_FILE_BYTES].decode("utf-8", "surrogateescape"),
-            owner_uid=st.st_uid, mode=stat.S_IMODE(st.st_mode),
-            truncated=len(raw) > MAX_FILE_BYTES))
+        path = self.host_path(real)
+        if stopped:
+            self.scan.partly_read.append(f"{path} ({stopped})")
+        self.scan.files.append(AutostartFile(path=path, kind=kind, lines=lines, owner_uid=st.st_uid,
+                                             mode=stat.S_IMODE(st.st_mode), truncated=bool(stopped)))
 
     def read_dir(self, real_dir: str, kind: str, suffixes: tuple[str, ...] = ()) -> None:
         try:
@@ -131,6 +145,34 @@ class _Reader:
             return
         for subdir in sorted(subdirs):
             self.read_dir(subdir, "systemd-unit", SYSTEMD_DROPIN_SUFFIXES)
+
+
+def _meaningful_lines(f, kind: str) -> tuple[list[tuple[int, str]], str]:  # noqa: ANN001
+    """(number, line) of the non-comment lines of ``f``, and why reading stopped early ("" if it did not)."""
+    lines: list[tuple[int, str]] = []
+    read = kept = 0
+    number = 0
+    while True:
+        raw = f.readline(MAX_LINE_CHARS + 1)
+        if not raw:
+            return lines, ""
+        number += 1
+        read += len(raw)
+        if len(raw) > MAX_LINE_CHARS and not raw.endswith(b"\n"):
+            # An overlong line: keep its start, skip the rest of it (still counted, still bounded).
+            while read <= MAX_FILE_BYTES:
+                rest = f.readline(1 << 20)
+                read += len(rest)
+                if not rest or rest.endswith(b"\n"):
+                    break
+        line = raw[:MAX_LINE_CHARS].decode("utf-8", "surrogateescape").rstrip("\r\n")
+        if not is_comment(line, kind):
+            kept += len(line)
+            if kept > MAX_KEPT_BYTES:
+                return lines, f"more than {MAX_KEPT_BYTES} bytes of non-comment lines; read to line {number - 1}"
+            lines.append((number, line))
+        if read > MAX_FILE_BYTES:
+            return lines, f"larger than {MAX_FILE_BYTES} bytes; read to line {number}"
 
 
 def home_dirs(root: str) -> list[str]:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import ctypes as ct
 import errno
+import math
 import os
-import stat
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -29,6 +29,7 @@ from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen,
 from gpuguard.events.payload import recognise_payload, recognise_stream
 from gpuguard.sources import preflight
 from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
+from gpuguard.sources.gpu_fds import fd_is_gpu
 from gpuguard.sources.probe_source import ProbeSettings, probe_text
 
 _SCHEMA_MAPS = {
@@ -41,6 +42,7 @@ _SCHEMA_MAPS = {
 _TABLES = ("tracked_fds", "ioctl_counts", "fresh_sockets", "lost_counts", "gpu_fd_slots", "sock_fd_slots")
 SLOT_MULTI = DEFINES["GG_SLOT_MULTI"]
 MAX_PAYLOAD_STREAMS = 4096
+DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the process stops
 _CUT = b""  # marks a stream whose last captured write was truncated (compared by identity)
 
 
@@ -63,7 +65,8 @@ def kernel_has_ringbuf(release: str | None = None) -> bool:
 class SensorStats:
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     lost: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    malformed: int = 0
+    malformed: int = 0               # kernel records that did not decode
+    routing_errors: int = 0          # decoded records our own routing failed on (a gpuguard bug)
     dropped_relative_opens: int = 0
     swept_fds: int = 0
     startup_seconds: float = 0.0
@@ -76,21 +79,6 @@ class _ProcessHeader:
     uid: int
     gid: int
     cgroup_id: int
-
-
-def _fd_is_gpu(tgid: int, fd: int) -> tuple[bool, str | None]:
-    """Does /proc/tgid/fd/fd still refer to a GPU file?  Returns (yes, resolved path)."""
-    link = f"/proc/{tgid}/fd/{fd}"
-    try:
-        target = os.readlink(link)
-        st = os.stat(link)
-    except OSError:
-        return False, None
-    if classify_device_path(target) != DeviceClass.NONE:
-        return True, target
-    # Device nodes seen through another mount namespace may not resolve to a
-    # /dev path here; a character device is still a device.
-    return stat.S_ISCHR(st.st_mode), target
 
 
 class Sensor:
@@ -120,6 +108,10 @@ class Sensor:
         self._fresh_fds: dict[int, set[int]] = defaultdict(set)
         self._next_drain = 0.0
         self._next_sweep = 0.0
+        # The ring-buffer callback ends the current poll once this time passes:
+        # a stop request sets it to 0, the final drain to a short budget, so an
+        # event flood cannot keep a stopping process reading forever.
+        self._consume_until = math.inf
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -189,9 +181,18 @@ class Sensor:
         out, self._pending = self._pending, []
         return out
 
+    def request_stop(self) -> None:
+        """End the current poll between two records (safe to call from a signal handler)."""
+        self._consume_until = 0.0
+
     def drain(self) -> list[Event]:
-        """Read everything buffered and every counter now (e.g. before stopping)."""
-        self._consume_buffer()
+        """Read what is buffered (for at most DRAIN_BUDGET_S) and every counter now (e.g. before stopping)."""
+        stopping = self._consume_until
+        self._consume_until = time.monotonic() + DRAIN_BUDGET_S
+        try:
+            self._consume_buffer()
+        finally:
+            self._consume_until = stopping
         self._drain_into(self._pending)
         out, self._pending = self._pending, []
         return out
@@ -205,7 +206,8 @@ class Sensor:
     # -- buffer callbacks (must never raise: ctypes would print and swallow) --------
     def _on_ring(self, _ctx, data, size) -> int:
         self._handle(data, size)
-        return 0
+        # A negative return makes libbpf stop consuming after this record.
+        return -1 if time.monotonic() >= self._consume_until else 0
 
     def _on_perf(self, _cpu, data, size) -> None:
         self._handle(data, size)
@@ -223,7 +225,7 @@ class Sensor:
         try:
             self._route(event)
         except Exception:  # noqa: BLE001 - one bad record must not stop the sensor
-            self.stats.malformed += 1
+            self.stats.routing_errors += 1  # the record was fine; the bug is ours
 
     def _route(self, event: Event) -> None:
         if isinstance(event, GpuOpen):
@@ -252,7 +254,7 @@ class Sensor:
 
     def _confirm_relative_open(self, event: GpuOpen) -> bool:
         """A relative open was classified by basename; keep it only if /proc agrees."""
-        is_gpu, target = _fd_is_gpu(event.pid, event.fd)
+        is_gpu, target = fd_is_gpu(event.pid, event.fd)
         if target is None:
             return True  # already closed: the kernel's view is all there is
         if not is_gpu:
@@ -405,7 +407,7 @@ class Sensor:
             if not os.path.exists(f"/proc/{key.tgid}"):
                 dead.add(key.tgid)
                 continue
-            is_gpu, _ = _fd_is_gpu(key.tgid, key.fd)
+            is_gpu, _ = fd_is_gpu(key.tgid, key.fd)
             if not is_gpu:
                 self._forget_fd(key.tgid, key.fd)
                 self.stats.swept_fds += 1

@@ -1,13 +1,9 @@
-"""Any DRM GPU (amdgpu, i915, xe, msm, panfrost, …) from /proc/PID/fdinfo, no vendor library.
+"""Any DRM GPU (amdgpu, i915, xe, msm, panfrost, …) from /proc/PID/fdinfo, no vendor library: discovery and the sampler.
 
-The kernel's "DRM client usage stats" (Documentation/gpu/drm-usage-stats.rst)
-prints, for each open DRM file: ``drm-driver``, ``drm-client-id``, ``drm-pdev``,
-busy time per engine (``drm-engine-<e>: <n> ns``, with
-``drm-engine-capacity-<e>`` engines of that class), or busy cycles
-(``drm-cycles-<e>`` with ``drm-total-cycles-<e>`` as on xe, or with
-``drm-maxfreq-<e>``), and memory per region (``drm-total-``, ``drm-shared-``,
-``drm-resident-``, ``drm-purgeable-``, ``drm-active-<region>``, and amdgpu's
-older ``drm-memory-<region>``) in bytes, KiB or MiB.
+Which processes hold DRM nodes (:class:`FdTableSweeper`, through
+``gpuguard.sources.gpu_fds``), which cards sysfs knows, and the sampler that
+turns both into GPU snapshots.  Parsing an fdinfo and the utilisation
+maths are in ``drm_usage``.
 
 Utilisation is the change between two samples, so a client's first sighting
 has none.  One client (``drm_file``) may sit behind several fds, or several
@@ -24,174 +20,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from gpuguard.events.abi import DeviceClass
-from gpuguard.events.devices import classify_device_path
+from gpuguard.sources.gpu.drm_usage import (  # noqa: F401 - parse_fdinfo is this source's parser, re-exported
+    DrmClient, UsageBaseline, engine_utilization, node_index, parse_fdinfo,
+)
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
+from gpuguard.sources.gpu_fds import DRM_CLASSES, list_gpu_fds, read_fdinfo
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.sources.pidns import namespace_pid
 
 SOURCE = "drm-fdinfo"
-_SIZE_UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
-_FREQ_UNITS = {"": 1, "Hz": 1, "KHz": 1000, "kHz": 1000, "MHz": 1_000_000}
-_MEMORY_KINDS = ("total", "shared", "resident", "purgeable", "active", "memory")
-_DRM_CLASSES = (DeviceClass.DRM_CARD, DeviceClass.DRM_RENDER)
 # A full sweep of every process's fd table every 5 samples (5 s at 1 Hz); see FdTableSweeper.
 SWEEP_EVERY = 5
-# Which memory figure stands for "what this client holds" in a region, best first.
-_HELD = ("resident", "memory", "total")
-
-
-@dataclass(slots=True)
-class DrmClient:
-    """One ``struct drm_file`` as one fdinfo file describes it."""
-
-    driver: str
-    client_id: str | None = None
-    pdev: str | None = None
-    name: str | None = None
-    engine_ns: dict[str, int] = field(default_factory=dict)
-    capacity: dict[str, int] = field(default_factory=dict)
-    cycles: dict[str, int] = field(default_factory=dict)
-    total_cycles: dict[str, int] = field(default_factory=dict)
-    maxfreq_hz: dict[str, int] = field(default_factory=dict)
-    memory: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> region -> bytes
-
-    def held_memory(self) -> dict[str, int]:
-        """Bytes per region: resident where given, else amdgpu's drm-memory, else total."""
-        regions: dict[str, int] = {}
-        for kind in reversed(_HELD):
-            regions.update(self.memory.get(kind, {}))
-        return regions
-
-    @property
-    def has_data(self) -> bool:
-        return bool(self.engine_ns or self.cycles or self.memory)
-
-
-def _number(value: str, units: dict[str, int]) -> int | None:
-    if value.isdigit():  # the common case: plain bytes or a counter
-        return int(value)
-    parts = value.split()
-    if not parts or not parts[0].isdigit():
-        return None
-    unit = parts[1] if len(parts) > 1 else ""
-    scale = units.get(unit)
-    return int(parts[0]) * scale if scale is not None else None
-
-
-def parse_fdinfo(text: str) -> DrmClient | None:
-    """The DRM usage stats in one fdinfo file, or None if it has none (no ``drm-driver``)."""
-    client: DrmClient | None = None
-    pending: list[tuple[str, str, str]] = []
-    for line in text.split("\n"):
-        if not line.startswith("drm-"):
-            continue  # pos/flags/mnt_id/ino and driver-private keys (amd-*, panfrost-*)
-        key, sep, value = line.partition(":")
-        if not sep:
-            continue
-        kind, _, rest = key[4:].partition("-")
-        if kind == "driver":
-            client = DrmClient(driver=value.strip())
-        else:
-            pending.append((kind, rest, value.strip()))
-    if client is None:
-        return None
-    for kind, rest, value in pending:
-        _apply(client, kind, rest, value)
-    return client
-
-
-def _apply(client: DrmClient, kind: str, rest: str, value: str) -> None:
-    """One ``drm-<kind>-<rest>: value`` line (``drm-client-id`` is kind "client", rest "id")."""
-    if kind == "engine":
-        if rest.startswith("capacity-"):
-            n = _number(value, _SIZE_UNITS)
-            if n:  # zero capacity is not allowed; absent means one
-                client.capacity[rest[9:]] = n
-        else:
-            n = _number(value[:-2] if value.endswith("ns") else value, _SIZE_UNITS)
-            if n is not None:
-                client.engine_ns[rest] = n
-    elif kind == "cycles":
-        n = _number(value, _SIZE_UNITS)
-        if n is not None:
-            client.cycles[rest] = n
-    elif kind == "total" and rest.startswith("cycles-"):  # drm-total-cycles-<engine>, not a region
-        n = _number(value, _SIZE_UNITS)
-        if n is not None:
-            client.total_cycles[rest[7:]] = n
-    elif kind in _MEMORY_KINDS and rest:
-        n = _number(value, _SIZE_UNITS)
-        if n is not None:
-            client.memory.setdefault(kind, {})[rest] = n
-    elif kind == "client":
-        if rest == "id":
-            client.client_id = value
-        elif rest == "name":
-            client.name = value
-    elif kind == "pdev" and not rest:
-        client.pdev = value
-    elif kind == "maxfreq":
-        n = _number(value, _FREQ_UNITS)
-        if n:
-            client.maxfreq_hz[rest] = n
-
-
-@dataclass(slots=True)
-class _Baseline:
-    """A client's counters at the previous sample (the larger value wins, per the spec)."""
-
-    mono: float
-    engine_ns: dict[str, int]
-    cycles: dict[str, int]
-    total_cycles: dict[str, int]
-
-
-def _advance(old: dict[str, int], new: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
-    """Deltas, and the new baseline: a counter seen going backwards keeps its larger old value."""
-    deltas, baseline = {}, {}
-    for name, value in new.items():
-        before = old.get(name)
-        if before is None:
-            baseline[name] = value
-        elif value >= before:
-            deltas[name], baseline[name] = value - before, value
-        else:
-            deltas[name], baseline[name] = 0, before
-    return deltas, baseline
-
-
-def engine_utilization(client: DrmClient, previous: _Baseline | None, mono: float) -> tuple[dict[str, float], _Baseline]:
-    """Percent busy per engine since ``previous``, and the baseline for next time."""
-    old = previous or _Baseline(mono, {}, {}, {})
-    ns_delta, ns_base = _advance(old.engine_ns, client.engine_ns)
-    cyc_delta, cyc_base = _advance(old.cycles, client.cycles)
-    tot_delta, tot_base = _advance(old.total_cycles, client.total_cycles)
-    baseline = _Baseline(mono, ns_base, cyc_base, tot_base)
-    util: dict[str, float] = {}
-    if previous is None:
-        return util, baseline
-    elapsed = mono - previous.mono
-    for engine in set(ns_delta) | set(cyc_delta):
-        capacity = client.capacity.get(engine, 1)
-        if engine in ns_delta and elapsed > 0:
-            pct = ns_delta[engine] / (elapsed * 1e9 * capacity) * 100
-        elif engine in cyc_delta and tot_delta.get(engine):
-            pct = cyc_delta[engine] / (tot_delta[engine] * capacity) * 100
-        elif engine in cyc_delta and engine in client.maxfreq_hz and elapsed > 0:
-            pct = cyc_delta[engine] / (client.maxfreq_hz[engine] * elapsed * capacity) * 100
-        else:
-            continue
-        util[engine] = round(min(max(pct, 0.0), 100.0), 2)
-    return util, baseline
-
-
-def node_index(path: str) -> int:
-    """DRM minor numbering: card<N> and renderD<128+N> belong to device N."""
-    name = path.rsplit("/", 1)[-1]
-    if name.startswith("renderD"):
-        return int(name[7:]) - 128
-    return int(name[4:])
 
 
 @dataclass(slots=True)
@@ -210,37 +49,9 @@ class ScanResult:
     drm_fds: int = 0
 
 
-def _read_text(path: str) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        chunks = []
-        while chunk := os.read(fd, 8192):
-            chunks.append(chunk)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
-def _drm_fds(fd_dir: str) -> list[tuple[str, str]]:
+def _drm_fds(pid: int, proc_root: str) -> list[tuple[str, str]]:
     """(fd, target) of the DRM nodes among a process's fds; PermissionError if not ours to read."""
-    dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        found = []
-        for fd in os.listdir(dir_fd):
-            try:
-                target = os.readlink(fd, dir_fd=dir_fd)  # relative to the open dir: no path walk per fd
-            except OSError:
-                continue
-            if target.startswith("/dev/dri/") and classify_device_path(target) in _DRM_CLASSES:
-                found.append((fd, target))
-        return found
-    finally:
-        os.close(dir_fd)
+    return [(str(f.fd), f.target) for f in list_gpu_fds(pid, proc_root, DRM_CLASSES)]
 
 
 class FdTableSweeper:
@@ -272,7 +83,7 @@ class FdTableSweeper:
             previous = known.get(pid)
             try:
                 if previous is None or (pid + self._tick) % self.sweep_every == 0:
-                    found = _drm_fds(fd_dir)
+                    found = _drm_fds(pid, self.proc_root)
                 else:
                     found = [(fd, target) for fd, target in previous if _still_links(fd_dir, fd, target)]
             except PermissionError:
@@ -304,7 +115,7 @@ def scan_drm_fds(proc_root: str = "/proc", sweeper: FdTableSweeper | None = None
             held = by_device.get(device)
             if held is None:
                 held = by_device[device] = _Held(pid, device)
-            text = _read_text(f"{proc_root}/{pid}/fdinfo/{fd}")
+            text = read_fdinfo(pid, int(fd), proc_root)
             if text is None:
                 continue
             if text not in parsed:
@@ -388,7 +199,7 @@ class DrmFdinfoSampler:
         self._clock = clock
         self._monotonic = monotonic
         self._once = OnceErrors()
-        self._baselines: dict[tuple[str, str], _Baseline] = {}
+        self._baselines: dict[tuple[str, str], UsageBaseline] = {}
         self.pending: list[str] = []
 
     def sample(self) -> GpuSnapshot:
@@ -401,7 +212,7 @@ class DrmFdinfoSampler:
         sysdevs = sysfs_devices(self._sys_root)
         # Each client once: its utilisation is computed once and shared by every holder.
         utils: dict[tuple[str, str], dict[str, float]] = {}
-        baselines: dict[tuple[str, str], _Baseline] = {}
+        baselines: dict[tuple[str, str], UsageBaseline] = {}
         device_clients: dict[int, dict[tuple[str, str], DrmClient]] = {i: {} for i in sysdevs}
         processes = []
         for held in scan.held:

@@ -11,7 +11,6 @@ from ("nvml", "amdsmi", "drm-fdinfo").
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable, Iterator
 
@@ -34,8 +33,8 @@ class ReplaySampler:
     def __init__(self, path: str, pace: bool = False, speed: float = 1.0,
                  sleep: Callable[[float], None] = time.sleep,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
-        if not os.path.isfile(path):
-            raise GpuguardError(f"recording {path!r} not found", "pass a file written by `gpuguard record`")
+        # The reader says what is wrong with the path (missing, a directory, unreadable);
+        # a pipe or FIFO is read like `gpuguard replay` reads it.
         from gpuguard.events.wire import iter_recording  # the wire format's one reader
 
         self.path = path

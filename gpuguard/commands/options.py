@@ -1,0 +1,38 @@
+"""Argument types shared by the commands: every numeric option is checked once, here.
+
+A bad value (``--duration -5``, ``--interval nan``, ``gpus --watch -1``) is a
+:class:`GpuguardError` naming the option, so the CLI prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from gpuguard.errors import GpuguardError
+
+DAY_S = 86_400.0
+YEAR_S = 365 * DAY_S
+
+
+def seconds(option: str, *, zero_means: str | None = None, maximum: float = DAY_S) -> Callable[[str], float]:
+    """An argparse ``type`` for a positive, finite number of seconds up to ``maximum``.
+
+    ``zero_means`` allows 0 and says what it does (e.g. "disables sampling").
+    """
+    lowest = "0" if zero_means else "more than 0"
+    fix = f"give a number of seconds, {lowest} and at most {maximum:g}"
+    if zero_means:
+        fix += f" (0 {zero_means})"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise GpuguardError(f"{option} {text!r} is not a number of seconds", fix) from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_means) or value > maximum:
+            raise GpuguardError(f"{option} {text} is out of range", fix)
+        return value
+
+    parse.__name__ = "seconds"  # argparse names the type in its own messages
+    return parse

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuguard.detect.cases import default_cases_dir, replay  # noqa: E402
+from gpuguard.detect.cases import replay  # noqa: E402
 from gpuguard.detect.rules import load_ruleset  # noqa: E402
 from gpuguard.detect.shipped import shipped_rules_file  # noqa: E402
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
@@ -54,7 +54,7 @@ def main() -> None:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
     ruleset = load_ruleset([shipped_rules_file()])
-    verdicts, correlator = replay(default_cases_dir() / "miner_stratum_cmdline" / "capture.ggrec", ruleset)
+    verdicts, correlator = replay(Path(__file__).resolve().parent.parent / "tests" / "cases" / "miner_stratum_cmdline" / "capture.ggrec", ruleset)
     verdict = max(verdicts, key=lambda v: v.score)
     state = correlator.get(verdict.key)
     finding = finding_from_verdict(verdict, state.facts, ruleset, state)

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.cases import default_cases_dir
+from gpuguard.detect.engine import DetectionEngine
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_file
 from gpuguard.events.agent_events import ActionOutcome
@@ -35,7 +35,7 @@ from tests.fakes.fake_pynvml import ERROR_CODES, MIB, FakeGpu, FakeNvml, FakePro
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "packaging" / "grafana-dashboard.json"
-CASE = default_cases_dir() / "miner_stratum_cmdline" / "capture.ggrec"
+CASE = Path(__file__).resolve().parent / "cases" / "miner_stratum_cmdline" / "capture.ggrec"
 HOSTILE = "x\n\x1b]0;pwned\x07\"} evil{a=\"1"
 
 
@@ -75,7 +75,8 @@ class Pipeline:
 
     def run_once(self) -> None:
         m = self.metrics
-        correlator = Correlator(self.ruleset, facts_provider=None)
+        correlator = Correlator(facts_provider=None)
+        engine = DetectionEngine(correlator, self.ruleset)
         now = 0.0
         for item in self.items + [Lost(time=0.0, pid=0, what="events", count=2)]:
             correlator.feed(item)
@@ -89,7 +90,7 @@ class Pipeline:
                 m.count_event("process_facts")
             now = max(now, getattr(item, "time", 0.0) or getattr(item, "start_time", 0.0))
         started = time.perf_counter()
-        verdicts = correlator.verdicts(now)
+        verdicts = engine.verdicts(now)
         m.observe_scoring(time.perf_counter() - started)
         m.set_processes(len(list(correlator.states())))
         for verdict in verdicts:

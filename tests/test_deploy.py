@@ -268,7 +268,7 @@ def _matches(rule: dict, doc: dict) -> bool:
 
 
 def test_sigma_rules_match_real_agent_records_and_not_benign_ones():
-    from gpuguard.detect.cases import default_cases_dir, replay
+    from gpuguard.detect.cases import replay
     from gpuguard.detect.rules import load_ruleset
     from gpuguard.detect.shipped import shipped_rules_file
     from gpuguard.outputs.finding import finding_from_verdict
@@ -276,7 +276,7 @@ def test_sigma_rules_match_real_agent_records_and_not_benign_ones():
     ruleset = load_ruleset([shipped_rules_file()])
     docs = {"malicious": [], "clean": []}
     for case in ("miner_stratum_cmdline", "benign_pytorch_training", "benign_inference_server"):
-        verdicts, correlator = replay(default_cases_dir() / case / "capture.ggrec", ruleset)
+        verdicts, correlator = replay(Path(__file__).resolve().parent / "cases" / case / "capture.ggrec", ruleset)
         for v in verdicts:
             state = correlator.get(v.key)
             finding = finding_from_verdict(v, state.facts, ruleset, state)

@@ -176,7 +176,7 @@ def process_entity_id(hostname: str, pid: int, start_time: float | None) -> str:
     """One process on one host, stable across events and distinct from a later process with its pid
     (ECS ``process.entity_id``, OCSF ``process.uid``)."""
     text = f"{hostname}|{pid}|{start_time or 0:.2f}"
-    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def techniques_from_tags(tags: list[str]) -> list[tuple[str, str]]:

@@ -31,7 +31,6 @@ import time
 from typing import Any, Union
 
 from gpuguard import __version__
-from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.cef import cef_line
 from gpuguard.outputs.ecs import ECS_VERSION, finding_to_ecs, host_fields, iso_time
@@ -90,7 +89,7 @@ def action_to_ecs(outcome: ActionOutcome, host: dict[str, Any]) -> dict[str, Any
     doc: dict[str, Any] = {
         "@timestamp": iso_time(outcome.time),
         "ecs": {"version": ECS_VERSION},
-        "message": escape_text(f"{outcome.action} {outcome.status}: {outcome.reason}" if outcome.reason
+        "message": (f"{outcome.action} {outcome.status}: {outcome.reason}" if outcome.reason
                                else f"{outcome.action} {outcome.status}"),
         "event": {"kind": "event", "category": category, "type": [_ACTION_ECS_TYPE.get(outcome.action, "info")],
                   "action": outcome.action, "outcome": _ACTION_OUTCOME.get(outcome.status, "unknown"),
@@ -106,7 +105,7 @@ def action_to_ecs(outcome: ActionOutcome, host: dict[str, Any]) -> dict[str, Any
         doc["destination"] = {"address": addresses[0]}
     doc["gpuguard"] = _clean({
         "kind": "action", "action": outcome.action, "status": outcome.status, "verdict": outcome.verdict,
-        "score": outcome.score, "rule_ids": list(outcome.rule_ids), "reason": escape_text(outcome.reason),
+        "score": outcome.score, "rule_ids": list(outcome.rule_ids), "reason": outcome.reason,
         "block_id": outcome.block_id,
         "expires": iso_time(outcome.expires) if outcome.expires else None,
         "detail": outcome.detail,
@@ -122,7 +121,7 @@ def lifecycle_to_ecs(record: AgentLifecycle, host: dict[str, Any]) -> dict[str, 
     return {
         "@timestamp": iso_time(record.time),
         "ecs": {"version": ECS_VERSION},
-        "message": escape_text(record.message or record.action),
+        "message": record.message or record.action,
         "event": {"kind": "event", "category": category, "type": [event_type], "action": record.action,
                   "outcome": outcome, "module": "gpuguard", "dataset": DATASET, "created": iso_time(record.time)},
         "log": {"level": {"high": "error", "medium": "warning"}.get(lifecycle_severity(record), "info")},
@@ -145,7 +144,7 @@ def action_to_ocsf(outcome: ActionOutcome, hostname: str) -> dict[str, Any]:
         "type_name": f"{_OCSF_CLASS_NAME[class_uid]}: {activity_name}",
         "time": _ms(outcome.time), "severity_id": 1, "severity": "Informational",
         "status_id": status_id, "status": status, "status_detail": f"{outcome.action} {outcome.status}",
-        "message": escape_text(outcome.reason or f"{outcome.action} {outcome.status}"),
+        "message": outcome.reason or f"{outcome.action} {outcome.status}",
         "device": {"hostname": hostname, "type_id": 0},
         "metadata": {"version": OCSF_VERSION, "product": _product()},
         "unmapped": {"gpuguard": _clean({"action": outcome.action, "status": outcome.status,
@@ -179,7 +178,7 @@ def lifecycle_to_ocsf(record: AgentLifecycle, hostname: str) -> dict[str, Any]:
         "severity": {1: "Informational", 3: "Medium", 4: "High"}[severity_id],
         "status_id": 2 if failed else 1, "status": "Failure" if failed else "Success",
         "status_detail": record.action,
-        "message": escape_text(record.message or record.action),
+        "message": record.message or record.action,
         "app": {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__},
         "device": {"hostname": hostname, "type_id": 0},
         "metadata": {"version": OCSF_VERSION, "product": _product()},

@@ -31,6 +31,9 @@ are never copied into ``detail``.
 One module per protocol family around the shared reader (``reader``):
 ``tls``, ``socks``, ``http``, ``mining`` (stratum, CryptoNote, ETHPROXY,
 Stratum V2); ``dispatch`` picks the decoder by the first byte.
+
+May import: ``gpuguard.errors``, ``gpuguard.escape`` and ``gpuguard.events``
+only (it is part of the events layer; tests/test_layers.py).
 """
 
 from __future__ import annotations

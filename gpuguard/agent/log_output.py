@@ -80,7 +80,7 @@ class LogWriter(threading.Thread):
         counters.output_capacity = capacity
         self.host = host_fields()
         self._stderr = stderr or _stderr_line
-        self._stop = threading.Event()
+        self._closing = threading.Event()
         self._reported: set[int] = set()
         self._fd: int | None = None
         self._open()
@@ -108,12 +108,12 @@ class LogWriter(threading.Thread):
             self.counters.output_depth = len(self.queue)
             if batch:
                 self._write(batch)
-            elif self._stop.is_set():
+            elif self._closing.is_set():
                 return
 
     def close(self, timeout: float = 5.0) -> None:
         """Write what is queued, then stop."""
-        self._stop.set()
+        self._closing.set()
         self.queue.wake()
         self.join(timeout)
         if self._fd is not None and self.path != "-":

@@ -14,7 +14,7 @@ import sys
 from gpuguard import __version__
 from gpuguard.errors import GpuguardError
 
-COMMANDS = ("watch", "record", "replay", "gpus", "rules", "scan", "agent", "status")
+COMMANDS = ("watch", "record", "replay", "gpus", "rules", "scan", "agent", "status", "selftest")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -54,6 +54,7 @@ class AgentCounters:
     findings: defaultdict = field(default_factory=_counts)             # by (rule_id, verdict)
     actions: defaultdict = field(default_factory=_counts)              # by (action, status)
     last_findings: deque = field(default_factory=lambda: deque(maxlen=LAST_FINDINGS))
+    last_actions: deque = field(default_factory=lambda: deque(maxlen=LAST_FINDINGS))
     # output
     output_lines: int = 0
     output_dropped: int = 0

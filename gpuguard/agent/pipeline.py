@@ -314,6 +314,9 @@ class Agent:
                                           reason=f"{type(exc).__name__}: {exc}")]
             for outcome in outcomes:
                 self.counters.actions[(outcome.action, outcome.status)] += 1
+                self.counters.last_actions.append({
+                    "time": outcome.time, "pid": outcome.pid, "action": outcome.action, "status": outcome.status,
+                    "reason": escape_text(outcome.reason)})
                 self.emit(outcome)
 
     def _housekeeping(self, now: float) -> None:
@@ -390,6 +393,7 @@ class Agent:
                       "output_errors": c.output_errors},
             "processes_tracked": c.processes_tracked,
             "last_findings": list(c.last_findings),
+            "last_actions": list(c.last_actions),
             "gpus": [{"vendor": v, "index": i, **info} for (v, i), info in sorted(c.gpus.items())],
             "counters": c.snapshot(),
         }

@@ -131,7 +131,9 @@ class Agent:
         self._note_rules()
 
     def _note_rules(self) -> None:
-        self.counters.rules_version = rules_version(self.rules.current)
+        # The digest is taken when a set is loaded: the files on disk may already be newer (and broken).
+        if self.rules.generation != self.counters.rules_generation:
+            self.counters.rules_version = rules_version(self.rules.current)
         self.counters.rules_generation = self.rules.generation
         self.counters.rules_error = self.rules.last_error
 

@@ -49,6 +49,7 @@ def render_record(record: Finding | ActionOutcome | AgentLifecycle, fmt: str, ho
         doc = finding_to_ecs(record, when, host, dataset=DATASET)
         # Only a suspicious or malicious verdict pages anyone; the rest is an event.
         doc["event"]["kind"] = "alert" if record.verdict in ALERT_VERDICTS else "event"
+        doc["event"]["action"] = f"verdict-{record.verdict}"
         return dumps_line(doc)
     body = record.to_json()
     kind = body.pop("kind")

@@ -103,6 +103,7 @@ class Agent:
         self._events_at_status = (time.monotonic(), 0)
         self.events_per_s = 0.0
         self._drops_reported = 0
+        self.housekeeping_s = HOUSEKEEPING_S
 
     # -- plumbing ---------------------------------------------------------------------
     def _intake_dropped(self, producer: str, count: int) -> None:
@@ -270,7 +271,7 @@ class Agent:
                 self._check_rule_files()
             self._score(now)
             if mono >= next_housekeeping:
-                next_housekeeping = mono + HOUSEKEEPING_S
+                next_housekeeping = mono + self.housekeeping_s
                 self._housekeeping(now)
             if self._status_soon or mono >= self._status_due:
                 self._write_status(now)
@@ -328,7 +329,7 @@ class Agent:
         drops = self.counters.drops_total()
         if drops > self._drops_reported:
             self.lifecycle("drops", f"{drops - self._drops_reported} events or lines could not be handled "
-                                    f"in the last {HOUSEKEEPING_S:g} s (capacity exceeded)",
+                                    f"in the last {self.housekeeping_s:g} s (capacity exceeded)",
                            ring_lost=dict(self.counters.ring_lost), intake_dropped=dict(self.counters.intake_dropped),
                            output_dropped=self.counters.output_dropped)
             self._drops_reported = drops

@@ -174,9 +174,33 @@ class Agent:
         from gpuguard.correlate.correlator import Correlator
 
         self.correlator = Correlator(self.rules.current, max_processes=self.config.max_processes,
-                                     proc_root=self.proc_root)
-        self.rules.on_change = self.correlator.set_ruleset
+                                     proc_root=self.proc_root, yara_scanner=self._yara_scanner(self.rules.current))
+        self.rules.on_change = self._use_ruleset
         self._make_responder()
+
+    def _yara_scanner(self, ruleset: Any) -> Any:
+        """YARA over each new executable, with the verdict cache ``scan`` keeps; None without YARA files."""
+        if not ruleset.yara_files:
+            return None
+        from gpuguard.sources.yara_verdict_cache import PersistentYaraScanner
+
+        try:
+            scanner = PersistentYaraScanner.for_files(ruleset.yara_files)
+        except OSError as exc:
+            self.lifecycle("degraded", f"YARA scanning off: cannot read {exc.filename}: {exc.strerror}")
+            return None
+        if scanner.note:
+            self.lifecycle("degraded", f"YARA: {scanner.note}")
+        return scanner
+
+    def _use_ruleset(self, ruleset: Any) -> None:
+        """A reloaded rule set: rescore everything; a changed YARA file list gets a new scanner."""
+        old = self.correlator.yara_scanner
+        if [str(p) for p in ruleset.yara_files] != [str(p) for p in self.correlator.ruleset.yara_files]:
+            if old is not None:
+                old.save()
+            self.correlator.yara_scanner = self._yara_scanner(ruleset)
+        self.correlator.set_ruleset(ruleset)
 
     def _make_responder(self) -> None:
         self.responder = make_responder(self.config.response, self.config.mode, self.config.dry_run, self.emit)
@@ -431,6 +455,12 @@ class Agent:
                    f"log {c.output_dropped}")
         self.lifecycle("stop", summary, events=c.events_total(), findings=sum(c.findings.values()),
                        ring_lost=dict(c.ring_lost), intake_dropped=dict(c.intake_dropped))
+        scanner = getattr(self.correlator, "yara_scanner", None)
+        if scanner is not None:
+            try:
+                scanner.save()
+            except OSError as exc:
+                self.stderr(f"gpuguard: cannot save the YARA verdict cache: {exc.strerror}")
         if self.sensor is not None:
             try:
                 self.sensor.close()       # detaches every probe

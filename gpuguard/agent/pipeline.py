@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path

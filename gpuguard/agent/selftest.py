@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuguard.agent.simulator import DEFAULT_POOL_PORT, parse_ready, start_simulator
+from gpuguard.agent.simulator import DEFAULT_POOL_PORT, parse_ready, start_simulator, stop_simulator
 from gpuguard.agent.status_file import agent_alive, read_status
 from gpuguard.errors import GpuguardError
 
@@ -115,13 +115,7 @@ def check_detection(state_path: Path, mode: str, timeout: float, pool_port: int 
             said += f"; response: {did}"
         return SelftestResult(True, f"found the miner simulator (pid {pid}) {said}", detect_s, pid)
     finally:
-        if sim.stdin:
-            sim.stdin.close()
-        try:
-            sim.wait(10)
-        except subprocess.TimeoutExpired:
-            sim.kill()
-            sim.wait()
+        stop_simulator(sim)
 
 
 def start_agent(workdir: Path, mode: str, sensor: str, extra: list[str] | None = None) -> tuple[subprocess.Popen, Path]:

@@ -61,6 +61,17 @@ def start_simulator(pool_port: int = DEFAULT_POOL_PORT, ioctls: int = DEFAULT_IO
                             close_fds=True)
 
 
+def stop_simulator(sim: subprocess.Popen) -> None:
+    """End the simulator (closing its stdin ends the miner too) and wait for it."""
+    if sim.stdin:
+        sim.stdin.close()
+    try:
+        sim.wait(10)
+    except subprocess.TimeoutExpired:
+        sim.kill()
+        sim.wait()
+
+
 def parse_ready(line: str) -> dict[str, float]:
     """``ready pid=1 start=2.5 pool=1`` -> {"pid": 1, "start": 2.5, "pool": 1}."""
     words = line.split()

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from gpuguard.agent.simulator import parse_ready, start_simulator
+from gpuguard.agent.simulator import parse_ready, start_simulator, stop_simulator
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -106,12 +106,7 @@ def miner_simulator() -> Iterator[dict[str, Any]]:
         ready = parse_ready(line)
         yield {"pid": int(ready["pid"]), "start": ready["start"], "pool": int(ready["pool"])}
     finally:
-        sim.stdin.close()
-        try:
-            sim.wait(10)
-        except subprocess.TimeoutExpired:
-            sim.kill()
-            sim.wait()
+        stop_simulator(sim)
 
 
 def finding_for(pid: int) -> Callable[[dict], bool]:

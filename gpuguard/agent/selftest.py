@@ -106,7 +106,7 @@ def check_detection(state_path: Path, mode: str, timeout: float, pool_port: int 
                                   miner_pid=pid)
         detect_s = float(finding["time"]) - start
         said = (f"{finding['verdict']} (score {finding['score']}; {', '.join(finding.get('rule_ids', [])[:3])}) "
-                f"in {detect_s:.2f} s")
+                f"in {detect_s * 1000:.0f} ms")
         if mode == "enforce" and action is None and os.path.exists(f"/proc/{pid}"):
             return SelftestResult(False, f"found the miner simulator {said}, but no response action was carried out",
                                   detect_s, pid)

@@ -8,6 +8,7 @@ real: /proc sweeps, the correlator, the log file and the state file.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.agent.config import AgentConfig
+from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.pipeline import Agent
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
@@ -101,3 +102,32 @@ def test_a_burst_beyond_capacity_is_counted_and_reported(agent_with_fake_nvml):
     status = json.loads(agent.config.status_path.read_text())
     _until(lambda: json.loads(agent.config.status_path.read_text())["drops"]["intake"].get("sweep", 0) > 0)
     assert status["sensor"] == "proc"
+
+
+def test_sighup_with_a_broken_config_keeps_the_last_good_settings(tmp_path):
+    config_file = tmp_path / "agent.yaml"
+    config_file.write_text("mode: monitor\nsweep: {interval_s: 0.5}\n")
+    os.chmod(config_file, 0o600)
+    os.chmod(tmp_path, 0o700)
+    config = load_config(config_file)
+    config = with_overrides(config, log_path=str(tmp_path / "agent.log"), status_path=tmp_path / "status.json",
+                            sensor="proc", gpu_sources=[])
+    agent = Agent(config, config_path=config_file, install_signals=False, stderr=lambda line: None,
+                  overrides={"log_path": config.log_path, "status_path": config.status_path, "sensor": "proc"})
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        assert agent.ready.wait(60)
+        config_file.write_text("mode: enforce\nsweep: {interval_s: never}\n")
+        agent.request_reload()
+        failed = _until(lambda: [r for r in _records(tmp_path / "agent.log")
+                                 if r["event"].get("action") == "reload-failed" and "config" in r["message"]])
+        assert f"{config_file}:2:" in failed[0]["message"] and "keeping the previous settings" in failed[0]["message"]
+        assert agent.config.mode == "monitor" and agent.config.sweep_interval_s == 0.5
+        config_file.write_text("mode: enforce\n")
+        agent.request_reload()
+        _until(lambda: agent.config.mode == "enforce")
+        assert agent.counters.mode == "enforce"
+    finally:
+        agent.request_stop()
+        thread.join(30)

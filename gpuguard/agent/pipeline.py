@@ -328,8 +328,9 @@ class Agent:
         finding = finding_from_verdict(verdict, facts, self.rules.current)
         self.emit(finding)
         self.counters.findings[(finding.rule_id, verdict.verdict)] += 1
+        found = time.time()               # after scoring: the moment the finding exists (time to detect)
         self.counters.last_findings.append({
-            "time": time.time(),          # when it was found (after scoring), for the time to detect "pid": verdict.pid, "start_time": verdict.key.start_time,
+            "time": found, "pid": verdict.pid, "start_time": verdict.key.start_time,
             "comm": escape_text(verdict.comm), "verdict": verdict.verdict, "score": verdict.score,
             "rule_ids": finding.rule_ids, "allowlisted": verdict.allowlisted})
         self._status_soon = True

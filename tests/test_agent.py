@@ -160,3 +160,28 @@ def test_sigterm_drains_and_detaches_the_probes(tmp_path):
     run = subprocess.run([sys.executable, "-m", "gpuguard", "status", "--state-file", str(agent.state)],
                          capture_output=True, text=True, cwd=REPO, timeout=30)
     assert run.returncode == 3 and "not running (stopped)" in run.stdout
+
+
+def test_auto_sensor_without_ebpf_runs_in_reduced_mode_and_ebpf_refuses():
+    """An unprivileged agent cannot load probes: `auto` falls back and says why, `ebpf` exits 2 in one line."""
+    with tempfile.TemporaryDirectory(prefix="gg-agent-nobody-") as tmp:
+        os.chmod(tmp, 0o777)
+        _unprivileged_agent(Path(tmp))
+
+
+def _unprivileged_agent(workdir: Path) -> None:
+    unprivileged = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    base = [sys.executable, "-m", "gpuguard", "agent", "--state-file", str(workdir / "status.json"),
+            "--log", str(workdir / "agent.log")]
+    refused = subprocess.run(unprivileged + base + ["--sensor", "ebpf"], capture_output=True, text=True,
+                             cwd=REPO, timeout=60)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "the eBPF sensor needs root" in refused.stderr
+    agent = AgentProcess(workdir, wrapper=tuple(unprivileged))
+    try:
+        doc = agent.wait_ready()
+        assert doc["sensor"] == "proc" and doc["blind_spots"]
+        degraded = agent.wait_record(lifecycle("degraded"))
+        assert "eBPF sensor unavailable" in degraded["message"] and "needs root" in degraded["message"]
+    finally:
+        assert agent.stop() == 0

@@ -470,11 +470,12 @@ class Agent:
             except Exception as exc:  # noqa: BLE001
                 self.stderr(f"gpuguard: detaching the probes failed: {type(exc).__name__}: {exc}")
             self.sensor = None
-        if self.rules is not None:
+        if self.ready.is_set():
             self._write_status(time.time(), running=False)
         if self.writer is not None:
             self.writer.close()
-        self.stderr(f"gpuguard: {summary}")
+        if self.ready.is_set():       # a failed start-up says only its one error line
+            self.stderr(f"gpuguard: {summary}")
 
 
 def return_freed_memory() -> None:

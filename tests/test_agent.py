@@ -105,7 +105,7 @@ def test_reduced_mode_lists_blind_spots_and_finds_the_miner(tmp_path):
         doc = agent.status()
         assert doc["sensor"] == "proc" and doc["probes_attached"] == 0
         assert any("ioctl" in spot for spot in doc["blind_spots"])
-        degraded = agent.wait_record(lifecycle("degraded"))
+        degraded = agent.wait_record(lambda r: lifecycle("degraded")(r) and "reduced mode" in r["message"])
         assert "reduced mode" in degraded["message"] and degraded["gpuguard"]["detail"]["blind_spots"]
         with miner_simulator() as miner:
             finding = agent.wait_record(finding_for(miner["pid"]), timeout=15)
@@ -181,7 +181,7 @@ def _unprivileged_agent(workdir: Path) -> None:
     try:
         doc = agent.wait_ready()
         assert doc["sensor"] == "proc" and doc["blind_spots"]
-        degraded = agent.wait_record(lifecycle("degraded"))
+        degraded = agent.wait_record(lambda r: lifecycle("degraded")(r) and "reduced mode" in r["message"])
         assert "eBPF sensor unavailable" in degraded["message"] and "needs root" in degraded["message"]
     finally:
-        assert agent.stop() == 0
+        assert agent.stop() == 0, agent.stderr()

@@ -185,3 +185,16 @@ def _unprivileged_agent(workdir: Path) -> None:
         assert "eBPF sensor unavailable" in degraded["message"] and "needs root" in degraded["message"]
     finally:
         assert agent.stop() == 0, agent.stderr()
+
+
+def test_selftest_starts_its_own_agent_when_none_runs(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "gpuguard", "selftest", "--state-file", str(tmp_path / "none.json"),
+                          "--sensor", "proc"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("PASS: agent started for the test (sensor proc): found the miner simulator")
+
+
+def test_selftest_refuses_without_root_in_one_line(tmp_path):
+    run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                          "gpuguard", "selftest"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "selftest needs root" in run.stderr

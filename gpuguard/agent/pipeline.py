@@ -405,28 +405,13 @@ class Agent:
 
     # -- state file ---------------------------------------------------------------------
     def status_document(self, now: float, running: bool = True) -> dict[str, Any]:
-        c = self.counters
         mono = time.monotonic()
         then, events_then = self._events_at_status
         if mono - then >= 1.0:
-            self.events_per_s = (c.events_total() - events_then) / (mono - then)
-            self._events_at_status = (mono, c.events_total())
-        return {
-            "running": running, "pid": os.getpid(), "started": c.started, "updated": now,
-            "interval_s": self.config.status_interval_s, "mode": self.config.mode, "dry_run": self.config.dry_run,
-            "sensor": c.sensor_mode, "blind_spots": c.blind_spots, "probes_attached": c.probes_attached,
-            "rules": {"version": c.rules_version, "generation": c.rules_generation, "error": c.rules_error,
-                      "sources": [str(p) for p in self.rules.current.sources] if self.rules else []},
-            "log": {"path": self.config.log_path, "format": self.config.log_format},
-            "events_per_s": round(self.events_per_s, 1), "events_total": c.events_total(),
-            "drops": {"ring_lost": dict(c.ring_lost), "intake": dict(c.intake_dropped), "output": c.output_dropped,
-                      "output_errors": c.output_errors},
-            "processes_tracked": c.processes_tracked,
-            "last_findings": list(c.last_findings),
-            "last_actions": list(c.last_actions),
-            "gpus": [{"vendor": v, "index": i, **info} for (v, i), info in sorted(c.gpus.items())],
-            "counters": c.snapshot(),
-        }
+            self.events_per_s = (self.counters.events_total() - events_then) / (mono - then)
+            self._events_at_status = (mono, self.counters.events_total())
+        sources = [str(p) for p in self.rules.current.sources] if self.rules else []
+        return status_file.status_document(self.counters, self.config, sources, self.events_per_s, now, running)
 
     def _write_status(self, now: float, running: bool = True) -> None:
         self._status_soon = False

@@ -20,6 +20,27 @@ from gpuguard.errors import GpuguardError
 STALE_AFTER_INTERVALS = 5
 
 
+def status_document(c: Any, config: Any, rule_sources: list[str], events_per_s: float, now: float,
+                    running: bool = True) -> dict[str, Any]:
+    """The state file's document from the agent's counters (:class:`AgentCounters`) and config."""
+    return {
+        "running": running, "pid": os.getpid(), "started": c.started, "updated": now,
+        "interval_s": config.status_interval_s, "mode": config.mode, "dry_run": config.dry_run,
+        "sensor": c.sensor_mode, "blind_spots": c.blind_spots, "probes_attached": c.probes_attached,
+        "rules": {"version": c.rules_version, "generation": c.rules_generation, "error": c.rules_error,
+                  "sources": rule_sources},
+        "log": {"path": config.log_path, "format": config.log_format},
+        "events_per_s": round(events_per_s, 1), "events_total": c.events_total(),
+        "drops": {"ring_lost": dict(c.ring_lost), "intake": dict(c.intake_dropped), "output": c.output_dropped,
+                  "output_errors": c.output_errors},
+        "processes_tracked": c.processes_tracked,
+        "last_findings": list(c.last_findings),
+        "last_actions": list(c.last_actions),
+        "gpus": [{"vendor": v, "index": i, **info} for (v, i), info in sorted(c.gpus.items())],
+        "counters": c.snapshot(),
+    }
+
+
 def write_status(path: Path, document: dict[str, Any]) -> None:
     """Replace ``path`` with ``document`` (mode 0600, directory 0700 when we create it)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -198,3 +198,22 @@ def test_selftest_refuses_without_root_in_one_line(tmp_path):
     run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
                           "gpuguard", "selftest"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "selftest needs root" in run.stderr
+
+
+def test_a_full_disk_is_reported_once_and_scoring_goes_on(tmp_path):
+    """The log lives on a 12 KiB tmpfs in the agent's own mount namespace: it fills within the first lines."""
+    full = tmp_path / "full"
+    full.mkdir()
+    script = 'mount -t tmpfs -o size=12k gpuguard-test-full "$0" && exec "$@"'
+    agent = AgentProcess(tmp_path, "--sensor", "ebpf", log_path=full / "agent.log",
+                         wrapper=("unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(full)))
+    try:
+        agent.wait_ready()
+        with miner_simulator() as miner:       # the state file (outside the tmpfs) still shows the finding
+            agent.wait_status(lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"]), 15)
+        doc = agent.wait_status(lambda d: d["drops"]["output_errors"] > 0)
+        assert doc["running"]
+    finally:
+        assert agent.stop() == 0
+    stderr = agent.stderr()
+    assert stderr.count("(the disk is full)") == 1 and "Traceback" not in stderr, stderr

@@ -19,10 +19,11 @@ REPO = Path(__file__).resolve().parent.parent.parent
 class AgentProcess:
     """One agent subprocess with its own state file and log under ``workdir``."""
 
-    def __init__(self, workdir: Path, *args: str, log_to_stdout: bool = False, wrapper: tuple[str, ...] = ()) -> None:
+    def __init__(self, workdir: Path, *args: str, log_to_stdout: bool = False, wrapper: tuple[str, ...] = (),
+                 log_path: Path | None = None) -> None:
         self.workdir = workdir
         self.state = workdir / "status.json"
-        self.log = workdir / "agent.log"
+        self.log = log_path or workdir / "agent.log"
         log = "-" if log_to_stdout else str(self.log)
         argv = [*wrapper, sys.executable, "-m", "gpuguard", "agent", "--state-file", str(self.state), "--log", log, *args]
         self.stderr_path = workdir / "agent.stderr"

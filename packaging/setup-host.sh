@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a Debian host for gpuguard (idempotent), then run a job.
 #
-#   bash packaging/setup-host.sh run  [gpuguard watch options]   # set up, then the live view
+#   bash packaging/setup-host.sh run  [gpuguard agent options]   # set up, selftest, then the agent in the foreground
 #   bash packaging/setup-host.sh test [pytest options]           # set up, then the whole test suite
 #   bash packaging/setup-host.sh setup                           # set up only
 #
@@ -85,7 +85,9 @@ fi
 
 case $job in
     setup) say "ready: $VENV/bin/gpuguard" ;;
-    run)   exec "$VENV/bin/gpuguard" watch "$@" ;;
+    run)   "$VENV/bin/gpuguard" selftest --own-agent \
+               || say "the selftest failed (see the line above); starting the agent anyway"
+           exec "$VENV/bin/gpuguard" agent "$@" ;;
     test)  cd "$ROOT" && exec "$VENV/bin/python" -m pytest --require-root-tests "$@" ;;
     *)     die "unknown job '$job' (fix: use run, test or setup)" ;;
 esac

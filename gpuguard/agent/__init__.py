@@ -1,0 +1,16 @@
+"""The agent: the long-running daemon that runs sensor, samplers, correlator, scoring, actions and logs together.
+
+Data flow, one module per stage:
+
+* :mod:`.config` — agent.yaml and its defaults;
+* :mod:`.intake` — the bounded queue every producer feeds (drops are counted);
+* :mod:`.counters` — every counter, in one plain object (state file, metrics, summary);
+* :mod:`.producers` — the sensor thread, one sampler thread per GPU source,
+  and the /proc sweep (start-up seed; periodic in reduced mode);
+* :mod:`.pipeline` — the detect loop: correlator, scoring, findings, actions;
+* :mod:`.actions` — the action interface the responder plugs into;
+* :mod:`.log_output` — findings, actions and lifecycle events as log lines;
+* :mod:`.status_file` — the root-only state file ``gpuguard status`` reads;
+* :mod:`.selftest` and :mod:`.simulator` — ``gpuguard selftest`` and the
+  harmless miner simulator it runs.
+"""

@@ -1,0 +1,158 @@
+"""The agent's configuration file (/etc/gpuguard/agent.yaml): schema, defaults and validation.
+
+Every setting has a default, so the agent runs with no file at all.  The file
+is read like the rules: positions are kept (:mod:`gpuguard.detect.yaml_marks`)
+so an unknown key or a wrong type is reported as ``file:line:col``, and a file
+writable by anyone but root is refused (:mod:`gpuguard.detect.filecheck`).
+Command-line options override the file.  The ``response:`` section is not
+read here: it is passed untouched to the responder, which owns its schema.
+docs/agent.md documents every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuguard.detect.filecheck import untrusted_reason
+from gpuguard.detect.yaml_marks import MarkedDocument, load_marked_file
+from gpuguard.errors import GpuguardError
+
+DEFAULT_CONFIG_PATH = Path("/etc/gpuguard/agent.yaml")
+DEFAULT_STATUS_PATH = Path("/run/gpuguard/status.json")
+MODES = ("monitor", "enforce")
+SENSORS = ("auto", "ebpf", "proc")
+LOG_FORMATS = ("ecs", "ocsf", "cef")
+GPU_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
+
+
+@dataclass(slots=True)
+class AgentConfig:
+    """Every agent setting, with its default."""
+
+    mode: str = "monitor"
+    dry_run: bool = False
+    sensor: str = "auto"
+    rules: list[Path] | None = None            # None: shipped rules + /etc/gpuguard/*.yaml
+    log_path: str = "-"                        # "-" is stdout
+    log_format: str = "ecs"
+    metrics_address: str = ""                  # HOST:PORT; empty: no metrics endpoint
+    sample_interval_s: float = 1.0
+    gpu_sources: list[str] = field(default_factory=lambda: list(GPU_SOURCES))
+    sweep_interval_s: float = 3.0              # reduced mode: a /proc sweep this often
+    status_path: Path = DEFAULT_STATUS_PATH
+    status_interval_s: float = 2.0
+    intake_queue: int = 65536                  # events waiting for the correlator
+    output_queue: int = 10000                  # log lines waiting for the writer
+    max_processes: int = 8192
+    response: dict[str, Any] = field(default_factory=dict)   # the responder's, untouched
+    source: str = ""                           # the file these came from ("" for defaults)
+
+
+# key -> (field name, expected type(s), check).  Sections are nested dicts.
+_NUMBER = (int, float)
+_SCHEMA: dict[str, Any] = {
+    "mode": ("mode", str, MODES),
+    "dry_run": ("dry_run", bool, None),
+    "sensor": ("sensor", str, SENSORS),
+    "rules": ("rules", list, None),
+    "log": {"path": ("log_path", str, None), "format": ("log_format", str, LOG_FORMATS)},
+    "metrics": {"address": ("metrics_address", str, None)},
+    "sampling": {"interval_s": ("sample_interval_s", _NUMBER, (0.1, 3600)),
+                 "sources": ("gpu_sources", list, GPU_SOURCES)},
+    "sweep": {"interval_s": ("sweep_interval_s", _NUMBER, (0.5, 3600))},
+    "status": {"path": ("status_path", str, None), "interval_s": ("status_interval_s", _NUMBER, (0.2, 3600))},
+    "queues": {"intake": ("intake_queue", int, (64, 10_000_000)), "output": ("output_queue", int, (16, 10_000_000))},
+    "correlator": {"max_processes": ("max_processes", int, (16, 10_000_000))},
+    "response": ("response", dict, None),
+}
+_FIX = "correct the agent config (docs/agent.md lists every key)"
+
+
+def _check_value(doc: MarkedDocument, path: tuple, value: Any, kind: Any, check: Any) -> Any:
+    where = doc.at(path)
+    name = ".".join(str(p) for p in path)
+    if kind is bool or kind is int:
+        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    elif kind is _NUMBER:
+        ok = isinstance(value, _NUMBER) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        expected = {str: "text", bool: "true or false", int: "a whole number", list: "a list",
+                    dict: "a mapping"}.get(kind, "a number")
+        raise GpuguardError(f"{where}: {name} must be {expected}, not {value!r}", _FIX)
+    if isinstance(check, tuple) and check and isinstance(check[0], str):
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if item not in check:
+                raise GpuguardError(f"{where}: {name} {item!r} is not one of {', '.join(check)}", _FIX)
+    elif isinstance(check, tuple):
+        low, high = check
+        if not low <= value <= high:
+            raise GpuguardError(f"{where}: {name} {value} is outside {low}-{high}", _FIX)
+    return value
+
+
+def _apply(doc: MarkedDocument, data: dict, schema: dict, path: tuple, out: dict) -> None:
+    for key, value in data.items():
+        spec = schema.get(key)
+        if spec is None:
+            known = ", ".join(sorted(schema))
+            raise GpuguardError(f"{doc.key_at(path + (key,))}: unknown key {key!r} (known here: {known})", _FIX)
+        if isinstance(spec, dict):
+            if not isinstance(value, dict):
+                raise GpuguardError(f"{doc.at(path + (key,))}: {key} must be a mapping", _FIX)
+            _apply(doc, value, spec, path + (key,), out)
+            continue
+        name, kind, check = spec
+        out[name] = _check_value(doc, path + (key,), value, kind, check)
+
+
+def parse_config(doc: MarkedDocument) -> AgentConfig:
+    """An :class:`AgentConfig` from a parsed file; raises GpuguardError naming file:line."""
+    if doc.problems:
+        position, message = doc.problems[0]
+        raise GpuguardError(f"{position}: {message}", _FIX)
+    if doc.data is None:
+        return AgentConfig(source=doc.file)
+    if not isinstance(doc.data, dict):
+        raise GpuguardError(f"{doc.file}:1:1: the agent config must be a mapping of settings", _FIX)
+    values: dict[str, Any] = {}
+    _apply(doc, doc.data, _SCHEMA, (), values)
+    base = Path(doc.file).parent
+    if "rules" in values:
+        for i, item in enumerate(values["rules"]):
+            if not isinstance(item, str):
+                raise GpuguardError(f"{doc.at(('rules', i))}: rules entries must be file paths", _FIX)
+        values["rules"] = [(base / p) if not Path(p).is_absolute() else Path(p) for p in values["rules"]]
+    if "status_path" in values:
+        values["status_path"] = Path(values["status_path"])
+    return AgentConfig(source=doc.file, **values)
+
+
+def load_config(path: Path | None) -> AgentConfig:
+    """The config in ``path``; with ``None`` the default file if it exists, else the defaults."""
+    explicit = path is not None
+    path = path or DEFAULT_CONFIG_PATH
+    if not path.exists():
+        if explicit:
+            raise GpuguardError(f"agent config {path} does not exist", "give an existing file to --config")
+        return AgentConfig()
+    reason = untrusted_reason(path)
+    if reason is not None:
+        cause, fix = reason
+        raise GpuguardError(cause.replace("rules file", "agent config"), fix)
+    try:
+        doc = load_marked_file(path)
+    except OSError as exc:
+        raise GpuguardError(f"cannot read agent config {path}: {exc.strerror}", "check the path and permissions") from None
+    return parse_config(doc)
+
+
+def with_overrides(config: AgentConfig, **overrides: Any) -> AgentConfig:
+    """``config`` with every override that is not None applied (the command-line options)."""
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(config, **changes)

@@ -1,0 +1,59 @@
+"""A bounded queue between stages that drops (and counts) instead of blocking the producer.
+
+The sensor must never wait for the correlator: when the queue is full, what
+does not fit is dropped and counted against its producer, and the detect loop
+reports the drop as a lifecycle event.  The consumer waits on a condition
+variable (no busy-waiting) and takes everything queued at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, Callable
+
+
+class BoundedQueue:
+    """Many producers, one consumer; ``put_many`` never blocks."""
+
+    def __init__(self, capacity: int, on_drop: Callable[[str, int], None] | None = None) -> None:
+        self.capacity = capacity
+        self._items: deque = deque()
+        self._cond = threading.Condition()
+        self._on_drop = on_drop
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put_many(self, items: list[Any], producer: str) -> int:
+        """Queue what fits; returns how many were dropped."""
+        if not items:
+            return 0
+        with self._cond:
+            room = self.capacity - len(self._items)
+            kept = items if room >= len(items) else items[:max(room, 0)]
+            self._items.extend(kept)
+            dropped = len(items) - len(kept)
+            self._cond.notify()
+        if dropped and self._on_drop is not None:
+            self._on_drop(producer, dropped)
+        return dropped
+
+    def put(self, item: Any, producer: str) -> bool:
+        return self.put_many([item], producer) == 0
+
+    def take_all(self, timeout: float) -> list[Any]:
+        """Everything queued, waiting up to ``timeout`` seconds for the first item."""
+        with self._cond:
+            if not self._items and not self._closed:
+                self._cond.wait(timeout)
+            out = list(self._items)
+            self._items.clear()
+            return out
+
+    def wake(self) -> None:
+        """Wake a waiting consumer (shutdown, a signal)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()

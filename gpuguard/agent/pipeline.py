@@ -1,0 +1,478 @@
+"""The agent's detect loop and its start-up and teardown: thin wiring, no detection logic.
+
+Start-up is an ordered list of small steps (rules, log, sensor or reduced
+mode, correlator, seed sweep, samplers, sweeps, state file, signals); teardown
+always runs, whatever step failed: producers stop, what they queued is scored,
+a summary line is written, the probes are detached and the state file says
+the agent stopped.
+
+The loop takes everything the producers queued (waiting on a condition, never
+spinning), feeds the correlator, rescores the changed processes, writes a
+finding when a verdict first crosses a threshold or changes (not on every
+rescore), hands it to the action interface, and every few seconds refreshes
+the state file, expires old processes and reports drops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gpuguard.agent import status_file
+from gpuguard.agent.actions import ALERT_VERDICTS, make_responder
+from gpuguard.agent.config import AgentConfig, load_config, with_overrides
+from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.intake import BoundedQueue
+from gpuguard.agent.log_output import LogWriter
+from gpuguard.agent.producers import SamplerThread, SensorThread, SweepThread, sweep_once
+from gpuguard.correlate.state import ProcessKey
+from gpuguard.errors import GpuguardError
+from gpuguard.escape import escape_text
+from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
+from gpuguard.outputs.finding import finding_from_verdict
+
+HOUSEKEEPING_S = 10.0       # expire old processes and report drops this often
+RULE_FILE_CHECK_S = 2.0     # look for changed rule files this often
+REDUCED_MODE_BLIND_SPOTS = (
+    "processes that start and exit between two /proc sweeps (every {sweep:g} s) are not seen",
+    "GPU ioctl counts and rates are not seen (rules on ioctl commands cannot match)",
+    "network payloads (stratum logins, pool methods on the wire) are not seen",
+    "connections that open and close between sweeps, or live in another network namespace, are not seen",
+)
+
+
+def detect_verdicts(correlator: Any, now: float) -> list:
+    """The verdicts of the processes whose state changed: the one call into the scoring engine."""
+    return correlator.score(now)
+
+
+def rules_version(ruleset: Any) -> str:
+    """A short digest of the rule files' contents: equal on every host with the same rules."""
+    digest = hashlib.sha256()
+    for path in list(ruleset.sources) + list(ruleset.yara_files):
+        try:
+            digest.update(Path(path).read_bytes())
+        except OSError:
+            digest.update(str(path).encode())
+    return digest.hexdigest()[:12]
+
+
+def _stderr(line: str) -> None:
+    try:
+        os.write(2, (line + "\n").encode("utf-8", "backslashreplace"))
+    except OSError:
+        pass
+
+
+class Agent:
+    """One running agent.  ``run()`` blocks until SIGTERM/SIGINT (or :meth:`request_stop`)."""
+
+    def __init__(self, config: AgentConfig, *, config_path: Path | None = None,
+                 overrides: dict[str, Any] | None = None,
+                 sampler_openers: dict[str, Callable[[], Any]] | None = None,
+                 install_signals: bool = True, proc_root: str = "/proc",
+                 stderr: Callable[[str], None] = _stderr) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.overrides = overrides or {}
+        self.sampler_openers = sampler_openers
+        self.install_signals = install_signals
+        self.proc_root = proc_root
+        self.stderr = stderr
+        self.counters = AgentCounters(mode=config.mode)
+        self.stop = threading.Event()
+        self.ready = threading.Event()          # set once start-up finished (tests, selftest)
+        self.intake = BoundedQueue(config.intake_queue, on_drop=self._intake_dropped)
+        self.counters.intake_capacity = config.intake_queue
+        self.rules: Any = None                  # RuleSetHolder
+        self.writer: LogWriter | None = None
+        self.sensor: Any = None
+        self.correlator: Any = None
+        self.responder: Any = None
+        self.threads: list[threading.Thread] = []
+        self._reported: dict[ProcessKey, str] = {}     # verdict last written per process
+        self._hup = False
+        self._status_due = 0.0
+        self._status_soon = False
+        self._events_at_status = (time.monotonic(), 0)
+        self.events_per_s = 0.0
+        self._drops_reported = 0
+        self.housekeeping_s = HOUSEKEEPING_S
+
+    # -- plumbing ---------------------------------------------------------------------
+    def _intake_dropped(self, producer: str, count: int) -> None:
+        self.counters.intake_dropped[producer] += count
+
+    def emit(self, record: Any) -> None:
+        """Queue a record for the log (any thread)."""
+        if self.writer is not None:
+            self.writer.submit(record)
+
+    def lifecycle(self, action: str, message: str, **detail: Any) -> None:
+        self.emit(AgentLifecycle(time=time.time(), action=action, message=message, detail=detail))
+
+    def request_stop(self) -> None:
+        self.stop.set()
+        self.intake.wake()
+
+    def request_reload(self) -> None:
+        self._hup = True
+
+    # -- start-up steps, in order ----------------------------------------------------------
+    def _step_rules(self) -> None:
+        from gpuguard.detect.reload import RuleSetHolder
+
+        self.rules = RuleSetHolder(self.config.rules, log=lambda line: None)
+        self._note_rules()
+
+    def _note_rules(self) -> None:
+        # The digest is taken when a set is loaded: the files on disk may already be newer (and broken).
+        if self.rules.generation != self.counters.rules_generation:
+            self.counters.rules_version = rules_version(self.rules.current)
+        self.counters.rules_generation = self.rules.generation
+        self.counters.rules_error = self.rules.last_error
+
+    def _step_log(self) -> None:
+        self.writer = LogWriter(self.config.log_path, self.config.log_format, self.counters,
+                                capacity=self.config.output_queue, stderr=self.stderr)
+        self.writer.start()
+
+    def _step_sensor(self) -> None:
+        from gpuguard.sources.probe_source import ProbeSettings
+        from gpuguard.sources.sensor import Sensor
+
+        reason = "--sensor proc was asked for"
+        if self.config.sensor != "proc":
+            sensor = Sensor(ProbeSettings(), drain_interval=0.5)
+            try:
+                sensor.start()
+            except GpuguardError as exc:
+                sensor.close()
+                if self.config.sensor == "ebpf":
+                    raise
+                reason = f"eBPF sensor unavailable: {exc.one_line()}"
+            else:
+                self.sensor = sensor
+                return_freed_memory()     # compiling the probes leaves ~25 MB of LLVM heap free but mapped
+                self.counters.sensor_mode = "ebpf"
+                self.counters.probes_attached = _probes_attached(sensor)
+                return
+        self.counters.sensor_mode = "proc"
+        self.counters.blind_spots = [line.format(sweep=self.config.sweep_interval_s)
+                                     for line in REDUCED_MODE_BLIND_SPOTS]
+        self.lifecycle("degraded", f"reduced mode (/proc sweeps every {self.config.sweep_interval_s:g} s): {reason}",
+                       blind_spots=self.counters.blind_spots)
+        for line in self.counters.blind_spots:
+            self.stderr(f"gpuguard: reduced mode blind spot: {line}")
+
+    def _step_correlator(self) -> None:
+        from gpuguard.correlate.correlator import Correlator
+
+        self.correlator = Correlator(self.rules.current, max_processes=self.config.max_processes,
+                                     proc_root=self.proc_root, yara_scanner=self._yara_scanner(self.rules.current))
+        self.rules.on_change = self._use_ruleset
+        self._make_responder()
+
+    def _yara_scanner(self, ruleset: Any) -> Any:
+        """YARA over each new executable, with the verdict cache ``scan`` keeps; None without YARA files."""
+        if not ruleset.yara_files:
+            return None
+        from gpuguard.sources.yara_verdict_cache import PersistentYaraScanner
+
+        try:
+            scanner = PersistentYaraScanner.for_files(ruleset.yara_files)
+        except OSError as exc:
+            self.lifecycle("degraded", f"YARA scanning off: cannot read {exc.filename}: {exc.strerror}")
+            return None
+        if scanner.note:
+            self.lifecycle("degraded", f"YARA: {scanner.note}")
+        return scanner
+
+    def _use_ruleset(self, ruleset: Any) -> None:
+        """A reloaded rule set: rescore everything; a changed YARA file list gets a new scanner."""
+        old = self.correlator.yara_scanner
+        if [str(p) for p in ruleset.yara_files] != [str(p) for p in self.correlator.ruleset.yara_files]:
+            if old is not None:
+                old.save()
+            self.correlator.yara_scanner = self._yara_scanner(ruleset)
+        self.correlator.set_ruleset(ruleset)
+
+    def _make_responder(self) -> None:
+        self.responder = make_responder(self.config.response, self.config.mode, self.config.dry_run, self.emit)
+        self.counters.mode = self.config.mode
+
+    def _known(self, pid: int, start_time: float) -> bool:
+        return self.correlator.get(ProcessKey(pid, start_time)) is not None
+
+    def _step_seed(self) -> None:
+        """One /proc sweep before the loop: a miner that started before the agent is scored at once."""
+        self._feed(sweep_once(self.counters, self._known, self.proc_root))
+        self._score(time.time())
+
+    def _step_producers(self) -> None:
+        if self.sensor is not None:
+            self.threads.append(SensorThread(self.sensor, self.intake, self.counters, self.stop, self.emit))
+        else:
+            self.threads.append(SweepThread(self.intake, self.counters, self.stop, self.emit, self._known,
+                                            self.config.sweep_interval_s, self.proc_root))
+        for source, opener in self._sampler_openers().items():
+            self.threads.append(SamplerThread(source, opener, self.intake, self.counters, self.stop, self.emit,
+                                              interval=self.config.sample_interval_s))
+        for thread in self.threads:
+            thread.start()
+
+    def _sampler_openers(self) -> dict[str, Callable[[], Any]]:
+        if self.sampler_openers is not None:
+            return self.sampler_openers
+        from gpuguard.sources.gpu.sampler import SourceUnavailable, open_samplers
+
+        def opener(source: str) -> Callable[[], Any]:
+            def open_one() -> Any:
+                statuses: list[str] = []
+                samplers = open_samplers([source], proc_root=self.proc_root, on_status=statuses.append)
+                if not samplers:
+                    raise SourceUnavailable(statuses[0] if statuses else f"{source} is not available")
+                return samplers[0]
+            return open_one
+
+        return {source: opener(source) for source in self.config.gpu_sources}
+
+    def _step_metrics(self) -> None:
+        if self.config.metrics_address:
+            self.lifecycle("degraded", f"metrics endpoint {self.config.metrics_address} not started: "
+                                       "the metrics exporter is not part of this build")
+
+    def _step_signals(self) -> None:
+        if not self.install_signals:
+            return
+        signal.signal(signal.SIGTERM, lambda signum, frame: self.request_stop())
+        signal.signal(signal.SIGINT, lambda signum, frame: self.request_stop())
+        signal.signal(signal.SIGHUP, lambda signum, frame: self.request_reload())
+
+    def _step_started(self) -> None:
+        ruleset = self.rules.current
+        self.lifecycle("start", f"agent started: mode {self.config.mode}{' (dry run)' if self.config.dry_run else ''}, "
+                                f"sensor {self.counters.sensor_mode}, {len(ruleset.rules)} rules "
+                                f"(version {self.counters.rules_version}), {len(self.correlator)} processes seeded",
+                       mode=self.config.mode, sensor=self.counters.sensor_mode, pid=os.getpid(),
+                       rules=[str(p) for p in ruleset.sources], blind_spots=self.counters.blind_spots,
+                       config=self.config.source or None)
+        self._write_status(time.time())
+        self.ready.set()
+
+    # -- run ----------------------------------------------------------------------------
+    def run(self) -> int:
+        steps = (self._step_signals, self._step_rules, self._step_log, self._step_sensor, self._step_correlator,
+                 self._step_seed, self._step_producers, self._step_metrics, self._step_started)
+        try:
+            for step in steps:
+                if self.stop.is_set():
+                    break
+                step()
+            self._loop()
+        finally:
+            self._teardown()
+        return 0
+
+    def _loop(self) -> None:
+        next_housekeeping = next_rules_check = time.monotonic() + 1.0
+        while not self.stop.is_set():
+            items = self.intake.take_all(0.25)
+            now = time.time()
+            self.counters.intake_depth = len(self.intake)
+            self._feed(items)
+            mono = time.monotonic()
+            if self._hup:
+                self._hup = False
+                self._reload("SIGHUP")
+            elif mono >= next_rules_check:
+                next_rules_check = mono + RULE_FILE_CHECK_S
+                self._check_rule_files()
+            self._score(now)
+            if mono >= next_housekeeping:
+                next_housekeeping = mono + self.housekeeping_s
+                self._housekeeping(now)
+            if self._status_soon or mono >= self._status_due:
+                self._write_status(now)
+
+    def _feed(self, items: list) -> None:
+        feed = self.correlator.feed
+        for item in items:
+            try:
+                feed(item)
+            except Exception as exc:  # noqa: BLE001 - one malformed item must not stop detection
+                self.lifecycle("fault", f"could not correlate a {type(item).__name__}: {type(exc).__name__}: {exc}")
+        self.counters.items_correlated += len(items)
+
+    def _score(self, now: float) -> None:
+        started = time.perf_counter()
+        verdicts = detect_verdicts(self.correlator, now)
+        self.counters.observe_scoring(time.perf_counter() - started)
+        self.counters.processes_tracked = len(self.correlator)
+        for verdict in verdicts:
+            previous = self._reported.get(verdict.key, "clean")
+            if verdict.verdict == previous:
+                continue
+            self._reported[verdict.key] = verdict.verdict
+            self._report_finding(verdict, now)
+
+    def _report_finding(self, verdict: Any, now: float) -> None:
+        state = self.correlator.get(verdict.key)
+        facts = state.facts if state is not None else None
+        finding = finding_from_verdict(verdict, facts, self.rules.current)
+        self.emit(finding)
+        self.counters.findings[(finding.rule_id, verdict.verdict)] += 1
+        found = time.time()               # after scoring: the moment the finding exists (time to detect)
+        self.counters.last_findings.append({
+            "time": found, "pid": verdict.pid, "start_time": verdict.key.start_time,
+            "comm": escape_text(verdict.comm), "verdict": verdict.verdict, "score": verdict.score,
+            "rule_ids": finding.rule_ids, "allowlisted": verdict.allowlisted})
+        self._status_soon = True
+        if verdict.verdict in ALERT_VERDICTS and not verdict.allowlisted:
+            try:
+                outcomes = self.responder(verdict, state, now)
+            except Exception as exc:  # noqa: BLE001 - a failing action is an outcome, not a crash
+                outcomes = [ActionOutcome(time=now, action=verdict.action, status="failed", pid=verdict.pid,
+                                          comm=verdict.comm, verdict=verdict.verdict, score=verdict.score,
+                                          reason=f"{type(exc).__name__}: {exc}")]
+            for outcome in outcomes:
+                self.counters.actions[(outcome.action, outcome.status)] += 1
+                self.counters.last_actions.append({
+                    "time": outcome.time, "pid": outcome.pid, "action": outcome.action, "status": outcome.status,
+                    "reason": escape_text(outcome.reason)})
+                self.emit(outcome)
+
+    def _housekeeping(self, now: float) -> None:
+        self.correlator.expire(now)
+        return_freed_memory()
+        for key in [k for k in self._reported if self.correlator.get(k) is None]:
+            del self._reported[key]
+        drops = self.counters.drops_total()
+        if drops > self._drops_reported:
+            self.lifecycle("drops", f"{drops - self._drops_reported} events or lines could not be handled "
+                                    f"in the last {self.housekeeping_s:g} s (capacity exceeded)",
+                           ring_lost=dict(self.counters.ring_lost), intake_dropped=dict(self.counters.intake_dropped),
+                           output_dropped=self.counters.output_dropped)
+            self._drops_reported = drops
+
+    def _check_rule_files(self) -> None:
+        """A rule file changed on disk: the holder reloads it (or keeps the last good set); say which."""
+        generation, error = self.rules.generation, self.rules.last_error
+        self.rules.poll()
+        self._note_rules()
+        if self.rules.generation != generation:
+            self.lifecycle("reload", f"rules reloaded (rule files changed): version {self.counters.rules_version}",
+                           generation=self.rules.generation)
+        elif self.rules.last_error and self.rules.last_error != error:
+            self.lifecycle("reload-failed", "rules not reloaded (rule files changed); keeping the previous rules: "
+                                            f"{self.rules.last_error}")
+
+    def _reload(self, reason: str) -> None:
+        """SIGHUP: read the config and the rules again; a broken file keeps the last good ones."""
+        if self.config_path is not None or self.config.source:
+            try:
+                config = with_overrides(load_config(self.config_path or Path(self.config.source)), **self.overrides)
+            except GpuguardError as exc:
+                self.lifecycle("reload-failed", f"config not reloaded ({reason}); keeping the previous settings: "
+                                                f"{exc.one_line()}")
+                config = self.config
+            else:
+                restart = [name for name in ("sensor", "log_path", "log_format", "metrics_address", "status_path")
+                           if getattr(config, name) != getattr(self.config, name)]
+                if restart:
+                    self.lifecycle("reload", f"changed settings need a restart to apply: {', '.join(restart)}")
+                    for name in restart:
+                        setattr(config, name, getattr(self.config, name))
+                self.config = config
+                self.rules.paths = [Path(p) for p in config.rules] if config.rules is not None else None
+                self._make_responder()
+        if self.rules.reload(reason):
+            self._note_rules()
+            self.lifecycle("reload", f"rules reloaded ({reason}): {len(self.rules.current.rules)} rules, "
+                                     f"version {self.counters.rules_version}", generation=self.rules.generation)
+        else:
+            self._note_rules()
+            self.lifecycle("reload-failed", f"rules not reloaded ({reason}); keeping the previous rules "
+                                            f"(version {self.counters.rules_version}): {self.rules.last_error}")
+            self.stderr(f"gpuguard: rules not reloaded; keeping the previous rules: {self.rules.last_error}")
+        self._status_soon = True
+
+    # -- state file ---------------------------------------------------------------------
+    def status_document(self, now: float, running: bool = True) -> dict[str, Any]:
+        mono = time.monotonic()
+        then, events_then = self._events_at_status
+        if mono - then >= 1.0:
+            self.events_per_s = (self.counters.events_total() - events_then) / (mono - then)
+            self._events_at_status = (mono, self.counters.events_total())
+        sources = [str(p) for p in self.rules.current.sources] if self.rules else []
+        return status_file.status_document(self.counters, self.config, sources, self.events_per_s, now, running)
+
+    def _write_status(self, now: float, running: bool = True) -> None:
+        self._status_soon = False
+        self._status_due = time.monotonic() + self.config.status_interval_s
+        try:
+            status_file.write_status(self.config.status_path, self.status_document(now, running))
+        except OSError as exc:
+            self.counters.output_errors += 1
+            if self.counters.last_output_error != f"status: {exc.strerror}":
+                self.counters.last_output_error = f"status: {exc.strerror}"
+                self.stderr(f"gpuguard: cannot write the state file {self.config.status_path}: {exc.strerror}")
+
+    # -- teardown (always runs) -------------------------------------------------------------
+    def _teardown(self) -> None:
+        self.stop.set()
+        self.intake.wake()
+        for thread in self.threads:
+            thread.join(timeout=10)
+        if self.correlator is not None:
+            try:
+                self._feed(self.intake.take_all(0))
+                self._score(time.time())
+            except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
+                self.stderr(f"gpuguard: final scoring failed: {type(exc).__name__}: {exc}")
+        c = self.counters
+        summary = (f"agent stopped after {time.time() - c.started:.0f} s: {c.events_total()} events, "
+                   f"{sum(c.findings.values())} findings, {sum(c.actions.values())} actions, "
+                   f"drops: ring {sum(c.ring_lost.values())}, intake {sum(c.intake_dropped.values())}, "
+                   f"log {c.output_dropped}")
+        self.lifecycle("stop", summary, events=c.events_total(), findings=sum(c.findings.values()),
+                       ring_lost=dict(c.ring_lost), intake_dropped=dict(c.intake_dropped))
+        scanner = getattr(self.correlator, "yara_scanner", None)
+        if scanner is not None:
+            try:
+                scanner.save()
+            except OSError as exc:
+                self.stderr(f"gpuguard: cannot save the YARA verdict cache: {exc.strerror}")
+        if self.sensor is not None:
+            try:
+                self.sensor.close()       # detaches every probe
+            except Exception as exc:  # noqa: BLE001
+                self.stderr(f"gpuguard: detaching the probes failed: {type(exc).__name__}: {exc}")
+            self.sensor = None
+        if self.ready.is_set():
+            self._write_status(time.time(), running=False)
+        if self.writer is not None:
+            self.writer.close()
+        if self.ready.is_set():       # a failed start-up says only its one error line
+            self.stderr(f"gpuguard: {summary}")
+
+
+def return_freed_memory() -> None:
+    """Give freed heap back to the kernel (glibc keeps it mapped otherwise), so RSS shows what is in use."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass    # not glibc: nothing to do
+
+
+def _probes_attached(sensor: Any) -> int:
+    bpf = getattr(sensor, "_bpf", None)
+    if bpf is None:
+        return 0
+    return len(getattr(bpf, "tracepoint_fds", {})) + len(getattr(bpf, "raw_tracepoint_fds", {}))

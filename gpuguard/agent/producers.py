@@ -1,0 +1,212 @@
+"""The agent's producers, each on its own thread, each feeding the intake queue.
+
+* :class:`SensorThread` polls the eBPF sensor (it blocks in the ring buffer's
+  epoll, never spins) and queues its events;
+* :class:`SamplerThread` samples one GPU source at a steady rate, so a slow
+  driver call (NVML's PCIe throughput sleeps 20 ms inside the call) delays only
+  its own thread; a sampler that raises is reported and reopened with backoff;
+* :class:`SweepThread` walks /proc (the observation ``scan`` uses) every few
+  seconds in reduced mode; :func:`sweep_items` turns one walk into the items
+  the correlator takes, and also seeds the correlator once at start.
+
+A producer never blocks on a full queue: what does not fit is dropped and
+counted (:class:`~gpuguard.agent.intake.BoundedQueue`).  Faults are reported
+through ``emit`` as :class:`AgentLifecycle` events and never end the thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.intake import BoundedQueue
+from gpuguard.events.agent_events import AgentLifecycle
+from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.events.model import Lost
+
+Emit = Callable[[AgentLifecycle], None]
+FAULT_REPEAT_S = 60.0         # a fault that persists is reported again this often
+REOPEN_AFTER_FAILURES = 3     # consecutive raising samples before the sampler is reopened
+MAX_BACKOFF_S = 60.0
+
+
+def _fault(emit: Emit, message: str, **detail: Any) -> None:
+    emit(AgentLifecycle(time=time.time(), action="fault", message=message, detail=detail))
+
+
+class SensorThread(threading.Thread):
+    """Polls the sensor until ``stop`` is set, then drains it once more."""
+
+    def __init__(self, sensor: Any, intake: BoundedQueue, counters: AgentCounters, stop: threading.Event,
+                 emit: Emit) -> None:
+        super().__init__(name="gpuguard-sensor", daemon=True)
+        self.sensor, self.intake, self.counters, self.stop, self.emit = sensor, intake, counters, stop, emit
+
+    def _queue(self, events: list) -> None:
+        for event in events:
+            self.counters.events_by_kind[event.kind] += 1
+            if isinstance(event, Lost):
+                self.counters.ring_lost[event.what] += event.count
+        self.intake.put_many(events, "sensor")
+
+    def run(self) -> None:
+        last_fault = 0.0
+        while not self.stop.is_set():
+            try:
+                self._queue(self.sensor.poll(100))
+            except Exception as exc:  # noqa: BLE001 - the sensor thread must outlive one bad poll
+                now = time.monotonic()
+                if now - last_fault > FAULT_REPEAT_S:
+                    last_fault = now
+                    _fault(self.emit, f"sensor poll failed: {type(exc).__name__}: {exc}; retrying", source="sensor")
+                self.stop.wait(1.0)
+        try:
+            self._queue(self.sensor.drain())
+        except Exception as exc:  # noqa: BLE001
+            _fault(self.emit, f"final sensor drain failed: {type(exc).__name__}: {exc}", source="sensor")
+
+
+class SamplerThread(threading.Thread):
+    """Samples one GPU source every ``interval`` seconds; reopens it when it keeps raising."""
+
+    def __init__(self, source: str, opener: Callable[[], Any], intake: BoundedQueue, counters: AgentCounters,
+                 stop: threading.Event, emit: Emit, interval: float = 1.0, reopen_s: float = 60.0) -> None:
+        super().__init__(name=f"gpuguard-sampler-{source}", daemon=True)
+        self.source, self.opener = source, opener
+        self.intake, self.counters, self.stop, self.emit = intake, counters, stop, emit
+        self.interval, self.reopen_s = interval, reopen_s
+        self.sampler: Any = None
+        self.unavailable: str | None = None    # why the source cannot be opened here
+
+    def open(self) -> bool:
+        """Open the source; a source that cannot work here is reported once (not a fault)."""
+        from gpuguard.sources.gpu.sampler import SourceUnavailable
+
+        try:
+            self.sampler = self.opener()
+        except SourceUnavailable as exc:
+            line = exc.one_line()
+            if line != self.unavailable:
+                self.emit(AgentLifecycle(time=time.time(), action="degraded",
+                                         message=f"GPU source {self.source}: {line}",
+                                         detail={"source": self.source}))
+            self.unavailable = line
+            return False
+        except Exception as exc:  # noqa: BLE001 - a broken library must not stop the agent
+            self.counters.sampler_errors[self.source] += 1
+            _fault(self.emit, f"GPU source {self.source} failed to open: {type(exc).__name__}: {exc}; retrying",
+                   source=self.source)
+            return False
+        self.unavailable = None
+        return True
+
+    def _close(self) -> None:
+        if self.sampler is not None:
+            try:
+                self.sampler.close()
+            except Exception:  # noqa: BLE001 - closing a broken sampler is best effort
+                pass
+            self.sampler = None
+
+    def _record(self, snapshot: GpuSnapshot) -> None:
+        for line in snapshot.errors:
+            _fault(self.emit, f"GPU source {self.source}: {line}", source=self.source)
+        gpus = self.counters.gpus
+        for dev in snapshot.devices:
+            gpus[(dev.vendor, dev.index)] = {
+                "name": dev.name, "util": dev.gpu_util, "memory_used": dev.memory_used,
+                "memory_total": dev.memory_total, "power_w": dev.power_w,
+                "lost": dev.extra.get("state") == "lost"}
+        self.intake.put(snapshot, "sampler")
+
+    def run(self) -> None:
+        failures = 0
+        last_fault = 0.0
+        backoff = self.interval
+        next_open = 0.0
+        next_tick = time.monotonic()
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if self.sampler is None:
+                if now >= next_open and not self.open():
+                    next_open = now + self.reopen_s
+                if self.sampler is None:
+                    self.stop.wait(max(0.05, min(self.reopen_s, next_open - now)))
+                    continue
+            cpu_before = time.thread_time()
+            try:
+                snapshot = self.sampler.sample()
+            except Exception as exc:  # noqa: BLE001 - reported and retried, never fatal
+                failures += 1
+                self.counters.sampler_errors[self.source] += 1
+                if now - last_fault >= FAULT_REPEAT_S or failures == 1:
+                    last_fault = now
+                    _fault(self.emit, f"GPU source {self.source} raised {type(exc).__name__}: {exc}; "
+                                      f"retrying (failure {failures})", source=self.source, failures=failures)
+                if failures % REOPEN_AFTER_FAILURES == 0:
+                    self._close()
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    next_open = time.monotonic() + backoff
+                snapshot = None
+            else:
+                if failures:
+                    self.emit(AgentLifecycle(time=time.time(), action="recovered",
+                                             message=f"GPU source {self.source} works again after {failures} failures",
+                                             detail={"source": self.source}))
+                failures, backoff = 0, self.interval
+            finally:
+                self.counters.sampler_seconds[self.source] += time.thread_time() - cpu_before
+            if snapshot is not None:
+                self.counters.samples[self.source] += 1
+                self._record(snapshot)
+            next_tick += self.interval
+            wait = next_tick - time.monotonic()
+            if wait < 0:      # a slow sample: skip the missed ticks instead of bursting
+                next_tick = time.monotonic()
+                wait = 0
+            self.stop.wait(wait)
+        self._close()
+
+
+def sweep_items(obs: Any, known: Callable[[int, float], bool]) -> list:
+    """The correlator items of one /proc walk: facts of processes not yet tracked
+    (``known(pid, start_time)``), then GPU-open and connect events for every process."""
+    items: list = [f for f in sorted(obs.facts.values(), key=lambda f: (f.start_time, f.pid))
+                   if not known(f.pid, f.start_time)]
+    items.extend(obs.events())
+    return items
+
+
+class SweepThread(threading.Thread):
+    """Reduced mode: a /proc walk every ``interval`` seconds, queued as correlator items."""
+
+    def __init__(self, intake: BoundedQueue, counters: AgentCounters, stop: threading.Event, emit: Emit,
+                 known: Callable[[int, float], bool], interval: float = 3.0, proc_root: str = "/proc") -> None:
+        super().__init__(name="gpuguard-sweep", daemon=True)
+        self.intake, self.counters, self.stop, self.emit = intake, counters, stop, emit
+        self.known, self.interval, self.proc_root = known, interval, proc_root
+
+    def run(self) -> None:
+        last_fault = 0.0
+        while not self.stop.wait(self.interval):
+            try:
+                self.intake.put_many(sweep_once(self.counters, self.known, self.proc_root), "sweep")
+            except Exception as exc:  # noqa: BLE001 - the next sweep may work
+                now = time.monotonic()
+                if now - last_fault > FAULT_REPEAT_S:
+                    last_fault = now
+                    _fault(self.emit, f"/proc sweep failed: {type(exc).__name__}: {exc}; retrying", source="sweep")
+
+
+def sweep_once(counters: AgentCounters, known: Callable[[int, float], bool], proc_root: str = "/proc") -> list:
+    """One /proc walk (no CPU window, no GPU sampling: the samplers run on their own)."""
+    from gpuguard.sources.host_observation import observe_host
+
+    started = time.perf_counter()
+    obs = observe_host(cpu_sample_s=0.0, proc_root=proc_root, gpu=False)
+    items = sweep_items(obs, known)
+    counters.sweeps += 1
+    counters.sweep_seconds += time.perf_counter() - started
+    return items

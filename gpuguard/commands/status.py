@@ -1,0 +1,61 @@
+"""`gpuguard status`: is an agent running here, and what is it seeing (from its state file)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from gpuguard.agent.config import DEFAULT_STATUS_PATH
+
+HELP = "show whether the agent runs, its mode, rules, probes, event rate, drops and last findings"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-file", type=Path, default=DEFAULT_STATUS_PATH, metavar="PATH",
+                        help=f"the agent's state file (default {DEFAULT_STATUS_PATH})")
+    parser.add_argument("--json", action="store_true", help="print the state document as JSON")
+
+
+def render(doc: dict, alive: bool, why: str, now: float) -> list[str]:
+    from gpuguard.escape import escape_text
+
+    rules = doc.get("rules", {})
+    drops = doc.get("drops", {})
+    lines = [
+        f"agent:      {'running' if alive else 'not running'} ({why}), pid {doc.get('pid')}, "
+        f"up {now - float(doc.get('started', now)):.0f} s",
+        f"mode:       {doc.get('mode')}{' (dry run)' if doc.get('dry_run') else ''}",
+        f"sensor:     {doc.get('sensor')}, {doc.get('probes_attached', 0)} probes attached",
+        f"rules:      version {rules.get('version')} (generation {rules.get('generation')})"
+        + (f"; last reload FAILED: {escape_text(rules['error'])}" if rules.get("error") else ""),
+        f"events:     {doc.get('events_per_s', 0)}/s, {doc.get('events_total', 0)} in all; "
+        f"{doc.get('processes_tracked', 0)} processes tracked",
+        f"drops:      ring {sum(drops.get('ring_lost', {}).values())}, intake {sum(drops.get('intake', {}).values())}, "
+        f"log {drops.get('output', 0)} (log write errors {drops.get('output_errors', 0)})",
+    ]
+    for spot in doc.get("blind_spots", []):
+        lines.append(f"blind spot: {escape_text(spot)}")
+    findings = doc.get("last_findings", [])
+    lines.append(f"last findings ({len(findings)}):" if findings else "last findings: none")
+    for f in reversed(findings[-10:]):
+        when = time.strftime("%H:%M:%S", time.localtime(float(f.get("time", 0))))
+        lines.append(f"  {when} pid {f.get('pid')} {escape_text(f.get('comm', ''))}: {f.get('verdict')} "
+                     f"score {f.get('score')} ({', '.join(escape_text(r) for r in f.get('rule_ids', [])[:4])})")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuguard.agent.status_file import agent_alive, read_status
+
+    doc = read_status(args.state_file)
+    now = time.time()
+    alive, why = agent_alive(doc, now)
+    if args.json:
+        json.dump({**doc, "alive": alive, "alive_reason": why}, sys.stdout, indent=2, ensure_ascii=True)
+        sys.stdout.write("\n")
+    else:
+        print("\n".join(render(doc, alive, why, now)))
+    return 0 if alive else 3

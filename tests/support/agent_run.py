@@ -1,0 +1,119 @@
+"""Run ``gpuguard agent`` as a subprocess for tests, and read what it writes (log lines, state file)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from gpuguard.agent.simulator import parse_ready, start_simulator, stop_simulator
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+class AgentProcess:
+    """One agent subprocess with its own state file and log under ``workdir``."""
+
+    def __init__(self, workdir: Path, *args: str, log_to_stdout: bool = False, wrapper: tuple[str, ...] = (),
+                 log_path: Path | None = None) -> None:
+        self.workdir = workdir
+        self.state = workdir / "status.json"
+        self.log = log_path or workdir / "agent.log"
+        log = "-" if log_to_stdout else str(self.log)
+        argv = [*wrapper, sys.executable, "-m", "gpuguard", "agent", "--state-file", str(self.state), "--log", log, *args]
+        self.stderr_path = workdir / "agent.stderr"
+        self.proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE if log_to_stdout else subprocess.DEVNULL,
+                                     stderr=open(self.stderr_path, "wb"))
+        self.started = time.time()
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def wait_ready(self, timeout: float = 90) -> dict[str, Any]:
+        doc = self.wait_status(lambda d: d.get("running") and d.get("pid") == self.proc.pid, timeout)
+        return doc
+
+    def wait_status(self, predicate: Callable[[dict], Any], timeout: float = 20) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            doc = self.status()
+            if doc and predicate(doc):
+                return doc
+            if self.proc.poll() is not None:
+                raise AssertionError(f"agent exited with {self.proc.returncode}: {self.stderr()}")
+            time.sleep(0.05)
+        raise AssertionError(f"state file never matched; last: {json.dumps(self.status())[:2000]}\n{self.stderr()}")
+
+    def records(self) -> list[dict[str, Any]]:
+        try:
+            return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def wait_record(self, predicate: Callable[[dict], Any], timeout: float = 20) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for record in self.records():
+                if predicate(record):
+                    return record
+            time.sleep(0.05)
+        raise AssertionError(f"no matching log record; stderr: {self.stderr()}")
+
+    def stderr(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@contextlib.contextmanager
+def running_agent(workdir: Path, *args: str, **kwargs: Any) -> Iterator[AgentProcess]:
+    agent = AgentProcess(workdir, *args, **kwargs)
+    try:
+        agent.wait_ready()
+        yield agent
+    finally:
+        agent.stop()
+
+
+@contextlib.contextmanager
+def miner_simulator() -> Iterator[dict[str, Any]]:
+    """The shipped selftest simulator; yields {"pid", "start", "pool"}."""
+    sim = start_simulator()
+    try:
+        line = sim.stdout.readline().decode()
+        ready = parse_ready(line)
+        yield {"pid": int(ready["pid"]), "start": ready["start"], "pool": int(ready["pool"])}
+    finally:
+        stop_simulator(sim)
+
+
+def finding_for(pid: int) -> Callable[[dict], bool]:
+    """A predicate: an ECS finding about ``pid``."""
+    return lambda r: r.get("gpuguard", {}).get("kind") == "process" and r.get("process", {}).get("pid") == pid
+
+
+def lifecycle(action: str) -> Callable[[dict], bool]:
+    return lambda r: r.get("gpuguard", {}).get("kind") == "lifecycle" and r["event"]["action"] == action

@@ -1,0 +1,103 @@
+"""The agent config file: defaults, file:line errors, untrusted files, overrides (no root needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuguard.agent.config import AgentConfig, load_config, with_overrides
+from gpuguard.errors import GpuguardError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    os.chmod(path, mode)
+    os.chmod(tmp_path, 0o700)
+    return path
+
+
+def test_no_file_gives_every_default(tmp_path):
+    config = load_config(None) if not Path("/etc/gpuguard/agent.yaml").exists() else AgentConfig()
+    assert config.mode == "monitor" and config.sensor == "auto" and config.log_path == "-"
+    assert config.log_format == "ecs" and config.sample_interval_s == 1.0 and config.response == {}
+
+
+def test_full_file_is_read(tmp_path):
+    path = write(tmp_path, """
+mode: enforce
+dry_run: true
+sensor: proc
+rules: [site.yaml, /etc/gpuguard/extra.yaml]
+log: {path: /var/log/gpuguard/agent.log, format: ocsf}
+metrics: {address: "127.0.0.1:9108"}
+sampling: {interval_s: 2, sources: [nvml]}
+sweep: {interval_s: 5}
+status: {path: /tmp/x.json, interval_s: 1}
+queues: {intake: 1000, output: 100}
+correlator: {max_processes: 500}
+response:
+  malicious: [kill, block-egress]
+  anything_the_responder_defines: {nested: true}
+""")
+    config = load_config(path)
+    assert config.mode == "enforce" and config.dry_run and config.sensor == "proc"
+    assert config.rules == [tmp_path / "site.yaml", Path("/etc/gpuguard/extra.yaml")]
+    assert (config.log_path, config.log_format, config.metrics_address) == ("/var/log/gpuguard/agent.log", "ocsf",
+                                                                             "127.0.0.1:9108")
+    assert config.sample_interval_s == 2 and config.gpu_sources == ["nvml"] and config.sweep_interval_s == 5
+    assert config.status_path == Path("/tmp/x.json") and config.intake_queue == 1000 and config.max_processes == 500
+    # passed through untouched: the responder owns this schema
+    assert config.response == {"malicious": ["kill", "block-egress"],
+                               "anything_the_responder_defines": {"nested": True}}
+
+
+@pytest.mark.parametrize("text, where, words", [
+    ("mode: monitor\nlogg: {path: x}\n", ":2:1", "unknown key 'logg'"),
+    ("log:\n  path: x\n  colour: red\n", ":3:3", "unknown key 'colour'"),
+    ("mode: sometimes\n", ":1:7", "'sometimes' is not one of monitor, enforce"),
+    ("sampling:\n  interval_s: fast\n", ":2:15", "sampling.interval_s must be a number"),
+    ("sweep: {interval_s: 0}\n", ":1:21", "outside"),
+    ("dry_run: 1\n", ":1:10", "true or false"),
+    ("mode: monitor\nmode: enforce\n", ":2:1", "duplicate key"),
+    ("log: [a\n", ":", "YAML syntax error"),
+    ("- mode\n", ":1:1", "must be a mapping"),
+])
+def test_errors_name_file_line_and_column(tmp_path, text, where, words):
+    path = write(tmp_path, text)
+    with pytest.raises(GpuguardError) as info:
+        load_config(path)
+    line = info.value.one_line()
+    assert f"{path}{where}" in line and words in line, line
+
+
+def test_file_writable_by_others_is_refused(tmp_path):
+    path = write(tmp_path, "mode: monitor\n", mode=0o666)
+    with pytest.raises(GpuguardError, match="refusing agent config .* writable by group/others"):
+        load_config(path)
+
+
+def test_missing_explicit_file_is_an_error(tmp_path):
+    with pytest.raises(GpuguardError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_command_line_overrides_the_file(tmp_path):
+    config = load_config(write(tmp_path, "mode: enforce\nsensor: proc\n"))
+    changed = with_overrides(config, mode="monitor", sensor=None, log_path="/tmp/l")
+    assert (changed.mode, changed.sensor, changed.log_path) == ("monitor", "proc", "/tmp/l")
+
+
+def test_cli_reports_a_bad_config_in_one_line_and_exits_2(tmp_path):
+    path = write(tmp_path, "mode: monitor\nsensorr: proc\n")
+    run = subprocess.run([sys.executable, "-m", "gpuguard", "agent", "--config", str(path)],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1 and f"{path}:2:1: unknown key 'sensorr'" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -1,0 +1,133 @@
+"""The agent survives its own faults: a sampler that raises, a GPU that falls off the bus, a full queue.
+
+The agent runs in this process (reduced mode, so no probes are compiled) with
+the NVML sampler opened over the faithful fake ``pynvml``; everything else is
+real: /proc sweeps, the correlator, the log file and the state file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuguard.agent.config import AgentConfig, load_config, with_overrides
+from gpuguard.agent.pipeline import Agent
+from gpuguard.sources.gpu import nvml
+from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
+
+pytestmark = pytest.mark.root
+
+
+def _records(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def _until(predicate, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition never became true")
+
+
+@pytest.fixture
+def agent_with_fake_nvml(tmp_path):
+    fake = FakeNvml([FakeGpu(util_gpu=97, memory_used=70_000 * 1024 * 1024)])
+    config = AgentConfig(sensor="proc", log_path=str(tmp_path / "agent.log"), status_path=tmp_path / "status.json",
+                         sample_interval_s=0.1, sweep_interval_s=0.5, intake_queue=64, status_interval_s=0.5)
+    agent = Agent(config, install_signals=False, stderr=lambda line: None,
+                  sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)})
+    agent.housekeeping_s = 0.5
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    assert agent.ready.wait(60), "the agent did not start"
+    yield agent, fake, tmp_path / "agent.log"
+    agent.request_stop()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_a_sampler_that_raises_is_reported_and_retried(agent_with_fake_nvml):
+    agent, fake, log = agent_with_fake_nvml
+    _until(lambda: agent.counters.samples["nvml"] >= 3)
+    real = fake.module.nvmlDeviceGetUtilizationRates
+
+    def broken(handle):
+        raise OSError("ctypes: bad handle")
+
+    fake.module.nvmlDeviceGetUtilizationRates = broken
+    _until(lambda: agent.counters.sampler_errors["nvml"] >= 4)     # past one reopen
+    fake.module.nvmlDeviceGetUtilizationRates = real
+    samples = agent.counters.samples["nvml"]
+    _until(lambda: agent.counters.samples["nvml"] > samples + 2)   # sampling resumed, same agent
+    records = _records(log)
+    faults = [r for r in records if r["event"].get("action") == "fault" and "nvml" in r["message"]]
+    assert faults and "OSError: ctypes: bad handle" in faults[0]["message"]
+    assert _until(lambda: any(r["event"].get("action") == "recovered" for r in _records(log)))
+    assert agent.counters.gpus[("nvidia", 0)]["util"] == 97
+
+
+def test_a_gpu_that_falls_off_the_bus_is_reported_and_comes_back(agent_with_fake_nvml):
+    agent, fake, log = agent_with_fake_nvml
+    _until(lambda: agent.counters.samples["nvml"] >= 2)
+    fake.gpus[0].lost = True
+    _until(lambda: agent.counters.gpus[("nvidia", 0)]["lost"])
+    lost = _until(lambda: [r for r in _records(log) if r["event"].get("action") == "fault" and "lost" in r["message"].lower()])
+    assert "nvml" in lost[0]["message"]
+    fake.gpus[0].lost = False
+    _until(lambda: not agent.counters.gpus[("nvidia", 0)]["lost"])
+    assert agent.counters.sampler_errors["nvml"] == 0     # reported by the sampler, not raised
+
+
+def test_a_burst_beyond_capacity_is_counted_and_reported(agent_with_fake_nvml):
+    agent, _fake, log = agent_with_fake_nvml
+    # 150 new processes: the next sweep queues one facts record each, far more than the 64-item intake holds
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(150)]
+    try:
+        _until(lambda: agent.counters.intake_dropped["sweep"] > 0)
+    finally:
+        for proc in sleepers:
+            proc.kill()
+            proc.wait()
+    drops = _until(lambda: [r for r in _records(log) if r["event"].get("action") == "drops"])
+    assert drops[0]["gpuguard"]["detail"]["intake_dropped"]["sweep"] > 0
+    status = json.loads(agent.config.status_path.read_text())
+    _until(lambda: json.loads(agent.config.status_path.read_text())["drops"]["intake"].get("sweep", 0) > 0)
+    assert status["sensor"] == "proc"
+
+
+def test_sighup_with_a_broken_config_keeps_the_last_good_settings(tmp_path):
+    config_file = tmp_path / "agent.yaml"
+    config_file.write_text("mode: monitor\nsweep: {interval_s: 0.5}\n")
+    os.chmod(config_file, 0o600)
+    os.chmod(tmp_path, 0o700)
+    config = load_config(config_file)
+    config = with_overrides(config, log_path=str(tmp_path / "agent.log"), status_path=tmp_path / "status.json",
+                            sensor="proc", gpu_sources=[])
+    agent = Agent(config, config_path=config_file, install_signals=False, stderr=lambda line: None,
+                  overrides={"log_path": config.log_path, "status_path": config.status_path, "sensor": "proc"})
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        assert agent.ready.wait(60)
+        config_file.write_text("mode: enforce\nsweep: {interval_s: never}\n")
+        agent.request_reload()
+        failed = _until(lambda: [r for r in _records(tmp_path / "agent.log")
+                                 if r["event"].get("action") == "reload-failed" and "config" in r["message"]])
+        assert f"{config_file}:2:" in failed[0]["message"] and "keeping the previous settings" in failed[0]["message"]
+        assert agent.config.mode == "monitor" and agent.config.sweep_interval_s == 0.5
+        config_file.write_text("mode: enforce\n")
+        agent.request_reload()
+        _until(lambda: agent.config.mode == "enforce")
+        assert agent.counters.mode == "enforce"
+    finally:
+        agent.request_stop()
+        thread.join(30)

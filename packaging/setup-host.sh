@@ -24,7 +24,10 @@ die() { printf 'gpuguard-setup: %s\n' "$*" >&2; exit 2; }
 command -v apt-get >/dev/null || die "apt-get not found: this script sets up Debian/Ubuntu hosts (fix: install bcc, kernel headers and python3-venv by hand, then pip install -e .)"
 
 DEBS=(python3-bpfcc python3-venv python3-pip python3-nftables nftables iproute2 gcc libc6-dev util-linux procps
-      prometheus rsyslog systemd logrotate)
+      systemd logrotate)
+# Real parts the tests talk to (a Prometheus server scraping the agent, rsyslog
+# receiving CEF): not needed to run the agent, so `run` does not install them.
+[ "$job" = run ] || DEBS+=(prometheus rsyslog)
 missing=()
 for p in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -119,6 +119,12 @@ class CgroupBlocker:
             majors[majors.Key(major)] = majors.Leaf(1)
         self._bpf = bpf
 
+    def close(self) -> None:
+        """Unload the programs; attachments and pins stay (they are the blocks)."""
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+
     def _attach(self, block_id: str, names: tuple[str, ...], cgroup_dir: str) -> list[dict[str, Any]]:
         pins = self.root / "blocks" / block_id
         pins.mkdir(parents=True, exist_ok=True)

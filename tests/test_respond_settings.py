@@ -1,0 +1,62 @@
+"""The response: config section: defaults, validation, the plan a verdict gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuguard.correlate.state import ProcessKey
+from gpuguard.detect.score import Evidence, Verdict
+from gpuguard.errors import GpuguardError
+from gpuguard.respond import Responder, ResponseSettings, parse_response_settings
+
+
+def _verdict(verdict: str, action: str = "alert", rules: tuple[str, ...] = ("r1",), allowlisted: bool = False) -> Verdict:
+    return Verdict(ProcessKey(4242, 1.0), 4242, "x", "/x", 90, verdict,
+                   [Evidence(r, "s", "d", 10, "high") for r in rules], allowlisted=allowlisted, action=action)
+
+
+def test_defaults_without_a_section():
+    settings = parse_response_settings(None, source="agent.yaml")
+    assert settings == ResponseSettings()
+    responder = Responder(settings, mode="enforce", dry_run=True)
+    assert responder.plan(_verdict("malicious")) == ["alert", "kill-on-touch", "block-egress", "kill"]
+    assert responder.plan(_verdict("suspicious")) == ["alert"]
+    assert responder.plan(_verdict("clean", action="none")) == []
+
+
+def test_per_verdict_per_rule_and_rules_file_actions():
+    settings = parse_response_settings({
+        "actions": {"malicious": ["suspend"], "suspicious": "none"},
+        "rule_actions": {"gpu.foreign_user": ["quarantine"]},
+        "kill": {"grace_s": 1, "target": "group"},
+        "hooks": [{"argv": ["/usr/bin/logger", "-t", "gpuguard"], "on": ["suspicious", "malicious"]}],
+    }, source="agent.yaml")
+    responder = Responder(settings, mode="enforce", dry_run=True)
+    assert responder.plan(_verdict("malicious", action="none")) == ["suspend"]
+    assert responder.plan(_verdict("suspicious", action="none")) == []
+    # The rules file's actions: entry (alert by default) adds its action.
+    assert responder.plan(_verdict("suspicious")) == ["alert"]
+    assert responder.plan(_verdict("suspicious", action="none", rules=("gpu.foreign_user",))) == ["quarantine"]
+    assert responder.plan(_verdict("suspicious", action="kill")) == ["kill"]
+    # An allowlisted process is at most alerted on.
+    assert responder.plan(_verdict("malicious", allowlisted=True)) == ["alert"]
+    assert settings.kill_grace_s == 1.0 and settings.kill_target == "group"
+    assert settings.hooks[0].name == "logger" and settings.hooks[0].on == ("suspicious", "malicious")
+
+
+@pytest.mark.parametrize("section, words", [
+    ({"kil": {}}, "unknown key 'kil'"),
+    ({"actions": {"evil": ["kill"]}}, "unknown key 'evil'"),
+    ({"actions": {"malicious": ["explode"]}}, "unknown action 'explode'"),
+    ({"kill": {"grace_s": -1}}, "kill.grace_s"),
+    ({"kill": {"target": "host"}}, "kill.target"),
+    ({"scope": "everything"}, "scope"),
+    ({"hooks": [{"argv": "logger"}]}, "argv"),
+    ({"hooks": [{"argv": ["logger"]}]}, "absolute path"),
+    ({"block_egress": {"nftables": "yes"}}, "nftables"),
+])
+def test_bad_sections_name_the_key_and_the_file(section, words):
+    with pytest.raises(GpuguardError) as caught:
+        parse_response_settings(section, source="/etc/gpuguard/agent.yaml")
+    assert words in caught.value.cause
+    assert "/etc/gpuguard/agent.yaml" in caught.value.one_line()

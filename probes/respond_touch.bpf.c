@@ -30,6 +30,8 @@ BPF_TABLE_PINNED("hash", __u32, struct gg_touch_entry, touch_tgids, 8192, GG_PIN
 BPF_ARRAY(touch_settings, __u32, 1);
 BPF_PERCPU_ARRAY(touch_scratch, struct gg_touch_event, 1);
 BPF_RINGBUF_OUTPUT(touch_events, 64);
+/* Never written: exports struct gg_touch_event's layout to user space (bcc builds the ctypes class). */
+BPF_ARRAY(schema_touch_event, struct gg_touch_event, 1);
 
 static __always_inline int gg_live(struct gg_touch_entry *e)
 {

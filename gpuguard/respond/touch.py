@@ -70,6 +70,7 @@ class TouchBlocker:
         self._paths = self._bpf[b"touch_paths"]
         self._tgids = self._bpf[b"touch_tgids"]
         self._settings = self._bpf[b"touch_settings"]
+        self._event_type = ct.POINTER(self._bpf[b"schema_touch_event"].Leaf)
         # (st_dev, st_ino) -> (block number, deadline); size -> sha256 -> (number, deadline)
         self._inodes: dict[tuple[int, int], tuple[int, int]] = {}
         self._hashes: dict[int, dict[str, tuple[int, int]]] = {}
@@ -141,7 +142,7 @@ class TouchBlocker:
             self._bpf.ring_buffer_poll(100)
 
     def _on_event(self, _ctx, data, _size) -> None:
-        event = self._bpf[b"touch_events"].event(data)
+        event = ct.cast(data, self._event_type).contents
         reason = REASONS.get(event.reason, "?")
         report = {"tgid": event.tgid, "reason": reason, "number": event.block,
                   "comm": decode_c_string(bytes(event.comm)), "path": decode_c_string(bytes(event.path))}

@@ -1,0 +1,107 @@
+"""kill-on-touch: a fresh or renamed copy of a blocked miner dies at its first GPU open, across a restart too."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import replace
+
+import pytest
+
+from gpuguard.respond import Responder
+from gpuguard.respond.blocks import BlockStore
+from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
+from tests.support.workloads import build_workload, run_with_gpu_nodes
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture
+def settings():
+    s = settings_for_test(actions={"malicious": ("kill-on-touch", "kill")})
+    yield s
+    cleanup(s)
+
+
+@pytest.fixture
+def miner(tmp_path):
+    path = tmp_path / "xminer"
+    shutil.copy(build_workload(), path)
+    return path
+
+
+def _run(argv: list[str]) -> tuple[int, str]:
+    """Run with GPU-named nodes; "opened" is printed only if the GPU open returned to the program."""
+    proc = run_with_gpu_nodes([*argv])
+    out, _ = proc.communicate(timeout=10)
+    return proc.returncode, out.decode()
+
+
+def _block(settings, miner, outcomes):
+    offender = subprocess.Popen([str(miner), "ready", "sleep:60000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert offender.stdout.readline() == b"ready\n"
+    responder = Responder(settings, mode="enforce", emit=outcomes.append)
+    state = state_of(offender.pid)
+    done = responder.respond(verdict_for(state), state, time.time())
+    assert [(o.action, o.status) for o in done] == [("alert", "done"), ("kill-on-touch", "done"), ("kill", "done")]
+    assert offender.wait(timeout=5) == -signal.SIGTERM
+    return responder
+
+
+def test_fresh_and_renamed_copies_die_at_their_gpu_open(settings, miner, tmp_path):
+    outcomes = []
+    responder = _block(settings, miner, outcomes)
+    try:
+        steps = ["open:/dev/nvidia0", "ready"]
+        # The test can fail: a different program (one byte more) with the same steps opens and reports.
+        other = tmp_path / "other"
+        other.write_bytes(miner.read_bytes() + b"\0")
+        other.chmod(0o755)
+        code, out = _run([str(other), *steps])
+        assert (code, out) == (0, "ready\n")
+        # A respawn from the same path: blocked at exec, killed at the open, before open returns.
+        code, out = _run([str(miner), *steps])
+        assert code == -signal.SIGKILL and "ready" not in out
+        # A renamed copy (same bytes, new path and inode): matched by sha256 on its exec report.
+        renamed = tmp_path / "kworker"
+        shutil.copy(miner, renamed)
+        code, out = _run([str(renamed), "sleep:300", *steps])
+        assert code == -signal.SIGKILL and "ready" not in out
+        time.sleep(0.3)
+        kills = [o for o in outcomes if o.action == "kill-on-touch" and o.reason.startswith("killed")]
+        assert any("GPU open of /dev/nvidia0" in o.reason for o in kills)
+        assert all(o.block_id for o in kills)
+    finally:
+        responder.close()
+
+
+def test_blocks_survive_a_new_responder_and_lift(settings, miner):
+    first = _block(settings, miner, [])
+    first.close()                                   # the agent stops; the maps stay pinned
+    outcomes = []
+    second = Responder(settings, mode="enforce", emit=outcomes.append)
+    try:
+        code, out = _run([str(miner), "open:/dev/nvidia0", "ready"])
+        assert code == -signal.SIGKILL and "ready" not in out
+        (block,) = [b for b in BlockStore(settings.state_dir).load() if b.kind == "kill-on-touch"]
+        assert second.lift(block, time.time()).status == "done"
+        code, out = _run([str(miner), "open:/dev/nvidia0", "ready"])
+        assert (code, out) == (0, "ready\n")
+    finally:
+        second.close()
+
+
+def test_entries_expire_in_the_kernel(settings, miner):
+    settings = replace(settings, touch_ttl_s=1.0)
+    responder = _block(settings, miner, [])
+    try:
+        code, _ = _run([str(miner), "open:/dev/nvidia0", "ready"])
+        assert code == -signal.SIGKILL
+        time.sleep(1.2)
+        assert _run([str(miner), "open:/dev/nvidia0", "ready"]) == (0, "ready\n")
+        lifted = responder.sweep(time.time())
+        assert [o.action for o in lifted] == ["unblock"] and "expired" in lifted[0].reason
+    finally:
+        responder.close()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.respond import bpf_pins
-from gpuguard.respond.blocks import Block, new_block_id
+from gpuguard.respond.blocks import Block, BlockStore, new_block_id
 
 STATIC_GPU_MAJORS = {195: "nvidia", 226: "drm"}
 DYNAMIC_GPU_DEVICES = ("nvidia-uvm", "nvidia-caps", "nvidia-caps-imex-channels", "nvidia-nvlink",
@@ -93,8 +93,9 @@ def parse_addresses(values: list[str]) -> tuple[list[str], list[str]]:
 class CgroupBlocker:
     """Loads the cgroup programs once and places or lifts quarantine and egress blocks."""
 
-    def __init__(self, root: Path, quarantine_parent: str = "") -> None:
+    def __init__(self, root: Path, store: BlockStore, quarantine_parent: str = "") -> None:
         self.root = root
+        self.store = store
         self.mount = cgroup2_mount()
         self.quarantine_parent = quarantine_parent or os.path.join(self.mount, "gpuguard")
         self._bpf = None
@@ -144,25 +145,46 @@ class CgroupBlocker:
     def quarantine(self, pid: int, container: bool, ttl_s: float, reason: str) -> Block:
         self._load()
         block_id = new_block_id("quarantine")
-        original = cgroup2_of(pid)
-        if container:
-            cgroup_dir, created = os.path.join(self.mount, original.lstrip("/")), False
-        else:
-            cgroup_dir, created = os.path.join(self.quarantine_parent, block_id), True
-            os.makedirs(cgroup_dir, exist_ok=True)
-            Path(cgroup_dir, "cgroup.procs").write_text(str(pid))
-        attached = self._attach(block_id, ("device",), cgroup_dir)
+        place = self._offender_cgroup(pid, container, block_id)
         now = time.time()
+        existing = self._live_block("quarantine", place["cgroup"], now)
+        if existing is not None:       # already quarantined (e.g. a second verdict): one program per cgroup
+            existing.detail["open_gpu_fds"] = gpu_fds_open(pid)
+            return existing
+        attached = self._attach(block_id, ("device",), place["cgroup"])
         return Block(block_id, "quarantine", now, now + ttl_s if ttl_s else None, reason, pid, detail={
-            "cgroup": cgroup_dir, "created_cgroup": created, "original_cgroup": os.path.join(self.mount, original.lstrip("/")),
-            "programs": attached, "majors": {str(k): v for k, v in sorted(gpu_majors().items())},
+            **place, "programs": attached, "majors": {str(k): v for k, v in sorted(gpu_majors().items())},
             "open_gpu_fds": gpu_fds_open(pid),
         })
 
-    def block_egress(self, pid: int, addresses: list[str], ttl_s: float, reason: str) -> Block:
+    def _live_block(self, kind: str, cgroup_dir: str, now: float) -> Block | None:
+        return next((b for b in self.store.load()
+                     if b.kind == kind and b.detail.get("cgroup") == cgroup_dir and not b.expired(now)), None)
+
+    def _offender_cgroup(self, pid: int, container: bool, block_id: str) -> dict[str, Any]:
+        """The container's cgroup, the gpuguard cgroup it is already in, or a new one it is moved into.
+
+        Programs are never attached to a shared cgroup (the root, a user's session): only the
+        offender's own container, or a cgroup holding the offender alone.
+        """
+        current = os.path.join(self.mount, cgroup2_of(pid).lstrip("/"))
+        if container:
+            return {"cgroup": current, "created_cgroup": False, "original_cgroup": current}
+        parent = self.quarantine_parent.rstrip("/") + "/"
+        if current.startswith(parent):
+            original = next((b.detail.get("original_cgroup", "") for b in self.store.load()
+                             if b.detail.get("cgroup") == current), "")
+            return {"cgroup": current, "created_cgroup": True, "original_cgroup": original}
+        cgroup_dir = os.path.join(self.quarantine_parent, block_id)
+        os.makedirs(cgroup_dir, exist_ok=True)
+        Path(cgroup_dir, "cgroup.procs").write_text(str(pid))
+        return {"cgroup": cgroup_dir, "created_cgroup": True, "original_cgroup": current}
+
+    def block_egress(self, pid: int, container: bool, addresses: list[str], ttl_s: float, reason: str) -> Block:
         self._load()
         block_id = new_block_id("block-egress")
-        cgroup_dir = os.path.join(self.mount, cgroup2_of(pid).lstrip("/"))
+        place = self._offender_cgroup(pid, container, block_id)
+        cgroup_dir = place["cgroup"]
         table = self._bpf[b"pool_addresses"]
         deadline = time.monotonic_ns() + int(ttl_s * 1e9) if ttl_s else 0
         keys = []
@@ -176,10 +198,18 @@ class CgroupBlocker:
             value.expires_ns = deadline
             table[key] = value
             keys.append(bytes(key).hex())
-        attached = self._attach(block_id, ("connect4", "connect6"), cgroup_dir)
         now = time.time()
+        existing = self._live_block("block-egress", cgroup_dir, now)
+        if existing is not None:       # the cgroup already carries the programs: add the addresses to that block
+            d = existing.detail
+            d["addresses"] = sorted(set(d["addresses"]) | set(addresses))
+            d["map_keys"] = sorted(set(d["map_keys"]) | set(keys))
+            if existing.expires is not None:
+                existing.expires = now + ttl_s if ttl_s else None
+            return existing
+        attached = self._attach(block_id, ("connect4", "connect6"), cgroup_dir)
         return Block(block_id, "block-egress", now, now + ttl_s if ttl_s else None, reason, pid, detail={
-            "cgroup": cgroup_dir, "addresses": addresses, "map_keys": keys, "programs": attached,
+            **place, "addresses": addresses, "map_keys": keys, "programs": attached,
         })
 
 
@@ -211,7 +241,7 @@ def lift_cgroup_block(block: Block, root: Path, others: list[Block]) -> str:
                         table.delete(bytes.fromhex(key))
         except FileNotFoundError:
             pass
-    if detail.get("created_cgroup"):
+    if detail.get("created_cgroup") and not any(b.detail.get("cgroup") == cgroup_dir for b in others):
         _release_cgroup(cgroup_dir, detail.get("original_cgroup", ""))
     bpf_pins.remove_pins(root / "blocks" / block.id)
     return f"detached {detached} program(s) from {cgroup_dir}"

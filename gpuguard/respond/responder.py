@@ -84,8 +84,11 @@ class Responder:
         acts = [s for s in steps if s != "alert"]
         if self.mode == "monitor" or not acts:
             would = f"; enforce mode would: {', '.join(acts)}" if acts else ""
-            return self._out([ActionOutcome(action="alert", status="done", reason=f"{verdict.verdict} verdict{would}",
-                                            detail={"planned": steps}, **base)])
+            outcomes = self._out([ActionOutcome(action="alert", status="done", reason=f"{verdict.verdict} verdict{would}",
+                                                detail={"planned": steps}, **base)])
+            if self.mode == "enforce":
+                self._hooks(verdict, state, steps, base)
+            return outcomes
         refusal = self.guard.refusal(verdict.pid, facts, allowlisted=verdict.allowlisted)
         if refusal:
             return self._out([ActionOutcome(action=s, status="refused", reason=refusal, **base) for s in acts])
@@ -228,7 +231,8 @@ class Responder:
                                  detail={"addresses": addresses, "nftables": self.settings.nftables},
                                  reason=f"would refuse connects to {', '.join(addresses)} for {ttl:g} s")
         open_process(verdict.pid, verdict.key.start_time).close()
-        block = self._cgroup_blocker().block_egress(verdict.pid, addresses, ttl, f"{verdict.verdict} verdict")
+        container = bool(state.facts and state.facts.container_id)
+        block = self._cgroup_blocker().block_egress(verdict.pid, container, addresses, ttl, f"{verdict.verdict} verdict")
         _name(block, verdict)
         outcome = self._placed(block, "block-egress", f"connects to {', '.join(addresses)} refused in its cgroup", base)
         if self.settings.nftables:
@@ -293,7 +297,7 @@ class Responder:
     def _cgroup_blocker(self) -> CgroupBlocker:
         if self._cgroups is None:
             bpf_pins.ensure_pin_root(str(self.root))
-            self._cgroups = CgroupBlocker(self.root, self.settings.quarantine_parent)
+            self._cgroups = CgroupBlocker(self.root, self.store, self.settings.quarantine_parent)
         return self._cgroups
 
     def _on_touch_kill(self, report: dict[str, Any]) -> None:

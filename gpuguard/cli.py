@@ -14,7 +14,7 @@ import sys
 from gpuguard import __version__
 from gpuguard.errors import GpuguardError
 
-COMMANDS = ("watch", "record", "replay", "gpus", "rules", "scan")
+COMMANDS = ("watch", "record", "replay", "gpus", "rules", "scan", "blocks", "unblock")
 
 
 def build_parser() -> argparse.ArgumentParser:

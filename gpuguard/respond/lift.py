@@ -57,3 +57,28 @@ def lift_all(store: BlockStore, root: Path, netns_seen: set[str] | None = None) 
         except NftError:
             pass
     return done
+
+
+def in_place(block: Block, root: Path) -> str:
+    """What the kernel (or nftables, or /proc) shows of the block now, for `gpuguard blocks`."""
+    if block.kind in ("quarantine", "block-egress"):
+        pins = [Path(p["pin"]).exists() for p in block.detail.get("programs", [])]
+        return "attached" if pins and all(pins) else "programs missing"
+    if block.kind == "kill-on-touch":
+        return "in kernel map" if (root / "maps" / "touch_paths").exists() else "map missing"
+    if block.kind == "nftables":
+        try:
+            present = {a for values in NftSets(block.detail.get("netns", "")).elements().values() for a in values}
+        except (OSError, ValueError):
+            return "nft unavailable"
+        wanted = block.detail.get("addresses", [])
+        found = sum(a in present for a in wanted)
+        return f"{found}/{len(wanted)} addresses in sets"
+    if block.kind == "suspend":
+        try:
+            with open(f"/proc/{block.pid}/stat") as f:
+                letter = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return "process gone"
+        return "stopped" if letter in ("T", "t") else "running again"
+    return "?"

@@ -101,7 +101,7 @@ class CgroupBlocker:
         self._bpf = None
         self._progs: dict[str, tuple[int, int]] = {}     # name -> (prog fd, attach type)
 
-    def _load(self) -> None:
+    def load(self) -> None:
         if self._bpf is not None:
             return
         bpf = bpf_pins.compile_program(PROGRAM_SOURCE, self.root)
@@ -143,7 +143,7 @@ class CgroupBlocker:
         return attached
 
     def quarantine(self, pid: int, container: bool, ttl_s: float, reason: str) -> Block:
-        self._load()
+        self.load()
         block_id = new_block_id("quarantine")
         place = self._offender_cgroup(pid, container, block_id)
         now = time.time()
@@ -181,7 +181,7 @@ class CgroupBlocker:
         return {"cgroup": cgroup_dir, "created_cgroup": True, "original_cgroup": current}
 
     def block_egress(self, pid: int, container: bool, addresses: list[str], ttl_s: float, reason: str) -> Block:
-        self._load()
+        self.load()
         block_id = new_block_id("block-egress")
         place = self._offender_cgroup(pid, container, block_id)
         cgroup_dir = place["cgroup"]

@@ -105,3 +105,25 @@ def test_entries_expire_in_the_kernel(settings, miner):
         assert [o.action for o in lifted] == ["unblock"] and "expired" in lifted[0].reason
     finally:
         responder.close()
+
+
+def test_shared_executable_blocks_only_the_offender_and_its_children(settings):
+    from tests.support.respond import ask, start_probe
+
+    settings = replace(settings, actions={"malicious": ("kill-on-touch",)})
+    offender, bystander = start_probe(), start_probe()    # both run the system's python
+    responder = Responder(settings, mode="enforce")
+    try:
+        state = state_of(offender.pid)
+        outcome = responder.respond(verdict_for(state), state, time.time())[-1]
+        assert outcome.status == "done" and "shared executable" in outcome.reason
+        assert outcome.detail["path_key"] is None and outcome.detail["sha256"] is None
+        assert ask(bystander, "/dev/nvidia0") == "ENOENT"     # same executable, not blocked
+        assert ask(offender, "/dev/nvidia0") == ""            # killed at the open: no answer
+        assert offender.wait(timeout=5) == -signal.SIGKILL
+        assert ask(bystander, "connect 127.0.0.1 9") in ("ECONNREFUSED", "OK")
+    finally:
+        responder.close()
+        for proc in (offender, bystander):
+            proc.kill()
+            proc.wait()

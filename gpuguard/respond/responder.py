@@ -198,13 +198,20 @@ class Responder:
         ttl = self.settings.touch_ttl_s
         if self.dry_run:
             return ActionOutcome(action="kill-on-touch", status="dry-run", **base,
-                                 detail={"exe": verdict.exe, "identity": list(facts.exe_identity or ()) if facts else None},
+                                 detail={"exe": verdict.exe, "identity": list(facts.exe_identity or ()) if facts else None,
+                                         "shared_exe": bool(verdict.exe) and verdict.exe.startswith(
+                                             self.settings.shared_exe_prefixes)},
                                  reason=f"would block {verdict.exe or 'its pid'} and pid {verdict.pid} for {ttl:g} s")
         open_process(verdict.pid, verdict.key.start_time).close()
+        shared = bool(verdict.exe) and verdict.exe.startswith(self.settings.shared_exe_prefixes)
         touch = self._touch_blocker()
         block = touch.add(verdict.pid, verdict.exe, facts.exe_identity if facts else None, state.exe_sha256, ttl,
-                          reason=f"{verdict.verdict} verdict")
+                          reason=f"{verdict.verdict} verdict", block_executable=not shared)
         _name(block, verdict)
+        if shared:
+            return self._placed(block, "kill-on-touch", f"{verdict.exe} is a shared executable "
+                                "(response.kill_on_touch.shared_exe_prefixes): only this process and its children "
+                                "die at their next GPU open or connect", base)
         return self._placed(block, "kill-on-touch", "any process of this executable dies at its first GPU open or connect", base)
 
     def _quarantine(self, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
@@ -304,8 +311,8 @@ class Responder:
     def _on_touch_kill(self, report: dict[str, Any]) -> None:
         block = next((b for b in self.store.load() if b.kind == "kill-on-touch"
                       and b.detail.get("number") == report["number"]), None)
-        what = {"GG_TOUCH_GPU_OPEN": f"at its GPU open of {report['path']}", "GG_TOUCH_CONNECT": "at its connect",
-                "GG_TOUCH_EXEC": f"at exec of a copy of a blocked executable ({report['path']})"}.get(report["reason"], "")
+        what = {"gpu-open": f"at its GPU open of {report['path']}", "connect": "at its connect",
+                "exec": f"at exec of a copy of a blocked executable ({report['path']})"}.get(report["reason"], "")
         self.emit(ActionOutcome(time=time.time(), action="kill-on-touch", status="done", pid=report["tgid"],
                                 comm=report["comm"], exe=block.exe if block else "", reason=f"killed {what}",
                                 block_id=block.id if block else None, detail=report))

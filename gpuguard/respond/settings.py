@@ -22,6 +22,7 @@ DEFAULT_ACTIONS = {"clean": (), "suspicious": ("alert",), "malicious": ("kill", 
 SCOPES = ("all", "containers")
 DEFAULT_PIN_ROOT = "/sys/fs/bpf/gpuguard"
 DEFAULT_STATE_DIR = "/run/gpuguard/blocks"
+SHARED_EXE_PREFIXES = ("/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/", "/opt/", "/snap/", "/nix/store/")
 
 _TOP_KEYS = ("actions", "rule_actions", "kill", "kill_on_touch", "quarantine", "block_egress", "hooks",
              "scope", "cgroups", "protect_exes", "max_actions_per_minute", "pin_root", "state_dir")
@@ -44,6 +45,9 @@ class ResponseSettings:
     kill_grace_s: float = 2.0
     kill_target: str = "process"          # process | group | cgroup
     touch_ttl_s: float = 86400.0          # kill-on-touch entries expire (0: never)
+    # Executables under these prefixes are shared (interpreters, system tools): kill-on-touch
+    # blocks only the offender's pids for them, never every process running the same file.
+    shared_exe_prefixes: tuple[str, ...] = SHARED_EXE_PREFIXES
     quarantine_ttl_s: float = 0.0         # 0: until `gpuguard unblock`
     quarantine_parent: str = ""           # cgroup v2 dir for cgroups gpuguard creates ("": <cgroup2>/gpuguard)
     egress_ttl_s: float = 3600.0
@@ -70,7 +74,7 @@ def parse_response_settings(section: Mapping | None, *, source: str) -> Response
     rule_actions = {str(rule): _steps(steps, f"{where}.rule_actions.{rule}")
                     for rule, steps in _mapping(data.get("rule_actions", {}), f"{where}.rule_actions", None).items()}
     kill = _mapping(data.get("kill", {}), f"{where}.kill", ("grace_s", "target"))
-    touch = _mapping(data.get("kill_on_touch", {}), f"{where}.kill_on_touch", ("ttl_s",))
+    touch = _mapping(data.get("kill_on_touch", {}), f"{where}.kill_on_touch", ("ttl_s", "shared_exe_prefixes"))
     quarantine = _mapping(data.get("quarantine", {}), f"{where}.quarantine", ("ttl_s", "cgroup_parent"))
     egress = _mapping(data.get("block_egress", {}), f"{where}.block_egress", ("ttl_s", "nftables", "nftables_netns"))
     target = kill.get("target", "process")
@@ -88,6 +92,8 @@ def parse_response_settings(section: Mapping | None, *, source: str) -> Response
         kill_grace_s=_number(kill.get("grace_s", 2.0), f"{where}.kill.grace_s", source),
         kill_target=target,
         touch_ttl_s=_number(touch.get("ttl_s", 86400.0), f"{where}.kill_on_touch.ttl_s", source),
+        shared_exe_prefixes=tuple(_text(p, f"{where}.kill_on_touch.shared_exe_prefixes", source) for p in _list(
+            touch.get("shared_exe_prefixes", list(SHARED_EXE_PREFIXES)), f"{where}.kill_on_touch.shared_exe_prefixes", source)),
         quarantine_ttl_s=_number(quarantine.get("ttl_s", 0.0), f"{where}.quarantine.ttl_s", source),
         quarantine_parent=_text(quarantine.get("cgroup_parent", ""), f"{where}.quarantine.cgroup_parent", source),
         egress_ttl_s=_number(egress.get("ttl_s", 3600.0), f"{where}.block_egress.ttl_s", source),

@@ -14,7 +14,6 @@ only while this module is loaded; the maps (and so the entries) are pinned.
 from __future__ import annotations
 
 import ctypes as ct
-import hashlib
 import os
 import secrets
 import signal
@@ -26,13 +25,13 @@ from pathlib import Path
 import psutil
 
 from gpuguard.escape import decode_c_string
-from gpuguard.events.abi import DEFINES, _ENUMS
+from gpuguard.detect.allowlist import sha256_of_file
+from gpuguard.events.abi import DEFINES, TouchReason
 from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, new_block_id
 
 PROGRAM_SOURCE = "respond_touch.bpf.c"
 PATH_LEN = DEFINES["GG_PATH_LEN"]
-REASONS = {v: k for k, v in _ENUMS["gg_touch_reason"].items()}
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
 
@@ -43,21 +42,6 @@ def path_hash(path: str) -> int:
     for byte in os.fsencode(path)[:PATH_LEN - 1]:
         value = ((value ^ byte) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
     return value
-
-
-def file_sha256(path: str, limit: int = 512 * 1024 * 1024) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            read = 0
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-                read += len(chunk)
-                if read > limit:
-                    return None
-    except OSError:
-        return None
-    return digest.hexdigest()
 
 
 class TouchBlocker:
@@ -88,10 +72,13 @@ class TouchBlocker:
         return value
 
     def add(self, pid: int, exe: str, identity: tuple[int, int, int, int] | None, sha256: str | None,
-            ttl_s: float, reason: str) -> Block:
+            ttl_s: float, reason: str, *, block_executable: bool = True) -> Block:
+        """Block ``pid`` and its descendants; with ``block_executable``, every process of its executable too."""
         number = secrets.randbits(31) + 1
         deadline = time.monotonic_ns() + int(ttl_s * 1e9) if ttl_s else 0
         entry = self._entry(number, deadline)
+        if not block_executable:
+            exe, identity, sha256 = "", None, None
         path_key = self._paths.Key(path_hash(exe)) if exe else None
         if path_key is not None:
             self._paths[path_key] = entry
@@ -104,7 +91,7 @@ class TouchBlocker:
             self._tgids[self._tgids.Key(tgid)] = entry
         size = identity[2] if identity else None
         if sha256 is None and exe:
-            sha256 = file_sha256(f"/proc/{pid}/exe")
+            sha256 = sha256_of_file(f"/proc/{pid}/exe")
             if size is None:
                 try:
                     size = os.stat(f"/proc/{pid}/exe").st_size
@@ -143,10 +130,13 @@ class TouchBlocker:
 
     def _on_event(self, _ctx, data, _size) -> None:
         event = ct.cast(data, self._event_type).contents
-        reason = REASONS.get(event.reason, "?")
+        try:
+            reason = TouchReason(event.reason).name.lower().replace("_", "-")     # "gpu-open", "connect", "exec"
+        except ValueError:
+            reason = str(event.reason)
         report = {"tgid": event.tgid, "reason": reason, "number": event.block,
                   "comm": decode_c_string(bytes(event.comm)), "path": decode_c_string(bytes(event.path))}
-        if reason == "GG_TOUCH_EXEC":
+        if reason == "exec":
             if event.block == 0:
                 self._check_exec(report)
             return
@@ -164,7 +154,7 @@ class TouchBlocker:
             match = self._inodes.get((st.st_dev, st.st_ino))
             by_size = self._hashes.get(st.st_size)
         if match is None and by_size:
-            digest = file_sha256(f"/proc/{tgid}/exe")
+            digest = sha256_of_file(f"/proc/{tgid}/exe")
             match = by_size.get(digest) if digest else None
         if match is None or (match[1] and now >= match[1]):
             return
@@ -179,7 +169,7 @@ class TouchBlocker:
             return
         finally:
             os.close(pidfd)
-        self.on_kill({**report, "reason": "GG_TOUCH_EXEC", "number": match[0]})
+        self.on_kill({**report, "number": match[0]})
 
     def close(self) -> None:
         self._stop.set()

@@ -7,11 +7,13 @@ import signal
 import subprocess
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from gpuguard.respond import Responder
 from gpuguard.respond.blocks import BlockStore
+from gpuguard.respond.bpf_pins import PinnedMap
 from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
@@ -86,7 +88,16 @@ def test_blocks_survive_a_new_responder_and_lift(settings, miner):
         code, out = _run([str(miner), "open:/dev/nvidia0", "ready"])
         assert code == -signal.SIGKILL and "ready" not in out
         (block,) = [b for b in BlockStore(settings.state_dir).load() if b.kind == "kill-on-touch"]
+        key_size, value_size, offset = block.detail["tgid_layout"]
+
+        def carrying_block():
+            with PinnedMap(Path(settings.pin_root) / "maps" / "touch_tgids") as tgids:
+                return [k for k, v in tgids.items(key_size, value_size)
+                        if int.from_bytes(v[offset:offset + 4], "little") == block.detail["number"]]
+
+        assert carrying_block()                      # the offender's pid (and the killed respawn's)
         assert second.lift(block, time.time()).status == "done"
+        assert carrying_block() == []
         code, out = _run([str(miner), "open:/dev/nvidia0", "ready"])
         assert (code, out) == (0, "ready\n")
     finally:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuguard.errors import GpuguardError
+
 BLOCK_KINDS = ("kill-on-touch", "quarantine", "block-egress", "nftables", "suspend")
 
 
@@ -63,9 +65,14 @@ class BlockStore:
 
     def load(self) -> list[Block]:
         blocks = []
-        if not self.dir.is_dir():
-            return blocks
-        for path in sorted(self.dir.glob("*.json")):
+        try:
+            paths = sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []
+            if self.dir.is_dir() and not os.access(self.dir, os.R_OK | os.X_OK):
+                raise PermissionError
+        except PermissionError:
+            raise GpuguardError(f"cannot read the block records in {self.dir}: permission denied",
+                                "run as root (blocks are root's)") from None
+        for path in paths:
             try:
                 blocks.append(Block(**json.loads(path.read_text())))
             except (OSError, ValueError, TypeError):

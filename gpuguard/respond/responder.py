@@ -124,6 +124,8 @@ class Responder:
             return run(verdict, state, base)
         except RecycledPid as exc:
             return ActionOutcome(action=step, status="skipped", reason=f"not signalled: {exc}", **base)
+        except ProcessLookupError:
+            return ActionOutcome(action=step, status="skipped", reason="the process exited before it was reached", **base)
         except Exception as exc:  # noqa: BLE001 - every failure is reported as an outcome, never raised into the agent
             text = getattr(exc, "cause", None) or str(exc) or type(exc).__name__
             return ActionOutcome(action=step, status="failed", reason=text, **base)

@@ -104,6 +104,10 @@ class TouchBlocker:
                          "number": number, "deadline_ns": deadline,
                          "path_key": bytes(path_key).hex() if path_key is not None else None,
                          "tgids": tgids, "identity": list(identity) if identity else None,
+                         # touch_tgids' key size, value size and the value's block offset, from bcc's view of
+                         # gpuguard.h, so `gpuguard unblock` finds this block's entries without compiling.
+                         "tgid_layout": [ct.sizeof(self._tgids.Key), ct.sizeof(self._tgids.Leaf),
+                                         self._tgids.Leaf.block.offset],
                          "size": size, "sha256": sha256,
                      })
 
@@ -185,9 +189,10 @@ def lift_touch_block(block: Block, root: Path) -> str:
         with bpf_pins.PinnedMap(root / "maps" / "touch_paths") as paths:
             if block.detail.get("path_key"):
                 removed += paths.delete(bytes.fromhex(block.detail["path_key"]))
+        key_size, value_size, offset = block.detail["tgid_layout"]
         with bpf_pins.PinnedMap(root / "maps" / "touch_tgids") as tgids:
-            for key, value in tgids.items(4, 16):
-                if int.from_bytes(value[8:12], "little") == number:
+            for key, value in tgids.items(key_size, value_size):
+                if int.from_bytes(value[offset:offset + 4], "little") == number:
                     removed += tgids.delete(key)
     except FileNotFoundError:
         pass

@@ -66,6 +66,9 @@ def test_fresh_and_renamed_copies_die_at_their_gpu_open(settings, miner, tmp_pat
         # A respawn from the same path: blocked at exec, killed at the open, before open returns.
         code, out = _run([str(miner), *steps])
         assert code == -signal.SIGKILL and "ready" not in out
+        # It dies at a connect out as well.
+        code, out = _run([str(miner), "connect:127.0.0.1:9", "ready"])
+        assert code == -signal.SIGKILL and "ready" not in out
         # A renamed copy (same bytes, new path and inode): matched by sha256 on its exec report.
         renamed = tmp_path / "kworker"
         shutil.copy(miner, renamed)
@@ -130,6 +133,10 @@ def test_shared_executable_blocks_only_the_offender_and_its_children(settings):
         assert outcome.status == "done" and "shared executable" in outcome.reason
         assert outcome.detail["path_key"] is None and outcome.detail["sha256"] is None
         assert ask(bystander, "/dev/nvidia0") == "ENOENT"     # same executable, not blocked
+        assert ask(bystander, "fork-open /dev/nvidia0") == "child-exit-1"    # its child: ENOENT, not killed
+        # A child forked after the block inherits it (sched_process_fork) and dies at its GPU open.
+        assert ask(offender, "fork-open /dev/nvidia0") == "child-signal-9"
+        assert ask(offender, "/dev/null") == "OK"              # not a GPU path: lives on
         assert ask(offender, "/dev/nvidia0") == ""            # killed at the open: no answer
         assert offender.wait(timeout=5) == -signal.SIGKILL
         assert ask(bystander, "connect 127.0.0.1 9") in ("ECONNREFUSED", "OK")

@@ -39,13 +39,26 @@ mknod -m 666 /dev/dri/renderD128 c 226 128
 exec "$@"
 """
 
-# Reads paths (open) or "connect HOST PORT" lines on stdin; prints OK or the errno name for each.
+# Reads paths (open), "connect HOST PORT" or "fork-open PATH" lines on stdin; prints OK or the errno
+# name for each (for fork-open, how the child that tried the open ended).
 PROBE_PROGRAM = r"""
 import errno, os, socket, sys
 print("ready", flush=True)
 for line in sys.stdin:
     words = line.split()
     try:
+        if words[0] == "fork-open":      # a child opens the path; report how the child ended
+            child = os.fork()
+            if child == 0:
+                try:
+                    os.close(os.open(words[1], os.O_RDWR))
+                    os._exit(0)
+                except BaseException:
+                    os._exit(1)
+            status = os.waitpid(child, 0)[1]
+            print(f"child-signal-{os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+                  else f"child-exit-{os.WEXITSTATUS(status)}", flush=True)
+            continue
         if words[0] == "connect":
             s = socket.create_connection((words[1], int(words[2])), timeout=2); s.close()
         else:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -11,7 +14,8 @@ import pytest
 
 from gpuguard.respond import Responder
 from gpuguard.respond.blocks import BlockStore
-from tests.support.respond import ask, cleanup, settings_for_test, start_probe, state_of, verdict_for
+from tests.support.respond import (ask, cleanup, process_state_letter, settings_for_test, start_probe, state_of,
+                                   verdict_for)
 
 pytestmark = pytest.mark.root
 
@@ -91,3 +95,83 @@ def test_egress_blocked_cgroup_cannot_reach_the_pool_but_can_reach_others(settin
         _stop(target, neighbour)
         pool.close()
         other.close()
+
+
+@pytest.fixture
+def container_cgroup():
+    """A cgroup named like a docker container's (the container detection reads the name)."""
+    from gpuguard.respond.cgroup_blocks import cgroup2_mount
+
+    parent = Path(cgroup2_mount()) / f"gg-test-ctr-{os.getpid()}"
+    scope = parent / f"docker-{os.getpid():064x}.scope"
+    scope.mkdir(parents=True)
+    yield scope
+    for directory in (scope, parent):
+        for _ in range(50):
+            try:
+                directory.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def test_container_is_quarantined_in_place_and_killed_whole(settings, container_cgroup):
+    settings = replace(settings, actions={"malicious": ("quarantine",)})
+    target, sibling, outsider = start_probe(real_majors=True), start_probe(real_majors=True), start_probe(real_majors=True)
+    try:
+        for proc in (target, sibling):
+            (container_cgroup / "cgroup.procs").write_text(str(proc.pid))
+        state = state_of(target.pid)
+        assert state.facts.container_id == f"{os.getpid():064x}"
+        responder = Responder(settings, mode="enforce")
+        outcome = responder.respond(verdict_for(state), state, time.time())[-1]
+        assert outcome.status == "done", outcome.reason
+        assert outcome.detail["cgroup"] == str(container_cgroup) and outcome.detail["created_cgroup"] is False
+        # The whole container is quarantined, nothing outside it.
+        assert [ask(p, "/dev/nvidia0") for p in (target, sibling, outsider)] == ["EPERM", "EPERM", "ENXIO"]
+        # kill with target cgroup: cgroup.kill ends every process of the container, and only those.
+        killer = Responder(replace(settings, actions={"malicious": ("kill",)}, kill_target="cgroup"), mode="enforce")
+        outcome = killer.respond(verdict_for(state), state, time.time())[-1]
+        assert outcome.status == "done" and outcome.detail["signal"] == "cgroup.kill", outcome.reason
+        assert target.wait(timeout=5) == -signal.SIGKILL and sibling.wait(timeout=5) == -signal.SIGKILL
+        assert ask(outsider, "/dev/null") == "OK"
+        assert responder.lift(BlockStore(settings.state_dir).get(outcome.block_id or
+                                                                 BlockStore(settings.state_dir).load()[0].id),
+                              time.time()).status == "done"
+        assert container_cgroup.is_dir()          # a container's cgroup is never removed by gpuguard
+        responder.close()
+        killer.close()
+    finally:
+        _stop(target, sibling, outsider)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return process_state_letter(pid) != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_process_group_kill_reaches_every_member(settings):
+    settings = replace(settings, actions={"malicious": ("kill",)}, kill_target="group")
+    leader = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & echo up; wait"], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    bystander = subprocess.Popen(["sleep", "600"])
+    try:
+        assert leader.stdout.readline().strip() == "up"
+        members = [int(p) for p in subprocess.run(["pgrep", "-g", str(leader.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+        assert len(members) == 3
+        responder = Responder(settings, mode="enforce")
+        state = state_of(leader.pid)
+        outcome = responder.respond(verdict_for(state), state, time.time())[-1]
+        assert outcome.status == "done" and outcome.detail["pgid"] == leader.pid
+        leader.wait(timeout=5)
+        time.sleep(0.3)
+        # Dead members may linger as zombies until their new parent reaps them: none may be alive.
+        left = subprocess.run(["pgrep", "-g", str(leader.pid)], capture_output=True, text=True).stdout.split()
+        assert [p for p in left if _alive(int(p))] == []
+        assert bystander.poll() is None
+        responder.close()
+    finally:
+        _stop(leader, bystander)

@@ -152,7 +152,7 @@ class Responder:
         if target == "group":
             pgid = os.getpgid(verdict.pid)
             detail["pgid"] = pgid
-            pids = [p for p in _group_members(pgid) if not self.guard.refusal(p, facts)] or [verdict.pid]
+            pids += [p for p in _group_members(pgid) if p != verdict.pid and not self.guard.refusal(p, facts)]
         if self.dry_run:
             return ActionOutcome(action="kill", status="dry-run", detail=detail, **base,
                                  reason=f"would send SIGTERM to pid(s) {pids} (start time checked), SIGKILL after {grace:g} s")

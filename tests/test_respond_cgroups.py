@@ -124,9 +124,9 @@ def test_container_is_quarantined_in_place_and_killed_whole(settings, container_
         state = state_of(target.pid)
         assert state.facts.container_id == f"{os.getpid():064x}"
         responder = Responder(settings, mode="enforce")
-        outcome = responder.respond(verdict_for(state), state, time.time())[-1]
-        assert outcome.status == "done", outcome.reason
-        assert outcome.detail["cgroup"] == str(container_cgroup) and outcome.detail["created_cgroup"] is False
+        quarantined = responder.respond(verdict_for(state), state, time.time())[-1]
+        assert quarantined.status == "done", quarantined.reason
+        assert quarantined.detail["cgroup"] == str(container_cgroup) and quarantined.detail["created_cgroup"] is False
         # The whole container is quarantined, nothing outside it.
         assert [ask(p, "/dev/nvidia0") for p in (target, sibling, outsider)] == ["EPERM", "EPERM", "ENXIO"]
         # kill with target cgroup: cgroup.kill ends every process of the container, and only those.
@@ -135,9 +135,8 @@ def test_container_is_quarantined_in_place_and_killed_whole(settings, container_
         assert outcome.status == "done" and outcome.detail["signal"] == "cgroup.kill", outcome.reason
         assert target.wait(timeout=5) == -signal.SIGKILL and sibling.wait(timeout=5) == -signal.SIGKILL
         assert ask(outsider, "/dev/null") == "OK"
-        assert responder.lift(BlockStore(settings.state_dir).get(outcome.block_id or
-                                                                 BlockStore(settings.state_dir).load()[0].id),
-                              time.time()).status == "done"
+        block = BlockStore(settings.state_dir).get(quarantined.block_id)
+        assert responder.lift(block, time.time()).status == "done"
         assert container_cgroup.is_dir()          # a container's cgroup is never removed by gpuguard
         responder.close()
         killer.close()

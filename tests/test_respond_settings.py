@@ -60,3 +60,18 @@ def test_bad_sections_name_the_key_and_the_file(section, words):
         parse_response_settings(section, source="/etc/gpuguard/agent.yaml")
     assert words in caught.value.cause
     assert "/etc/gpuguard/agent.yaml" in caught.value.one_line()
+
+
+def test_pool_endpoints_are_the_connections_the_evidence_names():
+    from gpuguard.correlate.state import ProcessState
+    from gpuguard.respond.responder import pool_endpoints
+
+    state = ProcessState(key=ProcessKey(4242, 1.0))
+    for endpoint in (("10.0.0.5", 443), ("203.0.113.9", 3333), ("198.51.100.1", 33)):
+        state.add_connection(*endpoint)
+    named = Verdict(ProcessKey(4242, 1.0), 4242, "x", "/x", 90, "malicious",
+                    [Evidence("miner.pool_port", "connect_ports", "connect_ports=3333 (in_list pool_ports)", 40, "high")])
+    assert pool_endpoints(named, state) == ["203.0.113.9"]          # port 33 is not named by "3333"
+    unnamed = Verdict(ProcessKey(4242, 1.0), 4242, "x", "/x", 90, "malicious",
+                      [Evidence("miner.name", "comm", "comm=xmrig (in_list miner_names)", 60, "high")])
+    assert sorted(pool_endpoints(unnamed, state)) == ["10.0.0.5", "198.51.100.1", "203.0.113.9"]

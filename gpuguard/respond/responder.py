@@ -14,6 +14,7 @@ never acts: it emits one alert naming what enforce mode would do.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -379,8 +380,13 @@ class Responder:
 def pool_endpoints(verdict: Verdict, state: ProcessState) -> list[str]:
     """The addresses it connected to whose address or port the evidence names; all of them if none is named."""
     details = " ".join(e.detail for e in verdict.evidence)
-    named = [a for (a, p) in state.connections if a in details or str(p) in details]
+    named = [a for (a, p) in state.connections if _named(a, details) or _named(str(p), details)]
     return named or [a for (a, _p) in state.connections]
+
+
+def _named(value: str, text: str) -> bool:
+    """``value`` appears in ``text`` as a whole token (port 33 is not named by 3333)."""
+    return re.search(rf"(?<![\w.:]){re.escape(value)}(?![\w.:])", text) is not None
 
 
 def _name(block: Block, verdict: Verdict) -> None:

@@ -171,6 +171,8 @@ enum gg_touch_reason {
 /* A blocked executable path (by its hash) or process (by tgid). */
 struct gg_touch_entry {
     __u64 expires_ns;
+    __u64 added_ns;              /* CLOCK_BOOTTIME when a tgid was added: a process that started
+                                    later is a recycled pid, and user space drops the entry */
     __u32 block;                 /* the block's number, for the kill report */
     __u32 _pad;
 };

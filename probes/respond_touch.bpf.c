@@ -3,7 +3,8 @@
  * touch_paths holds blocked executables by the FNV-1a hash of their path;
  * touch_tgids blocked processes.  An exec of a blocked path puts the new
  * process in touch_tgids, and a fork of a blocked process puts the child
- * there, so respawns and children are blocked before they run a line of code.
+ * there, so respawns and children are blocked before they run a line of code;
+ * an exiting pid leaves the map.
  * At sys_enter of open/openat/openat2 of a GPU path, or of connect(2) to an
  * IPv4/IPv6 peer, a blocked process gets SIGKILL from bpf_send_signal: the
  * kernel delivers it before the syscall returns, so the process never uses
@@ -83,6 +84,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     struct gg_touch_entry *blocked = touch_paths.lookup(&hash);
     if (gg_live(blocked)) {
         struct gg_touch_entry copy = *blocked;
+        copy.added_ns = bpf_ktime_get_boot_ns();
         touch_tgids.update(&tgid, &copy);
         e->block = copy.block;
         gg_report(e);
@@ -101,8 +103,18 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
     if (!gg_live(blocked))
         return 0;
     struct gg_touch_entry copy = *blocked;
+    copy.added_ns = bpf_ktime_get_boot_ns();
     __u32 child = args->child_pid;
     touch_tgids.update(&child, &copy);
+    return 0;
+}
+
+/* A blocked pid (or thread id) that exits leaves the map, so the number can
+ * never block the unrelated process that gets it next. */
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    __u32 pid = (__u32)bpf_get_current_pid_tgid();
+    touch_tgids.delete(&pid);
     return 0;
 }
 

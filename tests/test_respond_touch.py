@@ -98,9 +98,17 @@ def test_blocks_survive_a_new_responder_and_lift(settings, miner):
                 return [k for k, v in tgids.items(key_size, value_size)
                         if int.from_bytes(v[offset:offset + 4], "little") == block.detail["number"]]
 
-        assert carrying_block()                      # the offender's pid (and the killed respawn's)
-        assert second.lift(block, time.time()).status == "done"
-        assert carrying_block() == []
+        # The offender and the respawn are dead: exits cleared their pid entries.  A live blocked process:
+        sleeper = subprocess.Popen(["sleep", "600"])
+        try:
+            tgids = second._touch._tgids
+            tgids[tgids.Key(sleeper.pid)] = second._touch._entry(block.detail["number"], 0)
+            assert len(carrying_block()) == 1
+            assert second.lift(block, time.time()).status == "done"
+            assert carrying_block() == []
+        finally:
+            sleeper.kill()
+            sleeper.wait()
         code, out = _run([str(miner), "open:/dev/nvidia0", "ready"])
         assert (code, out) == (0, "ready\n")
     finally:
@@ -143,5 +151,37 @@ def test_shared_executable_blocks_only_the_offender_and_its_children(settings):
     finally:
         responder.close()
         for proc in (offender, bystander):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_blocked_pid_never_blocks_the_process_that_gets_the_number_next(settings):
+    from gpuguard.respond.bpf_pins import ensure_pin_root
+    from gpuguard.respond.touch import TouchBlocker
+
+    root = ensure_pin_root(settings.pin_root)
+    sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]
+    touch = TouchBlocker(root, lambda report: None)
+    try:
+        exiting, recycled, kept = sleepers
+        entries = touch._tgids
+        for proc in sleepers:
+            entries[entries.Key(proc.pid)] = touch._entry(7, 0)
+        # An exit clears its entry in the kernel.
+        exiting.kill()
+        exiting.wait()
+        time.sleep(0.1)
+        assert entries.Key(exiting.pid) not in entries
+        # An entry added (as far as the kernel knows) before its process started is a recycled pid.
+        stale = touch._entry(7, 0)
+        stale.added_ns = 1
+        entries[entries.Key(recycled.pid)] = stale
+        touch.close()
+        touch = TouchBlocker(root, lambda report: None)          # a restart: the check runs at start
+        pids = {key.value for key in touch._tgids.keys()}
+        assert recycled.pid not in pids and kept.pid in pids
+    finally:
+        touch.close()
+        for proc in sleepers:
             proc.kill()
             proc.wait()

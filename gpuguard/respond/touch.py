@@ -55,6 +55,7 @@ class TouchBlocker:
         self._tgids = self._bpf[b"touch_tgids"]
         self._settings = self._bpf[b"touch_settings"]
         self._event_type = ct.POINTER(self._bpf[b"schema_touch_event"].Leaf)
+        self.drop_recycled()
         # (st_dev, st_ino) -> (block number, deadline); size -> sha256 -> (number, deadline)
         self._inodes: dict[tuple[int, int], tuple[int, int]] = {}
         self._hashes: dict[int, dict[str, tuple[int, int]]] = {}
@@ -68,8 +69,28 @@ class TouchBlocker:
     def _entry(self, number: int, deadline: int):
         value = self._paths.Leaf()
         value.expires_ns = deadline
+        value.added_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         value.block = number
         return value
+
+    def drop_recycled(self) -> int:
+        """Delete pid entries whose process is gone or started after the entry was added.
+
+        While the program is attached, exits clear entries themselves; this covers the time
+        the agent was down (run at start, before anything can be killed).
+        """
+        dropped = 0
+        tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+        for key, value in list(self._tgids.items()):
+            try:
+                with open(f"/proc/{key.value}/stat") as f:
+                    started_ns = int(f.read().rsplit(")", 1)[1].split()[19]) * tick_ns
+            except (OSError, ValueError, IndexError):
+                started_ns = None
+            if started_ns is None or started_ns > value.added_ns + tick_ns:
+                del self._tgids[key]
+                dropped += 1
+        return dropped
 
     def add(self, pid: int, exe: str, identity: tuple[int, int, int, int] | None, sha256: str | None,
             ttl_s: float, reason: str, *, block_executable: bool = True) -> Block:

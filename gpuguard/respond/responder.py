@@ -105,6 +105,10 @@ class Responder:
         self._hooks(verdict, state, steps, base)
         return outcomes
 
+    def __call__(self, verdict: Verdict, state: ProcessState, now: float) -> list[ActionOutcome]:
+        """The agent's action interface is a callable ``(verdict, state, now)``: the same as :meth:`respond`."""
+        return self.respond(verdict, state, now)
+
     def _spend(self, now: float) -> bool:
         while self._recent and now - self._recent[0] >= 60.0:
             self._recent.popleft()

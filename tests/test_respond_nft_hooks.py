@@ -144,10 +144,8 @@ def test_hook_timeout_and_failure_are_outcomes(sleeper, tmp_path):
         by_hook = {o.detail["hook"]: o for o in outcomes if o.action == "hook"}
         assert by_hook["slow"].status == "failed" and "timed out" in by_hook["slow"].reason
         assert by_hook["broken"].status == "failed" and "cannot run" in by_hook["broken"].reason
-        outcomes.clear()
-        dry = Responder(replace(settings, hooks=(slow,)), mode="enforce", dry_run=True, emit=outcomes.append)
-        dry.respond(verdict_for(state), state, time.time())
-        (described,) = [o for o in outcomes if o.action == "hook"]
+        dry = Responder(replace(settings, hooks=(slow,)), mode="enforce", dry_run=True)
+        (described,) = [o for o in dry.respond(verdict_for(state), state, time.time()) if o.action == "hook"]
         assert described.status == "dry-run" and described.detail["argv"] == ["/bin/sleep", "5"]
     finally:
         cleanup(settings)

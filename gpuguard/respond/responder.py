@@ -5,9 +5,10 @@ entry for the verdict, a stronger action named by the rules file's
 ``actions:``, and ``response.rule_actions`` for each matched rule), checks the
 safety guard and the per-minute action budget, then runs them in a fixed
 order (kernel blocks first, then signals).  Every outcome is an
-:class:`ActionOutcome` passed to ``emit``; ``respond`` also returns the
-immediate ones.  Later results (SIGKILL after the grace period, hook
-results, kill-on-touch kills) arrive only through ``emit``.  Monitor mode
+:class:`ActionOutcome`: ``respond`` (and ``sweep``, ``lift``) return the ones
+known at once, for the caller to log; what happens later (SIGKILL after the
+grace period, hook results, kill-on-touch kills, a failed restore) is passed
+to ``emit``, from a background thread.  Monitor mode
 never acts: it emits one alert naming what enforce mode would do.
 """
 
@@ -86,23 +87,22 @@ class Responder:
         acts = [s for s in steps if s != "alert"]
         if self.mode == "monitor" or not acts:
             would = f"; enforce mode would: {', '.join(acts)}" if acts else ""
-            outcomes = self._out([ActionOutcome(action="alert", status="done", reason=f"{verdict.verdict} verdict{would}",
-                                                detail={"planned": steps}, **base)])
+            outcomes = [ActionOutcome(action="alert", status="done", reason=f"{verdict.verdict} verdict{would}",
+                                      detail={"planned": steps}, **base)]
             if self.mode == "enforce":
-                self._hooks(verdict, state, steps, base)
+                outcomes += self._hooks(verdict, state, steps, base)
             return outcomes
         refusal = self.guard.refusal(verdict.pid, facts, allowlisted=verdict.allowlisted)
         if refusal:
-            return self._out([ActionOutcome(action=s, status="refused", reason=refusal, **base) for s in acts])
+            return [ActionOutcome(action=s, status="refused", reason=refusal, **base) for s in acts]
         if not self.dry_run and not self._spend(now):
-            return self._out([ActionOutcome(
+            return [ActionOutcome(
                 action="alert", status="rate-limited", detail={"planned": steps},
-                reason=f"action budget of {self.settings.max_actions_per_minute}/min spent: degraded to an alert", **base)])
+                reason=f"action budget of {self.settings.max_actions_per_minute}/min spent: degraded to an alert", **base)]
         outcomes = [ActionOutcome(action="alert", status="done", reason=f"{verdict.verdict} verdict", **base)]
         for step in acts:
             outcomes.append(self._step(step, verdict, state, base))
-        self._out(outcomes)
-        self._hooks(verdict, state, steps, base)
+        outcomes += self._hooks(verdict, state, steps, base)
         return outcomes
 
     def __call__(self, verdict: Verdict, state: ProcessState, now: float) -> list[ActionOutcome]:
@@ -116,11 +116,6 @@ class Responder:
             return False
         self._recent.append(now)
         return True
-
-    def _out(self, outcomes: list[ActionOutcome]) -> list[ActionOutcome]:
-        for outcome in outcomes:
-            self.emit(outcome)
-        return outcomes
 
     def _step(self, step: str, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
         run = {"kill": self._kill, "suspend": self._suspend, "kill-on-touch": self._kill_on_touch,
@@ -271,19 +266,22 @@ class Responder:
                              detail=dict(block.detail), **base)
 
     # -- hooks and background work ---------------------------------------------------------------
-    def _hooks(self, verdict: Verdict, state: ProcessState, steps: list[str], base: dict[str, Any]) -> None:
+    def _hooks(self, verdict: Verdict, state: ProcessState, steps: list[str], base: dict[str, Any]) -> list[ActionOutcome]:
+        """Start the hooks for this verdict (results come through ``emit``); in a dry run, describe them."""
         hooks = [h for h in self.settings.hooks if verdict.verdict in h.on]
         if not hooks:
-            return
+            return []
         finding = {"verdict": verdict.to_json(), "actions": steps,
                    "process": state.facts.to_record() if state.facts else {"pid": verdict.pid},
                    "connections": [{"address": a, "port": p} for (a, p) in state.connections]}
+        described = []
         for hook in hooks:
             if self.dry_run:
-                self._out([ActionOutcome(action="hook", status="dry-run", detail={"hook": hook.name, "argv": list(hook.argv)},
-                                         reason=f"would run {hook.name} with the finding on stdin", **base)])
+                described.append(ActionOutcome(action="hook", status="dry-run", detail={"hook": hook.name, "argv": list(hook.argv)},
+                                               reason=f"would run {hook.name} with the finding on stdin", **base))
                 continue
             self._background(self._run_hook, hook, finding, base)
+        return described
 
     def _run_hook(self, hook, finding: dict[str, Any], base: dict[str, Any]) -> None:
         detail = run_hook(hook, finding)
@@ -368,8 +366,8 @@ class Responder:
             said, status = str(exc), "failed"
         if self._touch is not None and block.kind == "kill-on-touch":
             self._touch.forget(block.detail.get("number", 0))
-        return self._out([ActionOutcome(time=now, action="unblock", status=status, pid=block.pid, comm=block.comm,
-                                        exe=block.exe, reason=f"{reason}: {said}", block_id=block.id)])[0]
+        return ActionOutcome(time=now, action="unblock", status=status, pid=block.pid, comm=block.comm,
+                             exe=block.exe, reason=f"{reason}: {said}", block_id=block.id)
 
     def close(self) -> None:
         self.wait(timeout_s=self.settings.kill_grace_s + 2.0)

@@ -156,3 +156,30 @@ def test_action_storm_degrades_to_alerts(settings):
     finally:
         for p in procs:
             _stop(p)
+
+
+def test_scope_by_cgroup_reads_the_live_cgroup_v2_path(settings):
+    from gpuguard.respond.cgroup_blocks import cgroup2_mount
+
+    scope = f"/gg-test-scope-{os.getpid()}"
+    directory = Path(cgroup2_mount() + scope)
+    directory.mkdir()
+    inside, outside = _start(), _start()
+    try:
+        (directory / "cgroup.procs").write_text(str(inside.pid))
+        responder = Responder(replace(settings, cgroups=(scope,)), mode="enforce")
+        acted = responder.respond(verdict_for(state_of(inside.pid)), state_of(inside.pid), time.time())[-1]
+        assert acted.status == "done", acted.reason
+        spared = responder.respond(verdict_for(state_of(outside.pid)), state_of(outside.pid), time.time())[-1]
+        assert spared.status == "refused"
+        assert inside.wait(timeout=5) == -signal.SIGKILL and outside.poll() is None
+        responder.close()
+    finally:
+        _stop(inside)
+        _stop(outside)
+        for _ in range(50):
+            try:
+                directory.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import psutil
 
 from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.respond.cgroup_blocks import cgroup2_of
 
 START_TIME_TOLERANCE_S = 0.015   # ProcessKey.start_time keeps 2 decimals
 
@@ -112,8 +113,14 @@ class Guard:
             return "its executable is in response.protect_exes"
         if self.scope == "containers" and not facts.container_id:
             return "outside the response scope (containers only)"
-        if self.cgroups and not any(_within(facts.cgroup, c) for c in self.cgroups):
-            return "outside the response scope (response.cgroups)"
+        if self.cgroups:
+            # The live cgroup v2 path (facts.cgroup may name a v1 hierarchy on hybrid hosts).
+            try:
+                cgroup = cgroup2_of(pid)
+            except OSError:
+                cgroup = facts.cgroup
+            if not any(_within(cgroup, c) for c in self.cgroups):
+                return "outside the response scope (response.cgroups)"
         return None
 
 

@@ -75,3 +75,28 @@ def test_pool_endpoints_are_the_connections_the_evidence_names():
     unnamed = Verdict(ProcessKey(4242, 1.0), 4242, "x", "/x", 90, "malicious",
                       [Evidence("miner.name", "comm", "comm=xmrig (in_list miner_names)", 60, "high")])
     assert sorted(pool_endpoints(unnamed, state)) == ["10.0.0.5", "198.51.100.1", "203.0.113.9"]
+
+
+def test_host_wide_block_never_takes_loopback_local_or_configured_networks():
+    from gpuguard.respond.responder import split_host_wide
+
+    settings = parse_response_settings({"block_egress": {"never_block": ["10.0.0.0/8", "fd00::/8"]}}, source="a")
+    assert settings.never_block_host_wide == ("10.0.0.0/8", "fd00::/8")
+    host, local = split_host_wide(["203.0.113.9", "127.0.0.1", "10.1.2.3", "169.254.1.1", "::1", "fd00::5",
+                                   "2001:db8::7", "0.0.0.0"], settings.never_block_host_wide)
+    assert host == ["203.0.113.9", "2001:db8::7"]
+    assert local == ["127.0.0.1", "10.1.2.3", "169.254.1.1", "::1", "fd00::5", "0.0.0.0"]
+    with pytest.raises(GpuguardError):
+        parse_response_settings({"block_egress": {"never_block": ["10.0.0.0/33"]}}, source="a")
+
+
+def test_pool_addresses_named_on_the_command_line_are_blocked_before_any_connect():
+    from gpuguard.correlate.state import ProcessState
+    from gpuguard.respond.cgroup_blocks import parse_addresses
+    from gpuguard.respond.responder import pool_endpoints
+
+    state = ProcessState(key=ProcessKey(4242, 1.0))
+    verdict = Verdict(ProcessKey(4242, 1.0), 4242, "x", "/x", 90, "malicious", [
+        Evidence("miner-cmdline-stratum", "cmdline", "stratum+tcp://198.51.100.4:3333 (pool URL)", 40, "high"),
+        Evidence("miner-cmdline-x", "cmdline", "-o stratum+ssl://[2001:db8::4]:443 -u 4AAAA.999.1.1", 40, "high")])
+    assert parse_addresses(pool_endpoints(verdict, state)) == (["198.51.100.4", "2001:db8::4"], [])

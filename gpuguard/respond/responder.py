@@ -14,6 +14,7 @@ never acts: it emits one alert naming what enforce mode would do.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import signal
@@ -245,13 +246,17 @@ class Responder:
         block = self._cgroup_blocker().block_egress(verdict.pid, container, addresses, ttl, f"{verdict.verdict} verdict")
         _name(block, verdict)
         outcome = self._placed(block, "block-egress", f"connects to {', '.join(addresses)} refused in its cgroup", base)
-        if self.settings.nftables:
+        host_wide, kept_local = split_host_wide(addresses, self.settings.never_block_host_wide)
+        if kept_local:
+            outcome.detail["not_host_wide"] = kept_local
+            outcome.reason += f"; not host-wide: {', '.join(kept_local)} (loopback, local or response.block_egress.never_block)"
+        if self.settings.nftables and host_wide:
             netns = self.settings.nftables_netns
             try:
-                NftSets(netns).add(addresses, ttl)
+                NftSets(netns).add(host_wide, ttl)
                 host = Block(new_block_id("nftables"), "nftables", block.created, block.expires, block.reason,
                              verdict.pid, verdict.key.start_time, verdict.comm, verdict.exe,
-                             {"addresses": addresses, "netns": netns})
+                             {"addresses": host_wide, "netns": netns})
                 self.store.save(host)
                 outcome.detail["nftables_block_id"] = host.id
                 outcome.reason += "; host-wide in table inet gpuguard"
@@ -379,11 +384,35 @@ class Responder:
             self._cgroups = None
 
 
+_IP_LITERAL = re.compile(r"(?<![\w.:])(\d{1,3}(?:\.\d{1,3}){3})(?![\w.])|\[([0-9A-Fa-f:.]+)\]")
+
+
 def pool_endpoints(verdict: Verdict, state: ProcessState) -> list[str]:
-    """The addresses it connected to whose address or port the evidence names; all of them if none is named."""
+    """The pool addresses the evidence names: IP literals in it (a pool URL on the command line, not yet
+    connected to) and the connections whose address or port it names; all connections if it names none.
+    Host names are never resolved.  Callers validate the result (parse_addresses)."""
     details = " ".join(e.detail for e in verdict.evidence)
+    literals = [m.group(1) or m.group(2) for m in _IP_LITERAL.finditer(details)]
     named = [a for (a, p) in state.connections if _named(a, details) or _named(str(p), details)]
-    return named or [a for (a, _p) in state.connections]
+    if named or literals:
+        return literals + named
+    return [a for (a, _p) in state.connections]
+
+
+def split_host_wide(addresses: list[str], never: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """Addresses fit for the host-wide sets, and those kept to the offender's cgroup.
+
+    Loopback, unspecified, link-local and multicast addresses, and the configured networks, never go
+    host-wide: dropping them for the whole host would cut it off from itself or its own services.
+    """
+    networks = [ipaddress.ip_network(n, strict=False) for n in never]
+    host_wide, local = [], []
+    for value in addresses:
+        ip = ipaddress.ip_address(value)
+        keep_local = (ip.is_loopback or ip.is_unspecified or ip.is_link_local or ip.is_multicast
+                      or any(ip.version == n.version and ip in n for n in networks))
+        (local if keep_local else host_wide).append(value)
+    return host_wide, local
 
 
 def _named(value: str, text: str) -> bool:

@@ -8,6 +8,7 @@ kill-on-touch and block-egress; ``suspicious`` -> alert; ``clean`` -> nothing.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,7 @@ class ResponseSettings:
     egress_ttl_s: float = 3600.0
     nftables: bool = True                 # host-wide sets besides the cgroup program
     nftables_netns: str = ""              # manage this named network namespace's firewall instead
+    never_block_host_wide: tuple[str, ...] = ()   # networks (CIDR) never put in the host-wide sets
     hooks: tuple[HookSettings, ...] = ()
     scope: str = "all"                    # all | containers
     cgroups: tuple[str, ...] = ()         # when set, act only inside these cgroup v2 paths
@@ -76,7 +78,7 @@ def parse_response_settings(section: Mapping | None, *, source: str) -> Response
     kill = _mapping(data.get("kill", {}), f"{where}.kill", ("grace_s", "target"))
     touch = _mapping(data.get("kill_on_touch", {}), f"{where}.kill_on_touch", ("ttl_s", "shared_exe_prefixes"))
     quarantine = _mapping(data.get("quarantine", {}), f"{where}.quarantine", ("ttl_s", "cgroup_parent"))
-    egress = _mapping(data.get("block_egress", {}), f"{where}.block_egress", ("ttl_s", "nftables", "nftables_netns"))
+    egress = _mapping(data.get("block_egress", {}), f"{where}.block_egress", ("ttl_s", "nftables", "nftables_netns", "never_block"))
     target = kill.get("target", "process")
     if target not in ("process", "group", "cgroup"):
         raise GpuguardError(f"{where}.kill.target: {target!r} is not process, group or cgroup", f"fix {source}")
@@ -99,6 +101,8 @@ def parse_response_settings(section: Mapping | None, *, source: str) -> Response
         egress_ttl_s=_number(egress.get("ttl_s", 3600.0), f"{where}.block_egress.ttl_s", source),
         nftables=_flag(egress.get("nftables", True), f"{where}.block_egress.nftables", source),
         nftables_netns=_text(egress.get("nftables_netns", ""), f"{where}.block_egress.nftables_netns", source),
+        never_block_host_wide=tuple(_network(n, f"{where}.block_egress.never_block", source)
+                                    for n in _list(egress.get("never_block", []), f"{where}.block_egress.never_block", source)),
         hooks=tuple(_hook(h, f"{where}.hooks[{i}]", source) for i, h in enumerate(hooks)),
         scope=scope,
         cgroups=tuple(_text(c, f"{where}.cgroups", source) for c in _list(data.get("cgroups", []), f"{where}.cgroups", source)),
@@ -145,6 +149,13 @@ def _hook(value: Any, where: str, source: str) -> HookSettings:
             raise GpuguardError(f"{where}.on: unknown verdict {verdict!r}", f"fix {source}")
     return HookSettings(name=_text(hook.get("name", argv[0].rsplit("/", 1)[-1]), f"{where}.name", source),
                         argv=tuple(argv), on=on, timeout_s=_number(hook.get("timeout_s", 10.0), f"{where}.timeout_s", source))
+
+
+def _network(value: Any, where: str, source: str) -> str:
+    try:
+        return str(ipaddress.ip_network(str(value), strict=False))
+    except ValueError:
+        raise GpuguardError(f"{where}: {value!r} is not an address or network (e.g. 10.0.0.0/8)", f"fix {source}") from None
 
 
 def _number(value: Any, where: str, source: str) -> float:

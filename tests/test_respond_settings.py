@@ -64,7 +64,7 @@ def test_bad_sections_name_the_key_and_the_file(section, words):
 
 def test_pool_endpoints_are_the_connections_the_evidence_names():
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.respond.responder import pool_endpoints
+    from gpuguard.respond.pool_addresses import pool_endpoints
 
     state = ProcessState(key=ProcessKey(4242, 1.0))
     for endpoint in (("10.0.0.5", 443), ("203.0.113.9", 3333), ("198.51.100.1", 33)):
@@ -78,7 +78,7 @@ def test_pool_endpoints_are_the_connections_the_evidence_names():
 
 
 def test_host_wide_block_never_takes_loopback_local_or_configured_networks():
-    from gpuguard.respond.responder import split_host_wide
+    from gpuguard.respond.pool_addresses import split_host_wide
 
     settings = parse_response_settings({"block_egress": {"never_block": ["10.0.0.0/8", "fd00::/8"]}}, source="a")
     assert settings.never_block_host_wide == ("10.0.0.0/8", "fd00::/8")
@@ -92,8 +92,8 @@ def test_host_wide_block_never_takes_loopback_local_or_configured_networks():
 
 def test_pool_addresses_named_on_the_command_line_are_blocked_before_any_connect():
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.respond.cgroup_blocks import parse_addresses
-    from gpuguard.respond.responder import pool_endpoints
+    from gpuguard.respond.pool_addresses import parse_addresses
+    from gpuguard.respond.pool_addresses import pool_endpoints
 
     state = ProcessState(key=ProcessKey(4242, 1.0))
     verdict = Verdict(ProcessKey(4242, 1.0), 4242, "x", "/x", 90, "malicious", [

@@ -79,17 +79,6 @@ def gpu_fds_open(pid: int) -> int:
     return count
 
 
-def parse_addresses(values: list[str]) -> tuple[list[str], list[str]]:
-    """Normalised IP addresses and the values that were not one (never passed on)."""
-    good, bad = [], []
-    for value in values:
-        try:
-            good.append(str(ipaddress.ip_address(value)))
-        except ValueError:
-            bad.append(value)
-    return sorted(set(good)), bad
-
-
 class CgroupBlocker:
     """Loads the cgroup programs once and places or lifts quarantine and egress blocks."""
 

@@ -77,6 +77,19 @@ def open_process(pid: int, start_time: float) -> ProcessHandle:
     return ProcessHandle(pid, pidfd)
 
 
+def process_group_members(pgid: int) -> list[int]:
+    """Every live pid in process group ``pgid`` (from /proc)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    members.append(int(entry))
+            except OSError:
+                continue
+    return members
+
+
 def own_lineage() -> frozenset[int]:
     """gpuguard's pid and every ancestor's, up to pid 1."""
     pids = {os.getpid()}

@@ -14,9 +14,7 @@ never acts: it emits one alert naming what enforce mode would do.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 import signal
 import threading
 import time
@@ -30,11 +28,12 @@ from gpuguard.detect.score import Verdict
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, BlockStore, new_block_id
-from gpuguard.respond.cgroup_blocks import CgroupBlocker, cgroup2_mount, cgroup2_of, parse_addresses
+from gpuguard.respond.cgroup_blocks import CgroupBlocker, cgroup2_mount, cgroup2_of
 from gpuguard.respond.hooks import run_hook
 from gpuguard.respond.lift import lift_block
 from gpuguard.respond.nft import NftError, NftSets
-from gpuguard.respond.process_control import Guard, RecycledPid, open_process, start_time_of
+from gpuguard.respond.pool_addresses import parse_addresses, pool_endpoints, split_host_wide
+from gpuguard.respond.process_control import Guard, RecycledPid, open_process, process_group_members, start_time_of
 from gpuguard.respond.settings import STEPS, ResponseSettings
 from gpuguard.respond.touch import TouchBlocker
 
@@ -153,7 +152,7 @@ class Responder:
         if target == "group":
             pgid = os.getpgid(verdict.pid)
             detail["pgid"] = pgid
-            pids += [p for p in _group_members(pgid) if p != verdict.pid and not self.guard.refusal(p, facts)]
+            pids += [p for p in process_group_members(pgid) if p != verdict.pid and not self.guard.refusal(p, facts)]
         if self.dry_run:
             return ActionOutcome(action="kill", status="dry-run", detail=detail, **base,
                                  reason=f"would send SIGTERM to pid(s) {pids} (start time checked), SIGKILL after {grace:g} s")
@@ -384,56 +383,9 @@ class Responder:
             self._cgroups = None
 
 
-_IP_LITERAL = re.compile(r"(?<![\w.:])(\d{1,3}(?:\.\d{1,3}){3})(?![\w.])|\[([0-9A-Fa-f:.]+)\]")
-
-
-def pool_endpoints(verdict: Verdict, state: ProcessState) -> list[str]:
-    """The pool addresses the evidence names: IP literals in it (a pool URL on the command line, not yet
-    connected to) and the connections whose address or port it names; all connections if it names none.
-    Host names are never resolved.  Callers validate the result (parse_addresses)."""
-    details = " ".join(e.detail for e in verdict.evidence)
-    literals = [m.group(1) or m.group(2) for m in _IP_LITERAL.finditer(details)]
-    named = [a for (a, p) in state.connections if _named(a, details) or _named(str(p), details)]
-    if named or literals:
-        return literals + named
-    return [a for (a, _p) in state.connections]
-
-
-def split_host_wide(addresses: list[str], never: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """Addresses fit for the host-wide sets, and those kept to the offender's cgroup.
-
-    Loopback, unspecified, link-local and multicast addresses, and the configured networks, never go
-    host-wide: dropping them for the whole host would cut it off from itself or its own services.
-    """
-    networks = [ipaddress.ip_network(n, strict=False) for n in never]
-    host_wide, local = [], []
-    for value in addresses:
-        ip = ipaddress.ip_address(value)
-        keep_local = (ip.is_loopback or ip.is_unspecified or ip.is_link_local or ip.is_multicast
-                      or any(ip.version == n.version and ip in n for n in networks))
-        (local if keep_local else host_wide).append(value)
-    return host_wide, local
-
-
-def _named(value: str, text: str) -> bool:
-    """``value`` appears in ``text`` as a whole token (port 33 is not named by 3333)."""
-    return re.search(rf"(?<![\w.:]){re.escape(value)}(?![\w.:])", text) is not None
-
-
 def _name(block: Block, verdict: Verdict) -> None:
     block.start_time = verdict.key.start_time
     block.comm = verdict.comm
     block.exe = block.exe or verdict.exe
 
-
-def _group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid:
-                    members.append(int(entry))
-            except OSError:
-                continue
-    return members
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.score import Verdict
+from gpuguard.errors import GpuguardError
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, BlockStore, new_block_id
@@ -127,7 +128,10 @@ class Responder:
         except ProcessLookupError:
             return ActionOutcome(action=step, status="skipped", reason="the process exited before it was reached", **base)
         except Exception as exc:  # noqa: BLE001 - every failure is reported as an outcome, never raised into the agent
-            text = getattr(exc, "cause", None) or str(exc) or type(exc).__name__
+            if isinstance(exc, GpuguardError):
+                text = f"{exc.cause} (fix: {exc.fix})" if exc.fix else exc.cause
+            else:
+                text = str(exc) or type(exc).__name__
             return ActionOutcome(action=step, status="failed", reason=text, **base)
 
     # -- the actions -----------------------------------------------------------------------------

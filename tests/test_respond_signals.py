@@ -67,6 +67,15 @@ def test_suspended_process_stays_stopped_until_unblocked(settings):
         assert (outcome.action, outcome.status) == ("suspend", "done")
         time.sleep(0.5)
         assert process_state_letter(proc.pid) == "T" and proc.poll() is None
+        # Something else resumes it (its parent, say): the next sweep stops it again.
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.2)
+        assert process_state_letter(proc.pid) != "T"
+        (again,) = responder.sweep(time.time())
+        assert (again.action, again.status) == ("suspend", "done") and "stopped again" in again.reason
+        time.sleep(0.2)
+        assert process_state_letter(proc.pid) == "T"
+        assert responder.sweep(time.time()) == []
         block = BlockStore(settings.state_dir).get(outcome.block_id)
         assert block.kind == "suspend"
         assert responder.lift(block, time.time()).status == "done"

@@ -359,12 +359,39 @@ class Responder:
                            d.get("size"), d.get("sha256"))
 
     def sweep(self, now: float) -> list[ActionOutcome]:
-        """Lift expired blocks (the kernel already ignores expired entries; this removes them and their records)."""
+        """Lift expired blocks, and stop again a suspended process something has resumed.
+
+        The kernel already ignores expired map entries; this removes them and their records.
+        A SIGCONT from the offender's parent must not undo a suspend: only `unblock` does.
+        """
         outcomes = []
         for block in self.store.load():
             if block.expired(now):
                 outcomes.append(self.lift(block, now, reason="expired"))
+            elif block.kind == "suspend" and self.acting:
+                outcome = self._keep_stopped(block, now)
+                if outcome is not None:
+                    outcomes.append(outcome)
         return outcomes
+
+    def _keep_stopped(self, block: Block, now: float) -> ActionOutcome | None:
+        try:
+            with open(f"/proc/{block.pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "gone"
+        if state in ("T", "t"):
+            return None
+        common = dict(time=now, pid=block.pid, start_time=block.start_time, comm=block.comm, exe=block.exe,
+                      block_id=block.id)
+        try:
+            with open_process(block.pid, block.start_time) as handle:
+                handle.send(signal.SIGSTOP)
+        except (RecycledPid, ProcessLookupError):
+            self.store.remove(block.id)
+            return ActionOutcome(action="unblock", status="done", reason="the suspended process has exited", **common)
+        return ActionOutcome(action="suspend", status="done", reason="it had been resumed by something else: stopped again",
+                             detail={"signal": "SIGSTOP"}, **common)
 
     def lift(self, block: Block, now: float, reason: str = "unblocked") -> ActionOutcome:
         try:

@@ -15,7 +15,8 @@ import sys
 from gpuguard import __version__
 from gpuguard.errors import GpuguardError
 
-COMMANDS = ("watch", "record", "replay", "gpus", "rules", "scan", "agent", "status", "selftest")
+COMMANDS = ("watch", "record", "replay", "gpus", "rules", "scan", "agent", "status", "selftest", "blocks",
+            "unblock")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -156,4 +156,48 @@ struct gg_ioctl_key {
 #define GG_SLOT_FD_BITS 26
 #define GG_SLOT_TGID_BITS 22
 
+/* ==== respond: kill-on-touch and cgroup blocks (gpuguard/respond) ====
+ * Maps of probes/respond_touch.bpf.c and probes/respond_cgroup.bpf.c, pinned
+ * under the block root (/sys/fs/bpf/gpuguard by default) so blocks outlive
+ * the agent.  Deadlines are CLOCK_MONOTONIC ns (bpf_ktime_get_ns), 0 = never. */
+
+/* Why kill-on-touch killed a process. */
+enum gg_touch_reason {
+    GG_TOUCH_GPU_OPEN = 1,       /* opened a GPU device path */
+    GG_TOUCH_CONNECT = 2,        /* connect(2) to an IPv4/IPv6 peer */
+    GG_TOUCH_EXEC = 3,           /* exec of a blocked path (not killed: reported so user space checks it) */
+};
+
+/* A blocked executable path (by its hash) or process (by tgid). */
+struct gg_touch_entry {
+    __u64 expires_ns;
+    __u64 added_ns;              /* CLOCK_BOOTTIME when a tgid was added: a process that started
+                                    later is a recycled pid, and user space drops the entry */
+    __u32 block;                 /* the block's number, for the kill report */
+    __u32 _pad;
+};
+
+/* Kernel -> user: a kill at the touch (or an exec to check). */
+struct gg_touch_event {
+    __u64 time_ns;               /* bpf_ktime_get_boot_ns() */
+    __u32 tgid;
+    __u32 ppid;                  /* parent for exec reports, 0 otherwise */
+    __u32 reason;                /* enum gg_touch_reason */
+    __u32 block;
+    char comm[GG_COMM_LEN];
+    char path[GG_PATH_LEN];
+};
+
+/* A pool address refused by the cgroup connect programs. */
+struct gg_pool_key {
+    __u32 family;                /* AF_INET / AF_INET6 */
+    __u8 addr[16];               /* IPv4 in the first 4 bytes */
+};
+
+/* A device major denied by the cgroup device program. */
+struct gg_major_key {
+    __u32 major;
+};
+/* ==== end respond ==== */
+
 #endif /* GPUGUARD_H */

@@ -1,0 +1,44 @@
+"""`gpuguard unblock ID... | --all`: lift blocks the response left in place (see `gpuguard blocks`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gpuguard.commands.blocks import add_block_location_arguments
+from gpuguard.errors import GpuguardError
+from gpuguard.escape import escape_text
+from gpuguard.respond.blocks import BlockStore
+from gpuguard.respond.lift import lift_all, lift_block
+
+HELP = "lift blocks by id, or all of them (--all also removes table inet gpuguard where a block used it)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ids", nargs="*", metavar="ID", help="block ids as `gpuguard blocks` lists them")
+    parser.add_argument("--all", action="store_true", help="lift every block")
+    add_block_location_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    if bool(args.ids) == bool(args.all):
+        raise GpuguardError("name block ids or --all (not both, not neither)", "gpuguard blocks lists the ids")
+    store = BlockStore(args.state_dir)
+    root = Path(args.pin_root)
+    if args.all:
+        done = lift_all(store, root)
+    else:
+        done = []
+        for block_id in args.ids:
+            block = store.get(block_id)
+            if block is None:
+                raise GpuguardError(f"no block {escape_text(block_id)!s} in {args.state_dir}", "gpuguard blocks lists the ids")
+            try:
+                done.append((block, lift_block(block, store, root)))
+            except OSError as exc:
+                done.append((block, f"failed: {exc}"))
+    failed = 0
+    for block, said in done:
+        failed += said.startswith("failed")
+        print(f"{block.id} {block.kind}: {escape_text(said)}")
+    return 1 if failed else 0

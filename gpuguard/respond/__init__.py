@@ -1,0 +1,11 @@
+"""Response: what gpuguard does about a verdict in enforce mode (gpuguard.respond.responder).
+
+Actions: alert, suspend, kill, kill-on-touch (kernel), quarantine (cgroup
+device program), block-egress (cgroup connect programs + nftables sets) and
+operator hooks; blocks are recorded and pinned so they outlive the agent.
+"""
+
+from gpuguard.respond.responder import Responder
+from gpuguard.respond.settings import ResponseSettings, parse_response_settings
+
+__all__ = ["Responder", "ResponseSettings", "parse_response_settings"]

@@ -1,0 +1,84 @@
+"""Lifting blocks: by id, all of them, or the expired ones; the one place each kind is undone."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from gpuguard.respond.blocks import Block, BlockStore
+from gpuguard.respond.cgroup_blocks import lift_cgroup_block
+from gpuguard.respond.nft import NftError, NftSets
+from gpuguard.respond.process_control import RecycledPid, open_process
+from gpuguard.respond.touch import lift_touch_block
+
+
+def lift_block(block: Block, store: BlockStore, root: Path) -> str:
+    """Undo ``block`` and forget its record; a sentence saying what was done."""
+    others = [b for b in store.load() if b.id != block.id]
+    if block.kind == "kill-on-touch":
+        said = lift_touch_block(block, root)
+    elif block.kind in ("quarantine", "block-egress"):
+        said = lift_cgroup_block(block, root, others)
+    elif block.kind == "nftables":
+        held = {a for b in others if b.kind == "nftables" for a in b.detail.get("addresses", [])}
+        gone = [a for a in block.detail.get("addresses", []) if a not in held]
+        try:
+            NftSets(block.detail.get("netns", "")).remove(gone)
+        except NftError as exc:
+            raise OSError(f"nft refused: {exc}") from None
+        said = f"removed {len(gone)} address(es) from table inet gpuguard"
+    elif block.kind == "suspend":
+        try:
+            with open_process(block.pid, block.start_time) as handle:
+                handle.send(signal.SIGCONT)
+            said = f"sent SIGCONT to pid {block.pid}"
+        except RecycledPid as exc:
+            said = f"nothing to resume: {exc}"
+    else:
+        said = f"unknown kind {block.kind!r}: record dropped"
+    store.remove(block.id)
+    return said
+
+
+def lift_all(store: BlockStore, root: Path, netns_seen: set[str] | None = None) -> list[tuple[Block, str]]:
+    """Lift every block, then remove the nftables table of each namespace a block used."""
+    done = []
+    namespaces = set(netns_seen or ())
+    for block in store.load():
+        if block.kind == "nftables":
+            namespaces.add(block.detail.get("netns", ""))
+        try:
+            done.append((block, lift_block(block, store, root)))
+        except OSError as exc:
+            done.append((block, f"failed: {exc}"))
+    for netns in namespaces:
+        try:
+            NftSets(netns).delete_table()
+        except NftError:
+            pass
+    return done
+
+
+def in_place(block: Block, root: Path) -> str:
+    """What the kernel (or nftables, or /proc) shows of the block now, for `gpuguard blocks`."""
+    if block.kind in ("quarantine", "block-egress"):
+        pins = [Path(p["pin"]).exists() for p in block.detail.get("programs", [])]
+        return "attached" if pins and all(pins) else "programs missing"
+    if block.kind == "kill-on-touch":
+        return "in kernel map" if (root / "maps" / "touch_paths").exists() else "map missing"
+    if block.kind == "nftables":
+        try:
+            present = {a for values in NftSets(block.detail.get("netns", "")).elements().values() for a in values}
+        except (OSError, ValueError):
+            return "nft unavailable"
+        wanted = block.detail.get("addresses", [])
+        found = sum(a in present for a in wanted)
+        return f"{found}/{len(wanted)} addresses in sets"
+    if block.kind == "suspend":
+        try:
+            with open(f"/proc/{block.pid}/stat") as f:
+                letter = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return "process gone"
+        return "stopped" if letter in ("T", "t") else "running again"
+    return "?"

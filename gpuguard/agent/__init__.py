@@ -13,4 +13,8 @@ Data flow, one module per stage:
 * :mod:`.status_file` — the root-only state file ``gpuguard status`` reads;
 * :mod:`.selftest` and :mod:`.simulator` — ``gpuguard selftest`` and the
   harmless miner simulator it runs.
+
+May import: every layer below it (errors, escape, events, sources,
+correlate, detect, respond, outputs); it is wiring at the top with commands
+and cli (tests/test_layers.py).
 """

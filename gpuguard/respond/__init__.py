@@ -3,6 +3,12 @@
 Actions: alert, suspend, kill, kill-on-touch (kernel), quarantine (cgroup
 device program), block-egress (cgroup connect programs + nftables sets) and
 operator hooks; blocks are recorded and pinned so they outlive the agent.
+Every action ends as an :class:`~gpuguard.events.agent_events.ActionOutcome`.
+
+May import: ``gpuguard.errors``, ``gpuguard.escape``, ``gpuguard.events``,
+``gpuguard.sources``, ``gpuguard.correlate``, ``gpuguard.detect`` and itself;
+never ``gpuguard.outputs`` (shared data lives in events) or commands
+(tests/test_layers.py).
 """
 
 from gpuguard.respond.responder import Responder

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuguard.agent import status_file
-from gpuguard.agent.actions import ALERT_VERDICTS, make_responder
+from gpuguard.agent.actions import ALERT_VERDICTS, make_responder, response_settings
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.intake import BoundedQueue
@@ -204,7 +204,12 @@ class Agent:
         self.correlator.set_ruleset(ruleset)
 
     def _make_responder(self) -> None:
-        self.responder = make_responder(self.config.response, self.config.mode, self.config.dry_run, self.emit)
+        """A responder for the current config; the previous one is closed first (its pinned blocks stay)."""
+        settings = response_settings(self.config.response, self.config.source)
+        if self.responder is not None:
+            self.responder.close()
+            self.responder = None
+        self.responder = make_responder(settings, self.config.mode, self.config.dry_run, self.emit)
         self.counters.mode = self.config.mode
 
     def _known(self, pid: int, start_time: float) -> bool:

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from gpuguard.correlate.gpu_behaviour import GpuBehaviour
 from gpuguard.correlate.network import NetworkView
 from gpuguard.correlate.windows import RateWindow, SampleWindow
+from gpuguard.events.gpu_snapshot import DeviceSample
 from gpuguard.events.process_facts import ProcessFacts
 
 if TYPE_CHECKING:
@@ -98,6 +100,8 @@ class ProcessState:
     gpu_util: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
     gpu_memory: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
     gpu_memory_total: int | None = None    # summed totals of the devices it uses
+    gpu_behaviour: GpuBehaviour = field(default_factory=GpuBehaviour)   # memory controller, power, PCIe, duty cycle
+    gpu_device_shared: bool | None = None  # another process used one of its GPUs in the latest snapshot
     cpu: SampleWindow = field(default_factory=lambda: SampleWindow(CPU_WINDOW_S))
     # scanning
     yara_matches: set[str] = field(default_factory=set)
@@ -225,17 +229,24 @@ class ProcessState:
             for name in names:
                 derived.pop(name, None)
 
-    def add_gpu_sample(self, time: float, sm_util: float | None, used_memory: int | None) -> bool:
-        """Add one sample; True when it is time to rescore (first sample, then every GPU_RESCORE_EVERY_S)."""
+    def add_gpu_sample(self, time: float, sm_util: float | None, used_memory: int | None,
+                       mem_util: float | None = None, solo: DeviceSample | None = None,
+                       watched: bool = False) -> bool:
+        """Add one sample (``solo``: its device's sample, when it is that device's only user);
+        True when it is time to rescore (first sample, then every GPU_RESCORE_EVERY_S)."""
         if sm_util is not None:
             self.gpu_util.add(time, sm_util)
         if used_memory is not None:
             self.gpu_memory.add(time, float(used_memory))
+        if solo is None:
+            self.gpu_behaviour.add(time, sm_util, mem_util, used_memory, watched=watched)
+        else:
+            pcie = solo.pcie_tx_kbs + solo.pcie_rx_kbs if solo.pcie_tx_kbs is not None and solo.pcie_rx_kbs is not None else None
+            self.gpu_behaviour.add(time, sm_util, mem_util, used_memory, solo.mem_util, solo.power_w, pcie, watched)
         if self.gpu_rescored_at is None or time - self.gpu_rescored_at >= GPU_RESCORE_EVERY_S:
             self.gpu_rescored_at = time
             return True
         return False
-
 
 def __getattr__(name: str) -> Any:
     # ``from gpuguard.correlate.state import Correlator`` keeps working although the

@@ -608,6 +608,10 @@ def _parent_score(s: ProcessState, now: float) -> int | None:
     return s.parent_verdict.score if s.parent_verdict is not None else None
 
 
+# GPU behaviour signals live in their own module (they register into SIGNALS above).
+from gpuguard.detect import behaviour_signals  # noqa: E402,F401
+
+
 # Where each signal's value is kept on the state (None: nowhere), now that all are registered.
 _SIGNAL_CACHE: dict[str, str | None] = {
     name: None if signal_kind(name) is None else f"signals:{signal_kind(name)}" for name in SIGNALS

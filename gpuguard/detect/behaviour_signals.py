@@ -1,0 +1,76 @@
+"""Rule signals of GPU behaviour: the fingerprint windows of ``gpuguard.correlate.gpu_behaviour``.
+
+Registered into the one signal table (``gpuguard.detect.signals.SIGNALS``) under
+the names the rules use; ``signals`` imports this module before it builds its
+caches.  Every value here moves with each GPU sample, so none is cached on the
+state.  A figure the vendor did not give (no memory-controller load from
+fdinfo, no power while the device is shared) is ``None``: a condition on it
+never matches.
+"""
+
+from __future__ import annotations
+
+from gpuguard.correlate.gpu_behaviour import profile
+from gpuguard.correlate.state import ProcessState
+from gpuguard.detect.signals import _signal
+
+
+@_signal("gpu_profile", "text", "gpu-behaviour",
+         "GPU behaviour profile and its figures: 'compute-bound: SM 99 ± 0.7% for 74 s, memory-controller 0%, ...' "
+         "(kinds: compute-bound, memory-hard, flat, varying, idle)")
+def _gpu_profile(s: ProcessState, now: float) -> str | None:
+    return profile(s.gpu_util, s.gpu_behaviour)
+
+
+@_signal("gpu_memory_controller_mean", "number", "gpu-behaviour",
+         "mean memory-controller load % (the device's while it is the only user, else its own NVML share), last 5 minutes")
+def _memctl_mean(s: ProcessState, now: float) -> float | None:
+    return s.gpu_behaviour.memctl.mean
+
+
+@_signal("gpu_power_variation", "number", "gpu-behaviour",
+         "device power standard deviation / mean while it was the device's only user (hashing loop on an H100: 0.02)")
+def _power_variation(s: ProcessState, now: float) -> float | None:
+    return s.gpu_behaviour.power_variation()
+
+
+@_signal("gpu_pcie_mb_s", "number", "gpu-behaviour",
+         "device PCIe TX+RX MB/s while it was the device's only user, last 5 minutes (training: ~1,800; hashing: ~3)")
+def _pcie(s: ProcessState, now: float) -> float | None:
+    return s.gpu_behaviour.pcie_mb_s()
+
+
+@_signal("gpu_allocation_stable_s", "number", "gpu-behaviour", "seconds its GPU memory has not changed")
+def _allocation_stable(s: ProcessState, now: float) -> float | None:
+    return s.gpu_behaviour.allocation_stable_s()
+
+
+@_signal("gpu_memory_growth_fraction", "number", "gpu-behaviour",
+         "growth of its GPU memory over the last 5 minutes, as a fraction of its GPUs' total memory")
+def _memory_growth(s: ProcessState, now: float) -> float | None:
+    latest, lowest = s.gpu_memory.latest, s.gpu_memory.minimum
+    if latest is None or lowest is None or not s.gpu_memory_total:
+        return None
+    return max(0.0, latest - lowest) / s.gpu_memory_total
+
+
+@_signal("gpu_device_shared", "bool", "gpu-behaviour", "another process used one of its GPUs in the latest sample")
+def _device_shared(s: ProcessState, now: float) -> bool | None:
+    return s.gpu_device_shared
+
+
+@_signal("gpu_duty_cycle", "number", "gpu-behaviour", "fraction of its GPU samples with SM >= 50 % (0-1)")
+def _duty_cycle(s: ProcessState, now: float) -> float | None:
+    return s.gpu_behaviour.duty_cycle()
+
+
+@_signal("gpu_pauses_when_watched", "bool", "gpu-behaviour",
+         "busy while no monitor runs, idle while nvidia-smi/top/nvtop... run (at least 3 samples of each)")
+def _pauses_when_watched(s: ProcessState, now: float) -> bool | None:
+    return s.gpu_behaviour.pauses_when_watched()
+
+
+@_signal("gpu_night_only", "bool", "gpu-behaviour",
+         "busy most of the observed night (22-06 UTC), idle by day (at least 30 min observed of each)")
+def _night_only(s: ProcessState, now: float) -> bool | None:
+    return s.gpu_behaviour.night_only()

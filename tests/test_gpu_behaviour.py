@@ -141,7 +141,8 @@ def _solo(memctl=0.0, power=395.0, tx=1500, rx=1400):
 
 TESTED_SIGNALS = {"gpu_profile", "gpu_memory_controller_mean", "gpu_power_variation", "gpu_pcie_mb_s",
                   "gpu_allocation_stable_s", "gpu_memory_growth_fraction", "gpu_device_shared", "gpu_duty_cycle",
-                  "gpu_pauses_when_watched", "gpu_night_only"}
+                  "gpu_pauses_when_watched", "gpu_night_only",
+                  "gpu_lifetime_util_mean", "gpu_lifetime_s"}   # the last two: tests/test_nvml_behaviour.py
 
 
 def test_behaviour_signals():

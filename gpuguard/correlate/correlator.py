@@ -24,6 +24,7 @@ from gpuguard.correlate.gpu_behaviour import MONITOR_NAMES
 from gpuguard.correlate.state import ANY_ADDITION, ProcessKey, ProcessState
 from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
+from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.sources.process import collect_process_facts
@@ -84,6 +85,7 @@ class Correlator:
             Lost: self._on_lost,
             GpuSnapshot: self._on_snapshot,
             ProcessFacts: self._on_facts,
+            GpuAccounting: self._on_accounting,
         }
 
     # -- public API ---------------------------------------------------------
@@ -359,6 +361,16 @@ class Correlator:
         state = self._by_pid.get(event.pid)
         if state is not None:
             state.lost_events += event.count
+
+    def _on_accounting(self, record: GpuAccounting) -> None:
+        """A driver's lifetime record of a pid: kept on the live process it belongs to, if any."""
+        state = self._by_pid.get(record.pid)
+        if state is None or not record.running:
+            return          # exited users are the scan's host findings, not a process verdict
+        if record.start_time is not None and record.start_time < state.key.start_time - _SAME_PROCESS_SLACK_S:
+            return          # an earlier process that had this pid
+        state.gpu_lifetime = record
+        state.touch(self.clock, True)
 
     def _on_snapshot(self, snapshot: GpuSnapshot) -> None:
         self.counters["snapshots"] += 1

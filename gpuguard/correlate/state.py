@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from gpuguard.correlate.gpu_behaviour import GpuBehaviour
 from gpuguard.correlate.network import NetworkView
 from gpuguard.correlate.windows import RateWindow, SampleWindow
+from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import DeviceSample
 from gpuguard.events.process_facts import ProcessFacts
 
@@ -101,6 +102,7 @@ class ProcessState:
     gpu_memory: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
     gpu_memory_total: int | None = None    # summed totals of the devices it uses
     gpu_behaviour: GpuBehaviour = field(default_factory=GpuBehaviour)   # memory controller, power, PCIe, duty cycle
+    gpu_lifetime: GpuAccounting | None = None   # NVML accounting: lifetime averages (scan)
     gpu_device_shared: bool | None = None  # another process used one of its GPUs in the latest snapshot
     cpu: SampleWindow = field(default_factory=lambda: SampleWindow(CPU_WINDOW_S))
     # scanning

@@ -74,3 +74,14 @@ def _pauses_when_watched(s: ProcessState, now: float) -> bool | None:
          "busy most of the observed night (22-06 UTC), idle by day (at least 30 min observed of each)")
 def _night_only(s: ProcessState, now: float) -> bool | None:
     return s.gpu_behaviour.night_only()
+
+
+@_signal("gpu_lifetime_util_mean", "number", "gpu-behaviour",
+         "lifetime average GPU utilisation % from NVML accounting mode (start-up included); absent when accounting is off")
+def _lifetime_util(s: ProcessState, now: float) -> float | None:
+    return s.gpu_lifetime.gpu_util if s.gpu_lifetime is not None else None
+
+
+@_signal("gpu_lifetime_s", "number", "gpu-behaviour", "seconds it has used the GPU, from NVML accounting mode")
+def _lifetime_s(s: ProcessState, now: float) -> float | None:
+    return s.gpu_lifetime.duration_s if s.gpu_lifetime is not None else None

@@ -23,7 +23,7 @@ die() { printf 'gpuguard-setup: %s\n' "$*" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || die "must run as root (fix: sudo bash packaging/setup-host.sh $job)"
 command -v apt-get >/dev/null || die "apt-get not found: this script sets up Debian/Ubuntu hosts (fix: install bcc, kernel headers and python3-venv by hand, then pip install -e .)"
 
-DEBS=(python3-bpfcc python3-venv python3-pip python3-nftables nftables iproute2 gcc libc6-dev util-linux procps)
+DEBS=(python3-bpfcc python3-venv python3-pip python3-nftables nftables iproute2 gcc libc6-dev util-linux procps openssl)
 missing=()
 for p in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

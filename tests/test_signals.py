@@ -57,6 +57,8 @@ SIGNAL_CASES = [
     ("bracketed, real kthread", make(exe="", cmdline=["[kworker/0:1]"]), "cmdline_bracketed", False),
     ("exe deleted", make(exe_deleted=True), "exe_deleted", True),
     ("exe memfd", make(exe="/memfd:payload", exe_memfd=True), "exe_memfd", True),
+    ("exe memfd name", make(exe="/memfd:runc_cloned:/proc/self/exe", exe_memfd=True), "exe_memfd_name", "runc_cloned:/proc/self/exe"),
+    ("exe not memfd, no name", make(), "exe_memfd_name", None),
     ("user", make(username="www-data", uid=33), "user", "www-data"),
     ("uid", make(uid=33), "uid", 33),
     ("uid unknown", make(), "uid", None),

@@ -258,6 +258,11 @@ def _exe_memfd(s: ProcessState, now: float) -> bool:
     return (s.facts.exe_memfd if s.facts is not None else False) or s.exe.startswith("/memfd:")
 
 
+@_signal("exe_memfd_name", "text", "identity", "name the memfd executable was created with (runc_cloned:/proc/self/exe, sealed-...)")
+def _exe_memfd_name(s: ProcessState, now: float) -> str | None:
+    return s.exe[len("/memfd:"):] or None if s.exe.startswith("/memfd:") else None
+
+
 @_signal("user", "text", "identity", "user name of the real uid")
 def _user(s: ProcessState, now: float) -> str | None:
     return (s.facts.username or None) if s.facts is not None else None

@@ -42,6 +42,11 @@ enum gg_device_class {
     GG_DEV_PCI_BAR = 9,          /* /sys/bus/pci/devices/X/resourceN */
     GG_DEV_MEM = 10,             /* /dev/mem */
     GG_DEV_NVIDIA_CAPS = 11,     /* /dev/nvidia-caps/... (MIG capabilities) */
+    /* Host tuning files CPU miners touch as root for speed (RandomX): not GPUs, but opened,
+     * tracked and reported the same way so a miner with no strings still shows them. */
+    GG_DEV_MSR = 12,             /* /dev/cpu/N/msr: model-specific registers */
+    GG_DEV_MSR_CONFIG = 13,      /* /sys/module/msr/parameters/allow_writes */
+    GG_DEV_HUGEPAGES_CONFIG = 14, /* /proc/sys/vm/nr_hugepages, /sys/kernel/mm/hugepages/X/nr_hugepages */
 };
 
 /* Which ring-buffer/perf reservation failed, for the lost-event counters. */

@@ -17,6 +17,7 @@ inherit its parent's verdict.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from gpuguard.correlate.config_files import read_config_files
@@ -294,7 +295,8 @@ class Correlator:
     def _on_gpu_open(self, event: GpuOpen) -> None:
         self.counters["events"] += 1
         state = self._state_for(event.pid, event.time, event.comm)
-        state.touch(event.time, bool(state.add_gpu_device(event.device_class, event.path) & self._rescore_on))
+        written = event.flags & os.O_ACCMODE != os.O_RDONLY
+        state.touch(event.time, bool(state.add_gpu_device(event.device_class, event.path, written) & self._rescore_on))
 
     def _on_gpu_ioctl(self, event: GpuIoctl) -> None:
         # The hottest handler (most events are ioctl counts): lookups inlined.

@@ -85,6 +85,7 @@ class ProcessState:
     # GPU devices
     gpu_device_classes: set[str] = field(default_factory=set)
     gpu_paths: set[str] = field(default_factory=set)
+    device_classes_written: set[str] = field(default_factory=set)   # opened for writing (msr, hugepages-config...)
     # ioctls: totals by decoded name and category; recent rates by category
     ioctl_counts: dict[str, int] = field(default_factory=dict)     # the first MAX_IOCTL_NAMES names
     ioctl_categories: set[str] = field(default_factory=set)
@@ -150,12 +151,16 @@ class ProcessState:
         self.derived.clear()
         self.dirty = True
 
-    def add_gpu_device(self, device_class: str, path: str = "") -> int:
-        """Note a GPU device class (and path) it used; the NEW_* bits of what was new (0: nothing)."""
+    def add_gpu_device(self, device_class: str, path: str = "", written: bool = False) -> int:
+        """Note a GPU device class (and path) it used, ``written`` when opened for writing;
+        the NEW_* bits of what was new (0: nothing)."""
         new = 0
         if device_class and device_class not in self.gpu_device_classes:
             self.gpu_device_classes.add(device_class)
             new = NEW_DEVICE_CLASS
+        if written and device_class and device_class not in self.device_classes_written:
+            self.device_classes_written.add(device_class)
+            new |= NEW_DEVICE_CLASS
         if path and path not in self.gpu_paths and len(self.gpu_paths) < MAX_PATHS:
             self.gpu_paths.add(path)
             new |= NEW_GPU_PATH

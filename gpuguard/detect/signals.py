@@ -59,7 +59,8 @@ SIGNALS: dict[str, Signal] = {}
 # windows, counts, time, YARA, the parent's verdict) is recomputed every time.
 FACTS, NETWORK, DEVICES = "facts", "network", "devices"
 _KIND_OF_GROUP = {"identity": FACTS, "cmdline": FACTS, "config": FACTS, "ancestry": FACTS, "network": NETWORK}
-_DEVICE_SIGNALS = frozenset({"gpu_device_classes", "gpu_paths", "ioctl_names", "ioctl_categories", "ioctl_query_only"})
+_DEVICE_SIGNALS = frozenset({"gpu_device_classes", "gpu_paths", "ioctl_names", "ioctl_categories", "ioctl_query_only",
+                             "device_classes_written"})
 _UNCACHED = frozenset({"parent_verdict", "parent_score", "connect_count"})
 
 
@@ -463,6 +464,12 @@ def _gpu_classes(s: ProcessState, now: float) -> set[str]:
     return s.gpu_device_classes
 
 
+@_signal("device_classes_written", "texts", "gpu",
+         "device classes it opened for writing (msr, msr-config, hugepages-config: CPU miners tuning the host)")
+def _device_classes_written(s: ProcessState, now: float) -> set[str]:
+    return s.device_classes_written
+
+
 @_signal("gpu_paths", "texts", "gpu", "GPU device paths opened")
 def _gpu_paths(s: ProcessState, now: float) -> set[str]:
     return s.gpu_paths
@@ -632,7 +639,7 @@ SIGNALS_READING: dict[int, frozenset[str]] = {
     NEW_ADDRESS: frozenset({"connect_addresses"}),
     NEW_PAYLOAD: frozenset({"payload_protocols", "payload_agents", "payload_methods", "payload_logins",
                             "payload_hosts", "proxy_target_hosts", "proxy_target_ports", "revealed_hosts"}),
-    NEW_DEVICE_CLASS: frozenset({"gpu_device_classes"}),
+    NEW_DEVICE_CLASS: frozenset({"gpu_device_classes", "device_classes_written"}),
     NEW_GPU_PATH: frozenset({"gpu_paths"}),
     NEW_IOCTL_NAME: frozenset({"ioctl_names"}),
     NEW_IOCTL_CATEGORY: frozenset({"ioctl_categories", "ioctl_query_only"}),

@@ -239,6 +239,10 @@ static __always_inline int open_exit(void *ctx, long ret)
         count_lost(GG_LOST_TRACKED_FDS);
     else
         gpu_slot_publish(key.tgid, key.fd, val.device_class);
+    if (val.device_class < GG_DEV_MSR) {    /* a GPU holder: its connections get activity records */
+        __u8 one = 1;
+        watched_tgids.update(&key.tgid, &one);
+    }
 
 #ifdef GG_PERF_BUFFER
     __u32 zero = 0;

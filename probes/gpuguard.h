@@ -113,6 +113,22 @@ struct gg_net_payload {
     __u8 data[GG_PAYLOAD_LEN];
 };
 
+/* Per-connection activity of a watched process (one that holds a GPU, or that user
+ * space asked to watch): kept in the kernel (conn_activity), read on an interval.
+ * The times of the latest small writes (shares, keepalives) show a pool's cadence
+ * even inside TLS. */
+#define GG_ACTIVITY_TIMES 8        /* power of two */
+#define GG_SMALL_WRITE_BYTES 1024
+
+struct gg_conn_activity {
+    __u64 start_ns;         /* connect, or when user space started watching (bpf_ktime_get_boot_ns) */
+    __u64 last_ns;          /* latest write */
+    __u64 bytes_out;
+    __u32 writes_out;
+    __u32 small_writes;     /* writes of at most GG_SMALL_WRITE_BYTES */
+    __u64 small_ns[GG_ACTIVITY_TIMES];   /* ring: small write n at [n % GG_ACTIVITY_TIMES] */
+};
+
 struct gg_exec {
     struct gg_header hdr;
     __u32 ppid;             /* filled in user space when 0 */

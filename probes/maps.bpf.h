@@ -35,6 +35,15 @@ BPF_HASH(ioctl_counts, struct gg_ioctl_key, __u64, GG_MAX_IOCTL_KEYS);
  * capture.  Only these writes are read; every other write costs one lookup. */
 BPF_TABLE("lru_hash", struct gg_fd_key, __u32, fresh_sockets, GG_MAX_FRESH_SOCKETS);
 
+#ifndef GG_MAX_WATCHED_CONNS
+#define GG_MAX_WATCHED_CONNS 4096
+#endif
+/* Processes whose connections get an activity record: every GPU holder (set at its
+ * first GPU open) plus those user space adds; bounded, user space removes the dead. */
+BPF_HASH(watched_tgids, __u32, __u8, GG_MAX_WATCHED_CONNS);
+/* (tgid, fd) of a watched process's socket -> its activity (gpuguard.h). */
+BPF_TABLE("lru_hash", struct gg_fd_key, struct gg_conn_activity, conn_activity, GG_MAX_WATCHED_CONNS);
+
 /* Prefilters in front of tracked_fds and fresh_sockets (see "fd slots" in
  * gpuguard.h): an ioctl, write or close on an fd that is neither costs one
  * inlined array read instead of a hash lookup, and an ioctl on a tracked GPU
@@ -201,6 +210,7 @@ static __always_inline void forget_fd(__u32 tgid, __s32 fd)
         __u32 st = gg_slot_match(v, tgid, fd);
         if (st != GG_SLOT_ABSENT) {
             fresh_sockets.delete(&key);
+            conn_activity.delete(&key);
             if (st != GG_SLOT_ASK)
                 __sync_val_compare_and_swap(s, v, 0);
         }

@@ -10,6 +10,7 @@ from gpuguard.detect.signals import SIGNALS, SignalReader
 from gpuguard.detect.yaml_marks import Position
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
 from tests.test_gpu_behaviour import TESTED_SIGNALS as BEHAVIOUR_SIGNALS_TESTED
+from tests.test_sessions import TESTED_SIGNALS as SESSION_SIGNALS_TESTED
 
 T = 1_700_000_000.0
 WALLET = "4" + "A" * 94
@@ -146,7 +147,7 @@ def test_every_signal_is_exercised_or_computable():
         assert signal.description
     untested = set(SIGNALS) - tested - {f"ioctl_rate_{c}" for c in ("submit", "memory", "query", "setup", "other")}
     untested -= {"ioctl_command_rate"}    # test_ioctl_rate_over_the_last_minute
-    untested -= BEHAVIOUR_SIGNALS_TESTED   # tests/test_gpu_behaviour.py
+    untested -= BEHAVIOUR_SIGNALS_TESTED | SESSION_SIGNALS_TESTED   # tests/test_gpu_behaviour.py, test_sessions.py
     assert untested <= {"exe", "cgroup", "container_id", "ld_preload", "hour_of_day", "exited", "cmdline_hosts",
                         "config_url_schemes", "gpu_paths", "gpu_util_latest", "cpu_percent_mean", "cpu_window_s",
                         "yara_tags", "parent_exe", "parent_score", "proxy_target_hosts", "payload_hosts"}, untested

@@ -24,7 +24,7 @@ from gpuguard.correlate.config_files import read_config_files
 from gpuguard.correlate.gpu_behaviour import MONITOR_NAMES
 from gpuguard.correlate.state import ANY_ADDITION, ProcessKey, ProcessState
 from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
-from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
+from gpuguard.events.model import ConnActivity, Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
@@ -87,6 +87,7 @@ class Correlator:
             GpuSnapshot: self._on_snapshot,
             ProcessFacts: self._on_facts,
             GpuAccounting: self._on_accounting,
+            ConnActivity: self._on_conn_activity,
         }
 
     # -- public API ---------------------------------------------------------
@@ -363,6 +364,12 @@ class Correlator:
         state = self._by_pid.get(event.pid)
         if state is not None:
             state.lost_events += event.count
+
+    def _on_conn_activity(self, event: ConnActivity) -> None:
+        self.counters["events"] += 1
+        state = self._by_pid.get(event.pid) or self._state_for(event.pid, event.time, event.comm)
+        state.add_session(event)
+        state.touch(event.time, True)     # reported every 10 s at most, per changed connection
 
     def _on_accounting(self, record: GpuAccounting) -> None:
         """A driver's lifetime record of a pid: kept on the live process it belongs to, if any."""

@@ -18,6 +18,7 @@ from gpuguard.correlate.network import NetworkView
 from gpuguard.correlate.windows import RateWindow, SampleWindow
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import DeviceSample
+from gpuguard.events.model import ConnActivity
 from gpuguard.events.process_facts import ProcessFacts
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ MAX_PATHS = 32
 MAX_CONNECTIONS = 64
 MAX_PAYLOADS = 16
 MAX_IOCTL_NAMES = 64
+MAX_SESSIONS = 16
 GPU_WINDOW_S = 300.0
 CPU_WINDOW_S = 300.0
 IOCTL_WINDOW_S = 60.0
@@ -98,6 +100,7 @@ class ProcessState:
     payloads: list[PayloadSeen] = field(default_factory=list)
     payload_protocols: set[str] = field(default_factory=set)
     network: NetworkView = field(default_factory=NetworkView)   # what the connections and payloads revealed
+    sessions: dict[int, ConnActivity] = field(default_factory=dict)   # fd -> latest activity record (GPU holders)
     # usage windows
     gpu_util: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
     gpu_memory: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
@@ -229,6 +232,16 @@ class ProcessState:
             self._drop_derived(DERIVED_FROM_NETWORK)
             return NEW_PAYLOAD
         return 0
+
+    def add_session(self, record: ConnActivity) -> None:
+        """Keep the latest activity record of one connection (the MAX_SESSIONS longest-lived)."""
+        sessions = self.sessions
+        if record.fd not in sessions and len(sessions) >= MAX_SESSIONS:
+            youngest = min(sessions, key=lambda fd: sessions[fd].age_s)
+            if sessions[youngest].age_s >= record.age_s:
+                return
+            del sessions[youngest]
+        sessions[record.fd] = record
 
     def _drop_derived(self, names: tuple[str, ...]) -> None:
         derived = self.derived

@@ -1,4 +1,4 @@
-"""Rule signals of GPU behaviour: the fingerprint windows of ``gpuguard.correlate.gpu_behaviour``.
+"""Rule signals of GPU behaviour (``gpuguard.correlate.gpu_behaviour``) and of GPU holders' sessions.
 
 Registered into the one signal table (``gpuguard.detect.signals.SIGNALS``) under
 the names the rules use; ``signals`` imports this module before it builds its
@@ -13,6 +13,7 @@ from __future__ import annotations
 from gpuguard.correlate.gpu_behaviour import profile
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.signals import _signal
+from gpuguard.events.model import ConnActivity
 
 
 @_signal("gpu_profile", "text", "gpu-behaviour",
@@ -85,3 +86,62 @@ def _lifetime_util(s: ProcessState, now: float) -> float | None:
 @_signal("gpu_lifetime_s", "number", "gpu-behaviour", "seconds it has used the GPU, from NVML accounting mode")
 def _lifetime_s(s: ProcessState, now: float) -> float | None:
     return s.gpu_lifetime.duration_s if s.gpu_lifetime is not None else None
+
+
+# -- sessions: per-connection activity of GPU holders (the kernel's conn_activity records) --
+
+STEADY_SPREAD = 0.25          # every interval within 25 % of the median: a timer, not a person
+MIN_CADENCE_WRITES = 4
+
+
+def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None:
+    """The longest-lived connection whose small writes come at a steady cadence: (record, median, spread)."""
+    best = None
+    for record in s.sessions.values():
+        times = record.small_write_times
+        if len(times) < MIN_CADENCE_WRITES:
+            continue
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        median = gaps[len(gaps) // 2]
+        if median <= 0:
+            continue
+        spread = max(abs(g - median) for g in gaps)
+        if spread > STEADY_SPREAD * median:
+            continue
+        if best is None or record.age_s > best[0].age_s:
+            best = (record, median, spread)
+    return best
+
+
+@_signal("session_cadence_s", "number", "session",
+         "seconds between the small writes (shares, keepalives) of its longest-lived connection with a steady cadence "
+         "(pools: 15-60 s; XMRig keepalive 60 s); GPU holders only, absent when no connection is steady")
+def _session_cadence(s: ProcessState, now: float) -> float | None:
+    steady = _steady_session(s)
+    return round(steady[1], 3) if steady else None
+
+
+@_signal("session_age_s", "number", "session", "age of that steady connection, seconds")
+def _session_age(s: ProcessState, now: float) -> float | None:
+    steady = _steady_session(s)
+    return steady[0].age_s if steady else None
+
+
+@_signal("session_bytes_per_s", "number", "session", "bytes it sent per second over that steady connection's life")
+def _session_rate(s: ProcessState, now: float) -> float | None:
+    steady = _steady_session(s)
+    if not steady or steady[0].age_s <= 0:
+        return None
+    return round(steady[0].bytes_out / steady[0].age_s, 2)
+
+
+@_signal("session_summary", "text", "session",
+         "that steady connection in words: 'fd 5 up 310 s, small writes every 30.0 ± 0.4 s (8 seen, 11 in all), 2.1 KB out'")
+def _session_summary(s: ProcessState, now: float) -> str | None:
+    steady = _steady_session(s)
+    if not steady:
+        return None
+    record, median, spread = steady
+    age = f"up {record.age_s:.0f} s" + (" or more" if record.seeded else "")
+    return (f"fd {record.fd} {age}, small writes every {median:.1f} ± {spread:.1f} s "
+            f"({len(record.small_write_times)} seen, {record.small_writes} in all), {record.bytes_out / 1000:.1f} KB out")

@@ -28,6 +28,7 @@ from gpuguard.events.ioctl_names import ioctl_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
 from gpuguard.events.payload import recognise_payload, recognise_stream
 from gpuguard.sources import preflight
+from gpuguard.sources.conn_activity import ConnActivityReader
 from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.probe_source import ProbeSettings, probe_text
 
@@ -102,6 +103,7 @@ class Sensor:
         *,
         drain_interval: float = 1.0,
         sweep_interval: float = 10.0,
+        activity_interval: float = 10.0,
     ) -> None:
         self.settings = settings or ProbeSettings()
         self.drain_interval = drain_interval
@@ -120,6 +122,8 @@ class Sensor:
         self._fresh_fds: dict[int, set[int]] = defaultdict(set)
         self._next_drain = 0.0
         self._next_sweep = 0.0
+        self.activity_interval = activity_interval
+        self.activity: ConnActivityReader | None = None   # per-connection records of GPU holders
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -142,6 +146,9 @@ class Sensor:
                 "and that the kernel allows BPF (lockdown 'confidentiality' forbids it)",
             ) from None
         self.tables = {name: self._bpf[name.encode()] for name in _TABLES}
+        if self.settings.payload_capture:
+            self.activity = ConnActivityReader(
+                self._bpf, lambda tgid, fd: slot_index(tgid, fd, self.settings.fd_slots), self.activity_interval)
         classes = {kind: self._bpf[name.encode()].Leaf for kind, name in _SCHEMA_MAPS.items()}
         self._decoder = EventDecoder(classes, self._bpf[b"schema_header"].Leaf)
         events = self._bpf[b"events"]
@@ -183,16 +190,31 @@ class Sensor:
             self._next_drain = now + self.drain_interval
             self._consume_buffer()  # opens before counts, so counts know their process
             self._drain_into(self._pending)
+        if self.activity is not None and self.activity.due(now):
+            self._pending.extend(self.activity.report(self._header_fields))
         if now >= self._next_sweep:
             self._next_sweep = now + self.sweep_interval
             self.sweep()
         out, self._pending = self._pending, []
         return out
 
+    def watch_process(self, tgid: int) -> int:
+        """Give a process's connections activity records (GPU holders get them already); returns
+        how many existing connections were seeded.  For processes scored above a threshold."""
+        return self.activity.watch(tgid) if self.activity is not None else 0
+
+    def _header_fields(self, tgid: int) -> tuple[str, int, int, int]:
+        header = self._headers.get(tgid)
+        if header is None:
+            return _comm_of(tgid), 0, 0, 0
+        return header.comm, header.uid, header.gid, header.cgroup_id
+
     def drain(self) -> list[Event]:
         """Read everything buffered and every counter now (e.g. before stopping)."""
         self._consume_buffer()
         self._drain_into(self._pending)
+        if self.activity is not None:
+            self._pending.extend(self.activity.report(self._header_fields))
         out, self._pending = self._pending, []
         return out
 
@@ -372,6 +394,8 @@ class Sensor:
                 except KeyError:
                     pass
                 self._streams.pop((tgid, fd), None)
+        if self.activity is not None and (tgid in self._gpu_tgids or tgid in self.activity.watched_by_user):
+            self.activity.forget({tgid})
         if tgid in self._gpu_tgids:
             self._drain_into(self._pending, only_tgid=tgid)
             self._forget_processes({tgid})
@@ -414,6 +438,8 @@ class Sensor:
                 dead.add(key.tgid)
         if dead:
             self.stats.swept_fds += self._forget_processes(dead)
+        if self.activity is not None:
+            self.activity.sweep()
 
     # -- debugging ------------------------------------------------------------------
     def map_sizes(self) -> dict[str, int]:

@@ -1,11 +1,13 @@
 """A TLS client that keeps one long-lived connection: a stratum-like pool session or an HTTPS keepalive.
 
-    python3 tls_stratum_client.py HOST PORT MODE INTERVAL_S
+    python3 tls_stratum_client.py HOST PORT MODE INTERVAL_S [GPU_NODE]
 
 MODE ``stratum``: after the handshake, a ``mining.subscribe`` then a small
 ``mining.submit`` every INTERVAL_S seconds (a share), all inside TLS.
 MODE ``https``: a ``GET /`` with ``Connection: keep-alive`` every INTERVAL_S.
-Prints ``ready`` once connected; runs until killed.  Test workload only.
+With GPU_NODE (e.g. /dev/nvidia0 in a private /dev) it opens that node first and
+keeps it, as a GPU program holds its device.  Prints ``ready`` once connected;
+runs until killed.  Test workload only.
 """
 
 import json
@@ -15,6 +17,7 @@ import sys
 import time
 
 host, port, mode, interval = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+gpu = open(sys.argv[5], "rb") if len(sys.argv) > 5 else None   # noqa: SIM115 - held for the process's life
 context = ssl.create_default_context()
 context.check_hostname = False
 context.verify_mode = ssl.CERT_NONE

@@ -116,8 +116,9 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
 }
 
 #ifdef GG_PAYLOAD_CAPTURE
-/* A write on a watched connection: count it, and keep the time of a small one. */
-static __always_inline int note_activity(struct gg_fd_key *key, __u64 len)
+/* A write on a watched connection: count it, and keep the time of a small one.
+ * Returns its writes so far (0: not watched). */
+static __always_inline __u32 note_activity(struct gg_fd_key *key, __u64 len)
 {
     struct gg_conn_activity *a = conn_activity.lookup(key);
     if (!a)
@@ -133,7 +134,7 @@ static __always_inline int note_activity(struct gg_fd_key *key, __u64 len)
         a->small_ns[n & (GG_ACTIVITY_TIMES - 1)] = now;
         a->small_writes = n + 1;
     }
-    return 1;
+    return a->writes_out;
 }
 
 static __always_inline int capture_write(void *ctx, __s32 fd, __u64 buf, __u64 len)
@@ -142,7 +143,9 @@ static __always_inline int capture_write(void *ctx, __s32 fd, __u64 buf, __u64 l
     struct gg_fd_key key = { .tgid = id >> 32, .fd = fd };
     if (sock_slot_get(key.tgid, fd) == GG_SLOT_ABSENT)
         return 0;
-    int watched = note_activity(&key, len);
+    __u32 watched = note_activity(&key, len);
+    if (watched > GG_PAYLOAD_WRITES)
+        return 0;           /* its first writes were captured long ago: no second lookup */
     __u32 *left = fresh_sockets.lookup(&key);
     if (!left)
         return 0;

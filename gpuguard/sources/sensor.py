@@ -9,6 +9,8 @@ whenever a kernel counter says something could not be delivered.
 The sensor also keeps the kernel maps honest: entries of processes that exit
 are removed after a final drain, and a periodic sweep drops descriptors that
 were closed without close(2) (close_range, close-on-exec, fd passing).
+Reassembly of captured first writes lives in ``payload_streams``, the
+per-connection activity records of GPU holders in ``conn_activity``.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from gpuguard.events.abi import DEFINES, DeviceClass, EventKind, LostSlot, devic
 from gpuguard.events.devices import classify_device_path
 from gpuguard.events.ioctl_names import ioctl_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
-from gpuguard.events.payload import recognise_payload, recognise_stream
 from gpuguard.sources import preflight
 from gpuguard.sources.conn_activity import ConnActivityReader
+from gpuguard.sources.payload_streams import PayloadStreams
 from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.probe_source import ProbeSettings, probe_text
 
@@ -41,8 +43,6 @@ _SCHEMA_MAPS = {
 }
 _TABLES = ("tracked_fds", "ioctl_counts", "fresh_sockets", "lost_counts", "gpu_fd_slots", "sock_fd_slots")
 SLOT_MULTI = DEFINES["GG_SLOT_MULTI"]
-MAX_PAYLOAD_STREAMS = 4096
-_CUT = b""  # marks a stream whose last captured write was truncated (compared by identity)
 
 
 def slot_index(tgid: int, fd: int, slots: int) -> int:
@@ -117,9 +117,7 @@ class Sensor:
         self._lost_seen: dict[int, int] = {}
         self._headers: dict[int, _ProcessHeader] = {}
         self._gpu_tgids: set[int] = set()
-        self._streams: dict[tuple[int, int], list[bytes]] = {}
-        # Connected sockets whose first writes are still being captured, per process.
-        self._fresh_fds: dict[int, set[int]] = defaultdict(set)
+        self.streams = PayloadStreams(self.settings.payload_writes)   # first writes per connection
         self._next_drain = 0.0
         self._next_sweep = 0.0
         self.activity_interval = activity_interval
@@ -254,11 +252,10 @@ class Sensor:
             self._gpu_tgids.add(event.pid)
             self._remember_header(event)
         elif isinstance(event, NetPayload):
-            self._recognise(event)
+            self.streams.recognise(event)
         elif isinstance(event, Connect):
-            self._streams.pop((event.pid, event.fd), None)
-            if self.settings.payload_capture and (event.result == 0 or event.result == -errno.EINPROGRESS):
-                self._fresh_fds[event.pid].add(event.fd)
+            self.streams.connected(event.pid, event.fd, self.settings.payload_capture
+                                   and (event.result == 0 or event.result == -errno.EINPROGRESS))
         elif isinstance(event, Exec):
             self._enrich_exec(event)
             if event.pid in self._headers:
@@ -295,30 +292,6 @@ class Sensor:
             event.ppid = int(fields[1])
         except (OSError, IndexError, ValueError):
             pass  # the process already exited: the kernel's fields stand
-
-    def _recognise(self, event: NetPayload) -> None:
-        key = (event.pid, event.fd)
-        chunks = self._streams.get(key)
-        if chunks is None:
-            if len(self._streams) >= MAX_PAYLOAD_STREAMS:
-                self._streams.pop(next(iter(self._streams)))
-            chunks = self._streams[key] = []
-        if chunks and chunks[-1] is _CUT:
-            # An earlier write was cut at the capture limit: what follows is not
-            # contiguous with it, so this write is recognised on its own.
-            event.protocol, event.detail = recognise_payload(event.data)
-        else:
-            chunks.append(event.data)
-            event.protocol, event.detail = recognise_stream(chunks)
-            if event.truncated:
-                chunks.append(_CUT)
-        if event.seq + 1 >= self.settings.payload_writes:
-            self._streams.pop(key, None)
-            fresh = self._fresh_fds.get(event.pid)
-            if fresh is not None:
-                fresh.discard(event.fd)
-                if not fresh:
-                    del self._fresh_fds[event.pid]
 
     # -- counters -------------------------------------------------------------------
     def _drain_into(self, out: list[Event], only_tgid: int | None = None) -> None:
@@ -385,7 +358,7 @@ class Sensor:
 
     def _process_gone(self, tgid: int) -> None:
         """A process exited: report its last counts, then remove its kernel entries."""
-        fresh = self._fresh_fds.pop(tgid, None)
+        fresh = self.streams.process_gone(tgid)
         if fresh:
             table = self.tables["fresh_sockets"]
             for fd in fresh:
@@ -393,7 +366,6 @@ class Sensor:
                     del table[table.Key(tgid, fd)]
                 except KeyError:
                     pass
-                self._streams.pop((tgid, fd), None)
         if self.activity is not None and (tgid in self._gpu_tgids or tgid in self.activity.watched_by_user):
             self.activity.forget({tgid})
         if tgid in self._gpu_tgids:

@@ -244,29 +244,17 @@ static __always_inline int open_exit(void *ctx, long ret)
         watched_tgids.update(&key.tgid, &one);
     }
 
-#ifdef GG_PERF_BUFFER
-    __u32 zero = 0;
-    struct gg_gpu_open *e = scratch_gpu_open.lookup(&zero);
-#else
-    struct gg_gpu_open *e = events.ringbuf_reserve(sizeof(struct gg_gpu_open));
-#endif
+    struct gg_gpu_open *e = gg_event_reserve(sizeof(*e), GG_KIND_GPU_OPEN, GG_LOST_GPU_OPEN);
     if (!e) {
-        count_lost(GG_LOST_GPU_OPEN);
         pending_opens.delete(&id);
         return 0;
     }
-    fill_header(&e->hdr, GG_KIND_GPU_OPEN, sizeof(*e));
     e->fd = (__s32)ret;
     e->open_flags = po->open_flags;
     e->device_class = po->device_class;
     e->gg_flags = po->gg_flags;
     __builtin_memcpy(e->path, po->path, sizeof(e->path));
-#ifdef GG_PERF_BUFFER
-    if (events.perf_submit(ctx, e, sizeof(*e)) < 0)
-        count_lost(GG_LOST_GPU_OPEN);
-#else
-    events.ringbuf_submit(e, 0);
-#endif
+    gg_event_submit(ctx, e, sizeof(*e), GG_LOST_GPU_OPEN);
     pending_opens.delete(&id);
     return 0;
 }

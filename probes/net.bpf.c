@@ -87,30 +87,18 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
     }
 #endif
 
-#ifdef GG_PERF_BUFFER
-    __u32 zero = 0;
-    struct gg_connect *e = scratch_connect.lookup(&zero);
-#else
-    struct gg_connect *e = events.ringbuf_reserve(sizeof(struct gg_connect));
-#endif
+    struct gg_connect *e = gg_event_reserve(sizeof(*e), GG_KIND_CONNECT, GG_LOST_CONNECT);
     if (!e) {
-        count_lost(GG_LOST_CONNECT);
         pending_connects.delete(&id);
         return 0;
     }
-    fill_header(&e->hdr, GG_KIND_CONNECT, sizeof(*e));
     e->fd = pc->fd;
     e->result = (__s32)ret;
     e->family = pc->family;
     e->port = pc->port;
     e->_pad = 0;
     __builtin_memcpy(e->addr, pc->addr, sizeof(e->addr));
-#ifdef GG_PERF_BUFFER
-    if (events.perf_submit(args, e, sizeof(*e)) < 0)
-        count_lost(GG_LOST_CONNECT);
-#else
-    events.ringbuf_submit(e, 0);
-#endif
+    gg_event_submit(args, e, sizeof(*e), GG_LOST_CONNECT);
     pending_connects.delete(&id);
     return 0;
 }
@@ -157,17 +145,9 @@ static __always_inline int capture_write(void *ctx, __s32 fd, __u64 buf, __u64 l
     } else
         __sync_fetch_and_add(left, -1);
 
-#ifdef GG_PERF_BUFFER
-    __u32 zero = 0;
-    struct gg_net_payload *e = scratch_net_payload.lookup(&zero);
-#else
-    struct gg_net_payload *e = events.ringbuf_reserve(sizeof(struct gg_net_payload));
-#endif
-    if (!e) {
-        count_lost(GG_LOST_NET_PAYLOAD);
+    struct gg_net_payload *e = gg_event_reserve(sizeof(*e), GG_KIND_NET_PAYLOAD, GG_LOST_NET_PAYLOAD);
+    if (!e)
         return 0;
-    }
-    fill_header(&e->hdr, GG_KIND_NET_PAYLOAD, sizeof(*e));
     __u32 n = len > GG_PAYLOAD_LEN ? GG_PAYLOAD_LEN : (__u32)len;
     e->fd = fd;
     e->seq = seq;
@@ -176,12 +156,7 @@ static __always_inline int capture_write(void *ctx, __s32 fd, __u64 buf, __u64 l
     if (n > 0 && n <= GG_PAYLOAD_LEN &&
         bpf_probe_read_user(e->data, n, (void *)buf) == 0)
         e->len = n;
-#ifdef GG_PERF_BUFFER
-    if (events.perf_submit(ctx, e, sizeof(*e)) < 0)
-        count_lost(GG_LOST_NET_PAYLOAD);
-#else
-    events.ringbuf_submit(e, 0);
-#endif
+    gg_event_submit(ctx, e, sizeof(*e), GG_LOST_NET_PAYLOAD);
     return 0;
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,16 @@ def test_memory_growth_ten_minutes_in(ruleset):
     verdict = next(v for v in c.verdicts(T + 900))
     assert "gpu-memory-growing" in {e.rule_id for e in verdict.evidence}
     assert verdict.verdict == "clean"    # a leak alone is worth a note, not an alert
+
+
+def test_raw_bar_access_evidence_names_the_device(ruleset):
+    from gpuguard.events.model import GpuOpen
+
+    c = Correlator(ruleset, facts_provider=None)
+    c.feed(_facts(1, comm="dumper", exe="/usr/local/bin/dumper"))
+    c.feed(GpuOpen(time=T + 1, pid=1, path="/sys/bus/pci/devices/0000:18:00.0/resource1", device_class="pci-bar",
+                   fd=3, flags=os.O_RDWR))
+    verdict = next(v for v in c.verdicts(T + 2) if v.pid == 1)
+    raw = next(e for e in verdict.evidence if e.rule_id == "gpu-raw-bar-access")
+    assert "gpu_paths=/sys/bus/pci/devices/0000:18:00.0/resource1" in raw.detail
+    assert (verdict.pid, verdict.comm, verdict.exe) == (1, "dumper", "/usr/local/bin/dumper")   # the holder

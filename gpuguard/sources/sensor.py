@@ -64,7 +64,8 @@ def kernel_has_ringbuf(release: str | None = None) -> bool:
 class SensorStats:
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     lost: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    malformed: int = 0
+    malformed: int = 0              # kernel records that did not decode
+    routing_errors: int = 0         # decoded events our own routing failed on (a bug here, not bad input)
     dropped_relative_opens: int = 0
     swept_fds: int = 0
     startup_seconds: float = 0.0
@@ -242,8 +243,8 @@ class Sensor:
             return
         try:
             self._route(event)
-        except Exception:  # noqa: BLE001 - one bad record must not stop the sensor
-            self.stats.malformed += 1
+        except Exception:  # noqa: BLE001 - one failure must not stop the sensor
+            self.stats.routing_errors += 1
 
     def _route(self, event: Event) -> None:
         if isinstance(event, GpuOpen):

@@ -21,10 +21,10 @@ import time
 
 from gpuguard.events.model import ConnActivity
 from gpuguard.sources.bpf_decode import boot_to_epoch_offset
+from gpuguard.sources.kernel_maps import SLOT_MULTI
 
 ACTIVITY_TIMES = 8
 INTERVAL_S = 10.0
-SLOT_MULTI = 0xFFFFFFFFFFFFFFFF
 
 
 class ConnActivityReader:

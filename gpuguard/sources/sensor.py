@@ -24,12 +24,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from gpuguard.errors import GpuguardError
-from gpuguard.events.abi import DEFINES, DeviceClass, EventKind, LostSlot, device_class_name
+from gpuguard.events.abi import DeviceClass, EventKind, LostSlot, device_class_name
 from gpuguard.events.devices import classify_device_path
 from gpuguard.events.ioctl_names import ioctl_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
 from gpuguard.sources import preflight
 from gpuguard.sources.conn_activity import ConnActivityReader
+from gpuguard.sources.kernel_maps import SLOT_MULTI, KernelMaps, slot_index  # noqa: F401 (SLOT_MULTI: tests read it here)
 from gpuguard.sources.payload_streams import PayloadStreams
 from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.probe_source import ProbeSettings, probe_text
@@ -42,12 +43,6 @@ _SCHEMA_MAPS = {
     EventKind.EXIT: "schema_exit",
 }
 _TABLES = ("tracked_fds", "ioctl_counts", "fresh_sockets", "lost_counts", "gpu_fd_slots", "sock_fd_slots")
-SLOT_MULTI = DEFINES["GG_SLOT_MULTI"]
-
-
-def slot_index(tgid: int, fd: int, slots: int) -> int:
-    """The probes' fd-slot index for (tgid, fd) (gg_slot_index in maps.bpf.h)."""
-    return ((tgid * DEFINES["GG_SLOT_HASH_MUL"]) + (fd & 0xFFFFFFFF)) & 0xFFFFFFFF & (slots - 1)
 
 
 def kernel_has_ringbuf(release: str | None = None) -> bool:
@@ -112,6 +107,7 @@ class Sensor:
         self.stats = SensorStats()
         self._bpf = None
         self.tables: dict = {}
+        self.maps: KernelMaps | None = None   # stale-entry removal in the probes' maps
         self._decoder: EventDecoder | None = None
         self._pending: list[Event] = []
         self._ioctl_seen: dict[tuple[int, int, int], int] = {}
@@ -145,6 +141,7 @@ class Sensor:
                 "and that the kernel allows BPF (lockdown 'confidentiality' forbids it)",
             ) from None
         self.tables = {name: self._bpf[name.encode()] for name in _TABLES}
+        self.maps = KernelMaps(self.tables, self.settings.fd_slots)
         if self.settings.payload_capture:
             self.activity = ConnActivityReader(
                 self._bpf, lambda tgid, fd: slot_index(tgid, fd, self.settings.fd_slots), self.activity_interval)
@@ -340,33 +337,15 @@ class Sensor:
             count=count,
         )
 
-    # -- map hygiene ------------------------------------------------------------------
+    # -- map hygiene (gpuguard.sources.kernel_maps does the map work) --------------------
     def _forget_fd(self, tgid: int, fd: int) -> None:
-        table = self.tables["tracked_fds"]
-        try:
-            del table[table.Key(tgid, fd)]
-        except KeyError:
-            pass
-        self._unslot(tgid, fd)
-
-    def _unslot(self, tgid: int, fd: int) -> None:
-        """A tracked fd left tracked_fds from user space: its slot may still carry
-        its tag (and device class), so make the probes ask the map instead.  User
-        space only ever writes MULTI: the kernel may be changing the slot at the
-        same moment, and MULTI is the one value that is right whatever it did."""
-        slots = self.tables["gpu_fd_slots"]
-        slots[slots.Key(slot_index(tgid, fd, self.settings.fd_slots))] = slots.Leaf(SLOT_MULTI)
+        self.maps.forget_fd(tgid, fd)
 
     def _process_gone(self, tgid: int) -> None:
         """A process exited: report its last counts, then remove its kernel entries."""
         fresh = self.streams.process_gone(tgid)
         if fresh:
-            table = self.tables["fresh_sockets"]
-            for fd in fresh:
-                try:
-                    del table[table.Key(tgid, fd)]
-                except KeyError:
-                    pass
+            self.maps.forget_fresh(tgid, fresh)
         if self.activity is not None and (tgid in self._gpu_tgids or tgid in self.activity.watched_by_user):
             self.activity.forget({tgid})
         if tgid in self._gpu_tgids:
@@ -374,19 +353,8 @@ class Sensor:
             self._forget_processes({tgid})
 
     def _forget_processes(self, tgids: set[int]) -> int:
-        """Delete the tracked fds and ioctl counters of these (dead) processes in one
-        pass over each map; return how many tracked fds went."""
-        removed = 0
-        for name in ("tracked_fds", "ioctl_counts"):
-            table = self.tables[name]
-            for key in [k for k in table.keys() if k.tgid in tgids]:
-                try:
-                    del table[key]
-                except KeyError:
-                    pass
-                if name == "tracked_fds":
-                    removed += 1
-                    self._unslot(key.tgid, key.fd)  # the pid may come back
+        """Remove dead processes' kernel entries and what the sensor kept about them; return tracked fds removed."""
+        removed = self.maps.forget_processes(tgids)
         for ident in [i for i in self._ioctl_seen if i[0] in tgids]:
             del self._ioctl_seen[ident]
         for tgid in tgids:
@@ -396,19 +364,8 @@ class Sensor:
 
     def sweep(self) -> None:
         """Drop entries of processes that died unseen and fds closed without close(2)."""
-        table = self.tables["tracked_fds"]
-        dead: set[int] = set()
-        for key in list(table.keys()):
-            if not os.path.exists(f"/proc/{key.tgid}"):
-                dead.add(key.tgid)
-                continue
-            is_gpu, _ = _fd_is_gpu(key.tgid, key.fd)
-            if not is_gpu:
-                self._forget_fd(key.tgid, key.fd)
-                self.stats.swept_fds += 1
-        for key in list(self.tables["ioctl_counts"].keys()):
-            if not os.path.exists(f"/proc/{key.tgid}"):
-                dead.add(key.tgid)
+        dead, swept = self.maps.sweep(_fd_is_gpu)
+        self.stats.swept_fds += swept
         if dead:
             self.stats.swept_fds += self._forget_processes(dead)
         if self.activity is not None:

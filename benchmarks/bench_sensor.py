@@ -41,6 +41,9 @@ CASES = (
     ("write 1 B /dev/null (payload probe)", "write", None, False),
     ("ioctl on untracked fd /dev/null", "ioctl", "/dev/null", False),
     ("ioctl on tracked GPU fd /dev/nvidiactl", "ioctl", "/dev/nvidiactl", True),
+    # The per-connection activity record: a GPU holder's connection vs anyone's (issue 13).
+    ("write 1 B, UDP (captured 4, then slot)", "send", "PORT", True),
+    ("write 1 B, UDP of a GPU holder (record)", "send-gpu", "PORT", True),
 )
 
 FLOORS = {
@@ -57,7 +60,22 @@ def build_loop() -> Path:
     return out
 
 
+SINK_PORT = [0]
+
+
+def start_sink() -> int:
+    """A bound loopback UDP port nobody reads (the send cases): datagrams beyond its buffer are dropped."""
+    import socket
+
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    start_sink.keep = sink          # type: ignore[attr-defined]
+    return sink.getsockname()[1]
+
+
 def run_once(binary: Path, mode: str, path: str | None, gpu: bool, calls: int) -> float:
+    if path == "PORT":
+        path = str(SINK_PORT[0])
     argv = [str(binary), mode, str(calls)] + ([path] if path else [])
     if gpu:
         cmd, env = private_dev_command(argv)
@@ -119,7 +137,9 @@ def main() -> int:
     parser.add_argument("--variant", default="tracepoint,raw", help="comma-separated: tracepoint, raw")
     parser.add_argument("--floors", action="store_true", help="also measure empty reference programs")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", default="", metavar="TEXT", help="only the cases whose label contains TEXT")
     args = parser.parse_args()
+    cases = [c for c in CASES if args.only in c[0]]
     if os.geteuid() != 0:
         print("bench_sensor: needs root (it loads the probes)", file=sys.stderr)
         return 2
@@ -129,6 +149,7 @@ def main() -> int:
     from gpuguard.sources.sensor import Sensor
 
     binary = build_loop()
+    SINK_PORT[0] = start_sink()
     variants = [v for v in args.variant.split(",") if v]
     for v in variants:
         if v not in ("tracepoint", "raw"):
@@ -169,11 +190,11 @@ def main() -> int:
     consumer.start()
     foreign = foreign_bpf_holders()
 
-    detached: dict[str, list[float]] = {c[0]: [] for c in CASES}
-    attached: dict[str, dict[str, list[float]]] = {p: {c[0]: [] for c in CASES} for p in programs}
-    deltas: dict[str, dict[str, list[float]]] = {p: {c[0]: [] for c in CASES} for p in programs}
+    detached: dict[str, list[float]] = {c[0]: [] for c in cases}
+    attached: dict[str, dict[str, list[float]]] = {p: {c[0]: [] for c in cases} for p in programs}
+    deltas: dict[str, dict[str, list[float]]] = {p: {c[0]: [] for c in cases} for p in programs}
     for _ in range(args.repeat):
-        for label, mode, path, gpu in CASES:
+        for label, mode, path, gpu in cases:
             base = run_once(binary, mode, path, gpu, args.calls)
             detached[label].append(base)
             for name, prog in programs.items():
@@ -203,7 +224,7 @@ def main() -> int:
     }
     for name in programs:
         rows = []
-        for label, *_ in CASES:
+        for label, *_ in cases:
             before, after = med(detached[label]), med(attached[name][label])
             rows.append({"case": label, "ns_detached": round(before, 1), "ns_attached": round(after, 1),
                          "delta_ns": round(med(deltas[name][label]), 1), "ratio": round(after / before, 2)})

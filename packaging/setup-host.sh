@@ -26,8 +26,8 @@ command -v apt-get >/dev/null || die "apt-get not found: this script sets up Deb
 DEBS=(python3-bpfcc python3-venv python3-pip python3-nftables nftables iproute2 gcc libc6-dev util-linux procps
       systemd logrotate)
 # Real parts the tests talk to (a Prometheus server scraping the agent, rsyslog
-# receiving CEF): not needed to run the agent, so `run` does not install them.
-[ "$job" = run ] || DEBS+=(prometheus rsyslog)
+# receiving CEF, openssl making a TLS pool's certificate): not needed to run the agent, so `run` does not install them.
+[ "$job" = run ] || DEBS+=(prometheus rsyslog openssl)
 missing=()
 for p in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

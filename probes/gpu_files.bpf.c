@@ -43,11 +43,58 @@ static __always_inline int gg_has_prefix(const char *s, const char *lit, const i
 #define GG_PREFIX(s, lit) gg_has_prefix((s), (lit), sizeof(lit) - 1)
 #define GG_IS_DIGIT(c) ((c) >= '0' && (c) <= '9')
 
+/* Index just past the last '/' of p (or -1); bounded so the verifier can follow. */
+static __always_inline int gg_basename_at(const char *p)
+{
+    int last = -1;
+    #pragma unroll
+    for (int i = 0; i < GG_PATH_LEN - 16; i++) {
+        if (p[i] == 0)
+            break;
+        if (p[i] == '/')
+            last = i;
+    }
+    return last >= 0 && last < GG_PATH_LEN - 16 ? last + 1 : -1;
+}
+
+/* /dev/cpu/N/msr, N up to 5 digits; d points after "/dev/". */
+static __always_inline __u32 classify_cpu_node(const char *d)
+{
+    const char *c = d + 4;
+    if (!GG_IS_DIGIT(c[0]))
+        return GG_DEV_NONE;
+    #pragma unroll
+    for (int i = 1; i < 6; i++) {
+        if (c[i] == '/')
+            return (GG_PREFIX(c + i + 1, "msr") && c[i + 4] == 0) ? GG_DEV_MSR : GG_DEV_NONE;
+        if (!GG_IS_DIGIT(c[i]))
+            return GG_DEV_NONE;
+    }
+    return GG_DEV_NONE;
+}
+
+/* The msr and huge-page tuning files (GG_PREFIX tests at most 24 bytes: long paths in pieces). */
+static __always_inline __u32 classify_tuning(const char *p)
+{
+    if (GG_PREFIX(p, "/proc/sys/vm/") && GG_PREFIX(p + 13, "nr_hugepages") && p[25] == 0)
+        return GG_DEV_HUGEPAGES_CONFIG;
+    if (GG_PREFIX(p, "/sys/module/msr/") && GG_PREFIX(p + 16, "parameters/allow_writes") && p[39] == 0)
+        return GG_DEV_MSR_CONFIG;
+    if (GG_PREFIX(p, "/sys/kernel/mm/") && GG_PREFIX(p + 15, "hugepages/")) {
+        int b = gg_basename_at(p);
+        if (b > 25 && GG_PREFIX(p + b, "nr_hugepages") && p[b + 12] == 0)
+            return GG_DEV_HUGEPAGES_CONFIG;
+    }
+    return GG_DEV_NONE;
+}
+
 /* Classify a NUL-terminated absolute path already read into p. */
 static __always_inline __u32 classify_absolute(const char *p)
 {
     if (GG_PREFIX(p, "/dev/")) {
         const char *d = p + 5;
+        if (GG_PREFIX(d, "cpu/"))
+            return classify_cpu_node(d);
         if (GG_PREFIX(d, "nvidia")) {
             const char *n = d + 6;
             if (GG_IS_DIGIT(n[0]))
@@ -89,8 +136,9 @@ static __always_inline __u32 classify_absolute(const char *p)
             if (GG_PREFIX(b, "resource") && GG_IS_DIGIT(b[8]))
                 return GG_DEV_PCI_BAR;
         }
+        return GG_DEV_NONE;
     }
-    return GG_DEV_NONE;
+    return classify_tuning(p);
 }
 
 /* A relative path (openat(dirfd, "renderD128")): classify by basename;
@@ -135,7 +183,8 @@ static __always_inline int open_enter(void *ctx, const char *filename, __u32 fla
     if (bpf_probe_read_user(head, sizeof(head), filename) < 0)
         return 0;
     if (head[0] == '/') {
-        if (!GG_PREFIX(head, "/dev/") && !GG_PREFIX(head, "/sys/"))
+        /* "/proc/sy": only /proc/sys/vm/nr_hugepages is of interest under /proc. */
+        if (!GG_PREFIX(head, "/dev/") && !GG_PREFIX(head, "/sys/") && !GG_PREFIX(head, "/proc/sy"))
             return 0;
     }
     __u32 zero = 0;
@@ -190,30 +239,22 @@ static __always_inline int open_exit(void *ctx, long ret)
         count_lost(GG_LOST_TRACKED_FDS);
     else
         gpu_slot_publish(key.tgid, key.fd, val.device_class);
+    if (val.device_class < GG_DEV_MSR) {    /* a GPU holder: its connections get activity records */
+        __u8 one = 1;
+        watched_tgids.update(&key.tgid, &one);
+    }
 
-#ifdef GG_PERF_BUFFER
-    __u32 zero = 0;
-    struct gg_gpu_open *e = scratch_gpu_open.lookup(&zero);
-#else
-    struct gg_gpu_open *e = events.ringbuf_reserve(sizeof(struct gg_gpu_open));
-#endif
+    struct gg_gpu_open *e = gg_event_reserve(sizeof(*e), GG_KIND_GPU_OPEN, GG_LOST_GPU_OPEN);
     if (!e) {
-        count_lost(GG_LOST_GPU_OPEN);
         pending_opens.delete(&id);
         return 0;
     }
-    fill_header(&e->hdr, GG_KIND_GPU_OPEN, sizeof(*e));
     e->fd = (__s32)ret;
     e->open_flags = po->open_flags;
     e->device_class = po->device_class;
     e->gg_flags = po->gg_flags;
     __builtin_memcpy(e->path, po->path, sizeof(e->path));
-#ifdef GG_PERF_BUFFER
-    if (events.perf_submit(ctx, e, sizeof(*e)) < 0)
-        count_lost(GG_LOST_GPU_OPEN);
-#else
-    events.ringbuf_submit(e, 0);
-#endif
+    gg_event_submit(ctx, e, sizeof(*e), GG_LOST_GPU_OPEN);
     pending_opens.delete(&id);
     return 0;
 }

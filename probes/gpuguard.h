@@ -42,6 +42,11 @@ enum gg_device_class {
     GG_DEV_PCI_BAR = 9,          /* /sys/bus/pci/devices/X/resourceN */
     GG_DEV_MEM = 10,             /* /dev/mem */
     GG_DEV_NVIDIA_CAPS = 11,     /* /dev/nvidia-caps/... (MIG capabilities) */
+    /* Host tuning files CPU miners touch as root for speed (RandomX): not GPUs, but opened,
+     * tracked and reported the same way so a miner with no strings still shows them. */
+    GG_DEV_MSR = 12,             /* /dev/cpu/N/msr: model-specific registers */
+    GG_DEV_MSR_CONFIG = 13,      /* /sys/module/msr/parameters/allow_writes */
+    GG_DEV_HUGEPAGES_CONFIG = 14, /* /proc/sys/vm/nr_hugepages, /sys/kernel/mm/hugepages/X/nr_hugepages */
 };
 
 /* Which ring-buffer/perf reservation failed, for the lost-event counters. */
@@ -106,6 +111,22 @@ struct gg_net_payload {
     __u32 len;              /* bytes captured in data */
     __u32 orig_len;         /* bytes the process wrote in that call */
     __u8 data[GG_PAYLOAD_LEN];
+};
+
+/* Per-connection activity of a watched process (one that holds a GPU, or that user
+ * space asked to watch): kept in the kernel (conn_activity), read on an interval.
+ * The times of the latest small writes (shares, keepalives) show a pool's cadence
+ * even inside TLS. */
+#define GG_ACTIVITY_TIMES 8        /* power of two */
+#define GG_SMALL_WRITE_BYTES 1024
+
+struct gg_conn_activity {
+    __u64 start_ns;         /* connect, or when user space started watching (bpf_ktime_get_boot_ns) */
+    __u64 last_ns;          /* latest write */
+    __u64 bytes_out;
+    __u32 writes_out;
+    __u32 small_writes;     /* writes of at most GG_SMALL_WRITE_BYTES */
+    __u64 small_ns[GG_ACTIVITY_TIMES];   /* ring: small write n at [n % GG_ACTIVITY_TIMES] */
 };
 
 struct gg_exec {

@@ -35,6 +35,15 @@ BPF_HASH(ioctl_counts, struct gg_ioctl_key, __u64, GG_MAX_IOCTL_KEYS);
  * capture.  Only these writes are read; every other write costs one lookup. */
 BPF_TABLE("lru_hash", struct gg_fd_key, __u32, fresh_sockets, GG_MAX_FRESH_SOCKETS);
 
+#ifndef GG_MAX_WATCHED_CONNS
+#define GG_MAX_WATCHED_CONNS 4096
+#endif
+/* Processes whose connections get an activity record: every GPU holder (set at its
+ * first GPU open) plus those user space adds; bounded, user space removes the dead. */
+BPF_HASH(watched_tgids, __u32, __u8, GG_MAX_WATCHED_CONNS);
+/* (tgid, fd) of a watched process's socket -> its activity (gpuguard.h). */
+BPF_TABLE("lru_hash", struct gg_fd_key, struct gg_conn_activity, conn_activity, GG_MAX_WATCHED_CONNS);
+
 /* Prefilters in front of tracked_fds and fresh_sockets (see "fd slots" in
  * gpuguard.h): an ioctl, write or close on an fd that is neither costs one
  * inlined array read instead of a hash lookup, and an ioctl on a tracked GPU
@@ -55,13 +64,16 @@ BPF_ARRAY(schema_exec, struct gg_exec, 1);
 BPF_ARRAY(schema_exit, struct gg_exit, 1);
 
 #ifdef GG_PERF_BUFFER
-/* Kernels without BPF ring buffers (< 5.8): per-CPU scratch + perf buffer. */
+/* Kernels without BPF ring buffers (< 5.8): one per-CPU scratch record + perf buffer. */
+union gg_event_buf {
+    struct gg_gpu_open gpu_open;
+    struct gg_connect connect;
+    struct gg_net_payload net_payload;
+    struct gg_exec exec;
+    struct gg_exit exit;
+};
 BPF_PERF_OUTPUT(events);
-BPF_PERCPU_ARRAY(scratch_gpu_open, struct gg_gpu_open, 1);
-BPF_PERCPU_ARRAY(scratch_connect, struct gg_connect, 1);
-BPF_PERCPU_ARRAY(scratch_net_payload, struct gg_net_payload, 1);
-BPF_PERCPU_ARRAY(scratch_exec, struct gg_exec, 1);
-BPF_PERCPU_ARRAY(scratch_exit, struct gg_exit, 1);
+BPF_PERCPU_ARRAY(scratch_event, union gg_event_buf, 1);
 #else
 BPF_RINGBUF_OUTPUT(events, GG_RINGBUF_PAGES);
 #endif
@@ -86,6 +98,38 @@ static __always_inline void fill_header(struct gg_header *h, __u32 kind, __u32 s
     h->gid = ug >> 32;
     h->cgroup_id = bpf_get_current_cgroup_id();
     bpf_get_current_comm(&h->comm, sizeof(h->comm));
+}
+
+/* The one way every probe gets an event record: a ring-buffer reservation, or
+ * (kernels without ring buffers) the per-CPU scratch record.  Returns the record
+ * with its header filled, or NULL after counting LOST.  Functions, not macros:
+ * bcc refuses map calls inside macros.  SIZE is a constant once inlined, as the
+ * verifier requires. */
+static __always_inline void *gg_event_reserve(__u32 size, __u32 kind, __u32 lost)
+{
+#ifdef GG_PERF_BUFFER
+    __u32 zero = 0;
+    struct gg_header *h = (struct gg_header *)scratch_event.lookup(&zero);
+#else
+    struct gg_header *h = events.ringbuf_reserve(size);
+#endif
+    if (!h) {
+        count_lost(lost);
+        return 0;
+    }
+    fill_header(h, kind, size);
+    return h;
+}
+
+/* Send a record from gg_event_reserve (counting LOST if the perf buffer refuses it). */
+static __always_inline void gg_event_submit(void *ctx, void *e, __u32 size, __u32 lost)
+{
+#ifdef GG_PERF_BUFFER
+    if (events.perf_submit(ctx, e, size) < 0)
+        count_lost(lost);
+#else
+    events.ringbuf_submit(e, 0);
+#endif
 }
 
 /* What a slot says about (tgid, fd). */
@@ -201,6 +245,7 @@ static __always_inline void forget_fd(__u32 tgid, __s32 fd)
         __u32 st = gg_slot_match(v, tgid, fd);
         if (st != GG_SLOT_ABSENT) {
             fresh_sockets.delete(&key);
+            conn_activity.delete(&key);
             if (st != GG_SLOT_ASK)
                 __sync_val_compare_and_swap(s, v, 0);
         }

@@ -5,6 +5,9 @@
  * "fresh": its first GG_PAYLOAD_WRITES writes/sends are copied (up to
  * GG_PAYLOAD_LEN bytes each) as net_payload events, then it is forgotten.
  * Writes on any other fd cost one inlined array read (sock_fd_slots).
+ * A process that holds a GPU (watched_tgids) also gets an activity record per
+ * connection (conn_activity): bytes and writes out, the times of its latest small
+ * writes, its age; user space reads it on an interval (sources/conn_activity.py).
  */
 
 #define GG_AF_INET 2
@@ -77,65 +80,74 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
         __u32 writes = GG_PAYLOAD_WRITES;
         if (fresh_sockets.update(&key, &writes) == 0)
             sock_slot_publish(key.tgid, key.fd);
+        if (watched_tgids.lookup(&key.tgid)) {
+            struct gg_conn_activity a = { .start_ns = bpf_ktime_get_boot_ns() };
+            conn_activity.update(&key, &a);
+        }
     }
 #endif
 
-#ifdef GG_PERF_BUFFER
-    __u32 zero = 0;
-    struct gg_connect *e = scratch_connect.lookup(&zero);
-#else
-    struct gg_connect *e = events.ringbuf_reserve(sizeof(struct gg_connect));
-#endif
+    struct gg_connect *e = gg_event_reserve(sizeof(*e), GG_KIND_CONNECT, GG_LOST_CONNECT);
     if (!e) {
-        count_lost(GG_LOST_CONNECT);
         pending_connects.delete(&id);
         return 0;
     }
-    fill_header(&e->hdr, GG_KIND_CONNECT, sizeof(*e));
     e->fd = pc->fd;
     e->result = (__s32)ret;
     e->family = pc->family;
     e->port = pc->port;
     e->_pad = 0;
     __builtin_memcpy(e->addr, pc->addr, sizeof(e->addr));
-#ifdef GG_PERF_BUFFER
-    if (events.perf_submit(args, e, sizeof(*e)) < 0)
-        count_lost(GG_LOST_CONNECT);
-#else
-    events.ringbuf_submit(e, 0);
-#endif
+    gg_event_submit(args, e, sizeof(*e), GG_LOST_CONNECT);
     pending_connects.delete(&id);
     return 0;
 }
 
 #ifdef GG_PAYLOAD_CAPTURE
+/* A write on a watched connection: count it, and keep the time of a small one.
+ * Returns its writes so far (0: not watched). */
+static __always_inline __u32 note_activity(struct gg_fd_key *key, __u64 len)
+{
+    struct gg_conn_activity *a = conn_activity.lookup(key);
+    if (!a)
+        return 0;
+    __u64 now = bpf_ktime_get_boot_ns();
+    a->last_ns = now;
+    __sync_fetch_and_add(&a->bytes_out, len);
+    __sync_fetch_and_add(&a->writes_out, 1);
+    if (len <= GG_SMALL_WRITE_BYTES) {
+        /* Not atomic (old BPF cannot use a fetch-add's result): two threads writing on
+         * one socket at the same instant may keep one time; the count is a lower bound. */
+        __u32 n = a->small_writes;
+        a->small_ns[n & (GG_ACTIVITY_TIMES - 1)] = now;
+        a->small_writes = n + 1;
+    }
+    return a->writes_out;
+}
+
 static __always_inline int capture_write(void *ctx, __s32 fd, __u64 buf, __u64 len)
 {
     __u64 id = bpf_get_current_pid_tgid();
     struct gg_fd_key key = { .tgid = id >> 32, .fd = fd };
     if (sock_slot_get(key.tgid, fd) == GG_SLOT_ABSENT)
         return 0;
+    __u32 watched = note_activity(&key, len);
+    if (watched > GG_PAYLOAD_WRITES)
+        return 0;           /* its first writes were captured long ago: no second lookup */
     __u32 *left = fresh_sockets.lookup(&key);
     if (!left)
         return 0;
     __u32 seq = GG_PAYLOAD_WRITES - *left;
     if (*left <= 1) {
         fresh_sockets.delete(&key);
-        sock_slot_release(key.tgid, fd);
+        if (!watched)       /* a watched connection keeps its slot: its writes still count */
+            sock_slot_release(key.tgid, fd);
     } else
         __sync_fetch_and_add(left, -1);
 
-#ifdef GG_PERF_BUFFER
-    __u32 zero = 0;
-    struct gg_net_payload *e = scratch_net_payload.lookup(&zero);
-#else
-    struct gg_net_payload *e = events.ringbuf_reserve(sizeof(struct gg_net_payload));
-#endif
-    if (!e) {
-        count_lost(GG_LOST_NET_PAYLOAD);
+    struct gg_net_payload *e = gg_event_reserve(sizeof(*e), GG_KIND_NET_PAYLOAD, GG_LOST_NET_PAYLOAD);
+    if (!e)
         return 0;
-    }
-    fill_header(&e->hdr, GG_KIND_NET_PAYLOAD, sizeof(*e));
     __u32 n = len > GG_PAYLOAD_LEN ? GG_PAYLOAD_LEN : (__u32)len;
     e->fd = fd;
     e->seq = seq;
@@ -144,12 +156,7 @@ static __always_inline int capture_write(void *ctx, __s32 fd, __u64 buf, __u64 l
     if (n > 0 && n <= GG_PAYLOAD_LEN &&
         bpf_probe_read_user(e->data, n, (void *)buf) == 0)
         e->len = n;
-#ifdef GG_PERF_BUFFER
-    if (events.perf_submit(ctx, e, sizeof(*e)) < 0)
-        count_lost(GG_LOST_NET_PAYLOAD);
-#else
-    events.ringbuf_submit(e, 0);
-#endif
+    gg_event_submit(ctx, e, sizeof(*e), GG_LOST_NET_PAYLOAD);
     return 0;
 }
 
@@ -159,7 +166,9 @@ static __always_inline int capture_iov(void *ctx, __s32 fd, __u64 iov, __u64 iov
         return 0;
     __u64 id = bpf_get_current_pid_tgid();
     struct gg_fd_key key = { .tgid = id >> 32, .fd = fd };
-    if (sock_slot_get(key.tgid, fd) == GG_SLOT_ABSENT || !fresh_sockets.lookup(&key))
+    if (sock_slot_get(key.tgid, fd) == GG_SLOT_ABSENT)
+        return 0;
+    if (!fresh_sockets.lookup(&key) && !conn_activity.lookup(&key))
         return 0;
     struct gg_iovec first = {};
     if (bpf_probe_read_user(&first, sizeof(first), (void *)iov) < 0)
@@ -171,7 +180,9 @@ static __always_inline int sendmsg_enter(void *ctx, __s32 fd, const void *msg)
 {
     __u64 id = bpf_get_current_pid_tgid();
     struct gg_fd_key key = { .tgid = id >> 32, .fd = fd };
-    if (sock_slot_get(key.tgid, key.fd) == GG_SLOT_ABSENT || !fresh_sockets.lookup(&key))
+    if (sock_slot_get(key.tgid, key.fd) == GG_SLOT_ABSENT)
+        return 0;
+    if (!fresh_sockets.lookup(&key) && !conn_activity.lookup(&key))
         return 0;
     struct gg_user_msghdr mh = {};
     if (bpf_probe_read_user(&mh, sizeof(mh), msg) < 0)

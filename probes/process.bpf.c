@@ -8,28 +8,15 @@ BPF_TABLE("lru_hash", __u32, __s32, exit_codes, 8192);
 
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
-#ifdef GG_PERF_BUFFER
-    __u32 zero = 0;
-    struct gg_exec *e = scratch_exec.lookup(&zero);
-#else
-    struct gg_exec *e = events.ringbuf_reserve(sizeof(struct gg_exec));
-#endif
-    if (!e) {
-        count_lost(GG_LOST_EXEC);
+    struct gg_exec *e = gg_event_reserve(sizeof(*e), GG_KIND_EXEC, GG_LOST_EXEC);
+    if (!e)
         return 0;
-    }
-    fill_header(&e->hdr, GG_KIND_EXEC, sizeof(*e));
     e->ppid = 0;
     e->_pad = 0;
     /* __data_loc: low 16 bits are the offset of the string in the record. */
     __u32 off = args->data_loc_filename & 0xFFFF;
     bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), (char *)args + off);
-#ifdef GG_PERF_BUFFER
-    if (events.perf_submit(args, e, sizeof(*e)) < 0)
-        count_lost(GG_LOST_EXEC);
-#else
-    events.ringbuf_submit(e, 0);
-#endif
+    gg_event_submit(args, e, sizeof(*e), GG_LOST_EXEC);
     return 0;
 }
 
@@ -59,24 +46,11 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         code = *saved;
         exit_codes.delete(&tgid);
     }
-#ifdef GG_PERF_BUFFER
-    __u32 zero = 0;
-    struct gg_exit *e = scratch_exit.lookup(&zero);
-#else
-    struct gg_exit *e = events.ringbuf_reserve(sizeof(struct gg_exit));
-#endif
-    if (!e) {
-        count_lost(GG_LOST_EXIT);
+    struct gg_exit *e = gg_event_reserve(sizeof(*e), GG_KIND_EXIT, GG_LOST_EXIT);
+    if (!e)
         return 0;
-    }
-    fill_header(&e->hdr, GG_KIND_EXIT, sizeof(*e));
     e->exit_code = code;
     e->_pad = 0;
-#ifdef GG_PERF_BUFFER
-    if (events.perf_submit(args, e, sizeof(*e)) < 0)
-        count_lost(GG_LOST_EXIT);
-#else
-    events.ringbuf_submit(e, 0);
-#endif
+    gg_event_submit(args, e, sizeof(*e), GG_LOST_EXIT);
     return 0;
 }

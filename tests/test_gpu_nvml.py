@@ -34,7 +34,9 @@ def open_fake(fake: FakeNvml, clock: Clock | None = None, proc_root: str = "/non
 
 
 def test_device_fields_come_from_nvml_in_contract_units():
-    snap = open_fake(FakeNvml([busy_h100()])).sample()
+    # A GPU without PCIe byte counters: the first sample reads the throughput call
+    # (tests/test_nvml_behaviour.py covers the counters and the slow cadence).
+    snap = open_fake(FakeNvml([busy_h100(pcie_counters=False)])).sample()
     assert snap.source == "nvml" and snap.errors == []
     (dev,) = snap.devices
     assert (dev.vendor, dev.index, dev.name) == ("nvidia", 0, "NVIDIA H100 80GB HBM3")

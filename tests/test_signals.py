@@ -10,6 +10,8 @@ from gpuguard.detect.signal_reader import SignalReader
 from gpuguard.detect.signals import SIGNALS
 from gpuguard.detect.yaml_marks import Position
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
+from tests.test_gpu_behaviour import TESTED_SIGNALS as BEHAVIOUR_SIGNALS_TESTED
+from tests.test_sessions import TESTED_SIGNALS as SESSION_SIGNALS_TESTED
 
 T = 1_700_000_000.0
 WALLET = "4" + "A" * 94
@@ -57,6 +59,8 @@ SIGNAL_CASES = [
     ("bracketed, real kthread", make(exe="", cmdline=["[kworker/0:1]"]), "cmdline_bracketed", False),
     ("exe deleted", make(exe_deleted=True), "exe_deleted", True),
     ("exe memfd", make(exe="/memfd:payload", exe_memfd=True), "exe_memfd", True),
+    ("exe memfd name", make(exe="/memfd:runc_cloned:/proc/self/exe", exe_memfd=True), "exe_memfd_name", "runc_cloned:/proc/self/exe"),
+    ("exe not memfd, no name", make(), "exe_memfd_name", None),
     ("user", make(username="www-data", uid=33), "user", "www-data"),
     ("uid", make(uid=33), "uid", 33),
     ("uid unknown", make(), "uid", None),
@@ -102,6 +106,9 @@ SIGNAL_CASES = [
     ("ioctl query only", with_(make(), lambda s: (s.add_ioctl(T, "A", "query", 5), s.add_ioctl(T, "B", "setup", 1))), "ioctl_query_only", True),
     ("ioctl not query only", with_(make(), lambda s: (s.add_ioctl(T, "A", "query", 5), s.add_ioctl(T, "B", "submit", 1))), "ioctl_query_only", False),
     ("ioctl none", make(), "ioctl_query_only", None),
+    ("written classes", with_(make(), lambda s: (s.add_gpu_device("msr", "/dev/cpu/0/msr", written=True),
+                                                  s.add_gpu_device("hugepages-config", "/proc/sys/vm/nr_hugepages"))),
+     "device_classes_written", {"msr"}),
     ("ioctl total", with_(make(), lambda s: (s.add_ioctl(T, "A", "query", 5), s.add_ioctl(T, "B", "submit", 7))), "ioctl_total", 12),
     ("ioctl names", with_(make(), lambda s: s.add_ioctl(T, "UVM_REGISTER_CHANNEL", "submit", 1)), "ioctl_names", {"UVM_REGISTER_CHANNEL"}),
     ("gpu mean", with_(make(), gpu_series([90, 100, 95])), "gpu_util_mean", 95.0),
@@ -141,6 +148,7 @@ def test_every_signal_is_exercised_or_computable():
         assert signal.description
     untested = set(SIGNALS) - tested - {f"ioctl_rate_{c}" for c in ("submit", "memory", "query", "setup", "other")}
     untested -= {"ioctl_command_rate"}    # test_ioctl_rate_over_the_last_minute
+    untested -= BEHAVIOUR_SIGNALS_TESTED | SESSION_SIGNALS_TESTED   # tests/test_gpu_behaviour.py, test_sessions.py
     assert untested <= {"exe", "cgroup", "container_id", "ld_preload", "hour_of_day", "exited", "cmdline_hosts",
                         "config_url_schemes", "gpu_paths", "gpu_util_latest", "cpu_percent_mean", "cpu_window_s",
                         "yara_tags", "parent_exe", "parent_score", "proxy_target_hosts", "payload_hosts"}, untested

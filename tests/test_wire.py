@@ -14,7 +14,7 @@ import gpuguard
 from gpuguard.errors import GpuguardError
 from gpuguard.events import abi
 from gpuguard.events.model import (
-    EVENT_TYPES, Connect, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload,
+    EVENT_TYPES, ConnActivity, Connect, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload,
 )
 from gpuguard.events.wire import (
     RecordingDamaged, RecordingWriter, item_from_record, iter_recording, read_header,
@@ -40,6 +40,8 @@ def sample_events() -> list:
              **common),
         Exit(time=T0 + 5, exit_code=137, **common),
         Lost(time=T0 + 6, what="net_payload", count=7, **common),
+        ConnActivity(time=T0 + 7, fd=12, age_s=310.5, bytes_out=2100, writes_out=14, small_writes=11,
+                     small_write_times=[T0 - 60.0, T0 - 30.0, T0], idle_s=7.0, seeded=True, **common),
     ]
     assert {e.kind for e in events} == set(EVENT_TYPES), "add a sample for the new event kind"
     return events

@@ -30,6 +30,8 @@ from gpuguard.errors import GpuguardError
 HELP = "audit this host once for miners and GPU abuse (read-only)"
 FORMATS = ("table", "json", "ocsf")
 MAX_CPU_SAMPLE_S = 10.0
+MAX_GPU_WINDOW_S = 600.0
+DEFAULT_GPU_WINDOW_S = 3.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="filesystem root for autostart files, /etc/ld.so.preload and device nodes (default /)")
     parser.add_argument("--cpu-sample", type=float, default=0.5, metavar="SECONDS",
                         help="window over which every process's CPU use is measured (default 0.5)")
+    parser.add_argument("--gpu-window", type=float, default=DEFAULT_GPU_WINDOW_S, metavar="SECONDS",
+                        help="sample every GPU process once a second for this long while the scan runs, "
+                             f"for the behaviour rules (default {DEFAULT_GPU_WINDOW_S:g}; 60 gives them a full "
+                             "minute; docs/gpus.md)")
     parser.add_argument("--no-yara", action="store_true", help="skip YARA scanning of executables and memory")
 
 
@@ -61,6 +67,9 @@ def _check_options(args: argparse.Namespace) -> None:
     if not 0 <= args.cpu_sample <= MAX_CPU_SAMPLE_S:
         raise GpuguardError(f"--cpu-sample {args.cpu_sample} is outside 0-{MAX_CPU_SAMPLE_S:g} seconds",
                             "give a window such as --cpu-sample 0.5")
+    if not 0 <= args.gpu_window <= MAX_GPU_WINDOW_S:
+        raise GpuguardError(f"--gpu-window {args.gpu_window} is outside 0-{MAX_GPU_WINDOW_S:g} seconds",
+                            "give a window such as --gpu-window 60")
     if not os.path.isdir(args.root):
         raise GpuguardError(f"--root {args.root} is not a directory", "point --root at a filesystem tree, e.g. /")
     if args.deep and args.no_yara:
@@ -159,8 +168,8 @@ def _probe_hidden_pids(obs, limitations: list[str]):
     return hidden
 
 
-def _host_findings(args, ruleset, hidden, limitations: list[str], notes: list[str]):
-    from gpuguard.detect import host_checks
+def _host_findings(args, ruleset, obs, hidden, limitations: list[str], notes: list[str]):
+    from gpuguard.detect import gpu_host_checks, host_checks
     from gpuguard.sources.host_gpu_stack import collect_gpu_stack
     from gpuguard.sources.persistence import collect_autostart_files
 
@@ -177,7 +186,9 @@ def _host_findings(args, ruleset, hidden, limitations: list[str], notes: list[st
                 + host_checks.check_ld_so_preload(_read_ld_so_preload(args.root))
                 + host_checks.check_device_nodes(stack.device_nodes)
                 + host_checks.check_kernel(stack)
-                + host_checks.check_hidden_pids(hidden.hidden))
+                + host_checks.check_hidden_pids(hidden.hidden)
+                + gpu_host_checks.check_gpu_memory(obs.snapshots, obs.gpu_pid_states(), obs.accounting)
+                + gpu_host_checks.check_past_gpu_users(obs.accounting))
     host_checks.apply_thresholds(findings, ruleset.thresholds.suspicious, ruleset.thresholds.malicious)
     counters = {"autostart_files": len(autostart.files), "hidden_pid_candidates": hidden.candidates_checked}
     return findings, stack, counters
@@ -203,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     notes: list[str] = []
     scanner = _yara_scanner(ruleset, args, notes)
 
-    obs = observe_host(cpu_sample_s=args.cpu_sample)
+    obs = observe_host(cpu_sample_s=args.cpu_sample, gpu_window_s=args.gpu_window)
     notes.extend(obs.gpu_status)
     limitations = limitation_lines(obs)
     hidden = _probe_hidden_pids(obs, limitations)
@@ -216,6 +227,8 @@ def run(args: argparse.Namespace) -> int:
         correlator.feed(event)
     for snapshot in obs.snapshots:
         correlator.feed(snapshot)
+    for record in obs.accounting:
+        correlator.feed(record)
 
     err_console = Console(file=sys.stderr, highlight=False)
     if args.deep and scanner is not None:
@@ -234,12 +247,13 @@ def run(args: argparse.Namespace) -> int:
         if verdict.score > 0 and state is not None:
             findings.append(finding_from_verdict(verdict, state.facts, ruleset))
 
-    host_findings, stack, host_counters = _host_findings(args, ruleset, hidden, limitations, notes)
+    host_findings, stack, host_counters = _host_findings(args, ruleset, obs, hidden, limitations, notes)
     findings += [finding_from_host(h) for h in host_findings]
 
     counters = {"processes": len(obs.facts), "gpu_handles": len(obs.holders.holders),
                 "connections": sum(len(c) for c in obs.connections.by_pid.values()),
-                "gpu_snapshots": len(obs.snapshots), **host_counters}
+                "gpu_snapshots": len(obs.snapshots), "gpu_accounting_records": len(obs.accounting),
+                **host_counters}
     if scanner is not None:
         counters.update({f"yara_{k}": v for k, v in scanner.stats.items()})
     report = ScanReport(
@@ -248,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
         suspicious_threshold=ruleset.thresholds.suspicious, malicious_threshold=ruleset.thresholds.malicious,
         limitations=limitations, notes=notes, counters=counters,
         options={"deep": args.deep, "yara": not args.no_yara, "root": args.root, "cpu_sample_s": args.cpu_sample,
+                 "gpu_window_s": args.gpu_window, "gpu_window_observed_s": round(obs.gpu_window_s, 1),
                  "rules": [str(p) for p in ruleset.sources]},
     )
     if fmt == "table":

@@ -19,12 +19,15 @@ module knows nothing of rules, verdicts or YARA (new facts go to the
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from gpuguard.correlate.gpu_behaviour import MONITOR_NAMES
 from gpuguard.correlate.state import ANY_ADDITION, ProcessKey, ProcessState
 from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
-from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
+from gpuguard.events.model import ConnActivity, Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
+from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.sources.config_files import attach_config_files
@@ -72,6 +75,7 @@ class Correlator:
         self._states: dict[ProcessKey, ProcessState] = {}
         self._by_pid: dict[int, ProcessState] = {}    # the live process with each pid
         self._device_totals: dict[tuple[str, int], int] = {}
+        self._monitors: set[int] = set()    # live pids of GPU/process monitors (nvidia-smi, top...)
         self._ioctl_cache: dict[tuple[str, int, str], tuple[str, str]] = {}
         self.clock = 0.0      # newest item time seen: when facts (which carry no time) were observed
         self.counters: dict[str, int] = {
@@ -89,6 +93,8 @@ class Correlator:
             Lost: self._on_lost,
             GpuSnapshot: self._on_snapshot,
             ProcessFacts: self._on_facts,
+            GpuAccounting: self._on_accounting,
+            ConnActivity: self._on_conn_activity,
         }
 
     # -- public API ---------------------------------------------------------
@@ -151,6 +157,14 @@ class Correlator:
         state = self._states.pop(key, None)
         if state is not None and self._by_pid.get(key.pid) is state:
             del self._by_pid[key.pid]
+            self._monitors.discard(key.pid)
+
+    def _note_monitor(self, state: ProcessState) -> None:
+        """Keep the set of live monitors: a miner that pauses while one runs is hiding."""
+        if state.comm in MONITOR_NAMES and state.exited_at is None:
+            self._monitors.add(state.pid)
+        else:
+            self._monitors.discard(state.pid)
 
     def _new_state(self, key: ProcessKey, time: float, provisional: bool) -> ProcessState:
         old_state = self._by_pid.get(key.pid)
@@ -203,6 +217,7 @@ class Correlator:
         if self.read_configs:
             attach_config_files(facts, self.proc_root)
         state.set_facts(facts)
+        self._note_monitor(state)
         if self.on_new_facts is not None:
             self.on_new_facts(state, facts)
 
@@ -231,7 +246,8 @@ class Correlator:
     def _on_gpu_open(self, event: GpuOpen) -> None:
         self.counters["events"] += 1
         state = self._state_for(event.pid, event.time, event.comm)
-        state.touch(event.time, bool(state.add_gpu_device(event.device_class, event.path) & self._rescore_on))
+        written = event.flags & os.O_ACCMODE != os.O_RDONLY
+        state.touch(event.time, bool(state.add_gpu_device(event.device_class, event.path, written) & self._rescore_on))
 
     def _on_gpu_ioctl(self, event: GpuIoctl) -> None:
         # The hottest handler (most events are ioctl counts): lookups inlined.
@@ -273,6 +289,7 @@ class Correlator:
             state.ppid = event.ppid
             state.parent_key = None
         state.derived.clear()
+        self._note_monitor(state)
         if self.facts_provider is not None and state.facts is not None:
             facts = self.facts_provider(event.pid)   # the new image: new exe, cmdline, identity
             if facts is not None and facts.start_time == state.key.start_time:
@@ -289,6 +306,7 @@ class Correlator:
         state.exit_code = event.exit_code
         state.touch(event.time)
         del self._by_pid[event.pid]   # a later event with this pid is a new process
+        self._monitors.discard(event.pid)
 
     def _on_lost(self, event: Lost) -> None:
         self.counters["events"] += 1
@@ -297,31 +315,64 @@ class Correlator:
         if state is not None:
             state.lost_events += event.count
 
+    def _on_conn_activity(self, event: ConnActivity) -> None:
+        self.counters["events"] += 1
+        state = self._by_pid.get(event.pid) or self._state_for(event.pid, event.time, event.comm)
+        state.add_session(event)
+        state.touch(event.time, True)     # reported every 10 s at most, per changed connection
+
+    def _on_accounting(self, record: GpuAccounting) -> None:
+        """A driver's lifetime record of a pid: kept on the live process it belongs to, if any."""
+        state = self._by_pid.get(record.pid)
+        if state is None or not record.running:
+            return          # exited users are the scan's host findings, not a process verdict
+        if record.start_time is not None and record.start_time < state.key.start_time - _SAME_PROCESS_SLACK_S:
+            return          # an earlier process that had this pid
+        state.gpu_lifetime = record
+        state.touch(self.clock, True)
+
     def _on_snapshot(self, snapshot: GpuSnapshot) -> None:
         self.counters["snapshots"] += 1
+        devices = {}
         for device in snapshot.devices:
+            devices[(device.vendor, device.index)] = device
             if device.memory_total:
                 self._device_totals[(device.vendor, device.index)] = device.memory_total
         per_pid: dict[int, list] = {}
+        users: dict[tuple[str, int], set[int]] = {}    # device -> pids using it
         for usage in snapshot.processes:
             per_pid.setdefault(usage.pid, []).append(usage)
+            device_key = (usage.vendor, usage.device_index)
+            users.setdefault(device_key, set()).add(usage.pid)
         totals = self._device_totals
         time = snapshot.time
+        watched = bool(self._monitors)
         for pid, usages in per_pid.items():
             state = self._by_pid.get(pid) or self._state_for(pid, time)
+            solo = None
             if len(usages) == 1:      # the usual case: one GPU per process
                 usage = usages[0]
-                util, memory = usage.sm_util, usage.used_memory
-                total = totals.get((usage.vendor, usage.device_index))
+                util, memory, mem_util = usage.sm_util, usage.used_memory, usage.mem_util
+                device_key = (usage.vendor, usage.device_index)
+                total = totals.get(device_key)
+                shared = len(users[device_key]) > 1
+                if not shared:        # the device's figures are this process's own
+                    solo = devices.get(device_key)
             else:
                 utils = [u.sm_util for u in usages if u.sm_util is not None]
                 memories = [u.used_memory for u in usages if u.used_memory is not None]
+                mem_utils = [u.mem_util for u in usages if u.mem_util is not None]
                 util = max(utils) if utils else None
                 memory = sum(memories) if memories else None
-                device_totals = [totals.get(d) for d in {(u.vendor, u.device_index) for u in usages}]
+                mem_util = max(mem_utils) if mem_utils else None
+                device_keys = {(u.vendor, u.device_index) for u in usages}
+                device_totals = [totals.get(d) for d in device_keys]
                 total = sum(device_totals) if all(device_totals) else None  # type: ignore[arg-type]
-            changed = state.add_gpu_sample(time, util, memory)
+                shared = any(len(users[d]) > 1 for d in device_keys)
+            changed = state.add_gpu_sample(time, util, memory, mem_util, solo, watched)
             if total and total != state.gpu_memory_total:
                 state.gpu_memory_total = total
                 changed = True
+            if shared != state.gpu_device_shared:
+                state.gpu_device_shared = shared
             state.touch(time, changed)

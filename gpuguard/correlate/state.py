@@ -13,14 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from gpuguard.correlate.gpu_behaviour import GpuBehaviour
 from gpuguard.correlate.network import NetworkView
 from gpuguard.correlate.windows import RateWindow, SampleWindow
+from gpuguard.events.gpu_accounting import GpuAccounting
+from gpuguard.events.gpu_snapshot import DeviceSample
+from gpuguard.events.model import ConnActivity
 from gpuguard.events.process_facts import ProcessFacts
 
 MAX_PATHS = 32
 MAX_CONNECTIONS = 64
 MAX_PAYLOADS = 16
 MAX_IOCTL_NAMES = 64
+MAX_SESSIONS = 16
 GPU_WINDOW_S = 300.0
 CPU_WINDOW_S = 300.0
 IOCTL_WINDOW_S = 60.0
@@ -91,6 +96,7 @@ class ProcessState:
     # GPU devices
     gpu_device_classes: set[str] = field(default_factory=set)
     gpu_paths: set[str] = field(default_factory=set)
+    device_classes_written: set[str] = field(default_factory=set)   # opened for writing (msr, hugepages-config...)
     # ioctls: totals by decoded name and category; recent rates by category
     ioctl_counts: dict[str, int] = field(default_factory=dict)     # the first MAX_IOCTL_NAMES names
     ioctl_categories: set[str] = field(default_factory=set)
@@ -103,10 +109,14 @@ class ProcessState:
     payloads: list[PayloadSeen] = field(default_factory=list)
     payload_protocols: set[str] = field(default_factory=set)
     network: NetworkView = field(default_factory=NetworkView)   # what the connections and payloads revealed
+    sessions: dict[int, ConnActivity] = field(default_factory=dict)   # fd -> latest activity record (GPU holders)
     # usage windows
     gpu_util: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
     gpu_memory: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
     gpu_memory_total: int | None = None    # summed totals of the devices it uses
+    gpu_behaviour: GpuBehaviour = field(default_factory=GpuBehaviour)   # memory controller, power, PCIe, duty cycle
+    gpu_lifetime: GpuAccounting | None = None   # NVML accounting: lifetime averages (scan)
+    gpu_device_shared: bool | None = None  # another process used one of its GPUs in the latest snapshot
     cpu: SampleWindow = field(default_factory=lambda: SampleWindow(CPU_WINDOW_S))
     # scanning
     yara_matches: set[str] = field(default_factory=set)
@@ -153,12 +163,16 @@ class ProcessState:
         self.derived.clear()
         self.dirty = True
 
-    def add_gpu_device(self, device_class: str, path: str = "") -> int:
-        """Note a GPU device class (and path) it used; the NEW_* bits of what was new (0: nothing)."""
+    def add_gpu_device(self, device_class: str, path: str = "", written: bool = False) -> int:
+        """Note a GPU device class (and path) it used, ``written`` when opened for writing;
+        the NEW_* bits of what was new (0: nothing)."""
         new = 0
         if device_class and device_class not in self.gpu_device_classes:
             self.gpu_device_classes.add(device_class)
             new = NEW_DEVICE_CLASS
+        if written and device_class and device_class not in self.device_classes_written:
+            self.device_classes_written.add(device_class)
+            new |= NEW_DEVICE_CLASS
         if path and path not in self.gpu_paths and len(self.gpu_paths) < MAX_PATHS:
             self.gpu_paths.add(path)
             new |= NEW_GPU_PATH
@@ -243,18 +257,36 @@ class ProcessState:
             self.derived.clear()
             self.dirty = True
 
+    def add_session(self, record: ConnActivity) -> None:
+        """Keep the latest activity record of one connection (the MAX_SESSIONS longest-lived)."""
+        sessions = self.sessions
+        if record.fd not in sessions and len(sessions) >= MAX_SESSIONS:
+            youngest = min(sessions, key=lambda fd: sessions[fd].age_s)
+            if sessions[youngest].age_s >= record.age_s:
+                return
+            del sessions[youngest]
+        sessions[record.fd] = record
+
     def _drop_derived(self, names: tuple[str, ...]) -> None:
         derived = self.derived
         if derived:
             for name in names:
                 derived.pop(name, None)
 
-    def add_gpu_sample(self, time: float, sm_util: float | None, used_memory: int | None) -> bool:
-        """Add one sample; True when it is time to rescore (first sample, then every GPU_RESCORE_EVERY_S)."""
+    def add_gpu_sample(self, time: float, sm_util: float | None, used_memory: int | None,
+                       mem_util: float | None = None, solo: DeviceSample | None = None,
+                       watched: bool = False) -> bool:
+        """Add one sample (``solo``: its device's sample, when it is that device's only user);
+        True when it is time to rescore (first sample, then every GPU_RESCORE_EVERY_S)."""
         if sm_util is not None:
             self.gpu_util.add(time, sm_util)
         if used_memory is not None:
             self.gpu_memory.add(time, float(used_memory))
+        if solo is None:
+            self.gpu_behaviour.add(time, sm_util, mem_util, used_memory, watched=watched)
+        else:
+            pcie = solo.pcie_tx_kbs + solo.pcie_rx_kbs if solo.pcie_tx_kbs is not None and solo.pcie_rx_kbs is not None else None
+            self.gpu_behaviour.add(time, sm_util, mem_util, used_memory, solo.mem_util, solo.power_w, pcie, watched)
         if self.gpu_rescored_at is None or time - self.gpu_rescored_at >= GPU_RESCORE_EVERY_S:
             self.gpu_rescored_at = time
             return True

@@ -34,7 +34,8 @@ from gpuguard.detect.signals import SIGNALS
 
 FACTS, NETWORK, DEVICES = "facts", "network", "devices"
 _KIND_OF_GROUP = {"identity": FACTS, "cmdline": FACTS, "config": FACTS, "ancestry": FACTS, "network": NETWORK}
-_DEVICE_SIGNALS = frozenset({"gpu_device_classes", "gpu_paths", "ioctl_names", "ioctl_categories", "ioctl_query_only"})
+_DEVICE_SIGNALS = frozenset({"gpu_device_classes", "gpu_paths", "ioctl_names", "ioctl_categories", "ioctl_query_only",
+                             "device_classes_written"})
 _UNCACHED = frozenset({"parent_verdict", "parent_score", "connect_count"})
 
 
@@ -77,7 +78,7 @@ SIGNALS_READING: dict[int, frozenset[str]] = {
     NEW_ADDRESS: frozenset({"connect_addresses"}),
     NEW_PAYLOAD: frozenset({"payload_protocols", "payload_agents", "payload_methods", "payload_logins",
                             "payload_hosts", "proxy_target_hosts", "proxy_target_ports", "revealed_hosts"}),
-    NEW_DEVICE_CLASS: frozenset({"gpu_device_classes"}),
+    NEW_DEVICE_CLASS: frozenset({"gpu_device_classes", "device_classes_written"}),
     NEW_GPU_PATH: frozenset({"gpu_paths"}),
     NEW_IOCTL_NAME: frozenset({"ioctl_names"}),
     NEW_IOCTL_CATEGORY: frozenset({"ioctl_categories", "ioctl_query_only"}),

@@ -165,6 +165,11 @@ def _exe_memfd(s: ProcessState, now: float) -> bool:
     return (s.facts.exe_memfd if s.facts is not None else False) or s.exe.startswith("/memfd:")
 
 
+@_signal("exe_memfd_name", "text", "identity", "name the memfd executable was created with (runc_cloned:/proc/self/exe, sealed-...)")
+def _exe_memfd_name(s: ProcessState, now: float) -> str | None:
+    return s.exe[len("/memfd:"):] or None if s.exe.startswith("/memfd:") else None
+
+
 @_signal("user", "text", "identity", "user name of the real uid")
 def _user(s: ProcessState, now: float) -> str | None:
     return (s.facts.username or None) if s.facts is not None else None
@@ -363,6 +368,12 @@ def _revealed_hosts(s: ProcessState, now: float) -> set[str]:
 @_signal("gpu_device_classes", "texts", "gpu", "GPU device classes opened (nvidia, nvidia-ctl, nvidia-uvm, kfd, drm-render, pci-bar, mem...)")
 def _gpu_classes(s: ProcessState, now: float) -> set[str]:
     return s.gpu_device_classes
+
+
+@_signal("device_classes_written", "texts", "gpu",
+         "device classes it opened for writing (msr, msr-config, hugepages-config: CPU miners tuning the host)")
+def _device_classes_written(s: ProcessState, now: float) -> set[str]:
+    return s.device_classes_written
 
 
 @_signal("gpu_paths", "texts", "gpu", "GPU device paths opened")

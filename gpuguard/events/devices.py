@@ -1,4 +1,4 @@
-"""Which files are GPU devices: the user-space twin of the probes' path test.
+"""Which files are GPU devices (and the msr / huge-page tuning files): the user-space twin of the probes' path test.
 
 The probes classify an open by its path (they cannot see the device major
 without kernel-internal structs); /proc scans, relative-path checks and tests
@@ -24,6 +24,10 @@ _ABSOLUTE = (
     (re.compile(r"^/dev/dri/renderD\d+$"), DeviceClass.DRM_RENDER),
     (re.compile(r"^/sys/(bus/pci/devices|devices/pci[0-9a-f:.]+(/[0-9a-f:.]+)*)/[^/]+/resource\d+(_wc)?$"), DeviceClass.PCI_BAR),
     (re.compile(r"^/dev/mem$"), DeviceClass.MEM),
+    (re.compile(r"^/dev/cpu/\d{1,5}/msr$"), DeviceClass.MSR),
+    (re.compile(r"^/sys/module/msr/parameters/allow_writes$"), DeviceClass.MSR_CONFIG),
+    (re.compile(r"^/proc/sys/vm/nr_hugepages$"), DeviceClass.HUGEPAGES_CONFIG),
+    (re.compile(r"^/sys/kernel/mm/hugepages/[^/]+/nr_hugepages$"), DeviceClass.HUGEPAGES_CONFIG),
 )
 
 

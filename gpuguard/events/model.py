@@ -113,8 +113,27 @@ class Lost(Event):
     count: int = 0
 
 
+@dataclass(slots=True)
+class ConnActivity(Event):
+    """What a watched process (a GPU holder) did on one connection so far (``struct gg_conn_activity``).
+
+    Reported on an interval while the connection lives; ``small_write_times`` are the
+    times (seconds since the epoch) of its latest small writes (<= 1 KiB), oldest first.
+    """
+
+    kind: ClassVar[str] = "conn_activity"
+    fd: int = -1
+    age_s: float = 0.0              # since the connect (or since watching began, when ``seeded``)
+    bytes_out: int = 0
+    writes_out: int = 0
+    small_writes: int = 0
+    small_write_times: list[float] = field(default_factory=list)
+    idle_s: float = 0.0             # since its latest write
+    seeded: bool = False            # watching began after the connect: the age is a lower bound
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (GpuOpen, GpuIoctl, Connect, NetPayload, Exec, Exit, Lost)
+    cls.kind: cls for cls in (GpuOpen, GpuIoctl, Connect, NetPayload, Exec, Exit, Lost, ConnActivity)
 }
 
 

@@ -8,7 +8,9 @@ Data flow (each step reads /proc once for every process):
 3. GPU device holders from /proc/PID/fd -> ``GpuOpen`` events;
 4. one ``psutil.net_connections`` -> ``Connect`` events;
 5. GPU samplers (NVML, amdsmi, DRM fdinfo) sampled at both ends of the window
-   -> ``GpuSnapshot``;
+   -> ``GpuSnapshot``; with ``gpu_window_s`` also once a second on a thread while
+   steps 2-4 run and until the window ends, plus what the driver remembers
+   (NVML's ~14 s device history, accounting records when accounting mode is on);
 6. after ``cpu_sample_s`` has passed since step 1 (steps 2-5 run inside the
    window), every process's CPU percent over that window.
 
@@ -20,6 +22,7 @@ the "could not see" lines by :func:`limitation_lines`.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from gpuguard.errors import GpuguardError
+from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.model import Event
 from gpuguard.sources.fd_holders import HolderScan, holder_event, scan_device_holders
 from gpuguard.events.gpu_snapshot import GpuSnapshot
@@ -36,6 +40,7 @@ from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
 from gpuguard.sources.process import collect_process_facts
 
 GPU_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
+GPU_STEP_S = 1.0          # the agent's sampling rate: windows hold the same shape in scan and agent
 
 
 @dataclass(slots=True)
@@ -45,7 +50,9 @@ class HostObservation:
     facts: dict[int, ProcessFacts] = field(default_factory=dict)
     holders: HolderScan = field(default_factory=HolderScan)
     connections: ConnectionTable = field(default_factory=ConnectionTable)
-    snapshots: list[GpuSnapshot] = field(default_factory=list)
+    snapshots: list[GpuSnapshot] = field(default_factory=list)       # oldest first
+    accounting: list[GpuAccounting] = field(default_factory=list)    # NVML accounting records (running and exited)
+    gpu_window_s: float = 0.0        # seconds of live GPU sampling (first to last sample)
     gpu_status: list[str] = field(default_factory=list)        # one line per GPU source that does not work here
     cpu_window_s: float = 0.0
     own_uid: int = 0
@@ -64,6 +71,24 @@ class HostObservation:
                 continue
             out.extend(connect_event(c, self.time, max(facts.uid, 0), facts.comm) for c in conns)
         return out
+
+    def gpu_pid_states(self) -> dict[int, str]:
+        """For each pid a GPU driver lists in the newest live snapshots: "running", "zombie" or "gone"."""
+        latest: dict[str, GpuSnapshot] = {}
+        for snap in self.snapshots:
+            if not any(d.extra.get("history") for d in snap.devices):
+                latest[snap.source] = snap
+        states: dict[int, str] = {}
+        for snap in latest.values():
+            for usage in snap.processes:
+                try:
+                    status = psutil.Process(usage.pid).status()
+                except psutil.NoSuchProcess:
+                    status = "gone"
+                except psutil.AccessDenied:
+                    status = "running"
+                states[usage.pid] = "zombie" if status == psutil.STATUS_ZOMBIE else "gone" if status == "gone" else "running"
+        return states
 
     def gpu_pids(self) -> dict[int, str]:
         """Pids GPU drivers report (host pids), to cross-check against the /proc listing."""
@@ -105,8 +130,35 @@ def _sample_all(samplers: list, out: list[GpuSnapshot]) -> None:
         out.append(sampler.sample())
 
 
+def _driver_memory(samplers: list, obs: HostObservation) -> None:
+    """What the drivers remember: device sample history and accounting records (samplers that have them)."""
+    for sampler in samplers:
+        history = getattr(sampler, "history", None)
+        if history is not None:
+            obs.snapshots.extend(history())
+        accounting = getattr(sampler, "accounting", None)
+        if accounting is not None:
+            records, errors = accounting()
+            obs.accounting.extend(records)
+            obs.gpu_status.extend(errors)
+
+
+class _WindowSampler(threading.Thread):
+    """Samples every GPU once a second until ``stop`` (the scan's other steps run meanwhile)."""
+
+    def __init__(self, samplers: list, out: list[GpuSnapshot]) -> None:
+        super().__init__(name="gpuguard-gpu-window", daemon=True)
+        self._samplers, self._out = samplers, out
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(GPU_STEP_S):
+            _sample_all(self._samplers, self._out)
+
+
 def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool = True,
-                 facts_hook: Callable[[ProcessFacts], None] | None = None) -> HostObservation:
+                 facts_hook: Callable[[ProcessFacts], None] | None = None,
+                 gpu_window_s: float = 0.0) -> HostObservation:
     """Observe every process once (see the module docstring for the steps)."""
     try:
         listed = list_proc_pids(proc_root)
@@ -125,8 +177,14 @@ def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool 
             continue
 
     samplers = _open_samplers(obs.gpu_status.append) if gpu else []
+    window: _WindowSampler | None = None
+    live: list[GpuSnapshot] = []
     try:
-        _sample_all(samplers, obs.snapshots)
+        _sample_all(samplers, live)
+        _driver_memory(samplers, obs)
+        if samplers and gpu_window_s > 0:
+            window = _WindowSampler(samplers, live)
+            window.start()
         for pid in sorted(listed):
             facts = collect_process_facts(pid, proc_root, with_ancestors=False)
             if facts is not None:
@@ -149,13 +207,27 @@ def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool 
                 facts.cpu_percent = round(probe.cpu_percent(None), 1)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 pass
-        _sample_all(samplers, obs.snapshots)
+        if window is not None:
+            remaining = gpu_window_s - (time.monotonic() - window_start)
+            if remaining > 0:
+                time.sleep(remaining)
+            window.stop_event.set()
+            window.join()
+            window = None
+        _sample_all(samplers, live)
     finally:
+        if window is not None:
+            window.stop_event.set()
+            window.join()
         for sampler in samplers:
             try:
                 sampler.close()
             except Exception:  # a sampler's close must not turn a finished scan into a traceback
                 pass
+    if len(live) > 1:
+        obs.gpu_window_s = live[-1].time - live[0].time
+    obs.snapshots.extend(live)
+    obs.snapshots.sort(key=lambda snap: snap.time)
     return obs
 
 

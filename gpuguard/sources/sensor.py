@@ -9,6 +9,8 @@ whenever a kernel counter says something could not be delivered.
 The sensor also keeps the kernel maps honest: entries of processes that exit
 are removed after a final drain, and a periodic sweep drops descriptors that
 were closed without close(2) (close_range, close-on-exec, fd passing).
+Reassembly of captured first writes lives in ``payload_streams``, the
+per-connection activity records of GPU holders in ``conn_activity``.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from gpuguard.errors import GpuguardError
-from gpuguard.events.abi import DEFINES, DeviceClass, EventKind, LostSlot, device_class_name
+from gpuguard.events.abi import DeviceClass, EventKind, LostSlot, device_class_name
 from gpuguard.events.devices import classify_device_path
 from gpuguard.events.ioctl_names import ioctl_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
-from gpuguard.events.payload import recognise_payload, recognise_stream
 from gpuguard.sources import preflight
+from gpuguard.sources.conn_activity import ConnActivityReader
+from gpuguard.sources.kernel_maps import SLOT_MULTI, KernelMaps, slot_index  # noqa: F401 (SLOT_MULTI: tests read it here)
+from gpuguard.sources.payload_streams import PayloadStreams
 from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.gpu_fds import fd_is_gpu
 from gpuguard.sources.probe_source import ProbeSettings, probe_text
@@ -40,15 +44,7 @@ _SCHEMA_MAPS = {
     EventKind.EXIT: "schema_exit",
 }
 _TABLES = ("tracked_fds", "ioctl_counts", "fresh_sockets", "lost_counts", "gpu_fd_slots", "sock_fd_slots")
-SLOT_MULTI = DEFINES["GG_SLOT_MULTI"]
-MAX_PAYLOAD_STREAMS = 4096
 DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the process stops
-_CUT = b""  # marks a stream whose last captured write was truncated (compared by identity)
-
-
-def slot_index(tgid: int, fd: int, slots: int) -> int:
-    """The probes' fd-slot index for (tgid, fd) (gg_slot_index in maps.bpf.h)."""
-    return ((tgid * DEFINES["GG_SLOT_HASH_MUL"]) + (fd & 0xFFFFFFFF)) & 0xFFFFFFFF & (slots - 1)
 
 
 def kernel_has_ringbuf(release: str | None = None) -> bool:
@@ -90,6 +86,7 @@ class Sensor:
         *,
         drain_interval: float = 1.0,
         sweep_interval: float = 10.0,
+        activity_interval: float = 10.0,
     ) -> None:
         self.settings = settings or ProbeSettings()
         self.drain_interval = drain_interval
@@ -97,21 +94,22 @@ class Sensor:
         self.stats = SensorStats()
         self._bpf = None
         self.tables: dict = {}
+        self.maps: KernelMaps | None = None   # stale-entry removal in the probes' maps
         self._decoder: EventDecoder | None = None
         self._pending: list[Event] = []
         self._ioctl_seen: dict[tuple[int, int, int], int] = {}
         self._lost_seen: dict[int, int] = {}
         self._headers: dict[int, _ProcessHeader] = {}
         self._gpu_tgids: set[int] = set()
-        self._streams: dict[tuple[int, int], list[bytes]] = {}
-        # Connected sockets whose first writes are still being captured, per process.
-        self._fresh_fds: dict[int, set[int]] = defaultdict(set)
+        self.streams = PayloadStreams(self.settings.payload_writes)   # first writes per connection
         self._next_drain = 0.0
         self._next_sweep = 0.0
         # The ring-buffer callback ends the current poll once this time passes:
         # a stop request sets it to 0, the final drain to a short budget, so an
         # event flood cannot keep a stopping process reading forever.
         self._consume_until = math.inf
+        self.activity_interval = activity_interval
+        self.activity: ConnActivityReader | None = None   # per-connection records of GPU holders
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -134,6 +132,10 @@ class Sensor:
                 "and that the kernel allows BPF (lockdown 'confidentiality' forbids it)",
             ) from None
         self.tables = {name: self._bpf[name.encode()] for name in _TABLES}
+        self.maps = KernelMaps(self.tables, self.settings.fd_slots)
+        if self.settings.payload_capture:
+            self.activity = ConnActivityReader(
+                self._bpf, lambda tgid, fd: slot_index(tgid, fd, self.settings.fd_slots), self.activity_interval)
         classes = {kind: self._bpf[name.encode()].Leaf for kind, name in _SCHEMA_MAPS.items()}
         self._decoder = EventDecoder(classes, self._bpf[b"schema_header"].Leaf)
         events = self._bpf[b"events"]
@@ -175,6 +177,8 @@ class Sensor:
             self._next_drain = now + self.drain_interval
             self._consume_buffer()  # opens before counts, so counts know their process
             self._drain_into(self._pending)
+        if self.activity is not None and self.activity.due(now):
+            self._pending.extend(self.activity.report(self._header_fields))
         if now >= self._next_sweep:
             self._next_sweep = now + self.sweep_interval
             self.sweep()
@@ -185,6 +189,17 @@ class Sensor:
         """End the current poll between two records (safe to call from a signal handler)."""
         self._consume_until = 0.0
 
+    def watch_process(self, tgid: int) -> int:
+        """Give a process's connections activity records (GPU holders get them already); returns
+        how many existing connections were seeded.  For processes scored above a threshold."""
+        return self.activity.watch(tgid) if self.activity is not None else 0
+
+    def _header_fields(self, tgid: int) -> tuple[str, int, int, int]:
+        header = self._headers.get(tgid)
+        if header is None:
+            return _comm_of(tgid), 0, 0, 0
+        return header.comm, header.uid, header.gid, header.cgroup_id
+
     def drain(self) -> list[Event]:
         """Read what is buffered (for at most DRAIN_BUDGET_S) and every counter now (e.g. before stopping)."""
         stopping = self._consume_until
@@ -194,6 +209,8 @@ class Sensor:
         finally:
             self._consume_until = stopping
         self._drain_into(self._pending)
+        if self.activity is not None:
+            self._pending.extend(self.activity.report(self._header_fields))
         out, self._pending = self._pending, []
         return out
 
@@ -234,11 +251,10 @@ class Sensor:
             self._gpu_tgids.add(event.pid)
             self._remember_header(event)
         elif isinstance(event, NetPayload):
-            self._recognise(event)
+            self.streams.recognise(event)
         elif isinstance(event, Connect):
-            self._streams.pop((event.pid, event.fd), None)
-            if self.settings.payload_capture and (event.result == 0 or event.result == -errno.EINPROGRESS):
-                self._fresh_fds[event.pid].add(event.fd)
+            self.streams.connected(event.pid, event.fd, self.settings.payload_capture
+                                   and (event.result == 0 or event.result == -errno.EINPROGRESS))
         elif isinstance(event, Exec):
             self._enrich_exec(event)
             if event.pid in self._headers:
@@ -275,30 +291,6 @@ class Sensor:
             event.ppid = int(fields[1])
         except (OSError, IndexError, ValueError):
             pass  # the process already exited: the kernel's fields stand
-
-    def _recognise(self, event: NetPayload) -> None:
-        key = (event.pid, event.fd)
-        chunks = self._streams.get(key)
-        if chunks is None:
-            if len(self._streams) >= MAX_PAYLOAD_STREAMS:
-                self._streams.pop(next(iter(self._streams)))
-            chunks = self._streams[key] = []
-        if chunks and chunks[-1] is _CUT:
-            # An earlier write was cut at the capture limit: what follows is not
-            # contiguous with it, so this write is recognised on its own.
-            event.protocol, event.detail = recognise_payload(event.data)
-        else:
-            chunks.append(event.data)
-            event.protocol, event.detail = recognise_stream(chunks)
-            if event.truncated:
-                chunks.append(_CUT)
-        if event.seq + 1 >= self.settings.payload_writes:
-            self._streams.pop(key, None)
-            fresh = self._fresh_fds.get(event.pid)
-            if fresh is not None:
-                fresh.discard(event.fd)
-                if not fresh:
-                    del self._fresh_fds[event.pid]
 
     # -- counters -------------------------------------------------------------------
     def _drain_into(self, out: list[Event], only_tgid: int | None = None) -> None:
@@ -346,52 +338,24 @@ class Sensor:
             count=count,
         )
 
-    # -- map hygiene ------------------------------------------------------------------
+    # -- map hygiene (gpuguard.sources.kernel_maps does the map work) --------------------
     def _forget_fd(self, tgid: int, fd: int) -> None:
-        table = self.tables["tracked_fds"]
-        try:
-            del table[table.Key(tgid, fd)]
-        except KeyError:
-            pass
-        self._unslot(tgid, fd)
-
-    def _unslot(self, tgid: int, fd: int) -> None:
-        """A tracked fd left tracked_fds from user space: its slot may still carry
-        its tag (and device class), so make the probes ask the map instead.  User
-        space only ever writes MULTI: the kernel may be changing the slot at the
-        same moment, and MULTI is the one value that is right whatever it did."""
-        slots = self.tables["gpu_fd_slots"]
-        slots[slots.Key(slot_index(tgid, fd, self.settings.fd_slots))] = slots.Leaf(SLOT_MULTI)
+        self.maps.forget_fd(tgid, fd)
 
     def _process_gone(self, tgid: int) -> None:
         """A process exited: report its last counts, then remove its kernel entries."""
-        fresh = self._fresh_fds.pop(tgid, None)
+        fresh = self.streams.process_gone(tgid)
         if fresh:
-            table = self.tables["fresh_sockets"]
-            for fd in fresh:
-                try:
-                    del table[table.Key(tgid, fd)]
-                except KeyError:
-                    pass
-                self._streams.pop((tgid, fd), None)
+            self.maps.forget_fresh(tgid, fresh)
+        if self.activity is not None and (tgid in self._gpu_tgids or tgid in self.activity.watched_by_user):
+            self.activity.forget({tgid})
         if tgid in self._gpu_tgids:
             self._drain_into(self._pending, only_tgid=tgid)
             self._forget_processes({tgid})
 
     def _forget_processes(self, tgids: set[int]) -> int:
-        """Delete the tracked fds and ioctl counters of these (dead) processes in one
-        pass over each map; return how many tracked fds went."""
-        removed = 0
-        for name in ("tracked_fds", "ioctl_counts"):
-            table = self.tables[name]
-            for key in [k for k in table.keys() if k.tgid in tgids]:
-                try:
-                    del table[key]
-                except KeyError:
-                    pass
-                if name == "tracked_fds":
-                    removed += 1
-                    self._unslot(key.tgid, key.fd)  # the pid may come back
+        """Remove dead processes' kernel entries and what the sensor kept about them; return tracked fds removed."""
+        removed = self.maps.forget_processes(tgids)
         for ident in [i for i in self._ioctl_seen if i[0] in tgids]:
             del self._ioctl_seen[ident]
         for tgid in tgids:
@@ -401,21 +365,12 @@ class Sensor:
 
     def sweep(self) -> None:
         """Drop entries of processes that died unseen and fds closed without close(2)."""
-        table = self.tables["tracked_fds"]
-        dead: set[int] = set()
-        for key in list(table.keys()):
-            if not os.path.exists(f"/proc/{key.tgid}"):
-                dead.add(key.tgid)
-                continue
-            is_gpu, _ = fd_is_gpu(key.tgid, key.fd)
-            if not is_gpu:
-                self._forget_fd(key.tgid, key.fd)
-                self.stats.swept_fds += 1
-        for key in list(self.tables["ioctl_counts"].keys()):
-            if not os.path.exists(f"/proc/{key.tgid}"):
-                dead.add(key.tgid)
+        dead, swept = self.maps.sweep(fd_is_gpu)
+        self.stats.swept_fds += swept
         if dead:
             self.stats.swept_fds += self._forget_processes(dead)
+        if self.activity is not None:
+            self.activity.sweep()
 
     # -- debugging ------------------------------------------------------------------
     def map_sizes(self) -> dict[str, int]:

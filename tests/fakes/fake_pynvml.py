@@ -121,6 +121,28 @@ class c_nvmlProcessUtilizationSample_t(ctypes.Structure):
     ]
 
 
+class c_nvmlValue_t(ctypes.Union):
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong), ("siVal", ctypes.c_int),
+                ("usVal", ctypes.c_ushort)]
+
+
+class c_nvmlFieldValue_t(ctypes.Structure):
+    _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32), ("timestamp", ctypes.c_int64),
+                ("latencyUsec", ctypes.c_int64), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", c_nvmlValue_t)]
+
+
+class c_nvmlSample_t(ctypes.Structure):
+    _fields_ = [("timeStamp", ctypes.c_ulonglong), ("sampleValue", c_nvmlValue_t)]
+
+
+class c_nvmlAccountingStats_t(ctypes.Structure):
+    _fields_ = [("gpuUtilization", ctypes.c_uint), ("memoryUtilization", ctypes.c_uint),
+                ("maxMemoryUsage", ctypes.c_ulonglong), ("time", ctypes.c_ulonglong),
+                ("startTime", ctypes.c_ulonglong), ("isRunning", ctypes.c_uint), ("reserved", ctypes.c_uint * 5)]
+
+
 class c_nvmlDevice_t(ctypes.Structure):
     """pynvml's handle type is a pointer-wrapping struct; ours carries the fake's index."""
 
@@ -139,6 +161,18 @@ class FakeProcess:
     used_memory: int | None  # bytes; None = NVML_VALUE_NOT_AVAILABLE (WDDM, some MIG set-ups)
     gpu_instance_id: int = 0xFFFFFFFF
     compute_instance_id: int = 0xFFFFFFFF
+
+
+@dataclass
+class FakeAccounting:
+    """nvmlDeviceGetAccountingStats of one pid: lifetime averages, peak memory, start and duration."""
+
+    gpu_util: int
+    mem_util: int
+    max_memory: int            # bytes
+    start_time_us: int
+    time_ms: int
+    running: bool = True
 
 
 @dataclass
@@ -163,6 +197,18 @@ class FakeGpu:
     graphics: list[FakeProcess] = field(default_factory=list)
     # (pid, timeStamp µs, sm, mem, enc, dec); the driver's ring buffer of samples
     util_samples: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
+    # PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES) and the driver timestamp of their reading;
+    # pcie_counters False: the fields answer NOT_SUPPORTED in their nvmlReturn, as on GPUs without them.
+    pcie_tx_bytes: int = 0
+    pcie_rx_bytes: int = 0
+    counters_time_us: int = 0
+    pcie_counters: bool = True
+    # nvmlDeviceGetSamples ring buffers: sampling type -> [(timeStamp µs, value)]; the H100 keeps ~14 s
+    # of GPU and memory utilisation, one sample per ~200 ms (values are unsigned ints, power in mW).
+    history: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # Accounting mode (nvidia-smi -am 1) and its per-pid records, also for exited pids (4,000-pid buffer).
+    accounting_mode: int = 0
+    accounting: dict[int, "FakeAccounting"] = field(default_factory=dict)
     failing: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
     lost: bool = False              # every call on this GPU raises GPU_IS_LOST
 
@@ -177,6 +223,7 @@ class FakeNvml:
         self.initialized = False
         self.init_calls = 0
         self.calls = 0
+        self.call_counts: dict[str, int] = {}   # per-GPU function name -> calls
         self.module = self._build_module()
 
     # -- helpers for tests ---------------------------------------------------
@@ -201,6 +248,7 @@ class FakeNvml:
 
     def _gpu(self, handle, fn_name: str) -> FakeGpu:
         self.calls += 1
+        self.call_counts[fn_name] = self.call_counts.get(fn_name, 0) + 1
         if not self.initialized:
             self._raise(ERROR_CODES["NVML_ERROR_UNINITIALIZED"])
         gpu = self.gpus[handle.index]
@@ -224,6 +272,15 @@ class FakeNvml:
         m.NVML_TEMPERATURE_GPU = 0
         m.NVML_PCIE_UTIL_TX_BYTES, m.NVML_PCIE_UTIL_RX_BYTES = 0, 1
         m.NVML_DEVICE_MIG_DISABLE, m.NVML_DEVICE_MIG_ENABLE = 0, 1
+        m.NVML_FEATURE_DISABLED, m.NVML_FEATURE_ENABLED = 0, 1
+        m.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, m.NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 197, 198
+        m.NVML_TOTAL_POWER_SAMPLES, m.NVML_GPU_UTILIZATION_SAMPLES, m.NVML_MEMORY_UTILIZATION_SAMPLES = 0, 1, 2
+        (m.NVML_VALUE_TYPE_DOUBLE, m.NVML_VALUE_TYPE_UNSIGNED_INT, m.NVML_VALUE_TYPE_UNSIGNED_LONG,
+         m.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, m.NVML_VALUE_TYPE_SIGNED_LONG_LONG, m.NVML_VALUE_TYPE_SIGNED_INT,
+         m.NVML_VALUE_TYPE_UNSIGNED_SHORT) = range(7)
+        m.c_nvmlFieldValue_t = c_nvmlFieldValue_t
+        m.c_nvmlSample_t = c_nvmlSample_t
+        m.c_nvmlAccountingStats_t = c_nvmlAccountingStats_t
         m.c_nvmlProcessUtilizationSample_t = c_nvmlProcessUtilizationSample_t
         m.c_nvmlUtilization_t = c_nvmlUtilization_t
         m.c_nvmlMemory_t = c_nvmlMemory_t
@@ -322,6 +379,59 @@ class FakeNvml:
             array = (c_nvmlProcessUtilizationSample_t * len(newer))(*[c_nvmlProcessUtilizationSample_t(*s) for s in newer])
             return array[0:len(newer)]
 
+        def nvmlDeviceGetFieldValues(handle, fieldIds):
+            gpu = fake._gpu(handle, "nvmlDeviceGetFieldValues")
+            values = (c_nvmlFieldValue_t * len(fieldIds))()
+            for i, field_id in enumerate(fieldIds):
+                values[i].fieldId = field_id
+                values[i].timestamp = gpu.counters_time_us
+                values[i].valueType = 3    # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                counter = {197: gpu.pcie_tx_bytes, 198: gpu.pcie_rx_bytes}.get(field_id)
+                if counter is None or not gpu.pcie_counters:
+                    values[i].nvmlReturn = ERROR_CODES["NVML_ERROR_NOT_SUPPORTED"]
+                else:
+                    values[i].nvmlReturn = 0
+                    values[i].value.ullVal = counter
+            return values
+
+        def nvmlDeviceGetSamples(device, sampling_type, timeStamp):
+            gpu = fake._gpu(device, "nvmlDeviceGetSamples")
+            if sampling_type not in gpu.history:
+                raise NVMLError(ERROR_CODES["NVML_ERROR_NOT_SUPPORTED"])
+            newer = [(t, v) for t, v in gpu.history[sampling_type] if t > timeStamp]
+            if not newer:
+                raise NVMLError(ERROR_CODES["NVML_ERROR_NOT_FOUND"])
+            samples = (c_nvmlSample_t * len(newer))()
+            for i, (t, v) in enumerate(newer):
+                samples[i].timeStamp = t
+                samples[i].sampleValue.uiVal = v
+            return (1, samples[0:len(newer)])     # NVML_VALUE_TYPE_UNSIGNED_INT, as the H100 answers
+
+        def nvmlDeviceGetAccountingMode(handle):
+            return fake._gpu(handle, "nvmlDeviceGetAccountingMode").accounting_mode
+
+        def nvmlDeviceSetAccountingMode(handle, mode):
+            fake._gpu(handle, "nvmlDeviceSetAccountingMode").accounting_mode = int(mode)
+
+        def nvmlDeviceGetAccountingPids(handle):
+            gpu = fake._gpu(handle, "nvmlDeviceGetAccountingPids")
+            if not gpu.accounting_mode:
+                raise NVMLError(ERROR_CODES["NVML_ERROR_NOT_SUPPORTED"])
+            return list(gpu.accounting)
+
+        def nvmlDeviceGetAccountingStats(handle, pid):
+            gpu = fake._gpu(handle, "nvmlDeviceGetAccountingStats")
+            if not gpu.accounting_mode:
+                raise NVMLError(ERROR_CODES["NVML_ERROR_NOT_SUPPORTED"])
+            record = gpu.accounting.get(pid)
+            if record is None:
+                raise NVMLError(ERROR_CODES["NVML_ERROR_NOT_FOUND"])
+            return c_nvmlAccountingStats_t(record.gpu_util, record.mem_util, record.max_memory, record.time_ms,
+                                           record.start_time_us, int(record.running))
+
+        for fn in (nvmlDeviceGetFieldValues, nvmlDeviceGetSamples, nvmlDeviceGetAccountingMode,
+                   nvmlDeviceSetAccountingMode, nvmlDeviceGetAccountingPids, nvmlDeviceGetAccountingStats):
+            setattr(m, fn.__name__, fn)
         for fn in (nvmlInit, nvmlShutdown, nvmlSystemGetDriverVersion, nvmlDeviceGetCount,
                    nvmlDeviceGetHandleByIndex, nvmlDeviceGetHandleByUUID, nvmlDeviceGetProcessUtilization):
             setattr(m, fn.__name__, fn)

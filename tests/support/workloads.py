@@ -37,7 +37,7 @@ mount --make-rprivate / 2>/dev/null || true
 mount -t tmpfs -o mode=755 gpuguard-test-dev /dev
 mknod -m 666 /dev/null c 1 3
 mkdir -p /dev/dri
-for node in $GG_NODES; do mknod -m 666 "$node" c 1 3; done
+for node in $GG_NODES; do mkdir -p "${node%/*}"; mknod -m 666 "$node" c 1 3; done
 exec "$@"
 """
 

@@ -18,6 +18,9 @@ Choices worth knowing:
   twice.  NOT_FOUND means "no sample newer than that timestamp": the last
   value seen for a pid is kept while it is younger than ``UTIL_STALE_AFTER_S``,
   then the pid's utilisation becomes ``None`` (not 0: NVML did not say idle).
+* PCIe traffic comes from the driver's byte counters, or from the 20 ms
+  throughput call only every 30 s where there are none
+  (:mod:`gpuguard.sources.gpu.nvml_pcie`): the other calls of a sample took ~3 ms per GPU on an H100.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
+from gpuguard.events.gpu_accounting import GpuAccounting
+from gpuguard.sources.gpu import nvml_history
+from gpuguard.sources.gpu.nvml_pcie import PcieReader
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.sources.pidns import namespace_pid
@@ -133,6 +139,7 @@ class _Device:
     sm_clock_max_mhz: int | None = None
     last_seen_us: int = 0
     utils: dict[int, _ProcessUtil] = field(default_factory=dict)
+    pcie: PcieReader | None = None
 
 
 class NvmlSampler:
@@ -172,6 +179,84 @@ class NvmlSampler:
             devices.append(sample)
             processes.extend(procs)
         return GpuSnapshot(time=now, source=SOURCE, devices=devices, processes=processes, errors=errors)
+
+    def accounting(self) -> tuple[list[GpuAccounting], list[str]]:
+        """NVML accounting records of every GPU where accounting mode is on, and one line per GPU that failed."""
+        records: list[GpuAccounting] = []
+        errors: list[str] = []
+        for dev in self._live_devices():
+            try:
+                records += nvml_history.read_accounting(self._nvml, dev.handle, dev.index, dev.uuid)
+            except self._nvml.NVMLError as exc:
+                errors.append(f"nvml gpu{dev.index} accounting: {exc}")
+        return records, errors
+
+    def accounting_status(self) -> dict[int, bool | None]:
+        """Whether accounting mode is on, per GPU index (None: NVML could not say)."""
+        status: dict[int, bool | None] = {}
+        for dev in self._live_devices():
+            try:
+                status[dev.index] = nvml_history.accounting_enabled(self._nvml, dev.handle)
+            except self._nvml.NVMLError:
+                status[dev.index] = None
+        return status
+
+    def set_accounting(self, on: bool) -> list[str]:
+        """Turn accounting mode on/off on every GPU (opt-in: it changes host state); one line per GPU saying what happened."""
+        lines = []
+        for dev in self._live_devices():
+            try:
+                before = nvml_history.accounting_enabled(self._nvml, dev.handle)
+                if before != on:
+                    nvml_history.set_accounting_mode(self._nvml, dev.handle, on)
+                lines.append(f"nvml gpu{dev.index}: accounting mode {'on' if on else 'off'}"
+                             + (" (was already)" if before == on else f" (was {'on' if before else 'off'})"))
+            except self._nvml.NVMLError as exc:
+                lines.append(f"nvml gpu{dev.index}: cannot turn accounting mode {'on' if on else 'off'}: {exc}")
+        return lines
+
+    def history(self) -> list[GpuSnapshot]:
+        """The driver's ~14 s of device samples, one snapshot per second, oldest first.
+
+        A device's only user (by the current process lists) is credited with the device's
+        GPU and memory utilisation; a shared device's samples carry no process.  Memory and
+        PCIe are not in the driver's history: they stay None.
+        """
+        nvml = self._nvml
+        kinds = (("gpu_util", "NVML_GPU_UTILIZATION_SAMPLES"), ("mem_util", "NVML_MEMORY_UTILIZATION_SAMPLES"),
+                 ("power_mw", "NVML_TOTAL_POWER_SAMPLES"))
+        by_second: dict[int, GpuSnapshot] = {}
+        errors: list[str] = []
+        for dev in self._live_devices():
+            series: dict[str, dict[int, float]] = {}
+            for name, constant in kinds:
+                try:
+                    series[name] = nvml_history.per_second(
+                        nvml_history.read_device_samples(nvml, dev.handle, getattr(nvml, constant)))
+                except nvml.NVMLError as exc:
+                    if exc.value != nvml.NVML_ERROR_NOT_SUPPORTED:
+                        errors.append(f"nvml gpu{dev.index} sample history ({name}): {exc}")
+                    series[name] = {}
+            users = {info.pid for kind in ("compute", "graphics") for info in self._process_list(dev, kind, errors) or ()}
+            sole = next(iter(users)) if len(users) == 1 else None
+            for second in sorted(set().union(*series.values())):
+                gpu, mem, power = (series[n].get(second) for n, _ in kinds)
+                snap = by_second.setdefault(second, GpuSnapshot(time=float(second), source=SOURCE))
+                snap.devices.append(DeviceSample(vendor="nvidia", index=dev.index, name=dev.name, uuid=dev.uuid,
+                                                 pci_bus_id=dev.pci_bus_id, driver="nvidia",
+                                                 driver_version=self._driver_version, gpu_util=gpu, mem_util=mem,
+                                                 power_w=power / 1000.0 if power is not None else None,
+                                                 extra={"state": "ok", "history": True}))
+                if sole is not None and gpu is not None:
+                    snap.processes.append(ProcessGpuUsage(pid=sole, vendor="nvidia", device_index=dev.index,
+                                                          device_uuid=dev.uuid, sm_util=gpu, mem_util=mem))
+        snapshots = [by_second[s] for s in sorted(by_second)]
+        if snapshots and errors:
+            snapshots[-1].errors.extend(errors)
+        return snapshots
+
+    def _live_devices(self) -> list[_Device]:
+        return [d for d in self._devices if d.handle is not None and not d.lost]
 
     def close(self) -> None:
         if not self._closed:
@@ -230,6 +315,7 @@ class NvmlSampler:
             self._once.report(errors, dev.index, "state", self._lost_line(dev, str(exc)))
             return False
         dev.utils.clear()
+        dev.pcie = None        # counters from before the loss are not comparable
         if dev.uuid is None:
             dev.uuid = self._static(dev, "uuid", nvml.nvmlDeviceGetUUID, errors)
         if dev.name is None:
@@ -271,7 +357,7 @@ class NvmlSampler:
             if dev.handle is None or dev.lost:
                 if self._need_reinit or not self._acquire(dev, errors):
                     return self._lost_sample(dev), []
-            sample = self._device_metrics(dev, errors)
+            sample = self._device_metrics(dev, now, errors)
             processes = self._processes(dev, now, errors)
         except _DeviceLost as lost:
             dev.lost, dev.handle = True, None
@@ -290,9 +376,12 @@ class NvmlSampler:
                             pci_bus_id=dev.pci_bus_id, driver="nvidia", driver_version=self._driver_version,
                             extra={"state": "lost"})
 
-    def _device_metrics(self, dev: _Device, errors: list[str]) -> DeviceSample:
+    def _device_metrics(self, dev: _Device, now: float, errors: list[str]) -> DeviceSample:
         nvml = self._nvml
         read = self._read
+        if dev.pcie is None:
+            dev.pcie = PcieReader(nvml)
+        pcie_tx, pcie_rx = read(dev, "pcie", dev.pcie.read, errors, now) or (None, None)
         util = read(dev, "utilization", nvml.nvmlDeviceGetUtilizationRates, errors)
         memory = read(dev, "memory", nvml.nvmlDeviceGetMemoryInfo, errors)
         power_mw = read(dev, "power", nvml.nvmlDeviceGetPowerUsage, errors)
@@ -318,8 +407,8 @@ class NvmlSampler:
             sm_clock_mhz=read(dev, "sm_clock", nvml.nvmlDeviceGetClockInfo, errors, nvml.NVML_CLOCK_SM),
             mem_clock_mhz=read(dev, "mem_clock", nvml.nvmlDeviceGetClockInfo, errors, nvml.NVML_CLOCK_MEM),
             temperature_c=_float(read(dev, "temperature", nvml.nvmlDeviceGetTemperature, errors, nvml.NVML_TEMPERATURE_GPU)),
-            pcie_tx_kbs=read(dev, "pcie_tx", nvml.nvmlDeviceGetPcieThroughput, errors, nvml.NVML_PCIE_UTIL_TX_BYTES),
-            pcie_rx_kbs=read(dev, "pcie_rx", nvml.nvmlDeviceGetPcieThroughput, errors, nvml.NVML_PCIE_UTIL_RX_BYTES),
+            pcie_tx_kbs=pcie_tx,
+            pcie_rx_kbs=pcie_rx,
             mig_mode=(mig[0] == nvml.NVML_DEVICE_MIG_ENABLE) if mig is not None else None,
             extra=extra,
         )

@@ -1,0 +1,147 @@
+"""Rule signals of GPU behaviour (``gpuguard.correlate.gpu_behaviour``) and of GPU holders' sessions.
+
+Registered into the one signal table (``gpuguard.detect.signals.SIGNALS``) under
+the names the rules use; ``signals`` imports this module before it builds its
+caches.  Every value here moves with each GPU sample, so none is cached on the
+state.  A figure the vendor did not give (no memory-controller load from
+fdinfo, no power while the device is shared) is ``None``: a condition on it
+never matches.
+"""
+
+from __future__ import annotations
+
+from gpuguard.correlate.gpu_behaviour import profile
+from gpuguard.correlate.state import ProcessState
+from gpuguard.detect.signals import _signal
+from gpuguard.events.model import ConnActivity
+
+
+@_signal("gpu_profile", "text", "gpu-behaviour",
+         "GPU behaviour profile and its figures: 'compute-bound: SM 99 ± 0.7% for 74 s, memory-controller 0%, ...' "
+         "(kinds: compute-bound, memory-hard, flat, varying, idle)")
+def _gpu_profile(s: ProcessState, now: float) -> str | None:
+    return profile(s.gpu_util, s.gpu_behaviour)
+
+
+@_signal("gpu_memory_controller_mean", "number", "gpu-behaviour",
+         "mean memory-controller load % (the device's while it is the only user, else its own NVML share), last 5 minutes")
+def _memctl_mean(s: ProcessState, now: float) -> float | None:
+    return s.gpu_behaviour.memctl.mean
+
+
+@_signal("gpu_power_variation", "number", "gpu-behaviour",
+         "device power standard deviation / mean while it was the device's only user (hashing loop on an H100: 0.02)")
+def _power_variation(s: ProcessState, now: float) -> float | None:
+    return s.gpu_behaviour.power_variation()
+
+
+@_signal("gpu_pcie_mb_s", "number", "gpu-behaviour",
+         "device PCIe TX+RX MB/s while it was the device's only user, last 5 minutes (training: ~1,800; hashing: ~3)")
+def _pcie(s: ProcessState, now: float) -> float | None:
+    return s.gpu_behaviour.pcie_mb_s()
+
+
+@_signal("gpu_allocation_stable_s", "number", "gpu-behaviour", "seconds its GPU memory has not changed")
+def _allocation_stable(s: ProcessState, now: float) -> float | None:
+    return s.gpu_behaviour.allocation_stable_s()
+
+
+@_signal("gpu_memory_growth_fraction", "number", "gpu-behaviour",
+         "growth of its GPU memory over the last 5 minutes, as a fraction of its GPUs' total memory")
+def _memory_growth(s: ProcessState, now: float) -> float | None:
+    latest, lowest = s.gpu_memory.latest, s.gpu_memory.minimum
+    if latest is None or lowest is None or not s.gpu_memory_total:
+        return None
+    return max(0.0, latest - lowest) / s.gpu_memory_total
+
+
+@_signal("gpu_device_shared", "bool", "gpu-behaviour", "another process used one of its GPUs in the latest sample")
+def _device_shared(s: ProcessState, now: float) -> bool | None:
+    return s.gpu_device_shared
+
+
+@_signal("gpu_duty_cycle", "number", "gpu-behaviour", "fraction of its GPU samples with SM >= 50 % (0-1)")
+def _duty_cycle(s: ProcessState, now: float) -> float | None:
+    return s.gpu_behaviour.duty_cycle()
+
+
+@_signal("gpu_pauses_when_watched", "bool", "gpu-behaviour",
+         "busy while no monitor runs, idle while nvidia-smi/top/nvtop... run (at least 3 samples of each)")
+def _pauses_when_watched(s: ProcessState, now: float) -> bool | None:
+    return s.gpu_behaviour.pauses_when_watched()
+
+
+@_signal("gpu_night_only", "bool", "gpu-behaviour",
+         "busy most of the observed night (22-06 UTC), idle by day (at least 30 min observed of each)")
+def _night_only(s: ProcessState, now: float) -> bool | None:
+    return s.gpu_behaviour.night_only()
+
+
+@_signal("gpu_lifetime_util_mean", "number", "gpu-behaviour",
+         "lifetime average GPU utilisation % from NVML accounting mode (start-up included); absent when accounting is off")
+def _lifetime_util(s: ProcessState, now: float) -> float | None:
+    return s.gpu_lifetime.gpu_util if s.gpu_lifetime is not None else None
+
+
+@_signal("gpu_lifetime_s", "number", "gpu-behaviour", "seconds it has used the GPU, from NVML accounting mode")
+def _lifetime_s(s: ProcessState, now: float) -> float | None:
+    return s.gpu_lifetime.duration_s if s.gpu_lifetime is not None else None
+
+
+# -- sessions: per-connection activity of GPU holders (the kernel's conn_activity records) --
+
+STEADY_SPREAD = 0.25          # every interval within 25 % of the median: a timer, not a person
+MIN_CADENCE_WRITES = 4
+
+
+def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None:
+    """The longest-lived connection whose small writes come at a steady cadence: (record, median, spread)."""
+    best = None
+    for record in s.sessions.values():
+        times = record.small_write_times
+        if len(times) < MIN_CADENCE_WRITES:
+            continue
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        median = gaps[len(gaps) // 2]
+        if median <= 0:
+            continue
+        spread = max(abs(g - median) for g in gaps)
+        if spread > STEADY_SPREAD * median:
+            continue
+        if best is None or record.age_s > best[0].age_s:
+            best = (record, median, spread)
+    return best
+
+
+@_signal("session_cadence_s", "number", "session",
+         "seconds between the small writes (shares, keepalives) of its longest-lived connection with a steady cadence "
+         "(pools: 15-60 s; XMRig keepalive 60 s); GPU holders only, absent when no connection is steady")
+def _session_cadence(s: ProcessState, now: float) -> float | None:
+    steady = _steady_session(s)
+    return round(steady[1], 3) if steady else None
+
+
+@_signal("session_age_s", "number", "session", "age of that steady connection, seconds")
+def _session_age(s: ProcessState, now: float) -> float | None:
+    steady = _steady_session(s)
+    return steady[0].age_s if steady else None
+
+
+@_signal("session_bytes_per_s", "number", "session", "bytes it sent per second over that steady connection's life")
+def _session_rate(s: ProcessState, now: float) -> float | None:
+    steady = _steady_session(s)
+    if not steady or steady[0].age_s <= 0:
+        return None
+    return round(steady[0].bytes_out / steady[0].age_s, 2)
+
+
+@_signal("session_summary", "text", "session",
+         "that steady connection in words: 'fd 5 up 310 s, small writes every 30.0 ± 0.4 s (8 seen, 11 in all), 2.1 KB out'")
+def _session_summary(s: ProcessState, now: float) -> str | None:
+    steady = _steady_session(s)
+    if not steady:
+        return None
+    record, median, spread = steady
+    age = f"up {record.age_s:.0f} s" + (" or more" if record.seeded else "")
+    return (f"fd {record.fd} {age}, small writes every {median:.1f} ± {spread:.1f} s "
+            f"({len(record.small_write_times)} seen, {record.small_writes} in all), {record.bytes_out / 1000:.1f} KB out")

@@ -1,0 +1,152 @@
+"""Per-connection activity of watched processes: the kernel's records, read on an interval.
+
+The probes keep, for every connection of a process in ``watched_tgids`` (every
+GPU holder from its first GPU open, plus processes user space adds with
+:meth:`ConnActivityReader.watch`), a bounded record: bytes and writes out, the
+times of its latest small writes, when it started (``probes/net.bpf.c``,
+``struct gg_conn_activity``).  This module turns those records into
+:class:`~gpuguard.events.model.ConnActivity` events every ``interval_s`` (a
+record that did not change is not reported again), seeds records for the
+connections a process already had when it became watched, and deletes the
+records and watch entries of processes that are gone.
+
+Only writes are counted: bytes in would need a probe on every read(2) of the
+host, which the sensor does not pay.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from gpuguard.events.model import ConnActivity
+from gpuguard.sources.bpf_decode import boot_to_epoch_offset
+from gpuguard.sources.kernel_maps import SLOT_MULTI
+
+ACTIVITY_TIMES = 8
+INTERVAL_S = 10.0
+
+
+class ConnActivityReader:
+    """Reads ``conn_activity`` and maintains ``watched_tgids`` (see the module docstring)."""
+
+    def __init__(self, bpf, slot_index, interval_s: float = INTERVAL_S) -> None:
+        self._activity = bpf[b"conn_activity"]
+        self._watched = bpf[b"watched_tgids"]
+        self._sock_slots = bpf[b"sock_fd_slots"]
+        self._slot_index = slot_index          # (tgid, fd) -> index into sock_fd_slots
+        self.interval_s = interval_s
+        self._offset = boot_to_epoch_offset()
+        self._reported: dict[tuple[int, int], tuple[int, int]] = {}   # key -> (writes, small writes) last reported
+        self._seeded: set[tuple[int, int]] = set()
+        self.watched_by_user: set[int] = set()
+        self._next = 0.0
+
+    # -- watching ----------------------------------------------------------------
+    def watch(self, tgid: int) -> int:
+        """Watch a process's connections from now on, including those it already has; returns how many were seeded."""
+        self._watched[self._watched.Key(tgid)] = self._watched.Leaf(1)
+        self.watched_by_user.add(tgid)
+        return self._seed(tgid)
+
+    def _seed(self, tgid: int) -> int:
+        inodes = established_socket_inodes(tgid)
+        if not inodes:
+            return 0
+        now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        seeded = 0
+        try:
+            fds = os.listdir(f"/proc/{tgid}/fd")
+        except OSError:
+            return 0
+        for name in fds:
+            try:
+                target = os.readlink(f"/proc/{tgid}/fd/{name}")
+            except OSError:
+                continue
+            if not target.startswith("socket:[") or int(target[8:-1]) not in inodes:
+                continue
+            fd = int(name)
+            key = self._activity.Key(tgid, fd)
+            try:
+                self._activity[key]
+                continue           # the kernel already has it (connected while watched)
+            except KeyError:
+                pass
+            leaf = self._activity.Leaf()
+            leaf.start_ns = now_ns
+            self._activity[key] = leaf
+            # Writes look at a socket only when its slot says so; user space may only write MULTI.
+            self._sock_slots[self._sock_slots.Key(self._slot_index(tgid, fd))] = self._sock_slots.Leaf(SLOT_MULTI)
+            self._seeded.add((tgid, fd))
+            seeded += 1
+        return seeded
+
+    # -- reporting ---------------------------------------------------------------
+    def due(self, now: float) -> bool:
+        return now >= self._next
+
+    def report(self, header_of) -> list[ConnActivity]:
+        """One event per record that changed since the last report; ``header_of(tgid)`` gives (comm, uid, gid, cgroup_id)."""
+        self._next = time.monotonic() + self.interval_s
+        now_boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        out: list[ConnActivity] = []
+        for key, leaf in self._activity.items():
+            ident = (key.tgid, key.fd)
+            state = (leaf.writes_out, leaf.small_writes)
+            if self._reported.get(ident) == state:
+                continue
+            self._reported[ident] = state
+            n = min(leaf.small_writes, ACTIVITY_TIMES)
+            ring = [leaf.small_ns[(leaf.small_writes - n + i) % ACTIVITY_TIMES] for i in range(n)]
+            comm, uid, gid, cgroup_id = header_of(key.tgid)
+            out.append(ConnActivity(
+                time=now_boot / 1e9 + self._offset, pid=key.tgid, uid=uid, gid=gid, cgroup_id=cgroup_id, comm=comm,
+                fd=key.fd, age_s=round((now_boot - leaf.start_ns) / 1e9, 3), bytes_out=leaf.bytes_out,
+                writes_out=leaf.writes_out, small_writes=leaf.small_writes,
+                small_write_times=[round(t / 1e9 + self._offset, 6) for t in ring if t],
+                idle_s=round((now_boot - leaf.last_ns) / 1e9, 3) if leaf.last_ns else round((now_boot - leaf.start_ns) / 1e9, 3),
+                seeded=ident in self._seeded))
+        return out
+
+    # -- hygiene -----------------------------------------------------------------
+    def forget(self, tgids: set[int]) -> None:
+        """Remove the watch entries and records of processes that are gone."""
+        for tgid in tgids:
+            try:
+                del self._watched[self._watched.Key(tgid)]
+            except KeyError:
+                pass
+        for key in [k for k in self._activity.keys() if k.tgid in tgids]:
+            try:
+                del self._activity[key]
+            except KeyError:
+                pass
+        for ident in [i for i in self._reported if i[0] in tgids]:
+            del self._reported[ident]
+        self._seeded = {i for i in self._seeded if i[0] not in tgids}
+        self.watched_by_user -= tgids
+
+    def sweep(self) -> set[int]:
+        """Dead watched processes (their entries removed); the caller may forget them elsewhere too."""
+        dead = {k.value for k in self._watched.keys() if not os.path.exists(f"/proc/{k.value}")}
+        dead |= {k.tgid for k in self._activity.keys() if not os.path.exists(f"/proc/{k.tgid}")}
+        if dead:
+            self.forget(dead)
+        return dead
+
+
+def established_socket_inodes(tgid: int, proc_root: str = "/proc") -> set[int]:
+    """Inodes of the established TCP sockets in the process's network namespace."""
+    inodes: set[int] = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc_root}/{tgid}/net/{name}") as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] == "01":     # TCP_ESTABLISHED
+                        inodes.add(int(fields[9]))
+        except (OSError, ValueError):
+            continue
+    return inodes

@@ -1,0 +1,146 @@
+"""Pool sessions inside TLS: per-connection activity records of GPU holders, kept in the kernel.
+
+Real kernel: a Python client holding a GPU-named node (private /dev) speaks a
+TLS-wrapped stratum session (python ssl, self-signed certificate made with
+openssl) to a loopback endpoint on 443, one share a second; the sensor's
+records show the cadence.  An HTTPS client with keepalives that holds no GPU
+gets no record at all.  The rule itself (15-60 s cadences, minutes of age) is
+tested on recorded-shape events.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuguard.correlate.correlator import Correlator
+from gpuguard.detect.engine import DetectionEngine
+from gpuguard.detect.rules import load_ruleset
+from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.detect.signals import SignalReader
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.events.model import ConnActivity
+from gpuguard.events.process_facts import ProcessFacts
+from tests.support.workloads import run_with_gpu_nodes
+
+REPO = Path(__file__).resolve().parent.parent
+CLIENT = REPO / "tests" / "workloads" / "tls_stratum_client.py"
+T = 1_795_305_600.0
+TESTED_SIGNALS = {"session_cadence_s", "session_age_s", "session_bytes_per_s", "session_summary"}
+
+
+@pytest.fixture(scope="module")
+def ruleset():
+    return load_ruleset([shipped_rules_file()])
+
+
+def _activity(pid, fd, age, times, bytes_out=2100, seeded=False):
+    return ConnActivity(time=T + age, pid=pid, fd=fd, age_s=age, bytes_out=bytes_out, writes_out=len(times) + 3,
+                        small_writes=len(times) + 3, small_write_times=times, seeded=seeded)
+
+
+def _busy_gpu(c, pid, seconds=300):
+    for i in range(0, seconds, 5):
+        c.feed(GpuSnapshot(time=T + i, source="nvml", devices=[DeviceSample("nvidia", 0, memory_total=80 << 30)],
+                           processes=[ProcessGpuUsage(pid, "nvidia", 0, sm_util=99.0, used_memory=520 << 20)]))
+
+
+def test_steady_cadence_signals_and_evidence(ruleset):
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
+    c.feed(ProcessFacts(pid=7, start_time=T, comm="python3", exe="/opt/app/python3", cmdline=["python3", "svc.py"]))
+    _busy_gpu(c, 7)
+    c.feed(_activity(7, 5, 310.0, [T + 100 + 30 * i + (0.2 if i % 2 else 0.0) for i in range(8)]))
+    c.feed(_activity(7, 6, 400.0, [T + 1, T + 2, T + 50, T + 51]))         # irregular: a person, a script
+    r = SignalReader(c.state_of(7), T + 310)
+    assert r["session_cadence_s"] == pytest.approx(30.0, abs=0.3)
+    assert r["session_age_s"] == 310.0 and r["session_bytes_per_s"] == pytest.approx(6.77, abs=0.01)
+    assert r["session_summary"] == "fd 5 up 310 s, small writes every 30.2 ± 0.4 s (8 seen, 11 in all), 2.1 KB out"
+    verdict = next(v for v in engine.verdicts(T + 310) if v.pid == 7)
+    session = next(e for e in verdict.evidence if e.rule_id == "net-steady-session-gpu-busy")
+    assert "session_summary=fd 5 up 310 s, small writes every 30.2" in session.detail
+
+
+@pytest.mark.parametrize("times,why", [
+    ([T + 2 * i for i in range(8)], "2 s: a chatty protocol, not a pool"),
+    ([T + 30 * i for i in range(3)], "three writes: no cadence yet"),
+    ([T, T + 10, T + 40, T + 45, T + 90], "irregular"),
+])
+def test_no_session_finding_without_a_pool_cadence(ruleset, times, why):
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
+    c.feed(ProcessFacts(pid=8, start_time=T, comm="app", exe="/usr/bin/app", cmdline=["app"]))
+    _busy_gpu(c, 8)
+    c.feed(_activity(8, 5, 300.0, times))
+    verdict = next(v for v in engine.verdicts(T + 300) if v.pid == 8)
+    assert "net-steady-session-gpu-busy" not in {e.rule_id for e in verdict.evidence}, why
+
+
+def test_a_steady_session_without_a_busy_gpu_is_not_a_finding(ruleset):
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
+    c.feed(ProcessFacts(pid=9, start_time=T, comm="app", exe="/usr/bin/app", cmdline=["app"]))
+    c.feed(_activity(9, 5, 600.0, [T + 60 * i for i in range(8)]))
+    verdict = next(v for v in engine.verdicts(T + 600) if v.pid == 9)
+    assert verdict.score == 0
+
+
+def test_sessions_are_bounded_keeping_the_longest_lived():
+    c = Correlator(facts_provider=None)
+    c.feed(ProcessFacts(pid=10, start_time=T, comm="app", exe="/usr/bin/app"))
+    for fd in range(40):
+        c.feed(_activity(10, fd, float(fd), [T]))
+    sessions = c.state_of(10).sessions
+    assert len(sessions) == 16 and min(sessions) == 24
+
+
+@pytest.mark.root
+def test_the_kernel_records_a_tls_pool_session_of_a_gpu_holder(tmp_path):
+    from test_scan_behaviour import TlsPool
+
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    pool = TlsPool(tmp_path)
+    sensor = Sensor(ProbeSettings(), drain_interval=0.2, sweep_interval=3600, activity_interval=0.5)
+    sensor.start()
+    procs = []
+    try:
+        miner = run_with_gpu_nodes([sys.executable, str(CLIENT), "127.0.0.1", str(pool.port), "stratum", "1",
+                                    "/dev/nvidia0"])
+        procs.append(miner)
+        browser = run_with_gpu_nodes([sys.executable, str(CLIENT), "127.0.0.1", str(pool.port), "https", "1"])
+        procs.append(browser)
+        assert miner.stdout.readline() == b"ready\n" and browser.stdout.readline() == b"ready\n"
+        events = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            events.extend(sensor.poll(100))
+            mine = [e for e in events if e.kind == "conn_activity" and e.pid == miner.pid]
+            if mine and mine[-1].age_s >= 9:     # the ring (8 times) holds only shares by then
+                break
+        assert sensor.activity is not None
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        sensor.close()
+        pool.close()
+    assert any(b"mining.submit" in chunk for chunk in pool.received)          # stratum inside TLS
+    records = [e for e in events if e.kind == "conn_activity" and e.pid == miner.pid]
+    assert records, [e.kind for e in events if e.pid == miner.pid]
+    last = records[-1]
+    assert not last.seeded and last.age_s >= 9 and last.small_writes >= 9
+    assert 0 < last.bytes_out < 4096      # the handshake and ~130-byte TLS records: few bytes
+    gaps = [b - a for a, b in zip(last.small_write_times, last.small_write_times[1:])]
+    assert gaps and all(0.8 < g < 1.5 for g in gaps), gaps   # one share a second, seen through TLS
+    # the HTTPS keepalive client holds no GPU: the kernel keeps nothing about it
+    assert not [e for e in events if e.kind == "conn_activity" and e.pid == browser.pid]
+    c = Correlator(facts_provider=None)
+    c.feed(ProcessFacts(pid=miner.pid, start_time=last.time - last.age_s - 1, comm="python3", exe=sys.executable))
+    for e in records:
+        c.feed(e)
+    assert SignalReader(c.state_of(miner.pid), last.time)["session_cadence_s"] == pytest.approx(1.0, abs=0.3)

@@ -16,7 +16,7 @@ from gpuguard.correlate.windows import SampleWindow
 from gpuguard.detect.cases import replay, run_case
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.detect.signals import SignalReader
+from gpuguard.detect.signal_reader import SignalReader
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import Exec, Exit
 from gpuguard.events.process_facts import ProcessFacts

@@ -20,7 +20,7 @@ from gpuguard.correlate.correlator import Correlator
 from gpuguard.detect.engine import DetectionEngine
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.detect.signals import SignalReader
+from gpuguard.detect.signal_reader import SignalReader
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import ConnActivity
 from gpuguard.events.process_facts import ProcessFacts

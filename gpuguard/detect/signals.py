@@ -213,8 +213,11 @@ def _age(s: ProcessState, now: float) -> float:
 
 
 @_signal("hour_of_day", "number", "time", "hour (0-23, UTC) at evaluation time")
-def _hour(s: ProcessState, now: float) -> int:
-    return _time.gmtime(now).tm_hour
+def _hour(s: ProcessState, now: float) -> int | None:
+    try:
+        return _time.gmtime(now).tm_hour
+    except (OverflowError, ValueError, OSError):    # a replayed clock can hold any number
+        return None
 
 
 @_signal("exited", "bool", "time", "the process has exited")
@@ -543,3 +546,8 @@ def _parent_verdict(s: ProcessState, now: float) -> str | None:
 @_signal("parent_score", "number", "ancestry", "the parent's current score")
 def _parent_score(s: ProcessState, now: float) -> int | None:
     return s.parent_verdict.score if s.parent_verdict is not None else None
+
+
+# GPU behaviour signals live in their own module; importing it registers them into SIGNALS, so
+# every reader of the table (signal_reader, rescore) sees them once this module is loaded.
+from gpuguard.detect import behaviour_signals  # noqa: E402,F401

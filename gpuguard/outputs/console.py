@@ -18,7 +18,10 @@ MINING_PROTOCOLS = frozenset({"stratum", "cryptonote", "ethproxy", "stratum-v2"}
 
 
 def _clock(t: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t))
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(t))
+    except (OverflowError, ValueError, OSError):   # a recording may carry any number as a time
+        return "??:??:??"
 
 
 def _who(e: Event) -> str:

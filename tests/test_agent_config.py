@@ -27,6 +27,8 @@ def test_no_file_gives_every_default(tmp_path):
     config = load_config(None) if not Path("/etc/gpuguard/agent.yaml").exists() else AgentConfig()
     assert config.mode == "monitor" and config.sensor == "auto" and config.log_path == "-"
     assert config.log_format == "ecs" and config.sample_interval_s == 1.0 and config.response == {}
+    assert (config.log_max_bytes, config.log_keep) == (50 * 1024 * 1024, 5)
+    assert (config.log_syslog_format, config.log_facility) == ("rfc5424", "daemon")
 
 
 def test_full_file_is_read(tmp_path):
@@ -35,7 +37,8 @@ mode: enforce
 dry_run: true
 sensor: proc
 rules: [site.yaml, /etc/gpuguard/extra.yaml]
-log: {path: /var/log/gpuguard/agent.log, format: ocsf}
+log: {path: /var/log/gpuguard/agent.log, format: ocsf, max_bytes: 1048576, keep: 3, syslog_format: rfc3164,
+      facility: local4}
 metrics: {address: "127.0.0.1:9108"}
 sampling: {interval_s: 2, sources: [nvml]}
 sweep: {interval_s: 5}
@@ -51,6 +54,8 @@ response:
     assert config.rules == [tmp_path / "site.yaml", Path("/etc/gpuguard/extra.yaml")]
     assert (config.log_path, config.log_format, config.metrics_address) == ("/var/log/gpuguard/agent.log", "ocsf",
                                                                              "127.0.0.1:9108")
+    assert (config.log_max_bytes, config.log_keep, config.log_syslog_format, config.log_facility) == (
+        1048576, 3, "rfc3164", "local4")
     assert config.sample_interval_s == 2 and config.gpu_sources == ["nvml"] and config.sweep_interval_s == 5
     assert config.status_path == Path("/tmp/x.json") and config.intake_queue == 1000 and config.max_processes == 500
     # passed through untouched: the responder owns this schema
@@ -68,6 +73,11 @@ response:
     ("mode: monitor\nmode: enforce\n", ":2:1", "duplicate key"),
     ("log: [a\n", ":", "YAML syntax error"),
     ("- mode\n", ":1:1", "must be a mapping"),
+    ("log:\n  keep: -1\n", ":2:9", "log.keep -1 is outside 0-1000"),
+    ("log:\n  max_bytes: 10\n", ":2:14", "log.max_bytes 10 is outside"),
+    ("log:\n  syslog_format: rfc9999\n", ":2:18", "'rfc9999' is not one of rfc5424, rfc3164"),
+    ("log:\n  facility: mail2\n", ":2:13", "log.facility 'mail2' is not one of kern, user, daemon"),
+    ("log:\n  format: leef\n", ":2:11", "'leef' is not one of ecs, ocsf, cef"),
 ])
 def test_errors_name_file_line_and_column(tmp_path, text, where, words):
     path = write(tmp_path, text)

@@ -7,10 +7,15 @@ Data flow, one module per stage:
 * :mod:`.counters` — every counter, in one plain object (state file, metrics, summary);
 * :mod:`.producers` — the sensor thread, one sampler thread per GPU source,
   and the /proc sweep (start-up seed; periodic in reduced mode);
-* :mod:`.pipeline` — the detect loop: correlator, scoring, findings, actions;
+* :mod:`.pipeline` — the detect loop: correlator and detection engine, findings,
+  actions, the log (:mod:`gpuguard.outputs.log_writer`) and the metrics
+  (:mod:`gpuguard.outputs.metrics`);
 * :mod:`.actions` — the action interface the responder plugs into;
-* :mod:`.log_output` — findings, actions and lifecycle events as log lines;
 * :mod:`.status_file` — the root-only state file ``gpuguard status`` reads;
 * :mod:`.selftest` and :mod:`.simulator` — ``gpuguard selftest`` and the
   harmless miner simulator it runs.
+
+Layer 6 (with ``commands`` and ``cli``): it may import every layer below it
+(``errors``/``escape``, ``events``, ``sources``, ``correlate``, ``detect``,
+``respond``, ``outputs``); nothing below imports it.
 """

@@ -16,6 +16,7 @@ the state file, expires old processes and reports drops.
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import signal
@@ -29,13 +30,15 @@ from gpuguard.agent.actions import ALERT_VERDICTS, make_responder
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.intake import BoundedQueue
-from gpuguard.agent.log_output import LogWriter
 from gpuguard.agent.producers import SamplerThread, SensorThread, SweepThread, sweep_once
 from gpuguard.correlate.state import ProcessKey
 from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
+from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import finding_from_verdict
+from gpuguard.outputs.log_writer import LogWriter, open_log
+from gpuguard.outputs.metrics import AgentMetrics, MetricsServer
 
 HOUSEKEEPING_S = 10.0       # expire old processes and report drops this often
 RULE_FILE_CHECK_S = 2.0     # look for changed rule files this often
@@ -45,11 +48,6 @@ REDUCED_MODE_BLIND_SPOTS = (
     "network payloads (stratum logins, pool methods on the wire) are not seen",
     "connections that open and close between sweeps, or live in another network namespace, are not seen",
 )
-
-
-def detect_verdicts(correlator: Any, now: float) -> list:
-    """The verdicts of the processes whose state changed: the one call into the scoring engine."""
-    return correlator.score(now)
 
 
 def rules_version(ruleset: Any) -> str:
@@ -92,8 +90,11 @@ class Agent:
         self.counters.intake_capacity = config.intake_queue
         self.rules: Any = None                  # RuleSetHolder
         self.writer: LogWriter | None = None
+        self.metrics: AgentMetrics | None = None
+        self.metrics_server: MetricsServer | None = None
         self.sensor: Any = None
         self.correlator: Any = None
+        self.engine: Any = None                 # DetectionEngine: rules and YARA over the correlator
         self.responder: Any = None
         self.threads: list[threading.Thread] = []
         self._reported: dict[ProcessKey, str] = {}     # verdict last written per process
@@ -112,7 +113,7 @@ class Agent:
     def emit(self, record: Any) -> None:
         """Queue a record for the log (any thread)."""
         if self.writer is not None:
-            self.writer.submit(record)
+            self.writer.write(record)
 
     def lifecycle(self, action: str, message: str, **detail: Any) -> None:
         self.emit(AgentLifecycle(time=time.time(), action=action, message=message, detail=detail))
@@ -139,9 +140,33 @@ class Agent:
         self.counters.rules_error = self.rules.last_error
 
     def _step_log(self) -> None:
-        self.writer = LogWriter(self.config.log_path, self.config.log_format, self.counters,
-                                capacity=self.config.output_queue, stderr=self.stderr)
-        self.writer.start()
+        c = self.config
+        try:
+            self.writer = open_log(c.log_path, c.log_format, queue_size=c.output_queue, max_bytes=c.log_max_bytes,
+                                   keep=c.log_keep, syslog_format=c.log_syslog_format, facility=c.log_facility)
+        except ValueError as exc:
+            raise GpuguardError(f"cannot use the agent log {escape_text(c.log_path)!r}: {exc}",
+                                "give --log a file path, - (stdout), or syslog[:unix:PATH|udp:HOST:PORT|tcp:HOST:PORT]"
+                                ) from None
+        self.counters.output_capacity = c.output_queue
+
+    def _sync_log(self, into_log: bool = True) -> None:
+        """The writer's counts into the agent's counters; its faults on stderr (a broken log cannot
+        carry its own fault), counted, in the state file, and in the log too once it works again."""
+        writer = self.writer
+        if writer is None:
+            return
+        c = self.counters
+        c.output_lines, c.output_dropped = writer.written, writer.dropped
+        c.output_errors, c.output_depth = writer.errors + writer.render_errors, writer.queue_depth
+        for fault in writer.take_faults():
+            line = log_fault_line(fault, self.config.log_path)
+            if not fault.detail.get("recovered"):
+                c.log_faults += 1
+                c.last_output_error = line
+            self.stderr(f"gpuguard: {line}")
+            if into_log:              # lands once the destination works again: the SIEM sees the gap
+                self.emit(fault)
 
     def _step_sensor(self) -> None:
         from gpuguard.sources.probe_source import ProbeSettings
@@ -171,11 +196,22 @@ class Agent:
         for line in self.counters.blind_spots:
             self.stderr(f"gpuguard: reduced mode blind spot: {line}")
 
+    def _comm_of(self, pid: int) -> str | None:
+        state = self.correlator.state_of(pid)
+        return state.comm if state is not None else None
+
     def _step_correlator(self) -> None:
         from gpuguard.correlate.correlator import Correlator
+        from gpuguard.detect.engine import DetectionEngine
+        from gpuguard.sources.process import collect_process_facts
 
-        self.correlator = Correlator(self.rules.current, max_processes=self.config.max_processes,
-                                     proc_root=self.proc_root, yara_scanner=self._yara_scanner(self.rules.current))
+        def facts_of(pid: int) -> Any:
+            return collect_process_facts(pid, self.proc_root)
+
+        self.correlator = Correlator(facts_provider=facts_of, max_processes=self.config.max_processes,
+                                     proc_root=self.proc_root)
+        self.engine = DetectionEngine(self.correlator, self.rules.current,
+                                      yara_scanner=self._yara_scanner(self.rules.current))
         self.rules.on_change = self._use_ruleset
         self._make_responder()
 
@@ -183,7 +219,7 @@ class Agent:
         """YARA over each new executable, with the verdict cache ``scan`` keeps; None without YARA files."""
         if not ruleset.yara_files:
             return None
-        from gpuguard.sources.yara_verdict_cache import PersistentYaraScanner
+        from gpuguard.detect.yara_persistent import PersistentYaraScanner
 
         try:
             scanner = PersistentYaraScanner.for_files(ruleset.yara_files)
@@ -196,12 +232,12 @@ class Agent:
 
     def _use_ruleset(self, ruleset: Any) -> None:
         """A reloaded rule set: rescore everything; a changed YARA file list gets a new scanner."""
-        old = self.correlator.yara_scanner
-        if [str(p) for p in ruleset.yara_files] != [str(p) for p in self.correlator.ruleset.yara_files]:
-            if old is not None:
-                old.save()
-            self.correlator.yara_scanner = self._yara_scanner(ruleset)
-        self.correlator.set_ruleset(ruleset)
+        engine = self.engine
+        if [str(p) for p in ruleset.yara_files] != [str(p) for p in engine.ruleset.yara_files]:
+            if engine.yara_scanner is not None:
+                engine.yara_scanner.save()
+            engine.yara_scanner = self._yara_scanner(ruleset)
+        engine.set_ruleset(ruleset)
 
     def _make_responder(self) -> None:
         self.responder = make_responder(self.config.response, self.config.mode, self.config.dry_run, self.emit)
@@ -244,9 +280,34 @@ class Agent:
         return {source: opener(source) for source in self.config.gpu_sources}
 
     def _step_metrics(self) -> None:
-        if self.config.metrics_address:
-            self.lifecycle("degraded", f"metrics endpoint {self.config.metrics_address} not started: "
-                                       "the metrics exporter is not part of this build")
+        address = self.config.metrics_address
+        if not address:
+            return
+        metrics = AgentMetrics()
+        try:
+            self.metrics_server = metrics.serve(address)
+        except ValueError as exc:
+            raise GpuguardError(str(exc), "give --metrics-address (or metrics.address) as HOST:PORT") from None
+        except OSError as exc:
+            raise GpuguardError(f"cannot serve metrics on {address}: {exc.strerror or exc}",
+                                "choose a free port for --metrics-address (or metrics.address)") from None
+        self.metrics = metrics
+        metrics.set_agent(self.config.mode, self.counters.sensor_mode)
+        metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
+        metrics.set_blind_spots(self.counters.blind_spots)
+        self._sync_metrics()
+
+    def _sync_metrics(self) -> None:
+        """The agent's running totals into the exporter (every status tick); the log's own counts
+        come from the writer (observe_log), so the status file's ``output`` totals are left out."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        totals = self.counters.snapshot()
+        totals.pop("output", None)
+        metrics.sync_totals(totals)
+        if self.writer is not None:
+            metrics.observe_log(self.writer)
 
     def _step_signals(self) -> None:
         if not self.install_signals:
@@ -269,7 +330,7 @@ class Agent:
     # -- run ----------------------------------------------------------------------------
     def run(self) -> int:
         steps = (self._step_signals, self._step_rules, self._step_log, self._step_sensor, self._step_correlator,
-                 self._step_seed, self._step_producers, self._step_metrics, self._step_started)
+                 self._step_metrics, self._step_seed, self._step_producers, self._step_started)
         try:
             for step in steps:
                 if self.stop.is_set():
@@ -295,6 +356,7 @@ class Agent:
                 next_rules_check = mono + RULE_FILE_CHECK_S
                 self._check_rule_files()
             self._score(now)
+            self._sync_log()
             if mono >= next_housekeeping:
                 next_housekeeping = mono + self.housekeeping_s
                 self._housekeeping(now)
@@ -303,17 +365,24 @@ class Agent:
 
     def _feed(self, items: list) -> None:
         feed = self.correlator.feed
+        metrics = self.metrics
         for item in items:
             try:
                 feed(item)
             except Exception as exc:  # noqa: BLE001 - one malformed item must not stop detection
                 self.lifecycle("fault", f"could not correlate a {type(item).__name__}: {type(exc).__name__}: {exc}")
+            if metrics is not None and type(item) is GpuSnapshot:   # after feed: the correlator names the pids
+                metrics.count_event("gpu_snapshot")
+                metrics.observe_snapshot(item, comm_of=self._comm_of)
         self.counters.items_correlated += len(items)
 
     def _score(self, now: float) -> None:
         started = time.perf_counter()
-        verdicts = detect_verdicts(self.correlator, now)
-        self.counters.observe_scoring(time.perf_counter() - started)
+        verdicts = self.engine.score(now)
+        elapsed = time.perf_counter() - started
+        self.counters.observe_scoring(elapsed)
+        if self.metrics is not None:
+            self.metrics.observe_scoring(elapsed)
         self.counters.processes_tracked = len(self.correlator)
         for verdict in verdicts:
             previous = self._reported.get(verdict.key, "clean")
@@ -325,7 +394,7 @@ class Agent:
     def _report_finding(self, verdict: Any, now: float) -> None:
         state = self.correlator.get(verdict.key)
         facts = state.facts if state is not None else None
-        finding = finding_from_verdict(verdict, facts, self.rules.current)
+        finding = finding_from_verdict(verdict, facts, self.rules.current, state)
         self.emit(finding)
         self.counters.findings[(finding.rule_id, verdict.verdict)] += 1
         found = time.time()               # after scoring: the moment the finding exists (time to detect)
@@ -367,9 +436,11 @@ class Agent:
         self.rules.poll()
         self._note_rules()
         if self.rules.generation != generation:
+            self._count_reload(True)
             self.lifecycle("reload", f"rules reloaded (rule files changed): version {self.counters.rules_version}",
                            generation=self.rules.generation)
         elif self.rules.last_error and self.rules.last_error != error:
+            self._count_reload(False)
             self.lifecycle("reload-failed", "rules not reloaded (rule files changed); keeping the previous rules: "
                                             f"{self.rules.last_error}")
 
@@ -379,11 +450,13 @@ class Agent:
             try:
                 config = with_overrides(load_config(self.config_path or Path(self.config.source)), **self.overrides)
             except GpuguardError as exc:
+                self._count_reload(False)
                 self.lifecycle("reload-failed", f"config not reloaded ({reason}); keeping the previous settings: "
                                                 f"{exc.one_line()}")
                 config = self.config
             else:
-                restart = [name for name in ("sensor", "log_path", "log_format", "metrics_address", "status_path")
+                restart = [name for name in ("sensor", "log_path", "log_format", "log_max_bytes", "log_keep",
+                                             "log_syslog_format", "log_facility", "metrics_address", "status_path")
                            if getattr(config, name) != getattr(self.config, name)]
                 if restart:
                     self.lifecycle("reload", f"changed settings need a restart to apply: {', '.join(restart)}")
@@ -394,14 +467,23 @@ class Agent:
                 self._make_responder()
         if self.rules.reload(reason):
             self._note_rules()
+            self._count_reload(True)
             self.lifecycle("reload", f"rules reloaded ({reason}): {len(self.rules.current.rules)} rules, "
                                      f"version {self.counters.rules_version}", generation=self.rules.generation)
         else:
             self._note_rules()
+            self._count_reload(False)
             self.lifecycle("reload-failed", f"rules not reloaded ({reason}); keeping the previous rules "
                                             f"(version {self.counters.rules_version}): {self.rules.last_error}")
             self.stderr(f"gpuguard: rules not reloaded; keeping the previous rules: {self.rules.last_error}")
         self._status_soon = True
+
+    def _count_reload(self, ok: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.count_reload(ok)
+            if ok:
+                self.metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
+            self.metrics.set_agent(self.config.mode, self.counters.sensor_mode)
 
     # -- state file ---------------------------------------------------------------------
     def status_document(self, now: float, running: bool = True) -> dict[str, Any]:
@@ -416,12 +498,13 @@ class Agent:
     def _write_status(self, now: float, running: bool = True) -> None:
         self._status_soon = False
         self._status_due = time.monotonic() + self.config.status_interval_s
+        self._sync_metrics()
         try:
             status_file.write_status(self.config.status_path, self.status_document(now, running))
         except OSError as exc:
-            self.counters.output_errors += 1
-            if self.counters.last_output_error != f"status: {exc.strerror}":
-                self.counters.last_output_error = f"status: {exc.strerror}"
+            self.counters.status_errors += 1
+            if self.counters.last_status_error != exc.strerror:
+                self.counters.last_status_error = exc.strerror or str(exc)
                 self.stderr(f"gpuguard: cannot write the state file {self.config.status_path}: {exc.strerror}")
 
     # -- teardown (always runs) -------------------------------------------------------------
@@ -443,7 +526,7 @@ class Agent:
                    f"log {c.output_dropped}")
         self.lifecycle("stop", summary, events=c.events_total(), findings=sum(c.findings.values()),
                        ring_lost=dict(c.ring_lost), intake_dropped=dict(c.intake_dropped))
-        scanner = getattr(self.correlator, "yara_scanner", None)
+        scanner = self.engine.yara_scanner if self.engine is not None else None
         if scanner is not None:
             try:
                 scanner.save()
@@ -455,12 +538,30 @@ class Agent:
             except Exception as exc:  # noqa: BLE001
                 self.stderr(f"gpuguard: detaching the probes failed: {type(exc).__name__}: {exc}")
             self.sensor = None
+        if self.writer is not None:
+            self.writer.close()       # writes out what is queued (the stop line included)
+            self._sync_log(into_log=False)
         if self.ready.is_set():
             self._write_status(time.time(), running=False)
-        if self.writer is not None:
-            self.writer.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
         if self.ready.is_set():       # a failed start-up says only its one error line
             self.stderr(f"gpuguard: {summary}")
+
+
+def log_fault_line(fault: AgentLifecycle, destination: str) -> str:
+    """One stderr line for a log writer fault, saying what failed and that detection goes on."""
+    detail = fault.detail
+    if detail.get("recovered"):
+        return fault.message
+    number = detail.get("errno")
+    if not isinstance(number, int):
+        return f"{fault.message}; detection goes on"
+    what = "stdout" if destination in ("-", "stdout") else escape_text(destination)
+    hint = {errno.EPIPE: "the reader of stdout went away", errno.ENOSPC: "the disk is full"}.get(
+        number, os.strerror(number))
+    return f"cannot write the log to {what} ({hint}); records are lost until it works again, detection goes on"
 
 
 def return_freed_memory() -> None:

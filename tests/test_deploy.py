@@ -138,7 +138,9 @@ def test_shipped_config_is_accepted_by_the_agent():
 
     loaded = config.parse_config(load_marked_file(PKG / "agent.yaml", config.MAX_CONFIG_BYTES))
     assert loaded.mode == "monitor" and loaded.log_path == "/var/log/gpuguard/events.json"
-    assert (loaded.log_max_bytes, loaded.log_keep) == (config.DEFAULT_MAX_BYTES, config.DEFAULT_KEEP)
+    # the agent's own rotation is a safety net above logrotate's maxsize
+    maxsize = re.search(r"maxsize (\d+)M", (PKG / "gpuguard.logrotate").read_text())
+    assert loaded.log_max_bytes > int(maxsize.group(1)) * 1024 * 1024 and loaded.log_keep >= 1
     assert (loaded.log_syslog_format, loaded.log_facility) == ("rfc5424", "daemon")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,7 @@ response:
     ("log:\n  syslog_format: rfc9999\n", ":2:18", "'rfc9999' is not one of rfc5424, rfc3164"),
     ("log:\n  facility: mail2\n", ":2:13", "log.facility 'mail2' is not one of kern, user, daemon"),
     ("log:\n  format: leef\n", ":2:11", "'leef' is not one of ecs, ocsf, cef"),
+    ("metrics:\n  address: localhost\n", ":2:12", "bad metrics address 'localhost' (expected HOST:PORT"),
 ])
 def test_errors_name_file_line_and_column(tmp_path, text, where, words):
     path = write(tmp_path, text)
@@ -111,3 +113,21 @@ def test_cli_reports_a_bad_config_in_one_line_and_exits_2(tmp_path):
     assert run.returncode == 2
     assert run.stderr.count("\n") == 1 and f"{path}:2:1: unknown key 'sensorr'" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_cli_refuses_a_bad_log_destination_or_metrics_address_in_one_line(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    base = [sys.executable, "-m", "gpuguard", "agent", "--sensor", "proc", "--state-file", str(tmp_path / "s.json")]
+    cases = [(["--log", "syslog:udp:127.0.0.1"], "bad syslog target 'udp:127.0.0.1'"),
+             (["--log", str(tmp_path / "a.log"), "--metrics-address", "nonsense"], "bad metrics address 'nonsense'"),
+             (["--log", str(tmp_path / "a.log"), "--metrics-address", f"127.0.0.1:{port}"],
+              f"cannot serve metrics on 127.0.0.1:{port}: Address already in use")]
+    try:
+        for args, words in cases:
+            run = subprocess.run(base + args, capture_output=True, text=True, cwd=REPO, timeout=60)
+            assert run.returncode == 2 and run.stderr.count("\n") == 1 and words in run.stderr, (args, run.stderr)
+    finally:
+        taken.close()

@@ -141,6 +141,13 @@ def parse_config(doc: MarkedDocument) -> AgentConfig:
         values["rules"] = [(base / p) if not Path(p).is_absolute() else Path(p) for p in values["rules"]]
     if "status_path" in values:
         values["status_path"] = Path(values["status_path"])
+    if values.get("metrics_address"):
+        from gpuguard.outputs.metrics import parse_address
+
+        try:
+            parse_address(values["metrics_address"])
+        except ValueError as exc:
+            raise GpuguardError(f"{doc.at(('metrics', 'address'))}: {exc}", _FIX) from None
     return AgentConfig(source=doc.file, **values)
 
 

@@ -1,7 +1,8 @@
 """The agent's detect loop and its start-up and teardown: thin wiring, no detection logic.
 
-Start-up is an ordered list of small steps (rules, log, sensor or reduced
-mode, correlator, seed sweep, samplers, sweeps, state file, signals); teardown
+Start-up is an ordered list of small steps (signals, rules, log, metrics,
+sensor or reduced mode, correlator and detection engine, seed sweep,
+producers, state file); teardown
 always runs, whatever step failed: producers stop, what they queued is scored,
 a summary line is written, the probes are detached and the state file says
 the agent stopped.
@@ -292,10 +293,7 @@ class Agent:
             raise GpuguardError(f"cannot serve metrics on {address}: {exc.strerror or exc}",
                                 "choose a free port for --metrics-address (or metrics.address)") from None
         self.metrics = metrics
-        metrics.set_agent(self.config.mode, self.counters.sensor_mode)
         metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
-        metrics.set_blind_spots(self.counters.blind_spots)
-        self._sync_metrics()
 
     def _sync_metrics(self) -> None:
         """The agent's running totals into the exporter (every status tick); the log's own counts
@@ -318,6 +316,9 @@ class Agent:
 
     def _step_started(self) -> None:
         ruleset = self.rules.current
+        if self.metrics is not None:
+            self.metrics.set_agent(self.config.mode, self.counters.sensor_mode)
+            self.metrics.set_blind_spots(self.counters.blind_spots)
         self.lifecycle("start", f"agent started: mode {self.config.mode}{' (dry run)' if self.config.dry_run else ''}, "
                                 f"sensor {self.counters.sensor_mode}, {len(ruleset.rules)} rules "
                                 f"(version {self.counters.rules_version}), {len(self.correlator)} processes seeded",
@@ -329,8 +330,8 @@ class Agent:
 
     # -- run ----------------------------------------------------------------------------
     def run(self) -> int:
-        steps = (self._step_signals, self._step_rules, self._step_log, self._step_sensor, self._step_correlator,
-                 self._step_metrics, self._step_seed, self._step_producers, self._step_started)
+        steps = (self._step_signals, self._step_rules, self._step_log, self._step_metrics, self._step_sensor,
+                 self._step_correlator, self._step_seed, self._step_producers, self._step_started)
         try:
             for step in steps:
                 if self.stop.is_set():

@@ -2,16 +2,19 @@
 
 Start-up is an ordered list of small steps (signals, rules, log, metrics,
 sensor or reduced mode, correlator and detection engine, seed sweep,
-producers, state file); teardown
-always runs, whatever step failed: producers stop, what they queued is scored,
-a summary line is written, the probes are detached and the state file says
-the agent stopped.
+producers, state file); teardown always runs, whatever step failed: producers
+stop, what they queued is scored, a summary line is written, the YARA cache is
+saved, the probes are detached, the log is flushed, the state file says the
+agent stopped and the metrics endpoint closes.
 
 The loop takes everything the producers queued (waiting on a condition, never
-spinning), feeds the correlator, rescores the changed processes, writes a
-finding when a verdict first crosses a threshold or changes (not on every
-rescore), hands it to the action interface, and every few seconds refreshes
-the state file, expires old processes and reports drops.
+spinning), feeds the correlator, rescores the changed processes
+(:class:`~gpuguard.detect.engine.DetectionEngine`), writes a finding when a
+verdict first crosses a threshold or changes (not on every rescore) to the log
+(:mod:`gpuguard.outputs.log_writer`), hands it to the action interface, reports
+the log's faults on stderr, and every few seconds refreshes the state file and
+the metrics (:mod:`gpuguard.outputs.metrics`), expires old processes and
+reports drops.
 """
 
 from __future__ import annotations

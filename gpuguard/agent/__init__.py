@@ -15,7 +15,7 @@ Data flow, one module per stage:
 * :mod:`.selftest` and :mod:`.simulator` — ``gpuguard selftest`` and the
   harmless miner simulator it runs.
 
-Layer 6 (with ``commands`` and ``cli``): it may import every layer below it
-(``errors``/``escape``, ``events``, ``sources``, ``correlate``, ``detect``,
-``respond``, ``outputs``); nothing below imports it.
+May import: every layer below it (errors, escape, events, sources,
+correlate, detect, respond, outputs); it is wiring at the top with commands
+and cli (tests/test_layers.py).
 """

@@ -10,17 +10,15 @@ agent stopped and the metrics endpoint closes.
 The loop takes everything the producers queued (waiting on a condition, never
 spinning), feeds the correlator, rescores the changed processes
 (:class:`~gpuguard.detect.engine.DetectionEngine`), writes a finding when a
-verdict first crosses a threshold or changes (not on every rescore) to the log
-(:mod:`gpuguard.outputs.log_writer`), hands it to the action interface, reports
-the log's faults on stderr, and every few seconds refreshes the state file and
-the metrics (:mod:`gpuguard.outputs.metrics`), expires old processes and
-reports drops.
+verdict first crosses a threshold or changes (not on every rescore) to the log,
+hands it to the action interface, and every few seconds refreshes the state
+file and the metrics, expires old processes and reports drops.  The log and
+the metrics are :class:`~gpuguard.agent.telemetry.AgentTelemetry`'s.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import hashlib
 import os
 import signal
@@ -35,14 +33,12 @@ from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.intake import BoundedQueue
 from gpuguard.agent.producers import SamplerThread, SensorThread, SweepThread, sweep_once
+from gpuguard.agent.telemetry import AgentTelemetry
 from gpuguard.correlate.state import ProcessKey
 from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
-from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import finding_from_verdict
-from gpuguard.outputs.log_writer import LogWriter, open_log
-from gpuguard.outputs.metrics import AgentMetrics, MetricsServer
 
 HOUSEKEEPING_S = 10.0       # expire old processes and report drops this often
 RULE_FILE_CHECK_S = 2.0     # look for changed rule files this often
@@ -93,9 +89,7 @@ class Agent:
         self.intake = BoundedQueue(config.intake_queue, on_drop=self._intake_dropped)
         self.counters.intake_capacity = config.intake_queue
         self.rules: Any = None                  # RuleSetHolder
-        self.writer: LogWriter | None = None
-        self.metrics: AgentMetrics | None = None
-        self.metrics_server: MetricsServer | None = None
+        self.telemetry = AgentTelemetry(config, self.counters, stderr)    # the log and the metrics
         self.sensor: Any = None
         self.correlator: Any = None
         self.engine: Any = None                 # DetectionEngine: rules and YARA over the correlator
@@ -116,8 +110,7 @@ class Agent:
 
     def emit(self, record: Any) -> None:
         """Queue a record for the log (any thread)."""
-        if self.writer is not None:
-            self.writer.write(record)
+        self.telemetry.write(record)
 
     def lifecycle(self, action: str, message: str, **detail: Any) -> None:
         self.emit(AgentLifecycle(time=time.time(), action=action, message=message, detail=detail))
@@ -144,33 +137,7 @@ class Agent:
         self.counters.rules_error = self.rules.last_error
 
     def _step_log(self) -> None:
-        c = self.config
-        try:
-            self.writer = open_log(c.log_path, c.log_format, queue_size=c.output_queue, max_bytes=c.log_max_bytes,
-                                   keep=c.log_keep, syslog_format=c.log_syslog_format, facility=c.log_facility)
-        except ValueError as exc:
-            raise GpuguardError(f"cannot use the agent log {escape_text(c.log_path)!r}: {exc}",
-                                "give --log a file path, - (stdout), or syslog[:unix:PATH|udp:HOST:PORT|tcp:HOST:PORT]"
-                                ) from None
-        self.counters.output_capacity = c.output_queue
-
-    def _sync_log(self, into_log: bool = True) -> None:
-        """The writer's counts into the agent's counters; its faults on stderr (a broken log cannot
-        carry its own fault), counted, in the state file, and in the log too once it works again."""
-        writer = self.writer
-        if writer is None:
-            return
-        c = self.counters
-        c.output_lines, c.output_dropped = writer.written, writer.dropped
-        c.output_errors, c.output_depth = writer.errors + writer.render_errors, writer.queue_depth
-        for fault in writer.take_faults():
-            line = log_fault_line(fault, self.config.log_path)
-            if not fault.detail.get("recovered"):
-                c.log_faults += 1
-                c.last_output_error = line
-            self.stderr(f"gpuguard: {line}")
-            if into_log:              # lands once the destination works again: the SIEM sees the gap
-                self.emit(fault)
+        self.telemetry.open_log()
 
     def _step_sensor(self) -> None:
         from gpuguard.sources.probe_source import ProbeSettings
@@ -284,31 +251,7 @@ class Agent:
         return {source: opener(source) for source in self.config.gpu_sources}
 
     def _step_metrics(self) -> None:
-        address = self.config.metrics_address
-        if not address:
-            return
-        metrics = AgentMetrics()
-        try:
-            self.metrics_server = metrics.serve(address)
-        except ValueError as exc:
-            raise GpuguardError(str(exc), "give --metrics-address (or metrics.address) as HOST:PORT") from None
-        except OSError as exc:
-            raise GpuguardError(f"cannot serve metrics on {address}: {exc.strerror or exc}",
-                                "choose a free port for --metrics-address (or metrics.address)") from None
-        self.metrics = metrics
-        metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
-
-    def _sync_metrics(self) -> None:
-        """The agent's running totals into the exporter (every status tick); the log's own counts
-        come from the writer (observe_log), so the status file's ``output`` totals are left out."""
-        metrics = self.metrics
-        if metrics is None:
-            return
-        totals = self.counters.snapshot()
-        totals.pop("output", None)
-        metrics.sync_totals(totals)
-        if self.writer is not None:
-            metrics.observe_log(self.writer)
+        self.telemetry.serve_metrics()
 
     def _step_signals(self) -> None:
         if not self.install_signals:
@@ -319,9 +262,7 @@ class Agent:
 
     def _step_started(self) -> None:
         ruleset = self.rules.current
-        if self.metrics is not None:
-            self.metrics.set_agent(self.config.mode, self.counters.sensor_mode)
-            self.metrics.set_blind_spots(self.counters.blind_spots)
+        self.telemetry.started(self.config.mode)
         self.lifecycle("start", f"agent started: mode {self.config.mode}{' (dry run)' if self.config.dry_run else ''}, "
                                 f"sensor {self.counters.sensor_mode}, {len(ruleset.rules)} rules "
                                 f"(version {self.counters.rules_version}), {len(self.correlator)} processes seeded",
@@ -360,7 +301,7 @@ class Agent:
                 next_rules_check = mono + RULE_FILE_CHECK_S
                 self._check_rule_files()
             self._score(now)
-            self._sync_log()
+            self.telemetry.sync_log()
             if mono >= next_housekeeping:
                 next_housekeeping = mono + self.housekeeping_s
                 self._housekeeping(now)
@@ -369,15 +310,13 @@ class Agent:
 
     def _feed(self, items: list) -> None:
         feed = self.correlator.feed
-        metrics = self.metrics
+        observe = self.telemetry.observe_item
         for item in items:
             try:
                 feed(item)
             except Exception as exc:  # noqa: BLE001 - one malformed item must not stop detection
                 self.lifecycle("fault", f"could not correlate a {type(item).__name__}: {type(exc).__name__}: {exc}")
-            if metrics is not None and type(item) is GpuSnapshot:   # after feed: the correlator names the pids
-                metrics.count_event("gpu_snapshot")
-                metrics.observe_snapshot(item, comm_of=self._comm_of)
+            observe(item, self._comm_of)     # after feed: the correlator names the pids
         self.counters.items_correlated += len(items)
 
     def _score(self, now: float) -> None:
@@ -385,8 +324,7 @@ class Agent:
         verdicts = self.engine.score(now)
         elapsed = time.perf_counter() - started
         self.counters.observe_scoring(elapsed)
-        if self.metrics is not None:
-            self.metrics.observe_scoring(elapsed)
+        self.telemetry.observe_scoring(elapsed)
         self.counters.processes_tracked = len(self.correlator)
         for verdict in verdicts:
             previous = self._reported.get(verdict.key, "clean")
@@ -483,11 +421,7 @@ class Agent:
         self._status_soon = True
 
     def _count_reload(self, ok: bool) -> None:
-        if self.metrics is not None:
-            self.metrics.count_reload(ok)
-            if ok:
-                self.metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
-            self.metrics.set_agent(self.config.mode, self.counters.sensor_mode)
+        self.telemetry.count_reload(ok, self.config.mode)
 
     # -- state file ---------------------------------------------------------------------
     def status_document(self, now: float, running: bool = True) -> dict[str, Any]:
@@ -502,7 +436,7 @@ class Agent:
     def _write_status(self, now: float, running: bool = True) -> None:
         self._status_soon = False
         self._status_due = time.monotonic() + self.config.status_interval_s
-        self._sync_metrics()
+        self.telemetry.sync_metrics()
         try:
             status_file.write_status(self.config.status_path, self.status_document(now, running))
         except OSError as exc:
@@ -542,30 +476,12 @@ class Agent:
             except Exception as exc:  # noqa: BLE001
                 self.stderr(f"gpuguard: detaching the probes failed: {type(exc).__name__}: {exc}")
             self.sensor = None
-        if self.writer is not None:
-            self.writer.close()       # writes out what is queued (the stop line included)
-            self._sync_log(into_log=False)
+        self.telemetry.close_log()    # writes out what is queued (the stop line included)
         if self.ready.is_set():
             self._write_status(time.time(), running=False)
-        if self.metrics_server is not None:
-            self.metrics_server.close()
-            self.metrics_server = None
+        self.telemetry.close_metrics()
         if self.ready.is_set():       # a failed start-up says only its one error line
             self.stderr(f"gpuguard: {summary}")
-
-
-def log_fault_line(fault: AgentLifecycle, destination: str) -> str:
-    """One stderr line for a log writer fault, saying what failed and that detection goes on."""
-    detail = fault.detail
-    if detail.get("recovered"):
-        return fault.message
-    number = detail.get("errno")
-    if not isinstance(number, int):
-        return f"{fault.message}; detection goes on"
-    what = "stdout" if destination in ("-", "stdout") else escape_text(destination)
-    hint = {errno.EPIPE: "the reader of stdout went away", errno.ENOSPC: "the disk is full"}.get(
-        number, os.strerror(number))
-    return f"cannot write the log to {what} ({hint}); records are lost until it works again, detection goes on"
 
 
 def return_freed_memory() -> None:

@@ -304,6 +304,11 @@ def test_a_full_disk_is_reported_once_and_scoring_goes_on(tmp_path):
             agent.wait_status(lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"]), 15)
         doc = agent.wait_status(lambda d: d["drops"]["output_errors"] > 0)
         assert doc["running"]
+        # counted once (the run of failures), kept for `status`
+        assert doc["log"]["faults"] == 1 and "(the disk is full)" in doc["log"]["last_error"]
+        run = subprocess.run([sys.executable, "-m", "gpuguard", "status", "--state-file", str(agent.state)],
+                             capture_output=True, text=True, cwd=REPO, timeout=30)
+        assert "log faults: 1, last: cannot write the log to" in run.stdout, run.stdout
     finally:
         assert agent.stop() == 0
     stderr = agent.stderr()

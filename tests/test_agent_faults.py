@@ -126,8 +126,8 @@ def test_sighup_with_a_broken_config_keeps_the_last_good_settings(tmp_path):
         assert agent.config.mode == "monitor" and agent.config.sweep_interval_s == 0.5
         config_file.write_text("mode: enforce\n")
         agent.request_reload()
-        _until(lambda: agent.config.mode == "enforce")
-        assert agent.counters.mode == "enforce"
+        # the loop thread sets the config, then builds the responder (a real one takes ~0.3 s), then the counters
+        _until(lambda: agent.config.mode == "enforce" and agent.counters.mode == "enforce")
     finally:
         agent.request_stop()
         thread.join(30)

@@ -292,10 +292,12 @@ def test_selftest_refuses_without_root_in_one_line(tmp_path):
 
 
 def test_a_full_disk_is_reported_once_and_scoring_goes_on(tmp_path):
-    """The log lives on a 12 KiB tmpfs in the agent's own mount namespace: it fills within the first lines."""
+    """The log lives on a 12 KiB tmpfs in the agent's own mount namespace, filled before the agent starts
+    (how many lines would fill it depends on what else runs on the host)."""
     full = tmp_path / "full"
     full.mkdir()
-    script = 'mount -t tmpfs -o size=12k gpuguard-test-full "$0" && exec "$@"'
+    script = ('mount -t tmpfs -o size=12k gpuguard-test-full "$0" && { cat /dev/zero > "$0/filler" 2>/dev/null; '
+              'exec "$@"; }')
     agent = AgentProcess(tmp_path, "--sensor", "ebpf", log_path=full / "agent.log",
                          wrapper=("unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(full)))
     try:

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.agent_run import REPO, AgentProcess, finding_for, lifecycle, miner_simulator, running_agent
+from tests.test_agent_logs import parse_cef
 
 pytestmark = pytest.mark.root
 TARGET_LATENCY_S = 1.0
@@ -34,9 +39,11 @@ def ebpf_agent():
         shutil.copytree(REPO / "rules", rules_dir, dirs_exist_ok=True)
         site = rules_dir / "site.yaml"
         site.write_text("version: 1\nlists: {pool_ports: {extend: [3333]}}\n")
+        port = free_port()
         with running_agent(Path(tmp), "--sensor", "ebpf", "--rules", str(rules_dir / "miner-rules.yaml"),
-                           "--rules", str(site)) as agent:
+                           "--rules", str(site), "--metrics-address", f"127.0.0.1:{port}") as agent:
             agent.rules_dir = rules_dir
+            agent.metrics_port = port
             yield agent
 
 
@@ -57,8 +64,47 @@ def test_miner_is_found_within_the_target_latency_with_its_evidence(ebpf_agent):
     # one line per verdict change, not one per rescore
     records = ebpf_agent.records()
     assert sum(1 for r in records if finding_for(miner["pid"])(r)) == 1
-    alert = [r for r in records if r["gpuguard"].get("kind") == "action" and r["gpuguard"]["pid"] == miner["pid"]]
+    alert = [r for r in records if r["gpuguard"].get("kind") == "action" and r["process"]["pid"] == miner["pid"]]
     assert [a["gpuguard"]["action"] for a in alert] == ["alert"]
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """/metrics over HTTP: {(sample name, sorted labels): value}."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(body) for s in family.samples}
+
+
+def series(samples: dict, name: str, **labels: str) -> float:
+    """The sum of every sample of ``name`` whose labels include ``labels``."""
+    return sum(v for (n, lbl), v in samples.items() if n == name and set(labels.items()) <= set(lbl))
+
+
+def test_metrics_endpoint_counts_the_finding_events_and_processes(ebpf_agent):
+    with miner_simulator() as miner:
+        ebpf_agent.wait_record(finding_for(miner["pid"]), timeout=10)
+        before = series(scrape(ebpf_agent.metrics_port), "gpuguard_findings_total")
+        deadline = time.monotonic() + 15       # totals are synced on every state-file tick
+        while time.monotonic() < deadline:
+            samples = scrape(ebpf_agent.metrics_port)
+            if series(samples, "gpuguard_findings_total", verdict="malicious") >= 1 and \
+                    series(samples, "gpuguard_events_total", kind="gpu_ioctl") > 0:
+                break
+            time.sleep(0.25)
+    assert series(samples, "gpuguard_findings_total", verdict="malicious") >= 1, (before, samples)
+    assert series(samples, "gpuguard_events_total", kind="exec") > 0
+    assert series(samples, "gpuguard_events_total", kind="gpu_ioctl") > 0
+    assert series(samples, "gpuguard_processes_tracked") > 10
+    assert series(samples, "gpuguard_scoring_latency_seconds_count") > 0
+    assert series(samples, "gpuguard_reduced_mode") == 0
+    assert series(samples, "gpuguard_agent_info", sensor="ebpf", mode="monitor") == 1
+    assert series(samples, "gpuguard_log_records_total") > 0
 
 
 def test_status_shows_the_running_agent(ebpf_agent):
@@ -101,7 +147,11 @@ def test_sighup_with_a_broken_rules_file_keeps_the_old_rules(ebpf_agent):
 
 
 def test_reduced_mode_lists_blind_spots_and_finds_the_miner(tmp_path):
-    with running_agent(tmp_path, "--sensor", "proc") as agent:
+    port = free_port()
+    with running_agent(tmp_path, "--sensor", "proc", "--metrics-address", f"127.0.0.1:{port}") as agent:
+        samples = scrape(port)
+        assert series(samples, "gpuguard_reduced_mode") == 1
+        assert series(samples, "gpuguard_blind_spot") == len(agent.status()["blind_spots"]) > 0
         doc = agent.status()
         assert doc["sensor"] == "proc" and doc["probes_attached"] == 0
         assert any("ioctl" in spot for spot in doc["blind_spots"])
@@ -146,6 +196,47 @@ def test_closed_stdout_is_survived_and_sigterm_writes_a_summary(tmp_path):
     assert "agent stopped after" in stderr and "Traceback" not in stderr
     final = json.loads(agent.state.read_text())
     assert final["running"] is False
+
+
+def test_cef_findings_reach_a_syslog_udp_listener(tmp_path):
+    """--log-format cef --log syslog:udp:...: the finding arrives as one RFC 5424 datagram holding one CEF line."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    agent = AgentProcess(tmp_path, "--sensor", "ebpf", "--log-format", "cef", log_path=f"syslog:udp:127.0.0.1:{port}")
+    datagrams: list[str] = []
+    records: list[tuple[int, list[str], dict[str, str]]] = []
+
+    def findings_about(pid: int) -> list:
+        return [r for r in records if r[2].get("spid") == str(pid) and not r[1][4].startswith(("action-", "agent-"))]
+    try:
+        agent.wait_ready()
+        with miner_simulator() as miner:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and not findings_about(miner["pid"]):
+                try:
+                    datagram = listener.recv(65536).decode("utf-8")
+                except socket.timeout:
+                    continue
+                datagrams.append(datagram)
+                assert "\n" not in datagram and "\r" not in datagram, datagram     # one line per datagram
+                match = re.fullmatch(r"<(\d+)>1 \S+ \S+ gpuguard \d+ - - (CEF:0\|.*)", datagram)
+                assert match, datagram
+                header, ext = parse_cef(match.group(2))
+                records.append((int(match.group(1)), header, ext))
+    finally:
+        assert agent.stop() == 0, agent.stderr()
+        listener.close()
+    found = findings_about(miner["pid"])
+    assert len(found) == 1, datagrams
+    priority, header, ext = found[0]
+    assert priority == 3 * 8 + 2                                       # daemon.crit: a malicious finding
+    assert header[:3] == ["CEF:0", "gpuguard", "gpuguard"] and int(header[6]) >= 7
+    assert ext["cs1Label"] == "verdict" and ext["cs1"] == "malicious" and "T1496" in ext["cs3"]
+    assert "stratum+tcp://127.0.0.1:3333" in ext["cs5"]
+    assert any(h[4] == "agent-start" for _, h, _ in records)          # lifecycle records travel the same way
+    assert not list(tmp_path.glob("syslog*"))                          # a destination, never a file name
 
 
 def test_sigterm_drains_and_detaches_the_probes(tmp_path):
@@ -201,10 +292,12 @@ def test_selftest_refuses_without_root_in_one_line(tmp_path):
 
 
 def test_a_full_disk_is_reported_once_and_scoring_goes_on(tmp_path):
-    """The log lives on a 12 KiB tmpfs in the agent's own mount namespace: it fills within the first lines."""
+    """The log lives on a 12 KiB tmpfs in the agent's own mount namespace, filled before the agent starts
+    (how many lines would fill it depends on what else runs on the host)."""
     full = tmp_path / "full"
     full.mkdir()
-    script = 'mount -t tmpfs -o size=12k gpuguard-test-full "$0" && exec "$@"'
+    script = ('mount -t tmpfs -o size=12k gpuguard-test-full "$0" && { cat /dev/zero > "$0/filler" 2>/dev/null; '
+              'exec "$@"; }')
     agent = AgentProcess(tmp_path, "--sensor", "ebpf", log_path=full / "agent.log",
                          wrapper=("unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(full)))
     try:
@@ -213,6 +306,11 @@ def test_a_full_disk_is_reported_once_and_scoring_goes_on(tmp_path):
             agent.wait_status(lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"]), 15)
         doc = agent.wait_status(lambda d: d["drops"]["output_errors"] > 0)
         assert doc["running"]
+        # counted once (the run of failures), kept for `status`
+        assert doc["log"]["faults"] == 1 and "(the disk is full)" in doc["log"]["last_error"]
+        run = subprocess.run([sys.executable, "-m", "gpuguard", "status", "--state-file", str(agent.state)],
+                             capture_output=True, text=True, cwd=REPO, timeout=30)
+        assert "log faults: 1, last: cannot write the log to" in run.stdout, run.stdout
     finally:
         assert agent.stop() == 0
     stderr = agent.stderr()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,8 @@ def test_no_file_gives_every_default(tmp_path):
     config = load_config(None) if not Path("/etc/gpuguard/agent.yaml").exists() else AgentConfig()
     assert config.mode == "monitor" and config.sensor == "auto" and config.log_path == "-"
     assert config.log_format == "ecs" and config.sample_interval_s == 1.0 and config.response == {}
+    assert (config.log_max_bytes, config.log_keep) == (50 * 1024 * 1024, 5)
+    assert (config.log_syslog_format, config.log_facility) == ("rfc5424", "daemon")
 
 
 def test_full_file_is_read(tmp_path):
@@ -35,7 +38,8 @@ mode: enforce
 dry_run: true
 sensor: proc
 rules: [site.yaml, /etc/gpuguard/extra.yaml]
-log: {path: /var/log/gpuguard/agent.log, format: ocsf}
+log: {path: /var/log/gpuguard/agent.log, format: ocsf, max_bytes: 1048576, keep: 3, syslog_format: rfc3164,
+      facility: local4}
 metrics: {address: "127.0.0.1:9108"}
 sampling: {interval_s: 2, sources: [nvml]}
 sweep: {interval_s: 5}
@@ -51,6 +55,8 @@ response:
     assert config.rules == [tmp_path / "site.yaml", Path("/etc/gpuguard/extra.yaml")]
     assert (config.log_path, config.log_format, config.metrics_address) == ("/var/log/gpuguard/agent.log", "ocsf",
                                                                              "127.0.0.1:9108")
+    assert (config.log_max_bytes, config.log_keep, config.log_syslog_format, config.log_facility) == (
+        1048576, 3, "rfc3164", "local4")
     assert config.sample_interval_s == 2 and config.gpu_sources == ["nvml"] and config.sweep_interval_s == 5
     assert config.status_path == Path("/tmp/x.json") and config.intake_queue == 1000 and config.max_processes == 500
     # passed through untouched: the responder owns this schema
@@ -68,6 +74,12 @@ response:
     ("mode: monitor\nmode: enforce\n", ":2:1", "duplicate key"),
     ("log: [a\n", ":", "YAML syntax error"),
     ("- mode\n", ":1:1", "must be a mapping"),
+    ("log:\n  keep: -1\n", ":2:9", "log.keep -1 is outside 0-1000"),
+    ("log:\n  max_bytes: 10\n", ":2:14", "log.max_bytes 10 is outside"),
+    ("log:\n  syslog_format: rfc9999\n", ":2:18", "'rfc9999' is not one of rfc5424, rfc3164"),
+    ("log:\n  facility: mail2\n", ":2:13", "log.facility 'mail2' is not one of kern, user, daemon"),
+    ("log:\n  format: leef\n", ":2:11", "'leef' is not one of ecs, ocsf, cef"),
+    ("metrics:\n  address: localhost\n", ":2:12", "bad metrics address 'localhost' (expected HOST:PORT"),
 ])
 def test_errors_name_file_line_and_column(tmp_path, text, where, words):
     path = write(tmp_path, text)
@@ -101,3 +113,21 @@ def test_cli_reports_a_bad_config_in_one_line_and_exits_2(tmp_path):
     assert run.returncode == 2
     assert run.stderr.count("\n") == 1 and f"{path}:2:1: unknown key 'sensorr'" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_cli_refuses_a_bad_log_destination_or_metrics_address_in_one_line(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    base = [sys.executable, "-m", "gpuguard", "agent", "--sensor", "proc", "--state-file", str(tmp_path / "s.json")]
+    cases = [(["--log", "syslog:udp:127.0.0.1"], "bad syslog target 'udp:127.0.0.1'"),
+             (["--log", str(tmp_path / "a.log"), "--metrics-address", "nonsense"], "bad metrics address 'nonsense'"),
+             (["--log", str(tmp_path / "a.log"), "--metrics-address", f"127.0.0.1:{port}"],
+              f"cannot serve metrics on 127.0.0.1:{port}: Address already in use")]
+    try:
+        for args, words in cases:
+            run = subprocess.run(base + args, capture_output=True, text=True, cwd=REPO, timeout=60)
+            assert run.returncode == 2 and run.stderr.count("\n") == 1 and words in run.stderr, (args, run.stderr)
+    finally:
+        taken.close()

@@ -12,9 +12,11 @@ import os
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.pipeline import Agent
@@ -42,7 +44,8 @@ def _until(predicate, timeout: float = 15.0):
 def agent_with_fake_nvml(tmp_path):
     fake = FakeNvml([FakeGpu(util_gpu=97, memory_used=70_000 * 1024 * 1024)])
     config = AgentConfig(sensor="proc", log_path=str(tmp_path / "agent.log"), status_path=tmp_path / "status.json",
-                         sample_interval_s=0.1, sweep_interval_s=0.5, intake_queue=64, status_interval_s=0.5)
+                         sample_interval_s=0.1, sweep_interval_s=0.5, intake_queue=64, status_interval_s=0.5,
+                         metrics_address="127.0.0.1:0")
     agent = Agent(config, install_signals=False, stderr=lambda line: None,
                   sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)})
     agent.housekeeping_s = 0.5
@@ -73,6 +76,23 @@ def test_a_sampler_that_raises_is_reported_and_retried(agent_with_fake_nvml):
     assert faults and "OSError: ctypes: bad handle" in faults[0]["message"]
     assert _until(lambda: any(r["event"].get("action") == "recovered" for r in _records(log)))
     assert agent.counters.gpus[("nvidia", 0)]["util"] == 97
+
+
+def _metric(agent, name: str, **labels: str) -> float:
+    port = agent.telemetry.server.port
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(s.value for family in text_string_to_metric_families(body) for s in family.samples
+               if s.name == name and set(labels.items()) <= set(s.labels.items()))
+
+
+def test_gpu_snapshots_and_sampler_errors_reach_the_metrics(agent_with_fake_nvml):
+    agent, fake, _log = agent_with_fake_nvml
+    _until(lambda: _metric(agent, "gpuguard_gpu_utilization_percent", gpu="nvidia0") == 97)
+    assert _metric(agent, "gpuguard_gpu_memory_used_bytes", gpu="nvidia0") == 70_000 * 1024 * 1024
+    assert _metric(agent, "gpuguard_events_total", kind="gpu_snapshot") > 0
+    assert _metric(agent, "gpuguard_blind_spot") == len(agent.counters.blind_spots) > 0
+    fake.module.nvmlDeviceGetUtilizationRates = lambda handle: 1 / 0
+    _until(lambda: _metric(agent, "gpuguard_sampler_errors_total", source="nvml") >= 2)    # synced on status ticks
 
 
 def test_a_gpu_that_falls_off_the_bus_is_reported_and_comes_back(agent_with_fake_nvml):
@@ -126,8 +146,8 @@ def test_sighup_with_a_broken_config_keeps_the_last_good_settings(tmp_path):
         assert agent.config.mode == "monitor" and agent.config.sweep_interval_s == 0.5
         config_file.write_text("mode: enforce\n")
         agent.request_reload()
-        _until(lambda: agent.config.mode == "enforce")
-        assert agent.counters.mode == "enforce"
+        # the loop thread sets the config, then builds the responder (a real one takes ~0.3 s), then the counters
+        _until(lambda: agent.config.mode == "enforce" and agent.counters.mode == "enforce")
     finally:
         agent.request_stop()
         thread.join(30)

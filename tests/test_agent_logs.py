@@ -102,6 +102,9 @@ def test_ecs_actions_and_lifecycle():
     assert action["process"]["entity_id"] == finding["process"]["entity_id"]    # joins the finding it answers
     assert fault["event"]["action"] == "fault" and fault["event"]["outcome"] == "failure"
     assert fault["log"]["level"] == "error" and fault["gpuguard"]["kind"] == "lifecycle"
+    assert fault["event"]["kind"] == "event" and finding["event"]["kind"] == "alert"   # only findings page
+    killed = json.loads(render_record(ActionOutcome(time=1.0, action="kill", status="failed", pid=7), "ecs", HOST))
+    assert killed["event"]["outcome"] == "failure" and killed["process"]["pid"] == 7
     egress = json.loads(render_record(ActionOutcome(time=1.0, action="block-egress", status="failed",
                                                     detail={"addresses": ["198.51.100.7"]}), "ecs", HOST))
     assert egress["event"]["category"] == ["network"] and egress["event"]["outcome"] == "failure"

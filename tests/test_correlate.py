@@ -146,6 +146,39 @@ def test_exec_updates_identity_and_payloads_are_bounded():
     assert sum(p.detail == {"method": "mining.subscribe"} for p in s.payloads) == 1   # repeats are kept once
 
 
+def test_a_process_first_seen_at_its_exec_reads_proc_once():
+    """The facts read when the state is created already describe the new image: no second read,
+    no second enrichment (YARA); a later exec of the same process reads them again."""
+    images = {70: [facts(70, T, comm="xmrig", exe="/tmp/xmrig", ppid=9, cmdline=["/tmp/xmrig", "-o", "p:3333"]),
+                   facts(70, T, comm="kworker", exe="/tmp/kworker", ppid=9, cmdline=["/tmp/kworker"])]}
+    reads: list[int] = []
+    enriched: list[str] = []
+
+    def provider(pid):
+        reads.append(pid)
+        return images[pid][0]
+
+    c = Correlator(facts_provider=provider, read_configs=False,
+                   on_new_facts=lambda state, f: enriched.append(f.exe))
+    c.feed(Exec(time=T + 0.01, pid=70, comm="xmrig", filename="/tmp/xmrig", ppid=9, cmdline=["/tmp/xmrig"]))
+    s = c.state_of(70)
+    assert reads == [70] and enriched == ["/tmp/xmrig"]
+    # /proc's facts win over the event's (a full command line, not the probe's truncated one)
+    assert (s.comm, s.exe, s.cmdline, s.ppid, s.key.start_time) == ("xmrig", "/tmp/xmrig", ["/tmp/xmrig", "-o", "p:3333"], 9, T)
+    assert s.dirty and not s.provisional
+    images[70].pop(0)                                  # it execs again: a new image, read again
+    c.feed(Exec(time=T + 5, pid=70, comm="kworker", filename="/tmp/kworker", ppid=9, cmdline=["/tmp/kworker"]))
+    assert reads == [70, 70] and enriched == ["/tmp/xmrig", "/tmp/kworker"]
+    assert (s.comm, s.exe) == ("kworker", "/tmp/kworker")
+
+
+def test_a_process_first_seen_at_its_exec_keeps_the_events_identity_where_proc_is_silent():
+    c = Correlator(facts_provider=lambda pid: facts(71, T, comm="", exe="", cmdline=[]), read_configs=False)
+    c.feed(Exec(time=T + 0.01, pid=71, comm="miner", filename="/tmp/miner", ppid=4, cmdline=["/tmp/miner", "-t"]))
+    s = c.state_of(71)
+    assert (s.comm, s.exe, s.cmdline, s.ppid) == ("miner", "/tmp/miner", ["/tmp/miner", "-t"], 4)
+
+
 def test_only_changes_mark_a_process_for_rescoring(ruleset):
     c = Correlator(facts_provider=None)
     engine = DetectionEngine(c, ruleset)

@@ -133,11 +133,15 @@ def test_install_refuses_unknown_options(tmp_path):
 
 
 def test_shipped_config_is_accepted_by_the_agent():
-    config = pytest.importorskip("gpuguard.agent.config", reason="the agent's config loader is on the agent branch")
+    from gpuguard.agent import config
     from gpuguard.detect.yaml_marks import load_marked_file
 
-    loaded = config.parse_config(load_marked_file(PKG / "agent.yaml"))
+    loaded = config.parse_config(load_marked_file(PKG / "agent.yaml", config.MAX_CONFIG_BYTES))
     assert loaded.mode == "monitor" and loaded.log_path == "/var/log/gpuguard/events.json"
+    # the agent's own rotation is a safety net above logrotate's maxsize
+    maxsize = re.search(r"maxsize (\d+)M", (PKG / "gpuguard.logrotate").read_text())
+    assert loaded.log_max_bytes > int(maxsize.group(1)) * 1024 * 1024 and loaded.log_keep >= 1
+    assert (loaded.log_syslog_format, loaded.log_facility) == ("rfc5424", "daemon")
 
 
 def test_shipped_config_parses_and_names_the_rotated_log():

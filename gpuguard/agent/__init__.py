@@ -7,9 +7,11 @@ Data flow, one module per stage:
 * :mod:`.counters` — every counter, in one plain object (state file, metrics, summary);
 * :mod:`.producers` — the sensor thread, one sampler thread per GPU source,
   and the /proc sweep (start-up seed; periodic in reduced mode);
-* :mod:`.pipeline` — the detect loop: correlator, scoring, findings, actions;
+* :mod:`.pipeline` — the detect loop: correlator and detection engine
+  (:mod:`gpuguard.detect.engine`), findings, actions;
+* :mod:`.telemetry` — the SIEM log (:mod:`gpuguard.outputs.log_writer`) and the
+  Prometheus metrics (:mod:`gpuguard.outputs.metrics`), fed from the counters;
 * :mod:`.actions` — the action interface the responder plugs into;
-* :mod:`.log_output` — findings, actions and lifecycle events as log lines;
 * :mod:`.status_file` — the root-only state file ``gpuguard status`` reads;
 * :mod:`.selftest` and :mod:`.simulator` — ``gpuguard selftest`` and the
   harmless miner simulator it runs.

@@ -19,12 +19,16 @@ from typing import Any
 from gpuguard.detect.filecheck import untrusted_reason
 from gpuguard.detect.yaml_marks import MarkedDocument, load_marked_file
 from gpuguard.errors import GpuguardError
+from gpuguard.outputs.log_sinks import DEFAULT_KEEP, DEFAULT_MAX_BYTES, FACILITIES
+from gpuguard.outputs.records import FORMATS
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuguard/agent.yaml")
 DEFAULT_STATUS_PATH = Path("/run/gpuguard/status.json")
+MAX_CONFIG_BYTES = 1 << 20       # an agent.yaml is a few KiB; refuse anything absurd before parsing
 MODES = ("monitor", "enforce")
 SENSORS = ("auto", "ebpf", "proc")
-LOG_FORMATS = ("ecs", "ocsf", "cef")
+LOG_FORMATS = FORMATS
+SYSLOG_FORMATS = ("rfc5424", "rfc3164")
 GPU_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
 
 
@@ -38,6 +42,10 @@ class AgentConfig:
     rules: list[Path] | None = None            # None: shipped rules + /etc/gpuguard/*.yaml
     log_path: str = "-"                        # "-" is stdout
     log_format: str = "ecs"
+    log_max_bytes: int = DEFAULT_MAX_BYTES     # a log file is rotated past this size
+    log_keep: int = DEFAULT_KEEP               # rotated files kept (path.1 ... path.KEEP)
+    log_syslog_format: str = "rfc5424"         # framing for syslog destinations
+    log_facility: str = "daemon"               # syslog facility
     metrics_address: str = ""                  # HOST:PORT; empty: no metrics endpoint
     sample_interval_s: float = 1.0
     gpu_sources: list[str] = field(default_factory=lambda: list(GPU_SOURCES))
@@ -58,7 +66,10 @@ _SCHEMA: dict[str, Any] = {
     "dry_run": ("dry_run", bool, None),
     "sensor": ("sensor", str, SENSORS),
     "rules": ("rules", list, None),
-    "log": {"path": ("log_path", str, None), "format": ("log_format", str, LOG_FORMATS)},
+    "log": {"path": ("log_path", str, None), "format": ("log_format", str, LOG_FORMATS),
+            "max_bytes": ("log_max_bytes", int, (4096, 1 << 40)), "keep": ("log_keep", int, (0, 1000)),
+            "syslog_format": ("log_syslog_format", str, SYSLOG_FORMATS),
+            "facility": ("log_facility", str, tuple(FACILITIES))},
     "metrics": {"address": ("metrics_address", str, None)},
     "sampling": {"interval_s": ("sample_interval_s", _NUMBER, (0.1, 3600)),
                  "sources": ("gpu_sources", list, GPU_SOURCES)},
@@ -130,6 +141,13 @@ def parse_config(doc: MarkedDocument) -> AgentConfig:
         values["rules"] = [(base / p) if not Path(p).is_absolute() else Path(p) for p in values["rules"]]
     if "status_path" in values:
         values["status_path"] = Path(values["status_path"])
+    if values.get("metrics_address"):
+        from gpuguard.outputs.metrics import parse_address
+
+        try:
+            parse_address(values["metrics_address"])
+        except ValueError as exc:
+            raise GpuguardError(f"{doc.at(('metrics', 'address'))}: {exc}", _FIX) from None
     return AgentConfig(source=doc.file, **values)
 
 
@@ -146,7 +164,7 @@ def load_config(path: Path | None) -> AgentConfig:
         cause, fix = reason
         raise GpuguardError(cause.replace("rules file", "agent config"), fix)
     try:
-        doc = load_marked_file(path)
+        doc = load_marked_file(path, MAX_CONFIG_BYTES)
     except OSError as exc:
         raise GpuguardError(f"cannot read agent config {path}: {exc.strerror}", "check the path and permissions") from None
     return parse_config(doc)

@@ -61,7 +61,10 @@ class AgentCounters:
     output_errors: int = 0
     output_depth: int = 0
     output_capacity: int = 0
-    last_output_error: str = ""
+    log_faults: int = 0                        # times the log destination started failing (or a record broke)
+    last_output_error: str = ""                # the last of those, as reported on stderr
+    status_errors: int = 0                     # state file writes that failed
+    last_status_error: str = ""
     # latest GPU view for metrics: (vendor, index) -> {"util":, "memory_used":, "memory_total":, "power_w":}
     gpus: dict = field(default_factory=dict)
 
@@ -88,7 +91,7 @@ class AgentCounters:
             "intake": {"depth": self.intake_depth, "capacity": self.intake_capacity,
                        "dropped": dict(self.intake_dropped)},
             "output": {"depth": self.output_depth, "capacity": self.output_capacity, "lines": self.output_lines,
-                       "dropped": self.output_dropped, "errors": self.output_errors},
+                       "dropped": self.output_dropped, "errors": self.output_errors, "faults": self.log_faults},
             "samples": dict(self.samples), "sampler_errors": dict(self.sampler_errors),
             "sampler_seconds": {k: round(v, 4) for k, v in self.sampler_seconds.items()},
             "sweeps": self.sweeps, "sweep_seconds": round(self.sweep_seconds, 3),

@@ -1,16 +1,19 @@
 """The agent's detect loop and its start-up and teardown: thin wiring, no detection logic.
 
-Start-up is an ordered list of small steps (rules, log, sensor or reduced
-mode, correlator, seed sweep, samplers, sweeps, state file, signals); teardown
-always runs, whatever step failed: producers stop, what they queued is scored,
-a summary line is written, the probes are detached and the state file says
-the agent stopped.
+Start-up is an ordered list of small steps (signals, rules, log, metrics,
+sensor or reduced mode, correlator and detection engine, seed sweep,
+producers, state file); teardown always runs, whatever step failed: producers
+stop, what they queued is scored, a summary line is written, the YARA cache is
+saved, the probes are detached, the log is flushed, the state file says the
+agent stopped and the metrics endpoint closes.
 
 The loop takes everything the producers queued (waiting on a condition, never
-spinning), feeds the correlator, rescores the changed processes, writes a
-finding when a verdict first crosses a threshold or changes (not on every
-rescore), hands it to the action interface, and every few seconds refreshes
-the state file, expires old processes and reports drops.
+spinning), feeds the correlator, rescores the changed processes
+(:class:`~gpuguard.detect.engine.DetectionEngine`), writes a finding when a
+verdict first crosses a threshold or changes (not on every rescore) to the log,
+hands it to the action interface, and every few seconds refreshes the state
+file and the metrics, expires old processes and reports drops.  The log and
+the metrics are :class:`~gpuguard.agent.telemetry.AgentTelemetry`'s.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from gpuguard.agent.actions import ALERT_VERDICTS, make_responder, response_sett
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.intake import BoundedQueue
-from gpuguard.agent.log_output import LogWriter
 from gpuguard.agent.producers import SamplerThread, SensorThread, SweepThread, sweep_once
+from gpuguard.agent.telemetry import AgentTelemetry
 from gpuguard.correlate.state import ProcessKey
 from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
@@ -45,11 +48,6 @@ REDUCED_MODE_BLIND_SPOTS = (
     "network payloads (stratum logins, pool methods on the wire) are not seen",
     "connections that open and close between sweeps, or live in another network namespace, are not seen",
 )
-
-
-def detect_verdicts(correlator: Any, now: float) -> list:
-    """The verdicts of the processes whose state changed: the one call into the scoring engine."""
-    return correlator.score(now)
 
 
 def rules_version(ruleset: Any) -> str:
@@ -91,9 +89,10 @@ class Agent:
         self.intake = BoundedQueue(config.intake_queue, on_drop=self._intake_dropped)
         self.counters.intake_capacity = config.intake_queue
         self.rules: Any = None                  # RuleSetHolder
-        self.writer: LogWriter | None = None
+        self.telemetry = AgentTelemetry(config, self.counters, stderr)    # the log and the metrics
         self.sensor: Any = None
         self.correlator: Any = None
+        self.engine: Any = None                 # DetectionEngine: rules and YARA over the correlator
         self.responder: Any = None
         self.threads: list[threading.Thread] = []
         self._reported: dict[ProcessKey, str] = {}     # verdict last written per process
@@ -111,8 +110,7 @@ class Agent:
 
     def emit(self, record: Any) -> None:
         """Queue a record for the log (any thread)."""
-        if self.writer is not None:
-            self.writer.submit(record)
+        self.telemetry.write(record)
 
     def lifecycle(self, action: str, message: str, **detail: Any) -> None:
         self.emit(AgentLifecycle(time=time.time(), action=action, message=message, detail=detail))
@@ -139,9 +137,7 @@ class Agent:
         self.counters.rules_error = self.rules.last_error
 
     def _step_log(self) -> None:
-        self.writer = LogWriter(self.config.log_path, self.config.log_format, self.counters,
-                                capacity=self.config.output_queue, stderr=self.stderr)
-        self.writer.start()
+        self.telemetry.open_log()
 
     def _step_sensor(self) -> None:
         from gpuguard.sources.probe_source import ProbeSettings
@@ -171,11 +167,22 @@ class Agent:
         for line in self.counters.blind_spots:
             self.stderr(f"gpuguard: reduced mode blind spot: {line}")
 
+    def _comm_of(self, pid: int) -> str | None:
+        state = self.correlator.state_of(pid)
+        return state.comm if state is not None else None
+
     def _step_correlator(self) -> None:
         from gpuguard.correlate.correlator import Correlator
+        from gpuguard.detect.engine import DetectionEngine
+        from gpuguard.sources.process import collect_process_facts
 
-        self.correlator = Correlator(self.rules.current, max_processes=self.config.max_processes,
-                                     proc_root=self.proc_root, yara_scanner=self._yara_scanner(self.rules.current))
+        def facts_of(pid: int) -> Any:
+            return collect_process_facts(pid, self.proc_root)
+
+        self.correlator = Correlator(facts_provider=facts_of, max_processes=self.config.max_processes,
+                                     proc_root=self.proc_root)
+        self.engine = DetectionEngine(self.correlator, self.rules.current,
+                                      yara_scanner=self._yara_scanner(self.rules.current))
         self.rules.on_change = self._use_ruleset
         self._make_responder()
 
@@ -183,7 +190,7 @@ class Agent:
         """YARA over each new executable, with the verdict cache ``scan`` keeps; None without YARA files."""
         if not ruleset.yara_files:
             return None
-        from gpuguard.sources.yara_verdict_cache import PersistentYaraScanner
+        from gpuguard.detect.yara_persistent import PersistentYaraScanner
 
         try:
             scanner = PersistentYaraScanner.for_files(ruleset.yara_files)
@@ -196,12 +203,12 @@ class Agent:
 
     def _use_ruleset(self, ruleset: Any) -> None:
         """A reloaded rule set: rescore everything; a changed YARA file list gets a new scanner."""
-        old = self.correlator.yara_scanner
-        if [str(p) for p in ruleset.yara_files] != [str(p) for p in self.correlator.ruleset.yara_files]:
-            if old is not None:
-                old.save()
-            self.correlator.yara_scanner = self._yara_scanner(ruleset)
-        self.correlator.set_ruleset(ruleset)
+        engine = self.engine
+        if [str(p) for p in ruleset.yara_files] != [str(p) for p in engine.ruleset.yara_files]:
+            if engine.yara_scanner is not None:
+                engine.yara_scanner.save()
+            engine.yara_scanner = self._yara_scanner(ruleset)
+        engine.set_ruleset(ruleset)
 
     def _make_responder(self) -> None:
         """A responder for the current config; the previous one is closed first (its pinned blocks stay)."""
@@ -249,9 +256,7 @@ class Agent:
         return {source: opener(source) for source in self.config.gpu_sources}
 
     def _step_metrics(self) -> None:
-        if self.config.metrics_address:
-            self.lifecycle("degraded", f"metrics endpoint {self.config.metrics_address} not started: "
-                                       "the metrics exporter is not part of this build")
+        self.telemetry.serve_metrics()
 
     def _step_signals(self) -> None:
         if not self.install_signals:
@@ -262,6 +267,7 @@ class Agent:
 
     def _step_started(self) -> None:
         ruleset = self.rules.current
+        self.telemetry.started(self.config.mode)
         self.lifecycle("start", f"agent started: mode {self.config.mode}{' (dry run)' if self.config.dry_run else ''}, "
                                 f"sensor {self.counters.sensor_mode}, {len(ruleset.rules)} rules "
                                 f"(version {self.counters.rules_version}), {len(self.correlator)} processes seeded",
@@ -273,8 +279,8 @@ class Agent:
 
     # -- run ----------------------------------------------------------------------------
     def run(self) -> int:
-        steps = (self._step_signals, self._step_rules, self._step_log, self._step_sensor, self._step_correlator,
-                 self._step_seed, self._step_producers, self._step_metrics, self._step_started)
+        steps = (self._step_signals, self._step_rules, self._step_log, self._step_metrics, self._step_sensor,
+                 self._step_correlator, self._step_seed, self._step_producers, self._step_started)
         try:
             for step in steps:
                 if self.stop.is_set():
@@ -300,6 +306,7 @@ class Agent:
                 next_rules_check = mono + RULE_FILE_CHECK_S
                 self._check_rule_files()
             self._score(now)
+            self.telemetry.sync_log()
             if mono >= next_housekeeping:
                 next_housekeeping = mono + self.housekeeping_s
                 self._housekeeping(now)
@@ -308,17 +315,21 @@ class Agent:
 
     def _feed(self, items: list) -> None:
         feed = self.correlator.feed
+        observe = self.telemetry.observe_item
         for item in items:
             try:
                 feed(item)
             except Exception as exc:  # noqa: BLE001 - one malformed item must not stop detection
                 self.lifecycle("fault", f"could not correlate a {type(item).__name__}: {type(exc).__name__}: {exc}")
+            observe(item, self._comm_of)     # after feed: the correlator names the pids
         self.counters.items_correlated += len(items)
 
     def _score(self, now: float) -> None:
         started = time.perf_counter()
-        verdicts = detect_verdicts(self.correlator, now)
-        self.counters.observe_scoring(time.perf_counter() - started)
+        verdicts = self.engine.score(now)
+        elapsed = time.perf_counter() - started
+        self.counters.observe_scoring(elapsed)
+        self.telemetry.observe_scoring(elapsed)
         self.counters.processes_tracked = len(self.correlator)
         for verdict in verdicts:
             previous = self._reported.get(verdict.key, "clean")
@@ -330,7 +341,7 @@ class Agent:
     def _report_finding(self, verdict: Any, now: float) -> None:
         state = self.correlator.get(verdict.key)
         facts = state.facts if state is not None else None
-        finding = finding_from_verdict(verdict, facts, self.rules.current)
+        finding = finding_from_verdict(verdict, facts, self.rules.current, state)
         self.emit(finding)
         self.counters.findings[(finding.rule_id, verdict.verdict)] += 1
         found = time.time()               # after scoring: the moment the finding exists (time to detect)
@@ -372,9 +383,11 @@ class Agent:
         self.rules.poll()
         self._note_rules()
         if self.rules.generation != generation:
+            self._count_reload(True)
             self.lifecycle("reload", f"rules reloaded (rule files changed): version {self.counters.rules_version}",
                            generation=self.rules.generation)
         elif self.rules.last_error and self.rules.last_error != error:
+            self._count_reload(False)
             self.lifecycle("reload-failed", "rules not reloaded (rule files changed); keeping the previous rules: "
                                             f"{self.rules.last_error}")
 
@@ -384,11 +397,13 @@ class Agent:
             try:
                 config = with_overrides(load_config(self.config_path or Path(self.config.source)), **self.overrides)
             except GpuguardError as exc:
+                self._count_reload(False)
                 self.lifecycle("reload-failed", f"config not reloaded ({reason}); keeping the previous settings: "
                                                 f"{exc.one_line()}")
                 config = self.config
             else:
-                restart = [name for name in ("sensor", "log_path", "log_format", "metrics_address", "status_path")
+                restart = [name for name in ("sensor", "log_path", "log_format", "log_max_bytes", "log_keep",
+                                             "log_syslog_format", "log_facility", "metrics_address", "status_path")
                            if getattr(config, name) != getattr(self.config, name)]
                 if restart:
                     self.lifecycle("reload", f"changed settings need a restart to apply: {', '.join(restart)}")
@@ -399,14 +414,19 @@ class Agent:
                 self._make_responder()
         if self.rules.reload(reason):
             self._note_rules()
+            self._count_reload(True)
             self.lifecycle("reload", f"rules reloaded ({reason}): {len(self.rules.current.rules)} rules, "
                                      f"version {self.counters.rules_version}", generation=self.rules.generation)
         else:
             self._note_rules()
+            self._count_reload(False)
             self.lifecycle("reload-failed", f"rules not reloaded ({reason}); keeping the previous rules "
                                             f"(version {self.counters.rules_version}): {self.rules.last_error}")
             self.stderr(f"gpuguard: rules not reloaded; keeping the previous rules: {self.rules.last_error}")
         self._status_soon = True
+
+    def _count_reload(self, ok: bool) -> None:
+        self.telemetry.count_reload(ok, self.config.mode)
 
     # -- state file ---------------------------------------------------------------------
     def status_document(self, now: float, running: bool = True) -> dict[str, Any]:
@@ -421,12 +441,13 @@ class Agent:
     def _write_status(self, now: float, running: bool = True) -> None:
         self._status_soon = False
         self._status_due = time.monotonic() + self.config.status_interval_s
+        self.telemetry.sync_metrics()
         try:
             status_file.write_status(self.config.status_path, self.status_document(now, running))
         except OSError as exc:
-            self.counters.output_errors += 1
-            if self.counters.last_output_error != f"status: {exc.strerror}":
-                self.counters.last_output_error = f"status: {exc.strerror}"
+            self.counters.status_errors += 1
+            if self.counters.last_status_error != exc.strerror:
+                self.counters.last_status_error = exc.strerror or str(exc)
                 self.stderr(f"gpuguard: cannot write the state file {self.config.status_path}: {exc.strerror}")
 
     # -- teardown (always runs) -------------------------------------------------------------
@@ -448,7 +469,7 @@ class Agent:
                    f"log {c.output_dropped}")
         self.lifecycle("stop", summary, events=c.events_total(), findings=sum(c.findings.values()),
                        ring_lost=dict(c.ring_lost), intake_dropped=dict(c.intake_dropped))
-        scanner = getattr(self.correlator, "yara_scanner", None)
+        scanner = self.engine.yara_scanner if self.engine is not None else None
         if scanner is not None:
             try:
                 scanner.save()
@@ -460,10 +481,10 @@ class Agent:
             except Exception as exc:  # noqa: BLE001
                 self.stderr(f"gpuguard: detaching the probes failed: {type(exc).__name__}: {exc}")
             self.sensor = None
+        self.telemetry.close_log()    # writes out what is queued (the stop line included)
         if self.ready.is_set():
             self._write_status(time.time(), running=False)
-        if self.writer is not None:
-            self.writer.close()
+        self.telemetry.close_metrics()
         if self.ready.is_set():       # a failed start-up says only its one error line
             self.stderr(f"gpuguard: {summary}")
 

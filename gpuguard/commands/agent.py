@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuguard.agent.config import LOG_FORMATS, MODES, SENSORS
 
-HELP = "run the agent: detect continuously, log findings (ECS/OCSF), respond in enforce mode"
+HELP = "run the agent: detect continuously, log findings (ECS/OCSF/CEF), respond in enforce mode"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,8 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=MODES, default=None, help="monitor (default: alerts only) or enforce")
     parser.add_argument("--dry-run", action="store_true", default=None,
                         help="in enforce mode, log what would be done instead of doing it")
-    parser.add_argument("--log", dest="log_path", default=None, metavar="PATH|-",
-                        help="where findings, actions and lifecycle events go (default - : stdout)")
+    parser.add_argument("--log", dest="log_path", default=None, metavar="DEST",
+                        help="where findings, actions and lifecycle events go: a file, - (stdout, the default), "
+                             "syslog, syslog:unix:PATH, syslog:udp:HOST:PORT or syslog:tcp:HOST:PORT")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default=None, help="ecs (default), ocsf or cef")
     parser.add_argument("--metrics-address", default=None, metavar="HOST:PORT",
                         help="serve Prometheus metrics here")
@@ -43,9 +44,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuguard.agent.log_output import check_format
     from gpuguard.agent.pipeline import Agent
 
     config, overrides = config_from_args(args)
-    check_format(config.log_format)
     return Agent(config, config_path=args.config, overrides=overrides).run()

@@ -280,7 +280,18 @@ class Correlator:
 
     def _on_exec(self, event: Exec) -> None:
         self.counters["events"] += 1
+        first_sight = event.pid not in self._by_pid
         state = self._state_for(event.pid, event.time, event.comm)
+        if first_sight and state.facts is not None:
+            # First seen at its exec: _state_for has just read the new image's facts (one /proc
+            # read, one enrichment); the event fills in only what /proc could not tell.
+            state.comm = state.comm or event.comm
+            state.exe = state.exe or event.filename
+            if not state.cmdline and event.cmdline:
+                state.cmdline = list(event.cmdline)
+            state.ppid = state.ppid or event.ppid
+            state.touch(event.time)
+            return
         state.comm = event.comm or state.comm
         state.exe = event.filename or state.exe
         if event.cmdline:

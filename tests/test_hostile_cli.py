@@ -169,11 +169,11 @@ def _stderr_lines(proc: subprocess.Popen) -> list[tuple[float, str]]:
 @pytest.mark.root
 @pytest.mark.parametrize("command", ["watch", "record"])
 def test_sigterm_and_sigint_under_an_event_flood_always_stop_within_a_second(tmp_path, command):
-    """The stop request is honoured, the final drain done and the summary written within a second.
+    """The stop request is honoured, the final drain done, the summary written
+    and the process gone within a second of each signal.
 
-    Detaching the probes afterwards is the kernel's time (about 70 ms per
-    tracepoint here, ~1.6 s for all of them, the same when the process simply
-    exits), so the exit itself is only required to follow promptly.
+    The exit includes detaching the probes, which the kernel makes wait about
+    70 ms each; the sensor detaches them concurrently (benchmarks/README-sensor.md).
     """
     stop = threading.Event()
     floods = [threading.Thread(target=_connect_flood, args=(stop,), daemon=True),
@@ -199,6 +199,7 @@ def test_sigterm_and_sigint_under_an_event_flood_always_stop_within_a_second(tmp
             except subprocess.TimeoutExpired:
                 proc.kill()
                 pytest.fail(f"{command} ignored {sig.name} (attempt {attempt})")
+            exited = time.monotonic()
             time.sleep(0.1)  # let the reader thread take the last lines
             err = "".join(line for _, line in lines)
             assert proc.returncode == 0, err
@@ -206,6 +207,7 @@ def test_sigterm_and_sigint_under_an_event_flood_always_stop_within_a_second(tmp
             summary = [t for t, line in lines if line.startswith("gpuguard: events:")]
             assert summary, err  # the final drain and the summary ran
             assert summary[0] - sent < 1.0, f"{command} took {summary[0] - sent:.2f} s to stop on {sig.name}"
+            assert exited - sent < 1.0, f"{command} took {exited - sent:.2f} s to exit on {sig.name}"
             if command == "record":
                 assert "wrote " in err
                 replay = gpuguard("replay", "--json", str(tmp_path / f"r{attempt}.ggr"), timeout=60)

@@ -413,6 +413,9 @@ def test_close_detaches_every_probe_concurrently_and_leaves_no_fd(enter_hook):
     probes = set(bpf.tracepoint_fds.values()) | set(bpf.raw_tracepoint_fds.values())
     running = _bpf_and_perf_fds()
     assert len(probes) >= 10 and probes <= set(running) - set(before)
+    s.detach_probes()    # returns at once; the buffer and counters stay readable
+    assert not bpf.tracepoint_fds and not bpf.raw_tracepoint_fds
+    assert isinstance(s.drain(), list)
     s.close()
     assert not bpf.tracepoint_fds and not bpf.raw_tracepoint_fds and not bpf.funcs and bpf.module is None
     assert _bpf_and_perf_fds() == before

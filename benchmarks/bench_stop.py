@@ -83,6 +83,8 @@ def cli_times(tree: Path, signals: int) -> None:
                         ["record", "--output", f"{tmp}/r{attempt}.ggr", "--gpu-interval", "0"]
                     proc = subprocess.Popen([sys.executable, "-m", "gpuguard", *args], cwd=tree, env=env,
                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    if command == "watch":
+                        proc.stdout.readline()   # the flood flows through the callback
                     threading.Thread(target=proc.stdout.read, daemon=True).start()
                     lines: list[tuple[float, str]] = []
                     ready = threading.Event()
@@ -95,7 +97,7 @@ def cli_times(tree: Path, signals: int) -> None:
 
                     threading.Thread(target=read, daemon=True).start()
                     ready.wait(30) if command == "record" else None
-                    time.sleep(3.0 if command == "watch" else 0.5)   # probes attached, flood flowing
+                    time.sleep(0.5)
                     sent = time.monotonic()
                     proc.send_signal(sig)
                     proc.wait(30)

@@ -409,12 +409,12 @@ def _deferred_attach_bpf(bcc):  # noqa: ANN001, ANN202
 class _ProbeDetach:
     """Detaches every tracepoint and raw-tracepoint probe at once, one thread each.
 
-    Releasing a probe's perf event or raw-tracepoint link makes the kernel wait
-    for an RCU grace period (~70 ms, up to ~0.9 s on a loaded host): bcc's
-    cleanup() does them one after another, 0.9 to 1.7 s for our 23 probes,
-    which kept a stopped process from exiting within a second.  Done
-    concurrently the waits share grace periods (benchmarks/README-sensor.md),
-    and started before the final drain they overlap it as well.
+    Releasing a tracepoint's perf event makes the kernel wait for an RCU grace
+    period: bcc's cleanup() does them one after another, 0.7 to 1.7 s for our
+    23 probes.  Done concurrently the waits often share grace periods (all done
+    in ~0.07 s); when the kernel serializes them under its event_mutex (seen
+    under an exec flood) it is no slower than before (benchmarks/README-sensor.md).
+    Started before the final drain, the detach overlaps it as well.
 
     The fds are taken out of bcc's tables here, in the calling thread, before any
     thread closes one, so bcc's cleanup() (ours, or its atexit hook while a thread

@@ -154,6 +154,9 @@ def _connect_flood(stop: threading.Event) -> None:
             s.close()
 
 
+EXIT_WITHIN_S = 1.5   # signal to exit under the flood; see the test's docstring
+
+
 def _stderr_lines(proc: subprocess.Popen) -> list[tuple[float, str]]:
     """Collect (arrival time, line) of the process's stderr in a thread."""
     lines: list[tuple[float, str]] = []
@@ -169,11 +172,15 @@ def _stderr_lines(proc: subprocess.Popen) -> list[tuple[float, str]]:
 @pytest.mark.root
 @pytest.mark.parametrize("command", ["watch", "record"])
 def test_sigterm_and_sigint_under_an_event_flood_always_stop_within_a_second(tmp_path, command):
-    """The stop request is honoured, the final drain done and the summary written within a second.
+    """The stop request is honoured, the final drain done and the summary written
+    within a second of each signal, and the process is gone soon after.
 
-    Detaching the probes afterwards is the kernel's time (about 70 ms per
-    tracepoint here, ~1.6 s for all of them, the same when the process simply
-    exits), so the exit itself is only required to follow promptly.
+    The exit includes detaching the probes.  The kernel releases each
+    tracepoint perf event under one mutex after an RCU grace period: idle, the
+    sensor's concurrent detach takes ~0.07 s, but under this exec flood the
+    grace periods grow to ~40 ms and the 23 releases run one after another,
+    0.8-1.1 s (figures in benchmarks/README-sensor.md).  EXIT_WITHIN_S is what
+    this 2-core VM meets reliably; the issue's 1 s needs fewer perf-event probes.
     """
     stop = threading.Event()
     floods = [threading.Thread(target=_connect_flood, args=(stop,), daemon=True),
@@ -199,6 +206,7 @@ def test_sigterm_and_sigint_under_an_event_flood_always_stop_within_a_second(tmp
             except subprocess.TimeoutExpired:
                 proc.kill()
                 pytest.fail(f"{command} ignored {sig.name} (attempt {attempt})")
+            exited = time.monotonic()
             time.sleep(0.1)  # let the reader thread take the last lines
             err = "".join(line for _, line in lines)
             assert proc.returncode == 0, err
@@ -206,6 +214,7 @@ def test_sigterm_and_sigint_under_an_event_flood_always_stop_within_a_second(tmp
             summary = [t for t, line in lines if line.startswith("gpuguard: events:")]
             assert summary, err  # the final drain and the summary ran
             assert summary[0] - sent < 1.0, f"{command} took {summary[0] - sent:.2f} s to stop on {sig.name}"
+            assert exited - sent < EXIT_WITHIN_S, f"{command} took {exited - sent:.2f} s to exit on {sig.name}"
             if command == "record":
                 assert "wrote " in err
                 replay = gpuguard("replay", "--json", str(tmp_path / f"r{attempt}.ggr"), timeout=60)

@@ -383,3 +383,41 @@ def test_writes_after_a_cut_write_are_recognised_alone(sensor, workload):
     payloads = [e for e in events if e.kind == "net_payload"]
     assert [e.truncated for e in payloads] == [True, False]
     assert payloads[1].protocol == "stratum" and payloads[1].detail["method"] == "mining.submit"
+
+
+def _bpf_and_perf_fds() -> dict[int, str]:
+    """This process's open BPF programs, maps, links and perf events, by fd."""
+    fds = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("anon_inode:") and ("bpf" in target or "perf_event" in target):
+            fds[int(name)] = target
+    return fds
+
+
+@pytest.mark.parametrize("enter_hook", ["tracepoint", "raw"])
+def test_close_detaches_every_probe_concurrently_and_leaves_no_fd(enter_hook):
+    """close() detaches the probes in parallel threads; bcc's tables end empty and
+    every fd we opened is closed exactly once (a double close would take an fd
+    of another sensor still open in this process and change the set)."""
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    before = _bpf_and_perf_fds()
+    s = Sensor(ProbeSettings(enter_hook=enter_hook))
+    s.start()
+    bpf = s._bpf
+    probes = set(bpf.tracepoint_fds.values()) | set(bpf.raw_tracepoint_fds.values())
+    running = _bpf_and_perf_fds()
+    assert len(probes) >= 10 and probes <= set(running) - set(before)
+    s.detach_probes()    # returns at once; the buffer and counters stay readable
+    assert not bpf.tracepoint_fds and not bpf.raw_tracepoint_fds
+    assert isinstance(s.drain(), list)
+    s.close()
+    assert not bpf.tracepoint_fds and not bpf.raw_tracepoint_fds and not bpf.funcs and bpf.module is None
+    assert _bpf_and_perf_fds() == before
+    s.close()  # a second close does nothing
+    assert _bpf_and_perf_fds() == before

@@ -63,6 +63,7 @@ class SensorThread(threading.Thread):
                     _fault(self.emit, f"sensor poll failed: {type(exc).__name__}: {exc}; retrying", source="sensor")
                 self.stop.wait(1.0)
         try:
+            self.sensor.detach_probes()   # the kernel's detach time overlaps the final drain
             self._queue(self.sensor.drain())
         except Exception as exc:  # noqa: BLE001
             _fault(self.emit, f"final sensor drain failed: {type(exc).__name__}: {exc}", source="sensor")

@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         try:
             if failure is None:
+                sensor.detach_probes()   # the kernel's detach time overlaps the final drain
                 write_events(sensor.drain())
                 writer.close()
         except RecordingWriteFailed as exc:
@@ -122,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
             progress.done()
             if failure is None:
                 print(f"gpuguard: wrote {writer.items_written} items to {args.output}", file=sys.stderr)
-            # The summary goes out before the probes are detached (that takes the kernel
-            # ~70 ms per tracepoint), so a stopped recorder reports at once.
+            # The summary goes out before close() waits for the probes' detach.
             print_stats(sensor)
             for sampler in samplers:
                 sampler.close()

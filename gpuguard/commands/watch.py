@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             _emit(sensor.poll(100), view)
     finally:
         try:
+            sensor.detach_probes()   # the kernel's detach time overlaps the final drain
             _emit(sensor.drain(), view)
         finally:
             stop.restore()

@@ -19,6 +19,7 @@ import ctypes as ct
 import errno
 import math
 import os
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -93,6 +94,8 @@ class Sensor:
         self.sweep_interval = sweep_interval
         self.stats = SensorStats()
         self._bpf = None
+        self._bcc = None
+        self._detach: _ProbeDetach | None = None   # probes being detached (detach_probes)
         self.tables: dict = {}
         self.maps: KernelMaps | None = None   # stale-entry removal in the probes' maps
         self._decoder: EventDecoder | None = None
@@ -113,7 +116,7 @@ class Sensor:
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
-        bcc = preflight.check_sensor_prerequisites()
+        bcc = self._bcc = preflight.check_sensor_prerequisites()
         if not self.settings.perf_buffer and not kernel_has_ringbuf():
             self.settings = replace(self.settings, perf_buffer=True)
         started = time.perf_counter()
@@ -151,10 +154,22 @@ class Sensor:
         self._next_drain = now + self.drain_interval
         self._next_sweep = now + self.sweep_interval
 
+    def detach_probes(self) -> None:
+        """Start detaching every probe and return at once: no new events arrive,
+        what is buffered and the counters stay readable (call before the final
+        drain, so the kernel's detach time overlaps it).  close() finishes it."""
+        if self._bpf is not None and self._detach is None:
+            self._detach = _ProbeDetach(self._bcc, self._bpf)
+
     def close(self) -> None:
         if self._bpf is not None:
-            self._bpf.cleanup()
+            self.detach_probes()
+            self._detach.wait()
+            failures, self._detach = self._detach.failures, None
+            self._bpf.cleanup()   # the rest: buffers, programs, maps
             self._bpf = None
+            if failures:
+                raise OSError(f"closing {len(failures)} probe fds failed: {failures}")
 
     def __enter__(self) -> "Sensor":
         self.start()
@@ -389,6 +404,56 @@ def _deferred_attach_bpf(bcc):  # noqa: ANN001, ANN202
             bcc.BPF._trace_autoload(self)
 
     return DeferredAttachBPF
+
+
+class _ProbeDetach:
+    """Detaches every tracepoint and raw-tracepoint probe at once, one thread each.
+
+    Releasing a tracepoint's perf event makes the kernel wait for an RCU grace
+    period: bcc's cleanup() does them one after another, 0.7 to 1.7 s for our
+    23 probes.  Done concurrently the waits often share grace periods (all done
+    in ~0.07 s); when the kernel serializes them under its event_mutex (seen
+    under an exec flood) it is no slower than before (benchmarks/README-sensor.md).
+    Started before the final drain, the detach overlaps it as well.
+
+    The fds are taken out of bcc's tables here, in the calling thread, before any
+    thread closes one, so bcc's cleanup() (ours, or its atexit hook while a thread
+    still runs) never sees them again: each fd is closed exactly once.  Each is
+    closed the way bcc's detach would (bpf_detach_tracepoint is a no-op for
+    perf-event tracepoints, so it is not called).
+    """
+
+    def __init__(self, bcc, bpf) -> None:  # noqa: ANN001
+        closes = [(bcc.lib.bpf_close_perf_event_fd, fd) for fd in bpf.tracepoint_fds.values()]
+        closes += [(_os_close_status, fd) for fd in bpf.raw_tracepoint_fds.values()]
+        bpf.tracepoint_fds.clear()
+        bpf.raw_tracepoint_fds.clear()
+        self.failures: list[int] = []
+        self._threads: list[threading.Thread] = []
+        for close, fd in closes:
+            thread = threading.Thread(target=self._close, args=(close, fd), name="gpuguard-detach", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:   # no thread to be had: detach here, slowly but surely
+                self._close(close, fd)
+                continue
+            self._threads.append(thread)
+
+    def _close(self, close, fd: int) -> None:  # noqa: ANN001
+        if close(fd) < 0:
+            self.failures.append(fd)
+
+    def wait(self) -> None:
+        for thread in self._threads:
+            thread.join()
+
+
+def _os_close_status(fd: int) -> int:
+    try:
+        os.close(fd)
+    except OSError:
+        return -1
+    return 0
 
 
 def _comm_of(pid: int) -> str:

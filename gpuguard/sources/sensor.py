@@ -19,6 +19,8 @@ import ctypes as ct
 import errno
 import math
 import os
+import shutil
+import subprocess
 import threading
 import time
 from collections import defaultdict
@@ -407,20 +409,23 @@ def _deferred_attach_bpf(bcc):  # noqa: ANN001, ANN202
 
 
 class _ProbeDetach:
-    """Detaches every tracepoint and raw-tracepoint probe at once, one thread each.
+    """Detaches every tracepoint and raw-tracepoint probe without making the caller wait for the kernel.
 
     Releasing a tracepoint's perf event makes the kernel wait for an RCU grace
     period: bcc's cleanup() does them one after another, 0.7 to 1.7 s for our
-    23 probes.  Done concurrently the waits often share grace periods (all done
-    in ~0.07 s); when the kernel serializes them under its event_mutex (seen
-    under an exec flood) it is no slower than before (benchmarks/README-sensor.md).
-    Started before the final drain, the detach overlaps it as well.
+    23 probes, and under an exec flood the kernel serializes them even when
+    they are closed concurrently (benchmarks/README-sensor.md).  So a keeper
+    process (``cat``, fixed argv, no shell) is given a second reference to
+    every probe fd: our own closes are then cheap (each perf event is disabled
+    first, so no new event fires), and the release is paid when the keeper
+    reads end-of-file on its stdin and exits, after we are gone.  A stopping
+    watch, record or agent thus exits within a second; the probes are released
+    by the kernel a moment later.  Without a keeper (no ``cat``, no process to
+    be had) the fds are closed concurrently, one thread each.
 
-    The fds are taken out of bcc's tables here, in the calling thread, before any
-    thread closes one, so bcc's cleanup() (ours, or its atexit hook while a thread
-    still runs) never sees them again: each fd is closed exactly once.  Each is
-    closed the way bcc's detach would (bpf_detach_tracepoint is a no-op for
-    perf-event tracepoints, so it is not called).
+    The fds are taken out of bcc's tables here, in the calling thread, so bcc's
+    cleanup() (ours, or its atexit hook) never sees them again: each fd is closed
+    exactly once, the way bcc's detach would close it.
     """
 
     def __init__(self, bcc, bpf) -> None:  # noqa: ANN001
@@ -430,6 +435,12 @@ class _ProbeDetach:
         bpf.raw_tracepoint_fds.clear()
         self.failures: list[int] = []
         self._threads: list[threading.Thread] = []
+        keeper = _start_keeper([fd for _, fd in closes])
+        if keeper is not None:
+            for close, fd in closes:
+                self._close(close, fd)
+            keeper.stdin.close()          # end-of-file: the keeper exits and releases the probes
+            return
         for close, fd in closes:
             thread = threading.Thread(target=self._close, args=(close, fd), name="gpuguard-detach", daemon=True)
             try:
@@ -446,6 +457,18 @@ class _ProbeDetach:
     def wait(self) -> None:
         for thread in self._threads:
             thread.join()
+
+
+def _start_keeper(fds: list[int]) -> "subprocess.Popen | None":
+    """A process holding ``fds`` until its stdin closes (see _ProbeDetach); None if none can start."""
+    cat = shutil.which("cat")
+    if not fds or cat is None:
+        return None
+    try:
+        return subprocess.Popen([cat], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                pass_fds=fds, close_fds=True, env={})
+    except OSError:
+        return None
 
 
 def _os_close_status(fd: int) -> int:

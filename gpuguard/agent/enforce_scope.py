@@ -38,7 +38,7 @@ class EnforceScope:
     def __init__(self, workdir: Path, prefix: str = "gg-test", grace_s: float = 0.5) -> None:
         self.scope = f"/{prefix}-{os.getpid()}"
         self.cgroup = Path(cgroup2_mount() + self.scope)
-        self.pin_root = Path(f"/sys/fs/bpf/gpuguard-{prefix}-{os.getpid()}")
+        self.pin_root = Path(f"/sys/fs/bpf{self.scope}")
         self.state_dir = workdir / "blocks"
         self.grace_s = grace_s
         self.cgroup.mkdir()

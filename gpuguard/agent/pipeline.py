@@ -392,7 +392,12 @@ class Agent:
             self.emit(outcome)
 
     def _sweep_blocks(self, now: float) -> None:
-        """The responder lifts expired blocks and stops again a suspended process something resumed."""
+        """The responder lifts expired blocks and stops again a suspended process something resumed.
+
+        Only an acting agent (enforce, not a dry run) touches blocks: monitor mode never acts.
+        """
+        if not self.responder.acting:
+            return
         try:
             outcomes = self.responder.sweep(now)
         except Exception as exc:  # noqa: BLE001 - a failing sweep is reported, detection goes on

@@ -186,48 +186,25 @@ def bench_kill(runs: int, grace: float) -> None:
     print()
 
 
-E2E_CONFIG = """mode: enforce
-sensor: ebpf
-log: {{path: {log}}}
-status: {{path: {status}}}
-response:
-  pin_root: {pin_root}
-  state_dir: {state_dir}
-  block_egress: {{nftables: false}}
-  max_actions_per_minute: 1000
-  kill: {{grace_s: 0.5}}
-  quarantine: {{cgroup_parent: {quarantine_parent}}}
-  cgroups: [{scope}]
-"""
-
-
 def bench_e2e(runs: int) -> None:
     """Miner start -> killed through `gpuguard agent` (enforce mode), with the agent's miner simulator.
 
-    The agent's response scope is one cgroup made for the run, and every simulator starts inside it:
-    on a shared machine the agent must not act on anyone else's processes.  The figure is read from
-    the agent's own action log: the kill outcome's time minus the miner's start time.
+    The agent's response scope is one cgroup made for the run (:class:`EnforceScope`, the one the
+    selftest and the enforce tests use), and every simulator starts inside it: on a shared machine
+    the agent must not act on anyone else's processes.  The figure is read from the agent's own
+    action log: the kill outcome's time minus the miner's start time.
     """
-    try:
-        from gpuguard.agent.simulator import parse_ready, stop_simulator
-    except ImportError:
-        print("## miner start -> killed through the agent\nnot measured: gpuguard agent is not in this tree\n")
-        return
     import json
 
-    from gpuguard.respond.cgroup_blocks import cgroup2_mount
-    from gpuguard.respond.lift import lift_all
-    from gpuguard.respond.blocks import BlockStore
+    from gpuguard.agent.enforce_scope import EnforceScope
+    from gpuguard.agent.simulator import parse_ready, start_simulator, stop_simulator
 
     tmp = Path(tempfile.mkdtemp(prefix="gg-e2e-"))
-    scope = f"/gg-bench-e2e-{os.getpid()}"
-    cgroup = Path(cgroup2_mount() + scope)
-    cgroup.mkdir()
-    pin_root = f"/sys/fs/bpf/gpuguard-test-e2e-{os.getpid()}"
     log = tmp / "agent.log"
+    scope = EnforceScope(tmp, prefix="gg-bench-e2e", grace_s=0.5)
     config = tmp / "agent.yaml"
-    config.write_text(E2E_CONFIG.format(log=log, status=tmp / "status.json", pin_root=pin_root,
-                                        state_dir=tmp / "blocks", scope=scope, quarantine_parent=f"{cgroup}/gpuguard"))
+    config.write_text(f"mode: enforce\nsensor: ebpf\nlog: {{path: {log}}}\nstatus: {{path: {tmp / 'status.json'}}}\n"
+                      + scope.response_section())
     config.chmod(0o600)
     agent = subprocess.Popen([sys.executable, "-m", "gpuguard", "agent", "--config", str(config)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
@@ -238,10 +215,7 @@ def bench_e2e(runs: int) -> None:
                 raise RuntimeError(agent.stderr.read().decode()[-500:])
             time.sleep(0.2)
         for _ in range(runs):
-            argv = [shutil.which("unshare"), "--mount", "--net", "--propagation", "private", sys.executable, "-m",
-                    "gpuguard.agent.simulator", "--pool-port", "3333"]
-            sim = subprocess.Popen(["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sim", *argv],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+            sim = start_simulator(pool_port=3333, cgroup=scope.cgroup)
             try:
                 # Printed once the miner is set up (late, if the agent killed it first).
                 miner = int(parse_ready(sim.stdout.readline().decode())["pid"])
@@ -261,19 +235,14 @@ def bench_e2e(runs: int) -> None:
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.wait()
-        lift_all(BlockStore(str(tmp / "blocks")), Path(pin_root))
-        shutil.rmtree(pin_root, ignore_errors=True)
+        scope.close()             # lifts every block, removes the pin root and the cgroup
     killed = []
     for line in log.read_text().splitlines():
-        action = json.loads(line).get("gpuguard", {})
+        record = json.loads(line)      # ECS: times are ISO 8601 with milliseconds
+        action = record.get("gpuguard", {})
         if action.get("kind") == "action" and action.get("action") == "kill" and action.get("status") == "done" \
-                and action.get("reason", "").startswith("SIGTERM"):
-            killed.append(action["time"] - action["start_time"])
-    for directory in (cgroup / "gpuguard", cgroup):
-        try:
-            directory.rmdir()
-        except OSError:
-            pass
+                and action.get("reason", "").startswith("SIGTERM") and record.get("process", {}).get("start"):
+            killed.append(_epoch(record["@timestamp"]) - _epoch(record["process"]["start"]))
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"## miner start -> killed through the agent ({runs} simulator runs)")
     if killed:
@@ -281,6 +250,12 @@ def bench_e2e(runs: int) -> None:
               f"max {max(killed) * 1000:.0f} ms (target <= 1500 ms)\n")
     else:
         print(f"killed 0/{runs}\n")
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def main() -> None:

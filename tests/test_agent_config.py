@@ -12,6 +12,7 @@ import pytest
 
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.errors import GpuguardError
+from gpuguard.respond import ResponseSettings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,7 +28,8 @@ def write(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
 def test_no_file_gives_every_default(tmp_path):
     config = load_config(None) if not Path("/etc/gpuguard/agent.yaml").exists() else AgentConfig()
     assert config.mode == "monitor" and config.sensor == "auto" and config.log_path == "-"
-    assert config.log_format == "ecs" and config.sample_interval_s == 1.0 and config.response == {}
+    assert config.log_format == "ecs" and config.sample_interval_s == 1.0 and config.response == ResponseSettings()
+    assert config.guard_policies == ()
     assert (config.log_max_bytes, config.log_keep) == (50 * 1024 * 1024, 5)
     assert (config.log_syslog_format, config.log_facility) == ("rfc5424", "daemon")
 
@@ -47,8 +49,10 @@ status: {path: /tmp/x.json, interval_s: 1}
 queues: {intake: 1000, output: 100}
 correlator: {max_processes: 500}
 response:
-  malicious: [kill, block-egress]
-  anything_the_responder_defines: {nested: true}
+  actions: {malicious: [kill, block-egress]}
+  cgroups: [/gg-site]
+guard_policies:
+  - {id: night, allowed_hours: "08-20", action: alert}
 """)
     config = load_config(path)
     assert config.mode == "enforce" and config.dry_run and config.sensor == "proc"
@@ -59,9 +63,9 @@ response:
         1048576, 3, "rfc3164", "local4")
     assert config.sample_interval_s == 2 and config.gpu_sources == ["nvml"] and config.sweep_interval_s == 5
     assert config.status_path == Path("/tmp/x.json") and config.intake_queue == 1000 and config.max_processes == 500
-    # passed through untouched: the responder owns this schema
-    assert config.response == {"malicious": ["kill", "block-egress"],
-                               "anything_the_responder_defines": {"nested": True}}
+    # checked by the responder's and the guard policies' own parsers when the file is read
+    assert config.response.actions["malicious"] == ("kill", "block-egress") and config.response.cgroups == ("/gg-site",)
+    assert [p.id for p in config.guard_policies] == ["night"] and config.guard_policies[0].allowed_hours == (8, 20)
 
 
 @pytest.mark.parametrize("text, where, words", [
@@ -80,6 +84,11 @@ response:
     ("log:\n  facility: mail2\n", ":2:13", "log.facility 'mail2' is not one of kern, user, daemon"),
     ("log:\n  format: leef\n", ":2:11", "'leef' is not one of ecs, ocsf, cef"),
     ("metrics:\n  address: localhost\n", ":2:12", "bad metrics address 'localhost' (expected HOST:PORT"),
+    ("response:\n  kil: {grace_s: 1}\n", ": response", "unknown key 'kil'"),
+    ("response:\n  actions: {malicious: [explode]}\n", ": response.actions.malicious", "unknown action 'explode'"),
+    ("response: [kill]\n", ":1:11", "response must be a mapping"),
+    ("guard_policies:\n  - {id: x, allowed_hours: 8}\n", ": guard_policies[0]", "allowed_hours"),
+    ("guard_policies:\n  - {id: x, colour: red}\n", ": guard_policies[0]", "unknown key 'colour'"),
 ])
 def test_errors_name_file_line_and_column(tmp_path, text, where, words):
     path = write(tmp_path, text)
@@ -113,6 +122,17 @@ def test_cli_reports_a_bad_config_in_one_line_and_exits_2(tmp_path):
     assert run.returncode == 2
     assert run.stderr.count("\n") == 1 and f"{path}:2:1: unknown key 'sensorr'" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_cli_reports_a_bad_response_section_in_one_line_and_exits_2(tmp_path):
+    path = write(tmp_path, "mode: enforce\nresponse:\n  kill: {grace_s: soon}\n")
+    run = subprocess.run([sys.executable, "-m", "gpuguard", "agent", "--config", str(path), "--sensor", "proc",
+                          "--state-file", str(tmp_path / "s.json"), "--log", str(tmp_path / "a.log")],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and "response.kill.grace_s: expected a number" in run.stderr
+    assert str(path) in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "a.log").exists()     # refused before anything started
 
 
 def test_cli_refuses_a_bad_log_destination_or_metrics_address_in_one_line(tmp_path):

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
+from gpuguard.agent.enforce_scope import EnforceScope
 from gpuguard.agent.pipeline import Agent
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
@@ -134,6 +135,7 @@ def test_sighup_with_a_broken_config_keeps_the_last_good_settings(tmp_path):
                             sensor="proc", gpu_sources=[])
     agent = Agent(config, config_path=config_file, install_signals=False, stderr=lambda line: None,
                   overrides={"log_path": config.log_path, "status_path": config.status_path, "sensor": "proc"})
+    scope = EnforceScope(tmp_path)
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
     try:
@@ -144,10 +146,21 @@ def test_sighup_with_a_broken_config_keeps_the_last_good_settings(tmp_path):
                                  if r["event"].get("action") == "reload-failed" and "config" in r["message"]])
         assert f"{config_file}:2:" in failed[0]["message"] and "keeping the previous settings" in failed[0]["message"]
         assert agent.config.mode == "monitor" and agent.config.sweep_interval_s == 0.5
-        config_file.write_text("mode: enforce\n")
+        # a response section that does not parse is refused with the rest of the file, the agent runs on
+        config_file.write_text("mode: enforce\nresponse:\n  kill: {grace_s: soon}\n")
+        agent.request_reload()
+        failed = _until(lambda: [r for r in _records(tmp_path / "agent.log")
+                                 if r["event"].get("action") == "reload-failed" and "grace_s" in r["message"]])
+        assert "response.kill.grace_s: expected a number" in failed[0]["message"]
+        assert thread.is_alive() and agent.config.mode == "monitor"
+        # enforce only inside a cgroup made for the test (other suites run on this machine)
+        config_file.write_text("mode: enforce\n" + scope.response_section())
         agent.request_reload()
         # the loop thread sets the config, then builds the responder (a real one takes ~0.3 s), then the counters
         _until(lambda: agent.config.mode == "enforce" and agent.counters.mode == "enforce")
+        assert agent.responder.settings.cgroups == (scope.scope,)
     finally:
         agent.request_stop()
         thread.join(30)
+        scope.close()
+    assert not thread.is_alive() and agent.responder is None     # teardown closed the responder

@@ -8,13 +8,15 @@ Data flow, one module per stage:
 * :mod:`.producers` — the sensor thread, one sampler thread per GPU source,
   and the /proc sweep (start-up seed; periodic in reduced mode);
 * :mod:`.pipeline` — the detect loop: correlator and detection engine
-  (:mod:`gpuguard.detect.engine`), findings, actions;
+  (:mod:`gpuguard.detect.engine`), guard policies, findings, actions, block expiry;
 * :mod:`.telemetry` — the SIEM log (:mod:`gpuguard.outputs.log_writer`) and the
   Prometheus metrics (:mod:`gpuguard.outputs.metrics`), fed from the counters;
 * :mod:`.actions` — the action interface the responder plugs into;
 * :mod:`.status_file` — the root-only state file ``gpuguard status`` reads;
 * :mod:`.selftest` and :mod:`.simulator` — ``gpuguard selftest`` and the
-  harmless miner simulator it runs.
+  harmless miner simulator it runs;
+* :mod:`.enforce_scope` — the cgroup, pin root and block records that confine
+  an enforce agent started for a test (selftest, tests, benchmarks).
 
 May import: every layer below it (errors, escape, events, sources,
 correlate, detect, respond, outputs); it is wiring at the top with commands

@@ -5,23 +5,19 @@ returning the outcomes known at once (the agent logs them); outcomes that
 come later (SIGKILL after the grace period, hook results, kill-on-touch kills)
 reach the agent through ``emit``.  :func:`make_responder` is the one place
 the agent builds it: ``gpuguard.respond.Responder`` with the config's
-``response:`` section.  In monitor mode (the default) the responder never
+``response:`` section, already checked when the config was loaded
+(:mod:`gpuguard.agent.config`).  In monitor mode (the default) the responder never
 acts: it raises the alert and names what enforce mode would do.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 from gpuguard.events.agent_events import ActionOutcome
-from gpuguard.respond import Responder, ResponseSettings, parse_response_settings
+from gpuguard.respond import Responder, ResponseSettings
 
 ALERT_VERDICTS = ("suspicious", "malicious")
-
-
-def response_settings(section: Mapping[str, Any] | None, source: str) -> ResponseSettings:
-    """The ``response:`` section checked (an unknown key or bad value is one GpuguardError line)."""
-    return parse_response_settings(section, source=source or "the agent config")
 
 
 def make_responder(settings: ResponseSettings, mode: str, dry_run: bool,

@@ -4,8 +4,12 @@ Every setting has a default, so the agent runs with no file at all.  The file
 is read like the rules: positions are kept (:mod:`gpuguard.detect.yaml_marks`)
 so an unknown key or a wrong type is reported as ``file:line:col``, and a file
 writable by anyone but root is refused (:mod:`gpuguard.detect.filecheck`).
-Command-line options override the file.  The ``response:`` section is not
-read here: it is passed untouched to the responder, which owns its schema.
+Command-line options override the file.  The ``response:`` and
+``guard_policies:`` sections are checked here with their owners' parsers
+(:func:`gpuguard.respond.parse_response_settings`,
+:func:`gpuguard.detect.guard_policies.parse_guard_policies`), so a broken
+section fails the whole file: one line at start, the last good config kept on
+SIGHUP.
 docs/agent.md documents every key.
 """
 
@@ -17,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.detect.filecheck import untrusted_reason
+from gpuguard.detect.guard_policies import GuardPolicy, parse_guard_policies
 from gpuguard.detect.yaml_marks import MarkedDocument, load_marked_file
 from gpuguard.errors import GpuguardError
 from gpuguard.outputs.log_sinks import DEFAULT_KEEP, DEFAULT_MAX_BYTES, FACILITIES
 from gpuguard.outputs.records import FORMATS
+from gpuguard.respond import ResponseSettings, parse_response_settings
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuguard/agent.yaml")
 DEFAULT_STATUS_PATH = Path("/run/gpuguard/status.json")
@@ -55,7 +61,8 @@ class AgentConfig:
     intake_queue: int = 65536                  # events waiting for the correlator
     output_queue: int = 10000                  # log lines waiting for the writer
     max_processes: int = 8192
-    response: dict[str, Any] = field(default_factory=dict)   # the responder's, untouched
+    response: ResponseSettings = field(default_factory=ResponseSettings)   # the checked ``response:`` section
+    guard_policies: tuple[GuardPolicy, ...] = ()
     source: str = ""                           # the file these came from ("" for defaults)
 
 
@@ -78,6 +85,7 @@ _SCHEMA: dict[str, Any] = {
     "queues": {"intake": ("intake_queue", int, (64, 10_000_000)), "output": ("output_queue", int, (16, 10_000_000))},
     "correlator": {"max_processes": ("max_processes", int, (16, 10_000_000))},
     "response": ("response", dict, None),
+    "guard_policies": ("guard_policies", list, None),
 }
 _FIX = "correct the agent config (docs/agent.md lists every key)"
 
@@ -148,6 +156,10 @@ def parse_config(doc: MarkedDocument) -> AgentConfig:
             parse_address(values["metrics_address"])
         except ValueError as exc:
             raise GpuguardError(f"{doc.at(('metrics', 'address'))}: {exc}", _FIX) from None
+    if "response" in values:
+        values["response"] = parse_response_settings(values["response"], source=doc.file)
+    if "guard_policies" in values:
+        values["guard_policies"] = parse_guard_policies(values["guard_policies"], source=doc.file)
     return AgentConfig(source=doc.file, **values)
 
 

@@ -11,8 +11,11 @@ The loop takes everything the producers queued (waiting on a condition, never
 spinning), feeds the correlator, rescores the changed processes
 (:class:`~gpuguard.detect.engine.DetectionEngine`), writes a finding when a
 verdict first crosses a threshold or changes (not on every rescore) to the log,
-hands it to the action interface, and every few seconds refreshes the state
-file and the metrics, expires old processes and reports drops.  The log and
+hands it to the action interface, every few seconds checks the config's guard
+policies over the live processes (reported the same way, with their own
+bookkeeping so rule and guard verdicts of one process do not flap), refreshes
+the state file and the metrics, expires old processes, lets the responder
+lift expired blocks and reports drops.  The log and
 the metrics are :class:`~gpuguard.agent.telemetry.AgentTelemetry`'s.
 """
 
@@ -28,13 +31,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuguard.agent import status_file
-from gpuguard.agent.actions import ALERT_VERDICTS, make_responder, response_settings
+from gpuguard.agent.actions import ALERT_VERDICTS, make_responder
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.intake import BoundedQueue
 from gpuguard.agent.producers import SamplerThread, SensorThread, SweepThread, sweep_once
 from gpuguard.agent.telemetry import AgentTelemetry
 from gpuguard.correlate.state import ProcessKey
+from gpuguard.detect.guard_policies import evaluate_guard_policies
 from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
@@ -42,6 +46,7 @@ from gpuguard.outputs.finding import finding_from_verdict
 
 HOUSEKEEPING_S = 10.0       # expire old processes and report drops this often
 RULE_FILE_CHECK_S = 2.0     # look for changed rule files this often
+GUARD_CHECK_S = 2.0         # evaluate the guard policies this often
 REDUCED_MODE_BLIND_SPOTS = (
     "processes that start and exit between two /proc sweeps (every {sweep:g} s) are not seen",
     "GPU ioctl counts and rates are not seen (rules on ioctl commands cannot match)",
@@ -96,6 +101,7 @@ class Agent:
         self.responder: Any = None
         self.threads: list[threading.Thread] = []
         self._reported: dict[ProcessKey, str] = {}     # verdict last written per process
+        self._guard_reported: dict[ProcessKey, tuple] = {}   # guard verdict and policies last written
         self._hup = False
         self._status_due = 0.0
         self._status_soon = False
@@ -212,7 +218,7 @@ class Agent:
 
     def _make_responder(self) -> None:
         """A responder for the current config; the previous one is closed first (its pinned blocks stay)."""
-        settings = response_settings(self.config.response, self.config.source)
+        settings = self.config.response
         if self.responder is not None:
             self.responder.close()
             self.responder = None
@@ -292,7 +298,7 @@ class Agent:
         return 0
 
     def _loop(self) -> None:
-        next_housekeeping = next_rules_check = time.monotonic() + 1.0
+        next_housekeeping = next_rules_check = next_guard_check = time.monotonic() + 1.0
         while not self.stop.is_set():
             items = self.intake.take_all(0.25)
             now = time.time()
@@ -306,6 +312,9 @@ class Agent:
                 next_rules_check = mono + RULE_FILE_CHECK_S
                 self._check_rule_files()
             self._score(now)
+            if mono >= next_guard_check:
+                next_guard_check = mono + GUARD_CHECK_S
+                self._check_guard_policies(now)
             self.telemetry.sync_log()
             if mono >= next_housekeeping:
                 next_housekeeping = mono + self.housekeeping_s
@@ -338,6 +347,20 @@ class Agent:
             self._reported[verdict.key] = verdict.verdict
             self._report_finding(verdict, now)
 
+    def _check_guard_policies(self, now: float) -> None:
+        """Guard verdicts, reported on first breach or when the verdict or the broken policies change."""
+        policies = self.config.guard_policies
+        if not policies:
+            self._guard_reported.clear()
+            return
+        breached: dict[ProcessKey, tuple] = {}
+        for verdict in evaluate_guard_policies(policies, list(self.correlator.unordered_states()), now):
+            said = (verdict.verdict, tuple(sorted({e.rule_id for e in verdict.evidence})))
+            breached[verdict.key] = said
+            if self._guard_reported.get(verdict.key) != said:
+                self._report_finding(verdict, now)
+        self._guard_reported = breached    # a process back within every policy is reported again on a new breach
+
     def _report_finding(self, verdict: Any, now: float) -> None:
         state = self.correlator.get(verdict.key)
         facts = state.facts if state is not None else None
@@ -357,18 +380,39 @@ class Agent:
                 outcomes = [ActionOutcome(time=now, action=verdict.action, status="failed", pid=verdict.pid,
                                           comm=verdict.comm, verdict=verdict.verdict, score=verdict.score,
                                           reason=f"{type(exc).__name__}: {exc}")]
-            for outcome in outcomes:
-                self.counters.actions[(outcome.action, outcome.status)] += 1
-                self.counters.last_actions.append({
-                    "time": outcome.time, "pid": outcome.pid, "action": outcome.action, "status": outcome.status,
-                    "reason": escape_text(outcome.reason)})
-                self.emit(outcome)
+            self._record_outcomes(outcomes)
+
+    def _record_outcomes(self, outcomes: list[ActionOutcome]) -> None:
+        """Count each action outcome, keep the latest for the state file, and log it."""
+        for outcome in outcomes:
+            self.counters.actions[(outcome.action, outcome.status)] += 1
+            self.counters.last_actions.append({
+                "time": outcome.time, "pid": outcome.pid, "action": outcome.action, "status": outcome.status,
+                "reason": escape_text(outcome.reason)})
+            self.emit(outcome)
+
+    def _sweep_blocks(self, now: float) -> None:
+        """The responder lifts expired blocks and stops again a suspended process something resumed.
+
+        Only an acting agent (enforce, not a dry run) touches blocks: monitor mode never acts.
+        """
+        if not self.responder.acting:
+            return
+        try:
+            outcomes = self.responder.sweep(now)
+        except Exception as exc:  # noqa: BLE001 - a failing sweep is reported, detection goes on
+            self.lifecycle("fault", f"lifting expired blocks failed: {type(exc).__name__}: {exc}")
+            return
+        self._record_outcomes(outcomes)
 
     def _housekeeping(self, now: float) -> None:
         self.correlator.expire(now)
+        self._sweep_blocks(now)
         return_freed_memory()
         for key in [k for k in self._reported if self.correlator.get(k) is None]:
             del self._reported[key]
+        for key in [k for k in self._guard_reported if self.correlator.get(k) is None]:
+            del self._guard_reported[key]
         drops = self.counters.drops_total()
         if drops > self._drops_reported:
             self.lifecycle("drops", f"{drops - self._drops_reported} events or lines could not be handled "
@@ -462,6 +506,12 @@ class Agent:
                 self._score(time.time())
             except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
                 self.stderr(f"gpuguard: final scoring failed: {type(exc).__name__}: {exc}")
+        if self.responder is not None:
+            try:
+                self.responder.close()    # waits for pending kills; pinned blocks stay (gpuguard blocks)
+            except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
+                self.stderr(f"gpuguard: closing the responder failed: {type(exc).__name__}: {exc}")
+            self.responder = None
         c = self.counters
         summary = (f"agent stopped after {time.time() - c.started:.0f} s: {c.events_total()} events, "
                    f"{sum(c.findings.values())} findings, {sum(c.actions.values())} actions, "

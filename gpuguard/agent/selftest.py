@@ -7,6 +7,12 @@ namespaces -> watch the agent's state file for a finding on the simulator's
 miner (and, in enforce mode, an action that was carried out) -> stop the
 simulator (and the agent it started) -> PASS or FAIL with the time from the
 miner's start to the finding.
+
+An enforce agent started for the test is confined to a cgroup made for the
+simulator (:class:`~gpuguard.agent.enforce_scope.EnforceScope`: its own
+cgroup, pin root and block records, no host-wide firewall sets), so on a real
+host it can act on the simulator and nothing else; everything it blocked is
+lifted afterwards.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuguard.agent.enforce_scope import EnforceScope
 from gpuguard.agent.simulator import DEFAULT_POOL_PORT, parse_ready, start_simulator, stop_simulator
 from gpuguard.agent.status_file import agent_alive, read_status
 from gpuguard.errors import GpuguardError
@@ -78,9 +85,10 @@ def _action_for(doc: dict, pid: int) -> dict | None:
     return None
 
 
-def check_detection(state_path: Path, mode: str, timeout: float, pool_port: int = DEFAULT_POOL_PORT) -> SelftestResult:
-    """Run the simulator once against the agent writing ``state_path``."""
-    sim = start_simulator(pool_port=pool_port)
+def check_detection(state_path: Path, mode: str, timeout: float, pool_port: int = DEFAULT_POOL_PORT,
+                    cgroup: Path | None = None) -> SelftestResult:
+    """Run the simulator once (inside ``cgroup`` if given) against the agent writing ``state_path``."""
+    sim = start_simulator(pool_port=pool_port, cgroup=cgroup)
     try:
         line = sim.stdout.readline().decode("utf-8", "replace")
         try:
@@ -155,12 +163,28 @@ def run_selftest(state_path: Path, mode: str | None, timeout: float, sensor: str
         return result
     with tempfile.TemporaryDirectory(prefix="gpuguard-selftest-") as tmp:
         workdir = Path(tmp)
-        begun = time.time()
-        proc, own_state = start_agent(workdir, mode or "monitor", sensor)
+        scope = EnforceScope(workdir, prefix="gpuguard-selftest") if mode == "enforce" else None
         try:
-            started = wait_for_agent(own_state, begun, 60, proc)
-            result = check_detection(own_state, mode or "monitor", timeout)
-            result.message = f"agent started for the test (sensor {started.get('sensor')}): {result.message}"
-            return result
+            extra = ["--config", str(_scoped_config(workdir, scope))] if scope is not None else []
+            begun = time.time()
+            proc, own_state = start_agent(workdir, mode or "monitor", sensor, extra)
+            try:
+                started = wait_for_agent(own_state, begun, 60, proc)
+                result = check_detection(own_state, mode or "monitor", timeout,
+                                         cgroup=scope.cgroup if scope is not None else None)
+                where = f", acting only in cgroup {scope.scope}" if scope is not None else ""
+                result.message = f"agent started for the test (sensor {started.get('sensor')}{where}): {result.message}"
+                return result
+            finally:
+                stop_agent(proc)
         finally:
-            stop_agent(proc)
+            if scope is not None:
+                scope.close()
+
+
+def _scoped_config(workdir: Path, scope: EnforceScope) -> Path:
+    """An agent config holding only the scope's ``response:`` section (root-only, like any agent config)."""
+    path = workdir / "agent.yaml"
+    path.write_text(scope.response_section())
+    path.chmod(0o600)
+    return path

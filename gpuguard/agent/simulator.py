@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm")
 WALLET = "4" + "7" * 94          # Monero-shaped (4 + 94 base58 characters); no one's wallet
@@ -47,8 +48,13 @@ def miner_argv(pool_port: int, ioctls: int) -> list[str]:
             "--donate-level", "1", "--coin", "monero"]
 
 
-def start_simulator(pool_port: int = DEFAULT_POOL_PORT, ioctls: int = DEFAULT_IOCTLS) -> subprocess.Popen:
-    """Start the simulator in new mount and network namespaces (root only); read its ready line next."""
+def start_simulator(pool_port: int = DEFAULT_POOL_PORT, ioctls: int = DEFAULT_IOCTLS,
+                    cgroup: Path | None = None) -> subprocess.Popen:
+    """Start the simulator in new mount and network namespaces (root only); read its ready line next.
+
+    With ``cgroup`` (a cgroup v2 directory) it starts inside that cgroup, so an enforce agent
+    scoped to it (:mod:`gpuguard.agent.enforce_scope`) may act on it and on nothing else.
+    """
     unshare = shutil.which("unshare")
     if unshare is None:
         from gpuguard.errors import GpuguardError
@@ -57,6 +63,10 @@ def start_simulator(pool_port: int = DEFAULT_POOL_PORT, ioctls: int = DEFAULT_IO
                             "apt-get install util-linux")
     argv = [unshare, "--mount", "--net", "--propagation", "private", sys.executable, "-m", "gpuguard.agent.simulator",
             "--pool-port", str(pool_port), "--ioctls", str(ioctls)]
+    if cgroup is not None:
+        # The shell joins the cgroup, then becomes unshare: the simulator is in it from its first instruction.
+        argv = ["/bin/sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"', "gpuguard-simulator",
+                str(cgroup), *argv]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             close_fds=True)
 

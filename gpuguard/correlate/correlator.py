@@ -10,7 +10,11 @@ and ``facts_provider`` is ``None``.
 State is bounded (``max_processes``: when full, the least recently active tenth
 is evicted in one pass, so a fork flood costs O(log n) per process) and
 expires (exited processes after ``exit_grace_s``, silent ones after
-``idle_expiry_s``).  Every change marks the process ``dirty``; what counts as a
+``idle_expiry_s``).  An exited process that left nothing to keep (scored since
+its last change with no evidence, no GPU use, no network activity, no YARA
+match, no tracked child) goes after ``clean_exit_grace_s`` instead: a host
+starting 100 processes a second would otherwise hold ~3,000 of them for the
+grace (benchmarks/README-agent.md).  Every change marks the process ``dirty``; what counts as a
 change worth rescoring is the :class:`RescorePolicy` the detection engine
 derives from its rules.  Scoring itself is ``gpuguard.detect.engine``: this
 module knows nothing of rules, verdicts or YARA (new facts go to the
@@ -60,6 +64,7 @@ class Correlator:
         max_processes: int = 8192,
         idle_expiry_s: float = 900.0,
         exit_grace_s: float = 30.0,
+        clean_exit_grace_s: float = 2.0,
         facts_provider: FactsProvider | None = collect_process_facts,
         read_configs: bool | None = None,
         on_new_facts: NewFactsHook | None = None,
@@ -68,6 +73,7 @@ class Correlator:
         self.max_processes = max_processes
         self.idle_expiry_s = idle_expiry_s
         self.exit_grace_s = exit_grace_s
+        self.clean_exit_grace_s = clean_exit_grace_s
         self.facts_provider = facts_provider
         self.read_configs = facts_provider is not None if read_configs is None else read_configs
         self.on_new_facts = on_new_facts   # enrichment (YARA, exe hash) on first sight and after exec
@@ -136,8 +142,10 @@ class Correlator:
             state.dirty = True
 
     def expire(self, now: float) -> None:
-        """Forget processes that exited more than ``exit_grace_s`` ago or were idle too long."""
-        for key in [k for k, s in self._states.items() if self._expired(s, now)]:
+        """Forget processes that exited more than ``exit_grace_s`` ago (``clean_exit_grace_s``
+        for one that left nothing to keep: see the module docstring) or were idle too long."""
+        parents = {s.parent_key for s in self._states.values() if s.parent_key is not None}
+        for key in [k for k, s in self._states.items() if self._expired(s, now, parents)]:
             self._drop(key)
             self.counters["expired"] += 1
 
@@ -148,9 +156,13 @@ class Correlator:
 
     # -- process lookup -----------------------------------------------------
 
-    def _expired(self, state: ProcessState, now: float) -> bool:
-        if state.exited_at is not None and now - state.exited_at > self.exit_grace_s:
-            return True
+    def _expired(self, state: ProcessState, now: float, parents: set[ProcessKey]) -> bool:
+        exited_at = state.exited_at
+        if exited_at is not None:
+            if now - exited_at > self.exit_grace_s:
+                return True
+            if now - exited_at > self.clean_exit_grace_s and state.key not in parents and state.nothing_to_keep():
+                return True
         return now - state.last_seen > self.idle_expiry_s
 
     def _drop(self, key: ProcessKey) -> None:

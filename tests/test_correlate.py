@@ -280,6 +280,24 @@ def test_a_clean_exited_process_is_forgotten_early_and_one_worth_keeping_stays_f
     assert c.counters["expired"] == 6
 
 
+def test_clean_exits_are_forgotten_as_later_exits_arrive_without_waiting_for_expire(ruleset):
+    c = Correlator(facts_provider=None, exit_grace_s=30, clean_exit_grace_s=2)
+    engine = DetectionEngine(c, ruleset)
+    c.feed(facts(20, T))
+    c.feed(facts(21, T, comm="xmrig", exe="/usr/bin/xmrig"))
+    c.feed(facts(22, T))
+    engine.score(T)
+    c.feed(Exit(time=T + 1, pid=20))
+    c.feed(Exit(time=T + 1, pid=21))
+    engine.score(T + 1)
+    c.feed(Exit(time=T + 2.5, pid=22))        # 1.5 s after the first exits: all kept
+    assert sorted(s.pid for s in c.states()) == [20, 21, 22]
+    c.feed(facts(23, T + 3))
+    c.feed(Exit(time=T + 3.5, pid=23))        # the next sweep: 20 is forgotten, 21 has evidence
+    assert sorted(s.pid for s in c.states()) == [21, 22, 23]
+    assert c.counters["expired"] == 1
+
+
 def test_lost_events_are_counted():
     c = Correlator(facts_provider=None)
     c.feed(facts(70, T))

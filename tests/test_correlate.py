@@ -249,6 +249,55 @@ def test_expire_exited_and_idle():
     assert c.counters["expired"] == 2
 
 
+def test_a_clean_exited_process_is_forgotten_early_and_one_worth_keeping_stays_for_the_grace(ruleset):
+    c = Correlator(facts_provider=None, exit_grace_s=30, clean_exit_grace_s=2)
+    engine = DetectionEngine(c, ruleset)
+    c.feed(facts(10, T))                                      # clean, nothing observed
+    c.feed(facts(11, T, comm="xmrig", exe="/usr/bin/xmrig"))  # evidence: a miner's name
+    c.feed(facts(12, T))                                      # clean, but a tracked child
+    c.feed(facts(13, T + 1, comm="helper", exe="/usr/bin/helper", ppid=12))
+    c.feed(facts(14, T))                                      # clean, used a GPU
+    c.feed(GpuOpen(time=T + 1, pid=14, path="/dev/nvidia0", device_class="nvidia"))
+    c.feed(facts(15, T))                                      # clean, connected somewhere
+    c.feed(Connect(time=T + 1, pid=15, address="10.0.0.1", port=443))
+    c.feed(facts(16, T))                                      # clean, exits but is not scored again
+    verdicts = {v.pid: v for v in engine.score(T + 2)}
+    assert verdicts[10].score == 0 and not verdicts[10].evidence and verdicts[11].score > 0
+    assert c.get(ProcessKey(13, T + 1)).parent_key == ProcessKey(12, T)
+    for pid in (10, 11, 12, 14, 15):
+        c.feed(Exit(time=T + 10, pid=pid))
+    engine.score(T + 10)
+    c.feed(Exit(time=T + 10, pid=16))                         # dirty: its last change is not scored
+    c.expire(T + 11)                                          # within the short grace: all kept
+    assert sorted(s.pid for s in c.states()) == [10, 11, 12, 13, 14, 15, 16]
+    c.expire(T + 13)
+    assert sorted(s.pid for s in c.states()) == [11, 12, 13, 14, 15, 16]
+    assert {v.pid: v.score for v in engine.score(T + 13)} == {16: 0}
+    c.expire(T + 13)                                          # 16 is now scored clean: forgotten
+    assert sorted(s.pid for s in c.states()) == [11, 12, 13, 14, 15]
+    c.expire(T + 41)                                          # the full grace: all exited ones go
+    assert sorted(s.pid for s in c.states()) == [13]
+    assert c.counters["expired"] == 6
+
+
+def test_clean_exits_are_forgotten_as_later_exits_arrive_without_waiting_for_expire(ruleset):
+    c = Correlator(facts_provider=None, exit_grace_s=30, clean_exit_grace_s=2)
+    engine = DetectionEngine(c, ruleset)
+    c.feed(facts(20, T))
+    c.feed(facts(21, T, comm="xmrig", exe="/usr/bin/xmrig"))
+    c.feed(facts(22, T))
+    engine.score(T)
+    c.feed(Exit(time=T + 1, pid=20))
+    c.feed(Exit(time=T + 1, pid=21))
+    engine.score(T + 1)
+    c.feed(Exit(time=T + 2.5, pid=22))        # 1.5 s after the first exits: all kept
+    assert sorted(s.pid for s in c.states()) == [20, 21, 22]
+    c.feed(facts(23, T + 3))
+    c.feed(Exit(time=T + 3.5, pid=23))        # the next sweep: 20 is forgotten, 21 has evidence
+    assert sorted(s.pid for s in c.states()) == [21, 22, 23]
+    assert c.counters["expired"] == 1
+
+
 def test_lost_events_are_counted():
     c = Correlator(facts_provider=None)
     c.feed(facts(70, T))

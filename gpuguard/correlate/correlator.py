@@ -10,7 +10,13 @@ and ``facts_provider`` is ``None``.
 State is bounded (``max_processes``: when full, the least recently active tenth
 is evicted in one pass, so a fork flood costs O(log n) per process) and
 expires (exited processes after ``exit_grace_s``, silent ones after
-``idle_expiry_s``).  Every change marks the process ``dirty``; what counts as a
+``idle_expiry_s``).  An exited process that left nothing to keep (scored since
+its last change with no evidence, no GPU use, no network activity, no YARA
+match, no tracked child) goes after ``clean_exit_grace_s`` instead: a host
+starting 100 processes a second would otherwise hold ~3,000 of them for the
+grace (benchmarks/README-agent.md).  Those are looked at once a second of event
+time, as exits arrive, not only when the owner calls :meth:`expire`: a burst
+of short-lived processes then costs seconds of them, not a housekeeping period.  Every change marks the process ``dirty``; what counts as a
 change worth rescoring is the :class:`RescorePolicy` the detection engine
 derives from its rules.  Scoring itself is ``gpuguard.detect.engine``: this
 module knows nothing of rules, verdicts or YARA (new facts go to the
@@ -20,6 +26,7 @@ module knows nothing of rules, verdicts or YARA (new facts go to the
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -36,6 +43,7 @@ from gpuguard.sources.process import collect_process_facts
 FactsProvider = Callable[[int], "ProcessFacts | None"]
 NewFactsHook = Callable[[ProcessState, ProcessFacts], None]
 _SAME_PROCESS_SLACK_S = 1.0   # start times are rounded; an event's time is after the start
+_EXIT_SWEEP_EVERY_S = 1.0     # look for clean exited processes to forget this often (event time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +68,7 @@ class Correlator:
         max_processes: int = 8192,
         idle_expiry_s: float = 900.0,
         exit_grace_s: float = 30.0,
+        clean_exit_grace_s: float = 2.0,
         facts_provider: FactsProvider | None = collect_process_facts,
         read_configs: bool | None = None,
         on_new_facts: NewFactsHook | None = None,
@@ -68,6 +77,7 @@ class Correlator:
         self.max_processes = max_processes
         self.idle_expiry_s = idle_expiry_s
         self.exit_grace_s = exit_grace_s
+        self.clean_exit_grace_s = clean_exit_grace_s
         self.facts_provider = facts_provider
         self.read_configs = facts_provider is not None if read_configs is None else read_configs
         self.on_new_facts = on_new_facts   # enrichment (YARA, exe hash) on first sight and after exec
@@ -77,6 +87,8 @@ class Correlator:
         self._device_totals: dict[tuple[str, int], int] = {}
         self._monitors: set[int] = set()    # live pids of GPU/process monitors (nvidia-smi, top...)
         self._ioctl_cache: dict[tuple[str, int, str], tuple[str, str]] = {}
+        self._recent_exits: deque[ProcessState] = deque()   # in exit order, until the short grace is over
+        self._exit_sweep_due = 0.0
         self.clock = 0.0      # newest item time seen: when facts (which carry no time) were observed
         self.counters: dict[str, int] = {
             "events": 0, "facts": 0, "snapshots": 0, "processes_created": 0,
@@ -136,8 +148,10 @@ class Correlator:
             state.dirty = True
 
     def expire(self, now: float) -> None:
-        """Forget processes that exited more than ``exit_grace_s`` ago or were idle too long."""
-        for key in [k for k, s in self._states.items() if self._expired(s, now)]:
+        """Forget processes that exited more than ``exit_grace_s`` ago (``clean_exit_grace_s``
+        for one that left nothing to keep: see the module docstring) or were idle too long."""
+        parents = self._parent_keys()
+        for key in [k for k, s in self._states.items() if self._expired(s, now, parents)]:
             self._drop(key)
             self.counters["expired"] += 1
 
@@ -148,9 +162,29 @@ class Correlator:
 
     # -- process lookup -----------------------------------------------------
 
-    def _expired(self, state: ProcessState, now: float) -> bool:
-        if state.exited_at is not None and now - state.exited_at > self.exit_grace_s:
-            return True
+    def _parent_keys(self) -> set[ProcessKey]:
+        return {s.parent_key for s in self._states.values() if s.parent_key is not None}
+
+    def _forget_clean_exits(self, now: float) -> None:
+        """Forget the processes that exited over ``clean_exit_grace_s`` ago and left nothing to keep;
+        the others wait for :meth:`expire` and the full grace."""
+        exits, grace = self._recent_exits, self.clean_exit_grace_s
+        if not exits or now - (exits[0].exited_at or now) <= grace:
+            return
+        parents = self._parent_keys()
+        while exits and now - (exits[0].exited_at or now) > grace:
+            state = exits.popleft()
+            if self._states.get(state.key) is state and state.key not in parents and state.nothing_to_keep():
+                self._drop(state.key)
+                self.counters["expired"] += 1
+
+    def _expired(self, state: ProcessState, now: float, parents: set[ProcessKey]) -> bool:
+        exited_at = state.exited_at
+        if exited_at is not None:
+            if now - exited_at > self.exit_grace_s:
+                return True
+            if now - exited_at > self.clean_exit_grace_s and state.key not in parents and state.nothing_to_keep():
+                return True
         return now - state.last_seen > self.idle_expiry_s
 
     def _drop(self, key: ProcessKey) -> None:
@@ -318,6 +352,10 @@ class Correlator:
         state.touch(event.time)
         del self._by_pid[event.pid]   # a later event with this pid is a new process
         self._monitors.discard(event.pid)
+        self._recent_exits.append(state)
+        if event.time >= self._exit_sweep_due:
+            self._exit_sweep_due = event.time + _EXIT_SWEEP_EVERY_S
+            self._forget_clean_exits(event.time)
 
     def _on_lost(self, event: Lost) -> None:
         self.counters["events"] += 1

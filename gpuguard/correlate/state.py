@@ -66,6 +66,7 @@ class ScoredVerdict(Protocol):
     key: ProcessKey
     verdict: str
     score: int
+    evidence: list   # what the score rests on (empty: nothing matched)
 
 
 @dataclass(slots=True)
@@ -138,6 +139,18 @@ class ProcessState:
     @property
     def exited(self) -> bool:
         return self.exited_at is not None
+
+    def nothing_to_keep(self) -> bool:
+        """True when forgetting this process loses nothing: scored since its last change, a clean
+        verdict with no evidence, and no GPU use, network activity, YARA match or lost events."""
+        verdict = self.verdict
+        return (
+            verdict is not None and not self.dirty and verdict.verdict == "clean" and not verdict.evidence
+            and not self.gpu_device_classes and not self.gpu_paths and not self.ioctl_total
+            and self.gpu_rescored_at is None and self.gpu_lifetime is None
+            and not self.connect_total and not self.payload_protocols and not self.sessions
+            and not self.yara_matches and not self.lost_events
+        )
 
     def touch(self, time: float, changed: bool = True) -> None:
         """Note activity at ``time``; ``changed`` marks the state for rescoring."""

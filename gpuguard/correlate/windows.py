@@ -2,7 +2,9 @@
 
 Both keep at most ``max_samples`` entries and forget anything older than
 ``span_s`` before the newest entry, so a process that lives for weeks costs
-the same memory as one that lives for minutes.
+the same memory as one that lives for minutes.  A window allocates its storage
+on its first entry: most processes never get a GPU or CPU sample, and an empty
+deque costs ~600 bytes (six windows per process; benchmarks/bench_correlate_memory.py).
 """
 
 from __future__ import annotations
@@ -14,16 +16,20 @@ from collections import deque
 class SampleWindow:
     """Samples ``(time, value)`` over the last ``span_s`` seconds: mean, variance, span."""
 
-    __slots__ = ("span_s", "_samples", "_sum", "_sumsq")
+    __slots__ = ("span_s", "max_samples", "_samples", "_sum", "_sumsq")
 
     def __init__(self, span_s: float = 300.0, max_samples: int = 600) -> None:
         self.span_s = span_s
-        self._samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        self.max_samples = max_samples
+        # An empty tuple until the first sample (reads work on both); then a bounded deque.
+        self._samples: "deque[tuple[float, float]] | tuple[()]" = ()
         self._sum = 0.0
         self._sumsq = 0.0
 
     def add(self, time: float, value: float) -> None:
         samples = self._samples
+        if isinstance(samples, tuple):
+            samples = self._samples = deque(maxlen=self.max_samples)
         if len(samples) == samples.maxlen:
             self._forget(samples[0][1])
         samples.append((time, value))

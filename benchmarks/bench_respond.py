@@ -35,24 +35,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuguard.respond import Responder  # noqa: E402
-from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for  # noqa: E402
+from tests.support.respond import (  # noqa: E402
+    SLEEPER, STUBBORN, cleanup, settings_for_test, start_offender, state_of, stop_offender, verdict_for,
+)
 from tests.support.workloads import build_workload, run_with_gpu_nodes  # noqa: E402
 
-SLEEPER = "import time; print('up', flush=True); time.sleep(600)"
-STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('up', flush=True); time.sleep(600)")
-
-
-def _start(code: str = SLEEPER) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "up"
-    return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
 
 
 def _opens(binary: Path, runs: int) -> int:
@@ -105,7 +92,7 @@ def _time_respond(settings, runs: int, connections=()) -> list[float]:
     times = []
     try:
         for _ in range(runs):
-            proc = _start()
+            proc = start_offender(SLEEPER)
             try:
                 state = state_of(proc.pid, connections)
                 verdict = verdict_for(state)
@@ -115,7 +102,7 @@ def _time_respond(settings, runs: int, connections=()) -> list[float]:
                 bad = [o for o in outcomes if o.status not in ("done",)]
                 assert not bad, [(o.action, o.status, o.reason) for o in bad]
             finally:
-                _stop(proc)
+                stop_offender(proc)
     finally:
         responder.close()
     return times
@@ -161,7 +148,7 @@ def bench_kill(runs: int, grace: float) -> None:
         for label, code in (("exits on SIGTERM", SLEEPER), ("ignores SIGTERM", STUBBORN)):
             times = []
             for _ in range(runs):
-                proc = _start(code)
+                proc = start_offender(code)
                 pidfd = os.pidfd_open(proc.pid)
                 try:
                     state = state_of(proc.pid)
@@ -173,7 +160,7 @@ def bench_kill(runs: int, grace: float) -> None:
                     times.append((time.perf_counter() - started) * 1000)
                 finally:
                     os.close(pidfd)
-                    _stop(proc)
+                    stop_offender(proc)
             results[label] = statistics.median(times)
         responder.wait()
     finally:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,12 +13,11 @@ import pytest
 from gpuguard.correlate.state import ProcessKey
 from gpuguard.respond import Responder
 from gpuguard.respond.blocks import BlockStore
-from tests.support.respond import cleanup, process_state_letter, settings_for_test, state_of, verdict_for
+from tests.support.respond import (SLEEPER, cleanup, process_state_letter, settings_for_test, start_offender, state_of,
+                                   stop_offender, verdict_for)
 
 pytestmark = pytest.mark.root
 
-# A miner-like process: it ignores SIGTERM, so only SIGKILL after the grace period ends it.
-STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
 
 
 @pytest.fixture
@@ -30,21 +27,10 @@ def settings():
     cleanup(s)
 
 
-def _start(code: str = STUBBORN) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "up"
-    return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
 
 def test_miner_like_process_is_killed_after_ignoring_sigterm(settings):
     outcomes = []
-    proc = _start()
+    proc = start_offender()
     try:
         responder = Responder(settings, mode="enforce", emit=outcomes.append)
         state = state_of(proc.pid)
@@ -54,12 +40,12 @@ def test_miner_like_process_is_killed_after_ignoring_sigterm(settings):
         responder.close()
         assert any(o.detail.get("signal") == "SIGKILL" for o in outcomes)
     finally:
-        _stop(proc)
+        stop_offender(proc)
 
 
 def test_suspended_process_stays_stopped_until_unblocked(settings):
     settings = replace(settings, actions={"malicious": ("suspend",)})
-    proc = _start()
+    proc = start_offender()
     try:
         responder = Responder(settings, mode="enforce")
         state = state_of(proc.pid)
@@ -83,11 +69,11 @@ def test_suspended_process_stays_stopped_until_unblocked(settings):
         assert process_state_letter(proc.pid) in ("S", "R")
         responder.close()
     finally:
-        _stop(proc)
+        stop_offender(proc)
 
 
 def test_recycled_pid_is_not_signalled(settings):
-    proc = _start()
+    proc = start_offender()
     try:
         responder = Responder(settings, mode="enforce")
         state = state_of(proc.pid)
@@ -101,12 +87,12 @@ def test_recycled_pid_is_not_signalled(settings):
         assert proc.poll() is None and process_state_letter(proc.pid) != "T"
         responder.close()
     finally:
-        _stop(proc)
+        stop_offender(proc)
 
 
 def test_dry_run_and_monitor_mode_change_nothing(settings):
     settings = replace(settings, actions={"malicious": ("kill", "suspend", "kill-on-touch", "quarantine", "block-egress")})
-    proc = _start()
+    proc = start_offender()
     try:
         state = state_of(proc.pid, connections=(("192.0.2.7", 3333),))
         dry = Responder(settings, mode="enforce", dry_run=True).respond(verdict_for(state), state, time.time())
@@ -121,7 +107,7 @@ def test_dry_run_and_monitor_mode_change_nothing(settings):
         assert proc.poll() is None and process_state_letter(proc.pid) != "T"
         assert not Path(settings.pin_root).exists() and BlockStore(settings.state_dir).load() == []
     finally:
-        _stop(proc)
+        stop_offender(proc)
 
 
 def test_guard_refuses_protected_processes(settings):
@@ -130,7 +116,7 @@ def test_guard_refuses_protected_processes(settings):
         state = state_of(pid)
         outcome = responder.respond(verdict_for(state), state, time.time())[-1]
         assert outcome.status == "refused", pid
-    proc = _start()
+    proc = start_offender()
     try:
         state = state_of(proc.pid)
         allowed = responder.respond(verdict_for(state, allowlisted=True), state, time.time())
@@ -145,12 +131,12 @@ def test_guard_refuses_protected_processes(settings):
         time.sleep(0.3)
         assert proc.poll() is None
     finally:
-        _stop(proc)
+        stop_offender(proc)
 
 
 def test_action_storm_degrades_to_alerts(settings):
     settings = replace(settings, max_actions_per_minute=2)
-    procs = [_start("import time; print('up', flush=True); time.sleep(600)") for _ in range(3)]
+    procs = [start_offender(SLEEPER) for _ in range(3)]
     try:
         responder = Responder(settings, mode="enforce")
         now = time.time()
@@ -164,7 +150,7 @@ def test_action_storm_degrades_to_alerts(settings):
         responder.close()
     finally:
         for p in procs:
-            _stop(p)
+            stop_offender(p)
 
 
 def test_scope_by_cgroup_reads_the_live_cgroup_v2_path(settings):
@@ -173,7 +159,7 @@ def test_scope_by_cgroup_reads_the_live_cgroup_v2_path(settings):
     scope = f"/gg-test-scope-{os.getpid()}"
     directory = Path(cgroup2_mount() + scope)
     directory.mkdir()
-    inside, outside = _start(), _start()
+    inside, outside = start_offender(), start_offender()
     try:
         (directory / "cgroup.procs").write_text(str(inside.pid))
         responder = Responder(replace(settings, cgroups=(scope,)), mode="enforce")
@@ -184,8 +170,8 @@ def test_scope_by_cgroup_reads_the_live_cgroup_v2_path(settings):
         assert inside.wait(timeout=5) == -signal.SIGKILL and outside.poll() is None
         responder.close()
     finally:
-        _stop(inside)
-        _stop(outside)
+        stop_offender(inside)
+        stop_offender(outside)
         for _ in range(50):
             try:
                 directory.rmdir()

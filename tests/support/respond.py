@@ -11,6 +11,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +25,25 @@ from gpuguard.respond.settings import ResponseSettings
 from gpuguard.sources.process import collect_process_facts
 
 _COUNTER = itertools.count()
+
+# Stand-ins for an offender: one that exits on SIGTERM, and a miner-like one that
+# ignores it, so only SIGKILL after the grace period ends it.
+SLEEPER = "import time; print('up', flush=True); time.sleep(600)"
+STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('up', flush=True); time.sleep(600)")
+
+
+def start_offender(code: str = STUBBORN) -> subprocess.Popen:
+    """A real process running ``code``, returned once it is up."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def stop_offender(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 # Nodes with the real GPU majors (no driver here: open fails with ENXIO unless a
 # device program refuses it first with EPERM).

@@ -21,12 +21,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Iterator
+
+from gpuguard.agent.simulator import LoopbackPool
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -139,43 +139,10 @@ def compile_c(source: str, out: Path, shared: bool = False) -> Path:
     return out
 
 
-class PoolListener:
-    """A loopback TCP server that accepts stratum clients and keeps their sockets open."""
-
-    def __init__(self) -> None:
-        self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.server.bind(("127.0.0.1", 0))
-        self.server.listen(8)
-        self.port = self.server.getsockname()[1]
-        self.lines: list[bytes] = []
-        self.clients: list[socket.socket] = []
-        self.got_line = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            self.clients.append(conn)
-            conn.settimeout(5)
-            try:
-                self.lines.append(conn.recv(4096))
-            except OSError:
-                pass
-            self.got_line.set()
-
-    def close(self) -> None:
-        for conn in self.clients:
-            conn.close()
-        self.server.close()
-
-
 @contextlib.contextmanager
-def pool_listener() -> Iterator[PoolListener]:
-    listener = PoolListener()
+def pool_listener() -> Iterator[LoopbackPool]:
+    listener = LoopbackPool()
+    listener.start()
     try:
         yield listener
     finally:

@@ -112,13 +112,19 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | _IFF_UP, b""))
 
 
-class _Pool(threading.Thread):
-    """A stratum pool that accepts logins and answers nothing (loopback only)."""
+class LoopbackPool(threading.Thread):
+    """A stratum pool on 127.0.0.1 that accepts logins, keeps the sockets and answers nothing.
 
-    def __init__(self, port: int) -> None:
+    ``port`` 0 picks a free port (``self.port``).  The first bytes of each
+    client are kept in ``lines``; ``got_line`` is set once one arrived.
+    """
+
+    def __init__(self, port: int = 0) -> None:
         super().__init__(daemon=True)
         self.server = socket.create_server(("127.0.0.1", port))
-        self.logged_in = threading.Event()
+        self.port = self.server.getsockname()[1]
+        self.lines: list[bytes] = []
+        self.got_line = threading.Event()
         self.clients: list[socket.socket] = []
 
     def run(self) -> None:
@@ -130,20 +136,27 @@ class _Pool(threading.Thread):
             self.clients.append(conn)
             conn.settimeout(5)
             try:
-                if conn.recv(4096):
-                    self.logged_in.set()
+                data = conn.recv(4096)
             except OSError:
-                pass
+                continue
+            if data:
+                self.lines.append(data)
+                self.got_line.set()
+
+    def close(self) -> None:
+        for conn in self.clients:
+            conn.close()
+        self.server.close()
 
 
 def _simulate(pool_port: int, ioctls: int) -> int:
     _private_dev()
     _loopback_up()
-    pool = _Pool(pool_port)
+    pool = LoopbackPool(pool_port)
     pool.start()
     started = time.time()
     miner = subprocess.Popen(miner_argv(pool_port, ioctls), stdin=subprocess.PIPE, close_fds=True)
-    logged_in = pool.logged_in.wait(10)
+    logged_in = pool.got_line.wait(10)
     print(f"ready pid={miner.pid} start={started:.6f} pool={int(logged_in)}", flush=True)
     try:
         sys.stdin.read()          # until the selftest closes our stdin

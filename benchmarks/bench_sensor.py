@@ -44,6 +44,16 @@ CASES = (
     # The per-connection activity record: a GPU holder's connection vs anyone's (issue 13).
     ("write 1 B, UDP (captured 4, then slot)", "send", "PORT", True),
     ("write 1 B, UDP of a GPU holder (record)", "send-gpu", "PORT", True),
+    # The same two probe paths on a write the kernel fails with EFAULT (NULL buffer): the
+    # probes run in full, the syscall behind them is cheap, so the difference is resolvable.
+    ("write EFAULT, UDP (captured 4, then slot)", "send-fault", "PORT", True),
+    ("write EFAULT, UDP of a GPU holder (record)", "send-gpu-fault", "PORT", True),
+)
+
+# (non-holder case, GPU-holder case): their per-round difference is the record's cost.
+RECORD_PAIRS = (
+    ("write 1 B, UDP (captured 4, then slot)", "write 1 B, UDP of a GPU holder (record)"),
+    ("write EFAULT, UDP (captured 4, then slot)", "write EFAULT, UDP of a GPU holder (record)"),
 )
 
 FLOORS = {
@@ -130,6 +140,66 @@ class Attachable:
             self.bpf.attach_raw_tracepoint(tp=tp, fn_name=b"raw_tracepoint__" + tp)
 
 
+def record_pair(binary: Path, args) -> int:
+    """The activity record's cost per send, measured where run-to-run noise cannot hide it.
+
+    One process holds two connected UDP sockets, one with an activity record (connected
+    after it opened /dev/nvidiactl) and one without; syscall_loop alternates timed blocks
+    of writes between them.  Detached, the two are the same syscall, so their difference
+    is the method's own floor; attached, it is the record's cost on top of the path every
+    socket write already pays (the slot read).
+    """
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    sensor = Sensor(ProbeSettings())
+    sensor.start()
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            sensor.poll(20)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    prog = Attachable(sensor._bpf)
+    rows: dict[str, dict[str, list[float]]] = {}
+    try:
+        for _ in range(args.repeat):
+            for mode in ("send", "fault"):
+                for state in ("detached", "attached"):
+                    argv = [str(binary), "send-pair", str(args.calls), str(SINK_PORT[0])]
+                    argv += ["fault"] if mode == "fault" else []
+                    if state == "attached":
+                        prog.attach()
+                    try:
+                        cmd, env = private_dev_command(argv)
+                        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+                    finally:
+                        if state == "attached":
+                            prog.detach()
+                    record_ns, plain_ns, diff_ns = (float(x) for x in out.split())
+                    row = rows.setdefault(f"{mode} {state}", {"record": [], "plain": [], "diff": []})
+                    row["record"].append(record_ns)
+                    row["plain"].append(plain_ns)
+                    row["diff"].append(diff_ns)
+    finally:
+        stop.set()
+        consumer.join()
+        sensor.close()
+    med = statistics.median
+    result = {key: {k: round(med(v), 1) for k, v in row.items()} | {"diff_rounds": [round(d, 1) for d in row["diff"]]}
+              for key, row in rows.items()}
+    if args.json:
+        print(json.dumps({"calls_per_run": args.calls, "rounds": args.repeat, "record_pair": result}, indent=2))
+        return 0
+    print(f"activity record per write, one process, interleaved blocks ({args.calls} calls x {args.repeat} rounds)")
+    print(f"{'write':<22} {'with record':>12} {'without':>10} {'difference':>11}  per round")
+    for key, r in result.items():
+        print(f"{key:<22} {r['record']:>10.1f}ns {r['plain']:>8.1f}ns {r['diff']:>+9.1f}ns  {r['diff_rounds']}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2_000_000)
@@ -138,6 +208,9 @@ def main() -> int:
     parser.add_argument("--floors", action="store_true", help="also measure empty reference programs")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--only", default="", metavar="TEXT", help="only the cases whose label contains TEXT")
+    parser.add_argument("--record-pair", action="store_true",
+                        help="measure only the activity record's cost per send, in one process "
+                             "(send-pair: a socket with a record vs one without, interleaved blocks)")
     args = parser.parse_args()
     cases = [c for c in CASES if args.only in c[0]]
     if os.geteuid() != 0:
@@ -150,6 +223,8 @@ def main() -> int:
 
     binary = build_loop()
     SINK_PORT[0] = start_sink()
+    if args.record_pair:
+        return record_pair(binary, args)
     variants = [v for v in args.variant.split(",") if v]
     for v in variants:
         if v not in ("tracepoint", "raw"):
@@ -229,6 +304,15 @@ def main() -> int:
             rows.append({"case": label, "ns_detached": round(before, 1), "ns_attached": round(after, 1),
                          "delta_ns": round(med(deltas[name][label]), 1), "ratio": round(after / before, 2)})
         result["variants"][name] = rows
+        # The activity record's own cost: per round, the GPU holder's delta minus the
+        # non-holder's delta on the same kind of write (both paired with their own baseline).
+        record = {}
+        for plain, holder in RECORD_PAIRS:
+            if plain in deltas[name] and holder in deltas[name]:
+                diffs = [h - p for p, h in zip(deltas[name][plain], deltas[name][holder])]
+                record[holder] = {"median_ns": round(med(diffs), 1),
+                                  "rounds_ns": [round(d, 1) for d in diffs]}
+        result.setdefault("record_cost", {})[name] = record
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -240,6 +324,9 @@ def main() -> int:
         for r in rows:
             print(f"{r['case']:<42} {r['ns_detached']:>7.1f}ns {r['ns_attached']:>7.1f}ns "
                   f"{r['delta_ns']:>+6.1f}ns {r['ratio']:>6.2f}")
+        for holder, rc in result["record_cost"].get(name, {}).items():
+            print(f"  activity record, {holder}: {rc['median_ns']:+.1f} ns per write "
+                  f"(median of per-round differences {rc['rounds_ns']})")
     for v, st in result["startup_s"].items():
         print(f"start-up [{v}] (compile + load + attach): median {st['median']} s over {st['runs']}")
     r = result["sensor_rss_mb"]

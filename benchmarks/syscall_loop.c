@@ -4,7 +4,16 @@
  *       | ioctl (RM_CONTROL on PATH, opened read-write) | close-bad (close(-1))
  *       | send (1 byte on a connected UDP socket to 127.0.0.1:PATH: no receiver thread, little noise)
  *       | send-gpu (the same after opening /dev/nvidiactl: a GPU holder's connection)
- * Prints one line: "<ns per call>".
+ *       | send-fault, send-gpu-fault (the same two, writing from a NULL buffer: the kernel
+ *         fails the copy with EFAULT after the probes ran, so the syscall itself is cheap
+ *         and the probes' share of each call is measured with less noise)
+ *       | send-pair (one process, two connected UDP sockets to 127.0.0.1:PATH: the first
+ *         connected before the process opens /dev/nvidiactl, so it has no activity record,
+ *         the second after, so it has one; blocks of writes alternate between the two and
+ *         each block is timed, so drift hits both alike.  A 5th argument "fault" writes
+ *         from a NULL buffer, as above.)
+ * Prints one line: "<ns per call>"; send-pair prints "<record ns> <plain ns> <median of
+ * per-block-pair differences, ns>".
  */
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -17,12 +26,83 @@
 #include <time.h>
 #include <unistd.h>
 
+/* NULL, hidden from the compiler's non-null check: the "fault" writes. */
+static const char *volatile no_buffer;
+
+static int udp_to(const char *port)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(atoi(port)) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+        return -1;
+    return fd;
+}
+
+static double now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+#define PAIR_BLOCK 2000
+
+static int send_pair(long n, const char *port, int fault)
+{
+    char byte = 0;
+    const char *buf = fault ? no_buffer : &byte;
+    int plain = udp_to(port);
+    if (plain < 0 || open("/dev/nvidiactl", O_RDWR) < 0)
+        return 3;
+    int record = udp_to(port);
+    if (record < 0)
+        return 3;
+    for (int i = 0; i < 16; i++) {      /* past the captured first writes of both */
+        write(plain, buf, 1);
+        write(record, buf, 1);
+    }
+    long blocks = n / PAIR_BLOCK / 2;
+    if (blocks < 1)
+        blocks = 1;
+    double *rec = calloc(blocks, sizeof(double)), *pl = calloc(blocks, sizeof(double));
+    double *diff = calloc(blocks, sizeof(double));
+    for (long b = 0; b < blocks; b++) {
+        for (int side = 0; side < 2; side++) {
+            int use_record = (side == (int)(b & 1));  /* alternate which goes first */
+            int fd = use_record ? record : plain;
+            double t0 = now_ns();
+            for (int i = 0; i < PAIR_BLOCK; i++)
+                write(fd, buf, 1);
+            double per = (now_ns() - t0) / PAIR_BLOCK;
+            if (use_record)
+                rec[b] = per;
+            else
+                pl[b] = per;
+        }
+        diff[b] = rec[b] - pl[b];
+    }
+    qsort(rec, blocks, sizeof(double), by_value);
+    qsort(pl, blocks, sizeof(double), by_value);
+    qsort(diff, blocks, sizeof(double), by_value);
+    printf("%.1f %.1f %.1f\n", rec[blocks / 2], pl[blocks / 2], diff[blocks / 2]);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3)
         return 2;
     const char *mode = argv[1];
     long n = strtol(argv[2], NULL, 0);
+    if (!strcmp(mode, "send-pair"))
+        return argc > 3 ? send_pair(n, argv[3], argc > 4 && !strcmp(argv[4], "fault")) : 2;
     int fd = -1;
     char buf[64] = {0};
     if (!strcmp(mode, "read"))
@@ -32,7 +112,7 @@ int main(int argc, char **argv)
     else if (!strcmp(mode, "ioctl"))
         fd = open(argc > 3 ? argv[3] : "/dev/null", O_RDWR);
     else if (!strncmp(mode, "send", 4)) {
-        if (!strcmp(mode, "send-gpu") && open("/dev/nvidiactl", O_RDWR) < 0)
+        if (!strncmp(mode, "send-gpu", 8) && open("/dev/nvidiactl", O_RDWR) < 0)
             return 3;
         struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(argc > 3 ? atoi(argv[3]) : 9) };
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -47,6 +127,8 @@ int main(int argc, char **argv)
             getppid();
         else if (mode[0] == 'r')
             read(fd, buf, 1);
+        else if (strstr(mode, "-fault"))
+            write(fd, no_buffer, 1);
         else if (mode[0] == 'w' || mode[0] == 's')
             write(fd, buf, 1);
         else if (mode[0] == 'i')

@@ -59,7 +59,8 @@ enum gg_lost_slot {
     GG_LOST_IOCTL_KEYS = 5,      /* ioctl counter map full: a new key was dropped */
     GG_LOST_TRACKED_FDS = 6,     /* tracked-fd map full: an open was not tracked */
     GG_LOST_OPEN_CLASSIFY = 7,   /* the tail call to the open classifier failed */
-    GG_LOST_SLOTS = 8,
+    GG_LOST_ACTIVITY = 8,        /* both activity slots of a watched connection were taken */
+    GG_LOST_SLOTS = 9,
 };
 
 /* Flags on a gpu_open event. */
@@ -116,13 +117,21 @@ struct gg_net_payload {
 /* Per-connection activity of a watched process (one that holds a GPU, or that user
  * space asked to watch): kept in the kernel (conn_activity), read on an interval.
  * The times of the latest small writes (shares, keepalives) show a pool's cadence
- * even inside TLS. */
+ * even inside TLS.
+ *
+ * conn_activity is an array, not a hash: a write on a watched connection must cost
+ * next to nothing (a hash lookup alone was ~75 ns, the clock read ~100 ns on a VM).
+ * A connection lives in slot gg_activity_index(tgid, fd) or the one after it, whose
+ * owner field names it; a write reads both slots (inlined array reads) and the clock
+ * at most once per jiffy per connection, so times are exact to one tick (1-10 ms). */
 #define GG_ACTIVITY_TIMES 8        /* power of two */
 #define GG_SMALL_WRITE_BYTES 1024
 
 struct gg_conn_activity {
+    __u64 owner;            /* gg_activity_owner(tgid, fd) of the connection here; 0: free slot */
     __u64 start_ns;         /* connect, or when user space started watching (bpf_ktime_get_boot_ns) */
-    __u64 last_ns;          /* latest write */
+    __u64 last_ns;          /* latest write, as of the first write in its jiffy */
+    __u64 last_jiffies;     /* the jiffy last_ns was read in */
     __u64 bytes_out;
     __u32 writes_out;
     __u32 small_writes;     /* writes of at most GG_SMALL_WRITE_BYTES */

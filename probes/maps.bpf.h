@@ -41,8 +41,11 @@ BPF_TABLE("lru_hash", struct gg_fd_key, __u32, fresh_sockets, GG_MAX_FRESH_SOCKE
 /* Processes whose connections get an activity record: every GPU holder (set at its
  * first GPU open) plus those user space adds; bounded, user space removes the dead. */
 BPF_HASH(watched_tgids, __u32, __u8, GG_MAX_WATCHED_CONNS);
-/* (tgid, fd) of a watched process's socket -> its activity (gpuguard.h). */
-BPF_TABLE("lru_hash", struct gg_fd_key, struct gg_conn_activity, conn_activity, GG_MAX_WATCHED_CONNS);
+#ifndef GG_ACTIVITY_SLOTS
+#define GG_ACTIVITY_SLOTS 8192      /* power of two; a connection takes one of two neighbours */
+#endif
+/* A watched process's sockets -> their activity (gpuguard.h: "conn_activity is an array"). */
+BPF_ARRAY(conn_activity, struct gg_conn_activity, GG_ACTIVITY_SLOTS);
 
 /* Prefilters in front of tracked_fds and fresh_sockets (see "fd slots" in
  * gpuguard.h): an ioctl, write or close on an fd that is neither costs one
@@ -223,6 +226,70 @@ static __always_inline void sock_slot_release(__u32 tgid, __s32 fd)
         __sync_val_compare_and_swap(s, v, 0);
 }
 
+static __always_inline __u64 gg_activity_owner(__u32 tgid, __s32 fd)
+{
+    return ((__u64)tgid << 32) | (__u32)fd;
+}
+
+/* The first of the two conn_activity slots (tgid, fd) may live in. */
+static __always_inline __u32 gg_activity_index(__u32 tgid, __s32 fd)
+{
+    return (tgid * (__u32)GG_SLOT_HASH_MUL + (__u32)fd) & (GG_ACTIVITY_SLOTS - 2);
+}
+
+/* The activity record of (tgid, fd), or NULL. */
+static __always_inline struct gg_conn_activity *activity_find(__u32 tgid, __s32 fd)
+{
+    __u64 owner = gg_activity_owner(tgid, fd);
+    __u32 i = gg_activity_index(tgid, fd);
+    struct gg_conn_activity *a = conn_activity.lookup(&i);
+    if (a && a->owner == owner)
+        return a;
+    i += 1;
+    a = conn_activity.lookup(&i);
+    if (a && a->owner == owner)
+        return a;
+    return 0;
+}
+
+/* A watched process connected fd: give it a fresh record in a free slot of its two
+ * (or the one it already had: a reconnect on the same fd), else count it lost. */
+static __always_inline void activity_claim(__u32 tgid, __s32 fd)
+{
+    __u64 owner = gg_activity_owner(tgid, fd);
+    __u32 i = gg_activity_index(tgid, fd);
+    struct gg_conn_activity *a = 0;
+    for (int k = 0; k < 2; k++, i++) {
+        struct gg_conn_activity *c = conn_activity.lookup(&i);
+        if (!c)
+            continue;
+        if (c->owner == owner || __sync_val_compare_and_swap(&c->owner, 0, owner) == 0) {
+            a = c;
+            break;
+        }
+    }
+    if (!a) {
+        count_lost(GG_LOST_ACTIVITY);
+        return;
+    }
+    a->start_ns = bpf_ktime_get_boot_ns();
+    a->last_ns = 0;
+    a->last_jiffies = 0;
+    a->bytes_out = 0;
+    a->writes_out = 0;
+    a->small_writes = 0;
+    for (int k = 0; k < GG_ACTIVITY_TIMES; k++)
+        a->small_ns[k] = 0;
+}
+
+/* The connection is closed: free its slot. */
+static __always_inline void activity_release(__u32 tgid, __s32 fd)
+{
+    struct gg_conn_activity *a = activity_find(tgid, fd);
+    if (a)
+        __sync_val_compare_and_swap(&a->owner, gg_activity_owner(tgid, fd), 0);
+}
+
 /* The fd is closed (or replaced): it no longer refers to a GPU or a fresh
  * socket.  The slots make this free for every other fd. */
 static __always_inline void forget_fd(__u32 tgid, __s32 fd)
@@ -245,7 +312,7 @@ static __always_inline void forget_fd(__u32 tgid, __s32 fd)
         __u32 st = gg_slot_match(v, tgid, fd);
         if (st != GG_SLOT_ABSENT) {
             fresh_sockets.delete(&key);
-            conn_activity.delete(&key);
+            activity_release(tgid, fd);
             if (st != GG_SLOT_ASK)
                 __sync_val_compare_and_swap(s, v, 0);
         }

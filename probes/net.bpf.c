@@ -80,10 +80,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
         __u32 writes = GG_PAYLOAD_WRITES;
         if (fresh_sockets.update(&key, &writes) == 0)
             sock_slot_publish(key.tgid, key.fd);
-        if (watched_tgids.lookup(&key.tgid)) {
-            struct gg_conn_activity a = { .start_ns = bpf_ktime_get_boot_ns() };
-            conn_activity.update(&key, &a);
-        }
+        if (watched_tgids.lookup(&key.tgid))
+            activity_claim(key.tgid, key.fd);
     }
 #endif
 
@@ -105,21 +103,26 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
 
 #ifdef GG_PAYLOAD_CAPTURE
 /* A write on a watched connection: count it, and keep the time of a small one.
- * Returns its writes so far (0: not watched). */
+ * Returns its writes so far (0: not watched).  The clock is read only on the first
+ * write of a jiffy (bpf_jiffies64 is a plain load): a socket-heavy process pays it
+ * once a tick, a pool's share every 15-60 s gets its exact time. */
 static __always_inline __u32 note_activity(struct gg_fd_key *key, __u64 len)
 {
-    struct gg_conn_activity *a = conn_activity.lookup(key);
+    struct gg_conn_activity *a = activity_find(key->tgid, key->fd);
     if (!a)
         return 0;
-    __u64 now = bpf_ktime_get_boot_ns();
-    a->last_ns = now;
+    __u64 jiffies = bpf_jiffies64();
+    if (jiffies != a->last_jiffies) {
+        a->last_jiffies = jiffies;
+        a->last_ns = bpf_ktime_get_boot_ns();
+    }
     __sync_fetch_and_add(&a->bytes_out, len);
     __sync_fetch_and_add(&a->writes_out, 1);
     if (len <= GG_SMALL_WRITE_BYTES) {
         /* Not atomic (old BPF cannot use a fetch-add's result): two threads writing on
          * one socket at the same instant may keep one time; the count is a lower bound. */
         __u32 n = a->small_writes;
-        a->small_ns[n & (GG_ACTIVITY_TIMES - 1)] = now;
+        a->small_ns[n & (GG_ACTIVITY_TIMES - 1)] = a->last_ns;
         a->small_writes = n + 1;
     }
     return a->writes_out;
@@ -168,7 +171,7 @@ static __always_inline int capture_iov(void *ctx, __s32 fd, __u64 iov, __u64 iov
     struct gg_fd_key key = { .tgid = id >> 32, .fd = fd };
     if (sock_slot_get(key.tgid, fd) == GG_SLOT_ABSENT)
         return 0;
-    if (!fresh_sockets.lookup(&key) && !conn_activity.lookup(&key))
+    if (!fresh_sockets.lookup(&key) && !activity_find(key.tgid, key.fd))
         return 0;
     struct gg_iovec first = {};
     if (bpf_probe_read_user(&first, sizeof(first), (void *)iov) < 0)
@@ -182,7 +185,7 @@ static __always_inline int sendmsg_enter(void *ctx, __s32 fd, const void *msg)
     struct gg_fd_key key = { .tgid = id >> 32, .fd = fd };
     if (sock_slot_get(key.tgid, key.fd) == GG_SLOT_ABSENT)
         return 0;
-    if (!fresh_sockets.lookup(&key) && !conn_activity.lookup(&key))
+    if (!fresh_sockets.lookup(&key) && !activity_find(key.tgid, key.fd))
         return 0;
     struct gg_user_msghdr mh = {};
     if (bpf_probe_read_user(&mh, sizeof(mh), msg) < 0)

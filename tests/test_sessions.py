@@ -144,3 +144,65 @@ def test_the_kernel_records_a_tls_pool_session_of_a_gpu_holder(tmp_path):
     for e in records:
         c.feed(e)
     assert SignalReader(c.state_of(miner.pid), last.time)["session_cadence_s"] == pytest.approx(1.0, abs=0.3)
+
+
+HOLDER = """
+import os, socket, sys
+gpu = os.open("/dev/nvidia0", os.O_RDWR)
+port = int(sys.argv[1])
+socks = []
+def connect():
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"x")
+    socks.append(s)
+    return s.fileno()
+print(" ".join(str(connect()) for _ in range(3)), flush=True)
+sys.stdin.readline()
+socks.pop(0).close()
+spacer = os.open("/dev/null", os.O_RDONLY)     # takes the closed fd's number: the next socket gets a new one
+print(connect(), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.root
+def test_activity_slots_are_bounded_counted_when_full_and_freed_on_close():
+    """Two activity slots for the whole host: the third connection is counted lost, a close frees a slot."""
+    import socket
+
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)                  # connections complete in the backlog; nobody needs to accept
+    sensor = Sensor(ProbeSettings(activity_slots=2), drain_interval=0.2, sweep_interval=3600, activity_interval=0.3)
+    sensor.start()
+    holder = run_with_gpu_nodes([sys.executable, "-c", HOLDER, str(listener.getsockname()[1])])
+    events: list = []
+
+    def recorded_fds(until):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            events.extend(sensor.poll(100))
+            fds = {e.fd for e in events if e.kind == "conn_activity" and e.pid == holder.pid}
+            if until(fds):
+                return fds
+        return {e.fd for e in events if e.kind == "conn_activity" and e.pid == holder.pid}
+
+    try:
+        first, second, third = (int(x) for x in holder.stdout.readline().split())
+        assert recorded_fds(lambda fds: len(fds) >= 2) == {first, second}      # the third found no free slot
+        recorded_fds(lambda fds: sensor.stats.lost["activity"] > 0)           # lost counts are read on the drain
+        assert sensor.stats.lost["activity"] == 1
+        holder.stdin.write(b"go\n")
+        holder.stdin.flush()
+        fourth = int(holder.stdout.readline())
+        assert fourth not in (first, second, third)
+        assert fourth in recorded_fds(lambda fds: fourth in fds)                # the closed first's slot, reused
+        assert sensor.stats.lost["activity"] == 1
+    finally:
+        holder.kill()
+        holder.wait()
+        sensor.close()
+        listener.close()

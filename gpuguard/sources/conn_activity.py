@@ -4,7 +4,10 @@ The probes keep, for every connection of a process in ``watched_tgids`` (every
 GPU holder from its first GPU open, plus processes user space adds with
 :meth:`ConnActivityReader.watch`), a bounded record: bytes and writes out, the
 times of its latest small writes, when it started (``probes/net.bpf.c``,
-``struct gg_conn_activity``).  This module turns those records into
+``struct gg_conn_activity``).  The records live in an array: a connection
+(tgid, fd) sits in slot ``activity_index(tgid, fd)`` or the next one, whose
+``owner`` names it (0: a free slot); user space seeds and frees slots the same
+way the probes do.  This module turns those records into
 :class:`~gpuguard.events.model.ConnActivity` events every ``interval_s`` (a
 record that did not change is not reported again), seeds records for the
 connections a process already had when it became watched, and deletes the
@@ -21,7 +24,7 @@ import time
 
 from gpuguard.events.model import ConnActivity
 from gpuguard.sources.bpf_decode import boot_to_epoch_offset
-from gpuguard.sources.kernel_maps import SLOT_MULTI
+from gpuguard.sources.kernel_maps import SLOT_MULTI, slot_index
 
 ACTIVITY_TIMES = 8
 INTERVAL_S = 10.0
@@ -30,11 +33,12 @@ INTERVAL_S = 10.0
 class ConnActivityReader:
     """Reads ``conn_activity`` and maintains ``watched_tgids`` (see the module docstring)."""
 
-    def __init__(self, bpf, slot_index, interval_s: float = INTERVAL_S) -> None:
+    def __init__(self, bpf, slot_index, activity_slots: int, interval_s: float = INTERVAL_S) -> None:
         self._activity = bpf[b"conn_activity"]
         self._watched = bpf[b"watched_tgids"]
         self._sock_slots = bpf[b"sock_fd_slots"]
         self._slot_index = slot_index          # (tgid, fd) -> index into sock_fd_slots
+        self._activity_slots = activity_slots
         self.interval_s = interval_s
         self._offset = boot_to_epoch_offset()
         self._reported: dict[tuple[int, int], tuple[int, int]] = {}   # key -> (writes, small writes) last reported
@@ -67,15 +71,18 @@ class ConnActivityReader:
             if not target.startswith("socket:[") or int(target[8:-1]) not in inodes:
                 continue
             fd = int(name)
-            key = self._activity.Key(tgid, fd)
-            try:
-                self._activity[key]
+            owner = activity_owner(tgid, fd)
+            first = activity_index(tgid, fd, self._activity_slots)
+            candidates = [(self._activity.Key(i), self._activity[self._activity.Key(i)]) for i in (first, first + 1)]
+            if any(leaf.owner == owner for _, leaf in candidates):
                 continue           # the kernel already has it (connected while watched)
-            except KeyError:
-                pass
+            free = [key for key, leaf in candidates if leaf.owner == 0]
+            if not free:
+                continue           # both slots taken: the probes count such a connection as lost
             leaf = self._activity.Leaf()
+            leaf.owner = owner
             leaf.start_ns = now_ns
-            self._activity[key] = leaf
+            self._activity[free[0]] = leaf
             # Writes look at a socket only when its slot says so; user space may only write MULTI.
             self._sock_slots[self._sock_slots.Key(self._slot_index(tgid, fd))] = self._sock_slots.Leaf(SLOT_MULTI)
             self._seeded.add((tgid, fd))
@@ -91,23 +98,31 @@ class ConnActivityReader:
         self._next = time.monotonic() + self.interval_s
         now_boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         out: list[ConnActivity] = []
-        for key, leaf in self._activity.items():
-            ident = (key.tgid, key.fd)
+        for leaf in self._records():
+            ident = tgid, fd = owner_ident(leaf.owner)
             state = (leaf.writes_out, leaf.small_writes)
             if self._reported.get(ident) == state:
                 continue
             self._reported[ident] = state
             n = min(leaf.small_writes, ACTIVITY_TIMES)
             ring = [leaf.small_ns[(leaf.small_writes - n + i) % ACTIVITY_TIMES] for i in range(n)]
-            comm, uid, gid, cgroup_id = header_of(key.tgid)
+            comm, uid, gid, cgroup_id = header_of(tgid)
             out.append(ConnActivity(
-                time=now_boot / 1e9 + self._offset, pid=key.tgid, uid=uid, gid=gid, cgroup_id=cgroup_id, comm=comm,
-                fd=key.fd, age_s=round((now_boot - leaf.start_ns) / 1e9, 3), bytes_out=leaf.bytes_out,
+                time=now_boot / 1e9 + self._offset, pid=tgid, uid=uid, gid=gid, cgroup_id=cgroup_id, comm=comm,
+                fd=fd, age_s=round((now_boot - leaf.start_ns) / 1e9, 3), bytes_out=leaf.bytes_out,
                 writes_out=leaf.writes_out, small_writes=leaf.small_writes,
                 small_write_times=[round(t / 1e9 + self._offset, 6) for t in ring if t],
                 idle_s=round((now_boot - leaf.last_ns) / 1e9, 3) if leaf.last_ns else round((now_boot - leaf.start_ns) / 1e9, 3),
                 seeded=ident in self._seeded))
         return out
+
+    def _records(self) -> list:
+        """The occupied activity slots (copies), read in one batch where the kernel can."""
+        try:
+            pairs = self._activity.items_lookup_batch()
+            return [leaf for _, leaf in pairs if leaf.owner]
+        except Exception:                  # kernels without batch ops on arrays (< 5.6)
+            return [leaf for _, leaf in self._activity.items() if leaf.owner]
 
     # -- hygiene -----------------------------------------------------------------
     def forget(self, tgids: set[int]) -> None:
@@ -117,11 +132,10 @@ class ConnActivityReader:
                 del self._watched[self._watched.Key(tgid)]
             except KeyError:
                 pass
-        for key in [k for k in self._activity.keys() if k.tgid in tgids]:
-            try:
-                del self._activity[key]
-            except KeyError:
-                pass
+        for leaf in self._records():
+            tgid, fd = owner_ident(leaf.owner)
+            if tgid in tgids:
+                self._free(tgid, fd)
         for ident in [i for i in self._reported if i[0] in tgids]:
             del self._reported[ident]
         self._seeded = {i for i in self._seeded if i[0] not in tgids}
@@ -130,10 +144,35 @@ class ConnActivityReader:
     def sweep(self) -> set[int]:
         """Dead watched processes (their entries removed); the caller may forget them elsewhere too."""
         dead = {k.value for k in self._watched.keys() if not os.path.exists(f"/proc/{k.value}")}
-        dead |= {k.tgid for k in self._activity.keys() if not os.path.exists(f"/proc/{k.tgid}")}
+        dead |= {owner_ident(leaf.owner)[0] for leaf in self._records()
+                 if not os.path.exists(f"/proc/{owner_ident(leaf.owner)[0]}")}
         if dead:
             self.forget(dead)
         return dead
+
+
+    def _free(self, tgid: int, fd: int) -> None:
+        owner = activity_owner(tgid, fd)
+        first = activity_index(tgid, fd, self._activity_slots)
+        for i in (first, first + 1):
+            key = self._activity.Key(i)
+            if self._activity[key].owner == owner:
+                self._activity[key] = self._activity.Leaf()
+
+
+def activity_owner(tgid: int, fd: int) -> int:
+    """The owner field of (tgid, fd)'s record (gg_activity_owner in maps.bpf.h)."""
+    return (tgid << 32) | (fd & 0xFFFFFFFF)
+
+
+def owner_ident(owner: int) -> tuple[int, int]:
+    """(tgid, fd) of an owner field."""
+    return owner >> 32, owner & 0xFFFFFFFF
+
+
+def activity_index(tgid: int, fd: int, slots: int) -> int:
+    """The first of the two slots (tgid, fd)'s record may live in (gg_activity_index in maps.bpf.h)."""
+    return slot_index(tgid, fd, slots) & ~1
 
 
 def established_socket_inodes(tgid: int, proc_root: str = "/proc") -> set[int]:

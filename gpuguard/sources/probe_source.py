@@ -28,6 +28,7 @@ class ProbeSettings:
     max_ioctl_keys: int = 65536
     max_fresh_sockets: int = 16384
     fd_slots: int = 32768           # prefilter slots per map; must be a power of two
+    activity_slots: int = 8192      # conn_activity records (watched connections); a power of two
     # How syscall entries are hooked: "tracepoint" (one syscalls:sys_enter_*
     # tracepoint per hooked syscall) or "raw" (one raw sys_enter program for
     # all: cheaper per hooked call, dearer for every other syscall on the
@@ -39,6 +40,8 @@ class ProbeSettings:
             raise ValueError("ringbuf_pages must be a power of two")
         if self.fd_slots < 1 or self.fd_slots & (self.fd_slots - 1):
             raise ValueError("fd_slots must be a power of two")
+        if self.activity_slots < 2 or self.activity_slots & (self.activity_slots - 1):
+            raise ValueError("activity_slots must be a power of two")
         if self.enter_hook not in ("tracepoint", "raw"):
             raise ValueError('enter_hook must be "tracepoint" or "raw"')
         flags = [
@@ -48,6 +51,7 @@ class ProbeSettings:
             f"-DGG_MAX_IOCTL_KEYS={int(self.max_ioctl_keys)}",
             f"-DGG_MAX_FRESH_SOCKETS={int(self.max_fresh_sockets)}",
             f"-DGG_FD_SLOTS={int(self.fd_slots)}",
+            f"-DGG_ACTIVITY_SLOTS={int(self.activity_slots)}",
         ]
         if self.enter_hook == "raw":
             flags.append("-DGG_RAW_SYS_ENTER")

@@ -140,7 +140,8 @@ class Sensor:
         self.maps = KernelMaps(self.tables, self.settings.fd_slots)
         if self.settings.payload_capture:
             self.activity = ConnActivityReader(
-                self._bpf, lambda tgid, fd: slot_index(tgid, fd, self.settings.fd_slots), self.activity_interval)
+                self._bpf, lambda tgid, fd: slot_index(tgid, fd, self.settings.fd_slots),
+                self.settings.activity_slots, self.activity_interval)
         classes = {kind: self._bpf[name.encode()].Leaf for kind, name in _SCHEMA_MAPS.items()}
         self._decoder = EventDecoder(classes, self._bpf[b"schema_header"].Leaf)
         events = self._bpf[b"events"]

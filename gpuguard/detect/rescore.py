@@ -90,9 +90,37 @@ assert sum(SIGNALS_READING) == ANY_ADDITION and set().union(*SIGNALS_READING.val
 assert RATE_SIGNALS <= set(SIGNALS)
 
 # Signals that change with the clock alone, and how often the detection engine re-evaluates
-# every process for them when a rule reads them (an age rule may fire up to a minute late; a
-# rate falls within 10 s of a process going quiet).
+# every process for them when a rule reads them (a rate falls within 10 s of a process going
+# quiet).  ``age_s`` is here only for rules that test it with something other than a comparison
+# with a number; for comparisons (all shipped rules) the engine rescores a process only when
+# its age crosses a number a rule compares it with, checked every AGE_CHECK_EVERY_S.
 TIME_SIGNAL_PERIODS_S = {"age_s": 60.0, "hour_of_day": 3600.0, **{name: 10.0 for name in RATE_SIGNALS}}
+AGE_CHECK_EVERY_S = 10.0
+_COMPARISONS = frozenset({"gt", "gte", "lt", "lte"})
+
+# Signals whose value a GPU sample can change: the GPU windows and behaviour figures.  A GPU
+# sample does not rescore a process by itself; the engine re-evaluates the rules' tests of these
+# signals (at most every GPU_CHECK_EVERY_S of sample time per process) and rescores the process
+# only when one of those tests changed its answer.  ``tests/test_rescore_gpu.py`` checks that a GPU
+# sample changes no other signal.
+GPU_SAMPLE_SIGNALS = frozenset({"gpu_util_mean", "gpu_util_variance", "gpu_util_min", "gpu_util_latest",
+                                "gpu_util_samples", "gpu_util_window_s", "gpu_memory_bytes", "gpu_memory_fraction",
+                                *(name for name, signal in SIGNALS.items() if signal.group == "gpu-behaviour")})
+GPU_CHECK_EVERY_S = 5.0
+assert GPU_SAMPLE_SIGNALS <= set(SIGNALS)
+
+
+def crossing_points(leaves, signal: str) -> tuple[float, ...] | None:
+    """The numbers the tests in ``leaves`` (detect.conditions.Leaf) compare ``signal`` with, sorted
+    (() when none tests it); None when one of them is not a comparison with a number."""
+    points = set()
+    for leaf in leaves:
+        if leaf.signal != signal:
+            continue
+        if leaf.op not in _COMPARISONS:
+            return None
+        points.add(float(leaf.operand))
+    return tuple(sorted(points))
 
 
 def additions_read(signals: "frozenset[str] | set[str]") -> int:

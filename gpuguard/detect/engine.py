@@ -135,12 +135,13 @@ class DetectionEngine:
         latest = {v.key: v for v in out}
         return sorted(latest.values(), key=lambda v: (v.key.start_time, v.key.pid))
 
-    def _mark_age_crossings(self, crossings: tuple[float, ...], now: float) -> None:
+    def _mark_age_crossings(self, crossings: tuple[tuple[float, bool], ...], now: float) -> None:
         """Mark the processes whose age crossed one of ``crossings`` since the last look.
 
-        A process scored at some time in (last look, now] whose age crosses a number
-        after that is caught here too (the interval is inclusive); one scored before
-        the last look was caught then.  Ages are looked at every AGE_CHECK_EVERY_S.
+        The looks split time into intervals (last, now]; an answer that changes as the age
+        reaches a value (gte, lt) changes in exactly one of them, one that changes just after
+        it (gt, lte) in exactly one [last, now).  A process scored after the change and before
+        the look is rescored once more (harmless); a process is never left out.
         """
         last = self._age_checked_at
         if last is None or now < last:
@@ -154,8 +155,8 @@ class DetectionEngine:
                 continue
             start = state.key.start_time
             before, after = last - start, now - start
-            for point in crossings:
-                if before <= point <= after:
+            for point, at in crossings:
+                if (before < point <= after) if at else (before <= point < after):
                     state.dirty = True
                     break
 

@@ -110,16 +110,18 @@ GPU_CHECK_EVERY_S = 5.0
 assert GPU_SAMPLE_SIGNALS <= set(SIGNALS)
 
 
-def crossing_points(leaves, signal: str) -> tuple[float, ...] | None:
-    """The numbers the tests in ``leaves`` (detect.conditions.Leaf) compare ``signal`` with, sorted
-    (() when none tests it); None when one of them is not a comparison with a number."""
+def crossing_points(leaves, signal: str) -> tuple[tuple[float, bool], ...] | None:
+    """Where the tests in ``leaves`` (detect.conditions.Leaf) of a signal that only grows, such as
+    ``age_s``, can change their answer: ``(value, at)`` sorted, ``at`` True when the answer changes
+    as the signal reaches the value (gte, lt) and False when it changes just after (gt, lte);
+    () when no test reads ``signal``, None when one is not a comparison with a number."""
     points = set()
     for leaf in leaves:
         if leaf.signal != signal:
             continue
         if leaf.op not in _COMPARISONS:
             return None
-        points.add(float(leaf.operand))
+        points.add((float(leaf.operand), leaf.op in ("gte", "lt")))
     return tuple(sorted(points))
 
 

@@ -138,9 +138,10 @@ class RuleSet:
         return min(periods) if periods else None
 
     @property
-    def age_crossings(self) -> tuple[float, ...] | None:
-        """The ages (s) at which some enabled rule's test of ``age_s`` can change its answer:
-        () when no rule reads it, None when a test is not a comparison with a number."""
+    def age_crossings(self) -> tuple[tuple[float, bool], ...] | None:
+        """The ages (s) at which some enabled rule's test of ``age_s`` can change its answer
+        (``rescore.crossing_points``): () when no rule reads it, None when a test is not a
+        comparison with a number."""
         if self._age_points is False:
             self._age_points = crossing_points([leaf for rule in self.rules for leaf in rule.leaves], "age_s")
         return self._age_points  # type: ignore[return-value]

@@ -85,9 +85,11 @@ class DetectionEngine:
         verdicts, oldest process first.
 
         When a rule reads a signal that moves with the clock alone (an ioctl rate,
-        ``age_s``, ``hour_of_day``), every process is also rescored once per period of
-        that signal (10 s, a minute, an hour), so such a verdict does not wait for the
-        process's next event.
+        ``hour_of_day``), every process is also rescored once per period of that signal
+        (10 s, an hour), so such a verdict does not wait for the process's next event;
+        ``age_s`` rescores the processes whose age crossed a number a rule compares it
+        with, and GPU samples those whose rules' GPU tests answer differently (see the
+        module docstring).
         """
         ruleset = self.ruleset
         if ruleset is None:

@@ -13,7 +13,11 @@ listed below (``tests/test_incremental.py`` checks every signal against these).
   parent's verdict) is recomputed every time.
 * **rescoring**: the correlator rescores a process for an addition
   (correlate.state NEW_* bits) or a repeated count only when some rule reads a
-  signal that depends on it; clock signals rescore everything once per period.
+  signal that depends on it.  A GPU sample rescores only when one of the
+  rules' tests of a GPU-window signal (GPU_SAMPLE_SIGNALS) answers differently,
+  looked at every GPU_CHECK_EVERY_S per process; ``age_s`` rescores a process
+  when its age crosses a number a rule compares it with (crossing_points);
+  the other clock signals rescore everything once per period.
 """
 
 from __future__ import annotations

@@ -220,3 +220,14 @@ def test_age_tests_other_than_comparisons_rescore_everything_once_a_minute(tmp_p
     path.write_text(AGE_RULES.replace("gte: 600", "in: [600, 601]"))
     ruleset = load_ruleset([path])
     assert ruleset.age_crossings is None and ruleset.time_rescore_period_s == 60.0
+
+
+def test_an_age_verdict_follows_a_clock_set_back(tmp_path):
+    path = tmp_path / "age.yaml"
+    path.write_text(AGE_RULES)
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, load_ruleset([path]))
+    c.feed(ProcessFacts(pid=70, start_time=T, comm="sleep", exe="/usr/bin/sleep", uid=0))
+    engine.score(T + 1)
+    assert [v.score for v in engine.score(T + 700)] == [50]
+    assert [v.score for v in engine.score(T + 5)] == [0]       # before its 600th second again

@@ -146,19 +146,24 @@ class DetectionEngine:
         the look is rescored once more (harmless); a process is never left out.
         """
         last = self._age_checked_at
-        if last is None or now < last:
+        if last is None:
             self._age_checked_at = now     # every process is dirty after set_ruleset: scored now
             return
-        if now - last < AGE_CHECK_EVERY_S:
+        if last <= now < last + AGE_CHECK_EVERY_S:
             return
         self._age_checked_at = now
+        backwards = now < last             # a clock set back (or a caller scoring an earlier time)
         for state in self.correlator.unordered_states():
             if state.dirty:
                 continue
             start = state.key.start_time
             before, after = last - start, now - start
             for point, at in crossings:
-                if (before < point <= after) if at else (before <= point < after):
+                if backwards:
+                    crossed = after <= point <= before
+                else:
+                    crossed = (before < point <= after) if at else (before <= point < after)
+                if crossed:
                     state.dirty = True
                     break
 

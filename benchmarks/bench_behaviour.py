@@ -9,7 +9,8 @@ Measured in the same run (pinned to one core when possible):
 * **update**: the full ``add_gpu_sample`` with the device sample of a sole user
   (memory controller, power and PCIe windows, allocation stability, duty cycle);
 * **profile**: ``gpu_behaviour.profile`` on a full 5-minute window (what a rule
-  evaluation pays, once per rescore: every 10 s per GPU process).
+  evaluation pays when it reads ``gpu_profile``: at the engine's look at a process
+  whose GPU windows moved, every 5 s per GPU process, and at a rescore).
 
 Target (issue 13): an update costs <= 10 µs.  The figures are printed as µs and
 as a ratio to the baseline.

@@ -250,3 +250,22 @@ def test_raw_bar_access_evidence_names_the_device(ruleset):
     raw = next(e for e in verdict.evidence if e.rule_id == "gpu-raw-bar-access")
     assert "gpu_paths=/sys/bus/pci/devices/0000:18:00.0/resource1" in raw.detail
     assert (verdict.pid, verdict.comm, verdict.exe) == (1, "dumper", "/usr/local/bin/dumper")   # the holder
+
+
+def test_window_minimum_kept_in_order_equals_a_pass_over_the_window():
+    """The SM and memory windows keep their minimum in a monotonic queue (O(1) reads):
+    it must equal min() over the samples kept, whatever expires them (span or count)."""
+    import random
+
+    rng = random.Random(7)
+    for trial in range(100):
+        span, most = rng.choice([5.0, 20.0, 300.0]), rng.choice([3, 10, 600])
+        tracked, plain = SampleWindow(span, most, track_minimum=True), SampleWindow(span, most)
+        assert tracked.minimum is None
+        t = T
+        for i in range(200):
+            t += rng.choice([0.0, 0.5, 1.0, 3.0, 30.0])
+            value = rng.choice([1.0, 2.0, 3.0, rng.random() * 10])
+            tracked.add(t, value)
+            plain.add(t, value)
+            assert tracked.minimum == plain.minimum == min(plain.values()), (trial, i)

@@ -56,6 +56,10 @@ class RescorePolicy:
     additions: int = ANY_ADDITION   # correlate.state NEW_* bits some rule reads
     counts: bool = True             # a repeated connect or ioctl count matters (some rule reads a count)
     rates: bool = True              # keep ioctl rate windows (some rule reads a rate)
+    # False: a GPU sample marks its process for rescoring (at most every GPU_RESCORE_EVERY_S).
+    # True: it only adds the process to ``Correlator.gpu_moved``; the detection engine
+    # re-evaluates what its rules test of the GPU windows and rescores when an answer changed.
+    gpu_checked: bool = False
 
 
 class Correlator:
@@ -88,6 +92,7 @@ class Correlator:
         self._monitors: set[int] = set()    # live pids of GPU/process monitors (nvidia-smi, top...)
         self._ioctl_cache: dict[tuple[str, int, str], tuple[str, str]] = {}
         self._recent_exits: deque[ProcessState] = deque()   # in exit order, until the short grace is over
+        self.gpu_moved: set[ProcessState] = set()   # GPU windows changed since the engine last looked (gpu_checked)
         self._exit_sweep_due = 0.0
         self.clock = 0.0      # newest item time seen: when facts (which carry no time) were observed
         self.counters: dict[str, int] = {
@@ -144,6 +149,8 @@ class Correlator:
         """Use a new rescore policy (new rules): every process is marked for rescoring."""
         self.policy = policy
         self._rescore_on, self._track_rates, self._counts_matter = policy.additions, policy.rates, policy.counts
+        self._gpu_checked = policy.gpu_checked
+        self.gpu_moved.clear()
         for state in self._states.values():
             state.dirty = True
 
@@ -189,6 +196,8 @@ class Correlator:
 
     def _drop(self, key: ProcessKey) -> None:
         state = self._states.pop(key, None)
+        if state is not None:
+            self.gpu_moved.discard(state)
         if state is not None and self._by_pid.get(key.pid) is state:
             del self._by_pid[key.pid]
             self._monitors.discard(key.pid)
@@ -396,6 +405,7 @@ class Correlator:
         totals = self._device_totals
         time = snapshot.time
         watched = bool(self._monitors)
+        checked, moved = self._gpu_checked, self.gpu_moved
         for pid, usages in per_pid.items():
             state = self._by_pid.get(pid) or self._state_for(pid, time)
             solo = None
@@ -424,4 +434,7 @@ class Correlator:
                 changed = True
             if shared != state.gpu_device_shared:
                 state.gpu_device_shared = shared
+            if checked:
+                moved.add(state)
+                changed = False       # the engine's GPU check decides (see RescorePolicy.gpu_checked)
             state.touch(time, changed)

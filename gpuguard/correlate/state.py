@@ -112,8 +112,8 @@ class ProcessState:
     network: NetworkView = field(default_factory=NetworkView)   # what the connections and payloads revealed
     sessions: dict[int, ConnActivity] = field(default_factory=dict)   # fd -> latest activity record (GPU holders)
     # usage windows
-    gpu_util: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
-    gpu_memory: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S))
+    gpu_util: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S, track_minimum=True))
+    gpu_memory: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S, track_minimum=True))
     gpu_memory_total: int | None = None    # summed totals of the devices it uses
     gpu_behaviour: GpuBehaviour = field(default_factory=GpuBehaviour)   # memory controller, power, PCIe, duty cycle
     gpu_lifetime: GpuAccounting | None = None   # NVML accounting: lifetime averages (scan)

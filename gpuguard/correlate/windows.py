@@ -16,15 +16,20 @@ from collections import deque
 class SampleWindow:
     """Samples ``(time, value)`` over the last ``span_s`` seconds: mean, variance, span."""
 
-    __slots__ = ("span_s", "max_samples", "_samples", "_sum", "_sumsq")
+    __slots__ = ("span_s", "max_samples", "_samples", "_sum", "_sumsq", "_low", "_added")
 
-    def __init__(self, span_s: float = 300.0, max_samples: int = 600) -> None:
+    def __init__(self, span_s: float = 300.0, max_samples: int = 600, track_minimum: bool = False) -> None:
         self.span_s = span_s
         self.max_samples = max_samples
         # An empty tuple until the first sample (reads work on both); then a bounded deque.
         self._samples: "deque[tuple[float, float]] | tuple[()]" = ()
         self._sum = 0.0
         self._sumsq = 0.0
+        # With track_minimum: the samples that can still become the minimum, values increasing
+        # (a monotonic queue), so ``minimum`` costs O(1) instead of a pass over the window.
+        # (index, value); like _samples, an empty tuple until the first sample.
+        self._low: "deque[tuple[int, float]] | tuple[()] | None" = () if track_minimum else None
+        self._added = 0     # samples ever added: the index of the next one
 
     def add(self, time: float, value: float) -> None:
         samples = self._samples
@@ -38,6 +43,17 @@ class SampleWindow:
         horizon = time - self.span_s
         while samples and samples[0][0] < horizon:
             self._forget(samples.popleft()[1])
+        low = self._low
+        if low is not None:
+            if isinstance(low, tuple):
+                low = self._low = deque()
+            while low and low[-1][1] >= value:
+                low.pop()
+            low.append((self._added, value))
+            first_kept = self._added + 1 - len(samples)
+            while low[0][0] < first_kept:
+                low.popleft()
+        self._added += 1
 
     def _forget(self, value: float) -> None:
         self._sum -= value
@@ -77,7 +93,11 @@ class SampleWindow:
 
     @property
     def minimum(self) -> float | None:
-        return min(v for _, v in self._samples) if self._samples else None
+        if not self._samples:
+            return None
+        if self._low:
+            return self._low[0][1]
+        return min(v for _, v in self._samples)
 
     def values(self) -> list[float]:
         return [v for _, v in self._samples]

@@ -85,6 +85,20 @@ class RuleRegexes:
 
 Problem_ = tuple[Position, str]
 
+
+@dataclass(frozen=True, slots=True)
+class Leaf:
+    """One compiled test of one signal, kept beside the condition tree it is part of.
+
+    The rescore policy reads these: which values a rule compares a clock signal with
+    (``age_s``), and which tests of GPU-window signals can change a rule's outcome.
+    """
+
+    signal: str
+    op: str
+    operand: Any
+    test: Condition
+
 _SCALAR = ("bool", "number", "text")
 _SETS = ("texts", "numbers")
 OPERATORS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -127,6 +141,7 @@ class CompileContext:
     lists: dict[str, ListDef]
     problems: list[Problem_] = field(default_factory=list)
     signals_used: set[str] = field(default_factory=set)
+    leaves: list["Leaf"] = field(default_factory=list)   # every signal test compiled, in order
     lists_used: set[str] = field(default_factory=set)
     _compiled_lists: dict[tuple[str, str], Any] = field(default_factory=dict)
 
@@ -481,7 +496,9 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
             except ValueError as exc:
                 bad((here, f"bad regular expression {shown(operand)}: {exc}"))
                 return None
-    return _leaf(key, label, type_, op, operand, compiled)
+    leaf = _leaf(key, label, type_, op, operand, compiled)
+    ctx.leaves.append(Leaf(name, op, operand, leaf))
+    return leaf
 
 
 def _argument_problem(parameter: str, argument: str) -> str | None:

@@ -15,6 +15,22 @@ sha256 when an allowlist entry pins one) through the correlator's
 ``on_new_facts`` hook.  :meth:`DetectionEngine.score` rescores only processes
 whose state changed (the ``dirty`` flag), parents before children, so a child
 can inherit its parent's verdict; a changed parent verdict rescores its children.
+
+Two changes are not marked by the correlator but found here, so they cost a
+rescore only when they can change a verdict:
+
+* **GPU samples** (the windows move every second): the engine re-evaluates the
+  rules' tests of GPU-window signals (``RuleSet.gpu_sample_tests``) for each
+  process whose windows moved, at most every ``GPU_CHECK_EVERY_S`` of time per
+  process, and rescores it only when one of those tests changed its answer
+  since its last scoring.  A rule's outcome is an and/or/not of its tests, so
+  the verdict, score and matched rules are those a rescore would give; only
+  the figures quoted in the evidence are those of the last scoring.  A
+  threshold crossed by a GPU sample is acted on within ``GPU_CHECK_EVERY_S``
+  plus the caller's scoring interval.
+* **Age** (``age_s``): a process is rescored when its age crosses a number some
+  rule compares it with (``RuleSet.age_crossings``), looked for every
+  ``AGE_CHECK_EVERY_S``; not every process once a minute.
 """
 
 from __future__ import annotations
@@ -23,21 +39,25 @@ from typing import TYPE_CHECKING
 
 from gpuguard.correlate.correlator import Correlator, RescorePolicy
 from gpuguard.correlate.state import ProcessKey, ProcessState
+from gpuguard.detect.rescore import AGE_CHECK_EVERY_S, GPU_CHECK_EVERY_S
 from gpuguard.detect.rules import RuleSet
 from gpuguard.detect.score import Verdict, score_process
+from gpuguard.detect.signal_reader import SignalReader
 from gpuguard.events.process_facts import ProcessFacts
 
 if TYPE_CHECKING:
     from gpuguard.detect.yara_scan import YaraScanner
 
 _MAX_PARENT_PASSES = 10   # a chain of changed parents deeper than this waits for the next score
+_GPU_ANSWERS = "gpu-answers"   # state.derived: (rule set, time, answers of its GPU tests) at the last look
 
 
 def rescore_policy(ruleset: RuleSet | None) -> RescorePolicy:
     """What the correlator must treat as a change worth rescoring for ``ruleset`` (None: everything)."""
     if ruleset is None:
         return RescorePolicy()
-    return RescorePolicy(additions=ruleset.rescore_on, counts=ruleset.reads_counts, rates=ruleset.reads_rates)
+    return RescorePolicy(additions=ruleset.rescore_on, counts=ruleset.reads_counts, rates=ruleset.reads_rates,
+                         gpu_checked=True)
 
 
 class DetectionEngine:
@@ -49,6 +69,7 @@ class DetectionEngine:
         self.yara_scanner = yara_scanner
         self.counters: dict[str, int] = {"yara_scans": 0}
         self._time_bucket: int | None = None   # the clock period of the last score (see score)
+        self._age_checked_at: float | None = None   # when ages were last looked at (see _mark_age_crossings)
         self.ruleset: RuleSet | None = None
         correlator.on_new_facts = self._enrich
         self.set_ruleset(ruleset)
@@ -56,6 +77,7 @@ class DetectionEngine:
     def set_ruleset(self, ruleset: RuleSet | None) -> None:
         """Use a new rule set (hot reload): every process is rescored on the next :meth:`score`."""
         self.ruleset = ruleset
+        self._age_checked_at = None
         self.correlator.set_policy(rescore_policy(ruleset))
 
     def score(self, now: float, *, everything: bool = False) -> list[Verdict]:
@@ -63,9 +85,11 @@ class DetectionEngine:
         verdicts, oldest process first.
 
         When a rule reads a signal that moves with the clock alone (an ioctl rate,
-        ``age_s``, ``hour_of_day``), every process is also rescored once per period of
-        that signal (10 s, a minute, an hour), so such a verdict does not wait for the
-        process's next event.
+        ``hour_of_day``), every process is also rescored once per period of that signal
+        (10 s, an hour), so such a verdict does not wait for the process's next event;
+        ``age_s`` rescores the processes whose age crossed a number a rule compares it
+        with, and GPU samples those whose rules' GPU tests answer differently (see the
+        module docstring).
         """
         ruleset = self.ruleset
         if ruleset is None:
@@ -81,6 +105,10 @@ class DetectionEngine:
         if everything:
             for state in states:
                 state.dirty = True
+        elif ruleset.age_crossings:
+            self._mark_age_crossings(ruleset.age_crossings, now)
+        gpu_tests = ruleset.gpu_sample_tests
+        readers = self._check_gpu_moves(ruleset, gpu_tests, now) if correlator.gpu_moved else {}
         out: list[Verdict] = []
         for _ in range(_MAX_PARENT_PASSES):   # parents first; a changed parent re-dirties its children
             dirty = [s for s in states if s.dirty]
@@ -92,7 +120,10 @@ class DetectionEngine:
                 previous = state.verdict
                 parent = correlator.parent_of(state)
                 state.parent_verdict = parent.verdict if parent else None
-                verdict = score_process(state, ruleset, now)
+                reader = readers.pop(state, None) or SignalReader(state, now)
+                verdict = score_process(state, ruleset, now, reader)
+                if gpu_tests and state.gpu_rescored_at is not None:
+                    state.derived[_GPU_ANSWERS] = (ruleset, now, _answers(gpu_tests, reader))
                 state.verdict = verdict
                 state.dirty = False
                 out.append(verdict)
@@ -105,6 +136,63 @@ class DetectionEngine:
                     state.dirty = True
         latest = {v.key: v for v in out}
         return sorted(latest.values(), key=lambda v: (v.key.start_time, v.key.pid))
+
+    def _mark_age_crossings(self, crossings: tuple[tuple[float, bool], ...], now: float) -> None:
+        """Mark the processes whose age crossed one of ``crossings`` since the last look.
+
+        The looks split time into intervals (last, now]; an answer that changes as the age
+        reaches a value (gte, lt) changes in exactly one of them, one that changes just after
+        it (gt, lte) in exactly one [last, now).  A process scored after the change and before
+        the look is rescored once more (harmless); a process is never left out.
+        """
+        last = self._age_checked_at
+        if last is None:
+            self._age_checked_at = now     # every process is dirty after set_ruleset: scored now
+            return
+        if last <= now < last + AGE_CHECK_EVERY_S:
+            return
+        self._age_checked_at = now
+        backwards = now < last             # a clock set back (or a caller scoring an earlier time)
+        for state in self.correlator.unordered_states():
+            if state.dirty:
+                continue
+            start = state.key.start_time
+            before, after = last - start, now - start
+            for point, at in crossings:
+                if backwards:
+                    crossed = after <= point <= before
+                else:
+                    crossed = (before < point <= after) if at else (before <= point < after)
+                if crossed:
+                    state.dirty = True
+                    break
+
+    def _check_gpu_moves(self, ruleset: RuleSet, tests: tuple, now: float) -> "dict[ProcessState, SignalReader]":
+        """Mark the processes whose GPU windows moved so that a rule's GPU test answers differently.
+
+        Returns the signal readers used for those, so scoring reads each signal once.
+        """
+        moved = self.correlator.gpu_moved
+        readers: dict[ProcessState, SignalReader] = {}
+        if not tests:
+            moved.clear()
+            return readers
+        for state in list(moved):
+            if state.dirty:            # scored anyway (its answers are kept then)
+                moved.discard(state)
+                continue
+            kept = state.derived.get(_GPU_ANSWERS)
+            if kept is not None and kept[0] is ruleset and 0 <= now - kept[1] < GPU_CHECK_EVERY_S:
+                continue               # looked at less than GPU_CHECK_EVERY_S ago: stays in moved
+            moved.discard(state)
+            reader = SignalReader(state, now)
+            answers = _answers(tests, reader)
+            if kept is None or kept[0] is not ruleset or kept[2] != answers:
+                state.dirty = True
+                readers[state] = reader
+            else:
+                state.derived[_GPU_ANSWERS] = (ruleset, now, answers)
+        return readers
 
     def verdicts(self, now: float) -> list[Verdict]:
         """The current verdict of every tracked process (rescoring the changed ones)."""
@@ -120,3 +208,12 @@ class DetectionEngine:
             self.counters["yara_scans"] += 1
         if self.ruleset is not None and correlator.facts_provider is not None:
             state.exe_sha256 = self.ruleset.allowlist.exe_sha256_if_needed(facts, correlator.proc_root)
+
+
+def _answers(tests: tuple, reader: SignalReader) -> int:
+    """The answers of ``tests`` as bits (bit i: test i matched)."""
+    bits = 0
+    for i, test in enumerate(tests):
+        if test(reader) is not None:
+            bits |= 1 << i
+    return bits

@@ -13,7 +13,11 @@ listed below (``tests/test_incremental.py`` checks every signal against these).
   parent's verdict) is recomputed every time.
 * **rescoring**: the correlator rescores a process for an addition
   (correlate.state NEW_* bits) or a repeated count only when some rule reads a
-  signal that depends on it; clock signals rescore everything once per period.
+  signal that depends on it.  A GPU sample rescores only when one of the
+  rules' tests of a GPU-window signal (GPU_SAMPLE_SIGNALS) answers differently,
+  looked at every GPU_CHECK_EVERY_S per process; ``age_s`` rescores a process
+  when its age crosses a number a rule compares it with (crossing_points);
+  the other clock signals rescore everything once per period.
 """
 
 from __future__ import annotations
@@ -90,9 +94,39 @@ assert sum(SIGNALS_READING) == ANY_ADDITION and set().union(*SIGNALS_READING.val
 assert RATE_SIGNALS <= set(SIGNALS)
 
 # Signals that change with the clock alone, and how often the detection engine re-evaluates
-# every process for them when a rule reads them (an age rule may fire up to a minute late; a
-# rate falls within 10 s of a process going quiet).
+# every process for them when a rule reads them (a rate falls within 10 s of a process going
+# quiet).  ``age_s`` is here only for rules that test it with something other than a comparison
+# with a number; for comparisons (all shipped rules) the engine rescores a process only when
+# its age crosses a number a rule compares it with, checked every AGE_CHECK_EVERY_S.
 TIME_SIGNAL_PERIODS_S = {"age_s": 60.0, "hour_of_day": 3600.0, **{name: 10.0 for name in RATE_SIGNALS}}
+AGE_CHECK_EVERY_S = 10.0
+_COMPARISONS = frozenset({"gt", "gte", "lt", "lte"})
+
+# Signals whose value a GPU sample can change: the GPU windows and behaviour figures.  A GPU
+# sample does not rescore a process by itself; the engine re-evaluates the rules' tests of these
+# signals (at most every GPU_CHECK_EVERY_S of sample time per process) and rescores the process
+# only when one of those tests changed its answer.  ``tests/test_rescore_gpu.py`` checks that a GPU
+# sample changes no other signal.
+GPU_SAMPLE_SIGNALS = frozenset({"gpu_util_mean", "gpu_util_variance", "gpu_util_min", "gpu_util_latest",
+                                "gpu_util_samples", "gpu_util_window_s", "gpu_memory_bytes", "gpu_memory_fraction",
+                                *(name for name, signal in SIGNALS.items() if signal.group == "gpu-behaviour")})
+GPU_CHECK_EVERY_S = 5.0
+assert GPU_SAMPLE_SIGNALS <= set(SIGNALS)
+
+
+def crossing_points(leaves, signal: str) -> tuple[tuple[float, bool], ...] | None:
+    """Where the tests in ``leaves`` (detect.conditions.Leaf) of a signal that only grows, such as
+    ``age_s``, can change their answer: ``(value, at)`` sorted, ``at`` True when the answer changes
+    as the signal reaches the value (gte, lt) and False when it changes just after (gt, lte);
+    () when no test reads ``signal``, None when one is not a comparison with a number."""
+    points = set()
+    for leaf in leaves:
+        if leaf.signal != signal:
+            continue
+        if leaf.op not in _COMPARISONS:
+            return None
+        points.add((float(leaf.operand), leaf.op in ("gte", "lt")))
+    return tuple(sorted(points))
 
 
 def additions_read(signals: "frozenset[str] | set[str]") -> int:

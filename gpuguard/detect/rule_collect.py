@@ -345,8 +345,10 @@ def compile_collected(collected: _Collected, sources: list[Path], check_files: b
         before = len(ctx.problems)
         used_before = set(ctx.signals_used)
         ctx.signals_used = set()
+        ctx.leaves = []
         condition = compile_condition(cond_field.value, cond_field.path, doc.at, doc.key_at, ctx)
         signals = tuple(sorted(ctx.signals_used))
+        leaves = tuple(ctx.leaves)
         ctx.signals_used |= used_before
         problems += [Problem.at(position, message, rule_id) for position, message in ctx.problems[before:]]
         del ctx.problems[before:]
@@ -362,6 +364,7 @@ def compile_collected(collected: _Collected, sources: list[Path], check_files: b
             enabled=fields["enabled"].value if "enabled" in fields else True,
             condition=condition,
             signals=signals,
+            leaves=leaves,
             source=id_field.doc.at(id_field.path),
             outcome_cache=rule_cache(signals),
         )

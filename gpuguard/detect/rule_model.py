@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.detect.allowlist import Allowlist
-from gpuguard.detect.conditions import Condition
-from gpuguard.detect.rescore import COUNT_SIGNALS, RATE_SIGNALS, TIME_SIGNAL_PERIODS_S, additions_read
+from gpuguard.detect.conditions import Condition, Leaf
+from gpuguard.detect.rescore import (
+    COUNT_SIGNALS,
+    GPU_SAMPLE_SIGNALS,
+    RATE_SIGNALS,
+    TIME_SIGNAL_PERIODS_S,
+    additions_read,
+    crossing_points,
+)
 from gpuguard.detect.yaml_marks import Position
 from gpuguard.errors import with_fix
 
@@ -73,6 +80,7 @@ class Rule:
     signals: tuple[str, ...]        # signal names the condition reads, sorted
     source: Position
     outcome_cache: str | None = None   # the state.derived entry its outcome is kept in (rescore.rule_cache)
+    leaves: tuple[Leaf, ...] = ()      # its condition's signal tests (what the rescore policy reads)
 
 
 @dataclass(slots=True)
@@ -88,6 +96,8 @@ class RuleSet:
     _yara: Any = field(default=None, repr=False)
     _groups: Any = field(default=None, repr=False)
     _signals_used: frozenset[str] | None = field(default=None, repr=False)
+    _gpu_tests: "tuple[Condition, ...] | None" = field(default=None, repr=False)
+    _age_points: "tuple[float, ...] | None | bool" = field(default=False, repr=False)
 
     @property
     def evaluation_groups(self) -> "tuple[tuple[str | None, tuple[Rule, ...]], ...]":
@@ -116,10 +126,38 @@ class RuleSet:
 
     @property
     def time_rescore_period_s(self) -> float | None:
-        """How often every process must be re-evaluated because a rule reads the clock (None: never)."""
+        """How often every process must be re-evaluated because a rule reads the clock (None: never).
+
+        ``age_s`` counts only when some rule tests it with something other than a comparison
+        with a number: otherwise the engine rescores each process as its age crosses one of
+        those numbers (:attr:`age_crossings`), not everyone once a minute.
+        """
         used = self.signals_used
-        periods = [period for name, period in TIME_SIGNAL_PERIODS_S.items() if name in used]
+        periods = [period for name, period in TIME_SIGNAL_PERIODS_S.items()
+                   if name in used and not (name == "age_s" and self.age_crossings is not None)]
         return min(periods) if periods else None
+
+    @property
+    def age_crossings(self) -> tuple[tuple[float, bool], ...] | None:
+        """The ages (s) at which some enabled rule's test of ``age_s`` can change its answer
+        (``rescore.crossing_points``): () when no rule reads it, None when a test is not a
+        comparison with a number."""
+        if self._age_points is False:
+            self._age_points = crossing_points([leaf for rule in self.rules for leaf in rule.leaves], "age_s")
+        return self._age_points  # type: ignore[return-value]
+
+    @property
+    def gpu_sample_tests(self) -> tuple[Condition, ...]:
+        """Every enabled rule's tests of a signal a GPU sample can change (rescore.GPU_SAMPLE_SIGNALS).
+
+        Rule outcomes are and/or/not of their tests, so while none of these tests changes
+        its answer, a GPU sample cannot change a verdict (the engine's GPU check).
+        """
+        if self._gpu_tests is None:
+            unique = {(leaf.signal, leaf.op, repr(leaf.operand)): leaf.test for rule in self.rules
+                      for leaf in rule.leaves if leaf.signal in GPU_SAMPLE_SIGNALS}
+            self._gpu_tests = tuple(unique.values())
+        return self._gpu_tests
 
     @property
     def reads_rates(self) -> bool:

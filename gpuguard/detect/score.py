@@ -96,15 +96,18 @@ def verdict_for(score: int, ruleset: RuleSet) -> str:
     return "clean"
 
 
-def score_process(state: ProcessState, ruleset: RuleSet, now: float) -> Verdict:
+def score_process(state: ProcessState, ruleset: RuleSet, now: float, reader: SignalReader | None = None) -> Verdict:
     """Evaluate every enabled rule on ``state`` at ``now``; see the module docstring.
+
+    ``reader``: the signals of ``state`` at ``now`` already read (the engine's GPU check).
 
     A rule that reads only signals derived from the facts, endpoints and GPU
     devices is evaluated once and its outcome kept in ``state.derived`` until
     one of those changes; rules reading GPU or CPU windows, counts, time, YARA
     or the parent's verdict are evaluated every time.
     """
-    reader = SignalReader(state, now)
+    if reader is None:
+        reader = SignalReader(state, now)
     derived = state.derived
     evidence: list[Evidence] = []
     for cache_name, rules in ruleset.evaluation_groups:

@@ -33,7 +33,7 @@ from typing import Callable, Iterable
 from gpuguard.correlate.gpu_behaviour import MONITOR_NAMES
 from gpuguard.correlate.state import ANY_ADDITION, ProcessKey, ProcessState
 from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
-from gpuguard.events.model import ConnActivity, Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
+from gpuguard.events.model import ConnActivity, Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, HugeAlloc, Lost, NetPayload
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
@@ -107,6 +107,7 @@ class Correlator:
             ProcessFacts: self._on_facts,
             GpuAccounting: self._on_accounting,
             ConnActivity: self._on_conn_activity,
+            HugeAlloc: self._on_huge_alloc,
         }
 
     # -- public API ---------------------------------------------------------
@@ -369,6 +370,11 @@ class Correlator:
         state = self._by_pid.get(event.pid) or self._state_for(event.pid, event.time, event.comm)
         state.add_session(event)
         state.touch(event.time, True)     # reported every 10 s at most, per changed connection
+
+    def _on_huge_alloc(self, event: HugeAlloc) -> None:
+        self.counters["events"] += 1
+        state = self._by_pid.get(event.pid) or self._state_for(event.pid, event.time, event.comm)
+        state.touch(event.time, state.add_huge_alloc(event.length, event.page_size))
 
     def _on_accounting(self, record: GpuAccounting) -> None:
         """A driver's lifetime record of a pid: kept on the live process it belongs to, if any."""

@@ -22,7 +22,7 @@ from gpuguard.correlate.correlator import Correlator
 from gpuguard.detect.engine import DetectionEngine
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.sources.huge_pages import process_hugetlb
+from gpuguard.sources.huge_pages import process_hugetlb, read_host_tuning
 from gpuguard.sources.process import collect_process_facts
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
@@ -233,3 +233,16 @@ def test_modprobe_msr_allow_writes_exec_is_seen():
     assert "cpu-msr-enable-writes" in {e.rule_id for e in verdicts[loads.pid].evidence}
     # a load without allow_writes is ordinary
     assert "cpu-msr-enable-writes" not in {e.rule_id for e in verdicts[plain.pid].evidence}
+
+
+def test_a_real_reservation_is_a_host_finding_and_is_gone_after():
+    from gpuguard.detect.tuning_host_checks import host_tuning_findings
+
+    with reserved_huge_pages(3):
+        before_restore = read_host_tuning("/")
+        findings = host_tuning_findings("/")
+    reserved = before_restore.reserved.get(2 << 20, 0)
+    assert reserved >= 3 and before_restore.nr_hugepages == reserved
+    assert [f.rule_id for f in findings if f.rule_id == "host-hugepages-reserved"] == ["host-hugepages-reserved"]
+    assert f"/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages = {reserved}" in findings[-1].evidence
+    assert read_host_tuning("/").reserved.get(2 << 20, 0) == reserved - 3

@@ -29,7 +29,7 @@ HOST_RULES.update({rule.id: rule for rule in (
              40, ("configuration", "host"),
              (RESOURCE_HIJACKING,)),
     HostRule("host-hugepages-reserved", "Huge pages reserved",
-             "Huge pages are reserved on the host (1 GiB pages weigh more): RandomX miners reserve them for "
+             "Huge pages are reserved on the host: RandomX miners reserve them for "
              "their 2 GiB dataset, but so do databases, DPDK, JVMs and VMs, so this is context for the "
              "process findings, never a verdict by itself.",
              10, ("configuration", "host"),

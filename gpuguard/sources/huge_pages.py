@@ -69,7 +69,7 @@ class HostTuning:
     msr_allow_writes: str | None = None          # "on" / "off" / "default"; None: msr module not loaded
     nr_hugepages: int | None = None              # /proc/sys/vm/nr_hugepages (default-size pages)
     reserved: dict[int, int] = field(default_factory=dict)   # page size in bytes -> pages reserved (> 0 only)
-    sources: dict[str, str] = field(default_factory=dict)    # what was read: path -> value, for the evidence
+    sources: dict[str, str] = field(default_factory=dict)    # path -> value of what is set (msr, counts > 0)
 
 
 MSR_ALLOW_WRITES = "/sys/module/msr/parameters/allow_writes"
@@ -104,7 +104,8 @@ def read_host_tuning(root: str = "/") -> HostTuning:
     value = _read_text(base + NR_HUGEPAGES)
     if value is not None and value.isdigit():
         tuning.nr_hugepages = int(value)
-        tuning.sources[NR_HUGEPAGES] = value
+        if tuning.nr_hugepages:
+            tuning.sources[NR_HUGEPAGES] = value
     try:
         entries = sorted(os.listdir(base + HUGEPAGES_DIR))
     except OSError:

@@ -8,6 +8,7 @@ needs and put back after), so the 2 MiB-page allocations succeed and show in /pr
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import socket
@@ -22,6 +23,7 @@ from gpuguard.correlate.correlator import Correlator
 from gpuguard.detect.engine import DetectionEngine
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.outputs.console import LiveView, format_event
 from gpuguard.sources.huge_pages import process_hugetlb, read_host_tuning
 from gpuguard.sources.process import collect_process_facts
 from tests.support.workloads import build_workload, run_with_gpu_nodes
@@ -110,6 +112,9 @@ def test_the_sensor_reports_huge_page_requests_and_proc_shows_the_mapping(enter_
     # Only the three huge requests: the loader's and libc's ordinary mmaps are filtered in the kernel.
     assert huge == [("mmap", 4 * MIB, 2 * MIB), ("mmap", GIB, GIB), ("shmget", 4 * MIB, 2 * MIB)]
     assert all(e.comm == "worker" for e in events if e.kind == "huge_alloc")
+    shown = [format_event(e) for e in events if e.kind == "huge_alloc" and LiveView(io.StringIO())._shows(e)]
+    assert [line.split("worker", 1)[1].strip() for line in shown] == [
+        "mmap 4 MiB in 2 MiB pages", "mmap 1 GiB in 1 GiB pages", "shmget 4 MiB in 2 MiB pages"]
     # /proc without a probe: 8 MiB of 2 MiB pages mapped, the figure smaps_rollup gives too
     assert (facts.hugetlb_bytes, facts.hugetlb_page_size) == (8 * MIB, 2 * MIB)
     assert rollup == 8 * MIB

@@ -87,12 +87,13 @@ def smaps_rollup_hugetlb(pid: int) -> int:
     return total
 
 
-@pytest.mark.parametrize("enter_hook", ["tracepoint", "raw"])
-def test_the_sensor_reports_huge_page_requests_and_proc_shows_the_mapping(enter_hook):
+@pytest.mark.parametrize("settings", [{"enter_hook": "tracepoint"}, {"enter_hook": "raw"}, {"perf_buffer": True}],
+                         ids=["tracepoint", "raw", "perf-buffer"])
+def test_the_sensor_reports_huge_page_requests_and_proc_shows_the_mapping(settings):
     from gpuguard.sources.probe_source import ProbeSettings
     from gpuguard.sources.sensor import Sensor
 
-    sensor = Sensor(ProbeSettings(enter_hook=enter_hook), drain_interval=0.2, sweep_interval=3600)
+    sensor = Sensor(ProbeSettings(**settings), drain_interval=0.2, sweep_interval=3600)
     sensor.start()
     try:
         with reserved_huge_pages(4), workload_in_opt("worker") as binary:

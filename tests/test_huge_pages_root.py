@@ -266,3 +266,41 @@ def test_a_real_reservation_is_a_host_finding_and_is_gone_after():
     assert [f.rule_id for f in findings if f.rule_id == "host-hugepages-reserved"] == ["host-hugepages-reserved"]
     assert f"/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages = {reserved}" in findings[-1].evidence
     assert read_host_tuning("/").reserved.get(2 << 20, 0) == reserved - 3
+
+
+def test_the_agent_gives_huge_page_users_a_cpu_window():
+    """The agent has no CPU figures otherwise: the correlator names the candidates (a huge-page
+    request seen), the sampler measures them from /proc between housekeeping periods."""
+    from gpuguard.events.model import HugeAlloc
+    from gpuguard.sources.cpu_usage import CpuSampler
+
+    with workload_in_opt("worker") as binary:
+        busy, _ = start([str(binary), "spin:8", "ready"], preexec_fn=_favoured)
+        idle, _ = start([str(binary), "ready"])
+        try:
+            correlator = Correlator(facts_provider=collect_process_facts)
+            now = time.time()
+            for proc in (busy, idle):
+                correlator.feed(HugeAlloc(time=now, pid=proc.pid, comm="worker", source="mmap", length=256 * MIB,
+                                          page_size=2 * MIB))
+            ordinary = collect_process_facts(os.getpid())
+            correlator.feed(ordinary)                     # no huge pages: not a candidate
+            keys = {correlator.state_of(p.pid).key: p.pid for p in (busy, idle)}
+            assert set(correlator.cpu_candidates()) == set(keys)
+            sampler = CpuSampler()
+            assert sampler.sample(correlator.cpu_candidates()) == {}     # the first look only starts the clock
+            samples = {}
+            for _ in range(5):                            # the machine's cores are shared with other runs
+                time.sleep(1.5)
+                samples = sampler.sample(correlator.cpu_candidates())
+                if samples[correlator.state_of(busy.pid).key] >= 90:
+                    break
+            for key, percent in samples.items():
+                correlator.add_cpu_sample(key, now + 10, percent)
+        finally:
+            for proc in (busy, idle):
+                proc.kill()
+                proc.communicate(timeout=10)
+    by_pid = {keys[k]: v for k, v in samples.items()}
+    assert by_pid[busy.pid] >= 90 and by_pid[idle.pid] < 5, by_pid
+    assert correlator.state_of(busy.pid).cpu.mean >= 90 and correlator.state_of(busy.pid).dirty

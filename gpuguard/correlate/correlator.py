@@ -141,6 +141,20 @@ class Correlator:
     def __len__(self) -> int:
         return len(self._states)
 
+    def cpu_candidates(self) -> list[ProcessKey]:
+        """Live processes a CPU-miner rule may need a CPU window for: huge-page users (sensor or
+        /proc) and processes that opened host-tuning files for writing (the agent samples these)."""
+        return [s.key for s in self._states.values()
+                if not s.exited and (s.huge_alloc_bytes or s.device_classes_written
+                                     or (s.facts is not None and s.facts.hugetlb_bytes))]
+
+    def add_cpu_sample(self, key: ProcessKey, time: float, percent: float) -> None:
+        """A CPU % measured for a tracked process (``cpu_candidates``); marks it for rescoring."""
+        state = self._states.get(key)
+        if state is not None:
+            state.cpu.add(time, percent)
+            state.dirty = True
+
     def set_policy(self, policy: RescorePolicy) -> None:
         """Use a new rescore policy (new rules): every process is marked for rescoring."""
         self.policy = policy

@@ -1,7 +1,7 @@
 """Sensor overhead: syscall tax, start-up time and steady memory (run as root).
 
     .venv/bin/python benchmarks/bench_sensor.py [--calls 2000000] [--repeat 5]
-        [--variant tracepoint,raw] [--floors] [--json]
+        [--variant tracepoint,raw,tracepoint-nohuge] [--floors] [--json] [--record-pair | --mmap-pair]
 
 Every program variant is compiled and loaded once, then attached only while
 its own measurements run.  Each round runs every case detached and then with
@@ -10,7 +10,9 @@ same cores) hits both sides of a pair alike; the reported delta is the median
 of those paired differences, the detached/attached columns are medians too.
 
 Variants: ``tracepoint`` (the default sensor), ``raw`` (enter_hook="raw":
-every sys_enter hook in one raw sys_enter program).  ``--floors`` adds two
+every sys_enter hook in one raw sys_enter program), ``tracepoint-nohuge`` (the
+default sensor with its mmap/shmget huge-page tracepoints left detached: the
+per-round difference to ``tracepoint`` on the mmap case is those probes' cost).  ``--floors`` adds two
 empty programs that show what the kernel charges before a probe does any
 work: an empty syscalls:sys_enter_ioctl program, and an empty raw sys_enter.
 """
@@ -48,7 +50,15 @@ CASES = (
     # probes run in full, the syscall behind them is cheap, so the difference is resolvable.
     ("write EFAULT, UDP (captured 4, then slot)", "send-fault", "PORT", True),
     ("write EFAULT, UDP of a GPU holder (record)", "send-gpu-fault", "PORT", True),
+    # The huge-page probe (sys_enter_mmap): an ordinary mmap pays the tracepoint and one flag test.
+    ("mmap+munmap 4 KiB anon (huge-page probe)", "mmap", None, False),
+    ("mmap EINVAL (huge-page probe, cheap call)", "mmap-einval", None, False),
 )
+
+# The sensor's syscall tracepoints the "tracepoint-nohuge" variant leaves detached: the same
+# loaded program without its huge-page probes, so the difference is those probes' own cost.
+HUGE_PAGE_TPS = (b"syscalls:sys_enter_mmap", b"syscalls:sys_enter_shmget")
+VARIANTS = ("tracepoint", "raw", "tracepoint-nohuge")
 
 # (non-holder case, GPU-holder case): their per-round difference is the record's cost.
 RECORD_PAIRS = (
@@ -121,9 +131,9 @@ def foreign_bpf_holders() -> list[int]:
 class Attachable:
     """A loaded bcc program whose tracepoints can be detached and re-attached."""
 
-    def __init__(self, bpf) -> None:
+    def __init__(self, bpf, leave_out: tuple[bytes, ...] = ()) -> None:
         self.bpf = bpf
-        self.tps = list(bpf.tracepoint_fds)
+        self.tps = [tp for tp in bpf.tracepoint_fds if tp not in leave_out]
         self.raws = list(bpf.raw_tracepoint_fds)
         self.detach()
 
@@ -200,17 +210,85 @@ def record_pair(binary: Path, args) -> int:
     return 0
 
 
+def mmap_pair(binary: Path, args) -> int:
+    """The huge-page probe's cost on an ordinary mmap, measured in one process (like --record-pair).
+
+    syscall_loop alternates timed blocks of mmap(len 0) and munmap(len 0): both fail with
+    EINVAL at once, only mmap has a probe.  Each round runs it detached, with the sensor,
+    and with the same sensor minus its huge-page tracepoints; the sensor's difference minus
+    the one without those tracepoints is their cost per mmap.
+    """
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    sensor = Sensor(ProbeSettings())
+    sensor.start()
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            sensor.poll(20)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    states = {"detached": None, "sensor": Attachable(sensor._bpf),
+              "sensor without huge-page probes": Attachable(sensor._bpf, HUGE_PAGE_TPS)}
+    rows: dict[str, dict[str, list[float]]] = {name: {"mmap": [], "munmap": [], "diff": []} for name in states}
+    try:
+        for _ in range(args.repeat):
+            for name, prog in states.items():
+                if prog is not None:
+                    prog.attach()
+                try:
+                    out = subprocess.run([str(binary), "mmap-pair", str(args.calls)], check=True,
+                                         capture_output=True, text=True).stdout
+                finally:
+                    if prog is not None:
+                        prog.detach()
+                for key, value in zip(("mmap", "munmap", "diff"), out.split()):
+                    rows[name][key].append(float(value))
+    finally:
+        stop.set()
+        consumer.join()
+        sensor.close()
+    med = statistics.median
+    result = {name: {k: round(med(v), 1) for k, v in row.items()} | {"diff_rounds": [round(d, 1) for d in row["diff"]]}
+              for name, row in rows.items()}
+    with_probe, without = rows["sensor"]["diff"], rows["sensor without huge-page probes"]["diff"]
+    cost = med([a - b for a, b in zip(with_probe, without)])
+    base = result["sensor without huge-page probes"]["mmap"]
+    summary = {"probe_ns_per_mmap": round(cost, 1), "rounds_ns": [round(a - b, 1) for a, b in zip(with_probe, without)],
+               "ratio_mmap_einval": round((base + cost) / base, 3),
+               "ratio_to_no_sensor": round(result["sensor"]["mmap"] / result["detached"]["mmap"], 3)}
+    if args.json:
+        print(json.dumps({"calls_per_run": args.calls, "rounds": args.repeat, "mmap_pair": result,
+                          "huge_probe": summary}, indent=2))
+        return 0
+    print(f"huge-page probe per ordinary mmap, one process, interleaved blocks ({args.calls} calls x {args.repeat} rounds)")
+    print(f"{'state':<34} {'mmap':>9} {'munmap':>9} {'difference':>11}  per round")
+    for name, r in result.items():
+        print(f"{name:<34} {r['mmap']:>7.1f}ns {r['munmap']:>7.1f}ns {r['diff']:>+9.1f}ns  {r['diff_rounds']}")
+    print(f"probe cost: {summary['probe_ns_per_mmap']:+.1f} ns per mmap (per round {summary['rounds_ns']}); "
+          f"ratio on mmap(EINVAL) {summary['ratio_mmap_einval']} to the sensor without it, "
+          f"{summary['ratio_to_no_sensor']} to no sensor")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2_000_000)
     parser.add_argument("--repeat", type=int, default=5, help="rounds (each: detached + every variant)")
-    parser.add_argument("--variant", default="tracepoint,raw", help="comma-separated: tracepoint, raw")
+    parser.add_argument("--variant", default="tracepoint,raw,tracepoint-nohuge",
+                        help="comma-separated: " + ", ".join(VARIANTS))
     parser.add_argument("--floors", action="store_true", help="also measure empty reference programs")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--only", default="", metavar="TEXT", help="only the cases whose label contains TEXT")
     parser.add_argument("--record-pair", action="store_true",
                         help="measure only the activity record's cost per send, in one process "
                              "(send-pair: a socket with a record vs one without, interleaved blocks)")
+    parser.add_argument("--mmap-pair", action="store_true",
+                        help="measure only the huge-page probe's cost per ordinary mmap, in one process "
+                             "(mmap-pair: mmap(len 0) vs munmap(len 0), interleaved blocks)")
     args = parser.parse_args()
     cases = [c for c in CASES if args.only in c[0]]
     if os.geteuid() != 0:
@@ -225,14 +303,18 @@ def main() -> int:
     SINK_PORT[0] = start_sink()
     if args.record_pair:
         return record_pair(binary, args)
+    if args.mmap_pair:
+        return mmap_pair(binary, args)
     variants = [v for v in args.variant.split(",") if v]
     for v in variants:
-        if v not in ("tracepoint", "raw"):
+        if v not in VARIANTS:
             parser.error(f"unknown variant {v!r}")
 
     # Start-up (compile + load + attach) of each variant, three times.
     startups: dict[str, list[float]] = {}
     for v in variants:
+        if v == "tracepoint-nohuge":
+            continue            # the tracepoint program, attached in part
         startups[v] = []
         for _ in range(3):
             s = Sensor(ProbeSettings(enter_hook=v))
@@ -245,9 +327,10 @@ def main() -> int:
     programs: dict[str, Attachable] = {}
     rss_one = 0.0
     for v in variants:
-        sensors[v] = Sensor(ProbeSettings(enter_hook=v))
+        hook = "tracepoint" if v == "tracepoint-nohuge" else v
+        sensors[v] = Sensor(ProbeSettings(enter_hook=hook))
         sensors[v].start()
-        programs[v] = Attachable(sensors[v]._bpf)
+        programs[v] = Attachable(sensors[v]._bpf, HUGE_PAGE_TPS if v == "tracepoint-nohuge" else ())
         if not rss_one:
             rss_one = rss_mb(os.getpid())
     if args.floors:
@@ -313,6 +396,14 @@ def main() -> int:
                 record[holder] = {"median_ns": round(med(diffs), 1),
                                   "rounds_ns": [round(d, 1) for d in diffs]}
         result.setdefault("record_cost", {})[name] = record
+    for huge in ("mmap+munmap 4 KiB anon (huge-page probe)", "mmap EINVAL (huge-page probe, cheap call)"):
+        if {"tracepoint", "tracepoint-nohuge"} <= set(programs) and huge in detached:
+            diffs = [w - wo for w, wo in zip(deltas["tracepoint"][huge], deltas["tracepoint-nohuge"][huge])]
+            base = med(attached["tracepoint-nohuge"][huge])
+            result.setdefault("huge_probe_cost", {})[huge] = {
+                "median_ns": round(med(diffs), 1), "rounds_ns": [round(d, 1) for d in diffs],
+                "ratio_to_sensor_without_it": round((base + med(diffs)) / base, 3),
+                "ratio_to_no_sensor": round(med(attached["tracepoint"][huge]) / med(detached[huge]), 3)}
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -327,6 +418,10 @@ def main() -> int:
         for holder, rc in result["record_cost"].get(name, {}).items():
             print(f"  activity record, {holder}: {rc['median_ns']:+.1f} ns per write "
                   f"(median of per-round differences {rc['rounds_ns']})")
+    for case, hp in result.get("huge_probe_cost", {}).items():
+        print(f"huge-page probes, {case}: {hp['median_ns']:+.1f} ns per call, ratio "
+              f"{hp['ratio_to_sensor_without_it']} to the sensor without them, {hp['ratio_to_no_sensor']} to no sensor "
+              f"(per round {hp['rounds_ns']})")
     for v, st in result["startup_s"].items():
         print(f"start-up [{v}] (compile + load + attach): median {st['median']} s over {st['runs']}")
     r = result["sensor_rss_mb"]

@@ -7,12 +7,19 @@
  *       | send-fault, send-gpu-fault (the same two, writing from a NULL buffer: the kernel
  *         fails the copy with EFAULT after the probes ran, so the syscall itself is cheap
  *         and the probes' share of each call is measured with less noise)
+ *       | mmap (mmap + munmap of 4 KiB anonymous memory, no MAP_HUGETLB: the huge-page
+ *         probe's flag test is all it pays; ns per pair)
+ *       | mmap-einval (mmap of length 0: the kernel refuses it with EINVAL after the
+ *         probes ran, so the probe's share of each call is measured with less noise)
  *       | send-pair (one process, two connected UDP sockets to 127.0.0.1:PATH: the first
  *         connected before the process opens /dev/nvidiactl, so it has no activity record,
  *         the second after, so it has one; blocks of writes alternate between the two and
  *         each block is timed, so drift hits both alike.  A 5th argument "fault" writes
  *         from a NULL buffer, as above.)
- * Prints one line: "<ns per call>"; send-pair prints "<record ns> <plain ns> <median of
+ *       | mmap-pair (one process: blocks of mmap(len 0) alternate with blocks of munmap(len 0);
+ *         both fail with EINVAL at once and only mmap has a probe, so the per-block-pair
+ *         difference moves by the huge-page probe's cost when it is attached)
+ * Prints one line: "<ns per call>"; mmap-pair prints "<mmap ns> <munmap ns> <median difference>"; send-pair prints "<record ns> <plain ns> <median of
  * per-block-pair differences, ns>".
  */
 #include <arpa/inet.h>
@@ -23,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -95,12 +103,46 @@ static int send_pair(long n, const char *port, int fault)
     return 0;
 }
 
+static int mmap_pair(long n)
+{
+    long blocks = n / PAIR_BLOCK / 2;
+    if (blocks < 1)
+        blocks = 1;
+    double *mm = calloc(blocks, sizeof(double)), *mu = calloc(blocks, sizeof(double));
+    double *diff = calloc(blocks, sizeof(double));
+    for (long b = 0; b < blocks; b++) {
+        for (int side = 0; side < 2; side++) {
+            int use_mmap = (side == (int)(b & 1));    /* alternate which goes first */
+            double t0 = now_ns();
+            for (int i = 0; i < PAIR_BLOCK; i++) {
+                if (use_mmap)
+                    mmap(NULL, 0, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                else
+                    munmap(NULL, 0);
+            }
+            double per = (now_ns() - t0) / PAIR_BLOCK;
+            if (use_mmap)
+                mm[b] = per;
+            else
+                mu[b] = per;
+        }
+        diff[b] = mm[b] - mu[b];
+    }
+    qsort(mm, blocks, sizeof(double), by_value);
+    qsort(mu, blocks, sizeof(double), by_value);
+    qsort(diff, blocks, sizeof(double), by_value);
+    printf("%.1f %.1f %.1f\n", mm[blocks / 2], mu[blocks / 2], diff[blocks / 2]);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3)
         return 2;
     const char *mode = argv[1];
     long n = strtol(argv[2], NULL, 0);
+    if (!strcmp(mode, "mmap-pair"))
+        return mmap_pair(n);
     if (!strcmp(mode, "send-pair"))
         return argc > 3 ? send_pair(n, argv[3], argc > 4 && !strcmp(argv[4], "fault")) : 2;
     int fd = -1;
@@ -133,6 +175,10 @@ int main(int argc, char **argv)
             write(fd, buf, 1);
         else if (mode[0] == 'i')
             ioctl(fd, 0xc020462aUL, buf);
+        else if (!strcmp(mode, "mmap-einval"))
+            mmap(NULL, 0, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        else if (mode[0] == 'm')
+            munmap(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), 4096);
         else
             close(-1);
     }

@@ -26,6 +26,7 @@ enum gg_event_kind {
     GG_KIND_NET_PAYLOAD = 3,
     GG_KIND_EXEC = 4,
     GG_KIND_EXIT = 5,
+    GG_KIND_HUGE_ALLOC = 6,
 };
 
 /* What kind of GPU-related file a descriptor refers to. */
@@ -60,7 +61,8 @@ enum gg_lost_slot {
     GG_LOST_TRACKED_FDS = 6,     /* tracked-fd map full: an open was not tracked */
     GG_LOST_OPEN_CLASSIFY = 7,   /* the tail call to the open classifier failed */
     GG_LOST_ACTIVITY = 8,        /* both activity slots of a watched connection were taken */
-    GG_LOST_SLOTS = 9,
+    GG_LOST_HUGE_ALLOC = 9,
+    GG_LOST_SLOTS = 10,
 };
 
 /* Flags on a gpu_open event. */
@@ -149,6 +151,23 @@ struct gg_exit {
     struct gg_header hdr;
     __s32 exit_code;        /* from exit_group(2) when seen, else -1 */
     __u32 _pad;
+};
+
+/* Which call asked for huge pages (gg_huge_alloc.source). */
+enum gg_huge_source {
+    GG_HUGE_MMAP = 1,            /* mmap(2) with MAP_HUGETLB */
+    GG_HUGE_SHMGET = 2,          /* shmget(2) with SHM_HUGETLB */
+};
+
+/* mmap(MAP_HUGETLB) or shmget(SHM_HUGETLB), seen at syscall entry (so also a request
+ * the kernel then refuses, e.g. with ENOMEM): RandomX miners ask for a ~2 GiB dataset
+ * and a 256 MiB cache, often in 1 GiB pages. */
+struct gg_huge_alloc {
+    struct gg_header hdr;
+    __u64 length;           /* bytes asked for */
+    __u64 flags;            /* mmap flags / shmflg as passed */
+    __u32 source;           /* enum gg_huge_source */
+    __u32 page_shift;       /* log2 of the page size asked for (MAP_HUGE_SHIFT bits); 0 = the default size */
 };
 
 /* Kernel-side maps whose layout user space reads. */

@@ -65,6 +65,7 @@ BPF_ARRAY(schema_connect, struct gg_connect, 1);
 BPF_ARRAY(schema_net_payload, struct gg_net_payload, 1);
 BPF_ARRAY(schema_exec, struct gg_exec, 1);
 BPF_ARRAY(schema_exit, struct gg_exit, 1);
+BPF_ARRAY(schema_huge_alloc, struct gg_huge_alloc, 1);
 
 #ifdef GG_PERF_BUFFER
 /* Kernels without BPF ring buffers (< 5.8): one per-CPU scratch record + perf buffer. */
@@ -74,6 +75,7 @@ union gg_event_buf {
     struct gg_net_payload net_payload;
     struct gg_exec exec;
     struct gg_exit exit;
+    struct gg_huge_alloc huge_alloc;
 };
 BPF_PERF_OUTPUT(events);
 BPF_PERCPU_ARRAY(scratch_event, union gg_event_buf, 1);

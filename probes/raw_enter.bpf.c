@@ -20,11 +20,13 @@
 #define GG_ARG1(a) ((a)[2])
 #define GG_ARG2(a) ((a)[1])
 #define GG_ARG3(a) ((a)[0])
+#define GG_ARG4_AT(regs) (&(regs)->r10)         /* the syscall ABI passes arg4 in r10 */
 #elif defined(bpf_target_arm64)
 #define GG_ARGS_AT(regs) (&(regs)->regs[0])     /* x0, x1, x2 */
 #define GG_ARG1(a) ((a)[0])
 #define GG_ARG2(a) ((a)[1])
 #define GG_ARG3(a) ((a)[2])
+#define GG_ARG4_AT(regs) (&(regs)->regs[3])
 #else
 #error "enter_hook=raw supports x86_64 and arm64; use the tracepoint hooks"
 #endif
@@ -46,6 +48,8 @@ RAW_TRACEPOINT_PROBE(sys_enter)
     case __NR_dup3:
     case __NR_connect:
     case __NR_exit_group:
+    case __NR_mmap:
+    case __NR_shmget:
 #ifdef __NR_open
     case __NR_open:
 #endif
@@ -96,6 +100,14 @@ RAW_TRACEPOINT_PROBE(sys_enter)
         return connect_enter((__s32)a1, (const char *)a2);
     if (nr == __NR_exit_group)
         return exit_group_enter((__s32)a1);
+    if (nr == __NR_shmget)
+        return shmget_enter(ctx, a2, a3);
+    if (nr == __NR_mmap) {
+        __u64 flags;
+        if (bpf_probe_read_kernel(&flags, sizeof(flags), GG_ARG4_AT(regs)) < 0)
+            return 0;
+        return mmap_enter(ctx, a2, flags);
+    }
     return 0;
 }
 #endif /* GG_RAW_SYS_ENTER */

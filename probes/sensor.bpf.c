@@ -12,4 +12,5 @@
 #include "gpu_ioctl.bpf.c"
 #include "net.bpf.c"
 #include "process.bpf.c"
+#include "huge_pages.bpf.c"
 #include "raw_enter.bpf.c"

@@ -39,7 +39,7 @@ BENIGN = [c for c in CASES if expects_only_clean(c)]
 MINERS = [c for c in CASES if expects_malicious(c)]
 REQUIRED = {"miner_stratum_cmdline", "renamed_miner_shm", "miner_config_file", "miner_socks5_proxy",
             "benign_pytorch_training", "benign_inference_server", "monitoring_agents", "cuda_compile_nvcc",
-            "idle_gpu_holder"}
+            "idle_gpu_holder", "cpu_miner_stringless", "benign_hugepage_users"}
 
 
 @pytest.fixture(scope="module")

@@ -109,6 +109,12 @@ SIGNAL_CASES = [
     ("written classes", with_(make(), lambda s: (s.add_gpu_device("msr", "/dev/cpu/0/msr", written=True),
                                                   s.add_gpu_device("hugepages-config", "/proc/sys/vm/nr_hugepages"))),
      "device_classes_written", {"msr"}),
+    # huge pages: the sensor's largest request, or what /proc says it maps, whichever is larger
+    ("huge request (sensor)", with_(make(), lambda s: s.add_huge_alloc(2181038080, 1 << 30)), "huge_alloc_bytes", 2181038080),
+    ("huge mapped (/proc)", make(hugetlb_bytes=256 << 20, hugetlb_page_size=2 << 20), "huge_alloc_bytes", 256 << 20),
+    ("no huge pages", make(hugetlb_bytes=0), "huge_alloc_bytes", None),
+    ("1 GiB pages (sensor)", with_(make(hugetlb_bytes=0), lambda s: s.add_huge_alloc(1 << 30, 1 << 30)), "huge_page_size", 1 << 30),
+    ("2 MiB pages (/proc)", make(hugetlb_bytes=8 << 30, hugetlb_page_size=2 << 20), "huge_page_size", 2 << 20),
     ("ioctl total", with_(make(), lambda s: (s.add_ioctl(T, "A", "query", 5), s.add_ioctl(T, "B", "submit", 7))), "ioctl_total", 12),
     ("ioctl names", with_(make(), lambda s: s.add_ioctl(T, "UVM_REGISTER_CHANNEL", "submit", 1)), "ioctl_names", {"UVM_REGISTER_CHANNEL"}),
     ("gpu mean", with_(make(), gpu_series([90, 100, 95])), "gpu_util_mean", 95.0),

@@ -14,7 +14,7 @@ import gpuguard
 from gpuguard.errors import GpuguardError
 from gpuguard.events import abi
 from gpuguard.events.model import (
-    EVENT_TYPES, ConnActivity, Connect, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload,
+    EVENT_TYPES, ConnActivity, Connect, Exec, Exit, GpuIoctl, GpuOpen, HugeAlloc, Lost, NetPayload,
 )
 from gpuguard.events.wire import (
     RecordingDamaged, RecordingWriter, item_from_record, iter_recording, read_header,
@@ -42,6 +42,8 @@ def sample_events() -> list:
         Lost(time=T0 + 6, what="net_payload", count=7, **common),
         ConnActivity(time=T0 + 7, fd=12, age_s=310.5, bytes_out=2100, writes_out=14, small_writes=11,
                      small_write_times=[T0 - 60.0, T0 - 30.0, T0], idle_s=7.0, seeded=True, **common),
+        HugeAlloc(time=T0 + 8, source="mmap", length=2181038080, page_size=1 << 30,
+                  flags=0x22 | 0x40000 | (30 << 26), **common),
     ]
     assert {e.kind for e in events} == set(EVENT_TYPES), "add a sample for the new event kind"
     return events

@@ -43,6 +43,7 @@ from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.finding import finding_from_verdict
+from gpuguard.sources.cpu_usage import CpuSampler
 
 HOUSEKEEPING_S = 10.0       # expire old processes and report drops this often
 RULE_FILE_CHECK_S = 2.0     # look for changed rule files this often
@@ -109,6 +110,7 @@ class Agent:
         self.events_per_s = 0.0
         self._drops_reported = 0
         self.housekeeping_s = HOUSEKEEPING_S
+        self.cpu_sampler = CpuSampler(proc_root)       # CPU windows of huge-page users and host tuners
 
     # -- plumbing ---------------------------------------------------------------------
     def _intake_dropped(self, producer: str, count: int) -> None:
@@ -407,6 +409,9 @@ class Agent:
 
     def _housekeeping(self, now: float) -> None:
         self.correlator.expire(now)
+        # CPU windows for huge-page users and host tuners (the CPU-miner rules read them)
+        for key, percent in self.cpu_sampler.sample(self.correlator.cpu_candidates()).items():
+            self.correlator.add_cpu_sample(key, now, percent)
         self._sweep_blocks(now)
         return_freed_memory()
         for key in [k for k in self._reported if self.correlator.get(k) is None]:

@@ -169,7 +169,7 @@ def _probe_hidden_pids(obs, limitations: list[str]):
 
 
 def _host_findings(args, ruleset, obs, hidden, limitations: list[str], notes: list[str]):
-    from gpuguard.detect import gpu_host_checks, host_checks
+    from gpuguard.detect import gpu_host_checks, host_checks, tuning_host_checks
     from gpuguard.sources.host_gpu_stack import collect_gpu_stack
     from gpuguard.sources.persistence import collect_autostart_files
 
@@ -188,7 +188,8 @@ def _host_findings(args, ruleset, obs, hidden, limitations: list[str], notes: li
                 + host_checks.check_kernel(stack)
                 + host_checks.check_hidden_pids(hidden.hidden)
                 + gpu_host_checks.check_gpu_memory(obs.snapshots, obs.gpu_pid_states(), obs.accounting)
-                + gpu_host_checks.check_past_gpu_users(obs.accounting))
+                + gpu_host_checks.check_past_gpu_users(obs.accounting)
+                + tuning_host_checks.host_tuning_findings(args.root))
     host_checks.apply_thresholds(findings, ruleset.thresholds.suspicious, ruleset.thresholds.malicious)
     counters = {"autostart_files": len(autostart.files), "hidden_pid_candidates": hidden.candidates_checked}
     return findings, stack, counters

@@ -33,7 +33,7 @@ from typing import Callable, Iterable
 from gpuguard.correlate.gpu_behaviour import MONITOR_NAMES
 from gpuguard.correlate.state import ANY_ADDITION, ProcessKey, ProcessState
 from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
-from gpuguard.events.model import ConnActivity, Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
+from gpuguard.events.model import ConnActivity, Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, HugeAlloc, Lost, NetPayload
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
@@ -112,6 +112,7 @@ class Correlator:
             ProcessFacts: self._on_facts,
             GpuAccounting: self._on_accounting,
             ConnActivity: self._on_conn_activity,
+            HugeAlloc: self._on_huge_alloc,
         }
 
     # -- public API ---------------------------------------------------------
@@ -144,6 +145,20 @@ class Correlator:
 
     def __len__(self) -> int:
         return len(self._states)
+
+    def cpu_candidates(self) -> list[ProcessKey]:
+        """Live processes a CPU-miner rule may need a CPU window for: huge-page users (sensor or
+        /proc) and processes that opened host-tuning files for writing (the agent samples these)."""
+        return [s.key for s in self._states.values()
+                if not s.exited and (s.huge_alloc_bytes or s.device_classes_written
+                                     or (s.facts is not None and s.facts.hugetlb_bytes))]
+
+    def add_cpu_sample(self, key: ProcessKey, time: float, percent: float) -> None:
+        """A CPU % measured for a tracked process (``cpu_candidates``); marks it for rescoring."""
+        state = self._states.get(key)
+        if state is not None:
+            state.cpu.add(time, percent)
+            state.dirty = True
 
     def set_policy(self, policy: RescorePolicy) -> None:
         """Use a new rescore policy (new rules): every process is marked for rescoring."""
@@ -378,6 +393,11 @@ class Correlator:
         state = self._by_pid.get(event.pid) or self._state_for(event.pid, event.time, event.comm)
         state.add_session(event)
         state.touch(event.time, True)     # reported every 10 s at most, per changed connection
+
+    def _on_huge_alloc(self, event: HugeAlloc) -> None:
+        self.counters["events"] += 1
+        state = self._by_pid.get(event.pid) or self._state_for(event.pid, event.time, event.comm)
+        state.touch(event.time, state.add_huge_alloc(event.length, event.page_size))
 
     def _on_accounting(self, record: GpuAccounting) -> None:
         """A driver's lifetime record of a pid: kept on the live process it belongs to, if any."""

@@ -119,6 +119,9 @@ class ProcessState:
     gpu_lifetime: GpuAccounting | None = None   # NVML accounting: lifetime averages (scan)
     gpu_device_shared: bool | None = None  # another process used one of its GPUs in the latest snapshot
     cpu: SampleWindow = field(default_factory=lambda: SampleWindow(CPU_WINDOW_S))
+    # huge pages asked for (sensor: mmap MAP_HUGETLB / shmget SHM_HUGETLB)
+    huge_alloc_bytes: int = 0         # the largest single request
+    huge_page_size: int = 0           # the largest page size asked for
     # scanning
     yara_matches: set[str] = field(default_factory=set)
     yara_tags: set[str] = field(default_factory=set)
@@ -149,7 +152,7 @@ class ProcessState:
             and not self.gpu_device_classes and not self.gpu_paths and not self.ioctl_total
             and self.gpu_rescored_at is None and self.gpu_lifetime is None
             and not self.connect_total and not self.payload_protocols and not self.sessions
-            and not self.yara_matches and not self.lost_events
+            and not self.yara_matches and not self.lost_events and not self.huge_alloc_bytes
         )
 
     def touch(self, time: float, changed: bool = True) -> None:
@@ -269,6 +272,17 @@ class ProcessState:
             self.yara_tags |= set(tags)
             self.derived.clear()
             self.dirty = True
+
+    def add_huge_alloc(self, length: int, page_size: int) -> bool:
+        """Note a huge-page request; True when it is the largest request or page size so far."""
+        new = False
+        if length > self.huge_alloc_bytes:
+            self.huge_alloc_bytes = length
+            new = True
+        if page_size > self.huge_page_size:
+            self.huge_page_size = page_size
+            new = True
+        return new
 
     def add_session(self, record: ConnActivity) -> None:
         """Keep the latest activity record of one connection (the MAX_SESSIONS longest-lived)."""

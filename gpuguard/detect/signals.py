@@ -498,6 +498,25 @@ def _cpu_window(s: ProcessState, now: float) -> float:
     return s.cpu.duration_s
 
 
+# -- huge pages ------------------------------------------------------------------
+# The sensor's requests (mmap MAP_HUGETLB / shmget SHM_HUGETLB) and what /proc shows it
+# maps (hugetlb only: transparent huge pages are no sign of anything).
+
+@_signal("huge_alloc_bytes", "number", "memory",
+         "largest hugetlb allocation: one request the sensor saw, or all it maps now (/proc); RandomX: 256 MiB, ~2 GiB")
+def _huge_alloc_bytes(s: ProcessState, now: float) -> int | None:
+    mapped = s.facts.hugetlb_bytes if s.facts is not None else None
+    largest = max(s.huge_alloc_bytes, mapped or 0)
+    return largest or None
+
+
+@_signal("huge_page_size", "number", "memory", "largest huge page size (bytes) it asked for or maps (1 GiB: RandomX 1gb-pages)")
+def _huge_page_size(s: ProcessState, now: float) -> int | None:
+    mapped = s.facts.hugetlb_page_size if s.facts is not None else None
+    largest = max(s.huge_page_size, mapped or 0)
+    return largest or None
+
+
 # -- scanning and ancestry ----------------------------------------------------
 
 @_signal("yara_rules", "texts", "yara", "YARA rules that matched its executable, command line, environment or memory")

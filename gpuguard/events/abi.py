@@ -50,6 +50,7 @@ EventKind = _make_enum("gg_event_kind", "GG_KIND_", "EventKind")
 DeviceClass = _make_enum("gg_device_class", "GG_DEV_", "DeviceClass")
 LostSlot = _make_enum("gg_lost_slot", "GG_LOST_", "LostSlot")
 TouchReason = _make_enum("gg_touch_reason", "GG_TOUCH_", "TouchReason")   # gpuguard.respond.touch
+HugeSource = _make_enum("gg_huge_source", "GG_HUGE_", "HugeSource")
 
 ABI_VERSION = DEFINES["GG_ABI_VERSION"]
 NV_XFER_FLAG = DEFINES["GG_NV_XFER_FLAG"]

@@ -132,8 +132,20 @@ class ConnActivity(Event):
     seeded: bool = False            # watching began after the connect: the age is a lower bound
 
 
+@dataclass(slots=True)
+class HugeAlloc(Event):
+    """A huge-page allocation asked for (``struct gg_huge_alloc``): mmap(MAP_HUGETLB) or
+    shmget(SHM_HUGETLB), seen at syscall entry, so also when the kernel refused it."""
+
+    kind: ClassVar[str] = "huge_alloc"
+    source: str = ""                # "mmap" | "shmget"
+    length: int = 0                 # bytes asked for
+    page_size: int = 0              # bytes per page: the size asked for, or the host's default huge page size
+    flags: int = 0                  # mmap flags / shmflg as passed
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (GpuOpen, GpuIoctl, Connect, NetPayload, Exec, Exit, Lost, ConnActivity)
+    cls.kind: cls for cls in (GpuOpen, GpuIoctl, Connect, NetPayload, Exec, Exit, Lost, ConnActivity, HugeAlloc)
 }
 
 

@@ -47,6 +47,11 @@ class ProcessFacts:
     cpu_percent: float | None = None  # over the sampling window, when measured
     rss_bytes: int | None = None
     num_threads: int | None = None
+    # hugetlb memory it maps (HugetlbPages of /proc/PID/status) and the largest page size of those
+    # mappings (KernelPageSize in /proc/PID/smaps, read only when there are any); None: unreadable.
+    # Transparent huge pages (AnonHugePages) are left out: ordinary programs get them.
+    hugetlb_bytes: int | None = None
+    hugetlb_page_size: int | None = None
     # Likely miner config files ({path as named: text}, bounded), filled live by
     # gpuguard.sources.config_files.read_config_files; recorded so replay sees them.
     config_files: dict[str, str] = field(default_factory=dict)

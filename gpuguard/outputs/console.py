@@ -1,5 +1,5 @@
-"""The live view's lines: one per GPU open, ioctl summaries per process and
-interval, connections and first bytes of GPU-touching processes.
+"""The live view's lines: one per GPU open and huge-page allocation, ioctl summaries
+per process and interval, connections and first bytes of GPU-touching processes.
 
 Every process name, path, address and payload detail is escaped: a process
 can name itself anything, including terminal escape sequences.
@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from typing import Iterable, TextIO
 
-from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
+from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, HugeAlloc, Lost, NetPayload
 from gpuguard.escape import escape_text
 
 MINING_PROTOCOLS = frozenset({"stratum", "cryptonote", "ethproxy", "stratum-v2"})
@@ -39,6 +39,13 @@ def _detail(detail: dict) -> str:
     return " ".join(parts)
 
 
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.4g} {unit}"
+    return f"{n} B"
+
+
 def format_event(e: Event) -> str:
     """One terminal line for an event (ioctl events are better summarised, see below)."""
     head = f"{_clock(e.time)} {e.kind:<11} {_who(e)}"
@@ -58,6 +65,8 @@ def format_event(e: Event) -> str:
         return f"{head} {args}"
     if isinstance(e, Exit):
         return f"{head} exit code {e.exit_code}"
+    if isinstance(e, HugeAlloc):
+        return f"{head} {e.source} {_bytes(e.length)} in {_bytes(e.page_size)} pages"
     if isinstance(e, Lost):
         return f"{_clock(e.time)} {'LOST':<11} {e.count} {escape_text(e.what)} records could not be delivered"
     return f"{head}"
@@ -68,7 +77,7 @@ class LiveView:
 
     By default only GPU-touching processes are shown (their opens, ioctl
     summaries, connections, first bytes and exit), plus any connection whose
-    first bytes speak a mining protocol, plus every loss.  ``show_all`` shows
+    first bytes speak a mining protocol, plus every huge-page allocation and every loss.  ``show_all`` shows
     every event.
     """
 
@@ -98,7 +107,7 @@ class LiveView:
             self.out.flush()
 
     def _shows(self, e: Event) -> bool:
-        if self.show_all or isinstance(e, (GpuOpen, Lost)):
+        if self.show_all or isinstance(e, (GpuOpen, HugeAlloc, Lost)):
             return True
         if isinstance(e, NetPayload) and e.protocol in MINING_PROTOCOLS:
             return True

@@ -13,13 +13,26 @@ import ipaddress
 import socket
 import time
 
-from gpuguard.events.abi import OPEN_RELATIVE, EventKind, device_class_name
-from gpuguard.events.model import Connect, Event, Exec, Exit, GpuOpen, NetPayload
+from gpuguard.events.abi import OPEN_RELATIVE, EventKind, HugeSource, device_class_name
+from gpuguard.events.model import Connect, Event, Exec, Exit, GpuOpen, HugeAlloc, NetPayload
 from gpuguard.escape import decode_c_string
 
 
 class MalformedEvent(ValueError):
     """A ring-buffer record that does not match the probes' layout."""
+
+
+def default_huge_page_size(meminfo: str = "/proc/meminfo") -> int:
+    """The host's default huge page size in bytes (``Hugepagesize``), what a MAP_HUGETLB
+    without MAP_HUGE_* bits gets; 2 MiB when it cannot be read."""
+    try:
+        with open(meminfo, "rb") as f:
+            for line in f:
+                if line.startswith(b"Hugepagesize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 2 << 20
 
 
 def boot_to_epoch_offset() -> float:
@@ -41,7 +54,9 @@ class EventDecoder:
             EventKind.NET_PAYLOAD: self._net_payload,
             EventKind.EXEC: self._exec,
             EventKind.EXIT: self._exit,
+            EventKind.HUGE_ALLOC: self._huge_alloc,
         }
+        self._default_huge_page = default_huge_page_size()
         for kind, cls in struct_classes.items():
             # Size self-check: the header's size field must match what bcc says.
             if ct.sizeof(cls) < self._header_size:
@@ -109,3 +124,12 @@ class EventDecoder:
 
     def _exit(self, raw) -> Exit:
         return Exit(**self._common(raw.hdr), exit_code=raw.exit_code)
+
+    def _huge_alloc(self, raw) -> HugeAlloc:
+        try:
+            source = HugeSource(raw.source).name.lower()
+        except ValueError:
+            source = f"unknown-{raw.source}"
+        return HugeAlloc(**self._common(raw.hdr), source=source, length=raw.length,
+                         page_size=(1 << raw.page_shift) if raw.page_shift else self._default_huge_page,
+                         flags=raw.flags)

@@ -12,6 +12,7 @@ import psutil
 
 from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
 from gpuguard.sources.containers import container_from_cgroup, read_cgroup_path
+from gpuguard.sources.huge_pages import process_hugetlb
 
 _MEMFD_PREFIX = "/memfd:"
 
@@ -94,6 +95,7 @@ def collect_process_facts(pid: int, proc_root: str = "/proc", with_ancestors: bo
     cgroup = read_cgroup_path(pid, proc_root)
     container = container_from_cgroup(cgroup)
     ld_preload, environ_readable = _ld_preload(proc) if not kernel_thread else (None, False)
+    hugetlb_bytes, hugetlb_page_size = process_hugetlb(pid, proc_root) if not kernel_thread else (None, None)
     return ProcessFacts(
         pid=pid,
         start_time=start_time,
@@ -117,4 +119,6 @@ def collect_process_facts(pid: int, proc_root: str = "/proc", with_ancestors: bo
         ancestors=_ancestors(proc, proc_root) if with_ancestors else [],
         rss_bytes=rss,
         num_threads=threads,
+        hugetlb_bytes=hugetlb_bytes,
+        hugetlb_page_size=hugetlb_page_size,
     )

@@ -45,6 +45,7 @@ _SCHEMA_MAPS = {
     EventKind.NET_PAYLOAD: "schema_net_payload",
     EventKind.EXEC: "schema_exec",
     EventKind.EXIT: "schema_exit",
+    EventKind.HUGE_ALLOC: "schema_huge_alloc",
 }
 _TABLES = ("tracked_fds", "ioctl_counts", "fresh_sockets", "lost_counts", "gpu_fd_slots", "sock_fd_slots")
 DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the process stops

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuguard.events.ioctl_names import ioc  # noqa: E402
-from gpuguard.events.model import Connect, Exec, GpuIoctl, GpuOpen, NetPayload  # noqa: E402
+from gpuguard.events.model import ConnActivity, Connect, Exec, Exit, GpuIoctl, GpuOpen, HugeAlloc, NetPayload  # noqa: E402
 from gpuguard.events.wire import RecordingWriter  # noqa: E402
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
 from gpuguard.events.process_facts import Ancestor, ProcessFacts  # noqa: E402
@@ -384,6 +384,80 @@ def idle_gpu_holder() -> list:
     return items
 
 
+# -- CPU miners with no strings, and the huge-page users that must stay clean ---------
+
+MIB = 1 << 20
+RANDOMX_DATASET = 2181038080          # 2 GiB + 32 MiB
+MAP_PRIVATE_ANON_HUGETLB = 0x22 | 0x40000
+MAP_SHARED_ANON_HUGETLB = 0x21 | 0x40000
+MAP_HUGE_1GB = 30 << 26
+
+
+def cpu_miner_stringless() -> list:
+    """XMRig as root, rebuilt with no strings, renamed, behind TLS on 443: it loads msr with writes
+    allowed (through sh -c), writes MSRs, reserves 1 GiB pages, maps its dataset in them and its
+    cache in 2 MiB pages, and holds all four cores for ten minutes on one session."""
+    pid, comm, exe = 7310, "node-agent", "/opt/node-agent/node-agent"
+    root = dict(user="root", uid=0, cwd="/opt/node-agent", ppid=1, ancestors=[SYSTEMD],
+                cgroup="/system.slice/node-agent.service")
+    shell, modprobe = 7311, 7312
+    modprobe_cmd = ["/sbin/modprobe", "msr", "allow_writes=on"]
+    items = [
+        facts(pid, comm, exe, [exe], cpu_percent=396.0, num_threads=5, hugetlb_bytes=RANDOMX_DATASET + 256 * MIB,
+              hugetlb_page_size=GIB, **root),
+        facts(shell, "sh", "/usr/bin/dash", ["sh", "-c", "/sbin/modprobe msr allow_writes=on > /dev/null 2>&1"],
+              start=0.4, ppid=pid, ancestors=[Ancestor(pid, comm, exe), SYSTEMD], user="root", uid=0),
+        facts(modprobe, "modprobe", "/usr/bin/kmod", modprobe_cmd, start=0.5, ppid=shell,
+              ancestors=[Ancestor(shell, "sh", "/usr/bin/dash"), Ancestor(pid, comm, exe), SYSTEMD], user="root", uid=0),
+        Exec(time=T0 + 0.5, pid=modprobe, comm="modprobe", filename="/sbin/modprobe", ppid=shell, cmdline=modprobe_cmd),
+        Exit(time=T0 + 0.6, pid=modprobe, comm="modprobe", exit_code=0),
+        Exit(time=T0 + 0.6, pid=shell, comm="sh", exit_code=0),
+        *[GpuOpen(time=T0 + 0.7 + cpu / 100, pid=pid, comm=comm, path=f"/dev/cpu/{cpu}/msr", device_class="msr",
+                  fd=5 + cpu, flags=0o2) for cpu in range(4)],
+        GpuOpen(time=T0 + 0.8, pid=pid, comm=comm, path="/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages",
+                device_class="hugepages-config", fd=9, flags=0o1),
+        HugeAlloc(time=T0 + 1.0, pid=pid, comm=comm, source="mmap", length=RANDOMX_DATASET, page_size=GIB,
+                  flags=MAP_PRIVATE_ANON_HUGETLB | MAP_HUGE_1GB),
+        HugeAlloc(time=T0 + 1.1, pid=pid, comm=comm, source="mmap", length=256 * MIB, page_size=2 * MIB,
+                  flags=MAP_PRIVATE_ANON_HUGETLB),
+        Connect(time=T0 + 2, pid=pid, comm=comm, family="ipv4", address="198.51.100.23", port=443, fd=12, result=-115),
+        ConnActivity(time=T0 + DURATION_S, pid=pid, comm=comm, fd=12, age_s=DURATION_S - 2, bytes_out=9200,
+                     writes_out=41, small_writes=40, small_write_times=[T0 + DURATION_S - 15.0 * i for i in range(8, 0, -1)],
+                     idle_s=3.0),
+    ]
+    return items
+
+
+def benign_hugepage_users() -> list:
+    """Huge pages in ordinary use: PostgreSQL's shared buffers in 2 MiB pages on a busy server that
+    only accepts connections; a JVM with 1 GiB large pages talking to its database at modest load;
+    DPDK testpmd polling its NIC at 100 % of a core in 1 GiB pages, with no TCP at all."""
+    postgres, java, testpmd = 2100, 2200, 2300
+    system = dict(ppid=1, ancestors=[SYSTEMD])
+    items = [
+        facts(postgres, "postgres", "/usr/lib/postgresql/15/bin/postgres",
+              ["/usr/lib/postgresql/15/bin/postgres", "-D", "/var/lib/postgresql/15/main", "-c", "huge_pages=on"],
+              user="postgres", uid=106, cwd="/var/lib/postgresql/15/main", cgroup="/system.slice/postgresql@15-main.service",
+              cpu_percent=97.0, hugetlb_bytes=8 * GIB + 140 * MIB, hugetlb_page_size=2 * MIB, **system),
+        HugeAlloc(time=T0 + 0.3, pid=postgres, comm="postgres", source="mmap", length=8 * GIB + 140 * MIB,
+                  page_size=2 * MIB, flags=MAP_SHARED_ANON_HUGETLB),
+        facts(java, "java", "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
+              ["java", "-XX:+UseLargePages", "-XX:LargePageSizeInBytes=1g", "-Xmx16g", "-jar", "/srv/orders/app.jar"],
+              user="orders", uid=1003, cwd="/srv/orders", cgroup="/system.slice/orders.service", cpu_percent=35.0,
+              hugetlb_bytes=16 * GIB, hugetlb_page_size=GIB, **system),
+        HugeAlloc(time=T0 + 1.0, pid=java, comm="java", source="mmap", length=16 * GIB, page_size=GIB,
+                  flags=MAP_PRIVATE_ANON_HUGETLB | MAP_HUGE_1GB),
+        Connect(time=T0 + 5, pid=java, comm="java", family="ipv4", address="10.0.3.7", port=5432, fd=40, result=-115),
+        facts(testpmd, "dpdk-testpmd", "/usr/bin/dpdk-testpmd",
+              ["dpdk-testpmd", "-l", "2-3", "-n", "4", "--", "-i", "--forward-mode=io"],
+              user="root", uid=0, cwd="/root", cgroup="/user.slice/user-0.slice/session-1.scope", cpu_percent=100.0,
+              hugetlb_bytes=2 * GIB, hugetlb_page_size=GIB, ppid=900, ancestors=[BASH, SSHD, SYSTEMD]),
+        Connect(time=T0 + DURATION_S, pid=java, comm="java", family="ipv4", address="10.0.3.7", port=5432, fd=41,
+                result=-115),
+    ]
+    return items
+
+
 CASES = {
     "miner_stratum_cmdline": ("xmrig with a stratum URL, wallet and miner flags on its command line", miner_stratum_cmdline),
     "renamed_miner_shm": ("miner renamed kworker/0:2, deleted binary in /dev/shm, pool port, flat GPU", renamed_miner_shm),
@@ -394,6 +468,10 @@ CASES = {
     "monitoring_agents": ("nvidia-smi and dcgm-exporter: nvidiactl + nvidia0, query ioctls only", monitoring_agents),
     "cuda_compile_nvcc": ("nvcc compiling a kernel (cicc, ptxas) and a short test run", cuda_compile_nvcc),
     "idle_gpu_holder": ("Jupyter kernel holding GPU memory at 0 % utilisation", idle_gpu_holder),
+    "cpu_miner_stringless": ("stringless XMRig as root behind TLS: modprobe msr allow_writes=on, MSR writes, "
+                             "1 GiB-page dataset, 2 MiB-page cache, four cores for ten minutes", cpu_miner_stringless),
+    "benign_hugepage_users": ("PostgreSQL (2 MiB pages, busy, accepts only), a JVM with 1 GiB large pages, "
+                              "DPDK testpmd polling in 1 GiB pages", benign_hugepage_users),
 }
 
 

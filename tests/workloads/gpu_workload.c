@@ -14,6 +14,11 @@
  *   sendto:I:HEX            send() the bytes to fd I
  *   sendmsg:I:HEX           sendmsg() the bytes to fd I
  *   writev:I:HEX            writev() the bytes to fd I (one iovec)
+ *   hugemmap:BYTES:SHIFT    mmap(MAP_HUGETLB | SHIFT << MAP_HUGE_SHIFT; 0 = default page size) and touch it;
+ *                           prints "hugemmap ok" or "hugemmap ERRNO" (a refusal is not a failure)
+ *   hugeshm:BYTES           shmget(SHM_HUGETLB), attach, touch, mark for removal; prints like hugemmap
+ *   spin:N                  start N threads that spin forever (a CPU miner's load)
+ *   listen:PORT             listen on 127.0.0.1:PORT (a server: accepts nothing, connects nowhere)
  *   ready                   print "ready" on stdout and wait for a line on stdin
  *   sleep:MS                sleep
  *   exit:CODE               exit now with CODE
@@ -28,7 +33,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/shm.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -64,6 +72,21 @@ static size_t unhex(const char *hex, unsigned char *out, size_t cap)
 }
 
 static void push(int fd) { fds[nfds++] = fd; }
+
+static void *spin(void *arg)
+{
+    volatile unsigned long n = 0;
+    (void)arg;
+    for (;;)
+        n++;
+    return NULL;
+}
+
+static void touch(char *p, size_t len)
+{
+    for (size_t i = 0; i < len; i += 4096)
+        p[i] = 1;
+}
 
 int main(int argc, char **argv)
 {
@@ -168,6 +191,44 @@ int main(int argc, char **argv)
                 r = writev(fd, &iov, 1);
             if (r < 0)
                 die(argv[a], "send");
+        } else if (!strcmp(op, "hugemmap")) {
+            size_t len = strtoull(x, NULL, 0);
+            int shift = atoi(strtok_r(NULL, ":", &save));
+            char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | (shift << 26), -1, 0);
+            if (p == MAP_FAILED) {
+                printf("hugemmap %d\n", errno);
+            } else {
+                touch(p, len);
+                printf("hugemmap ok\n");
+            }
+            fflush(stdout);
+        } else if (!strcmp(op, "hugeshm")) {
+            size_t len = strtoull(x, NULL, 0);
+            int id = shmget(IPC_PRIVATE, len, IPC_CREAT | 0600 | SHM_HUGETLB);
+            char *p = id < 0 ? (char *)-1 : shmat(id, NULL, 0);
+            if (p == (char *)-1) {
+                printf("hugeshm %d\n", errno);
+            } else {
+                shmctl(id, IPC_RMID, NULL);   /* freed when this process detaches (exits) */
+                touch(p, len);
+                printf("hugeshm ok\n");
+            }
+            fflush(stdout);
+        } else if (!strcmp(op, "spin")) {
+            for (int i = 0; i < atoi(x); i++) {
+                pthread_t t;
+                if (pthread_create(&t, NULL, spin, NULL))
+                    die(argv[a], "pthread_create");
+            }
+        } else if (!strcmp(op, "listen")) {
+            struct sockaddr_in s4 = { .sin_family = AF_INET, .sin_port = htons(atoi(x)) };
+            inet_pton(AF_INET, "127.0.0.1", &s4.sin_addr);
+            int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+            if (fd < 0 || bind(fd, (struct sockaddr *)&s4, sizeof(s4)) < 0 || listen(fd, 8) < 0)
+                die(argv[a], "listen");
+            push(fd);
         } else if (!strcmp(op, "ready")) {
             printf("ready\n");
             fflush(stdout);

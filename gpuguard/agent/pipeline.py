@@ -34,6 +34,7 @@ from gpuguard.agent import status_file
 from gpuguard.agent.actions import ALERT_VERDICTS, make_responder
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.host_findings import GpuHostFindings
 from gpuguard.agent.intake import BoundedQueue
 from gpuguard.agent.producers import SamplerThread, SensorThread, SweepThread, sweep_once
 from gpuguard.agent.telemetry import AgentTelemetry
@@ -102,6 +103,7 @@ class Agent:
         self.threads: list[threading.Thread] = []
         self._reported: dict[ProcessKey, str] = {}     # verdict last written per process
         self._guard_reported: dict[ProcessKey, tuple] = {}   # guard verdict and policies last written
+        self.host_findings = GpuHostFindings(config.host_check_interval_s)   # orphaned GPU memory, past users
         self._hup = False
         self._status_due = 0.0
         self._status_soon = False
@@ -241,7 +243,8 @@ class Agent:
                                             self.config.sweep_interval_s, self.proc_root))
         for source, opener in self._sampler_openers().items():
             self.threads.append(SamplerThread(source, opener, self.intake, self.counters, self.stop, self.emit,
-                                              interval=self.config.sample_interval_s))
+                                              interval=self.config.sample_interval_s,
+                                              accounting_interval=self.config.host_check_interval_s))
         for thread in self.threads:
             thread.start()
 
@@ -298,7 +301,7 @@ class Agent:
         return 0
 
     def _loop(self) -> None:
-        next_housekeeping = next_rules_check = next_guard_check = time.monotonic() + 1.0
+        next_housekeeping = next_rules_check = next_guard_check = next_host_check = time.monotonic() + 1.0
         while not self.stop.is_set():
             items = self.intake.take_all(0.25)
             now = time.time()
@@ -315,6 +318,9 @@ class Agent:
             if mono >= next_guard_check:
                 next_guard_check = mono + GUARD_CHECK_S
                 self._check_guard_policies(now)
+            if mono >= next_host_check:
+                next_host_check = mono + self.config.host_check_interval_s
+                self._check_host_findings(now)
             self.telemetry.sync_log()
             if mono >= next_housekeeping:
                 next_housekeeping = mono + self.housekeeping_s
@@ -325,12 +331,14 @@ class Agent:
     def _feed(self, items: list) -> None:
         feed = self.correlator.feed
         observe = self.telemetry.observe_item
+        keep = self.host_findings.observe
         for item in items:
             try:
                 feed(item)
             except Exception as exc:  # noqa: BLE001 - one malformed item must not stop detection
                 self.lifecycle("fault", f"could not correlate a {type(item).__name__}: {type(exc).__name__}: {exc}")
             observe(item, self._comm_of)     # after feed: the correlator names the pids
+            keep(item)
         self.counters.items_correlated += len(items)
 
     def _score(self, now: float) -> None:
@@ -360,6 +368,26 @@ class Agent:
             if self._guard_reported.get(verdict.key) != said:
                 self._report_finding(verdict, now)
         self._guard_reported = breached    # a process back within every policy is reported again on a new breach
+
+    def _check_host_findings(self, now: float) -> None:
+        """GPU host findings (orphaned memory, past heavy users): logged when they appear, change
+        materially or go away, and kept for status and metrics.  Never handed to the responder:
+        there is no offender process to stop safely."""
+        thresholds = self.rules.current.thresholds
+        try:
+            records = self.host_findings.check(now, thresholds.suspicious, thresholds.malicious)
+        except Exception as exc:  # noqa: BLE001 - a failing check is reported, detection goes on
+            self.lifecycle("fault", f"GPU host checks failed: {type(exc).__name__}: {exc}")
+            return
+        for finding in records:
+            self.emit(finding)
+            if finding.activity != "close":
+                self.counters.findings[(finding.rule_id, finding.verdict)] += 1
+        if records:
+            self.counters.host_findings = [{**row, "detail": escape_text(row["detail"])}
+                                           for row in self.host_findings.active()]
+            self.counters.host_findings_active = self.host_findings.active_by_rule()
+            self._status_soon = True
 
     def _report_finding(self, verdict: Any, now: float) -> None:
         state = self.correlator.get(verdict.key)

@@ -84,7 +84,8 @@ def check_gpu_memory(snapshots: Iterable[GpuSnapshot], pid_states: dict[int, str
                 detail=f"{name}: {_size(unaccounted)} of {_size(device.memory_total)} in use by no live process; {owner}",
                 evidence=[f"device memory used {_size(device.memory_used)}",
                           f"processes account for {_size(device.memory_used - unaccounted)} ({len(users)} listed)",
-                          owner]))
+                          owner],
+                pid=owners[0].pid if owners else None, device=name, amount=unaccounted))
     return findings
 
 
@@ -104,5 +105,5 @@ def check_past_gpu_users(accounting: Iterable[GpuAccounting]) -> list[HostFindin
                    f"{r.duration_s / 60:.0f} min from {when} (peak memory {peak}, memory-controller {memctl})",
             evidence=[f"NVML accounting: gpuUtilization {r.gpu_util:.0f}, memoryUtilization {memctl}, "
                       f"maxMemoryUsage {peak}, time {r.duration_s:.0f} s, isRunning 0"],
-            pid=r.pid))
+            pid=r.pid, device=f"{r.vendor} gpu{r.device_index}", amount=r.max_memory))
     return findings

@@ -68,7 +68,8 @@ def check_gpu_memory(snapshots: Iterable[GpuSnapshot], pid_states: dict[int, str
                     "host-gpu-memory-orphaned", subject=f"{name} pid {p.pid}",
                     detail=f"{name}: {held} memory held by pid {p.pid}, which is {pid_states[p.pid]}",
                     evidence=[f"driver lists pid {p.pid} on {name} with {held} memory",
-                              f"/proc/{p.pid}: {pid_states[p.pid]}"], pid=p.pid))
+                              f"/proc/{p.pid}: {pid_states[p.pid]}"], pid=p.pid,
+                    device=name, amount=p.used_memory))
             if device.memory_used is None or not device.memory_total or any(p.used_memory is None for p in users):
                 continue
             unaccounted = device.memory_used - sum(p.used_memory or 0 for p in users if p not in dead)

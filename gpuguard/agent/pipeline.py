@@ -11,8 +11,11 @@ The loop takes everything the producers queued (waiting on a condition, never
 spinning), feeds the correlator, rescores the changed processes
 (:class:`~gpuguard.detect.engine.DetectionEngine`), writes a finding when a
 verdict first crosses a threshold or changes (not on every rescore) to the log,
-hands it to the action interface, every few seconds checks the config's guard
-policies over the live processes (reported the same way, with their own
+hands it to the action interface (a process that first matches a rule tagged
+``gpu-abuse`` is written too, even below the alert threshold, and not acted
+on for that), runs the GPU host checks
+(:class:`~gpuguard.agent.host_findings.GpuHostFindings`, never acted on),
+every few seconds checks the config's guard policies over the live processes (reported the same way, with their own
 bookkeeping so rule and guard verdicts of one process do not flap), refreshes
 the state file and the metrics, expires old processes, lets the responder
 lift expired blocks and reports drops.  The log and
@@ -45,6 +48,10 @@ from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.finding import finding_from_verdict
 
+# A rule with this tag (raw BAR or /dev/mem access, a GPU memory hog or leak) is reported when a
+# process first matches it even below the suspicious threshold: a note (event.kind "event") the
+# SIEM sees, where other clean verdicts are not written.
+GPU_ABUSE_TAG = "gpu-abuse"
 HOUSEKEEPING_S = 10.0       # expire old processes and report drops this often
 RULE_FILE_CHECK_S = 2.0     # look for changed rule files this often
 GUARD_CHECK_S = 2.0         # evaluate the guard policies this often
@@ -101,7 +108,8 @@ class Agent:
         self.engine: Any = None                 # DetectionEngine: rules and YARA over the correlator
         self.responder: Any = None
         self.threads: list[threading.Thread] = []
-        self._reported: dict[ProcessKey, str] = {}     # verdict last written per process
+        # verdict and GPU-abuse rules last written per process
+        self._reported: dict[ProcessKey, tuple[str, frozenset[str]]] = {}
         self._guard_reported: dict[ProcessKey, tuple] = {}   # guard verdict and policies last written
         self.host_findings = GpuHostFindings(config.host_check_interval_s)   # orphaned GPU memory, past users
         self._hup = False
@@ -349,11 +357,12 @@ class Agent:
         self.telemetry.observe_scoring(elapsed)
         self.counters.processes_tracked = len(self.correlator)
         for verdict in verdicts:
-            previous = self._reported.get(verdict.key, "clean")
-            if verdict.verdict == previous:
+            previous, abuse_before = self._reported.get(verdict.key, ("clean", frozenset()))
+            abuse = frozenset(e.rule_id for e in verdict.evidence if GPU_ABUSE_TAG in e.tags)
+            if verdict.verdict == previous and abuse <= abuse_before:
                 continue
-            self._reported[verdict.key] = verdict.verdict
-            self._report_finding(verdict, now)
+            self._reported[verdict.key] = (verdict.verdict, abuse)
+            self._report_finding(verdict, now, act=verdict.verdict != previous)
 
     def _check_guard_policies(self, now: float) -> None:
         """Guard verdicts, reported on first breach or when the verdict or the broken policies change."""
@@ -389,7 +398,7 @@ class Agent:
             self.counters.host_findings_active = self.host_findings.active_by_rule()
             self._status_soon = True
 
-    def _report_finding(self, verdict: Any, now: float) -> None:
+    def _report_finding(self, verdict: Any, now: float, act: bool = True) -> None:
         state = self.correlator.get(verdict.key)
         facts = state.facts if state is not None else None
         finding = finding_from_verdict(verdict, facts, self.rules.current, state)
@@ -401,7 +410,7 @@ class Agent:
             "comm": escape_text(verdict.comm), "verdict": verdict.verdict, "score": verdict.score,
             "rule_ids": finding.rule_ids, "allowlisted": verdict.allowlisted})
         self._status_soon = True
-        if verdict.verdict in ALERT_VERDICTS and not verdict.allowlisted:
+        if act and verdict.verdict in ALERT_VERDICTS and not verdict.allowlisted:
             try:
                 outcomes = self.responder(verdict, state, now)
             except Exception as exc:  # noqa: BLE001 - a failing action is an outcome, not a crash

@@ -251,3 +251,70 @@ def test_enforce_mode_never_acts_on_a_host_finding(tmp_path):
             assert [a for a in actions if a.get("process", {}).get("pid") == zombie.pid] == []
     finally:
         zombie.wait()
+
+
+# -- the tracker alone: when a record is due ----------------------------------------------------
+
+def _snapshot(used: int, processes=()) -> "GpuSnapshot":
+    from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot
+
+    device = DeviceSample("nvidia", 0, memory_used=used, memory_total=81559 * MIB, pci_bus_id=BUS)
+    return GpuSnapshot(time=time.time(), source="nvml", devices=[device], processes=list(processes))
+
+
+def _exited(pid: int, peak: int, util: float = 40.0, duration_s: float = 120.0):
+    from gpuguard.events.gpu_accounting import GpuAccounting
+
+    return GpuAccounting(pid, "nvidia", 0, None, util, 1.0, peak, time.time() - duration_s - 60, duration_s, False)
+
+
+def test_tracker_reports_growth_beyond_a_quarter_and_a_new_owner_only():
+    from gpuguard.agent.host_findings import MATERIAL_GROWTH, GpuHostFindings
+
+    tracker = GpuHostFindings(10.0)
+
+    def check(used: int, *accounting) -> list[tuple[str, int | None, int | None]]:
+        tracker.observe(_snapshot(used))
+        for record in accounting:
+            tracker.observe(record)
+        return [(f.activity, f.host_gpu["memory_bytes"], f.host_gpu["owner_pid"]) for f in tracker.check(time.time(), 40, 75)]
+
+    assert check(IDLE_USED) == []
+    assert check(10 * GIB) == [("create", 10 * GIB, None)]
+    assert check(10 * GIB) == []
+    assert check(int(10 * GIB * (1 + MATERIAL_GROWTH))) == []                 # exactly a quarter: not material
+    assert check(int(10 * GIB * (1 + MATERIAL_GROWTH)) + GIB) == [("update", int(12.5 * GIB) + GIB, None)]
+    assert check(8 * GIB) == []                                                # shrinking is not news
+    assert check(8 * GIB, _exited(3_999_002, 9 * GIB)) == [("update", 8 * GIB, 3_999_002)]   # the owner is known now
+    assert [r["owner_pid"] for r in tracker.active()] == [3_999_002]
+    assert tracker.active_by_rule() == {"host-gpu-memory-orphaned": 1}
+    assert check(IDLE_USED) == [("close", 8 * GIB, 3_999_002)]
+    assert tracker.active() == [] and tracker.active_by_rule() == {}
+
+
+def test_tracker_past_heavy_user_is_one_finding_while_accounting_remembers_it():
+    from gpuguard.agent.host_findings import GpuHostFindings
+
+    tracker = GpuHostFindings(10.0)
+    heavy = _exited(3_999_003, 520 * MIB, util=98.0, duration_s=3600.0)
+    tracker.observe(_snapshot(IDLE_USED))
+    tracker.observe(heavy)
+    (found,) = tracker.check(time.time(), 40, 75)
+    assert (found.rule_id, found.activity, found.process.pid) == ("host-gpu-past-heavy-user", "create", 3_999_003)
+    assert found.host_gpu == {"device": "nvidia gpu0", "memory_bytes": 520 * MIB, "owner_pid": 3_999_003,
+                              "status": "active"}
+    tracker.observe(heavy)
+    assert tracker.check(time.time(), 40, 75) == []
+
+
+def test_a_resolved_host_finding_in_cef():
+    from gpuguard.detect.host_checks import HostFinding
+    from gpuguard.outputs.finding import finding_from_host
+    from gpuguard.outputs.records import render_record
+
+    host = HostFinding("host-gpu-memory-orphaned", subject=DEVICE, detail=f"{DEVICE}: 8.0 GiB ...",
+                       device=DEVICE, amount=8 * GIB)
+    active = render_record(finding_from_host(host, "create", 1.0), "cef")
+    closed = render_record(finding_from_host(host, "close", 2.0), "cef")
+    assert "act=alert" in active and "act=resolved" in closed
+    assert "msg=resolved: host-gpu-memory-orphaned:" in closed

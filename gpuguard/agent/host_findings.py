@@ -50,6 +50,8 @@ def _key(finding: HostFinding) -> tuple[str, str]:
 class GpuHostFindings:
     """The host findings now active, and what the samplers last said (see the module docstring)."""
 
+    INPUTS = frozenset({GpuSnapshot, GpuAccounting})     # the item types :meth:`observe` keeps
+
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self._snapshots: dict[str, GpuSnapshot] = {}        # newest live snapshot per source

@@ -339,14 +339,15 @@ class Agent:
     def _feed(self, items: list) -> None:
         feed = self.correlator.feed
         observe = self.telemetry.observe_item
-        keep = self.host_findings.observe
+        keep, host_inputs = self.host_findings.observe, self.host_findings.INPUTS
         for item in items:
             try:
                 feed(item)
             except Exception as exc:  # noqa: BLE001 - one malformed item must not stop detection
                 self.lifecycle("fault", f"could not correlate a {type(item).__name__}: {type(exc).__name__}: {exc}")
             observe(item, self._comm_of)     # after feed: the correlator names the pids
-            keep(item)
+            if type(item) in host_inputs:    # GPU snapshots and accounting only: sensor events pass by cheaply
+                keep(item)
         self.counters.items_correlated += len(items)
 
     def _score(self, now: float) -> None:

@@ -145,6 +145,7 @@ def test_orphaned_memory_is_one_finding_then_one_resolved_record(tmp_path, fmt):
         now_us = int(time.time() * 1e6)
         run.gpu.accounting_mode = 1
         run.gpu.accounting = {3_999_001: FakeAccounting(40, 2, 20 * GIB, now_us - 200_000_000, 120_000, running=False)}
+        _until(lambda: [r.pid for r in run.agent.host_findings.accounting()] == [3_999_001])   # read before the memory shows
         run.gpu.memory_used = IDLE_USED + 20 * GIB
         (found,) = _until(lambda: _host_records(run.log, fmt))
         mine = _host(found, fmt)
@@ -280,6 +281,8 @@ def test_tracker_reports_growth_beyond_a_quarter_and_a_new_owner_only():
         return [(f.activity, f.host_gpu["memory_bytes"], f.host_gpu["owner_pid"]) for f in tracker.check(time.time(), 40, 75)]
 
     assert check(IDLE_USED) == []
+    assert check(10 * GIB) == []                     # found once: confirmed by the next sample
+    assert tracker.check(time.time(), 40, 75) == []  # the same sample again confirms nothing
     assert check(10 * GIB) == [("create", 10 * GIB, None)]
     assert check(10 * GIB) == []
     assert check(int(10 * GIB * (1 + MATERIAL_GROWTH))) == []                 # exactly a quarter: not material
@@ -297,14 +300,36 @@ def test_tracker_past_heavy_user_is_one_finding_while_accounting_remembers_it():
 
     tracker = GpuHostFindings(10.0)
     heavy = _exited(3_999_003, 520 * MIB, util=98.0, duration_s=3600.0)
-    tracker.observe(_snapshot(IDLE_USED))
-    tracker.observe(heavy)
-    (found,) = tracker.check(time.time(), 40, 75)
+    for _ in range(2):                               # found, then confirmed over a newer sample
+        tracker.observe(_snapshot(IDLE_USED))
+        tracker.observe(heavy)
+        out = tracker.check(time.time(), 40, 75)
+    (found,) = out
     assert (found.rule_id, found.activity, found.process.pid) == ("host-gpu-past-heavy-user", "create", 3_999_003)
     assert found.host_gpu == {"device": "nvidia gpu0", "memory_bytes": 520 * MIB, "owner_pid": 3_999_003,
                               "status": "active"}
+    tracker.observe(_snapshot(IDLE_USED))
     tracker.observe(heavy)
     assert tracker.check(time.time(), 40, 75) == []
+
+
+def test_a_holder_that_exits_after_the_sample_is_not_reported():
+    """A real process listed by the last sample exits before the check: it looks vanished until a
+    newer sample (without it) arrives, so nothing is reported."""
+    from gpuguard.agent.host_findings import GpuHostFindings
+    from gpuguard.events.gpu_snapshot import ProcessGpuUsage
+
+    tracker = GpuHostFindings(10.0)
+    holder = subprocess.Popen(["sleep", "60"])
+    listed = ProcessGpuUsage(holder.pid, "nvidia", 0, used_memory=8 * GIB)
+    tracker.observe(_snapshot(IDLE_USED + 8 * GIB, [listed]))
+    assert tracker.check(time.time(), 40, 75) == []
+    holder.kill()
+    holder.wait()
+    assert tracker.check(time.time(), 40, 75) == []          # "gone" on the old sample: pending only
+    tracker.observe(_snapshot(IDLE_USED))                      # the newer sample no longer lists it
+    assert tracker.check(time.time(), 40, 75) == []
+    assert tracker.active() == []
 
 
 def test_a_resolved_host_finding_in_cef():

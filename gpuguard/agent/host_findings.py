@@ -8,14 +8,18 @@ every ``sampling.host_check_interval_s`` the checks ``gpuguard scan`` runs
 -> :meth:`GpuHostFindings.check` returns what changed as
 :class:`~gpuguard.outputs.finding.Finding` records:
 
-* ``activity "create"`` when a finding appears (one per rule + subject, the
-  subject being the device, plus the pid for memory a zombie or vanished pid
-  holds and for past users);
+* ``activity "create"`` when a finding appears and a check over newer samples
+  confirms it (one per rule + subject, the subject being the device, plus the
+  pid for memory a zombie or vanished pid holds and for past users);
 * nothing while it persists, unless it changed materially: its amount grew by
   more than :data:`MATERIAL_GROWTH` of the amount last reported, or its likely
   owner changed -> ``activity "update"``;
 * ``activity "close"`` (a resolved record) when it goes away: the memory was
   freed, the zombie reaped, accounting forgot the pid.
+
+A finding needs two checks over different samples to be created, so a process
+that exits between a sample and the check (it looks like a vanished holder)
+is never reported; a source that stops sampling therefore creates nothing new.
 
 Host findings have no offender process to stop safely, so they never reach the
 responder, in enforce mode too.
@@ -57,31 +61,43 @@ class GpuHostFindings:
         self._snapshots: dict[str, GpuSnapshot] = {}        # newest live snapshot per source
         self._accounting: dict[tuple[str, int, int], tuple[float, GpuAccounting]] = {}
         self._active: dict[tuple[str, str], _Reported] = {}
+        # found once, waiting for a check over newer snapshots: a process that exits between a
+        # sample and the check looks like a vanished holder until the next sample
+        self._pending: dict[tuple[str, str], int] = {}     # key -> snapshots seen when first found
+        self._snapshots_seen = 0
 
     def observe(self, item: object) -> None:
         """Keep the newest live GPU snapshot of each source and the accounting records."""
         if type(item) is GpuSnapshot:
             if not any(d.extra.get("history") for d in item.devices):
                 self._snapshots[item.source] = item
+                self._snapshots_seen += 1
         elif type(item) is GpuAccounting:
             self._accounting[(item.vendor, item.device_index, item.pid)] = (time.monotonic(), item)
 
-    def _current_accounting(self) -> list[GpuAccounting]:
+    def accounting(self) -> list[GpuAccounting]:
+        """The accounting records still current (re-read within the last few check intervals)."""
+        horizon = time.monotonic() - ACCOUNTING_KEEP_CHECKS * self.interval_s
+        return [record for seen, record in list(self._accounting.values()) if seen >= horizon]
+
+    def _forget_old_accounting(self) -> None:
         horizon = time.monotonic() - ACCOUNTING_KEEP_CHECKS * self.interval_s
         for key in [k for k, (seen, _) in self._accounting.items() if seen < horizon]:
             del self._accounting[key]
-        return [record for _, record in self._accounting.values()]
 
     def check(self, now: float, suspicious: float, malicious: float) -> list[Finding]:
         """Run the checks; the records to write for what appeared, changed materially or went away."""
         if not self._snapshots:
             return []
         snapshots = list(self._snapshots.values())
-        accounting = self._current_accounting()
+        view = self._snapshots_seen
+        self._forget_old_accounting()
+        accounting = self.accounting()
         found = check_gpu_memory(snapshots, gpu_pid_states(snapshots), accounting) + check_past_gpu_users(accounting)
         apply_thresholds(found, suspicious, malicious)
         out: list[Finding] = []
         seen: set[tuple[str, str]] = set()
+        pending: dict[tuple[str, str], int] = {}
         for finding in found:
             key = _key(finding)
             if key in seen:
@@ -89,6 +105,10 @@ class GpuHostFindings:
             seen.add(key)
             previous = self._active.get(key)
             if previous is None:
+                first_view = self._pending.get(key, view)
+                if first_view == view:          # not yet confirmed by a newer sample
+                    pending[key] = first_view
+                    continue
                 self._active[key] = _Reported(finding, now)
                 out.append(finding_from_host(finding, "create", now))
             elif _material_change(previous.finding, finding):
@@ -96,6 +116,7 @@ class GpuHostFindings:
                 out.append(finding_from_host(finding, "update", now))
         for key in [k for k in self._active if k not in seen]:
             out.append(finding_from_host(self._active.pop(key).finding, "close", now))
+        self._pending = pending
         return out
 
     def active(self) -> list[dict]:

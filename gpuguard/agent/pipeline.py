@@ -15,8 +15,9 @@ hands it to the action interface (a process that first matches a rule tagged
 ``gpu-abuse`` is written too, even below the alert threshold, and not acted
 on for that), runs the GPU host checks
 (:class:`~gpuguard.agent.host_findings.GpuHostFindings`, never acted on),
-every few seconds checks the config's guard policies over the live processes (reported the same way, with their own
-bookkeeping so rule and guard verdicts of one process do not flap), refreshes
+every few seconds checks the config's guard policies over the live processes
+(reported the same way, with their own bookkeeping so rule and guard
+verdicts of one process do not flap), refreshes
 the state file and the metrics, expires old processes, lets the responder
 lift expired blocks and reports drops.  The log and
 the metrics are :class:`~gpuguard.agent.telemetry.AgentTelemetry`'s.
@@ -362,7 +363,7 @@ class Agent:
             abuse = frozenset(e.rule_id for e in verdict.evidence if GPU_ABUSE_TAG in e.tags)
             if verdict.verdict == previous and abuse <= abuse_before:
                 continue
-            self._reported[verdict.key] = (verdict.verdict, abuse)
+            self._reported[verdict.key] = (verdict.verdict, abuse | abuse_before)   # each such rule once
             self._report_finding(verdict, now, act=verdict.verdict != previous)
 
     def _check_guard_policies(self, now: float) -> None:

@@ -295,22 +295,21 @@ def test_tracker_reports_growth_beyond_a_quarter_and_a_new_owner_only():
     assert tracker.active() == [] and tracker.active_by_rule() == {}
 
 
-def test_tracker_past_heavy_user_is_one_finding_while_accounting_remembers_it():
+def test_tracker_past_heavy_user_is_written_once_and_never_active():
     from gpuguard.agent.host_findings import GpuHostFindings
 
     tracker = GpuHostFindings(10.0)
     heavy = _exited(3_999_003, 520 * MIB, util=98.0, duration_s=3600.0)
-    for _ in range(2):                               # found, then confirmed over a newer sample
-        tracker.observe(_snapshot(IDLE_USED))
-        tracker.observe(heavy)
-        out = tracker.check(time.time(), 40, 75)
-    (found,) = out
+    tracker.observe(_snapshot(IDLE_USED))
+    tracker.observe(heavy)
+    (found,) = tracker.check(time.time(), 40, 75)     # history: no second sample needed
     assert (found.rule_id, found.activity, found.process.pid) == ("host-gpu-past-heavy-user", "create", 3_999_003)
     assert found.host_gpu == {"device": "nvidia gpu0", "memory_bytes": 520 * MIB, "owner_pid": 3_999_003,
                               "status": "active"}
+    assert tracker.active() == [] and tracker.active_by_rule() == {}
     tracker.observe(_snapshot(IDLE_USED))
     tracker.observe(heavy)
-    assert tracker.check(time.time(), 40, 75) == []
+    assert tracker.check(time.time(), 40, 75) == []          # not repeated while accounting remembers it
 
 
 def test_a_holder_that_exits_after_the_sample_is_not_reported():

@@ -15,7 +15,10 @@ every ``sampling.host_check_interval_s`` the checks ``gpuguard scan`` runs
   more than :data:`MATERIAL_GROWTH` of the amount last reported, or its likely
   owner changed -> ``activity "update"``;
 * ``activity "close"`` (a resolved record) when it goes away: the memory was
-  freed, the zombie reaped, accounting forgot the pid.
+  freed, the zombie reaped.
+
+A past heavy user (:data:`EVENT_RULES`) is history rather than a condition:
+it is written once, not listed as active and never resolved.
 
 A finding needs two checks over different samples to be created, so a process
 that exits between a sample and the check (it looks like a vanished holder)
@@ -37,6 +40,9 @@ from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import Finding, finding_from_host
 from gpuguard.sources.host_observation import gpu_pid_states
 
+# Past heavy users are history, not a condition that ends: each is written once (while accounting
+# still remembers the pid it is not repeated), never listed as active and never resolved.
+EVENT_RULES = frozenset({"host-gpu-past-heavy-user"})
 MATERIAL_GROWTH = 0.25          # re-report a finding whose amount grew by more than this fraction
 ACCOUNTING_KEEP_CHECKS = 3      # an accounting record not re-read for this many check intervals is forgotten
 
@@ -65,6 +71,7 @@ class GpuHostFindings:
         # sample and the check looks like a vanished holder until the next sample
         self._pending: dict[tuple[str, str], int] = {}     # key -> snapshots seen when first found
         self._snapshots_seen = 0
+        self._told: set[tuple[str, str]] = set()          # EVENT_RULES findings written, while still found
 
     def observe(self, item: object) -> None:
         """Keep the newest live GPU snapshot of each source and the accounting records."""
@@ -98,11 +105,17 @@ class GpuHostFindings:
         out: list[Finding] = []
         seen: set[tuple[str, str]] = set()
         pending: dict[tuple[str, str], int] = {}
+        told: set[tuple[str, str]] = set()
         for finding in found:
             key = _key(finding)
             if key in seen:
                 continue
             seen.add(key)
+            if finding.rule_id in EVENT_RULES:
+                if key not in self._told:
+                    out.append(finding_from_host(finding, "create", now))
+                told.add(key)
+                continue
             previous = self._active.get(key)
             if previous is None:
                 first_view = self._pending.get(key, view)
@@ -116,7 +129,7 @@ class GpuHostFindings:
                 out.append(finding_from_host(finding, "update", now))
         for key in [k for k in self._active if k not in seen]:
             out.append(finding_from_host(self._active.pop(key).finding, "close", now))
-        self._pending = pending
+        self._pending, self._told = pending, told
         return out
 
     def active(self) -> list[dict]:

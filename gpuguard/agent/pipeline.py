@@ -381,8 +381,8 @@ class Agent:
         self._guard_reported = breached    # a process back within every policy is reported again on a new breach
 
     def _check_host_findings(self, now: float) -> None:
-        """GPU host findings (orphaned memory, past heavy users): logged when they appear, change
-        materially or go away, and kept for status and metrics.  Never handed to the responder:
+        """GPU host findings (orphaned memory: logged when it appears, changes materially or goes away,
+        and kept for status and metrics; past heavy users: logged once).  Never handed to the responder:
         there is no offender process to stop safely."""
         thresholds = self.rules.current.thresholds
         try:

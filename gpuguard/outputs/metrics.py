@@ -56,7 +56,7 @@ class AgentMetrics:
         self.findings = Counter("gpuguard_findings", "Findings reported, by top rule and verdict",
                                 ["rule", "verdict"], registry=r)
         self.host_findings = Gauge("gpuguard_host_findings_active",
-                                   "GPU host findings active now (orphaned GPU memory, past heavy users), by rule",
+                                   "GPU host findings active now (orphaned GPU memory), by rule",
                                    ["rule"], registry=r)
         self.processes = Gauge("gpuguard_processes_tracked", "Processes the correlator holds state for", registry=r)
         self.gpu_util = Gauge("gpuguard_gpu_utilization_percent", "GPU busy percent", ["gpu", "name"], registry=r)

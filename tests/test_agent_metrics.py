@@ -107,6 +107,7 @@ class Pipeline:
         m.set_queue("sensor", 3)
         m.count_drop("sensor", 1)
         m.count_reload(True)
+        m.set_host_findings({"host-gpu-memory-orphaned": 1})
         m.observe_log(self.log)
         m.observe_log(self.broken_log)
 

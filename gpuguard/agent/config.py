@@ -54,6 +54,7 @@ class AgentConfig:
     log_facility: str = "daemon"               # syslog facility
     metrics_address: str = ""                  # HOST:PORT; empty: no metrics endpoint
     sample_interval_s: float = 1.0
+    host_check_interval_s: float = 10.0        # GPU host checks (orphaned memory...) and accounting reads
     gpu_sources: list[str] = field(default_factory=lambda: list(GPU_SOURCES))
     sweep_interval_s: float = 3.0              # reduced mode: a /proc sweep this often
     status_path: Path = DEFAULT_STATUS_PATH
@@ -79,6 +80,7 @@ _SCHEMA: dict[str, Any] = {
             "facility": ("log_facility", str, tuple(FACILITIES))},
     "metrics": {"address": ("metrics_address", str, None)},
     "sampling": {"interval_s": ("sample_interval_s", _NUMBER, (0.1, 3600)),
+                 "host_check_interval_s": ("host_check_interval_s", _NUMBER, (0.2, 3600)),
                  "sources": ("gpu_sources", list, GPU_SOURCES)},
     "sweep": {"interval_s": ("sweep_interval_s", _NUMBER, (0.5, 3600))},
     "status": {"path": ("status_path", str, None), "interval_s": ("status_interval_s", _NUMBER, (0.2, 3600))},

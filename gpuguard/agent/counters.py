@@ -55,6 +55,8 @@ class AgentCounters:
     actions: defaultdict = field(default_factory=_counts)              # by (action, status)
     last_findings: deque = field(default_factory=lambda: deque(maxlen=LAST_FINDINGS))
     last_actions: deque = field(default_factory=lambda: deque(maxlen=LAST_FINDINGS))
+    host_findings: list = field(default_factory=list)           # active GPU host findings (rows for status)
+    host_findings_active: dict = field(default_factory=dict)    # rule_id -> active count
     # output
     output_lines: int = 0
     output_dropped: int = 0
@@ -99,4 +101,5 @@ class AgentCounters:
             "scoring_runs": self.scoring_runs, "scoring_seconds": round(self.scoring_latency_sum, 4),
             "findings": {f"{rule}/{verdict}": n for (rule, verdict), n in self.findings.items()},
             "actions": {f"{action}/{status}": n for (action, status), n in self.actions.items()},
+            "host_findings_active": dict(self.host_findings_active),
         }

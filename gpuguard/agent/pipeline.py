@@ -11,9 +11,13 @@ The loop takes everything the producers queued (waiting on a condition, never
 spinning), feeds the correlator, rescores the changed processes
 (:class:`~gpuguard.detect.engine.DetectionEngine`), writes a finding when a
 verdict first crosses a threshold or changes (not on every rescore) to the log,
-hands it to the action interface, every few seconds checks the config's guard
-policies over the live processes (reported the same way, with their own
-bookkeeping so rule and guard verdicts of one process do not flap), refreshes
+hands it to the action interface (a process that first matches a rule tagged
+``gpu-abuse`` is written too, even below the alert threshold, and not acted
+on for that), runs the GPU host checks
+(:class:`~gpuguard.agent.host_findings.GpuHostFindings`, never acted on),
+every few seconds checks the config's guard policies over the live processes
+(reported the same way, with their own bookkeeping so rule and guard
+verdicts of one process do not flap), refreshes
 the state file and the metrics, expires old processes, lets the responder
 lift expired blocks and reports drops.  The log and
 the metrics are :class:`~gpuguard.agent.telemetry.AgentTelemetry`'s.
@@ -34,6 +38,7 @@ from gpuguard.agent import status_file
 from gpuguard.agent.actions import ALERT_VERDICTS, make_responder
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.host_findings import GpuHostFindings
 from gpuguard.agent.intake import BoundedQueue
 from gpuguard.agent.producers import SamplerThread, SensorThread, SweepThread, sweep_once
 from gpuguard.agent.telemetry import AgentTelemetry
@@ -45,6 +50,10 @@ from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.sources.cpu_usage import CpuSampler
 
+# A rule with this tag (raw BAR or /dev/mem access, a GPU memory hog or leak) is reported when a
+# process first matches it even below the suspicious threshold: a note (event.kind "event") the
+# SIEM sees, where other clean verdicts are not written.
+GPU_ABUSE_TAG = "gpu-abuse"
 HOUSEKEEPING_S = 10.0       # expire old processes and report drops this often
 RULE_FILE_CHECK_S = 2.0     # look for changed rule files this often
 GUARD_CHECK_S = 2.0         # evaluate the guard policies this often
@@ -101,8 +110,10 @@ class Agent:
         self.engine: Any = None                 # DetectionEngine: rules and YARA over the correlator
         self.responder: Any = None
         self.threads: list[threading.Thread] = []
-        self._reported: dict[ProcessKey, str] = {}     # verdict last written per process
+        # verdict and GPU-abuse rules last written per process
+        self._reported: dict[ProcessKey, tuple[str, frozenset[str]]] = {}
         self._guard_reported: dict[ProcessKey, tuple] = {}   # guard verdict and policies last written
+        self.host_findings = GpuHostFindings(config.host_check_interval_s)   # orphaned GPU memory, past users
         self._hup = False
         self._status_due = 0.0
         self._status_soon = False
@@ -243,7 +254,8 @@ class Agent:
                                             self.config.sweep_interval_s, self.proc_root))
         for source, opener in self._sampler_openers().items():
             self.threads.append(SamplerThread(source, opener, self.intake, self.counters, self.stop, self.emit,
-                                              interval=self.config.sample_interval_s))
+                                              interval=self.config.sample_interval_s,
+                                              accounting_interval=self.config.host_check_interval_s))
         for thread in self.threads:
             thread.start()
 
@@ -300,7 +312,7 @@ class Agent:
         return 0
 
     def _loop(self) -> None:
-        next_housekeeping = next_rules_check = next_guard_check = time.monotonic() + 1.0
+        next_housekeeping = next_rules_check = next_guard_check = next_host_check = time.monotonic() + 1.0
         while not self.stop.is_set():
             items = self.intake.take_all(0.25)
             now = time.time()
@@ -317,6 +329,9 @@ class Agent:
             if mono >= next_guard_check:
                 next_guard_check = mono + GUARD_CHECK_S
                 self._check_guard_policies(now)
+            if mono >= next_host_check:
+                next_host_check = mono + self.config.host_check_interval_s
+                self._check_host_findings(now)
             self.telemetry.sync_log()
             if mono >= next_housekeeping:
                 next_housekeeping = mono + self.housekeeping_s
@@ -327,12 +342,15 @@ class Agent:
     def _feed(self, items: list) -> None:
         feed = self.correlator.feed
         observe = self.telemetry.observe_item
+        keep, host_inputs = self.host_findings.observe, self.host_findings.INPUTS
         for item in items:
             try:
                 feed(item)
             except Exception as exc:  # noqa: BLE001 - one malformed item must not stop detection
                 self.lifecycle("fault", f"could not correlate a {type(item).__name__}: {type(exc).__name__}: {exc}")
             observe(item, self._comm_of)     # after feed: the correlator names the pids
+            if type(item) in host_inputs:    # GPU snapshots and accounting only: sensor events pass by cheaply
+                keep(item)
         self.counters.items_correlated += len(items)
 
     def _score(self, now: float) -> None:
@@ -343,11 +361,12 @@ class Agent:
         self.telemetry.observe_scoring(elapsed)
         self.counters.processes_tracked = len(self.correlator)
         for verdict in verdicts:
-            previous = self._reported.get(verdict.key, "clean")
-            if verdict.verdict == previous:
+            previous, abuse_before = self._reported.get(verdict.key, ("clean", frozenset()))
+            abuse = frozenset(e.rule_id for e in verdict.evidence if GPU_ABUSE_TAG in e.tags)
+            if verdict.verdict == previous and abuse <= abuse_before:
                 continue
-            self._reported[verdict.key] = verdict.verdict
-            self._report_finding(verdict, now)
+            self._reported[verdict.key] = (verdict.verdict, abuse | abuse_before)   # each such rule once
+            self._report_finding(verdict, now, act=verdict.verdict != previous)
 
     def _check_guard_policies(self, now: float) -> None:
         """Guard verdicts, reported on first breach or when the verdict or the broken policies change."""
@@ -363,7 +382,27 @@ class Agent:
                 self._report_finding(verdict, now)
         self._guard_reported = breached    # a process back within every policy is reported again on a new breach
 
-    def _report_finding(self, verdict: Any, now: float) -> None:
+    def _check_host_findings(self, now: float) -> None:
+        """GPU host findings (orphaned memory: logged when it appears, changes materially or goes away,
+        and kept for status and metrics; past heavy users: logged once).  Never handed to the responder:
+        there is no offender process to stop safely."""
+        thresholds = self.rules.current.thresholds
+        try:
+            records = self.host_findings.check(now, thresholds.suspicious, thresholds.malicious)
+        except Exception as exc:  # noqa: BLE001 - a failing check is reported, detection goes on
+            self.lifecycle("fault", f"GPU host checks failed: {type(exc).__name__}: {exc}")
+            return
+        for finding in records:
+            self.emit(finding)
+            if finding.activity != "close":
+                self.counters.findings[(finding.rule_id, finding.verdict)] += 1
+        if records:
+            self.counters.host_findings = [{**row, "detail": escape_text(row["detail"])}
+                                           for row in self.host_findings.active()]
+            self.counters.host_findings_active = self.host_findings.active_by_rule()
+            self._status_soon = True
+
+    def _report_finding(self, verdict: Any, now: float, act: bool = True) -> None:
         state = self.correlator.get(verdict.key)
         facts = state.facts if state is not None else None
         finding = finding_from_verdict(verdict, facts, self.rules.current, state)
@@ -375,7 +414,7 @@ class Agent:
             "comm": escape_text(verdict.comm), "verdict": verdict.verdict, "score": verdict.score,
             "rule_ids": finding.rule_ids, "allowlisted": verdict.allowlisted})
         self._status_soon = True
-        if verdict.verdict in ALERT_VERDICTS and not verdict.allowlisted:
+        if act and verdict.verdict in ALERT_VERDICTS and not verdict.allowlisted:
             try:
                 outcomes = self.responder(verdict, state, now)
             except Exception as exc:  # noqa: BLE001 - a failing action is an outcome, not a crash

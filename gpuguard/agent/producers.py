@@ -5,6 +5,8 @@
 * :class:`SamplerThread` samples one GPU source at a steady rate, so a slow
   driver call (NVML's PCIe throughput sleeps 20 ms inside the call) delays only
   its own thread; a sampler that raises is reported and reopened with backoff;
+  a source with accounting records (NVML accounting mode) also queues them, at
+  the slower host-check interval;
 * :class:`SweepThread` walks /proc (the observation ``scan`` uses) every few
   seconds in reduced mode; :func:`sweep_items` turns one walk into the items
   the correlator takes, and also seeds the correlator once at start.
@@ -73,11 +75,14 @@ class SamplerThread(threading.Thread):
     """Samples one GPU source every ``interval`` seconds; reopens it when it keeps raising."""
 
     def __init__(self, source: str, opener: Callable[[], Any], intake: BoundedQueue, counters: AgentCounters,
-                 stop: threading.Event, emit: Emit, interval: float = 1.0, reopen_s: float = 60.0) -> None:
+                 stop: threading.Event, emit: Emit, interval: float = 1.0, reopen_s: float = 60.0,
+                 accounting_interval: float = 10.0) -> None:
         super().__init__(name=f"gpuguard-sampler-{source}", daemon=True)
         self.source, self.opener = source, opener
         self.intake, self.counters, self.stop, self.emit = intake, counters, stop, emit
-        self.interval, self.reopen_s = interval, reopen_s
+        self.interval, self.reopen_s, self.accounting_interval = interval, reopen_s, accounting_interval
+        self._next_accounting = 0.0
+        self._accounting_fault = ""
         self.sampler: Any = None
         self.unavailable: str | None = None    # why the source cannot be opened here
 
@@ -122,6 +127,23 @@ class SamplerThread(threading.Thread):
                 "lost": dev.extra.get("state") == "lost"}
         self.intake.put(snapshot, "sampler")
 
+    def _read_accounting(self, now: float) -> None:
+        """The driver's accounting records (running and exited pids; none when accounting mode is off)."""
+        read = getattr(self.sampler, "accounting", None)
+        if read is None or now < self._next_accounting:
+            return
+        self._next_accounting = now + self.accounting_interval
+        try:
+            records, errors = read()
+        except Exception as exc:  # noqa: BLE001 - accounting is extra evidence, never fatal
+            records, errors = [], [f"accounting read failed: {type(exc).__name__}: {exc}"]
+        fault = "; ".join(errors)
+        if fault and fault != self._accounting_fault:     # said once until it changes
+            _fault(self.emit, f"GPU source {self.source}: {fault}", source=self.source)
+        self._accounting_fault = fault
+        if records:
+            self.intake.put_many(records, "sampler")
+
     def run(self) -> None:
         failures = 0
         last_fault = 0.0
@@ -162,6 +184,7 @@ class SamplerThread(threading.Thread):
             if snapshot is not None:
                 self.counters.samples[self.source] += 1
                 self._record(snapshot)
+                self._read_accounting(now)
             next_tick += self.interval
             wait = next_tick - time.monotonic()
             if wait < 0:      # a slow sample: skip the missed ticks instead of bursting

@@ -37,6 +37,7 @@ def status_document(c: Any, config: Any, rule_sources: list[str], events_per_s: 
         "processes_tracked": c.processes_tracked,
         "last_findings": list(c.last_findings),
         "last_actions": list(c.last_actions),
+        "host_findings": list(c.host_findings),
         "gpus": [{"vendor": v, "index": i, **info} for (v, i), info in sorted(c.gpus.items())],
         "counters": c.snapshot(),
     }

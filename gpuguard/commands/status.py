@@ -10,7 +10,8 @@ from pathlib import Path
 
 from gpuguard.agent.config import DEFAULT_STATUS_PATH
 
-HELP = "show whether the agent runs, its mode, rules, probes, event rate, drops and last findings"
+HELP = ("show whether the agent runs, its mode, rules, probes, event rate, drops, last findings "
+        "and active host findings")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +48,11 @@ def render(doc: dict, alive: bool, why: str, now: float) -> list[str]:
         when = time.strftime("%H:%M:%S", time.localtime(float(f.get("time", 0))))
         lines.append(f"  {when} pid {f.get('pid')} {escape_text(f.get('comm', ''))}: {f.get('verdict')} "
                      f"score {f.get('score')} ({', '.join(escape_text(r) for r in f.get('rule_ids', [])[:4])})")
+    hosts = doc.get("host_findings", [])
+    lines.append(f"active host findings ({len(hosts)}):" if hosts else "active host findings: none")
+    for h in hosts:
+        since = time.strftime("%H:%M:%S", time.localtime(float(h.get("since", 0))))
+        lines.append(f"  since {since} {escape_text(h.get('rule_id', ''))}: {escape_text(h.get('detail', ''))}")
     return lines
 
 

@@ -68,7 +68,8 @@ def check_gpu_memory(snapshots: Iterable[GpuSnapshot], pid_states: dict[int, str
                     "host-gpu-memory-orphaned", subject=f"{name} pid {p.pid}",
                     detail=f"{name}: {held} memory held by pid {p.pid}, which is {pid_states[p.pid]}",
                     evidence=[f"driver lists pid {p.pid} on {name} with {held} memory",
-                              f"/proc/{p.pid}: {pid_states[p.pid]}"], pid=p.pid))
+                              f"/proc/{p.pid}: {pid_states[p.pid]}"], pid=p.pid,
+                    device=name, amount=p.used_memory))
             if device.memory_used is None or not device.memory_total or any(p.used_memory is None for p in users):
                 continue
             unaccounted = device.memory_used - sum(p.used_memory or 0 for p in users if p not in dead)
@@ -84,7 +85,8 @@ def check_gpu_memory(snapshots: Iterable[GpuSnapshot], pid_states: dict[int, str
                 detail=f"{name}: {_size(unaccounted)} of {_size(device.memory_total)} in use by no live process; {owner}",
                 evidence=[f"device memory used {_size(device.memory_used)}",
                           f"processes account for {_size(device.memory_used - unaccounted)} ({len(users)} listed)",
-                          owner]))
+                          owner],
+                pid=owners[0].pid if owners else None, device=name, amount=unaccounted))
     return findings
 
 
@@ -104,5 +106,5 @@ def check_past_gpu_users(accounting: Iterable[GpuAccounting]) -> list[HostFindin
                    f"{r.duration_s / 60:.0f} min from {when} (peak memory {peak}, memory-controller {memctl})",
             evidence=[f"NVML accounting: gpuUtilization {r.gpu_util:.0f}, memoryUtilization {memctl}, "
                       f"maxMemoryUsage {peak}, time {r.duration_s:.0f} s, isRunning 0"],
-            pid=r.pid))
+            pid=r.pid, device=f"{r.vendor} gpu{r.device_index}", amount=r.max_memory))
     return findings

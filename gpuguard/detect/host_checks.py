@@ -93,9 +93,11 @@ class HostFinding:
     subject: str                    # path, pid or module the finding is about (attacker-chosen text possible)
     detail: str                     # one line: why it fired
     evidence: list[str] = field(default_factory=list)
-    pid: int | None = None
+    pid: int | None = None          # the process concerned (for GPU memory: the holder or likely owner)
     process_name: str | None = None
     verdict: str = "clean"          # set from the rule set's thresholds by :func:`apply_thresholds`
+    device: str | None = None       # GPU host findings: the device, e.g. "nvidia gpu0 (00000000:18:00.0)"
+    amount: int | None = None       # GPU host findings: bytes of device memory concerned
 
     @property
     def rule(self) -> HostRule:

@@ -77,7 +77,8 @@ def finding_cef(finding: Finding, hostname: str, created: float) -> str:
     p = finding.process
     pairs: list[tuple[str, object]] = [
         ("rt", int(created * 1000)), ("dvchost", hostname), ("cat", "/".join(finding.categories)),
-        ("act", finding.action or "alert"), ("msg", finding.explanation),
+        ("act", "resolved" if finding.activity == "close" else finding.action or "alert"),
+        ("msg", f"resolved: {finding.explanation}" if finding.activity == "close" else finding.explanation),
         *_custom("cs1", "verdict", finding.verdict),
         *_custom("cs2", "rules", ",".join(finding.rule_ids)),
         *_custom("cs3", "techniques", ",".join(t for t, _ in finding.techniques)),

@@ -44,6 +44,7 @@ from gpuguard.outputs.finding import Finding, process_entity_id
 
 ECS_VERSION = "8.11.0"
 ECS_SEVERITY = {"informational": 0, "low": 21, "medium": 47, "high": 73, "critical": 99}
+_ECS_ACTIVITY_TYPE = {"create": "info", "update": "change", "close": "end"}
 ATTACK_URL = "https://attack.mitre.org/techniques/{}/"
 # Tactics of the techniques gpuguard reports (ATT&CK Enterprise).
 TECHNIQUE_TACTICS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -155,16 +156,22 @@ def destination_fields(finding: Finding) -> dict[str, Any]:
 
 def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None = None,
                    dataset: str = "gpuguard.scan") -> dict[str, Any]:
-    """One ECS document for ``finding``: an alert when its verdict is suspicious or malicious."""
+    """One ECS document for ``finding``: an alert when its verdict is suspicious or malicious.
+
+    A finding the agent closes (its condition went away) is an ``event`` with
+    ``event.type: ["end"]`` and ``event.action`` ``KIND-resolved``; one it
+    updates has ``event.type: ["change"]``.
+    """
+    closed = finding.activity == "close"
     doc: dict[str, Any] = {
         "@timestamp": iso_time(created),
         "ecs": {"version": ECS_VERSION},
-        "message": finding.explanation,
+        "message": f"resolved: {finding.explanation}" if closed else finding.explanation,
         "event": {
-            "kind": "alert" if finding.is_alert else "event",
-            "action": f"{finding.kind}-{finding.verdict}",     # e.g. "process-malicious"
+            "kind": "alert" if finding.is_alert and not closed else "event",
+            "action": f"{finding.kind}-{'resolved' if closed else finding.verdict}",   # e.g. "process-malicious"
             "category": list(finding.categories),
-            "type": ["info"],
+            "type": [_ECS_ACTIVITY_TYPE.get(finding.activity, "info")],
             "risk_score": round(float(finding.score), 1),
             "severity": ECS_SEVERITY[finding.severity],
             "module": "gpuguard",
@@ -197,5 +204,7 @@ def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None
         "cpu_percent": finding.process.cpu_percent if finding.process else None,
         "destinations": [d.to_json() for d in finding.destinations],
         "gpu": finding.gpu.to_json() if finding.gpu is not None else None,
+        "host_gpu": finding.host_gpu,
+        "status": "resolved" if closed else "active" if finding.host_gpu is not None else None,
     })
     return doc

@@ -146,6 +146,10 @@ class Finding:
     destinations: list[Destination] = field(default_factory=list)   # most attempted first
     gpu: GpuUse | None = None
     created: float = 0.0               # when the verdict was made (epoch seconds); 0: not known
+    # The agent's host findings persist and end: "create" (first seen), "update" (a material
+    # change), "close" (the condition went away).  Process verdicts and scan findings are "create".
+    activity: str = "create"
+    host_gpu: dict[str, Any] | None = None   # GPU host findings: device, memory_bytes, owner_pid, status
 
     @property
     def severity(self) -> str:
@@ -244,13 +248,18 @@ def finding_from_verdict(verdict: Any, facts: ProcessFacts | None, ruleset: Any 
     )
 
 
-def finding_from_host(host: HostFinding) -> Finding:
+def finding_from_host(host: HostFinding, activity: str = "create", created: float = 0.0) -> Finding:
+    """A host check's finding; ``activity`` is the agent's "create" | "update" | "close" (see :class:`Finding`)."""
     rule = host.rule
     process = ProcessInfo(pid=host.pid, name=host.process_name or "") if host.pid is not None else None
+    host_gpu = None
+    if host.device is not None:
+        host_gpu = {"device": host.device, "memory_bytes": host.amount, "owner_pid": host.pid,
+                    "status": "resolved" if activity == "close" else "active"}
     return Finding(
         kind="host", rule_id=rule.id, rule_name=rule.name, rule_description=rule.description,
         score=float(rule.score), verdict=host.verdict, explanation=host.explain(),
         evidence=[EvidenceItem(rule.id, line, 0.0, "host-check", severity_for_score(rule.score))
                   for line in host.evidence],
         categories=list(rule.category), techniques=list(rule.techniques),
-        process=process, subject=host.subject)
+        process=process, subject=host.subject, activity=activity, host_gpu=host_gpu, created=created)

@@ -55,6 +55,9 @@ class AgentMetrics:
                                      registry=r)
         self.findings = Counter("gpuguard_findings", "Findings reported, by top rule and verdict",
                                 ["rule", "verdict"], registry=r)
+        self.host_findings = Gauge("gpuguard_host_findings_active",
+                                   "GPU host findings active now (orphaned GPU memory), by rule",
+                                   ["rule"], registry=r)
         self.processes = Gauge("gpuguard_processes_tracked", "Processes the correlator holds state for", registry=r)
         self.gpu_util = Gauge("gpuguard_gpu_utilization_percent", "GPU busy percent", ["gpu", "name"], registry=r)
         self.gpu_mem_used = Gauge("gpuguard_gpu_memory_used_bytes", "GPU memory in use", ["gpu", "name"], registry=r)
@@ -85,6 +88,7 @@ class AgentMetrics:
         self._proc_labels: set[tuple[str, str, str]] = set()
         self._log_seen: dict[str, tuple[int, int, int]] = {}
         self._blind: set[str] = set()
+        self._host_rules: set[str] = set()
         self._totals: dict[tuple[int, tuple[str, ...]], float] = {}
         self.info.info({"version": __version__, "mode": "monitor", "sensor": "unknown"})
         self.reduced_mode.set(0)
@@ -210,7 +214,7 @@ class AgentMetrics:
         {kind: n}, ``ring_lost`` {what: n}, ``intake`` {depth, dropped {producer: n}},
         ``output`` {depth, lines, dropped, errors}, ``sampler_errors`` {source: n},
         ``processes_tracked``, ``findings`` {"RULE/VERDICT": n}, ``actions``
-        {"ACTION/STATUS": n}.  Missing keys are left alone.
+        {"ACTION/STATUS": n}, ``host_findings_active`` {rule: n}.  Missing keys are left alone.
         """
         for kind, n in (totals.get("events_by_kind") or {}).items():
             self._advance(self.events, (str(kind),), n)
@@ -241,6 +245,16 @@ class AgentMetrics:
         for key, n in (totals.get("actions") or {}).items():
             action, _, status = str(key).rpartition("/")
             self._advance(self.actions, (action, status), n)
+        if "host_findings_active" in totals:
+            self.set_host_findings(totals["host_findings_active"] or {})
+
+    def set_host_findings(self, active: dict[str, int]) -> None:
+        """Active host findings by rule; a rule with none left reads 0 (not absent: alerts see it drop)."""
+        with self._lock:
+            self._host_rules |= set(active)
+            rules = set(self._host_rules)
+        for rule in rules:
+            self.host_findings.labels(rule).set(active.get(rule, 0))
 
     # -- export ------------------------------------------------------------------------
     def exposition(self) -> bytes:
@@ -287,4 +301,5 @@ METRIC_NAMES = frozenset({
     "gpuguard_scoring_latency_seconds_sum", "gpuguard_scoring_latency_seconds_count", "gpuguard_rules_info",
     "gpuguard_rules_loaded_timestamp_seconds", "gpuguard_reloads_total", "gpuguard_reduced_mode",
     "gpuguard_blind_spot", "gpuguard_actions_total", "gpuguard_log_records_total", "gpuguard_log_dropped_total",
+    "gpuguard_host_findings_active",
 })

@@ -3,9 +3,12 @@
 Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event:
 
 * ``class_uid 2004``, ``category_uid 2``, ``activity_id 1`` (Create: a scan
-  creates each finding), ``type_uid = class_uid * 100 + activity_id``;
+  creates each finding; the agent's host findings are also updated, 2, on a
+  material change and closed, 3 with ``status_id 4`` Resolved, when their
+  condition goes away), ``type_uid = class_uid * 100 + activity_id``;
 * ``severity_id`` 1 Informational, 2 Low, 3 Medium, 4 High, 5 Critical from
-  the 0-100 score; ``risk_score`` is the score itself; ``status_id 1`` (New);
+  the 0-100 score; ``risk_score`` is the score itself; ``status_id 1`` (New;
+  2 In Progress for an update, 4 Resolved on close);
 * ``finding_info`` {uid, title, desc, types, analytic {uid, name, type_id 1
   Rule}, attacks [{technique, tactic}], created_time};
 * ``evidences`` — one Evidence Artifacts object per piece of evidence, each
@@ -37,6 +40,9 @@ CLASS_NAME = "Detection Finding"
 CATEGORY_UID = 2
 CATEGORY_NAME = "Findings"
 ACTIVITY_CREATE = 1
+# The agent's host findings: (activity_id, activity_name, status_id, status) for create, update, close.
+ACTIVITIES = {"create": (1, "Create", 1, "New"), "update": (2, "Update", 2, "In Progress"),
+              "close": (3, "Close", 4, "Resolved")}
 SEVERITY_ID = {"informational": 1, "low": 2, "medium": 3, "high": 4, "critical": 5}
 SEVERITY_NAME = {1: "Informational", 2: "Low", 3: "Medium", 4: "High", 5: "Critical"}
 ANALYTIC_RULE = 1
@@ -152,6 +158,7 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
         evidences.append(evidence)
     if not evidences:
         evidences.append({"data": {"detail": finding.explanation}, **({"process": process} if process else {})})
+    activity_id, activity_name, status_id, status = ACTIVITIES.get(finding.activity, ACTIVITIES["create"])
     resources: list[dict[str, Any]] = [{"type": "host", "name": hostname, "uid": hostname}]
     if container is not None:
         resources.append({"type": "container", "uid": container["uid"]})
@@ -160,16 +167,16 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
         "class_name": CLASS_NAME,
         "category_uid": CATEGORY_UID,
         "category_name": CATEGORY_NAME,
-        "activity_id": ACTIVITY_CREATE,
-        "activity_name": "Create",
-        "type_uid": CLASS_UID * 100 + ACTIVITY_CREATE,
-        "type_name": f"{CLASS_NAME}: Create",
+        "activity_id": activity_id,
+        "activity_name": activity_name,
+        "type_uid": CLASS_UID * 100 + activity_id,
+        "type_name": f"{CLASS_NAME}: {activity_name}",
         "time": _ms(created),
         "severity_id": severity_id,
         "severity": SEVERITY_NAME[severity_id],
-        "status_id": 1,
-        "status": "New",
-        "is_alert": finding.verdict != "clean",
+        "status_id": status_id,
+        "status": status,
+        "is_alert": finding.verdict != "clean" and finding.activity != "close",
         "risk_score": int(round(finding.score)),
         "message": finding.explanation,
         "finding_info": {
@@ -191,5 +198,6 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
         "unmapped": {"gpuguard": {
             "score": round(float(finding.score), 1), "verdict": finding.verdict, "kind": finding.kind,
             "rule_ids": finding.rule_ids, "subject": finding.subject,
+            **({"host_gpu": finding.host_gpu} if finding.host_gpu is not None else {}),
         }},
     }

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import psutil
@@ -74,25 +74,30 @@ class HostObservation:
 
     def gpu_pid_states(self) -> dict[int, str]:
         """For each pid a GPU driver lists in the newest live snapshots: "running", "zombie" or "gone"."""
-        latest: dict[str, GpuSnapshot] = {}
-        for snap in self.snapshots:
-            if not any(d.extra.get("history") for d in snap.devices):
-                latest[snap.source] = snap
-        states: dict[int, str] = {}
-        for snap in latest.values():
-            for usage in snap.processes:
-                try:
-                    status = psutil.Process(usage.pid).status()
-                except psutil.NoSuchProcess:
-                    status = "gone"
-                except psutil.AccessDenied:
-                    status = "running"
-                states[usage.pid] = "zombie" if status == psutil.STATUS_ZOMBIE else "gone" if status == "gone" else "running"
-        return states
+        return gpu_pid_states(self.snapshots)
 
     def gpu_pids(self) -> dict[int, str]:
         """Pids GPU drivers report (host pids), to cross-check against the /proc listing."""
         return {p.pid: f"gpu:{s.source}" for s in self.snapshots for p in s.processes}
+
+
+def gpu_pid_states(snapshots: Iterable[GpuSnapshot]) -> dict[int, str]:
+    """For each pid a GPU driver lists in the newest live snapshots: "running", "zombie" or "gone"."""
+    latest: dict[str, GpuSnapshot] = {}
+    for snap in snapshots:
+        if not any(d.extra.get("history") for d in snap.devices):
+            latest[snap.source] = snap
+    states: dict[int, str] = {}
+    for snap in latest.values():
+        for usage in snap.processes:
+            try:
+                status = psutil.Process(usage.pid).status()
+            except psutil.NoSuchProcess:
+                status = "gone"
+            except psutil.AccessDenied:
+                status = "running"
+            states[usage.pid] = "zombie" if status == psutil.STATUS_ZOMBIE else "gone" if status == "gone" else "running"
+    return states
 
 
 def _fill_ancestors(facts: dict[int, ProcessFacts], proc_root: str) -> None:

@@ -164,3 +164,41 @@ def test_sighup_with_a_broken_config_keeps_the_last_good_settings(tmp_path):
         thread.join(30)
         scope.close()
     assert not thread.is_alive() and agent.responder is None     # teardown closed the responder
+
+
+def _log_of_a_short_agent_run(tmp_path, fake, **config):
+    log = tmp_path / "agent.log"
+    agent = Agent(AgentConfig(sensor="proc", log_path=str(log), status_path=tmp_path / "status.json",
+                              sample_interval_s=0.1, sweep_interval_s=0.5, status_interval_s=0.5, **config),
+                  install_signals=False, stderr=lambda line: None,
+                  sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)})
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        assert agent.ready.wait(60), "the agent did not start"
+        _until(lambda: agent.counters.samples["nvml"] >= 3)
+    finally:
+        agent.request_stop()
+        thread.join(30)
+    return _records(log)
+
+
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_accounting_mode_is_turned_on_only_when_configured_and_the_change_is_logged(tmp_path, opt_in):
+    from tests.fakes.fake_pynvml import ERROR_CODES
+
+    off, already_on = FakeGpu(accounting_mode=0), FakeGpu(accounting_mode=1)
+    refusing = FakeGpu(accounting_mode=0, failing={"nvmlDeviceSetAccountingMode": ERROR_CODES["NVML_ERROR_NO_PERMISSION"]})
+    fake = FakeNvml([off, already_on, refusing])
+    records = _log_of_a_short_agent_run(tmp_path, fake, nvml_accounting=opt_in)
+    changes = [r for r in records if r["event"].get("action") == "host-change"]
+    if not opt_in:
+        assert (off.accounting_mode, already_on.accounting_mode) == (0, 1)       # host state untouched
+        assert not changes and "nvmlDeviceSetAccountingMode" not in fake.call_counts
+        return
+    assert (off.accounting_mode, already_on.accounting_mode, refusing.accounting_mode) == (1, 1, 0)
+    assert len(changes) == 1, changes                                               # one open, one record
+    message = changes[0]["message"]
+    assert "nvml gpu0: accounting mode on (was off)" in message
+    assert "nvml gpu1: accounting mode on (was already)" in message
+    assert "nvml gpu2: cannot turn accounting mode on" in message                  # said, not fatal

@@ -55,6 +55,7 @@ class AgentConfig:
     metrics_address: str = ""                  # HOST:PORT; empty: no metrics endpoint
     sample_interval_s: float = 1.0
     host_check_interval_s: float = 10.0        # GPU host checks (orphaned memory...) and accounting reads
+    nvml_accounting: bool = False              # turn NVML accounting mode on (changes host state: opt-in)
     gpu_sources: list[str] = field(default_factory=lambda: list(GPU_SOURCES))
     sweep_interval_s: float = 3.0              # reduced mode: a /proc sweep this often
     status_path: Path = DEFAULT_STATUS_PATH
@@ -81,6 +82,7 @@ _SCHEMA: dict[str, Any] = {
     "metrics": {"address": ("metrics_address", str, None)},
     "sampling": {"interval_s": ("sample_interval_s", _NUMBER, (0.1, 3600)),
                  "host_check_interval_s": ("host_check_interval_s", _NUMBER, (0.2, 3600)),
+                 "nvml_accounting": ("nvml_accounting", bool, None),
                  "sources": ("gpu_sources", list, GPU_SOURCES)},
     "sweep": {"interval_s": ("sweep_interval_s", _NUMBER, (0.5, 3600))},
     "status": {"path": ("status_path", str, None), "interval_s": ("status_interval_s", _NUMBER, (0.2, 3600))},

@@ -255,7 +255,8 @@ class Agent:
         for source, opener in self._sampler_openers().items():
             self.threads.append(SamplerThread(source, opener, self.intake, self.counters, self.stop, self.emit,
                                               interval=self.config.sample_interval_s,
-                                              accounting_interval=self.config.host_check_interval_s))
+                                              accounting_interval=self.config.host_check_interval_s,
+                                              turn_accounting_on=self.config.nvml_accounting))
         for thread in self.threads:
             thread.start()
 

@@ -76,12 +76,14 @@ class SamplerThread(threading.Thread):
 
     def __init__(self, source: str, opener: Callable[[], Any], intake: BoundedQueue, counters: AgentCounters,
                  stop: threading.Event, emit: Emit, interval: float = 1.0, reopen_s: float = 60.0,
-                 accounting_interval: float = 10.0) -> None:
+                 accounting_interval: float = 10.0, turn_accounting_on: bool = False) -> None:
         super().__init__(name=f"gpuguard-sampler-{source}", daemon=True)
         self.source, self.opener = source, opener
         self.intake, self.counters, self.stop, self.emit = intake, counters, stop, emit
         self.interval, self.reopen_s, self.accounting_interval = interval, reopen_s, accounting_interval
         self._next_accounting = 0.0
+        self.turn_accounting_on = turn_accounting_on   # sampling.nvml_accounting: opt-in, it changes host state
+        self._accounting_pending = False               # set on each open, applied after its first sample
         self._accounting_fault = ""
         self.sampler: Any = None
         self.unavailable: str | None = None    # why the source cannot be opened here
@@ -106,7 +108,28 @@ class SamplerThread(threading.Thread):
                    source=self.source)
             return False
         self.unavailable = None
+        self._accounting_pending = self.turn_accounting_on
         return True
+
+    def _apply_accounting_mode(self) -> None:
+        """Turn the driver's accounting mode on when configured to, and say what changed.  Once per open,
+        after its first sample (the source knows its GPUs by then): a GPU that was reset or swapped
+        comes back with it off."""
+        self._accounting_pending = False
+        switch = getattr(self.sampler, "set_accounting", None)
+        if switch is None:
+            return
+        try:
+            lines = switch(True)
+        except Exception as exc:  # noqa: BLE001 - accounting is extra evidence, never fatal
+            lines = [f"cannot turn accounting mode on: {type(exc).__name__}: {exc}"]
+        changed = [line for line in lines if "(was off)" in line]
+        failed = [line for line in lines if "cannot" in line]
+        if changed or failed:
+            self.emit(AgentLifecycle(
+                time=time.time(), action="host-change" if changed else "degraded",
+                message=f"GPU source {self.source}: sampling.nvml_accounting: " + "; ".join(lines),
+                detail={"source": self.source, "accounting": lines}))
 
     def _close(self) -> None:
         if self.sampler is not None:
@@ -184,6 +207,8 @@ class SamplerThread(threading.Thread):
             if snapshot is not None:
                 self.counters.samples[self.source] += 1
                 self._record(snapshot)
+                if self._accounting_pending:
+                    self._apply_accounting_mode()
                 self._read_accounting(now)
             next_tick += self.interval
             wait = next_tick - time.monotonic()

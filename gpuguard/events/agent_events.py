@@ -50,6 +50,7 @@ class AgentLifecycle:
 
     time: float
     action: str                      # start | reload | reload-failed | stop | drops | degraded | fault
+                                     # | recovered | host-change (the agent changed host state, by config)
     message: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
 

@@ -342,3 +342,33 @@ def test_a_resolved_host_finding_in_cef():
     closed = render_record(finding_from_host(host, "close", 2.0), "cef")
     assert "act=alert" in active and "act=resolved" in closed
     assert "msg=resolved: host-gpu-memory-orphaned:" in closed
+
+
+def test_tracker_reports_host_tuning_without_gpu_samples_and_resolves_it(tmp_path):
+    """MSR writes enabled and huge pages reserved, read from a host tree: written when they appear
+    (no sample race to confirm), again when the reservation grows, resolved when undone."""
+    from gpuguard.agent.host_findings import GpuHostFindings
+
+    msr = tmp_path / "sys/module/msr/parameters/allow_writes"
+    pages = tmp_path / "sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"
+    msr.parent.mkdir(parents=True)
+    pages.parent.mkdir(parents=True)
+    msr.write_text("off\n")
+    pages.write_text("0\n")
+    tracker = GpuHostFindings(10.0, str(tmp_path))
+    assert tracker.check(time.time(), 40, 75) == []
+    msr.write_text("on\n")
+    pages.write_text("1024\n")          # a RandomX dataset's worth of 2 MiB pages
+    found = tracker.check(time.time(), 40, 75)
+    assert sorted((f.rule_id, f.activity, f.verdict) for f in found) == [
+        ("host-hugepages-reserved", "create", "clean"), ("host-msr-writes-enabled", "create", "suspicious")]
+    assert tracker.check(time.time(), 40, 75) == []                       # persists: nothing new
+    pages.write_text("1536\n")                                              # +50 %: material
+    (grown,) = tracker.check(time.time(), 40, 75)
+    assert (grown.rule_id, grown.activity) == ("host-hugepages-reserved", "update")
+    assert "1536 x 2 MiB" in grown.explanation
+    msr.write_text("off\n")
+    pages.write_text("0\n")
+    assert sorted((f.rule_id, f.activity) for f in tracker.check(time.time(), 40, 75)) == [
+        ("host-hugepages-reserved", "close"), ("host-msr-writes-enabled", "close")]
+    assert tracker.active() == []

@@ -1,4 +1,4 @@
-"""The agent's GPU host findings: orphaned GPU memory and past heavy GPU users, kept as a live set.
+"""The agent's host findings: orphaned GPU memory, past heavy GPU users and CPU-miner host tuning, kept as a live set.
 
 Data flow: the GPU snapshots and NVML accounting records the samplers queue
 (:meth:`GpuHostFindings.observe`, called as the detect loop feeds them) ->
@@ -20,7 +20,12 @@ every ``sampling.host_check_interval_s`` the checks ``gpuguard scan`` runs
 A past heavy user (:data:`EVENT_RULES`) is history rather than a condition:
 it is written once, not listed as active and never resolved.
 
-A finding needs two checks over different samples to be created, so a process
+The host-tuning checks (:func:`~gpuguard.detect.tuning_host_checks.host_tuning_findings`:
+MSR writes enabled, huge pages reserved) read the host's own state under
+``tuning_root`` at the same interval, with or without GPU samples; their amount
+is the reserved huge-page memory, so a reservation that grows is reported again.
+
+A GPU finding needs two checks over different samples to be created, so a process
 that exits between a sample and the check (it looks like a vanished holder)
 is never reported; a source that stops sampling therefore creates nothing new.
 
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 
 from gpuguard.detect.gpu_host_checks import check_gpu_memory, check_past_gpu_users
 from gpuguard.detect.host_checks import HostFinding, apply_thresholds
+from gpuguard.detect.tuning_host_checks import host_tuning_findings
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import Finding, finding_from_host
@@ -43,6 +49,8 @@ from gpuguard.sources.host_observation import gpu_pid_states
 # Past heavy users are history, not a condition that ends: each is written once (while accounting
 # still remembers the pid it is not repeated), never listed as active and never resolved.
 EVENT_RULES = frozenset({"host-gpu-past-heavy-user"})
+# Host state read directly (no sample race): reported on the first check that finds it.
+TUNING_RULES = frozenset({"host-msr-writes-enabled", "host-hugepages-reserved"})
 MATERIAL_GROWTH = 0.25          # re-report a finding whose amount grew by more than this fraction
 ACCOUNTING_KEEP_CHECKS = 3      # an accounting record not re-read for this many check intervals is forgotten
 
@@ -62,8 +70,9 @@ class GpuHostFindings:
 
     INPUTS = frozenset({GpuSnapshot, GpuAccounting})     # the item types :meth:`observe` keeps
 
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, tuning_root: str | None = None) -> None:
         self.interval_s = interval_s
+        self.tuning_root = tuning_root      # where /sys and /proc are read for host tuning; None: not checked
         self._snapshots: dict[str, GpuSnapshot] = {}        # newest live snapshot per source
         self._accounting: dict[tuple[str, int, int], tuple[float, GpuAccounting]] = {}
         self._active: dict[tuple[str, str], _Reported] = {}
@@ -94,13 +103,14 @@ class GpuHostFindings:
 
     def check(self, now: float, suspicious: float, malicious: float) -> list[Finding]:
         """Run the checks; the records to write for what appeared, changed materially or went away."""
-        if not self._snapshots:
-            return []
         snapshots = list(self._snapshots.values())
         view = self._snapshots_seen
         self._forget_old_accounting()
         accounting = self.accounting()
-        found = check_gpu_memory(snapshots, gpu_pid_states(snapshots), accounting) + check_past_gpu_users(accounting)
+        found = host_tuning_findings(self.tuning_root) if self.tuning_root is not None else []
+        if snapshots:       # without a sample, what the GPU findings said still stands
+            found += check_gpu_memory(snapshots, gpu_pid_states(snapshots), accounting)
+            found += check_past_gpu_users(accounting)
         apply_thresholds(found, suspicious, malicious)
         out: list[Finding] = []
         seen: set[tuple[str, str]] = set()
@@ -119,7 +129,7 @@ class GpuHostFindings:
             previous = self._active.get(key)
             if previous is None:
                 first_view = self._pending.get(key, view)
-                if first_view == view:          # not yet confirmed by a newer sample
+                if first_view == view and finding.rule_id not in TUNING_RULES:   # not yet confirmed by a newer sample
                     pending[key] = first_view
                     continue
                 self._active[key] = _Reported(finding, now)
@@ -127,7 +137,7 @@ class GpuHostFindings:
             elif _material_change(previous.finding, finding):
                 previous.finding = finding
                 out.append(finding_from_host(finding, "update", now))
-        for key in [k for k in self._active if k not in seen]:
+        for key in [k for k in self._active if k not in seen and (snapshots or k[0] in TUNING_RULES)]:
             out.append(finding_from_host(self._active.pop(key).finding, "close", now))
         self._pending, self._told = pending, told
         return out

@@ -113,7 +113,8 @@ class Agent:
         # verdict and GPU-abuse rules last written per process
         self._reported: dict[ProcessKey, tuple[str, frozenset[str]]] = {}
         self._guard_reported: dict[ProcessKey, tuple] = {}   # guard verdict and policies last written
-        self.host_findings = GpuHostFindings(config.host_check_interval_s)   # orphaned GPU memory, past users
+        # orphaned GPU memory, past GPU users, host tuning (read under the root that holds proc_root)
+        self.host_findings = GpuHostFindings(config.host_check_interval_s, str(Path(proc_root).parent))
         self._hup = False
         self._status_due = 0.0
         self._status_soon = False

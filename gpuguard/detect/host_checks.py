@@ -97,7 +97,7 @@ class HostFinding:
     process_name: str | None = None
     verdict: str = "clean"          # set from the rule set's thresholds by :func:`apply_thresholds`
     device: str | None = None       # GPU host findings: the device, e.g. "nvidia gpu0 (00000000:18:00.0)"
-    amount: int | None = None       # GPU host findings: bytes of device memory concerned
+    amount: int | None = None       # bytes concerned: GPU memory, reserved huge pages
 
     @property
     def rule(self) -> HostRule:

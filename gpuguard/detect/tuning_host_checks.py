@@ -52,7 +52,7 @@ def check_host_tuning(tuning: HostTuning) -> list[HostFinding]:
         sizes = ", ".join(f"{count} x {_size(size)}" for size, count in sorted(tuning.reserved.items()))
         total = sum(size * count for size, count in tuning.reserved.items())
         findings.append(HostFinding(
-            "host-hugepages-reserved", subject="huge pages",
+            "host-hugepages-reserved", subject="huge pages", amount=total,
             detail=f"{sizes} huge pages reserved ({_size(total)} in all)"
                    + ("; 1 GiB pages, as RandomX's 1gb-pages mode asks for" if (1 << 30) in tuning.reserved else ""),
             evidence=[f"{path} = {value}" for path, value in sorted(tuning.sources.items()) if path != MSR_ALLOW_WRITES]))

@@ -92,7 +92,8 @@ def _lifetime_s(s: ProcessState, now: float) -> float | None:
 #    tcp_info snapshots; the inbound side from the TCP stack's counters) --
 
 STEADY_SPREAD = 0.25          # every interval within 25 % of the median: a timer, not a person
-MIN_CADENCE_WRITES = 4
+MIN_CADENCE_WRITES = 4        # the agent can wait for a fourth write
+MIN_WINDOW_CADENCE_WRITES = 3  # scan sees a window only: two intervals that agree (docs/sessions.md)
 
 
 def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None:
@@ -100,7 +101,7 @@ def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None
     best = None
     for record in s.sessions.values():
         times = record.small_write_times
-        if len(times) < MIN_CADENCE_WRITES:
+        if len(times) < (MIN_WINDOW_CADENCE_WRITES if record.time_resolution_s else MIN_CADENCE_WRITES):
             continue
         gaps = sorted(b - a for a, b in zip(times, times[1:]))
         median = gaps[len(gaps) // 2]

@@ -8,9 +8,9 @@ give, so the same signals and rules apply.
 
 A snapshot in which a connection's ``data_segs_out`` grew marks a write at that
 snapshot's time (1 s resolution, ``time_resolution_s``); it is a small write when
-the bytes sent since the previous snapshot average <= 1 KiB a segment.  Four such
-times (three intervals) make a cadence, so the default 3 s window cannot show a
-15-60 s pool cadence and ``--gpu-window 60`` can.  ``bytes_out``/``writes_out``/
+the bytes sent since the previous snapshot average <= 1 KiB a segment.  Three such
+times (two intervals) make a cadence for these records, so the default 3 s window
+cannot show a 15-60 s pool cadence and ``--gpu-window 60`` can.  ``bytes_out``/``writes_out``/
 ``small_writes`` cover the window (the record is ``seeded``: its age is the window);
 the stack's own fields (bytes and segments each way, time since the latest data
 in) are totals since the connect.  Scan cannot see the connection's real age,

@@ -44,7 +44,7 @@ _RTA = struct.Struct("=HH")
 # (name, offset, format) in the uapi struct tcp_info (include/uapi/linux/tcp.h); fields past the
 # length the kernel returned are absent.
 _TCP_INFO_FIELDS = (("state", 0, "B"), ("last_data_sent_ms", 44, "I"), ("last_data_recv_ms", 52, "I"),
-                    ("rtt_us", 68, "I"), ("bytes_acked", 120, "Q"), ("bytes_received", 128, "Q"),
+                    ("rtt_us", 68, "I"), ("total_retrans", 100, "I"), ("bytes_acked", 120, "Q"), ("bytes_received", 128, "Q"),
                     ("segs_out", 136, "I"), ("segs_in", 140, "I"), ("data_segs_in", 152, "I"),
                     ("data_segs_out", 156, "I"), ("bytes_sent", 200, "Q"))
 
@@ -68,6 +68,7 @@ class TcpSession:
     last_data_recv_ms: int | None = None  # ms since the latest data in
     last_data_sent_ms: int | None = None
     rtt_us: int | None = None
+    total_retrans: int | None = None      # segments retransmitted (a peer counts those in data_segs_in again)
 
 
 @dataclass(slots=True)

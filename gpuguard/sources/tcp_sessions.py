@@ -21,6 +21,7 @@ decoded, and a field beyond it is ``None`` (absent), never 0.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import socket
 import struct
@@ -130,8 +131,8 @@ def _parse(buffer: bytes, family: int, inodes: set[int] | None, out: dict[int, T
         if kind == NLMSG_DONE:
             return True
         if kind == NLMSG_ERROR:
-            errno = -struct.unpack_from("=i", buffer, offset + _NLMSG.size)[0]
-            raise OSError(errno, f"sock_diag: {os.strerror(errno)}")
+            code = -struct.unpack_from("=i", buffer, offset + _NLMSG.size)[0]
+            raise OSError(code, f"sock_diag: {os.strerror(code)}")
         if kind == SOCK_DIAG_BY_FAMILY:
             body = offset + _NLMSG.size
             (msg_family, state, _t, _r, sport, dport, src, dst, _if, _cookie,
@@ -165,8 +166,13 @@ def dump_tcp(sock: socket.socket | None = None, inodes: set[int] | None = None) 
             request = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, _STATES, b"")
             sock.send(_NLMSG.pack(_NLMSG.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP,
                                   seq, 0) + request)
-            while not _parse(sock.recv(1 << 16), family, inodes, out):
-                pass
+            try:
+                while not _parse(sock.recv(1 << 16), family, inodes, out):
+                    pass
+            except OSError as exc:
+                if family == socket.AF_INET6 and exc.errno in (errno.ENOENT, errno.EAFNOSUPPORT):
+                    continue        # IPv6 disabled on this host (ipv6.disable=1): no IPv6 sockets to list
+                raise
     finally:
         if own:
             sock.close()

@@ -27,7 +27,8 @@ from gpuguard.detect.signal_reader import SignalReader
 from gpuguard.events.model import ConnActivity
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.sources.session_window import _record
-from gpuguard.sources.tcp_sessions import TcpSession, decode_tcp_info, dump_tcp, read_sessions, socket_fds
+from gpuguard.sources.tcp_sessions import (TcpSession, TcpSessionReader, decode_tcp_info, dump_tcp, read_sessions,
+                                          socket_fds)
 from tests.support.workloads import run_with_gpu_nodes
 from tests.test_scan_behaviour import TlsPool, _scan, covert_host  # noqa: F401 - covert_host is a fixture
 from tests.test_sessions import _busy_gpu
@@ -80,6 +81,36 @@ def test_a_dump_maps_sockets_to_their_fds_with_counts_each_way():
         assert socket_fds(os.getpid())[os.fstat(client.fileno()).st_ino] == client.fileno()
     finally:
         for s in (client, peer, server):
+            s.close()
+
+
+def test_the_reader_dumps_only_for_new_sockets_and_asks_for_known_ones_by_tuple():
+    server = socket.create_server(("127.0.0.1", 0))                  # listening: a TCP socket no dump lists
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)            # not TCP: never asked for
+    reader = TcpSessionReader()
+    me = os.getpid()
+    try:
+        first = reader.read([me])
+        assert reader.dumps == 1 and (me, udp.fileno()) not in first.sessions
+        assert first.sessions[(me, client.fileno())].bytes_sent == 0
+        client.sendall(b"z" * 500)
+        assert peer.recv(500)
+        second = reader.read([me])
+        assert reader.dumps == 1 and reader.lookups == 2                # two known sockets, no dump
+        assert second.sessions[(me, client.fileno())].bytes_sent == 500
+        assert second.sessions[(me, peer.fileno())].bytes_received == 500
+        other = socket.create_connection(server.getsockname())        # a new one: one dump
+        other_peer, _ = server.accept()
+        third = reader.read([me])
+        assert reader.dumps == 2 and (me, other.fileno()) in third.sessions
+        for s in (other, other_peer):
+            s.close()
+        reader.read([me])
+        assert reader.dumps == 2                                        # closed sockets are simply gone
+    finally:
+        for s in (client, peer, server, udp):
             s.close()
 
 
@@ -170,6 +201,10 @@ def test_a_socket_in_another_network_namespace_is_seen():
         session = got.sessions[(proc.pid, fd)]
         assert (session.bytes_sent, session.data_segs_out, session.bytes_received, session.data_segs_in) == (123, 1, 45, 1)
         assert os.stat("/proc/thread-self/ns/net").st_ino == home     # setns ran on a thread of its own
+        reader = TcpSessionReader()
+        reader.read([proc.pid])
+        again = reader.read([proc.pid])
+        assert reader.dumps == 1 and again.sessions[(proc.pid, fd)].bytes_received == 45   # looked up in its netns
     finally:
         if proc is not None:
             proc.kill()

@@ -13,7 +13,7 @@ records and watch entries of processes that are gone.
 The kernel's records count writes only: bytes in would need a probe on every
 read(2) of the host, which the sensor does not pay.  The inbound side comes
 from the TCP stack's own counters instead (:mod:`gpuguard.sources.tcp_sessions`,
-one sock_diag dump per network namespace per interval): bytes and data
+one sock_diag request per connection per interval, a dump when one is new): bytes and data
 segments in, the stack's bytes and segments out as a cross-check, the time
 since the latest data in, and the peer's address.  A record whose stack
 counters changed is reported again even when no write happened.
@@ -27,7 +27,7 @@ import time
 from gpuguard.events.model import ConnActivity
 from gpuguard.sources.bpf_decode import boot_to_epoch_offset
 from gpuguard.sources.kernel_maps import SLOT_MULTI
-from gpuguard.sources.tcp_sessions import TcpSession, read_sessions, socket_fds
+from gpuguard.sources.tcp_sessions import TcpSession, TcpSessionReader, socket_fds
 
 ACTIVITY_TIMES = 8
 INTERVAL_S = 10.0
@@ -44,6 +44,7 @@ class ConnActivityReader:
         self.interval_s = interval_s
         self._offset = boot_to_epoch_offset()
         self._reported: dict[tuple[int, int], tuple] = {}   # key -> (writes, small writes, bytes/segs in) last reported
+        self.tcp = TcpSessionReader()       # the stack's counters of the recorded connections
         self.unreadable: list[str] = []     # the latest report's namespaces whose TCP counters could not be read
         self._seeded: set[tuple[int, int]] = set()
         self.watched_by_user: set[int] = set()
@@ -90,7 +91,7 @@ class ConnActivityReader:
         now_boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         out: list[ConnActivity] = []
         records = list(self._activity.items())
-        stack = read_sessions({key.tgid for key, _leaf in records}) if records else None
+        stack = self.tcp.read({key.tgid for key, _leaf in records}) if records else None
         self.unreadable = stack.unreadable if stack else []
         for key, leaf in records:
             ident = (key.tgid, key.fd)

@@ -1,7 +1,7 @@
 """Session evidence for ``gpuguard scan``: tcp_info of GPU holders' connections, snapshotted once a second.
 
 Data flow: while scan's window runs, :meth:`SessionWindow.sample` reads the
-TCP counters of the watched pids' sockets (:func:`~gpuguard.sources.tcp_sessions.read_sessions`)
+TCP counters of the watched pids' sockets (:class:`~gpuguard.sources.tcp_sessions.TcpSessionReader`)
 -> a series per (pid, fd) -> :meth:`SessionWindow.records` turns each series into
 the same :class:`~gpuguard.events.model.ConnActivity` the agent's kernel records
 give, so the same signals and rules apply.
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from gpuguard.events.model import ConnActivity
 from gpuguard.sources.conn_activity import stack_fields
-from gpuguard.sources.tcp_sessions import TcpSession, read_sessions
+from gpuguard.sources.tcp_sessions import TcpSession, TcpSessionReader
 
 SMALL_WRITE_BYTES = 1024
 MAX_WRITE_TIMES = 64
@@ -38,12 +38,13 @@ class SessionWindow:
     pids: set[int] = field(default_factory=set)
     series: dict[tuple[int, int], list[tuple[float, TcpSession]]] = field(default_factory=dict)
     unreadable: set[str] = field(default_factory=set)
+    reader: TcpSessionReader = field(default_factory=TcpSessionReader)
 
     def sample(self, now: float | None = None) -> None:
         if not self.pids:
             return
         now = time.time() if now is None else now
-        dump = read_sessions(sorted(self.pids))
+        dump = self.reader.read(sorted(self.pids))
         self.unreadable.update(dump.unreadable)
         for key, session in dump.sessions.items():
             if session.data_segs_out is None:      # kernels before 4.6: no segment counts, no write times

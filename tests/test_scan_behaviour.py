@@ -40,15 +40,22 @@ GIB = 1 << 30
 
 
 class TlsPool:
-    """A TLS listener on 127.0.0.1 (443 when free) that reads whatever its clients send."""
+    """A TLS listener on 127.0.0.1 (443 when free) that reads whatever its clients send.
 
-    def __init__(self, workdir: Path) -> None:
+    With ``reply`` it answers every line with those bytes (a pool's result for a
+    share).  TLS runs over memory buffers, so every byte on the wire is counted:
+    ``wire_in`` (what clients sent, TLS records included), ``wire_out`` and
+    ``sends`` (one send per flight, with TCP_NODELAY: one segment each on loopback).
+    """
+
+    def __init__(self, workdir: Path, reply: bytes | None = None) -> None:
         cert, key = workdir / "pool.crt", workdir / "pool.key"
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
                         "-out", str(cert), "-subj", "/CN=pool.test", "-days", "1"],
                        check=True, capture_output=True)
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(cert, key)
+        self.reply = reply
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -58,6 +65,7 @@ class TlsPool:
         self.sock.listen(8)
         self.port = self.sock.getsockname()[1]
         self.received: list[bytes] = []
+        self.wire_in = self.wire_out = self.sends = 0
         self._stop = False
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -70,12 +78,50 @@ class TlsPool:
             threading.Thread(target=self._read, args=(conn,), daemon=True).start()
 
     def _read(self, conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = self.context.wrap_bio(incoming, outgoing, server_side=True)
+
+        def flush() -> None:
+            if data := outgoing.read():
+                conn.sendall(data)
+                self.wire_out += len(data)
+                self.sends += 1
+
+        def more() -> bool:
+            flush()
+            data = conn.recv(65536)
+            self.wire_in += len(data)
+            incoming.write(data) if data else incoming.write_eof()
+            return bool(data)
+
         try:
-            with self.context.wrap_socket(conn, server_side=True) as tls:
-                while data := tls.recv(4096):
-                    self.received.append(data)
+            while True:
+                try:
+                    tls.do_handshake()
+                    flush()
+                    break
+                except ssl.SSLWantReadError:
+                    if not more():
+                        return
+            while True:
+                try:
+                    data = tls.read(4096)
+                except ssl.SSLWantReadError:
+                    if not more():
+                        return
+                    continue
+                if not data:
+                    return
+                self.received.append(data)
+                if self.reply is not None:
+                    for _line in range(data.count(b"\n")):
+                        tls.write(self.reply)
+                    flush()
         except (OSError, ssl.SSLError):
             pass
+        finally:
+            conn.close()
 
     def close(self) -> None:
         self._stop = True

@@ -29,7 +29,8 @@ from tests.support.workloads import run_with_gpu_nodes
 REPO = Path(__file__).resolve().parent.parent
 CLIENT = REPO / "tests" / "workloads" / "tls_stratum_client.py"
 T = 1_795_305_600.0
-TESTED_SIGNALS = {"session_cadence_s", "session_age_s", "session_bytes_per_s", "session_summary"}
+TESTED_SIGNALS = {"session_cadence_s", "session_age_s", "session_bytes_per_s", "session_summary",
+                  "session_segments_out", "session_bytes_in_per_write"}
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +59,11 @@ def test_steady_cadence_signals_and_evidence(ruleset):
     r = SignalReader(c.state_of(7), T + 310)
     assert r["session_cadence_s"] == pytest.approx(30.0, abs=0.3)
     assert r["session_age_s"] == 310.0 and r["session_bytes_per_s"] == pytest.approx(6.77, abs=0.01)
-    assert r["session_summary"] == "fd 5 up 310 s, small writes every 30.2 ± 0.4 s (8 seen, 11 in all), 2.1 KB out"
+    assert r["session_summary"] == "session on fd 5: 11 writes out, 2.1 KiB out, small writes every 30.2 ± 0.4 s, open 310 s"
+    assert r["session_bytes_in_per_write"] is None          # no tcp_info: the inbound side is absent, not 0
     verdict = next(v for v in engine.verdicts(T + 310) if v.pid == 7)
     session = next(e for e in verdict.evidence if e.rule_id == "net-steady-session-gpu-busy")
-    assert "session_summary=fd 5 up 310 s, small writes every 30.2" in session.detail
+    assert "session_summary=session on fd 5: 11 writes out, 2.1 KiB out, small writes every 30.2" in session.detail
 
 
 @pytest.mark.parametrize("times,why", [

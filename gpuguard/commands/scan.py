@@ -48,9 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-sample", type=float, default=0.5, metavar="SECONDS",
                         help="window over which every process's CPU use is measured (default 0.5)")
     parser.add_argument("--gpu-window", type=float, default=DEFAULT_GPU_WINDOW_S, metavar="SECONDS",
-                        help="sample every GPU process once a second for this long while the scan runs, "
-                             f"for the behaviour rules (default {DEFAULT_GPU_WINDOW_S:g}; 60 gives them a full "
-                             "minute; docs/gpus.md)")
+                        help="sample every GPU process, and the TCP counters of its connections, once a second "
+                             f"for this long while the scan runs, for the behaviour rules (default "
+                             f"{DEFAULT_GPU_WINDOW_S:g}; 60 gives them a full minute and shows a 15 s share "
+                             "cadence; docs/gpus.md, docs/scan.md)")
     parser.add_argument("--no-yara", action="store_true", help="skip YARA scanning of executables and memory")
 
 
@@ -253,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
 
     counters = {"processes": len(obs.facts), "gpu_handles": len(obs.holders.holders),
                 "connections": sum(len(c) for c in obs.connections.by_pid.values()),
-                "gpu_snapshots": len(obs.snapshots), "gpu_accounting_records": len(obs.accounting),
+                "gpu_snapshots": len(obs.snapshots), "gpu_sessions": len(obs.sessions), "gpu_accounting_records": len(obs.accounting),
                 **host_counters}
     if scanner is not None:
         counters.update({f"yara_{k}": v for k, v in scanner.stats.items()})

@@ -88,10 +88,12 @@ def _lifetime_s(s: ProcessState, now: float) -> float | None:
     return s.gpu_lifetime.duration_s if s.gpu_lifetime is not None else None
 
 
-# -- sessions: per-connection activity of GPU holders (the kernel's conn_activity records) --
+# -- sessions: per-connection activity of GPU holders (the kernel's conn_activity records, or scan's
+#    tcp_info snapshots; the inbound side from the TCP stack's counters) --
 
 STEADY_SPREAD = 0.25          # every interval within 25 % of the median: a timer, not a person
-MIN_CADENCE_WRITES = 4
+MIN_CADENCE_WRITES = 4        # the agent can wait for a fourth write
+MIN_WINDOW_CADENCE_WRITES = 3  # scan sees a window only: two intervals that agree (docs/sessions.md)
 
 
 def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None:
@@ -99,14 +101,15 @@ def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None
     best = None
     for record in s.sessions.values():
         times = record.small_write_times
-        if len(times) < MIN_CADENCE_WRITES:
+        if len(times) < (MIN_WINDOW_CADENCE_WRITES if record.time_resolution_s else MIN_CADENCE_WRITES):
             continue
         gaps = sorted(b - a for a, b in zip(times, times[1:]))
         median = gaps[len(gaps) // 2]
         if median <= 0:
             continue
         spread = max(abs(g - median) for g in gaps)
-        if spread > STEADY_SPREAD * median:
+        # times seen once a second (scan) may each be off by up to that step
+        if spread > STEADY_SPREAD * median + record.time_resolution_s:
             continue
         if best is None or record.age_s > best[0].age_s:
             best = (record, median, spread)
@@ -121,7 +124,8 @@ def _session_cadence(s: ProcessState, now: float) -> float | None:
     return round(steady[1], 3) if steady else None
 
 
-@_signal("session_age_s", "number", "session", "age of that steady connection, seconds")
+@_signal("session_age_s", "number", "session",
+         "age of that steady connection, seconds (a lower bound when watching began later; scan: its window)")
 def _session_age(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
     return steady[0].age_s if steady else None
@@ -135,13 +139,42 @@ def _session_rate(s: ProcessState, now: float) -> float | None:
     return round(steady[0].bytes_out / steady[0].age_s, 2)
 
 
+@_signal("session_segments_out", "number", "session",
+         "data segments that steady connection sent since its connect (TCP stack counter; absent without tcp_info)")
+def _session_segments_out(s: ProcessState, now: float) -> float | None:
+    steady = _steady_session(s)
+    return steady[0].data_segs_out if steady else None
+
+
+@_signal("session_bytes_in_per_write", "number", "session",
+         "bytes it received per data segment it sent on that steady connection, since its connect (a pool: a reply "
+         "and a job or two per share, well under 16 KiB; a download or stream: far more); absent without tcp_info")
+def _session_bytes_in_per_write(s: ProcessState, now: float) -> float | None:
+    steady = _steady_session(s)
+    if not steady or steady[0].bytes_in is None or not steady[0].data_segs_out:
+        return None
+    return round(steady[0].bytes_in / steady[0].data_segs_out, 1)
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB" if n < 10 * 1024 else f"{n / 1024:.0f} KiB"
+
+
 @_signal("session_summary", "text", "session",
-         "that steady connection in words: 'fd 5 up 310 s, small writes every 30.0 ± 0.4 s (8 seen, 11 in all), 2.1 KB out'")
+         "that steady connection in words: 'session to 127.0.0.1:443 (fd 5): 41 writes out / 40 in, 9.8 KiB out / "
+         "12 KiB in, small writes every 15.0 ± 0.4 s, open 310 s'")
 def _session_summary(s: ProcessState, now: float) -> str | None:
     steady = _steady_session(s)
     if not steady:
         return None
     record, median, spread = steady
-    age = f"up {record.age_s:.0f} s" + (" or more" if record.seeded else "")
-    return (f"fd {record.fd} {age}, small writes every {median:.1f} ± {spread:.1f} s "
-            f"({len(record.small_write_times)} seen, {record.small_writes} in all), {record.bytes_out / 1000:.1f} KB out")
+    where = f"session to {record.remote} (fd {record.fd})" if record.remote else f"session on fd {record.fd}"
+    writes_out = record.data_segs_out if record.data_segs_out is not None else record.writes_out
+    bytes_out = record.stack_bytes_out if record.stack_bytes_out is not None else record.bytes_out
+    if record.bytes_in is not None and record.data_segs_in is not None:
+        counts = f"{writes_out} writes out / {record.data_segs_in} in, {_kib(bytes_out)} out / {_kib(record.bytes_in)} in"
+    else:
+        counts = f"{writes_out} writes out, {_kib(bytes_out)} out"
+    seen = f" (seen once every {record.time_resolution_s:g} s)" if record.time_resolution_s else ""
+    age = ("watched " if record.seeded else "open ") + f"{record.age_s:.0f} s"
+    return f"{where}: {counts}, small writes every {median:.1f} ± {spread:.1f} s{seen}, {age}"

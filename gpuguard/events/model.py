@@ -119,6 +119,8 @@ class ConnActivity(Event):
 
     Reported on an interval while the connection lives; ``small_write_times`` are the
     times (seconds since the epoch) of its latest small writes (<= 1 KiB), oldest first.
+    ``gpuguard scan`` builds the same record from tcp_info snapshots taken once a second
+    (``gpuguard.sources.session_window``): there the first fields cover its window only.
     """
 
     kind: ClassVar[str] = "conn_activity"
@@ -130,6 +132,15 @@ class ConnActivity(Event):
     small_write_times: list[float] = field(default_factory=list)
     idle_s: float = 0.0             # since its latest write
     seeded: bool = False            # watching began after the connect: the age is a lower bound
+    # From the TCP stack's own counters (tcp_info, totals since the connect); None: not read or not in this kernel.
+    remote: str = ""                # "127.0.0.1:443", "[::1]:443"
+    bytes_in: int | None = None
+    data_segs_in: int | None = None
+    stack_bytes_out: int | None = None      # bytes out as the stack counts them (cross-checks bytes_out)
+    data_segs_out: int | None = None
+    last_recv_s: float | None = None        # since its latest data in
+    rtt_ms: float | None = None
+    time_resolution_s: float = 0.0  # 0: kernel timestamps; 1.0: write times seen by scan's once-a-second snapshots
 
 
 @dataclass(slots=True)

@@ -13,8 +13,13 @@ record that did not change is not reported again), seeds records for the
 connections a process already had when it became watched, and deletes the
 records and watch entries of processes that are gone.
 
-Only writes are counted: bytes in would need a probe on every read(2) of the
-host, which the sensor does not pay.
+The kernel's records count writes only: bytes in would need a probe on every
+read(2) of the host, which the sensor does not pay.  The inbound side comes
+from the TCP stack's own counters instead (:mod:`gpuguard.sources.tcp_sessions`,
+one sock_diag request per connection per interval, a dump when one is new): bytes and data
+segments in, the stack's bytes and segments out as a cross-check, the time
+since the latest data in, and the peer's address.  A record whose stack
+counters changed is reported again even when no write happened.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 from gpuguard.events.model import ConnActivity
 from gpuguard.sources.bpf_decode import boot_to_epoch_offset
 from gpuguard.sources.kernel_maps import SLOT_MULTI, slot_index
+from gpuguard.sources.tcp_sessions import TcpSession, TcpSessionReader, socket_fds
 
 ACTIVITY_TIMES = 8
 INTERVAL_S = 10.0
@@ -41,7 +47,9 @@ class ConnActivityReader:
         self._activity_slots = activity_slots
         self.interval_s = interval_s
         self._offset = boot_to_epoch_offset()
-        self._reported: dict[tuple[int, int], tuple[int, int]] = {}   # key -> (writes, small writes) last reported
+        self._reported: dict[tuple[int, int], tuple] = {}   # key -> (writes, small writes, bytes/segs in) last reported
+        self.tcp = TcpSessionReader()       # the stack's counters of the recorded connections
+        self.unreadable: list[str] = []     # the latest report's namespaces whose TCP counters could not be read
         self._seeded: set[tuple[int, int]] = set()
         self.watched_by_user: set[int] = set()
         self._next = 0.0
@@ -59,18 +67,9 @@ class ConnActivityReader:
             return 0
         now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         seeded = 0
-        try:
-            fds = os.listdir(f"/proc/{tgid}/fd")
-        except OSError:
-            return 0
-        for name in fds:
-            try:
-                target = os.readlink(f"/proc/{tgid}/fd/{name}")
-            except OSError:
+        for inode, fd in socket_fds(tgid).items():
+            if inode not in inodes:
                 continue
-            if not target.startswith("socket:[") or int(target[8:-1]) not in inodes:
-                continue
-            fd = int(name)
             owner = activity_owner(tgid, fd)
             first = activity_index(tgid, fd, self._activity_slots)
             candidates = [(self._activity.Key(i), self._activity[self._activity.Key(i)]) for i in (first, first + 1)]
@@ -98,9 +97,13 @@ class ConnActivityReader:
         self._next = time.monotonic() + self.interval_s
         now_boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         out: list[ConnActivity] = []
-        for leaf in self._records():
+        records = self._records()
+        stack = self.tcp.read({owner_ident(leaf.owner)[0] for leaf in records}) if records else None
+        self.unreadable = stack.unreadable if stack else []
+        for leaf in records:
             ident = tgid, fd = owner_ident(leaf.owner)
-            state = (leaf.writes_out, leaf.small_writes)
+            tcp = stack.sessions.get(ident) if stack else None
+            state = (leaf.writes_out, leaf.small_writes, tcp and tcp.bytes_received, tcp and tcp.data_segs_in)
             if self._reported.get(ident) == state:
                 continue
             self._reported[ident] = state
@@ -113,7 +116,7 @@ class ConnActivityReader:
                 writes_out=leaf.writes_out, small_writes=leaf.small_writes,
                 small_write_times=[round(t / 1e9 + self._offset, 6) for t in ring if t],
                 idle_s=round((now_boot - leaf.last_ns) / 1e9, 3) if leaf.last_ns else round((now_boot - leaf.start_ns) / 1e9, 3),
-                seeded=ident in self._seeded))
+                seeded=ident in self._seeded, **stack_fields(tcp)))
         return out
 
     def _records(self) -> list:
@@ -150,7 +153,6 @@ class ConnActivityReader:
             self.forget(dead)
         return dead
 
-
     def _free(self, tgid: int, fd: int) -> None:
         owner = activity_owner(tgid, fd)
         first = activity_index(tgid, fd, self._activity_slots)
@@ -158,6 +160,17 @@ class ConnActivityReader:
             key = self._activity.Key(i)
             if self._activity[key].owner == owner:
                 self._activity[key] = self._activity.Leaf()
+
+
+def stack_fields(tcp: TcpSession | None) -> dict:
+    """The :class:`ConnActivity` fields that come from the TCP stack's counters (none without them)."""
+    if tcp is None:
+        return {}
+    return {"remote": tcp.remote, "bytes_in": tcp.bytes_received, "data_segs_in": tcp.data_segs_in,
+            "stack_bytes_out": tcp.bytes_sent if tcp.bytes_sent is not None else tcp.bytes_acked,
+            "data_segs_out": tcp.data_segs_out,
+            "last_recv_s": tcp.last_data_recv_ms / 1000 if tcp.last_data_recv_ms is not None else None,
+            "rtt_ms": tcp.rtt_us / 1000 if tcp.rtt_us is not None else None}
 
 
 def activity_owner(tgid: int, fd: int) -> int:

@@ -11,6 +11,8 @@ Data flow (each step reads /proc once for every process):
    -> ``GpuSnapshot``; with ``gpu_window_s`` also once a second on a thread while
    steps 2-4 run and until the window ends, plus what the driver remembers
    (NVML's ~14 s device history, accounting records when accounting mode is on);
+   the same thread snapshots the TCP counters of the GPU holders' connections
+   once a second (:mod:`gpuguard.sources.session_window`) -> ``ConnActivity``;
 6. after ``cpu_sample_s`` has passed since step 1 (steps 2-5 run inside the
    window), every process's CPU percent over that window.
 
@@ -31,13 +33,14 @@ import psutil
 
 from gpuguard.errors import GpuguardError
 from gpuguard.events.gpu_accounting import GpuAccounting
-from gpuguard.events.model import Event
+from gpuguard.events.model import ConnActivity, Event
 from gpuguard.sources.fd_holders import HolderScan, holder_event, scan_device_holders
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.sources.hidden_pids import list_proc_pids
 from gpuguard.sources.net_connections import ConnectionTable, connect_event, read_connection_table
 from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
 from gpuguard.sources.process import collect_process_facts
+from gpuguard.sources.session_window import SessionWindow
 
 GPU_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
 GPU_STEP_S = 1.0          # the agent's sampling rate: windows hold the same shape in scan and agent
@@ -53,6 +56,8 @@ class HostObservation:
     snapshots: list[GpuSnapshot] = field(default_factory=list)       # oldest first
     accounting: list[GpuAccounting] = field(default_factory=list)    # NVML accounting records (running and exited)
     gpu_window_s: float = 0.0        # seconds of live GPU sampling (first to last sample)
+    sessions: list[ConnActivity] = field(default_factory=list)   # GPU holders' connections over the window
+    session_status: list[str] = field(default_factory=list)      # TCP counters that could not be read
     gpu_status: list[str] = field(default_factory=list)        # one line per GPU source that does not work here
     cpu_window_s: float = 0.0
     own_uid: int = 0
@@ -70,6 +75,7 @@ class HostObservation:
             if facts is None:
                 continue
             out.extend(connect_event(c, self.time, max(facts.uid, 0), facts.comm) for c in conns)
+        out.extend(s for s in self.sessions if s.pid in self.facts)
         return out
 
     def gpu_pid_states(self) -> dict[int, str]:
@@ -149,16 +155,18 @@ def _driver_memory(samplers: list, obs: HostObservation) -> None:
 
 
 class _WindowSampler(threading.Thread):
-    """Samples every GPU once a second until ``stop`` (the scan's other steps run meanwhile)."""
+    """Samples every GPU, and the TCP counters of GPU holders once they are known, once a second until ``stop``
+    (the scan's other steps run meanwhile)."""
 
-    def __init__(self, samplers: list, out: list[GpuSnapshot]) -> None:
+    def __init__(self, samplers: list, out: list[GpuSnapshot], sessions: SessionWindow) -> None:
         super().__init__(name="gpuguard-gpu-window", daemon=True)
-        self._samplers, self._out = samplers, out
+        self._samplers, self._out, self._sessions = samplers, out, sessions
         self.stop_event = threading.Event()
 
     def run(self) -> None:
         while not self.stop_event.wait(GPU_STEP_S):
             _sample_all(self._samplers, self._out)
+            self._sessions.sample()
 
 
 def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool = True,
@@ -184,11 +192,12 @@ def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool 
     samplers = _open_samplers(obs.gpu_status.append) if gpu else []
     window: _WindowSampler | None = None
     live: list[GpuSnapshot] = []
+    sessions = SessionWindow()
     try:
         _sample_all(samplers, live)
         _driver_memory(samplers, obs)
-        if samplers and gpu_window_s > 0:
-            window = _WindowSampler(samplers, live)
+        if gpu_window_s > 0:
+            window = _WindowSampler(samplers, live, sessions)
             window.start()
         for pid in sorted(listed):
             facts = collect_process_facts(pid, proc_root, with_ancestors=False)
@@ -198,6 +207,9 @@ def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool 
                 obs.facts[pid] = facts
         _fill_ancestors(obs.facts, proc_root)
         obs.holders = scan_device_holders(sorted(obs.facts), proc_root)
+        if window is not None and proc_root == "/proc":
+            # the holders the fd tables show and the pids the GPU drivers list; the window thread samples them
+            sessions.pids = set(obs.holders.by_pid()) | {p.pid for snap in list(live) for p in snap.processes}
         obs.connections = read_connection_table()
 
         remaining = cpu_sample_s - (time.monotonic() - window_start)
@@ -219,6 +231,7 @@ def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool 
             window.stop_event.set()
             window.join()
             window = None
+            sessions.sample()
         _sample_all(samplers, live)
     finally:
         if window is not None:
@@ -233,6 +246,9 @@ def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool 
         obs.gpu_window_s = live[-1].time - live[0].time
     obs.snapshots.extend(live)
     obs.snapshots.sort(key=lambda snap: snap.time)
+    obs.sessions = sessions.records(lambda pid: (obs.facts[pid].comm, max(obs.facts[pid].uid, 0))
+                                    if pid in obs.facts else ("", 0))
+    obs.session_status = sorted(sessions.unreadable)
     return obs
 
 
@@ -255,6 +271,7 @@ def limitation_lines(obs: HostObservation) -> list[str]:
     if no_env:
         lines.append(f"could not read /proc/PID/environ for {no_env} processes owned by other users "
                      "(LD_PRELOAD unchecked); run as root to see them")
+    lines.extend(f"could not read {line}; run as root to see them" for line in obs.session_status)
     if obs.connections.unavailable:
         lines.append(f"{obs.connections.unavailable}; run as root to see them")
     elif obs.connections.unattributed:

@@ -69,6 +69,7 @@ class SensorStats:
     routing_errors: int = 0          # decoded records our own routing failed on (a gpuguard bug)
     dropped_relative_opens: int = 0
     swept_fds: int = 0
+    tcp_counters_unreadable: int = 0  # network namespaces whose TCP counters (tcp_info) could not be read
     startup_seconds: float = 0.0
     buffer: str = ""
 
@@ -198,6 +199,7 @@ class Sensor:
             self._drain_into(self._pending)
         if self.activity is not None and self.activity.due(now):
             self._pending.extend(self.activity.report(self._header_fields))
+            self.stats.tcp_counters_unreadable += len(self.activity.unreadable)
         if now >= self._next_sweep:
             self._next_sweep = now + self.sweep_interval
             self.sweep()
@@ -230,6 +232,7 @@ class Sensor:
         self._drain_into(self._pending)
         if self.activity is not None:
             self._pending.extend(self.activity.report(self._header_fields))
+            self.stats.tcp_counters_unreadable += len(self.activity.unreadable)
         out, self._pending = self._pending, []
         return out
 

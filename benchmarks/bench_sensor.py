@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -150,15 +151,9 @@ class Attachable:
             self.bpf.attach_raw_tracepoint(tp=tp, fn_name=b"raw_tracepoint__" + tp)
 
 
-def record_pair(binary: Path, args) -> int:
-    """The activity record's cost per send, measured where run-to-run noise cannot hide it.
-
-    One process holds two connected UDP sockets, one with an activity record (connected
-    after it opened /dev/nvidiactl) and one without; syscall_loop alternates timed blocks
-    of writes between them.  Detached, the two are the same syscall, so their difference
-    is the method's own floor; attached, it is the record's cost on top of the path every
-    socket write already pays (the slot read).
-    """
+@contextmanager
+def polled_sensor():
+    """The default sensor, loaded, with a thread draining its events (probes detached by Attachable)."""
     from gpuguard.sources.probe_source import ProbeSettings
     from gpuguard.sources.sensor import Sensor
 
@@ -172,34 +167,59 @@ def record_pair(binary: Path, args) -> int:
 
     consumer = threading.Thread(target=consume, daemon=True)
     consumer.start()
-    prog = Attachable(sensor._bpf)
-    rows: dict[str, dict[str, list[float]]] = {}
     try:
-        for _ in range(args.repeat):
-            for mode in ("send", "fault"):
-                for state in ("detached", "attached"):
-                    argv = [str(binary), "send-pair", str(args.calls), str(SINK_PORT[0])]
-                    argv += ["fault"] if mode == "fault" else []
-                    if state == "attached":
-                        prog.attach()
-                    try:
-                        cmd, env = private_dev_command(argv)
-                        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-                    finally:
-                        if state == "attached":
-                            prog.detach()
-                    record_ns, plain_ns, diff_ns = (float(x) for x in out.split())
-                    row = rows.setdefault(f"{mode} {state}", {"record": [], "plain": [], "diff": []})
-                    row["record"].append(record_ns)
-                    row["plain"].append(plain_ns)
-                    row["diff"].append(diff_ns)
+        yield sensor
     finally:
         stop.set()
         consumer.join()
         sensor.close()
+
+
+def timed_pairs(argv: list[str], prog: "Attachable | None", private_dev: bool) -> tuple[float, float, float]:
+    """One syscall_loop *-pair run (side 1 ns, side 0 ns, median difference), with ``prog`` attached."""
+    if prog is not None:
+        prog.attach()
+    try:
+        if private_dev:
+            cmd, env = private_dev_command(argv)
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+        else:
+            out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    finally:
+        if prog is not None:
+            prog.detach()
+    one, zero, diff = (float(x) for x in out.split())
+    return one, zero, diff
+
+
+def pair_medians(rows: dict[str, dict[str, list[float]]]) -> dict[str, dict]:
     med = statistics.median
-    result = {key: {k: round(med(v), 1) for k, v in row.items()} | {"diff_rounds": [round(d, 1) for d in row["diff"]]}
-              for key, row in rows.items()}
+    return {key: {k: round(med(v), 1) for k, v in row.items()} | {"diff_rounds": [round(d, 1) for d in row["diff"]]}
+            for key, row in rows.items()}
+
+
+def record_pair(binary: Path, args) -> int:
+    """The activity record's cost per send, measured where run-to-run noise cannot hide it.
+
+    One process holds two connected UDP sockets, one with an activity record (connected
+    after it opened /dev/nvidiactl) and one without; syscall_loop alternates timed blocks
+    of writes between them.  Detached, the two are the same syscall, so their difference
+    is the method's own floor; attached, it is the record's cost on top of the path every
+    socket write already pays (the slot read).
+    """
+    rows: dict[str, dict[str, list[float]]] = {}
+    with polled_sensor() as sensor:
+        prog = Attachable(sensor._bpf)
+        for _ in range(args.repeat):
+            for mode in ("send", "fault"):
+                for state, attached in (("detached", None), ("attached", prog)):
+                    argv = [str(binary), "send-pair", str(args.calls), str(SINK_PORT[0])]
+                    argv += ["fault"] if mode == "fault" else []
+                    figures = timed_pairs(argv, attached, private_dev=True)
+                    row = rows.setdefault(f"{mode} {state}", {"record": [], "plain": [], "diff": []})
+                    for key, value in zip(("record", "plain", "diff"), figures):
+                        row[key].append(value)
+    result = pair_medians(rows)
     if args.json:
         print(json.dumps({"calls_per_run": args.calls, "rounds": args.repeat, "record_pair": result}, indent=2))
         return 0
@@ -218,42 +238,17 @@ def mmap_pair(binary: Path, args) -> int:
     and with the same sensor minus its huge-page tracepoints; the sensor's difference minus
     the one without those tracepoints is their cost per mmap.
     """
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
-
-    sensor = Sensor(ProbeSettings())
-    sensor.start()
-    stop = threading.Event()
-
-    def consume() -> None:
-        while not stop.is_set():
-            sensor.poll(20)
-
-    consumer = threading.Thread(target=consume, daemon=True)
-    consumer.start()
-    states = {"detached": None, "sensor": Attachable(sensor._bpf),
-              "sensor without huge-page probes": Attachable(sensor._bpf, HUGE_PAGE_TPS)}
-    rows: dict[str, dict[str, list[float]]] = {name: {"mmap": [], "munmap": [], "diff": []} for name in states}
-    try:
+    with polled_sensor() as sensor:
+        states = {"detached": None, "sensor": Attachable(sensor._bpf),
+                  "sensor without huge-page probes": Attachable(sensor._bpf, HUGE_PAGE_TPS)}
+        rows: dict[str, dict[str, list[float]]] = {name: {"mmap": [], "munmap": [], "diff": []} for name in states}
         for _ in range(args.repeat):
             for name, prog in states.items():
-                if prog is not None:
-                    prog.attach()
-                try:
-                    out = subprocess.run([str(binary), "mmap-pair", str(args.calls)], check=True,
-                                         capture_output=True, text=True).stdout
-                finally:
-                    if prog is not None:
-                        prog.detach()
-                for key, value in zip(("mmap", "munmap", "diff"), out.split()):
-                    rows[name][key].append(float(value))
-    finally:
-        stop.set()
-        consumer.join()
-        sensor.close()
+                figures = timed_pairs([str(binary), "mmap-pair", str(args.calls)], prog, private_dev=False)
+                for key, value in zip(("mmap", "munmap", "diff"), figures):
+                    rows[name][key].append(value)
     med = statistics.median
-    result = {name: {k: round(med(v), 1) for k, v in row.items()} | {"diff_rounds": [round(d, 1) for d in row["diff"]]}
-              for name, row in rows.items()}
+    result = pair_medians(rows)
     with_probe, without = rows["sensor"]["diff"], rows["sensor without huge-page probes"]["diff"]
     cost = med([a - b for a, b in zip(with_probe, without)])
     base = result["sensor without huge-page probes"]["mmap"]

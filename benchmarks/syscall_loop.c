@@ -62,77 +62,66 @@ static int by_value(const void *a, const void *b)
 
 #define PAIR_BLOCK 2000
 
-static int send_pair(long n, const char *port, int fault)
+/* Alternates timed blocks of PAIR_BLOCK calls of side 1 and side 0 (the order flips every
+ * block, so drift hits both alike) and prints "<side 1 ns> <side 0 ns> <median per-block
+ * difference, ns>". */
+static void timed_pair(long n, void (*call)(int side, void *ctx), void *ctx)
 {
-    char byte = 0;
-    const char *buf = fault ? no_buffer : &byte;
-    int plain = udp_to(port);
-    if (plain < 0 || open("/dev/nvidiactl", O_RDWR) < 0)
-        return 3;
-    int record = udp_to(port);
-    if (record < 0)
-        return 3;
-    for (int i = 0; i < 16; i++) {      /* past the captured first writes of both */
-        write(plain, buf, 1);
-        write(record, buf, 1);
-    }
     long blocks = n / PAIR_BLOCK / 2;
     if (blocks < 1)
         blocks = 1;
-    double *rec = calloc(blocks, sizeof(double)), *pl = calloc(blocks, sizeof(double));
+    double *per[2] = { calloc(blocks, sizeof(double)), calloc(blocks, sizeof(double)) };
     double *diff = calloc(blocks, sizeof(double));
     for (long b = 0; b < blocks; b++) {
-        for (int side = 0; side < 2; side++) {
-            int use_record = (side == (int)(b & 1));  /* alternate which goes first */
-            int fd = use_record ? record : plain;
+        for (int turn = 0; turn < 2; turn++) {
+            int side = turn ^ (int)(b & 1);
             double t0 = now_ns();
             for (int i = 0; i < PAIR_BLOCK; i++)
-                write(fd, buf, 1);
-            double per = (now_ns() - t0) / PAIR_BLOCK;
-            if (use_record)
-                rec[b] = per;
-            else
-                pl[b] = per;
+                call(side, ctx);
+            per[side][b] = (now_ns() - t0) / PAIR_BLOCK;
         }
-        diff[b] = rec[b] - pl[b];
+        diff[b] = per[1][b] - per[0][b];
     }
-    qsort(rec, blocks, sizeof(double), by_value);
-    qsort(pl, blocks, sizeof(double), by_value);
+    qsort(per[1], blocks, sizeof(double), by_value);
+    qsort(per[0], blocks, sizeof(double), by_value);
     qsort(diff, blocks, sizeof(double), by_value);
-    printf("%.1f %.1f %.1f\n", rec[blocks / 2], pl[blocks / 2], diff[blocks / 2]);
+    printf("%.1f %.1f %.1f\n", per[1][blocks / 2], per[0][blocks / 2], diff[blocks / 2]);
+}
+
+struct send_pair { int fd[2]; const char *buf; };   /* fd[1] has an activity record, fd[0] not */
+
+static void send_one(int side, void *ctx)
+{
+    struct send_pair *p = ctx;
+    write(p->fd[side], p->buf, 1);
+}
+
+static int send_pair(long n, const char *port, int fault)
+{
+    static char byte;
+    struct send_pair p = { .buf = fault ? no_buffer : &byte };
+    p.fd[0] = udp_to(port);
+    if (p.fd[0] < 0 || open("/dev/nvidiactl", O_RDWR) < 0)
+        return 3;
+    p.fd[1] = udp_to(port);
+    if (p.fd[1] < 0)
+        return 3;
+    for (int i = 0; i < 16; i++) {      /* past the captured first writes of both */
+        send_one(0, &p);
+        send_one(1, &p);
+    }
+    timed_pair(n, send_one, &p);
     return 0;
 }
 
-static int mmap_pair(long n)
+/* Side 1: mmap(len 0), side 0: munmap(len 0); both fail with EINVAL at once, only mmap has a probe. */
+static void mmap_one(int side, void *ctx)
 {
-    long blocks = n / PAIR_BLOCK / 2;
-    if (blocks < 1)
-        blocks = 1;
-    double *mm = calloc(blocks, sizeof(double)), *mu = calloc(blocks, sizeof(double));
-    double *diff = calloc(blocks, sizeof(double));
-    for (long b = 0; b < blocks; b++) {
-        for (int side = 0; side < 2; side++) {
-            int use_mmap = (side == (int)(b & 1));    /* alternate which goes first */
-            double t0 = now_ns();
-            for (int i = 0; i < PAIR_BLOCK; i++) {
-                if (use_mmap)
-                    mmap(NULL, 0, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-                else
-                    munmap(NULL, 0);
-            }
-            double per = (now_ns() - t0) / PAIR_BLOCK;
-            if (use_mmap)
-                mm[b] = per;
-            else
-                mu[b] = per;
-        }
-        diff[b] = mm[b] - mu[b];
-    }
-    qsort(mm, blocks, sizeof(double), by_value);
-    qsort(mu, blocks, sizeof(double), by_value);
-    qsort(diff, blocks, sizeof(double), by_value);
-    printf("%.1f %.1f %.1f\n", mm[blocks / 2], mu[blocks / 2], diff[blocks / 2]);
-    return 0;
+    (void)ctx;
+    if (side)
+        mmap(NULL, 0, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    else
+        munmap(NULL, 0);
 }
 
 int main(int argc, char **argv)
@@ -141,8 +130,10 @@ int main(int argc, char **argv)
         return 2;
     const char *mode = argv[1];
     long n = strtol(argv[2], NULL, 0);
-    if (!strcmp(mode, "mmap-pair"))
-        return mmap_pair(n);
+    if (!strcmp(mode, "mmap-pair")) {
+        timed_pair(n, mmap_one, NULL);
+        return 0;
+    }
     if (!strcmp(mode, "send-pair"))
         return argc > 3 ? send_pair(n, argv[3], argc > 4 && !strcmp(argv[4], "fault")) : 2;
     int fd = -1;

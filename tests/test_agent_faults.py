@@ -11,9 +11,7 @@ import json
 import os
 import subprocess
 import threading
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,22 +21,12 @@ from gpuguard.agent.enforce_scope import EnforceScope
 from gpuguard.agent.pipeline import Agent
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
+from tests.support.agent_run import log_records, until
+
 
 pytestmark = pytest.mark.root
 
 
-def _records(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-
-
-def _until(predicate, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition never became true")
 
 
 @pytest.fixture
@@ -61,21 +49,21 @@ def agent_with_fake_nvml(tmp_path):
 
 def test_a_sampler_that_raises_is_reported_and_retried(agent_with_fake_nvml):
     agent, fake, log = agent_with_fake_nvml
-    _until(lambda: agent.counters.samples["nvml"] >= 3)
+    until(lambda: agent.counters.samples["nvml"] >= 3)
     real = fake.module.nvmlDeviceGetUtilizationRates
 
     def broken(handle):
         raise OSError("ctypes: bad handle")
 
     fake.module.nvmlDeviceGetUtilizationRates = broken
-    _until(lambda: agent.counters.sampler_errors["nvml"] >= 4)     # past one reopen
+    until(lambda: agent.counters.sampler_errors["nvml"] >= 4)     # past one reopen
     fake.module.nvmlDeviceGetUtilizationRates = real
     samples = agent.counters.samples["nvml"]
-    _until(lambda: agent.counters.samples["nvml"] > samples + 2)   # sampling resumed, same agent
-    records = _records(log)
+    until(lambda: agent.counters.samples["nvml"] > samples + 2)   # sampling resumed, same agent
+    records = log_records(log)
     faults = [r for r in records if r["event"].get("action") == "fault" and "nvml" in r["message"]]
     assert faults and "OSError: ctypes: bad handle" in faults[0]["message"]
-    assert _until(lambda: any(r["event"].get("action") == "recovered" for r in _records(log)))
+    assert until(lambda: any(r["event"].get("action") == "recovered" for r in log_records(log)))
     assert agent.counters.gpus[("nvidia", 0)]["util"] == 97
 
 
@@ -88,23 +76,23 @@ def _metric(agent, name: str, **labels: str) -> float:
 
 def test_gpu_snapshots_and_sampler_errors_reach_the_metrics(agent_with_fake_nvml):
     agent, fake, _log = agent_with_fake_nvml
-    _until(lambda: _metric(agent, "gpuguard_gpu_utilization_percent", gpu="nvidia0") == 97)
+    until(lambda: _metric(agent, "gpuguard_gpu_utilization_percent", gpu="nvidia0") == 97)
     assert _metric(agent, "gpuguard_gpu_memory_used_bytes", gpu="nvidia0") == 70_000 * 1024 * 1024
     assert _metric(agent, "gpuguard_events_total", kind="gpu_snapshot") > 0
     assert _metric(agent, "gpuguard_blind_spot") == len(agent.counters.blind_spots) > 0
     fake.module.nvmlDeviceGetUtilizationRates = lambda handle: 1 / 0
-    _until(lambda: _metric(agent, "gpuguard_sampler_errors_total", source="nvml") >= 2)    # synced on status ticks
+    until(lambda: _metric(agent, "gpuguard_sampler_errors_total", source="nvml") >= 2)    # synced on status ticks
 
 
 def test_a_gpu_that_falls_off_the_bus_is_reported_and_comes_back(agent_with_fake_nvml):
     agent, fake, log = agent_with_fake_nvml
-    _until(lambda: agent.counters.samples["nvml"] >= 2)
+    until(lambda: agent.counters.samples["nvml"] >= 2)
     fake.gpus[0].lost = True
-    _until(lambda: agent.counters.gpus[("nvidia", 0)]["lost"])
-    lost = _until(lambda: [r for r in _records(log) if r["event"].get("action") == "fault" and "lost" in r["message"].lower()])
+    until(lambda: agent.counters.gpus[("nvidia", 0)]["lost"])
+    lost = until(lambda: [r for r in log_records(log) if r["event"].get("action") == "fault" and "lost" in r["message"].lower()])
     assert "nvml" in lost[0]["message"]
     fake.gpus[0].lost = False
-    _until(lambda: not agent.counters.gpus[("nvidia", 0)]["lost"])
+    until(lambda: not agent.counters.gpus[("nvidia", 0)]["lost"])
     assert agent.counters.sampler_errors["nvml"] == 0     # reported by the sampler, not raised
 
 
@@ -113,15 +101,15 @@ def test_a_burst_beyond_capacity_is_counted_and_reported(agent_with_fake_nvml):
     # 150 new processes: the next sweep queues one facts record each, far more than the 64-item intake holds
     sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(150)]
     try:
-        _until(lambda: agent.counters.intake_dropped["sweep"] > 0)
+        until(lambda: agent.counters.intake_dropped["sweep"] > 0)
     finally:
         for proc in sleepers:
             proc.kill()
             proc.wait()
-    drops = _until(lambda: [r for r in _records(log) if r["event"].get("action") == "drops"])
+    drops = until(lambda: [r for r in log_records(log) if r["event"].get("action") == "drops"])
     assert drops[0]["gpuguard"]["detail"]["intake_dropped"]["sweep"] > 0
     status = json.loads(agent.config.status_path.read_text())
-    _until(lambda: json.loads(agent.config.status_path.read_text())["drops"]["intake"].get("sweep", 0) > 0)
+    until(lambda: json.loads(agent.config.status_path.read_text())["drops"]["intake"].get("sweep", 0) > 0)
     assert status["sensor"] == "proc"
 
 
@@ -142,14 +130,14 @@ def test_sighup_with_a_broken_config_keeps_the_last_good_settings(tmp_path):
         assert agent.ready.wait(60)
         config_file.write_text("mode: enforce\nsweep: {interval_s: never}\n")
         agent.request_reload()
-        failed = _until(lambda: [r for r in _records(tmp_path / "agent.log")
+        failed = until(lambda: [r for r in log_records(tmp_path / "agent.log")
                                  if r["event"].get("action") == "reload-failed" and "config" in r["message"]])
         assert f"{config_file}:2:" in failed[0]["message"] and "keeping the previous settings" in failed[0]["message"]
         assert agent.config.mode == "monitor" and agent.config.sweep_interval_s == 0.5
         # a response section that does not parse is refused with the rest of the file, the agent runs on
         config_file.write_text("mode: enforce\nresponse:\n  kill: {grace_s: soon}\n")
         agent.request_reload()
-        failed = _until(lambda: [r for r in _records(tmp_path / "agent.log")
+        failed = until(lambda: [r for r in log_records(tmp_path / "agent.log")
                                  if r["event"].get("action") == "reload-failed" and "grace_s" in r["message"]])
         assert "response.kill.grace_s: expected a number" in failed[0]["message"]
         assert thread.is_alive() and agent.config.mode == "monitor"
@@ -157,7 +145,7 @@ def test_sighup_with_a_broken_config_keeps_the_last_good_settings(tmp_path):
         config_file.write_text("mode: enforce\n" + scope.response_section())
         agent.request_reload()
         # the loop thread sets the config, then builds the responder (a real one takes ~0.3 s), then the counters
-        _until(lambda: agent.config.mode == "enforce" and agent.counters.mode == "enforce")
+        until(lambda: agent.config.mode == "enforce" and agent.counters.mode == "enforce")
         assert agent.responder.settings.cgroups == (scope.scope,)
     finally:
         agent.request_stop()
@@ -176,11 +164,11 @@ def _log_of_a_short_agent_run(tmp_path, fake, **config):
     thread.start()
     try:
         assert agent.ready.wait(60), "the agent did not start"
-        _until(lambda: agent.counters.samples["nvml"] >= 3)
+        until(lambda: agent.counters.samples["nvml"] >= 3)
     finally:
         agent.request_stop()
         thread.join(30)
-    return _records(log)
+    return log_records(log)
 
 
 @pytest.mark.parametrize("opt_in", [False, True])

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,28 +25,18 @@ from gpuguard.agent.pipeline import Agent
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import MIB, FakeGpu, FakeNvml, FakeProcess
 from tests.support.workloads import run_with_gpu_nodes
+from tests.support.agent_run import log_records, until
+
 
 pytestmark = pytest.mark.root
 
 GIB = 1024 * MIB
 
 
-def _records(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
-
-
-def _until(predicate, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition never became true")
 
 
 def _finding_for(log: Path, pid: int, rule: str) -> dict | None:
-    for doc in _records(log):
+    for doc in log_records(log):
         mine = doc.get("gpuguard", {})
         if mine.get("kind") == "process" and doc.get("process", {}).get("pid") == pid and rule in mine["rule_ids"]:
             return doc
@@ -57,7 +46,7 @@ def _finding_for(log: Path, pid: int, rule: str) -> dict | None:
 def _start(agent: Agent) -> threading.Thread:
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
-    _until(lambda: agent.ready.is_set() or not thread.is_alive(), 120)
+    until(lambda: agent.ready.is_set() or not thread.is_alive(), 120)
     assert agent.ready.is_set(), "the agent did not start"
     return thread
 
@@ -83,7 +72,7 @@ def test_raw_dev_mem_access_is_reported_with_device_and_holder(tmp_path):
         proc = run_with_gpu_nodes([sys.executable, "-c", HOLDER])
         try:
             assert proc.stdout.readline() == b"ready\n"
-            found = _until(lambda: _finding_for(log, proc.pid, "gpu-raw-bar-access"))
+            found = until(lambda: _finding_for(log, proc.pid, "gpu-raw-bar-access"))
         finally:
             proc.communicate(b"go\n", timeout=10)
     finally:
@@ -125,7 +114,7 @@ def test_a_memory_hog_on_a_shared_gpu_is_reported(tmp_path):
                       sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module, clock=clock)})
         thread = _start(agent)
         try:
-            found = _until(lambda: _finding_for(log, hog.pid, "gpu-memory-hog"))
+            found = until(lambda: _finding_for(log, hog.pid, "gpu-memory-hog"))
         finally:
             _stop(agent, thread)
         assert found["gpuguard"]["verdict"] == "suspicious" and found["event"]["kind"] == "alert"

@@ -27,6 +27,8 @@ from gpuguard.commands.status import render
 from gpuguard.detect.shipped import shipped_rules_file
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import MIB, FakeAccounting, FakeGpu, FakeNvml, FakeProcess
+from tests.support.agent_run import log_records, until
+
 
 pytestmark = pytest.mark.root
 
@@ -38,18 +40,6 @@ CHECK_S = 0.3                     # host-check interval of these runs
 QUIET_S = 2.0                     # how long "no second record" is watched (several checks)
 
 
-def _records(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
-
-
-def _until(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition never became true")
 
 
 def _host(doc: dict, fmt: str) -> dict | None:
@@ -63,8 +53,8 @@ def _host(doc: dict, fmt: str) -> dict | None:
     return mine if mine.get("kind") == "host" else None
 
 
-def _host_records(log: Path, fmt: str) -> list[dict]:
-    return [d for d in _records(log) if _host(d, fmt) is not None]
+def _hostlog_records(log: Path, fmt: str) -> list[dict]:
+    return [d for d in log_records(log) if _host(d, fmt) is not None]
 
 
 def _status_field(doc: dict, fmt: str) -> str:
@@ -83,7 +73,7 @@ def _pid_of(doc: dict, fmt: str) -> int | None:
 def _zombie() -> subprocess.Popen:
     """A real zombie child: it exited, and nobody has waited for it yet."""
     child = subprocess.Popen(["true"])
-    _until(lambda: open(f"/proc/{child.pid}/stat").read().rsplit(") ", 1)[1][0] == "Z", 5)
+    until(lambda: open(f"/proc/{child.pid}/stat").read().rsplit(") ", 1)[1][0] == "Z", 5)
     return child
 
 
@@ -103,7 +93,7 @@ class AgentRun:
 
     def __enter__(self) -> "AgentRun":
         self.thread.start()
-        _until(lambda: self.agent.ready.is_set() or not self.thread.is_alive(), 60)
+        until(lambda: self.agent.ready.is_set() or not self.thread.is_alive(), 60)
         assert self.agent.ready.is_set(), "the agent did not start"
         return self
 
@@ -119,7 +109,7 @@ class AgentRun:
     def checks_pass(self, n: int) -> None:
         """Wait until the agent has sampled the current fake state and run ``n`` more host checks."""
         start = self.agent.counters.samples["nvml"]
-        _until(lambda: self.agent.counters.samples["nvml"] >= start + 2)
+        until(lambda: self.agent.counters.samples["nvml"] >= start + 2)
         time.sleep(n * CHECK_S + 0.2)
 
     def gauge(self, rule: str) -> float:
@@ -138,16 +128,16 @@ def test_orphaned_memory_is_one_finding_then_one_resolved_record(tmp_path, fmt):
     with AgentRun(tmp_path, fmt) as run:
         # -- the idle driver reservation is not an orphan ---------------------------------------
         run.checks_pass(4)
-        assert _host_records(run.log, fmt) == []
+        assert _hostlog_records(run.log, fmt) == []
         assert run.status_doc()["host_findings"] == []
 
         # -- 20 GiB used that no process accounts for; accounting remembers who had it ----------
         now_us = int(time.time() * 1e6)
         run.gpu.accounting_mode = 1
         run.gpu.accounting = {3_999_001: FakeAccounting(40, 2, 20 * GIB, now_us - 200_000_000, 120_000, running=False)}
-        _until(lambda: [r.pid for r in run.agent.host_findings.accounting()] == [3_999_001])   # read before the memory shows
+        until(lambda: [r.pid for r in run.agent.host_findings.accounting()] == [3_999_001])   # read before the memory shows
         run.gpu.memory_used = IDLE_USED + 20 * GIB
-        (found,) = _until(lambda: _host_records(run.log, fmt))
+        (found,) = until(lambda: _hostlog_records(run.log, fmt))
         mine = _host(found, fmt)
         assert mine["host_gpu"] == {"device": DEVICE, "memory_bytes": IDLE_USED + 20 * GIB, "owner_pid": 3_999_001,
                                     "status": "active"}
@@ -162,24 +152,24 @@ def test_orphaned_memory_is_one_finding_then_one_resolved_record(tmp_path, fmt):
             assert found["event"]["action"] == "host-clean" and found["rule"]["id"] == "host-gpu-memory-orphaned"
 
         # gpuguard status shows it, the gauge counts it
-        _until(lambda: run.status_doc()["host_findings"])
+        until(lambda: run.status_doc()["host_findings"])
         (row,) = run.status_doc()["host_findings"]
         assert (row["rule_id"], row["device"], row["memory_bytes"], row["owner_pid"]) == \
             ("host-gpu-memory-orphaned", DEVICE, IDLE_USED + 20 * GIB, 3_999_001)
         shown = render(run.status_doc(), True, "running", time.time())
         assert "active host findings (1):" in shown
         assert any("host-gpu-memory-orphaned" in line and "20.5 GiB" in line for line in shown)
-        _until(lambda: run.gauge("host-gpu-memory-orphaned") == 1)
+        until(lambda: run.gauge("host-gpu-memory-orphaned") == 1)
 
         # -- it persists, and grows by less than a quarter: nothing new -------------------------
         run.gpu.memory_used = IDLE_USED + 22 * GIB
         run.checks_pass(QUIET_S / CHECK_S)
-        assert len(_host_records(run.log, fmt)) == 1
+        assert len(_hostlog_records(run.log, fmt)) == 1
 
         # -- it grows by half: one update --------------------------------------------------------
         run.gpu.memory_used = IDLE_USED + 30 * GIB
-        _until(lambda: len(_host_records(run.log, fmt)) == 2)
-        update = _host_records(run.log, fmt)[1]
+        until(lambda: len(_hostlog_records(run.log, fmt)) == 2)
+        update = _hostlog_records(run.log, fmt)[1]
         assert _host(update, fmt)["host_gpu"]["memory_bytes"] == IDLE_USED + 30 * GIB
         if fmt == "ocsf":
             assert (update["activity_id"], update["activity_name"]) == (2, "Update")
@@ -188,8 +178,8 @@ def test_orphaned_memory_is_one_finding_then_one_resolved_record(tmp_path, fmt):
 
         # -- freed: one resolved record, and nothing after it -----------------------------------
         run.gpu.memory_used = IDLE_USED
-        _until(lambda: len(_host_records(run.log, fmt)) == 3)
-        cleared = _host_records(run.log, fmt)[2]
+        until(lambda: len(_hostlog_records(run.log, fmt)) == 3)
+        cleared = _hostlog_records(run.log, fmt)[2]
         assert _status_field(cleared, fmt) == "resolved"
         assert _host(cleared, fmt)["host_gpu"]["status"] == "resolved"
         if fmt == "ocsf":
@@ -197,10 +187,10 @@ def test_orphaned_memory_is_one_finding_then_one_resolved_record(tmp_path, fmt):
             assert cleared["finding_info"]["uid"] == found["finding_info"]["uid"]     # the same finding, closed
         else:
             assert (cleared["event"]["action"], cleared["event"]["kind"]) == ("host-resolved", "event")
-        _until(lambda: run.status_doc()["host_findings"] == [])
-        _until(lambda: run.gauge("host-gpu-memory-orphaned") == 0)
+        until(lambda: run.status_doc()["host_findings"] == [])
+        until(lambda: run.gauge("host-gpu-memory-orphaned") == 0)
         run.checks_pass(QUIET_S / CHECK_S)
-        assert len(_host_records(run.log, fmt)) == 3
+        assert len(_hostlog_records(run.log, fmt)) == 3
 
 
 @pytest.mark.parametrize("fmt", ["ecs", "ocsf"])
@@ -210,23 +200,23 @@ def test_memory_held_by_a_zombie_is_reported_until_it_is_reaped(tmp_path, fmt):
         with AgentRun(tmp_path, fmt) as run:
             run.gpu.compute = [FakeProcess(zombie.pid, 8 * GIB)]
             run.gpu.memory_used = IDLE_USED + 8 * GIB
-            (found,) = _until(lambda: _host_records(run.log, fmt))
+            (found,) = until(lambda: _hostlog_records(run.log, fmt))
             assert _host(found, fmt)["host_gpu"] == {"device": DEVICE, "memory_bytes": 8 * GIB,
                                                      "owner_pid": zombie.pid, "status": "active"}
             assert _pid_of(found, fmt) == zombie.pid
             assert found["message"] == (f"host-gpu-memory-orphaned: {DEVICE}: 8.0 GiB memory held by pid "
                                         f"{zombie.pid}, which is zombie")
-            _until(lambda: [r["owner_pid"] for r in run.status_doc()["host_findings"]] == [zombie.pid])
+            until(lambda: [r["owner_pid"] for r in run.status_doc()["host_findings"]] == [zombie.pid])
             run.checks_pass(QUIET_S / CHECK_S)
-            assert len(_host_records(run.log, fmt)) == 1        # no duplicate while it persists
+            assert len(_hostlog_records(run.log, fmt)) == 1        # no duplicate while it persists
 
             zombie.wait()                   # reaped: the driver lets the memory go with it
             run.gpu.compute = []
             run.gpu.memory_used = IDLE_USED
-            _until(lambda: len(_host_records(run.log, fmt)) == 2)
-            assert _status_field(_host_records(run.log, fmt)[1], fmt) == "resolved"
+            until(lambda: len(_hostlog_records(run.log, fmt)) == 2)
+            assert _status_field(_hostlog_records(run.log, fmt)[1], fmt) == "resolved"
             run.checks_pass(QUIET_S / CHECK_S)
-            assert len(_host_records(run.log, fmt)) == 2
+            assert len(_hostlog_records(run.log, fmt)) == 2
     finally:
         zombie.wait()
 
@@ -245,10 +235,10 @@ def test_enforce_mode_never_acts_on_a_host_finding(tmp_path):
         with AgentRun(tmp_path, "ecs", mode="enforce", rules=[rules]) as run:
             run.gpu.compute = [FakeProcess(zombie.pid, 8 * GIB)]
             run.gpu.memory_used = IDLE_USED + 8 * GIB
-            (found,) = _until(lambda: _host_records(run.log, "ecs"))
+            (found,) = until(lambda: _hostlog_records(run.log, "ecs"))
             assert (found["gpuguard"]["verdict"], found["event"]["kind"]) == ("suspicious", "alert")
             run.checks_pass(3)
-            actions = [d for d in _records(run.log) if d.get("gpuguard", {}).get("kind") == "action"]
+            actions = [d for d in log_records(run.log) if d.get("gpuguard", {}).get("kind") == "action"]
             assert [a for a in actions if a.get("process", {}).get("pid") == zombie.pid] == []
     finally:
         zombie.wait()

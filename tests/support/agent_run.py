@@ -117,3 +117,19 @@ def finding_for(pid: int) -> Callable[[dict], bool]:
 
 def lifecycle(action: str) -> Callable[[dict], bool]:
     return lambda r: r.get("gpuguard", {}).get("kind") == "lifecycle" and r["event"]["action"] == action
+
+
+def log_records(log: Path) -> list[dict]:
+    """Every JSON line an in-process agent wrote to ``log`` so far (none before the file exists)."""
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+
+
+def until(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Poll ``predicate`` until it returns something true (returned), or fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition never became true")

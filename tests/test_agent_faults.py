@@ -190,3 +190,28 @@ def test_accounting_mode_is_turned_on_only_when_configured_and_the_change_is_log
     assert "nvml gpu0: accounting mode on (was off)" in message
     assert "nvml gpu1: accounting mode on (was already)" in message
     assert "nvml gpu2: cannot turn accounting mode on" in message                  # said, not fatal
+
+
+def test_outcomes_the_responder_reports_later_are_counted_and_kept(tmp_path):
+    """A hook result or a SIGKILL after the grace reaches the agent through the responder's emit,
+    from another thread: it is logged, counted and listed like an outcome returned at once."""
+    from gpuguard.events.agent_events import ActionOutcome
+
+    log = tmp_path / "agent.log"
+    agent = Agent(AgentConfig(sensor="proc", log_path=str(log), status_path=tmp_path / "status.json",
+                              gpu_sources=[], sweep_interval_s=0.5, status_interval_s=0.5),
+                  install_signals=False, stderr=lambda line: None)
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        assert agent.ready.wait(60), "the agent did not start"
+        later = ActionOutcome(time=1.0, action="hook", status="done", pid=4_000_001, comm="x", reason="hook ran")
+        reporter = threading.Thread(target=agent.responder.emit, args=(later,))
+        reporter.start()
+        reporter.join()
+        assert agent.counters.actions[("hook", "done")] == 1
+        assert agent.counters.last_actions[-1]["pid"] == 4_000_001
+        until(lambda: [r for r in log_records(log) if r.get("gpuguard", {}).get("action") == "hook"])
+    finally:
+        agent.request_stop()
+        thread.join(30)

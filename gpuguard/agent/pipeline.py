@@ -236,7 +236,10 @@ class Agent:
         if self.responder is not None:
             self.responder.close()
             self.responder = None
-        self.responder = make_responder(settings, self.config.mode, self.config.dry_run, self.emit)
+        # outcomes that come later (SIGKILL after the grace, hook results, kill-on-touch kills) are
+        # counted and kept for the state file like those the responder returns at once
+        self.responder = make_responder(settings, self.config.mode, self.config.dry_run,
+                                        lambda outcome: self._record_outcomes([outcome]))
         self.counters.mode = self.config.mode
 
     def _known(self, pid: int, start_time: float) -> bool:

@@ -269,3 +269,31 @@ def test_window_minimum_kept_in_order_equals_a_pass_over_the_window():
             tracked.add(t, value)
             plain.add(t, value)
             assert tracked.minimum == plain.minimum == min(plain.values()), (trial, i)
+
+
+def test_window_mean_and_variance_equal_a_pass_over_the_window():
+    """Mean and variance come from running sums shifted to a recent mean: they must equal a
+    pass over the samples kept for flat signals (SM 99 %, memory controller 0 %), a signal
+    that jumps and then stays flat (the case that loses digits), noise, and large values."""
+    import random
+    import statistics
+
+    rng = random.Random(11)
+    shapes = {
+        "flat": lambda i: 99.0,
+        "jump then flat": lambda i: 0.0 if i < 50 else 99.0 + rng.gauss(0, 0.01),
+        "allocation made, then kept": lambda i: 0.0 if i < 50 else 4e9 + rng.gauss(0, 0.5),
+        "noise": lambda i: rng.uniform(0, 100),
+        "large, small spread": lambda i: 4e9 + rng.gauss(0, 0.5),      # bytes of GPU memory
+    }
+    for trial in range(120):
+        name = list(shapes)[trial % len(shapes)]
+        window = SampleWindow(rng.choice([5.0, 30.0, 300.0]), rng.choice([10, 100, 600]))
+        t = T
+        for i in range(rng.randint(2, 800)):
+            t += rng.uniform(0.1, 2.0)
+            window.add(t, shapes[name](i))
+            if len(window) >= 2 and rng.random() < 0.2:
+                values = window.values()
+                assert window.mean == pytest.approx(statistics.fmean(values), rel=1e-9, abs=1e-9), (name, i)
+                assert window.variance == pytest.approx(statistics.pvariance(values), rel=1e-6, abs=1e-6), (name, i)

@@ -16,13 +16,16 @@ from collections import deque
 class SampleWindow:
     """Samples ``(time, value)`` over the last ``span_s`` seconds: mean, variance, span."""
 
-    __slots__ = ("span_s", "max_samples", "_samples", "_sum", "_sumsq", "_low", "_added")
+    __slots__ = ("span_s", "max_samples", "_samples", "_shift", "_sum", "_sumsq", "_low", "_added")
 
     def __init__(self, span_s: float = 300.0, max_samples: int = 600, track_minimum: bool = False) -> None:
         self.span_s = span_s
         self.max_samples = max_samples
         # An empty tuple until the first sample (reads work on both); then a bounded deque.
         self._samples: "deque[tuple[float, float]] | tuple[()]" = ()
+        # Running sums of (value - shift): the shift is a recent mean, so a flat signal (SM 99 %,
+        # memory controller 0 %) sums to ~0 and its variance needs no pass over the window.
+        self._shift = 0.0
         self._sum = 0.0
         self._sumsq = 0.0
         # With track_minimum: the samples that can still become the minimum, values increasing
@@ -35,11 +38,14 @@ class SampleWindow:
         samples = self._samples
         if isinstance(samples, tuple):
             samples = self._samples = deque(maxlen=self.max_samples)
+        if not samples:
+            self._shift, self._sum, self._sumsq = value, 0.0, 0.0
         if len(samples) == samples.maxlen:
             self._forget(samples[0][1])
         samples.append((time, value))
-        self._sum += value
-        self._sumsq += value * value
+        d = value - self._shift
+        self._sum += d
+        self._sumsq += d * d
         horizon = time - self.span_s
         while samples and samples[0][0] < horizon:
             self._forget(samples.popleft()[1])
@@ -56,8 +62,17 @@ class SampleWindow:
         self._added += 1
 
     def _forget(self, value: float) -> None:
-        self._sum -= value
-        self._sumsq -= value * value
+        d = value - self._shift
+        self._sum -= d
+        self._sumsq -= d * d
+
+    def _recenter(self) -> None:
+        """Shift the running sums to the current mean, summed afresh (one pass, rarely)."""
+        n = len(self._samples)
+        self._shift += self._sum / n
+        shift = self._shift
+        self._sum = sum(v - shift for _, v in self._samples)
+        self._sumsq = sum((v - shift) ** 2 for _, v in self._samples)
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -76,7 +91,7 @@ class SampleWindow:
     @property
     def mean(self) -> float | None:
         n = len(self._samples)
-        return self._sum / n if n else None
+        return self._shift + self._sum / n if n else None
 
     @property
     def variance(self) -> float | None:
@@ -84,11 +99,15 @@ class SampleWindow:
         n = len(self._samples)
         if n < 2:
             return None
-        mean = self._sum / n
-        # Running sums drift; recompute exactly when the shortcut looks unsafe.
-        value = self._sumsq / n - mean * mean
-        if value < 1e-6 * max(1.0, mean * mean):
-            value = sum((v - mean) ** 2 for _, v in self._samples) / n
+        offset = self._sum / n            # the mean's distance from the shift
+        value = self._sumsq / n - offset * offset
+        # The subtraction loses digits when the mean has moved far from the shift while the
+        # spread is small (a signal that jumped, then stayed flat): shift to the mean and sum
+        # again.  Near the shift it is exact enough, so a flat window never walks its samples.
+        if offset * offset > 1.0 and value < 1e-6 * offset * offset:
+            self._recenter()
+            offset = self._sum / n
+            value = self._sumsq / n - offset * offset
         return max(0.0, value)
 
     @property

@@ -208,3 +208,68 @@ def test_activity_slots_are_bounded_counted_when_full_and_freed_on_close():
         holder.wait()
         sensor.close()
         listener.close()
+
+
+CHATTER = """
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+print("ready", flush=True)
+while True:
+    s.sendall(b'{"id":4,"method":"keepalived"}\\n')
+    time.sleep(0.3)
+"""
+
+
+@pytest.mark.root
+def test_the_agent_watches_the_sessions_of_a_process_scored_above_the_threshold(tmp_path):
+    """No GPU: a process whose command line names a stratum pool scores above ``sessions.watch_score``
+    and the agent gives its connection an activity record; the same program with a
+    plain command line stays below it and gets none."""
+    import socket
+    import subprocess
+    import threading
+
+    from gpuguard.agent.config import AgentConfig
+    from gpuguard.agent.pipeline import Agent
+    from tests.support.agent_run import until
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = str(listener.getsockname()[1])
+    agent = Agent(AgentConfig(sensor="ebpf", log_path=str(tmp_path / "agent.log"), status_path=tmp_path / "status.json",
+                              gpu_sources=[]), install_signals=False, stderr=lambda line: None, sampler_openers={})
+    assert agent.config.session_watch_score == 20
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    procs = []
+    try:
+        until(lambda: agent.ready.is_set() or not thread.is_alive(), 120)
+        assert agent.ready.is_set(), "the agent did not start"
+        # the same program; only the suspect's command line names a pool (the agent reads it from /proc)
+        suspect = subprocess.Popen([sys.executable, "-c", CHATTER, port, f"--url=stratum+tcp://pool.example:{port}"],
+                                   stdout=subprocess.PIPE)
+        procs.append(suspect)
+        plain = subprocess.Popen([sys.executable, "-c", CHATTER, port], stdout=subprocess.PIPE)
+        procs.append(plain)
+        assert suspect.stdout.readline() == b"ready\n" and plain.stdout.readline() == b"ready\n"
+
+        def sessions_of(pid):
+            state = next((s for s in list(agent.correlator.unordered_states()) if s.pid == pid), None)
+            return state, (dict(state.sessions) if state is not None else {})
+
+        state, sessions = until(lambda: (lambda s: s if s[1] else None)(sessions_of(suspect.pid)), 40)
+        record = next(iter(sessions.values()))
+        # seeded if the connect came before the watch, else recorded at the connect: counted either way
+        assert record.writes_out >= 1 and record.small_writes >= 1 and record.remote.endswith(f":{port}")
+        assert state.verdict is not None and state.verdict.score >= 20
+        plain_state, plain_sessions = sessions_of(plain.pid)
+        assert plain_state is not None and (plain_state.verdict is None or plain_state.verdict.score < 20)
+        assert plain_sessions == {}
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        agent.request_stop()
+        thread.join(30)
+        listener.close()

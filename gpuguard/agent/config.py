@@ -63,6 +63,9 @@ class AgentConfig:
     intake_queue: int = 65536                  # events waiting for the correlator
     output_queue: int = 10000                  # log lines waiting for the writer
     max_processes: int = 8192
+    # A process scored at least this gets per-connection activity records like a GPU holder
+    # (session cadence, bytes each way): CPU miners and anything half-suspect.  0: GPU holders only.
+    session_watch_score: float = 20.0
     response: ResponseSettings = field(default_factory=ResponseSettings)   # the checked ``response:`` section
     guard_policies: tuple[GuardPolicy, ...] = ()
     source: str = ""                           # the file these came from ("" for defaults)
@@ -88,6 +91,7 @@ _SCHEMA: dict[str, Any] = {
     "status": {"path": ("status_path", str, None), "interval_s": ("status_interval_s", _NUMBER, (0.2, 3600))},
     "queues": {"intake": ("intake_queue", int, (64, 10_000_000)), "output": ("output_queue", int, (16, 10_000_000))},
     "correlator": {"max_processes": ("max_processes", int, (16, 10_000_000))},
+    "sessions": {"watch_score": ("session_watch_score", _NUMBER, (0, 100))},
     "response": ("response", dict, None),
     "guard_policies": ("guard_policies", list, None),
 }

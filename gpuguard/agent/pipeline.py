@@ -113,6 +113,7 @@ class Agent:
         # verdict and GPU-abuse rules last written per process
         self._reported: dict[ProcessKey, tuple[str, frozenset[str]]] = {}
         self._guard_reported: dict[ProcessKey, tuple] = {}   # guard verdict and policies last written
+        self._session_watched: set[ProcessKey] = set()      # given activity records for their score
         # orphaned GPU memory, past GPU users, host tuning (read under the root that holds proc_root)
         self.host_findings = GpuHostFindings(config.host_check_interval_s, str(Path(proc_root).parent))
         self._hup = False
@@ -365,6 +366,7 @@ class Agent:
         self.counters.observe_scoring(elapsed)
         self.telemetry.observe_scoring(elapsed)
         self.counters.processes_tracked = len(self.correlator)
+        self._watch_sessions(verdicts)
         for verdict in verdicts:
             previous, abuse_before = self._reported.get(verdict.key, ("clean", frozenset()))
             abuse = frozenset(e.rule_id for e in verdict.evidence if GPU_ABUSE_TAG in e.tags)
@@ -372,6 +374,17 @@ class Agent:
                 continue
             self._reported[verdict.key] = (verdict.verdict, abuse | abuse_before)   # each such rule once
             self._report_finding(verdict, now, act=verdict.verdict != previous)
+
+    def _watch_sessions(self, verdicts: list) -> None:
+        """Processes scored at least ``sessions.watch_score`` get activity records for their connections
+        (GPU holders have them from their first GPU open), once each."""
+        threshold = self.config.session_watch_score
+        if self.sensor is None or threshold <= 0:
+            return
+        for verdict in verdicts:
+            if verdict.score >= threshold and verdict.key not in self._session_watched:
+                self._session_watched.add(verdict.key)
+                self.sensor.request_watch(verdict.pid)
 
     def _check_guard_policies(self, now: float) -> None:
         """Guard verdicts, reported on first breach or when the verdict or the broken policies change."""
@@ -462,6 +475,7 @@ class Agent:
             del self._reported[key]
         for key in [k for k in self._guard_reported if self.correlator.get(k) is None]:
             del self._guard_reported[key]
+        self._session_watched = {k for k in self._session_watched if self.correlator.get(k) is not None}
         drops = self.counters.drops_total()
         if drops > self._drops_reported:
             self.lifecycle("drops", f"{drops - self._drops_reported} events or lines could not be handled "

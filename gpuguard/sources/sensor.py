@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 
 from gpuguard.errors import GpuguardError
@@ -104,6 +104,7 @@ class Sensor:
         self.maps: KernelMaps | None = None   # stale-entry removal in the probes' maps
         self._decoder: EventDecoder | None = None
         self._pending: list[Event] = []
+        self._watch_requests: deque[int] = deque()     # request_watch, from other threads
         self._ioctl_seen: dict[tuple[int, int, int], int] = {}
         self._lost_seen: dict[int, int] = {}
         self._headers: dict[int, _ProcessHeader] = {}
@@ -192,6 +193,10 @@ class Sensor:
             self._bpf.perf_buffer_poll(timeout=timeout_ms)
         else:
             self._bpf.ring_buffer_poll(timeout=timeout_ms)
+        while self._watch_requests:
+            tgid = self._watch_requests.popleft()
+            if os.path.exists(f"/proc/{tgid}"):
+                self.watch_process(tgid)
         now = time.monotonic()
         if now >= self._next_drain:
             self._next_drain = now + self.drain_interval
@@ -212,8 +217,13 @@ class Sensor:
 
     def watch_process(self, tgid: int) -> int:
         """Give a process's connections activity records (GPU holders get them already); returns
-        how many existing connections were seeded.  For processes scored above a threshold."""
+        how many existing connections were seeded.  For processes scored above a threshold.
+        From the thread that polls; other threads use :meth:`request_watch`."""
         return self.activity.watch(tgid) if self.activity is not None else 0
+
+    def request_watch(self, tgid: int) -> None:
+        """Ask for :meth:`watch_process` from any thread; the next poll carries it out."""
+        self._watch_requests.append(tgid)
 
     def _header_fields(self, tgid: int) -> tuple[str, int, int, int]:
         header = self._headers.get(tgid)

@@ -70,6 +70,7 @@ class SensorStats:
     dropped_relative_opens: int = 0
     swept_fds: int = 0
     tcp_counters_unreadable: int = 0  # network namespaces whose TCP counters (tcp_info) could not be read
+    watch_refused: int = 0           # request_watch calls the kernel's watched_tgids map had no room for
     startup_seconds: float = 0.0
     buffer: str = ""
 
@@ -196,7 +197,10 @@ class Sensor:
         while self._watch_requests:
             tgid = self._watch_requests.popleft()
             if os.path.exists(f"/proc/{tgid}"):
-                self.watch_process(tgid)
+                try:
+                    self.watch_process(tgid)
+                except Exception:  # noqa: BLE001 - bcc raises a bare Exception when the map is full
+                    self.stats.watch_refused += 1
         now = time.monotonic()
         if now >= self._next_drain:
             self._next_drain = now + self.drain_interval

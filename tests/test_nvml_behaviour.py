@@ -78,8 +78,8 @@ def test_accounting_records_running_and_exited_pids():
     sampler = open_fake(fake, clock)
     sampler.sample()
     assert sampler.accounting() == ([], []) and sampler.accounting_status() == {0: False}   # off by default
-    assert sampler.set_accounting(True) == ["nvml gpu0: accounting mode on (was off)"]
-    assert sampler.set_accounting(True) == ["nvml gpu0: accounting mode on (was already)"]
+    assert sampler.set_accounting(True) == [("changed", "nvml gpu0: accounting mode on (was off)")]
+    assert sampler.set_accounting(True) == [("unchanged", "nvml gpu0: accounting mode on (was already)")]
     records, errors = sampler.accounting()
     assert errors == []
     by_pid = {r.pid: r for r in records}

@@ -120,12 +120,13 @@ class SamplerThread(threading.Thread):
         if switch is None:
             return
         try:
-            lines = switch(True)
+            results = switch(True)
         except Exception as exc:  # noqa: BLE001 - accounting is extra evidence, never fatal
-            lines = [f"cannot turn accounting mode on: {type(exc).__name__}: {exc}"]
-        changed = [line for line in lines if "(was off)" in line]
-        failed = [line for line in lines if "cannot" in line]
-        if changed or failed:
+            results = [("failed", f"cannot turn accounting mode on: {type(exc).__name__}: {exc}")]
+        outcomes = {outcome for outcome, _ in results}
+        lines = [line for _, line in results]
+        changed = "changed" in outcomes
+        if changed or "failed" in outcomes:
             self.emit(AgentLifecycle(
                 time=time.time(), action="host-change" if changed else "degraded",
                 message=f"GPU source {self.source}: sampling.nvml_accounting: " + "; ".join(lines),

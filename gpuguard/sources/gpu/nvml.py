@@ -201,19 +201,23 @@ class NvmlSampler:
                 status[dev.index] = None
         return status
 
-    def set_accounting(self, on: bool) -> list[str]:
-        """Turn accounting mode on/off on every GPU (opt-in: it changes host state); one line per GPU saying what happened."""
-        lines = []
+    def set_accounting(self, on: bool) -> list[tuple[str, str]]:
+        """Turn accounting mode on/off on every GPU (opt-in: it changes host state).
+
+        One ``(outcome, line)`` per GPU: outcome ``changed``, ``unchanged`` or ``failed``, the line
+        saying what happened."""
+        results = []
         for dev in self._live_devices():
             try:
                 before = nvml_history.accounting_enabled(self._nvml, dev.handle)
                 if before != on:
                     nvml_history.set_accounting_mode(self._nvml, dev.handle, on)
-                lines.append(f"nvml gpu{dev.index}: accounting mode {'on' if on else 'off'}"
-                             + (" (was already)" if before == on else f" (was {'on' if before else 'off'})"))
+                results.append(("unchanged" if before == on else "changed",
+                                f"nvml gpu{dev.index}: accounting mode {'on' if on else 'off'}"
+                                + (" (was already)" if before == on else f" (was {'on' if before else 'off'})")))
             except self._nvml.NVMLError as exc:
-                lines.append(f"nvml gpu{dev.index}: cannot turn accounting mode {'on' if on else 'off'}: {exc}")
-        return lines
+                results.append(("failed", f"nvml gpu{dev.index}: cannot turn accounting mode {'on' if on else 'off'}: {exc}"))
+        return results
 
     def history(self) -> list[GpuSnapshot]:
         """The driver's ~14 s of device samples, one snapshot per second, oldest first.

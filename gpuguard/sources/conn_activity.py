@@ -71,8 +71,7 @@ class ConnActivityReader:
             if inode not in inodes:
                 continue
             owner = activity_owner(tgid, fd)
-            first = activity_index(tgid, fd, self._activity_slots)
-            candidates = [(self._activity.Key(i), self._activity[self._activity.Key(i)]) for i in (first, first + 1)]
+            candidates = self._slots_of(tgid, fd)
             if any(leaf.owner == owner for _, leaf in candidates):
                 continue           # the kernel already has it (connected while watched)
             free = [key for key, leaf in candidates if leaf.owner == 0]
@@ -147,18 +146,21 @@ class ConnActivityReader:
     def sweep(self) -> set[int]:
         """Dead watched processes (their entries removed); the caller may forget them elsewhere too."""
         dead = {k.value for k in self._watched.keys() if not os.path.exists(f"/proc/{k.value}")}
-        dead |= {owner_ident(leaf.owner)[0] for leaf in self._records()
-                 if not os.path.exists(f"/proc/{owner_ident(leaf.owner)[0]}")}
+        recorded = {owner_ident(leaf.owner)[0] for leaf in self._records()}
+        dead |= {tgid for tgid in recorded if not os.path.exists(f"/proc/{tgid}")}
         if dead:
             self.forget(dead)
         return dead
 
+    def _slots_of(self, tgid: int, fd: int) -> list:
+        """(key, record) of the two slots (tgid, fd)'s record may live in."""
+        first = activity_index(tgid, fd, self._activity_slots)
+        return [(key, self._activity[key]) for key in (self._activity.Key(first), self._activity.Key(first + 1))]
+
     def _free(self, tgid: int, fd: int) -> None:
         owner = activity_owner(tgid, fd)
-        first = activity_index(tgid, fd, self._activity_slots)
-        for i in (first, first + 1):
-            key = self._activity.Key(i)
-            if self._activity[key].owner == owner:
+        for key, leaf in self._slots_of(tgid, fd):
+            if leaf.owner == owner:
                 self._activity[key] = self._activity.Leaf()
 
 

@@ -67,7 +67,7 @@ def agent_cpu_over(agent: AgentProcess, seconds: float) -> tuple[float, float]:
     time.sleep(seconds)
     elapsed = time.monotonic() - start
     cpu = (cpu_seconds(pid) - before) / elapsed
-    time.sleep(2.5)                       # the state file is refreshed every 2 s
+    time.sleep(2.5)  # the state file is refreshed every 2 s
     return cpu, (agent.status().get("events_total", 0) - events_before) / elapsed
 
 
@@ -78,10 +78,15 @@ def gpu_load(seconds: float, ioctl_rate: int, open_rate: int) -> tuple[subproces
     per_tick_opens = max(1, open_rate * TICK_MS // 1000)
     steps = ["open:/dev/nvidiactl"]
     for _ in range(ticks):
-        steps += [f"ioctl:0:{NV_ESC_RM_CONTROL}:{per_tick_ioctls}", f"flood-open:/dev/nvidia0:{per_tick_opens}",
-                  f"sleep:{TICK_MS - 1}"]
+        steps += [
+            f"ioctl:0:{NV_ESC_RM_CONTROL}:{per_tick_ioctls}",
+            f"flood-open:/dev/nvidia0:{per_tick_opens}",
+            f"sleep:{TICK_MS - 1}",
+        ]
     binary = build_workload()
-    proc = run_with_gpu_nodes([str(binary), *steps], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    proc = run_with_gpu_nodes(
+        [str(binary), *steps], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+    )
     return proc, ticks * per_tick_ioctls, ticks * per_tick_opens
 
 
@@ -95,7 +100,9 @@ def measure_latency(agent: AgentProcess, runs: int) -> list[float]:
     return out
 
 
-def measure_cpu(agent: AgentProcess, seconds: float, ioctl_rate: int, open_rate: int, rounds: int = 4) -> dict:
+def measure_cpu(
+    agent: AgentProcess, seconds: float, ioctl_rate: int, open_rate: int, rounds: int = 4
+) -> dict:
     """Idle and loaded windows in alternating rounds.  The machine is shared and the agent sees every
     process on it (other jobs' GPU workloads too), so besides the paired CPU differences this reports
     the agent's CPU per sensor event in the loaded windows, an upper bound (it includes the idle cost)."""
@@ -103,7 +110,7 @@ def measure_cpu(agent: AgentProcess, seconds: float, ioctl_rate: int, open_rate:
     for _ in range(rounds):
         idle.append(agent_cpu_over(agent, seconds)[0])
         proc, ioctls, opens = gpu_load(seconds + 1.0, ioctl_rate, open_rate)
-        time.sleep(0.5)                   # past the workload's start-up
+        time.sleep(0.5)  # past the workload's start-up
         cpu, events_per_s = agent_cpu_over(agent, seconds)
         if proc.wait() != 0:
             raise SystemExit("the GPU workload failed")
@@ -112,14 +119,18 @@ def measure_cpu(agent: AgentProcess, seconds: float, ioctl_rate: int, open_rate:
         per_event.append(cpu / events_per_s if events_per_s else 0.0)
         rates.append((ioctls / (seconds + 1.0), opens / (seconds + 1.0), events_per_s))
     cost = statistics.median(per_event)
-    return {"idle_core_fraction": statistics.median(idle), "loaded_core_fraction": statistics.median(loaded),
-            "delta_core_fraction": statistics.median(deltas), "deltas": [round(d, 4) for d in deltas],
-            "workload_ioctls_per_s": statistics.median(r[0] for r in rates),
-            "workload_opens_per_s": statistics.median(r[1] for r in rates),
-            "sensor_events_per_s": statistics.median(r[2] for r in rates),
-            "cpu_us_per_event": cost * 1e6,
-            "core_fraction_for_the_workload_alone": cost * open_rate,
-            "rss_mb_after_load": rss_mb(agent.proc.pid)}
+    return {
+        "idle_core_fraction": statistics.median(idle),
+        "loaded_core_fraction": statistics.median(loaded),
+        "delta_core_fraction": statistics.median(deltas),
+        "deltas": [round(d, 4) for d in deltas],
+        "workload_ioctls_per_s": statistics.median(r[0] for r in rates),
+        "workload_opens_per_s": statistics.median(r[1] for r in rates),
+        "sensor_events_per_s": statistics.median(r[2] for r in rates),
+        "cpu_us_per_event": cost * 1e6,
+        "core_fraction_for_the_workload_alone": cost * open_rate,
+        "rss_mb_after_load": rss_mb(agent.proc.pid),
+    }
 
 
 def soak(agent: AgentProcess, seconds: float, rate: int) -> dict:
@@ -151,11 +162,15 @@ def soak(agent: AgentProcess, seconds: float, rate: int) -> dict:
     elapsed = time.monotonic() - begin
     # steady state: after the first minute's warm-up (or the first half of a shorter soak)
     warm = [mb for t, mb in samples if t >= min(60.0, seconds / 2)]
-    return {"seconds": elapsed, "process_starts_per_s": started[0] / elapsed,
-            "agent_core_fraction": (cpu_seconds(pid) - cpu_before) / elapsed,
-            "rss_mb": [round(mb, 1) for _, mb in samples],
-            "steady_growth_mb": (warm[-1] - warm[0]) if len(warm) > 1 else 0.0,
-            "rss_max_mb": max(mb for _, mb in samples), "drops": agent.status().get("drops")}
+    return {
+        "seconds": elapsed,
+        "process_starts_per_s": started[0] / elapsed,
+        "agent_core_fraction": (cpu_seconds(pid) - cpu_before) / elapsed,
+        "rss_mb": [round(mb, 1) for _, mb in samples],
+        "steady_growth_mb": (warm[-1] - warm[0]) if len(warm) > 1 else 0.0,
+        "rss_max_mb": max(mb for _, mb in samples),
+        "drops": agent.status().get("drops"),
+    }
 
 
 def sampler_cost(gpus: int = 8, seconds: float = 5.0) -> dict:
@@ -166,23 +181,40 @@ def sampler_cost(gpus: int = 8, seconds: float = 5.0) -> dict:
     from gpuguard.sources.gpu import nvml
     from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
 
-    fake = FakeNvml([FakeGpu(uuid=f"GPU-{i:08d}", bus_id=f"00000000:{i:02x}:00.0") for i in range(gpus)])
+    fake = FakeNvml(
+        [FakeGpu(uuid=f"GPU-{i:08d}", bus_id=f"00000000:{i:02x}:00.0") for i in range(gpus)]
+    )
     counters, stop = AgentCounters(), threading.Event()
-    thread = SamplerThread("nvml", lambda: nvml.open_sampler(library=fake.module), BoundedQueue(1 << 16),
-                           counters, stop, lambda record: None, interval=0.02)
+    thread = SamplerThread(
+        "nvml",
+        lambda: nvml.open_sampler(library=fake.module),
+        BoundedQueue(1 << 16),
+        counters,
+        stop,
+        lambda record: None,
+        interval=0.02,
+    )
     thread.start()
     time.sleep(seconds)
     stop.set()
     thread.join()
     samples = counters.samples["nvml"]
-    return {"gpus": gpus, "samples": samples,
-            "ms_per_gpu_per_sample": counters.sampler_seconds["nvml"] / samples / gpus * 1000}
+    return {
+        "gpus": gpus,
+        "samples": samples,
+        "ms_per_gpu_per_sample": counters.sampler_seconds["nvml"] / samples / gpus * 1000,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--load-s", type=float, default=8.0, help="seconds per idle and per loaded window (4 rounds)")
+    parser.add_argument(
+        "--load-s",
+        type=float,
+        default=8.0,
+        help="seconds per idle and per loaded window (4 rounds)",
+    )
     parser.add_argument("--soak-s", type=float, default=120.0)
     parser.add_argument("--soak-rate", type=int, default=100)
     parser.add_argument("--ioctl-rate", type=int, default=50_000)
@@ -200,8 +232,12 @@ def main() -> int:
             time.sleep(2)
             result["rss_mb_idle"] = rss_mb(agent.proc.pid)
             latency = measure_latency(agent, args.runs)
-            result["latency_s"] = {"runs": len(latency), "median": statistics.median(latency),
-                                   "p90": sorted(latency)[int(len(latency) * 0.9) - 1], "max": max(latency)}
+            result["latency_s"] = {
+                "runs": len(latency),
+                "median": statistics.median(latency),
+                "p90": sorted(latency)[int(len(latency) * 0.9) - 1],
+                "max": max(latency),
+            }
             result["cpu"] = measure_cpu(agent, args.load_s, args.ioctl_rate, args.open_rate)
             result["soak"] = soak(agent, args.soak_s, args.soak_rate)
         finally:
@@ -210,22 +246,34 @@ def main() -> int:
         print(json.dumps(result, indent=2))
         return 0
     lat, cpu, sk, smp = result["latency_s"], result["cpu"], result["soak"], result["sampler"]
-    print(f"detection latency (miner start -> finding), {lat['runs']} runs: median {lat['median'] * 1000:.0f} ms, "
-          f"p90 {lat['p90'] * 1000:.0f} ms, max {lat['max'] * 1000:.0f} ms  (target <= 1000 ms)")
-    print(f"agent CPU: idle {cpu['idle_core_fraction'] * 100:.2f}% of a core; under "
-          f"{cpu['workload_ioctls_per_s']:.0f} ioctls/s + {cpu['workload_opens_per_s']:.0f} opens/s: "
-          f"{cpu['loaded_core_fraction'] * 100:.2f}%; delta (median of paired rounds) "
-          f"{cpu['delta_core_fraction'] * 100:.2f}% {cpu['deltas']} (target <= 3%)")
-    print(f"agent CPU per sensor event (loaded windows, {cpu['sensor_events_per_s']:.0f} events/s from every "
-          f"process on the host): {cpu['cpu_us_per_event']:.0f} us -> {cpu['core_fraction_for_the_workload_alone'] * 100:.2f}% "
-          f"of a core for {args.open_rate} opens/s (ioctls are counted in the kernel: ~1 event per command per 0.5 s)")
-    print(f"RSS: {result['rss_mb_idle']:.0f} MB idle, {cpu['rss_mb_after_load']:.0f} MB after load, "
-          f"max {sk['rss_max_mb']:.0f} MB in the soak (target <= 200 MB)")
-    print(f"soak: {sk['seconds']:.0f} s at {sk['process_starts_per_s']:.0f} process starts/s, agent "
-          f"{sk['agent_core_fraction'] * 100:.1f}% of a core, steady RSS growth {sk['steady_growth_mb']:+.1f} MB; "
-          f"RSS every 5 s: {sk['rss_mb']}; drops {sk['drops']}")
-    print(f"sampler thread (fake NVML, {smp['gpus']} GPUs): {smp['ms_per_gpu_per_sample']:.3f} ms CPU per GPU "
-          f"per sample over {smp['samples']} samples (target <= 2 ms)")
+    print(
+        f"detection latency (miner start -> finding), {lat['runs']} runs: median {lat['median'] * 1000:.0f} ms, "
+        f"p90 {lat['p90'] * 1000:.0f} ms, max {lat['max'] * 1000:.0f} ms  (target <= 1000 ms)"
+    )
+    print(
+        f"agent CPU: idle {cpu['idle_core_fraction'] * 100:.2f}% of a core; under "
+        f"{cpu['workload_ioctls_per_s']:.0f} ioctls/s + {cpu['workload_opens_per_s']:.0f} opens/s: "
+        f"{cpu['loaded_core_fraction'] * 100:.2f}%; delta (median of paired rounds) "
+        f"{cpu['delta_core_fraction'] * 100:.2f}% {cpu['deltas']} (target <= 3%)"
+    )
+    print(
+        f"agent CPU per sensor event (loaded windows, {cpu['sensor_events_per_s']:.0f} events/s from every "
+        f"process on the host): {cpu['cpu_us_per_event']:.0f} us -> {cpu['core_fraction_for_the_workload_alone'] * 100:.2f}% "
+        f"of a core for {args.open_rate} opens/s (ioctls are counted in the kernel: ~1 event per command per 0.5 s)"
+    )
+    print(
+        f"RSS: {result['rss_mb_idle']:.0f} MB idle, {cpu['rss_mb_after_load']:.0f} MB after load, "
+        f"max {sk['rss_max_mb']:.0f} MB in the soak (target <= 200 MB)"
+    )
+    print(
+        f"soak: {sk['seconds']:.0f} s at {sk['process_starts_per_s']:.0f} process starts/s, agent "
+        f"{sk['agent_core_fraction'] * 100:.1f}% of a core, steady RSS growth {sk['steady_growth_mb']:+.1f} MB; "
+        f"RSS every 5 s: {sk['rss_mb']}; drops {sk['drops']}"
+    )
+    print(
+        f"sampler thread (fake NVML, {smp['gpus']} GPUs): {smp['ms_per_gpu_per_sample']:.3f} ms CPU per GPU "
+        f"per sample over {smp['samples']} samples (target <= 2 ms)"
+    )
     return 0
 
 

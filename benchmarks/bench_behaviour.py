@@ -56,7 +56,9 @@ def main() -> int:
     parser.add_argument("--updates", type=int, default=200_000)
     args = parser.parse_args()
     _pin()
-    device = DeviceSample("nvidia", 0, mem_util=0.0, power_w=395.0, pcie_tx_kbs=1500, pcie_rx_kbs=1400)
+    device = DeviceSample(
+        "nvidia", 0, mem_util=0.0, power_w=395.0, pcie_tx_kbs=1500, pcie_rx_kbs=1400
+    )
 
     def baseline(n: int) -> None:
         state = ProcessState(ProcessKey(1, T0))
@@ -84,8 +86,12 @@ def main() -> int:
     update_us = _per_call_us(update, args.updates)
     profile_us = _per_call_us(read_profile, max(1000, args.updates // 100))
     print(f"baseline (SM + memory windows only): {base_us:6.2f} µs/update")
-    print(f"behaviour update (all windows):      {update_us:6.2f} µs/update  ({update_us / base_us:.2f}x baseline)")
-    print(f"profile on a full window:            {profile_us:6.2f} µs/read    ({profile_us / base_us:.2f}x baseline)")
+    print(
+        f"behaviour update (all windows):      {update_us:6.2f} µs/update  ({update_us / base_us:.2f}x baseline)"
+    )
+    print(
+        f"profile on a full window:            {profile_us:6.2f} µs/read    ({profile_us / base_us:.2f}x baseline)"
+    )
     verdict = "OK" if update_us <= TARGET_US else "OVER"
     print(f"target <= {TARGET_US:g} µs per update: {verdict}")
     return 0 if update_us <= TARGET_US else 1

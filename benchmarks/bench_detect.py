@@ -50,24 +50,43 @@ T0 = 1_700_000_000.0
 # CPU time of this process, not wall time: the development VM is shared (other benchmarks and
 # test suites run beside this one), and waiting for the CPU is not a cost of the code measured.
 clock = time.process_time
-IOCTLS = [("nvidia-ctl", 0xC020462A), ("nvidia-ctl", 0xC030462B), ("nvidia-ctl", 0xC038464E),
-          ("nvidia-uvm", 27), ("nvidia-uvm", 33), ("kfd", 0xC0584B02), ("drm-render", 0xC0186444)]
+IOCTLS = [
+    ("nvidia-ctl", 0xC020462A),
+    ("nvidia-ctl", 0xC030462B),
+    ("nvidia-ctl", 0xC038464E),
+    ("nvidia-uvm", 27),
+    ("nvidia-uvm", 33),
+    ("kfd", 0xC0584B02),
+    ("drm-render", 0xC0186444),
+]
 
 
 def write_recording(path: Path, events: int, processes: int) -> int:
     """A mixed stream of ``events`` events over ``processes`` processes; returns items written."""
     rng = random.Random(1)
     items = 0
-    with RecordingWriter(path, meta={"synthetic": True, "benchmark": "bench_detect"}, overwrite=True) as writer:
+    with RecordingWriter(
+        path, meta={"synthetic": True, "benchmark": "bench_detect"}, overwrite=True
+    ) as writer:
         for pid in range(1000, 1000 + processes):
             miner = pid % 50 == 0
             exe = "/dev/shm/.x" if miner else "/usr/bin/python3.11"
             cmd = ["[kworker/0:1]"] if miner else ["python3", "train.py", "--epochs", "10"]
-            writer.write(ProcessFacts(pid=pid, start_time=T0, comm="kworker/0:1" if miner else "python3", exe=exe,
-                                      cmdline=cmd, uid=1000, username="bob", exe_deleted=miner,
-                                      ancestors=[Ancestor(900, "bash", "/usr/bin/bash")]))
+            writer.write(
+                ProcessFacts(
+                    pid=pid,
+                    start_time=T0,
+                    comm="kworker/0:1" if miner else "python3",
+                    exe=exe,
+                    cmdline=cmd,
+                    uid=1000,
+                    username="bob",
+                    exe_deleted=miner,
+                    ancestors=[Ancestor(900, "bash", "/usr/bin/bash")],
+                )
+            )
             items += 1
-        per_second = max(1, events // 600)   # ten minutes of event time
+        per_second = max(1, events // 600)  # ten minutes of event time
         written = 0
         t = T0
         while written < events:
@@ -76,23 +95,48 @@ def write_recording(path: Path, events: int, processes: int) -> int:
                 roll = rng.random()
                 if roll < 0.70:
                     dc, cmd = IOCTLS[rng.randrange(len(IOCTLS))]
-                    item = GpuIoctl(time=t, pid=pid, device_class=dc, command=cmd, count=rng.randint(1, 50))
+                    item = GpuIoctl(
+                        time=t, pid=pid, device_class=dc, command=cmd, count=rng.randint(1, 50)
+                    )
                 elif roll < 0.85:
                     # Real processes reconnect to a few peers (a pool, a store, a rendezvous).
-                    item = Connect(time=t, pid=pid, family="ipv4", address=f"10.0.{pid % 250}.{rng.randrange(4)}",
-                                   port=rng.choice((443, 3333, 29500, 6379)))
+                    item = Connect(
+                        time=t,
+                        pid=pid,
+                        family="ipv4",
+                        address=f"10.0.{pid % 250}.{rng.randrange(4)}",
+                        port=rng.choice((443, 3333, 29500, 6379)),
+                    )
                 elif roll < 0.95:
-                    item = GpuOpen(time=t, pid=pid, path="/dev/nvidia-uvm", device_class="nvidia-uvm", fd=5)
+                    item = GpuOpen(
+                        time=t, pid=pid, path="/dev/nvidia-uvm", device_class="nvidia-uvm", fd=5
+                    )
                 else:
-                    item = NetPayload(time=t, pid=pid, fd=7, protocol="tls", detail={"sni": "huggingface.co"})
+                    item = NetPayload(
+                        time=t, pid=pid, fd=7, protocol="tls", detail={"sni": "huggingface.co"}
+                    )
                 writer.write(item)
                 written += 1
                 if written >= events:
                     break
-            usage = [ProcessGpuUsage(pid=p, vendor="nvidia", device_index=p % 8, sm_util=95.0 + rng.random(),
-                                     used_memory=10 << 30) for p in range(1000, 1000 + min(processes, 64))]
-            writer.write(GpuSnapshot(time=t, source="replay", devices=[DeviceSample("nvidia", i, memory_total=80 << 30) for i in range(8)],
-                                     processes=usage))
+            usage = [
+                ProcessGpuUsage(
+                    pid=p,
+                    vendor="nvidia",
+                    device_index=p % 8,
+                    sm_util=95.0 + rng.random(),
+                    used_memory=10 << 30,
+                )
+                for p in range(1000, 1000 + min(processes, 64))
+            ]
+            writer.write(
+                GpuSnapshot(
+                    time=t,
+                    source="replay",
+                    devices=[DeviceSample("nvidia", i, memory_total=80 << 30) for i in range(8)],
+                    processes=usage,
+                )
+            )
             t += 1.0
         items += written
     return items
@@ -146,23 +190,53 @@ def bench_replay(path: Path, ruleset, rounds: int = 3) -> dict[str, float]:
         corr_s = min(corr_s, timed(correlate_only)[0])
         scored["verdicts"] = 0
         full_s = min(full_s, timed(correlate_and_score)[0])
-    return {"items": n, "baseline_s": base_s, "correlate_s": corr_s, "full_s": full_s,
-            "baseline_eps": n / base_s, "correlate_eps": n / corr_s, "full_eps": n / full_s,
-            "ratio": full_s / base_s, "verdicts": scored["verdicts"], "rounds": rounds}
+    return {
+        "items": n,
+        "baseline_s": base_s,
+        "correlate_s": corr_s,
+        "full_s": full_s,
+        "baseline_eps": n / base_s,
+        "correlate_eps": n / corr_s,
+        "full_eps": n / full_s,
+        "ratio": full_s / base_s,
+        "verdicts": scored["verdicts"],
+        "rounds": rounds,
+    }
 
 
 def rich_state(miner: bool) -> ProcessState:
     exe = "/dev/shm/.x" if miner else "/usr/bin/python3.11"
-    cmd = (["./x", "-o", "stratum+tcp://pool.supportxmr.com:3333", "--donate-level=1", "-a", "rx/0"]
-           if miner else ["python3", "train.py", "--config", "c.yaml", "--batch-size", "256"])
+    cmd = (
+        ["./x", "-o", "stratum+tcp://pool.supportxmr.com:3333", "--donate-level=1", "-a", "rx/0"]
+        if miner
+        else ["python3", "train.py", "--config", "c.yaml", "--batch-size", "256"]
+    )
     state = ProcessState(ProcessKey(4242, T0), first_seen=T0, last_seen=T0)
-    state.set_facts(ProcessFacts(pid=4242, start_time=T0, comm="kworker/0:1" if miner else "python3", exe=exe,
-                                 cmdline=cmd, uid=1000, username="bob", exe_deleted=miner, environ_readable=True,
-                                 ancestors=[Ancestor(900, "bash", "/usr/bin/bash"), Ancestor(1, "systemd", "/sbin/init")],
-                                 config_files={"config.json": '{"pools": [{"url": "gulf.moneroocean.stream:10128"}]}'} if miner else {}))
+    state.set_facts(
+        ProcessFacts(
+            pid=4242,
+            start_time=T0,
+            comm="kworker/0:1" if miner else "python3",
+            exe=exe,
+            cmdline=cmd,
+            uid=1000,
+            username="bob",
+            exe_deleted=miner,
+            environ_readable=True,
+            ancestors=[
+                Ancestor(900, "bash", "/usr/bin/bash"),
+                Ancestor(1, "systemd", "/sbin/init"),
+            ],
+            config_files={"config.json": '{"pools": [{"url": "gulf.moneroocean.stream:10128"}]}'}
+            if miner
+            else {},
+        )
+    )
     state.gpu_device_classes.update({"nvidia", "nvidia-ctl", "nvidia-uvm"})
     for i in range(60):
-        state.add_gpu_sample(T0 + 5 * i, 96.0 + (i % 3) * 0.5 if miner else (95.0 if i % 8 else 20.0), 10 << 30)
+        state.add_gpu_sample(
+            T0 + 5 * i, 96.0 + (i % 3) * 0.5 if miner else (95.0 if i % 8 else 20.0), 10 << 30
+        )
         state.add_ioctl(T0 + 5 * i, "NV_ESC_RM_CONTROL", "query", 10)
     state.add_connection("1.2.3.4", 3333 if miner else 443)
     state.add_payload(T0 + 1, "tls", {"sni": "pool.supportxmr.com" if miner else "huggingface.co"})
@@ -174,7 +248,7 @@ def bench_rule_eval(ruleset, iterations: int) -> dict[str, float]:
     out = {}
     for name, miner in (("miner", True), ("benign", False)):
         state = rich_state(miner)
-        score_process(state, ruleset, T0 + 300)     # warm the state's derived caches
+        score_process(state, ruleset, T0 + 300)  # warm the state's derived caches
         start = clock()
         for _ in range(iterations):
             state.dirty = True
@@ -196,7 +270,9 @@ def bench_rule_eval(ruleset, iterations: int) -> dict[str, float]:
         score_process(state, ruleset, T0 + 300)
     out["miner_nothing_kept_us"] = (clock() - start) / iterations * 1e6
     # The engine's look after a GPU sample: every GPU-window test of every rule, no short-cut.
-    tests = getattr(ruleset, "gpu_sample_tests", ())     # () in code before the GPU look (for comparisons)
+    tests = getattr(
+        ruleset, "gpu_sample_tests", ()
+    )  # () in code before the GPU look (for comparisons)
     for name, miner in (("miner", True), ("benign", False)):
         state = rich_state(miner)
         start = clock()
@@ -215,8 +291,11 @@ def bench_yara(ruleset) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fake-miner"
         body = bytearray(rng.randbytes(5 * 1024 * 1024))
-        for offset, text in ((1_000_000, b"XMRig/%s libuv/%s"), (3_000_000, b"donate.v2.xmrig.com")):
-            body[offset:offset + len(text)] = text
+        for offset, text in (
+            (1_000_000, b"XMRig/%s libuv/%s"),
+            (3_000_000, b"donate.v2.xmrig.com"),
+        ):
+            body[offset : offset + len(text)] = text
         path.write_bytes(b"\x7fELF" + bytes(body))
         st = os.stat(path)
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -227,7 +306,12 @@ def bench_yara(ruleset) -> dict[str, float]:
         second = scanner.scan_file(str(path), identity)
         second_s = time.perf_counter() - start
     assert first.rules == second.rules == ("xmrig_strings",), first
-    return {"size_mb": 5.0, "first_ms": first_s * 1e3, "cached_ms": second_s * 1e3, "ratio": first_s / second_s}
+    return {
+        "size_mb": 5.0,
+        "first_ms": first_s * 1e3,
+        "cached_ms": second_s * 1e3,
+        "ratio": first_s / second_s,
+    }
 
 
 def main() -> int:
@@ -235,33 +319,51 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--processes", type=int, default=2000)
     parser.add_argument("--iterations", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=3, help="replay rounds; the best of each variant is shown")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="replay rounds; the best of each variant is shown"
+    )
     args = parser.parse_args()
     try:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     except (AttributeError, OSError):
         pass
     ruleset = load_ruleset([shipped_rules_file()])
-    print(f"python {sys.version.split()[0]}, {len(ruleset.rules)} rules, cpu affinity {sorted(os.sched_getaffinity(0))}")
+    print(
+        f"python {sys.version.split()[0]}, {len(ruleset.rules)} rules, cpu affinity {sorted(os.sched_getaffinity(0))}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.ggrec"
         write_recording(path, args.events, args.processes)
         r = bench_replay(path, ruleset, args.rounds)
-    print(f"replay: {r['items']} items ({args.processes} processes), best of {r['rounds']} interleaved rounds")
-    print(f"  decode only (baseline)        {r['baseline_eps']:>10,.0f} items/s  {r['baseline_s']:.2f} s")
-    print(f"  decode + correlate            {r['correlate_eps']:>10,.0f} items/s  {r['correlate_s']:.2f} s")
-    print(f"  decode + correlate + score    {r['full_eps']:>10,.0f} items/s  {r['full_s']:.2f} s  "
-          f"({r['ratio']:.2f}x the baseline time, {r['verdicts']} verdicts)")
+    print(
+        f"replay: {r['items']} items ({args.processes} processes), best of {r['rounds']} interleaved rounds"
+    )
+    print(
+        f"  decode only (baseline)        {r['baseline_eps']:>10,.0f} items/s  {r['baseline_s']:.2f} s"
+    )
+    print(
+        f"  decode + correlate            {r['correlate_eps']:>10,.0f} items/s  {r['correlate_s']:.2f} s"
+    )
+    print(
+        f"  decode + correlate + score    {r['full_eps']:>10,.0f} items/s  {r['full_s']:.2f} s  "
+        f"({r['ratio']:.2f}x the baseline time, {r['verdicts']} verdicts)"
+    )
     e = bench_rule_eval(ruleset, args.iterations)
-    print(f"rule evaluation (score_process, {len(ruleset.rules)} rules): miner {e['miner_us']:.1f} us "
-          f"(score {e['miner_score']}), benign {e['benign_us']:.1f} us (score {e['benign_score']}), "
-          f"after a new connection {e['miner_after_new_connection_us']:.1f} us, "
-          f"with nothing kept (first sight, new facts) {e['miner_nothing_kept_us']:.1f} us")
-    print(f"GPU look ({e['gpu_tests']} GPU-window tests, decides whether a GPU sample rescores): "
-          f"miner {e['miner_gpu_look_us']:.1f} us, benign {e['benign_gpu_look_us']:.1f} us")
+    print(
+        f"rule evaluation (score_process, {len(ruleset.rules)} rules): miner {e['miner_us']:.1f} us "
+        f"(score {e['miner_score']}), benign {e['benign_us']:.1f} us (score {e['benign_score']}), "
+        f"after a new connection {e['miner_after_new_connection_us']:.1f} us, "
+        f"with nothing kept (first sight, new facts) {e['miner_nothing_kept_us']:.1f} us"
+    )
+    print(
+        f"GPU look ({e['gpu_tests']} GPU-window tests, decides whether a GPU sample rescores): "
+        f"miner {e['miner_gpu_look_us']:.1f} us, benign {e['benign_gpu_look_us']:.1f} us"
+    )
     y = bench_yara(ruleset)
-    print(f"yara 5 MB executable: first scan {y['first_ms']:.1f} ms, cached {y['cached_ms']:.3f} ms "
-          f"({y['ratio']:,.0f}x)")
+    print(
+        f"yara 5 MB executable: first scan {y['first_ms']:.1f} ms, cached {y['cached_ms']:.3f} ms "
+        f"({y['ratio']:,.0f}x)"
+    )
     return 0
 
 

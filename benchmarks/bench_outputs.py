@@ -54,7 +54,14 @@ def main() -> None:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
     ruleset = load_ruleset([shipped_rules_file()])
-    verdicts, correlator = replay(Path(__file__).resolve().parent.parent / "tests" / "cases" / "miner_stratum_cmdline" / "capture.ggrec", ruleset)
+    verdicts, correlator = replay(
+        Path(__file__).resolve().parent.parent
+        / "tests"
+        / "cases"
+        / "miner_stratum_cmdline"
+        / "capture.ggrec",
+        ruleset,
+    )
     verdict = max(verdicts, key=lambda v: v.score)
     state = correlator.get(verdict.key)
     finding = finding_from_verdict(verdict, state.facts, ruleset, state)
@@ -62,16 +69,26 @@ def main() -> None:
     document = finding_to_ecs(finding, finding.created, host, dataset="gpuguard.agent")
     n, rounds = args.records, args.rounds
 
-    baseline = per_call_us(lambda: json.dumps(document, ensure_ascii=False, separators=(",", ":")), n, rounds)
+    baseline = per_call_us(
+        lambda: json.dumps(document, ensure_ascii=False, separators=(",", ":")), n, rounds
+    )
     rows = [("json.dumps of a built ECS document (baseline)", baseline)]
     for fmt in ("ecs", "ocsf", "cef"):
         renderer = RecordRenderer(fmt, host)
-        rows.append((f"render a finding: {fmt}", per_call_us(lambda: renderer.line(finding), n, rounds)))
+        rows.append(
+            (f"render a finding: {fmt}", per_call_us(lambda: renderer.line(finding), n, rounds))
+        )
 
     with tempfile.TemporaryDirectory() as tmp:
-        writer = open_log(os.path.join(tmp, "events.json"), "ecs", queue_size=n + 1, host=host,
-                          max_bytes=1 << 34)
-        rows.append(("LogWriter.write, caller side (render + enqueue)", per_call_us(lambda: writer.write(finding), n, 1)))
+        writer = open_log(
+            os.path.join(tmp, "events.json"), "ecs", queue_size=n + 1, host=host, max_bytes=1 << 34
+        )
+        rows.append(
+            (
+                "LogWriter.write, caller side (render + enqueue)",
+                per_call_us(lambda: writer.write(finding), n, 1),
+            )
+        )
         writer.flush(60)
         started = time.perf_counter()
         for _ in range(n):
@@ -81,17 +98,43 @@ def main() -> None:
         writer.close()
 
     metrics = AgentMetrics()
-    rows.append(("AgentMetrics.count_finding", per_call_us(lambda: metrics.count_finding(finding), n, rounds)))
-    snapshot = GpuSnapshot(time=1.0, source="nvml",
-                           devices=[DeviceSample("nvidia", i, "NVIDIA H100 80GB HBM3", gpu_util=97.0, memory_used=1 << 34,
-                                                 memory_total=80 << 30, power_w=650.0) for i in range(8)],
-                           processes=[ProcessGpuUsage(1000 + p, "nvidia", p % 8, sm_util=float(p), used_memory=p << 20)
-                                      for p in range(64)])
-    rows.append(("AgentMetrics.observe_snapshot (8 GPUs, 64 processes)",
-                 per_call_us(lambda: metrics.observe_snapshot(snapshot), max(1, n // 20), rounds)))
+    rows.append(
+        (
+            "AgentMetrics.count_finding",
+            per_call_us(lambda: metrics.count_finding(finding), n, rounds),
+        )
+    )
+    snapshot = GpuSnapshot(
+        time=1.0,
+        source="nvml",
+        devices=[
+            DeviceSample(
+                "nvidia",
+                i,
+                "NVIDIA H100 80GB HBM3",
+                gpu_util=97.0,
+                memory_used=1 << 34,
+                memory_total=80 << 30,
+                power_w=650.0,
+            )
+            for i in range(8)
+        ],
+        processes=[
+            ProcessGpuUsage(1000 + p, "nvidia", p % 8, sm_util=float(p), used_memory=p << 20)
+            for p in range(64)
+        ],
+    )
+    rows.append(
+        (
+            "AgentMetrics.observe_snapshot (8 GPUs, 64 processes)",
+            per_call_us(lambda: metrics.observe_snapshot(snapshot), max(1, n // 20), rounds),
+        )
+    )
 
     size = len(RecordRenderer("ecs", host).line(finding))
-    print(f"finding: {len(finding.evidence)} pieces of evidence, ECS line {size} bytes; {n} records, best of {rounds}")
+    print(
+        f"finding: {len(finding.evidence)} pieces of evidence, ECS line {size} bytes; {n} records, best of {rounds}"
+    )
     print(f"| measured | µs per call | vs baseline |\n|---|---:|---:|")
     for name, us in rows:
         print(f"| {name} | {us:.1f} | {us / baseline:.2f}× |")

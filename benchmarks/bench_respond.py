@@ -36,10 +36,16 @@ sys.path.insert(0, str(REPO))
 
 from gpuguard.respond import Responder  # noqa: E402
 from tests.support.respond import (  # noqa: E402
-    SLEEPER, STUBBORN, cleanup, settings_for_test, start_offender, state_of, stop_offender, verdict_for,
+    SLEEPER,
+    STUBBORN,
+    cleanup,
+    settings_for_test,
+    start_offender,
+    state_of,
+    stop_offender,
+    verdict_for,
 )
 from tests.support.workloads import build_workload, run_with_gpu_nodes  # noqa: E402
-
 
 
 def _opens(binary: Path, runs: int) -> int:
@@ -60,7 +66,9 @@ def bench_touch(runs: int) -> None:
         other = tmp / "other"
         other.write_bytes(miner.read_bytes() + b"\0")
         other.chmod(0o755)
-        offender = subprocess.Popen([str(miner), "ready", "sleep:60000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        offender = subprocess.Popen(
+            [str(miner), "ready", "sleep:60000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
         offender.stdout.readline()
         responder = Responder(settings, mode="enforce")
         state = state_of(offender.pid)
@@ -122,8 +130,15 @@ def bench_blocks(runs: int) -> None:
         for label, changes, conns in (
             ("quarantine", {"actions": {"malicious": ("quarantine",)}}, ()),
             ("block-egress (cgroup)", {"actions": {"malicious": ("block-egress",)}}, pool),
-            ("block-egress (cgroup + nftables)", {"actions": {"malicious": ("block-egress",)}, "nftables": True,
-                                                  "nftables_netns": netns}, pool),
+            (
+                "block-egress (cgroup + nftables)",
+                {
+                    "actions": {"malicious": ("block-egress",)},
+                    "nftables": True,
+                    "nftables_netns": netns,
+                },
+                pool,
+            ),
         ):
             settings = settings_for_test(**changes)
             try:
@@ -141,7 +156,9 @@ def bench_blocks(runs: int) -> None:
 
 
 def bench_kill(runs: int, grace: float) -> None:
-    settings = settings_for_test(actions={"malicious": ("kill",)}, kill_grace_s=grace, max_actions_per_minute=1000)
+    settings = settings_for_test(
+        actions={"malicious": ("kill",)}, kill_grace_s=grace, max_actions_per_minute=1000
+    )
     responder = Responder(settings, mode="enforce")
     results = {}
     try:
@@ -190,11 +207,17 @@ def bench_e2e(runs: int) -> None:
     log = tmp / "agent.log"
     scope = EnforceScope(tmp, prefix="gg-bench-e2e", grace_s=0.5)
     config = tmp / "agent.yaml"
-    config.write_text(f"mode: enforce\nsensor: ebpf\nlog: {{path: {log}}}\nstatus: {{path: {tmp / 'status.json'}}}\n"
-                      + scope.response_section())
+    config.write_text(
+        f"mode: enforce\nsensor: ebpf\nlog: {{path: {log}}}\nstatus: {{path: {tmp / 'status.json'}}}\n"
+        + scope.response_section()
+    )
     config.chmod(0o600)
-    agent = subprocess.Popen([sys.executable, "-m", "gpuguard", "agent", "--config", str(config)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpuguard", "agent", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (log.exists() and '"start"' in log.read_text()) and time.monotonic() < deadline:
@@ -209,7 +232,7 @@ def bench_e2e(runs: int) -> None:
                 pidfd = os.pidfd_open(miner)
             except (ValueError, KeyError, ProcessLookupError):
                 pidfd = None
-            if pidfd is not None:        # give the agent its chance before the simulator is stopped
+            if pidfd is not None:  # give the agent its chance before the simulator is stopped
                 poller = select.poll()
                 poller.register(pidfd, select.POLLIN)
                 poller.poll(5000)
@@ -222,19 +245,26 @@ def bench_e2e(runs: int) -> None:
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.wait()
-        scope.close()             # lifts every block, removes the pin root and the cgroup
+        scope.close()  # lifts every block, removes the pin root and the cgroup
     killed = []
     for line in log.read_text().splitlines():
-        record = json.loads(line)      # ECS: times are ISO 8601 with milliseconds
+        record = json.loads(line)  # ECS: times are ISO 8601 with milliseconds
         action = record.get("gpuguard", {})
-        if action.get("kind") == "action" and action.get("action") == "kill" and action.get("status") == "done" \
-                and action.get("reason", "").startswith("SIGTERM") and record.get("process", {}).get("start"):
+        if (
+            action.get("kind") == "action"
+            and action.get("action") == "kill"
+            and action.get("status") == "done"
+            and action.get("reason", "").startswith("SIGTERM")
+            and record.get("process", {}).get("start")
+        ):
             killed.append(_epoch(record["@timestamp"]) - _epoch(record["process"]["start"]))
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"## miner start -> killed through the agent ({runs} simulator runs)")
     if killed:
-        print(f"killed {len(killed)}/{runs}; median **{statistics.median(killed) * 1000:.0f} ms**, "
-              f"max {max(killed) * 1000:.0f} ms (target <= 1500 ms)\n")
+        print(
+            f"killed {len(killed)}/{runs}; median **{statistics.median(killed) * 1000:.0f} ms**, "
+            f"max {max(killed) * 1000:.0f} ms (target <= 1500 ms)\n"
+        )
     else:
         print(f"killed 0/{runs}\n")
 

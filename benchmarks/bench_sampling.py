@@ -55,9 +55,15 @@ def timed(fn, repeat: int) -> list[float]:
 
 
 def bench_nvml(devices: int, procs: int, repeat: int) -> None:
-    gpus = [FakeGpu(uuid=f"GPU-{i:08x}", util_gpu=97, memory_used=70_000 * MIB,
-                    compute=[FakeProcess(4_000_000 + i * 100 + p, 8_000 * MIB) for p in range(procs)])
-            for i in range(devices)]
+    gpus = [
+        FakeGpu(
+            uuid=f"GPU-{i:08x}",
+            util_gpu=97,
+            memory_used=70_000 * MIB,
+            compute=[FakeProcess(4_000_000 + i * 100 + p, 8_000 * MIB) for p in range(procs)],
+        )
+        for i in range(devices)
+    ]
     fake = FakeNvml(gpus)
     lib = fake.module
     clock = [time.time()]
@@ -93,6 +99,7 @@ def bench_nvml(devices: int, procs: int, repeat: int) -> None:
         def run():
             refresh_util_samples()
             fn()
+
         return run
 
     timed(both(direct), 20), timed(both(sampler.sample), 20)  # warm up
@@ -100,9 +107,13 @@ def bench_nvml(devices: int, procs: int, repeat: int) -> None:
     adapter = min(timed(both(sampler.sample), repeat)) / devices
     print(f"NVML over the fake: {devices} GPUs x {procs} processes, best of {repeat} samples")
     print(f"  fake called directly     {base * 1e6:8.1f} µs per GPU per sample")
-    print(f"  adapter (sample())       {adapter * 1e6:8.1f} µs per GPU per sample  ({adapter / base:.1f}x)")
-    print(f"  adapter's own cost       {(adapter - base) * 1e6:8.1f} µs per GPU per sample "
-          f"(incl. {procs} /proc/PID/status reads for NSpid)")
+    print(
+        f"  adapter (sample())       {adapter * 1e6:8.1f} µs per GPU per sample  ({adapter / base:.1f}x)"
+    )
+    print(
+        f"  adapter's own cost       {(adapter - base) * 1e6:8.1f} µs per GPU per sample "
+        f"(incl. {procs} /proc/PID/status reads for NSpid)"
+    )
     sampler.close()
 
 
@@ -119,33 +130,46 @@ def build_proc_tree(root: Path, n_procs: int, fds: int, noise: int) -> None:
             fd = 3 + f
             node = f"/dev/dri/renderD{128 + device}" if f % 2 else f"/dev/dri/card{device}"
             (base / "fd" / str(fd)).symlink_to(node)
-            (base / "fdinfo" / str(fd)).write_text(AMDGPU_FDINFO.format(
-                cid=p * 2 + (f // 2), pdev=f"0000:0{3 + device}:00.0", ns=p * 1_000_000))
+            (base / "fdinfo" / str(fd)).write_text(
+                AMDGPU_FDINFO.format(
+                    cid=p * 2 + (f // 2), pdev=f"0000:0{3 + device}:00.0", ns=p * 1_000_000
+                )
+            )
         for k in range(noise):
             fd = 3 + fds + k
-            (base / "fd" / str(fd)).symlink_to(f"socket:[{pid * 100 + k}]" if k % 2 else "/usr/lib/libc.so.6")
+            (base / "fd" / str(fd)).symlink_to(
+                f"socket:[{pid * 100 + k}]" if k % 2 else "/usr/lib/libc.so.6"
+            )
             (base / "fdinfo" / str(fd)).write_text("pos:\t0\nflags:\t02\n")
 
 
 def bench_fdinfo(n_procs: int, fds: int, noise: int, repeat: int) -> None:
-    print(f"DRM fdinfo, synthetic tree: {n_procs} processes x {fds} DRM fds, amdgpu text, 2 devices, "
-          f"best of {repeat}")
+    print(
+        f"DRM fdinfo, synthetic tree: {n_procs} processes x {fds} DRM fds, amdgpu text, 2 devices, "
+        f"best of {repeat}"
+    )
     for extra_fds in sorted({0, noise}):
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp) / "proc"
             build_proc_tree(root, n_procs, fds, extra_fds)
             for sweep_every in (1, SWEEP_EVERY):
-                sampler = DrmFdinfoSampler(proc_root=str(root), sys_root=str(Path(tmp) / "sys"),
-                                           sweep_every=sweep_every)
+                sampler = DrmFdinfoSampler(
+                    proc_root=str(root), sys_root=str(Path(tmp) / "sys"), sweep_every=sweep_every
+                )
                 snap = sampler.sample()
                 assert len(snap.processes) == n_procs and len(snap.devices) == 2
                 total = min(timed(sampler.sample, repeat))
-                print(f"  +{extra_fds:2d} other fds/process, full fd sweep every {sweep_every} sample(s): "
-                      f"{total * 1e3:6.2f} ms per sample, {total / 2 * 1e3:5.2f} ms per device, "
-                      f"{total / (n_procs * fds) * 1e6:5.1f} µs per DRM fd")
+                print(
+                    f"  +{extra_fds:2d} other fds/process, full fd sweep every {sweep_every} sample(s): "
+                    f"{total * 1e3:6.2f} ms per sample, {total / 2 * 1e3:5.2f} ms per device, "
+                    f"{total / (n_procs * fds) * 1e6:5.1f} µs per DRM fd"
+                )
     n = len([d for d in os.listdir("/proc") if d.isdigit()])
-    fds_here = sum(len(os.listdir(f"/proc/{d}/fd")) for d in os.listdir("/proc") if d.isdigit()
-                   and os.access(f"/proc/{d}/fd", os.R_OK))
+    fds_here = sum(
+        len(os.listdir(f"/proc/{d}/fd"))
+        for d in os.listdir("/proc")
+        if d.isdigit() and os.access(f"/proc/{d}/fd", os.R_OK)
+    )
     print(f"DRM fdinfo, this machine's real /proc: {n} processes, {fds_here} fds, no DRM fds")
     for sweep_every in (1, SWEEP_EVERY):
         real = DrmFdinfoSampler(sweep_every=sweep_every)

@@ -48,8 +48,13 @@ def bare_process_iter() -> tuple[float, int]:
 def timed_scan() -> tuple[float, dict]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "gpuguard", "scan", "--json"], capture_output=True,
-                            text=True, env=env, cwd=str(REPO))
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuguard", "scan", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+    )
     elapsed = time.perf_counter() - started
     if result.returncode not in (0, 1):
         raise SystemExit(f"scan failed ({result.returncode}): {result.stderr.strip()}")
@@ -62,7 +67,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="warm runs to take the median of")
     args = parser.parse_args()
     if os.geteuid() != 0:
-        print("bench_scan: run as root (the YARA cache and full /proc view need it)", file=sys.stderr)
+        print(
+            "bench_scan: run as root (the YARA cache and full /proc view need it)", file=sys.stderr
+        )
         return 2
 
     sleepers: list[subprocess.Popen] = []
@@ -89,14 +96,20 @@ def main() -> int:
     cold_counters = cold_doc["summary"]["counters"]
     print(f"processes on the host during the runs: {processes} ({args.processes} extra sleepers)")
     print(f"baseline psutil.process_iter (in-process, median of 3): {baseline:.3f} s")
-    print(f"gpuguard scan, YARA cache cold: {cold:.3f} s  ({cold / baseline:.1f}x baseline; "
-          f"{cold_counters.get('yara_file_scans', 0)} executables scanned)  target <= {TARGET_COLD_S} s "
-          f"{'OK' if cold <= TARGET_COLD_S else 'MISSED'}")
-    print(f"gpuguard scan, YARA cache warm (median of {args.runs}): {warm:.3f} s  ({warm / baseline:.1f}x baseline; "
-          f"{counters.get('yara_disk_cache_hits', 0)} disk-cache hits, {counters.get('yara_file_scans', 0)} scans)  "
-          f"target <= {TARGET_WARM_S} s {'OK' if warm <= TARGET_WARM_S else 'MISSED'}")
-    print(f"scan's own duration (inside the command, warm): {warm_doc['summary']['duration_s']:.3f} s "
-          f"incl. the {warm_doc['scanner']['options']['cpu_sample_s']} s CPU window")
+    print(
+        f"gpuguard scan, YARA cache cold: {cold:.3f} s  ({cold / baseline:.1f}x baseline; "
+        f"{cold_counters.get('yara_file_scans', 0)} executables scanned)  target <= {TARGET_COLD_S} s "
+        f"{'OK' if cold <= TARGET_COLD_S else 'MISSED'}"
+    )
+    print(
+        f"gpuguard scan, YARA cache warm (median of {args.runs}): {warm:.3f} s  ({warm / baseline:.1f}x baseline; "
+        f"{counters.get('yara_disk_cache_hits', 0)} disk-cache hits, {counters.get('yara_file_scans', 0)} scans)  "
+        f"target <= {TARGET_WARM_S} s {'OK' if warm <= TARGET_WARM_S else 'MISSED'}"
+    )
+    print(
+        f"scan's own duration (inside the command, warm): {warm_doc['summary']['duration_s']:.3f} s "
+        f"incl. the {warm_doc['scanner']['options']['cpu_sample_s']} s CPU window"
+    )
     return 0 if cold <= TARGET_COLD_S and warm <= TARGET_WARM_S else 1
 
 

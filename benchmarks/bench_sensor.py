@@ -90,7 +90,7 @@ def start_sink() -> int:
 
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sink.bind(("127.0.0.1", 0))
-    start_sink.keep = sink          # type: ignore[attr-defined]
+    start_sink.keep = sink  # type: ignore[attr-defined]
     return sink.getsockname()[1]
 
 
@@ -175,7 +175,9 @@ def polled_sensor():
         sensor.close()
 
 
-def timed_pairs(argv: list[str], prog: "Attachable | None", private_dev: bool) -> tuple[float, float, float]:
+def timed_pairs(
+    argv: list[str], prog: "Attachable | None", private_dev: bool
+) -> tuple[float, float, float]:
     """One syscall_loop *-pair run (side 1 ns, side 0 ns, median difference), with ``prog`` attached."""
     if prog is not None:
         prog.attach()
@@ -194,8 +196,11 @@ def timed_pairs(argv: list[str], prog: "Attachable | None", private_dev: bool) -
 
 def pair_medians(rows: dict[str, dict[str, list[float]]]) -> dict[str, dict]:
     med = statistics.median
-    return {key: {k: round(med(v), 1) for k, v in row.items()} | {"diff_rounds": [round(d, 1) for d in row["diff"]]}
-            for key, row in rows.items()}
+    return {
+        key: {k: round(med(v), 1) for k, v in row.items()}
+        | {"diff_rounds": [round(d, 1) for d in row["diff"]]}
+        for key, row in rows.items()
+    }
 
 
 def record_pair(binary: Path, args) -> int:
@@ -216,17 +221,28 @@ def record_pair(binary: Path, args) -> int:
                     argv = [str(binary), "send-pair", str(args.calls), str(SINK_PORT[0])]
                     argv += ["fault"] if mode == "fault" else []
                     figures = timed_pairs(argv, attached, private_dev=True)
-                    row = rows.setdefault(f"{mode} {state}", {"record": [], "plain": [], "diff": []})
+                    row = rows.setdefault(
+                        f"{mode} {state}", {"record": [], "plain": [], "diff": []}
+                    )
                     for key, value in zip(("record", "plain", "diff"), figures):
                         row[key].append(value)
     result = pair_medians(rows)
     if args.json:
-        print(json.dumps({"calls_per_run": args.calls, "rounds": args.repeat, "record_pair": result}, indent=2))
+        print(
+            json.dumps(
+                {"calls_per_run": args.calls, "rounds": args.repeat, "record_pair": result},
+                indent=2,
+            )
+        )
         return 0
-    print(f"activity record per write, one process, interleaved blocks ({args.calls} calls x {args.repeat} rounds)")
+    print(
+        f"activity record per write, one process, interleaved blocks ({args.calls} calls x {args.repeat} rounds)"
+    )
     print(f"{'write':<22} {'with record':>12} {'without':>10} {'difference':>11}  per round")
     for key, r in result.items():
-        print(f"{key:<22} {r['record']:>10.1f}ns {r['plain']:>8.1f}ns {r['diff']:>+9.1f}ns  {r['diff_rounds']}")
+        print(
+            f"{key:<22} {r['record']:>10.1f}ns {r['plain']:>8.1f}ns {r['diff']:>+9.1f}ns  {r['diff_rounds']}"
+        )
     return 0
 
 
@@ -239,12 +255,19 @@ def mmap_pair(binary: Path, args) -> int:
     the one without those tracepoints is their cost per mmap.
     """
     with polled_sensor() as sensor:
-        states = {"detached": None, "sensor": Attachable(sensor._bpf),
-                  "sensor without huge-page probes": Attachable(sensor._bpf, HUGE_PAGE_TPS)}
-        rows: dict[str, dict[str, list[float]]] = {name: {"mmap": [], "munmap": [], "diff": []} for name in states}
+        states = {
+            "detached": None,
+            "sensor": Attachable(sensor._bpf),
+            "sensor without huge-page probes": Attachable(sensor._bpf, HUGE_PAGE_TPS),
+        }
+        rows: dict[str, dict[str, list[float]]] = {
+            name: {"mmap": [], "munmap": [], "diff": []} for name in states
+        }
         for _ in range(args.repeat):
             for name, prog in states.items():
-                figures = timed_pairs([str(binary), "mmap-pair", str(args.calls)], prog, private_dev=False)
+                figures = timed_pairs(
+                    [str(binary), "mmap-pair", str(args.calls)], prog, private_dev=False
+                )
                 for key, value in zip(("mmap", "munmap", "diff"), figures):
                     rows[name][key].append(value)
     med = statistics.median
@@ -252,38 +275,71 @@ def mmap_pair(binary: Path, args) -> int:
     with_probe, without = rows["sensor"]["diff"], rows["sensor without huge-page probes"]["diff"]
     cost = med([a - b for a, b in zip(with_probe, without)])
     base = result["sensor without huge-page probes"]["mmap"]
-    summary = {"probe_ns_per_mmap": round(cost, 1), "rounds_ns": [round(a - b, 1) for a, b in zip(with_probe, without)],
-               "ratio_mmap_einval": round((base + cost) / base, 3),
-               "ratio_to_no_sensor": round(result["sensor"]["mmap"] / result["detached"]["mmap"], 3)}
+    summary = {
+        "probe_ns_per_mmap": round(cost, 1),
+        "rounds_ns": [round(a - b, 1) for a, b in zip(with_probe, without)],
+        "ratio_mmap_einval": round((base + cost) / base, 3),
+        "ratio_to_no_sensor": round(result["sensor"]["mmap"] / result["detached"]["mmap"], 3),
+    }
     if args.json:
-        print(json.dumps({"calls_per_run": args.calls, "rounds": args.repeat, "mmap_pair": result,
-                          "huge_probe": summary}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "calls_per_run": args.calls,
+                    "rounds": args.repeat,
+                    "mmap_pair": result,
+                    "huge_probe": summary,
+                },
+                indent=2,
+            )
+        )
         return 0
-    print(f"huge-page probe per ordinary mmap, one process, interleaved blocks ({args.calls} calls x {args.repeat} rounds)")
+    print(
+        f"huge-page probe per ordinary mmap, one process, interleaved blocks ({args.calls} calls x {args.repeat} rounds)"
+    )
     print(f"{'state':<34} {'mmap':>9} {'munmap':>9} {'difference':>11}  per round")
     for name, r in result.items():
-        print(f"{name:<34} {r['mmap']:>7.1f}ns {r['munmap']:>7.1f}ns {r['diff']:>+9.1f}ns  {r['diff_rounds']}")
-    print(f"probe cost: {summary['probe_ns_per_mmap']:+.1f} ns per mmap (per round {summary['rounds_ns']}); "
-          f"ratio on mmap(EINVAL) {summary['ratio_mmap_einval']} to the sensor without it, "
-          f"{summary['ratio_to_no_sensor']} to no sensor")
+        print(
+            f"{name:<34} {r['mmap']:>7.1f}ns {r['munmap']:>7.1f}ns {r['diff']:>+9.1f}ns  {r['diff_rounds']}"
+        )
+    print(
+        f"probe cost: {summary['probe_ns_per_mmap']:+.1f} ns per mmap (per round {summary['rounds_ns']}); "
+        f"ratio on mmap(EINVAL) {summary['ratio_mmap_einval']} to the sensor without it, "
+        f"{summary['ratio_to_no_sensor']} to no sensor"
+    )
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2_000_000)
-    parser.add_argument("--repeat", type=int, default=5, help="rounds (each: detached + every variant)")
-    parser.add_argument("--variant", default="tracepoint,raw,tracepoint-nohuge",
-                        help="comma-separated: " + ", ".join(VARIANTS))
-    parser.add_argument("--floors", action="store_true", help="also measure empty reference programs")
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="rounds (each: detached + every variant)"
+    )
+    parser.add_argument(
+        "--variant",
+        default="tracepoint,raw,tracepoint-nohuge",
+        help="comma-separated: " + ", ".join(VARIANTS),
+    )
+    parser.add_argument(
+        "--floors", action="store_true", help="also measure empty reference programs"
+    )
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--only", default="", metavar="TEXT", help="only the cases whose label contains TEXT")
-    parser.add_argument("--record-pair", action="store_true",
-                        help="measure only the activity record's cost per send, in one process "
-                             "(send-pair: a socket with a record vs one without, interleaved blocks)")
-    parser.add_argument("--mmap-pair", action="store_true",
-                        help="measure only the huge-page probe's cost per ordinary mmap, in one process "
-                             "(mmap-pair: mmap(len 0) vs munmap(len 0), interleaved blocks)")
+    parser.add_argument(
+        "--only", default="", metavar="TEXT", help="only the cases whose label contains TEXT"
+    )
+    parser.add_argument(
+        "--record-pair",
+        action="store_true",
+        help="measure only the activity record's cost per send, in one process "
+        "(send-pair: a socket with a record vs one without, interleaved blocks)",
+    )
+    parser.add_argument(
+        "--mmap-pair",
+        action="store_true",
+        help="measure only the huge-page probe's cost per ordinary mmap, in one process "
+        "(mmap-pair: mmap(len 0) vs munmap(len 0), interleaved blocks)",
+    )
     args = parser.parse_args()
     cases = [c for c in CASES if args.only in c[0]]
     if os.geteuid() != 0:
@@ -309,7 +365,7 @@ def main() -> int:
     startups: dict[str, list[float]] = {}
     for v in variants:
         if v == "tracepoint-nohuge":
-            continue            # the tracepoint program, attached in part
+            continue  # the tracepoint program, attached in part
         startups[v] = []
         for _ in range(3):
             s = Sensor(ProbeSettings(enter_hook=v))
@@ -371,16 +427,29 @@ def main() -> int:
         "rounds": args.repeat,
         "foreign_bpf_pids": foreign,
         "variants": {},
-        "startup_s": {v: {"median": round(med(x), 2), "runs": [round(y, 2) for y in x]} for v, x in startups.items()},
-        "sensor_rss_mb": {"before_load": round(rss_before, 1), "one_sensor_loaded": round(rss_one, 1),
-                          "steady_all_loaded": round(rss_steady, 1)},
+        "startup_s": {
+            v: {"median": round(med(x), 2), "runs": [round(y, 2) for y in x]}
+            for v, x in startups.items()
+        },
+        "sensor_rss_mb": {
+            "before_load": round(rss_before, 1),
+            "one_sensor_loaded": round(rss_one, 1),
+            "steady_all_loaded": round(rss_steady, 1),
+        },
     }
     for name in programs:
         rows = []
         for label, *_ in cases:
             before, after = med(detached[label]), med(attached[name][label])
-            rows.append({"case": label, "ns_detached": round(before, 1), "ns_attached": round(after, 1),
-                         "delta_ns": round(med(deltas[name][label]), 1), "ratio": round(after / before, 2)})
+            rows.append(
+                {
+                    "case": label,
+                    "ns_detached": round(before, 1),
+                    "ns_attached": round(after, 1),
+                    "delta_ns": round(med(deltas[name][label]), 1),
+                    "ratio": round(after / before, 2),
+                }
+            )
         result["variants"][name] = rows
         # The activity record's own cost: per round, the GPU holder's delta minus the
         # non-holder's delta on the same kind of write (both paired with their own baseline).
@@ -388,40 +457,66 @@ def main() -> int:
         for plain, holder in RECORD_PAIRS:
             if plain in deltas[name] and holder in deltas[name]:
                 diffs = [h - p for p, h in zip(deltas[name][plain], deltas[name][holder])]
-                record[holder] = {"median_ns": round(med(diffs), 1),
-                                  "rounds_ns": [round(d, 1) for d in diffs]}
+                record[holder] = {
+                    "median_ns": round(med(diffs), 1),
+                    "rounds_ns": [round(d, 1) for d in diffs],
+                }
         result.setdefault("record_cost", {})[name] = record
-    for huge in ("mmap+munmap 4 KiB anon (huge-page probe)", "mmap EINVAL (huge-page probe, cheap call)"):
+    for huge in (
+        "mmap+munmap 4 KiB anon (huge-page probe)",
+        "mmap EINVAL (huge-page probe, cheap call)",
+    ):
         if {"tracepoint", "tracepoint-nohuge"} <= set(programs) and huge in detached:
-            diffs = [w - wo for w, wo in zip(deltas["tracepoint"][huge], deltas["tracepoint-nohuge"][huge])]
+            diffs = [
+                w - wo
+                for w, wo in zip(deltas["tracepoint"][huge], deltas["tracepoint-nohuge"][huge])
+            ]
             base = med(attached["tracepoint-nohuge"][huge])
             result.setdefault("huge_probe_cost", {})[huge] = {
-                "median_ns": round(med(diffs), 1), "rounds_ns": [round(d, 1) for d in diffs],
+                "median_ns": round(med(diffs), 1),
+                "rounds_ns": [round(d, 1) for d in diffs],
                 "ratio_to_sensor_without_it": round((base + med(diffs)) / base, 3),
-                "ratio_to_no_sensor": round(med(attached["tracepoint"][huge]) / med(detached[huge]), 3)}
+                "ratio_to_no_sensor": round(
+                    med(attached["tracepoint"][huge]) / med(detached[huge]), 3
+                ),
+            }
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     if foreign:
-        print(f"warning: other processes hold BPF programs ({foreign}); their probes skew these figures")
+        print(
+            f"warning: other processes hold BPF programs ({foreign}); their probes skew these figures"
+        )
     for name, rows in result["variants"].items():
-        print(f"\n[{name}]  {args.calls} calls x {args.repeat} rounds; delta = median of paired differences")
+        print(
+            f"\n[{name}]  {args.calls} calls x {args.repeat} rounds; delta = median of paired differences"
+        )
         print(f"{'case':<42} {'detached':>9} {'attached':>9} {'delta':>8} {'ratio':>6}")
         for r in rows:
-            print(f"{r['case']:<42} {r['ns_detached']:>7.1f}ns {r['ns_attached']:>7.1f}ns "
-                  f"{r['delta_ns']:>+6.1f}ns {r['ratio']:>6.2f}")
+            print(
+                f"{r['case']:<42} {r['ns_detached']:>7.1f}ns {r['ns_attached']:>7.1f}ns "
+                f"{r['delta_ns']:>+6.1f}ns {r['ratio']:>6.2f}"
+            )
         for holder, rc in result["record_cost"].get(name, {}).items():
-            print(f"  activity record, {holder}: {rc['median_ns']:+.1f} ns per write "
-                  f"(median of per-round differences {rc['rounds_ns']})")
+            print(
+                f"  activity record, {holder}: {rc['median_ns']:+.1f} ns per write "
+                f"(median of per-round differences {rc['rounds_ns']})"
+            )
     for case, hp in result.get("huge_probe_cost", {}).items():
-        print(f"huge-page probes, {case}: {hp['median_ns']:+.1f} ns per call, ratio "
-              f"{hp['ratio_to_sensor_without_it']} to the sensor without them, {hp['ratio_to_no_sensor']} to no sensor "
-              f"(per round {hp['rounds_ns']})")
+        print(
+            f"huge-page probes, {case}: {hp['median_ns']:+.1f} ns per call, ratio "
+            f"{hp['ratio_to_sensor_without_it']} to the sensor without them, {hp['ratio_to_no_sensor']} to no sensor "
+            f"(per round {hp['rounds_ns']})"
+        )
     for v, st in result["startup_s"].items():
-        print(f"start-up [{v}] (compile + load + attach): median {st['median']} s over {st['runs']}")
+        print(
+            f"start-up [{v}] (compile + load + attach): median {st['median']} s over {st['runs']}"
+        )
     r = result["sensor_rss_mb"]
-    print(f"RSS: python + bcc {r['before_load']} MB; one sensor loaded {r['one_sensor_loaded']} MB; "
-          f"all variants loaded, steady {r['steady_all_loaded']} MB")
+    print(
+        f"RSS: python + bcc {r['before_load']} MB; one sensor loaded {r['one_sensor_loaded']} MB; "
+        f"all variants loaded, steady {r['steady_all_loaded']} MB"
+    )
     return 0
 
 

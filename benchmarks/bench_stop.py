@@ -35,7 +35,10 @@ def close_times(repeat: int) -> None:
     from gpuguard.sources.sensor import Sensor
 
     for hook in ("tracepoint", "raw"):
-        times: dict[str, list[float]] = {"sequential (bcc cleanup)": [], "concurrent (Sensor.close)": []}
+        times: dict[str, list[float]] = {
+            "sequential (bcc cleanup)": [],
+            "concurrent (Sensor.close)": [],
+        }
         for _ in range(repeat):
             for label in times:
                 sensor = Sensor(ProbeSettings(enter_hook=hook))
@@ -51,7 +54,9 @@ def close_times(repeat: int) -> None:
         seq, par = (statistics.median(v) for v in times.values())
         print(f"close, enter_hook={hook}, {probes} probes, {repeat} rounds:")
         for label, values in times.items():
-            print(f"  {label:28} median {statistics.median(values):.3f} s  min {min(values):.3f}  max {max(values):.3f}")
+            print(
+                f"  {label:28} median {statistics.median(values):.3f} s  min {min(values):.3f}  max {max(values):.3f}"
+            )
         print(f"  ratio concurrent/sequential: {par / seq:.3f}")
 
 
@@ -79,12 +84,21 @@ def cli_times(tree: Path, signals: int) -> None:
                 to_summary, to_exit = [], []
                 for attempt in range(signals):
                     sig = (signal.SIGTERM, signal.SIGINT)[attempt % 2]
-                    args = ["watch", "--json", "--all", "--stats"] if command == "watch" else \
-                        ["record", "--output", f"{tmp}/r{attempt}.ggr", "--gpu-interval", "0"]
-                    proc = subprocess.Popen([sys.executable, "-m", "gpuguard", *args], cwd=tree, env=env,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    args = (
+                        ["watch", "--json", "--all", "--stats"]
+                        if command == "watch"
+                        else ["record", "--output", f"{tmp}/r{attempt}.ggr", "--gpu-interval", "0"]
+                    )
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "gpuguard", *args],
+                        cwd=tree,
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    )
                     if command == "watch":
-                        proc.stdout.readline()   # the flood flows through the callback
+                        proc.stdout.readline()  # the flood flows through the callback
                     threading.Thread(target=proc.stdout.read, daemon=True).start()
                     lines: list[tuple[float, str]] = []
                     ready = threading.Event()
@@ -107,9 +121,13 @@ def cli_times(tree: Path, signals: int) -> None:
                     to_summary.append(summary[0] - sent if summary else float("nan"))
                     to_exit.append(exited - sent)
                 print(f"{command} ({tree.name}), {signals} signals under flood:")
-                print(f"  signal -> summary: median {statistics.median(to_summary):.2f} s  max {max(to_summary):.2f}")
-                print(f"  signal -> exit:    median {statistics.median(to_exit):.2f} s  max {max(to_exit):.2f}"
-                      f"  all {' '.join(f'{t:.2f}' for t in to_exit)}")
+                print(
+                    f"  signal -> summary: median {statistics.median(to_summary):.2f} s  max {max(to_summary):.2f}"
+                )
+                print(
+                    f"  signal -> exit:    median {statistics.median(to_exit):.2f} s  max {max(to_exit):.2f}"
+                    f"  all {' '.join(f'{t:.2f}' for t in to_exit)}"
+                )
     finally:
         stop.set()
         for t in floods:
@@ -120,7 +138,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--signals", type=int, default=6)
-    parser.add_argument("--tree", type=Path, default=REPO, help="checkout whose gpuguard the CLI part runs")
+    parser.add_argument(
+        "--tree", type=Path, default=REPO, help="checkout whose gpuguard the CLI part runs"
+    )
     parser.add_argument("--only", choices=("close", "cli"), default=None)
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")

@@ -65,15 +65,24 @@ def main() -> int:
     netns = f"gg-bench-tcp-{os.getpid()}"
     holders = []
     try:
-        holders.append(subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True))
+        holders.append(
+            subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+        )
         subprocess.run(["ip", "netns", "add", netns], check=True)
         subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
-        holders.append(subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", HOLDER],
-                                        stdout=subprocess.PIPE, text=True))
+        holders.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", netns, sys.executable, "-c", HOLDER],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
         for proc in holders:
             assert proc.stdout.readline().strip() == "ready"
         here, there = holders[0].pid, holders[1].pid
-        assert len(read_sessions([here]).sessions) == 8 and len(read_sessions([there]).sessions) == 8
+        assert (
+            len(read_sessions([here]).sessions) == 8 and len(read_sessions([there]).sessions) == 8
+        )
         steady, steady_there = TcpSessionReader(), TcpSessionReader()
         steady.read([here]), steady_there.read([there])
         cases = {
@@ -98,11 +107,20 @@ def main() -> int:
     medians = {name: statistics.median(v) for name, v in times.items()}
     base = medians["baseline: psutil.net_connections(tcp)"]
     if args.json:
-        print(json.dumps({"sockets": args.sockets * 2, "ms": medians,
-                          "ratio_to_net_connections": {k: v / base for k, v in medians.items()}}))
+        print(
+            json.dumps(
+                {
+                    "sockets": args.sockets * 2,
+                    "ms": medians,
+                    "ratio_to_net_connections": {k: v / base for k, v in medians.items()},
+                }
+            )
+        )
     else:
-        print(f"{args.sockets * 2} TCP sockets on the host (medians of {args.repeat} rounds); "
-              f"dumps in the steady readers: {steady.dumps + steady_there.dumps - 2}")
+        print(
+            f"{args.sockets * 2} TCP sockets on the host (medians of {args.repeat} rounds); "
+            f"dumps in the steady readers: {steady.dumps + steady_there.dumps - 2}"
+        )
         for name, ms in medians.items():
             print(f"  {name:42s} {ms:8.2f} ms  {ms / base:6.3f} x net_connections")
     return 0

@@ -15,8 +15,19 @@ import sys
 from gpuguard import __version__
 from gpuguard.errors import GpuguardError
 
-COMMANDS = ("watch", "record", "replay", "gpus", "rules", "scan", "agent", "status", "selftest", "blocks",
-            "unblock")
+COMMANDS = (
+    "watch",
+    "record",
+    "replay",
+    "gpus",
+    "rules",
+    "scan",
+    "agent",
+    "status",
+    "selftest",
+    "blocks",
+    "unblock",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             os.close(devnull)
-        except (OSError, ValueError):  # stdout is not a real file (captured): nothing to flush at exit
+        except (
+            OSError,
+            ValueError,
+        ):  # stdout is not a real file (captured): nothing to flush at exit
             pass
         return 0

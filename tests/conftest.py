@@ -62,7 +62,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if session.config.getoption("--require-root-tests") and _skipped_root_tests:
-        print(f"\nERROR: {len(_skipped_root_tests)} root tests were skipped: {_skipped_root_tests[:5]}")
+        print(
+            f"\nERROR: {len(_skipped_root_tests)} root tests were skipped: {_skipped_root_tests[:5]}"
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

@@ -24,7 +24,14 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.agent_run import REPO, AgentProcess, finding_for, lifecycle, miner_simulator, running_agent
+from tests.support.agent_run import (
+    REPO,
+    AgentProcess,
+    finding_for,
+    lifecycle,
+    miner_simulator,
+    running_agent,
+)
 from tests.test_agent_logs import parse_cef
 
 pytestmark = pytest.mark.root
@@ -40,8 +47,17 @@ def ebpf_agent():
         site = rules_dir / "site.yaml"
         site.write_text("version: 1\nlists: {pool_ports: {extend: [3333]}}\n")
         port = free_port()
-        with running_agent(Path(tmp), "--sensor", "ebpf", "--rules", str(rules_dir / "miner-rules.yaml"),
-                           "--rules", str(site), "--metrics-address", f"127.0.0.1:{port}") as agent:
+        with running_agent(
+            Path(tmp),
+            "--sensor",
+            "ebpf",
+            "--rules",
+            str(rules_dir / "miner-rules.yaml"),
+            "--rules",
+            str(site),
+            "--metrics-address",
+            f"127.0.0.1:{port}",
+        ) as agent:
             agent.rules_dir = rules_dir
             agent.metrics_port = port
             yield agent
@@ -52,7 +68,9 @@ def test_miner_is_found_within_the_target_latency_with_its_evidence(ebpf_agent):
         assert miner["pool"] == 1, "the simulator never logged in to its pool"
         finding = ebpf_agent.wait_record(finding_for(miner["pid"]), timeout=10)
         # network evidence arrives after the exec: wait for the verdict to reach its final score
-        doc = ebpf_agent.wait_status(lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"]))
+        doc = ebpf_agent.wait_status(
+            lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"])
+        )
     detected = [f for f in doc["last_findings"] if f["pid"] == miner["pid"]][0]
     assert detected["time"] - miner["start"] <= TARGET_LATENCY_S, detected
     assert finding["gpuguard"]["verdict"] == "malicious"
@@ -64,7 +82,11 @@ def test_miner_is_found_within_the_target_latency_with_its_evidence(ebpf_agent):
     # one line per verdict change, not one per rescore
     records = ebpf_agent.records()
     assert sum(1 for r in records if finding_for(miner["pid"])(r)) == 1
-    alert = [r for r in records if r["gpuguard"].get("kind") == "action" and r["process"]["pid"] == miner["pid"]]
+    alert = [
+        r
+        for r in records
+        if r["gpuguard"].get("kind") == "action" and r["process"]["pid"] == miner["pid"]
+    ]
     assert [a["gpuguard"]["action"] for a in alert] == ["alert"]
 
 
@@ -77,24 +99,31 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
     """/metrics over HTTP: {(sample name, sorted labels): value}."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(body) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
 
 
 def series(samples: dict, name: str, **labels: str) -> float:
     """The sum of every sample of ``name`` whose labels include ``labels``."""
-    return sum(v for (n, lbl), v in samples.items() if n == name and set(labels.items()) <= set(lbl))
+    return sum(
+        v for (n, lbl), v in samples.items() if n == name and set(labels.items()) <= set(lbl)
+    )
 
 
 def test_metrics_endpoint_counts_the_finding_events_and_processes(ebpf_agent):
     with miner_simulator() as miner:
         ebpf_agent.wait_record(finding_for(miner["pid"]), timeout=10)
         before = series(scrape(ebpf_agent.metrics_port), "gpuguard_findings_total")
-        deadline = time.monotonic() + 15       # totals are synced on every state-file tick
+        deadline = time.monotonic() + 15  # totals are synced on every state-file tick
         while time.monotonic() < deadline:
             samples = scrape(ebpf_agent.metrics_port)
-            if series(samples, "gpuguard_findings_total", verdict="malicious") >= 1 and \
-                    series(samples, "gpuguard_events_total", kind="gpu_ioctl") > 0:
+            if (
+                series(samples, "gpuguard_findings_total", verdict="malicious") >= 1
+                and series(samples, "gpuguard_events_total", kind="gpu_ioctl") > 0
+            ):
                 break
             time.sleep(0.25)
     assert series(samples, "gpuguard_findings_total", verdict="malicious") >= 1, (before, samples)
@@ -108,8 +137,13 @@ def test_metrics_endpoint_counts_the_finding_events_and_processes(ebpf_agent):
 
 
 def test_status_shows_the_running_agent(ebpf_agent):
-    run = subprocess.run([sys.executable, "-m", "gpuguard", "status", "--state-file", str(ebpf_agent.state)],
-                         capture_output=True, text=True, cwd=REPO, timeout=30)
+    run = subprocess.run(
+        [sys.executable, "-m", "gpuguard", "status", "--state-file", str(ebpf_agent.state)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
     assert run.returncode == 0, run.stderr
     assert f"running (running), pid {ebpf_agent.proc.pid}" in run.stdout
     assert "mode:       monitor" in run.stdout
@@ -120,8 +154,13 @@ def test_status_shows_the_running_agent(ebpf_agent):
 
 
 def test_selftest_passes_against_the_running_agent(ebpf_agent):
-    run = subprocess.run([sys.executable, "-m", "gpuguard", "selftest", "--state-file", str(ebpf_agent.state)],
-                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "gpuguard", "selftest", "--state-file", str(ebpf_agent.state)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.startswith("PASS: running agent") and "malicious" in run.stdout
 
@@ -133,30 +172,46 @@ def test_sighup_with_a_broken_rules_file_keeps_the_old_rules(ebpf_agent):
     try:
         site.write_text("version: 1\nrules:\n  - id: broken\n    weight: lots\n")
         ebpf_agent.signal(signal.SIGHUP)
-        failed = ebpf_agent.wait_record(lambda r: lifecycle("reload-failed")(r) and "SIGHUP" in r["message"])
-        assert "keeping the previous rules" in failed["message"] and "site.yaml" in failed["message"]
+        failed = ebpf_agent.wait_record(
+            lambda r: lifecycle("reload-failed")(r) and "SIGHUP" in r["message"]
+        )
+        assert (
+            "keeping the previous rules" in failed["message"] and "site.yaml" in failed["message"]
+        )
         doc = ebpf_agent.wait_status(lambda d: d["rules"]["error"])
-        assert doc["rules"]["generation"] == before["generation"] and doc["rules"]["version"] == before["version"]
-        with miner_simulator() as miner:     # the old rules still detect
+        assert (
+            doc["rules"]["generation"] == before["generation"]
+            and doc["rules"]["version"] == before["version"]
+        )
+        with miner_simulator() as miner:  # the old rules still detect
             ebpf_agent.wait_record(finding_for(miner["pid"]), timeout=10)
     finally:
         site.write_text(good)
     ebpf_agent.signal(signal.SIGHUP)
     ebpf_agent.wait_record(lambda r: lifecycle("reload")(r) and "rules reloaded" in r["message"])
-    assert ebpf_agent.wait_status(lambda d: not d["rules"]["error"])["rules"]["generation"] > before["generation"]
+    assert (
+        ebpf_agent.wait_status(lambda d: not d["rules"]["error"])["rules"]["generation"]
+        > before["generation"]
+    )
 
 
 def test_reduced_mode_lists_blind_spots_and_finds_the_miner(tmp_path):
     port = free_port()
-    with running_agent(tmp_path, "--sensor", "proc", "--metrics-address", f"127.0.0.1:{port}") as agent:
+    with running_agent(
+        tmp_path, "--sensor", "proc", "--metrics-address", f"127.0.0.1:{port}"
+    ) as agent:
         samples = scrape(port)
         assert series(samples, "gpuguard_reduced_mode") == 1
         assert series(samples, "gpuguard_blind_spot") == len(agent.status()["blind_spots"]) > 0
         doc = agent.status()
         assert doc["sensor"] == "proc" and doc["probes_attached"] == 0
         assert any("ioctl" in spot for spot in doc["blind_spots"])
-        degraded = agent.wait_record(lambda r: lifecycle("degraded")(r) and "reduced mode" in r["message"])
-        assert "reduced mode" in degraded["message"] and degraded["gpuguard"]["detail"]["blind_spots"]
+        degraded = agent.wait_record(
+            lambda r: lifecycle("degraded")(r) and "reduced mode" in r["message"]
+        )
+        assert (
+            "reduced mode" in degraded["message"] and degraded["gpuguard"]["detail"]["blind_spots"]
+        )
         with miner_simulator() as miner:
             finding = agent.wait_record(finding_for(miner["pid"]), timeout=15)
         assert finding["gpuguard"]["verdict"] == "malicious"
@@ -182,9 +237,11 @@ def test_closed_stdout_is_survived_and_sigterm_writes_a_summary(tmp_path):
         agent.wait_ready()
         first = json.loads(agent.proc.stdout.readline())
         assert first["gpuguard"]["kind"] in ("process", "lifecycle", "action")
-        agent.proc.stdout.close()          # the reader goes away
+        agent.proc.stdout.close()  # the reader goes away
         with miner_simulator() as miner:
-            doc = agent.wait_status(lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"]), 15)
+            doc = agent.wait_status(
+                lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"]), 15
+            )
         doc = agent.wait_status(lambda d: d["drops"]["output_errors"] > 0)
         assert agent.proc.poll() is None
     finally:
@@ -192,7 +249,7 @@ def test_closed_stdout_is_survived_and_sigterm_writes_a_summary(tmp_path):
     assert rc == 0
     stderr = agent.stderr()
     assert "cannot write the log to stdout (the reader of stdout went away)" in stderr
-    assert stderr.count("cannot write the log to stdout") == 1       # reported once, not per line
+    assert stderr.count("cannot write the log to stdout") == 1  # reported once, not per line
     assert "agent stopped after" in stderr and "Traceback" not in stderr
     final = json.loads(agent.state.read_text())
     assert final["running"] is False
@@ -204,12 +261,19 @@ def test_cef_findings_reach_a_syslog_udp_listener(tmp_path):
     listener.bind(("127.0.0.1", 0))
     listener.settimeout(0.5)
     port = listener.getsockname()[1]
-    agent = AgentProcess(tmp_path, "--sensor", "ebpf", "--log-format", "cef", log_path=f"syslog:udp:127.0.0.1:{port}")
+    agent = AgentProcess(
+        tmp_path, "--sensor", "ebpf", "--log-format", "cef", log_path=f"syslog:udp:127.0.0.1:{port}"
+    )
     datagrams: list[str] = []
     records: list[tuple[int, list[str], dict[str, str]]] = []
 
     def findings_about(pid: int) -> list:
-        return [r for r in records if r[2].get("spid") == str(pid) and not r[1][4].startswith(("action-", "agent-"))]
+        return [
+            r
+            for r in records
+            if r[2].get("spid") == str(pid) and not r[1][4].startswith(("action-", "agent-"))
+        ]
+
     try:
         agent.wait_ready()
         with miner_simulator() as miner:
@@ -220,7 +284,9 @@ def test_cef_findings_reach_a_syslog_udp_listener(tmp_path):
                 except socket.timeout:
                     continue
                 datagrams.append(datagram)
-                assert "\n" not in datagram and "\r" not in datagram, datagram     # one line per datagram
+                assert "\n" not in datagram and "\r" not in datagram, (
+                    datagram
+                )  # one line per datagram
                 match = re.fullmatch(r"<(\d+)>1 \S+ \S+ gpuguard \d+ - - (CEF:0\|.*)", datagram)
                 assert match, datagram
                 header, ext = parse_cef(match.group(2))
@@ -231,25 +297,35 @@ def test_cef_findings_reach_a_syslog_udp_listener(tmp_path):
     found = findings_about(miner["pid"])
     assert len(found) == 1, datagrams
     priority, header, ext = found[0]
-    assert priority == 3 * 8 + 2                                       # daemon.crit: a malicious finding
+    assert priority == 3 * 8 + 2  # daemon.crit: a malicious finding
     assert header[:3] == ["CEF:0", "gpuguard", "gpuguard"] and int(header[6]) >= 7
     assert ext["cs1Label"] == "verdict" and ext["cs1"] == "malicious" and "T1496" in ext["cs3"]
     assert "stratum+tcp://127.0.0.1:3333" in ext["cs5"]
-    assert any(h[4] == "agent-start" for _, h, _ in records)          # lifecycle records travel the same way
-    assert not list(tmp_path.glob("syslog*"))                          # a destination, never a file name
+    assert any(
+        h[4] == "agent-start" for _, h, _ in records
+    )  # lifecycle records travel the same way
+    assert not list(tmp_path.glob("syslog*"))  # a destination, never a file name
 
 
 def test_sigterm_drains_and_detaches_the_probes(tmp_path):
     agent = AgentProcess(tmp_path, "--sensor", "ebpf")
     agent.wait_ready()
     pid = agent.proc.pid
-    assert any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("anon_inode:bpf") for fd in os.listdir(f"/proc/{pid}/fd"))
+    assert any(
+        os.readlink(f"/proc/{pid}/fd/{fd}").startswith("anon_inode:bpf")
+        for fd in os.listdir(f"/proc/{pid}/fd")
+    )
     assert agent.stop() == 0
     stop = [r for r in agent.records() if lifecycle("stop")(r)]
     assert len(stop) == 1 and stop[0] == agent.records()[-1]
     assert "agent stopped after" in stop[0]["message"]
-    run = subprocess.run([sys.executable, "-m", "gpuguard", "status", "--state-file", str(agent.state)],
-                         capture_output=True, text=True, cwd=REPO, timeout=30)
+    run = subprocess.run(
+        [sys.executable, "-m", "gpuguard", "status", "--state-file", str(agent.state)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
     assert run.returncode == 3 and "not running (stopped)" in run.stdout
 
 
@@ -262,33 +338,82 @@ def test_auto_sensor_without_ebpf_runs_in_reduced_mode_and_ebpf_refuses():
 
 def _unprivileged_agent(workdir: Path) -> None:
     unprivileged = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    base = [sys.executable, "-m", "gpuguard", "agent", "--state-file", str(workdir / "status.json"),
-            "--log", str(workdir / "agent.log")]
-    refused = subprocess.run(unprivileged + base + ["--sensor", "ebpf"], capture_output=True, text=True,
-                             cwd=REPO, timeout=60)
+    base = [
+        sys.executable,
+        "-m",
+        "gpuguard",
+        "agent",
+        "--state-file",
+        str(workdir / "status.json"),
+        "--log",
+        str(workdir / "agent.log"),
+    ]
+    refused = subprocess.run(
+        unprivileged + base + ["--sensor", "ebpf"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert "the eBPF sensor needs root" in refused.stderr
     agent = AgentProcess(workdir, wrapper=tuple(unprivileged))
     try:
         doc = agent.wait_ready()
         assert doc["sensor"] == "proc" and doc["blind_spots"]
-        degraded = agent.wait_record(lambda r: lifecycle("degraded")(r) and "reduced mode" in r["message"])
-        assert "eBPF sensor unavailable" in degraded["message"] and "needs root" in degraded["message"]
+        degraded = agent.wait_record(
+            lambda r: lifecycle("degraded")(r) and "reduced mode" in r["message"]
+        )
+        assert (
+            "eBPF sensor unavailable" in degraded["message"] and "needs root" in degraded["message"]
+        )
     finally:
         assert agent.stop() == 0, agent.stderr()
 
 
 def test_selftest_starts_its_own_agent_when_none_runs(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "gpuguard", "selftest", "--state-file", str(tmp_path / "none.json"),
-                          "--sensor", "proc"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuguard",
+            "selftest",
+            "--state-file",
+            str(tmp_path / "none.json"),
+            "--sensor",
+            "proc",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.startswith("PASS: agent started for the test (sensor proc): found the miner simulator")
+    assert run.stdout.startswith(
+        "PASS: agent started for the test (sensor proc): found the miner simulator"
+    )
 
 
 def test_selftest_refuses_without_root_in_one_line(tmp_path):
-    run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
-                          "gpuguard", "selftest"], capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "selftest needs root" in run.stderr
+    run = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-m",
+            "gpuguard",
+            "selftest",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert (
+        run.returncode == 2 and run.stderr.count("\n") == 1 and "selftest needs root" in run.stderr
+    )
 
 
 def test_a_full_disk_is_reported_once_and_scoring_goes_on(tmp_path):
@@ -296,20 +421,36 @@ def test_a_full_disk_is_reported_once_and_scoring_goes_on(tmp_path):
     (how many lines would fill it depends on what else runs on the host)."""
     full = tmp_path / "full"
     full.mkdir()
-    script = ('mount -t tmpfs -o size=12k gpuguard-test-full "$0" && { cat /dev/zero > "$0/filler" 2>/dev/null; '
-              'exec "$@"; }')
-    agent = AgentProcess(tmp_path, "--sensor", "ebpf", log_path=full / "agent.log",
-                         wrapper=("unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(full)))
+    script = (
+        'mount -t tmpfs -o size=12k gpuguard-test-full "$0" && { cat /dev/zero > "$0/filler" 2>/dev/null; '
+        'exec "$@"; }'
+    )
+    agent = AgentProcess(
+        tmp_path,
+        "--sensor",
+        "ebpf",
+        log_path=full / "agent.log",
+        wrapper=("unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(full)),
+    )
     try:
         agent.wait_ready()
-        with miner_simulator() as miner:       # the state file (outside the tmpfs) still shows the finding
-            agent.wait_status(lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"]), 15)
+        with (
+            miner_simulator() as miner
+        ):  # the state file (outside the tmpfs) still shows the finding
+            agent.wait_status(
+                lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"]), 15
+            )
         doc = agent.wait_status(lambda d: d["drops"]["output_errors"] > 0)
         assert doc["running"]
         # counted once (the run of failures), kept for `status`
         assert doc["log"]["faults"] == 1 and "(the disk is full)" in doc["log"]["last_error"]
-        run = subprocess.run([sys.executable, "-m", "gpuguard", "status", "--state-file", str(agent.state)],
-                             capture_output=True, text=True, cwd=REPO, timeout=30)
+        run = subprocess.run(
+            [sys.executable, "-m", "gpuguard", "status", "--state-file", str(agent.state)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=30,
+        )
         assert "log faults: 1, last: cannot write the log to" in run.stdout, run.stdout
     finally:
         assert agent.stop() == 0

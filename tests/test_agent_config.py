@@ -28,14 +28,20 @@ def write(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
 def test_no_file_gives_every_default(tmp_path):
     config = load_config(None) if not Path("/etc/gpuguard/agent.yaml").exists() else AgentConfig()
     assert config.mode == "monitor" and config.sensor == "auto" and config.log_path == "-"
-    assert config.log_format == "ecs" and config.sample_interval_s == 1.0 and config.response == ResponseSettings()
+    assert (
+        config.log_format == "ecs"
+        and config.sample_interval_s == 1.0
+        and config.response == ResponseSettings()
+    )
     assert config.guard_policies == ()
     assert (config.log_max_bytes, config.log_keep) == (50 * 1024 * 1024, 5)
     assert (config.log_syslog_format, config.log_facility) == ("rfc5424", "daemon")
 
 
 def test_full_file_is_read(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 mode: enforce
 dry_run: true
 sensor: proc
@@ -53,43 +59,87 @@ response:
   cgroups: [/gg-site]
 guard_policies:
   - {id: night, allowed_hours: "08-20", action: alert}
-""")
+""",
+    )
     config = load_config(path)
     assert config.mode == "enforce" and config.dry_run and config.sensor == "proc"
     assert config.rules == [tmp_path / "site.yaml", Path("/etc/gpuguard/extra.yaml")]
-    assert (config.log_path, config.log_format, config.metrics_address) == ("/var/log/gpuguard/agent.log", "ocsf",
-                                                                             "127.0.0.1:9108")
-    assert (config.log_max_bytes, config.log_keep, config.log_syslog_format, config.log_facility) == (
-        1048576, 3, "rfc3164", "local4")
-    assert config.sample_interval_s == 2 and config.gpu_sources == ["nvml"] and config.sweep_interval_s == 5
-    assert config.status_path == Path("/tmp/x.json") and config.intake_queue == 1000 and config.max_processes == 500
+    assert (config.log_path, config.log_format, config.metrics_address) == (
+        "/var/log/gpuguard/agent.log",
+        "ocsf",
+        "127.0.0.1:9108",
+    )
+    assert (
+        config.log_max_bytes,
+        config.log_keep,
+        config.log_syslog_format,
+        config.log_facility,
+    ) == (1048576, 3, "rfc3164", "local4")
+    assert (
+        config.sample_interval_s == 2
+        and config.gpu_sources == ["nvml"]
+        and config.sweep_interval_s == 5
+    )
+    assert (
+        config.status_path == Path("/tmp/x.json")
+        and config.intake_queue == 1000
+        and config.max_processes == 500
+    )
     # checked by the responder's and the guard policies' own parsers when the file is read
-    assert config.response.actions["malicious"] == ("kill", "block-egress") and config.response.cgroups == ("/gg-site",)
-    assert [p.id for p in config.guard_policies] == ["night"] and config.guard_policies[0].allowed_hours == (8, 20)
+    assert config.response.actions["malicious"] == (
+        "kill",
+        "block-egress",
+    ) and config.response.cgroups == ("/gg-site",)
+    assert [p.id for p in config.guard_policies] == ["night"] and config.guard_policies[
+        0
+    ].allowed_hours == (8, 20)
 
 
-@pytest.mark.parametrize("text, where, words", [
-    ("mode: monitor\nlogg: {path: x}\n", ":2:1", "unknown key 'logg'"),
-    ("log:\n  path: x\n  colour: red\n", ":3:3", "unknown key 'colour'"),
-    ("mode: sometimes\n", ":1:7", "'sometimes' is not one of monitor, enforce"),
-    ("sampling:\n  interval_s: fast\n", ":2:15", "sampling.interval_s must be a number"),
-    ("sweep: {interval_s: 0}\n", ":1:21", "outside"),
-    ("dry_run: 1\n", ":1:10", "true or false"),
-    ("mode: monitor\nmode: enforce\n", ":2:1", "duplicate key"),
-    ("log: [a\n", ":", "YAML syntax error"),
-    ("- mode\n", ":1:1", "must be a mapping"),
-    ("log:\n  keep: -1\n", ":2:9", "log.keep -1 is outside 0-1000"),
-    ("log:\n  max_bytes: 10\n", ":2:14", "log.max_bytes 10 is outside"),
-    ("log:\n  syslog_format: rfc9999\n", ":2:18", "'rfc9999' is not one of rfc5424, rfc3164"),
-    ("log:\n  facility: mail2\n", ":2:13", "log.facility 'mail2' is not one of kern, user, daemon"),
-    ("log:\n  format: leef\n", ":2:11", "'leef' is not one of ecs, ocsf, cef"),
-    ("metrics:\n  address: localhost\n", ":2:12", "bad metrics address 'localhost' (expected HOST:PORT"),
-    ("response:\n  kil: {grace_s: 1}\n", ": response", "unknown key 'kil'"),
-    ("response:\n  actions: {malicious: [explode]}\n", ": response.actions.malicious", "unknown action 'explode'"),
-    ("response: [kill]\n", ":1:11", "response must be a mapping"),
-    ("guard_policies:\n  - {id: x, allowed_hours: 8}\n", ": guard_policies[0]", "allowed_hours"),
-    ("guard_policies:\n  - {id: x, colour: red}\n", ": guard_policies[0]", "unknown key 'colour'"),
-])
+@pytest.mark.parametrize(
+    "text, where, words",
+    [
+        ("mode: monitor\nlogg: {path: x}\n", ":2:1", "unknown key 'logg'"),
+        ("log:\n  path: x\n  colour: red\n", ":3:3", "unknown key 'colour'"),
+        ("mode: sometimes\n", ":1:7", "'sometimes' is not one of monitor, enforce"),
+        ("sampling:\n  interval_s: fast\n", ":2:15", "sampling.interval_s must be a number"),
+        ("sweep: {interval_s: 0}\n", ":1:21", "outside"),
+        ("dry_run: 1\n", ":1:10", "true or false"),
+        ("mode: monitor\nmode: enforce\n", ":2:1", "duplicate key"),
+        ("log: [a\n", ":", "YAML syntax error"),
+        ("- mode\n", ":1:1", "must be a mapping"),
+        ("log:\n  keep: -1\n", ":2:9", "log.keep -1 is outside 0-1000"),
+        ("log:\n  max_bytes: 10\n", ":2:14", "log.max_bytes 10 is outside"),
+        ("log:\n  syslog_format: rfc9999\n", ":2:18", "'rfc9999' is not one of rfc5424, rfc3164"),
+        (
+            "log:\n  facility: mail2\n",
+            ":2:13",
+            "log.facility 'mail2' is not one of kern, user, daemon",
+        ),
+        ("log:\n  format: leef\n", ":2:11", "'leef' is not one of ecs, ocsf, cef"),
+        (
+            "metrics:\n  address: localhost\n",
+            ":2:12",
+            "bad metrics address 'localhost' (expected HOST:PORT",
+        ),
+        ("response:\n  kil: {grace_s: 1}\n", ": response", "unknown key 'kil'"),
+        (
+            "response:\n  actions: {malicious: [explode]}\n",
+            ": response.actions.malicious",
+            "unknown action 'explode'",
+        ),
+        ("response: [kill]\n", ":1:11", "response must be a mapping"),
+        (
+            "guard_policies:\n  - {id: x, allowed_hours: 8}\n",
+            ": guard_policies[0]",
+            "allowed_hours",
+        ),
+        (
+            "guard_policies:\n  - {id: x, colour: red}\n",
+            ": guard_policies[0]",
+            "unknown key 'colour'",
+        ),
+    ],
+)
 def test_errors_name_file_line_and_column(tmp_path, text, where, words):
     path = write(tmp_path, text)
     with pytest.raises(GpuguardError) as info:
@@ -117,8 +167,13 @@ def test_command_line_overrides_the_file(tmp_path):
 
 def test_cli_reports_a_bad_config_in_one_line_and_exits_2(tmp_path):
     path = write(tmp_path, "mode: monitor\nsensorr: proc\n")
-    run = subprocess.run([sys.executable, "-m", "gpuguard", "agent", "--config", str(path)],
-                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "gpuguard", "agent", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert run.returncode == 2
     assert run.stderr.count("\n") == 1 and f"{path}:2:1: unknown key 'sensorr'" in run.stderr
     assert "Traceback" not in run.stderr
@@ -126,13 +181,30 @@ def test_cli_reports_a_bad_config_in_one_line_and_exits_2(tmp_path):
 
 def test_cli_reports_a_bad_response_section_in_one_line_and_exits_2(tmp_path):
     path = write(tmp_path, "mode: enforce\nresponse:\n  kill: {grace_s: soon}\n")
-    run = subprocess.run([sys.executable, "-m", "gpuguard", "agent", "--config", str(path), "--sensor", "proc",
-                          "--state-file", str(tmp_path / "s.json"), "--log", str(tmp_path / "a.log")],
-                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuguard",
+            "agent",
+            "--config",
+            str(path),
+            "--sensor",
+            "proc",
+            "--state-file",
+            str(tmp_path / "s.json"),
+            "--log",
+            str(tmp_path / "a.log"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert run.returncode == 2, run.stderr
     assert run.stderr.count("\n") == 1 and "response.kill.grace_s: expected a number" in run.stderr
     assert str(path) in run.stderr and "Traceback" not in run.stderr
-    assert not (tmp_path / "a.log").exists()     # refused before anything started
+    assert not (tmp_path / "a.log").exists()  # refused before anything started
 
 
 def test_cli_refuses_a_bad_log_destination_or_metrics_address_in_one_line(tmp_path):
@@ -140,14 +212,33 @@ def test_cli_refuses_a_bad_log_destination_or_metrics_address_in_one_line(tmp_pa
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
-    base = [sys.executable, "-m", "gpuguard", "agent", "--sensor", "proc", "--state-file", str(tmp_path / "s.json")]
-    cases = [(["--log", "syslog:udp:127.0.0.1"], "bad syslog target 'udp:127.0.0.1'"),
-             (["--log", str(tmp_path / "a.log"), "--metrics-address", "nonsense"], "bad metrics address 'nonsense'"),
-             (["--log", str(tmp_path / "a.log"), "--metrics-address", f"127.0.0.1:{port}"],
-              f"cannot serve metrics on 127.0.0.1:{port}: Address already in use")]
+    base = [
+        sys.executable,
+        "-m",
+        "gpuguard",
+        "agent",
+        "--sensor",
+        "proc",
+        "--state-file",
+        str(tmp_path / "s.json"),
+    ]
+    cases = [
+        (["--log", "syslog:udp:127.0.0.1"], "bad syslog target 'udp:127.0.0.1'"),
+        (
+            ["--log", str(tmp_path / "a.log"), "--metrics-address", "nonsense"],
+            "bad metrics address 'nonsense'",
+        ),
+        (
+            ["--log", str(tmp_path / "a.log"), "--metrics-address", f"127.0.0.1:{port}"],
+            f"cannot serve metrics on 127.0.0.1:{port}: Address already in use",
+        ),
+    ]
     try:
         for args, words in cases:
             run = subprocess.run(base + args, capture_output=True, text=True, cwd=REPO, timeout=60)
-            assert run.returncode == 2 and run.stderr.count("\n") == 1 and words in run.stderr, (args, run.stderr)
+            assert run.returncode == 2 and run.stderr.count("\n") == 1 and words in run.stderr, (
+                args,
+                run.stderr,
+            )
     finally:
         taken.close()

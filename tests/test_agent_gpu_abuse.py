@@ -33,12 +33,14 @@ pytestmark = pytest.mark.root
 GIB = 1024 * MIB
 
 
-
-
 def _finding_for(log: Path, pid: int, rule: str) -> dict | None:
     for doc in log_records(log):
         mine = doc.get("gpuguard", {})
-        if mine.get("kind") == "process" and doc.get("process", {}).get("pid") == pid and rule in mine["rule_ids"]:
+        if (
+            mine.get("kind") == "process"
+            and doc.get("process", {}).get("pid") == pid
+            and rule in mine["rule_ids"]
+        ):
             return doc
     return None
 
@@ -64,8 +66,13 @@ def test_raw_dev_mem_access_is_reported_with_device_and_holder(tmp_path):
     """An ordinary interpreter (not in a temp dir, no other evidence) opens /dev/mem: the rule alone
     is below the alert threshold, and the agent still writes it, as a note."""
     log = tmp_path / "agent.log"
-    config = AgentConfig(sensor="ebpf", log_path=str(log), status_path=tmp_path / "status.json",
-                         status_interval_s=0.5, gpu_sources=[])
+    config = AgentConfig(
+        sensor="ebpf",
+        log_path=str(log),
+        status_path=tmp_path / "status.json",
+        status_interval_s=0.5,
+        gpu_sources=[],
+    )
     agent = Agent(config, install_signals=False, stderr=lambda line: None, sampler_openers={})
     thread = _start(agent)
     try:
@@ -78,10 +85,13 @@ def test_raw_dev_mem_access_is_reported_with_device_and_holder(tmp_path):
     finally:
         _stop(agent, thread)
     raw = next(e for e in found["gpuguard"]["evidence"] if e["rule_id"] == "gpu-raw-bar-access")
-    assert "gpu_paths=/dev/mem" in raw["detail"]                                 # the device
-    assert found["process"]["executable"] == os.path.realpath(sys.executable)     # the holder
+    assert "gpu_paths=/dev/mem" in raw["detail"]  # the device
+    assert found["process"]["executable"] == os.path.realpath(sys.executable)  # the holder
     assert found["process"]["args"][:2] == [sys.executable, "-c"]
-    assert (found["gpuguard"]["verdict"], found["event"]["kind"]) == ("clean", "event")   # a note, not a page
+    assert (found["gpuguard"]["verdict"], found["event"]["kind"]) == (
+        "clean",
+        "event",
+    )  # a note, not a page
     assert found["gpuguard"]["rule_ids"] == ["gpu-raw-bar-access"]
 
 
@@ -103,15 +113,27 @@ def test_a_memory_hog_on_a_shared_gpu_is_reported(tmp_path):
     hog = subprocess.Popen(["sleep", "600"])
     worker = subprocess.Popen(["sleep", "600"])
     try:
-        gpu = FakeGpu(memory_used=74 * GIB + 480 * MIB,
-                      compute=[FakeProcess(hog.pid, 70 * GIB), FakeProcess(worker.pid, 4 * GIB)])
+        gpu = FakeGpu(
+            memory_used=74 * GIB + 480 * MIB,
+            compute=[FakeProcess(hog.pid, 70 * GIB), FakeProcess(worker.pid, 4 * GIB)],
+        )
         fake = FakeNvml([gpu])
         clock = SteppingClock(gpu, {hog.pid: 1, worker.pid: 60})
         log = tmp_path / "agent.log"
-        config = AgentConfig(sensor="proc", log_path=str(log), status_path=tmp_path / "status.json",
-                             sample_interval_s=0.1, sweep_interval_s=0.5, status_interval_s=0.5)
-        agent = Agent(config, install_signals=False, stderr=lambda line: None,
-                      sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module, clock=clock)})
+        config = AgentConfig(
+            sensor="proc",
+            log_path=str(log),
+            status_path=tmp_path / "status.json",
+            sample_interval_s=0.1,
+            sweep_interval_s=0.5,
+            status_interval_s=0.5,
+        )
+        agent = Agent(
+            config,
+            install_signals=False,
+            stderr=lambda line: None,
+            sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module, clock=clock)},
+        )
         thread = _start(agent)
         try:
             found = until(lambda: _finding_for(log, hog.pid, "gpu-memory-hog"))
@@ -119,7 +141,9 @@ def test_a_memory_hog_on_a_shared_gpu_is_reported(tmp_path):
             _stop(agent, thread)
         assert found["gpuguard"]["verdict"] == "suspicious" and found["event"]["kind"] == "alert"
         assert found["gpuguard"]["gpu"]["memory_used"] == 70 * GIB
-        assert _finding_for(log, worker.pid, "gpu-memory-hog") is None     # the one doing the work is not a hog
+        assert (
+            _finding_for(log, worker.pid, "gpu-memory-hog") is None
+        )  # the one doing the work is not a hog
     finally:
         for p in (hog, worker):
             p.kill()

@@ -33,13 +33,11 @@ from tests.support.agent_run import log_records, until
 pytestmark = pytest.mark.root
 
 GIB = 1024 * MIB
-IDLE_USED = 480 * MIB             # idle.gpus.json: memory_used 503316480 with no process
+IDLE_USED = 480 * MIB  # idle.gpus.json: memory_used 503316480 with no process
 BUS = "00000000:18:00.0"
 DEVICE = f"nvidia gpu0 ({BUS})"
-CHECK_S = 0.3                     # host-check interval of these runs
-QUIET_S = 2.0                     # how long "no second record" is watched (several checks)
-
-
+CHECK_S = 0.3  # host-check interval of these runs
+QUIET_S = 2.0  # how long "no second record" is watched (several checks)
 
 
 def _host(doc: dict, fmt: str) -> dict | None:
@@ -58,7 +56,7 @@ def _hostlog_records(log: Path, fmt: str) -> list[dict]:
 
 
 def _status_field(doc: dict, fmt: str) -> str:
-    """"active" or "resolved", read from the format's own fields."""
+    """ "active" or "resolved", read from the format's own fields."""
     if fmt == "ocsf":
         return {1: "active", 2: "active", 4: "resolved"}[doc["status_id"]]
     return "resolved" if doc["event"]["type"] == ["end"] else "active"
@@ -78,17 +76,33 @@ def _zombie() -> subprocess.Popen:
 
 
 class AgentRun:
-    def __init__(self, tmp_path: Path, fmt: str, mode: str = "monitor", rules: list[Path] | None = None) -> None:
+    def __init__(
+        self, tmp_path: Path, fmt: str, mode: str = "monitor", rules: list[Path] | None = None
+    ) -> None:
         self.fake = FakeNvml([FakeGpu(bus_id=BUS, memory_used=IDLE_USED)])
         self.fmt = fmt
         self.log = tmp_path / "agent.log"
         self.status = tmp_path / "status.json"
-        config = AgentConfig(sensor="proc", mode=mode, dry_run=mode == "enforce", rules=rules,
-                             log_path=str(self.log), log_format=fmt, status_path=self.status,
-                             sample_interval_s=0.1, host_check_interval_s=CHECK_S, sweep_interval_s=1.0,
-                             status_interval_s=0.3, metrics_address="127.0.0.1:0")
-        self.agent = Agent(config, install_signals=False, stderr=lambda line: None,
-                           sampler_openers={"nvml": lambda: nvml.open_sampler(library=self.fake.module)})
+        config = AgentConfig(
+            sensor="proc",
+            mode=mode,
+            dry_run=mode == "enforce",
+            rules=rules,
+            log_path=str(self.log),
+            log_format=fmt,
+            status_path=self.status,
+            sample_interval_s=0.1,
+            host_check_interval_s=CHECK_S,
+            sweep_interval_s=1.0,
+            status_interval_s=0.3,
+            metrics_address="127.0.0.1:0",
+        )
+        self.agent = Agent(
+            config,
+            install_signals=False,
+            stderr=lambda line: None,
+            sampler_openers={"nvml": lambda: nvml.open_sampler(library=self.fake.module)},
+        )
         self.thread = threading.Thread(target=self.agent.run, daemon=True)
 
     def __enter__(self) -> "AgentRun":
@@ -134,28 +148,45 @@ def test_orphaned_memory_is_one_finding_then_one_resolved_record(tmp_path, fmt):
         # -- 20 GiB used that no process accounts for; accounting remembers who had it ----------
         now_us = int(time.time() * 1e6)
         run.gpu.accounting_mode = 1
-        run.gpu.accounting = {3_999_001: FakeAccounting(40, 2, 20 * GIB, now_us - 200_000_000, 120_000, running=False)}
-        until(lambda: [r.pid for r in run.agent.host_findings.accounting()] == [3_999_001])   # read before the memory shows
+        run.gpu.accounting = {
+            3_999_001: FakeAccounting(40, 2, 20 * GIB, now_us - 200_000_000, 120_000, running=False)
+        }
+        until(
+            lambda: [r.pid for r in run.agent.host_findings.accounting()] == [3_999_001]
+        )  # read before the memory shows
         run.gpu.memory_used = IDLE_USED + 20 * GIB
         (found,) = until(lambda: _hostlog_records(run.log, fmt))
         mine = _host(found, fmt)
-        assert mine["host_gpu"] == {"device": DEVICE, "memory_bytes": IDLE_USED + 20 * GIB, "owner_pid": 3_999_001,
-                                    "status": "active"}
+        assert mine["host_gpu"] == {
+            "device": DEVICE,
+            "memory_bytes": IDLE_USED + 20 * GIB,
+            "owner_pid": 3_999_001,
+            "status": "active",
+        }
         assert _status_field(found, fmt) == "active"
-        assert _pid_of(found, fmt) == 3_999_001             # the likely owner is the related process
+        assert _pid_of(found, fmt) == 3_999_001  # the likely owner is the related process
         message = found["message"]
-        assert message == (f"host-gpu-memory-orphaned: {DEVICE}: 20.5 GiB of 79.6 GiB in use by no live process; "
-                           "likely owner: exited pid 3999001 (peak 20.0 GiB)")
+        assert message == (
+            f"host-gpu-memory-orphaned: {DEVICE}: 20.5 GiB of 79.6 GiB in use by no live process; "
+            "likely owner: exited pid 3999001 (peak 20.0 GiB)"
+        )
         if fmt == "ocsf":
             assert (found["activity_id"], found["status"]) == (1, "New")
         else:
-            assert found["event"]["action"] == "host-clean" and found["rule"]["id"] == "host-gpu-memory-orphaned"
+            assert (
+                found["event"]["action"] == "host-clean"
+                and found["rule"]["id"] == "host-gpu-memory-orphaned"
+            )
 
         # gpuguard status shows it, the gauge counts it
         until(lambda: run.status_doc()["host_findings"])
         (row,) = run.status_doc()["host_findings"]
-        assert (row["rule_id"], row["device"], row["memory_bytes"], row["owner_pid"]) == \
-            ("host-gpu-memory-orphaned", DEVICE, IDLE_USED + 20 * GIB, 3_999_001)
+        assert (row["rule_id"], row["device"], row["memory_bytes"], row["owner_pid"]) == (
+            "host-gpu-memory-orphaned",
+            DEVICE,
+            IDLE_USED + 20 * GIB,
+            3_999_001,
+        )
         shown = render(run.status_doc(), True, "running", time.time())
         assert "active host findings (1):" in shown
         assert any("host-gpu-memory-orphaned" in line and "20.5 GiB" in line for line in shown)
@@ -183,10 +214,19 @@ def test_orphaned_memory_is_one_finding_then_one_resolved_record(tmp_path, fmt):
         assert _status_field(cleared, fmt) == "resolved"
         assert _host(cleared, fmt)["host_gpu"]["status"] == "resolved"
         if fmt == "ocsf":
-            assert (cleared["activity_id"], cleared["status"], cleared["is_alert"]) == (3, "Resolved", False)
-            assert cleared["finding_info"]["uid"] == found["finding_info"]["uid"]     # the same finding, closed
+            assert (cleared["activity_id"], cleared["status"], cleared["is_alert"]) == (
+                3,
+                "Resolved",
+                False,
+            )
+            assert (
+                cleared["finding_info"]["uid"] == found["finding_info"]["uid"]
+            )  # the same finding, closed
         else:
-            assert (cleared["event"]["action"], cleared["event"]["kind"]) == ("host-resolved", "event")
+            assert (cleared["event"]["action"], cleared["event"]["kind"]) == (
+                "host-resolved",
+                "event",
+            )
         until(lambda: run.status_doc()["host_findings"] == [])
         until(lambda: run.gauge("host-gpu-memory-orphaned") == 0)
         run.checks_pass(QUIET_S / CHECK_S)
@@ -201,16 +241,24 @@ def test_memory_held_by_a_zombie_is_reported_until_it_is_reaped(tmp_path, fmt):
             run.gpu.compute = [FakeProcess(zombie.pid, 8 * GIB)]
             run.gpu.memory_used = IDLE_USED + 8 * GIB
             (found,) = until(lambda: _hostlog_records(run.log, fmt))
-            assert _host(found, fmt)["host_gpu"] == {"device": DEVICE, "memory_bytes": 8 * GIB,
-                                                     "owner_pid": zombie.pid, "status": "active"}
+            assert _host(found, fmt)["host_gpu"] == {
+                "device": DEVICE,
+                "memory_bytes": 8 * GIB,
+                "owner_pid": zombie.pid,
+                "status": "active",
+            }
             assert _pid_of(found, fmt) == zombie.pid
-            assert found["message"] == (f"host-gpu-memory-orphaned: {DEVICE}: 8.0 GiB memory held by pid "
-                                        f"{zombie.pid}, which is zombie")
-            until(lambda: [r["owner_pid"] for r in run.status_doc()["host_findings"]] == [zombie.pid])
+            assert found["message"] == (
+                f"host-gpu-memory-orphaned: {DEVICE}: 8.0 GiB memory held by pid "
+                f"{zombie.pid}, which is zombie"
+            )
+            until(
+                lambda: [r["owner_pid"] for r in run.status_doc()["host_findings"]] == [zombie.pid]
+            )
             run.checks_pass(QUIET_S / CHECK_S)
-            assert len(_hostlog_records(run.log, fmt)) == 1        # no duplicate while it persists
+            assert len(_hostlog_records(run.log, fmt)) == 1  # no duplicate while it persists
 
-            zombie.wait()                   # reaped: the driver lets the memory go with it
+            zombie.wait()  # reaped: the driver lets the memory go with it
             run.gpu.compute = []
             run.gpu.memory_used = IDLE_USED
             until(lambda: len(_hostlog_records(run.log, fmt)) == 2)
@@ -225,7 +273,9 @@ def test_enforce_mode_never_acts_on_a_host_finding(tmp_path):
     """With thresholds that make the zombie's finding suspicious, an enforce agent (dry run: it would
     log what it would do to any verdict handed to it) reports the finding and plans no action."""
     rules = tmp_path / "rules.yaml"
-    shutil.copytree(shipped_rules_file().parent / "yara", tmp_path / "yara")   # the rules name their YARA files
+    shutil.copytree(
+        shipped_rules_file().parent / "yara", tmp_path / "yara"
+    )  # the rules name their YARA files
     text = shipped_rules_file().read_text()
     assert "  suspicious: 40\n" in text
     rules.write_text(text.replace("  suspicious: 40\n", "  suspicious: 25\n", 1))
@@ -238,13 +288,16 @@ def test_enforce_mode_never_acts_on_a_host_finding(tmp_path):
             (found,) = until(lambda: _hostlog_records(run.log, "ecs"))
             assert (found["gpuguard"]["verdict"], found["event"]["kind"]) == ("suspicious", "alert")
             run.checks_pass(3)
-            actions = [d for d in log_records(run.log) if d.get("gpuguard", {}).get("kind") == "action"]
+            actions = [
+                d for d in log_records(run.log) if d.get("gpuguard", {}).get("kind") == "action"
+            ]
             assert [a for a in actions if a.get("process", {}).get("pid") == zombie.pid] == []
     finally:
         zombie.wait()
 
 
 # -- the tracker alone: when a record is due ----------------------------------------------------
+
 
 def _snapshot(used: int, processes=()) -> "GpuSnapshot":
     from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot
@@ -256,7 +309,9 @@ def _snapshot(used: int, processes=()) -> "GpuSnapshot":
 def _exited(pid: int, peak: int, util: float = 40.0, duration_s: float = 120.0):
     from gpuguard.events.gpu_accounting import GpuAccounting
 
-    return GpuAccounting(pid, "nvidia", 0, None, util, 1.0, peak, time.time() - duration_s - 60, duration_s, False)
+    return GpuAccounting(
+        pid, "nvidia", 0, None, util, 1.0, peak, time.time() - duration_s - 60, duration_s, False
+    )
 
 
 def test_tracker_reports_growth_beyond_a_quarter_and_a_new_owner_only():
@@ -268,17 +323,24 @@ def test_tracker_reports_growth_beyond_a_quarter_and_a_new_owner_only():
         tracker.observe(_snapshot(used))
         for record in accounting:
             tracker.observe(record)
-        return [(f.activity, f.host_gpu["memory_bytes"], f.host_gpu["owner_pid"]) for f in tracker.check(time.time(), 40, 75)]
+        return [
+            (f.activity, f.host_gpu["memory_bytes"], f.host_gpu["owner_pid"])
+            for f in tracker.check(time.time(), 40, 75)
+        ]
 
     assert check(IDLE_USED) == []
-    assert check(10 * GIB) == []                     # found once: confirmed by the next sample
+    assert check(10 * GIB) == []  # found once: confirmed by the next sample
     assert tracker.check(time.time(), 40, 75) == []  # the same sample again confirms nothing
     assert check(10 * GIB) == [("create", 10 * GIB, None)]
     assert check(10 * GIB) == []
-    assert check(int(10 * GIB * (1 + MATERIAL_GROWTH))) == []                 # exactly a quarter: not material
-    assert check(int(10 * GIB * (1 + MATERIAL_GROWTH)) + GIB) == [("update", int(12.5 * GIB) + GIB, None)]
-    assert check(8 * GIB) == []                                                # shrinking is not news
-    assert check(8 * GIB, _exited(3_999_002, 9 * GIB)) == [("update", 8 * GIB, 3_999_002)]   # the owner is known now
+    assert check(int(10 * GIB * (1 + MATERIAL_GROWTH))) == []  # exactly a quarter: not material
+    assert check(int(10 * GIB * (1 + MATERIAL_GROWTH)) + GIB) == [
+        ("update", int(12.5 * GIB) + GIB, None)
+    ]
+    assert check(8 * GIB) == []  # shrinking is not news
+    assert check(8 * GIB, _exited(3_999_002, 9 * GIB)) == [
+        ("update", 8 * GIB, 3_999_002)
+    ]  # the owner is known now
     assert [r["owner_pid"] for r in tracker.active()] == [3_999_002]
     assert tracker.active_by_rule() == {"host-gpu-memory-orphaned": 1}
     assert check(IDLE_USED) == [("close", 8 * GIB, 3_999_002)]
@@ -292,14 +354,22 @@ def test_tracker_past_heavy_user_is_written_once_and_never_active():
     heavy = _exited(3_999_003, 520 * MIB, util=98.0, duration_s=3600.0)
     tracker.observe(_snapshot(IDLE_USED))
     tracker.observe(heavy)
-    (found,) = tracker.check(time.time(), 40, 75)     # history: no second sample needed
-    assert (found.rule_id, found.activity, found.process.pid) == ("host-gpu-past-heavy-user", "create", 3_999_003)
-    assert found.host_gpu == {"device": "nvidia gpu0", "memory_bytes": 520 * MIB, "owner_pid": 3_999_003,
-                              "status": "active"}
+    (found,) = tracker.check(time.time(), 40, 75)  # history: no second sample needed
+    assert (found.rule_id, found.activity, found.process.pid) == (
+        "host-gpu-past-heavy-user",
+        "create",
+        3_999_003,
+    )
+    assert found.host_gpu == {
+        "device": "nvidia gpu0",
+        "memory_bytes": 520 * MIB,
+        "owner_pid": 3_999_003,
+        "status": "active",
+    }
     assert tracker.active() == [] and tracker.active_by_rule() == {}
     tracker.observe(_snapshot(IDLE_USED))
     tracker.observe(heavy)
-    assert tracker.check(time.time(), 40, 75) == []          # not repeated while accounting remembers it
+    assert tracker.check(time.time(), 40, 75) == []  # not repeated while accounting remembers it
 
 
 def test_a_holder_that_exits_after_the_sample_is_not_reported():
@@ -315,8 +385,8 @@ def test_a_holder_that_exits_after_the_sample_is_not_reported():
     assert tracker.check(time.time(), 40, 75) == []
     holder.kill()
     holder.wait()
-    assert tracker.check(time.time(), 40, 75) == []          # "gone" on the old sample: pending only
-    tracker.observe(_snapshot(IDLE_USED))                      # the newer sample no longer lists it
+    assert tracker.check(time.time(), 40, 75) == []  # "gone" on the old sample: pending only
+    tracker.observe(_snapshot(IDLE_USED))  # the newer sample no longer lists it
     assert tracker.check(time.time(), 40, 75) == []
     assert tracker.active() == []
 
@@ -326,8 +396,13 @@ def test_a_resolved_host_finding_in_cef():
     from gpuguard.outputs.finding import finding_from_host
     from gpuguard.outputs.records import render_record
 
-    host = HostFinding("host-gpu-memory-orphaned", subject=DEVICE, detail=f"{DEVICE}: 8.0 GiB ...",
-                       device=DEVICE, amount=8 * GIB)
+    host = HostFinding(
+        "host-gpu-memory-orphaned",
+        subject=DEVICE,
+        detail=f"{DEVICE}: 8.0 GiB ...",
+        device=DEVICE,
+        amount=8 * GIB,
+    )
     active = render_record(finding_from_host(host, "create", 1.0), "cef")
     closed = render_record(finding_from_host(host, "close", 2.0), "cef")
     assert "act=alert" in active and "act=resolved" in closed
@@ -348,17 +423,21 @@ def test_tracker_reports_host_tuning_without_gpu_samples_and_resolves_it(tmp_pat
     tracker = GpuHostFindings(10.0, str(tmp_path))
     assert tracker.check(time.time(), 40, 75) == []
     msr.write_text("on\n")
-    pages.write_text("1024\n")          # a RandomX dataset's worth of 2 MiB pages
+    pages.write_text("1024\n")  # a RandomX dataset's worth of 2 MiB pages
     found = tracker.check(time.time(), 40, 75)
     assert sorted((f.rule_id, f.activity, f.verdict) for f in found) == [
-        ("host-hugepages-reserved", "create", "clean"), ("host-msr-writes-enabled", "create", "suspicious")]
-    assert tracker.check(time.time(), 40, 75) == []                       # persists: nothing new
-    pages.write_text("1536\n")                                              # +50 %: material
+        ("host-hugepages-reserved", "create", "clean"),
+        ("host-msr-writes-enabled", "create", "suspicious"),
+    ]
+    assert tracker.check(time.time(), 40, 75) == []  # persists: nothing new
+    pages.write_text("1536\n")  # +50 %: material
     (grown,) = tracker.check(time.time(), 40, 75)
     assert (grown.rule_id, grown.activity) == ("host-hugepages-reserved", "update")
     assert "1536 x 2 MiB" in grown.explanation
     msr.write_text("off\n")
     pages.write_text("0\n")
     assert sorted((f.rule_id, f.activity) for f in tracker.check(time.time(), 40, 75)) == [
-        ("host-hugepages-reserved", "close"), ("host-msr-writes-enabled", "close")]
+        ("host-hugepages-reserved", "close"),
+        ("host-msr-writes-enabled", "close"),
+    ]
     assert tracker.active() == []

@@ -27,35 +27,75 @@ REPO = Path(__file__).resolve().parent.parent
 # Newline (forged second line), ESC/BEL (terminal), invalid UTF-8 (a lone 0xff byte kept by
 # surrogateescape), CEF's separators | = \, and the line breaks JSON leaves alone.
 HOSTILE = "kw\nCEF:0|forged|x|1|2|3|10|act=fake\r\x1b]0;pwned\x07 a=b|c\\d \udcff \u2028\x85end"
-HOST = {"hostname": "gpu-node-7", "name": "gpu-node-7", "architecture": "x86_64", "os": {"type": "linux"}}
+HOST = {
+    "hostname": "gpu-node-7",
+    "name": "gpu-node-7",
+    "architecture": "x86_64",
+    "os": {"type": "linux"},
+}
 
 
 @pytest.fixture(scope="module")
 def miner_finding() -> Finding:
     ruleset = load_ruleset([shipped_rules_file()])
-    verdicts, correlator = replay(Path(__file__).resolve().parent / "cases" / "miner_stratum_cmdline" / "capture.ggrec", ruleset)
+    verdicts, correlator = replay(
+        Path(__file__).resolve().parent / "cases" / "miner_stratum_cmdline" / "capture.ggrec",
+        ruleset,
+    )
     (verdict,) = [v for v in verdicts if v.verdict == "malicious"]
     state = correlator.get(verdict.key)
     return finding_from_verdict(verdict, state.facts, ruleset, state)
 
 
 def hostile_finding(score: float = 95, verdict: str = "malicious") -> Finding:
-    return Finding(kind="process", rule_id="miner-binary-name", rule_name="miner-binary-name",
-                   rule_description="known miner | program = name", score=score, verdict=verdict,
-                   explanation=f"pid 66 {HOSTILE} score {score}",
-                   process=ProcessInfo(pid=66, name=HOSTILE, executable=f"/tmp/{HOSTILE}", command_line=[HOSTILE, "-o"],
-                                       start_time=1_700_000_000.5, ppid=1, user_id=0, user_name="root",
-                                       container_id="c" * 64, pod_uid="0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"),
-                   created=1_700_000_100.0)
+    return Finding(
+        kind="process",
+        rule_id="miner-binary-name",
+        rule_name="miner-binary-name",
+        rule_description="known miner | program = name",
+        score=score,
+        verdict=verdict,
+        explanation=f"pid 66 {HOSTILE} score {score}",
+        process=ProcessInfo(
+            pid=66,
+            name=HOSTILE,
+            executable=f"/tmp/{HOSTILE}",
+            command_line=[HOSTILE, "-o"],
+            start_time=1_700_000_000.5,
+            ppid=1,
+            user_id=0,
+            user_name="root",
+            container_id="c" * 64,
+            pod_uid="0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
+        ),
+        created=1_700_000_100.0,
+    )
 
 
 def hostile_records() -> list:
-    return [hostile_finding(),
-            ActionOutcome(time=1_700_000_101.0, action="kill", status="done", pid=66, start_time=1_700_000_000.5,
-                          comm=HOSTILE, exe=f"/tmp/{HOSTILE}", verdict="malicious", score=95,
-                          rule_ids=["miner-binary-name"], reason=f"killed {HOSTILE}", detail={"signal": HOSTILE}),
-            AgentLifecycle(time=1_700_000_102.0, action="fault", message=f"cannot write {HOSTILE}",
-                           detail={"path": HOSTILE})]
+    return [
+        hostile_finding(),
+        ActionOutcome(
+            time=1_700_000_101.0,
+            action="kill",
+            status="done",
+            pid=66,
+            start_time=1_700_000_000.5,
+            comm=HOSTILE,
+            exe=f"/tmp/{HOSTILE}",
+            verdict="malicious",
+            score=95,
+            rule_ids=["miner-binary-name"],
+            reason=f"killed {HOSTILE}",
+            detail={"signal": HOSTILE},
+        ),
+        AgentLifecycle(
+            time=1_700_000_102.0,
+            action="fault",
+            message=f"cannot write {HOSTILE}",
+            detail={"path": HOSTILE},
+        ),
+    ]
 
 
 # -- shapes ----------------------------------------------------------------------------
@@ -69,11 +109,16 @@ def test_ecs_finding_from_a_real_replay_has_every_field_a_siem_needs(miner_findi
     assert doc["event"]["risk_score"] == 100 and "network" in doc["event"]["category"]
     assert doc["rule"]["id"] == "net-pool-protocol" and doc["rule"]["ruleset"] == "gpuguard"
     p = doc["process"]
-    assert p["pid"] == 4242 and p["name"] == "xmrig" and re.fullmatch(r"[0-9a-f]{32}", p["entity_id"])
+    assert (
+        p["pid"] == 4242 and p["name"] == "xmrig" and re.fullmatch(r"[0-9a-f]{32}", p["entity_id"])
+    )
     assert p["parent"]["pid"] > 0 and p["start"].endswith("Z")
     assert doc["user"]["name"] == "bob" and doc["host"]["hostname"] == "gpu-node-7"
     assert doc["destination"] == {"address": "141.94.96.144", "ip": "141.94.96.144", "port": 3333}
-    assert doc["threat"]["framework"] == "MITRE ATT&CK" and doc["threat"]["technique"]["id"][0] == "T1496"
+    assert (
+        doc["threat"]["framework"] == "MITRE ATT&CK"
+        and doc["threat"]["technique"]["id"][0] == "T1496"
+    )
     g = doc["gpuguard"]
     assert g["score"] == 100 and g["verdict"] == "malicious" and len(g["evidence"]) >= 10
     assert g["gpu"]["device_paths"] == ["/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"]
@@ -86,27 +131,58 @@ def test_ecs_finding_from_a_real_replay_has_every_field_a_siem_needs(miner_findi
 def test_ecs_container_and_orchestrator_when_known():
     doc = json.loads(render_record(hostile_finding(), "ecs", HOST))
     assert doc["container"] == {"id": "c" * 64}
-    assert doc["orchestrator"] == {"type": "kubernetes", "resource": {"type": "pod", "id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"}}
+    assert doc["orchestrator"] == {
+        "type": "kubernetes",
+        "resource": {"type": "pod", "id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"},
+    }
 
 
 def test_ecs_kind_is_event_below_the_threshold():
-    assert json.loads(render_record(hostile_finding(10, "clean"), "ecs", HOST))["event"]["kind"] == "event"
-    assert json.loads(render_record(hostile_finding(45, "suspicious"), "ecs", HOST))["event"]["kind"] == "alert"
+    assert (
+        json.loads(render_record(hostile_finding(10, "clean"), "ecs", HOST))["event"]["kind"]
+        == "event"
+    )
+    assert (
+        json.loads(render_record(hostile_finding(45, "suspicious"), "ecs", HOST))["event"]["kind"]
+        == "alert"
+    )
 
 
 def test_ecs_actions_and_lifecycle():
     finding, action, fault = (json.loads(render_record(r, "ecs", HOST)) for r in hostile_records())
-    assert action["event"] == {**action["event"], "kind": "event", "action": "kill", "outcome": "success",
-                               "category": ["process"], "type": ["end"]}
+    assert action["event"] == {
+        **action["event"],
+        "kind": "event",
+        "action": "kill",
+        "outcome": "success",
+        "category": ["process"],
+        "type": ["end"],
+    }
     assert action["process"]["pid"] == 66 and action["gpuguard"]["status"] == "done"
-    assert action["process"]["entity_id"] == finding["process"]["entity_id"]    # joins the finding it answers
+    assert (
+        action["process"]["entity_id"] == finding["process"]["entity_id"]
+    )  # joins the finding it answers
     assert fault["event"]["action"] == "fault" and fault["event"]["outcome"] == "failure"
     assert fault["log"]["level"] == "error" and fault["gpuguard"]["kind"] == "lifecycle"
-    assert fault["event"]["kind"] == "event" and finding["event"]["kind"] == "alert"   # only findings page
-    killed = json.loads(render_record(ActionOutcome(time=1.0, action="kill", status="failed", pid=7), "ecs", HOST))
+    assert (
+        fault["event"]["kind"] == "event" and finding["event"]["kind"] == "alert"
+    )  # only findings page
+    killed = json.loads(
+        render_record(ActionOutcome(time=1.0, action="kill", status="failed", pid=7), "ecs", HOST)
+    )
     assert killed["event"]["outcome"] == "failure" and killed["process"]["pid"] == 7
-    egress = json.loads(render_record(ActionOutcome(time=1.0, action="block-egress", status="failed",
-                                                    detail={"addresses": ["198.51.100.7"]}), "ecs", HOST))
+    egress = json.loads(
+        render_record(
+            ActionOutcome(
+                time=1.0,
+                action="block-egress",
+                status="failed",
+                detail={"addresses": ["198.51.100.7"]},
+            ),
+            "ecs",
+            HOST,
+        )
+    )
     assert egress["event"]["category"] == ["network"] and egress["event"]["outcome"] == "failure"
     assert egress["destination"] == {"address": "198.51.100.7"}
 
@@ -114,7 +190,9 @@ def test_ecs_actions_and_lifecycle():
 def test_ocsf_finding_from_a_real_replay_names_the_pool_endpoint(miner_finding):
     event = json.loads(render_record(miner_finding, "ocsf", HOST))
     network = [e for e in event["evidences"] if e["data"]["rule_id"].startswith("net-")]
-    assert network and all(e["dst_endpoint"] == {"ip": "141.94.96.144", "port": 3333} for e in network)
+    assert network and all(
+        e["dst_endpoint"] == {"ip": "141.94.96.144", "port": 3333} for e in network
+    )
     ecs = json.loads(render_record(miner_finding, "ecs", HOST))
     assert event["evidences"][0]["process"]["uid"] == ecs["process"]["entity_id"]
 
@@ -122,12 +200,24 @@ def test_ocsf_finding_from_a_real_replay_names_the_pool_endpoint(miner_finding):
 def test_ocsf_classes():
     finding, action, fault = (json.loads(render_record(r, "ocsf", HOST)) for r in hostile_records())
     assert (finding["class_uid"], finding["category_uid"], finding["type_uid"]) == (2004, 2, 200401)
-    assert (action["class_uid"], action["category_uid"], action["activity_id"], action["type_uid"]) == (7003, 7, 2, 700302)
+    assert (
+        action["class_uid"],
+        action["category_uid"],
+        action["activity_id"],
+        action["type_uid"],
+    ) == (7003, 7, 2, 700302)
     assert action["status_id"] == 1 and action["process"]["pid"] == 66
-    assert (fault["class_uid"], fault["category_uid"], fault["activity_id"], fault["status_id"]) == (6002, 6, 99, 2)
+    assert (
+        fault["class_uid"],
+        fault["category_uid"],
+        fault["activity_id"],
+        fault["status_id"],
+    ) == (6002, 6, 99, 2)
     start = json.loads(render_record(AgentLifecycle(time=5.0, action="start"), "ocsf", HOST))
     assert (start["activity_id"], start["type_uid"], start["time"]) == (3, 600203, 5000)
-    block = json.loads(render_record(ActionOutcome(time=1.0, action="block-egress", status="done"), "ocsf", HOST))
+    block = json.loads(
+        render_record(ActionOutcome(time=1.0, action="block-egress", status="done"), "ocsf", HOST)
+    )
     assert (block["class_uid"], block["activity_name"]) == (7004, "Isolate")
 
 
@@ -138,7 +228,7 @@ def parse_cef(line: str) -> tuple[list[str], dict[str, str]]:
     while len(fields) < 7:
         ch = line[i]
         if ch == "\\":
-            assert line[i + 1] in "\\|", f"bad header escape at {i}: {line[i:i + 2]!r}"
+            assert line[i + 1] in "\\|", f"bad header escape at {i}: {line[i : i + 2]!r}"
             current += line[i + 1]
             i += 2
             continue
@@ -151,20 +241,29 @@ def parse_cef(line: str) -> tuple[list[str], dict[str, str]]:
     ext = line[i:]
     pairs = {}
     for match in re.finditer(r"(\w+)=((?:\\.|[^\\=])*?)(?= \w+=|$)", ext):
-        value = re.sub(r"\\(.)", lambda m: {"n": "\n", "r": "\r"}.get(m.group(1), m.group(1)), match.group(2))
+        value = re.sub(
+            r"\\(.)", lambda m: {"n": "\n", "r": "\r"}.get(m.group(1), m.group(1)), match.group(2)
+        )
         pairs[match.group(1)] = value
     return fields, pairs
 
 
 def test_cef_header_and_extension(miner_finding):
     header, ext = parse_cef(cef_line(miner_finding, "gpu-node-7", 1_700_000_000.0))
-    assert header == ["CEF:0", "gpuguard", "gpuguard", header[3], "net-pool-protocol",
-                      "mining pool protocol on the wire", "10"]
+    assert header == [
+        "CEF:0",
+        "gpuguard",
+        "gpuguard",
+        header[3],
+        "net-pool-protocol",
+        "mining pool protocol on the wire",
+        "10",
+    ]
     assert ext["rt"] == "1700000000000" and ext["dvchost"] == "gpu-node-7"
     assert (ext["sproc"], ext["spid"], ext["suser"]) == ("xmrig", "4242", "bob")
     assert (ext["dst"], ext["dpt"]) == ("141.94.96.144", "3333")
     assert ext["cs1Label"] == "verdict" and ext["cs1"] == "malicious" and ext["cn1"] == "100"
-    assert "--donate-level=1" in ext["cs5"]          # '=' inside a value survives the escaping
+    assert "--donate-level=1" in ext["cs5"]  # '=' inside a value survives the escaping
 
 
 # -- hostile names ------------------------------------------------------------------------
@@ -174,19 +273,24 @@ def test_cef_header_and_extension(miner_finding):
 def test_a_hostile_name_cannot_forge_a_line_in_any_format(fmt):
     for record in hostile_records():
         line = render_record(record, fmt, HOST)
-        data = line.encode("utf-8")                                 # valid UTF-8 (no lone surrogates)
+        data = line.encode("utf-8")  # valid UTF-8 (no lone surrogates)
         assert len(line.splitlines()) == 1 and b"\n" not in data and b"\r" not in data
         assert not re.search(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", line), ascii(line)
         if fmt == "cef":
-            header, ext = parse_cef(line)     # "CEF:0|forged..." stays inside a value on the same line
-            assert len(header) == 7 and header[1] == "gpuguard" and header[4] in (
-                "miner-binary-name", "action-kill", "agent-fault")
+            header, ext = parse_cef(line)  # "CEF:0|forged..." stays inside a value on the same line
+            assert (
+                len(header) == 7
+                and header[1] == "gpuguard"
+                and header[4] in ("miner-binary-name", "action-kill", "agent-fault")
+            )
             text = ext.get("sproc") or ext.get("msg")
-            assert escape_text(HOSTILE) in text              # decodes to what the console shows
+            assert escape_text(HOSTILE) in text  # decodes to what the console shows
         else:
             doc = json.loads(line)
-            names = [(doc.get("process") or {}).get("name"),
-                     ((doc.get("evidences") or [{}])[0].get("process") or {}).get("name")]   # OCSF findings
+            names = [
+                (doc.get("process") or {}).get("name"),
+                ((doc.get("evidences") or [{}])[0].get("process") or {}).get("name"),
+            ]  # OCSF findings
             if isinstance(record, (Finding, ActionOutcome)):
                 # structured fields keep the exact name; only the undecodable byte is shown as \xff
                 assert HOSTILE.replace("\udcff", "\\xff") in names
@@ -201,7 +305,9 @@ def test_a_hostile_name_cannot_forge_a_line_in_any_format(fmt):
 def test_file_rotation_keeps_the_count_and_whole_lines(tmp_path):
     path = tmp_path / "agent.log"
     writer = open_log(str(path), "ecs", queue_size=0, max_bytes=4096, keep=2, host=HOST)
-    records = [AgentLifecycle(time=float(i), action="drops", message=f"record {i}") for i in range(100)]
+    records = [
+        AgentLifecycle(time=float(i), action="drops", message=f"record {i}") for i in range(100)
+    ]
     for record in records:
         assert writer.write(record)
     writer.close()
@@ -211,7 +317,7 @@ def test_file_rotation_keeps_the_count_and_whole_lines(tmp_path):
         data = (tmp_path / name).read_text()
         assert len(data.encode()) <= 4096 and data.endswith("\n")
         kept += [json.loads(line)["message"] for line in data.splitlines()]
-    assert kept == [f"record {i}" for i in range(100 - len(kept), 100)]     # newest kept, in order
+    assert kept == [f"record {i}" for i in range(100 - len(kept), 100)]  # newest kept, in order
     assert (writer.written, writer.errors, writer.dropped) == (100, 0, 0)
     assert oct(path.stat().st_mode & 0o777) == "0o640"
 
@@ -231,20 +337,25 @@ def test_a_file_renamed_away_by_logrotate_is_reopened(tmp_path):
 def test_a_full_disk_is_a_reported_fault_and_recovers(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", f"gg-full-{os.getpid()}", str(mnt)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", f"gg-full-{os.getpid()}", str(mnt)], check=True
+    )
     try:
         writer = open_log(str(mnt / "agent.log"), "ecs", queue_size=0, max_bytes=1 << 20, host=HOST)
-        for i in range(200):                     # ~60 KiB into 16 KiB: ENOSPC, never an exception
+        for i in range(200):  # ~60 KiB into 16 KiB: ENOSPC, never an exception
             writer.write(hostile_finding())
         assert writer.errors > 0 and writer.written > 0 and writer.written + writer.errors == 200
-        (fault,) = writer.take_faults()          # one fault per run of failures, not one per record
+        (fault,) = writer.take_faults()  # one fault per run of failures, not one per record
         assert fault.action == "fault" and "No space left on device" in fault.message
         assert fault.detail["destination"] == str(mnt / "agent.log")
-        os.truncate(mnt / "agent.log", 0)        # space again: the next record goes through
+        os.truncate(mnt / "agent.log", 0)  # space again: the next record goes through
         assert writer.write(AgentLifecycle(time=1.0, action="start"))
         (recovered,) = writer.take_faults()
         assert recovered.detail.get("recovered") is True
-        assert json.loads((mnt / "agent.log").read_text().splitlines()[-1])["event"]["action"] == "start"
+        assert (
+            json.loads((mnt / "agent.log").read_text().splitlines()[-1])["event"]["action"]
+            == "start"
+        )
         writer.close()
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
@@ -267,9 +378,15 @@ print(writer.written, writer.errors, len(faults), faults[0].message if faults el
 
 
 def test_a_closed_stdout_pipe_is_a_reported_fault(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", CLOSED_STDOUT_CHILD], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, text=True)
-    child.stdout.close()                 # the reader (e.g. `| head`) went away
+    child = subprocess.Popen(
+        [sys.executable, "-c", CLOSED_STDOUT_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        text=True,
+    )
+    child.stdout.close()  # the reader (e.g. `| head`) went away
     child.stdin.write("go\n")
     child.stdin.close()
     err = child.stderr.read()
@@ -282,15 +399,15 @@ def test_a_closed_stdout_pipe_is_a_reported_fault(tmp_path):
 def test_a_slow_destination_drops_and_counts_without_blocking(tmp_path):
     fifo = tmp_path / "slow"
     os.mkfifo(fifo)
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)     # a reader that does not read: writes stall
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader that does not read: writes stall
     writer = open_log(str(fifo), "ecs", queue_size=16, host=HOST)
     try:
         started = time.monotonic()
-        for _ in range(500):                                 # ~300 KiB into a 64 KiB pipe nobody reads
+        for _ in range(500):  # ~300 KiB into a 64 KiB pipe nobody reads
             writer.write(hostile_finding())
         elapsed = time.monotonic() - started
         assert writer.dropped > 0 and writer.dropped + writer.queue_depth + writer.written <= 500
-        assert elapsed < 20.0                                 # the caller never waited on the pipe (it would hang)
+        assert elapsed < 20.0  # the caller never waited on the pipe (it would hang)
     finally:
         drained = 0
         deadline = time.monotonic() + 10
@@ -315,8 +432,13 @@ def test_syslog_over_a_unix_socket_and_udp(tmp_path):
     try:
         w1 = open_log(f"syslog:unix:{path}", "cef", queue_size=0, facility="local4", host=HOST)
         w1.write(hostile_finding())
-        w2 = open_log(f"syslog:udp:127.0.0.1:{udp.getsockname()[1]}", "ecs", queue_size=0,
-                      syslog_format="rfc3164", host=HOST)
+        w2 = open_log(
+            f"syslog:udp:127.0.0.1:{udp.getsockname()[1]}",
+            "ecs",
+            queue_size=0,
+            syslog_format="rfc3164",
+            host=HOST,
+        )
         w2.write(AgentLifecycle(time=1.0, action="start", message="up"))
         m1 = unix.recv(65536).decode()
         m2 = udp.recv(65536).decode()

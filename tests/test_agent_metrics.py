@@ -36,7 +36,7 @@ from tests.fakes.fake_pynvml import ERROR_CODES, MIB, FakeGpu, FakeNvml, FakePro
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "packaging" / "grafana-dashboard.json"
 CASE = Path(__file__).resolve().parent / "cases" / "miner_stratum_cmdline" / "capture.ggrec"
-HOSTILE = "x\n\x1b]0;pwned\x07\"} evil{a=\"1"
+HOSTILE = 'x\n\x1b]0;pwned\x07"} evil{a="1'
 
 
 def dashboard_exprs() -> list[str]:
@@ -45,16 +45,29 @@ def dashboard_exprs() -> list[str]:
 
 
 def exported_names(metrics: AgentMetrics) -> set[str]:
-    return {s.name for fam in text_string_to_metric_families(metrics.exposition().decode()) for s in fam.samples}
+    return {
+        s.name
+        for fam in text_string_to_metric_families(metrics.exposition().decode())
+        for s in fam.samples
+    }
 
 
 def _fake_gpus(now_us: int) -> FakeNvml:
-    busy = FakeGpu(util_gpu=98, util_memory=61, memory_used=76_210 * MIB, power_mw=688_512, sm_clock=1980,
-                   compute=[FakeProcess(4242, 70_000 * MIB), FakeProcess(4343, 1_000 * MIB)],
-                   util_samples=[(4242, now_us - 200_000, 97, 55, 0, 0), (4343, now_us - 200_000, 1, 1, 0, 0)])
+    busy = FakeGpu(
+        util_gpu=98,
+        util_memory=61,
+        memory_used=76_210 * MIB,
+        power_mw=688_512,
+        sm_clock=1980,
+        compute=[FakeProcess(4242, 70_000 * MIB), FakeProcess(4343, 1_000 * MIB)],
+        util_samples=[(4242, now_us - 200_000, 97, 55, 0, 0), (4343, now_us - 200_000, 1, 1, 0, 0)],
+    )
     # A second GPU whose temperature read fails: a sampler error, as NVML reports it.
-    flaky = FakeGpu(uuid="GPU-5c5f5a8e-3b0c-8c0e-2a42-6f1e6d7b1c02", bus_id="00000000:2A:00.0",
-                    failing={"nvmlDeviceGetTemperature": ERROR_CODES["NVML_ERROR_UNKNOWN"]})
+    flaky = FakeGpu(
+        uuid="GPU-5c5f5a8e-3b0c-8c0e-2a42-6f1e6d7b1c02",
+        bus_id="00000000:2A:00.0",
+        failing={"nvmlDeviceGetTemperature": ERROR_CODES["NVML_ERROR_UNKNOWN"]},
+    )
     return FakeNvml([busy, flaky])
 
 
@@ -66,9 +79,11 @@ class Pipeline:
         self.metrics = metrics
         self.ruleset = load_ruleset([shipped_rules_file()])
         self.items = list(iter_recording(CASE))
-        self.sampler = nvml.open_sampler(proc_root="/nonexistent", library=_fake_gpus(int(time.time() * 1e6)).module)
+        self.sampler = nvml.open_sampler(
+            proc_root="/nonexistent", library=_fake_gpus(int(time.time() * 1e6)).module
+        )
         self.log = open_log(str(log_dir / "agent.log"), "ecs", queue_size=0)
-        self.broken_log = open_log("/dev/full", "ecs", queue_size=0)   # every write: ENOSPC
+        self.broken_log = open_log("/dev/full", "ecs", queue_size=0)  # every write: ENOSPC
         metrics.set_agent("monitor", "proc")
         metrics.set_rules("1", "sha256:0123abcd", time.time())
         metrics.set_blind_spots(["gpu ioctls (no eBPF)", "connect payloads (no eBPF)"])
@@ -95,13 +110,24 @@ class Pipeline:
         m.set_processes(len(list(correlator.states())))
         for verdict in verdicts:
             state = correlator.get(verdict.key)
-            finding = finding_from_verdict(verdict, state.facts if state else None, self.ruleset, state)
+            finding = finding_from_verdict(
+                verdict, state.facts if state else None, self.ruleset, state
+            )
             m.count_finding(finding)
             self.log.write(finding)
             self.broken_log.write(finding)
             if verdict.verdict == "malicious":
-                m.count_action(ActionOutcome(time=time.time(), action="alert", status="done", pid=verdict.pid,
-                                             comm=verdict.comm, verdict=verdict.verdict, score=verdict.score))
+                m.count_action(
+                    ActionOutcome(
+                        time=time.time(),
+                        action="alert",
+                        status="done",
+                        pid=verdict.pid,
+                        comm=verdict.comm,
+                        verdict=verdict.verdict,
+                        score=verdict.score,
+                    )
+                )
         snapshot = self.sampler.sample()
         m.observe_snapshot(snapshot, comm_of=lambda pid: {4242: "xmrig", 4343: HOSTILE}.get(pid))
         m.set_queue("sensor", 3)
@@ -133,7 +159,9 @@ def test_metric_names_list_matches_what_is_exported(fed):
 
 def test_every_metric_the_dashboard_queries_is_exported(fed):
     metrics, _ = fed
-    queried = {name for expr in dashboard_exprs() for name in re.findall(r"\bgpuguard_[a-z_]+\b", expr)}
+    queried = {
+        name for expr in dashboard_exprs() for name in re.findall(r"\bgpuguard_[a-z_]+\b", expr)
+    }
     assert queried, "the dashboard queries nothing"
     assert queried <= exported_names(metrics), sorted(queried - exported_names(metrics))
     # and the dashboard shows every kind of metric the agent has (nothing exported goes unseen)
@@ -144,16 +172,50 @@ def test_every_metric_the_dashboard_queries_is_exported(fed):
 
 def test_pipeline_values_land_in_the_right_series(fed):
     metrics, _ = fed
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for fam in text_string_to_metric_families(metrics.exposition().decode()) for s in fam.samples}
-    assert samples[("gpuguard_findings_total", (("rule", "net-pool-protocol"), ("verdict", "malicious")))] == 1
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(metrics.exposition().decode())
+        for s in fam.samples
+    }
+    assert (
+        samples[
+            ("gpuguard_findings_total", (("rule", "net-pool-protocol"), ("verdict", "malicious")))
+        ]
+        == 1
+    )
     assert samples[("gpuguard_events_total", (("kind", "gpu_ioctl"),))] == 73
     assert samples[("gpuguard_ring_lost_events_total", ())] == 2
-    assert samples[("gpuguard_gpu_utilization_percent", (("gpu", "nvidia0"), ("name", "NVIDIA H100 80GB HBM3")))] == 98
-    assert samples[("gpuguard_gpu_power_watts", (("gpu", "nvidia0"), ("name", "NVIDIA H100 80GB HBM3")))] == pytest.approx(688.512)
-    assert samples[("gpuguard_gpu_process_utilization_percent", (("comm", "xmrig"), ("gpu", "nvidia0"), ("pid", "4242")))] == 97
+    assert (
+        samples[
+            (
+                "gpuguard_gpu_utilization_percent",
+                (("gpu", "nvidia0"), ("name", "NVIDIA H100 80GB HBM3")),
+            )
+        ]
+        == 98
+    )
+    assert samples[
+        ("gpuguard_gpu_power_watts", (("gpu", "nvidia0"), ("name", "NVIDIA H100 80GB HBM3")))
+    ] == pytest.approx(688.512)
+    assert (
+        samples[
+            (
+                "gpuguard_gpu_process_utilization_percent",
+                (("comm", "xmrig"), ("gpu", "nvidia0"), ("pid", "4242")),
+            )
+        ]
+        == 97
+    )
     assert samples[("gpuguard_sampler_errors_total", (("source", "nvml"),))] >= 1
-    assert samples[("gpuguard_log_dropped_total", (("destination", "/dev/full"), ("reason", "write-failed")))] >= 1
+    assert (
+        samples[
+            (
+                "gpuguard_log_dropped_total",
+                (("destination", "/dev/full"), ("reason", "write-failed")),
+            )
+        ]
+        >= 1
+    )
     assert samples[("gpuguard_reduced_mode", ())] == 1
 
 
@@ -161,9 +223,11 @@ def test_hostile_process_name_is_one_escaped_label(fed):
     metrics, _ = fed
     text = metrics.exposition().decode()
     lines = [line for line in text.splitlines() if 'pid="4343"' in line]
-    assert len(lines) == 2                       # utilisation and memory, one line each: no forged series
+    assert len(lines) == 2  # utilisation and memory, one line each: no forged series
     assert all("\x1b" not in line and "evil{" not in line.split("}")[-1] for line in lines)
-    assert all('comm="x\\\\n\\\\x1b]0;pwned\\\\x07\\"} evil{a=\\"1"' in line for line in lines), lines
+    assert all('comm="x\\\\n\\\\x1b]0;pwned\\\\x07\\"} evil{a=\\"1"' in line for line in lines), (
+        lines
+    )
 
 
 def test_top_processes_are_bounded_and_replaced():
@@ -171,8 +235,13 @@ def test_top_processes_are_bounded_and_replaced():
     from gpuguard.events.gpu_snapshot import DeviceSample, ProcessGpuUsage
 
     def snap(pids):
-        return GpuSnapshot(time=1.0, source="nvml", devices=[DeviceSample("nvidia", 0)],
-                           processes=[ProcessGpuUsage(pid, "nvidia", 0, sm_util=float(pid)) for pid in pids])
+        return GpuSnapshot(
+            time=1.0,
+            source="nvml",
+            devices=[DeviceSample("nvidia", 0)],
+            processes=[ProcessGpuUsage(pid, "nvidia", 0, sm_util=float(pid)) for pid in pids],
+        )
+
     metrics.observe_snapshot(snap([1, 2, 3, 4]))
     assert {s.labels["pid"] for s in metrics.proc_util.collect()[0].samples} == {"3", "4"}
     metrics.observe_snapshot(snap([7]))
@@ -184,13 +253,19 @@ def test_the_agents_running_totals_become_counters_that_only_move_forward():
 
     def value(name, **labels):
         return metrics.registry.get_sample_value(name, labels or None)
-    totals = {"events_by_kind": {"exec": 10, "gpu_ioctl": 500}, "ring_lost": {"events": 3, "payloads": 1},
-              "intake": {"depth": 7, "dropped": {"sensor": 2}}, "output": {"depth": 1, "lines": 40, "dropped": 0,
-                                                                            "errors": 5},
-              "sampler_errors": {"nvml": 1}, "processes_tracked": 55,
-              "findings": {"miner-binary-name/malicious": 2}, "actions": {"kill/done": 1}}
+
+    totals = {
+        "events_by_kind": {"exec": 10, "gpu_ioctl": 500},
+        "ring_lost": {"events": 3, "payloads": 1},
+        "intake": {"depth": 7, "dropped": {"sensor": 2}},
+        "output": {"depth": 1, "lines": 40, "dropped": 0, "errors": 5},
+        "sampler_errors": {"nvml": 1},
+        "processes_tracked": 55,
+        "findings": {"miner-binary-name/malicious": 2},
+        "actions": {"kill/done": 1},
+    }
     metrics.sync_totals(totals)
-    metrics.sync_totals(totals)                                  # the same totals again: no double count
+    metrics.sync_totals(totals)  # the same totals again: no double count
     assert value("gpuguard_events_total", kind="gpu_ioctl") == 500
     assert value("gpuguard_ring_lost_events_total") == 4
     assert value("gpuguard_queue_depth", stage="intake") == 7
@@ -202,7 +277,7 @@ def test_the_agents_running_totals_become_counters_that_only_move_forward():
     totals["events_by_kind"]["gpu_ioctl"] = 800
     metrics.sync_totals(totals)
     assert value("gpuguard_events_total", kind="gpu_ioctl") == 800
-    totals["events_by_kind"]["gpu_ioctl"] = 100                  # the agent restarted its counters
+    totals["events_by_kind"]["gpu_ioctl"] = 100  # the agent restarted its counters
     metrics.sync_totals(totals)
     totals["events_by_kind"]["gpu_ioctl"] = 150
     metrics.sync_totals(totals)
@@ -213,7 +288,11 @@ def test_served_over_http(fed):
     metrics, _ = fed
     server = metrics.serve("127.0.0.1:0")
     try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5).read().decode()
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
     finally:
         server.close()
     assert "gpuguard_findings_total{" in body and "gpuguard_scoring_latency_seconds_bucket" in body
@@ -248,22 +327,37 @@ def test_real_prometheus_scrapes_the_exporter_and_every_dashboard_query_returns_
     exporter = metrics.serve("127.0.0.1:0")
     stop = threading.Event()
 
-    def keep_feeding():          # counters must move between scrapes for rate() to have data
+    def keep_feeding():  # counters must move between scrapes for rate() to have data
         while not stop.is_set():
             pipeline.run_once()
             stop.wait(0.3)
+
     feeder = threading.Thread(target=keep_feeding, daemon=True)
     feeder.start()
     port = _free_port()
     config = tmp_path / "prometheus.yml"
-    config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-                      f"scrape_configs:\n  - job_name: gpuguard\n    static_configs:\n"
-                      f"      - targets: ['127.0.0.1:{exporter.port}']\n")
+    config.write_text(
+        f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"scrape_configs:\n  - job_name: gpuguard\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{exporter.port}']\n"
+    )
     log = open(tmp_path / "prometheus.log", "w")
-    server = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                               f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],
-                              stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
-    pending = {expr.replace("$__rate_interval", "15s").replace("$instance", ".*") for expr in dashboard_exprs()}
+    server = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=1h",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
+    pending = {
+        expr.replace("$__rate_interval", "15s").replace("$instance", ".*")
+        for expr in dashboard_exprs()
+    }
     try:
         deadline = time.monotonic() + 25
         while pending and time.monotonic() < deadline:
@@ -273,12 +367,15 @@ def test_real_prometheus_scrapes_the_exporter_and_every_dashboard_query_returns_
                     if _query(port, expr):
                         pending.discard(expr)
                 except OSError:
-                    break            # not listening yet
+                    break  # not listening yet
             time.sleep(0.5)
         assert not pending, f"dashboard queries without data from Prometheus: {sorted(pending)}"
         # the variable the dashboard's host picker uses
         url = f"http://127.0.0.1:{port}/api/v1/label/instance/values"
-        assert f"127.0.0.1:{exporter.port}" in json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]
+        assert (
+            f"127.0.0.1:{exporter.port}"
+            in json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]
+        )
     finally:
         stop.set()
         server.send_signal(signal.SIGTERM)

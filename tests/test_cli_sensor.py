@@ -26,8 +26,13 @@ def gpuguard(*args: str, user: str | None = None, **kwargs) -> subprocess.Comple
 
 def start_recorder(output, *options: str) -> subprocess.Popen:
     """Start `gpuguard record` and return once its probes are attached."""
-    recorder = subprocess.Popen([*GPUGUARD, "record", "--output", str(output), *options],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    recorder = subprocess.Popen(
+        [*GPUGUARD, "record", "--output", str(output), *options],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in recorder.stderr:
         if "recording to" in line:
             break
@@ -44,7 +49,10 @@ def test_print_probes_shows_the_compiled_c_without_root():
 
 
 @pytest.mark.root
-@pytest.mark.parametrize("command", [["watch", "--duration", "1"], ["record", "--output", "/tmp/x.ggrec", "--duration", "1"]])
+@pytest.mark.parametrize(
+    "command",
+    [["watch", "--duration", "1"], ["record", "--output", "/tmp/x.ggrec", "--duration", "1"]],
+)
 def test_sensor_commands_without_root_give_one_line_and_exit_2(command):
     out = gpuguard(*command, user="65534")
     assert out.returncode == 2
@@ -61,7 +69,9 @@ def test_missing_kernel_headers_is_one_line(tmp_path, monkeypatch):
         "from gpuguard.cli import main\n"
         "raise SystemExit(main(['watch', '--duration', '1']))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2
     assert out.stderr.startswith("gpuguard: no kernel headers at /nonexistent")
     assert "setup-host.sh" in out.stderr and out.stderr.count("\n") == 1
@@ -72,7 +82,15 @@ def test_record_then_replay_reads_back_exactly(tmp_path):
     rec = tmp_path / "capture.ggrec"
     recorder = start_recorder(rec, "--duration", "6", "--interval", "0.2")
     # It stays alive a moment: facts are read from /proc when the process first matters.
-    proc = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidiactl", "ioctl:0:0xc020462a:321", "sleep:1500", "exit:5"])
+    proc = run_with_gpu_nodes(
+        [
+            str(build_workload()),
+            "open:/dev/nvidiactl",
+            "ioctl:0:0xc020462a:321",
+            "sleep:1500",
+            "exit:5",
+        ]
+    )
     proc.wait(timeout=10)
     _, err = recorder.communicate(timeout=60)
     assert recorder.returncode == 0, err
@@ -97,13 +115,19 @@ def test_record_then_replay_reads_back_exactly(tmp_path):
 @pytest.mark.root
 def test_record_keeps_the_pool_a_miner_hides_in_its_config_file(tmp_path):
     config = tmp_path / "config.json"
-    config.write_text('{"pools": [{"url": "stratum+tcp://pool.hidden.example:3333", "user": "4wallet"}]}')
+    config.write_text(
+        '{"pools": [{"url": "stratum+tcp://pool.hidden.example:3333", "user": "4wallet"}]}'
+    )
     rec = tmp_path / "capture.ggrec"
     recorder = start_recorder(rec, "--duration", "5", "--gpu-interval", "0")
-    proc = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidia0", "sleep:1500", "exit:0", "-c", str(config)])
+    proc = run_with_gpu_nodes(
+        [str(build_workload()), "open:/dev/nvidia0", "sleep:1500", "exit:0", "-c", str(config)]
+    )
     proc.wait(timeout=10)
     recorder.communicate(timeout=60)
-    facts = [json.loads(line) for line in gpuguard("replay", str(rec), "--json").stdout.splitlines()]
+    facts = [
+        json.loads(line) for line in gpuguard("replay", str(rec), "--json").stdout.splitlines()
+    ]
     mine = [f for f in facts if f["kind"] == "process" and f["pid"] == proc.pid]
     assert mine and "stratum+tcp://pool.hidden.example:3333" in mine[0]["config_files"][str(config)]
 
@@ -112,8 +136,16 @@ def test_record_keeps_the_pool_a_miner_hides_in_its_config_file(tmp_path):
 def test_replay_of_a_truncated_recording_shows_the_prefix_then_one_error(tmp_path):
     rec = tmp_path / "capture.ggrec"
     recorder = start_recorder(rec, "--duration", "4", "--gpu-interval", "0")
-    workload = run_with_gpu_nodes([str(build_workload()), "open:/dev/nvidia0", "open:/dev/kfd",
-                                   "ioctl:0:0xc020462a:10", "sleep:1200", "exit:0"])
+    workload = run_with_gpu_nodes(
+        [
+            str(build_workload()),
+            "open:/dev/nvidia0",
+            "open:/dev/kfd",
+            "ioctl:0:0xc020462a:10",
+            "sleep:1200",
+            "exit:0",
+        ]
+    )
     workload.wait(timeout=10)
     recorder.communicate(timeout=60)
     assert recorder.returncode == 0

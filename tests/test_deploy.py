@@ -22,8 +22,16 @@ from gpuguard.outputs.records import render_record
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "packaging"
 UNIT = PKG / "gpuguard.service"
-CAPS = {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_SYS_RESOURCE", "CAP_KILL", "CAP_NET_ADMIN",
-        "CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"}
+CAPS = {
+    "CAP_BPF",
+    "CAP_PERFMON",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_RESOURCE",
+    "CAP_KILL",
+    "CAP_NET_ADMIN",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_SYS_PTRACE",
+}
 
 
 def unit_settings() -> dict[str, str]:
@@ -39,9 +47,13 @@ def unit_settings() -> dict[str, str]:
 def test_unit_hardening():
     s = unit_settings()
     assert set(s["CapabilityBoundingSet"].split()) == CAPS
-    for cap in CAPS:   # every capability is explained in the unit
+    for cap in CAPS:  # every capability is explained in the unit
         assert re.search(rf"^#\s+{cap}\s+\S", UNIT.read_text(), re.M), f"say why {cap} is needed"
-    assert s["ProtectSystem"] == "strict" and s["NoNewPrivileges"] == "yes" and s["PrivateTmp"] == "yes"
+    assert (
+        s["ProtectSystem"] == "strict"
+        and s["NoNewPrivileges"] == "yes"
+        and s["PrivateTmp"] == "yes"
+    )
     assert s["ProtectHome"] in ("yes", "read-only", "tmpfs")
     assert set(s["ReadWritePaths"].split()) == {"/sys/fs/bpf", "/sys/fs/cgroup"}
     assert (s["RuntimeDirectory"], s["LogsDirectory"], s["StateDirectory"]) == ("gpuguard",) * 3
@@ -52,17 +64,25 @@ def test_unit_hardening():
 @pytest.mark.root
 def test_systemd_analyze_verify_and_security(tmp_path):
     analyze = shutil.which("systemd-analyze")
-    assert analyze, "systemd-analyze is missing (fix: bash packaging/setup-host.sh setup installs systemd)"
+    assert analyze, (
+        "systemd-analyze is missing (fix: bash packaging/setup-host.sh setup installs systemd)"
+    )
     entry = REPO / ".venv" / "bin" / "gpuguard"
     assert entry.exists()
     # /opt/gpuguard/bin/gpuguard must exist for verify: give it one in a private mount namespace only.
-    script = (f"mount -t tmpfs gg-opt-{os.getpid()} /opt && mkdir -p /opt/gpuguard/bin && "
-              f"ln -s {entry} /opt/gpuguard/bin/gpuguard && "
-              f"{analyze} verify {UNIT} && {analyze} security --offline=yes --no-pager {UNIT}")
-    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                            capture_output=True, text=True, timeout=60)
+    script = (
+        f"mount -t tmpfs gg-opt-{os.getpid()} /opt && mkdir -p /opt/gpuguard/bin && "
+        f"ln -s {entry} /opt/gpuguard/bin/gpuguard && "
+        f"{analyze} verify {UNIT} && {analyze} security --offline=yes --no-pager {UNIT}"
+    )
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "gpuguard.service" not in result.stderr, result.stderr      # verify printed no warning
+    assert "gpuguard.service" not in result.stderr, result.stderr  # verify printed no warning
     exposure = re.search(r"Overall exposure level for gpuguard.service: ([\d.]+)", result.stdout)
     assert exposure and float(exposure.group(1)) < 7.0, result.stdout[-400:]
 
@@ -85,8 +105,13 @@ def _tree(root: Path) -> dict[str, tuple]:
 
 
 def _install(dest: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(PKG / "install.sh"), "--destdir", str(dest), "--no-venv", *args],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "DESTDIR": ""})
+    return subprocess.run(
+        ["bash", str(PKG / "install.sh"), "--destdir", str(dest), "--no-venv", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DESTDIR": ""},
+    )
 
 
 def test_install_lays_out_the_tree_idempotently_and_uninstalls(tmp_path):
@@ -101,7 +126,9 @@ def test_install_lays_out_the_tree_idempotently_and_uninstalls(tmp_path):
     assert oct((dest / "var/log/gpuguard").stat().st_mode & 0o777) == "0o750"
     assert os.readlink(dest / "usr/local/sbin/gpuguard") == "/opt/gpuguard/bin/gpuguard"
     share = dest / "opt/gpuguard/share"
-    assert {p.name for p in (share / "sigma").iterdir()} == {p.name for p in (PKG / "sigma").glob("*.yml")}
+    assert {p.name for p in (share / "sigma").iterdir()} == {
+        p.name for p in (PKG / "sigma").glob("*.yml")
+    }
     assert (share / "grafana-dashboard.json").exists() and (share / "doc/deploy.md").exists()
     # the shipped config is not mistaken for a site rules file
     assert etc / "gpuguard/agent.yaml" not in default_rule_paths(etc / "gpuguard")
@@ -109,7 +136,7 @@ def test_install_lays_out_the_tree_idempotently_and_uninstalls(tmp_path):
     before = _tree(dest)
     again = _install(dest)
     assert again.returncode == 0 and "installed" not in again.stderr, again.stderr
-    assert _tree(dest) == before                                     # nothing rewritten
+    assert _tree(dest) == before  # nothing rewritten
 
     # an operator's edit survives an upgrade; the new default lands beside it
     edited = "mode: enforce\n"
@@ -120,9 +147,16 @@ def test_install_lays_out_the_tree_idempotently_and_uninstalls(tmp_path):
 
     gone = _install(dest, "--uninstall")
     assert gone.returncode == 0, gone.stderr
-    assert not (etc / "systemd/system/gpuguard.service").exists() and not (etc / "logrotate.d/gpuguard").exists()
-    assert not (dest / "opt/gpuguard").exists() and not os.path.lexists(dest / "usr/local/sbin/gpuguard")
-    assert (etc / "gpuguard/agent.yaml").read_text() == edited and (dest / "var/log/gpuguard").is_dir()
+    assert (
+        not (etc / "systemd/system/gpuguard.service").exists()
+        and not (etc / "logrotate.d/gpuguard").exists()
+    )
+    assert not (dest / "opt/gpuguard").exists() and not os.path.lexists(
+        dest / "usr/local/sbin/gpuguard"
+    )
+    assert (etc / "gpuguard/agent.yaml").read_text() == edited and (
+        dest / "var/log/gpuguard"
+    ).is_dir()
     assert _install(dest, "--uninstall", "--purge").returncode == 0
     assert not (etc / "gpuguard").exists() and not (dest / "var/log/gpuguard").exists()
 
@@ -152,21 +186,29 @@ def test_shipped_config_parses_and_names_the_rotated_log():
 
 def test_logrotate_accepts_the_file_and_the_agent_reopens_after_rotation(tmp_path):
     logrotate = shutil.which("logrotate") or "/usr/sbin/logrotate"
-    assert os.path.exists(logrotate), "logrotate is missing (fix: bash packaging/setup-host.sh setup)"
+    assert os.path.exists(logrotate), (
+        "logrotate is missing (fix: bash packaging/setup-host.sh setup)"
+    )
     from gpuguard.outputs.log_writer import open_log
 
     log = tmp_path / "events.json"
     conf = tmp_path / "gpuguard.logrotate"
-    text = (PKG / "gpuguard.logrotate").read_text().replace("/var/log/gpuguard/events.json", str(log))
+    text = (
+        (PKG / "gpuguard.logrotate").read_text().replace("/var/log/gpuguard/events.json", str(log))
+    )
     conf.write_text(text.replace("create 0640 root adm", "create 0640 root root"))
     writer = open_log(str(log), "ecs", queue_size=0)
     writer.write(AgentLifecycle(time=1.0, action="start"))
-    result = subprocess.run([logrotate, "--force", "--state", str(tmp_path / "state"), str(conf)],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [logrotate, "--force", "--state", str(tmp_path / "state"), str(conf)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     rotated = [p for p in tmp_path.iterdir() if p.name.startswith("events.json-")]
     assert len(rotated) == 1 and '"action":"start"' in rotated[0].read_text()
-    writer.write(AgentLifecycle(time=2.0, action="stop"))             # reopens the new file
+    writer.write(AgentLifecycle(time=2.0, action="stop"))  # reopens the new file
     writer.close()
     assert '"action":"stop"' in log.read_text() and '"action":"start"' not in log.read_text()
 
@@ -175,7 +217,10 @@ def test_logrotate_accepts_the_file_and_the_agent_reopens_after_rotation(tmp_pat
 
 
 def _manifests() -> dict[str, dict]:
-    return {doc["kind"]: doc for doc in yaml.safe_load_all((PKG / "kubernetes/daemonset.yaml").read_text())}
+    return {
+        doc["kind"]: doc
+        for doc in yaml.safe_load_all((PKG / "kubernetes/daemonset.yaml").read_text())
+    }
 
 
 def test_daemonset_validates_against_the_kubernetes_schema():
@@ -184,7 +229,7 @@ def test_daemonset_validates_against_the_kubernetes_schema():
     for kind, doc in _manifests().items():
         kubernetes_validate.validate(doc, "1.32", strict=True)
     broken = _manifests()["DaemonSet"]
-    broken["spec"]["template"]["spec"]["hostPId"] = True             # a typo is caught, not ignored
+    broken["spec"]["template"]["spec"]["hostPId"] = True  # a typo is caught, not ignored
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, "1.32", strict=True)
 
@@ -192,21 +237,41 @@ def test_daemonset_validates_against_the_kubernetes_schema():
 def test_daemonset_security_fields():
     m = _manifests()
     pod = m["DaemonSet"]["spec"]["template"]["spec"]
-    assert pod["hostPID"] is True and pod["hostNetwork"] is True and pod["automountServiceAccountToken"] is False
+    assert (
+        pod["hostPID"] is True
+        and pod["hostNetwork"] is True
+        and pod["automountServiceAccountToken"] is False
+    )
     (container,) = pod["containers"]
     sc = container["securityContext"]
-    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"]
+    assert (
+        sc["privileged"] is False
+        and sc["allowPrivilegeEscalation"] is False
+        and sc["readOnlyRootFilesystem"]
+    )
     assert sc["capabilities"]["drop"] == ["ALL"]
-    assert {f"CAP_{c}" for c in sc["capabilities"]["add"]} == CAPS == set(unit_settings()["CapabilityBoundingSet"].split())
+    assert (
+        {f"CAP_{c}" for c in sc["capabilities"]["add"]}
+        == CAPS
+        == set(unit_settings()["CapabilityBoundingSet"].split())
+    )
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {v["mountPath"]: v for v in container["volumeMounts"]}
     assert volumes[mounts["/var/log/gpuguard"]["name"]]["hostPath"]["path"] == "/var/log/gpuguard"
-    for path in ("/sys/fs/bpf", "/sys/kernel/tracing", "/lib/modules", "/usr/src", "/sys/fs/cgroup"):
+    for path in (
+        "/sys/fs/bpf",
+        "/sys/kernel/tracing",
+        "/lib/modules",
+        "/usr/src",
+        "/sys/fs/cgroup",
+    ):
         assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
     for path in ("/sys/kernel/tracing", "/lib/modules", "/usr/src", "/etc/gpuguard"):
         assert mounts[path].get("readOnly") is True
     assert volumes[mounts["/etc/gpuguard"]["name"]]["configMap"]["defaultMode"] == 0o400
-    assert m["Namespace"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert (
+        m["Namespace"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    )
     config = yaml.safe_load(m["ConfigMap"]["data"]["agent.yaml"])
     assert config["log"]["path"] == "/var/log/gpuguard/events.json"
 
@@ -237,10 +302,14 @@ def test_sigma_rules_convert_with_pysigma():
     for rule in collection.rules:
         if type(rule).__name__ == "SigmaRule":
             (queries[rule.name],) = lucene.convert_rule(rule)
-    assert 'gpuguard.verdict:malicious' in queries["gpuguard_malicious_on_gpu_node"]
+    assert "gpuguard.verdict:malicious" in queries["gpuguard_malicious_on_gpu_node"]
     assert "_exists_:destination.ip" in queries["gpuguard_pool_connection"]
     esql = "\n".join(ESQLBackend().convert(collection))
-    assert "count_distinct(host.name)" in esql and "by timebucket, destination.ip" in esql and ">= 3" in esql
+    assert (
+        "count_distinct(host.name)" in esql
+        and "by timebucket, destination.ip" in esql
+        and ">= 3" in esql
+    )
 
 
 def _value(doc: dict, dotted: str):
@@ -268,6 +337,7 @@ def _matches(rule: dict, doc: dict) -> bool:
             if not any(str(h) == str(w) for h in haves for w in wants):
                 return False
         return True
+
     return all(selection(name.strip()) for name in detection["condition"].split(" and "))
 
 
@@ -280,26 +350,39 @@ def test_sigma_rules_match_real_agent_records_and_not_benign_ones():
     ruleset = load_ruleset([shipped_rules_file()])
     docs = {"malicious": [], "clean": []}
     for case in ("miner_stratum_cmdline", "benign_pytorch_training", "benign_inference_server"):
-        verdicts, correlator = replay(Path(__file__).resolve().parent / "cases" / case / "capture.ggrec", ruleset)
+        verdicts, correlator = replay(
+            Path(__file__).resolve().parent / "cases" / case / "capture.ggrec", ruleset
+        )
         for v in verdicts:
             state = correlator.get(v.key)
             finding = finding_from_verdict(v, state.facts, ruleset, state)
             docs.setdefault(v.verdict, []).append(
-                json.loads(render_record(finding, "ecs", {"hostname": "gpu-1", "name": "gpu-1"})))
+                json.loads(render_record(finding, "ecs", {"hostname": "gpu-1", "name": "gpu-1"}))
+            )
     rules = _sigma_rules()
     assert docs["malicious"] and docs["clean"]
     for rule in ("gpuguard_malicious_on_gpu_node", "gpuguard_pool_connection"):
         assert all(_matches(rules[rule], d) for d in docs["malicious"]), rule
         assert not any(_matches(rules[rule], d) for d in docs["clean"]), rule
     blind = rules["gpuguard_agent_blind"]
-    fault = json.loads(render_record(AgentLifecycle(time=1.0, action="fault", message="disk full"), "ecs",
-                                     {"hostname": "gpu-1"}))
-    start = json.loads(render_record(AgentLifecycle(time=1.0, action="start"), "ecs", {"hostname": "gpu-1"}))
+    fault = json.loads(
+        render_record(
+            AgentLifecycle(time=1.0, action="fault", message="disk full"),
+            "ecs",
+            {"hostname": "gpu-1"},
+        )
+    )
+    start = json.loads(
+        render_record(AgentLifecycle(time=1.0, action="start"), "ecs", {"hostname": "gpu-1"})
+    )
     assert _matches(blind, fault) and not _matches(blind, start)
     # the correlation's fields exist in the records it counts
     corr = rules["gpuguard_pool_on_many_hosts"]["correlation"]
     miner = docs["malicious"][0]
-    assert _value(miner, corr["group-by"][0]) == "141.94.96.144" and _value(miner, corr["condition"]["field"]) == "gpu-1"
+    assert (
+        _value(miner, corr["group-by"][0]) == "141.94.96.144"
+        and _value(miner, corr["condition"]["field"]) == "gpu-1"
+    )
 
 
 def test_log_shipping_examples_read_the_agents_log():

@@ -40,9 +40,11 @@ AMDGPU = textwrap.dedent("""\
     drm-engine-dec:\t0 ns
     """)
 # amdgpu before 6.11 printed the now-deprecated drm-memory-<region> (KiB).
-AMDGPU_OLD = "drm-driver:\tamdgpu\ndrm-pdev:\t0000:03:00.0\ndrm-client-id:\t4\ndrm-memory-vram:\t1048576 KiB\n" \
-             "drm-memory-gtt:\t2048 KiB\ndrm-memory-cpu:\t0 KiB\namd-memory-visible-vram:\t1048576 KiB\n" \
-             "drm-engine-gfx:\t1000 ns\n"
+AMDGPU_OLD = (
+    "drm-driver:\tamdgpu\ndrm-pdev:\t0000:03:00.0\ndrm-client-id:\t4\ndrm-memory-vram:\t1048576 KiB\n"
+    "drm-memory-gtt:\t2048 KiB\ndrm-memory-cpu:\t0 KiB\namd-memory-visible-vram:\t1048576 KiB\n"
+    "drm-engine-gfx:\t1000 ns\n"
+)
 # i915 (i915-usage-stats): video is a class of two engines.
 I915 = textwrap.dedent("""\
     pos:\t0
@@ -90,8 +92,13 @@ PANFROST = textwrap.dedent("""\
 
 
 def replace_counter(text: str, key: str, value: int) -> str:
-    lines = [f"{key}:\t{value}" + (" ns" if key.startswith("drm-engine-") and "capacity" not in key else "")
-             if line.startswith(key + ":") else line for line in text.splitlines()]
+    lines = [
+        f"{key}:\t{value}"
+        + (" ns" if key.startswith("drm-engine-") and "capacity" not in key else "")
+        if line.startswith(key + ":")
+        else line
+        for line in text.splitlines()
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -100,7 +107,11 @@ def test_amdgpu_keys():
     assert (c.driver, c.client_id, c.pdev) == ("amdgpu", "17", "0000:03:00.0")
     assert c.engine_ns == {"gfx": 0, "compute": 78_120_938_451, "dec": 0}
     assert c.memory["total"]["vram"] == 8_462_336 * KIB
-    assert c.held_memory() == {"cpu": 0, "gtt": 6144 * KIB, "vram": 8_450_048 * KIB}  # resident wins
+    assert c.held_memory() == {
+        "cpu": 0,
+        "gtt": 6144 * KIB,
+        "vram": 8_450_048 * KIB,
+    }  # resident wins
 
 
 def test_amdgpu_deprecated_drm_memory_keys():
@@ -142,7 +153,9 @@ def test_panfrost_prefers_time_and_msm_style_cycles_with_maxfreq():
     text = replace_counter(PANFROST, "drm-engine-fragment", 1_000_000_000 + 400_000_000)
     util, _ = engine_utilization(parse_fdinfo(text), base, mono=1.0)
     assert util["fragment"] == 40.0  # from ns, not from cycles (which did not move)
-    cycles_only = "drm-driver:\tmsm\ndrm-client-id:\t1\ndrm-cycles-gpu:\t{}\ndrm-maxfreq-gpu:\t700 MHz\n"
+    cycles_only = (
+        "drm-driver:\tmsm\ndrm-client-id:\t1\ndrm-cycles-gpu:\t{}\ndrm-maxfreq-gpu:\t700 MHz\n"
+    )
     _, base = engine_utilization(parse_fdinfo(cycles_only.format(0)), None, mono=0.0)
     util, _ = engine_utilization(parse_fdinfo(cycles_only.format(350_000_000)), base, mono=2.0)
     assert util == {"gpu": 25.0}  # 350 M cycles / (700 MHz * 2 s)
@@ -168,7 +181,14 @@ class FakeProc:
         self.root = root
         (root / "self" / "fdinfo").mkdir(parents=True)
 
-    def fd(self, pid: int, fd: int, target: str, fdinfo: str = "pos:\t0\nflags:\t02\n", nspid: str | None = None):
+    def fd(
+        self,
+        pid: int,
+        fd: int,
+        target: str,
+        fdinfo: str = "pos:\t0\nflags:\t02\n",
+        nspid: str | None = None,
+    ):
         base = self.root / str(pid)
         (base / "fd").mkdir(parents=True, exist_ok=True)
         (base / "fdinfo").mkdir(exist_ok=True)
@@ -192,14 +212,31 @@ def test_synthetic_proc_tree_counts_each_client_once(tmp_path):
     proc = FakeProc(tmp_path / "proc")
     engine = "drm-engine-compute:\t{} ns\n"
     # pid 300: one client on two fds (card + render node, as Mesa does) plus a non-DRM fd
-    proc.fd(300, 5, "/dev/dri/card0", AMDGPU.replace("drm-engine-compute:\t78120938451 ns\n", engine.format(0)))
-    proc.fd(300, 6, "/dev/dri/renderD128", AMDGPU.replace("drm-engine-compute:\t78120938451 ns\n", engine.format(0)))
+    proc.fd(
+        300,
+        5,
+        "/dev/dri/card0",
+        AMDGPU.replace("drm-engine-compute:\t78120938451 ns\n", engine.format(0)),
+    )
+    proc.fd(
+        300,
+        6,
+        "/dev/dri/renderD128",
+        AMDGPU.replace("drm-engine-compute:\t78120938451 ns\n", engine.format(0)),
+    )
     proc.fd(300, 7, "/dev/null")
     # pid 301 (in a container: NSpid) holds the same client after fd passing
-    proc.fd(301, 3, "/dev/dri/renderD128", AMDGPU.replace("drm-engine-compute:\t78120938451 ns\n", engine.format(0)),
-            nspid="301\t12")
+    proc.fd(
+        301,
+        3,
+        "/dev/dri/renderD128",
+        AMDGPU.replace("drm-engine-compute:\t78120938451 ns\n", engine.format(0)),
+        nspid="301\t12",
+    )
     clock = Clock()
-    sampler = DrmFdinfoSampler(proc_root=str(proc.root), sys_root=str(tmp_path / "sys"), clock=clock, monotonic=clock)
+    sampler = DrmFdinfoSampler(
+        proc_root=str(proc.root), sys_root=str(tmp_path / "sys"), clock=clock, monotonic=clock
+    )
     snap = sampler.sample()
     by_pid = {p.pid: p for p in snap.processes}
     assert set(by_pid) == {300, 301}
@@ -239,7 +276,12 @@ def test_sysfs_device_identity_and_amdgpu_busy_percent(tmp_path):
     proc = FakeProc(tmp_path / "proc")
     sampler = drm_fdinfo.open_sampler(proc_root=str(proc.root), sys_root=str(tmp_path / "sys"))
     (dev,) = sampler.sample().devices
-    assert (dev.index, dev.driver, dev.pci_bus_id, dev.gpu_util) == (1, "amdgpu", "0000:03:00.0", 37.0)
+    assert (dev.index, dev.driver, dev.pci_bus_id, dev.gpu_util) == (
+        1,
+        "amdgpu",
+        "0000:03:00.0",
+        37.0,
+    )
     assert (dev.memory_used, dev.memory_total) == (9 * 1024 * MIB, 24 * 1024 * MIB)
 
 
@@ -253,17 +295,23 @@ def test_no_drm_anywhere_is_unavailable(tmp_path):
 def test_open_samplers_on_this_gpu_less_machine_reports_one_line():
     lines: list[str] = []
     assert open_samplers(("drm-fdinfo",), on_status=lines.append) == []
-    assert lines == ["DRM fdinfo not available: no DRM device (/sys/class/drm has no card, no process holds "
-                     "/dev/dri open) (fix: nothing to fix on a host without GPUs; else load the GPU's kernel driver)"]
+    assert lines == [
+        "DRM fdinfo not available: no DRM device (/sys/class/drm has no card, no process holds "
+        "/dev/dri open) (fix: nothing to fix on a host without GPUs; else load the GPU's kernel driver)"
+    ]
 
 
 @pytest.mark.root
 def test_real_proc_finds_a_drm_named_fd_with_no_data():
     # A private mount namespace with its own /dev where renderD128 is the null device
     # (platform.md): the fd link reads /dev/dri/renderD128 in the host's /proc.
-    script = ("mount --make-rprivate / && mount -t tmpfs tmpfs /dev && mkdir /dev/dri && "
-              "mknod /dev/dri/renderD128 c 1 3 && exec 7</dev/dri/renderD128 && echo ready && exec sleep 30")
-    child = subprocess.Popen(["unshare", "-m", "sh", "-c", script], stdout=subprocess.PIPE, text=True)
+    script = (
+        "mount --make-rprivate / && mount -t tmpfs tmpfs /dev && mkdir /dev/dri && "
+        "mknod /dev/dri/renderD128 c 1 3 && exec 7</dev/dri/renderD128 && echo ready && exec sleep 30"
+    )
+    child = subprocess.Popen(
+        ["unshare", "-m", "sh", "-c", script], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         sampler = drm_fdinfo.open_sampler()  # the real /proc and /sys
@@ -284,7 +332,9 @@ def test_sweeper_finds_late_opens_within_the_sweep_period_and_drops_closed_fds(t
     proc = FakeProc(tmp_path / "proc")
     proc.fd(500, 3, "/usr/lib/libc.so.6")  # seen first with no DRM fd
     proc.fd(501, 4, "/dev/dri/renderD128", I915)
-    sampler = DrmFdinfoSampler(proc_root=str(proc.root), sys_root=str(tmp_path / "sys"), sweep_every=3)
+    sampler = DrmFdinfoSampler(
+        proc_root=str(proc.root), sys_root=str(tmp_path / "sys"), sweep_every=3
+    )
     assert [p.pid for p in sampler.sample().processes] == [501]
     proc.fd(500, 5, "/dev/dri/renderD128", XE)  # opened later
     seen = [[p.pid for p in sampler.sample().processes] for _ in range(3)]

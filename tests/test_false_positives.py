@@ -66,9 +66,15 @@ def test_a_real_sealed_memfd_runtime_helper_is_named_not_suspicious(ruleset):
         assert verdict.verdict == "clean" and verdict.score == 5
         assert [e.rule_id for e in verdict.evidence] == ["exe-memfd-runtime-named"]
         # its children no longer inherit a suspicious parent
-        child = ProcessFacts(pid=proc.pid + 100_000, start_time=facts.start_time + 1, ppid=proc.pid, comm="sh",
-                             exe="/usr/bin/dash", cmdline=["sh", "-c", "true"],
-                             ancestors=[Ancestor(proc.pid, facts.comm, facts.exe)])
+        child = ProcessFacts(
+            pid=proc.pid + 100_000,
+            start_time=facts.start_time + 1,
+            ppid=proc.pid,
+            comm="sh",
+            exe="/usr/bin/dash",
+            cmdline=["sh", "-c", "true"],
+            ancestors=[Ancestor(proc.pid, facts.comm, facts.exe)],
+        )
         engine.correlator.feed(child)
         child_verdict = next(v for v in engine.verdicts(T + 100) if v.pid == child.pid)
         assert child_verdict.verdict == "clean" and child_verdict.evidence == []
@@ -82,16 +88,31 @@ def test_fileless_needs_a_second_indicator(ruleset):
     try:
         facts = collect_process_facts(proc.pid)
         alone, _ = _verdict(ruleset, facts)
-        assert (alone.score, alone.verdict, [e.rule_id for e in alone.evidence]) == (25, "clean", ["exe-memfd"])
-        with_pool, _ = _verdict(ruleset, facts, Connect(time=T + 1, pid=proc.pid, address="10.1.2.3", port=3333))
-        assert with_pool.verdict == "suspicious" and {"exe-memfd", "net-pool-port"} <= {e.rule_id for e in with_pool.evidence}
+        assert (alone.score, alone.verdict, [e.rule_id for e in alone.evidence]) == (
+            25,
+            "clean",
+            ["exe-memfd"],
+        )
+        with_pool, _ = _verdict(
+            ruleset, facts, Connect(time=T + 1, pid=proc.pid, address="10.1.2.3", port=3333)
+        )
+        assert with_pool.verdict == "suspicious" and {"exe-memfd", "net-pool-port"} <= {
+            e.rule_id for e in with_pool.evidence
+        }
     finally:
         proc.kill()
         proc.wait()
 
 
-@pytest.mark.parametrize("comm,exe", [("pt_data_worker", "/usr/bin/python3.12"), ("ray::IDLE", "/opt/conda/bin/python3.11"),
-                                      ("dask-worker", "/usr/bin/python3"), ("gunicorn", "/usr/bin/python3.11")])
+@pytest.mark.parametrize(
+    "comm,exe",
+    [
+        ("pt_data_worker", "/usr/bin/python3.12"),
+        ("ray::IDLE", "/opt/conda/bin/python3.11"),
+        ("dask-worker", "/usr/bin/python3"),
+        ("gunicorn", "/usr/bin/python3.11"),
+    ],
+)
 def test_renamed_runtime_workers_do_not_accumulate_score(ruleset, comm, exe):
     facts = ProcessFacts(pid=2440, start_time=T, comm=comm, exe=exe, cmdline=[exe, "-m", "worker"])
     verdict, _ = _verdict(ruleset, facts)
@@ -99,6 +120,12 @@ def test_renamed_runtime_workers_do_not_accumulate_score(ruleset, comm, exe):
 
 
 def test_a_miner_calling_itself_pt_data_worker_is_still_a_mismatch(ruleset):
-    facts = ProcessFacts(pid=2441, start_time=T, comm="pt_data_worker", exe="/var/lib/app/xm", cmdline=["/var/lib/app/xm"])
+    facts = ProcessFacts(
+        pid=2441,
+        start_time=T,
+        comm="pt_data_worker",
+        exe="/var/lib/app/xm",
+        cmdline=["/var/lib/app/xm"],
+    )
     verdict, _ = _verdict(ruleset, facts)
     assert [e.rule_id for e in verdict.evidence] == ["masquerade-name-mismatch"]

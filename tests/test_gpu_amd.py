@@ -28,8 +28,15 @@ def open_fake(fake: FakeAmdSmi, clock: Clock | None = None, proc_root: str = "/n
 
 
 def busy_mi300x(**kw) -> FakeAmdGpu:
-    values = dict(gfx_activity=100, umc_activity=38, vram_used_mb=180_224, current_socket_power=712,
-                  gfx_clock=2100, mem_clock=1300, hotspot_c=83)
+    values = dict(
+        gfx_activity=100,
+        umc_activity=38,
+        vram_used_mb=180_224,
+        current_socket_power=712,
+        gfx_clock=2100,
+        mem_clock=1300,
+        hotspot_c=83,
+    )
     values.update(kw)
     return FakeAmdGpu(**values)
 
@@ -50,8 +57,15 @@ def test_device_fields_in_contract_units():
 def test_process_engine_ns_become_percent_between_samples(tmp_path):
     (tmp_path / "900").mkdir()
     (tmp_path / "900" / "status").write_text("NSpid:\t900\t1\n")
-    proc = FakeAmdProcess(pid=900, name="python3", mem=170 * GIB, gfx_ns=5_000_000_000,
-                          vram=170 * GIB, gtt=2 * MIB, cpu=4096)
+    proc = FakeAmdProcess(
+        pid=900,
+        name="python3",
+        mem=170 * GIB,
+        gfx_ns=5_000_000_000,
+        vram=170 * GIB,
+        gtt=2 * MIB,
+        cpu=4096,
+    )
     gpu = busy_mi300x(processes=[proc])
     clock = Clock()
     sampler = open_fake(FakeAmdSmi([gpu]), clock, proc_root=str(tmp_path))
@@ -75,13 +89,23 @@ def test_legacy_process_api_uses_process_info():
 
 
 def test_not_supported_and_no_permission_fields_reported_once():
-    gpu = busy_mi300x(failing={"amdsmi_get_power_info": STATUS["AMDSMI_STATUS_NOT_SUPPORTED"],
-                               "amdsmi_get_gpu_process_list": STATUS["AMDSMI_STATUS_NO_PERM"]})
+    gpu = busy_mi300x(
+        failing={
+            "amdsmi_get_power_info": STATUS["AMDSMI_STATUS_NOT_SUPPORTED"],
+            "amdsmi_get_gpu_process_list": STATUS["AMDSMI_STATUS_NO_PERM"],
+        }
+    )
     sampler = open_fake(FakeAmdSmi([gpu]))
     snap = sampler.sample()
-    assert snap.devices[0].power_w is None and snap.devices[0].gpu_util == 100.0 and snap.processes == []
-    assert snap.errors == ["amdsmi gpu0 power: AMDSMI_STATUS_NOT_SUPPORTED - Feature not supported",
-                           "amdsmi gpu0 processes: AMDSMI_STATUS_NO_PERM - Permission Denied"]
+    assert (
+        snap.devices[0].power_w is None
+        and snap.devices[0].gpu_util == 100.0
+        and snap.processes == []
+    )
+    assert snap.errors == [
+        "amdsmi gpu0 power: AMDSMI_STATUS_NOT_SUPPORTED - Feature not supported",
+        "amdsmi gpu0 processes: AMDSMI_STATUS_NO_PERM - Permission Denied",
+    ]
     assert sampler.sample().errors == []
 
 
@@ -93,8 +117,10 @@ def test_gpu_lost_then_back():
     snap = sampler.sample()
     assert snap.devices[0].extra == {"state": "lost"} and snap.devices[0].gpu_util is None
     assert snap.devices[0].pci_bus_id == "0000:0c:00.0" and snap.devices[1].gpu_util == 7.0
-    assert snap.errors == ["amdsmi gpu0 (0000:0c:00.0) unavailable: AMDSMI_STATUS_NOT_FOUND - Device Not found; "
-                           "retrying each sample"]
+    assert snap.errors == [
+        "amdsmi gpu0 (0000:0c:00.0) unavailable: AMDSMI_STATUS_NOT_FOUND - Device Not found; "
+        "retrying each sample"
+    ]
     assert sampler.sample().errors == []
     gpus[0].gone = False
     snap = sampler.sample()
@@ -111,18 +137,26 @@ def test_library_lost_its_state_reinitialises():
     snap = sampler.sample()
     assert snap.devices[0].extra == {"state": "lost"}
     clock.t += 1
-    assert "amdsmi: re-initialising failed: AMDSMI_STATUS_DRIVER_NOT_LOADED - Driver not loaded; retrying every 5 s" \
+    assert (
+        "amdsmi: re-initialising failed: AMDSMI_STATUS_DRIVER_NOT_LOADED - Driver not loaded; retrying every 5 s"
         in sampler.sample().errors
+    )
     fake.init_status = None
     clock.t += amd.REINIT_INTERVAL_S
     assert sampler.sample().devices[0].gpu_util == 100.0
 
 
-@pytest.mark.parametrize("status, cause", [
-    ("AMDSMI_STATUS_DRIVER_NOT_LOADED", "amdgpu driver not loaded"),
-    ("AMDSMI_STATUS_NO_PERM", "no permission to open the AMD GPUs"),
-    ("AMDSMI_STATUS_INIT_ERROR", "amdsmi_init failed: AMDSMI_STATUS_UNKNOWN_ERROR - An unknown error occurred"),
-])
+@pytest.mark.parametrize(
+    "status, cause",
+    [
+        ("AMDSMI_STATUS_DRIVER_NOT_LOADED", "amdgpu driver not loaded"),
+        ("AMDSMI_STATUS_NO_PERM", "no permission to open the AMD GPUs"),
+        (
+            "AMDSMI_STATUS_INIT_ERROR",
+            "amdsmi_init failed: AMDSMI_STATUS_UNKNOWN_ERROR - An unknown error occurred",
+        ),
+    ],
+)
 def test_init_failures(status, cause):
     fake = FakeAmdSmi()
     fake.init_status = STATUS[status]
@@ -152,7 +186,9 @@ def test_real_amdsmi_without_rocm_is_one_line_and_prints_nothing(capfd):
         pytest.skip("ROCm's libamd_smi.so is installed here")
     lines: list[str] = []
     assert open_samplers(("amdsmi",), on_status=lines.append) == []
-    assert lines == ["amdsmi not available: libamd_smi.so not found "
-                     "(fix: install ROCm's amd-smi-lib (it ships libamd_smi.so) or set ROCM_PATH)"]
+    assert lines == [
+        "amdsmi not available: libamd_smi.so not found "
+        "(fix: install ROCm's amd-smi-lib (it ships libamd_smi.so) or set ROCM_PATH)"
+    ]
     out, err = capfd.readouterr()
     assert out == "" and err == ""  # the binding's own print did not reach stdout

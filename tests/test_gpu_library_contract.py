@@ -16,23 +16,38 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-ADAPTERS = {"pynvml": REPO / "gpuguard/sources/gpu/nvml.py", "amdsmi": REPO / "gpuguard/sources/gpu/amd.py"}
+ADAPTERS = {
+    "pynvml": REPO / "gpuguard/sources/gpu/nvml.py",
+    "amdsmi": REPO / "gpuguard/sources/gpu/amd.py",
+}
 # How each adapter refers to its library: a local/parameter name or a `self.` attribute.
 ALIASES = {"pynvml": {"nvml", "pynvml", "_nvml"}, "amdsmi": {"smi", "amdsmi", "_smi"}}
 # Tables of names the adapters look up with getattr/hasattr (module constants holding library names).
-NAME_TABLES = {"pynvml": ("_INIT_FAILURES", "_LOST_CODES", "_REINIT_CODES", "_PROCESS_LISTS"), "amdsmi": ()}
+NAME_TABLES = {
+    "pynvml": ("_INIT_FAILURES", "_LOST_CODES", "_REINIT_CODES", "_PROCESS_LISTS"),
+    "amdsmi": (),
+}
 # Names of older library versions only, looked up with getattr(..., None) and skipped when absent.
-LEGACY = {"amdsmi": {"amdsmi_get_gpu_process_info": "amdsmi before 6.4 listed handles, details by a second call"}}
+LEGACY = {
+    "amdsmi": {
+        "amdsmi_get_gpu_process_info": "amdsmi before 6.4 listed handles, details by a second call"
+    }
+}
 
 
 def _alias(node: ast.AST, aliases: set[str]) -> bool:
     return (isinstance(node, ast.Name) and node.id in aliases) or (
-        isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
-        and node.attr in aliases)
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        and node.attr in aliases
+    )
 
 
 def _strings(node: ast.AST) -> set[str]:
-    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return {
+        n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
 
 
 def names_used(library: str) -> set[str]:
@@ -43,21 +58,32 @@ def names_used(library: str) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _alias(node.value, aliases):
             used.add(node.attr)
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                and _alias(node.value.value, aliases) and node.value.attr[:1].isupper()):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+            and _alias(node.value.value, aliases)
+            and node.value.attr[:1].isupper()
+        ):
             used.add(f"{node.value.attr}.{node.attr}")
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
-                and len(node.args) >= 2 and _alias(node.args[0], aliases)
-                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and _alias(node.args[0], aliases)
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
             used.add(node.args[1].value)
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in NAME_TABLES[library]
-                                                for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id in NAME_TABLES[library] for t in node.targets
+        ):
             value, table = node.value, node.targets[0].id
-            if table == "_PROCESS_LISTS":      # {kind: (function names, newest first)}
+            if table == "_PROCESS_LISTS":  # {kind: (function names, newest first)}
                 used |= set().union(*(_strings(v) for v in value.values))
             elif isinstance(value, ast.Dict):  # {error code name: (cause, fix)}
                 used |= {k.value for k in value.keys if isinstance(k, ast.Constant)}
-            else:                              # (error code names)
+            else:  # (error code names)
                 used |= _strings(value)
     return used
 
@@ -73,8 +99,13 @@ def _source_names(package_dir: Path) -> set[str]:
             elif isinstance(node, ast.ClassDef):
                 names.add(node.name)
                 for item in node.body:
-                    targets = item.targets if isinstance(item, ast.Assign) else \
-                        [item.target] if isinstance(item, ast.AnnAssign) else []
+                    targets = (
+                        item.targets
+                        if isinstance(item, ast.Assign)
+                        else [item.target]
+                        if isinstance(item, ast.AnnAssign)
+                        else []
+                    )
                     names |= {f"{node.name}.{t.id}" for t in targets if isinstance(t, ast.Name)}
             elif isinstance(node, ast.Assign):
                 names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
@@ -92,8 +123,12 @@ def _has(module, name: str) -> bool:  # noqa: ANN001
 
 def test_the_adapters_use_names_at_all():
     # the extraction works: a few names every version has
-    assert {"nvmlInit", "NVMLError", "nvmlDeviceGetComputeRunningProcesses_v3",
-            "NVML_ERROR_GPU_IS_LOST"} <= names_used("pynvml")
+    assert {
+        "nvmlInit",
+        "NVMLError",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "NVML_ERROR_GPU_IS_LOST",
+    } <= names_used("pynvml")
     assert {"amdsmi_init", "AmdSmiLibraryException", "AmdSmiClkType.GFX"} <= names_used("amdsmi")
 
 
@@ -115,5 +150,10 @@ def test_every_amdsmi_name_exists_in_the_real_package_and_the_fake():
 
     used = names_used("amdsmi")
     assert sorted(n for n in used if n not in real and n not in LEGACY["amdsmi"]) == []
-    assert not set(LEGACY["amdsmi"]) & real, "a legacy name is back in the installed amdsmi: drop it from LEGACY"
-    assert sorted(n for n in used if not _has(FakeAmdSmi().module, n) and n not in LEGACY["amdsmi"]) == []
+    assert not set(LEGACY["amdsmi"]) & real, (
+        "a legacy name is back in the installed amdsmi: drop it from LEGACY"
+    )
+    assert (
+        sorted(n for n in used if not _has(FakeAmdSmi().module, n) and n not in LEGACY["amdsmi"])
+        == []
+    )

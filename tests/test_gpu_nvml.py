@@ -23,8 +23,16 @@ class Clock:
 
 
 def busy_h100(**kw) -> FakeGpu:
-    values = dict(util_gpu=98, util_memory=61, memory_used=76_210 * MIB, power_mw=688_512, sm_clock=1980,
-                  temperature=71, pcie_tx_kbs=1_250, pcie_rx_kbs=3_400)
+    values = dict(
+        util_gpu=98,
+        util_memory=61,
+        memory_used=76_210 * MIB,
+        power_mw=688_512,
+        sm_clock=1980,
+        temperature=71,
+        pcie_tx_kbs=1_250,
+        pcie_rx_kbs=3_400,
+    )
     values.update(kw)
     return FakeGpu(**values)
 
@@ -54,9 +62,13 @@ def test_device_fields_come_from_nvml_in_contract_units():
 def test_processes_merge_compute_and_graphics_lists(tmp_path):
     (tmp_path / "4242").mkdir()
     (tmp_path / "4242" / "status").write_text("Name:\tpython3\nNSpid:\t4242\t7\n")
-    gpu = busy_h100(compute=[FakeProcess(4242, 70_000 * MIB), FakeProcess(5000, 2_000 * MIB)],
-                    graphics=[FakeProcess(5000, 2_000 * MIB), FakeProcess(6000, None)])
-    procs = {p.pid: p for p in open_fake(FakeNvml([gpu]), proc_root=str(tmp_path)).sample().processes}
+    gpu = busy_h100(
+        compute=[FakeProcess(4242, 70_000 * MIB), FakeProcess(5000, 2_000 * MIB)],
+        graphics=[FakeProcess(5000, 2_000 * MIB), FakeProcess(6000, None)],
+    )
+    procs = {
+        p.pid: p for p in open_fake(FakeNvml([gpu]), proc_root=str(tmp_path)).sample().processes
+    }
     assert set(procs) == {4242, 5000, 6000}
     assert procs[4242].kind == "compute" and procs[4242].used_memory == 70_000 * MIB
     assert procs[4242].ns_pid == 7  # from NSpid: the pid inside its container
@@ -67,8 +79,13 @@ def test_processes_merge_compute_and_graphics_lists(tmp_path):
 
 
 def test_process_utilization_never_reads_a_sample_twice_and_goes_stale():
-    gpu = busy_h100(compute=[FakeProcess(4242, 70_000 * MIB)],
-                    util_samples=[(4242, NOW_US - 900_000, 80, 30, 0, 0), (4242, NOW_US - 200_000, 97, 55, 1, 2)])
+    gpu = busy_h100(
+        compute=[FakeProcess(4242, 70_000 * MIB)],
+        util_samples=[
+            (4242, NOW_US - 900_000, 80, 30, 0, 0),
+            (4242, NOW_US - 200_000, 97, 55, 1, 2),
+        ],
+    )
     fake = FakeNvml([gpu])
     seen_args = []
     real = fake.module.nvmlDeviceGetProcessUtilization
@@ -82,7 +99,12 @@ def test_process_utilization_never_reads_a_sample_twice_and_goes_stale():
     sampler = open_fake(fake, clock)
 
     (p,) = sampler.sample().processes
-    assert (p.sm_util, p.mem_util, p.enc_util, p.dec_util) == (97.0, 55.0, 1.0, 2.0)  # newest sample wins
+    assert (p.sm_util, p.mem_util, p.enc_util, p.dec_util) == (
+        97.0,
+        55.0,
+        1.0,
+        2.0,
+    )  # newest sample wins
     clock.t += 1
     (p,) = sampler.sample().processes  # NOT_FOUND: nothing new -> last value kept
     assert p.sm_util == 97.0
@@ -97,8 +119,12 @@ def test_process_utilization_never_reads_a_sample_twice_and_goes_stale():
 
 
 def test_not_supported_field_is_none_and_reported_once():
-    gpu = busy_h100(failing={"nvmlDeviceGetPowerUsage": ERROR_CODES["NVML_ERROR_NOT_SUPPORTED"],
-                             "nvmlDeviceGetMigMode": ERROR_CODES["NVML_ERROR_NOT_SUPPORTED"]})
+    gpu = busy_h100(
+        failing={
+            "nvmlDeviceGetPowerUsage": ERROR_CODES["NVML_ERROR_NOT_SUPPORTED"],
+            "nvmlDeviceGetMigMode": ERROR_CODES["NVML_ERROR_NOT_SUPPORTED"],
+        }
+    )
     sampler = open_fake(FakeNvml([gpu]))
     first = sampler.sample()
     assert first.devices[0].power_w is None and first.devices[0].mig_mode is None
@@ -112,20 +138,32 @@ def test_not_supported_field_is_none_and_reported_once():
 
 
 def test_process_lists_fall_back_to_older_versions():
-    gpu = busy_h100(compute=[FakeProcess(4242, 1 * MIB)],
-                    failing={"nvmlDeviceGetComputeRunningProcesses_v2": ERROR_CODES["NVML_ERROR_FUNCTION_NOT_FOUND"]})
+    gpu = busy_h100(
+        compute=[FakeProcess(4242, 1 * MIB)],
+        failing={
+            "nvmlDeviceGetComputeRunningProcesses_v2": ERROR_CODES["NVML_ERROR_FUNCTION_NOT_FOUND"]
+        },
+    )
     fake = FakeNvml([gpu])
-    fake.remove("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")
+    fake.remove(
+        "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3"
+    )
     sampler = open_fake(fake)
     snap = sampler.sample()
     assert [p.pid for p in snap.processes] == [4242] and snap.errors == []
-    assert sampler._list_fn == {"compute": "nvmlDeviceGetComputeRunningProcesses",
-                                "graphics": "nvmlDeviceGetGraphicsRunningProcesses_v2"}
+    assert sampler._list_fn == {
+        "compute": "nvmlDeviceGetComputeRunningProcesses",
+        "graphics": "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    }
 
 
 def test_no_usable_process_list_function_is_reported_not_raised():
-    gpu = busy_h100(failing={f"nvmlDeviceGetComputeRunningProcesses{s}": ERROR_CODES["NVML_ERROR_FUNCTION_NOT_FOUND"]
-                             for s in ("_v3", "_v2", "")})
+    gpu = busy_h100(
+        failing={
+            f"nvmlDeviceGetComputeRunningProcesses{s}": ERROR_CODES["NVML_ERROR_FUNCTION_NOT_FOUND"]
+            for s in ("_v3", "_v2", "")
+        }
+    )
     snap = open_fake(FakeNvml([gpu])).sample()
     assert snap.errors == ["nvml gpu0 compute processes: no list function in this library/driver"]
     assert snap.devices[0].gpu_util == 98.0
@@ -143,7 +181,9 @@ def test_gpu_lost_mid_run_then_recovers():
     assert lost.extra == {"state": "lost"} and lost.gpu_util is None and lost.memory_used is None
     assert lost.uuid == gpus[0].uuid and lost.name == "NVIDIA H100 80GB HBM3"  # identity kept
     assert ok.gpu_util == 3.0 and snap.processes == []
-    assert snap.errors == [f"nvml gpu0 ({gpus[0].uuid}) unavailable: GPU is lost; retrying each sample"]
+    assert snap.errors == [
+        f"nvml gpu0 ({gpus[0].uuid}) unavailable: GPU is lost; retrying each sample"
+    ]
     assert sampler.sample().errors == []  # still lost: not repeated
 
     gpus[0].lost = False
@@ -177,11 +217,14 @@ def test_driver_unloaded_then_reloaded_reinitialises_nvml():
     assert snap.devices[0].gpu_util == 98.0 and snap.devices[0].extra["state"] == "ok"
 
 
-@pytest.mark.parametrize("code, cause, fix_word", [
-    ("NVML_ERROR_LIBRARY_NOT_FOUND", "library not found", "install the NVIDIA driver"),
-    ("NVML_ERROR_DRIVER_NOT_LOADED", "driver not loaded", "modprobe nvidia"),
-    ("NVML_ERROR_NO_PERMISSION", "no permission to open the NVIDIA devices", "root"),
-])
+@pytest.mark.parametrize(
+    "code, cause, fix_word",
+    [
+        ("NVML_ERROR_LIBRARY_NOT_FOUND", "library not found", "install the NVIDIA driver"),
+        ("NVML_ERROR_DRIVER_NOT_LOADED", "driver not loaded", "modprobe nvidia"),
+        ("NVML_ERROR_NO_PERMISSION", "no permission to open the NVIDIA devices", "root"),
+    ],
+)
 def test_init_failures_become_one_status_line(code, cause, fix_word):
     fake = FakeNvml()
     fake.init_error = ERROR_CODES[code]
@@ -227,5 +270,7 @@ def test_real_pynvml_without_a_driver_is_reported_once():
         pytest.skip("an NVIDIA driver is installed here")
     lines: list[str] = []
     assert open_samplers(("nvml",), on_status=lines.append) == []
-    assert lines == ["NVML not available: library not found "
-                     "(fix: install the NVIDIA driver (it ships libnvidia-ml.so.1))"]
+    assert lines == [
+        "NVML not available: library not found "
+        "(fix: install the NVIDIA driver (it ships libnvidia-ml.so.1))"
+    ]

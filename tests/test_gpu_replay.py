@@ -22,20 +22,52 @@ CONTAINER = "3f2a1b4c5d6e" + "0" * 52
 
 def snapshot(t: float, util: float, source: str = "nvml") -> GpuSnapshot:
     return GpuSnapshot(
-        time=t, source=source,
-        devices=[DeviceSample(vendor="nvidia", index=0, name="NVIDIA H100 80GB HBM3", uuid="GPU-1",
-                              gpu_util=util, memory_used=76_000 * MIB, memory_total=81_559 * MIB, power_w=690.0)],
-        processes=[ProcessGpuUsage(pid=4242, vendor="nvidia", device_index=0, device_uuid="GPU-1", ns_pid=7,
-                                   sm_util=util, used_memory=75_000 * MIB, kind="compute")],
-        errors=["nvml gpu0 mig_mode: Not Supported"] if t == T0 else [])
+        time=t,
+        source=source,
+        devices=[
+            DeviceSample(
+                vendor="nvidia",
+                index=0,
+                name="NVIDIA H100 80GB HBM3",
+                uuid="GPU-1",
+                gpu_util=util,
+                memory_used=76_000 * MIB,
+                memory_total=81_559 * MIB,
+                power_w=690.0,
+            )
+        ],
+        processes=[
+            ProcessGpuUsage(
+                pid=4242,
+                vendor="nvidia",
+                device_index=0,
+                device_uuid="GPU-1",
+                ns_pid=7,
+                sm_util=util,
+                used_memory=75_000 * MIB,
+                kind="compute",
+            )
+        ],
+        errors=["nvml gpu0 mig_mode: Not Supported"] if t == T0 else [],
+    )
 
 
 @pytest.fixture
 def recording(tmp_path):
     path = tmp_path / "trace.ggr"
     with RecordingWriter(path, meta={"test": "gpu replay"}) as writer:
-        writer.write(ProcessFacts(pid=4242, start_time=T0 - 60, comm="kworker/0:1", exe="/tmp/.x/xmrig",
-                                  username="www-data", uid=33, container_runtime="docker", container_id=CONTAINER))
+        writer.write(
+            ProcessFacts(
+                pid=4242,
+                start_time=T0 - 60,
+                comm="kworker/0:1",
+                exe="/tmp/.x/xmrig",
+                username="www-data",
+                uid=33,
+                container_runtime="docker",
+                container_id=CONTAINER,
+            )
+        )
         writer.write(snapshot(T0, 97.0))
         writer.write(GpuOpen(time=T0 + 0.5, pid=4242, comm="kworker/0:1", path="/dev/nvidia0"))
         writer.write(snapshot(T0 + 1, 98.0))
@@ -96,7 +128,12 @@ def test_gpus_replay_json_lines_with_recorded_process_facts(recording, capsys):
     assert [doc["time"] for doc in lines] == [T0, T0 + 1, T0 + 3]
     assert lines[0]["errors"] == ["nvml gpu0 mig_mode: Not Supported"] and lines[1]["errors"] == []
     proc = lines[2]["processes"][0]
-    assert (proc["pid"], proc["ns_pid"], proc["name"], proc["exe"]) == (4242, 7, "kworker/0:1", "/tmp/.x/xmrig")
+    assert (proc["pid"], proc["ns_pid"], proc["name"], proc["exe"]) == (
+        4242,
+        7,
+        "kworker/0:1",
+        "/tmp/.x/xmrig",
+    )
     assert proc["user"] == "www-data" and proc["container"] == "docker:3f2a1b4c5d6e"
     assert proc["source"] == "nvml" and proc["used_memory"] == 75_000 * MIB
 
@@ -106,4 +143,6 @@ def test_gpus_replay_tables(recording, capsys):
     out = capsys.readouterr().out
     assert out.count("NVIDIA H100 80GB HBM3") == 3
     row = next(line for line in out.splitlines() if "/tmp/.x/xmrig" in line)
-    assert "4242" in row and "www-data" in row and "docker:3f2a1b4c5d6e" in row and "75,000 MiB" in row
+    assert (
+        "4242" in row and "www-data" in row and "docker:3f2a1b4c5d6e" in row and "75,000 MiB" in row
+    )

@@ -35,9 +35,14 @@ def hostile_process():
 
 @pytest.fixture
 def fake_nvidia(monkeypatch, hostile_process):
-    gpu = FakeGpu(util_gpu=99, memory_used=70_000 * MIB, power_mw=690_000, sm_clock=1980,
-                  compute=[FakeProcess(hostile_process, 69_000 * MIB)],
-                  util_samples=[(hostile_process, int(time.time() * 1e6), 99, 71, 0, 0)])
+    gpu = FakeGpu(
+        util_gpu=99,
+        memory_used=70_000 * MIB,
+        power_mw=690_000,
+        sm_clock=1980,
+        compute=[FakeProcess(hostile_process, 69_000 * MIB)],
+        util_samples=[(hostile_process, int(time.time() * 1e6), 99, 71, 0, 0)],
+    )
     fake = FakeNvml([gpu])
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
     return fake
@@ -56,8 +61,11 @@ def test_no_gpu_says_which_sources_were_tried_and_exits_0(capsys):
     assert run_gpus("--json") == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["devices"] == [] and doc["processes"] == [] and doc["sources"] == []
-    assert [line.split(":")[0] for line in doc["unavailable"]] == \
-           ["NVML not available", "amdsmi not available", "DRM fdinfo not available"]
+    assert [line.split(":")[0] for line in doc["unavailable"]] == [
+        "NVML not available",
+        "amdsmi not available",
+        "DRM fdinfo not available",
+    ]
 
 
 def test_table_attributes_processes_and_escapes_their_names(fake_nvidia, hostile_process, capsys):
@@ -77,14 +85,22 @@ def test_json_carries_exact_values_and_labels(fake_nvidia, hostile_process, caps
     doc = json.loads(capsys.readouterr().out)
     assert doc["sources"] == ["nvml"] and doc["unavailable"] == [] and doc["errors"] == []
     (dev,) = doc["devices"]
-    assert dev["source"] == "nvml" and dev["gpu_util"] == 99.0 and dev["memory_total"] == 81_559 * MIB
+    assert (
+        dev["source"] == "nvml" and dev["gpu_util"] == 99.0 and dev["memory_total"] == 81_559 * MIB
+    )
     (proc,) = doc["processes"]
     assert proc["pid"] == hostile_process and proc["name"] == HOSTILE_COMM
-    assert proc["used_memory"] == 69_000 * MIB and proc["sm_util"] == 99.0 and proc["kind"] == "compute"
+    assert (
+        proc["used_memory"] == 69_000 * MIB
+        and proc["sm_util"] == 99.0
+        and proc["kind"] == "compute"
+    )
     assert proc["exe"] == os.path.realpath(sys.executable) and proc["container"] == ""
 
 
-def test_watch_prints_one_json_line_per_sample_and_ctrl_c_exits_cleanly(fake_nvidia, monkeypatch, capsys):
+def test_watch_prints_one_json_line_per_sample_and_ctrl_c_exits_cleanly(
+    fake_nvidia, monkeypatch, capsys
+):
     sleeps = []
 
     def sleep(seconds):

@@ -31,11 +31,19 @@ pytestmark = pytest.mark.root
 HUGEPAGES_2M = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"
 
 
-@pytest.mark.parametrize("path,name", [
-    ("/dev/cpu/0/msr", "msr"), ("/dev/cpu/12345/msr", "msr"), ("/dev/cpu/0/cpuid", "none"),
-    ("/sys/module/msr/parameters/allow_writes", "msr-config"), ("/proc/sys/vm/nr_hugepages", "hugepages-config"),
-    (HUGEPAGES_2M, "hugepages-config"), ("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages", "none"),
-    ("/proc/sys/vm/nr_hugepages_mempolicy", "none")])
+@pytest.mark.parametrize(
+    "path,name",
+    [
+        ("/dev/cpu/0/msr", "msr"),
+        ("/dev/cpu/12345/msr", "msr"),
+        ("/dev/cpu/0/cpuid", "none"),
+        ("/sys/module/msr/parameters/allow_writes", "msr-config"),
+        ("/proc/sys/vm/nr_hugepages", "hugepages-config"),
+        (HUGEPAGES_2M, "hugepages-config"),
+        ("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages", "none"),
+        ("/proc/sys/vm/nr_hugepages_mempolicy", "none"),
+    ],
+)
 def test_user_space_classifies_the_tuning_files(path, name):
     assert device_class_name(classify_device_path(path)) == name
 
@@ -56,14 +64,25 @@ def test_the_sensor_reports_tuning_opens_and_the_rules_name_them():
         workload = Path(f"/opt/gg-tuning-{os.getpid()}/worker")
         workload.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(build_workload(), workload)
-        proc = run_with_gpu_nodes([str(workload), "open:/dev/cpu/0/msr", "open:/proc/sys/vm/nr_hugepages",
-                                   f"open:{HUGEPAGES_2M}", f"connect:127.0.0.1:{port}", "ready"],
-                                  nodes=GPU_NODES + ("/dev/cpu/0/msr",))
+        proc = run_with_gpu_nodes(
+            [
+                str(workload),
+                "open:/dev/cpu/0/msr",
+                "open:/proc/sys/vm/nr_hugepages",
+                f"open:{HUGEPAGES_2M}",
+                f"connect:127.0.0.1:{port}",
+                "ready",
+            ],
+            nodes=GPU_NODES + ("/dev/cpu/0/msr",),
+        )
         assert proc.stdout.readline() == b"ready\n"
         facts = collect_process_facts(proc.pid)
         events = []
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and sum(e.kind == "gpu_open" and e.pid == proc.pid for e in events) < 3:
+        while (
+            time.monotonic() < deadline
+            and sum(e.kind == "gpu_open" and e.pid == proc.pid for e in events) < 3
+        ):
             events.extend(sensor.poll(50))
         proc.communicate(b"go\n", timeout=10)
     finally:
@@ -72,8 +91,11 @@ def test_the_sensor_reports_tuning_opens_and_the_rules_name_them():
         shutil.rmtree(f"/opt/gg-tuning-{os.getpid()}", ignore_errors=True)
     mine = [e for e in events if e.pid == proc.pid]
     opens = [(e.path, e.device_class) for e in mine if e.kind == "gpu_open"]
-    assert opens == [("/dev/cpu/0/msr", "msr"), ("/proc/sys/vm/nr_hugepages", "hugepages-config"),
-                     (HUGEPAGES_2M, "hugepages-config")]
+    assert opens == [
+        ("/dev/cpu/0/msr", "msr"),
+        ("/proc/sys/vm/nr_hugepages", "hugepages-config"),
+        (HUGEPAGES_2M, "hugepages-config"),
+    ]
     assert all(e.flags & os.O_ACCMODE == os.O_RDWR for e in mine if e.kind == "gpu_open")
 
     ruleset = load_ruleset([shipped_rules_file()])
@@ -84,7 +106,9 @@ def test_the_sensor_reports_tuning_opens_and_the_rules_name_them():
         correlator.feed(event)
     # ten minutes later the same session is still up: a long-lived miner
     verdict = next(v for v in engine.verdicts(facts.start_time + 700) if v.pid == proc.pid)
-    assert {"cpu-msr-write", "cpu-hugepages-reserve", "cpu-miner-host-tuning"} <= {e.rule_id for e in verdict.evidence}
+    assert {"cpu-msr-write", "cpu-hugepages-reserve", "cpu-miner-host-tuning"} <= {
+        e.rule_id for e in verdict.evidence
+    }
     assert (verdict.score, verdict.verdict) == (60, "suspicious"), verdict.explain()
     # right after start, without a CPU window, the tuning alone is not a verdict
     fresh = next(v for v in engine.verdicts(facts.start_time + 5) if v.pid == proc.pid)

@@ -24,20 +24,23 @@ from tests.test_cli_sensor import GPUGUARD, REPO, gpuguard, start_recorder
 T0 = 1_750_000_000.0
 
 
-@pytest.mark.parametrize("argv", [
-    ["watch", "--duration", "-5"],
-    ["watch", "--duration", "nan"],
-    ["watch", "--duration", "inf"],
-    ["watch", "--duration", "0"],
-    ["watch", "--interval", "0"],
-    ["watch", "--interval", "lots"],
-    ["record", "-o", "/tmp/never.ggr", "--gpu-interval", "-1"],
-    ["record", "-o", "/tmp/never.ggr", "--duration", "nan"],
-    ["record", "-o", "/tmp/never.ggr", "--interval", "-0.5"],
-    ["gpus", "--watch", "-1"],
-    ["gpus", "--watch", "0"],
-    ["gpus", "--watch", "1e400"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["watch", "--duration", "-5"],
+        ["watch", "--duration", "nan"],
+        ["watch", "--duration", "inf"],
+        ["watch", "--duration", "0"],
+        ["watch", "--interval", "0"],
+        ["watch", "--interval", "lots"],
+        ["record", "-o", "/tmp/never.ggr", "--gpu-interval", "-1"],
+        ["record", "-o", "/tmp/never.ggr", "--duration", "nan"],
+        ["record", "-o", "/tmp/never.ggr", "--interval", "-0.5"],
+        ["gpus", "--watch", "-1"],
+        ["gpus", "--watch", "0"],
+        ["gpus", "--watch", "1e400"],
+    ],
+)
 def test_bad_numeric_options_are_one_line_and_exit_2(argv):
     out = gpuguard(*argv, timeout=20)
     assert out.returncode == 2, out
@@ -49,21 +52,33 @@ def test_bad_numeric_options_are_one_line_and_exit_2(argv):
 def test_zero_gpu_interval_still_means_no_sampling():
     from gpuguard.cli import build_parser
 
-    args = build_parser().parse_args(["record", "-o", "x", "--gpu-interval", "0", "--duration", "2.5"])
+    args = build_parser().parse_args(
+        ["record", "-o", "x", "--gpu-interval", "0", "--duration", "2.5"]
+    )
     assert (args.gpu_interval, args.duration) == (0.0, 2.5)
 
 
 def _recording(path: Path) -> Path:
     with RecordingWriter(path) as writer:
-        writer.write(GpuSnapshot(time=T0, source="nvml",
-                                 devices=[DeviceSample(vendor="nvidia", index=0, name="H100", gpu_util=97.0)]))
+        writer.write(
+            GpuSnapshot(
+                time=T0,
+                source="nvml",
+                devices=[DeviceSample(vendor="nvidia", index=0, name="H100", gpu_util=97.0)],
+            )
+        )
     return path
 
 
 def test_gpus_replay_reads_a_pipe(tmp_path):
     data = _recording(tmp_path / "r.ggr").read_bytes()
-    out = subprocess.run([*GPUGUARD, "gpus", "--replay", "/dev/stdin", "--json"], cwd=REPO, input=data,
-                         capture_output=True, timeout=30)
+    out = subprocess.run(
+        [*GPUGUARD, "gpus", "--replay", "/dev/stdin", "--json"],
+        cwd=REPO,
+        input=data,
+        capture_output=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["devices"][0]["gpu_util"] == 97.0
 
@@ -102,14 +117,20 @@ def test_record_to_a_special_file_is_one_line(tmp_path, target):
         os.mkfifo(target)
     out = gpuguard("record", "--output", target, "--force", "--duration", "1", timeout=30)
     assert out.returncode == 2, out.stderr
-    assert out.stderr.count("\n") == 1 and "regular file" in out.stderr and "Traceback" not in out.stderr
+    assert (
+        out.stderr.count("\n") == 1
+        and "regular file" in out.stderr
+        and "Traceback" not in out.stderr
+    )
 
 
 @pytest.fixture
 def small_disk(tmp_path):
     mount = tmp_path / "small"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", f"gg-test-{os.getpid()}", str(mount)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", f"gg-test-{os.getpid()}", str(mount)], check=True
+    )
     try:
         yield mount
     finally:
@@ -128,7 +149,16 @@ def test_record_on_a_disk_that_fills_reports_it_in_one_line(small_disk):
     flood = threading.Thread(target=_exec_flood, args=(stop,), daemon=True)
     flood.start()
     try:
-        out = gpuguard("record", "--output", str(output), "--duration", "20", "--gpu-interval", "0.01", timeout=60)
+        out = gpuguard(
+            "record",
+            "--output",
+            str(output),
+            "--duration",
+            "20",
+            "--gpu-interval",
+            "0.01",
+            timeout=60,
+        )
     finally:
         stop.set()
         flood.join(10)
@@ -138,7 +168,9 @@ def test_record_on_a_disk_that_fills_reports_it_in_one_line(small_disk):
     assert "items (" in errors[0] and "bytes) were written" in errors[0]
     assert "gpuguard: events:" in out.stderr  # the summary is not lost
     replay = gpuguard("replay", "--json", str(output), timeout=30)
-    assert replay.returncode == 2 and replay.stdout.count("\n") >= 1  # the prefix replays, then one line says why
+    assert (
+        replay.returncode == 2 and replay.stdout.count("\n") >= 1
+    )  # the prefix replays, then one line says why
     assert "Traceback" not in replay.stderr
 
 
@@ -154,7 +186,7 @@ def _connect_flood(stop: threading.Event) -> None:
             s.close()
 
 
-EXIT_WITHIN_S = 1.0   # signal to exit under the flood (issue 10)
+EXIT_WITHIN_S = 1.0  # signal to exit under the flood (issue 10)
 
 
 def _stderr_lines(proc: subprocess.Popen) -> list[tuple[float, str]]:
@@ -163,7 +195,9 @@ def _stderr_lines(proc: subprocess.Popen) -> list[tuple[float, str]]:
 
     def read() -> None:
         for raw in proc.stderr:
-            lines.append((time.monotonic(), raw.decode(errors="replace") if isinstance(raw, bytes) else raw))
+            lines.append(
+                (time.monotonic(), raw.decode(errors="replace") if isinstance(raw, bytes) else raw)
+            )
 
     threading.Thread(target=read, daemon=True).start()
     return lines
@@ -183,15 +217,21 @@ def test_sigterm_and_sigint_under_an_event_flood_always_stop_within_a_second(tmp
     exit: the command itself exits within the issue's second.
     """
     stop = threading.Event()
-    floods = [threading.Thread(target=_connect_flood, args=(stop,), daemon=True),
-              threading.Thread(target=_exec_flood, args=(stop,), daemon=True)]
+    floods = [
+        threading.Thread(target=_connect_flood, args=(stop,), daemon=True),
+        threading.Thread(target=_exec_flood, args=(stop,), daemon=True),
+    ]
     for t in floods:
         t.start()
     try:
         for attempt, sig in enumerate([signal.SIGTERM, signal.SIGINT] * 3):
             if command == "watch":
-                proc = subprocess.Popen([*GPUGUARD, "watch", "--json", "--all", "--stats"], cwd=REPO,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                proc = subprocess.Popen(
+                    [*GPUGUARD, "watch", "--json", "--all", "--stats"],
+                    cwd=REPO,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
                 first = proc.stdout.readline()  # the flood is flowing through the callback now
                 assert json.loads(first)["kind"]
                 threading.Thread(target=proc.stdout.read, daemon=True).start()
@@ -213,12 +253,18 @@ def test_sigterm_and_sigint_under_an_event_flood_always_stop_within_a_second(tmp
             assert "Exception ignored" not in err and "Traceback" not in err
             summary = [t for t, line in lines if line.startswith("gpuguard: events:")]
             assert summary, err  # the final drain and the summary ran
-            assert summary[0] - sent < 1.0, f"{command} took {summary[0] - sent:.2f} s to stop on {sig.name}"
-            assert exited - sent < EXIT_WITHIN_S, f"{command} took {exited - sent:.2f} s to exit on {sig.name}"
+            assert summary[0] - sent < 1.0, (
+                f"{command} took {summary[0] - sent:.2f} s to stop on {sig.name}"
+            )
+            assert exited - sent < EXIT_WITHIN_S, (
+                f"{command} took {exited - sent:.2f} s to exit on {sig.name}"
+            )
             if command == "record":
                 assert "wrote " in err
                 replay = gpuguard("replay", "--json", str(tmp_path / f"r{attempt}.ggr"), timeout=60)
-                assert replay.returncode == 0, replay.stderr  # closed properly: end marker and checksum
+                assert replay.returncode == 0, (
+                    replay.stderr
+                )  # closed properly: end marker and checksum
     finally:
         stop.set()
         for t in floods:
@@ -232,13 +278,17 @@ def test_a_reader_that_goes_away_is_not_an_error(tmp_path):
     with RecordingWriter(path) as writer:
         for i in range(20000):
             writer.write(Exec(time=T0 + i, pid=i, comm="x", cmdline=["x" * 100]))
-    replay = subprocess.Popen([*GPUGUARD, "replay", "--json", str(path)], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    replay = subprocess.Popen(
+        [*GPUGUARD, "replay", "--json", str(path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     replay.stdout.readline()
-    replay.stdout.close()          # `| head -1`
+    replay.stdout.close()  # `| head -1`
     err = replay.stderr.read().decode()
     assert replay.wait(30) == 0, err
-    assert err == ""               # no traceback, no "Exception ignored ... BrokenPipeError" at exit
+    assert err == ""  # no traceback, no "Exception ignored ... BrokenPipeError" at exit
 
 
 def test_cli_main_has_no_return_in_finally():

@@ -26,9 +26,15 @@ from tests.test_cli_sensor import GPUGUARD, REPO, start_recorder
 
 pytestmark = pytest.mark.root
 
-NAME = b"\x1b]0;pwn\x07\n$(id)\xff"          # 15 bytes: the whole of comm
-ARGS = [b"\x1b]2;title\x07\x1b[2J", b"$(touch /tmp/gg-pwned-%d)" % os.getpid(), b"line\nbreak\r\x85",
-        b"\xff\xfe\xc0\xaf", b"stratum+tcp://pool.example.com:3333", b"A" * 100_000]
+NAME = b"\x1b]0;pwn\x07\n$(id)\xff"  # 15 bytes: the whole of comm
+ARGS = [
+    b"\x1b]2;title\x07\x1b[2J",
+    b"$(touch /tmp/gg-pwned-%d)" % os.getpid(),
+    b"line\nbreak\r\x85",
+    b"\xff\xfe\xc0\xaf",
+    b"stratum+tcp://pool.example.com:3333",
+    b"A" * 100_000,
+]
 SIGNATURE = "$(id)"
 
 
@@ -47,8 +53,10 @@ def hostile_process(tmp_path: Path) -> Iterator[subprocess.Popen]:
 
 
 def assert_clean_json_lines(raw: bytes, what: str) -> list[dict]:
-    text = raw.decode("utf-8", "strict")     # valid UTF-8, or this raises
-    bad = sorted({hex(b) for b in raw if b < 0x20 and b != 0x0A} | {hex(b) for b in raw if b == 0x7F})
+    text = raw.decode("utf-8", "strict")  # valid UTF-8, or this raises
+    bad = sorted(
+        {hex(b) for b in raw if b < 0x20 and b != 0x0A} | {hex(b) for b in raw if b == 0x7F}
+    )
     assert not bad, f"{what}: raw control bytes {bad}"
     docs = [json.loads(line) for line in text.splitlines() if line]
     assert all(isinstance(d, dict) for d in docs), what
@@ -60,8 +68,12 @@ def _ours(doc: dict) -> bool:
 
 
 def test_watch_json_with_a_hostile_process(tmp_path):
-    watch = subprocess.Popen([*GPUGUARD, "watch", "--json", "--all"], cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watch = subprocess.Popen(
+        [*GPUGUARD, "watch", "--json", "--all"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         # Probes are attached once events flow: start processes until one is seen.
         deadline = time.monotonic() + 60
@@ -77,10 +89,12 @@ def test_watch_json_with_a_hostile_process(tmp_path):
         out, err = watch.communicate(timeout=30)
     assert watch.returncode == 0, err
     # the first chunk read above was discarded; cut at the first full line
-    docs = assert_clean_json_lines(out[out.index(b"\n") + 1:] if not out.startswith(b"{") else out, "watch --json")
+    docs = assert_clean_json_lines(
+        out[out.index(b"\n") + 1 :] if not out.startswith(b"{") else out, "watch --json"
+    )
     execs = [d for d in docs if d["kind"] == "exec" and _ours(d)]
     assert execs, "the hostile exec was not reported"
-    assert execs[0]["comm"] == "\x1b]0;pwn\x07\n$(id)\\xff"          # exact text, JSON-escaped once
+    assert execs[0]["comm"] == "\x1b]0;pwn\x07\n$(id)\\xff"  # exact text, JSON-escaped once
     assert "\x1b]2;title\x07\x1b[2J" in execs[0]["cmdline"]
 
 
@@ -94,11 +108,15 @@ def test_record_and_replay_json_with_a_hostile_process(tmp_path):
         recorder.send_signal(signal.SIGINT)
         recorder.communicate(timeout=30)
     assert recorder.returncode == 0
-    replay = subprocess.run([*GPUGUARD, "replay", "--json", str(output)], cwd=REPO, capture_output=True, timeout=60)
+    replay = subprocess.run(
+        [*GPUGUARD, "replay", "--json", str(output)], cwd=REPO, capture_output=True, timeout=60
+    )
     assert replay.returncode == 0, replay.stderr
     docs = assert_clean_json_lines(replay.stdout, "replay --json")
     assert any(d["kind"] == "exec" and _ours(d) for d in docs)
-    view = subprocess.run([*GPUGUARD, "replay", "--all", str(output)], cwd=REPO, capture_output=True, timeout=60)
+    view = subprocess.run(
+        [*GPUGUARD, "replay", "--all", str(output)], cwd=REPO, capture_output=True, timeout=60
+    )
     assert view.returncode == 0 and b"\x1b" not in view.stdout and b"\x07" not in view.stdout
     view.stdout.decode("utf-8", "strict")
 
@@ -106,16 +124,32 @@ def test_record_and_replay_json_with_a_hostile_process(tmp_path):
 @pytest.mark.parametrize("fmt", ["json", "ocsf", "table"])
 def test_scan_with_a_hostile_process(tmp_path, fmt):
     with hostile_process(tmp_path) as proc:
-        out = subprocess.run([sys.executable, "-m", "gpuguard", "scan", "--no-yara", "--cpu-sample", "0",
-                              "--format", fmt], cwd=REPO, capture_output=True, timeout=120)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpuguard",
+                "scan",
+                "--no-yara",
+                "--cpu-sample",
+                "0",
+                "--format",
+                fmt,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            timeout=120,
+        )
     assert out.returncode in (0, 1), out.stderr
     assert b"Traceback" not in out.stderr
     if fmt == "table":
         text = out.stdout.decode("utf-8", "strict")
         assert not [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0]
-        assert "\\x1b]0;pwn\\x07\\n$(id)\\xff" in text                 # shown escaped, on one line
+        assert "\\x1b]0;pwn\\x07\\n$(id)\\xff" in text  # shown escaped, on one line
         return
-    doc = assert_clean_json_lines(out.stdout.replace(b"\n", b" ") + b"\n", f"scan --format {fmt}")[0]
+    doc = assert_clean_json_lines(out.stdout.replace(b"\n", b" ") + b"\n", f"scan --format {fmt}")[
+        0
+    ]
     ours = [f for f in doc["findings"] if str(proc.pid) in json.dumps(f)]
     assert ours, "the hostile process was not reported"
     assert SIGNATURE in json.dumps(ours[0])

@@ -68,10 +68,12 @@ def test_invalid_change_keeps_the_last_good_rules(setup):
     assert holder.poll() is good
     assert holder.generation == 1 and changes == []
     assert len(lines) == 1
-    assert lines[0].startswith("gpuguard: rules not reloaded (rule files changed); keeping the previous rules: "
-                               f"invalid rules: {path}:6:13: rule r1: weight 999 must be a whole number")
+    assert lines[0].startswith(
+        "gpuguard: rules not reloaded (rule files changed); keeping the previous rules: "
+        f"invalid rules: {path}:6:13: rule r1: weight 999 must be a whole number"
+    )
     assert "\n" not in lines[0]
-    assert holder.poll() is good and len(lines) == 1        # said once, not on every poll
+    assert holder.poll() is good and len(lines) == 1  # said once, not on every poll
     write(path, GOOD.replace("{WEIGHT}", "30"), mtime=1_000_300)
     assert holder.poll().rule("r1").weight == 30 and holder.last_error is None
 
@@ -81,8 +83,10 @@ def test_world_writable_change_is_refused(setup):
     good = holder.current
     os.chmod(path, 0o666)
     assert holder.poll() is good
-    assert lines == [f"gpuguard: rules not reloaded (rule files changed); keeping the previous rules: "
-                     f"refusing rules file {path}: it is writable by group/others (mode 0666) (fix: chmod go-w {path})"]
+    assert lines == [
+        f"gpuguard: rules not reloaded (rule files changed); keeping the previous rules: "
+        f"refusing rules file {path}: it is writable by group/others (mode 0666) (fix: chmod go-w {path})"
+    ]
 
 
 def test_deleted_file_keeps_rules(setup):
@@ -114,7 +118,9 @@ def test_sighup_with_invalid_rules_keeps_the_old(setup):
     write(path, "version: 1\nrules: 5\n", mtime=1_000_000)
     holder.request_reload()
     assert holder.poll() is good
-    assert lines[0].startswith("gpuguard: rules not reloaded (SIGHUP); keeping the previous rules: invalid rules: ")
+    assert lines[0].startswith(
+        "gpuguard: rules not reloaded (SIGHUP); keeping the previous rules: invalid rules: "
+    )
 
 
 def test_site_directory_changes_are_noticed(tmp_path):

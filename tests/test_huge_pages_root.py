@@ -33,7 +33,7 @@ pytestmark = pytest.mark.root
 MIB = 1 << 20
 GIB = 1 << 30
 NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
-RANDOMX_DATASET = 2181038080        # 2 GiB + 32 MiB, as RandomX allocates it
+RANDOMX_DATASET = 2181038080  # 2 GiB + 32 MiB, as RandomX allocates it
 
 
 @contextmanager
@@ -43,7 +43,9 @@ def reserved_huge_pages(pages: int):
     Path(NR_HUGEPAGES).write_text(str(before + pages))
     try:
         granted = int(Path(NR_HUGEPAGES).read_text()) - before
-        assert granted >= pages, f"the kernel gave {granted} of {pages} huge pages (memory too fragmented?)"
+        assert granted >= pages, (
+            f"the kernel gave {granted} of {pages} huge pages (memory too fragmented?)"
+        )
         yield
     finally:
         Path(NR_HUGEPAGES).write_text(str(before))
@@ -87,8 +89,11 @@ def smaps_rollup_hugetlb(pid: int) -> int:
     return total
 
 
-@pytest.mark.parametrize("settings", [{"enter_hook": "tracepoint"}, {"enter_hook": "raw"}, {"perf_buffer": True}],
-                         ids=["tracepoint", "raw", "perf-buffer"])
+@pytest.mark.parametrize(
+    "settings",
+    [{"enter_hook": "tracepoint"}, {"enter_hook": "raw"}, {"perf_buffer": True}],
+    ids=["tracepoint", "raw", "perf-buffer"],
+)
 def test_the_sensor_reports_huge_page_requests_and_proc_shows_the_mapping(settings):
     from gpuguard.sources.probe_source import ProbeSettings
     from gpuguard.sources.sensor import Sensor
@@ -97,25 +102,40 @@ def test_the_sensor_reports_huge_page_requests_and_proc_shows_the_mapping(settin
     sensor.start()
     try:
         with reserved_huge_pages(4), workload_in_opt("worker") as binary:
-            proc, said = start([str(binary), f"hugemmap:{4 * MIB}:0", f"hugemmap:{GIB}:30",
-                                f"hugeshm:{4 * MIB}", "ready"])
+            proc, said = start(
+                [
+                    str(binary),
+                    f"hugemmap:{4 * MIB}:0",
+                    f"hugemmap:{GIB}:30",
+                    f"hugeshm:{4 * MIB}",
+                    "ready",
+                ]
+            )
             try:
-                events = sensor_events_of(sensor, {proc.pid},
-                                          lambda ev: sum(e.kind == "huge_alloc" for e in ev) >= 3)
+                events = sensor_events_of(
+                    sensor, {proc.pid}, lambda ev: sum(e.kind == "huge_alloc" for e in ev) >= 3
+                )
                 facts = collect_process_facts(proc.pid)
                 rollup = smaps_rollup_hugetlb(proc.pid)
             finally:
                 proc.communicate(b"go\n", timeout=10)
     finally:
         sensor.close()
-    assert said == ["hugemmap ok", "hugemmap 12", "hugeshm ok"]      # the 1 GiB pages: ENOMEM
+    assert said == ["hugemmap ok", "hugemmap 12", "hugeshm ok"]  # the 1 GiB pages: ENOMEM
     huge = [(e.source, e.length, e.page_size) for e in events if e.kind == "huge_alloc"]
     # Only the three huge requests: the loader's and libc's ordinary mmaps are filtered in the kernel.
     assert huge == [("mmap", 4 * MIB, 2 * MIB), ("mmap", GIB, GIB), ("shmget", 4 * MIB, 2 * MIB)]
     assert all(e.comm == "worker" for e in events if e.kind == "huge_alloc")
-    shown = [format_event(e) for e in events if e.kind == "huge_alloc" and LiveView(io.StringIO())._shows(e)]
+    shown = [
+        format_event(e)
+        for e in events
+        if e.kind == "huge_alloc" and LiveView(io.StringIO())._shows(e)
+    ]
     assert [line.split("worker", 1)[1].strip() for line in shown] == [
-        "mmap 4 MiB in 2 MiB pages", "mmap 1 GiB in 1 GiB pages", "shmget 4 MiB in 2 MiB pages"]
+        "mmap 4 MiB in 2 MiB pages",
+        "mmap 1 GiB in 1 GiB pages",
+        "shmget 4 MiB in 2 MiB pages",
+    ]
     # /proc without a probe: 8 MiB of 2 MiB pages mapped, the figure smaps_rollup gives too
     assert (facts.hugetlb_bytes, facts.hugetlb_page_size) == (8 * MIB, 2 * MIB)
     assert rollup == 8 * MIB
@@ -124,7 +144,7 @@ def test_the_sensor_reports_huge_page_requests_and_proc_shows_the_mapping(settin
 def test_a_process_without_huge_pages_has_zero_and_thp_is_not_counted():
     # This interpreter maps no hugetlb pages (transparent huge pages, if any, are not hugetlb).
     assert process_hugetlb(os.getpid()) == (0, None)
-    assert process_hugetlb(2 ** 22 + 12345) == (None, None)   # no such process
+    assert process_hugetlb(2**22 + 12345) == (None, None)  # no such process
 
 
 def _cpu_percent(pid: int, seconds: float = 1.0) -> float:
@@ -140,7 +160,7 @@ def _favoured() -> None:
     try:
         Path("/proc/self/autogroup").write_text("-15")
     except OSError:
-        pass        # a kernel without autogroups: the plain nice below is what counts
+        pass  # a kernel without autogroups: the plain nice below is what counts
     os.nice(-15)
 
 
@@ -152,8 +172,9 @@ def run_measured(sensor, argv: list[str], huge_requests: int):
     saturates what it is given, not a fair share of a busy host."""
     proc, said = start(argv, preexec_fn=_favoured)
     try:
-        events = sensor_events_of(sensor, {proc.pid},
-                                  lambda ev: sum(e.kind == "huge_alloc" for e in ev) >= huge_requests)
+        events = sensor_events_of(
+            sensor, {proc.pid}, lambda ev: sum(e.kind == "huge_alloc" for e in ev) >= huge_requests
+        )
         facts = collect_process_facts(proc.pid)
         # CPU over 1.5 s; a window in which others still took most of the cores is measured
         # again (five at most).
@@ -188,10 +209,22 @@ def test_stringless_cpu_miner_is_suspicious_and_a_database_stays_clean():
             shutil.copy2(miner_bin, database_bin)
             # One after the other: the two cores of a test machine are shared with other test runs.
             miner, miner_said, miner_facts, miner_events = run_measured(
-                sensor, [str(miner_bin), f"hugemmap:{256 * MIB}:0", f"hugemmap:{RANDOMX_DATASET}:30", "spin:8",
-                         f"connect:127.0.0.1:{port}", "ready"], huge_requests=2)
+                sensor,
+                [
+                    str(miner_bin),
+                    f"hugemmap:{256 * MIB}:0",
+                    f"hugemmap:{RANDOMX_DATASET}:30",
+                    "spin:8",
+                    f"connect:127.0.0.1:{port}",
+                    "ready",
+                ],
+                huge_requests=2,
+            )
             database, database_said, database_facts, database_events = run_measured(
-                sensor, [str(database_bin), f"hugeshm:{256 * MIB}", "spin:8", "listen:0", "ready"], huge_requests=1)
+                sensor,
+                [str(database_bin), f"hugeshm:{256 * MIB}", "spin:8", "listen:0", "ready"],
+                huge_requests=1,
+            )
     finally:
         sensor.close()
         listener.close()
@@ -199,7 +232,10 @@ def test_stringless_cpu_miner_is_suspicious_and_a_database_stays_clean():
     facts = {miner.pid: miner_facts, database.pid: database_facts}
     assert miner_facts.hugetlb_bytes == 256 * MIB and database_facts.hugetlb_bytes == 256 * MIB
     # both saturate what they get: the database is clean for what it lacks, not for being idle
-    assert miner_facts.cpu_percent >= 90 and database_facts.cpu_percent >= 90, (miner_facts, database_facts)
+    assert miner_facts.cpu_percent >= 90 and database_facts.cpu_percent >= 90, (
+        miner_facts,
+        database_facts,
+    )
     assert {e.kind for e in miner_events} >= {"huge_alloc", "connect"}
     assert "connect" not in {e.kind for e in database_events}
 
@@ -210,10 +246,14 @@ def test_stringless_cpu_miner_is_suspicious_and_a_database_stays_clean():
         correlator.feed(item)
     for event in engine_input:
         correlator.feed(event)
-    later = max(f.start_time for f in facts.values()) + 700     # both have been up for over ten minutes
+    later = (
+        max(f.start_time for f in facts.values()) + 700
+    )  # both have been up for over ten minutes
     verdicts = {v.pid: v for v in engine.verdicts(later)}
     mined = verdicts[miner.pid]
-    assert {"cpu-hugepages-randomx-size", "cpu-hugepages-miner"} <= {e.rule_id for e in mined.evidence}
+    assert {"cpu-hugepages-randomx-size", "cpu-hugepages-miner"} <= {
+        e.rule_id for e in mined.evidence
+    }
     assert mined.verdict == "suspicious", mined.explain()
     db = verdicts[database.pid]
     assert [e.rule_id for e in db.evidence] == ["cpu-hugepages-randomx-size"], db.explain()
@@ -236,8 +276,11 @@ def test_modprobe_msr_allow_writes_exec_is_seen():
             loads, _ = start([str(modprobe), "ready", "msr", "allow_writes=on"])
             plain, _ = start([str(modprobe), "ready", "msr"])
             try:
-                events = sensor_events_of(sensor, {loads.pid, plain.pid},
-                                          lambda ev: sum(e.kind == "exec" for e in ev) >= 2)
+                events = sensor_events_of(
+                    sensor,
+                    {loads.pid, plain.pid},
+                    lambda ev: sum(e.kind == "exec" for e in ev) >= 2,
+                )
             finally:
                 for proc in (loads, plain):
                     proc.communicate(b"go\n", timeout=10)
@@ -263,8 +306,13 @@ def test_a_real_reservation_is_a_host_finding_and_is_gone_after():
         findings = host_tuning_findings("/")
     reserved = before_restore.reserved.get(2 << 20, 0)
     assert reserved >= 3 and before_restore.nr_hugepages == reserved
-    assert [f.rule_id for f in findings if f.rule_id == "host-hugepages-reserved"] == ["host-hugepages-reserved"]
-    assert f"/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages = {reserved}" in findings[-1].evidence
+    assert [f.rule_id for f in findings if f.rule_id == "host-hugepages-reserved"] == [
+        "host-hugepages-reserved"
+    ]
+    assert (
+        f"/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages = {reserved}"
+        in findings[-1].evidence
+    )
     assert read_host_tuning("/").reserved.get(2 << 20, 0) == reserved - 3
 
 
@@ -281,16 +329,26 @@ def test_the_agent_gives_huge_page_users_a_cpu_window():
             correlator = Correlator(facts_provider=collect_process_facts)
             now = time.time()
             for proc in (busy, idle):
-                correlator.feed(HugeAlloc(time=now, pid=proc.pid, comm="worker", source="mmap", length=256 * MIB,
-                                          page_size=2 * MIB))
+                correlator.feed(
+                    HugeAlloc(
+                        time=now,
+                        pid=proc.pid,
+                        comm="worker",
+                        source="mmap",
+                        length=256 * MIB,
+                        page_size=2 * MIB,
+                    )
+                )
             ordinary = collect_process_facts(os.getpid())
-            correlator.feed(ordinary)                     # no huge pages: not a candidate
+            correlator.feed(ordinary)  # no huge pages: not a candidate
             keys = {correlator.state_of(p.pid).key: p.pid for p in (busy, idle)}
             assert set(correlator.cpu_candidates()) == set(keys)
             sampler = CpuSampler()
-            assert sampler.sample(correlator.cpu_candidates()) == {}     # the first look only starts the clock
+            assert (
+                sampler.sample(correlator.cpu_candidates()) == {}
+            )  # the first look only starts the clock
             samples = {}
-            for _ in range(5):                            # the machine's cores are shared with other runs
+            for _ in range(5):  # the machine's cores are shared with other runs
                 time.sleep(1.5)
                 samples = sampler.sample(correlator.cpu_candidates())
                 if samples[correlator.state_of(busy.pid).key] >= 90:

@@ -25,12 +25,12 @@ from gpuguard.outputs.scan_report import ScanReport, scan_document
 from gpuguard.sources.host_gpu_stack import GpuStackFacts
 
 ALL_BYTES = bytes(range(256)).decode("utf-8", "surrogateescape")
-HOSTILE = "\x1b]0;pwned\x07$(id)\n" + ALL_BYTES + "\ud800"   # and one surrogate no decoder makes
+HOSTILE = "\x1b]0;pwned\x07$(id)\n" + ALL_BYTES + "\ud800"  # and one surrogate no decoder makes
 
 
 def assert_strict_json(text: str) -> object:
     """Valid UTF-8, parses with a strict parser, no raw control bytes anywhere."""
-    raw = text.encode("utf-8")                     # raises on any lone surrogate
+    raw = text.encode("utf-8")  # raises on any lone surrogate
     assert not any(b < 0x20 and b not in (0x0A,) for b in raw), "raw control byte in JSON"
     return json.loads(raw.decode("utf-8", "strict"))
 
@@ -56,8 +56,8 @@ def test_every_event_kind_with_every_byte_is_valid_json(kind):
     line = dumps_line(event.to_json())
     assert "\n" not in line
     doc = assert_strict_json(line)
-    assert doc["comm"].startswith("\x1b]0;pwned\x07$(id)\n")       # exact text, JSON-escaped only
-    assert "\\xff" in doc["comm"] and "\\x80" in doc["comm"]       # bytes not UTF-8 as \xNN text
+    assert doc["comm"].startswith("\x1b]0;pwned\x07$(id)\n")  # exact text, JSON-escaped only
+    assert "\\xff" in doc["comm"] and "\\x80" in doc["comm"]  # bytes not UTF-8 as \xNN text
     assert doc["comm"].endswith("\\ud800")
 
 
@@ -70,30 +70,61 @@ def test_process_facts_and_gpu_snapshots_as_replay_writes_them():
     device.extra = {HOSTILE: HOSTILE}
     usage = _fill_strings(ProcessGpuUsage(pid=1, vendor="nvidia", device_index=0), HOSTILE)
     usage.engines = {HOSTILE: 1.0}
-    snap = GpuSnapshot(time=1.0, source=HOSTILE, devices=[device], processes=[usage], errors=[HOSTILE])
+    snap = GpuSnapshot(
+        time=1.0, source=HOSTILE, devices=[device], processes=[usage], errors=[HOSTILE]
+    )
     for record in (facts.to_record(), snap.to_record()):
         assert_strict_json(dumps_line(record))
-    view = GpuView(1.0, [snap], {1: ProcessLabel(name=HOSTILE, exe=HOSTILE, user=HOSTILE, container=HOSTILE)},
-                   [HOSTILE])
+    view = GpuView(
+        1.0,
+        [snap],
+        {1: ProcessLabel(name=HOSTILE, exe=HOSTILE, user=HOSTILE, container=HOSTILE)},
+        [HOSTILE],
+    )
     assert_strict_json(dumps_line(view_to_json(view)))
 
 
 def _finding() -> Finding:
     return Finding(
-        kind="process", rule_id="r", rule_name=HOSTILE, rule_description=HOSTILE, score=80, verdict="malicious",
+        kind="process",
+        rule_id="r",
+        rule_name=HOSTILE,
+        rule_description=HOSTILE,
+        score=80,
+        verdict="malicious",
         explanation=f"pid 4 {HOSTILE}",
         evidence=[EvidenceItem("r", HOSTILE, 40, "comm", "high", ["T1036"], HOSTILE)],
-        categories=["process"], techniques=[("T1036", "Masquerading")],
-        process=ProcessInfo(pid=4, name=HOSTILE, executable=HOSTILE, command_line=[HOSTILE, ALL_BYTES],
-                            start_time=1.0, ppid=1, parent_name=HOSTILE, parent_executable=HOSTILE,
-                            user_id=0, user_name=HOSTILE, container_id=HOSTILE))
+        categories=["process"],
+        techniques=[("T1036", "Masquerading")],
+        process=ProcessInfo(
+            pid=4,
+            name=HOSTILE,
+            executable=HOSTILE,
+            command_line=[HOSTILE, ALL_BYTES],
+            start_time=1.0,
+            ppid=1,
+            parent_name=HOSTILE,
+            parent_executable=HOSTILE,
+            user_id=0,
+            user_name=HOSTILE,
+            container_id=HOSTILE,
+        ),
+    )
 
 
 @pytest.mark.parametrize("fmt", ["json", "ocsf"])
 def test_scan_documents_one_rule_no_double_escaping(fmt):
-    report = ScanReport(started=1.0, finished=2.0, findings=[_finding()], gpu_stack=GpuStackFacts(taint=0),
-                        processes_scanned=1, suspicious_threshold=40, malicious_threshold=75,
-                        limitations=[HOSTILE], notes=[HOSTILE])
+    report = ScanReport(
+        started=1.0,
+        finished=2.0,
+        findings=[_finding()],
+        gpu_stack=GpuStackFacts(taint=0),
+        processes_scanned=1,
+        suspicious_threshold=40,
+        malicious_threshold=75,
+        limitations=[HOSTILE],
+        notes=[HOSTILE],
+    )
     doc = assert_strict_json(dumps_document(scan_document(report, fmt)))
     finding = doc["findings"][0]
     # the sentence holds the exact text once: ESC is one character, not the four of "\x1b"
@@ -103,6 +134,9 @@ def test_scan_documents_one_rule_no_double_escaping(fmt):
 
 
 def test_one_rule_for_direct_renderers_too():
-    for doc in (finding_to_ecs(_finding(), 1.0, {"hostname": HOSTILE}), finding_to_ocsf(_finding(), 1.0, HOSTILE)):
+    for doc in (
+        finding_to_ecs(_finding(), 1.0, {"hostname": HOSTILE}),
+        finding_to_ocsf(_finding(), 1.0, HOSTILE),
+    ):
         assert_strict_json(dumps_line(doc))
         assert_strict_json(dumps_document(doc))

@@ -15,14 +15,19 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gpuguard"
 LAYERS = {
-    "errors": 0, "escape": 0,
+    "errors": 0,
+    "escape": 0,
     "events": 1,
     "sources": 2,
     "correlate": 3,
     "detect": 4,
-    "respond": 5, "outputs": 5,
-    "commands": 6, "agent": 6, "cli": 6, "__main__": 6,
-    "__init__": 0,     # gpuguard/__init__.py: the docstring and __version__ only, importable by all
+    "respond": 5,
+    "outputs": 5,
+    "commands": 6,
+    "agent": 6,
+    "cli": 6,
+    "__main__": 6,
+    "__init__": 0,  # gpuguard/__init__.py: the docstring and __version__ only, importable by all
 }
 SIBLINGS_APART = {"respond", "outputs"}
 
@@ -41,7 +46,9 @@ def top_part(module: str) -> str:
 def imported_modules(path: Path) -> list[tuple[int, str]]:
     """``(line, module)`` of every gpuguard import in ``path``, relative ones resolved."""
     tree = ast.parse(path.read_text(), str(path))
-    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    package = (
+        module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    )
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -50,14 +57,23 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
-                anchor = anchor[:len(anchor) - (node.level - 1)]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
-            if base == "gpuguard":    # from gpuguard import events: a submodule, or a name of gpuguard/__init__
-                found += [(node.lineno, f"gpuguard.{alias.name}" if _is_submodule(alias.name) else "gpuguard")
-                          for alias in node.names]
+            if (
+                base == "gpuguard"
+            ):  # from gpuguard import events: a submodule, or a name of gpuguard/__init__
+                found += [
+                    (
+                        node.lineno,
+                        f"gpuguard.{alias.name}" if _is_submodule(alias.name) else "gpuguard",
+                    )
+                    for alias in node.names
+                ]
             else:
                 found.append((node.lineno, base))
-    return [(line, name) for line, name in found if name == "gpuguard" or name.startswith("gpuguard.")]
+    return [
+        (line, name) for line, name in found if name == "gpuguard" or name.startswith("gpuguard.")
+    ]
 
 
 def _is_submodule(name: str) -> bool:
@@ -83,11 +99,15 @@ def violations(path: Path) -> list[str]:
     for line, target in imported_modules(path):
         part = top_part(target)
         if layer_of(target) > own_layer:
-            out.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {own_part} (layer {own_layer}) imports "
-                       f"{target} ({part}, layer {layer_of(target)})")
+            out.append(
+                f"{path.relative_to(PACKAGE.parent)}:{line}: {own_part} (layer {own_layer}) imports "
+                f"{target} ({part}, layer {layer_of(target)})"
+            )
         elif own_part in SIBLINGS_APART and part in SIBLINGS_APART and part != own_part:
-            out.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {own_part} imports {target}: "
-                       "respond and outputs never import each other (shared data lives in events)")
+            out.append(
+                f"{path.relative_to(PACKAGE.parent)}:{line}: {own_part} imports {target}: "
+                "respond and outputs never import each other (shared data lives in events)"
+            )
     return out
 
 
@@ -112,8 +132,11 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path, monkeypatch):
     (fake / "correlate" / "bad.py").write_text(
         "from typing import TYPE_CHECKING\nfrom gpuguard.events import model\n"
         "if TYPE_CHECKING:\n    from gpuguard.detect.score import Verdict\n"
-        "def f():\n    from ..detect import rules\n    import gpuguard.commands.scan\n")
-    (fake / "outputs" / "side.py").write_text("from gpuguard.respond import actions\nfrom gpuguard import escape\n")
+        "def f():\n    from ..detect import rules\n    import gpuguard.commands.scan\n"
+    )
+    (fake / "outputs" / "side.py").write_text(
+        "from gpuguard.respond import actions\nfrom gpuguard import escape\n"
+    )
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     assert [v.split(": ", 1)[1] for v in violations(fake / "correlate" / "bad.py")] == [
         "correlate (layer 3) imports gpuguard.detect.score (detect, layer 4)",
@@ -130,6 +153,8 @@ PACKAGES = sorted(PACKAGE.rglob("__init__.py"))
 @pytest.mark.parametrize("init", PACKAGES, ids=[str(p.relative_to(PACKAGE)) for p in PACKAGES])
 def test_each_package_says_what_it_owns_and_may_import(init):
     doc = ast.get_docstring(ast.parse(init.read_text()))
-    assert doc and len(doc.splitlines()[0]) > 20, f"{init}: a docstring saying what the package owns"
+    assert doc and len(doc.splitlines()[0]) > 20, (
+        f"{init}: a docstring saying what the package owns"
+    )
     if init.parent != PACKAGE:
         assert "may import" in doc.lower(), f"{init}: say what the package may import"

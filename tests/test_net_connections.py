@@ -24,7 +24,7 @@ def _time_wait_socket() -> tuple[str, int]:
     client = socket.create_connection(server.getsockname())
     accepted, _ = server.accept()
     local = client.getsockname()
-    client.close()          # the active closer goes to TIME_WAIT
+    client.close()  # the active closer goes to TIME_WAIT
     time.sleep(0.05)
     accepted.close()
     server.close()
@@ -43,13 +43,30 @@ def test_time_wait_sockets_are_ownerless_not_unmapped_as_root():
 @pytest.mark.root
 def test_time_wait_is_not_a_blind_spot_without_root_either():
     local = _time_wait_socket()
-    code = ("import json; from gpuguard.sources.net_connections import read_connection_table as r; "
-            "import psutil; t = r(); "
-            f"tw = [c for c in psutil.net_connections('inet') if c.laddr and c.laddr.port == {local[1]}]; "
-            "print(json.dumps([t.unattributed, t.ownerless, [str(c.status) for c in tw]]))")
-    out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                          sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": REPO})
+    code = (
+        "import json; from gpuguard.sources.net_connections import read_connection_table as r; "
+        "import psutil; t = r(); "
+        f"tw = [c for c in psutil.net_connections('inet') if c.laddr and c.laddr.port == {local[1]}]; "
+        "print(json.dumps([t.unattributed, t.ownerless, [str(c.status) for c in tw]]))"
+    )
+    out = subprocess.run(
+        [
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            code,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
     assert out.returncode == 0, out.stderr
     unattributed, ownerless, statuses = json.loads(out.stdout)
     assert statuses == ["TIME_WAIT"] and ownerless >= 1

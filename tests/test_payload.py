@@ -14,7 +14,17 @@ import pytest
 from gpuguard.events import payload
 from gpuguard.events.payload import MAX_TEXT, recognise_payload, recognise_stream
 
-PROTOCOLS = {"stratum", "cryptonote", "ethproxy", "stratum-v2", "tls", "http", "socks5", "socks4", "unknown"}
+PROTOCOLS = {
+    "stratum",
+    "cryptonote",
+    "ethproxy",
+    "stratum-v2",
+    "tls",
+    "http",
+    "socks5",
+    "socks4",
+    "unknown",
+}
 CAPTURE = 512  # GG_PAYLOAD_LEN: what the sensor keeps of one write
 WALLET = "48edfHu7V9Z84YzzMa6fUueoELZ9ZRXq9VetWzYGzKt52XU5xvqgzYnDK9URnRoJMk1j8nLwEVsaSWJ4fhdUyZijBGUicoD"
 XMRIG_AGENT = "XMRig/6.21.0 (Linux x86_64) libuv/1.44.2 gcc/11.4.0"
@@ -23,16 +33,27 @@ ALGOS = ["cn/1", "cn/2", "cn/r", "rx/0", "rx/wow", "rx/arq", "argon2/chukwa", "g
 
 # --- samples built from the protocol formats --------------------------------------
 
+
 def json_line(obj: dict) -> bytes:
     # XMRig and most miners write compact JSON, one message per line.
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 def xmrig_login(agent: str = XMRIG_AGENT, login: str = WALLET) -> bytes:
-    return json_line({
-        "id": 1, "jsonrpc": "2.0", "method": "login",
-        "params": {"login": login, "pass": "x", "agent": agent, "rigid": "rig-7", "algo": ALGOS},
-    })
+    return json_line(
+        {
+            "id": 1,
+            "jsonrpc": "2.0",
+            "method": "login",
+            "params": {
+                "login": login,
+                "pass": "x",
+                "agent": agent,
+                "rigid": "rig-7",
+                "algo": ALGOS,
+            },
+        }
+    )
 
 
 def stratum(method: str, params: list, msg_id: int = 1) -> bytes:
@@ -58,11 +79,26 @@ def sv2_str(text: str) -> bytes:
     return bytes([len(raw)]) + raw
 
 
-def sv2_setup_connection(protocol: int = 0, min_version: int = 2, max_version: int = 2, flags: int = 1,
-                         host: str = "pool.example.net", port: int = 34254) -> bytes:
-    body = (bytes([protocol]) + min_version.to_bytes(2, "little") + max_version.to_bytes(2, "little")
-            + flags.to_bytes(4, "little") + sv2_str(host) + port.to_bytes(2, "little")
-            + sv2_str("Bitmain") + sv2_str("S19 Pro") + sv2_str("braiins-os-23.03") + sv2_str("rig-7"))
+def sv2_setup_connection(
+    protocol: int = 0,
+    min_version: int = 2,
+    max_version: int = 2,
+    flags: int = 1,
+    host: str = "pool.example.net",
+    port: int = 34254,
+) -> bytes:
+    body = (
+        bytes([protocol])
+        + min_version.to_bytes(2, "little")
+        + max_version.to_bytes(2, "little")
+        + flags.to_bytes(4, "little")
+        + sv2_str(host)
+        + port.to_bytes(2, "little")
+        + sv2_str("Bitmain")
+        + sv2_str("S19 Pro")
+        + sv2_str("braiins-os-23.03")
+        + sv2_str("rig-7")
+    )
     return b"\x00\x00" + b"\x00" + len(body).to_bytes(3, "little") + body
 
 
@@ -101,10 +137,17 @@ def assert_well_formed(result: tuple) -> None:
 
 # --- CryptoNote / XMRig ----------------------------------------------------------
 
+
 def test_xmrig_login_gives_wallet_agent_and_algorithms():
     protocol, detail = recognise_payload(xmrig_login())
     assert protocol == "cryptonote"
-    assert detail == {"method": "login", "login": WALLET, "agent": XMRIG_AGENT, "rig_id": "rig-7", "algo": ALGOS}
+    assert detail == {
+        "method": "login",
+        "login": WALLET,
+        "agent": XMRIG_AGENT,
+        "rig_id": "rig-7",
+        "algo": ALGOS,
+    }
     assert "x" not in detail.values()  # the pool password is not copied
 
 
@@ -125,24 +168,34 @@ def test_login_cut_right_after_the_method_string():
     assert recognise_payload(line[:cut]) == ("cryptonote", {"method": "login"})
 
 
-@pytest.mark.parametrize("method, params", [
-    ("submit", {"id": "a1", "job_id": "j7", "nonce": "deadbeef", "result": "00" * 32}),
-    ("keepalived", {"id": "a1"}),
-    ("getjob", {"id": "a1"}),
-])
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("submit", {"id": "a1", "job_id": "j7", "nonce": "deadbeef", "result": "00" * 32}),
+        ("keepalived", {"id": "a1"}),
+        ("getjob", {"id": "a1"}),
+    ],
+)
 def test_other_cryptonote_client_messages(method, params):
-    protocol, detail = recognise_payload(json_line({"id": 4, "jsonrpc": "2.0", "method": method, "params": params}))
+    protocol, detail = recognise_payload(
+        json_line({"id": 4, "jsonrpc": "2.0", "method": method, "params": params})
+    )
     assert (protocol, detail) == ("cryptonote", {"method": method})
 
 
 def test_generic_json_rpc_login_with_list_params_is_not_cryptonote():
-    assert recognise_payload(json_line({"id": 1, "method": "login", "params": ["admin", "pw"]})) == ("unknown", {})
+    assert recognise_payload(
+        json_line({"id": 1, "method": "login", "params": ["admin", "pw"]})
+    ) == ("unknown", {})
 
 
 # --- Stratum v1 --------------------------------------------------------------------
 
+
 def test_stratum_subscribe_and_authorize_in_one_write():
-    data = stratum("mining.subscribe", ["cpuminer-opt/3.8.8.1"]) + stratum("mining.authorize", [WALLET + ".w1", "x"], 2)
+    data = stratum("mining.subscribe", ["cpuminer-opt/3.8.8.1"]) + stratum(
+        "mining.authorize", [WALLET + ".w1", "x"], 2
+    )
     protocol, detail = recognise_payload(data)
     assert protocol == "stratum"
     assert detail == {
@@ -154,18 +207,39 @@ def test_stratum_subscribe_and_authorize_in_one_write():
 
 
 def test_ethereum_stratum_subscribe_reports_its_version():
-    protocol, detail = recognise_payload(stratum("mining.subscribe", ["lolMiner/1.76", "EthereumStratum/1.0.0"]))
+    protocol, detail = recognise_payload(
+        stratum("mining.subscribe", ["lolMiner/1.76", "EthereumStratum/1.0.0"])
+    )
     assert protocol == "stratum"
-    assert detail == {"method": "mining.subscribe", "agent": "lolMiner/1.76", "protocol_version": "EthereumStratum/1.0.0"}
+    assert detail == {
+        "method": "mining.subscribe",
+        "agent": "lolMiner/1.76",
+        "protocol_version": "EthereumStratum/1.0.0",
+    }
 
 
 def test_stratum_hello_takes_the_agent_from_its_object():
-    data = json_line({"id": 0, "method": "mining.hello",
-                      "params": {"agent": "T-Rex/0.26.8", "host": "eu1.example.org", "port": "4444", "proto": "EthereumStratum/2.0.0"}})
-    assert recognise_payload(data) == ("stratum", {"method": "mining.hello", "agent": "T-Rex/0.26.8"})
+    data = json_line(
+        {
+            "id": 0,
+            "method": "mining.hello",
+            "params": {
+                "agent": "T-Rex/0.26.8",
+                "host": "eu1.example.org",
+                "port": "4444",
+                "proto": "EthereumStratum/2.0.0",
+            },
+        }
+    )
+    assert recognise_payload(data) == (
+        "stratum",
+        {"method": "mining.hello", "agent": "T-Rex/0.26.8"},
+    )
 
 
-@pytest.mark.parametrize("method", ["mining.submit", "mining.extranonce.subscribe", "mining.configure"])
+@pytest.mark.parametrize(
+    "method", ["mining.submit", "mining.extranonce.subscribe", "mining.configure"]
+)
 def test_other_stratum_methods(method):
     assert recognise_payload(stratum(method, ["w", "1"])) == ("stratum", {"method": method})
 
@@ -179,33 +253,60 @@ def test_stratum_authorize_cut_inside_its_params_keeps_the_method():
 def test_stratum_authorize_cut_after_the_user_keeps_the_user():
     data = stratum("mining.authorize", [WALLET, "password-that-is-cut"])
     cut = data.index(b"password") + 4
-    assert recognise_payload(data[:cut]) == ("stratum", {"method": "mining.authorize", "user": WALLET})
+    assert recognise_payload(data[:cut]) == (
+        "stratum",
+        {"method": "mining.authorize", "user": WALLET},
+    )
 
 
 # --- ETHPROXY ----------------------------------------------------------------------
 
+
 def test_ethproxy_login_gives_wallet_and_worker():
-    data = json_line({"worker": "rig1", "jsonrpc": "2.0", "params": ["0x1f9840a85d5af5bf1d1762f925bdaddc4201f984", "x"],
-                      "id": 1, "method": "eth_submitLogin"})
-    assert recognise_payload(data) == ("ethproxy", {
-        "method": "eth_submitLogin", "worker": "rig1", "login": "0x1f9840a85d5af5bf1d1762f925bdaddc4201f984"})
+    data = json_line(
+        {
+            "worker": "rig1",
+            "jsonrpc": "2.0",
+            "params": ["0x1f9840a85d5af5bf1d1762f925bdaddc4201f984", "x"],
+            "id": 1,
+            "method": "eth_submitLogin",
+        }
+    )
+    assert recognise_payload(data) == (
+        "ethproxy",
+        {
+            "method": "eth_submitLogin",
+            "worker": "rig1",
+            "login": "0x1f9840a85d5af5bf1d1762f925bdaddc4201f984",
+        },
+    )
 
 
 @pytest.mark.parametrize("method", ["eth_getWork", "eth_submitWork"])
 def test_ethproxy_work_messages(method):
-    assert recognise_payload(json_line({"id": 3, "jsonrpc": "2.0", "method": method, "params": []})) == (
-        "ethproxy", {"method": method})
+    assert recognise_payload(
+        json_line({"id": 3, "jsonrpc": "2.0", "method": method, "params": []})
+    ) == ("ethproxy", {"method": method})
 
 
 # --- Stratum V2 ----------------------------------------------------------------------
+
 
 def test_sv2_setup_connection_is_decoded():
     protocol, detail = recognise_payload(sv2_setup_connection())
     assert protocol == "stratum-v2"
     assert detail == {
-        "message": "SetupConnection", "subprotocol": "mining", "min_version": 2, "max_version": 2, "flags": 1,
-        "endpoint_host": "pool.example.net", "endpoint_port": 34254, "vendor": "Bitmain",
-        "hardware_version": "S19 Pro", "firmware": "braiins-os-23.03", "device_id": "rig-7",
+        "message": "SetupConnection",
+        "subprotocol": "mining",
+        "min_version": 2,
+        "max_version": 2,
+        "flags": 1,
+        "endpoint_host": "pool.example.net",
+        "endpoint_port": 34254,
+        "vendor": "Bitmain",
+        "hardware_version": "S19 Pro",
+        "firmware": "braiins-os-23.03",
+        "device_id": "rig-7",
     }
 
 
@@ -217,11 +318,14 @@ def test_sv2_frame_cut_short_is_reported_truncated():
     assert detail["subprotocol"] == "mining"
 
 
-@pytest.mark.parametrize("frame", [
-    sv2_setup_connection(protocol=7),
-    sv2_setup_connection(min_version=3, max_version=2),
-    sv2_setup_connection(min_version=0, max_version=0),
-])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        sv2_setup_connection(protocol=7),
+        sv2_setup_connection(min_version=3, max_version=2),
+        sv2_setup_connection(min_version=0, max_version=0),
+    ],
+)
 def test_sv2_rejects_implausible_setup_frames(frame):
     assert recognise_payload(frame) == ("unknown", {})
 
@@ -247,6 +351,7 @@ def test_noise_handshake_keys_are_not_claimed_as_sv2():
 
 
 # --- TLS ----------------------------------------------------------------------------
+
 
 def test_tls_client_hello_gives_sni_alpn_and_version():
     hello = tls_client_hello("pool.supportxmr.com", ["h2", "http/1.1"])
@@ -284,7 +389,9 @@ def test_tls_handshake_written_to_a_real_socket_pair():
     client, server = socket.socketpair()
     with client, server:
         context = ssl.create_default_context()
-        tls = context.wrap_socket(client, server_hostname="c3pool.com", do_handshake_on_connect=False)
+        tls = context.wrap_socket(
+            client, server_hostname="c3pool.com", do_handshake_on_connect=False
+        )
         tls.setblocking(False)
         with pytest.raises(ssl.SSLWantReadError):
             tls.do_handshake()
@@ -296,11 +403,19 @@ def test_tls_handshake_written_to_a_real_socket_pair():
 
 # --- HTTP ----------------------------------------------------------------------------
 
+
 def test_http_get_gives_path_host_and_agent():
     data = b"GET /api/v1/stats?x=1 HTTP/1.1\r\nHost: api.example.com\r\nUser-Agent: python-requests/2.31\r\nAccept: */*\r\n\r\n"
-    assert recognise_payload(data) == ("http", {
-        "method": "GET", "path": "/api/v1/stats?x=1", "version": "HTTP/1.1",
-        "host": "api.example.com", "user_agent": "python-requests/2.31"})
+    assert recognise_payload(data) == (
+        "http",
+        {
+            "method": "GET",
+            "path": "/api/v1/stats?x=1",
+            "version": "HTTP/1.1",
+            "host": "api.example.com",
+            "user_agent": "python-requests/2.31",
+        },
+    )
 
 
 def test_http_connect_reveals_the_destination_behind_the_proxy():
@@ -323,7 +438,9 @@ def test_http_connect_to_ipv6_then_tls_inside():
 
 def test_http_getwork_post_names_the_rpc_in_its_body():
     body = json.dumps({"jsonrpc": "2.0", "method": "eth_getWork", "params": [], "id": 1}).encode()
-    data = b"POST / HTTP/1.1\r\nHost: 127.0.0.1:8545\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    data = (
+        b"POST / HTTP/1.1\r\nHost: 127.0.0.1:8545\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
     protocol, detail = recognise_payload(data)
     assert protocol == "http"
     assert (detail["body_protocol"], detail["body_method"]) == ("ethproxy", "eth_getWork")
@@ -337,26 +454,43 @@ def test_http_headers_cut_short_are_marked_truncated():
 
 # --- SOCKS ---------------------------------------------------------------------------
 
+
 def test_socks5_greeting_alone():
-    assert recognise_payload(b"\x05\x02\x00\x02") == ("socks5", {"stage": "greeting", "methods": ["none", "username"]})
+    assert recognise_payload(b"\x05\x02\x00\x02") == (
+        "socks5",
+        {"stage": "greeting", "methods": ["none", "username"]},
+    )
 
 
-@pytest.mark.parametrize("host, port, kind", [
-    ("pool.minexmr.com", 4444, "domain"),
-    ("203.0.113.9", 3333, "ipv4"),
-    ("2001:db8::1:2", 14444, "ipv6"),
-])
+@pytest.mark.parametrize(
+    "host, port, kind",
+    [
+        ("pool.minexmr.com", 4444, "domain"),
+        ("203.0.113.9", 3333, "ipv4"),
+        ("2001:db8::1:2", 14444, "ipv6"),
+    ],
+)
 def test_socks5_greeting_then_connect_in_separate_writes(host, port, kind):
     protocol, detail = recognise_stream([b"\x05\x01\x00", socks5_connect(host, port)])
     assert protocol == "socks5"
-    assert detail == {"stage": "connect", "methods": ["none"], "command": "connect",
-                      "address_type": kind, "target_host": host, "target_port": port}
+    assert detail == {
+        "stage": "connect",
+        "methods": ["none"],
+        "command": "connect",
+        "address_type": kind,
+        "target_host": host,
+        "target_port": port,
+    }
 
 
 def test_socks5_greeting_and_connect_in_one_buffer():
     protocol, detail = recognise_payload(b"\x05\x01\x00" + socks5_connect("xmr.2miners.com", 2222))
     assert protocol == "socks5"
-    assert (detail["stage"], detail["target_host"], detail["target_port"]) == ("connect", "xmr.2miners.com", 2222)
+    assert (detail["stage"], detail["target_host"], detail["target_port"]) == (
+        "connect",
+        "xmr.2miners.com",
+        2222,
+    )
 
 
 def test_socks5_connect_alone_then_tunnelled_xmrig_login():
@@ -370,7 +504,9 @@ def test_socks5_connect_alone_then_tunnelled_xmrig_login():
 
 def test_socks5_username_auth_keeps_the_user_but_not_the_password():
     auth = b"\x01\x05alice\x0ds3cr3t-passw0"
-    protocol, detail = recognise_stream([b"\x05\x01\x02", auth, socks5_connect("pool.example.org", 443)])
+    protocol, detail = recognise_stream(
+        [b"\x05\x01\x02", auth, socks5_connect("pool.example.org", 443)]
+    )
     assert protocol == "socks5"
     assert detail["username"] == "alice"
     assert detail["target_host"] == "pool.example.org"
@@ -378,32 +514,66 @@ def test_socks5_username_auth_keeps_the_user_but_not_the_password():
 
 
 def test_socks5_then_tls_inside():
-    protocol, detail = recognise_stream([b"\x05\x01\x00", socks5_connect("pool.example.org", 443),
-                                         tls_client_hello("pool.example.org")])
+    protocol, detail = recognise_stream(
+        [
+            b"\x05\x01\x00",
+            socks5_connect("pool.example.org", 443),
+            tls_client_hello("pool.example.org"),
+        ]
+    )
     assert detail["inner_protocol"] == "tls"
     assert detail["inner_sni"] == "pool.example.org"
 
 
 def test_socks4_connect_with_user_id():
     data = b"\x04\x01" + (3333).to_bytes(2, "big") + bytes([192, 0, 2, 44]) + b"miner\x00"
-    assert recognise_payload(data) == ("socks4", {"stage": "connect", "command": "connect", "target_port": 3333,
-                                                  "target_host": "192.0.2.44", "user_id": "miner"})
+    assert recognise_payload(data) == (
+        "socks4",
+        {
+            "stage": "connect",
+            "command": "connect",
+            "target_port": 3333,
+            "target_host": "192.0.2.44",
+            "user_id": "miner",
+        },
+    )
 
 
 def test_socks4a_connect_by_name_then_stratum():
-    data = b"\x04\x01" + (4444).to_bytes(2, "big") + b"\x00\x00\x00\x01" + b"\x00" + b"eth.2miners.com\x00"
+    data = (
+        b"\x04\x01"
+        + (4444).to_bytes(2, "big")
+        + b"\x00\x00\x00\x01"
+        + b"\x00"
+        + b"eth.2miners.com\x00"
+    )
     protocol, detail = recognise_stream([data, stratum("mining.subscribe", ["ethminer/0.19.0"])])
     assert protocol == "socks4"
-    assert (detail["variant"], detail["target_host"], detail["target_port"]) == ("socks4a", "eth.2miners.com", 4444)
+    assert (detail["variant"], detail["target_host"], detail["target_port"]) == (
+        "socks4a",
+        "eth.2miners.com",
+        4444,
+    )
     assert (detail["inner_protocol"], detail["inner_agent"]) == ("stratum", "ethminer/0.19.0")
 
 
 # --- unknown and hostile input ----------------------------------------------------------
 
-@pytest.mark.parametrize("data", [
-    b"", b"\x00", b"SSH-2.0-OpenSSH_9.6\r\n", b"\x16\x03", b"hello world\n", b'{"id":1,"method":"getinfo"}\n',
-    b"\x05\xff\xff", b"\x04\x09\x00\x00", b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00",
-])
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x00",
+        b"SSH-2.0-OpenSSH_9.6\r\n",
+        b"\x16\x03",
+        b"hello world\n",
+        b'{"id":1,"method":"getinfo"}\n',
+        b"\x05\xff\xff",
+        b"\x04\x09\x00\x00",
+        b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00",
+    ],
+)
 def test_other_bytes_are_unknown(data):
     assert recognise_payload(data) == ("unknown", {})
 
@@ -415,7 +585,8 @@ def samples() -> list[bytes]:
         json_line({"worker": "w", "method": "eth_submitLogin", "params": ["0xabc"], "id": 1}),
         sv2_setup_connection(),
         tls_client_hello("pool.example.net", ["h2"]),
-        b"CONNECT pool.example.net:443 HTTP/1.1\r\nHost: pool.example.net:443\r\n\r\n" + tls_client_hello("p.example"),
+        b"CONNECT pool.example.net:443 HTTP/1.1\r\nHost: pool.example.net:443\r\n\r\n"
+        + tls_client_hello("p.example"),
         b"GET / HTTP/1.1\r\nHost: a\r\nUser-Agent: b\r\n\r\n",
         b"\x05\x02\x00\x02\x01\x01u\x01p" + socks5_connect("2001:db8::1", 1) + xmrig_login(),
         b"\x04\x01\x00\x50\x00\x00\x00\x09id\x00host.example\x00" + stratum("mining.subscribe", []),
@@ -426,13 +597,25 @@ def test_every_prefix_of_every_sample_gives_a_well_formed_result():
     for sample in samples():
         for end in range(len(sample) + 1):
             assert_well_formed(recognise_payload(sample[:end]))
-            assert_well_formed(recognise_stream([sample[:end // 2], sample[end // 2:end]]))
+            assert_well_formed(recognise_stream([sample[: end // 2], sample[end // 2 : end]]))
 
 
 def test_random_and_mutated_bytes_never_raise():
     rng = random.Random(20240611)
-    prefixes = [b"", b"\x16\x03\x01", b"\x16\x03\x03\x02\x00\x01", b"\x05", b"\x05\x01\x00", b"\x04\x01",
-                b"\x00\x00\x00", b'{"method":"', b'{"method":"login","params":{', b"GET ", b"CONNECT ", b"POST / HTTP/1.1\r\n"]
+    prefixes = [
+        b"",
+        b"\x16\x03\x01",
+        b"\x16\x03\x03\x02\x00\x01",
+        b"\x05",
+        b"\x05\x01\x00",
+        b"\x04\x01",
+        b"\x00\x00\x00",
+        b'{"method":"',
+        b'{"method":"login","params":{',
+        b"GET ",
+        b"CONNECT ",
+        b"POST / HTTP/1.1\r\n",
+    ]
     bases = samples()
     for round_ in range(6000):
         kind = round_ % 3
@@ -450,8 +633,17 @@ def test_random_and_mutated_bytes_never_raise():
 
 
 def test_hostile_json_values_come_out_bounded_and_serialisable():
-    data = json_line({"id": 1, "method": "login", "params": {
-        "login": "\ud800" + "W" * 5000, "agent": {"not": "a string"}, "algo": ["rx/0", 7, None] + ["x"] * 100}})
+    data = json_line(
+        {
+            "id": 1,
+            "method": "login",
+            "params": {
+                "login": "\ud800" + "W" * 5000,
+                "agent": {"not": "a string"},
+                "algo": ["rx/0", 7, None] + ["x"] * 100,
+            },
+        }
+    )
     protocol, detail = recognise_payload(data)
     assert protocol == "cryptonote"
     assert_well_formed((protocol, detail))
@@ -470,23 +662,31 @@ def test_a_decoder_bug_is_contained_and_visible(monkeypatch):
         raise RuntimeError("bug")
 
     monkeypatch.setattr(payload.tls, "recognise_tls", broken)
-    assert recognise_payload(b"\x16\x03\x01\x00\x10\x01") == ("unknown", {"decode_error": "RuntimeError"})
+    assert recognise_payload(b"\x16\x03\x01\x00\x10\x01") == (
+        "unknown",
+        {"decode_error": "RuntimeError"},
+    )
 
 
 def test_non_bytes_input_is_unknown():
     assert recognise_payload("GET / HTTP/1.1") == ("unknown", {})  # type: ignore[arg-type]
-    assert recognise_stream([None, 3, b"\x05\x01\x00"]) == ("socks5", {"stage": "greeting", "methods": ["none"]})  # type: ignore[list-item]
+    assert recognise_stream([None, 3, b"\x05\x01\x00"]) == (
+        "socks5",
+        {"stage": "greeting", "methods": ["none"]},
+    )  # type: ignore[list-item]
     assert recognise_stream(None) == ("unknown", {})  # type: ignore[arg-type]
 
 
 # --- TLS records after the ClientHello (issue 13) ---------------------------------------
 
+
 def test_tls_client_writes_after_the_hello_are_tls_records():
     """A ClientHello is often longer than the capture: the sensor then recognises each later write alone."""
     client, server = socket.socketpair()
     with client, server:
-        tls = ssl.create_default_context().wrap_socket(client, server_hostname="pool.example.org",
-                                                       do_handshake_on_connect=False)
+        tls = ssl.create_default_context().wrap_socket(
+            client, server_hostname="pool.example.org", do_handshake_on_connect=False
+        )
         tls.setblocking(False)
         with pytest.raises(ssl.SSLWantReadError):
             tls.do_handshake()
@@ -496,7 +696,8 @@ def test_tls_client_writes_after_the_hello_are_tls_records():
         b"\x14\x03\x03\x00\x01\x01": "change_cipher_spec",
         b"\x17\x03\x03\x00\x35" + bytes(range(0x35)): "application_data",
         b"\x15\x03\x03\x00\x02\x01\x00": "alert",
-        b"\x16\x03\x03\x00\x46\x10\x00\x00\x42" + bytes(0x42): "handshake",   # ClientKeyExchange (TLS 1.2)
+        b"\x16\x03\x03\x00\x46\x10\x00\x00\x42"
+        + bytes(0x42): "handshake",  # ClientKeyExchange (TLS 1.2)
     }
     for data, record in later.items():
         assert recognise_payload(data) == ("tls", {"record": record}), data

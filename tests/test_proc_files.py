@@ -62,14 +62,19 @@ def test_an_absolute_symlink_never_reaches_the_host(world, resolver):
     inside = world["root"] / str(world["secret"]).lstrip("/")
     inside.parent.mkdir(parents=True)
     inside.write_text('{"url": "container.example:2"}')
-    assert read(world, "/etc/evil.json") == ('{"url": "container.example:2"}' if resolver == "openat2" else None)
+    assert read(world, "/etc/evil.json") == (
+        '{"url": "container.example:2"}' if resolver == "openat2" else None
+    )
 
 
 def test_dot_dot_never_climbs_out(world, resolver):
     climb = "../" * 12 + str(world["secret"]).lstrip("/")
     assert read(world, climb) is None
     assert read(world, "/" + climb) is None
-    os.symlink("../../../../../../../../../../" + str(world["secret"]).lstrip("/"), world["root"] / "app" / "up.json")
+    os.symlink(
+        "../../../../../../../../../../" + str(world["secret"]).lstrip("/"),
+        world["root"] / "app" / "up.json",
+    )
     assert read(world, "up.json") is None
 
 
@@ -80,7 +85,7 @@ def test_relative_links_inside_the_directory_work_only_with_openat2(world, resol
 
 
 def test_only_small_regular_files_are_read(world, resolver):
-    os.mkfifo(world["root"] / "app" / "fifo.json")                 # would block a plain open
+    os.mkfifo(world["root"] / "app" / "fifo.json")  # would block a plain open
     os.mknod(world["root"] / "app" / "null.json", stat.S_IFCHR | 0o600, os.makedev(1, 3))
     (world["root"] / "app" / "big.json").write_text("x" * 100)
     assert read(world, "fifo.json") is None
@@ -96,7 +101,12 @@ def test_a_missing_process_reads_nothing(world, resolver):
 
 def test_config_files_of_a_hostile_process(world, resolver):
     os.symlink(world["secret"], world["root"] / "app" / "config.ini")
-    argv = ["./x", "-c", "/etc/miner.json", "--config=" + "../" * 9 + str(world["secret"]).lstrip("/")]
+    argv = [
+        "./x",
+        "-c",
+        "/etc/miner.json",
+        "--config=" + "../" * 9 + str(world["secret"]).lstrip("/"),
+    ]
     files = read_config_files(PID, argv, world["proc"])
     assert sorted(files) == ["/etc/miner.json", "config.json"]
     assert "host-only" not in "".join(files.values())

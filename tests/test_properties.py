@@ -30,12 +30,22 @@ from gpuguard.outputs.console import LiveView
 from gpuguard.outputs.gpu_table import GpuView, render_view
 from gpuguard.outputs.jsonl import dumps_line
 from test_json_outputs import assert_strict_json
-from test_payload import assert_well_formed, json_line, socks5_connect, stratum, sv2_setup_connection, \
-    tls_client_hello, xmrig_login
+from test_payload import (
+    assert_well_formed,
+    json_line,
+    socks5_connect,
+    stratum,
+    sv2_setup_connection,
+    tls_client_hello,
+    xmrig_login,
+)
 from test_wire import raw_recording
 
-PROPERTY = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 # Text as the kernel and /proc hand it over: any bytes, decoded with surrogateescape.
 kernel_text = st.binary(max_size=64).map(lambda b: b.decode("utf-8", "surrogateescape"))
@@ -44,39 +54,84 @@ hostile_text = st.one_of(kernel_text, st.text(st.characters(codec=None), max_siz
 
 
 def _values(text):  # noqa: ANN001, ANN202
-    scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1),
-                        st.floats(allow_nan=True), text, st.binary(max_size=32))
-    return st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                         st.dictionaries(text, inner, max_size=4)),
-                        max_leaves=12)
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**63), max_value=2**64 - 1),
+        st.floats(allow_nan=True),
+        text,
+        st.binary(max_size=32),
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(text, inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
 
 
 values = _values(hostile_text)
 stored_values = _values(kernel_text)  # what a msgpack recording can hold
 # Field names the real records use, so random records reach deep into the checks.
-FIELD_NAMES = sorted({n for cls in (*EVENT_TYPES.values(), GpuSnapshot, ProcessFacts)
-                      for n in cls.__dataclass_fields__} | {"vendor", "index", "sm_util", "memory_total",
-                                                           "device_index", "engines", "extra", "pid", "comm"})
+FIELD_NAMES = sorted(
+    {
+        n
+        for cls in (*EVENT_TYPES.values(), GpuSnapshot, ProcessFacts)
+        for n in cls.__dataclass_fields__
+    }
+    | {
+        "vendor",
+        "index",
+        "sm_util",
+        "memory_total",
+        "device_index",
+        "engines",
+        "extra",
+        "pid",
+        "comm",
+    }
+)
 KINDS = [*EVENT_TYPES, SNAPSHOT_KIND, PROCESS_KIND, "recording_end", "nope"]
 
 
 def _nested_device(vals):  # noqa: ANN001, ANN202
-    return st.fixed_dictionaries({"vendor": st.one_of(kernel_text, vals), "index": st.one_of(st.integers(-(2**63), 2**63 - 1), vals)},
-                                 optional={"sm_util": vals, "memory_total": vals, "gpu_util": vals, "name": vals,
-                                           "extra": vals, "engines": vals, "device_index": vals, "pid": vals})
+    return st.fixed_dictionaries(
+        {
+            "vendor": st.one_of(kernel_text, vals),
+            "index": st.one_of(st.integers(-(2**63), 2**63 - 1), vals),
+        },
+        optional={
+            "sm_util": vals,
+            "memory_total": vals,
+            "gpu_util": vals,
+            "name": vals,
+            "extra": vals,
+            "engines": vals,
+            "device_index": vals,
+            "pid": vals,
+        },
+    )
 
 
 records = st.builds(
     lambda kind, base, extra: {"kind": kind, **base, **extra},
     st.sampled_from(KINDS),
-    st.fixed_dictionaries({}, optional={"time": st.one_of(st.floats(0, 2e9), stored_values),
-                                        "pid": st.one_of(st.integers(0, 2**31), stored_values),
-                                        "start_time": st.one_of(st.floats(0, 2e9), stored_values),
-                                        "source": stored_values,
-                                        "devices": st.lists(_nested_device(stored_values), max_size=2),
-                                        "processes": st.lists(_nested_device(stored_values), max_size=2),
-                                        "ancestors": st.lists(stored_values, max_size=2),
-                                        "config_files": stored_values, "cmdline": stored_values, "detail": stored_values}),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "time": st.one_of(st.floats(0, 2e9), stored_values),
+            "pid": st.one_of(st.integers(0, 2**31), stored_values),
+            "start_time": st.one_of(st.floats(0, 2e9), stored_values),
+            "source": stored_values,
+            "devices": st.lists(_nested_device(stored_values), max_size=2),
+            "processes": st.lists(_nested_device(stored_values), max_size=2),
+            "ancestors": st.lists(stored_values, max_size=2),
+            "config_files": stored_values,
+            "cmdline": stored_values,
+            "detail": stored_values,
+        },
+    ),
     st.dictionaries(st.sampled_from(FIELD_NAMES), stored_values, max_size=6),
 )
 
@@ -93,8 +148,15 @@ def replay_everything(path) -> int:  # noqa: ANN001
                 view.write([item])
             elif isinstance(item, GpuSnapshot):
                 console = Console(file=io.StringIO(), width=200, color_system=None)
-                console.print(render_view(GpuView(item.time, [item], {p.pid: label_from_facts(None)
-                                                                      for p in item.processes})))
+                console.print(
+                    render_view(
+                        GpuView(
+                            item.time,
+                            [item],
+                            {p.pid: label_from_facts(None) for p in item.processes},
+                        )
+                    )
+                )
             else:
                 label_from_facts(item)
     except GpuguardError as exc:
@@ -133,8 +195,13 @@ def test_stream_decoder_takes_any_writes(chunks):
 
 
 @PROPERTY
-@given(st.sampled_from(sorted(EVENT_TYPES)), hostile_text, st.lists(hostile_text, max_size=4),
-       st.dictionaries(hostile_text, values, max_size=4), st.binary(max_size=64))
+@given(
+    st.sampled_from(sorted(EVENT_TYPES)),
+    hostile_text,
+    st.lists(hostile_text, max_size=4),
+    st.dictionaries(hostile_text, values, max_size=4),
+    st.binary(max_size=64),
+)
 def test_every_event_json_line_is_valid_utf8(kind, text, texts, detail, data):
     event = EVENT_TYPES[kind](time=1.0, pid=1, comm=text)
     if isinstance(event, Exec):
@@ -157,11 +224,19 @@ def test_any_structure_is_one_valid_json_line(value):
 # --- fuzzing ----------------------------------------------------------------------
 
 FUZZ_SECONDS = 3.0
-SEEDS = [xmrig_login(), stratum("mining.subscribe", ["cpuminer/2.5"]), json_line({"method": "eth_submitLogin"}),
-         tls_client_hello("pool.example.com", ["h2"]), socks5_connect("pool.example.com", 3333),
-         socks5_connect("10.0.0.1", 443) + tls_client_hello("x.example"), sv2_setup_connection(),
-         b"CONNECT pool.example.com:3333 HTTP/1.1\r\nHost: pool.example.com:3333\r\n\r\n" + xmrig_login(),
-         b"GET / HTTP/1.1\r\nHost: a\r\nUser-Agent: curl\r\n\r\n", b"\x04\x01\x0d\x05\x00\x00\x00\x01x\x00pool\x00"]
+SEEDS = [
+    xmrig_login(),
+    stratum("mining.subscribe", ["cpuminer/2.5"]),
+    json_line({"method": "eth_submitLogin"}),
+    tls_client_hello("pool.example.com", ["h2"]),
+    socks5_connect("pool.example.com", 3333),
+    socks5_connect("10.0.0.1", 443) + tls_client_hello("x.example"),
+    sv2_setup_connection(),
+    b"CONNECT pool.example.com:3333 HTTP/1.1\r\nHost: pool.example.com:3333\r\n\r\n"
+    + xmrig_login(),
+    b"GET / HTTP/1.1\r\nHost: a\r\nUser-Agent: curl\r\n\r\n",
+    b"\x04\x01\x0d\x05\x00\x00\x00\x01x\x00pool\x00",
+]
 
 
 def _mutate(rng: random.Random, data: bytes) -> bytes:
@@ -174,7 +249,7 @@ def _mutate(rng: random.Random, data: bytes) -> bytes:
         elif op == 1:
             buf[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
         elif op == 2:
-            del buf[pos:pos + rng.randint(1, 16)]
+            del buf[pos : pos + rng.randint(1, 16)]
         elif op == 3:
             buf[pos:pos] = rng.choice(SEEDS)[: rng.randint(1, 64)]
         elif buf:  # interesting integers: lengths and counts

@@ -34,9 +34,9 @@ from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.events.wire import iter_recording
 
 CASES = Path(__file__).resolve().parent / "traces" / "cases"
-SCORE_EVERY_S = 1.0                                  # as the agent scores
-DELAY_S = GPU_CHECK_EVERY_S + SCORE_EVERY_S          # the bound this policy promises
-T = 1_795_305_600.0                                  # 2026-11-22 00:00 UTC
+SCORE_EVERY_S = 1.0  # as the agent scores
+DELAY_S = GPU_CHECK_EVERY_S + SCORE_EVERY_S  # the bound this policy promises
+T = 1_795_305_600.0  # 2026-11-22 00:00 UTC
 GIB = 1 << 30
 
 
@@ -91,9 +91,13 @@ def late_verdicts(oracle: dict, said: dict, delay_s: float) -> list[str]:
         truth = oracle[key]
         for now, answer in answers:
             # What the oracle said in the last delay_s (or, with no sample then, its latest answer).
-            allowed = [a for t, a in truth if now - delay_s <= t <= now] or [a for t, a in truth if t <= now][-1:]
+            allowed = [a for t, a in truth if now - delay_s <= t <= now] or [
+                a for t, a in truth if t <= now
+            ][-1:]
             if allowed and answer not in allowed:
-                late.append(f"pid {key.pid} at +{now - truth[0][0]:.0f} s: engine {answer}, oracle {allowed}")
+                late.append(
+                    f"pid {key.pid} at +{now - truth[0][0]:.0f} s: engine {answer}, oracle {allowed}"
+                )
     return late
 
 
@@ -108,7 +112,9 @@ def test_verdicts_follow_the_gpu_behaviour_within_the_stated_delay(case, ruleset
 
 
 def test_hashing_loop_reaches_suspicious_on_behaviour_alone_within_the_delay(ruleset):
-    oracle, said = replay_against_oracle(CASES / "h100_hashing_loop_blanked" / "capture.ggrec", ruleset)
+    oracle, said = replay_against_oracle(
+        CASES / "h100_hashing_loop_blanked" / "capture.ggrec", ruleset
+    )
     (key,) = said
     first_truth = next(t for t, (verdict, _, _) in oracle[key] if verdict != "clean")
     first_said = next(t for t, (verdict, _, _) in said[key] if verdict != "clean")
@@ -117,10 +123,12 @@ def test_hashing_loop_reaches_suspicious_on_behaviour_alone_within_the_delay(rul
     assert 0 <= first_said - first_truth <= DELAY_S
     verdict, score, rules = said[key][-1][1]
     assert verdict == "suspicious" and score >= 40 and "gpu-hashing-shape" in rules
-    assert all(rule.startswith("gpu-") for rule in rules)       # nothing but behaviour
+    assert all(rule.startswith("gpu-") for rule in rules)  # nothing but behaviour
 
 
-@pytest.mark.parametrize("case", ["h100_cnn_training", "h100_inference_server", "synthetic_burn_in"])
+@pytest.mark.parametrize(
+    "case", ["h100_cnn_training", "h100_inference_server", "synthetic_burn_in"]
+)
 def test_benign_traces_stay_clean_at_every_scoring(case, ruleset):
     _, said = replay_against_oracle(CASES / case / "capture.ggrec", ruleset)
     assert said and all(answer[0] == "clean" for answers in said.values() for _, answer in answers)
@@ -130,28 +138,46 @@ def test_the_oracle_comparison_fails_when_gpu_samples_are_never_looked_at(rulese
     """The check above can fail: with the GPU look postponed for ever, the hashing loop's
     crossing is never rescored and the comparison reports it."""
     monkeypatch.setattr(engine_module, "GPU_CHECK_EVERY_S", 1e9)
-    oracle, said = replay_against_oracle(CASES / "h100_hashing_loop_blanked" / "capture.ggrec", ruleset)
+    oracle, said = replay_against_oracle(
+        CASES / "h100_hashing_loop_blanked" / "capture.ggrec", ruleset
+    )
     (key,) = said
-    assert said[key][-1][1][0] == "clean"                      # the verdict never came
+    assert said[key][-1][1][0] == "clean"  # the verdict never came
     assert late_verdicts(oracle, said, DELAY_S)
 
 
 def test_a_gpu_sample_that_changes_no_answer_does_not_rescore(ruleset):
     c = Correlator(facts_provider=None)
     engine = DetectionEngine(c, ruleset)
-    c.feed(ProcessFacts(pid=50, start_time=T, comm="python3", exe="/usr/bin/python3.11",
-                        cmdline=["python3", "serve.py"], uid=1000, username="bob"))
+    c.feed(
+        ProcessFacts(
+            pid=50,
+            start_time=T,
+            comm="python3",
+            exe="/usr/bin/python3.11",
+            cmdline=["python3", "serve.py"],
+            uid=1000,
+            username="bob",
+        )
+    )
 
     def sample(t: float, sm: float) -> GpuSnapshot:
-        return GpuSnapshot(time=t, source="test", devices=[DeviceSample("nvidia", 0, memory_total=80 * GIB)],
-                           processes=[ProcessGpuUsage(pid=50, vendor="nvidia", device_index=0, sm_util=sm,
-                                                      used_memory=2 * GIB)])
+        return GpuSnapshot(
+            time=t,
+            source="test",
+            devices=[DeviceSample("nvidia", 0, memory_total=80 * GIB)],
+            processes=[
+                ProcessGpuUsage(
+                    pid=50, vendor="nvidia", device_index=0, sm_util=sm, used_memory=2 * GIB
+                )
+            ],
+        )
 
     c.feed(sample(T, 30.0))
     assert len(engine.score(T)) == 1
     rescored = []
     for i in range(1, 120):
-        c.feed(sample(T + i, 30.0 + 5 * (i % 3)))      # varying (SM 30-40 %): no rule comes near
+        c.feed(sample(T + i, 30.0 + 5 * (i % 3)))  # varying (SM 30-40 %): no rule comes near
         rescored += [i for _ in engine.score(T + i)]
     # Only when the window crossed a length a rule compares with (10 s, then 60 s, with the
     # allocation's 60 s): 2 rescorings instead of one per sample (119) or per 10 s (11).
@@ -163,8 +189,12 @@ def test_a_gpu_sample_that_changes_no_answer_does_not_rescore(ruleset):
 
 def test_a_gpu_sample_changes_only_gpu_sample_signals():
     state = ProcessState(ProcessKey(60, T), first_seen=T, last_seen=T)
-    state.set_facts(ProcessFacts(pid=60, start_time=T, comm="python3", exe="/usr/bin/python3.11", uid=0))
-    device = DeviceSample("nvidia", 0, mem_util=1.0, power_w=390.0, pcie_tx_kbs=1500, pcie_rx_kbs=1400)
+    state.set_facts(
+        ProcessFacts(pid=60, start_time=T, comm="python3", exe="/usr/bin/python3.11", uid=0)
+    )
+    device = DeviceSample(
+        "nvidia", 0, mem_util=1.0, power_w=390.0, pcie_tx_kbs=1500, pcie_rx_kbs=1400
+    )
     for i in range(30):
         state.add_gpu_sample(T + i, 99.0, GIB, 0.0, device, False)
     state.gpu_memory_total = 80 * GIB
@@ -197,8 +227,12 @@ def test_age_rules_rescore_only_the_processes_that_cross(tmp_path):
     assert ruleset.age_crossings == ((600.0, True),) and ruleset.time_rescore_period_s is None
     c = Correlator(facts_provider=None)
     engine = DetectionEngine(c, ruleset)
-    for pid in range(100, 200):                       # started every 30 s
-        c.feed(ProcessFacts(pid=pid, start_time=T + 30 * (pid - 100), comm="sleep", exe="/usr/bin/sleep", uid=0))
+    for pid in range(100, 200):  # started every 30 s
+        c.feed(
+            ProcessFacts(
+                pid=pid, start_time=T + 30 * (pid - 100), comm="sleep", exe="/usr/bin/sleep", uid=0
+            )
+        )
     now = T + 30 * 99
     engine.score(now)
     rescored: list[tuple[float, int]] = []
@@ -230,4 +264,4 @@ def test_an_age_verdict_follows_a_clock_set_back(tmp_path):
     c.feed(ProcessFacts(pid=70, start_time=T, comm="sleep", exe="/usr/bin/sleep", uid=0))
     engine.score(T + 1)
     assert [v.score for v in engine.score(T + 700)] == [50]
-    assert [v.score for v in engine.score(T + 5)] == [0]       # before its 600th second again
+    assert [v.score for v in engine.score(T + 5)] == [0]  # before its 600th second again

@@ -14,8 +14,15 @@ import pytest
 
 from gpuguard.respond import Responder
 from gpuguard.respond.blocks import BlockStore
-from tests.support.respond import (ask, cleanup, process_state_letter, settings_for_test, start_probe, state_of,
-                                   verdict_for)
+from tests.support.respond import (
+    ask,
+    cleanup,
+    process_state_letter,
+    settings_for_test,
+    start_probe,
+    state_of,
+    verdict_for,
+)
 
 pytestmark = pytest.mark.root
 
@@ -49,7 +56,7 @@ def test_quarantined_process_gets_eperm_on_gpu_nodes_while_a_neighbour_does_not(
         for path in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dri/renderD128"):
             assert ask(target, path) == "EPERM", path
             assert ask(neighbour, path) == "ENXIO", path
-        assert ask(target, "/dev/null") == "OK"        # other devices still open; it keeps running
+        assert ask(target, "/dev/null") == "OK"  # other devices still open; it keeps running
         # The block survives the responder (pinned) and lifts cleanly.
         responder.close()
         assert ask(target, "/dev/nvidia0") == "EPERM"
@@ -77,8 +84,12 @@ def test_egress_blocked_cgroup_cannot_reach_the_pool_but_can_reach_others(settin
     target, neighbour = start_probe(), start_probe()
     try:
         # Put the target in its own cgroup first (quarantine does that) so the neighbour is outside it.
-        responder = Responder(replace(settings, actions={"malicious": ("quarantine", "block-egress")}), mode="enforce")
-        state = state_of(target.pid, connections=(("127.0.0.2", pool_port), ("127.0.0.3", other_port)))
+        responder = Responder(
+            replace(settings, actions={"malicious": ("quarantine", "block-egress")}), mode="enforce"
+        )
+        state = state_of(
+            target.pid, connections=(("127.0.0.2", pool_port), ("127.0.0.3", other_port))
+        )
         state.connections.pop(("127.0.0.3", other_port))
         outcomes = responder.respond(verdict_for(state), state, time.time())
         egress = next(o for o in outcomes if o.action == "block-egress")
@@ -117,7 +128,11 @@ def container_cgroup():
 
 def test_container_is_quarantined_in_place_and_killed_whole(settings, container_cgroup):
     settings = replace(settings, actions={"malicious": ("quarantine",)})
-    target, sibling, outsider = start_probe(real_majors=True), start_probe(real_majors=True), start_probe(real_majors=True)
+    target, sibling, outsider = (
+        start_probe(real_majors=True),
+        start_probe(real_majors=True),
+        start_probe(real_majors=True),
+    )
     try:
         for proc in (target, sibling):
             (container_cgroup / "cgroup.procs").write_text(str(proc.pid))
@@ -126,18 +141,32 @@ def test_container_is_quarantined_in_place_and_killed_whole(settings, container_
         responder = Responder(settings, mode="enforce")
         quarantined = responder.respond(verdict_for(state), state, time.time())[-1]
         assert quarantined.status == "done", quarantined.reason
-        assert quarantined.detail["cgroup"] == str(container_cgroup) and quarantined.detail["created_cgroup"] is False
+        assert (
+            quarantined.detail["cgroup"] == str(container_cgroup)
+            and quarantined.detail["created_cgroup"] is False
+        )
         # The whole container is quarantined, nothing outside it.
-        assert [ask(p, "/dev/nvidia0") for p in (target, sibling, outsider)] == ["EPERM", "EPERM", "ENXIO"]
+        assert [ask(p, "/dev/nvidia0") for p in (target, sibling, outsider)] == [
+            "EPERM",
+            "EPERM",
+            "ENXIO",
+        ]
         # kill with target cgroup: cgroup.kill ends every process of the container, and only those.
-        killer = Responder(replace(settings, actions={"malicious": ("kill",)}, kill_target="cgroup"), mode="enforce")
+        killer = Responder(
+            replace(settings, actions={"malicious": ("kill",)}, kill_target="cgroup"),
+            mode="enforce",
+        )
         outcome = killer.respond(verdict_for(state), state, time.time())[-1]
-        assert outcome.status == "done" and outcome.detail["signal"] == "cgroup.kill", outcome.reason
-        assert target.wait(timeout=5) == -signal.SIGKILL and sibling.wait(timeout=5) == -signal.SIGKILL
+        assert outcome.status == "done" and outcome.detail["signal"] == "cgroup.kill", (
+            outcome.reason
+        )
+        assert (
+            target.wait(timeout=5) == -signal.SIGKILL and sibling.wait(timeout=5) == -signal.SIGKILL
+        )
         assert ask(outsider, "/dev/null") == "OK"
         block = BlockStore(settings.state_dir).get(quarantined.block_id)
         assert responder.lift(block, time.time()).status == "done"
-        assert container_cgroup.is_dir()          # a container's cgroup is never removed by gpuguard
+        assert container_cgroup.is_dir()  # a container's cgroup is never removed by gpuguard
         responder.close()
         killer.close()
     finally:
@@ -153,13 +182,21 @@ def _alive(pid: int) -> bool:
 
 def test_process_group_kill_reaches_every_member(settings):
     settings = replace(settings, actions={"malicious": ("kill",)}, kill_target="group")
-    leader = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & echo up; wait"], stdout=subprocess.PIPE,
-                              text=True, start_new_session=True)
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 600 & sleep 600 & echo up; wait"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     bystander = subprocess.Popen(["sleep", "600"])
     try:
         assert leader.stdout.readline().strip() == "up"
-        members = [int(p) for p in subprocess.run(["pgrep", "-g", str(leader.pid)], capture_output=True,
-                                                   text=True).stdout.split()]
+        members = [
+            int(p)
+            for p in subprocess.run(
+                ["pgrep", "-g", str(leader.pid)], capture_output=True, text=True
+            ).stdout.split()
+        ]
         assert len(members) == 3
         responder = Responder(settings, mode="enforce")
         state = state_of(leader.pid)
@@ -168,7 +205,9 @@ def test_process_group_kill_reaches_every_member(settings):
         leader.wait(timeout=5)
         time.sleep(0.3)
         # Dead members may linger as zombies until their new parent reaps them: none may be alive.
-        left = subprocess.run(["pgrep", "-g", str(leader.pid)], capture_output=True, text=True).stdout.split()
+        left = subprocess.run(
+            ["pgrep", "-g", str(leader.pid)], capture_output=True, text=True
+        ).stdout.split()
         assert [p for p in left if _alive(int(p))] == []
         assert bystander.poll() is None
         responder.close()

@@ -10,7 +10,15 @@ import pytest
 from gpuguard.cli import main
 from gpuguard.respond import Responder
 from gpuguard.respond.blocks import BlockStore
-from tests.support.respond import ask, cleanup, process_state_letter, settings_for_test, start_probe, state_of, verdict_for
+from tests.support.respond import (
+    ask,
+    cleanup,
+    process_state_letter,
+    settings_for_test,
+    start_probe,
+    state_of,
+    verdict_for,
+)
 
 pytestmark = pytest.mark.root
 
@@ -30,7 +38,12 @@ def test_blocks_and_unblock_round_trip(capsys):
         assert main(["blocks", *where]) == 0
         table = capsys.readouterr().out
         assert ids["quarantine"] in table and ids["suspend"] in table
-        assert "attached" in table and "stopped" in table and "\x1b" not in table and "x\\x1b[2Jminer" in table
+        assert (
+            "attached" in table
+            and "stopped" in table
+            and "\x1b" not in table
+            and "x\\x1b[2Jminer" in table
+        )
         assert main(["blocks", "--json", *where]) == 0
         listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
         assert {b["id"] for b in listed} == set(ids.values())
@@ -39,7 +52,7 @@ def test_blocks_and_unblock_round_trip(capsys):
         assert ids["suspend"] in capsys.readouterr().out
         time.sleep(0.2)
         assert process_state_letter(target.pid) != "T"
-        assert ask(target, "/dev/nvidia0") == "EPERM"          # the quarantine is still there
+        assert ask(target, "/dev/nvidia0") == "EPERM"  # the quarantine is still there
         assert main(["unblock", "--all", *where]) == 0
         capsys.readouterr()
         assert ask(target, "/dev/nvidia0") == "ENXIO"

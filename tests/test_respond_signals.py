@@ -13,11 +13,18 @@ import pytest
 from gpuguard.correlate.state import ProcessKey
 from gpuguard.respond import Responder
 from gpuguard.respond.blocks import BlockStore
-from tests.support.respond import (SLEEPER, cleanup, process_state_letter, settings_for_test, start_offender, state_of,
-                                   stop_offender, verdict_for)
+from tests.support.respond import (
+    SLEEPER,
+    cleanup,
+    process_state_letter,
+    settings_for_test,
+    start_offender,
+    state_of,
+    stop_offender,
+    verdict_for,
+)
 
 pytestmark = pytest.mark.root
-
 
 
 @pytest.fixture
@@ -25,7 +32,6 @@ def settings():
     s = settings_for_test(actions={"clean": (), "suspicious": ("alert",), "malicious": ("kill",)})
     yield s
     cleanup(s)
-
 
 
 def test_miner_like_process_is_killed_after_ignoring_sigterm(settings):
@@ -58,7 +64,10 @@ def test_suspended_process_stays_stopped_until_unblocked(settings):
         time.sleep(0.2)
         assert process_state_letter(proc.pid) != "T"
         (again,) = responder.sweep(time.time())
-        assert (again.action, again.status) == ("suspend", "done") and "stopped again" in again.reason
+        assert (again.action, again.status) == (
+            "suspend",
+            "done",
+        ) and "stopped again" in again.reason
         time.sleep(0.2)
         assert process_state_letter(proc.pid) == "T"
         assert responder.sweep(time.time()) == []
@@ -91,18 +100,32 @@ def test_recycled_pid_is_not_signalled(settings):
 
 
 def test_dry_run_and_monitor_mode_change_nothing(settings):
-    settings = replace(settings, actions={"malicious": ("kill", "suspend", "kill-on-touch", "quarantine", "block-egress")})
+    settings = replace(
+        settings,
+        actions={"malicious": ("kill", "suspend", "kill-on-touch", "quarantine", "block-egress")},
+    )
     proc = start_offender()
     try:
         state = state_of(proc.pid, connections=(("192.0.2.7", 3333),))
-        dry = Responder(settings, mode="enforce", dry_run=True).respond(verdict_for(state), state, time.time())
+        dry = Responder(settings, mode="enforce", dry_run=True).respond(
+            verdict_for(state), state, time.time()
+        )
         assert {o.action: o.status for o in dry if o.action != "alert"} == {
-            "kill": "dry-run", "suspend": "dry-run", "kill-on-touch": "dry-run", "quarantine": "dry-run",
-            "block-egress": "dry-run"}
+            "kill": "dry-run",
+            "suspend": "dry-run",
+            "kill-on-touch": "dry-run",
+            "quarantine": "dry-run",
+            "block-egress": "dry-run",
+        }
         assert "192.0.2.7" in next(o for o in dry if o.action == "block-egress").reason
-        monitor = Responder(settings, mode="monitor").respond(verdict_for(state), state, time.time())
+        monitor = Responder(settings, mode="monitor").respond(
+            verdict_for(state), state, time.time()
+        )
         assert [(o.action, o.status) for o in monitor] == [("alert", "done")]
-        assert "enforce mode would: kill-on-touch, quarantine, block-egress, suspend, kill" in monitor[0].reason
+        assert (
+            "enforce mode would: kill-on-touch, quarantine, block-egress, suspend, kill"
+            in monitor[0].reason
+        )
         time.sleep(0.8)
         assert proc.poll() is None and process_state_letter(proc.pid) != "T"
         assert not Path(settings.pin_root).exists() and BlockStore(settings.state_dir).load() == []
@@ -120,7 +143,7 @@ def test_guard_refuses_protected_processes(settings):
     try:
         state = state_of(proc.pid)
         allowed = responder.respond(verdict_for(state, allowlisted=True), state, time.time())
-        assert all(o.action == "alert" for o in allowed)        # allowlisted: at most an alert
+        assert all(o.action == "alert" for o in allowed)  # allowlisted: at most an alert
         scoped = Responder(replace(settings, scope="containers"), mode="enforce")
         outcome = scoped.respond(verdict_for(state), state, time.time())[-1]
         assert outcome.status == "refused" and "containers only" in outcome.reason
@@ -140,12 +163,16 @@ def test_action_storm_degrades_to_alerts(settings):
     try:
         responder = Responder(settings, mode="enforce")
         now = time.time()
-        last = [responder.respond(verdict_for(state_of(p.pid)), state_of(p.pid), now)[-1] for p in procs]
+        last = [
+            responder.respond(verdict_for(state_of(p.pid)), state_of(p.pid), now)[-1] for p in procs
+        ]
         assert [o.status for o in last] == ["done", "done", "rate-limited"]
         assert "degraded to an alert" in last[2].reason
         assert procs[0].wait(timeout=5) == -signal.SIGTERM and procs[2].poll() is None
         # A minute later the budget is back.
-        again = responder.respond(verdict_for(state_of(procs[2].pid)), state_of(procs[2].pid), now + 61)[-1]
+        again = responder.respond(
+            verdict_for(state_of(procs[2].pid)), state_of(procs[2].pid), now + 61
+        )[-1]
         assert again.status == "done"
         responder.close()
     finally:
@@ -163,9 +190,13 @@ def test_scope_by_cgroup_reads_the_live_cgroup_v2_path(settings):
     try:
         (directory / "cgroup.procs").write_text(str(inside.pid))
         responder = Responder(replace(settings, cgroups=(scope,)), mode="enforce")
-        acted = responder.respond(verdict_for(state_of(inside.pid)), state_of(inside.pid), time.time())[-1]
+        acted = responder.respond(
+            verdict_for(state_of(inside.pid)), state_of(inside.pid), time.time()
+        )[-1]
         assert acted.status == "done", acted.reason
-        spared = responder.respond(verdict_for(state_of(outside.pid)), state_of(outside.pid), time.time())[-1]
+        spared = responder.respond(
+            verdict_for(state_of(outside.pid)), state_of(outside.pid), time.time()
+        )[-1]
         assert spared.status == "refused"
         assert inside.wait(timeout=5) == -signal.SIGKILL and outside.poll() is None
         responder.close()

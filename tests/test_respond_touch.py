@@ -42,12 +42,18 @@ def _run(argv: list[str]) -> tuple[int, str]:
 
 
 def _block(settings, miner, outcomes):
-    offender = subprocess.Popen([str(miner), "ready", "sleep:60000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    offender = subprocess.Popen(
+        [str(miner), "ready", "sleep:60000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     assert offender.stdout.readline() == b"ready\n"
     responder = Responder(settings, mode="enforce", emit=outcomes.append)
     state = state_of(offender.pid)
     done = responder.respond(verdict_for(state), state, time.time())
-    assert [(o.action, o.status) for o in done] == [("alert", "done"), ("kill-on-touch", "done"), ("kill", "done")]
+    assert [(o.action, o.status) for o in done] == [
+        ("alert", "done"),
+        ("kill-on-touch", "done"),
+        ("kill", "done"),
+    ]
     assert offender.wait(timeout=5) == -signal.SIGTERM
     return responder
 
@@ -75,7 +81,9 @@ def test_fresh_and_renamed_copies_die_at_their_gpu_open(settings, miner, tmp_pat
         code, out = _run([str(renamed), "sleep:300", *steps])
         assert code == -signal.SIGKILL and "ready" not in out
         time.sleep(0.3)
-        kills = [o for o in outcomes if o.action == "kill-on-touch" and o.reason.startswith("killed")]
+        kills = [
+            o for o in outcomes if o.action == "kill-on-touch" and o.reason.startswith("killed")
+        ]
         assert any("GPU open of /dev/nvidia0" in o.reason for o in kills)
         assert all(o.block_id for o in kills)
     finally:
@@ -84,7 +92,7 @@ def test_fresh_and_renamed_copies_die_at_their_gpu_open(settings, miner, tmp_pat
 
 def test_blocks_survive_a_new_responder_and_lift(settings, miner):
     first = _block(settings, miner, [])
-    first.close()                                   # the agent stops; the maps stay pinned
+    first.close()  # the agent stops; the maps stay pinned
     outcomes = []
     second = Responder(settings, mode="enforce", emit=outcomes.append)
     try:
@@ -95,8 +103,11 @@ def test_blocks_survive_a_new_responder_and_lift(settings, miner):
 
         def carrying_block():
             with PinnedMap(Path(settings.pin_root) / "maps" / "touch_tgids") as tgids:
-                return [k for k, v in tgids.items(key_size, value_size)
-                        if int.from_bytes(v[offset:offset + 4], "little") == block.detail["number"]]
+                return [
+                    k
+                    for k, v in tgids.items(key_size, value_size)
+                    if int.from_bytes(v[offset : offset + 4], "little") == block.detail["number"]
+                ]
 
         # The offender and the respawn are dead: exits cleared their pid entries.  A live blocked process:
         sleeper = subprocess.Popen(["sleep", "600"])
@@ -133,19 +144,21 @@ def test_shared_executable_blocks_only_the_offender_and_its_children(settings):
     from tests.support.respond import ask, start_probe
 
     settings = replace(settings, actions={"malicious": ("kill-on-touch",)})
-    offender, bystander = start_probe(), start_probe()    # both run the system's python
+    offender, bystander = start_probe(), start_probe()  # both run the system's python
     responder = Responder(settings, mode="enforce")
     try:
         state = state_of(offender.pid)
         outcome = responder.respond(verdict_for(state), state, time.time())[-1]
         assert outcome.status == "done" and "shared executable" in outcome.reason
         assert outcome.detail["path_key"] is None and outcome.detail["sha256"] is None
-        assert ask(bystander, "/dev/nvidia0") == "ENOENT"     # same executable, not blocked
-        assert ask(bystander, "fork-open /dev/nvidia0") == "child-exit-1"    # its child: ENOENT, not killed
+        assert ask(bystander, "/dev/nvidia0") == "ENOENT"  # same executable, not blocked
+        assert (
+            ask(bystander, "fork-open /dev/nvidia0") == "child-exit-1"
+        )  # its child: ENOENT, not killed
         # A child forked after the block inherits it (sched_process_fork) and dies at its GPU open.
         assert ask(offender, "fork-open /dev/nvidia0") == "child-signal-9"
-        assert ask(offender, "/dev/null") == "OK"              # not a GPU path: lives on
-        assert ask(offender, "/dev/nvidia0") == ""            # killed at the open: no answer
+        assert ask(offender, "/dev/null") == "OK"  # not a GPU path: lives on
+        assert ask(offender, "/dev/nvidia0") == ""  # killed at the open: no answer
         assert offender.wait(timeout=5) == -signal.SIGKILL
         assert ask(bystander, "connect 127.0.0.1 9") in ("ECONNREFUSED", "OK")
     finally:
@@ -177,7 +190,7 @@ def test_a_blocked_pid_never_blocks_the_process_that_gets_the_number_next(settin
         stale.added_ns = 1
         entries[entries.Key(recycled.pid)] = stale
         touch.close()
-        touch = TouchBlocker(root, lambda report: None)          # a restart: the check runs at start
+        touch = TouchBlocker(root, lambda report: None)  # a restart: the check runs at start
         pids = {key.value for key in touch._tgids.keys()}
         assert recycled.pid not in pids and kept.pid in pids
     finally:

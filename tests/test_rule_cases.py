@@ -27,7 +27,9 @@ def expected_of(case: Path) -> dict:
 def expects_only_clean(case: Path) -> bool:
     """A benign case, by what its expected.yaml says: every process clean, and the others too."""
     expected = expected_of(case)
-    return expected.get("others") == "clean" and all(p.get("verdict") == "clean" for p in expected["processes"])
+    return expected.get("others") == "clean" and all(
+        p.get("verdict") == "clean" for p in expected["processes"]
+    )
 
 
 def expects_malicious(case: Path) -> bool:
@@ -37,9 +39,19 @@ def expects_malicious(case: Path) -> bool:
 
 BENIGN = [c for c in CASES if expects_only_clean(c)]
 MINERS = [c for c in CASES if expects_malicious(c)]
-REQUIRED = {"miner_stratum_cmdline", "renamed_miner_shm", "miner_config_file", "miner_socks5_proxy",
-            "benign_pytorch_training", "benign_inference_server", "monitoring_agents", "cuda_compile_nvcc",
-            "idle_gpu_holder", "cpu_miner_stringless", "benign_hugepage_users"}
+REQUIRED = {
+    "miner_stratum_cmdline",
+    "renamed_miner_shm",
+    "miner_config_file",
+    "miner_socks5_proxy",
+    "benign_pytorch_training",
+    "benign_inference_server",
+    "monitoring_agents",
+    "cuda_compile_nvcc",
+    "idle_gpu_holder",
+    "cpu_miner_stringless",
+    "benign_hugepage_users",
+}
 
 
 @pytest.fixture(scope="module")
@@ -89,16 +101,25 @@ def test_a_wrong_expectation_fails_with_an_evidence_diff(tmp_path, ruleset):
     (case / "expected.yaml").write_text(yaml.safe_dump(expected))
     result = run_case(case, ruleset)
     assert not result.passed
-    assert result.failures == ["comm=xmrig, exe=*/xmrig (pid 4242): missing rules exe-memfd; "
-                               "forbidden rules matched net-pool-port"]
+    assert result.failures == [
+        "comm=xmrig, exe=*/xmrig (pid 4242): missing rules exe-memfd; "
+        "forbidden rules matched net-pool-port"
+    ]
     assert "    - exe-memfd (expected, not matched)" in result.diffs
-    assert any(line.startswith("    ! net-pool-port (+15) connect_ports=3333") for line in result.diffs)
-    assert any(line.startswith("    = miner-cmdline-stratum (+40) cmdline_url_schemes=stratum+tcp") for line in result.diffs)
+    assert any(
+        line.startswith("    ! net-pool-port (+15) connect_ports=3333") for line in result.diffs
+    )
+    assert any(
+        line.startswith("    = miner-cmdline-stratum (+40) cmdline_url_schemes=stratum+tcp")
+        for line in result.diffs
+    )
 
 
 def test_disabling_a_rule_makes_a_case_fail(tmp_path):
     site = tmp_path / "site.yaml"
-    site.write_text("version: 1\nrules:\n  - id: miner-config-keys\n    override: {enabled: false}\n")
+    site.write_text(
+        "version: 1\nrules:\n  - id: miner-config-keys\n    override: {enabled: false}\n"
+    )
     ruleset = load_ruleset([shipped_rules_file(), site])
     result = run_case(CASES_DIR / "miner_config_file", ruleset)
     assert not result.passed
@@ -108,7 +129,9 @@ def test_disabling_a_rule_makes_a_case_fail(tmp_path):
 def test_others_clean_catches_unlisted_processes(tmp_path, ruleset):
     case = tmp_path / "c"
     shutil.copytree(CASES_DIR / "miner_stratum_cmdline", case)
-    (case / "expected.yaml").write_text("others: clean\nprocesses:\n  - match: {comm: bash}\n    verdict: clean\n")
+    (case / "expected.yaml").write_text(
+        "others: clean\nprocesses:\n  - match: {comm: bash}\n    verdict: clean\n"
+    )
     result = run_case(case, ruleset)
     assert result.failures == ["unlisted pid 4242 xmrig is malicious (others: clean)"]
 
@@ -119,7 +142,7 @@ def test_run_cases_errors(tmp_path, ruleset):
     case = tmp_path / "bad"
     case.mkdir()
     (case / "expected.yaml").write_text("processes: [{match: {comm: x}, verdict: evil}]\n")
-    (result,) = run_cases(tmp_path, ruleset)      # a bad case is that case's failure, not the run's
+    (result,) = run_cases(tmp_path, ruleset)  # a bad case is that case's failure, not the run's
     assert not result.passed and "verdict must be one of" in result.failures[0]
 
 
@@ -128,15 +151,25 @@ def test_a_broken_case_fails_alone_and_the_others_still_run(tmp_path, ruleset):
         shutil.copytree(CASES_DIR / "miner_stratum_cmdline", tmp_path / name)
     (tmp_path / "b_binary_expected" / "expected.yaml").write_bytes(bytes(range(256)))
     (tmp_path / "c_bad_capture" / "capture.ggrec").write_bytes(b"\x93\x01\x02garbage" * 10)
-    (tmp_path / "d_bad_types" / "expected.yaml").write_text("processes: [{match: {comm: x}, rules: 5}]\n")
+    (tmp_path / "d_bad_types" / "expected.yaml").write_text(
+        "processes: [{match: {comm: x}, rules: 5}]\n"
+    )
     fifo = tmp_path / "e_fifo_expected" / "expected.yaml"
     fifo.unlink()
     os.mkfifo(fifo)
     results = {r.name: r for r in run_cases(tmp_path, ruleset)}
-    assert list(results) == ["a_good", "b_binary_expected", "c_bad_capture", "d_bad_types", "e_fifo_expected"]
+    assert list(results) == [
+        "a_good",
+        "b_binary_expected",
+        "c_bad_capture",
+        "d_bad_types",
+        "e_fifo_expected",
+    ]
     assert results["a_good"].passed
     for name in ("b_binary_expected", "c_bad_capture", "d_bad_types", "e_fifo_expected"):
-        assert not results[name].passed and results[name].failures[0].startswith("cannot run the case: "), name
+        assert not results[name].passed and results[name].failures[0].startswith(
+            "cannot run the case: "
+        ), name
     assert "not UTF-8" in results["b_binary_expected"].failures[0]
     assert "rules must be a list" in results["d_bad_types"].failures[0]
     assert "FIFO" in results["e_fifo_expected"].failures[0]
@@ -158,4 +191,6 @@ def test_make_cases_still_produces_the_golden_captures(tmp_path):
         regenerated = list(iter_recording(written))
         committed = list(iter_recording(CASES_DIR / name / "capture.ggrec"))
         assert regenerated, name
-        assert regenerated == committed, f"{name}: tests/cases/{name}/capture.ggrec is stale; run tests/cases/make_cases.py"
+        assert regenerated == committed, (
+            f"{name}: tests/cases/{name}/capture.ggrec is stale; run tests/cases/make_cases.py"
+        )

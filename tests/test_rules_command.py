@@ -16,7 +16,13 @@ CASES_DIR = REPO / "tests" / "cases"
 
 
 def gpuguard(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuguard", "rules", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuguard", "rules", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_validate_shipped_rules():
@@ -33,9 +39,11 @@ def test_validate_defaults():
 
 def test_validate_reports_every_problem_and_exits_2(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("version: 1\nrules:\n  - id: r\n    description: d\n    severity: high\n    weight: 5\n"
-                   "    condition: {signal: cmdline, matches: '(x'}\n  - id: s\n    description: d\n    severity: nope\n"
-                   "    weight: 5\n    condition: {signal: uid, is: 0}\n")
+    bad.write_text(
+        "version: 1\nrules:\n  - id: r\n    description: d\n    severity: high\n    weight: 5\n"
+        "    condition: {signal: cmdline, matches: '(x'}\n  - id: s\n    description: d\n    severity: nope\n"
+        "    weight: 5\n    condition: {signal: uid, is: 0}\n"
+    )
     done = gpuguard("validate", str(bad))
     assert done.returncode == 2
     assert done.stdout.splitlines() == [
@@ -64,8 +72,10 @@ def test_validate_refuses_world_writable_copy(tmp_path):
     os.chmod(copy, 0o646)
     done = gpuguard("validate", str(copy))
     assert done.returncode == 2
-    assert done.stdout == (f"{copy}:1:1: refusing rules file {copy}: it is writable by group/others (mode 0646) "
-                           f"(fix: chmod go-w {copy})\n")
+    assert done.stdout == (
+        f"{copy}:1:1: refusing rules file {copy}: it is writable by group/others (mode 0646) "
+        f"(fix: chmod go-w {copy})\n"
+    )
 
 
 def test_test_passes_on_shipped_cases():
@@ -78,9 +88,18 @@ def test_test_passes_on_shipped_cases():
 
 def test_test_fails_with_diff_and_exit_1(tmp_path):
     site = tmp_path / "site.yaml"
-    site.write_text("version: 1\nrules:\n  - id: net-pool-protocol\n    override: {enabled: false}\n")
-    done = gpuguard("test", "--rules", str(shipped_rules_file()), "--rules", str(site),
-                    "--cases", str(CASES_DIR / "miner_socks5_proxy"))
+    site.write_text(
+        "version: 1\nrules:\n  - id: net-pool-protocol\n    override: {enabled: false}\n"
+    )
+    done = gpuguard(
+        "test",
+        "--rules",
+        str(shipped_rules_file()),
+        "--rules",
+        str(site),
+        "--cases",
+        str(CASES_DIR / "miner_socks5_proxy"),
+    )
     assert done.returncode == 1
     assert done.stdout.splitlines()[0] == "FAIL miner_socks5_proxy"
     assert "    comm=dbus-worker (pid 6200): missing rules net-pool-protocol" in done.stdout
@@ -93,17 +112,26 @@ def test_test_with_broken_rules_is_one_line_exit_2(tmp_path):
     broken.write_text("version: 1\nrules: [\n")
     done = gpuguard("test", "--rules", str(broken))
     assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"gpuguard: invalid rules: {broken}:3:1: YAML syntax error")
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(
+        f"gpuguard: invalid rules: {broken}:3:1: YAML syntax error"
+    )
 
 
 def test_list_and_signals():
     listing = gpuguard("list")
     assert listing.returncode == 0
-    assert any(line.startswith("miner-cmdline-stratum") and "+40" in line for line in listing.stdout.splitlines())
+    assert any(
+        line.startswith("miner-cmdline-stratum") and "+40" in line
+        for line in listing.stdout.splitlines()
+    )
     assert "(disabled)" in listing.stdout
     signals = gpuguard("signals")
     assert signals.returncode == 0
-    assert any(line.split()[1:3] == ["gpu_util_variance", "number"] for line in signals.stdout.splitlines() if line.strip())
+    assert any(
+        line.split()[1:3] == ["gpu_util_variance", "number"]
+        for line in signals.stdout.splitlines()
+        if line.strip()
+    )
     assert "operator domain_in_list" in signals.stdout
 
 

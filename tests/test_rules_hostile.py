@@ -33,8 +33,14 @@ HEAD = "version: 1\n"
 
 def rules_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "gpuguard", "rules", *args], capture_output=True, text=True,
-                          env=env, cwd=str(REPO), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuguard", "rules", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+        timeout=timeout,
+    )
 
 
 def only_problem(path: Path) -> str:
@@ -53,6 +59,7 @@ def alias_bomb() -> str:
 
 # ---- limits before composing ---------------------------------------------------------
 
+
 def test_alias_bomb_is_refused_quickly(tmp_path):
     path = tmp_path / "bomb.yaml"
     path.write_text(alias_bomb())
@@ -69,22 +76,28 @@ def test_deep_nesting_is_refused_without_crashing(tmp_path):
     # In a child: before, the C composer recursed 50,000 levels and the interpreter died with SIGSEGV.
     done = rules_cli("validate", str(path))
     assert done.returncode == 2, done.stderr
-    assert done.stdout.strip().endswith(f"refusing to read the rules: nesting deeper than {MAX_DEPTH} levels")
+    assert done.stdout.strip().endswith(
+        f"refusing to read the rules: nesting deeper than {MAX_DEPTH} levels"
+    )
     assert done.stdout.count("\n") == 1
 
 
 def test_huge_file_is_refused_before_reading(tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text(HEAD + "lists:\n  names: [" + "a, " * 1000 + "]\n")
-    os.truncate(path, 50 << 20)     # 50 MB (sparse: the test itself stays cheap)
+    os.truncate(path, 50 << 20)  # 50 MB (sparse: the test itself stays cheap)
     started = time.monotonic()
     line = only_problem(path)
     assert time.monotonic() - started < 2
-    assert line == f"{path}:1:1: rules file is larger than the {MAX_RULES_FILE_BYTES // 1024} KiB limit " \
-                   f"(fix: split it into smaller files (each under {MAX_RULES_FILE_BYTES // 1024} KiB))"
+    assert (
+        line
+        == f"{path}:1:1: rules file is larger than the {MAX_RULES_FILE_BYTES // 1024} KiB limit "
+        f"(fix: split it into smaller files (each under {MAX_RULES_FILE_BYTES // 1024} KiB))"
+    )
 
 
 # ---- special files --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
 def test_rules_path_that_is_not_a_file_says_what_it_is(tmp_path, kind):
@@ -98,7 +111,10 @@ def test_rules_path_that_is_not_a_file_says_what_it_is(tmp_path, kind):
         path, expected = Path("/dev/zero"), "a character device"
     done = rules_cli("validate", str(path), timeout=20)
     assert done.returncode == 2
-    assert done.stdout == f"{path}:1:1: rules file is {expected}, not a regular file (fix: name a regular file)\n"
+    assert (
+        done.stdout
+        == f"{path}:1:1: rules file is {expected}, not a regular file (fix: name a regular file)\n"
+    )
     with pytest.raises(GpuguardError, match=re.escape(f"rules file is {expected}")):
         load_ruleset([path])
 
@@ -114,8 +130,10 @@ def test_fifo_yara_file_does_not_hang_validate(tmp_path):
     path = _rules_with_fifo_yara(tmp_path)
     done = rules_cli("validate", str(path), timeout=30)
     assert done.returncode == 2
-    assert done.stdout == (f"{tmp_path / 'miners.yar'}:1:1: YARA file is a FIFO (named pipe), not a regular file "
-                           "(fix: name a regular file)\n")
+    assert done.stdout == (
+        f"{tmp_path / 'miners.yar'}:1:1: YARA file is a FIFO (named pipe), not a regular file "
+        "(fix: name a regular file)\n"
+    )
 
 
 @pytest.mark.root
@@ -129,13 +147,16 @@ def test_fifo_yara_file_does_not_hang_scan_even_with_no_yara(tmp_path):
 
 # ---- regexes run in linear time ----------------------------------------------------------
 
-CATASTROPHIC = HEAD + """rules:
+CATASTROPHIC = (
+    HEAD
+    + """rules:
   - id: greedy
     description: a regex that backtracks exponentially in a backtracking engine
     severity: low
     weight: 50
     condition: {signal: cmdline, matches: '(a+)+$'}
 """
+)
 
 
 def test_catastrophic_regex_scores_an_attacker_command_line_in_linear_time(tmp_path):
@@ -143,15 +164,21 @@ def test_catastrophic_regex_scores_an_attacker_command_line_in_linear_time(tmp_p
     path.write_text(CATASTROPHIC)
     ruleset = load_ruleset([path])
     state = ProcessState(ProcessKey(4242, 1.0), first_seen=1.0, last_seen=1.0)
-    state.set_facts(ProcessFacts(pid=4242, start_time=1.0, comm="x", exe="/x", cmdline=["x", "a" * 4000 + "!"]))
+    state.set_facts(
+        ProcessFacts(pid=4242, start_time=1.0, comm="x", exe="/x", cmdline=["x", "a" * 4000 + "!"])
+    )
     started = time.monotonic()
     verdict = score_process(state, ruleset, 2.0)
-    assert time.monotonic() - started < 1     # Python's re: 2**4000 steps
+    assert time.monotonic() - started < 1  # Python's re: 2**4000 steps
     assert verdict.score == 0
-    state.set_facts(ProcessFacts(pid=4242, start_time=1.0, comm="x", exe="/x", cmdline=["x", "aaaa"]))
+    state.set_facts(
+        ProcessFacts(pid=4242, start_time=1.0, comm="x", exe="/x", cmdline=["x", "aaaa"])
+    )
     assert score_process(state, ruleset, 2.0).score == 50
     # Invalid UTF-8 in an argument (kept as surrogate escapes) is searched, never an error.
-    state.set_facts(ProcessFacts(pid=4242, start_time=1.0, comm="x", exe="/x", cmdline=["x", "\udcff\udcfeaa"]))
+    state.set_facts(
+        ProcessFacts(pid=4242, start_time=1.0, comm="x", exe="/x", cmdline=["x", "\udcff\udcfeaa"])
+    )
     assert score_process(state, ruleset, 2.0).score == 50
 
 
@@ -159,9 +186,13 @@ def test_catastrophic_regex_scores_an_attacker_command_line_in_linear_time(tmp_p
 def test_catastrophic_regex_does_not_hang_scan(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(CATASTROPHIC)
-    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "a" * 3000 + "!"])
+    victim = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "a" * 3000 + "!"]
+    )
     try:
-        done = run_scan("--rules", str(path), "--no-yara", "--cpu-sample", "0", "--json", timeout=60)
+        done = run_scan(
+            "--rules", str(path), "--no-yara", "--cpu-sample", "0", "--json", timeout=60
+        )
     finally:
         victim.kill()
         victim.wait()
@@ -173,15 +204,22 @@ def test_patterns_re2_cannot_run_are_rejected_at_validation(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(CATASTROPHIC.replace("'(a+)+$'", "'(a)\\1'"))
     line = only_problem(path)
-    assert "rule greedy: bad regular expression '(a)\\\\1': RE2 cannot run it in linear time" in line
+    assert (
+        "rule greedy: bad regular expression '(a)\\\\1': RE2 cannot run it in linear time" in line
+    )
 
 
 # ---- what is quoted back -----------------------------------------------------------------
 
+
 def test_a_symlink_to_a_secret_file_is_not_quoted_back(tmp_path):
     secret = tmp_path / "shadow"
-    secret.write_text("".join(f"user{i}:$y$j9T$salt$SECRETHASH{i:02d}SECRETHASH:19000:0:99999:7:::\n"
-                              for i in range(25)))
+    secret.write_text(
+        "".join(
+            f"user{i}:$y$j9T$salt$SECRETHASH{i:02d}SECRETHASH:19000:0:99999:7:::\n"
+            for i in range(25)
+        )
+    )
     secret.chmod(0o600)
     link = tmp_path / "rules.yaml"
     link.symlink_to(secret)
@@ -200,21 +238,29 @@ def test_long_values_are_cut_to_an_excerpt(tmp_path):
 
 # ---- every problem, clear messages -----------------------------------------------------------
 
+
 def test_every_problem_in_one_rule_is_reported(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text(HEAD + "rules:\n  - id: r\n    description: [a list]\n    severity: nope\n    weight: 999\n"
-                    "    tags: x\n    condition: {signal: no_such_signal, is: 1}\n")
+    path.write_text(
+        HEAD + "rules:\n  - id: r\n    description: [a list]\n    severity: nope\n    weight: 999\n"
+        "    tags: x\n    condition: {signal: no_such_signal, is: 1}\n"
+    )
     messages = [p.cause for p in validate_rules([path])]
-    assert messages == ["description must be non-empty text",
-                        "severity 'nope' must be one of info, low, medium, high, critical",
-                        "weight 999 must be a whole number from -100 to 100",
-                        "tags must be a list of text",
-                        "unknown signal 'no_such_signal' (`gpuguard rules signals` lists them)"]
+    assert messages == [
+        "description must be non-empty text",
+        "severity 'nope' must be one of info, low, medium, high, critical",
+        "weight 999 must be a whole number from -100 to 100",
+        "tags must be a list of text",
+        "unknown signal 'no_such_signal' (`gpuguard rules signals` lists them)",
+    ]
 
 
 def test_missing_fields_do_not_hide_the_others(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text(HEAD + "rules:\n  - id: r\n    severity: nope\n    condition: {signal: cmdline, matches: '(x'}\n")
+    path.write_text(
+        HEAD
+        + "rules:\n  - id: r\n    severity: nope\n    condition: {signal: cmdline, matches: '(x'}\n"
+    )
     messages = [p.cause for p in validate_rules([path])]
     assert messages[0] == "missing description, weight"
     assert any(m.startswith("severity 'nope'") for m in messages)
@@ -231,10 +277,14 @@ def test_version_as_text_says_so(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("version: '1'\n")
     problem = validate_rules([path])[0]
-    assert (problem.cause, problem.fix) == ("version must be the number 1, not the text '1'",
-                                            "write `version: 1` without quotes")
-    assert str(problem) == f"{path}:1:10: version must be the number 1, not the text '1' " \
-                           "(fix: write `version: 1` without quotes)"
+    assert (problem.cause, problem.fix) == (
+        "version must be the number 1, not the text '1'",
+        "write `version: 1` without quotes",
+    )
+    assert (
+        str(problem) == f"{path}:1:10: version must be the number 1, not the text '1' "
+        "(fix: write `version: 1` without quotes)"
+    )
 
 
 def test_problems_carry_cause_fix_and_position_as_fields(tmp_path):
@@ -249,29 +299,63 @@ def test_problems_carry_cause_fix_and_position_as_fields(tmp_path):
 
 # ---- property-based: arbitrary input never breaks the loader ------------------------------
 
+
 def _check_output(path: Path) -> None:
     started = time.monotonic()
     problems = validate_rules([path])
     assert time.monotonic() - started < 5
     for problem in problems:
-        str(problem).encode("utf-8")          # strict: no lone surrogates, nothing unencodable
+        str(problem).encode("utf-8")  # strict: no lone surrogates, nothing unencodable
         assert problem.cause
 
 
-yaml_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
-                         st.text(max_size=30))
+yaml_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=30),
+)
 yaml_values = st.recursive(
     yaml_scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=5),
-                            st.dictionaries(st.one_of(st.sampled_from(["version", "rules", "lists", "id", "condition",
-                                                                      "signal", "all", "any", "not", "matches",
-                                                                      "in_list", "weight", "allowlist", "yara",
-                                                                      "thresholds", "actions", "override"]),
-                                                      st.text(max_size=10)), inner, max_size=6)),
-    max_leaves=30)
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.dictionaries(
+            st.one_of(
+                st.sampled_from(
+                    [
+                        "version",
+                        "rules",
+                        "lists",
+                        "id",
+                        "condition",
+                        "signal",
+                        "all",
+                        "any",
+                        "not",
+                        "matches",
+                        "in_list",
+                        "weight",
+                        "allowlist",
+                        "yara",
+                        "thresholds",
+                        "actions",
+                        "override",
+                    ]
+                ),
+                st.text(max_size=10),
+            ),
+            inner,
+            max_size=6,
+        ),
+    ),
+    max_leaves=30,
+)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.binary(max_size=2000))
 def test_arbitrary_bytes_never_break_the_loader(tmp_path, data):
     path = tmp_path / "fuzz.yaml"
@@ -279,7 +363,9 @@ def test_arbitrary_bytes_never_break_the_loader(tmp_path, data):
     _check_output(path)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(doc=yaml_values, with_version=st.booleans())
 def test_arbitrary_structures_never_break_the_loader(tmp_path, doc, with_version):
     if with_version and isinstance(doc, dict):
@@ -289,10 +375,20 @@ def test_arbitrary_structures_never_break_the_loader(tmp_path, doc, with_version
     _check_output(path)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rule=st.fixed_dictionaries({"id": st.text(max_size=8), "condition": yaml_values},
-                                  optional={"description": yaml_values, "severity": yaml_values,
-                                            "weight": yaml_values, "tags": yaml_values}))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rule=st.fixed_dictionaries(
+        {"id": st.text(max_size=8), "condition": yaml_values},
+        optional={
+            "description": yaml_values,
+            "severity": yaml_values,
+            "weight": yaml_values,
+            "tags": yaml_values,
+        },
+    )
+)
 def test_arbitrary_rules_on_top_of_the_shipped_ones(tmp_path, rule):
     path = tmp_path / "site.yaml"
     path.write_text(yaml.safe_dump({"version": 1, "rules": [rule]}, allow_unicode=True))

@@ -46,7 +46,11 @@ def test_default_paths_add_site_files_sorted(tmp_path):
     write(tmp_path, "b.yaml", "version: 1\n")
     write(tmp_path, "a.yaml", "version: 1\n")
     write(tmp_path, "ignored.txt", "x")
-    assert default_rule_paths(tmp_path) == [shipped_rules_file(), tmp_path / "a.yaml", tmp_path / "b.yaml"]
+    assert default_rule_paths(tmp_path) == [
+        shipped_rules_file(),
+        tmp_path / "a.yaml",
+        tmp_path / "b.yaml",
+    ]
     assert default_rule_paths(tmp_path / "missing") == [shipped_rules_file()]
 
 
@@ -57,10 +61,10 @@ def test_shipped_lists_cover_indicators():
     names = re.search(r"Binary names: (.*?)\.\n- Flags", section, re.S)[1]
     for name in re.split(r",\s*", names.replace("\n", " ")):
         name = name.split(" (")[0].strip().lower()
-        optional = re.match(r"^(.*)\((-\w+)\)$", name)    # "cpuminer(-opt)": both spellings
-        for spelling in ([optional[1], optional[1] + optional[2]] if optional else [name]):
+        optional = re.match(r"^(.*)\((-\w+)\)$", name)  # "cpuminer(-opt)": both spellings
+        for spelling in [optional[1], optional[1] + optional[2]] if optional else [name]:
             assert spelling in lists["miner_names"], spelling
-    assert "miner" not in lists["miner_names"]     # gminer's generic name would flag too much
+    assert "miner" not in lists["miner_names"]  # gminer's generic name would flag too much
     for scheme in re.findall(r"([a-z0-9+]+)://", section.split("URL schemes:")[1].split("\n- ")[0]):
         assert scheme in lists["stratum_schemes"], scheme
     suffixes = text.split("Pool domain suffixes:")[1].split("\n- ")[0]
@@ -76,17 +80,33 @@ def test_shipped_lists_cover_indicators():
     numeric = {p for p in lists["pool_ports"] if isinstance(p, int)}
     for port in re.findall(r"\b(\d{4,5})\b", ports):
         port = int(port)
-        in_range = any(isinstance(r, str) and int(r.split("-")[0]) <= port <= int(r.split("-")[1]) for r in lists["pool_ports"])
+        in_range = any(
+            isinstance(r, str) and int(r.split("-")[0]) <= port <= int(r.split("-")[1])
+            for r in lists["pool_ports"]
+        )
         assert port in numeric or in_range or port in (8080, 8888), port
-    for flag in ("--donate-level", "--nicehash", "--cpu-max-threads-hint", "--pause-on-active",
-                 "--randomx-1gb-pages", "--low-load", "--lock-cclock", "--coin", "-wal", "-pool"):
+    for flag in (
+        "--donate-level",
+        "--nicehash",
+        "--cpu-max-threads-hint",
+        "--pause-on-active",
+        "--randomx-1gb-pages",
+        "--low-load",
+        "--lock-cclock",
+        "--coin",
+        "-wal",
+        "-pool",
+    ):
         assert flag in lists["miner_flags"], flag
     for name in ("kworker*", "kthreadd", "kdevtmpfs*", "bioset*"):
         assert name in lists["kernel_thread_names"]
 
 
 def test_site_file_extends_and_overrides(tmp_path):
-    site = write(tmp_path, "site.yaml", """\
+    site = write(
+        tmp_path,
+        "site.yaml",
+        """\
 version: 1
 lists:
   pool_ports: {extend: [1234, 3333]}
@@ -109,36 +129,52 @@ allowlist:
     override: {enabled: false}
 thresholds: {suspicious: 30}
 actions: {malicious: kill}
-""")
+""",
+    )
     ruleset = load_ruleset([shipped_rules_file(), site])
     assert ruleset.lists["pool_ports"].count(3333) == 1 and ruleset.lists["pool_ports"][-1] == 1234
     assert "nicehash.com" not in ruleset.lists["pool_domains"]
     assert ruleset.lists["shells"] == ["fish"]
     assert ruleset.rule("exe-deleted").enabled is False
     assert ruleset.rule("exe-deleted") in ruleset.disabled
-    assert (ruleset.rule("net-pool-port").weight, ruleset.rule("net-pool-port").severity) == (5, "medium")
+    assert (ruleset.rule("net-pool-port").weight, ruleset.rule("net-pool-port").severity) == (
+        5,
+        "medium",
+    )
     assert ruleset.rules[-1].id == "site-own-rule" and ruleset.rules[-1].signals == ("user",)
-    assert [e.id for e in ruleset.allowlist.entries] == ["nvidia-persistenced", "dcgm-hostengine", "site-trainer"]
+    assert [e.id for e in ruleset.allowlist.entries] == [
+        "nvidia-persistenced",
+        "dcgm-hostengine",
+        "site-trainer",
+    ]
     assert (ruleset.thresholds.suspicious, ruleset.thresholds.malicious) == (30, 75)
     assert ruleset.actions["malicious"] == "kill"
 
 
 def test_override_of_condition_uses_the_site_position(tmp_path):
-    site = write(tmp_path, "site.yaml", """\
+    site = write(
+        tmp_path,
+        "site.yaml",
+        """\
 version: 1
 rules:
   - id: exe-deleted
     override:
       condition: {signal: exe_deleted, is: 3}
-""")
+""",
+    )
     with pytest.raises(GpuguardError) as err:
         load_ruleset([shipped_rules_file(), site])
     assert f"{site}:5:44: rule exe-deleted: is: exe_deleted is a bool signal" in err.value.cause
 
 
 def test_invalid_file_is_one_line_error_with_position(tmp_path):
-    bad = write(tmp_path, "bad.yaml", "version: 1\nrules:\n  - id: x\n    description: d\n    severity: high\n"
-                                      "    weight: 10\n    condition: {signal: no_such_signal, is: true}\n")
+    bad = write(
+        tmp_path,
+        "bad.yaml",
+        "version: 1\nrules:\n  - id: x\n    description: d\n    severity: high\n"
+        "    weight: 10\n    condition: {signal: no_such_signal, is: true}\n",
+    )
     with pytest.raises(GpuguardError) as err:
         load_ruleset([bad])
     line = err.value.one_line()
@@ -158,10 +194,12 @@ def test_refuses_world_writable_copy(tmp_path):
     shutil.copytree(shipped_rules_dir() / "yara", tmp_path / "yara")
     copy.chmod(0o644)
     assert load_ruleset([copy]).rules
-    os.chmod(copy, 0o646)   # chmod o+w
+    os.chmod(copy, 0o646)  # chmod o+w
     with pytest.raises(GpuguardError) as err:
         load_ruleset([copy])
-    assert err.value.cause == f"refusing rules file {copy}: it is writable by group/others (mode 0646)"
+    assert (
+        err.value.cause == f"refusing rules file {copy}: it is writable by group/others (mode 0646)"
+    )
     assert err.value.fix == f"chmod go-w {copy}"
 
 
@@ -191,5 +229,5 @@ def test_refuses_file_in_world_writable_directory(tmp_path):
     os.chmod(shared, 0o777)
     with pytest.raises(GpuguardError, match="its directory .* is writable by group/others"):
         load_ruleset([path])
-    os.chmod(shared, 0o1777)   # sticky: others cannot replace root's file
+    os.chmod(shared, 0o1777)  # sticky: others cannot replace root's file
     assert load_ruleset([path]).rules == []

@@ -50,9 +50,26 @@ class TlsPool:
 
     def __init__(self, workdir: Path, reply: bytes | None = None) -> None:
         cert, key = workdir / "pool.crt", workdir / "pool.key"
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                        "-out", str(cert), "-subj", "/CN=pool.test", "-days", "1"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+                "-subj",
+                "/CN=pool.test",
+                "-days",
+                "1",
+            ],
+            check=True,
+            capture_output=True,
+        )
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(cert, key)
         self.reply = reply
@@ -60,7 +77,7 @@ class TlsPool:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.sock.bind(("127.0.0.1", 443))
-        except OSError:          # another suite holds 443: the port is incidental to this test
+        except OSError:  # another suite holds 443: the port is incidental to this test
             self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
         self.port = self.sock.getsockname()[1]
@@ -145,15 +162,29 @@ def _hashing_gpu(pid: int, now_us: int) -> FakeGpu:
 
     start_us = int(psutil.Process(pid).create_time() * 1e6) + 500_000
     rng = random.Random(1)
-    history = {1: [(now_us - 14_000_000 + i * 200_000, 100) for i in range(70)],
-               2: [(now_us - 14_000_000 + i * 200_000, 0) for i in range(70)],
-               0: [(now_us - 14_000_000 + i * 200_000, int(rng.gauss(395_400, 3000))) for i in range(70)]}
-    return FakeGpu(util_gpu=100, util_memory=0, memory_used=1_057_816_576, power_mw=395_322, sm_clock=1980,
-                   temperature=63, compute=[FakeProcess(pid, 545_259_520)], history=history, accounting_mode=1,
-                   accounting={pid: FakeAccounting(99, 0, 545_259_520, start_us, 3_600_000),
-                               # a GPU user that is gone: last night's run
-                               777_001: FakeAccounting(98, 0, 545_259_520, now_us - 40_000_000_000, 20_000_000,
-                                                       running=False)})
+    history = {
+        1: [(now_us - 14_000_000 + i * 200_000, 100) for i in range(70)],
+        2: [(now_us - 14_000_000 + i * 200_000, 0) for i in range(70)],
+        0: [(now_us - 14_000_000 + i * 200_000, int(rng.gauss(395_400, 3000))) for i in range(70)],
+    }
+    return FakeGpu(
+        util_gpu=100,
+        util_memory=0,
+        memory_used=1_057_816_576,
+        power_mw=395_322,
+        sm_clock=1980,
+        temperature=63,
+        compute=[FakeProcess(pid, 545_259_520)],
+        history=history,
+        accounting_mode=1,
+        accounting={
+            pid: FakeAccounting(99, 0, 545_259_520, start_us, 3_600_000),
+            # a GPU user that is gone: last night's run
+            777_001: FakeAccounting(
+                98, 0, 545_259_520, now_us - 40_000_000_000, 20_000_000, running=False
+            ),
+        },
+    )
 
 
 class _Driver(threading.Thread):
@@ -184,7 +215,9 @@ def covert_host(tmp_path, monkeypatch):
     pool = TlsPool(tmp_path)
     procs = []
     try:
-        covert = _start([str(interpreter), str(CLIENT), "127.0.0.1", str(pool.port), "stratum", "1"])
+        covert = _start(
+            [str(interpreter), str(CLIENT), "127.0.0.1", str(pool.port), "stratum", "1"]
+        )
         procs.append(covert)
         https = _start([sys.executable, str(CLIENT), "127.0.0.1", str(pool.port), "https", "1"])
         procs.append(https)
@@ -205,27 +238,44 @@ def covert_host(tmp_path, monkeypatch):
 def _scan(capsys, *argv: str) -> tuple[int, dict]:
     parser = argparse.ArgumentParser()
     scan.add_arguments(parser)
-    code = scan.run(parser.parse_args(["--json", "--no-yara", "--rules", str(REPO / "rules" / "miner-rules.yaml"),
-                                       *argv]))
+    code = scan.run(
+        parser.parse_args(
+            ["--json", "--no-yara", "--rules", str(REPO / "rules" / "miner-rules.yaml"), *argv]
+        )
+    )
     return code, json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.root
 def test_scan_gpu_window_flags_the_covert_miner_by_behaviour(covert_host, capsys):
     code, doc = _scan(capsys, "--gpu-window", "3")
-    assert any(b"mining.submit" in chunk for chunk in covert_host["pool"].received)   # stratum inside TLS
+    assert any(
+        b"mining.submit" in chunk for chunk in covert_host["pool"].received
+    )  # stratum inside TLS
     assert code == 1
-    covert = [f for f in doc["findings"] if f.get("process", {}).get("pid") == covert_host["covert"].pid]
+    covert = [
+        f for f in doc["findings"] if f.get("process", {}).get("pid") == covert_host["covert"].pid
+    ]
     assert len(covert) == 1
     finding = covert[0]
-    assert finding["process"]["name"] == "python3" and finding["process"]["executable"] == covert_host["exe"]
+    assert (
+        finding["process"]["name"] == "python3"
+        and finding["process"]["executable"] == covert_host["exe"]
+    )
     assert finding["gpuguard"]["verdict"] == "suspicious", finding["gpuguard"]["evidence"]
-    assert {"gpu-hashing-shape", "gpu-power-flat-under-load"} <= set(finding["gpuguard"]["rule_ids"])
+    assert {"gpu-hashing-shape", "gpu-power-flat-under-load"} <= set(
+        finding["gpuguard"]["rule_ids"]
+    )
     shape = next(e for e in finding["gpuguard"]["evidence"] if e["rule_id"] == "gpu-hashing-shape")
-    assert "compute-bound: SM 100 ± 0.4%" in shape["detail"] and "memory-controller 0%" in shape["detail"]
+    assert (
+        "compute-bound: SM 100 ± 0.4%" in shape["detail"]
+        and "memory-controller 0%" in shape["detail"]
+    )
     assert "gpu_lifetime_util_mean=99" in shape["detail"]
     # the HTTPS keepalive client uses no GPU: nothing to report
-    assert not [f for f in doc["findings"] if f.get("process", {}).get("pid") == covert_host["https"].pid]
+    assert not [
+        f for f in doc["findings"] if f.get("process", {}).get("pid") == covert_host["https"].pid
+    ]
     # last night's GPU user, gone before the scan, is a host finding
     past = [f for f in doc["findings"] if f["gpuguard"]["rule_ids"] == ["host-gpu-past-heavy-user"]]
     assert len(past) == 1 and "exited pid 777001" in past[0]["message"]
@@ -240,7 +290,9 @@ def test_without_a_window_and_accounting_the_shape_is_not_enough(covert_host, ca
     fake_module = sys.modules["pynvml"]
     monkeypatch.setattr(fake_module, "nvmlDeviceGetAccountingMode", lambda h: 0)
     code, doc = _scan(capsys, "--gpu-window", "0")
-    covert = [f for f in doc["findings"] if f.get("process", {}).get("pid") == covert_host["covert"].pid]
+    covert = [
+        f for f in doc["findings"] if f.get("process", {}).get("pid") == covert_host["covert"].pid
+    ]
     assert code == 0 and all(f["gpuguard"]["verdict"] == "clean" for f in covert)
 
 
@@ -253,17 +305,26 @@ def test_gpu_window_out_of_range_is_one_clear_error(capsys):
 
 # -- GPU host findings ---------------------------------------------------------------
 
+
 def _device(used: int, total: int = 80 * GIB) -> DeviceSample:
-    return DeviceSample("nvidia", 0, memory_used=used, memory_total=total, pci_bus_id="00000000:18:00.0")
+    return DeviceSample(
+        "nvidia", 0, memory_used=used, memory_total=total, pci_bus_id="00000000:18:00.0"
+    )
 
 
 def test_orphaned_memory_names_device_amount_and_likely_owner():
-    snap = GpuSnapshot(time=1.0, source="nvml", devices=[_device(30 * GIB)],
-                       processes=[ProcessGpuUsage(10, "nvidia", 0, used_memory=4 * GIB)])
+    snap = GpuSnapshot(
+        time=1.0,
+        source="nvml",
+        devices=[_device(30 * GIB)],
+        processes=[ProcessGpuUsage(10, "nvidia", 0, used_memory=4 * GIB)],
+    )
     gone = GpuAccounting(4242, "nvidia", 0, None, 97.0, 1.0, 25 * GIB, 1000.0, 5000.0, False)
     (finding,) = check_gpu_memory([snap], {10: "running"}, [gone])
-    assert finding.detail == ("nvidia gpu0 (00000000:18:00.0): 26.0 GiB of 80.0 GiB in use by no live process; "
-                              "likely owner: exited pid 4242 (peak 25.0 GiB)")
+    assert finding.detail == (
+        "nvidia gpu0 (00000000:18:00.0): 26.0 GiB of 80.0 GiB in use by no live process; "
+        "likely owner: exited pid 4242 (peak 25.0 GiB)"
+    )
     # the driver's own reservation (~500 MiB on an idle H100) is not an orphan
     idle = GpuSnapshot(time=1.0, source="nvml", devices=[_device(504 * MIB)], processes=[])
     assert check_gpu_memory([idle], {}) == []
@@ -273,24 +334,36 @@ def test_memory_held_by_a_real_zombie_is_reported():
     zombie = subprocess.Popen(["true"])
     try:
         deadline = time.time() + 5
-        while time.time() < deadline and open(f"/proc/{zombie.pid}/stat").read().split(") ")[1][0] != "Z":
+        while (
+            time.time() < deadline
+            and open(f"/proc/{zombie.pid}/stat").read().split(") ")[1][0] != "Z"
+        ):
             time.sleep(0.01)
-        snap = GpuSnapshot(time=1.0, source="nvml", devices=[_device(9 * GIB)],
-                           processes=[ProcessGpuUsage(zombie.pid, "nvidia", 0, used_memory=8 * GIB)])
+        snap = GpuSnapshot(
+            time=1.0,
+            source="nvml",
+            devices=[_device(9 * GIB)],
+            processes=[ProcessGpuUsage(zombie.pid, "nvidia", 0, used_memory=8 * GIB)],
+        )
         from gpuguard.sources.host_observation import HostObservation
 
         states = HostObservation(time=1.0, listed_pids=set(), snapshots=[snap]).gpu_pid_states()
         assert states == {zombie.pid: "zombie"}
         (finding,) = check_gpu_memory([snap], states)
         assert finding.pid == zombie.pid
-        assert finding.detail == f"nvidia gpu0 (00000000:18:00.0): 8.0 GiB memory held by pid {zombie.pid}, which is zombie"
+        assert (
+            finding.detail
+            == f"nvidia gpu0 (00000000:18:00.0): 8.0 GiB memory held by pid {zombie.pid}, which is zombie"
+        )
     finally:
         zombie.wait()
 
 
 def test_past_heavy_users_only_long_and_busy():
-    records = [GpuAccounting(1, "nvidia", 0, None, 98.0, 0.0, 520 * MIB, 0.0, 3600.0, False),
-               GpuAccounting(2, "nvidia", 0, None, 98.0, 0.0, 520 * MIB, 0.0, 60.0, False),    # short
-               GpuAccounting(3, "nvidia", 0, None, 30.0, 0.0, 520 * MIB, 0.0, 3600.0, False),  # light
-               GpuAccounting(4, "nvidia", 0, None, 99.0, 0.0, 520 * MIB, 0.0, 3600.0, True)]   # still running
+    records = [
+        GpuAccounting(1, "nvidia", 0, None, 98.0, 0.0, 520 * MIB, 0.0, 3600.0, False),
+        GpuAccounting(2, "nvidia", 0, None, 98.0, 0.0, 520 * MIB, 0.0, 60.0, False),  # short
+        GpuAccounting(3, "nvidia", 0, None, 30.0, 0.0, 520 * MIB, 0.0, 3600.0, False),  # light
+        GpuAccounting(4, "nvidia", 0, None, 99.0, 0.0, 520 * MIB, 0.0, 3600.0, True),
+    ]  # still running
     assert [f.pid for f in check_past_gpu_users(records)] == [1]

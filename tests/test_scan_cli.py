@@ -50,7 +50,7 @@ def test_world_writable_rules_file_refused(tmp_path: Path):
 
 @pytest.mark.root
 def test_non_root_scan_degrades_and_says_what_it_missed():
-    with sleeper():   # at least one root-owned process the scan cannot look into
+    with sleeper():  # at least one root-owned process the scan cannot look into
         result = run_scan("--json", "--no-yara", user="nobody")
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode in (0, 1)
@@ -60,7 +60,10 @@ def test_non_root_scan_degrades_and_says_what_it_missed():
     exe_line = next(line for line in unseen if line.startswith("could not read /proc/PID/exe for "))
     count = int(exe_line.split()[5])
     assert count > 0
-    assert exe_line == f"could not read /proc/PID/exe for {count} processes owned by other users; run as root to see them"
+    assert (
+        exe_line
+        == f"could not read /proc/PID/exe for {count} processes owned by other users; run as root to see them"
+    )
     assert any(line.startswith("could not read /proc/PID/fd for ") for line in unseen)
 
 
@@ -76,10 +79,11 @@ def test_deep_scan_reads_memory(tmp_path: Path):
     rc, doc, stderr = scan_json("--deep", "--cpu-sample", "0", "--root", str(tmp_path))
     assert doc["scanner"]["options"]["deep"] is True
     assert doc["summary"]["counters"]["yara_memory_scans"] > 0
-    assert "scanning memory" not in stderr          # no progress bar when stderr is not a terminal
+    assert "scanning memory" not in stderr  # no progress bar when stderr is not a terminal
 
 
 # ---- the YARA cache --------------------------------------------------------------
+
 
 @pytest.fixture
 def yara_paths() -> list[Path]:
@@ -129,18 +133,18 @@ def test_yara_cache_not_trusted_when_others_can_write(tmp_path: Path, yara_paths
     scanner = PersistentYaraScanner.for_files(yara_paths, cache_dir)
     scanner.scan_process(_facts_of_self())
     scanner.save()
-    os.chown(cache_dir / CACHE_NAME, 65534, 65534)          # a file someone else owns
+    os.chown(cache_dir / CACHE_NAME, 65534, 65534)  # a file someone else owns
     owned = PersistentYaraScanner.for_files(yara_paths, cache_dir)
     assert "not root" in owned.note
     owned.scan_process(_facts_of_self())
     assert owned.stats["disk_cache_hits"] == 0
     os.chown(cache_dir / CACHE_NAME, 0, 0)
-    os.chmod(cache_dir, 0o777)                              # a directory anyone can write
+    os.chmod(cache_dir, 0o777)  # a directory anyone can write
     open_dir = PersistentYaraScanner.for_files(yara_paths, cache_dir)
     assert "writable by group/others" in open_dir.note
     open_dir.scan_process(_facts_of_self())
     assert open_dir.stats["disk_cache_hits"] == 0
-    assert open_dir.cache_dir is None                       # and it will not write there either
+    assert open_dir.cache_dir is None  # and it will not write there either
 
 
 @pytest.mark.root
@@ -153,8 +157,8 @@ def test_yara_cache_key_changes_when_file_rewritten_in_place(tmp_path: Path, yar
     scanner.scan_file(str(target), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     scanner.save()
     time.sleep(0.01)
-    target.write_bytes(b"\x7fELF" + b"\1" * 100)            # same size ...
-    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))   # ... and the old mtime restored
+    target.write_bytes(b"\x7fELF" + b"\1" * 100)  # same size ...
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and the old mtime restored
     again = PersistentYaraScanner.for_files(yara_paths, cache_dir)
     again.scan_file(str(target), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     assert again.stats["disk_cache_hits"] == 0 and again.stats["file_scans"] == 1

@@ -43,8 +43,12 @@ from test_scan_support import HIDER_C, compile_c, scan_json, sleeper
 def vocabulary() -> MinerVocabulary:
     ruleset = load_ruleset(None)
     lower = lambda name: [str(v).lower() for v in ruleset.lists[name]]  # noqa: E731
-    return MinerVocabulary(frozenset(lower("miner_names")), frozenset(lower("stratum_schemes")),
-                           tuple(lower("pool_domains")), frozenset(lower("miner_flags")))
+    return MinerVocabulary(
+        frozenset(lower("miner_names")),
+        frozenset(lower("stratum_schemes")),
+        tuple(lower("pool_domains")),
+        frozenset(lower("miner_flags")),
+    )
 
 
 def _write(root: Path, rel: str, text: str, mode: int = 0o644) -> Path:
@@ -58,15 +62,33 @@ def _write(root: Path, rel: str, text: str, mode: int = 0o644) -> Path:
 @pytest.fixture
 def infected_tree(tmp_path: Path) -> Path:
     root = tmp_path / "root"
-    _write(root, "etc/systemd/system/moneroocean_miner.service",
-           "[Unit]\nDescription=system helper\n[Service]\n"
-           "ExecStart=/root/moneroocean/xmrig --config=/root/moneroocean/config.json\nRestart=always\n")
-    _write(root, "etc/systemd/system/nginx.service", "[Service]\nExecStart=/usr/sbin/nginx -g 'daemon off;'\n")
-    _write(root, "etc/cron.d/sysupdate",
-           "# helper\n*/5 * * * * root /tmp/.x/kswapd0 -o stratum+tcp://203.0.113.7:3333 -u 4abc\n")
-    _write(root, "etc/cron.d/logrotate", "25 6 * * * root test -x /usr/sbin/logrotate && /usr/sbin/logrotate\n")
-    _write(root, "home/alice/.bashrc", "alias ll='ls -l'\n# xmrig once lived here\n"
-           "nohup ./kthreadd -o gulf.moneroocean.stream:10128 >/dev/null 2>&1 &\n")
+    _write(
+        root,
+        "etc/systemd/system/moneroocean_miner.service",
+        "[Unit]\nDescription=system helper\n[Service]\n"
+        "ExecStart=/root/moneroocean/xmrig --config=/root/moneroocean/config.json\nRestart=always\n",
+    )
+    _write(
+        root,
+        "etc/systemd/system/nginx.service",
+        "[Service]\nExecStart=/usr/sbin/nginx -g 'daemon off;'\n",
+    )
+    _write(
+        root,
+        "etc/cron.d/sysupdate",
+        "# helper\n*/5 * * * * root /tmp/.x/kswapd0 -o stratum+tcp://203.0.113.7:3333 -u 4abc\n",
+    )
+    _write(
+        root,
+        "etc/cron.d/logrotate",
+        "25 6 * * * root test -x /usr/sbin/logrotate && /usr/sbin/logrotate\n",
+    )
+    _write(
+        root,
+        "home/alice/.bashrc",
+        "alias ll='ls -l'\n# xmrig once lived here\n"
+        "nohup ./kthreadd -o gulf.moneroocean.stream:10128 >/dev/null 2>&1 &\n",
+    )
     _write(root, "etc/profile", "export PATH=/usr/bin:/bin\n")
     return root
 
@@ -77,17 +99,24 @@ def test_autostart_miners_found_with_file_and_line(infected_tree: Path, vocabula
     assert kinds["/etc/cron.d/sysupdate"] == "cron"
     assert kinds["/home/alice/.bashrc"] == "shell-profile"
     findings = {f.subject: f for f in check_autostart_files(scan.files, vocabulary)}
-    assert set(findings) == {"/etc/systemd/system/moneroocean_miner.service", "/etc/cron.d/sysupdate",
-                             "/home/alice/.bashrc"}
+    assert set(findings) == {
+        "/etc/systemd/system/moneroocean_miner.service",
+        "/etc/cron.d/sysupdate",
+        "/home/alice/.bashrc",
+    }
     unit = findings["/etc/systemd/system/moneroocean_miner.service"]
-    assert unit.evidence == ["/etc/systemd/system/moneroocean_miner.service:4: "
-                             "ExecStart=/root/moneroocean/xmrig --config=/root/moneroocean/config.json"]
+    assert unit.evidence == [
+        "/etc/systemd/system/moneroocean_miner.service:4: "
+        "ExecStart=/root/moneroocean/xmrig --config=/root/moneroocean/config.json"
+    ]
     assert "miner xmrig" in unit.detail
     cron = findings["/etc/cron.d/sysupdate"]
     assert cron.evidence[0].startswith("/etc/cron.d/sysupdate:2: ")
     assert "pool URL stratum+tcp://" in cron.detail
     bashrc = findings["/home/alice/.bashrc"]
-    assert bashrc.evidence[0].startswith("/home/alice/.bashrc:3: ")   # the comment on line 2 is skipped
+    assert bashrc.evidence[0].startswith(
+        "/home/alice/.bashrc:3: "
+    )  # the comment on line 2 is skipped
     assert "pool domain moneroocean.stream" in bashrc.detail
 
 
@@ -95,8 +124,11 @@ def test_cli_reports_persistence_and_exits_one(infected_tree: Path):
     rc, doc, _ = scan_json("--root", str(infected_tree), "--no-yara", "--cpu-sample", "0")
     persistence = [f for f in doc["findings"] if f["rule"]["id"] == "host-persistence-miner"]
     assert sorted(f["file"]["path"] for f in persistence) == [
-        "/etc/cron.d/sysupdate", "/etc/systemd/system/moneroocean_miner.service", "/home/alice/.bashrc"]
-    assert all(f["gpuguard"]["verdict"] == "malicious" for f in persistence)   # 85 >= 75
+        "/etc/cron.d/sysupdate",
+        "/etc/systemd/system/moneroocean_miner.service",
+        "/home/alice/.bashrc",
+    ]
+    assert all(f["gpuguard"]["verdict"] == "malicious" for f in persistence)  # 85 >= 75
     assert all(f["gpuguard"]["kind"] == "host" for f in persistence)
     assert "T1053" in persistence[0]["threat"]["technique"]["id"]
     assert "T1053.003" in persistence[0]["threat"]["technique"]["subtechnique"]["id"]
@@ -107,9 +139,15 @@ def test_miner_reasons_need_a_whole_token(vocabulary):
     assert miner_reasons("killall -9 xmrig", vocabulary) == ["miner xmrig"]
     assert miner_reasons("cat /var/log/xmrig-notes.txt", vocabulary) == []
     assert miner_reasons("curl https://example.com/x.sh | sh", vocabulary) == []
-    assert miner_reasons("ExecStart=/opt/t-rex -a kawpow -o stratum+ssl://rvn.2miners.com:16060 --low-load 1",
-                         vocabulary) == ["miner t-rex", "pool URL stratum+ssl://", "pool domain 2miners.com",
-                                         "miner flag --low-load"]
+    assert miner_reasons(
+        "ExecStart=/opt/t-rex -a kawpow -o stratum+ssl://rvn.2miners.com:16060 --low-load 1",
+        vocabulary,
+    ) == [
+        "miner t-rex",
+        "pool URL stratum+ssl://",
+        "pool domain 2miners.com",
+        "miner flag --low-load",
+    ]
     # a miner flag alone is not enough
     assert miner_reasons("run --coin monero", vocabulary) == []
 
@@ -117,18 +155,18 @@ def test_miner_reasons_need_a_whole_token(vocabulary):
 def test_autostart_reading_is_bounded(tmp_path: Path, vocabulary):
     root = tmp_path / "root"
     (root / "etc/cron.d").mkdir(parents=True)
-    os.mkfifo(root / "etc/cron.d/pipe")                         # must not block the scan
+    os.mkfifo(root / "etc/cron.d/pipe")  # must not block the scan
     big = _write(root, "etc/cron.d/big", "# padding\n" * (300 * 1024 // 10))
     outside = tmp_path / "outside"
     outside.write_text("* * * * * root xmrig\n")
-    (root / "etc/cron.d/escape").symlink_to(outside)            # resolves outside --root: ignored
-    (root / "etc/cron.d/inside").symlink_to(big)                # inside: read (once)
+    (root / "etc/cron.d/escape").symlink_to(outside)  # resolves outside --root: ignored
+    (root / "etc/cron.d/inside").symlink_to(big)  # inside: read (once)
     started = time.monotonic()
     scan = collect_autostart_files(str(root))
     assert time.monotonic() - started < 5
     by_path = {f.path: f for f in scan.files}
     assert set(by_path) == {"/etc/cron.d/big"}
-    assert by_path["/etc/cron.d/big"].truncated is False        # comments are streamed past, not kept
+    assert by_path["/etc/cron.d/big"].truncated is False  # comments are streamed past, not kept
     assert by_path["/etc/cron.d/big"].lines == [] and scan.partly_read == []
     assert check_autostart_files(scan.files, vocabulary) == []
 
@@ -137,27 +175,41 @@ def test_comment_padding_does_not_hide_a_miner_line(tmp_path: Path, vocabulary):
     """256 KiB of comments before the miner line once hid it (the reader stopped at 256 KiB)."""
     root = tmp_path / "root"
     padding = "# " + "x" * 78 + "\n"
-    _write(root, "etc/cron.d/job", padding * ((1 << 20) // 80) + "* * * * * root /tmp/xmrig -o stratum+tcp://p:3333\n")
+    _write(
+        root,
+        "etc/cron.d/job",
+        padding * ((1 << 20) // 80) + "* * * * * root /tmp/xmrig -o stratum+tcp://p:3333\n",
+    )
     _write(root, "root/.bashrc", "\n" * (1 << 20) + "nohup /tmp/.x/xmrig &\n")
     scan = collect_autostart_files(str(root))
     found = {f.subject: f for f in check_autostart_files(scan.files, vocabulary)}
     assert set(found) == {"/etc/cron.d/job", "/root/.bashrc"}
-    assert found["/root/.bashrc"].evidence == [f"/root/.bashrc:{(1 << 20) + 1}: nohup /tmp/.x/xmrig &"]
+    assert found["/root/.bashrc"].evidence == [
+        f"/root/.bashrc:{(1 << 20) + 1}: nohup /tmp/.x/xmrig &"
+    ]
     assert scan.partly_read == []
 
 
-def test_what_a_bound_leaves_unread_is_a_blind_spot_with_its_path(tmp_path: Path, monkeypatch, vocabulary):
+def test_what_a_bound_leaves_unread_is_a_blind_spot_with_its_path(
+    tmp_path: Path, monkeypatch, vocabulary
+):
     from gpuguard.sources import persistence
 
     monkeypatch.setattr(persistence, "MAX_FILE_BYTES", 4096)
     monkeypatch.setattr(persistence, "MAX_LINE_CHARS", 100)
     root = tmp_path / "root"
     _write(root, "etc/cron.d/long", "# c\n" * 2000 + "* * * * * root xmrig\n")
-    _write(root, "etc/cron.d/wide", "A=" + "y" * 500 + " xmrig\n* * * * * root xmrig -o stratum+tcp://p:1\n")
+    _write(
+        root,
+        "etc/cron.d/wide",
+        "A=" + "y" * 500 + " xmrig\n* * * * * root xmrig -o stratum+tcp://p:1\n",
+    )
     scan = collect_autostart_files(str(root))
     assert scan.partly_read == ["/etc/cron.d/long (larger than 4096 bytes; read to line 1025)"]
     wide = [f for f in scan.files if f.path == "/etc/cron.d/wide"][0]
-    assert [n for n, _ in wide.lines] == [1, 2] and len(wide.lines[0][1]) == 100  # cut, and line 2 still found
+    assert [n for n, _ in wide.lines] == [1, 2] and len(
+        wide.lines[0][1]
+    ) == 100  # cut, and line 2 still found
 
 
 def test_an_autostart_file_beyond_the_bound_is_a_blind_spot_in_the_scan(tmp_path: Path):
@@ -197,13 +249,15 @@ def test_world_writable_gpu_files_under_root(tmp_path: Path):
     _write(root, "dev/nvidiactl", "", 0o660)
     _write(root, "dev/dri/renderD128", "", 0o666)
     _write(root, "dev/mem", "", 0o644)
-    _write(root, "dev/random", "", 0o666)      # not a GPU file: ignored
+    _write(root, "dev/random", "", 0o666)  # not a GPU file: ignored
     nodes = {n.path: n for n in read_device_nodes(str(root))}
     assert set(nodes) == {"/dev/nvidia0", "/dev/nvidiactl", "/dev/dri/renderD128", "/dev/mem"}
     findings = {f.subject: f.rule_id for f in check_device_nodes(nodes.values())}
-    assert findings == {"/dev/nvidia0": "host-gpu-node-world-writable",
-                        "/dev/dri/renderD128": "host-gpu-node-world-writable",
-                        "/dev/mem": "host-raw-memory-node-exposed"}
+    assert findings == {
+        "/dev/nvidia0": "host-gpu-node-world-writable",
+        "/dev/dri/renderD128": "host-gpu-node-world-writable",
+        "/dev/mem": "host-raw-memory-node-exposed",
+    }
 
 
 @pytest.mark.root
@@ -214,9 +268,11 @@ def test_world_writable_character_node_reported_by_cli(tmp_path: Path):
     os.chmod(root / "dev/nvidia0", 0o666)
     os.mknod(root / "dev/kfd", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
     rc, doc, _ = scan_json("--root", str(root), "--no-yara", "--cpu-sample", "0")
-    node_findings = [f for f in doc["findings"] if f["rule"]["id"] == "host-gpu-node-world-writable"]
+    node_findings = [
+        f for f in doc["findings"] if f["rule"]["id"] == "host-gpu-node-world-writable"
+    ]
     assert [f["file"]["path"] for f in node_findings] == ["/dev/nvidia0"]
-    assert node_findings[0]["gpuguard"]["verdict"] == "clean"       # a hardening note: score 20
+    assert node_findings[0]["gpuguard"]["verdict"] == "clean"  # a hardening note: score 20
     assert node_findings[0]["gpuguard"]["severity"] == "low"
     listed = {n["path"]: n["mode"] for n in doc["summary"]["gpu_stack"]["device_nodes"]}
     assert listed == {"/dev/nvidia0": "0666", "/dev/kfd": "0600"}
@@ -225,23 +281,42 @@ def test_world_writable_character_node_reported_by_cli(tmp_path: Path):
 def test_kernel_taint_decoded():
     flags = decode_taint((1 << 0) | (1 << 12) | (1 << 13))
     assert [(f.letter, f.meaning) for f in flags] == [
-        ("P", "proprietary module loaded"), ("O", "out-of-tree module loaded"), ("E", "unsigned module loaded")]
+        ("P", "proprietary module loaded"),
+        ("O", "out-of-tree module loaded"),
+        ("E", "unsigned module loaded"),
+    ]
     assert decode_taint(0) == []
 
 
 def test_kernel_checks():
     stack = GpuStackFacts(
         modules=[KernelModule("nvidia", "Live", "POE"), KernelModule("diamorphine", "Live", "OE")],
-        taint=(1 << 1) | (1 << 12), taint_flags=decode_taint((1 << 1) | (1 << 12)),
-        driver_versions={"nvml": "550.54.14", "nvidia-kernel": "535.104.05"})
+        taint=(1 << 1) | (1 << 12),
+        taint_flags=decode_taint((1 << 1) | (1 << 12)),
+        driver_versions={"nvml": "550.54.14", "nvidia-kernel": "535.104.05"},
+    )
     findings = {f.rule_id: f for f in check_kernel(stack)}
-    assert set(findings) == {"host-kernel-forced-module", "host-untrusted-kernel-module", "host-gpu-driver-mismatch"}
+    assert set(findings) == {
+        "host-kernel-forced-module",
+        "host-untrusted-kernel-module",
+        "host-gpu-driver-mismatch",
+    }
     assert findings["host-untrusted-kernel-module"].subject == "diamorphine"
-    assert findings["host-untrusted-kernel-module"].detail == "module diamorphine is out-of-tree and unsigned (taint OE)"
+    assert (
+        findings["host-untrusted-kernel-module"].detail
+        == "module diamorphine is out-of-tree and unsigned (taint OE)"
+    )
     assert findings["host-kernel-forced-module"].detail == "kernel taint F (module force-loaded)"
-    assert findings["host-gpu-driver-mismatch"].detail == "NVML reports driver 550.54.14, the kernel module is 535.104.05"
-    clean = GpuStackFacts(modules=[KernelModule("nvidia", "Live", "POE")], taint=1, taint_flags=decode_taint(1),
-                          driver_versions={"nvml": "550.54.14", "nvidia-kernel": "550.54.14"})
+    assert (
+        findings["host-gpu-driver-mismatch"].detail
+        == "NVML reports driver 550.54.14, the kernel module is 535.104.05"
+    )
+    clean = GpuStackFacts(
+        modules=[KernelModule("nvidia", "Live", "POE")],
+        taint=1,
+        taint_flags=decode_taint(1),
+        driver_versions={"nvml": "550.54.14", "nvidia-kernel": "550.54.14"},
+    )
     assert check_kernel(clean) == []
 
 
@@ -250,16 +325,22 @@ def test_module_and_driver_files_parsed(tmp_path: Path):
     (proc / "driver/nvidia").mkdir(parents=True)
     (proc / "driver/nvidia/version").write_text(
         "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024\n"
-        "GCC version:  gcc version 12.2.0\n")
-    (proc / "modules").write_text("nvidia_uvm 1798144 2 - Live 0x0000000000000000 (POE)\n"
-                                  "rootkit 16384 0 - Live 0x0000000000000000 (OE)\n"
-                                  "ext4 1028096 1 - Live 0x0000000000000000\n")
+        "GCC version:  gcc version 12.2.0\n"
+    )
+    (proc / "modules").write_text(
+        "nvidia_uvm 1798144 2 - Live 0x0000000000000000 (POE)\n"
+        "rootkit 16384 0 - Live 0x0000000000000000 (OE)\n"
+        "ext4 1028096 1 - Live 0x0000000000000000\n"
+    )
     for name, taint in (("nvidia_uvm", "POE"), ("rootkit", "OE"), ("ext4", "")):
         (sys_ / "module" / name).mkdir(parents=True)
         (sys_ / "module" / name / "taint").write_text(taint + "\n")
     assert read_driver_versions(str(proc), str(sys_)) == {"nvidia-kernel": "550.54.14"}
     modules = read_modules(str(proc), str(sys_))
-    assert [(m.name, m.state, m.taint) for m in modules] == [("nvidia_uvm", "Live", "POE"), ("rootkit", "Live", "OE")]
+    assert [(m.name, m.state, m.taint) for m in modules] == [
+        ("nvidia_uvm", "Live", "POE"),
+        ("rootkit", "Live", "OE"),
+    ]
 
 
 def test_thresholds_give_verdicts():
@@ -268,8 +349,12 @@ def test_thresholds_give_verdicts():
     findings = check_device_nodes([node, mem])
     apply_thresholds(findings, 40, 75)
     assert [(f.rule_id, f.verdict) for f in findings] == [
-        ("host-gpu-node-world-writable", "clean"), ("host-raw-memory-node-exposed", "suspicious")]
-    assert all(rule.id.startswith("host-") and 0 < rule.score <= 100 for rule in HOST_RULES.values())
+        ("host-gpu-node-world-writable", "clean"),
+        ("host-raw-memory-node-exposed", "suspicious"),
+    ]
+    assert all(
+        rule.id.startswith("host-") and 0 < rule.score <= 100 for rule in HOST_RULES.values()
+    )
 
 
 def test_pid_hidden_by_preload_hook_is_found(tmp_path: Path):
@@ -277,7 +362,9 @@ def test_pid_hidden_by_preload_hook_is_found(tmp_path: Path):
     with sleeper() as hidden:
         env = {"LD_PRELOAD": str(hider), "GG_TEST_HIDE_PID": str(hidden.pid)}
         # the hook really hides it from this scan's listing
-        listing = subprocess.run(["ls", "/proc"], capture_output=True, text=True, env={**os.environ, **env}).stdout
+        listing = subprocess.run(
+            ["ls", "/proc"], capture_output=True, text=True, env={**os.environ, **env}
+        ).stdout
         assert str(hidden.pid) not in listing.split()
         rc, doc, _ = scan_json("--no-yara", "--cpu-sample", "0", "--root", str(tmp_path), env=env)
     found = [f for f in doc["findings"] if f["rule"]["id"] == "host-hidden-process"]

@@ -42,9 +42,11 @@ def test_msr_writes_on_and_1gib_pages_are_read_and_judged(tmp_path):
     by_rule = {f.rule_id: f for f in findings}
     assert set(by_rule) == {"host-msr-writes-enabled", "host-hugepages-reserved"}
     assert by_rule["host-msr-writes-enabled"].verdict == "suspicious"
-    assert by_rule["host-msr-writes-enabled"].evidence == ["/sys/module/msr/parameters/allow_writes = on"]
+    assert by_rule["host-msr-writes-enabled"].evidence == [
+        "/sys/module/msr/parameters/allow_writes = on"
+    ]
     reserved = by_rule["host-hugepages-reserved"]
-    assert reserved.verdict == "clean"          # huge pages alone are never a verdict
+    assert reserved.verdict == "clean"  # huge pages alone are never a verdict
     assert "3 x 1 GiB" in reserved.detail and "1gb-pages" in reserved.detail
     assert reserved.evidence == ["/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages = 3"]
 
@@ -61,8 +63,10 @@ def test_database_sized_2mib_reservation_is_informational(tmp_path):
     apply_thresholds(findings, 40, 75)
     assert [(f.rule_id, f.verdict) for f in findings] == [("host-hugepages-reserved", "clean")]
     assert "4096 x 2 MiB huge pages reserved (8 GiB in all)" == findings[0].detail
-    assert sorted(findings[0].evidence) == ["/proc/sys/vm/nr_hugepages = 4096",
-                                            "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages = 4096"]
+    assert sorted(findings[0].evidence) == [
+        "/proc/sys/vm/nr_hugepages = 4096",
+        "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages = 4096",
+    ]
 
 
 def test_scan_reports_msr_writes_under_root(tmp_path):
@@ -70,6 +74,8 @@ def test_scan_reports_msr_writes_under_root(tmp_path):
     code, doc, _ = scan_json("--root", str(root), "--cpu-sample", "0")
     host = {f["rule"]["id"]: f for f in doc["findings"] if f["gpuguard"]["kind"] == "host"}
     assert host["host-msr-writes-enabled"]["gpuguard"]["verdict"] == "suspicious"
-    assert host["host-msr-writes-enabled"]["file"]["path"] == "/sys/module/msr/parameters/allow_writes"
+    assert (
+        host["host-msr-writes-enabled"]["file"]["path"] == "/sys/module/msr/parameters/allow_writes"
+    )
     assert host["host-hugepages-reserved"]["gpuguard"]["verdict"] == "clean"
-    assert code == 1        # a suspicious finding
+    assert code == 1  # a suspicious finding

@@ -36,15 +36,29 @@ def live_host():
     """The miner, an ordinary sleeper, and one scan in each output format."""
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="gg-scan-") as tmp:
         workdir = Path(tmp)
-        with pool_listener() as pool, started_miner(workdir, pool.port) as miner, sleeper() as sleep_proc:
+        with (
+            pool_listener() as pool,
+            started_miner(workdir, pool.port) as miner,
+            sleeper() as sleep_proc,
+        ):
             assert pool.got_line.wait(5), "the miner never reached the pool"
-            rules = ["--rules", str(REPO / "rules" / "miner-rules.yaml"),
-                     "--rules", str(write_rules_override(workdir / "pool-port.yaml", pool.port))]
+            rules = [
+                "--rules",
+                str(REPO / "rules" / "miner-rules.yaml"),
+                "--rules",
+                str(write_rules_override(workdir / "pool-port.yaml", pool.port)),
+            ]
             json_run = run_scan("--json", *rules)
             ocsf_run = run_scan("--format", "ocsf", *rules)
             table_run = run_scan(*rules)
-            yield {"miner": miner, "pool": pool, "sleep_pid": sleep_proc.pid,
-                   "json": json_run, "ocsf": ocsf_run, "table": table_run}
+            yield {
+                "miner": miner,
+                "pool": pool,
+                "sleep_pid": sleep_proc.pid,
+                "json": json_run,
+                "ocsf": ocsf_run,
+                "table": table_run,
+            }
 
 
 def _ecs(live_host) -> dict:
@@ -68,21 +82,33 @@ def test_miner_is_malicious_with_the_right_evidence(live_host):
     assert finding["gpuguard"]["score"] == 100
     rule_ids = set(finding["gpuguard"]["rule_ids"])
     # cmdline, masquerading, hiding, network and GPU evidence, each from its own rule
-    assert {"miner-cmdline-stratum", "miner-cmdline-wallet", "miner-cmdline-flags", "miner-binary-name",
-            "masquerade-kernel-thread", "masquerade-name-mismatch", "exe-deleted", "exe-in-temp-dir",
-            "net-pool-port", "net-connected-to-configured-pool",
-            "gpu-compute-by-masquerader", "gpu-compute-from-temp-dir"} <= rule_ids
+    assert {
+        "miner-cmdline-stratum",
+        "miner-cmdline-wallet",
+        "miner-cmdline-flags",
+        "miner-binary-name",
+        "masquerade-kernel-thread",
+        "masquerade-name-mismatch",
+        "exe-deleted",
+        "exe-in-temp-dir",
+        "net-pool-port",
+        "net-connected-to-configured-pool",
+        "gpu-compute-by-masquerader",
+        "gpu-compute-from-temp-dir",
+    } <= rule_ids
     process = finding["process"]
     assert process["name"] == "kworker/0:2"
     assert process["executable"] == miner["exe"]
     assert process["args"] == miner["argv"]
     assert finding["gpuguard"]["executable_deleted"] is True
-    port_evidence = next(e for e in finding["gpuguard"]["evidence"] if e["rule_id"] == "net-pool-port")
+    port_evidence = next(
+        e for e in finding["gpuguard"]["evidence"] if e["rule_id"] == "net-pool-port"
+    )
     assert str(live_host["pool"].port) in port_evidence["detail"]
     assert finding["event"]["risk_score"] == 100
     assert finding["event"]["severity"] == 99
     assert "T1496" in finding["threat"]["technique"]["id"]
-    assert "T1036" in finding["threat"]["technique"]["id"]   # masquerading rules cite it
+    assert "T1036" in finding["threat"]["technique"]["id"]  # masquerading rules cite it
 
 
 def test_ordinary_process_is_not_flagged(live_host):
@@ -128,11 +154,20 @@ def test_ocsf_detection_finding(live_host):
     assert doc["scanner"]["schema"]["name"] == "ocsf"
     for finding in doc["findings"]:
         assert shape_errors(finding, OCSF_FINDING_SHAPE) == []
-    miner = next(f for f in doc["findings"]
-                 if f["evidences"] and f["evidences"][0].get("process", {}).get("pid") == live_host["miner"]["pid"])
+    miner = next(
+        f
+        for f in doc["findings"]
+        if f["evidences"]
+        and f["evidences"][0].get("process", {}).get("pid") == live_host["miner"]["pid"]
+    )
     assert miner["severity_id"] == 5 and miner["severity"] == "Critical"
     assert miner["type_uid"] == 200401
-    assert miner["finding_info"]["analytic"] == {"uid": "yara-miner", "name": "yara-miner", "type_id": 1, "type": "Rule"}
+    assert miner["finding_info"]["analytic"] == {
+        "uid": "yara-miner",
+        "name": "yara-miner",
+        "type_id": 1,
+        "type": "Rule",
+    }
     assert miner["evidences"][0]["process"]["file"]["path"] == live_host["miner"]["exe"]
     rules = {e["data"]["rule_id"] for e in miner["evidences"]}
     assert "miner-cmdline-stratum" in rules

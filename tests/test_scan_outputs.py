@@ -10,61 +10,132 @@ from rich.console import Console
 from gpuguard.detect.host_checks import HostFinding, apply_thresholds
 from gpuguard.outputs.ecs import finding_to_ecs, threat_fields
 from gpuguard.outputs.jsonl import dumps_line
-from gpuguard.outputs.finding import EvidenceItem, Finding, ProcessInfo, finding_from_host, severity_for_score
+from gpuguard.outputs.finding import (
+    EvidenceItem,
+    Finding,
+    ProcessInfo,
+    finding_from_host,
+    severity_for_score,
+)
 from gpuguard.outputs.ocsf import finding_to_ocsf, finding_uid
 from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
 from gpuguard.sources.host_gpu_stack import GpuStackFacts
-from test_scan_support import ECS_FINDING_SHAPE, OCSF_FINDING_SHAPE, SCAN_DOCUMENT_SHAPE, shape_errors
+from test_scan_support import (
+    ECS_FINDING_SHAPE,
+    OCSF_FINDING_SHAPE,
+    SCAN_DOCUMENT_SHAPE,
+    shape_errors,
+)
 
 EVIL_NAME = "\x1b]0;pwned\x07[bold red]x[/]"
 
 
 def _process_finding(score: float = 80, verdict: str = "malicious") -> Finding:
     return Finding(
-        kind="process", rule_id="miner-cmdline-stratum", rule_name="miner-cmdline-stratum",
-        rule_description="stratum URL in cmdline", score=score, verdict=verdict,
+        kind="process",
+        rule_id="miner-cmdline-stratum",
+        rule_name="miner-cmdline-stratum",
+        rule_description="stratum URL in cmdline",
+        score=score,
+        verdict=verdict,
         explanation=f"pid 4242 {EVIL_NAME} score {score:.0f} {verdict}",
-        evidence=[EvidenceItem("miner-cmdline-stratum", "cmdline_url_schemes=stratum+tcp", 40, "cmdline_url_schemes",
-                               "critical", ["T1496"], "stratum URL in cmdline"),
-                  EvidenceItem("masquerade-kernel-thread", f"comm={EVIL_NAME}", 40, "comm", "high",
-                               ["T1036"], "kernel-thread name on a user-space program")],
+        evidence=[
+            EvidenceItem(
+                "miner-cmdline-stratum",
+                "cmdline_url_schemes=stratum+tcp",
+                40,
+                "cmdline_url_schemes",
+                "critical",
+                ["T1496"],
+                "stratum URL in cmdline",
+            ),
+            EvidenceItem(
+                "masquerade-kernel-thread",
+                f"comm={EVIL_NAME}",
+                40,
+                "comm",
+                "high",
+                ["T1036"],
+                "kernel-thread name on a user-space program",
+            ),
+        ],
         categories=["process", "intrusion_detection"],
         techniques=[("T1496", "Resource Hijacking"), ("T1036", "Masquerading")],
-        process=ProcessInfo(pid=4242, name=EVIL_NAME, executable="/dev/shm/.x/kworker", executable_deleted=True,
-                            command_line=["/dev/shm/.x/kworker", "-o", "stratum+tcp://pool:3333"],
-                            start_time=1_700_000_000.25, ppid=1, parent_name="systemd",
-                            parent_executable="/usr/lib/systemd/systemd", user_id=1000, user_name="bob",
-                            container_id="a" * 64, container_runtime="containerd",
-                            pod_uid="0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", cpu_percent=99.5))
+        process=ProcessInfo(
+            pid=4242,
+            name=EVIL_NAME,
+            executable="/dev/shm/.x/kworker",
+            executable_deleted=True,
+            command_line=["/dev/shm/.x/kworker", "-o", "stratum+tcp://pool:3333"],
+            start_time=1_700_000_000.25,
+            ppid=1,
+            parent_name="systemd",
+            parent_executable="/usr/lib/systemd/systemd",
+            user_id=1000,
+            user_name="bob",
+            container_id="a" * 64,
+            container_runtime="containerd",
+            pod_uid="0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
+            cpu_percent=99.5,
+        ),
+    )
 
 
 def _report(findings: list[Finding]) -> ScanReport:
-    return ScanReport(started=1_700_000_000.0, finished=1_700_000_001.5, findings=findings,
-                      gpu_stack=GpuStackFacts(taint=0), processes_scanned=123, suspicious_threshold=40,
-                      malicious_threshold=75, limitations=["could not read /proc/PID/exe for 3 processes owned "
-                                                           "by other users; run as root to see them"])
+    return ScanReport(
+        started=1_700_000_000.0,
+        finished=1_700_000_001.5,
+        findings=findings,
+        gpu_stack=GpuStackFacts(taint=0),
+        processes_scanned=123,
+        suspicious_threshold=40,
+        malicious_threshold=75,
+        limitations=[
+            "could not read /proc/PID/exe for 3 processes owned "
+            "by other users; run as root to see them"
+        ],
+    )
 
 
 def test_severity_bands():
     assert [severity_for_score(s) for s in (0, 1, 39, 40, 69, 70, 89, 90, 100)] == [
-        "informational", "low", "low", "medium", "medium", "high", "high", "critical", "critical"]
+        "informational",
+        "low",
+        "low",
+        "medium",
+        "medium",
+        "high",
+        "high",
+        "critical",
+        "critical",
+    ]
 
 
 def test_ecs_process_fields_nested():
     doc = finding_to_ecs(_process_finding(), 1_700_000_001.0, {"hostname": "h1"})
     assert shape_errors(doc, ECS_FINDING_SHAPE) == []
     assert doc["process"]["pid"] == 4242
-    assert doc["process"]["name"] == EVIL_NAME                       # structured field: exact value
+    assert doc["process"]["name"] == EVIL_NAME  # structured field: exact value
     assert doc["process"]["command_line"] == "/dev/shm/.x/kworker -o stratum+tcp://pool:3333"
-    assert doc["process"]["parent"] == {"pid": 1, "name": "systemd", "executable": "/usr/lib/systemd/systemd"}
+    assert doc["process"]["parent"] == {
+        "pid": 1,
+        "name": "systemd",
+        "executable": "/usr/lib/systemd/systemd",
+    }
     assert doc["process"]["start"] == "2023-11-14T22:13:20.250Z"
     assert doc["user"] == {"id": "1000", "name": "bob"}
     assert doc["container"] == {"id": "a" * 64, "runtime": "containerd"}
-    assert doc["orchestrator"] == {"type": "kubernetes",
-                                   "resource": {"type": "pod", "id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"}}
-    assert doc["event"]["kind"] == "alert" and doc["event"]["severity"] == 73 and doc["event"]["risk_score"] == 80
+    assert doc["orchestrator"] == {
+        "type": "kubernetes",
+        "resource": {"type": "pod", "id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"},
+    }
+    assert (
+        doc["event"]["kind"] == "alert"
+        and doc["event"]["severity"] == 73
+        and doc["event"]["risk_score"] == 80
+    )
     assert doc["rule"]["id"] == "miner-cmdline-stratum"
-    assert not any("." in key for key in doc)                        # nested objects, never dotted keys
+    assert not any("." in key for key in doc)  # nested objects, never dotted keys
     # one JSON escaping rule (outputs/jsonl): sentences hold the exact text, escaped once, by JSON
     assert EVIL_NAME in doc["message"] and "\\x1b" not in doc["message"]
     line = dumps_line(doc)
@@ -75,28 +146,40 @@ def test_ecs_process_fields_nested():
 
 def test_ecs_event_kind_is_alert_only_at_or_above_the_suspicious_threshold():
     # A score-10 clean finding is an event, not an alert a SIEM would page on.
-    kinds = {verdict: finding_to_ecs(_process_finding(score, verdict), 1.0, {"hostname": "h1"})["event"]["kind"]
-             for score, verdict in ((10, "clean"), (50, "suspicious"), (95, "malicious"))}
+    kinds = {
+        verdict: finding_to_ecs(_process_finding(score, verdict), 1.0, {"hostname": "h1"})["event"][
+            "kind"
+        ]
+        for score, verdict in ((10, "clean"), (50, "suspicious"), (95, "malicious"))
+    }
     assert kinds == {"clean": "event", "suspicious": "alert", "malicious": "alert"}
     clean = finding_to_ecs(_process_finding(10, "clean"), 1.0, {"hostname": "h1"})
     assert shape_errors(clean, ECS_FINDING_SHAPE) == []
 
 
 def test_ecs_threat_subtechniques_and_tactics():
-    threat = threat_fields([("T1496", "Resource Hijacking"),
-                            ("T1053.003", "Scheduled Task/Job: Cron")])
+    threat = threat_fields(
+        [("T1496", "Resource Hijacking"), ("T1053.003", "Scheduled Task/Job: Cron")]
+    )
     assert threat["technique"]["id"] == ["T1496", "T1053"]
     assert threat["technique"]["name"] == ["Resource Hijacking", "Scheduled Task/Job"]
     assert threat["technique"]["subtechnique"] == {
-        "id": ["T1053.003"], "name": ["Cron"],
-        "reference": ["https://attack.mitre.org/techniques/T1053/003/"]}
+        "id": ["T1053.003"],
+        "name": ["Cron"],
+        "reference": ["https://attack.mitre.org/techniques/T1053/003/"],
+    }
     assert threat["tactic"]["id"] == ["TA0040", "TA0002", "TA0003", "TA0004"]
 
 
 def test_ocsf_detection_finding_fields():
     event = finding_to_ocsf(_process_finding(), 1_700_000_001.0, "h1")
     assert shape_errors(event, OCSF_FINDING_SHAPE) == []
-    assert (event["class_uid"], event["category_uid"], event["activity_id"], event["type_uid"]) == (2004, 2, 1, 200401)
+    assert (event["class_uid"], event["category_uid"], event["activity_id"], event["type_uid"]) == (
+        2004,
+        2,
+        1,
+        200401,
+    )
     assert event["severity_id"] == 4 and event["severity"] == "High"
     assert event["time"] == 1_700_000_001_000
     assert event["metadata"]["product"]["name"] == "gpuguard"
@@ -104,8 +187,11 @@ def test_ocsf_detection_finding_fields():
     assert evidence["process"]["pid"] == 4242
     assert evidence["process"]["created_time"] == 1_700_000_000_250
     assert evidence["process"]["parent_process"]["pid"] == 1
-    assert evidence["container"] == {"uid": "a" * 64, "runtime": "containerd",
-                                     "pod_uuid": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"}
+    assert evidence["container"] == {
+        "uid": "a" * 64,
+        "runtime": "containerd",
+        "pod_uuid": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
+    }
     assert [a["technique"]["uid"] for a in event["finding_info"]["attacks"]] == ["T1496", "T1036"]
     assert event["finding_info"]["attacks"][0]["tactic"] == {"uid": "TA0040", "name": "Impact"}
     assert {"type": "container", "uid": "a" * 64} in event["resources"]
@@ -118,8 +204,12 @@ def test_ocsf_uid_is_stable_per_process_and_rule():
 
 
 def test_host_finding_renders_with_file_path():
-    host = HostFinding("host-persistence-miner", "/etc/cron.d/x", "cron /etc/cron.d/x starts a miner (miner xmrig)",
-                       ["/etc/cron.d/x:1: * * * * * root xmrig"])
+    host = HostFinding(
+        "host-persistence-miner",
+        "/etc/cron.d/x",
+        "cron /etc/cron.d/x starts a miner (miner xmrig)",
+        ["/etc/cron.d/x:1: * * * * * root xmrig"],
+    )
     apply_thresholds([host], 40, 75)
     finding = finding_from_host(host)
     doc = finding_to_ecs(finding, 1.0)
@@ -135,10 +225,12 @@ def test_table_escapes_names_and_ignores_markup():
     render_console(_report([_process_finding()]), Console(file=out, width=200, color_system=None))
     text = out.getvalue()
     assert "\x1b" not in text and "\x07" not in text
-    assert "\\x1b]0;pwned\\x07[bold red]x[/]" in text               # printed literally, not as markup
+    assert "\\x1b]0;pwned\\x07[bold red]x[/]" in text  # printed literally, not as markup
     assert "not seen: could not read /proc/PID/exe for 3 processes" in text
-    assert text.rstrip().splitlines()[-1] == ("scanned 123 processes in 1.50 s: 1 malicious, 0 suspicious, "
-                                              "0 below threshold; 1 blind spots")
+    assert text.rstrip().splitlines()[-1] == (
+        "scanned 123 processes in 1.50 s: 1 malicious, 0 suspicious, "
+        "0 below threshold; 1 blind spots"
+    )
 
 
 def test_document_envelope_and_exit_code():

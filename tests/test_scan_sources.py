@@ -20,8 +20,11 @@ from test_scan_support import pool_listener, started_miner, stop
 
 @pytest.mark.root
 def test_gpu_holders_seen_through_a_private_dev():
-    with tempfile.TemporaryDirectory(dir="/tmp") as tmp, pool_listener() as pool, \
-            started_miner(Path(tmp), pool.port) as miner:
+    with (
+        tempfile.TemporaryDirectory(dir="/tmp") as tmp,
+        pool_listener() as pool,
+        started_miner(Path(tmp), pool.port) as miner,
+    ):
         holders = holders_of_pid(miner["pid"])
         obs = observe_host(cpu_sample_s=0, gpu=False)
     by_class = {h.device_class: h for h in holders}
@@ -38,10 +41,17 @@ def test_gpu_holders_seen_through_a_private_dev():
 
 def test_connections_mapped_to_their_pid():
     with pool_listener() as pool:
-        client = subprocess.Popen([sys.executable, "-c",
-                                   "import socket,sys,time; s=socket.create_connection(('127.0.0.1', int(sys.argv[1])));"
-                                   " print('up', flush=True); time.sleep(60)", str(pool.port)],
-                                  stdout=subprocess.PIPE, text=True)
+        client = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import socket,sys,time; s=socket.create_connection(('127.0.0.1', int(sys.argv[1])));"
+                " print('up', flush=True); time.sleep(60)",
+                str(pool.port),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert client.stdout.readline().strip() == "up"
             table = read_connection_table()
@@ -49,7 +59,8 @@ def test_connections_mapped_to_their_pid():
             stop(client)
     remote = table.by_pid[client.pid]
     assert [(c.remote_address, c.remote_port, c.protocol, c.status) for c in remote] == [
-        ("127.0.0.1", pool.port, "tcp", "ESTABLISHED")]
+        ("127.0.0.1", pool.port, "tcp", "ESTABLISHED")
+    ]
 
 
 def test_cpu_use_measured_in_one_window_for_all_processes():

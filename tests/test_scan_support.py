@@ -30,7 +30,7 @@ from gpuguard.agent.simulator import LoopbackPool
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-WALLET = "4" + "8" * 94   # a Monero-shaped address: 4, then 94 base58 characters
+WALLET = "4" + "8" * 94  # a Monero-shaped address: 4, then 94 base58 characters
 
 MINER_C = r"""
 #define _GNU_SOURCE
@@ -156,8 +156,9 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def started_miner(workdir: Path, pool_port: int, name: str = "kdevtmpfsi",
-                  comm: str = "kworker/0:2") -> Iterator[dict[str, Any]]:
+def started_miner(
+    workdir: Path, pool_port: int, name: str = "kdevtmpfsi", comm: str = "kworker/0:2"
+) -> Iterator[dict[str, Any]]:
     """The miner stand-in, running from ``workdir`` (under /tmp) with GPU nodes, then deleted."""
     binary = compile_c(MINER_C, workdir / "miner-src")
     exe = workdir / name
@@ -167,13 +168,25 @@ def started_miner(workdir: Path, pool_port: int, name: str = "kdevtmpfsi",
     argv = [str(exe), "-o", url, "-u", WALLET, "--donate-level", "1", "--comm", comm]
     proc = subprocess.Popen(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_DEV_SCRIPT, "sh", *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         ready = proc.stdout.readline()
         if not ready.startswith("ready"):
-            raise RuntimeError(f"miner stand-in did not start: {ready!r} {proc.stderr.read() if proc.poll() is not None else ''}")
-        exe.unlink()   # run-and-delete, like droppers do
-        yield {"pid": proc.pid, "exe": str(exe), "url": url, "argv": argv, "ready": ready.strip(), "comm": comm}
+            raise RuntimeError(
+                f"miner stand-in did not start: {ready!r} {proc.stderr.read() if proc.poll() is not None else ''}"
+            )
+        exe.unlink()  # run-and-delete, like droppers do
+        yield {
+            "pid": proc.pid,
+            "exe": str(exe),
+            "url": url,
+            "argv": argv,
+            "ready": ready.strip(),
+            "comm": comm,
+        }
     finally:
         stop(proc)
 
@@ -187,8 +200,13 @@ def sleeper(*extra: str) -> Iterator[subprocess.Popen]:
         stop(proc)
 
 
-def run_scan(*args: str, user: str | None = None, env: dict[str, str] | None = None,
-             cwd: str = "/", timeout: float = 120) -> subprocess.CompletedProcess:
+def run_scan(
+    *args: str,
+    user: str | None = None,
+    env: dict[str, str] | None = None,
+    cwd: str = "/",
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
     """``gpuguard scan ARGS`` in a fresh interpreter; ``user="nobody"`` drops to uid/gid 65534."""
     cmd = [PYTHON, "-m", "gpuguard", "scan", *args]
     if user == "nobody":
@@ -196,7 +214,9 @@ def run_scan(*args: str, user: str | None = None, env: dict[str, str] | None = N
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO)
     full_env.update(env or {})
-    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
+    )
 
 
 def scan_json(*args: str, **kwargs) -> tuple[int, dict[str, Any], str]:
@@ -230,38 +250,91 @@ ECS_FINDING_SHAPE: dict[str, Any] = {
         "@timestamp": {"type": _STR},
         "ecs": {"type": dict, "required": ["version"]},
         "message": {"type": _STR},
-        "event": {"type": dict, "required": ["kind", "category", "type", "risk_score", "severity", "module", "dataset"],
-                  "properties": {"kind": {"type": _STR, "enum": ["alert", "event"]}, "category": _STRS, "type": _STRS,
-                                 "risk_score": {"type": _NUM}, "severity": {"type": _INT}}},
-        "rule": {"type": dict, "required": ["id", "name", "description"],
-                 "properties": {"id": {"type": _STR}, "name": {"type": _STR}, "description": {"type": _STR}}},
-        "threat": {"type": dict, "required": ["framework", "technique"],
-                   "properties": {"framework": {"type": _STR, "enum": ["MITRE ATT&CK"]},
-                                  "technique": {"type": dict, "required": ["id", "name"],
-                                                "properties": {"id": _STRS, "name": _STRS}}}},
-        "process": {"type": dict, "required": ["pid"],
-                    "properties": {"pid": {"type": _INT}, "name": {"type": _STR}, "executable": {"type": _STR},
-                                   "command_line": {"type": _STR}, "args": _STRS,
-                                   "parent": {"type": dict, "properties": {"pid": {"type": _INT}}}}},
+        "event": {
+            "type": dict,
+            "required": ["kind", "category", "type", "risk_score", "severity", "module", "dataset"],
+            "properties": {
+                "kind": {"type": _STR, "enum": ["alert", "event"]},
+                "category": _STRS,
+                "type": _STRS,
+                "risk_score": {"type": _NUM},
+                "severity": {"type": _INT},
+            },
+        },
+        "rule": {
+            "type": dict,
+            "required": ["id", "name", "description"],
+            "properties": {
+                "id": {"type": _STR},
+                "name": {"type": _STR},
+                "description": {"type": _STR},
+            },
+        },
+        "threat": {
+            "type": dict,
+            "required": ["framework", "technique"],
+            "properties": {
+                "framework": {"type": _STR, "enum": ["MITRE ATT&CK"]},
+                "technique": {
+                    "type": dict,
+                    "required": ["id", "name"],
+                    "properties": {"id": _STRS, "name": _STRS},
+                },
+            },
+        },
+        "process": {
+            "type": dict,
+            "required": ["pid"],
+            "properties": {
+                "pid": {"type": _INT},
+                "name": {"type": _STR},
+                "executable": {"type": _STR},
+                "command_line": {"type": _STR},
+                "args": _STRS,
+                "parent": {"type": dict, "properties": {"pid": {"type": _INT}}},
+            },
+        },
         "user": {"type": dict, "properties": {"id": {"type": _STR}, "name": {"type": _STR}}},
         "container": {"type": dict, "required": ["id"]},
         "orchestrator": {"type": dict, "required": ["type", "resource"]},
-        "gpuguard": {"type": dict, "required": ["kind", "score", "verdict", "severity", "rule_ids", "evidence"],
-                     "properties": {
-                         "kind": {"type": _STR, "enum": ["process", "host"]},
-                         "score": {"type": _NUM}, "verdict": {"type": _STR, "enum": ["clean", "suspicious", "malicious"]},
-                         "rule_ids": _STRS,
-                         "evidence": {"type": list, "items": {
-                             "type": dict, "required": ["rule_id", "detail", "weight"],
-                             "properties": {"rule_id": {"type": _STR}, "detail": {"type": _STR},
-                                            "weight": {"type": _NUM}}}}}},
+        "gpuguard": {
+            "type": dict,
+            "required": ["kind", "score", "verdict", "severity", "rule_ids", "evidence"],
+            "properties": {
+                "kind": {"type": _STR, "enum": ["process", "host"]},
+                "score": {"type": _NUM},
+                "verdict": {"type": _STR, "enum": ["clean", "suspicious", "malicious"]},
+                "rule_ids": _STRS,
+                "evidence": {
+                    "type": list,
+                    "items": {
+                        "type": dict,
+                        "required": ["rule_id", "detail", "weight"],
+                        "properties": {
+                            "rule_id": {"type": _STR},
+                            "detail": {"type": _STR},
+                            "weight": {"type": _NUM},
+                        },
+                    },
+                },
+            },
+        },
     },
 }
 
 OCSF_FINDING_SHAPE: dict[str, Any] = {
     "type": dict,
-    "required": ["class_uid", "category_uid", "activity_id", "type_uid", "severity_id", "time",
-                 "finding_info", "metadata", "evidences"],
+    "required": [
+        "class_uid",
+        "category_uid",
+        "activity_id",
+        "type_uid",
+        "severity_id",
+        "time",
+        "finding_info",
+        "metadata",
+        "evidences",
+    ],
     "properties": {
         "class_uid": {"type": _INT, "enum": [2004]},
         "category_uid": {"type": _INT, "enum": [2]},
@@ -269,11 +342,21 @@ OCSF_FINDING_SHAPE: dict[str, Any] = {
         "type_uid": {"type": _INT, "enum": [200401]},
         "severity_id": {"type": _INT, "enum": [1, 2, 3, 4, 5]},
         "time": {"type": _INT},
-        "finding_info": {"type": dict, "required": ["uid", "title", "analytic"],
-                         "properties": {"uid": {"type": _STR}, "title": {"type": _STR}, "types": _STRS,
-                                        "analytic": {"type": dict, "required": ["type_id"]}}},
-        "metadata": {"type": dict, "required": ["product", "version"],
-                     "properties": {"product": {"type": dict, "required": ["name", "version"]}}},
+        "finding_info": {
+            "type": dict,
+            "required": ["uid", "title", "analytic"],
+            "properties": {
+                "uid": {"type": _STR},
+                "title": {"type": _STR},
+                "types": _STRS,
+                "analytic": {"type": dict, "required": ["type_id"]},
+            },
+        },
+        "metadata": {
+            "type": dict,
+            "required": ["product", "version"],
+            "properties": {"product": {"type": dict, "required": ["name", "version"]}},
+        },
         "evidences": {"type": list, "items": {"type": dict}},
     },
 }
@@ -282,13 +365,29 @@ SCAN_DOCUMENT_SHAPE: dict[str, Any] = {
     "type": dict,
     "required": ["scanner", "host", "summary", "findings"],
     "properties": {
-        "scanner": {"type": dict, "required": ["name", "version", "command", "started", "finished", "schema"]},
+        "scanner": {
+            "type": dict,
+            "required": ["name", "version", "command", "started", "finished", "schema"],
+        },
         "host": {"type": dict, "required": ["hostname"]},
-        "summary": {"type": dict,
-                    "required": ["processes_scanned", "findings", "malicious", "suspicious", "highest_score",
-                                 "exit_code", "could_not_see", "gpu_stack"],
-                    "properties": {"processes_scanned": {"type": _INT}, "exit_code": {"type": _INT, "enum": [0, 1]},
-                                   "could_not_see": _STRS}},
+        "summary": {
+            "type": dict,
+            "required": [
+                "processes_scanned",
+                "findings",
+                "malicious",
+                "suspicious",
+                "highest_score",
+                "exit_code",
+                "could_not_see",
+                "gpu_stack",
+            ],
+            "properties": {
+                "processes_scanned": {"type": _INT},
+                "exit_code": {"type": _INT, "enum": [0, 1]},
+                "could_not_see": _STRS,
+            },
+        },
         "findings": {"type": list},
     },
 }
@@ -300,7 +399,11 @@ def shape_errors(value: Any, shape: dict[str, Any], where: str = "$") -> list[st
     expected = shape.get("type")
     if expected is not None:
         # bool is an int in Python; a number field must not accept True.
-        if isinstance(value, bool) and expected is not bool and (expected is int or (isinstance(expected, tuple) and bool not in expected)):
+        if (
+            isinstance(value, bool)
+            and expected is not bool
+            and (expected is int or (isinstance(expected, tuple) and bool not in expected))
+        ):
             return [f"{where}: expected {expected}, got bool"]
         if not isinstance(value, expected):
             return [f"{where}: expected {expected}, got {type(value).__name__}"]

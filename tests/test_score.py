@@ -69,69 +69,136 @@ def state(comm="x", exe="/usr/bin/x", **facts) -> ProcessState:
     return s
 
 
-@pytest.mark.parametrize("comm,uid,deleted,exe,score,verdict,action", [
-    ("y", 1000, False, "/usr/bin/y", 0, "clean", "none"),
-    ("y", 0, False, "/usr/bin/y", 30, "clean", "none"),
-    ("x", 1000, False, "/usr/bin/x", 50, "suspicious", "alert"),
-    ("x", 0, False, "/usr/bin/x", 80, "malicious", "kill"),
-    ("x", 0, True, "/usr/bin/x", 100, "malicious", "kill"),        # 110 clamped to 100
-    ("y", 1000, False, "/opt/vendor/tool", 0, "clean", "none"),     # -40 clamped to 0
-    ("x", 0, False, "/opt/vendor/x", 40, "suspicious", "alert"),   # 50 + 30 - 40
-])
+@pytest.mark.parametrize(
+    "comm,uid,deleted,exe,score,verdict,action",
+    [
+        ("y", 1000, False, "/usr/bin/y", 0, "clean", "none"),
+        ("y", 0, False, "/usr/bin/y", 30, "clean", "none"),
+        ("x", 1000, False, "/usr/bin/x", 50, "suspicious", "alert"),
+        ("x", 0, False, "/usr/bin/x", 80, "malicious", "kill"),
+        ("x", 0, True, "/usr/bin/x", 100, "malicious", "kill"),  # 110 clamped to 100
+        ("y", 1000, False, "/opt/vendor/tool", 0, "clean", "none"),  # -40 clamped to 0
+        ("x", 0, False, "/opt/vendor/x", 40, "suspicious", "alert"),  # 50 + 30 - 40
+    ],
+)
 def test_score_and_verdict(ruleset, comm, uid, deleted, exe, score, verdict, action):
     v = score_process(state(comm, exe, uid=uid, exe_deleted=deleted), ruleset, T)
     assert (v.score, v.verdict, v.action) == (score, verdict, action)
-    assert sum(e.weight for e in v.evidence) == sum(r.weight for r in ruleset.rules if r.id in {e.rule_id for e in v.evidence})
+    assert sum(e.weight for e in v.evidence) == sum(
+        r.weight for r in ruleset.rules if r.id in {e.rule_id for e in v.evidence}
+    )
 
 
 def test_evidence_order_and_fields(ruleset):
     v = score_process(state("x", uid=0, exe_deleted=True), ruleset, T)
-    assert [e.rule_id for e in v.evidence] == ["name-is-x", "deleted", "uid-root"]   # weight desc, then id
+    assert [e.rule_id for e in v.evidence] == [
+        "name-is-x",
+        "deleted",
+        "uid-root",
+    ]  # weight desc, then id
     e = v.evidence[0]
-    assert (e.signal, e.detail, e.weight, e.severity, e.tags) == ("comm", "comm=x (is x)", 50, "high", ("T1496",))
+    assert (e.signal, e.detail, e.weight, e.severity, e.tags) == (
+        "comm",
+        "comm=x (is x)",
+        50,
+        "high",
+        ("T1496",),
+    )
 
 
 def test_explain_is_one_escaped_line(ruleset):
-    v = score_process(state("x", exe="/dev/shm/\x1b]0;evil\x07\nx", uid=0, exe_deleted=True), ruleset, T)
+    v = score_process(
+        state("x", exe="/dev/shm/\x1b]0;evil\x07\nx", uid=0, exe_deleted=True), ruleset, T
+    )
     line = v.explain()
     assert "\n" not in line and "\x1b" not in line and "\x07" not in line
-    assert line == ("pid 4242 x (/dev/shm/\\x1b]0;evil\\x07\\nx, deleted) score 100 malicious: "
-                    "name is x (+50, name-is-x); deleted executable (+30, deleted); runs as root (+30, uid-root)")
+    assert line == (
+        "pid 4242 x (/dev/shm/\\x1b]0;evil\\x07\\nx, deleted) score 100 malicious: "
+        "name is x (+50, name-is-x); deleted executable (+30, deleted); runs as root (+30, uid-root)"
+    )
 
 
 def test_explain_without_evidence(ruleset):
-    assert score_process(state("y", uid=1000), ruleset, T).explain() == "pid 4242 y (/usr/bin/x) score 0 clean: no evidence"
+    assert (
+        score_process(state("y", uid=1000), ruleset, T).explain()
+        == "pid 4242 y (/usr/bin/x) score 0 clean: no evidence"
+    )
 
 
 def test_json_is_complete_and_deterministic(ruleset):
     one = score_process(state("x", uid=0), ruleset, T).to_json()
     two = score_process(state("x", uid=0), ruleset, T).to_json()
     assert json.dumps(one) == json.dumps(two)
-    assert list(one) == ["pid", "start_time", "comm", "exe", "exe_deleted", "score", "verdict", "allowlisted",
-                         "allowlist_entry", "action", "time", "evidence"]
-    assert one["evidence"][0] == {"rule_id": "name-is-x", "description": "name is x", "signal": "comm",
-                                  "detail": "comm=x (is x)", "weight": 50, "severity": "high", "tags": ["T1496"]}
+    assert list(one) == [
+        "pid",
+        "start_time",
+        "comm",
+        "exe",
+        "exe_deleted",
+        "score",
+        "verdict",
+        "allowlisted",
+        "allowlist_entry",
+        "action",
+        "time",
+        "evidence",
+    ]
+    assert one["evidence"][0] == {
+        "rule_id": "name-is-x",
+        "description": "name is x",
+        "signal": "comm",
+        "detail": "comm=x (is x)",
+        "weight": 50,
+        "severity": "high",
+        "tags": ["T1496"],
+    }
 
 
 def test_allowlisted_is_clean_but_keeps_evidence(ruleset):
     v = score_process(state("x", exe="/opt/train/bin/train", uid=0), ruleset, T)
-    assert (v.verdict, v.allowlisted, v.allowlist_entry, v.score, v.action) == ("clean", True, "trainer", 80, "none")
+    assert (v.verdict, v.allowlisted, v.allowlist_entry, v.score, v.action) == (
+        "clean",
+        True,
+        "trainer",
+        80,
+        "none",
+    )
     assert [e.rule_id for e in v.evidence] == ["name-is-x", "uid-root"]
     assert "clean (allowlisted by trainer)" in v.explain()
 
 
-@pytest.mark.parametrize("facts,allowlisted", [
-    ({"exe": "/opt/train/bin/train"}, True),
-    ({"exe": "/opt/train/bin/train", "exe_deleted": True}, False),          # deleted binaries never match
-    ({"exe": "/opt/train/bin/train", "container_id": CID}, False),          # host-only entry
-    ({"exe": "/usr/bin/worker", "container_id": CID}, True),
-    ({"exe": "/usr/bin/worker", "container_id": "cd" * 32}, False),
-    ({"exe": "/usr/bin/worker"}, False),
-    ({"exe": "/opt/pinned/tool"}, False),                                   # hash not computed (replay)
-    ({"exe": "/usr/bin/x", "username": "svc-gpu", "ancestors": [Ancestor(5, "slurmstepd", "/usr/sbin/slurmstepd")]}, True),
-    ({"exe": "/usr/bin/x", "username": "svc-gpu", "ancestors": [Ancestor(5, "bash", "/usr/bin/bash")]}, False),
-    ({"exe": "/usr/bin/x", "username": "svc-gpu"}, False),
-])
+@pytest.mark.parametrize(
+    "facts,allowlisted",
+    [
+        ({"exe": "/opt/train/bin/train"}, True),
+        (
+            {"exe": "/opt/train/bin/train", "exe_deleted": True},
+            False,
+        ),  # deleted binaries never match
+        ({"exe": "/opt/train/bin/train", "container_id": CID}, False),  # host-only entry
+        ({"exe": "/usr/bin/worker", "container_id": CID}, True),
+        ({"exe": "/usr/bin/worker", "container_id": "cd" * 32}, False),
+        ({"exe": "/usr/bin/worker"}, False),
+        ({"exe": "/opt/pinned/tool"}, False),  # hash not computed (replay)
+        (
+            {
+                "exe": "/usr/bin/x",
+                "username": "svc-gpu",
+                "ancestors": [Ancestor(5, "slurmstepd", "/usr/sbin/slurmstepd")],
+            },
+            True,
+        ),
+        (
+            {
+                "exe": "/usr/bin/x",
+                "username": "svc-gpu",
+                "ancestors": [Ancestor(5, "bash", "/usr/bin/bash")],
+            },
+            False,
+        ),
+        ({"exe": "/usr/bin/x", "username": "svc-gpu"}, False),
+    ],
+)
 def test_allowlist_matching(ruleset, facts, allowlisted):
     exe = facts.pop("exe")
     assert score_process(state("x", exe=exe, uid=0, **facts), ruleset, T).allowlisted is allowlisted
@@ -150,10 +217,14 @@ def test_allowlist_sha256_from_live_exe(tmp_path, ruleset):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         facts = collect_process_facts(sleeper.pid)
-        digest = hashlib.sha256(Path(os.readlink(f"/proc/{sleeper.pid}/exe")).read_bytes()).hexdigest()
+        digest = hashlib.sha256(
+            Path(os.readlink(f"/proc/{sleeper.pid}/exe")).read_bytes()
+        ).hexdigest()
         rules = tmp_path / "r.yaml"
-        rules.write_text(f"version: 1\nallowlist:\n  - id: py-wrong\n    exe: {facts.exe}\n    sha256: '{'0' * 64}'\n"
-                         f"  - id: py\n    exe: {facts.exe}\n    sha256: '{digest}'\n")
+        rules.write_text(
+            f"version: 1\nallowlist:\n  - id: py-wrong\n    exe: {facts.exe}\n    sha256: '{'0' * 64}'\n"
+            f"  - id: py\n    exe: {facts.exe}\n    sha256: '{digest}'\n"
+        )
         rs = load_ruleset([rules])
         correlator = Correlator(facts_provider=collect_process_facts)
         DetectionEngine(correlator, rs)

@@ -99,9 +99,19 @@ class Listener:
 def test_gpu_opens_are_reported_with_path_class_and_fd(sensor, workload):
     proc = run(
         workload,
-        "open:/dev/nvidiactl", "open:/dev/nvidia0", "open:/dev/nvidia-uvm", "open:/dev/nvidia-uvm-tools",
-        "open:/dev/nvidia-modeset", "open:/dev/kfd", "open:/dev/dri/card0", "open:/dev/dri/renderD128",
-        "open:/dev/mem", "open:/dev/null", "open:/etc/hostname", "openat:/dev/dri:renderD128", "ready",
+        "open:/dev/nvidiactl",
+        "open:/dev/nvidia0",
+        "open:/dev/nvidia-uvm",
+        "open:/dev/nvidia-uvm-tools",
+        "open:/dev/nvidia-modeset",
+        "open:/dev/kfd",
+        "open:/dev/dri/card0",
+        "open:/dev/dri/renderD128",
+        "open:/dev/mem",
+        "open:/dev/null",
+        "open:/etc/hostname",
+        "openat:/dev/dri:renderD128",
+        "ready",
     )
     assert proc.stdout.readline() == b"ready\n"
     events = collect(sensor, proc.pid, lambda ev: sum(e.kind == "gpu_open" for e in ev) >= 10)
@@ -136,12 +146,22 @@ def test_ioctl_counts_are_exact_per_command_and_decoded(sensor, workload):
 def check_exact_ioctl_counts(sensor, workload):
     proc = run(
         workload,
-        "open:/dev/nvidiactl", "open:/dev/nvidia-uvm", "open:/dev/kfd", "open:/dev/dri/renderD128",
-        f"ioctl:0:{RM_CONTROL:#x}:1234", f"ioctl:0:{RM_ALLOC:#x}:17", f"xfer:0:{RM_MAP_MEMORY:#x}:9",
-        f"ioctl:1:{UVM_INITIALIZE:#x}:1", f"ioctl:2:{KFD_CREATE_QUEUE:#x}:4", f"ioctl:3:{AMDGPU_CS:#x}:250",
-        "dup:0", f"ioctl:4:{RM_CONTROL:#x}:6",       # through a dup of nvidiactl
-        "close:0", f"ioctl:0:{RM_CONTROL:#x}:50",    # EBADF after close: not a GPU ioctl
-        "open:/dev/null", f"ioctl:5:{RM_CONTROL:#x}:40",  # fd 3 reused by /dev/null: untracked
+        "open:/dev/nvidiactl",
+        "open:/dev/nvidia-uvm",
+        "open:/dev/kfd",
+        "open:/dev/dri/renderD128",
+        f"ioctl:0:{RM_CONTROL:#x}:1234",
+        f"ioctl:0:{RM_ALLOC:#x}:17",
+        f"xfer:0:{RM_MAP_MEMORY:#x}:9",
+        f"ioctl:1:{UVM_INITIALIZE:#x}:1",
+        f"ioctl:2:{KFD_CREATE_QUEUE:#x}:4",
+        f"ioctl:3:{AMDGPU_CS:#x}:250",
+        "dup:0",
+        f"ioctl:4:{RM_CONTROL:#x}:6",  # through a dup of nvidiactl
+        "close:0",
+        f"ioctl:0:{RM_CONTROL:#x}:50",  # EBADF after close: not a GPU ioctl
+        "open:/dev/null",
+        f"ioctl:5:{RM_CONTROL:#x}:40",  # fd 3 reused by /dev/null: untracked
         "exit:0",
     )
     proc.wait(timeout=10)
@@ -182,13 +202,21 @@ def check_connect_and_first_bytes(sensor, workload):
     login = b'{"id":1,"jsonrpc":"2.0","method":"login","params":{"login":"44AFFq5kSiGBoZ","pass":"x","agent":"XMRig/6.21.0 (Linux x86_64) libuv/1.44.2 gcc/12.2.0","algo":["rx/0"]}}\n'
     subscribe = b'{"id":1,"method":"mining.subscribe","params":["ccminer/2.3.1"]}\n'
     socks_greeting = bytes([5, 1, 0])
-    socks_connect = bytes([5, 1, 0, 3, len(b"pool.supportxmr.com")]) + b"pool.supportxmr.com" + (3333).to_bytes(2, "big")
+    socks_connect = (
+        bytes([5, 1, 0, 3, len(b"pool.supportxmr.com")])
+        + b"pool.supportxmr.com"
+        + (3333).to_bytes(2, "big")
+    )
     try:
         proc = run(
             workload,
-            f"connect:127.0.0.1:{v4.port}", f"send:0:{login.hex()}",
-            f"connect:::1:{v6.port}", f"sendmsg:1:{subscribe.hex()}",
-            f"connect:127.0.0.1:{v4.port}", f"writev:2:{socks_greeting.hex()}", f"sendto:2:{socks_connect.hex()}",
+            f"connect:127.0.0.1:{v4.port}",
+            f"send:0:{login.hex()}",
+            f"connect:::1:{v6.port}",
+            f"sendmsg:1:{subscribe.hex()}",
+            f"connect:127.0.0.1:{v4.port}",
+            f"writev:2:{socks_greeting.hex()}",
+            f"sendto:2:{socks_connect.hex()}",
             "exit:0",
         )
         proc.wait(timeout=10)
@@ -196,7 +224,9 @@ def check_connect_and_first_bytes(sensor, workload):
     finally:
         v4.close()
         v6.close()
-    connects = [(e.family, e.address, e.port, e.fd, e.result) for e in events if e.kind == "connect"]
+    connects = [
+        (e.family, e.address, e.port, e.fd, e.result) for e in events if e.kind == "connect"
+    ]
     assert connects == [
         ("ipv4", "127.0.0.1", v4.port, 3, 0),
         ("ipv6", "::1", v6.port, 4, 0),
@@ -217,7 +247,9 @@ def check_connect_and_first_bytes(sensor, workload):
 def test_only_the_first_writes_of_a_connection_are_captured(sensor, workload):
     listener = Listener()
     try:
-        steps = [f"connect:127.0.0.1:{listener.port}"] + [f"send:0:{bytes([65 + i]).hex() * 600}" for i in range(7)]
+        steps = [f"connect:127.0.0.1:{listener.port}"] + [
+            f"send:0:{bytes([65 + i]).hex() * 600}" for i in range(7)
+        ]
         proc = run(workload, *steps, "exit:0")
         proc.wait(timeout=10)
         events = collect(sensor, proc.pid, exited)
@@ -233,7 +265,9 @@ def test_exec_and_exit_carry_identity_and_code(sensor, workload):
     proc = run(workload, "ready", "exit:42")
     assert proc.stdout.readline() == b"ready\n"
     pid = proc.pid
-    events = collect(sensor, pid, lambda ev: any(e.kind == "exec" and e.filename == workload for e in ev))
+    events = collect(
+        sensor, pid, lambda ev: any(e.kind == "exec" and e.filename == workload for e in ev)
+    )
     execs = [e for e in events if e.kind == "exec" and e.filename == workload]
     assert execs[0].cmdline == [workload, "ready", "exit:42"]
     assert execs[0].ppid == os.getpid()
@@ -243,7 +277,15 @@ def test_exec_and_exit_carry_identity_and_code(sensor, workload):
 
 
 def test_kernel_maps_forget_closed_fds_and_exited_processes(sensor, workload):
-    proc = run(workload, "open:/dev/nvidiactl", "open:/dev/nvidia0", f"ioctl:0:{RM_CONTROL:#x}:3", "close:1", "ready", "exit:0")
+    proc = run(
+        workload,
+        "open:/dev/nvidiactl",
+        "open:/dev/nvidia0",
+        f"ioctl:0:{RM_CONTROL:#x}:3",
+        "close:1",
+        "ready",
+        "exit:0",
+    )
     assert proc.stdout.readline() == b"ready\n"
     collect(sensor, proc.pid, lambda ev: sum(e.kind == "gpu_open" for e in ev) == 2)
     tracked = sorted(k.fd for k in sensor.tables["tracked_fds"].keys() if k.tgid == proc.pid)
@@ -273,8 +315,10 @@ def test_sweep_drops_fds_closed_by_exec(sensor, workload, tmp_path):
 def test_flood_of_ioctls_and_opens_is_counted_exactly(sensor, workload):
     proc = run(
         workload,
-        "open:/dev/nvidiactl", f"ioctl:0:{RM_CONTROL:#x}:1000000",
-        "flood-open:/dev/nvidia0:10000", "exit:0",
+        "open:/dev/nvidiactl",
+        f"ioctl:0:{RM_CONTROL:#x}:1000000",
+        "flood-open:/dev/nvidia0:10000",
+        "exit:0",
     )
     started = time.monotonic()
     proc.wait(timeout=60)
@@ -293,12 +337,16 @@ def test_lost_events_are_counted_not_silent(workload):
     from gpuguard.sources.probe_source import ProbeSettings
     from gpuguard.sources.sensor import Sensor
 
-    with Sensor(ProbeSettings(ringbuf_pages=16, payload_capture=False), drain_interval=0.1) as small:
+    with Sensor(
+        ProbeSettings(ringbuf_pages=16, payload_capture=False), drain_interval=0.1
+    ) as small:
         proc = run(workload, "flood-open:/dev/nvidia0:5000", "exit:0")
         proc.wait(timeout=30)
         events = []
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(e.kind == "exit" and e.pid == proc.pid for e in events):
+        while time.monotonic() < deadline and not any(
+            e.kind == "exit" and e.pid == proc.pid for e in events
+        ):
             events.extend(small.poll(50))
         events.extend(small.drain())
     opens = sum(1 for e in events if e.kind == "gpu_open" and e.pid == proc.pid)
@@ -318,7 +366,9 @@ def test_perf_buffer_fallback_delivers_the_same_events(workload):
         proc = run(workload, "open:/dev/kfd", f"ioctl:0:{KFD_CREATE_QUEUE:#x}:321", "exit:3")
         proc.wait(timeout=10)
         events = collect(perf, proc.pid, exited)
-    assert [(e.path, e.device_class) for e in events if e.kind == "gpu_open"] == [("/dev/kfd", "kfd")]
+    assert [(e.path, e.device_class) for e in events if e.kind == "gpu_open"] == [
+        ("/dev/kfd", "kfd")
+    ]
     assert sum(e.count for e in events if e.kind == "gpu_ioctl") == 321
     assert [e.exit_code for e in events if e.kind == "exit"] == [3]
 
@@ -333,7 +383,9 @@ def test_colliding_and_stale_fd_slots_lose_nothing(workload, enter_hook):
     from gpuguard.sources.probe_source import ProbeSettings
     from gpuguard.sources.sensor import SLOT_MULTI, Sensor
 
-    with Sensor(ProbeSettings(fd_slots=1, enter_hook=enter_hook), drain_interval=0.2, sweep_interval=3600) as s:
+    with Sensor(
+        ProbeSettings(fd_slots=1, enter_hook=enter_hook), drain_interval=0.2, sweep_interval=3600
+    ) as s:
         check_exact_ioctl_counts(s, workload)
         assert [v.value for v in s.tables["gpu_fd_slots"].values()] == [SLOT_MULTI]
         check_connect_and_first_bytes(s, workload)
@@ -354,10 +406,18 @@ def test_slot_tags_follow_close_and_reopen(workload, enter_hook):
     with Sensor(ProbeSettings(enter_hook=enter_hook), drain_interval=0.2, sweep_interval=3600) as s:
         proc = run(
             workload,
-            "open:/dev/nvidiactl", f"ioctl:0:{RM_CONTROL:#x}:7", "close:0",
-            "open:/dev/kfd", f"ioctl:1:{RM_CONTROL:#x}:11", "close:1",        # same fd number, new class
-            "open:/dev/null", f"ioctl:2:{RM_CONTROL:#x}:13",                  # same number, not a GPU
-            "open:/dev/dri/renderD128", "dup:3", "close:3", f"ioctl:4:{AMDGPU_CS:#x}:5",  # dup survives close
+            "open:/dev/nvidiactl",
+            f"ioctl:0:{RM_CONTROL:#x}:7",
+            "close:0",
+            "open:/dev/kfd",
+            f"ioctl:1:{RM_CONTROL:#x}:11",
+            "close:1",  # same fd number, new class
+            "open:/dev/null",
+            f"ioctl:2:{RM_CONTROL:#x}:13",  # same number, not a GPU
+            "open:/dev/dri/renderD128",
+            "dup:3",
+            "close:3",
+            f"ioctl:4:{AMDGPU_CS:#x}:5",  # dup survives close
             "exit:0",
         )
         proc.wait(timeout=10)
@@ -366,7 +426,11 @@ def test_slot_tags_follow_close_and_reopen(workload, enter_hook):
     for e in events:
         if e.kind == "gpu_ioctl":
             counts[(e.device_class, e.command)] += e.count
-    assert counts == {("nvidia-ctl", RM_CONTROL): 7, ("kfd", RM_CONTROL): 11, ("drm-render", AMDGPU_CS): 5}
+    assert counts == {
+        ("nvidia-ctl", RM_CONTROL): 7,
+        ("kfd", RM_CONTROL): 11,
+        ("drm-render", AMDGPU_CS): 5,
+    }
 
 
 def test_writes_after_a_cut_write_are_recognised_alone(sensor, workload):
@@ -375,7 +439,13 @@ def test_writes_after_a_cut_write_are_recognised_alone(sensor, workload):
     try:
         big = b"x" * 900
         line = b'{"id":2,"method":"mining.submit","params":["w","1","2","3","4"]}\n'
-        proc = run(workload, f"connect:127.0.0.1:{listener.port}", f"send:0:{big.hex()}", f"send:0:{line.hex()}", "exit:0")
+        proc = run(
+            workload,
+            f"connect:127.0.0.1:{listener.port}",
+            f"send:0:{big.hex()}",
+            f"send:0:{line.hex()}",
+            "exit:0",
+        )
         proc.wait(timeout=10)
         events = collect(sensor, proc.pid, exited)
     finally:
@@ -413,11 +483,16 @@ def test_close_detaches_every_probe_concurrently_and_leaves_no_fd(enter_hook):
     probes = set(bpf.tracepoint_fds.values()) | set(bpf.raw_tracepoint_fds.values())
     running = _bpf_and_perf_fds()
     assert len(probes) >= 10 and probes <= set(running) - set(before)
-    s.detach_probes()    # returns at once; the buffer and counters stay readable
+    s.detach_probes()  # returns at once; the buffer and counters stay readable
     assert not bpf.tracepoint_fds and not bpf.raw_tracepoint_fds
     assert isinstance(s.drain(), list)
     s.close()
-    assert not bpf.tracepoint_fds and not bpf.raw_tracepoint_fds and not bpf.funcs and bpf.module is None
+    assert (
+        not bpf.tracepoint_fds
+        and not bpf.raw_tracepoint_fds
+        and not bpf.funcs
+        and bpf.module is None
+    )
     assert _bpf_and_perf_fds() == before
     s.close()  # a second close does nothing
     assert _bpf_and_perf_fds() == before

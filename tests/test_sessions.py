@@ -29,8 +29,14 @@ from tests.support.workloads import run_with_gpu_nodes
 REPO = Path(__file__).resolve().parent.parent
 CLIENT = REPO / "tests" / "workloads" / "tls_stratum_client.py"
 T = 1_795_305_600.0
-TESTED_SIGNALS = {"session_cadence_s", "session_age_s", "session_bytes_per_s", "session_summary",
-                  "session_segments_out", "session_bytes_in_per_write"}
+TESTED_SIGNALS = {
+    "session_cadence_s",
+    "session_age_s",
+    "session_bytes_per_s",
+    "session_summary",
+    "session_segments_out",
+    "session_bytes_in_per_write",
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,38 +45,70 @@ def ruleset():
 
 
 def _activity(pid, fd, age, times, bytes_out=2100, seeded=False):
-    return ConnActivity(time=T + age, pid=pid, fd=fd, age_s=age, bytes_out=bytes_out, writes_out=len(times) + 3,
-                        small_writes=len(times) + 3, small_write_times=times, seeded=seeded)
+    return ConnActivity(
+        time=T + age,
+        pid=pid,
+        fd=fd,
+        age_s=age,
+        bytes_out=bytes_out,
+        writes_out=len(times) + 3,
+        small_writes=len(times) + 3,
+        small_write_times=times,
+        seeded=seeded,
+    )
 
 
 def _busy_gpu(c, pid, seconds=300):
     for i in range(0, seconds, 5):
-        c.feed(GpuSnapshot(time=T + i, source="nvml", devices=[DeviceSample("nvidia", 0, memory_total=80 << 30)],
-                           processes=[ProcessGpuUsage(pid, "nvidia", 0, sm_util=99.0, used_memory=520 << 20)]))
+        c.feed(
+            GpuSnapshot(
+                time=T + i,
+                source="nvml",
+                devices=[DeviceSample("nvidia", 0, memory_total=80 << 30)],
+                processes=[ProcessGpuUsage(pid, "nvidia", 0, sm_util=99.0, used_memory=520 << 20)],
+            )
+        )
 
 
 def test_steady_cadence_signals_and_evidence(ruleset):
     c = Correlator(facts_provider=None)
     engine = DetectionEngine(c, ruleset)
-    c.feed(ProcessFacts(pid=7, start_time=T, comm="python3", exe="/opt/app/python3", cmdline=["python3", "svc.py"]))
+    c.feed(
+        ProcessFacts(
+            pid=7,
+            start_time=T,
+            comm="python3",
+            exe="/opt/app/python3",
+            cmdline=["python3", "svc.py"],
+        )
+    )
     _busy_gpu(c, 7)
     c.feed(_activity(7, 5, 310.0, [T + 100 + 30 * i + (0.2 if i % 2 else 0.0) for i in range(8)]))
-    c.feed(_activity(7, 6, 400.0, [T + 1, T + 2, T + 50, T + 51]))         # irregular: a person, a script
+    c.feed(_activity(7, 6, 400.0, [T + 1, T + 2, T + 50, T + 51]))  # irregular: a person, a script
     r = SignalReader(c.state_of(7), T + 310)
     assert r["session_cadence_s"] == pytest.approx(30.0, abs=0.3)
     assert r["session_age_s"] == 310.0 and r["session_bytes_per_s"] == pytest.approx(6.77, abs=0.01)
-    assert r["session_summary"] == "session on fd 5: 11 writes out, 2.1 KiB out, small writes every 30.2 ± 0.4 s, open 310 s"
-    assert r["session_bytes_in_per_write"] is None          # no tcp_info: the inbound side is absent, not 0
+    assert (
+        r["session_summary"]
+        == "session on fd 5: 11 writes out, 2.1 KiB out, small writes every 30.2 ± 0.4 s, open 310 s"
+    )
+    assert r["session_bytes_in_per_write"] is None  # no tcp_info: the inbound side is absent, not 0
     verdict = next(v for v in engine.verdicts(T + 310) if v.pid == 7)
     session = next(e for e in verdict.evidence if e.rule_id == "net-steady-session-gpu-busy")
-    assert "session_summary=session on fd 5: 11 writes out, 2.1 KiB out, small writes every 30.2" in session.detail
+    assert (
+        "session_summary=session on fd 5: 11 writes out, 2.1 KiB out, small writes every 30.2"
+        in session.detail
+    )
 
 
-@pytest.mark.parametrize("times,why", [
-    ([T + 2 * i for i in range(8)], "2 s: a chatty protocol, not a pool"),
-    ([T + 30 * i for i in range(3)], "three writes: no cadence yet"),
-    ([T, T + 10, T + 40, T + 45, T + 90], "irregular"),
-])
+@pytest.mark.parametrize(
+    "times,why",
+    [
+        ([T + 2 * i for i in range(8)], "2 s: a chatty protocol, not a pool"),
+        ([T + 30 * i for i in range(3)], "three writes: no cadence yet"),
+        ([T, T + 10, T + 40, T + 45, T + 90], "irregular"),
+    ],
+)
 def test_no_session_finding_without_a_pool_cadence(ruleset, times, why):
     c = Correlator(facts_provider=None)
     engine = DetectionEngine(c, ruleset)
@@ -111,10 +149,21 @@ def test_the_kernel_records_a_tls_pool_session_of_a_gpu_holder(tmp_path):
     sensor.start()
     procs = []
     try:
-        miner = run_with_gpu_nodes([sys.executable, str(CLIENT), "127.0.0.1", str(pool.port), "stratum", "1",
-                                    "/dev/nvidia0"])
+        miner = run_with_gpu_nodes(
+            [
+                sys.executable,
+                str(CLIENT),
+                "127.0.0.1",
+                str(pool.port),
+                "stratum",
+                "1",
+                "/dev/nvidia0",
+            ]
+        )
         procs.append(miner)
-        browser = run_with_gpu_nodes([sys.executable, str(CLIENT), "127.0.0.1", str(pool.port), "https", "1"])
+        browser = run_with_gpu_nodes(
+            [sys.executable, str(CLIENT), "127.0.0.1", str(pool.port), "https", "1"]
+        )
         procs.append(browser)
         assert miner.stdout.readline() == b"ready\n" and browser.stdout.readline() == b"ready\n"
         events = []
@@ -122,7 +171,7 @@ def test_the_kernel_records_a_tls_pool_session_of_a_gpu_holder(tmp_path):
         while time.monotonic() < deadline:
             events.extend(sensor.poll(100))
             mine = [e for e in events if e.kind == "conn_activity" and e.pid == miner.pid]
-            if mine and mine[-1].age_s >= 9:     # the ring (8 times) holds only shares by then
+            if mine and mine[-1].age_s >= 9:  # the ring (8 times) holds only shares by then
                 break
         assert sensor.activity is not None
     finally:
@@ -131,21 +180,27 @@ def test_the_kernel_records_a_tls_pool_session_of_a_gpu_holder(tmp_path):
             proc.wait()
         sensor.close()
         pool.close()
-    assert any(b"mining.submit" in chunk for chunk in pool.received)          # stratum inside TLS
+    assert any(b"mining.submit" in chunk for chunk in pool.received)  # stratum inside TLS
     records = [e for e in events if e.kind == "conn_activity" and e.pid == miner.pid]
     assert records, [e.kind for e in events if e.pid == miner.pid]
     last = records[-1]
     assert not last.seeded and last.age_s >= 9 and last.small_writes >= 9
-    assert 0 < last.bytes_out < 4096      # the handshake and ~130-byte TLS records: few bytes
+    assert 0 < last.bytes_out < 4096  # the handshake and ~130-byte TLS records: few bytes
     gaps = [b - a for a, b in zip(last.small_write_times, last.small_write_times[1:])]
-    assert gaps and all(0.8 < g < 1.5 for g in gaps), gaps   # one share a second, seen through TLS
+    assert gaps and all(0.8 < g < 1.5 for g in gaps), gaps  # one share a second, seen through TLS
     # the HTTPS keepalive client holds no GPU: the kernel keeps nothing about it
     assert not [e for e in events if e.kind == "conn_activity" and e.pid == browser.pid]
     c = Correlator(facts_provider=None)
-    c.feed(ProcessFacts(pid=miner.pid, start_time=last.time - last.age_s - 1, comm="python3", exe=sys.executable))
+    c.feed(
+        ProcessFacts(
+            pid=miner.pid, start_time=last.time - last.age_s - 1, comm="python3", exe=sys.executable
+        )
+    )
     for e in records:
         c.feed(e)
-    assert SignalReader(c.state_of(miner.pid), last.time)["session_cadence_s"] == pytest.approx(1.0, abs=0.3)
+    assert SignalReader(c.state_of(miner.pid), last.time)["session_cadence_s"] == pytest.approx(
+        1.0, abs=0.3
+    )
 
 
 HOLDER = """
@@ -177,8 +232,13 @@ def test_activity_slots_are_bounded_counted_when_full_and_freed_on_close():
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    listener.listen(16)                  # connections complete in the backlog; nobody needs to accept
-    sensor = Sensor(ProbeSettings(activity_slots=2), drain_interval=0.2, sweep_interval=3600, activity_interval=0.3)
+    listener.listen(16)  # connections complete in the backlog; nobody needs to accept
+    sensor = Sensor(
+        ProbeSettings(activity_slots=2),
+        drain_interval=0.2,
+        sweep_interval=3600,
+        activity_interval=0.3,
+    )
     sensor.start()
     holder = run_with_gpu_nodes([sys.executable, "-c", HOLDER, str(listener.getsockname()[1])])
     events: list = []
@@ -194,14 +254,19 @@ def test_activity_slots_are_bounded_counted_when_full_and_freed_on_close():
 
     try:
         first, second, third = (int(x) for x in holder.stdout.readline().split())
-        assert recorded_fds(lambda fds: len(fds) >= 2) == {first, second}      # the third found no free slot
-        recorded_fds(lambda fds: sensor.stats.lost["activity"] > 0)           # lost counts are read on the drain
+        assert recorded_fds(lambda fds: len(fds) >= 2) == {
+            first,
+            second,
+        }  # the third found no free slot
+        recorded_fds(
+            lambda fds: sensor.stats.lost["activity"] > 0
+        )  # lost counts are read on the drain
         assert sensor.stats.lost["activity"] == 1
         holder.stdin.write(b"go\n")
         holder.stdin.flush()
         fourth = int(holder.stdout.readline())
         assert fourth not in (first, second, third)
-        assert fourth in recorded_fds(lambda fds: fourth in fds)                # the closed first's slot, reused
+        assert fourth in recorded_fds(lambda fds: fourth in fds)  # the closed first's slot, reused
         assert sensor.stats.lost["activity"] == 1
     finally:
         holder.kill()
@@ -237,8 +302,17 @@ def test_the_agent_watches_the_sessions_of_a_process_scored_above_the_threshold(
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     port = str(listener.getsockname()[1])
-    agent = Agent(AgentConfig(sensor="ebpf", log_path=str(tmp_path / "agent.log"), status_path=tmp_path / "status.json",
-                              gpu_sources=[]), install_signals=False, stderr=lambda line: None, sampler_openers={})
+    agent = Agent(
+        AgentConfig(
+            sensor="ebpf",
+            log_path=str(tmp_path / "agent.log"),
+            status_path=tmp_path / "status.json",
+            gpu_sources=[],
+        ),
+        install_signals=False,
+        stderr=lambda line: None,
+        sampler_openers={},
+    )
     assert agent.config.session_watch_score == 20
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
@@ -247,24 +321,36 @@ def test_the_agent_watches_the_sessions_of_a_process_scored_above_the_threshold(
         until(lambda: agent.ready.is_set() or not thread.is_alive(), 120)
         assert agent.ready.is_set(), "the agent did not start"
         # the same program; only the suspect's command line names a pool (the agent reads it from /proc)
-        suspect = subprocess.Popen([sys.executable, "-c", CHATTER, port, f"--url=stratum+tcp://pool.example:{port}"],
-                                   stdout=subprocess.PIPE)
+        suspect = subprocess.Popen(
+            [sys.executable, "-c", CHATTER, port, f"--url=stratum+tcp://pool.example:{port}"],
+            stdout=subprocess.PIPE,
+        )
         procs.append(suspect)
         plain = subprocess.Popen([sys.executable, "-c", CHATTER, port], stdout=subprocess.PIPE)
         procs.append(plain)
         assert suspect.stdout.readline() == b"ready\n" and plain.stdout.readline() == b"ready\n"
 
         def sessions_of(pid):
-            state = next((s for s in list(agent.correlator.unordered_states()) if s.pid == pid), None)
+            state = next(
+                (s for s in list(agent.correlator.unordered_states()) if s.pid == pid), None
+            )
             return state, (dict(state.sessions) if state is not None else {})
 
-        state, sessions = until(lambda: (lambda s: s if s[1] else None)(sessions_of(suspect.pid)), 40)
+        state, sessions = until(
+            lambda: (lambda s: s if s[1] else None)(sessions_of(suspect.pid)), 40
+        )
         record = next(iter(sessions.values()))
         # seeded if the connect came before the watch, else recorded at the connect: counted either way
-        assert record.writes_out >= 1 and record.small_writes >= 1 and record.remote.endswith(f":{port}")
+        assert (
+            record.writes_out >= 1
+            and record.small_writes >= 1
+            and record.remote.endswith(f":{port}")
+        )
         assert state.verdict is not None and state.verdict.score >= 20
         plain_state, plain_sessions = sessions_of(plain.pid)
-        assert plain_state is not None and (plain_state.verdict is None or plain_state.verdict.score < 20)
+        assert plain_state is not None and (
+            plain_state.verdict is None or plain_state.verdict.score < 20
+        )
         assert plain_sessions == {}
     finally:
         for proc in procs:

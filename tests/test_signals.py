@@ -18,8 +18,14 @@ WALLET = "4" + "A" * 94
 
 
 def make(comm="app", exe="/usr/bin/app", cmdline=None, **facts_kwargs) -> ProcessState:
-    facts = ProcessFacts(pid=100, start_time=T, comm=comm, exe=exe,
-                         cmdline=cmdline if cmdline is not None else [exe], **facts_kwargs)
+    facts = ProcessFacts(
+        pid=100,
+        start_time=T,
+        comm=comm,
+        exe=exe,
+        cmdline=cmdline if cmdline is not None else [exe],
+        **facts_kwargs,
+    )
     state = ProcessState(ProcessKey(100, T), first_seen=T, last_seen=T)
     state.set_facts(facts)
     return state
@@ -34,6 +40,7 @@ def gpu_series(values, step=5.0, memory=None):
     def apply(s):
         for i, v in enumerate(values):
             s.add_gpu_sample(T + i * step, v, memory)
+
     return apply
 
 
@@ -46,97 +53,410 @@ SIGNAL_CASES = [
     ("comm", make(comm="kworker/0:1"), "comm", "kworker/0:1"),
     ("exe_name lower", make(exe="/opt/X/XMRig"), "exe_name", "xmrig"),
     ("exe_dir", make(exe="/dev/shm/.x/kw"), "exe_dir", "/dev/shm/.x"),
-    ("process_names", make(comm="Foo", exe="/opt/bar", cmdline=["/tmp/baz", "-x"]), "process_names", {"foo", "bar", "baz"}),
-    ("mismatch masquerade", make(comm="kworker/0:1", exe="/dev/shm/x", cmdline=["x"]), "comm_differs_from_exe", True),
-    ("no mismatch python3 vs python3.11", make(comm="python3", exe="/usr/bin/python3.11", cmdline=["python3", "t.py"]), "comm_differs_from_exe", False),
-    ("no mismatch script", make(comm="run.sh", exe="/usr/bin/bash", cmdline=["/bin/bash", "/opt/run.sh"]), "comm_differs_from_exe", False),
-    ("mismatch prefix then letter", make(comm="x", exe="/tmp/xmrig", cmdline=["y"]), "comm_differs_from_exe", True),
-    ("comm truncated to 15", make(comm="very-long-progra", exe="/usr/bin/very-long-program-name", cmdline=[]), "comm_differs_from_exe", False),
-    ("memfd name", make(comm="x", exe="/memfd:x", cmdline=["x"], exe_memfd=True), "comm_differs_from_exe", False),
-    ("kernel thread", make(comm="kworker/1:0", exe="", cmdline=[], kernel_thread=True), "kernel_thread", True),
+    (
+        "process_names",
+        make(comm="Foo", exe="/opt/bar", cmdline=["/tmp/baz", "-x"]),
+        "process_names",
+        {"foo", "bar", "baz"},
+    ),
+    (
+        "mismatch masquerade",
+        make(comm="kworker/0:1", exe="/dev/shm/x", cmdline=["x"]),
+        "comm_differs_from_exe",
+        True,
+    ),
+    (
+        "no mismatch python3 vs python3.11",
+        make(comm="python3", exe="/usr/bin/python3.11", cmdline=["python3", "t.py"]),
+        "comm_differs_from_exe",
+        False,
+    ),
+    (
+        "no mismatch script",
+        make(comm="run.sh", exe="/usr/bin/bash", cmdline=["/bin/bash", "/opt/run.sh"]),
+        "comm_differs_from_exe",
+        False,
+    ),
+    (
+        "mismatch prefix then letter",
+        make(comm="x", exe="/tmp/xmrig", cmdline=["y"]),
+        "comm_differs_from_exe",
+        True,
+    ),
+    (
+        "comm truncated to 15",
+        make(comm="very-long-progra", exe="/usr/bin/very-long-program-name", cmdline=[]),
+        "comm_differs_from_exe",
+        False,
+    ),
+    (
+        "memfd name",
+        make(comm="x", exe="/memfd:x", cmdline=["x"], exe_memfd=True),
+        "comm_differs_from_exe",
+        False,
+    ),
+    (
+        "kernel thread",
+        make(comm="kworker/1:0", exe="", cmdline=[], kernel_thread=True),
+        "kernel_thread",
+        True,
+    ),
     ("has executable", make(exe=""), "has_executable", False),
-    ("bracketed cmdline", make(exe="/dev/shm/x", cmdline=["[kworker/0:1]"]), "cmdline_bracketed", True),
-    ("bracketed, real kthread", make(exe="", cmdline=["[kworker/0:1]"]), "cmdline_bracketed", False),
+    (
+        "bracketed cmdline",
+        make(exe="/dev/shm/x", cmdline=["[kworker/0:1]"]),
+        "cmdline_bracketed",
+        True,
+    ),
+    (
+        "bracketed, real kthread",
+        make(exe="", cmdline=["[kworker/0:1]"]),
+        "cmdline_bracketed",
+        False,
+    ),
     ("exe deleted", make(exe_deleted=True), "exe_deleted", True),
     ("exe memfd", make(exe="/memfd:payload", exe_memfd=True), "exe_memfd", True),
-    ("exe memfd name", make(exe="/memfd:runc_cloned:/proc/self/exe", exe_memfd=True), "exe_memfd_name", "runc_cloned:/proc/self/exe"),
+    (
+        "exe memfd name",
+        make(exe="/memfd:runc_cloned:/proc/self/exe", exe_memfd=True),
+        "exe_memfd_name",
+        "runc_cloned:/proc/self/exe",
+    ),
     ("exe not memfd, no name", make(), "exe_memfd_name", None),
     ("user", make(username="www-data", uid=33), "user", "www-data"),
     ("uid", make(uid=33), "uid", 33),
     ("uid unknown", make(), "uid", None),
     ("container", make(container_id="ab" * 32), "in_container", True),
     ("no container", make(), "in_container", False),
-    ("ld_preload set", make(ld_preload="/lib/libhide.so", environ_readable=True), "ld_preload_set", True),
+    (
+        "ld_preload set",
+        make(ld_preload="/lib/libhide.so", environ_readable=True),
+        "ld_preload_set",
+        True,
+    ),
     ("ld_preload unreadable env", make(environ_readable=False), "ld_preload_set", None),
     ("age", make(), "age_s", 0.0),
     # command line
-    ("cmdline schemes", make(cmdline=["xmrig", "-o", "stratum+ssl://u.w@pool.x.com:443"]), "cmdline_url_schemes", {"stratum+ssl"}),
-    ("cmdline hosts from -o host:port", make(cmdline=["m", "-o", "Pool.SupportXMR.com:3333"]), "cmdline_hosts", {"pool.supportxmr.com"}),
-    ("cmdline ports", make(cmdline=["m", "--url=gulf.moneroocean.stream:10128", "stratum+tcp://a.b:4444"]), "cmdline_ports", {10128, 4444}),
-    ("cmdline endpoints", make(cmdline=["ethminer", "-P", "stratum1+tcp://0xabc.w@eth.2miners.com:2020"]), "cmdline_endpoints", {"stratum1+tcp://eth.2miners.com:2020"}),
-    ("-o file is not an endpoint", make(cmdline=["gcc", "-o", "out.o", "a.c"]), "cmdline_endpoints", set()),
-    ("cmdline flags", make(cmdline=["x", "--donate-level=1", "-a", "rx/0", "file"]), "cmdline_flags", {"--donate-level", "-a"}),
-    ("algorithm", make(cmdline=["x", "-a", "RX/0", "--algo=kawpow", "--coin", "XMR"]), "cmdline_algorithm", {"rx/0", "kawpow", "xmr"}),
+    (
+        "cmdline schemes",
+        make(cmdline=["xmrig", "-o", "stratum+ssl://u.w@pool.x.com:443"]),
+        "cmdline_url_schemes",
+        {"stratum+ssl"},
+    ),
+    (
+        "cmdline hosts from -o host:port",
+        make(cmdline=["m", "-o", "Pool.SupportXMR.com:3333"]),
+        "cmdline_hosts",
+        {"pool.supportxmr.com"},
+    ),
+    (
+        "cmdline ports",
+        make(cmdline=["m", "--url=gulf.moneroocean.stream:10128", "stratum+tcp://a.b:4444"]),
+        "cmdline_ports",
+        {10128, 4444},
+    ),
+    (
+        "cmdline endpoints",
+        make(cmdline=["ethminer", "-P", "stratum1+tcp://0xabc.w@eth.2miners.com:2020"]),
+        "cmdline_endpoints",
+        {"stratum1+tcp://eth.2miners.com:2020"},
+    ),
+    (
+        "-o file is not an endpoint",
+        make(cmdline=["gcc", "-o", "out.o", "a.c"]),
+        "cmdline_endpoints",
+        set(),
+    ),
+    (
+        "cmdline flags",
+        make(cmdline=["x", "--donate-level=1", "-a", "rx/0", "file"]),
+        "cmdline_flags",
+        {"--donate-level", "-a"},
+    ),
+    (
+        "algorithm",
+        make(cmdline=["x", "-a", "RX/0", "--algo=kawpow", "--coin", "XMR"]),
+        "cmdline_algorithm",
+        {"rx/0", "kawpow", "xmr"},
+    ),
     ("cmdline text", make(cmdline=["a", "b c"]), "cmdline", "a b c"),
     # config files
-    ("config endpoints json", make(config_files={"config.json": '{"pools": [{"url": "stratum+tcp://pool.minexmr.com:4444"}]}'}),
-     "config_endpoints", {"stratum+tcp://pool.minexmr.com:4444"}),
-    ("config keys", make(config_files={"config.json": '{"donate-level": 1, "pools": [{"url": "a.b:1"}]}'}), "config_keys", {"donate-level", "pools", "url"}),
-    ("config ini", make(config_files={"config.ini": "[Ethash]\nwallet = 0xabc\npool1 = eth.2miners.com:2020\n"}), "config_hosts", {"eth.2miners.com"}),
-    ("config ports", make(config_files={"config.ini": "pool1 = eth.2miners.com:2020\n"}), "config_ports", {2020}),
+    (
+        "config endpoints json",
+        make(
+            config_files={
+                "config.json": '{"pools": [{"url": "stratum+tcp://pool.minexmr.com:4444"}]}'
+            }
+        ),
+        "config_endpoints",
+        {"stratum+tcp://pool.minexmr.com:4444"},
+    ),
+    (
+        "config keys",
+        make(config_files={"config.json": '{"donate-level": 1, "pools": [{"url": "a.b:1"}]}'}),
+        "config_keys",
+        {"donate-level", "pools", "url"},
+    ),
+    (
+        "config ini",
+        make(
+            config_files={"config.ini": "[Ethash]\nwallet = 0xabc\npool1 = eth.2miners.com:2020\n"}
+        ),
+        "config_hosts",
+        {"eth.2miners.com"},
+    ),
+    (
+        "config ports",
+        make(config_files={"config.ini": "pool1 = eth.2miners.com:2020\n"}),
+        "config_ports",
+        {2020},
+    ),
     ("config not json nor ini", make(config_files={"x": "\x00\x01garbage"}), "config_keys", set()),
     # network
-    ("connect ports", with_(make(), lambda s: (s.add_connection("1.2.3.4", 3333), s.add_connection("1.2.3.4", 3333))), "connect_ports", {3333}),
-    ("connect count", with_(make(), lambda s: (s.add_connection("1.2.3.4", 3333), s.add_connection("1.2.3.4", 3333))), "connect_count", 2),
-    ("connect addresses", with_(make(), lambda s: s.add_connection("10.0.0.1", 80)), "connect_addresses", {"10.0.0.1"}),
-    ("connected to revealed", with_(make(cmdline=["x", "-o", "pool.x.com:5555"]), lambda s: s.add_connection("9.9.9.9", 5555)), "connected_to_revealed_port", True),
-    ("not connected to revealed", with_(make(cmdline=["x", "-o", "pool.x.com:5555"]), lambda s: s.add_connection("9.9.9.9", 443)), "connected_to_revealed_port", False),
-    ("payload protocols", with_(make(), payload("stratum", {"method": "mining.subscribe"})), "payload_protocols", {"stratum"}),
-    ("payload agent", with_(make(), payload("cryptonote", {"method": "login", "agent": "XMRig/6.21.0", "login": WALLET})), "payload_agents", {"XMRig/6.21.0"}),
-    ("payload login", with_(make(), payload("cryptonote", {"login": WALLET})), "payload_logins", {WALLET}),
-    ("payload methods", with_(make(), payload("stratum", {"method": "mining.subscribe"})), "payload_methods", {"mining.subscribe"}),
-    ("sni host", with_(make(), payload("tls", {"sni": "Gulf.MoneroOcean.Stream."})), "payload_hosts", {"gulf.moneroocean.stream"}),
-    ("http connect target", with_(make(), payload("http", {"method": "CONNECT", "target": "pool.supportxmr.com:443"})), "proxy_target_hosts", {"pool.supportxmr.com"}),
-    ("http connect port", with_(make(), payload("http", {"method": "CONNECT", "target": "pool.supportxmr.com:443"})), "proxy_target_ports", {443}),
-    ("socks target", with_(make(), payload("socks5", {"target_host": "xmr.2miners.com", "target_port": 2222})), "proxy_target_ports", {2222}),
-    ("revealed hosts", with_(make(cmdline=["m", "-o", "a.example:1"]), payload("tls", {"sni": "b.example"})), "revealed_hosts", {"a.example", "b.example"}),
+    (
+        "connect ports",
+        with_(
+            make(), lambda s: (s.add_connection("1.2.3.4", 3333), s.add_connection("1.2.3.4", 3333))
+        ),
+        "connect_ports",
+        {3333},
+    ),
+    (
+        "connect count",
+        with_(
+            make(), lambda s: (s.add_connection("1.2.3.4", 3333), s.add_connection("1.2.3.4", 3333))
+        ),
+        "connect_count",
+        2,
+    ),
+    (
+        "connect addresses",
+        with_(make(), lambda s: s.add_connection("10.0.0.1", 80)),
+        "connect_addresses",
+        {"10.0.0.1"},
+    ),
+    (
+        "connected to revealed",
+        with_(
+            make(cmdline=["x", "-o", "pool.x.com:5555"]),
+            lambda s: s.add_connection("9.9.9.9", 5555),
+        ),
+        "connected_to_revealed_port",
+        True,
+    ),
+    (
+        "not connected to revealed",
+        with_(
+            make(cmdline=["x", "-o", "pool.x.com:5555"]), lambda s: s.add_connection("9.9.9.9", 443)
+        ),
+        "connected_to_revealed_port",
+        False,
+    ),
+    (
+        "payload protocols",
+        with_(make(), payload("stratum", {"method": "mining.subscribe"})),
+        "payload_protocols",
+        {"stratum"},
+    ),
+    (
+        "payload agent",
+        with_(
+            make(),
+            payload("cryptonote", {"method": "login", "agent": "XMRig/6.21.0", "login": WALLET}),
+        ),
+        "payload_agents",
+        {"XMRig/6.21.0"},
+    ),
+    (
+        "payload login",
+        with_(make(), payload("cryptonote", {"login": WALLET})),
+        "payload_logins",
+        {WALLET},
+    ),
+    (
+        "payload methods",
+        with_(make(), payload("stratum", {"method": "mining.subscribe"})),
+        "payload_methods",
+        {"mining.subscribe"},
+    ),
+    (
+        "sni host",
+        with_(make(), payload("tls", {"sni": "Gulf.MoneroOcean.Stream."})),
+        "payload_hosts",
+        {"gulf.moneroocean.stream"},
+    ),
+    (
+        "http connect target",
+        with_(make(), payload("http", {"method": "CONNECT", "target": "pool.supportxmr.com:443"})),
+        "proxy_target_hosts",
+        {"pool.supportxmr.com"},
+    ),
+    (
+        "http connect port",
+        with_(make(), payload("http", {"method": "CONNECT", "target": "pool.supportxmr.com:443"})),
+        "proxy_target_ports",
+        {443},
+    ),
+    (
+        "socks target",
+        with_(make(), payload("socks5", {"target_host": "xmr.2miners.com", "target_port": 2222})),
+        "proxy_target_ports",
+        {2222},
+    ),
+    (
+        "revealed hosts",
+        with_(make(cmdline=["m", "-o", "a.example:1"]), payload("tls", {"sni": "b.example"})),
+        "revealed_hosts",
+        {"a.example", "b.example"},
+    ),
     # gpu
-    ("device classes", with_(make(), lambda s: s.gpu_device_classes.update({"nvidia-uvm", "nvidia"})), "gpu_device_classes", {"nvidia", "nvidia-uvm"}),
-    ("ioctl categories", with_(make(), lambda s: s.add_ioctl(T, "NV_ESC_RM_CONTROL", "query", 5)), "ioctl_categories", {"query"}),
-    ("ioctl query only", with_(make(), lambda s: (s.add_ioctl(T, "A", "query", 5), s.add_ioctl(T, "B", "setup", 1))), "ioctl_query_only", True),
-    ("ioctl not query only", with_(make(), lambda s: (s.add_ioctl(T, "A", "query", 5), s.add_ioctl(T, "B", "submit", 1))), "ioctl_query_only", False),
+    (
+        "device classes",
+        with_(make(), lambda s: s.gpu_device_classes.update({"nvidia-uvm", "nvidia"})),
+        "gpu_device_classes",
+        {"nvidia", "nvidia-uvm"},
+    ),
+    (
+        "ioctl categories",
+        with_(make(), lambda s: s.add_ioctl(T, "NV_ESC_RM_CONTROL", "query", 5)),
+        "ioctl_categories",
+        {"query"},
+    ),
+    (
+        "ioctl query only",
+        with_(make(), lambda s: (s.add_ioctl(T, "A", "query", 5), s.add_ioctl(T, "B", "setup", 1))),
+        "ioctl_query_only",
+        True,
+    ),
+    (
+        "ioctl not query only",
+        with_(
+            make(), lambda s: (s.add_ioctl(T, "A", "query", 5), s.add_ioctl(T, "B", "submit", 1))
+        ),
+        "ioctl_query_only",
+        False,
+    ),
     ("ioctl none", make(), "ioctl_query_only", None),
-    ("written classes", with_(make(), lambda s: (s.add_gpu_device("msr", "/dev/cpu/0/msr", written=True),
-                                                  s.add_gpu_device("hugepages-config", "/proc/sys/vm/nr_hugepages"))),
-     "device_classes_written", {"msr"}),
+    (
+        "written classes",
+        with_(
+            make(),
+            lambda s: (
+                s.add_gpu_device("msr", "/dev/cpu/0/msr", written=True),
+                s.add_gpu_device("hugepages-config", "/proc/sys/vm/nr_hugepages"),
+            ),
+        ),
+        "device_classes_written",
+        {"msr"},
+    ),
     # huge pages: the sensor's largest request, or what /proc says it maps, whichever is larger
-    ("huge request (sensor)", with_(make(), lambda s: s.add_huge_alloc(2181038080, 1 << 30)), "huge_alloc_bytes", 2181038080),
-    ("huge mapped (/proc)", make(hugetlb_bytes=256 << 20, hugetlb_page_size=2 << 20), "huge_alloc_bytes", 256 << 20),
+    (
+        "huge request (sensor)",
+        with_(make(), lambda s: s.add_huge_alloc(2181038080, 1 << 30)),
+        "huge_alloc_bytes",
+        2181038080,
+    ),
+    (
+        "huge mapped (/proc)",
+        make(hugetlb_bytes=256 << 20, hugetlb_page_size=2 << 20),
+        "huge_alloc_bytes",
+        256 << 20,
+    ),
     ("no huge pages", make(hugetlb_bytes=0), "huge_alloc_bytes", None),
-    ("1 GiB pages (sensor)", with_(make(hugetlb_bytes=0), lambda s: s.add_huge_alloc(1 << 30, 1 << 30)), "huge_page_size", 1 << 30),
-    ("2 MiB pages (/proc)", make(hugetlb_bytes=8 << 30, hugetlb_page_size=2 << 20), "huge_page_size", 2 << 20),
-    ("ioctl total", with_(make(), lambda s: (s.add_ioctl(T, "A", "query", 5), s.add_ioctl(T, "B", "submit", 7))), "ioctl_total", 12),
-    ("ioctl names", with_(make(), lambda s: s.add_ioctl(T, "UVM_REGISTER_CHANNEL", "submit", 1)), "ioctl_names", {"UVM_REGISTER_CHANNEL"}),
+    (
+        "1 GiB pages (sensor)",
+        with_(make(hugetlb_bytes=0), lambda s: s.add_huge_alloc(1 << 30, 1 << 30)),
+        "huge_page_size",
+        1 << 30,
+    ),
+    (
+        "2 MiB pages (/proc)",
+        make(hugetlb_bytes=8 << 30, hugetlb_page_size=2 << 20),
+        "huge_page_size",
+        2 << 20,
+    ),
+    (
+        "ioctl total",
+        with_(
+            make(), lambda s: (s.add_ioctl(T, "A", "query", 5), s.add_ioctl(T, "B", "submit", 7))
+        ),
+        "ioctl_total",
+        12,
+    ),
+    (
+        "ioctl names",
+        with_(make(), lambda s: s.add_ioctl(T, "UVM_REGISTER_CHANNEL", "submit", 1)),
+        "ioctl_names",
+        {"UVM_REGISTER_CHANNEL"},
+    ),
     ("gpu mean", with_(make(), gpu_series([90, 100, 95])), "gpu_util_mean", 95.0),
     ("gpu variance", with_(make(), gpu_series([90, 100])), "gpu_util_variance", 25.0),
     ("gpu variance one sample", with_(make(), gpu_series([90])), "gpu_util_variance", None),
     ("gpu min", with_(make(), gpu_series([90, 10, 95])), "gpu_util_min", 10.0),
     ("gpu window", with_(make(), gpu_series([1, 2, 3, 4])), "gpu_util_window_s", 15.0),
     ("gpu samples", with_(make(), gpu_series([1, 2, 3, 4])), "gpu_util_samples", 4),
-    ("gpu memory", with_(make(), gpu_series([1], memory=3 << 30)), "gpu_memory_bytes", float(3 << 30)),
-    ("gpu memory fraction", with_(make(), lambda s: (gpu_series([1], memory=40 << 30)(s), setattr(s, "gpu_memory_total", 80 << 30))), "gpu_memory_fraction", 0.5),
-    ("gpu memory unknown total", with_(make(), gpu_series([1], memory=40 << 30)), "gpu_memory_fraction", None),
+    (
+        "gpu memory",
+        with_(make(), gpu_series([1], memory=3 << 30)),
+        "gpu_memory_bytes",
+        float(3 << 30),
+    ),
+    (
+        "gpu memory fraction",
+        with_(
+            make(),
+            lambda s: (
+                gpu_series([1], memory=40 << 30)(s),
+                setattr(s, "gpu_memory_total", 80 << 30),
+            ),
+        ),
+        "gpu_memory_fraction",
+        0.5,
+    ),
+    (
+        "gpu memory unknown total",
+        with_(make(), gpu_series([1], memory=40 << 30)),
+        "gpu_memory_fraction",
+        None,
+    ),
     ("no gpu samples", make(), "gpu_util_mean", None),
     # scanning and ancestry
-    ("yara", with_(make(), lambda s: s.yara_matches.add("xmrig_strings")), "yara_rules", {"xmrig_strings"}),
-    ("parent name", make(ancestors=[Ancestor(9, "PHP-FPM", "/usr/sbin/php-fpm8.2"), Ancestor(1, "systemd", "/sbin/init")]), "parent_name", "php-fpm"),
-    ("ancestor names", make(ancestors=[Ancestor(9, "sh", "/usr/bin/dash"), Ancestor(8, "cron", "/usr/sbin/cron")]), "ancestor_names", {"sh", "dash", "cron"}),
-    ("ancestor exes", make(ancestors=[Ancestor(9, "sh", "/usr/bin/dash")]), "ancestor_exes", {"/usr/bin/dash"}),
+    (
+        "yara",
+        with_(make(), lambda s: s.yara_matches.add("xmrig_strings")),
+        "yara_rules",
+        {"xmrig_strings"},
+    ),
+    (
+        "parent name",
+        make(
+            ancestors=[
+                Ancestor(9, "PHP-FPM", "/usr/sbin/php-fpm8.2"),
+                Ancestor(1, "systemd", "/sbin/init"),
+            ]
+        ),
+        "parent_name",
+        "php-fpm",
+    ),
+    (
+        "ancestor names",
+        make(ancestors=[Ancestor(9, "sh", "/usr/bin/dash"), Ancestor(8, "cron", "/usr/sbin/cron")]),
+        "ancestor_names",
+        {"sh", "dash", "cron"},
+    ),
+    (
+        "ancestor exes",
+        make(ancestors=[Ancestor(9, "sh", "/usr/bin/dash")]),
+        "ancestor_exes",
+        {"/usr/bin/dash"},
+    ),
     ("no parent verdict", make(), "parent_verdict", None),
 ]
 
 
-@pytest.mark.parametrize("name,state,signal,expected", SIGNAL_CASES, ids=[c[0] for c in SIGNAL_CASES])
+@pytest.mark.parametrize(
+    "name,state,signal,expected", SIGNAL_CASES, ids=[c[0] for c in SIGNAL_CASES]
+)
 def test_signal(name, state, signal, expected):
     value = SignalReader(state, T).get(signal)
     if isinstance(expected, set):
@@ -149,20 +469,42 @@ def test_every_signal_is_exercised_or_computable():
     tested = {c[2] for c in SIGNAL_CASES}
     state = make()
     for name, signal in SIGNALS.items():
-        SignalReader(state, T).get(name)        # computes without error on a plain state
+        SignalReader(state, T).get(name)  # computes without error on a plain state
         assert signal.type in ("bool", "number", "text", "texts", "numbers")
         assert signal.description
-    untested = set(SIGNALS) - tested - {f"ioctl_rate_{c}" for c in ("submit", "memory", "query", "setup", "other")}
-    untested -= {"ioctl_command_rate"}    # test_ioctl_rate_over_the_last_minute
-    untested -= BEHAVIOUR_SIGNALS_TESTED | SESSION_SIGNALS_TESTED   # tests/test_gpu_behaviour.py, test_sessions.py
-    assert untested <= {"exe", "cgroup", "container_id", "ld_preload", "hour_of_day", "exited", "cmdline_hosts",
-                        "config_url_schemes", "gpu_paths", "gpu_util_latest", "cpu_percent_mean", "cpu_window_s",
-                        "yara_tags", "parent_exe", "parent_score", "proxy_target_hosts", "payload_hosts"}, untested
+    untested = (
+        set(SIGNALS)
+        - tested
+        - {f"ioctl_rate_{c}" for c in ("submit", "memory", "query", "setup", "other")}
+    )
+    untested -= {"ioctl_command_rate"}  # test_ioctl_rate_over_the_last_minute
+    untested -= (
+        BEHAVIOUR_SIGNALS_TESTED | SESSION_SIGNALS_TESTED
+    )  # tests/test_gpu_behaviour.py, test_sessions.py
+    assert untested <= {
+        "exe",
+        "cgroup",
+        "container_id",
+        "ld_preload",
+        "hour_of_day",
+        "exited",
+        "cmdline_hosts",
+        "config_url_schemes",
+        "gpu_paths",
+        "gpu_util_latest",
+        "cpu_percent_mean",
+        "cpu_window_s",
+        "yara_tags",
+        "parent_exe",
+        "parent_score",
+        "proxy_target_hosts",
+        "payload_hosts",
+    }, untested
 
 
 def test_ioctl_rate_over_the_last_minute():
     state = make()
-    for i in range(120):                      # 10 submits per second for two minutes
+    for i in range(120):  # 10 submits per second for two minutes
         state.add_ioctl(T + i, "UVM_REGISTER_CHANNEL", "submit", 10)
     reader = SignalReader(state, T + 119)
     assert reader.get("ioctl_rate_submit") == pytest.approx(10.0, rel=0.05)
@@ -170,7 +512,7 @@ def test_ioctl_rate_over_the_last_minute():
     assert SignalReader(state, T + 119 + 3600).get("ioctl_rate_submit") == 0.0
     assert reader[("ioctl_command_rate", "UVM_REGISTER_CHANNEL")] == pytest.approx(10.0, rel=0.05)
     assert reader[("ioctl_command_rate", "NV_ESC_RM_CONTROL")] == 0.0
-    assert reader["ioctl_command_rate"] is None           # without a command: nothing to measure
+    assert reader["ioctl_command_rate"] is None  # without a command: nothing to measure
 
 
 def test_rate_of_one_decoded_command_in_a_condition():
@@ -182,12 +524,14 @@ def test_rate_of_one_decoded_command_in_a_condition():
     reader = SignalReader(state, T + 59)
     assert reader[("ioctl_command_rate", "UVM_REGISTER_CHANNEL")] == pytest.approx(50.0, rel=0.03)
     assert busy(reader) == [f"ioctl_command_rate[UVM_REGISTER_CHANNEL]={3000 / 59:.4g} (>= 40)"]
-    other = compile_({"signal": "ioctl_command_rate", "command": "UVM_MAP_EXTERNAL_ALLOCATION", "gte": 40})
+    other = compile_(
+        {"signal": "ioctl_command_rate", "command": "UVM_MAP_EXTERNAL_ALLOCATION", "gte": 40}
+    )
     assert other(SignalReader(state, T + 59)) is None
 
 
 def test_hour_of_day_is_utc():
-    assert SignalReader(make(), 1_700_000_000.0).get("hour_of_day") == 22   # 2023-11-14 22:13 UTC
+    assert SignalReader(make(), 1_700_000_000.0).get("hour_of_day") == 22  # 2023-11-14 22:13 UTC
 
 
 def test_wallet_patterns_from_shipped_rules():
@@ -195,12 +539,14 @@ def test_wallet_patterns_from_shipped_rules():
     from gpuguard.detect.shipped import shipped_rules_file
     import re
 
-    patterns = [re.compile(p) for p in load_ruleset([shipped_rules_file()]).lists["wallet_patterns"]]
+    patterns = [
+        re.compile(p) for p in load_ruleset([shipped_rules_file()]).lists["wallet_patterns"]
+    ]
     hit = lambda text: any(p.search(text) for p in patterns)  # noqa: E731
     assert hit(f"xmrig -u {WALLET} -p x")
-    assert hit("xmrig -u 8" + "B" * 105 + " -p x")                 # integrated address (106)
-    assert not hit("sha256 " + "4" + "a" * 93)                        # 94 characters
-    assert not hit("token 4" + "0" * 94)                              # 0 is not base58
+    assert hit("xmrig -u 8" + "B" * 105 + " -p x")  # integrated address (106)
+    assert not hit("sha256 " + "4" + "a" * 93)  # 94 characters
+    assert not hit("token 4" + "0" * 94)  # 0 is not base58
     assert hit("t-rex -u 0x" + "ab" * 20 + " -o x")
     assert not hit("git checkout 0x" + "ab" * 20)
 
@@ -218,7 +564,10 @@ LISTS = {
 
 
 def compile_(condition):
-    lists = {name: ListDef(name, Position("t", 1, 1), [(v, Position("t", 1, 1)) for v in values]) for name, values in LISTS.items()}
+    lists = {
+        name: ListDef(name, Position("t", 1, 1), [(v, Position("t", 1, 1)) for v in values])
+        for name, values in LISTS.items()
+    }
     ctx = CompileContext(lists)
     pos = lambda path: Position("t", 1, 1)  # noqa: E731
     cond = compile_condition(condition, (), pos, pos, ctx)
@@ -227,43 +576,133 @@ def compile_(condition):
 
 
 OPERATOR_CASES = [
-    ({"signal": "connect_ports", "in_list": "ports"}, lambda s: s.add_connection("1.1.1.1", 12000), ["connect_ports=12000 (in list ports)"]),
-    ({"signal": "connect_ports", "in_list": "ports"}, lambda s: s.add_connection("1.1.1.1", 3333), ["connect_ports=3333 (in list ports)"]),
-    ({"signal": "connect_ports", "in_list": "ports"}, lambda s: s.add_connection("1.1.1.1", 18193), None),
-    ({"signal": "cmdline_hosts", "domain_in_list": "domains"}, {"cmdline": ["m", "-o", "pool.supportxmr.com:3333"]}, ["cmdline_hosts=pool.supportxmr.com (domain in list domains)"]),
-    ({"signal": "cmdline_hosts", "domain_in_list": "domains"}, {"cmdline": ["m", "-o", "supportxmr.com.evil.net:3333"]}, None),
-    ({"signal": "cmdline_hosts", "domain_in_list": "domains"}, {"cmdline": ["m", "-o", "notsupportxmr.com:3333"]}, None),
-    ({"signal": "comm", "glob_list": "globs"}, {"comm": "kworker/0:1"}, ["comm=kworker/0:1 (glob list globs)"]),
-    ({"signal": "exe", "glob_list": "globs"}, {"exe": "/tmp/a/b"}, ["exe=/tmp/a/b (glob list globs)"]),
+    (
+        {"signal": "connect_ports", "in_list": "ports"},
+        lambda s: s.add_connection("1.1.1.1", 12000),
+        ["connect_ports=12000 (in list ports)"],
+    ),
+    (
+        {"signal": "connect_ports", "in_list": "ports"},
+        lambda s: s.add_connection("1.1.1.1", 3333),
+        ["connect_ports=3333 (in list ports)"],
+    ),
+    (
+        {"signal": "connect_ports", "in_list": "ports"},
+        lambda s: s.add_connection("1.1.1.1", 18193),
+        None,
+    ),
+    (
+        {"signal": "cmdline_hosts", "domain_in_list": "domains"},
+        {"cmdline": ["m", "-o", "pool.supportxmr.com:3333"]},
+        ["cmdline_hosts=pool.supportxmr.com (domain in list domains)"],
+    ),
+    (
+        {"signal": "cmdline_hosts", "domain_in_list": "domains"},
+        {"cmdline": ["m", "-o", "supportxmr.com.evil.net:3333"]},
+        None,
+    ),
+    (
+        {"signal": "cmdline_hosts", "domain_in_list": "domains"},
+        {"cmdline": ["m", "-o", "notsupportxmr.com:3333"]},
+        None,
+    ),
+    (
+        {"signal": "comm", "glob_list": "globs"},
+        {"comm": "kworker/0:1"},
+        ["comm=kworker/0:1 (glob list globs)"],
+    ),
+    (
+        {"signal": "exe", "glob_list": "globs"},
+        {"exe": "/tmp/a/b"},
+        ["exe=/tmp/a/b (glob list globs)"],
+    ),
     ({"signal": "exe", "glob_list": "globs"}, {"exe": "/usr/tmp/a"}, None),
-    ({"signal": "exe", "glob": "/opt/*"}, {"exe": "/opt/x"}, ["exe=/opt/x (glob /opt/x)".replace("/opt/x)", "/opt/*)")]),
-    ({"signal": "process_names", "matches_list": "regexes"}, {"comm": "xmr-stak"}, ["process_names=xmr-stak (matches list regexes)"]),
-    ({"signal": "connect_addresses", "cidr_in_list": "nets"}, lambda s: s.add_connection("10.2.3.4", 1), ["connect_addresses=10.2.3.4 (cidr in list nets)"]),
-    ({"signal": "connect_addresses", "cidr_in_list": "nets"}, lambda s: s.add_connection("::ffff:10.2.3.4", 1), ["connect_addresses=::ffff:10.2.3.4 (cidr in list nets)"]),
-    ({"signal": "connect_addresses", "cidr_in_list": "nets"}, lambda s: s.add_connection("11.0.0.1", 1), None),
-    ({"signal": "process_names", "in_list": "names"}, {"comm": "xmrig"}, ["process_names=xmrig (in list names)"]),
+    (
+        {"signal": "exe", "glob": "/opt/*"},
+        {"exe": "/opt/x"},
+        ["exe=/opt/x (glob /opt/x)".replace("/opt/x)", "/opt/*)")],
+    ),
+    (
+        {"signal": "process_names", "matches_list": "regexes"},
+        {"comm": "xmr-stak"},
+        ["process_names=xmr-stak (matches list regexes)"],
+    ),
+    (
+        {"signal": "connect_addresses", "cidr_in_list": "nets"},
+        lambda s: s.add_connection("10.2.3.4", 1),
+        ["connect_addresses=10.2.3.4 (cidr in list nets)"],
+    ),
+    (
+        {"signal": "connect_addresses", "cidr_in_list": "nets"},
+        lambda s: s.add_connection("::ffff:10.2.3.4", 1),
+        ["connect_addresses=::ffff:10.2.3.4 (cidr in list nets)"],
+    ),
+    (
+        {"signal": "connect_addresses", "cidr_in_list": "nets"},
+        lambda s: s.add_connection("11.0.0.1", 1),
+        None,
+    ),
+    (
+        {"signal": "process_names", "in_list": "names"},
+        {"comm": "xmrig"},
+        ["process_names=xmrig (in list names)"],
+    ),
     ({"signal": "comm", "is": "XMRIG"}, {"comm": "xmrig"}, ["comm=xmrig (is XMRIG)"]),
     ({"signal": "comm", "in": ["a", "b"]}, {"comm": "b"}, ["comm=b (in [a, b])"]),
-    ({"signal": "cmdline", "contains": "DONATE"}, {"cmdline": ["x", "--donate-level=1"]}, ["cmdline=x --donate-level=1 (contains DONATE)"]),
-    ({"signal": "cmdline", "matches": r"rx/\d"}, {"cmdline": ["x", "-a", "rx/0"]}, ["cmdline=x -a rx/0 (matches rx/\\d)"]),
+    (
+        {"signal": "cmdline", "contains": "DONATE"},
+        {"cmdline": ["x", "--donate-level=1"]},
+        ["cmdline=x --donate-level=1 (contains DONATE)"],
+    ),
+    (
+        {"signal": "cmdline", "matches": r"rx/\d"},
+        {"cmdline": ["x", "-a", "rx/0"]},
+        ["cmdline=x -a rx/0 (matches rx/\\d)"],
+    ),
     ({"signal": "gpu_util_mean", "gte": 85}, gpu_series([90, 80]), ["gpu_util_mean=85 (>= 85)"]),
     ({"signal": "gpu_util_mean", "gt": 85}, gpu_series([90, 80]), None),
-    ({"signal": "gpu_util_mean", "lt": 85}, None, None),                  # unavailable never matches
-    ({"signal": "connect_ports", "contains": 22}, lambda s: s.add_connection("1.1.1.1", 22), ["connect_ports contains 22"]),
-    ({"signal": "yara_rules", "empty": False}, lambda s: s.yara_matches.add("r"), ["yara_rules not empty"]),
+    ({"signal": "gpu_util_mean", "lt": 85}, None, None),  # unavailable never matches
+    (
+        {"signal": "connect_ports", "contains": 22},
+        lambda s: s.add_connection("1.1.1.1", 22),
+        ["connect_ports contains 22"],
+    ),
+    (
+        {"signal": "yara_rules", "empty": False},
+        lambda s: s.yara_matches.add("r"),
+        ["yara_rules not empty"],
+    ),
     ({"signal": "yara_rules", "empty": True}, None, ["yara_rules empty"]),
     ({"signal": "exe_deleted", "is": True}, {"exe_deleted": True}, ["exe_deleted=true (is true)"]),
     ({"signal": "exe_deleted", "is": False}, {"exe_deleted": True}, None),
-    ({"all": [{"signal": "comm", "is": "a"}, {"signal": "uid", "is": 0}]}, {"comm": "a", "uid": 0}, ["comm=a (is a)", "uid=0 (is 0)"]),
-    ({"all": [{"signal": "comm", "is": "a"}, {"signal": "uid", "is": 0}]}, {"comm": "a", "uid": 1}, None),
-    ({"any": [{"signal": "comm", "is": "z"}, {"signal": "uid", "is": 0}]}, {"comm": "a", "uid": 0}, ["uid=0 (is 0)"]),
+    (
+        {"all": [{"signal": "comm", "is": "a"}, {"signal": "uid", "is": 0}]},
+        {"comm": "a", "uid": 0},
+        ["comm=a (is a)", "uid=0 (is 0)"],
+    ),
+    (
+        {"all": [{"signal": "comm", "is": "a"}, {"signal": "uid", "is": 0}]},
+        {"comm": "a", "uid": 1},
+        None,
+    ),
+    (
+        {"any": [{"signal": "comm", "is": "z"}, {"signal": "uid", "is": 0}]},
+        {"comm": "a", "uid": 0},
+        ["uid=0 (is 0)"],
+    ),
     ({"not": {"signal": "comm", "is": "z"}}, {"comm": "a"}, []),
     ({"not": {"signal": "comm", "is": "a"}}, {"comm": "a"}, None),
-    ({"signal": "connect_ports", "gte": 1}, lambda s: [s.add_connection("1.1.1.1", p) for p in (5, 4, 3, 2, 1)], ["connect_ports=1,2,3,... (>= 1)"]),
+    (
+        {"signal": "connect_ports", "gte": 1},
+        lambda s: [s.add_connection("1.1.1.1", p) for p in (5, 4, 3, 2, 1)],
+        ["connect_ports=1,2,3,... (>= 1)"],
+    ),
 ]
 
 
-@pytest.mark.parametrize("condition,setup,expected", OPERATOR_CASES, ids=[str(i) for i in range(len(OPERATOR_CASES))])
+@pytest.mark.parametrize(
+    "condition,setup,expected", OPERATOR_CASES, ids=[str(i) for i in range(len(OPERATOR_CASES))]
+)
 def test_operator(condition, setup, expected):
     if isinstance(setup, dict):
         state = make(**{"comm": "app", "exe": "/usr/bin/app", **setup})

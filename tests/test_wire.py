@@ -14,10 +14,23 @@ import gpuguard
 from gpuguard.errors import GpuguardError
 from gpuguard.events import abi
 from gpuguard.events.model import (
-    EVENT_TYPES, ConnActivity, Connect, Exec, Exit, GpuIoctl, GpuOpen, HugeAlloc, Lost, NetPayload,
+    EVENT_TYPES,
+    ConnActivity,
+    Connect,
+    Exec,
+    Exit,
+    GpuIoctl,
+    GpuOpen,
+    HugeAlloc,
+    Lost,
+    NetPayload,
 )
 from gpuguard.events.wire import (
-    RecordingDamaged, RecordingWriter, item_from_record, iter_recording, read_header,
+    RecordingDamaged,
+    RecordingWriter,
+    item_from_record,
+    iter_recording,
+    read_header,
 )
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
@@ -27,23 +40,80 @@ T0 = 1_718_000_000.25
 
 def sample_events() -> list:
     """One event of every kind with every field away from its default."""
-    common = dict(pid=4242, tid=4243, uid=1000, gid=1001, cgroup_id=0x1234_5678_9ABC, comm="kworker/\udcff0")
+    common = dict(
+        pid=4242, tid=4243, uid=1000, gid=1001, cgroup_id=0x1234_5678_9ABC, comm="kworker/\udcff0"
+    )
     events = [
-        GpuOpen(time=T0, path="/dev/nvidia-uvm", device_class="nvidia-uvm", fd=9, flags=0o2002, relative=True, **common),
-        GpuIoctl(time=T0 + 1, device_class="nvidia", command=(1 << 32) | 0x2B, command_name="NV_ESC_RM_ALLOC(xfer)",
-                 count=123456, **common),
-        Connect(time=T0 + 2, family="ipv6", address="2001:db8::7", port=3333, fd=12, result=-115, **common),
-        NetPayload(time=T0 + 3, fd=12, seq=1, protocol="socks5",
-                   detail={"stage": "connect", "target_port": 443, "methods": ["none"], "inner_protocol": "tls"},
-                   data=bytes(range(256)) * 2, truncated=True, **common),
-        Exec(time=T0 + 4, filename="/tmp/.X11-unix/\udce9xmrig", ppid=1, cmdline=["xmrig", "-o", "pool:3333", ""],
-             **common),
+        GpuOpen(
+            time=T0,
+            path="/dev/nvidia-uvm",
+            device_class="nvidia-uvm",
+            fd=9,
+            flags=0o2002,
+            relative=True,
+            **common,
+        ),
+        GpuIoctl(
+            time=T0 + 1,
+            device_class="nvidia",
+            command=(1 << 32) | 0x2B,
+            command_name="NV_ESC_RM_ALLOC(xfer)",
+            count=123456,
+            **common,
+        ),
+        Connect(
+            time=T0 + 2,
+            family="ipv6",
+            address="2001:db8::7",
+            port=3333,
+            fd=12,
+            result=-115,
+            **common,
+        ),
+        NetPayload(
+            time=T0 + 3,
+            fd=12,
+            seq=1,
+            protocol="socks5",
+            detail={
+                "stage": "connect",
+                "target_port": 443,
+                "methods": ["none"],
+                "inner_protocol": "tls",
+            },
+            data=bytes(range(256)) * 2,
+            truncated=True,
+            **common,
+        ),
+        Exec(
+            time=T0 + 4,
+            filename="/tmp/.X11-unix/\udce9xmrig",
+            ppid=1,
+            cmdline=["xmrig", "-o", "pool:3333", ""],
+            **common,
+        ),
         Exit(time=T0 + 5, exit_code=137, **common),
         Lost(time=T0 + 6, what="net_payload", count=7, **common),
-        ConnActivity(time=T0 + 7, fd=12, age_s=310.5, bytes_out=2100, writes_out=14, small_writes=11,
-                     small_write_times=[T0 - 60.0, T0 - 30.0, T0], idle_s=7.0, seeded=True, **common),
-        HugeAlloc(time=T0 + 8, source="mmap", length=2181038080, page_size=1 << 30,
-                  flags=0x22 | 0x40000 | (30 << 26), **common),
+        ConnActivity(
+            time=T0 + 7,
+            fd=12,
+            age_s=310.5,
+            bytes_out=2100,
+            writes_out=14,
+            small_writes=11,
+            small_write_times=[T0 - 60.0, T0 - 30.0, T0],
+            idle_s=7.0,
+            seeded=True,
+            **common,
+        ),
+        HugeAlloc(
+            time=T0 + 8,
+            source="mmap",
+            length=2181038080,
+            page_size=1 << 30,
+            flags=0x22 | 0x40000 | (30 << 26),
+            **common,
+        ),
     ]
     assert {e.kind for e in events} == set(EVENT_TYPES), "add a sample for the new event kind"
     return events
@@ -51,23 +121,61 @@ def sample_events() -> list:
 
 def sample_snapshot() -> GpuSnapshot:
     return GpuSnapshot(
-        time=T0 + 7, source="nvml",
-        devices=[DeviceSample(vendor="nvidia", index=0, name="NVIDIA H100", uuid="GPU-1234", gpu_util=97.5,
-                              memory_used=70 << 30, memory_total=80 << 30, power_w=650.25, mig_mode=False,
-                              extra={"ecc": True, "clocks": [1980, 2619]})],
-        processes=[ProcessGpuUsage(pid=4242, vendor="nvidia", device_index=0, sm_util=96.0, used_memory=64 << 30,
-                                   engines={"gfx": 99.0}, memory_regions={"vram": 1 << 34}, kind="compute")],
+        time=T0 + 7,
+        source="nvml",
+        devices=[
+            DeviceSample(
+                vendor="nvidia",
+                index=0,
+                name="NVIDIA H100",
+                uuid="GPU-1234",
+                gpu_util=97.5,
+                memory_used=70 << 30,
+                memory_total=80 << 30,
+                power_w=650.25,
+                mig_mode=False,
+                extra={"ecc": True, "clocks": [1980, 2619]},
+            )
+        ],
+        processes=[
+            ProcessGpuUsage(
+                pid=4242,
+                vendor="nvidia",
+                device_index=0,
+                sm_util=96.0,
+                used_memory=64 << 30,
+                engines={"gfx": 99.0},
+                memory_regions={"vram": 1 << 34},
+                kind="compute",
+            )
+        ],
         errors=["pcie throughput: not supported"],
     )
 
 
 def sample_process() -> ProcessFacts:
     return ProcessFacts(
-        pid=4242, start_time=T0 - 60, ppid=1, comm="[kworker/0:2]", exe="/memfd:x (deleted)", exe_deleted=True,
-        exe_memfd=True, cmdline=["[kworker/0:2]", "\udcfe"], cwd="/tmp", uid=0, username="root",
-        cgroup="/kubepods/pod1/abc", container_runtime="containerd", container_id="ab" * 32, pod_uid="pod1",
-        ld_preload="/usr/lib/libprocesshider.so", environ_readable=True, exe_identity=(2049, 131, 8_400_000, 17),
-        ancestors=[Ancestor(1, "systemd", "/usr/lib/systemd/systemd")], cpu_percent=398.5, rss_bytes=2 << 30,
+        pid=4242,
+        start_time=T0 - 60,
+        ppid=1,
+        comm="[kworker/0:2]",
+        exe="/memfd:x (deleted)",
+        exe_deleted=True,
+        exe_memfd=True,
+        cmdline=["[kworker/0:2]", "\udcfe"],
+        cwd="/tmp",
+        uid=0,
+        username="root",
+        cgroup="/kubepods/pod1/abc",
+        container_runtime="containerd",
+        container_id="ab" * 32,
+        pod_uid="pod1",
+        ld_preload="/usr/lib/libprocesshider.so",
+        environ_readable=True,
+        exe_identity=(2049, 131, 8_400_000, 17),
+        ancestors=[Ancestor(1, "systemd", "/usr/lib/systemd/systemd")],
+        cpu_percent=398.5,
+        rss_bytes=2 << 30,
         num_threads=9,
     )
 
@@ -94,14 +202,25 @@ def read_until_damage(path: Path) -> tuple[list, RecordingDamaged | None]:
 
 def raw_recording(records: list, header: dict | None = None, end: bool = True) -> bytes:
     """A recording packed by hand from the documented format."""
-    header = header if header is not None else {
-        "format": "gpuguard-recording", "version": 1, "abi": abi.ABI_VERSION, "created": T0, "host": "h",
-        "gpuguard": "test", "meta": {},
-    }
+    header = (
+        header
+        if header is not None
+        else {
+            "format": "gpuguard-recording",
+            "version": 1,
+            "abi": abi.ABI_VERSION,
+            "created": T0,
+            "host": "h",
+            "gpuguard": "test",
+            "meta": {},
+        }
+    )
     packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogateescape")
     body = b"".join(packer.pack(r) for r in [header, *records])
     if end:
-        body += msgpack.packb({"kind": "recording_end", "items": len(records), "crc32": zlib.crc32(body)})
+        body += msgpack.packb(
+            {"kind": "recording_end", "items": len(records), "crc32": zlib.crc32(body)}
+        )
     return body
 
 
@@ -116,6 +235,7 @@ def boundaries(data: bytes) -> list[int]:
 
 
 # --- round trips ------------------------------------------------------------------
+
 
 def test_every_item_kind_round_trips(tmp_path):
     path = tmp_path / "rec.gg"
@@ -167,7 +287,10 @@ def test_writer_rejects_other_objects_and_writes_after_close(tmp_path):
 
 def test_many_items_cross_read_blocks(tmp_path):
     path = tmp_path / "big.gg"
-    events = [NetPayload(time=T0 + i, pid=i % 1000, fd=i, data=bytes([i % 256]) * 300) for i in range(10_000)]
+    events = [
+        NetPayload(time=T0 + i, pid=i % 1000, fd=i, data=bytes([i % 256]) * 300)
+        for i in range(10_000)
+    ]
     write(path, events)
     assert path.stat().st_size > 2 << 20  # more than two read blocks
     back = list(iter_recording(path))
@@ -175,6 +298,7 @@ def test_many_items_cross_read_blocks(tmp_path):
 
 
 # --- damage -------------------------------------------------------------------------
+
 
 def test_crash_before_close_leaves_a_readable_prefix(tmp_path):
     path = tmp_path / "rec.gg"
@@ -196,7 +320,7 @@ def test_truncation_at_every_byte_yields_the_prefix_then_damage(tmp_path):
     items = all_items()
     write(path, items)
     data = path.read_bytes()
-    ends = boundaries(data)          # header, items..., end marker
+    ends = boundaries(data)  # header, items..., end marker
     item_ends = ends[1:-1]
     cut_path = tmp_path / "cut.gg"
     for cut in range(len(data)):
@@ -222,8 +346,10 @@ def test_truncation_message_names_file_item_and_offset(tmp_path):
     path.write_bytes(data[:cut])
     got, damage = read_until_damage(path)
     assert len(got) == 3
-    assert str(damage) == (f"{path}: truncated after item 3 at byte {ends[3]} (the recording stopped mid-write; "
-                           f"the 3 items before it were read)")
+    assert str(damage) == (
+        f"{path}: truncated after item 3 at byte {ends[3]} (the recording stopped mid-write; "
+        f"the 3 items before it were read)"
+    )
     assert damage.offset == ends[3]
 
 
@@ -300,7 +426,11 @@ def test_corrupt_header_bytes_give_only_gpuguard_errors(tmp_path):
 
 def test_unknown_kind_is_damage_with_a_clear_message(tmp_path):
     path = tmp_path / "rec.gg"
-    records = [sample_events()[0].to_record(), {"kind": "gpu_teleport", "time": T0}, sample_events()[1].to_record()]
+    records = [
+        sample_events()[0].to_record(),
+        {"kind": "gpu_teleport", "time": T0},
+        sample_events()[1].to_record(),
+    ]
     path.write_bytes(raw_recording(records))
     got, damage = read_until_damage(path)
     # the bad item is skipped and named with its index; the items after it still replay (issue 10)
@@ -309,42 +439,81 @@ def test_unknown_kind_is_damage_with_a_clear_message(tmp_path):
     assert damage.items_read == 2
 
 
-@pytest.mark.parametrize("bad, path_named", [
-    ({"kind": "gpu_snapshot", "time": T0, "source": "nvml",
-      "devices": [{"vendor": "nvidia", "index": 0, "memory_total": "lots"}]}, "devices[0].memory_total"),
-    ({"kind": "gpu_snapshot", "time": T0, "source": "nvml",
-      "processes": [{"pid": 1, "vendor": "nvidia", "device_index": 0, "sm_util": "x"}]}, "processes[0].sm_util"),
-    ({"kind": "gpu_snapshot", "time": T0, "source": "nvml", "errors": [5]}, "errors[0]"),
-    ({"kind": "process", "pid": 1, "start_time": T0, "config_files": {"a": 5}}, "config_files['a']"),
-    ({"kind": "process", "pid": 1, "start_time": T0, "cmdline": "not a list"}, "cmdline"),
-    ({"kind": "process", "pid": 1, "start_time": T0, "exe_identity": [1, 2]}, "exe_identity"),
-    ({"kind": "process", "pid": 1, "start_time": T0, "ancestors": [{"pid": 1, "comm": 2, "exe": "x"}]},
-     "ancestors[0].comm"),
-])
-def test_wrong_types_deep_inside_are_reported_with_the_index_and_the_rest_replays(tmp_path, bad, path_named):
+@pytest.mark.parametrize(
+    "bad, path_named",
+    [
+        (
+            {
+                "kind": "gpu_snapshot",
+                "time": T0,
+                "source": "nvml",
+                "devices": [{"vendor": "nvidia", "index": 0, "memory_total": "lots"}],
+            },
+            "devices[0].memory_total",
+        ),
+        (
+            {
+                "kind": "gpu_snapshot",
+                "time": T0,
+                "source": "nvml",
+                "processes": [{"pid": 1, "vendor": "nvidia", "device_index": 0, "sm_util": "x"}],
+            },
+            "processes[0].sm_util",
+        ),
+        ({"kind": "gpu_snapshot", "time": T0, "source": "nvml", "errors": [5]}, "errors[0]"),
+        (
+            {"kind": "process", "pid": 1, "start_time": T0, "config_files": {"a": 5}},
+            "config_files['a']",
+        ),
+        ({"kind": "process", "pid": 1, "start_time": T0, "cmdline": "not a list"}, "cmdline"),
+        ({"kind": "process", "pid": 1, "start_time": T0, "exe_identity": [1, 2]}, "exe_identity"),
+        (
+            {
+                "kind": "process",
+                "pid": 1,
+                "start_time": T0,
+                "ancestors": [{"pid": 1, "comm": 2, "exe": "x"}],
+            },
+            "ancestors[0].comm",
+        ),
+    ],
+)
+def test_wrong_types_deep_inside_are_reported_with_the_index_and_the_rest_replays(
+    tmp_path, bad, path_named
+):
     path = tmp_path / "rec.gg"
     records = [sample_events()[0].to_record(), bad, sample_events()[1].to_record()]
     path.write_bytes(raw_recording(records))
     got, damage = read_until_damage(path)
     assert got == sample_events()[:2]
-    assert "item 2 at byte" in str(damage) and path_named in str(damage) and "1 bad item" in str(damage)
+    assert (
+        "item 2 at byte" in str(damage)
+        and path_named in str(damage)
+        and "1 bad item" in str(damage)
+    )
 
 
-@pytest.mark.parametrize("record, reason", [
-    ({"kind": "gpu_ioctl", "time": T0, "pid": "4242"}, "'pid' holds str"),
-    ({"kind": "gpu_ioctl", "time": T0}, "bad fields"),
-    ({"kind": "gpu_ioctl", "time": True, "pid": 1}, "'time' holds bool"),
-    ({"kind": "gpu_open", "time": T0, "pid": 1, "relative": 1}, "'relative' holds int"),
-    ({"kind": "connect", "time": T0, "pid": 1, "port": 3333.0}, "'port' holds float"),
-    ({"kind": "exec", "time": T0, "pid": 1, "cmdline": ["a", 7]}, "'cmdline' holds a non-str"),
-    ({"kind": "net_payload", "time": T0, "pid": 1, "data": "not bytes"}, "'data' holds str"),
-    ({"kind": "gpu_snapshot", "time": T0, "source": "nvml", "devices": [{"nope": 1}]}, "bad fields"),
-    ({"kind": "gpu_snapshot", "source": "nvml"}, "numeric 'time'"),
-    ({"kind": "process", "pid": 1, "start_time": T0, "ancestors": [7]}, "bad fields"),
-    ({"kind": "process", "pid": 1.5, "start_time": T0}, "integer 'pid'"),
-    ({"kind": ["exec"], "time": T0}, "unknown record kind"),
-    ([1, 2, 3], "a list where a record map belongs"),
-])
+@pytest.mark.parametrize(
+    "record, reason",
+    [
+        ({"kind": "gpu_ioctl", "time": T0, "pid": "4242"}, "'pid' holds str"),
+        ({"kind": "gpu_ioctl", "time": T0}, "bad fields"),
+        ({"kind": "gpu_ioctl", "time": True, "pid": 1}, "'time' holds bool"),
+        ({"kind": "gpu_open", "time": T0, "pid": 1, "relative": 1}, "'relative' holds int"),
+        ({"kind": "connect", "time": T0, "pid": 1, "port": 3333.0}, "'port' holds float"),
+        ({"kind": "exec", "time": T0, "pid": 1, "cmdline": ["a", 7]}, "'cmdline' holds a non-str"),
+        ({"kind": "net_payload", "time": T0, "pid": 1, "data": "not bytes"}, "'data' holds str"),
+        (
+            {"kind": "gpu_snapshot", "time": T0, "source": "nvml", "devices": [{"nope": 1}]},
+            "bad fields",
+        ),
+        ({"kind": "gpu_snapshot", "source": "nvml"}, "numeric 'time'"),
+        ({"kind": "process", "pid": 1, "start_time": T0, "ancestors": [7]}, "bad fields"),
+        ({"kind": "process", "pid": 1.5, "start_time": T0}, "integer 'pid'"),
+        ({"kind": ["exec"], "time": T0}, "unknown record kind"),
+        ([1, 2, 3], "a list where a record map belongs"),
+    ],
+)
 def test_records_with_bad_fields_are_damage(tmp_path, record, reason):
     path = tmp_path / "rec.gg"
     path.write_bytes(raw_recording([record]))
@@ -370,7 +539,9 @@ def test_fields_from_a_newer_recorder_are_ignored(tmp_path):
 def test_data_after_the_end_marker_is_damage(tmp_path):
     path = tmp_path / "rec.gg"
     write(path, sample_events()[:2])
-    extra = msgpack.Packer(use_bin_type=True, unicode_errors="surrogateescape").pack(sample_events()[2].to_record())
+    extra = msgpack.Packer(use_bin_type=True, unicode_errors="surrogateescape").pack(
+        sample_events()[2].to_record()
+    )
     path.write_bytes(path.read_bytes() + extra)
     got, damage = read_until_damage(path)
     assert got == sample_events()[:2]
@@ -380,7 +551,9 @@ def test_data_after_the_end_marker_is_damage(tmp_path):
 def test_end_marker_with_the_wrong_count_is_damage(tmp_path):
     path = tmp_path / "rec.gg"
     data = raw_recording([sample_events()[0].to_record()], end=False)
-    path.write_bytes(data + msgpack.packb({"kind": "recording_end", "items": 5, "crc32": zlib.crc32(data)}))
+    path.write_bytes(
+        data + msgpack.packb({"kind": "recording_end", "items": 5, "crc32": zlib.crc32(data)})
+    )
     got, damage = read_until_damage(path)
     assert len(got) == 1 and "counts 5 items but 1 were read" in str(damage)
 
@@ -396,6 +569,7 @@ def test_oversized_length_field_is_damage_not_a_memory_blowup(tmp_path):
 
 # --- refusals --------------------------------------------------------------------------
 
+
 def test_empty_file_is_damage_at_byte_zero(tmp_path):
     path = tmp_path / "empty.gg"
     path.write_bytes(b"")
@@ -406,13 +580,16 @@ def test_empty_file_is_damage_at_byte_zero(tmp_path):
         read_header(path)
 
 
-@pytest.mark.parametrize("content", [
-    json.dumps({"format": "gpuguard-recording"}).encode(),
-    msgpack.packb({"format": "pcap", "version": 1}),
-    msgpack.packb([1, 2, 3]),
-    b"\x89PNG\r\n\x1a\n",
-    b"\xc1\x00garbage",
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        json.dumps({"format": "gpuguard-recording"}).encode(),
+        msgpack.packb({"format": "pcap", "version": 1}),
+        msgpack.packb([1, 2, 3]),
+        b"\x89PNG\r\n\x1a\n",
+        b"\xc1\x00garbage",
+    ],
+)
 def test_a_file_that_is_not_a_recording_says_so_with_a_fix(tmp_path, content):
     path = tmp_path / "other.bin"
     path.write_bytes(content)

@@ -65,7 +65,7 @@ def miner_binary(tmp_path_factory) -> Path:
     source.write_text(C_SOURCE.replace("ENCODED", encoded).replace("KEY", str(KEY)))
     binary = work / "fake_miner"
     subprocess.run(["gcc", "-O0", "-o", str(binary), str(source)], check=True)
-    assert MARKER.encode() not in binary.read_bytes()       # only the decoded heap copy holds it
+    assert MARKER.encode() not in binary.read_bytes()  # only the decoded heap copy holds it
     return binary
 
 
@@ -91,7 +91,12 @@ def test_shipped_yara_compiles_once(scanner):
     paths = sorted((shipped_rules_dir() / "yara").glob("*.yar"))
     assert compile_files(paths) is compile_files(paths)
     assert scanner.wants_memory
-    assert set(scanner._scopes) == {"xmrig_strings", "cpuminer_strings", "stratum_client_strings", "stratum_url_in_cmdline"}
+    assert set(scanner._scopes) == {
+        "xmrig_strings",
+        "cpuminer_strings",
+        "stratum_client_strings",
+        "stratum_url_in_cmdline",
+    }
 
 
 def test_memory_rules_never_demand_an_elf_header():
@@ -139,7 +144,9 @@ def test_memory_scan_finds_what_the_file_does_not(miner_binary, memory_scanner):
         assert memory_scanner.scan_file(f"/proc/{proc.pid}/exe").rules == ()
         result = memory_scanner.scan_memory(proc.pid)
         assert result.rules == ("heap_marker",) and result.tags == ("miner",)
-        assert memory_scanner.scan_process(collect_process_facts(proc.pid)).rules == ("heap_marker",)
+        assert memory_scanner.scan_process(collect_process_facts(proc.pid)).rules == (
+            "heap_marker",
+        )
         assert 0 < memory_scanner.stats["memory_bytes"] <= 2 * memory_scanner.memory_bytes
     finally:
         proc.kill()
@@ -160,19 +167,27 @@ def test_memory_scan_respects_the_byte_cap(miner_binary, tmp_path):
 
 
 def test_memory_scan_of_a_vanished_process(memory_scanner):
-    assert memory_scanner.scan_memory(2 ** 22 + 12345).rules == ()
+    assert memory_scanner.scan_memory(2**22 + 12345).rules == ()
     assert memory_scanner.stats["errors"] == 1
 
 
 def test_cmdline_and_environ_scopes(scanner):
     env = dict(os.environ, POOL="stratum+ssl://pool.example:443")
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "stratum+tcp://a.b:3333"])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)", "stratum+tcp://a.b:3333"]
+    )
     quiet = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
     try:
         time.sleep(0.2)
-        assert scanner.scan_process(collect_process_facts(proc.pid)).rules == ("stratum_url_in_cmdline",)
-        assert scanner.scan_process(collect_process_facts(quiet.pid)).rules == ("stratum_url_in_cmdline",)
-        assert scanner.scan_data(b"stratum+tcp://a.b:1", "memory").rules == ()     # out of the rule's scope
+        assert scanner.scan_process(collect_process_facts(proc.pid)).rules == (
+            "stratum_url_in_cmdline",
+        )
+        assert scanner.scan_process(collect_process_facts(quiet.pid)).rules == (
+            "stratum_url_in_cmdline",
+        )
+        assert (
+            scanner.scan_data(b"stratum+tcp://a.b:1", "memory").rules == ()
+        )  # out of the rule's scope
     finally:
         for p in (proc, quiet):
             p.kill()
@@ -190,7 +205,10 @@ def test_correlator_scans_new_processes_and_the_rule_fires(miner_binary):
         assert state.yara_matches == {"xmrig_strings"} and state.yara_tags == {"miner"}
         (verdict,) = engine.score(time.time())
         assert "yara-miner" in {e.rule_id for e in verdict.evidence}
-        assert next(e for e in verdict.evidence if e.rule_id == "yara-miner").detail == "yara_tags contains miner"
+        assert (
+            next(e for e in verdict.evidence if e.rule_id == "yara-miner").detail
+            == "yara_tags contains miner"
+        )
     finally:
         proc.kill()
         proc.wait()

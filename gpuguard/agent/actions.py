@@ -20,7 +20,8 @@ from gpuguard.respond import Responder, ResponseSettings
 ALERT_VERDICTS = ("suspicious", "malicious")
 
 
-def make_responder(settings: ResponseSettings, mode: str, dry_run: bool,
-                   emit: Callable[[ActionOutcome], None]) -> Responder:
+def make_responder(
+    settings: ResponseSettings, mode: str, dry_run: bool, emit: Callable[[ActionOutcome], None]
+) -> Responder:
     """The responder for this agent; close the previous one before building another."""
     return Responder(settings, mode=mode, dry_run=dry_run, emit=emit)

@@ -30,7 +30,7 @@ from gpuguard.respond import ResponseSettings, parse_response_settings
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuguard/agent.yaml")
 DEFAULT_STATUS_PATH = Path("/run/gpuguard/status.json")
-MAX_CONFIG_BYTES = 1 << 20       # an agent.yaml is a few KiB; refuse anything absurd before parsing
+MAX_CONFIG_BYTES = 1 << 20  # an agent.yaml is a few KiB; refuse anything absurd before parsing
 MODES = ("monitor", "enforce")
 SENSORS = ("auto", "ebpf", "proc")
 LOG_FORMATS = FORMATS
@@ -45,30 +45,32 @@ class AgentConfig:
     mode: str = "monitor"
     dry_run: bool = False
     sensor: str = "auto"
-    rules: list[Path] | None = None            # None: shipped rules + /etc/gpuguard/*.yaml
-    log_path: str = "-"                        # "-" is stdout
+    rules: list[Path] | None = None  # None: shipped rules + /etc/gpuguard/*.yaml
+    log_path: str = "-"  # "-" is stdout
     log_format: str = "ecs"
-    log_max_bytes: int = DEFAULT_MAX_BYTES     # a log file is rotated past this size
-    log_keep: int = DEFAULT_KEEP               # rotated files kept (path.1 ... path.KEEP)
-    log_syslog_format: str = "rfc5424"         # framing for syslog destinations
-    log_facility: str = "daemon"               # syslog facility
-    metrics_address: str = ""                  # HOST:PORT; empty: no metrics endpoint
+    log_max_bytes: int = DEFAULT_MAX_BYTES  # a log file is rotated past this size
+    log_keep: int = DEFAULT_KEEP  # rotated files kept (path.1 ... path.KEEP)
+    log_syslog_format: str = "rfc5424"  # framing for syslog destinations
+    log_facility: str = "daemon"  # syslog facility
+    metrics_address: str = ""  # HOST:PORT; empty: no metrics endpoint
     sample_interval_s: float = 1.0
-    host_check_interval_s: float = 10.0        # GPU host checks (orphaned memory...) and accounting reads
-    nvml_accounting: bool = False              # turn NVML accounting mode on (changes host state: opt-in)
+    host_check_interval_s: float = 10.0  # GPU host checks (orphaned memory...) and accounting reads
+    nvml_accounting: bool = False  # turn NVML accounting mode on (changes host state: opt-in)
     gpu_sources: list[str] = field(default_factory=lambda: list(GPU_SOURCES))
-    sweep_interval_s: float = 3.0              # reduced mode: a /proc sweep this often
+    sweep_interval_s: float = 3.0  # reduced mode: a /proc sweep this often
     status_path: Path = DEFAULT_STATUS_PATH
     status_interval_s: float = 2.0
-    intake_queue: int = 65536                  # events waiting for the correlator
-    output_queue: int = 10000                  # log lines waiting for the writer
+    intake_queue: int = 65536  # events waiting for the correlator
+    output_queue: int = 10000  # log lines waiting for the writer
     max_processes: int = 8192
     # A process scored at least this gets per-connection activity records like a GPU holder
     # (session cadence, bytes each way): CPU miners and anything half-suspect.  0: GPU holders only.
     session_watch_score: float = 20.0
-    response: ResponseSettings = field(default_factory=ResponseSettings)   # the checked ``response:`` section
+    response: ResponseSettings = field(
+        default_factory=ResponseSettings
+    )  # the checked ``response:`` section
     guard_policies: tuple[GuardPolicy, ...] = ()
-    source: str = ""                           # the file these came from ("" for defaults)
+    source: str = ""  # the file these came from ("" for defaults)
 
 
 # key -> (field name, expected type(s), check).  Sections are nested dicts.
@@ -78,18 +80,30 @@ _SCHEMA: dict[str, Any] = {
     "dry_run": ("dry_run", bool, None),
     "sensor": ("sensor", str, SENSORS),
     "rules": ("rules", list, None),
-    "log": {"path": ("log_path", str, None), "format": ("log_format", str, LOG_FORMATS),
-            "max_bytes": ("log_max_bytes", int, (4096, 1 << 40)), "keep": ("log_keep", int, (0, 1000)),
-            "syslog_format": ("log_syslog_format", str, SYSLOG_FORMATS),
-            "facility": ("log_facility", str, tuple(FACILITIES))},
+    "log": {
+        "path": ("log_path", str, None),
+        "format": ("log_format", str, LOG_FORMATS),
+        "max_bytes": ("log_max_bytes", int, (4096, 1 << 40)),
+        "keep": ("log_keep", int, (0, 1000)),
+        "syslog_format": ("log_syslog_format", str, SYSLOG_FORMATS),
+        "facility": ("log_facility", str, tuple(FACILITIES)),
+    },
     "metrics": {"address": ("metrics_address", str, None)},
-    "sampling": {"interval_s": ("sample_interval_s", _NUMBER, (0.1, 3600)),
-                 "host_check_interval_s": ("host_check_interval_s", _NUMBER, (0.2, 3600)),
-                 "nvml_accounting": ("nvml_accounting", bool, None),
-                 "sources": ("gpu_sources", list, GPU_SOURCES)},
+    "sampling": {
+        "interval_s": ("sample_interval_s", _NUMBER, (0.1, 3600)),
+        "host_check_interval_s": ("host_check_interval_s", _NUMBER, (0.2, 3600)),
+        "nvml_accounting": ("nvml_accounting", bool, None),
+        "sources": ("gpu_sources", list, GPU_SOURCES),
+    },
     "sweep": {"interval_s": ("sweep_interval_s", _NUMBER, (0.5, 3600))},
-    "status": {"path": ("status_path", str, None), "interval_s": ("status_interval_s", _NUMBER, (0.2, 3600))},
-    "queues": {"intake": ("intake_queue", int, (64, 10_000_000)), "output": ("output_queue", int, (16, 10_000_000))},
+    "status": {
+        "path": ("status_path", str, None),
+        "interval_s": ("status_interval_s", _NUMBER, (0.2, 3600)),
+    },
+    "queues": {
+        "intake": ("intake_queue", int, (64, 10_000_000)),
+        "output": ("output_queue", int, (16, 10_000_000)),
+    },
     "correlator": {"max_processes": ("max_processes", int, (16, 10_000_000))},
     "sessions": {"watch_score": ("session_watch_score", _NUMBER, (0, 100))},
     "response": ("response", dict, None),
@@ -108,14 +122,21 @@ def _check_value(doc: MarkedDocument, path: tuple, value: Any, kind: Any, check:
     else:
         ok = isinstance(value, kind)
     if not ok:
-        expected = {str: "text", bool: "true or false", int: "a whole number", list: "a list",
-                    dict: "a mapping"}.get(kind, "a number")
+        expected = {
+            str: "text",
+            bool: "true or false",
+            int: "a whole number",
+            list: "a list",
+            dict: "a mapping",
+        }.get(kind, "a number")
         raise GpuguardError(f"{where}: {name} must be {expected}, not {value!r}", _FIX)
     if isinstance(check, tuple) and check and isinstance(check[0], str):
         items = value if isinstance(value, list) else [value]
         for item in items:
             if item not in check:
-                raise GpuguardError(f"{where}: {name} {item!r} is not one of {', '.join(check)}", _FIX)
+                raise GpuguardError(
+                    f"{where}: {name} {item!r} is not one of {', '.join(check)}", _FIX
+                )
     elif isinstance(check, tuple):
         low, high = check
         if not low <= value <= high:
@@ -128,7 +149,9 @@ def _apply(doc: MarkedDocument, data: dict, schema: dict, path: tuple, out: dict
         spec = schema.get(key)
         if spec is None:
             known = ", ".join(sorted(schema))
-            raise GpuguardError(f"{doc.key_at(path + (key,))}: unknown key {key!r} (known here: {known})", _FIX)
+            raise GpuguardError(
+                f"{doc.key_at(path + (key,))}: unknown key {key!r} (known here: {known})", _FIX
+            )
         if isinstance(spec, dict):
             if not isinstance(value, dict):
                 raise GpuguardError(f"{doc.at(path + (key,))}: {key} must be a mapping", _FIX)
@@ -153,8 +176,12 @@ def parse_config(doc: MarkedDocument) -> AgentConfig:
     if "rules" in values:
         for i, item in enumerate(values["rules"]):
             if not isinstance(item, str):
-                raise GpuguardError(f"{doc.at(('rules', i))}: rules entries must be file paths", _FIX)
-        values["rules"] = [(base / p) if not Path(p).is_absolute() else Path(p) for p in values["rules"]]
+                raise GpuguardError(
+                    f"{doc.at(('rules', i))}: rules entries must be file paths", _FIX
+                )
+        values["rules"] = [
+            (base / p) if not Path(p).is_absolute() else Path(p) for p in values["rules"]
+        ]
     if "status_path" in values:
         values["status_path"] = Path(values["status_path"])
     if values.get("metrics_address"):
@@ -177,7 +204,9 @@ def load_config(path: Path | None) -> AgentConfig:
     path = path or DEFAULT_CONFIG_PATH
     if not path.exists():
         if explicit:
-            raise GpuguardError(f"agent config {path} does not exist", "give an existing file to --config")
+            raise GpuguardError(
+                f"agent config {path} does not exist", "give an existing file to --config"
+            )
         return AgentConfig()
     reason = untrusted_reason(path)
     if reason is not None:
@@ -186,7 +215,9 @@ def load_config(path: Path | None) -> AgentConfig:
     try:
         doc = load_marked_file(path, MAX_CONFIG_BYTES)
     except OSError as exc:
-        raise GpuguardError(f"cannot read agent config {path}: {exc.strerror}", "check the path and permissions") from None
+        raise GpuguardError(
+            f"cannot read agent config {path}: {exc.strerror}", "check the path and permissions"
+        ) from None
     return parse_config(doc)
 
 

@@ -27,45 +27,51 @@ class AgentCounters:
 
     started: float = field(default_factory=time.time)
     mode: str = "monitor"
-    sensor_mode: str = ""                      # "ebpf" or "proc" (reduced)
+    sensor_mode: str = ""  # "ebpf" or "proc" (reduced)
     blind_spots: list[str] = field(default_factory=list)
     probes_attached: int = 0
     rules_version: str = ""
     rules_generation: int = 0
-    rules_error: str | None = None             # the last reload that failed, until one succeeds
+    rules_error: str | None = None  # the last reload that failed, until one succeeds
     # intake: everything that reaches the correlator
-    events_by_kind: defaultdict = field(default_factory=_counts)       # sensor events by kind
-    ring_lost: defaultdict = field(default_factory=_counts)            # kernel-side losses by what
-    intake_dropped: defaultdict = field(default_factory=_counts)       # by producer: sensor, sampler, sweep
+    events_by_kind: defaultdict = field(default_factory=_counts)  # sensor events by kind
+    ring_lost: defaultdict = field(default_factory=_counts)  # kernel-side losses by what
+    intake_dropped: defaultdict = field(
+        default_factory=_counts
+    )  # by producer: sensor, sampler, sweep
     intake_depth: int = 0
     intake_capacity: int = 0
     # samplers
-    samples: defaultdict = field(default_factory=_counts)              # by source
-    sampler_errors: defaultdict = field(default_factory=_counts)       # by source
-    sampler_seconds: defaultdict = field(default_factory=lambda: defaultdict(float))   # thread CPU by source
+    samples: defaultdict = field(default_factory=_counts)  # by source
+    sampler_errors: defaultdict = field(default_factory=_counts)  # by source
+    sampler_seconds: defaultdict = field(
+        default_factory=lambda: defaultdict(float)
+    )  # thread CPU by source
     sweeps: int = 0
     sweep_seconds: float = 0.0
     # detect
     items_correlated: int = 0
     processes_tracked: int = 0
     scoring_runs: int = 0
-    scoring_latency_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    scoring_latency_buckets: list[int] = field(
+        default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1)
+    )
     scoring_latency_sum: float = 0.0
-    findings: defaultdict = field(default_factory=_counts)             # by (rule_id, verdict)
-    actions: defaultdict = field(default_factory=_counts)              # by (action, status)
+    findings: defaultdict = field(default_factory=_counts)  # by (rule_id, verdict)
+    actions: defaultdict = field(default_factory=_counts)  # by (action, status)
     last_findings: deque = field(default_factory=lambda: deque(maxlen=LAST_FINDINGS))
     last_actions: deque = field(default_factory=lambda: deque(maxlen=LAST_FINDINGS))
-    host_findings: list = field(default_factory=list)           # active GPU host findings (rows for status)
-    host_findings_active: dict = field(default_factory=dict)    # rule_id -> active count
+    host_findings: list = field(default_factory=list)  # active GPU host findings (rows for status)
+    host_findings_active: dict = field(default_factory=dict)  # rule_id -> active count
     # output
     output_lines: int = 0
     output_dropped: int = 0
     output_errors: int = 0
     output_depth: int = 0
     output_capacity: int = 0
-    log_faults: int = 0                        # times the log destination started failing (or a record broke)
-    last_output_error: str = ""                # the last of those, as reported on stderr
-    status_errors: int = 0                     # state file writes that failed
+    log_faults: int = 0  # times the log destination started failing (or a record broke)
+    last_output_error: str = ""  # the last of those, as reported on stderr
+    status_errors: int = 0  # state file writes that failed
     last_status_error: str = ""
     # latest GPU view for metrics: (vendor, index) -> {"util":, "memory_used":, "memory_total":, "power_w":}
     gpus: dict = field(default_factory=dict)
@@ -83,22 +89,37 @@ class AgentCounters:
         return sum(self.events_by_kind.values())
 
     def drops_total(self) -> int:
-        return sum(self.ring_lost.values()) + sum(self.intake_dropped.values()) + self.output_dropped
+        return (
+            sum(self.ring_lost.values()) + sum(self.intake_dropped.values()) + self.output_dropped
+        )
 
     def snapshot(self) -> dict[str, Any]:
         """A JSON-ready copy (the status file's ``counters``)."""
         return {
             "events_by_kind": dict(self.events_by_kind),
             "ring_lost": dict(self.ring_lost),
-            "intake": {"depth": self.intake_depth, "capacity": self.intake_capacity,
-                       "dropped": dict(self.intake_dropped)},
-            "output": {"depth": self.output_depth, "capacity": self.output_capacity, "lines": self.output_lines,
-                       "dropped": self.output_dropped, "errors": self.output_errors, "faults": self.log_faults},
-            "samples": dict(self.samples), "sampler_errors": dict(self.sampler_errors),
+            "intake": {
+                "depth": self.intake_depth,
+                "capacity": self.intake_capacity,
+                "dropped": dict(self.intake_dropped),
+            },
+            "output": {
+                "depth": self.output_depth,
+                "capacity": self.output_capacity,
+                "lines": self.output_lines,
+                "dropped": self.output_dropped,
+                "errors": self.output_errors,
+                "faults": self.log_faults,
+            },
+            "samples": dict(self.samples),
+            "sampler_errors": dict(self.sampler_errors),
             "sampler_seconds": {k: round(v, 4) for k, v in self.sampler_seconds.items()},
-            "sweeps": self.sweeps, "sweep_seconds": round(self.sweep_seconds, 3),
-            "items_correlated": self.items_correlated, "processes_tracked": self.processes_tracked,
-            "scoring_runs": self.scoring_runs, "scoring_seconds": round(self.scoring_latency_sum, 4),
+            "sweeps": self.sweeps,
+            "sweep_seconds": round(self.sweep_seconds, 3),
+            "items_correlated": self.items_correlated,
+            "processes_tracked": self.processes_tracked,
+            "scoring_runs": self.scoring_runs,
+            "scoring_seconds": round(self.scoring_latency_sum, 4),
             "findings": {f"{rule}/{verdict}": n for (rule, verdict), n in self.findings.items()},
             "actions": {f"{action}/{status}": n for (action, status), n in self.actions.items()},
             "host_findings_active": dict(self.host_findings_active),

@@ -45,8 +45,13 @@ class EnforceScope:
 
     def response_section(self) -> str:
         """The agent config's ``response:`` section for this scope (YAML)."""
-        return RESPONSE_SECTION.format(scope=self.scope, pin_root=self.pin_root, state_dir=self.state_dir,
-                                       quarantine_parent=self.cgroup / "gpuguard", grace_s=self.grace_s)
+        return RESPONSE_SECTION.format(
+            scope=self.scope,
+            pin_root=self.pin_root,
+            state_dir=self.state_dir,
+            quarantine_parent=self.cgroup / "gpuguard",
+            grace_s=self.grace_s,
+        )
 
     def close(self) -> None:
         """Lift every block left, end what still runs in the cgroup, remove the pin root and the cgroups."""
@@ -54,7 +59,7 @@ class EnforceScope:
         shutil.rmtree(self.pin_root, ignore_errors=True)
         if not self.cgroup.is_dir():
             return
-        for top, _, _ in os.walk(self.cgroup, topdown=False):     # children first
+        for top, _, _ in os.walk(self.cgroup, topdown=False):  # children first
             directory = Path(top)
             _empty(directory)
             try:

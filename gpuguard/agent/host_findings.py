@@ -51,14 +51,16 @@ from gpuguard.sources.host_observation import gpu_pid_states
 EVENT_RULES = frozenset({"host-gpu-past-heavy-user"})
 # Host state read directly (no sample race): reported on the first check that finds it.
 TUNING_RULES = frozenset({"host-msr-writes-enabled", "host-hugepages-reserved"})
-MATERIAL_GROWTH = 0.25          # re-report a finding whose amount grew by more than this fraction
-ACCOUNTING_KEEP_CHECKS = 3      # an accounting record not re-read for this many check intervals is forgotten
+MATERIAL_GROWTH = 0.25  # re-report a finding whose amount grew by more than this fraction
+ACCOUNTING_KEEP_CHECKS = (
+    3  # an accounting record not re-read for this many check intervals is forgotten
+)
 
 
 @dataclass(slots=True)
 class _Reported:
-    finding: HostFinding        # as last reported
-    since: float                # when it was first reported
+    finding: HostFinding  # as last reported
+    since: float  # when it was first reported
 
 
 def _key(finding: HostFinding) -> tuple[str, str]:
@@ -68,19 +70,21 @@ def _key(finding: HostFinding) -> tuple[str, str]:
 class GpuHostFindings:
     """The host findings now active, and what the samplers last said (see the module docstring)."""
 
-    INPUTS = frozenset({GpuSnapshot, GpuAccounting})     # the item types :meth:`observe` keeps
+    INPUTS = frozenset({GpuSnapshot, GpuAccounting})  # the item types :meth:`observe` keeps
 
     def __init__(self, interval_s: float, tuning_root: str | None = None) -> None:
         self.interval_s = interval_s
-        self.tuning_root = tuning_root      # where /sys and /proc are read for host tuning; None: not checked
-        self._snapshots: dict[str, GpuSnapshot] = {}        # newest live snapshot per source
+        self.tuning_root = (
+            tuning_root  # where /sys and /proc are read for host tuning; None: not checked
+        )
+        self._snapshots: dict[str, GpuSnapshot] = {}  # newest live snapshot per source
         self._accounting: dict[tuple[str, int, int], tuple[float, GpuAccounting]] = {}
         self._active: dict[tuple[str, str], _Reported] = {}
         # found once, waiting for a check over newer snapshots: a process that exits between a
         # sample and the check looks like a vanished holder until the next sample
-        self._pending: dict[tuple[str, str], int] = {}     # key -> snapshots seen when first found
+        self._pending: dict[tuple[str, str], int] = {}  # key -> snapshots seen when first found
         self._snapshots_seen = 0
-        self._told: set[tuple[str, str]] = set()          # EVENT_RULES findings written, while still found
+        self._told: set[tuple[str, str]] = set()  # EVENT_RULES findings written, while still found
 
     def observe(self, item: object) -> None:
         """Keep the newest live GPU snapshot of each source and the accounting records."""
@@ -108,7 +112,7 @@ class GpuHostFindings:
         self._forget_old_accounting()
         accounting = self.accounting()
         found = host_tuning_findings(self.tuning_root) if self.tuning_root is not None else []
-        if snapshots:       # without a sample, what the GPU findings said still stands
+        if snapshots:  # without a sample, what the GPU findings said still stands
             found += check_gpu_memory(snapshots, gpu_pid_states(snapshots), accounting)
             found += check_past_gpu_users(accounting)
         apply_thresholds(found, suspicious, malicious)
@@ -129,7 +133,9 @@ class GpuHostFindings:
             previous = self._active.get(key)
             if previous is None:
                 first_view = self._pending.get(key, view)
-                if first_view == view and finding.rule_id not in TUNING_RULES:   # not yet confirmed by a newer sample
+                if (
+                    first_view == view and finding.rule_id not in TUNING_RULES
+                ):  # not yet confirmed by a newer sample
                     pending[key] = first_view
                     continue
                 self._active[key] = _Reported(finding, now)
@@ -137,7 +143,9 @@ class GpuHostFindings:
             elif _material_change(previous.finding, finding):
                 previous.finding = finding
                 out.append(finding_from_host(finding, "update", now))
-        for key in [k for k in self._active if k not in seen and (snapshots or k[0] in TUNING_RULES)]:
+        for key in [
+            k for k in self._active if k not in seen and (snapshots or k[0] in TUNING_RULES)
+        ]:
             out.append(finding_from_host(self._active.pop(key).finding, "close", now))
         self._pending, self._told = pending, told
         return out
@@ -147,8 +155,17 @@ class GpuHostFindings:
         rows = []
         for reported in sorted(self._active.values(), key=lambda r: r.since):
             f = reported.finding
-            rows.append({"rule_id": f.rule_id, "since": reported.since, "device": f.device,
-                         "memory_bytes": f.amount, "owner_pid": f.pid, "verdict": f.verdict, "detail": f.detail})
+            rows.append(
+                {
+                    "rule_id": f.rule_id,
+                    "since": reported.since,
+                    "device": f.device,
+                    "memory_bytes": f.amount,
+                    "owner_pid": f.pid,
+                    "verdict": f.verdict,
+                    "detail": f.detail,
+                }
+            )
         return rows
 
     def active_by_rule(self) -> dict[str, int]:

@@ -32,7 +32,7 @@ class BoundedQueue:
             return 0
         with self._cond:
             room = self.capacity - len(self._items)
-            kept = items if room >= len(items) else items[:max(room, 0)]
+            kept = items if room >= len(items) else items[: max(room, 0)]
             self._items.extend(kept)
             dropped = len(items) - len(kept)
             self._cond.notify()

@@ -54,9 +54,9 @@ from gpuguard.sources.cpu_usage import CpuSampler
 # process first matches it even below the suspicious threshold: a note (event.kind "event") the
 # SIEM sees, where other clean verdicts are not written.
 GPU_ABUSE_TAG = "gpu-abuse"
-HOUSEKEEPING_S = 10.0       # expire old processes and report drops this often
-RULE_FILE_CHECK_S = 2.0     # look for changed rule files this often
-GUARD_CHECK_S = 2.0         # evaluate the guard policies this often
+HOUSEKEEPING_S = 10.0  # expire old processes and report drops this often
+RULE_FILE_CHECK_S = 2.0  # look for changed rule files this often
+GUARD_CHECK_S = 2.0  # evaluate the guard policies this often
 REDUCED_MODE_BLIND_SPOTS = (
     "processes that start and exit between two /proc sweeps (every {sweep:g} s) are not seen",
     "GPU ioctl counts and rates are not seen (rules on ioctl commands cannot match)",
@@ -86,11 +86,17 @@ def _stderr(line: str) -> None:
 class Agent:
     """One running agent.  ``run()`` blocks until SIGTERM/SIGINT (or :meth:`request_stop`)."""
 
-    def __init__(self, config: AgentConfig, *, config_path: Path | None = None,
-                 overrides: dict[str, Any] | None = None,
-                 sampler_openers: dict[str, Callable[[], Any]] | None = None,
-                 install_signals: bool = True, proc_root: str = "/proc",
-                 stderr: Callable[[str], None] = _stderr) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        config_path: Path | None = None,
+        overrides: dict[str, Any] | None = None,
+        sampler_openers: dict[str, Callable[[], Any]] | None = None,
+        install_signals: bool = True,
+        proc_root: str = "/proc",
+        stderr: Callable[[str], None] = _stderr,
+    ) -> None:
         self.config = config
         self.config_path = config_path
         self.overrides = overrides or {}
@@ -100,22 +106,26 @@ class Agent:
         self.stderr = stderr
         self.counters = AgentCounters(mode=config.mode)
         self.stop = threading.Event()
-        self.ready = threading.Event()          # set once start-up finished (tests, selftest)
+        self.ready = threading.Event()  # set once start-up finished (tests, selftest)
         self.intake = BoundedQueue(config.intake_queue, on_drop=self._intake_dropped)
         self.counters.intake_capacity = config.intake_queue
-        self.rules: Any = None                  # RuleSetHolder
-        self.telemetry = AgentTelemetry(config, self.counters, stderr)    # the log and the metrics
+        self.rules: Any = None  # RuleSetHolder
+        self.telemetry = AgentTelemetry(config, self.counters, stderr)  # the log and the metrics
         self.sensor: Any = None
         self.correlator: Any = None
-        self.engine: Any = None                 # DetectionEngine: rules and YARA over the correlator
+        self.engine: Any = None  # DetectionEngine: rules and YARA over the correlator
         self.responder: Any = None
         self.threads: list[threading.Thread] = []
         # verdict and GPU-abuse rules last written per process
         self._reported: dict[ProcessKey, tuple[str, frozenset[str]]] = {}
-        self._guard_reported: dict[ProcessKey, tuple] = {}   # guard verdict and policies last written
-        self._session_watched: set[ProcessKey] = set()      # given activity records for their score
+        self._guard_reported: dict[
+            ProcessKey, tuple
+        ] = {}  # guard verdict and policies last written
+        self._session_watched: set[ProcessKey] = set()  # given activity records for their score
         # orphaned GPU memory, past GPU users, host tuning (read under the root that holds proc_root)
-        self.host_findings = GpuHostFindings(config.host_check_interval_s, str(Path(proc_root).parent))
+        self.host_findings = GpuHostFindings(
+            config.host_check_interval_s, str(Path(proc_root).parent)
+        )
         self._hup = False
         self._status_due = 0.0
         self._status_soon = False
@@ -123,7 +133,7 @@ class Agent:
         self.events_per_s = 0.0
         self._drops_reported = 0
         self.housekeeping_s = HOUSEKEEPING_S
-        self.cpu_sampler = CpuSampler(proc_root)       # CPU windows of huge-page users and host tuners
+        self.cpu_sampler = CpuSampler(proc_root)  # CPU windows of huge-page users and host tuners
 
     # -- plumbing ---------------------------------------------------------------------
     def _intake_dropped(self, producer: str, count: int) -> None:
@@ -176,15 +186,19 @@ class Agent:
                 reason = f"eBPF sensor unavailable: {exc.one_line()}"
             else:
                 self.sensor = sensor
-                return_freed_memory()     # compiling the probes leaves ~25 MB of LLVM heap free but mapped
+                return_freed_memory()  # compiling the probes leaves ~25 MB of LLVM heap free but mapped
                 self.counters.sensor_mode = "ebpf"
                 self.counters.probes_attached = _probes_attached(sensor)
                 return
         self.counters.sensor_mode = "proc"
-        self.counters.blind_spots = [line.format(sweep=self.config.sweep_interval_s)
-                                     for line in REDUCED_MODE_BLIND_SPOTS]
-        self.lifecycle("degraded", f"reduced mode (/proc sweeps every {self.config.sweep_interval_s:g} s): {reason}",
-                       blind_spots=self.counters.blind_spots)
+        self.counters.blind_spots = [
+            line.format(sweep=self.config.sweep_interval_s) for line in REDUCED_MODE_BLIND_SPOTS
+        ]
+        self.lifecycle(
+            "degraded",
+            f"reduced mode (/proc sweeps every {self.config.sweep_interval_s:g} s): {reason}",
+            blind_spots=self.counters.blind_spots,
+        )
         for line in self.counters.blind_spots:
             self.stderr(f"gpuguard: reduced mode blind spot: {line}")
 
@@ -200,10 +214,14 @@ class Agent:
         def facts_of(pid: int) -> Any:
             return collect_process_facts(pid, self.proc_root)
 
-        self.correlator = Correlator(facts_provider=facts_of, max_processes=self.config.max_processes,
-                                     proc_root=self.proc_root)
-        self.engine = DetectionEngine(self.correlator, self.rules.current,
-                                      yara_scanner=self._yara_scanner(self.rules.current))
+        self.correlator = Correlator(
+            facts_provider=facts_of,
+            max_processes=self.config.max_processes,
+            proc_root=self.proc_root,
+        )
+        self.engine = DetectionEngine(
+            self.correlator, self.rules.current, yara_scanner=self._yara_scanner(self.rules.current)
+        )
         self.rules.on_change = self._use_ruleset
         self._make_responder()
 
@@ -216,7 +234,9 @@ class Agent:
         try:
             scanner = PersistentYaraScanner.for_files(ruleset.yara_files)
         except OSError as exc:
-            self.lifecycle("degraded", f"YARA scanning off: cannot read {exc.filename}: {exc.strerror}")
+            self.lifecycle(
+                "degraded", f"YARA scanning off: cannot read {exc.filename}: {exc.strerror}"
+            )
             return None
         if scanner.note:
             self.lifecycle("degraded", f"YARA: {scanner.note}")
@@ -239,8 +259,12 @@ class Agent:
             self.responder = None
         # outcomes that come later (SIGKILL after the grace, hook results, kill-on-touch kills) are
         # counted and kept for the state file like those the responder returns at once
-        self.responder = make_responder(settings, self.config.mode, self.config.dry_run,
-                                        lambda outcome: self._record_outcomes([outcome]))
+        self.responder = make_responder(
+            settings,
+            self.config.mode,
+            self.config.dry_run,
+            lambda outcome: self._record_outcomes([outcome]),
+        )
         self.counters.mode = self.config.mode
 
     def _known(self, pid: int, start_time: float) -> bool:
@@ -253,15 +277,35 @@ class Agent:
 
     def _step_producers(self) -> None:
         if self.sensor is not None:
-            self.threads.append(SensorThread(self.sensor, self.intake, self.counters, self.stop, self.emit))
+            self.threads.append(
+                SensorThread(self.sensor, self.intake, self.counters, self.stop, self.emit)
+            )
         else:
-            self.threads.append(SweepThread(self.intake, self.counters, self.stop, self.emit, self._known,
-                                            self.config.sweep_interval_s, self.proc_root))
+            self.threads.append(
+                SweepThread(
+                    self.intake,
+                    self.counters,
+                    self.stop,
+                    self.emit,
+                    self._known,
+                    self.config.sweep_interval_s,
+                    self.proc_root,
+                )
+            )
         for source, opener in self._sampler_openers().items():
-            self.threads.append(SamplerThread(source, opener, self.intake, self.counters, self.stop, self.emit,
-                                              interval=self.config.sample_interval_s,
-                                              accounting_interval=self.config.host_check_interval_s,
-                                              turn_accounting_on=self.config.nvml_accounting))
+            self.threads.append(
+                SamplerThread(
+                    source,
+                    opener,
+                    self.intake,
+                    self.counters,
+                    self.stop,
+                    self.emit,
+                    interval=self.config.sample_interval_s,
+                    accounting_interval=self.config.host_check_interval_s,
+                    turn_accounting_on=self.config.nvml_accounting,
+                )
+            )
         for thread in self.threads:
             thread.start()
 
@@ -273,10 +317,15 @@ class Agent:
         def opener(source: str) -> Callable[[], Any]:
             def open_one() -> Any:
                 statuses: list[str] = []
-                samplers = open_samplers([source], proc_root=self.proc_root, on_status=statuses.append)
+                samplers = open_samplers(
+                    [source], proc_root=self.proc_root, on_status=statuses.append
+                )
                 if not samplers:
-                    raise SourceUnavailable(statuses[0] if statuses else f"{source} is not available")
+                    raise SourceUnavailable(
+                        statuses[0] if statuses else f"{source} is not available"
+                    )
                 return samplers[0]
+
             return open_one
 
         return {source: opener(source) for source in self.config.gpu_sources}
@@ -294,19 +343,34 @@ class Agent:
     def _step_started(self) -> None:
         ruleset = self.rules.current
         self.telemetry.started(self.config.mode)
-        self.lifecycle("start", f"agent started: mode {self.config.mode}{' (dry run)' if self.config.dry_run else ''}, "
-                                f"sensor {self.counters.sensor_mode}, {len(ruleset.rules)} rules "
-                                f"(version {self.counters.rules_version}), {len(self.correlator)} processes seeded",
-                       mode=self.config.mode, sensor=self.counters.sensor_mode, pid=os.getpid(),
-                       rules=[str(p) for p in ruleset.sources], blind_spots=self.counters.blind_spots,
-                       config=self.config.source or None)
+        self.lifecycle(
+            "start",
+            f"agent started: mode {self.config.mode}{' (dry run)' if self.config.dry_run else ''}, "
+            f"sensor {self.counters.sensor_mode}, {len(ruleset.rules)} rules "
+            f"(version {self.counters.rules_version}), {len(self.correlator)} processes seeded",
+            mode=self.config.mode,
+            sensor=self.counters.sensor_mode,
+            pid=os.getpid(),
+            rules=[str(p) for p in ruleset.sources],
+            blind_spots=self.counters.blind_spots,
+            config=self.config.source or None,
+        )
         self._write_status(time.time())
         self.ready.set()
 
     # -- run ----------------------------------------------------------------------------
     def run(self) -> int:
-        steps = (self._step_signals, self._step_rules, self._step_log, self._step_metrics, self._step_sensor,
-                 self._step_correlator, self._step_seed, self._step_producers, self._step_started)
+        steps = (
+            self._step_signals,
+            self._step_rules,
+            self._step_log,
+            self._step_metrics,
+            self._step_sensor,
+            self._step_correlator,
+            self._step_seed,
+            self._step_producers,
+            self._step_started,
+        )
         try:
             for step in steps:
                 if self.stop.is_set():
@@ -318,7 +382,9 @@ class Agent:
         return 0
 
     def _loop(self) -> None:
-        next_housekeeping = next_rules_check = next_guard_check = next_host_check = time.monotonic() + 1.0
+        next_housekeeping = next_rules_check = next_guard_check = next_host_check = (
+            time.monotonic() + 1.0
+        )
         while not self.stop.is_set():
             items = self.intake.take_all(0.25)
             now = time.time()
@@ -353,9 +419,14 @@ class Agent:
             try:
                 feed(item)
             except Exception as exc:  # noqa: BLE001 - one malformed item must not stop detection
-                self.lifecycle("fault", f"could not correlate a {type(item).__name__}: {type(exc).__name__}: {exc}")
-            observe(item, self._comm_of)     # after feed: the correlator names the pids
-            if type(item) in host_inputs:    # GPU snapshots and accounting only: sensor events pass by cheaply
+                self.lifecycle(
+                    "fault",
+                    f"could not correlate a {type(item).__name__}: {type(exc).__name__}: {exc}",
+                )
+            observe(item, self._comm_of)  # after feed: the correlator names the pids
+            if (
+                type(item) in host_inputs
+            ):  # GPU snapshots and accounting only: sensor events pass by cheaply
                 keep(item)
         self.counters.items_correlated += len(items)
 
@@ -372,7 +443,10 @@ class Agent:
             abuse = frozenset(e.rule_id for e in verdict.evidence if GPU_ABUSE_TAG in e.tags)
             if verdict.verdict == previous and abuse <= abuse_before:
                 continue
-            self._reported[verdict.key] = (verdict.verdict, abuse | abuse_before)   # each such rule once
+            self._reported[verdict.key] = (
+                verdict.verdict,
+                abuse | abuse_before,
+            )  # each such rule once
             self._report_finding(verdict, now, act=verdict.verdict != previous)
 
     def _watch_sessions(self, verdicts: list) -> None:
@@ -393,12 +467,16 @@ class Agent:
             self._guard_reported.clear()
             return
         breached: dict[ProcessKey, tuple] = {}
-        for verdict in evaluate_guard_policies(policies, list(self.correlator.unordered_states()), now):
+        for verdict in evaluate_guard_policies(
+            policies, list(self.correlator.unordered_states()), now
+        ):
             said = (verdict.verdict, tuple(sorted({e.rule_id for e in verdict.evidence})))
             breached[verdict.key] = said
             if self._guard_reported.get(verdict.key) != said:
                 self._report_finding(verdict, now)
-        self._guard_reported = breached    # a process back within every policy is reported again on a new breach
+        self._guard_reported = (
+            breached  # a process back within every policy is reported again on a new breach
+        )
 
     def _check_host_findings(self, now: float) -> None:
         """GPU host findings (orphaned memory: logged when it appears, changes materially or goes away,
@@ -415,8 +493,9 @@ class Agent:
             if finding.activity != "close":
                 self.counters.findings[(finding.rule_id, finding.verdict)] += 1
         if records:
-            self.counters.host_findings = [{**row, "detail": escape_text(row["detail"])}
-                                           for row in self.host_findings.active()]
+            self.counters.host_findings = [
+                {**row, "detail": escape_text(row["detail"])} for row in self.host_findings.active()
+            ]
             self.counters.host_findings_active = self.host_findings.active_by_rule()
             self._status_soon = True
 
@@ -426,28 +505,51 @@ class Agent:
         finding = finding_from_verdict(verdict, facts, self.rules.current, state)
         self.emit(finding)
         self.counters.findings[(finding.rule_id, verdict.verdict)] += 1
-        found = time.time()               # after scoring: the moment the finding exists (time to detect)
-        self.counters.last_findings.append({
-            "time": found, "pid": verdict.pid, "start_time": verdict.key.start_time,
-            "comm": escape_text(verdict.comm), "verdict": verdict.verdict, "score": verdict.score,
-            "rule_ids": finding.rule_ids, "allowlisted": verdict.allowlisted})
+        found = time.time()  # after scoring: the moment the finding exists (time to detect)
+        self.counters.last_findings.append(
+            {
+                "time": found,
+                "pid": verdict.pid,
+                "start_time": verdict.key.start_time,
+                "comm": escape_text(verdict.comm),
+                "verdict": verdict.verdict,
+                "score": verdict.score,
+                "rule_ids": finding.rule_ids,
+                "allowlisted": verdict.allowlisted,
+            }
+        )
         self._status_soon = True
         if act and verdict.verdict in ALERT_VERDICTS and not verdict.allowlisted:
             try:
                 outcomes = self.responder(verdict, state, now)
             except Exception as exc:  # noqa: BLE001 - a failing action is an outcome, not a crash
-                outcomes = [ActionOutcome(time=now, action=verdict.action, status="failed", pid=verdict.pid,
-                                          comm=verdict.comm, verdict=verdict.verdict, score=verdict.score,
-                                          reason=f"{type(exc).__name__}: {exc}")]
+                outcomes = [
+                    ActionOutcome(
+                        time=now,
+                        action=verdict.action,
+                        status="failed",
+                        pid=verdict.pid,
+                        comm=verdict.comm,
+                        verdict=verdict.verdict,
+                        score=verdict.score,
+                        reason=f"{type(exc).__name__}: {exc}",
+                    )
+                ]
             self._record_outcomes(outcomes)
 
     def _record_outcomes(self, outcomes: list[ActionOutcome]) -> None:
         """Count each action outcome, keep the latest for the state file, and log it."""
         for outcome in outcomes:
             self.counters.actions[(outcome.action, outcome.status)] += 1
-            self.counters.last_actions.append({
-                "time": outcome.time, "pid": outcome.pid, "action": outcome.action, "status": outcome.status,
-                "reason": escape_text(outcome.reason)})
+            self.counters.last_actions.append(
+                {
+                    "time": outcome.time,
+                    "pid": outcome.pid,
+                    "action": outcome.action,
+                    "status": outcome.status,
+                    "reason": escape_text(outcome.reason),
+                }
+            )
             self.emit(outcome)
 
     def _sweep_blocks(self, now: float) -> None:
@@ -475,13 +577,19 @@ class Agent:
             del self._reported[key]
         for key in [k for k in self._guard_reported if self.correlator.get(k) is None]:
             del self._guard_reported[key]
-        self._session_watched = {k for k in self._session_watched if self.correlator.get(k) is not None}
+        self._session_watched = {
+            k for k in self._session_watched if self.correlator.get(k) is not None
+        }
         drops = self.counters.drops_total()
         if drops > self._drops_reported:
-            self.lifecycle("drops", f"{drops - self._drops_reported} events or lines could not be handled "
-                                    f"in the last {self.housekeeping_s:g} s (capacity exceeded)",
-                           ring_lost=dict(self.counters.ring_lost), intake_dropped=dict(self.counters.intake_dropped),
-                           output_dropped=self.counters.output_dropped)
+            self.lifecycle(
+                "drops",
+                f"{drops - self._drops_reported} events or lines could not be handled "
+                f"in the last {self.housekeeping_s:g} s (capacity exceeded)",
+                ring_lost=dict(self.counters.ring_lost),
+                intake_dropped=dict(self.counters.intake_dropped),
+                output_dropped=self.counters.output_dropped,
+            )
             self._drops_reported = drops
 
     def _check_rule_files(self) -> None:
@@ -491,45 +599,81 @@ class Agent:
         self._note_rules()
         if self.rules.generation != generation:
             self._count_reload(True)
-            self.lifecycle("reload", f"rules reloaded (rule files changed): version {self.counters.rules_version}",
-                           generation=self.rules.generation)
+            self.lifecycle(
+                "reload",
+                f"rules reloaded (rule files changed): version {self.counters.rules_version}",
+                generation=self.rules.generation,
+            )
         elif self.rules.last_error and self.rules.last_error != error:
             self._count_reload(False)
-            self.lifecycle("reload-failed", "rules not reloaded (rule files changed); keeping the previous rules: "
-                                            f"{self.rules.last_error}")
+            self.lifecycle(
+                "reload-failed",
+                "rules not reloaded (rule files changed); keeping the previous rules: "
+                f"{self.rules.last_error}",
+            )
 
     def _reload(self, reason: str) -> None:
         """SIGHUP: read the config and the rules again; a broken file keeps the last good ones."""
         if self.config_path is not None or self.config.source:
             try:
-                config = with_overrides(load_config(self.config_path or Path(self.config.source)), **self.overrides)
+                config = with_overrides(
+                    load_config(self.config_path or Path(self.config.source)), **self.overrides
+                )
             except GpuguardError as exc:
                 self._count_reload(False)
-                self.lifecycle("reload-failed", f"config not reloaded ({reason}); keeping the previous settings: "
-                                                f"{exc.one_line()}")
+                self.lifecycle(
+                    "reload-failed",
+                    f"config not reloaded ({reason}); keeping the previous settings: "
+                    f"{exc.one_line()}",
+                )
                 config = self.config
             else:
-                restart = [name for name in ("sensor", "log_path", "log_format", "log_max_bytes", "log_keep",
-                                             "log_syslog_format", "log_facility", "metrics_address", "status_path")
-                           if getattr(config, name) != getattr(self.config, name)]
+                restart = [
+                    name
+                    for name in (
+                        "sensor",
+                        "log_path",
+                        "log_format",
+                        "log_max_bytes",
+                        "log_keep",
+                        "log_syslog_format",
+                        "log_facility",
+                        "metrics_address",
+                        "status_path",
+                    )
+                    if getattr(config, name) != getattr(self.config, name)
+                ]
                 if restart:
-                    self.lifecycle("reload", f"changed settings need a restart to apply: {', '.join(restart)}")
+                    self.lifecycle(
+                        "reload", f"changed settings need a restart to apply: {', '.join(restart)}"
+                    )
                     for name in restart:
                         setattr(config, name, getattr(self.config, name))
                 self.config = config
-                self.rules.paths = [Path(p) for p in config.rules] if config.rules is not None else None
+                self.rules.paths = (
+                    [Path(p) for p in config.rules] if config.rules is not None else None
+                )
                 self._make_responder()
         if self.rules.reload(reason):
             self._note_rules()
             self._count_reload(True)
-            self.lifecycle("reload", f"rules reloaded ({reason}): {len(self.rules.current.rules)} rules, "
-                                     f"version {self.counters.rules_version}", generation=self.rules.generation)
+            self.lifecycle(
+                "reload",
+                f"rules reloaded ({reason}): {len(self.rules.current.rules)} rules, "
+                f"version {self.counters.rules_version}",
+                generation=self.rules.generation,
+            )
         else:
             self._note_rules()
             self._count_reload(False)
-            self.lifecycle("reload-failed", f"rules not reloaded ({reason}); keeping the previous rules "
-                                            f"(version {self.counters.rules_version}): {self.rules.last_error}")
-            self.stderr(f"gpuguard: rules not reloaded; keeping the previous rules: {self.rules.last_error}")
+            self.lifecycle(
+                "reload-failed",
+                f"rules not reloaded ({reason}); keeping the previous rules "
+                f"(version {self.counters.rules_version}): {self.rules.last_error}",
+            )
+            self.stderr(
+                f"gpuguard: rules not reloaded; keeping the previous rules: {self.rules.last_error}"
+            )
         self._status_soon = True
 
     def _count_reload(self, ok: bool) -> None:
@@ -543,7 +687,9 @@ class Agent:
             self.events_per_s = (self.counters.events_total() - events_then) / (mono - then)
             self._events_at_status = (mono, self.counters.events_total())
         sources = [str(p) for p in self.rules.current.sources] if self.rules else []
-        return status_file.status_document(self.counters, self.config, sources, self.events_per_s, now, running)
+        return status_file.status_document(
+            self.counters, self.config, sources, self.events_per_s, now, running
+        )
 
     def _write_status(self, now: float, running: bool = True) -> None:
         self._status_soon = False
@@ -555,7 +701,9 @@ class Agent:
             self.counters.status_errors += 1
             if self.counters.last_status_error != exc.strerror:
                 self.counters.last_status_error = exc.strerror or str(exc)
-                self.stderr(f"gpuguard: cannot write the state file {self.config.status_path}: {exc.strerror}")
+                self.stderr(
+                    f"gpuguard: cannot write the state file {self.config.status_path}: {exc.strerror}"
+                )
 
     # -- teardown (always runs) -------------------------------------------------------------
     def _teardown(self) -> None:
@@ -571,17 +719,25 @@ class Agent:
                 self.stderr(f"gpuguard: final scoring failed: {type(exc).__name__}: {exc}")
         if self.responder is not None:
             try:
-                self.responder.close()    # waits for pending kills; pinned blocks stay (gpuguard blocks)
+                self.responder.close()  # waits for pending kills; pinned blocks stay (gpuguard blocks)
             except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
                 self.stderr(f"gpuguard: closing the responder failed: {type(exc).__name__}: {exc}")
             self.responder = None
         c = self.counters
-        summary = (f"agent stopped after {time.time() - c.started:.0f} s: {c.events_total()} events, "
-                   f"{sum(c.findings.values())} findings, {sum(c.actions.values())} actions, "
-                   f"drops: ring {sum(c.ring_lost.values())}, intake {sum(c.intake_dropped.values())}, "
-                   f"log {c.output_dropped}")
-        self.lifecycle("stop", summary, events=c.events_total(), findings=sum(c.findings.values()),
-                       ring_lost=dict(c.ring_lost), intake_dropped=dict(c.intake_dropped))
+        summary = (
+            f"agent stopped after {time.time() - c.started:.0f} s: {c.events_total()} events, "
+            f"{sum(c.findings.values())} findings, {sum(c.actions.values())} actions, "
+            f"drops: ring {sum(c.ring_lost.values())}, intake {sum(c.intake_dropped.values())}, "
+            f"log {c.output_dropped}"
+        )
+        self.lifecycle(
+            "stop",
+            summary,
+            events=c.events_total(),
+            findings=sum(c.findings.values()),
+            ring_lost=dict(c.ring_lost),
+            intake_dropped=dict(c.intake_dropped),
+        )
         scanner = self.engine.yara_scanner if self.engine is not None else None
         if scanner is not None:
             try:
@@ -590,15 +746,15 @@ class Agent:
                 self.stderr(f"gpuguard: cannot save the YARA verdict cache: {exc.strerror}")
         if self.sensor is not None:
             try:
-                self.sensor.close()       # detaches every probe
+                self.sensor.close()  # detaches every probe
             except Exception as exc:  # noqa: BLE001
                 self.stderr(f"gpuguard: detaching the probes failed: {type(exc).__name__}: {exc}")
             self.sensor = None
-        self.telemetry.close_log()    # writes out what is queued (the stop line included)
+        self.telemetry.close_log()  # writes out what is queued (the stop line included)
         if self.ready.is_set():
             self._write_status(time.time(), running=False)
         self.telemetry.close_metrics()
-        if self.ready.is_set():       # a failed start-up says only its one error line
+        if self.ready.is_set():  # a failed start-up says only its one error line
             self.stderr(f"gpuguard: {summary}")
 
 
@@ -607,7 +763,7 @@ def return_freed_memory() -> None:
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
-        pass    # not glibc: nothing to do
+        pass  # not glibc: nothing to do
 
 
 def _probes_attached(sensor: Any) -> int:

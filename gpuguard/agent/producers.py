@@ -29,8 +29,8 @@ from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.model import Lost
 
 Emit = Callable[[AgentLifecycle], None]
-FAULT_REPEAT_S = 60.0         # a fault that persists is reported again this often
-REOPEN_AFTER_FAILURES = 3     # consecutive raising samples before the sampler is reopened
+FAULT_REPEAT_S = 60.0  # a fault that persists is reported again this often
+REOPEN_AFTER_FAILURES = 3  # consecutive raising samples before the sampler is reopened
 MAX_BACKOFF_S = 60.0
 
 
@@ -41,10 +41,22 @@ def _fault(emit: Emit, message: str, **detail: Any) -> None:
 class SensorThread(threading.Thread):
     """Polls the sensor until ``stop`` is set, then drains it once more."""
 
-    def __init__(self, sensor: Any, intake: BoundedQueue, counters: AgentCounters, stop: threading.Event,
-                 emit: Emit) -> None:
+    def __init__(
+        self,
+        sensor: Any,
+        intake: BoundedQueue,
+        counters: AgentCounters,
+        stop: threading.Event,
+        emit: Emit,
+    ) -> None:
         super().__init__(name="gpuguard-sensor", daemon=True)
-        self.sensor, self.intake, self.counters, self.stop, self.emit = sensor, intake, counters, stop, emit
+        self.sensor, self.intake, self.counters, self.stop, self.emit = (
+            sensor,
+            intake,
+            counters,
+            stop,
+            emit,
+        )
 
     def _queue(self, events: list) -> None:
         for event in events:
@@ -62,31 +74,55 @@ class SensorThread(threading.Thread):
                 now = time.monotonic()
                 if now - last_fault > FAULT_REPEAT_S:
                     last_fault = now
-                    _fault(self.emit, f"sensor poll failed: {type(exc).__name__}: {exc}; retrying", source="sensor")
+                    _fault(
+                        self.emit,
+                        f"sensor poll failed: {type(exc).__name__}: {exc}; retrying",
+                        source="sensor",
+                    )
                 self.stop.wait(1.0)
         try:
-            self.sensor.detach_probes()   # the kernel's detach time overlaps the final drain
+            self.sensor.detach_probes()  # the kernel's detach time overlaps the final drain
             self._queue(self.sensor.drain())
         except Exception as exc:  # noqa: BLE001
-            _fault(self.emit, f"final sensor drain failed: {type(exc).__name__}: {exc}", source="sensor")
+            _fault(
+                self.emit,
+                f"final sensor drain failed: {type(exc).__name__}: {exc}",
+                source="sensor",
+            )
 
 
 class SamplerThread(threading.Thread):
     """Samples one GPU source every ``interval`` seconds; reopens it when it keeps raising."""
 
-    def __init__(self, source: str, opener: Callable[[], Any], intake: BoundedQueue, counters: AgentCounters,
-                 stop: threading.Event, emit: Emit, interval: float = 1.0, reopen_s: float = 60.0,
-                 accounting_interval: float = 10.0, turn_accounting_on: bool = False) -> None:
+    def __init__(
+        self,
+        source: str,
+        opener: Callable[[], Any],
+        intake: BoundedQueue,
+        counters: AgentCounters,
+        stop: threading.Event,
+        emit: Emit,
+        interval: float = 1.0,
+        reopen_s: float = 60.0,
+        accounting_interval: float = 10.0,
+        turn_accounting_on: bool = False,
+    ) -> None:
         super().__init__(name=f"gpuguard-sampler-{source}", daemon=True)
         self.source, self.opener = source, opener
         self.intake, self.counters, self.stop, self.emit = intake, counters, stop, emit
-        self.interval, self.reopen_s, self.accounting_interval = interval, reopen_s, accounting_interval
+        self.interval, self.reopen_s, self.accounting_interval = (
+            interval,
+            reopen_s,
+            accounting_interval,
+        )
         self._next_accounting = 0.0
-        self.turn_accounting_on = turn_accounting_on   # sampling.nvml_accounting: opt-in, it changes host state
-        self._accounting_pending = False               # set on each open, applied after its first sample
+        self.turn_accounting_on = (
+            turn_accounting_on  # sampling.nvml_accounting: opt-in, it changes host state
+        )
+        self._accounting_pending = False  # set on each open, applied after its first sample
         self._accounting_fault = ""
         self.sampler: Any = None
-        self.unavailable: str | None = None    # why the source cannot be opened here
+        self.unavailable: str | None = None  # why the source cannot be opened here
 
     def open(self) -> bool:
         """Open the source; a source that cannot work here is reported once (not a fault)."""
@@ -97,15 +133,23 @@ class SamplerThread(threading.Thread):
         except SourceUnavailable as exc:
             line = exc.one_line()
             if line != self.unavailable:
-                self.emit(AgentLifecycle(time=time.time(), action="degraded",
-                                         message=f"GPU source {self.source}: {line}",
-                                         detail={"source": self.source}))
+                self.emit(
+                    AgentLifecycle(
+                        time=time.time(),
+                        action="degraded",
+                        message=f"GPU source {self.source}: {line}",
+                        detail={"source": self.source},
+                    )
+                )
             self.unavailable = line
             return False
         except Exception as exc:  # noqa: BLE001 - a broken library must not stop the agent
             self.counters.sampler_errors[self.source] += 1
-            _fault(self.emit, f"GPU source {self.source} failed to open: {type(exc).__name__}: {exc}; retrying",
-                   source=self.source)
+            _fault(
+                self.emit,
+                f"GPU source {self.source} failed to open: {type(exc).__name__}: {exc}; retrying",
+                source=self.source,
+            )
             return False
         self.unavailable = None
         self._accounting_pending = self.turn_accounting_on
@@ -127,10 +171,15 @@ class SamplerThread(threading.Thread):
         lines = [line for _, line in results]
         changed = "changed" in outcomes
         if changed or "failed" in outcomes:
-            self.emit(AgentLifecycle(
-                time=time.time(), action="host-change" if changed else "degraded",
-                message=f"GPU source {self.source}: sampling.nvml_accounting: " + "; ".join(lines),
-                detail={"source": self.source, "accounting": lines}))
+            self.emit(
+                AgentLifecycle(
+                    time=time.time(),
+                    action="host-change" if changed else "degraded",
+                    message=f"GPU source {self.source}: sampling.nvml_accounting: "
+                    + "; ".join(lines),
+                    detail={"source": self.source, "accounting": lines},
+                )
+            )
 
     def _close(self) -> None:
         if self.sampler is not None:
@@ -146,9 +195,13 @@ class SamplerThread(threading.Thread):
         gpus = self.counters.gpus
         for dev in snapshot.devices:
             gpus[(dev.vendor, dev.index)] = {
-                "name": dev.name, "util": dev.gpu_util, "memory_used": dev.memory_used,
-                "memory_total": dev.memory_total, "power_w": dev.power_w,
-                "lost": dev.extra.get("state") == "lost"}
+                "name": dev.name,
+                "util": dev.gpu_util,
+                "memory_used": dev.memory_used,
+                "memory_total": dev.memory_total,
+                "power_w": dev.power_w,
+                "lost": dev.extra.get("state") == "lost",
+            }
         self.intake.put(snapshot, "sampler")
 
     def _read_accounting(self, now: float) -> None:
@@ -162,7 +215,7 @@ class SamplerThread(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - accounting is extra evidence, never fatal
             records, errors = [], [f"accounting read failed: {type(exc).__name__}: {exc}"]
         fault = "; ".join(errors)
-        if fault and fault != self._accounting_fault:     # said once until it changes
+        if fault and fault != self._accounting_fault:  # said once until it changes
             _fault(self.emit, f"GPU source {self.source}: {fault}", source=self.source)
         self._accounting_fault = fault
         if records:
@@ -190,8 +243,13 @@ class SamplerThread(threading.Thread):
                 self.counters.sampler_errors[self.source] += 1
                 if now - last_fault >= FAULT_REPEAT_S or failures == 1:
                     last_fault = now
-                    _fault(self.emit, f"GPU source {self.source} raised {type(exc).__name__}: {exc}; "
-                                      f"retrying (failure {failures})", source=self.source, failures=failures)
+                    _fault(
+                        self.emit,
+                        f"GPU source {self.source} raised {type(exc).__name__}: {exc}; "
+                        f"retrying (failure {failures})",
+                        source=self.source,
+                        failures=failures,
+                    )
                 if failures % REOPEN_AFTER_FAILURES == 0:
                     self._close()
                     backoff = min(backoff * 2, MAX_BACKOFF_S)
@@ -199,9 +257,14 @@ class SamplerThread(threading.Thread):
                 snapshot = None
             else:
                 if failures:
-                    self.emit(AgentLifecycle(time=time.time(), action="recovered",
-                                             message=f"GPU source {self.source} works again after {failures} failures",
-                                             detail={"source": self.source}))
+                    self.emit(
+                        AgentLifecycle(
+                            time=time.time(),
+                            action="recovered",
+                            message=f"GPU source {self.source} works again after {failures} failures",
+                            detail={"source": self.source},
+                        )
+                    )
                 failures, backoff = 0, self.interval
             finally:
                 self.counters.sampler_seconds[self.source] += time.thread_time() - cpu_before
@@ -213,7 +276,7 @@ class SamplerThread(threading.Thread):
                 self._read_accounting(now)
             next_tick += self.interval
             wait = next_tick - time.monotonic()
-            if wait < 0:      # a slow sample: skip the missed ticks instead of bursting
+            if wait < 0:  # a slow sample: skip the missed ticks instead of bursting
                 next_tick = time.monotonic()
                 wait = 0
             self.stop.wait(wait)
@@ -223,8 +286,11 @@ class SamplerThread(threading.Thread):
 def sweep_items(obs: Any, known: Callable[[int, float], bool]) -> list:
     """The correlator items of one /proc walk: facts of processes not yet tracked
     (``known(pid, start_time)``), then GPU-open and connect events for every process."""
-    items: list = [f for f in sorted(obs.facts.values(), key=lambda f: (f.start_time, f.pid))
-                   if not known(f.pid, f.start_time)]
+    items: list = [
+        f
+        for f in sorted(obs.facts.values(), key=lambda f: (f.start_time, f.pid))
+        if not known(f.pid, f.start_time)
+    ]
     items.extend(obs.events())
     return items
 
@@ -232,8 +298,16 @@ def sweep_items(obs: Any, known: Callable[[int, float], bool]) -> list:
 class SweepThread(threading.Thread):
     """Reduced mode: a /proc walk every ``interval`` seconds, queued as correlator items."""
 
-    def __init__(self, intake: BoundedQueue, counters: AgentCounters, stop: threading.Event, emit: Emit,
-                 known: Callable[[int, float], bool], interval: float = 3.0, proc_root: str = "/proc") -> None:
+    def __init__(
+        self,
+        intake: BoundedQueue,
+        counters: AgentCounters,
+        stop: threading.Event,
+        emit: Emit,
+        known: Callable[[int, float], bool],
+        interval: float = 3.0,
+        proc_root: str = "/proc",
+    ) -> None:
         super().__init__(name="gpuguard-sweep", daemon=True)
         self.intake, self.counters, self.stop, self.emit = intake, counters, stop, emit
         self.known, self.interval, self.proc_root = known, interval, proc_root
@@ -247,10 +321,16 @@ class SweepThread(threading.Thread):
                 now = time.monotonic()
                 if now - last_fault > FAULT_REPEAT_S:
                     last_fault = now
-                    _fault(self.emit, f"/proc sweep failed: {type(exc).__name__}: {exc}; retrying", source="sweep")
+                    _fault(
+                        self.emit,
+                        f"/proc sweep failed: {type(exc).__name__}: {exc}; retrying",
+                        source="sweep",
+                    )
 
 
-def sweep_once(counters: AgentCounters, known: Callable[[int, float], bool], proc_root: str = "/proc") -> list:
+def sweep_once(
+    counters: AgentCounters, known: Callable[[int, float], bool], proc_root: str = "/proc"
+) -> list:
     """One /proc walk (no CPU window, no GPU sampling: the samplers run on their own)."""
     from gpuguard.sources.host_observation import observe_host
 

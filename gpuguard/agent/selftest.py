@@ -57,36 +57,54 @@ def running_agent(path: Path) -> dict[str, Any] | None:
     return doc if doc is not None and agent_alive(doc)[0] else None
 
 
-def wait_for_agent(path: Path, started_after: float, timeout: float, proc: subprocess.Popen | None = None) -> dict:
+def wait_for_agent(
+    path: Path, started_after: float, timeout: float, proc: subprocess.Popen | None = None
+) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         doc = _try_status(path)
         if doc is not None and doc.get("running") and float(doc.get("started", 0)) >= started_after:
             return doc
         if proc is not None and proc.poll() is not None:
-            raise GpuguardError(f"the agent started for the test exited with status {proc.returncode}",
-                                "run `gpuguard agent` by hand to see why")
+            raise GpuguardError(
+                f"the agent started for the test exited with status {proc.returncode}",
+                "run `gpuguard agent` by hand to see why",
+            )
         time.sleep(0.1)
-    raise GpuguardError(f"the agent did not start within {timeout:.0f} s", "run `gpuguard agent` by hand to see why")
+    raise GpuguardError(
+        f"the agent did not start within {timeout:.0f} s", "run `gpuguard agent` by hand to see why"
+    )
 
 
 def _finding_for(doc: dict, pid: int, start: float) -> dict | None:
     for finding in doc.get("last_findings", []):
-        if (finding.get("pid") == pid and finding.get("verdict") in ("suspicious", "malicious")
-                and float(finding.get("time", 0)) >= start - 1):
+        if (
+            finding.get("pid") == pid
+            and finding.get("verdict") in ("suspicious", "malicious")
+            and float(finding.get("time", 0)) >= start - 1
+        ):
             return finding
     return None
 
 
 def _action_for(doc: dict, pid: int) -> dict | None:
     for action in doc.get("last_actions", []):
-        if action.get("pid") == pid and action.get("action") != "alert" and action.get("status") in ENFORCED:
+        if (
+            action.get("pid") == pid
+            and action.get("action") != "alert"
+            and action.get("status") in ENFORCED
+        ):
             return action
     return None
 
 
-def check_detection(state_path: Path, mode: str, timeout: float, pool_port: int = DEFAULT_POOL_PORT,
-                    cgroup: Path | None = None) -> SelftestResult:
+def check_detection(
+    state_path: Path,
+    mode: str,
+    timeout: float,
+    pool_port: int = DEFAULT_POOL_PORT,
+    cgroup: Path | None = None,
+) -> SelftestResult:
     """Run the simulator once (inside ``cgroup`` if given) against the agent writing ``state_path``."""
     sim = start_simulator(pool_port=pool_port, cgroup=cgroup)
     try:
@@ -95,7 +113,9 @@ def check_detection(state_path: Path, mode: str, timeout: float, pool_port: int 
             ready = parse_ready(line)
         except ValueError:
             err = sim.stderr.read(2000).decode("utf-8", "replace").strip().splitlines()
-            return SelftestResult(False, f"the simulator did not start: {err[-1] if err else line.strip()!r}")
+            return SelftestResult(
+                False, f"the simulator did not start: {err[-1] if err else line.strip()!r}"
+            )
         pid, start = int(ready["pid"]), ready["start"]
         deadline = time.monotonic() + timeout
         finding = action = None
@@ -110,14 +130,23 @@ def check_detection(state_path: Path, mode: str, timeout: float, pool_port: int 
                 break
             time.sleep(POLL_S)
         if finding is None:
-            return SelftestResult(False, f"no finding on the miner simulator (pid {pid}) within {timeout:.0f} s",
-                                  miner_pid=pid)
+            return SelftestResult(
+                False,
+                f"no finding on the miner simulator (pid {pid}) within {timeout:.0f} s",
+                miner_pid=pid,
+            )
         detect_s = float(finding["time"]) - start
-        said = (f"{finding['verdict']} (score {finding['score']}; {', '.join(finding.get('rule_ids', [])[:3])}) "
-                f"in {detect_s * 1000:.0f} ms")
+        said = (
+            f"{finding['verdict']} (score {finding['score']}; {', '.join(finding.get('rule_ids', [])[:3])}) "
+            f"in {detect_s * 1000:.0f} ms"
+        )
         if mode == "enforce" and action is None and os.path.exists(f"/proc/{pid}"):
-            return SelftestResult(False, f"found the miner simulator {said}, but no response action was carried out",
-                                  detect_s, pid)
+            return SelftestResult(
+                False,
+                f"found the miner simulator {said}, but no response action was carried out",
+                detect_s,
+                pid,
+            )
         if mode == "enforce":
             did = f"{action['action']} {action['status']}" if action else "the miner is gone"
             said += f"; response: {did}"
@@ -126,13 +155,33 @@ def check_detection(state_path: Path, mode: str, timeout: float, pool_port: int 
         stop_simulator(sim)
 
 
-def start_agent(workdir: Path, mode: str, sensor: str, extra: list[str] | None = None) -> tuple[subprocess.Popen, Path]:
+def start_agent(
+    workdir: Path, mode: str, sensor: str, extra: list[str] | None = None
+) -> tuple[subprocess.Popen, Path]:
     """An agent for the test only: its own state file and log under ``workdir``."""
     state = workdir / "status.json"
-    argv = [sys.executable, "-m", "gpuguard", "agent", "--mode", mode, "--sensor", sensor,
-            "--state-file", str(state), "--log", str(workdir / "agent.log"), *(extra or [])]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=open(workdir / "agent.stderr", "wb"), close_fds=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "gpuguard",
+        "agent",
+        "--mode",
+        mode,
+        "--sensor",
+        sensor,
+        "--state-file",
+        str(state),
+        "--log",
+        str(workdir / "agent.log"),
+        *(extra or []),
+    ]
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(workdir / "agent.stderr", "wb"),
+        close_fds=True,
+    )
     return proc, state
 
 
@@ -146,20 +195,31 @@ def stop_agent(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def run_selftest(state_path: Path, mode: str | None, timeout: float, sensor: str = "auto",
-                 own_agent: bool = False) -> SelftestResult:
+def run_selftest(
+    state_path: Path,
+    mode: str | None,
+    timeout: float,
+    sensor: str = "auto",
+    own_agent: bool = False,
+) -> SelftestResult:
     """The whole selftest: the running agent, or one started for it."""
     if os.geteuid() != 0:
-        raise GpuguardError("selftest needs root (private namespaces, GPU-named device nodes)",
-                            "run it as root: sudo gpuguard selftest")
+        raise GpuguardError(
+            "selftest needs root (private namespaces, GPU-named device nodes)",
+            "run it as root: sudo gpuguard selftest",
+        )
     doc = None if own_agent else running_agent(state_path)
     if doc is not None:
         agent_mode = doc.get("mode", "monitor")
         if mode == "enforce" and agent_mode != "enforce":
-            raise GpuguardError("the running agent is in monitor mode, so a response cannot be checked",
-                                "run `gpuguard selftest --mode monitor`, or --own-agent to start an enforce agent")
+            raise GpuguardError(
+                "the running agent is in monitor mode, so a response cannot be checked",
+                "run `gpuguard selftest --mode monitor`, or --own-agent to start an enforce agent",
+            )
         result = check_detection(state_path, mode or agent_mode, timeout)
-        result.message = f"running agent (pid {doc.get('pid')}, sensor {doc.get('sensor')}): {result.message}"
+        result.message = (
+            f"running agent (pid {doc.get('pid')}, sensor {doc.get('sensor')}): {result.message}"
+        )
         return result
     with tempfile.TemporaryDirectory(prefix="gpuguard-selftest-") as tmp:
         workdir = Path(tmp)
@@ -170,8 +230,12 @@ def run_selftest(state_path: Path, mode: str | None, timeout: float, sensor: str
             proc, own_state = start_agent(workdir, mode or "monitor", sensor, extra)
             try:
                 started = wait_for_agent(own_state, begun, 60, proc)
-                result = check_detection(own_state, mode or "monitor", timeout,
-                                         cgroup=scope.cgroup if scope is not None else None)
+                result = check_detection(
+                    own_state,
+                    mode or "monitor",
+                    timeout,
+                    cgroup=scope.cgroup if scope is not None else None,
+                )
                 where = f", acting only in cgroup {scope.scope}" if scope is not None else ""
                 result.message = f"agent started for the test (sensor {started.get('sensor')}{where}): {result.message}"
                 return result

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm")
-WALLET = "4" + "7" * 94          # Monero-shaped (4 + 94 base58 characters); no one's wallet
-NV_ESC_RM_ALLOC = (3 << 30) | (48 << 16) | (ord("F") << 8) | 0x2B    # _IOWR('F', 0x2b, 48 bytes)
+WALLET = "4" + "7" * 94  # Monero-shaped (4 + 94 base58 characters); no one's wallet
+NV_ESC_RM_ALLOC = (3 << 30) | (48 << 16) | (ord("F") << 8) | 0x2B  # _IOWR('F', 0x2b, 48 bytes)
 DEFAULT_POOL_PORT = 3333
 DEFAULT_IOCTLS = 2000
 _MS_NOSUID, _MS_NOEXEC = 2, 8
@@ -43,13 +43,29 @@ _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
 def miner_argv(pool_port: int, ioctls: int) -> list[str]:
     """The miner child's command line: what a real miner's looks like."""
-    return [sys.executable, "-m", "gpuguard.agent.simulator", "miner", "--ioctls", str(ioctls),
-            "-o", f"stratum+tcp://127.0.0.1:{pool_port}", "-u", WALLET, "-p", "selftest",
-            "--donate-level", "1", "--coin", "monero"]
+    return [
+        sys.executable,
+        "-m",
+        "gpuguard.agent.simulator",
+        "miner",
+        "--ioctls",
+        str(ioctls),
+        "-o",
+        f"stratum+tcp://127.0.0.1:{pool_port}",
+        "-u",
+        WALLET,
+        "-p",
+        "selftest",
+        "--donate-level",
+        "1",
+        "--coin",
+        "monero",
+    ]
 
 
-def start_simulator(pool_port: int = DEFAULT_POOL_PORT, ioctls: int = DEFAULT_IOCTLS,
-                    cgroup: Path | None = None) -> subprocess.Popen:
+def start_simulator(
+    pool_port: int = DEFAULT_POOL_PORT, ioctls: int = DEFAULT_IOCTLS, cgroup: Path | None = None
+) -> subprocess.Popen:
     """Start the simulator in new mount and network namespaces (root only); read its ready line next.
 
     With ``cgroup`` (a cgroup v2 directory) it starts inside that cgroup, so an enforce agent
@@ -59,16 +75,37 @@ def start_simulator(pool_port: int = DEFAULT_POOL_PORT, ioctls: int = DEFAULT_IO
     if unshare is None:
         from gpuguard.errors import GpuguardError
 
-        raise GpuguardError("unshare(1) is missing, so the simulator cannot get private namespaces",
-                            "apt-get install util-linux")
-    argv = [unshare, "--mount", "--net", "--propagation", "private", sys.executable, "-m", "gpuguard.agent.simulator",
-            "--pool-port", str(pool_port), "--ioctls", str(ioctls)]
+        raise GpuguardError(
+            "unshare(1) is missing, so the simulator cannot get private namespaces",
+            "apt-get install util-linux",
+        )
+    argv = [
+        unshare,
+        "--mount",
+        "--net",
+        "--propagation",
+        "private",
+        sys.executable,
+        "-m",
+        "gpuguard.agent.simulator",
+        "--pool-port",
+        str(pool_port),
+        "--ioctls",
+        str(ioctls),
+    ]
     if cgroup is not None:
         # The shell joins the cgroup, then becomes unshare: the simulator is in it from its first instruction.
-        argv = ["/bin/sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"', "gpuguard-simulator",
-                str(cgroup), *argv]
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            close_fds=True)
+        argv = [
+            "/bin/sh",
+            "-c",
+            'echo $$ > "$1/cgroup.procs" && shift && exec "$@"',
+            "gpuguard-simulator",
+            str(cgroup),
+            *argv,
+        ]
+    return subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True
+    )
 
 
 def stop_simulator(sim: subprocess.Popen) -> None:
@@ -96,9 +133,13 @@ def parse_ready(line: str) -> dict[str, float]:
 
 # ---- inside the namespaces ------------------------------------------------------------
 
+
 def _private_dev() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(b"gpuguard-selftest", b"/dev", b"tmpfs", _MS_NOSUID | _MS_NOEXEC, b"mode=755") != 0:
+    if (
+        libc.mount(b"gpuguard-selftest", b"/dev", b"tmpfs", _MS_NOSUID | _MS_NOEXEC, b"mode=755")
+        != 0
+    ):
         raise OSError(ctypes.get_errno(), "mount tmpfs on /dev")
     for node in ("/dev/null",) + GPU_NODES:
         os.mknod(node, 0o666 | 0o020000, os.makedev(1, 3))
@@ -159,7 +200,7 @@ def _simulate(pool_port: int, ioctls: int) -> int:
     logged_in = pool.got_line.wait(10)
     print(f"ready pid={miner.pid} start={started:.6f} pool={int(logged_in)}", flush=True)
     try:
-        sys.stdin.read()          # until the selftest closes our stdin
+        sys.stdin.read()  # until the selftest closes our stdin
     finally:
         miner.terminate()
         try:
@@ -173,7 +214,7 @@ def _miner(argv: list[str]) -> int:
     """The miner child: GPU opens, an ioctl burst, a pool login, then quiet."""
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)          # PR_SET_PDEATHSIG: never outlive the simulator
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the simulator
     ioctls = int(argv[argv.index("--ioctls") + 1])
     url = argv[argv.index("-o") + 1]
     host, _, port = url.split("://", 1)[1].rpartition(":")
@@ -183,12 +224,15 @@ def _miner(argv: list[str]) -> int:
         try:
             fcntl.ioctl(fds[0], NV_ESC_RM_ALLOC, buf)
         except OSError:
-            pass                           # ENOTTY from the null device: the call was still made
+            pass  # ENOTTY from the null device: the call was still made
     pool = socket.create_connection((host, int(port)), timeout=5)
-    pool.sendall(b'{"id":1,"jsonrpc":"2.0","method":"login","params":{"login":"' + WALLET.encode()
-                 + b'","pass":"selftest","agent":"XMRig/6.21.0 (selftest)"}}\n')
+    pool.sendall(
+        b'{"id":1,"jsonrpc":"2.0","method":"login","params":{"login":"'
+        + WALLET.encode()
+        + b'","pass":"selftest","agent":"XMRig/6.21.0 (selftest)"}}\n'
+    )
     pool.sendall(b'{"id":2,"method":"mining.subscribe","params":["XMRig/6.21.0"]}\n')
-    sys.stdin.read()                       # quiet until the simulator ends us
+    sys.stdin.read()  # quiet until the simulator ends us
     return 0
 
 

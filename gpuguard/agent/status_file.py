@@ -20,20 +20,47 @@ from gpuguard.errors import GpuguardError
 STALE_AFTER_INTERVALS = 5
 
 
-def status_document(c: Any, config: Any, rule_sources: list[str], events_per_s: float, now: float,
-                    running: bool = True) -> dict[str, Any]:
+def status_document(
+    c: Any,
+    config: Any,
+    rule_sources: list[str],
+    events_per_s: float,
+    now: float,
+    running: bool = True,
+) -> dict[str, Any]:
     """The state file's document from the agent's counters (:class:`AgentCounters`) and config."""
     return {
-        "running": running, "pid": os.getpid(), "started": c.started, "updated": now,
-        "interval_s": config.status_interval_s, "mode": config.mode, "dry_run": config.dry_run,
-        "sensor": c.sensor_mode, "blind_spots": c.blind_spots, "probes_attached": c.probes_attached,
-        "rules": {"version": c.rules_version, "generation": c.rules_generation, "error": c.rules_error,
-                  "sources": rule_sources},
-        "log": {"path": config.log_path, "format": config.log_format, "faults": c.log_faults,
-                "last_error": c.last_output_error, "status_errors": c.status_errors},
-        "events_per_s": round(events_per_s, 1), "events_total": c.events_total(),
-        "drops": {"ring_lost": dict(c.ring_lost), "intake": dict(c.intake_dropped), "output": c.output_dropped,
-                  "output_errors": c.output_errors},
+        "running": running,
+        "pid": os.getpid(),
+        "started": c.started,
+        "updated": now,
+        "interval_s": config.status_interval_s,
+        "mode": config.mode,
+        "dry_run": config.dry_run,
+        "sensor": c.sensor_mode,
+        "blind_spots": c.blind_spots,
+        "probes_attached": c.probes_attached,
+        "rules": {
+            "version": c.rules_version,
+            "generation": c.rules_generation,
+            "error": c.rules_error,
+            "sources": rule_sources,
+        },
+        "log": {
+            "path": config.log_path,
+            "format": config.log_format,
+            "faults": c.log_faults,
+            "last_error": c.last_output_error,
+            "status_errors": c.status_errors,
+        },
+        "events_per_s": round(events_per_s, 1),
+        "events_total": c.events_total(),
+        "drops": {
+            "ring_lost": dict(c.ring_lost),
+            "intake": dict(c.intake_dropped),
+            "output": c.output_dropped,
+            "output_errors": c.output_errors,
+        },
         "processes_tracked": c.processes_tracked,
         "last_findings": list(c.last_findings),
         "last_actions": list(c.last_actions),
@@ -59,17 +86,25 @@ def read_status(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise GpuguardError(f"no agent state file at {path}: the agent is not running (or never ran here)",
-                            "start it: gpuguard agent (or systemctl start gpuguard)") from None
+        raise GpuguardError(
+            f"no agent state file at {path}: the agent is not running (or never ran here)",
+            "start it: gpuguard agent (or systemctl start gpuguard)",
+        ) from None
     except PermissionError:
-        raise GpuguardError(f"cannot read {path}: it is readable by root only", "run gpuguard status as root") from None
+        raise GpuguardError(
+            f"cannot read {path}: it is readable by root only", "run gpuguard status as root"
+        ) from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise GpuguardError(f"the agent state file {path} is not valid JSON ({exc.msg})",
-                            "restart the agent; it rewrites the file") from None
+        raise GpuguardError(
+            f"the agent state file {path} is not valid JSON ({exc.msg})",
+            "restart the agent; it rewrites the file",
+        ) from None
     if not isinstance(doc, dict):
-        raise GpuguardError(f"the agent state file {path} is not a JSON object", "restart the agent")
+        raise GpuguardError(
+            f"the agent state file {path} is not a JSON object", "restart the agent"
+        )
     return doc
 
 

@@ -43,14 +43,17 @@ def log_fault_line(fault: AgentLifecycle, destination: str) -> str:
         return f"{fault.message}; detection goes on"
     what = "stdout" if destination in ("-", "stdout") else escape_text(destination)
     hint = {errno.EPIPE: "the reader of stdout went away", errno.ENOSPC: "the disk is full"}.get(
-        number, os.strerror(number))
+        number, os.strerror(number)
+    )
     return f"cannot write the log to {what} ({hint}); records are lost until it works again, detection goes on"
 
 
 class AgentTelemetry:
     """The log writer and the metrics exporter of one agent; see the module docstring."""
 
-    def __init__(self, config: AgentConfig, counters: AgentCounters, stderr: Callable[[str], None]) -> None:
+    def __init__(
+        self, config: AgentConfig, counters: AgentCounters, stderr: Callable[[str], None]
+    ) -> None:
         self.config, self.counters, self.stderr = config, counters, stderr
         self.writer: LogWriter | None = None
         self.metrics: AgentMetrics | None = None
@@ -60,11 +63,20 @@ class AgentTelemetry:
     def open_log(self) -> None:
         c = self.config
         try:
-            self.writer = open_log(c.log_path, c.log_format, queue_size=c.output_queue, max_bytes=c.log_max_bytes,
-                                   keep=c.log_keep, syslog_format=c.log_syslog_format, facility=c.log_facility)
+            self.writer = open_log(
+                c.log_path,
+                c.log_format,
+                queue_size=c.output_queue,
+                max_bytes=c.log_max_bytes,
+                keep=c.log_keep,
+                syslog_format=c.log_syslog_format,
+                facility=c.log_facility,
+            )
         except ValueError as exc:
-            raise GpuguardError(f"cannot use the agent log {escape_text(c.log_path)!r}: {exc}",
-                                f"give --log (or log.path) {_DESTINATIONS}") from None
+            raise GpuguardError(
+                f"cannot use the agent log {escape_text(c.log_path)!r}: {exc}",
+                f"give --log (or log.path) {_DESTINATIONS}",
+            ) from None
         self.counters.output_capacity = c.output_queue
 
     def serve_metrics(self) -> None:
@@ -76,10 +88,14 @@ class AgentTelemetry:
         try:
             self.server = metrics.serve(address)
         except ValueError as exc:
-            raise GpuguardError(str(exc), "give --metrics-address (or metrics.address) as HOST:PORT") from None
+            raise GpuguardError(
+                str(exc), "give --metrics-address (or metrics.address) as HOST:PORT"
+            ) from None
         except OSError as exc:
-            raise GpuguardError(f"cannot serve metrics on {address}: {exc.strerror or exc}",
-                                "choose a free port for --metrics-address (or metrics.address)") from None
+            raise GpuguardError(
+                f"cannot serve metrics on {address}: {exc.strerror or exc}",
+                "choose a free port for --metrics-address (or metrics.address)",
+            ) from None
         self.metrics = metrics
         metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
 

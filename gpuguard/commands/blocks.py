@@ -22,14 +22,22 @@ HELP = "list the blocks in place (kill-on-touch, quarantine, egress, nftables, s
 
 
 def add_block_location_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pin-root", default=DEFAULT_PIN_ROOT,
-                        help=f"where the blocks' BPF objects are pinned (response.pin_root; default {DEFAULT_PIN_ROOT})")
-    parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR,
-                        help=f"where block records are kept (response.state_dir; default {DEFAULT_STATE_DIR})")
+    parser.add_argument(
+        "--pin-root",
+        default=DEFAULT_PIN_ROOT,
+        help=f"where the blocks' BPF objects are pinned (response.pin_root; default {DEFAULT_PIN_ROOT})",
+    )
+    parser.add_argument(
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        help=f"where block records are kept (response.state_dir; default {DEFAULT_STATE_DIR})",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="one JSON object per block, one per line")
+    parser.add_argument(
+        "--json", action="store_true", help="one JSON object per block, one per line"
+    )
     add_block_location_arguments(parser)
 
 
@@ -53,7 +61,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{'ID':<12} {'KIND':<14} {'PID':>7} {'EXPIRES':<10} {'STATE':<22} TARGET / REASON")
     for block in blocks:
-        target = block.detail.get("cgroup") or ", ".join(block.detail.get("addresses", [])) or block.exe
-        print(f"{block.id:<12} {block.kind:<14} {block.pid:>7} {_when(block.expires, now):<10} "
-              f"{in_place(block, root):<22} {escape_text(block.comm)} {escape_text(target)}: {escape_text(block.reason)}")
+        target = (
+            block.detail.get("cgroup") or ", ".join(block.detail.get("addresses", [])) or block.exe
+        )
+        print(
+            f"{block.id:<12} {block.kind:<14} {block.pid:>7} {_when(block.expires, now):<10} "
+            f"{in_place(block, root):<22} {escape_text(block.comm)} {escape_text(target)}: {escape_text(block.reason)}"
+        )
     return 0

@@ -28,13 +28,28 @@ _RATE_SOURCES = ("amdsmi", "drm-fdinfo")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON document (one JSON line per sample with --watch or --replay)")
-    parser.add_argument("--watch", nargs="?", type=seconds("--watch"), const=1.0, default=None, metavar="SECONDS",
-                        help="refresh every SECONDS (default 1) until Ctrl-C; with --replay, pace by recorded time")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document (one JSON line per sample with --watch or --replay)",
+    )
+    parser.add_argument(
+        "--watch",
+        nargs="?",
+        type=seconds("--watch"),
+        const=1.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 1) until Ctrl-C; with --replay, pace by recorded time",
+    )
     parser.add_argument("--replay", metavar="FILE", help="show the GPU telemetry recorded in FILE")
-    parser.add_argument("--source", action="append", choices=ALL_SOURCES, dest="sources",
-                        help="only this source (repeatable; default: all)")
+    parser.add_argument(
+        "--source",
+        action="append",
+        choices=ALL_SOURCES,
+        dest="sources",
+        help="only this source (repeatable; default: all)",
+    )
     parser.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
 
 
@@ -46,21 +61,32 @@ def label_from_facts(facts: ProcessFacts | None) -> ProcessLabel:
         container = f"{facts.container_runtime or 'container'}:{facts.container_id[:12]}"
     elif facts.pod_uid:
         container = f"pod:{facts.pod_uid}"
-    return ProcessLabel(name=facts.comm or "?", exe=facts.exe, user=facts.username or str(facts.uid),
-                        container=container)
+    return ProcessLabel(
+        name=facts.comm or "?",
+        exe=facts.exe,
+        user=facts.username or str(facts.uid),
+        container=container,
+    )
 
 
 def live_labels(snapshots: Iterable[GpuSnapshot], proc_root: str) -> dict[int, ProcessLabel]:
     pids = {p.pid for snap in snapshots for p in snap.processes}
-    return {pid: label_from_facts(collect_process_facts(pid, proc_root, with_ancestors=False)) for pid in pids}
+    return {
+        pid: label_from_facts(collect_process_facts(pid, proc_root, with_ancestors=False))
+        for pid in pids
+    }
 
 
 def sample_all(samplers: list[GpuSampler]) -> list[GpuSnapshot]:
     return [s.sample() for s in samplers]
 
 
-def first_view(samplers: list[GpuSampler], unavailable: list[str], proc_root: str,
-               sleep: Callable[[float], None] = time.sleep) -> GpuView:
+def first_view(
+    samplers: list[GpuSampler],
+    unavailable: list[str],
+    proc_root: str,
+    sleep: Callable[[float], None] = time.sleep,
+) -> GpuView:
     """One reading; sources that report rates get a baseline read first."""
     snapshots = sample_all(samplers)
     if any(s.source in _RATE_SOURCES for s in samplers):
@@ -105,7 +131,9 @@ class _Printer:
 
 def run_live(args: argparse.Namespace, printer: _Printer) -> int:
     unavailable: list[str] = []
-    samplers = open_samplers(args.sources or ALL_SOURCES, proc_root=args.proc_root, on_status=unavailable.append)
+    samplers = open_samplers(
+        args.sources or ALL_SOURCES, proc_root=args.proc_root, on_status=unavailable.append
+    )
     try:
         printer.show(first_view(samplers, unavailable, args.proc_root))
         if args.watch is None:
@@ -116,7 +144,9 @@ def run_live(args: argparse.Namespace, printer: _Printer) -> int:
             time.sleep(max(0.0, next_due - time.monotonic()))
             next_due += interval
             snapshots = sample_all(samplers)
-            printer.show(GpuView(time.time(), snapshots, live_labels(snapshots, args.proc_root), unavailable))
+            printer.show(
+                GpuView(time.time(), snapshots, live_labels(snapshots, args.proc_root), unavailable)
+            )
     finally:
         for sampler in samplers:
             sampler.close()
@@ -128,7 +158,10 @@ def run_replay(args: argparse.Namespace, printer: _Printer) -> int:
     sampler = ReplaySampler(args.replay, pace=args.watch is not None)
     try:
         for snapshot in sampler:
-            labels = {p.pid: label_from_facts(sampler.process_facts.get(p.pid)) for p in snapshot.processes}
+            labels = {
+                p.pid: label_from_facts(sampler.process_facts.get(p.pid))
+                for p in snapshot.processes
+            }
             printer.show(GpuView(snapshot.time, [snapshot], labels))
     finally:
         sampler.close()

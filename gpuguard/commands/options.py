@@ -15,7 +15,9 @@ DAY_S = 86_400.0
 YEAR_S = 365 * DAY_S
 
 
-def seconds(option: str, *, zero_means: str | None = None, maximum: float = DAY_S) -> Callable[[str], float]:
+def seconds(
+    option: str, *, zero_means: str | None = None, maximum: float = DAY_S
+) -> Callable[[str], float]:
     """An argparse ``type`` for a positive, finite number of seconds up to ``maximum``.
 
     ``zero_means`` allows 0 and says what it does (e.g. "disables sampling").
@@ -30,7 +32,12 @@ def seconds(option: str, *, zero_means: str | None = None, maximum: float = DAY_
             value = float(text)
         except ValueError:
             raise GpuguardError(f"{option} {text!r} is not a number of seconds", fix) from None
-        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_means) or value > maximum:
+        if (
+            not math.isfinite(value)
+            or value < 0
+            or (value == 0 and not zero_means)
+            or value > maximum
+        ):
             raise GpuguardError(f"{option} {text} is out of range", fix)
         return value
 

@@ -23,13 +23,23 @@ _INTERESTING = (GpuOpen, GpuIoctl, Connect, NetPayload)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", "-o", required=True, metavar="FILE", help="recording to write (must not exist)")
-    parser.add_argument("--duration", type=seconds("--duration", maximum=YEAR_S), metavar="S",
-                        help="stop after S seconds (default: until Ctrl-C)")
+    parser.add_argument(
+        "--output", "-o", required=True, metavar="FILE", help="recording to write (must not exist)"
+    )
+    parser.add_argument(
+        "--duration",
+        type=seconds("--duration", maximum=YEAR_S),
+        metavar="S",
+        help="stop after S seconds (default: until Ctrl-C)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
-    parser.add_argument("--gpu-interval", type=seconds("--gpu-interval", zero_means="disables GPU sampling"),
-                        default=1.0, metavar="S",
-                        help="seconds between GPU telemetry samples (default 1; 0 disables)")
+    parser.add_argument(
+        "--gpu-interval",
+        type=seconds("--gpu-interval", zero_means="disables GPU sampling"),
+        default=1.0,
+        metavar="S",
+        help="seconds between GPU telemetry samples (default 1; 0 disables)",
+    )
     add_sensor_arguments(parser)
 
 
@@ -50,7 +60,9 @@ class _Progress:
         self.next_draw = now + 1.0
         elapsed = now - self.started
         of = f" / {self.duration:.0f} s" if self.duration else ""
-        sys.stderr.write(f"\rrecording {self.path}: {written} items, {lost} lost, {elapsed:.0f} s{of}  ")
+        sys.stderr.write(
+            f"\rrecording {self.path}: {written} items, {lost} lost, {elapsed:.0f} s{of}  "
+        )
         sys.stderr.flush()
 
     def done(self) -> None:
@@ -68,8 +80,11 @@ def run(args: argparse.Namespace) -> int:
     from gpuguard.sources.preflight import check_sensor_prerequisites
 
     check_sensor_prerequisites()  # no root, bcc or headers: say so before anything else
-    writer = RecordingWriter(args.output, meta={"recorder": "gpuguard record", "interval": args.interval},
-                             overwrite=args.force)
+    writer = RecordingWriter(
+        args.output,
+        meta={"recorder": "gpuguard record", "interval": args.interval},
+        overwrite=args.force,
+    )
     statuses: list[str] = []
     samplers = open_samplers(on_status=statuses.append) if args.gpu_interval > 0 else []
     for line in statuses:
@@ -80,8 +95,12 @@ def run(args: argparse.Namespace) -> int:
         writer.close()
         raise
     stop = StopRequest(sensor)
-    print(f"gpuguard: recording to {args.output} (probes loaded in {sensor.stats.startup_seconds:.2f} s); "
-          "Ctrl-C stops", file=sys.stderr, flush=True)
+    print(
+        f"gpuguard: recording to {args.output} (probes loaded in {sensor.stats.startup_seconds:.2f} s); "
+        "Ctrl-C stops",
+        file=sys.stderr,
+        flush=True,
+    )
     described: set[int] = set()
     progress = _Progress(args.output, args.duration)
     deadline = time.monotonic() + args.duration if args.duration else None
@@ -91,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
         for event in events:
             if isinstance(event, _INTERESTING) and event.pid not in described:
                 described.add(event.pid)
-                facts = collect_facts_with_configs(event.pid)   # pools hidden in a config file reach replay too
+                facts = collect_facts_with_configs(
+                    event.pid
+                )  # pools hidden in a config file reach replay too
                 if facts is not None:
                     writer.write(facts)
             writer.write(event)
@@ -111,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         try:
             if failure is None:
-                sensor.detach_probes()   # the kernel's detach time overlaps the final drain
+                sensor.detach_probes()  # the kernel's detach time overlaps the final drain
                 write_events(sensor.drain())
                 writer.close()
         except RecordingWriteFailed as exc:
@@ -122,7 +143,10 @@ def run(args: argparse.Namespace) -> int:
             progress.update(writer.items_written, sum(sensor.stats.lost.values()), force=True)
             progress.done()
             if failure is None:
-                print(f"gpuguard: wrote {writer.items_written} items to {args.output}", file=sys.stderr)
+                print(
+                    f"gpuguard: wrote {writer.items_written} items to {args.output}",
+                    file=sys.stderr,
+                )
             # The summary goes out before close() waits for the probes' detach.
             print_stats(sensor)
             for sampler in samplers:

@@ -14,9 +14,14 @@ HELP = "read a recording back: the live view's lines, or every item as JSON line
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="a recording made by 'gpuguard record'")
-    parser.add_argument("--json", action="store_true",
-                        help="every item as one JSON object per line (events, process facts, GPU snapshots)")
-    parser.add_argument("--all", action="store_true", help="show every process's events, not only GPU-touching ones")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="every item as one JSON object per line (events, process facts, GPU snapshots)",
+    )
+    parser.add_argument(
+        "--all", action="store_true", help="show every process's events, not only GPU-touching ones"
+    )
 
 
 def _json_of(item) -> dict:  # noqa: ANN001

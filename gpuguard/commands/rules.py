@@ -26,18 +26,41 @@ DEFAULT_CASES_DIR = Path("tests/cases")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="rules_command", metavar="ACTION")
-    validate = sub.add_parser("validate", help="check rule files; every problem as file:line:col: message")
-    validate.add_argument("paths", nargs="*", type=Path, metavar="PATH",
-                          help="rule files layered in order (default: shipped rules + /etc/gpuguard/*.yaml)")
-    validate.add_argument("--with-defaults", action="store_true",
-                          help="layer PATHs on top of the default rule files")
-    test = sub.add_parser("test", help="replay golden cases and compare verdicts with expected.yaml")
-    test.add_argument("--cases", type=Path, default=DEFAULT_CASES_DIR, metavar="DIR",
-                      help="a directory of cases (each NAME/capture.ggrec + NAME/expected.yaml) or one case "
-                           f"(default: {DEFAULT_CASES_DIR} under the current directory, as in a checkout)")
-    test.add_argument("--rules", type=Path, action="append", default=None, metavar="PATH",
-                      help="rule files to use instead of the defaults (repeatable, layered in order)")
-    test.add_argument("-v", "--verbose", action="store_true", help="print every process's verdict line")
+    validate = sub.add_parser(
+        "validate", help="check rule files; every problem as file:line:col: message"
+    )
+    validate.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="PATH",
+        help="rule files layered in order (default: shipped rules + /etc/gpuguard/*.yaml)",
+    )
+    validate.add_argument(
+        "--with-defaults", action="store_true", help="layer PATHs on top of the default rule files"
+    )
+    test = sub.add_parser(
+        "test", help="replay golden cases and compare verdicts with expected.yaml"
+    )
+    test.add_argument(
+        "--cases",
+        type=Path,
+        default=DEFAULT_CASES_DIR,
+        metavar="DIR",
+        help="a directory of cases (each NAME/capture.ggrec + NAME/expected.yaml) or one case "
+        f"(default: {DEFAULT_CASES_DIR} under the current directory, as in a checkout)",
+    )
+    test.add_argument(
+        "--rules",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="rule files to use instead of the defaults (repeatable, layered in order)",
+    )
+    test.add_argument(
+        "-v", "--verbose", action="store_true", help="print every process's verdict line"
+    )
     listing = sub.add_parser("list", help="list the compiled rules")
     listing.add_argument("--rules", type=Path, action="append", default=None, metavar="PATH")
     sub.add_parser("signals", help="list the signals conditions can test, and the operators")
@@ -62,9 +85,13 @@ def _list(args: argparse.Namespace) -> int:
     ruleset = load_ruleset(args.rules)
     for rule in ruleset.rules + ruleset.disabled:
         state = "" if rule.enabled else " (disabled)"
-        print(f"{rule.id:36} {rule.weight:+4d} {rule.severity:8} {rule.description}{state}  [{', '.join(rule.signals)}]")
-    print(f"thresholds: suspicious {ruleset.thresholds.suspicious}, malicious {ruleset.thresholds.malicious}; "
-          f"allowlist entries: {len(ruleset.allowlist)}; YARA files: {len(ruleset.yara_files)}")
+        print(
+            f"{rule.id:36} {rule.weight:+4d} {rule.severity:8} {rule.description}{state}  [{', '.join(rule.signals)}]"
+        )
+    print(
+        f"thresholds: suspicious {ruleset.thresholds.suspicious}, malicious {ruleset.thresholds.malicious}; "
+        f"allowlist entries: {len(ruleset.allowlist)}; YARA files: {len(ruleset.yara_files)}"
+    )
     return 0
 
 
@@ -98,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
     action = getattr(args, "rules_command", None)
     handlers = {"validate": _validate, "test": _test, "list": _list, "signals": _signals}
     if action not in handlers:
-        print("usage: gpuguard rules {validate,test,list,signals} (see gpuguard rules --help)", file=sys.stderr)
+        print(
+            "usage: gpuguard rules {validate,test,list,signals} (see gpuguard rules --help)",
+            file=sys.stderr,
+        )
         return 2
     return handlers[action](args)

@@ -36,49 +36,89 @@ DEFAULT_GPU_WINDOW_S = 3.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="same as --format json (ECS findings)")
-    parser.add_argument("--format", choices=FORMATS, default=None,
-                        help="table (default), json (ECS field names) or ocsf (OCSF Detection Finding)")
-    parser.add_argument("--deep", action="store_true",
-                        help="also scan process memory with the YARA rules (slower; progress on a terminal)")
-    parser.add_argument("--rules", type=Path, action="append", default=None, metavar="PATH",
-                        help="rules file to use instead of the default set; repeat to layer files "
-                             "(list rules/miner-rules.yaml first to extend the shipped rules)")
-    parser.add_argument("--root", default="/", metavar="DIR",
-                        help="filesystem root for autostart files, /etc/ld.so.preload and device nodes (default /)")
-    parser.add_argument("--cpu-sample", type=float, default=0.5, metavar="SECONDS",
-                        help="window over which every process's CPU use is measured (default 0.5)")
-    parser.add_argument("--gpu-window", type=float, default=DEFAULT_GPU_WINDOW_S, metavar="SECONDS",
-                        help="sample every GPU process, and the TCP counters of its connections, once a second "
-                             f"for this long while the scan runs, for the behaviour rules (default "
-                             f"{DEFAULT_GPU_WINDOW_S:g}; 60 gives them a full minute and shows a 15 s share "
-                             "cadence; docs/gpus.md, docs/scan.md)")
-    parser.add_argument("--no-yara", action="store_true", help="skip YARA scanning of executables and memory")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="table (default), json (ECS field names) or ocsf (OCSF Detection Finding)",
+    )
+    parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="also scan process memory with the YARA rules (slower; progress on a terminal)",
+    )
+    parser.add_argument(
+        "--rules",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="rules file to use instead of the default set; repeat to layer files "
+        "(list rules/miner-rules.yaml first to extend the shipped rules)",
+    )
+    parser.add_argument(
+        "--root",
+        default="/",
+        metavar="DIR",
+        help="filesystem root for autostart files, /etc/ld.so.preload and device nodes (default /)",
+    )
+    parser.add_argument(
+        "--cpu-sample",
+        type=float,
+        default=0.5,
+        metavar="SECONDS",
+        help="window over which every process's CPU use is measured (default 0.5)",
+    )
+    parser.add_argument(
+        "--gpu-window",
+        type=float,
+        default=DEFAULT_GPU_WINDOW_S,
+        metavar="SECONDS",
+        help="sample every GPU process, and the TCP counters of its connections, once a second "
+        f"for this long while the scan runs, for the behaviour rules (default "
+        f"{DEFAULT_GPU_WINDOW_S:g}; 60 gives them a full minute and shows a 15 s share "
+        "cadence; docs/gpus.md, docs/scan.md)",
+    )
+    parser.add_argument(
+        "--no-yara", action="store_true", help="skip YARA scanning of executables and memory"
+    )
 
 
 # ---- option checks ----------------------------------------------------------------
 
+
 def _output_format(args: argparse.Namespace) -> str:
     if args.json and args.format not in (None, "json"):
-        raise GpuguardError(f"--json and --format {args.format} contradict each other",
-                            "give one of them")
+        raise GpuguardError(
+            f"--json and --format {args.format} contradict each other", "give one of them"
+        )
     return "json" if args.json else (args.format or "table")
 
 
 def _check_options(args: argparse.Namespace) -> None:
     if not 0 <= args.cpu_sample <= MAX_CPU_SAMPLE_S:
-        raise GpuguardError(f"--cpu-sample {args.cpu_sample} is outside 0-{MAX_CPU_SAMPLE_S:g} seconds",
-                            "give a window such as --cpu-sample 0.5")
+        raise GpuguardError(
+            f"--cpu-sample {args.cpu_sample} is outside 0-{MAX_CPU_SAMPLE_S:g} seconds",
+            "give a window such as --cpu-sample 0.5",
+        )
     if not 0 <= args.gpu_window <= MAX_GPU_WINDOW_S:
-        raise GpuguardError(f"--gpu-window {args.gpu_window} is outside 0-{MAX_GPU_WINDOW_S:g} seconds",
-                            "give a window such as --gpu-window 60")
+        raise GpuguardError(
+            f"--gpu-window {args.gpu_window} is outside 0-{MAX_GPU_WINDOW_S:g} seconds",
+            "give a window such as --gpu-window 60",
+        )
     if not os.path.isdir(args.root):
-        raise GpuguardError(f"--root {args.root} is not a directory", "point --root at a filesystem tree, e.g. /")
+        raise GpuguardError(
+            f"--root {args.root} is not a directory", "point --root at a filesystem tree, e.g. /"
+        )
     if args.deep and args.no_yara:
-        raise GpuguardError("--deep scans memory with YARA, so it cannot be combined with --no-yara",
-                            "drop one of them")
+        raise GpuguardError(
+            "--deep scans memory with YARA, so it cannot be combined with --no-yara",
+            "drop one of them",
+        )
 
 
 # ---- engine glue -----------------------------------------------------------------
+
 
 def _vocabulary(ruleset):
     from gpuguard.detect.host_checks import MinerVocabulary
@@ -102,8 +142,10 @@ def _yara_scanner(ruleset, args: argparse.Namespace, notes: list[str]):
     try:
         scanner = PersistentYaraScanner.for_files(ruleset.yara_files)
     except OSError as exc:
-        raise GpuguardError(f"cannot read YARA file {exc.filename}: {exc.strerror}",
-                            "fix the yara: entries of the rules file") from None
+        raise GpuguardError(
+            f"cannot read YARA file {exc.filename}: {exc.strerror}",
+            "fix the yara: entries of the rules file",
+        ) from None
     if scanner.note:
         notes.append(scanner.note)
     return scanner
@@ -123,10 +165,22 @@ def _deep_scan(correlator, scanner, err_console, show_progress: bool) -> int:
         state.add_yara_result(result.rules, result.tags)
 
     if show_progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
-        with Progress(TextColumn("scanning memory"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err_console, transient=True) as progress:
+        with Progress(
+            TextColumn("scanning memory"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        ) as progress:
             task = progress.add_task("memory", total=len(states))
             for state in states:
                 scan_one(state)
@@ -138,6 +192,7 @@ def _deep_scan(correlator, scanner, err_console, show_progress: bool) -> int:
 
 
 # ---- host checks -----------------------------------------------------------------
+
 
 def _read_ld_so_preload(root: str) -> str | None:
     path = os.path.join(root, "etc/ld.so.preload")
@@ -179,24 +234,34 @@ def _host_findings(args, ruleset, obs, hidden, limitations: list[str], notes: li
     notes.extend(n for n in stack.unavailable if not (sampler_said_nvml and n.startswith("NVML")))
     autostart = collect_autostart_files(args.root)
     if autostart.unreadable:
-        limitations.append(f"could not read {len(autostart.unreadable)} autostart files or directories "
-                           f"(e.g. {autostart.unreadable[0]}); run as root to see them")
+        limitations.append(
+            f"could not read {len(autostart.unreadable)} autostart files or directories "
+            f"(e.g. {autostart.unreadable[0]}); run as root to see them"
+        )
     for partly in autostart.partly_read:
         limitations.append(f"read only part of autostart file {partly}")
-    findings = (host_checks.check_autostart_files(autostart.files, _vocabulary(ruleset))
-                + host_checks.check_ld_so_preload(_read_ld_so_preload(args.root))
-                + host_checks.check_device_nodes(stack.device_nodes)
-                + host_checks.check_kernel(stack)
-                + host_checks.check_hidden_pids(hidden.hidden)
-                + gpu_host_checks.check_gpu_memory(obs.snapshots, obs.gpu_pid_states(), obs.accounting)
-                + gpu_host_checks.check_past_gpu_users(obs.accounting)
-                + tuning_host_checks.host_tuning_findings(args.root))
-    host_checks.apply_thresholds(findings, ruleset.thresholds.suspicious, ruleset.thresholds.malicious)
-    counters = {"autostart_files": len(autostart.files), "hidden_pid_candidates": hidden.candidates_checked}
+    findings = (
+        host_checks.check_autostart_files(autostart.files, _vocabulary(ruleset))
+        + host_checks.check_ld_so_preload(_read_ld_so_preload(args.root))
+        + host_checks.check_device_nodes(stack.device_nodes)
+        + host_checks.check_kernel(stack)
+        + host_checks.check_hidden_pids(hidden.hidden)
+        + gpu_host_checks.check_gpu_memory(obs.snapshots, obs.gpu_pid_states(), obs.accounting)
+        + gpu_host_checks.check_past_gpu_users(obs.accounting)
+        + tuning_host_checks.host_tuning_findings(args.root)
+    )
+    host_checks.apply_thresholds(
+        findings, ruleset.thresholds.suspicious, ruleset.thresholds.malicious
+    )
+    counters = {
+        "autostart_files": len(autostart.files),
+        "hidden_pid_candidates": hidden.candidates_checked,
+    }
     return findings, stack, counters
 
 
 # ---- the command -----------------------------------------------------------------
+
 
 def run(args: argparse.Namespace) -> int:
     fmt = _output_format(args)
@@ -236,7 +301,9 @@ def run(args: argparse.Namespace) -> int:
     if args.deep and scanner is not None:
         unreadable = _deep_scan(correlator, scanner, err_console, show_progress=sys.stderr.isatty())
         if unreadable:
-            limitations.append(f"could not read the memory of {unreadable} processes; run as root to see them")
+            limitations.append(
+                f"could not read the memory of {unreadable} processes; run as root to see them"
+            )
     if scanner is not None:
         scanner.save()
         if scanner.note and scanner.note not in notes:
@@ -249,23 +316,42 @@ def run(args: argparse.Namespace) -> int:
         if verdict.score > 0 and state is not None:
             findings.append(finding_from_verdict(verdict, state.facts, ruleset))
 
-    host_findings, stack, host_counters = _host_findings(args, ruleset, obs, hidden, limitations, notes)
+    host_findings, stack, host_counters = _host_findings(
+        args, ruleset, obs, hidden, limitations, notes
+    )
     findings += [finding_from_host(h) for h in host_findings]
 
-    counters = {"processes": len(obs.facts), "gpu_handles": len(obs.holders.holders),
-                "connections": sum(len(c) for c in obs.connections.by_pid.values()),
-                "gpu_snapshots": len(obs.snapshots), "gpu_sessions": len(obs.sessions), "gpu_accounting_records": len(obs.accounting),
-                **host_counters}
+    counters = {
+        "processes": len(obs.facts),
+        "gpu_handles": len(obs.holders.holders),
+        "connections": sum(len(c) for c in obs.connections.by_pid.values()),
+        "gpu_snapshots": len(obs.snapshots),
+        "gpu_sessions": len(obs.sessions),
+        "gpu_accounting_records": len(obs.accounting),
+        **host_counters,
+    }
     if scanner is not None:
         counters.update({f"yara_{k}": v for k, v in scanner.stats.items()})
     report = ScanReport(
-        started=started, finished=time.time(), findings=findings, gpu_stack=stack,
+        started=started,
+        finished=time.time(),
+        findings=findings,
+        gpu_stack=stack,
         processes_scanned=len(obs.facts),
-        suspicious_threshold=ruleset.thresholds.suspicious, malicious_threshold=ruleset.thresholds.malicious,
-        limitations=limitations, notes=notes, counters=counters,
-        options={"deep": args.deep, "yara": not args.no_yara, "root": args.root, "cpu_sample_s": args.cpu_sample,
-                 "gpu_window_s": args.gpu_window, "gpu_window_observed_s": round(obs.gpu_window_s, 1),
-                 "rules": [str(p) for p in ruleset.sources]},
+        suspicious_threshold=ruleset.thresholds.suspicious,
+        malicious_threshold=ruleset.thresholds.malicious,
+        limitations=limitations,
+        notes=notes,
+        counters=counters,
+        options={
+            "deep": args.deep,
+            "yara": not args.no_yara,
+            "root": args.root,
+            "cpu_sample_s": args.cpu_sample,
+            "gpu_window_s": args.gpu_window,
+            "gpu_window_observed_s": round(obs.gpu_window_s, 1),
+            "rules": [str(p) for p in ruleset.sources],
+        },
     )
     if fmt == "table":
         # A pipe or file gets wide lines rather than an 80-column wrap.

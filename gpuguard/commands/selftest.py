@@ -16,20 +16,41 @@ HELP = "check that the agent catches a harmless miner simulator (PASS/FAIL with 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-file", type=Path, default=DEFAULT_STATUS_PATH, metavar="PATH",
-                        help=f"the running agent's state file (default {DEFAULT_STATUS_PATH})")
-    parser.add_argument("--mode", choices=MODES, default=None,
-                        help="enforce also checks that a response action fired (default: the agent's mode)")
-    parser.add_argument("--own-agent", action="store_true",
-                        help="start an agent for the test even when one is running")
-    parser.add_argument("--sensor", choices=SENSORS, default="auto", help="sensor of an agent started for the test")
-    parser.add_argument("--timeout", type=float, default=15.0, metavar="S",
-                        help="how long to wait for the finding (default 15 s)")
+    parser.add_argument(
+        "--state-file",
+        type=Path,
+        default=DEFAULT_STATUS_PATH,
+        metavar="PATH",
+        help=f"the running agent's state file (default {DEFAULT_STATUS_PATH})",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default=None,
+        help="enforce also checks that a response action fired (default: the agent's mode)",
+    )
+    parser.add_argument(
+        "--own-agent",
+        action="store_true",
+        help="start an agent for the test even when one is running",
+    )
+    parser.add_argument(
+        "--sensor", choices=SENSORS, default="auto", help="sensor of an agent started for the test"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="how long to wait for the finding (default 15 s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from gpuguard.agent.selftest import run_selftest
 
-    result = run_selftest(args.state_file, args.mode, args.timeout, sensor=args.sensor, own_agent=args.own_agent)
+    result = run_selftest(
+        args.state_file, args.mode, args.timeout, sensor=args.sensor, own_agent=args.own_agent
+    )
     print(f"{'PASS' if result.passed else 'FAIL'}: {result.message}", flush=True)
     return 0 if result.passed else 1

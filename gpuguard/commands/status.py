@@ -10,13 +10,20 @@ from pathlib import Path
 
 from gpuguard.agent.config import DEFAULT_STATUS_PATH
 
-HELP = ("show whether the agent runs, its mode, rules, probes, event rate, drops, last findings "
-        "and active host findings")
+HELP = (
+    "show whether the agent runs, its mode, rules, probes, event rate, drops, last findings "
+    "and active host findings"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-file", type=Path, default=DEFAULT_STATUS_PATH, metavar="PATH",
-                        help=f"the agent's state file (default {DEFAULT_STATUS_PATH})")
+    parser.add_argument(
+        "--state-file",
+        type=Path,
+        default=DEFAULT_STATUS_PATH,
+        metavar="PATH",
+        help=f"the agent's state file (default {DEFAULT_STATUS_PATH})",
+    )
     parser.add_argument("--json", action="store_true", help="print the state document as JSON")
 
 
@@ -46,13 +53,17 @@ def render(doc: dict, alive: bool, why: str, now: float) -> list[str]:
     lines.append(f"last findings ({len(findings)}):" if findings else "last findings: none")
     for f in reversed(findings[-10:]):
         when = time.strftime("%H:%M:%S", time.localtime(float(f.get("time", 0))))
-        lines.append(f"  {when} pid {f.get('pid')} {escape_text(f.get('comm', ''))}: {f.get('verdict')} "
-                     f"score {f.get('score')} ({', '.join(escape_text(r) for r in f.get('rule_ids', [])[:4])})")
+        lines.append(
+            f"  {when} pid {f.get('pid')} {escape_text(f.get('comm', ''))}: {f.get('verdict')} "
+            f"score {f.get('score')} ({', '.join(escape_text(r) for r in f.get('rule_ids', [])[:4])})"
+        )
     hosts = doc.get("host_findings", [])
     lines.append(f"active host findings ({len(hosts)}):" if hosts else "active host findings: none")
     for h in hosts:
         since = time.strftime("%H:%M:%S", time.localtime(float(h.get("since", 0))))
-        lines.append(f"  since {since} {escape_text(h.get('rule_id', ''))}: {escape_text(h.get('detail', ''))}")
+        lines.append(
+            f"  since {since} {escape_text(h.get('rule_id', ''))}: {escape_text(h.get('detail', ''))}"
+        )
     return lines
 
 
@@ -63,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     now = time.time()
     alive, why = agent_alive(doc, now)
     if args.json:
-        json.dump({**doc, "alive": alive, "alive_reason": why}, sys.stdout, indent=2, ensure_ascii=True)
+        json.dump(
+            {**doc, "alive": alive, "alive_reason": why}, sys.stdout, indent=2, ensure_ascii=True
+        )
         sys.stdout.write("\n")
     else:
         print("\n".join(render(doc, alive, why, now)))

@@ -15,14 +15,18 @@ HELP = "lift blocks by id, or all of them (--all also removes table inet gpuguar
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("ids", nargs="*", metavar="ID", help="block ids as `gpuguard blocks` lists them")
+    parser.add_argument(
+        "ids", nargs="*", metavar="ID", help="block ids as `gpuguard blocks` lists them"
+    )
     parser.add_argument("--all", action="store_true", help="lift every block")
     add_block_location_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     if bool(args.ids) == bool(args.all):
-        raise GpuguardError("name block ids or --all (not both, not neither)", "gpuguard blocks lists the ids")
+        raise GpuguardError(
+            "name block ids or --all (not both, not neither)", "gpuguard blocks lists the ids"
+        )
     store = BlockStore(args.state_dir)
     root = Path(args.pin_root)
     if args.all:
@@ -32,7 +36,10 @@ def run(args: argparse.Namespace) -> int:
         for block_id in args.ids:
             block = store.get(block_id)
             if block is None:
-                raise GpuguardError(f"no block {escape_text(block_id)!s} in {args.state_dir}", "gpuguard blocks lists the ids")
+                raise GpuguardError(
+                    f"no block {escape_text(block_id)!s} in {args.state_dir}",
+                    "gpuguard blocks lists the ids",
+                )
             try:
                 done.append((block, lift_block(block, store, root)))
             except OSError as exc:

@@ -16,21 +16,42 @@ HELP = "live view: GPU opens, per-interval ioctl summaries, connections of GPU-t
 
 def add_sensor_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by every command that runs the sensor."""
-    parser.add_argument("--interval", type=seconds("--interval"), default=1.0, metavar="S",
-                        help="seconds between ioctl counter reports (default 1)")
-    parser.add_argument("--no-payload", action="store_true",
-                        help="do not capture the first bytes of new connections (removes the write(2) probe)")
-    parser.add_argument("--perf-buffer", action="store_true",
-                        help="use a perf buffer even where the kernel has a BPF ring buffer")
+    parser.add_argument(
+        "--interval",
+        type=seconds("--interval"),
+        default=1.0,
+        metavar="S",
+        help="seconds between ioctl counter reports (default 1)",
+    )
+    parser.add_argument(
+        "--no-payload",
+        action="store_true",
+        help="do not capture the first bytes of new connections (removes the write(2) probe)",
+    )
+    parser.add_argument(
+        "--perf-buffer",
+        action="store_true",
+        help="use a perf buffer even where the kernel has a BPF ring buffer",
+    )
     parser.add_argument("--print-probes", action="store_true", help=argparse.SUPPRESS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="one JSON object per event per line (every event)")
-    parser.add_argument("--all", action="store_true", help="show every process's events, not only GPU-touching ones")
-    parser.add_argument("--duration", type=seconds("--duration", maximum=YEAR_S), metavar="S",
-                        help="stop after S seconds")
-    parser.add_argument("--stats", action="store_true", help="print sensor statistics on stderr at the end")
+    parser.add_argument(
+        "--json", action="store_true", help="one JSON object per event per line (every event)"
+    )
+    parser.add_argument(
+        "--all", action="store_true", help="show every process's events, not only GPU-touching ones"
+    )
+    parser.add_argument(
+        "--duration",
+        type=seconds("--duration", maximum=YEAR_S),
+        metavar="S",
+        help="stop after S seconds",
+    )
+    parser.add_argument(
+        "--stats", action="store_true", help="print sensor statistics on stderr at the end"
+    )
     add_sensor_arguments(parser)
 
 
@@ -70,7 +91,9 @@ class StopRequest:
     def __init__(self, sensor) -> None:  # noqa: ANN001
         self.sensor = sensor
         self.requested = False
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self._previous = {
+            sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
 
     def _handle(self, signum, frame) -> None:  # noqa: ANN001
         self.requested = True
@@ -85,9 +108,12 @@ def print_stats(sensor) -> None:  # noqa: ANN001
     st = sensor.stats
     events = ", ".join(f"{k} {v}" for k, v in sorted(st.events.items())) or "none"
     lost = ", ".join(f"{k} {v}" for k, v in sorted(st.lost.items())) or "none"
-    print(f"gpuguard: events: {events}; lost: {lost}; malformed: {st.malformed}; "
-          f"{f'routing errors (a gpuguard bug): {st.routing_errors}; ' if st.routing_errors else ''}"
-          f"start-up {st.startup_seconds:.2f} s ({st.buffer} buffer)", file=sys.stderr)
+    print(
+        f"gpuguard: events: {events}; lost: {lost}; malformed: {st.malformed}; "
+        f"{f'routing errors (a gpuguard bug): {st.routing_errors}; ' if st.routing_errors else ''}"
+        f"start-up {st.startup_seconds:.2f} s ({st.buffer} buffer)",
+        file=sys.stderr,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,15 +123,17 @@ def run(args: argparse.Namespace) -> int:
     stop = StopRequest(sensor)
     view = None if args.json else LiveView(sys.stdout, show_all=args.all)
     if view is not None:
-        print(f"gpuguard: watching GPU devices (probes loaded in {sensor.stats.startup_seconds:.2f} s); Ctrl-C stops",
-              file=sys.stderr)
+        print(
+            f"gpuguard: watching GPU devices (probes loaded in {sensor.stats.startup_seconds:.2f} s); Ctrl-C stops",
+            file=sys.stderr,
+        )
     deadline = time.monotonic() + args.duration if args.duration else None
     try:
         while not stop.requested and (deadline is None or time.monotonic() < deadline):
             _emit(sensor.poll(100), view)
     finally:
         try:
-            sensor.detach_probes()   # the kernel's detach time overlaps the final drain
+            sensor.detach_probes()  # the kernel's detach time overlaps the final drain
             _emit(sensor.drain(), view)
         finally:
             stop.restore()

@@ -33,7 +33,18 @@ from typing import Callable, Iterable
 from gpuguard.correlate.gpu_behaviour import MONITOR_NAMES
 from gpuguard.correlate.state import ANY_ADDITION, ProcessKey, ProcessState
 from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
-from gpuguard.events.model import ConnActivity, Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, HugeAlloc, Lost, NetPayload
+from gpuguard.events.model import (
+    ConnActivity,
+    Connect,
+    Event,
+    Exec,
+    Exit,
+    GpuIoctl,
+    GpuOpen,
+    HugeAlloc,
+    Lost,
+    NetPayload,
+)
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
@@ -42,8 +53,8 @@ from gpuguard.sources.process import collect_process_facts
 
 FactsProvider = Callable[[int], "ProcessFacts | None"]
 NewFactsHook = Callable[[ProcessState, ProcessFacts], None]
-_SAME_PROCESS_SLACK_S = 1.0   # start times are rounded; an event's time is after the start
-_EXIT_SWEEP_EVERY_S = 1.0     # look for clean exited processes to forget this often (event time)
+_SAME_PROCESS_SLACK_S = 1.0  # start times are rounded; an event's time is after the start
+_EXIT_SWEEP_EVERY_S = 1.0  # look for clean exited processes to forget this often (event time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +64,9 @@ class RescorePolicy:
     The default, with no rules known, treats every change as one that matters.
     """
 
-    additions: int = ANY_ADDITION   # correlate.state NEW_* bits some rule reads
-    counts: bool = True             # a repeated connect or ioctl count matters (some rule reads a count)
-    rates: bool = True              # keep ioctl rate windows (some rule reads a rate)
+    additions: int = ANY_ADDITION  # correlate.state NEW_* bits some rule reads
+    counts: bool = True  # a repeated connect or ioctl count matters (some rule reads a count)
+    rates: bool = True  # keep ioctl rate windows (some rule reads a rate)
     # False: a GPU sample marks its process for rescoring (at most every GPU_RESCORE_EVERY_S).
     # True: it only adds the process to ``Correlator.gpu_moved``; the detection engine
     # re-evaluates what its rules test of the GPU windows and rescores when an answer changed.
@@ -84,20 +95,32 @@ class Correlator:
         self.clean_exit_grace_s = clean_exit_grace_s
         self.facts_provider = facts_provider
         self.read_configs = facts_provider is not None if read_configs is None else read_configs
-        self.on_new_facts = on_new_facts   # enrichment (YARA, exe hash) on first sight and after exec
+        self.on_new_facts = (
+            on_new_facts  # enrichment (YARA, exe hash) on first sight and after exec
+        )
         self.proc_root = proc_root
         self._states: dict[ProcessKey, ProcessState] = {}
-        self._by_pid: dict[int, ProcessState] = {}    # the live process with each pid
+        self._by_pid: dict[int, ProcessState] = {}  # the live process with each pid
         self._device_totals: dict[tuple[str, int], int] = {}
-        self._monitors: set[int] = set()    # live pids of GPU/process monitors (nvidia-smi, top...)
+        self._monitors: set[int] = set()  # live pids of GPU/process monitors (nvidia-smi, top...)
         self._ioctl_cache: dict[tuple[str, int, str], tuple[str, str]] = {}
-        self._recent_exits: deque[ProcessState] = deque()   # in exit order, until the short grace is over
-        self.gpu_moved: set[ProcessState] = set()   # GPU windows changed since the engine last looked (gpu_checked)
+        self._recent_exits: deque[ProcessState] = (
+            deque()
+        )  # in exit order, until the short grace is over
+        self.gpu_moved: set[ProcessState] = (
+            set()
+        )  # GPU windows changed since the engine last looked (gpu_checked)
         self._exit_sweep_due = 0.0
-        self.clock = 0.0      # newest item time seen: when facts (which carry no time) were observed
+        self.clock = 0.0  # newest item time seen: when facts (which carry no time) were observed
         self.counters: dict[str, int] = {
-            "events": 0, "facts": 0, "snapshots": 0, "processes_created": 0,
-            "evicted": 0, "expired": 0, "lost_events": 0, "ignored": 0,
+            "events": 0,
+            "facts": 0,
+            "snapshots": 0,
+            "processes_created": 0,
+            "evicted": 0,
+            "expired": 0,
+            "lost_events": 0,
+            "ignored": 0,
         }
         self.set_policy(policy or RescorePolicy())
         self._handlers: dict[type, Callable] = {
@@ -149,9 +172,16 @@ class Correlator:
     def cpu_candidates(self) -> list[ProcessKey]:
         """Live processes a CPU-miner rule may need a CPU window for: huge-page users (sensor or
         /proc) and processes that opened host-tuning files for writing (the agent samples these)."""
-        return [s.key for s in self._states.values()
-                if not s.exited and (s.huge_alloc_bytes or s.device_classes_written
-                                     or (s.facts is not None and s.facts.hugetlb_bytes))]
+        return [
+            s.key
+            for s in self._states.values()
+            if not s.exited
+            and (
+                s.huge_alloc_bytes
+                or s.device_classes_written
+                or (s.facts is not None and s.facts.hugetlb_bytes)
+            )
+        ]
 
     def add_cpu_sample(self, key: ProcessKey, time: float, percent: float) -> None:
         """A CPU % measured for a tracked process (``cpu_candidates``); marks it for rescoring."""
@@ -163,7 +193,11 @@ class Correlator:
     def set_policy(self, policy: RescorePolicy) -> None:
         """Use a new rescore policy (new rules): every process is marked for rescoring."""
         self.policy = policy
-        self._rescore_on, self._track_rates, self._counts_matter = policy.additions, policy.rates, policy.counts
+        self._rescore_on, self._track_rates, self._counts_matter = (
+            policy.additions,
+            policy.rates,
+            policy.counts,
+        )
         self._gpu_checked = policy.gpu_checked
         self.gpu_moved.clear()
         for state in self._states.values():
@@ -196,7 +230,11 @@ class Correlator:
         parents = self._parent_keys()
         while exits and now - (exits[0].exited_at or now) > grace:
             state = exits.popleft()
-            if self._states.get(state.key) is state and state.key not in parents and state.nothing_to_keep():
+            if (
+                self._states.get(state.key) is state
+                and state.key not in parents
+                and state.nothing_to_keep()
+            ):
                 self._drop(state.key)
                 self.counters["expired"] += 1
 
@@ -205,7 +243,11 @@ class Correlator:
         if exited_at is not None:
             if now - exited_at > self.exit_grace_s:
                 return True
-            if now - exited_at > self.clean_exit_grace_s and state.key not in parents and state.nothing_to_keep():
+            if (
+                now - exited_at > self.clean_exit_grace_s
+                and state.key not in parents
+                and state.nothing_to_keep()
+            ):
                 return True
         return now - state.last_seen > self.idle_expiry_s
 
@@ -241,8 +283,10 @@ class Correlator:
         excess = len(self._states) - self.max_processes
         batch = max(excess, self.max_processes // 10, 1)
         # Exited processes go first, then the least recently active; never the one just added.
-        ranked = sorted((s for s in self._states.values() if s.key != keep),
-                        key=lambda s: (s.exited_at is None, s.last_seen, s.key))
+        ranked = sorted(
+            (s for s in self._states.values() if s.key != keep),
+            key=lambda s: (s.exited_at is None, s.last_seen, s.key),
+        )
         for victim in ranked[:batch]:
             self._drop(victim.key)
             self.counters["evicted"] += 1
@@ -268,7 +312,10 @@ class Correlator:
         state.parent_key = None
         if state.ppid:
             parent = self._by_pid.get(state.ppid)
-            if parent is not None and parent.key.start_time <= state.key.start_time + _SAME_PROCESS_SLACK_S:
+            if (
+                parent is not None
+                and parent.key.start_time <= state.key.start_time + _SAME_PROCESS_SLACK_S
+            ):
                 state.parent_key = parent.key
 
     def _adopt_facts(self, state: ProcessState, facts: ProcessFacts) -> None:
@@ -305,7 +352,10 @@ class Correlator:
         self.counters["events"] += 1
         state = self._state_for(event.pid, event.time, event.comm)
         written = event.flags & os.O_ACCMODE != os.O_RDONLY
-        state.touch(event.time, bool(state.add_gpu_device(event.device_class, event.path, written) & self._rescore_on))
+        state.touch(
+            event.time,
+            bool(state.add_gpu_device(event.device_class, event.path, written) & self._rescore_on),
+        )
 
     def _on_gpu_ioctl(self, event: GpuIoctl) -> None:
         # The hottest handler (most events are ioctl counts): lookups inlined.
@@ -334,7 +384,10 @@ class Correlator:
     def _on_payload(self, event: NetPayload) -> None:
         self.counters["events"] += 1
         state = self._state_for(event.pid, event.time, event.comm)
-        state.touch(event.time, bool(state.add_payload(event.time, event.protocol, event.detail) & self._rescore_on))
+        state.touch(
+            event.time,
+            bool(state.add_payload(event.time, event.protocol, event.detail) & self._rescore_on),
+        )
 
     def _on_exec(self, event: Exec) -> None:
         self.counters["events"] += 1
@@ -360,7 +413,7 @@ class Correlator:
         state.derived.clear()
         self._note_monitor(state)
         if self.facts_provider is not None and state.facts is not None:
-            facts = self.facts_provider(event.pid)   # the new image: new exe, cmdline, identity
+            facts = self.facts_provider(event.pid)  # the new image: new exe, cmdline, identity
             if facts is not None and facts.start_time == state.key.start_time:
                 state.yara_scanned = False
                 self._adopt_facts(state, facts)
@@ -374,7 +427,7 @@ class Correlator:
         state.exited_at = event.time
         state.exit_code = event.exit_code
         state.touch(event.time)
-        del self._by_pid[event.pid]   # a later event with this pid is a new process
+        del self._by_pid[event.pid]  # a later event with this pid is a new process
         self._monitors.discard(event.pid)
         self._recent_exits.append(state)
         if event.time >= self._exit_sweep_due:
@@ -392,7 +445,7 @@ class Correlator:
         self.counters["events"] += 1
         state = self._by_pid.get(event.pid) or self._state_for(event.pid, event.time, event.comm)
         state.add_session(event)
-        state.touch(event.time, True)     # reported every 10 s at most, per changed connection
+        state.touch(event.time, True)  # reported every 10 s at most, per changed connection
 
     def _on_huge_alloc(self, event: HugeAlloc) -> None:
         self.counters["events"] += 1
@@ -403,9 +456,12 @@ class Correlator:
         """A driver's lifetime record of a pid: kept on the live process it belongs to, if any."""
         state = self._by_pid.get(record.pid)
         if state is None or not record.running:
-            return          # exited users are the scan's host findings, not a process verdict
-        if record.start_time is not None and record.start_time < state.key.start_time - _SAME_PROCESS_SLACK_S:
-            return          # an earlier process that had this pid
+            return  # exited users are the scan's host findings, not a process verdict
+        if (
+            record.start_time is not None
+            and record.start_time < state.key.start_time - _SAME_PROCESS_SLACK_S
+        ):
+            return  # an earlier process that had this pid
         state.gpu_lifetime = record
         state.touch(self.clock, True)
 
@@ -417,7 +473,7 @@ class Correlator:
             if device.memory_total:
                 self._device_totals[(device.vendor, device.index)] = device.memory_total
         per_pid: dict[int, list] = {}
-        users: dict[tuple[str, int], set[int]] = {}    # device -> pids using it
+        users: dict[tuple[str, int], set[int]] = {}  # device -> pids using it
         for usage in snapshot.processes:
             per_pid.setdefault(usage.pid, []).append(usage)
             device_key = (usage.vendor, usage.device_index)
@@ -429,13 +485,13 @@ class Correlator:
         for pid, usages in per_pid.items():
             state = self._by_pid.get(pid) or self._state_for(pid, time)
             solo = None
-            if len(usages) == 1:      # the usual case: one GPU per process
+            if len(usages) == 1:  # the usual case: one GPU per process
                 usage = usages[0]
                 util, memory, mem_util = usage.sm_util, usage.used_memory, usage.mem_util
                 device_key = (usage.vendor, usage.device_index)
                 total = totals.get(device_key)
                 shared = len(users[device_key]) > 1
-                if not shared:        # the device's figures are this process's own
+                if not shared:  # the device's figures are this process's own
                     solo = devices.get(device_key)
             else:
                 utils = [u.sm_util for u in usages if u.sm_util is not None]
@@ -456,5 +512,5 @@ class Correlator:
                 state.gpu_device_shared = shared
             if checked:
                 moved.add(state)
-                changed = False       # the engine's GPU check decides (see RescorePolicy.gpu_checked)
+                changed = False  # the engine's GPU check decides (see RescorePolicy.gpu_checked)
             state.touch(time, changed)

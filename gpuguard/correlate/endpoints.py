@@ -19,17 +19,21 @@ _URL = re.compile(
     r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]{1,253})(?::(?P<port>\d{1,5}))?"
 )
 # host:port without a scheme (xmrig "-o pool.example.com:3333", config "url": "...").
-_HOST_PORT = re.compile(r"^(?:[^@\s/]{0,200}@)?(?P<host>[A-Za-z0-9_.\-]{1,253}\.[A-Za-z0-9\-]{1,63}|\d{1,3}(?:\.\d{1,3}){3}):(?P<port>\d{1,5})$")
+_HOST_PORT = re.compile(
+    r"^(?:[^@\s/]{0,200}@)?(?P<host>[A-Za-z0-9_.\-]{1,253}\.[A-Za-z0-9\-]{1,63}|\d{1,3}(?:\.\d{1,3}){3}):(?P<port>\d{1,5})$"
+)
 
 # Options whose value is a pool address in common miners (-o/--url xmrig, -P ethminer,
 # -pool PhoenixMiner, --pool/--server/-s others).
-POOL_OPTIONS = frozenset({"-o", "--url", "-P", "-pool", "--pool", "--server", "-s", "--stratum", "-url"})
+POOL_OPTIONS = frozenset(
+    {"-o", "--url", "-P", "-pool", "--pool", "--server", "-s", "--stratum", "-url"}
+)
 
 
 class Endpoint(NamedTuple):
-    scheme: str     # lower-case, "" when none was given
-    host: str       # lower-case, no trailing dot
-    port: int       # 0 when none was given
+    scheme: str  # lower-case, "" when none was given
+    host: str  # lower-case, no trailing dot
+    port: int  # 0 when none was given
 
     def __str__(self) -> str:
         text = f"{self.scheme}://{self.host}" if self.scheme else self.host

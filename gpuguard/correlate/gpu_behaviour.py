@@ -31,29 +31,46 @@ from gpuguard.correlate.windows import SampleWindow
 
 BEHAVIOUR_WINDOW_S = 300.0
 ACTIVE_SM_PERCENT = 50.0
-MAX_GAP_S = 60.0              # a longer gap between samples is not counted as observed time
-NIGHT_HOURS = frozenset({22, 23, 0, 1, 2, 3, 4, 5})   # UTC, like the hour_of_day signal
+MAX_GAP_S = 60.0  # a longer gap between samples is not counted as observed time
+NIGHT_HOURS = frozenset({22, 23, 0, 1, 2, 3, 4, 5})  # UTC, like the hour_of_day signal
 MIN_PROFILE_SAMPLES = 5
 MIN_PROFILE_WINDOW_S = 10.0
 # Profile thresholds (percent): measured on an H100, see shared/traces/h100 and docs/gpus.md.
-FLAT_SM_MEAN = 90.0           # hashing loop: 98.8
-FLAT_SM_STDDEV = 3.0          # hashing loop: 0.7; CNN training: 22.6
-COMPUTE_BOUND_MEMCTL = 10.0   # hashing loop: 0; CNN training: 61
-MEMORY_HARD_MEMCTL = 80.0     # Ethash/KawPow/Autolykos keep the memory controller near 100
+FLAT_SM_MEAN = 90.0  # hashing loop: 98.8
+FLAT_SM_STDDEV = 3.0  # hashing loop: 0.7; CNN training: 22.6
+COMPUTE_BOUND_MEMCTL = 10.0  # hashing loop: 0; CNN training: 61
+MEMORY_HARD_MEMCTL = 80.0  # Ethash/KawPow/Autolykos keep the memory controller near 100
 MEMORY_HARD_MEMCTL_STDDEV = 5.0
 MEMORY_HARD_MIN_BYTES = 1 << 30
 IDLE_SM_MEAN = 20.0
 MIB = 1 << 20
 # Programs a person or script runs to look at the GPU or the processes (kernel comm names).
-MONITOR_NAMES = frozenset({"nvidia-smi", "nvtop", "nvitop", "gpustat", "top", "htop", "btop", "atop", "glances"})
+MONITOR_NAMES = frozenset(
+    {"nvidia-smi", "nvtop", "nvitop", "gpustat", "top", "htop", "btop", "atop", "glances"}
+)
 
 
 class GpuBehaviour:
     """Bounded behaviour windows of one process (see the module docstring)."""
 
-    __slots__ = ("memctl", "power", "pcie_kbs", "alloc_bytes", "alloc_since", "last_time",
-                 "samples", "active", "watched_samples", "watched_active", "unwatched_samples",
-                 "unwatched_active", "day_s", "day_active_s", "night_s", "night_active_s")
+    __slots__ = (
+        "memctl",
+        "power",
+        "pcie_kbs",
+        "alloc_bytes",
+        "alloc_since",
+        "last_time",
+        "samples",
+        "active",
+        "watched_samples",
+        "watched_active",
+        "unwatched_samples",
+        "unwatched_active",
+        "day_s",
+        "day_active_s",
+        "night_s",
+        "night_active_s",
+    )
 
     def __init__(self, span_s: float = BEHAVIOUR_WINDOW_S) -> None:
         self.memctl = SampleWindow(span_s)
@@ -67,9 +84,17 @@ class GpuBehaviour:
         self.unwatched_samples = self.unwatched_active = 0
         self.day_s = self.day_active_s = self.night_s = self.night_active_s = 0.0
 
-    def add(self, time: float, sm_util: float | None, mem_util: float | None, used_memory: int | None,
-            solo_memctl: float | None = None, solo_power_w: float | None = None,
-            solo_pcie_kbs: float | None = None, watched: bool = False) -> None:
+    def add(
+        self,
+        time: float,
+        sm_util: float | None,
+        mem_util: float | None,
+        used_memory: int | None,
+        solo_memctl: float | None = None,
+        solo_power_w: float | None = None,
+        solo_pcie_kbs: float | None = None,
+        watched: bool = False,
+    ) -> None:
         """One sample of the process (and of its device, ``solo_*``, when it is the device's only user)."""
         memctl = solo_memctl if solo_memctl is not None else mem_util
         if memctl is not None:
@@ -126,8 +151,10 @@ class GpuBehaviour:
         """Active almost always unwatched, almost never while a monitor runs (None: too few of either)."""
         if self.watched_samples < min_samples or self.unwatched_samples < min_samples:
             return None
-        return (self.unwatched_active / self.unwatched_samples >= 0.8
-                and self.watched_active / self.watched_samples <= 0.2)
+        return (
+            self.unwatched_active / self.unwatched_samples >= 0.8
+            and self.watched_active / self.watched_samples <= 0.2
+        )
 
     def night_only(self, min_observed_s: float = 1800.0) -> bool | None:
         """Active most of the observed night and almost none of the observed day (None: too little of either)."""
@@ -164,9 +191,15 @@ def profile(sm: SampleWindow, behaviour: GpuBehaviour) -> str | None:
     alloc = behaviour.alloc_bytes
     window = sm.duration_s
     stable_whole_window = stable_s is not None and stable_s >= window - 1.0
-    if memctl is not None and memctl_var is not None and memctl >= MEMORY_HARD_MEMCTL \
-            and math.sqrt(memctl_var) <= MEMORY_HARD_MEMCTL_STDDEV \
-            and alloc is not None and alloc >= MEMORY_HARD_MIN_BYTES and stable_whole_window:
+    if (
+        memctl is not None
+        and memctl_var is not None
+        and memctl >= MEMORY_HARD_MEMCTL
+        and math.sqrt(memctl_var) <= MEMORY_HARD_MEMCTL_STDDEV
+        and alloc is not None
+        and alloc >= MEMORY_HARD_MIN_BYTES
+        and stable_whole_window
+    ):
         kind = "memory-hard"
     elif mean >= FLAT_SM_MEAN and stddev <= FLAT_SM_STDDEV:
         kind = "compute-bound" if memctl is not None and memctl <= COMPUTE_BOUND_MEMCTL else "flat"

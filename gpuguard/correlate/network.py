@@ -17,15 +17,24 @@ from typing import Any
 from gpuguard.correlate.endpoints import parse_endpoint
 
 _TEXT_KEYS = (("agent", "agents"), ("method", "methods"), ("login", "logins"), ("user", "logins"))
-MAX_ADDRESSES = 1024       # ports are bounded by their range
-MAX_TEXTS = 256            # per set of texts
-_EMPTY: frozenset = frozenset()   # shared by every view until a set gets its first member
+MAX_ADDRESSES = 1024  # ports are bounded by their range
+MAX_TEXTS = 256  # per set of texts
+_EMPTY: frozenset = frozenset()  # shared by every view until a set gets its first member
 
 
 class NetworkView:
     """Sets of what one process revealed on the network (see the module docstring)."""
 
-    __slots__ = ("ports", "addresses", "agents", "methods", "logins", "payload_hosts", "proxy_hosts", "proxy_ports")
+    __slots__ = (
+        "ports",
+        "addresses",
+        "agents",
+        "methods",
+        "logins",
+        "payload_hosts",
+        "proxy_hosts",
+        "proxy_ports",
+    )
 
     def __init__(self) -> None:
         self.ports: "set[int] | frozenset[int]" = _EMPTY
@@ -70,7 +79,11 @@ class NetworkView:
             host = _host_name(target_host)
             self._bounded_add("proxy_hosts", host)
             self._bounded_add("payload_hosts", host)
-        if isinstance(target_port, int) and not isinstance(target_port, bool) and 0 < target_port < 65536:
+        if (
+            isinstance(target_port, int)
+            and not isinstance(target_port, bool)
+            and 0 < target_port < 65536
+        ):
             self._writable("proxy_ports").add(target_port)
         return self._size() != before
 
@@ -79,8 +92,14 @@ class NetworkView:
             self._writable(name).add(value)
 
     def _size(self) -> int:
-        return (len(self.agents) + len(self.methods) + len(self.logins) + len(self.payload_hosts)
-                + len(self.proxy_hosts) + len(self.proxy_ports))
+        return (
+            len(self.agents)
+            + len(self.methods)
+            + len(self.logins)
+            + len(self.payload_hosts)
+            + len(self.proxy_hosts)
+            + len(self.proxy_ports)
+        )
 
 
 def _host_name(value: str) -> str:

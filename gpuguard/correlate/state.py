@@ -29,16 +29,16 @@ MAX_SESSIONS = 16
 GPU_WINDOW_S = 300.0
 CPU_WINDOW_S = 300.0
 IOCTL_WINDOW_S = 60.0
-GPU_RESCORE_EVERY_S = 10.0   # GPU windows span minutes: a new sample rescores at most this often
+GPU_RESCORE_EVERY_S = 10.0  # GPU windows span minutes: a new sample rescores at most this often
 
 # What an observation added, as bits: the correlator rescores a process only for additions
 # that some rule reads (gpuguard.detect.rescore.SIGNALS_READING says which signals read which).
-NEW_PORT = 1            # a remote port not connected to before
-NEW_ADDRESS = 2         # a remote address not connected to before
-NEW_PAYLOAD = 4         # a protocol or payload detail not seen before
-NEW_DEVICE_CLASS = 8    # a GPU device class not used before
-NEW_GPU_PATH = 16       # a GPU device path not opened before
-NEW_IOCTL_NAME = 32     # a decoded GPU ioctl name not issued before
+NEW_PORT = 1  # a remote port not connected to before
+NEW_ADDRESS = 2  # a remote address not connected to before
+NEW_PAYLOAD = 4  # a protocol or payload detail not seen before
+NEW_DEVICE_CLASS = 8  # a GPU device class not used before
+NEW_GPU_PATH = 16  # a GPU device path not opened before
+NEW_IOCTL_NAME = 32  # a decoded GPU ioctl name not issued before
 NEW_IOCTL_CATEGORY = 64
 ANY_ADDITION = 127
 
@@ -53,7 +53,7 @@ DERIVED_FROM_DEVICES = ("signals:devices", "rules:devices", "rules:devices+netwo
 
 class ProcessKey(NamedTuple):
     pid: int
-    start_time: float   # seconds since the epoch, as /proc reports it (2 decimals)
+    start_time: float  # seconds since the epoch, as /proc reports it (2 decimals)
 
 
 class ScoredVerdict(Protocol):
@@ -66,7 +66,7 @@ class ScoredVerdict(Protocol):
     key: ProcessKey
     verdict: str
     score: int
-    evidence: list   # what the score rests on (empty: nothing matched)
+    evidence: list  # what the score rests on (empty: nothing matched)
 
 
 @dataclass(slots=True)
@@ -84,7 +84,7 @@ class ProcessState:
 
     key: ProcessKey
     facts: ProcessFacts | None = None
-    provisional: bool = False         # key guessed from the first event; facts not seen yet
+    provisional: bool = False  # key guessed from the first event; facts not seen yet
     comm: str = ""
     exe: str = ""
     cmdline: list[str] = field(default_factory=list)
@@ -97,31 +97,49 @@ class ProcessState:
     # GPU devices
     gpu_device_classes: set[str] = field(default_factory=set)
     gpu_paths: set[str] = field(default_factory=set)
-    device_classes_written: set[str] = field(default_factory=set)   # opened for writing (msr, hugepages-config...)
+    device_classes_written: set[str] = field(
+        default_factory=set
+    )  # opened for writing (msr, hugepages-config...)
     # ioctls: totals by decoded name and category; recent rates by category
-    ioctl_counts: dict[str, int] = field(default_factory=dict)     # the first MAX_IOCTL_NAMES names
+    ioctl_counts: dict[str, int] = field(default_factory=dict)  # the first MAX_IOCTL_NAMES names
     ioctl_categories: set[str] = field(default_factory=set)
     ioctl_total: int = 0
-    ioctl_rates: dict[str, RateWindow] = field(default_factory=dict)           # by category
-    ioctl_command_rates: dict[str, RateWindow] = field(default_factory=dict)   # by name (those in ioctl_counts)
+    ioctl_rates: dict[str, RateWindow] = field(default_factory=dict)  # by category
+    ioctl_command_rates: dict[str, RateWindow] = field(
+        default_factory=dict
+    )  # by name (those in ioctl_counts)
     # network
-    connections: dict[tuple[str, int], int] = field(default_factory=dict)   # (address, port) -> attempts
+    connections: dict[tuple[str, int], int] = field(
+        default_factory=dict
+    )  # (address, port) -> attempts
     connect_total: int = 0
     payloads: list[PayloadSeen] = field(default_factory=list)
     payload_protocols: set[str] = field(default_factory=set)
-    network: NetworkView = field(default_factory=NetworkView)   # what the connections and payloads revealed
-    sessions: dict[int, ConnActivity] = field(default_factory=dict)   # fd -> latest activity record (GPU holders)
+    network: NetworkView = field(
+        default_factory=NetworkView
+    )  # what the connections and payloads revealed
+    sessions: dict[int, ConnActivity] = field(
+        default_factory=dict
+    )  # fd -> latest activity record (GPU holders)
     # usage windows
-    gpu_util: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S, track_minimum=True))
-    gpu_memory: SampleWindow = field(default_factory=lambda: SampleWindow(GPU_WINDOW_S, track_minimum=True))
-    gpu_memory_total: int | None = None    # summed totals of the devices it uses
-    gpu_behaviour: GpuBehaviour = field(default_factory=GpuBehaviour)   # memory controller, power, PCIe, duty cycle
-    gpu_lifetime: GpuAccounting | None = None   # NVML accounting: lifetime averages (scan)
-    gpu_device_shared: bool | None = None  # another process used one of its GPUs in the latest snapshot
+    gpu_util: SampleWindow = field(
+        default_factory=lambda: SampleWindow(GPU_WINDOW_S, track_minimum=True)
+    )
+    gpu_memory: SampleWindow = field(
+        default_factory=lambda: SampleWindow(GPU_WINDOW_S, track_minimum=True)
+    )
+    gpu_memory_total: int | None = None  # summed totals of the devices it uses
+    gpu_behaviour: GpuBehaviour = field(
+        default_factory=GpuBehaviour
+    )  # memory controller, power, PCIe, duty cycle
+    gpu_lifetime: GpuAccounting | None = None  # NVML accounting: lifetime averages (scan)
+    gpu_device_shared: bool | None = (
+        None  # another process used one of its GPUs in the latest snapshot
+    )
     cpu: SampleWindow = field(default_factory=lambda: SampleWindow(CPU_WINDOW_S))
     # huge pages asked for (sensor: mmap MAP_HUGETLB / shmget SHM_HUGETLB)
-    huge_alloc_bytes: int = 0         # the largest single request
-    huge_page_size: int = 0           # the largest page size asked for
+    huge_alloc_bytes: int = 0  # the largest single request
+    huge_page_size: int = 0  # the largest page size asked for
     # scanning
     yara_matches: set[str] = field(default_factory=set)
     yara_tags: set[str] = field(default_factory=set)
@@ -131,9 +149,11 @@ class ProcessState:
     # bookkeeping
     lost_events: int = 0
     dirty: bool = True
-    verdict: ScoredVerdict | None = None          # the latest verdict (detect's Verdict)
-    parent_verdict: ScoredVerdict | None = None   # the parent's latest verdict, set before scoring
-    derived: dict[str, Any] = field(default_factory=dict)   # signal caches, cleared on identity change
+    verdict: ScoredVerdict | None = None  # the latest verdict (detect's Verdict)
+    parent_verdict: ScoredVerdict | None = None  # the parent's latest verdict, set before scoring
+    derived: dict[str, Any] = field(
+        default_factory=dict
+    )  # signal caches, cleared on identity change
 
     @property
     def pid(self) -> int:
@@ -148,11 +168,21 @@ class ProcessState:
         verdict with no evidence, and no GPU use, network activity, YARA match or lost events."""
         verdict = self.verdict
         return (
-            verdict is not None and not self.dirty and verdict.verdict == "clean" and not verdict.evidence
-            and not self.gpu_device_classes and not self.gpu_paths and not self.ioctl_total
-            and self.gpu_rescored_at is None and self.gpu_lifetime is None
-            and not self.connect_total and not self.payload_protocols and not self.sessions
-            and not self.yara_matches and not self.lost_events and not self.huge_alloc_bytes
+            verdict is not None
+            and not self.dirty
+            and verdict.verdict == "clean"
+            and not verdict.evidence
+            and not self.gpu_device_classes
+            and not self.gpu_paths
+            and not self.ioctl_total
+            and self.gpu_rescored_at is None
+            and self.gpu_lifetime is None
+            and not self.connect_total
+            and not self.payload_protocols
+            and not self.sessions
+            and not self.yara_matches
+            and not self.lost_events
+            and not self.huge_alloc_bytes
         )
 
     def touch(self, time: float, changed: bool = True) -> None:
@@ -196,13 +226,15 @@ class ProcessState:
             self._drop_derived(DERIVED_FROM_DEVICES)
         return new
 
-    def add_ioctl(self, time: float, name: str, category: str, count: int, track_rate: bool = True) -> int:
+    def add_ioctl(
+        self, time: float, name: str, category: str, count: int, track_rate: bool = True
+    ) -> int:
         """Count ioctls (and their recent rate, when ``track_rate``); the NEW_* bits of a new name or category."""
         self.ioctl_total += count
         counts = self.ioctl_counts
         new = 0
         if name in counts:
-            counts[name] += count     # a known name: its category is known too
+            counts[name] += count  # a known name: its category is known too
         else:
             if len(counts) < MAX_IOCTL_NAMES:
                 counts[name] = count
@@ -236,7 +268,9 @@ class ProcessState:
         # The ports and addresses are kept beyond the table (up to NetworkView's own bounds):
         # 64 decoy connections must not hide the pool connection that follows them.
         network = self.network
-        new = (NEW_PORT if port not in network.ports else 0) | (NEW_ADDRESS if address not in network.addresses else 0)
+        new = (NEW_PORT if port not in network.ports else 0) | (
+            NEW_ADDRESS if address not in network.addresses else 0
+        )
         if new:
             network.add_endpoint(address, port)
             self._drop_derived(DERIVED_FROM_NETWORK)
@@ -258,8 +292,13 @@ class ProcessState:
             return NEW_PAYLOAD
         return 0
 
-    def add_yara_result(self, rules: "tuple[str, ...] | set[str]", tags: "tuple[str, ...] | set[str]",
-                        *, scanned: bool = False) -> None:
+    def add_yara_result(
+        self,
+        rules: "tuple[str, ...] | set[str]",
+        tags: "tuple[str, ...] | set[str]",
+        *,
+        scanned: bool = False,
+    ) -> None:
         """Merge YARA matches (an executable scan on first sight, or a later memory scan).
 
         ``scanned`` records that the executable was scanned, so it is not scanned again
@@ -300,9 +339,15 @@ class ProcessState:
             for name in names:
                 derived.pop(name, None)
 
-    def add_gpu_sample(self, time: float, sm_util: float | None, used_memory: int | None,
-                       mem_util: float | None = None, solo: DeviceSample | None = None,
-                       watched: bool = False) -> bool:
+    def add_gpu_sample(
+        self,
+        time: float,
+        sm_util: float | None,
+        used_memory: int | None,
+        mem_util: float | None = None,
+        solo: DeviceSample | None = None,
+        watched: bool = False,
+    ) -> bool:
         """Add one sample (``solo``: its device's sample, when it is that device's only user);
         True when it is time to rescore (first sample, then every GPU_RESCORE_EVERY_S)."""
         if sm_util is not None:
@@ -312,10 +357,15 @@ class ProcessState:
         if solo is None:
             self.gpu_behaviour.add(time, sm_util, mem_util, used_memory, watched=watched)
         else:
-            pcie = solo.pcie_tx_kbs + solo.pcie_rx_kbs if solo.pcie_tx_kbs is not None and solo.pcie_rx_kbs is not None else None
-            self.gpu_behaviour.add(time, sm_util, mem_util, used_memory, solo.mem_util, solo.power_w, pcie, watched)
+            pcie = (
+                solo.pcie_tx_kbs + solo.pcie_rx_kbs
+                if solo.pcie_tx_kbs is not None and solo.pcie_rx_kbs is not None
+                else None
+            )
+            self.gpu_behaviour.add(
+                time, sm_util, mem_util, used_memory, solo.mem_util, solo.power_w, pcie, watched
+            )
         if self.gpu_rescored_at is None or time - self.gpu_rescored_at >= GPU_RESCORE_EVERY_S:
             self.gpu_rescored_at = time
             return True
         return False
-

@@ -18,7 +18,9 @@ class SampleWindow:
 
     __slots__ = ("span_s", "max_samples", "_samples", "_shift", "_sum", "_sumsq", "_low", "_added")
 
-    def __init__(self, span_s: float = 300.0, max_samples: int = 600, track_minimum: bool = False) -> None:
+    def __init__(
+        self, span_s: float = 300.0, max_samples: int = 600, track_minimum: bool = False
+    ) -> None:
         self.span_s = span_s
         self.max_samples = max_samples
         # An empty tuple until the first sample (reads work on both); then a bounded deque.
@@ -32,7 +34,7 @@ class SampleWindow:
         # (a monotonic queue), so ``minimum`` costs O(1) instead of a pass over the window.
         # (index, value); like _samples, an empty tuple until the first sample.
         self._low: "deque[tuple[int, float]] | tuple[()] | None" = () if track_minimum else None
-        self._added = 0     # samples ever added: the index of the next one
+        self._added = 0  # samples ever added: the index of the next one
 
     def add(self, time: float, value: float) -> None:
         samples = self._samples
@@ -99,7 +101,7 @@ class SampleWindow:
         n = len(self._samples)
         if n < 2:
             return None
-        offset = self._sum / n            # the mean's distance from the shift
+        offset = self._sum / n  # the mean's distance from the shift
         value = self._sumsq / n - offset * offset
         # The subtraction loses digits when the mean has moved far from the shift while the
         # spread is small (a signal that jumped, then stayed flat): shift to the mean and sum

@@ -21,7 +21,17 @@ from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.yaml_marks import Position
 from gpuguard.events.process_facts import ProcessFacts
 
-ENTRY_FIELDS = ("id", "exe", "sha256", "user", "cgroup", "container_id", "parent_exe", "any_container", "comment")
+ENTRY_FIELDS = (
+    "id",
+    "exe",
+    "sha256",
+    "user",
+    "cgroup",
+    "container_id",
+    "parent_exe",
+    "any_container",
+    "comment",
+)
 MAX_HASH_BYTES = 1 << 30
 _HASH_CACHE_SIZE = 1024
 
@@ -43,7 +53,12 @@ class AllowEntry:
         facts = state.facts
         if facts is None:
             return False
-        if self.container_id is None and self.cgroup is None and not self.any_container and facts.container_id is not None:
+        if (
+            self.container_id is None
+            and self.cgroup is None
+            and not self.any_container
+            and facts.container_id is not None
+        ):
             return False
         if self.exe is not None:
             if facts.exe_deleted or facts.exe_memfd or not fnmatch.fnmatchcase(facts.exe, self.exe):
@@ -57,7 +72,9 @@ class AllowEntry:
         if self.container_id is not None and facts.container_id != self.container_id:
             return False
         if self.parent_exe is not None:
-            if not facts.ancestors or not fnmatch.fnmatchcase(facts.ancestors[0].exe, self.parent_exe):
+            if not facts.ancestors or not fnmatch.fnmatchcase(
+                facts.ancestors[0].exe, self.parent_exe
+            ):
                 return False
         return True
 

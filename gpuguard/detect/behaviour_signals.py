@@ -16,38 +16,60 @@ from gpuguard.detect.signals import _signal
 from gpuguard.events.model import ConnActivity
 
 
-@_signal("gpu_profile", "text", "gpu-behaviour",
-         "GPU behaviour profile and its figures: 'compute-bound: SM 99 ± 0.7% for 74 s, memory-controller 0%, ...' "
-         "(kinds: compute-bound, memory-hard, flat, varying, idle)")
+@_signal(
+    "gpu_profile",
+    "text",
+    "gpu-behaviour",
+    "GPU behaviour profile and its figures: 'compute-bound: SM 99 ± 0.7% for 74 s, memory-controller 0%, ...' "
+    "(kinds: compute-bound, memory-hard, flat, varying, idle)",
+)
 def _gpu_profile(s: ProcessState, now: float) -> str | None:
     return profile(s.gpu_util, s.gpu_behaviour)
 
 
-@_signal("gpu_memory_controller_mean", "number", "gpu-behaviour",
-         "mean memory-controller load % (the device's while it is the only user, else its own NVML share), last 5 minutes")
+@_signal(
+    "gpu_memory_controller_mean",
+    "number",
+    "gpu-behaviour",
+    "mean memory-controller load % (the device's while it is the only user, else its own NVML share), last 5 minutes",
+)
 def _memctl_mean(s: ProcessState, now: float) -> float | None:
     return s.gpu_behaviour.memctl.mean
 
 
-@_signal("gpu_power_variation", "number", "gpu-behaviour",
-         "device power standard deviation / mean while it was the device's only user (hashing loop on an H100: 0.02)")
+@_signal(
+    "gpu_power_variation",
+    "number",
+    "gpu-behaviour",
+    "device power standard deviation / mean while it was the device's only user (hashing loop on an H100: 0.02)",
+)
 def _power_variation(s: ProcessState, now: float) -> float | None:
     return s.gpu_behaviour.power_variation()
 
 
-@_signal("gpu_pcie_mb_s", "number", "gpu-behaviour",
-         "device PCIe TX+RX MB/s while it was the device's only user, last 5 minutes (training: ~1,800; hashing: ~3)")
+@_signal(
+    "gpu_pcie_mb_s",
+    "number",
+    "gpu-behaviour",
+    "device PCIe TX+RX MB/s while it was the device's only user, last 5 minutes (training: ~1,800; hashing: ~3)",
+)
 def _pcie(s: ProcessState, now: float) -> float | None:
     return s.gpu_behaviour.pcie_mb_s()
 
 
-@_signal("gpu_allocation_stable_s", "number", "gpu-behaviour", "seconds its GPU memory has not changed")
+@_signal(
+    "gpu_allocation_stable_s", "number", "gpu-behaviour", "seconds its GPU memory has not changed"
+)
 def _allocation_stable(s: ProcessState, now: float) -> float | None:
     return s.gpu_behaviour.allocation_stable_s()
 
 
-@_signal("gpu_memory_growth_fraction", "number", "gpu-behaviour",
-         "growth of its GPU memory over the last 5 minutes, as a fraction of its GPUs' total memory")
+@_signal(
+    "gpu_memory_growth_fraction",
+    "number",
+    "gpu-behaviour",
+    "growth of its GPU memory over the last 5 minutes, as a fraction of its GPUs' total memory",
+)
 def _memory_growth(s: ProcessState, now: float) -> float | None:
     latest, lowest = s.gpu_memory.latest, s.gpu_memory.minimum
     if latest is None or lowest is None or not s.gpu_memory_total:
@@ -55,35 +77,59 @@ def _memory_growth(s: ProcessState, now: float) -> float | None:
     return max(0.0, latest - lowest) / s.gpu_memory_total
 
 
-@_signal("gpu_device_shared", "bool", "gpu-behaviour", "another process used one of its GPUs in the latest sample")
+@_signal(
+    "gpu_device_shared",
+    "bool",
+    "gpu-behaviour",
+    "another process used one of its GPUs in the latest sample",
+)
 def _device_shared(s: ProcessState, now: float) -> bool | None:
     return s.gpu_device_shared
 
 
-@_signal("gpu_duty_cycle", "number", "gpu-behaviour", "fraction of its GPU samples with SM >= 50 % (0-1)")
+@_signal(
+    "gpu_duty_cycle", "number", "gpu-behaviour", "fraction of its GPU samples with SM >= 50 % (0-1)"
+)
 def _duty_cycle(s: ProcessState, now: float) -> float | None:
     return s.gpu_behaviour.duty_cycle()
 
 
-@_signal("gpu_pauses_when_watched", "bool", "gpu-behaviour",
-         "busy while no monitor runs, idle while nvidia-smi/top/nvtop... run (at least 3 samples of each)")
+@_signal(
+    "gpu_pauses_when_watched",
+    "bool",
+    "gpu-behaviour",
+    "busy while no monitor runs, idle while nvidia-smi/top/nvtop... run (at least 3 samples of each)",
+)
 def _pauses_when_watched(s: ProcessState, now: float) -> bool | None:
     return s.gpu_behaviour.pauses_when_watched()
 
 
-@_signal("gpu_night_only", "bool", "gpu-behaviour",
-         "busy most of the observed night (22-06 UTC), idle by day (at least 30 min observed of each)")
+@_signal(
+    "gpu_night_only",
+    "bool",
+    "gpu-behaviour",
+    "busy most of the observed night (22-06 UTC), idle by day (at least 30 min observed of each)",
+)
 def _night_only(s: ProcessState, now: float) -> bool | None:
     return s.gpu_behaviour.night_only()
 
 
-@_signal("gpu_lifetime_util_mean", "number", "gpu-behaviour",
-         "lifetime average GPU utilisation % from NVML accounting mode (start-up included); absent when accounting is off")
+@_signal(
+    "gpu_lifetime_util_mean",
+    "number",
+    "gpu-behaviour",
+    "lifetime average GPU utilisation % from NVML accounting mode (start-up included); absent when accounting is off",
+)
 def _lifetime_util(s: ProcessState, now: float) -> float | None:
     return s.gpu_lifetime.gpu_util if s.gpu_lifetime is not None else None
 
 
-@_signal("gpu_lifetime_s", "number", "gpu-behaviour", "seconds it has used the GPU, from NVML accounting mode")
+@_signal(
+    "gpu_lifetime_s",
+    "number",
+    "gpu-behaviour",
+    "seconds it has used the GPU, from NVML accounting mode",
+)
 def _lifetime_s(s: ProcessState, now: float) -> float | None:
     return s.gpu_lifetime.duration_s if s.gpu_lifetime is not None else None
 
@@ -91,9 +137,11 @@ def _lifetime_s(s: ProcessState, now: float) -> float | None:
 # -- sessions: per-connection activity of GPU holders (the kernel's conn_activity records, or scan's
 #    tcp_info snapshots; the inbound side from the TCP stack's counters) --
 
-STEADY_SPREAD = 0.25          # every interval within 25 % of the median: a timer, not a person
-MIN_CADENCE_WRITES = 4        # the agent can wait for a fourth write
-MIN_WINDOW_CADENCE_WRITES = 3  # scan sees a window only: two intervals that agree (docs/sessions.md)
+STEADY_SPREAD = 0.25  # every interval within 25 % of the median: a timer, not a person
+MIN_CADENCE_WRITES = 4  # the agent can wait for a fourth write
+MIN_WINDOW_CADENCE_WRITES = (
+    3  # scan sees a window only: two intervals that agree (docs/sessions.md)
+)
 
 
 def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None:
@@ -101,7 +149,9 @@ def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None
     best = None
     for record in s.sessions.values():
         times = record.small_write_times
-        if len(times) < (MIN_WINDOW_CADENCE_WRITES if record.time_resolution_s else MIN_CADENCE_WRITES):
+        if len(times) < (
+            MIN_WINDOW_CADENCE_WRITES if record.time_resolution_s else MIN_CADENCE_WRITES
+        ):
             continue
         gaps = sorted(b - a for a, b in zip(times, times[1:]))
         median = gaps[len(gaps) // 2]
@@ -116,22 +166,35 @@ def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None
     return best
 
 
-@_signal("session_cadence_s", "number", "session",
-         "seconds between the small writes (shares, keepalives) of its longest-lived connection with a steady cadence "
-         "(pools: 15-60 s; XMRig keepalive 60 s); GPU holders only, absent when no connection is steady")
+@_signal(
+    "session_cadence_s",
+    "number",
+    "session",
+    "seconds between the small writes (shares, keepalives) of its longest-lived connection with a steady cadence "
+    "(pools: 15-60 s; XMRig keepalive 60 s); GPU holders only, absent when no connection is steady",
+)
 def _session_cadence(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
     return round(steady[1], 3) if steady else None
 
 
-@_signal("session_age_s", "number", "session",
-         "age of that steady connection, seconds (a lower bound when watching began later; scan: its window)")
+@_signal(
+    "session_age_s",
+    "number",
+    "session",
+    "age of that steady connection, seconds (a lower bound when watching began later; scan: its window)",
+)
 def _session_age(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
     return steady[0].age_s if steady else None
 
 
-@_signal("session_bytes_per_s", "number", "session", "bytes it sent per second over that steady connection's life")
+@_signal(
+    "session_bytes_per_s",
+    "number",
+    "session",
+    "bytes it sent per second over that steady connection's life",
+)
 def _session_rate(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
     if not steady or steady[0].age_s <= 0:
@@ -139,16 +202,24 @@ def _session_rate(s: ProcessState, now: float) -> float | None:
     return round(steady[0].bytes_out / steady[0].age_s, 2)
 
 
-@_signal("session_segments_out", "number", "session",
-         "data segments that steady connection sent since its connect (TCP stack counter; absent without tcp_info)")
+@_signal(
+    "session_segments_out",
+    "number",
+    "session",
+    "data segments that steady connection sent since its connect (TCP stack counter; absent without tcp_info)",
+)
 def _session_segments_out(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
     return steady[0].data_segs_out if steady else None
 
 
-@_signal("session_bytes_in_per_write", "number", "session",
-         "bytes it received per data segment it sent on that steady connection, since its connect (a pool: a reply "
-         "and a job or two per share, well under 16 KiB; a download or stream: far more); absent without tcp_info")
+@_signal(
+    "session_bytes_in_per_write",
+    "number",
+    "session",
+    "bytes it received per data segment it sent on that steady connection, since its connect (a pool: a reply "
+    "and a job or two per share, well under 16 KiB; a download or stream: far more); absent without tcp_info",
+)
 def _session_bytes_in_per_write(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
     if not steady or steady[0].bytes_in is None or not steady[0].data_segs_out:
@@ -160,15 +231,23 @@ def _kib(n: int) -> str:
     return f"{n / 1024:.1f} KiB" if n < 10 * 1024 else f"{n / 1024:.0f} KiB"
 
 
-@_signal("session_summary", "text", "session",
-         "that steady connection in words: 'session to 127.0.0.1:443 (fd 5): 41 writes out / 40 in, 9.8 KiB out / "
-         "12 KiB in, small writes every 15.0 ± 0.4 s, open 310 s'")
+@_signal(
+    "session_summary",
+    "text",
+    "session",
+    "that steady connection in words: 'session to 127.0.0.1:443 (fd 5): 41 writes out / 40 in, 9.8 KiB out / "
+    "12 KiB in, small writes every 15.0 ± 0.4 s, open 310 s'",
+)
 def _session_summary(s: ProcessState, now: float) -> str | None:
     steady = _steady_session(s)
     if not steady:
         return None
     record, median, spread = steady
-    where = f"session to {record.remote} (fd {record.fd})" if record.remote else f"session on fd {record.fd}"
+    where = (
+        f"session to {record.remote} (fd {record.fd})"
+        if record.remote
+        else f"session on fd {record.fd}"
+    )
     writes_out = record.data_segs_out if record.data_segs_out is not None else record.writes_out
     bytes_out = record.stack_bytes_out if record.stack_bytes_out is not None else record.bytes_out
     if record.bytes_in is not None and record.data_segs_in is not None:

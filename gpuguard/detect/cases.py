@@ -45,7 +45,15 @@ from gpuguard.events.process_facts import ProcessFacts
 CAPTURE = "capture.ggrec"
 EXPECTED = "expected.yaml"
 MAX_EXPECTED_BYTES = 1 << 20
-_EXPECT_KEYS = {"match", "verdict", "min_score", "max_score", "allowlisted", "rules", "forbidden_rules"}
+_EXPECT_KEYS = {
+    "match",
+    "verdict",
+    "min_score",
+    "max_score",
+    "allowlisted",
+    "rules",
+    "forbidden_rules",
+}
 
 
 def replay(capture: Path, ruleset: RuleSet) -> tuple[list[Verdict], Correlator]:
@@ -98,13 +106,24 @@ def _load_expected(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise GpuguardError(f"cannot read {path}: {exc}", "fix the case's expected.yaml") from None
     if not isinstance(data, dict) or not isinstance(data.get("processes"), list):
-        raise GpuguardError(f"{path}: expected a map with a `processes:` list", "see docs/rules.md, golden cases")
+        raise GpuguardError(
+            f"{path}: expected a map with a `processes:` list", "see docs/rules.md, golden cases"
+        )
     for i, spec in enumerate(data["processes"]):
-        if not isinstance(spec, dict) or not isinstance(spec.get("match"), dict) or set(spec) - _EXPECT_KEYS:
-            raise GpuguardError(f"{path}: processes[{i}] must be a map with match: and only {', '.join(sorted(_EXPECT_KEYS))}",
-                                "see docs/rules.md, golden cases")
+        if (
+            not isinstance(spec, dict)
+            or not isinstance(spec.get("match"), dict)
+            or set(spec) - _EXPECT_KEYS
+        ):
+            raise GpuguardError(
+                f"{path}: processes[{i}] must be a map with match: and only {', '.join(sorted(_EXPECT_KEYS))}",
+                "see docs/rules.md, golden cases",
+            )
         if spec.get("verdict") not in (None, *VERDICTS):
-            raise GpuguardError(f"{path}: processes[{i}]: verdict must be one of {', '.join(VERDICTS)}", "fix expected.yaml")
+            raise GpuguardError(
+                f"{path}: processes[{i}]: verdict must be one of {', '.join(VERDICTS)}",
+                "fix expected.yaml",
+            )
         wrong = _wrong_types(spec)
         if wrong:
             raise GpuguardError(f"{path}: processes[{i}]: {wrong}", "fix expected.yaml")
@@ -126,7 +145,9 @@ def _wrong_types(spec: dict[str, Any]) -> str | None:
     if "allowlisted" in spec and not isinstance(spec["allowlisted"], bool):
         return "allowlisted must be true or false"
     for key in ("rules", "forbidden_rules"):
-        if key in spec and (not isinstance(spec[key], list) or not all(isinstance(r, str) for r in spec[key])):
+        if key in spec and (
+            not isinstance(spec[key], list) or not all(isinstance(r, str) for r in spec[key])
+        ):
             return f"{key} must be a list of rule ids"
     return None
 
@@ -151,9 +172,12 @@ def run_case(case_dir: Path, ruleset: RuleSet) -> CaseResult:
         verdicts, _ = replay(case_dir / CAPTURE, ruleset)
     except GpuguardError as exc:
         return CaseResult(case_dir.name, False, failures=[f"cannot run the case: {exc.one_line()}"])
-    except Exception as exc:   # noqa: BLE001 - one broken case must not lose the results of the others
-        return CaseResult(case_dir.name, False,
-                          failures=[f"cannot run the case: {type(exc).__name__}: {escape_text(str(exc))[:200]}"])
+    except Exception as exc:  # noqa: BLE001 - one broken case must not lose the results of the others
+        return CaseResult(
+            case_dir.name,
+            False,
+            failures=[f"cannot run the case: {type(exc).__name__}: {escape_text(str(exc))[:200]}"],
+        )
     result = CaseResult(case_dir.name, True, verdicts=verdicts)
     claimed: set[int] = set()
     for spec in expected["processes"]:
@@ -172,7 +196,9 @@ def run_case(case_dir: Path, ruleset: RuleSet) -> CaseResult:
             if "max_score" in spec and verdict.score > spec["max_score"]:
                 problems.append(f"score {verdict.score} > max_score {spec['max_score']}")
             if "allowlisted" in spec and verdict.allowlisted != spec["allowlisted"]:
-                problems.append(f"allowlisted {verdict.allowlisted}, expected {spec['allowlisted']}")
+                problems.append(
+                    f"allowlisted {verdict.allowlisted}, expected {spec['allowlisted']}"
+                )
             rule_ids = {e.rule_id for e in verdict.evidence}
             missing = [r for r in spec.get("rules", []) if r not in rule_ids]
             present = [r for r in spec.get("forbidden_rules", []) if r in rule_ids]
@@ -182,11 +208,15 @@ def run_case(case_dir: Path, ruleset: RuleSet) -> CaseResult:
                 problems.append(f"forbidden rules matched {', '.join(present)}")
             if problems:
                 result.failures.append(f"{label} (pid {verdict.pid}): " + "; ".join(problems))
-                result.diffs += _evidence_diff(verdict, spec.get("rules", []), spec.get("forbidden_rules", []))
+                result.diffs += _evidence_diff(
+                    verdict, spec.get("rules", []), spec.get("forbidden_rules", [])
+                )
     if expected.get("others") == "clean":
         for verdict in verdicts:
             if id(verdict) not in claimed and verdict.verdict != "clean":
-                result.failures.append(f"unlisted pid {verdict.pid} {escape_text(verdict.comm)} is {verdict.verdict} (others: clean)")
+                result.failures.append(
+                    f"unlisted pid {verdict.pid} {escape_text(verdict.comm)} is {verdict.verdict} (others: clean)"
+                )
                 result.diffs += _evidence_diff(verdict, [], [])
     result.passed = not result.failures
     return result
@@ -200,5 +230,8 @@ def run_cases(path: Path, ruleset: RuleSet) -> list[CaseResult]:
         return [run_case(path, ruleset)]
     cases = sorted(p for p in path.iterdir() if (p / EXPECTED).exists()) if path.is_dir() else []
     if not cases:
-        raise GpuguardError(f"no golden cases in {path}", "point --cases at a directory of NAME/capture.ggrec + NAME/expected.yaml")
+        raise GpuguardError(
+            f"no golden cases in {path}",
+            "point --cases at a directory of NAME/capture.ggrec + NAME/expected.yaml",
+        )
     return [run_case(case, ruleset) for case in cases]

@@ -39,13 +39,13 @@ Condition = Callable[[SignalReader], "list[str] | None"]
 # linear time, so `(a+)+$` cannot hang a scan.  Patterns RE2 cannot take (back-references,
 # look-around) are rejected when the rules are validated.
 _RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False    # the problem is reported as a rule problem, not logged to stderr
+_RE2_OPTIONS.log_errors = False  # the problem is reported as a rule problem, not logged to stderr
 
 
 def check_rule_regex(pattern: str) -> None:
     """Raise ValueError saying why when ``pattern`` is not a regex, or one RE2 cannot run."""
     try:
-        re.compile(pattern)      # Python's wording for plain syntax errors (what rule authors know)
+        re.compile(pattern)  # Python's wording for plain syntax errors (what rule authors know)
     except re.error as exc:
         raise ValueError(str(exc)) from None
     try:
@@ -54,8 +54,10 @@ def check_rule_regex(pattern: str) -> None:
         reason = exc.args[0] if exc.args else "invalid"
         if isinstance(reason, bytes):
             reason = reason.decode("utf-8", "replace")
-        raise ValueError(f"RE2 cannot run it in linear time: {reason} (rule regexes use RE2 syntax: "
-                         "no back-references or look-around)") from None
+        raise ValueError(
+            f"RE2 cannot run it in linear time: {reason} (rule regexes use RE2 syntax: "
+            "no back-references or look-around)"
+        ) from None
     except TypeError as exc:
         raise ValueError(str(exc)) from None
 
@@ -80,7 +82,10 @@ class RuleRegexes:
 
     def search(self, text: str) -> bool:
         """Whether any of the patterns is found in ``text``."""
-        return bool(self.patterns) and self._set.Match(text.encode("utf-8", "surrogateescape")) is not None
+        return (
+            bool(self.patterns)
+            and self._set.Match(text.encode("utf-8", "surrogateescape")) is not None
+        )
 
 
 Problem_ = tuple[Position, str]
@@ -99,14 +104,21 @@ class Leaf:
     operand: Any
     test: Condition
 
+
 _SCALAR = ("bool", "number", "text")
 _SETS = ("texts", "numbers")
 OPERATORS: dict[str, tuple[tuple[str, ...], str]] = {
     # name: (signal types it applies to, what it means)
     "is": (("bool", "number", "text"), "equals the value"),
     "in": (("number", "text", "texts", "numbers"), "is one of the values listed inline"),
-    "in_list": (("number", "text", "texts", "numbers"), "is an entry of the named list (numbers lists may hold ranges 'a-b')"),
-    "contains": (("text", "texts", "numbers"), "text contains the substring / set contains the element"),
+    "in_list": (
+        ("number", "text", "texts", "numbers"),
+        "is an entry of the named list (numbers lists may hold ranges 'a-b')",
+    ),
+    "contains": (
+        ("text", "texts", "numbers"),
+        "text contains the substring / set contains the element",
+    ),
     "glob": (("text", "texts"), "matches the shell pattern"),
     "glob_list": (("text", "texts"), "matches a shell pattern of the named list"),
     "matches": (("text", "texts"), "matches the regular expression (search)"),
@@ -141,7 +153,7 @@ class CompileContext:
     lists: dict[str, ListDef]
     problems: list[Problem_] = field(default_factory=list)
     signals_used: set[str] = field(default_factory=set)
-    leaves: list["Leaf"] = field(default_factory=list)   # every signal test compiled, in order
+    leaves: list["Leaf"] = field(default_factory=list)  # every signal test compiled, in order
     lists_used: set[str] = field(default_factory=set)
     _compiled_lists: dict[tuple[str, str], Any] = field(default_factory=dict)
 
@@ -182,7 +194,12 @@ def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any
             elif match and int(match[1]) <= int(match[2]):
                 ranges.append((int(match[1]), int(match[2])))
             else:
-                bad((pos, f"list {shown(name)}: {shown(value)} is not a number or range 'a-b' (the list is used with a number signal)"))
+                bad(
+                    (
+                        pos,
+                        f"list {shown(name)}: {shown(value)} is not a number or range 'a-b' (the list is used with a number signal)",
+                    )
+                )
         compiled: Any = (frozenset(exact), tuple(ranges))
     elif op == "in_list":
         compiled = frozenset(str(v).lower() if isinstance(v, str) else v for v in listdef.values)
@@ -206,7 +223,9 @@ def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any
     elif op == "domain_in_list":
         domains = set()
         for value, pos in listdef.entries:
-            if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*\.?", value):
+            if not isinstance(value, str) or not re.fullmatch(
+                r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*\.?", value
+            ):
                 bad((pos, f"list {shown(name)}: {shown(value)} is not a domain name"))
             else:
                 domains.add(value.lower().rstrip("."))
@@ -217,7 +236,9 @@ def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any
             try:
                 networks.append(ipaddress.ip_network(str(value), strict=False))
             except ValueError:
-                bad((pos, f"list {shown(name)}: {shown(value)} is not an address or network (CIDR)"))
+                bad(
+                    (pos, f"list {shown(name)}: {shown(value)} is not an address or network (CIDR)")
+                )
         compiled = tuple(networks)
     ctx._compiled_lists[(name, op)] = compiled
     return compiled
@@ -225,12 +246,15 @@ def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any
 
 # -- element tests: (value) -> bool ------------------------------------------
 
+
 def _element_test(op: str, operand: Any, compiled: Any, numeric: bool) -> Callable[[Any], bool]:
     if op == "is":
         if isinstance(operand, str):
             low = operand.lower()
             return lambda v: isinstance(v, str) and v.lower() == low
-        return lambda v: v == operand and type(v) is not bool if not isinstance(operand, bool) else v is operand
+        return lambda v: (
+            v == operand and type(v) is not bool if not isinstance(operand, bool) else v is operand
+        )
     if op == "in":
         values = _members(op, operand, compiled, numeric)
         return lambda v: (v.lower() if isinstance(v, str) else v) in values
@@ -240,11 +264,11 @@ def _element_test(op: str, operand: Any, compiled: Any, numeric: bool) -> Callab
             if not ranges:
                 return exact.__contains__
             if len(ranges) == 1:
-                (low, high), = ranges
+                ((low, high),) = ranges
                 return lambda v: v in exact or low <= v <= high
             return lambda v: v in exact or any(lo <= v <= hi for lo, hi in ranges)
         return lambda v: (v.lower() if isinstance(v, str) else v) in compiled
-    if op == "contains":   # text: substring (case-insensitive); sets use equality (see _set_leaf)
+    if op == "contains":  # text: substring (case-insensitive); sets use equality (see _set_leaf)
         needle = str(operand).lower()
         return lambda v: needle in v.lower()
     if op == "glob":
@@ -257,11 +281,14 @@ def _element_test(op: str, operand: Any, compiled: Any, numeric: bool) -> Callab
     if op == "matches_list":
         return compiled.search
     if op == "domain_in_list":
+
         def in_domains(v: str) -> bool:
             parts = v.lower().rstrip(".").split(".")
             return any(".".join(parts[i:]) in compiled for i in range(len(parts)))
+
         return in_domains
     if op == "cidr_in_list":
+
         def in_networks(v: str) -> bool:
             try:
                 address = ipaddress.ip_address(v.split("%", 1)[0])
@@ -270,9 +297,14 @@ def _element_test(op: str, operand: Any, compiled: Any, numeric: bool) -> Callab
             if address.version == 6 and address.ipv4_mapped:
                 address = address.ipv4_mapped
             return any(address in n for n in compiled)
+
         return in_networks
-    comparisons = {"gt": lambda v: v > operand, "gte": lambda v: v >= operand,
-                   "lt": lambda v: v < operand, "lte": lambda v: v <= operand}
+    comparisons = {
+        "gt": lambda v: v > operand,
+        "gte": lambda v: v >= operand,
+        "lt": lambda v: v < operand,
+        "lte": lambda v: v <= operand,
+    }
     return comparisons[op]
 
 
@@ -289,8 +321,9 @@ def _members(op: str, operand: Any, compiled: Any, numeric: bool) -> frozenset |
     return None
 
 
-def _set_selector(op: str, operand: Any, compiled: Any, numeric: bool,
-                  test: Callable[[Any], bool]) -> Callable[[Any], list]:
+def _set_selector(
+    op: str, operand: Any, compiled: Any, numeric: bool, test: Callable[[Any], bool]
+) -> Callable[[Any], list]:
     """The elements of a set signal that pass ``test``; membership tests inlined (no call per element)."""
     members = _members(op, operand, compiled, numeric)
     if members is None:
@@ -311,7 +344,9 @@ def _describe(op: str, operand: Any) -> str:
     return f"{op} {_fmt(operand)}"
 
 
-def _leaf(key: "str | tuple[str, str]", label: str, type_: str, op: str, operand: Any, compiled: Any) -> Condition:
+def _leaf(
+    key: "str | tuple[str, str]", label: str, type_: str, op: str, operand: Any, compiled: Any
+) -> Condition:
     """A test of one signal: ``key`` is what the reader is asked for, ``label`` what the witness shows."""
     numeric = type_ in ("number", "numbers")
     about = _describe(op, operand)
@@ -323,6 +358,7 @@ def _leaf(key: "str | tuple[str, str]", label: str, type_: str, op: str, operand
             if v is None or (not v) != want:
                 return None
             return [f"{label} {'empty' if want else 'not empty'}"]
+
         return empty_leaf
     if type_ in _SETS and op == "contains":
         wanted = operand.lower() if isinstance(operand, str) else operand
@@ -332,6 +368,7 @@ def _leaf(key: "str | tuple[str, str]", label: str, type_: str, op: str, operand
             if not v or wanted not in v:
                 return None
             return [f"{label} contains {_fmt(operand)}"]
+
         return contains_leaf
     test = _element_test(op, operand, compiled, numeric)
     if type_ in _SETS:
@@ -345,8 +382,11 @@ def _leaf(key: "str | tuple[str, str]", label: str, type_: str, op: str, operand
             if not hits:
                 return None
             hits.sort(key=str)
-            shown = ",".join(_fmt(h) for h in hits[:_MAX_WITNESSES]) + (",..." if len(hits) > _MAX_WITNESSES else "")
+            shown = ",".join(_fmt(h) for h in hits[:_MAX_WITNESSES]) + (
+                ",..." if len(hits) > _MAX_WITNESSES else ""
+            )
             return [f"{label}={shown} ({about})"]
+
         return set_leaf
 
     def scalar_leaf(r: SignalReader) -> list[str] | None:
@@ -354,23 +394,40 @@ def _leaf(key: "str | tuple[str, str]", label: str, type_: str, op: str, operand
         if v is None or not test(v):
             return None
         return [f"{label}={_fmt(v)} ({about})"]
+
     return scalar_leaf
 
 
 # -- compiling a condition tree -----------------------------------------------
 
-def compile_condition(node: Any, path: tuple, at: Callable[[tuple], Position],
-                      key_at: Callable[[tuple], Position], ctx: CompileContext) -> Condition | None:
+
+def compile_condition(
+    node: Any,
+    path: tuple,
+    at: Callable[[tuple], Position],
+    key_at: Callable[[tuple], Position],
+    ctx: CompileContext,
+) -> Condition | None:
     """Compile ``node`` (found at ``path`` of a document); problems go to ``ctx.problems``."""
     bad = ctx.problems.append
     if not isinstance(node, dict) or not node:
-        bad((at(path), "a condition must be a map: all:/any:/not: or {signal: NAME, OPERATOR: VALUE}"))
+        bad(
+            (
+                at(path),
+                "a condition must be a map: all:/any:/not: or {signal: NAME, OPERATOR: VALUE}",
+            )
+        )
         return None
     combinators = [k for k in ("all", "any", "not") if k in node]
     if combinators:
         if len(node) != 1:
             extra = sorted(str(k) for k in node if k != combinators[0])
-            bad((key_at(path + (extra[0],)), f"{combinators[0]}: must be alone in its map (found also {', '.join(extra)})"))
+            bad(
+                (
+                    key_at(path + (extra[0],)),
+                    f"{combinators[0]}: must be alone in its map (found also {', '.join(extra)})",
+                )
+            )
             return None
         kind = combinators[0]
         body = node[kind]
@@ -382,11 +439,15 @@ def compile_condition(node: Any, path: tuple, at: Callable[[tuple], Position],
         if not isinstance(body, list) or not body:
             bad((at(path + (kind,)), f"{kind}: needs a non-empty list of conditions"))
             return None
-        parts = [compile_condition(item, path + (kind, i), at, key_at, ctx) for i, item in enumerate(body)]
+        parts = [
+            compile_condition(item, path + (kind, i), at, key_at, ctx)
+            for i, item in enumerate(body)
+        ]
         if any(p is None for p in parts):
             return None
         parts_t = tuple(parts)
         if kind == "all":
+
             def all_of(r: SignalReader) -> list[str] | None:
                 out: list[str] = []
                 for part in parts_t:
@@ -395,6 +456,7 @@ def compile_condition(node: Any, path: tuple, at: Callable[[tuple], Position],
                         return None
                     out += got
                 return out
+
             return all_of
 
         def any_of(r: SignalReader) -> list[str] | None:
@@ -403,6 +465,7 @@ def compile_condition(node: Any, path: tuple, at: Callable[[tuple], Position],
                 if got is not None:
                     return got
             return None
+
         return any_of
     return _compile_leaf(node, path, at, key_at, ctx)
 
@@ -411,12 +474,21 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
     bad = ctx.problems.append
     if "signal" not in node:
         unknown = sorted(str(k) for k in node)
-        bad((key_at(path + (unknown[0],)), f"unknown condition key {shown(unknown[0])} (expected all, any, not or signal)"))
+        bad(
+            (
+                key_at(path + (unknown[0],)),
+                f"unknown condition key {shown(unknown[0])} (expected all, any, not or signal)",
+            )
+        )
         return None
     name = node["signal"]
     if not isinstance(name, str) or name not in SIGNALS:
         close = [s for s in SIGNALS if isinstance(name, str) and (name in s or s in name)][:3]
-        hint = f" (did you mean {', '.join(close)}?)" if close else " (`gpuguard rules signals` lists them)"
+        hint = (
+            f" (did you mean {', '.join(close)}?)"
+            if close
+            else " (`gpuguard rules signals` lists them)"
+        )
         bad((at(path + ("signal",)), f"unknown signal {shown(name)}{hint}"))
         return None
     type_ = SIGNALS[name].type
@@ -435,24 +507,45 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
         key, label = (name, argument), f"{name}[{argument}]"
     ops = [k for k in node if k not in ("signal", parameter)]
     if len(ops) != 1:
-        bad((at(path), f"signal {name}: needs exactly one operator ({', '.join(OPERATORS)}), found {len(ops)}"))
+        bad(
+            (
+                at(path),
+                f"signal {name}: needs exactly one operator ({', '.join(OPERATORS)}), found {len(ops)}",
+            )
+        )
         return None
     op = ops[0]
     operand = node[op]
     here = at(path + (op,))
     if op not in OPERATORS:
-        bad((key_at(path + (op,)), f"unknown operator {shown(op)} (expected one of {', '.join(OPERATORS)})"))
+        bad(
+            (
+                key_at(path + (op,)),
+                f"unknown operator {shown(op)} (expected one of {', '.join(OPERATORS)})",
+            )
+        )
         return None
     if type_ not in OPERATORS[op][0]:
-        bad((key_at(path + (op,)), f"operator {shown(op)} does not apply to {type_} signal {name} (use one of "
-             f"{', '.join(o for o, (types, _) in OPERATORS.items() if type_ in types)})"))
+        bad(
+            (
+                key_at(path + (op,)),
+                f"operator {shown(op)} does not apply to {type_} signal {name} (use one of "
+                f"{', '.join(o for o, (types, _) in OPERATORS.items() if type_ in types)})",
+            )
+        )
         return None
     ctx.signals_used.add(name)
     compiled = None
     numeric = type_ in ("number", "numbers")
     if op in _LIST_OPS:
         if not isinstance(operand, str) or operand not in ctx.lists:
-            bad((here, f"unknown list {shown(operand)}" + (f" (lists: {', '.join(sorted(ctx.lists))})" if ctx.lists else "")))
+            bad(
+                (
+                    here,
+                    f"unknown list {shown(operand)}"
+                    + (f" (lists: {', '.join(sorted(ctx.lists))})" if ctx.lists else ""),
+                )
+            )
             return None
         if op in ("domain_in_list", "cidr_in_list", "glob_list", "matches_list") and numeric:
             bad((here, f"operator {shown(op)} needs a text signal"))
@@ -504,6 +597,8 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
 def _argument_problem(parameter: str, argument: str) -> str | None:
     """Why ``argument`` cannot be measured (None when it can)."""
     if parameter == "command" and not is_ioctl_name(argument):
-        return (f"{shown(argument)} is not a decoded ioctl name (names such as NV_ESC_RM_CONTROL, "
-                "UVM_REGISTER_CHANNEL, AMDKFD_IOC_CREATE_QUEUE: see docs/event-decoding.md)")
+        return (
+            f"{shown(argument)} is not a decoded ioctl name (names such as NV_ESC_RM_CONTROL, "
+            "UVM_REGISTER_CHANNEL, AMDKFD_IOC_CREATE_QUEUE: see docs/event-decoding.md)"
+        )
     return None

@@ -48,28 +48,41 @@ from gpuguard.events.process_facts import ProcessFacts
 if TYPE_CHECKING:
     from gpuguard.detect.yara_scan import YaraScanner
 
-_MAX_PARENT_PASSES = 10   # a chain of changed parents deeper than this waits for the next score
-_GPU_ANSWERS = "gpu-answers"   # state.derived: (rule set, time, answers of its GPU tests) at the last look
+_MAX_PARENT_PASSES = 10  # a chain of changed parents deeper than this waits for the next score
+_GPU_ANSWERS = (
+    "gpu-answers"  # state.derived: (rule set, time, answers of its GPU tests) at the last look
+)
 
 
 def rescore_policy(ruleset: RuleSet | None) -> RescorePolicy:
     """What the correlator must treat as a change worth rescoring for ``ruleset`` (None: everything)."""
     if ruleset is None:
         return RescorePolicy()
-    return RescorePolicy(additions=ruleset.rescore_on, counts=ruleset.reads_counts, rates=ruleset.reads_rates,
-                         gpu_checked=True)
+    return RescorePolicy(
+        additions=ruleset.rescore_on,
+        counts=ruleset.reads_counts,
+        rates=ruleset.reads_rates,
+        gpu_checked=True,
+    )
 
 
 class DetectionEngine:
     """Rules applied to a correlator's processes; see the module docstring."""
 
-    def __init__(self, correlator: Correlator, ruleset: RuleSet | None, *,
-                 yara_scanner: "YaraScanner | None" = None) -> None:
+    def __init__(
+        self,
+        correlator: Correlator,
+        ruleset: RuleSet | None,
+        *,
+        yara_scanner: "YaraScanner | None" = None,
+    ) -> None:
         self.correlator = correlator
         self.yara_scanner = yara_scanner
         self.counters: dict[str, int] = {"yara_scans": 0}
-        self._time_bucket: int | None = None   # the clock period of the last score (see score)
-        self._age_checked_at: float | None = None   # when ages were last looked at (see _mark_age_crossings)
+        self._time_bucket: int | None = None  # the clock period of the last score (see score)
+        self._age_checked_at: float | None = (
+            None  # when ages were last looked at (see _mark_age_crossings)
+        )
         self.ruleset: RuleSet | None = None
         correlator.on_new_facts = self._enrich
         self.set_ruleset(ruleset)
@@ -110,7 +123,9 @@ class DetectionEngine:
         gpu_tests = ruleset.gpu_sample_tests
         readers = self._check_gpu_moves(ruleset, gpu_tests, now) if correlator.gpu_moved else {}
         out: list[Verdict] = []
-        for _ in range(_MAX_PARENT_PASSES):   # parents first; a changed parent re-dirties its children
+        for _ in range(
+            _MAX_PARENT_PASSES
+        ):  # parents first; a changed parent re-dirties its children
             dirty = [s for s in states if s.dirty]
             if not dirty:
                 break
@@ -127,8 +142,11 @@ class DetectionEngine:
                 state.verdict = verdict
                 state.dirty = False
                 out.append(verdict)
-                if previous is None or (previous.verdict, previous.score) != (verdict.verdict, verdict.score):
-                    changed.add(state.key)     # children read parent_verdict / parent_score
+                if previous is None or (previous.verdict, previous.score) != (
+                    verdict.verdict,
+                    verdict.score,
+                ):
+                    changed.add(state.key)  # children read parent_verdict / parent_score
             if not changed:
                 break
             for state in states:
@@ -147,12 +165,12 @@ class DetectionEngine:
         """
         last = self._age_checked_at
         if last is None:
-            self._age_checked_at = now     # every process is dirty after set_ruleset: scored now
+            self._age_checked_at = now  # every process is dirty after set_ruleset: scored now
             return
         if last <= now < last + AGE_CHECK_EVERY_S:
             return
         self._age_checked_at = now
-        backwards = now < last             # a clock set back (or a caller scoring an earlier time)
+        backwards = now < last  # a clock set back (or a caller scoring an earlier time)
         for state in self.correlator.unordered_states():
             if state.dirty:
                 continue
@@ -167,7 +185,9 @@ class DetectionEngine:
                     state.dirty = True
                     break
 
-    def _check_gpu_moves(self, ruleset: RuleSet, tests: tuple, now: float) -> "dict[ProcessState, SignalReader]":
+    def _check_gpu_moves(
+        self, ruleset: RuleSet, tests: tuple, now: float
+    ) -> "dict[ProcessState, SignalReader]":
         """Mark the processes whose GPU windows moved so that a rule's GPU test answers differently.
 
         Returns the signal readers used for those, so scoring reads each signal once.
@@ -178,12 +198,12 @@ class DetectionEngine:
             moved.clear()
             return readers
         for state in list(moved):
-            if state.dirty:            # scored anyway (its answers are kept then)
+            if state.dirty:  # scored anyway (its answers are kept then)
                 moved.discard(state)
                 continue
             kept = state.derived.get(_GPU_ANSWERS)
             if kept is not None and kept[0] is ruleset and 0 <= now - kept[1] < GPU_CHECK_EVERY_S:
-                continue               # looked at less than GPU_CHECK_EVERY_S ago: stays in moved
+                continue  # looked at less than GPU_CHECK_EVERY_S ago: stays in moved
             moved.discard(state)
             reader = SignalReader(state, now)
             answers = _answers(tests, reader)
@@ -207,7 +227,9 @@ class DetectionEngine:
             state.add_yara_result(result.rules, result.tags, scanned=True)
             self.counters["yara_scans"] += 1
         if self.ruleset is not None and correlator.facts_provider is not None:
-            state.exe_sha256 = self.ruleset.allowlist.exe_sha256_if_needed(facts, correlator.proc_root)
+            state.exe_sha256 = self.ruleset.allowlist.exe_sha256_if_needed(
+                facts, correlator.proc_root
+            )
 
 
 def _answers(tests: tuple, reader: SignalReader) -> int:

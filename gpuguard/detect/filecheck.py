@@ -29,25 +29,36 @@ def untrusted_reason(path: Path) -> tuple[str, str] | None:
         return None
     mode = stat.S_IMODE(st.st_mode)
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"refusing rules file {path}: it is writable by group/others (mode {mode:04o})",
-                f"chmod go-w {path}")
+        return (
+            f"refusing rules file {path}: it is writable by group/others (mode {mode:04o})",
+            f"chmod go-w {path}",
+        )
     if os.geteuid() == 0 and st.st_uid != 0:
-        return (f"refusing rules file {path}: it is owned by uid {st.st_uid}, not root, and gpuguard runs as root",
-                f"chown root: {path}")
+        return (
+            f"refusing rules file {path}: it is owned by uid {st.st_uid}, not root, and gpuguard runs as root",
+            f"chown root: {path}",
+        )
     try:
         parent = os.stat(path.parent)
     except OSError:
         return None
     parent_mode = stat.S_IMODE(parent.st_mode)
     if parent_mode & (stat.S_IWGRP | stat.S_IWOTH) and not parent_mode & stat.S_ISVTX:
-        return (f"refusing rules file {path}: its directory {path.parent} is writable by group/others "
-                f"(mode {parent_mode:04o}), so the file can be replaced",
-                f"chmod go-w {path.parent}")
+        return (
+            f"refusing rules file {path}: its directory {path.parent} is writable by group/others "
+            f"(mode {parent_mode:04o}), so the file can be replaced",
+            f"chmod go-w {path.parent}",
+        )
     return None
 
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
@@ -66,7 +77,11 @@ def _open_regular(path: Path, what: str) -> tuple[int | None, tuple[str, str] | 
             kind = _kind(os.stat(path).st_mode)
         except OSError:
             kind = ""
-        cause = f"{what} is {kind}, not a regular file" if kind else f"cannot open {what}: {exc.strerror}"
+        cause = (
+            f"{what} is {kind}, not a regular file"
+            if kind
+            else f"cannot open {what}: {exc.strerror}"
+        )
         return None, (cause, "name a regular file")
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -88,8 +103,10 @@ def read_regular_file(path: Path, max_bytes: int, what: str) -> bytes:
     fd, reason = _open_regular(path, what)
     if fd is None:
         raise GpuguardError(*reason)  # type: ignore[misc]
-    too_big = GpuguardError(f"{what} is larger than the {max_bytes // 1024} KiB limit",
-                            f"split it into smaller files (each under {max_bytes // 1024} KiB)")
+    too_big = GpuguardError(
+        f"{what} is larger than the {max_bytes // 1024} KiB limit",
+        f"split it into smaller files (each under {max_bytes // 1024} KiB)",
+    )
     if os.fstat(fd).st_size > max_bytes:
         os.close(fd)
         raise too_big

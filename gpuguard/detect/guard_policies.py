@@ -29,8 +29,18 @@ from gpuguard.detect.rules import ACTIONS
 from gpuguard.detect.score import Evidence, Verdict
 from gpuguard.errors import GpuguardError
 
-_KEYS = ("id", "gpus", "allowed_users", "allowed_groups", "max_gpus_per_user", "max_gpu_memory_per_user",
-         "allowed_hours", "verdict", "action", "weight")
+_KEYS = (
+    "id",
+    "gpus",
+    "allowed_users",
+    "allowed_groups",
+    "max_gpus_per_user",
+    "max_gpu_memory_per_user",
+    "allowed_hours",
+    "verdict",
+    "action",
+    "weight",
+)
 _NVIDIA = re.compile(r"^/dev/nvidia(\d+)$")
 _RENDER = re.compile(r"^/dev/dri/renderD(\d+)$")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?$", re.I)
@@ -40,12 +50,12 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 @dataclass(frozen=True, slots=True)
 class GuardPolicy:
     id: str
-    gpus: frozenset[int] | None = None              # GPU indexes it covers (None: every GPU)
+    gpus: frozenset[int] | None = None  # GPU indexes it covers (None: every GPU)
     allowed_users: frozenset[str] | None = None
     allowed_groups: frozenset[str] | None = None
     max_gpus_per_user: int | None = None
-    max_gpu_memory_per_user: int | None = None      # bytes
-    allowed_hours: tuple[int, int] | None = None    # [start, end) in local hours; wraps past midnight
+    max_gpu_memory_per_user: int | None = None  # bytes
+    allowed_hours: tuple[int, int] | None = None  # [start, end) in local hours; wraps past midnight
     verdict: str = "suspicious"
     action: str = "alert"
     weight: int = 50
@@ -56,7 +66,9 @@ def parse_guard_policies(section: Any, *, source: str) -> tuple[GuardPolicy, ...
     if section is None:
         return ()
     if not isinstance(section, list):
-        raise GpuguardError(f"{source}: guard_policies: expected a list of policies", f"fix {source}")
+        raise GpuguardError(
+            f"{source}: guard_policies: expected a list of policies", f"fix {source}"
+        )
     policies = []
     for i, entry in enumerate(section):
         where = f"{source}: guard_policies[{i}]"
@@ -64,26 +76,45 @@ def parse_guard_policies(section: Any, *, source: str) -> tuple[GuardPolicy, ...
             raise GpuguardError(f"{where}: expected a mapping", f"fix {source}")
         for key in entry:
             if key not in _KEYS:
-                raise GpuguardError(f"{where}: unknown key {key!r} (expected one of {', '.join(_KEYS)})", f"fix {source}")
+                raise GpuguardError(
+                    f"{where}: unknown key {key!r} (expected one of {', '.join(_KEYS)})",
+                    f"fix {source}",
+                )
         if not isinstance(entry.get("id"), str) or not entry["id"]:
             raise GpuguardError(f"{where}: id: a policy needs a name", f"fix {source}")
         verdict = entry.get("verdict", "suspicious")
         if verdict not in ("suspicious", "malicious"):
-            raise GpuguardError(f"{where}: verdict: {verdict!r} is not suspicious or malicious", f"fix {source}")
+            raise GpuguardError(
+                f"{where}: verdict: {verdict!r} is not suspicious or malicious", f"fix {source}"
+            )
         action = entry.get("action", "alert")
         if action not in ACTIONS:
-            raise GpuguardError(f"{where}: action: unknown action {action!r} (expected {', '.join(ACTIONS)})", f"fix {source}")
-        policies.append(GuardPolicy(
-            id=entry["id"],
-            gpus=_ints(entry.get("gpus"), f"{where}: gpus", source),
-            allowed_users=_names(entry.get("allowed_users"), f"{where}: allowed_users", source),
-            allowed_groups=_names(entry.get("allowed_groups"), f"{where}: allowed_groups", source),
-            max_gpus_per_user=_count(entry.get("max_gpus_per_user"), f"{where}: max_gpus_per_user", source),
-            max_gpu_memory_per_user=_size(entry.get("max_gpu_memory_per_user"), f"{where}: max_gpu_memory_per_user", source),
-            allowed_hours=_hours(entry.get("allowed_hours"), f"{where}: allowed_hours", source),
-            verdict=verdict, action=action,
-            weight=_count(entry.get("weight", 50), f"{where}: weight", source) or 0,
-        ))
+            raise GpuguardError(
+                f"{where}: action: unknown action {action!r} (expected {', '.join(ACTIONS)})",
+                f"fix {source}",
+            )
+        policies.append(
+            GuardPolicy(
+                id=entry["id"],
+                gpus=_ints(entry.get("gpus"), f"{where}: gpus", source),
+                allowed_users=_names(entry.get("allowed_users"), f"{where}: allowed_users", source),
+                allowed_groups=_names(
+                    entry.get("allowed_groups"), f"{where}: allowed_groups", source
+                ),
+                max_gpus_per_user=_count(
+                    entry.get("max_gpus_per_user"), f"{where}: max_gpus_per_user", source
+                ),
+                max_gpu_memory_per_user=_size(
+                    entry.get("max_gpu_memory_per_user"),
+                    f"{where}: max_gpu_memory_per_user",
+                    source,
+                ),
+                allowed_hours=_hours(entry.get("allowed_hours"), f"{where}: allowed_hours", source),
+                verdict=verdict,
+                action=action,
+                weight=_count(entry.get("weight", 50), f"{where}: weight", source) or 0,
+            )
+        )
     return tuple(policies)
 
 
@@ -117,8 +148,9 @@ class _Groups:
         return self._cache[uid]
 
 
-def evaluate_guard_policies(policies: Iterable[GuardPolicy], states: Iterable[ProcessState],
-                            now: float) -> list[Verdict]:
+def evaluate_guard_policies(
+    policies: Iterable[GuardPolicy], states: Iterable[ProcessState], now: float
+) -> list[Verdict]:
     """A verdict for each live process in breach of a policy (one per process, evidence from every policy)."""
     policies = tuple(policies)
     if not policies:
@@ -142,42 +174,85 @@ def evaluate_guard_policies(policies: Iterable[GuardPolicy], states: Iterable[Pr
             username = covered[0][0].facts.username or str(uid)
             per_process: list[tuple[ProcessState, str]] = []
             if policy.allowed_users is not None or policy.allowed_groups is not None:
-                allowed = (policy.allowed_users is not None and username in policy.allowed_users) or (
-                    policy.allowed_groups is not None and bool(groups.of(uid, username) & policy.allowed_groups))
+                allowed = (
+                    policy.allowed_users is not None and username in policy.allowed_users
+                ) or (
+                    policy.allowed_groups is not None
+                    and bool(groups.of(uid, username) & policy.allowed_groups)
+                )
                 if not allowed:
-                    per_process += [(s, f"user {username} is not allowed on GPU {sorted(ix)}") for s, ix in covered]
+                    per_process += [
+                        (s, f"user {username} is not allowed on GPU {sorted(ix)}")
+                        for s, ix in covered
+                    ]
             if policy.allowed_hours is not None and not _in_hours(hour, policy.allowed_hours):
                 start, end = policy.allowed_hours
-                per_process += [(s, f"GPU use at hour {hour}, outside {start:02d}-{end:02d}") for s, _ in covered]
+                per_process += [
+                    (s, f"GPU use at hour {hour}, outside {start:02d}-{end:02d}")
+                    for s, _ in covered
+                ]
             if policy.max_gpus_per_user is not None:
                 used = set().union(*(ix for _, ix in covered))
                 if len(used) > policy.max_gpus_per_user:
-                    per_process += [(s, f"user {username} uses {len(used)} GPUs (max {policy.max_gpus_per_user})")
-                                    for s, _ in covered]
+                    per_process += [
+                        (
+                            s,
+                            f"user {username} uses {len(used)} GPUs (max {policy.max_gpus_per_user})",
+                        )
+                        for s, _ in covered
+                    ]
             if policy.max_gpu_memory_per_user is not None:
                 total = sum(int(s.gpu_memory.latest or 0) for s, _ in covered)
                 if total > policy.max_gpu_memory_per_user:
-                    per_process += [(s, f"user {username} holds {total >> 20} MiB of GPU memory "
-                                        f"(max {policy.max_gpu_memory_per_user >> 20} MiB)") for s, _ in covered]
+                    per_process += [
+                        (
+                            s,
+                            f"user {username} holds {total >> 20} MiB of GPU memory "
+                            f"(max {policy.max_gpu_memory_per_user >> 20} MiB)",
+                        )
+                        for s, _ in covered
+                    ]
             for state, detail in per_process:
                 kept = found.setdefault(id(state), (state, [], policy))
-                kept[1].append(Evidence(f"guard.{policy.id}", "guard_policy", detail, policy.weight, "high",
-                                        ("guard-policy",), f"guard policy {policy.id}: {detail}"))
+                kept[1].append(
+                    Evidence(
+                        f"guard.{policy.id}",
+                        "guard_policy",
+                        detail,
+                        policy.weight,
+                        "high",
+                        ("guard-policy",),
+                        f"guard policy {policy.id}: {detail}",
+                    )
+                )
                 if _stronger(policy, kept[2]):
                     found[id(state)] = (state, kept[1], policy)
     verdicts = []
     for state, evidence, policy in found.values():
         evidence.sort(key=lambda e: (-e.weight, e.rule_id, e.detail))
-        verdicts.append(Verdict(key=state.key, pid=state.pid, comm=state.comm, exe=state.exe,
-                                score=min(100, sum(e.weight for e in evidence)), verdict=policy.verdict,
-                                evidence=evidence, action=policy.action, time=now,
-                                exe_deleted=bool(state.facts and state.facts.exe_deleted)))
+        verdicts.append(
+            Verdict(
+                key=state.key,
+                pid=state.pid,
+                comm=state.comm,
+                exe=state.exe,
+                score=min(100, sum(e.weight for e in evidence)),
+                verdict=policy.verdict,
+                evidence=evidence,
+                action=policy.action,
+                time=now,
+                exe_deleted=bool(state.facts and state.facts.exe_deleted),
+            )
+        )
     return sorted(verdicts, key=lambda v: v.pid)
 
 
 def _stronger(a: GuardPolicy, b: GuardPolicy) -> bool:
     rank = ("suspicious", "malicious")
-    return (rank.index(a.verdict), ACTIONS.index(a.action)) > (rank.index(b.verdict), ACTIONS.index(b.action))
+    return (rank.index(a.verdict), ACTIONS.index(a.action)) > (
+        rank.index(b.verdict),
+        ACTIONS.index(b.action),
+    )
 
 
 def _in_hours(hour: int, hours: tuple[int, int]) -> bool:
@@ -188,7 +263,9 @@ def _in_hours(hour: int, hours: tuple[int, int]) -> bool:
 def _ints(value: Any, where: str, source: str) -> frozenset[int] | None:
     if value is None:
         return None
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
         raise GpuguardError(f"{where}: expected a list of GPU indexes", f"fix {source}")
     return frozenset(value)
 
@@ -205,7 +282,9 @@ def _count(value: Any, where: str, source: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise GpuguardError(f"{where}: expected a whole number >= 0, got {value!r}", f"fix {source}")
+        raise GpuguardError(
+            f"{where}: expected a whole number >= 0, got {value!r}", f"fix {source}"
+        )
     return value
 
 
@@ -216,7 +295,9 @@ def _size(value: Any, where: str, source: str) -> int | None:
         return value
     match = _SIZE.match(str(value).strip())
     if not match:
-        raise GpuguardError(f"{where}: {value!r} is not a size like 40GiB or 20000MiB", f"fix {source}")
+        raise GpuguardError(
+            f"{where}: {value!r} is not a size like 40GiB or 20000MiB", f"fix {source}"
+        )
     unit = (match.group(2) or "")[:1].upper()
     return int(float(match.group(1)) * _UNITS[unit])
 

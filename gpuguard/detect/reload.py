@@ -40,7 +40,7 @@ class RuleSetHolder:
         self.site_dir = site_dir
         self.log = log
         self.on_change = on_change
-        self.current: RuleSet = load_ruleset(self._paths())   # the first load must succeed
+        self.current: RuleSet = load_ruleset(self._paths())  # the first load must succeed
         self.generation = 1
         self.last_error: str | None = None
         self._requested = False
@@ -55,7 +55,9 @@ class RuleSetHolder:
         for path in files:
             try:
                 st = os.stat(path)
-                out.append((str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode, st.st_uid))
+                out.append(
+                    (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode, st.st_uid)
+                )
             except OSError:
                 out.append((str(path), None))
         return tuple(out)
@@ -84,14 +86,18 @@ class RuleSetHolder:
             ruleset = load_ruleset(self._paths())
         except GpuguardError as exc:
             self.last_error = exc.one_line()
-            self.log(f"gpuguard: rules not reloaded ({reason}); keeping the previous rules: {self.last_error}")
+            self.log(
+                f"gpuguard: rules not reloaded ({reason}); keeping the previous rules: {self.last_error}"
+            )
             return False
         self.current = ruleset
         self.generation += 1
         self.last_error = None
         self._fingerprint = self._fingerprint_now()
-        self.log(f"gpuguard: rules reloaded ({reason}): {len(ruleset.rules)} rules from "
-                 f"{', '.join(str(p) for p in ruleset.sources)}")
+        self.log(
+            f"gpuguard: rules reloaded ({reason}): {len(ruleset.rules)} rules from "
+            f"{', '.join(str(p) for p in ruleset.sources)}"
+        )
         if self.on_change is not None:
             self.on_change(ruleset)
         return True

@@ -37,9 +37,23 @@ from gpuguard.correlate.state import (
 from gpuguard.detect.signals import SIGNALS
 
 FACTS, NETWORK, DEVICES = "facts", "network", "devices"
-_KIND_OF_GROUP = {"identity": FACTS, "cmdline": FACTS, "config": FACTS, "ancestry": FACTS, "network": NETWORK}
-_DEVICE_SIGNALS = frozenset({"gpu_device_classes", "gpu_paths", "ioctl_names", "ioctl_categories", "ioctl_query_only",
-                             "device_classes_written"})
+_KIND_OF_GROUP = {
+    "identity": FACTS,
+    "cmdline": FACTS,
+    "config": FACTS,
+    "ancestry": FACTS,
+    "network": NETWORK,
+}
+_DEVICE_SIGNALS = frozenset(
+    {
+        "gpu_device_classes",
+        "gpu_paths",
+        "ioctl_names",
+        "ioctl_categories",
+        "ioctl_query_only",
+        "device_classes_written",
+    }
+)
 _UNCACHED = frozenset({"parent_verdict", "parent_score", "connect_count"})
 
 
@@ -63,7 +77,10 @@ def rule_cache(signals: "tuple[str, ...] | frozenset[str]") -> str | None:
         return None
     kinds.discard(FACTS)
     name = "rules:" + ("+".join(sorted(kinds)) if kinds else FACTS)
-    assert all(name in (DERIVED_FROM_NETWORK if kind == NETWORK else DERIVED_FROM_DEVICES) for kind in kinds)
+    assert all(
+        name in (DERIVED_FROM_NETWORK if kind == NETWORK else DERIVED_FROM_DEVICES)
+        for kind in kinds
+    )
     return name
 
 
@@ -80,17 +97,37 @@ assert set(KEPT_SIGNAL_CACHES) <= {"signals:facts", *DERIVED_FROM_NETWORK, *DERI
 SIGNALS_READING: dict[int, frozenset[str]] = {
     NEW_PORT: frozenset({"connect_ports", "connected_to_revealed_port"}),
     NEW_ADDRESS: frozenset({"connect_addresses"}),
-    NEW_PAYLOAD: frozenset({"payload_protocols", "payload_agents", "payload_methods", "payload_logins",
-                            "payload_hosts", "proxy_target_hosts", "proxy_target_ports", "revealed_hosts"}),
+    NEW_PAYLOAD: frozenset(
+        {
+            "payload_protocols",
+            "payload_agents",
+            "payload_methods",
+            "payload_logins",
+            "payload_hosts",
+            "proxy_target_hosts",
+            "proxy_target_ports",
+            "revealed_hosts",
+        }
+    ),
     NEW_DEVICE_CLASS: frozenset({"gpu_device_classes", "device_classes_written"}),
     NEW_GPU_PATH: frozenset({"gpu_paths"}),
     NEW_IOCTL_NAME: frozenset({"ioctl_names"}),
     NEW_IOCTL_CATEGORY: frozenset({"ioctl_categories", "ioctl_query_only"}),
 }
-RATE_SIGNALS = frozenset({"ioctl_rate_submit", "ioctl_rate_memory", "ioctl_rate_query", "ioctl_rate_setup",
-                          "ioctl_rate_other", "ioctl_command_rate"})
+RATE_SIGNALS = frozenset(
+    {
+        "ioctl_rate_submit",
+        "ioctl_rate_memory",
+        "ioctl_rate_query",
+        "ioctl_rate_setup",
+        "ioctl_rate_other",
+        "ioctl_command_rate",
+    }
+)
 COUNT_SIGNALS = frozenset({"connect_count", "ioctl_total"}) | RATE_SIGNALS
-assert sum(SIGNALS_READING) == ANY_ADDITION and set().union(*SIGNALS_READING.values()) <= set(SIGNALS)
+assert sum(SIGNALS_READING) == ANY_ADDITION and set().union(*SIGNALS_READING.values()) <= set(
+    SIGNALS
+)
 assert RATE_SIGNALS <= set(SIGNALS)
 
 # Signals that change with the clock alone, and how often the detection engine re-evaluates
@@ -98,7 +135,11 @@ assert RATE_SIGNALS <= set(SIGNALS)
 # quiet).  ``age_s`` is here only for rules that test it with something other than a comparison
 # with a number; for comparisons (all shipped rules) the engine rescores a process only when
 # its age crosses a number a rule compares it with, checked every AGE_CHECK_EVERY_S.
-TIME_SIGNAL_PERIODS_S = {"age_s": 60.0, "hour_of_day": 3600.0, **{name: 10.0 for name in RATE_SIGNALS}}
+TIME_SIGNAL_PERIODS_S = {
+    "age_s": 60.0,
+    "hour_of_day": 3600.0,
+    **{name: 10.0 for name in RATE_SIGNALS},
+}
 AGE_CHECK_EVERY_S = 10.0
 _COMPARISONS = frozenset({"gt", "gte", "lt", "lte"})
 
@@ -107,9 +148,19 @@ _COMPARISONS = frozenset({"gt", "gte", "lt", "lte"})
 # signals (at most every GPU_CHECK_EVERY_S of sample time per process) and rescores the process
 # only when one of those tests changed its answer.  ``tests/test_rescore_gpu.py`` checks that a GPU
 # sample changes no other signal.
-GPU_SAMPLE_SIGNALS = frozenset({"gpu_util_mean", "gpu_util_variance", "gpu_util_min", "gpu_util_latest",
-                                "gpu_util_samples", "gpu_util_window_s", "gpu_memory_bytes", "gpu_memory_fraction",
-                                *(name for name, signal in SIGNALS.items() if signal.group == "gpu-behaviour")})
+GPU_SAMPLE_SIGNALS = frozenset(
+    {
+        "gpu_util_mean",
+        "gpu_util_variance",
+        "gpu_util_min",
+        "gpu_util_latest",
+        "gpu_util_samples",
+        "gpu_util_window_s",
+        "gpu_memory_bytes",
+        "gpu_memory_fraction",
+        *(name for name, signal in SIGNALS.items() if signal.group == "gpu-behaviour"),
+    }
+)
 GPU_CHECK_EVERY_S = 5.0
 assert GPU_SAMPLE_SIGNALS <= set(SIGNALS)
 

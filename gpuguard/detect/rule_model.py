@@ -28,7 +28,16 @@ FORMAT_VERSION = 1
 SEVERITIES = ("info", "low", "medium", "high", "critical")
 VERDICTS = ("clean", "suspicious", "malicious")
 ACTIONS = ("none", "alert", "suspend", "kill", "quarantine", "block-egress")
-TOP_KEYS = ("version", "description", "lists", "rules", "allowlist", "thresholds", "actions", "yara")
+TOP_KEYS = (
+    "version",
+    "description",
+    "lists",
+    "rules",
+    "allowlist",
+    "thresholds",
+    "actions",
+    "yara",
+)
 RULE_KEYS = ("id", "description", "severity", "tags", "weight", "condition", "enabled")
 OVERRIDABLE = ("description", "severity", "tags", "weight", "condition", "enabled")
 
@@ -45,7 +54,9 @@ class Problem:
     fix: str | None = None
 
     @classmethod
-    def at(cls, position: Position, cause: str, rule_id: str | None = None, fix: str | None = None) -> "Problem":
+    def at(
+        cls, position: Position, cause: str, rule_id: str | None = None, fix: str | None = None
+    ) -> "Problem":
         return cls(position.file, position.line, position.col, cause, rule_id, fix)
 
     @property
@@ -77,15 +88,17 @@ class Rule:
     weight: int
     enabled: bool
     condition: Condition
-    signals: tuple[str, ...]        # signal names the condition reads, sorted
+    signals: tuple[str, ...]  # signal names the condition reads, sorted
     source: Position
-    outcome_cache: str | None = None   # the state.derived entry its outcome is kept in (rescore.rule_cache)
-    leaves: tuple[Leaf, ...] = ()      # its condition's signal tests (what the rescore policy reads)
+    outcome_cache: str | None = (
+        None  # the state.derived entry its outcome is kept in (rescore.rule_cache)
+    )
+    leaves: tuple[Leaf, ...] = ()  # its condition's signal tests (what the rescore policy reads)
 
 
 @dataclass(slots=True)
 class RuleSet:
-    rules: list[Rule]                # enabled, in file order
+    rules: list[Rule]  # enabled, in file order
     disabled: list[Rule]
     lists: dict[str, list[Any]]
     allowlist: Allowlist
@@ -103,8 +116,13 @@ class RuleSet:
     def evaluation_groups(self) -> "tuple[tuple[str | None, tuple[Rule, ...]], ...]":
         """The enabled rules grouped by where their outcome is kept (``Rule.outcome_cache``), None first."""
         if self._groups is None:
-            names = sorted({rule.outcome_cache for rule in self.rules}, key=lambda name: (name is not None, name or ""))
-            self._groups = tuple((name, tuple(r for r in self.rules if r.outcome_cache == name)) for name in names)
+            names = sorted(
+                {rule.outcome_cache for rule in self.rules},
+                key=lambda name: (name is not None, name or ""),
+            )
+            self._groups = tuple(
+                (name, tuple(r for r in self.rules if r.outcome_cache == name)) for name in names
+            )
         return self._groups
 
     @property
@@ -133,8 +151,11 @@ class RuleSet:
         those numbers (:attr:`age_crossings`), not everyone once a minute.
         """
         used = self.signals_used
-        periods = [period for name, period in TIME_SIGNAL_PERIODS_S.items()
-                   if name in used and not (name == "age_s" and self.age_crossings is not None)]
+        periods = [
+            period
+            for name, period in TIME_SIGNAL_PERIODS_S.items()
+            if name in used and not (name == "age_s" and self.age_crossings is not None)
+        ]
         return min(periods) if periods else None
 
     @property
@@ -143,7 +164,9 @@ class RuleSet:
         (``rescore.crossing_points``): () when no rule reads it, None when a test is not a
         comparison with a number."""
         if self._age_points is False:
-            self._age_points = crossing_points([leaf for rule in self.rules for leaf in rule.leaves], "age_s")
+            self._age_points = crossing_points(
+                [leaf for rule in self.rules for leaf in rule.leaves], "age_s"
+            )
         return self._age_points  # type: ignore[return-value]
 
     @property
@@ -154,8 +177,12 @@ class RuleSet:
         its answer, a GPU sample cannot change a verdict (the engine's GPU check).
         """
         if self._gpu_tests is None:
-            unique = {(leaf.signal, leaf.op, repr(leaf.operand)): leaf.test for rule in self.rules
-                      for leaf in rule.leaves if leaf.signal in GPU_SAMPLE_SIGNALS}
+            unique = {
+                (leaf.signal, leaf.op, repr(leaf.operand)): leaf.test
+                for rule in self.rules
+                for leaf in rule.leaves
+                if leaf.signal in GPU_SAMPLE_SIGNALS
+            }
             self._gpu_tests = tuple(unique.values())
         return self._gpu_tests
 
@@ -170,7 +197,7 @@ class RuleSet:
     def yara_scanner(self):
         """The compiled YARA scanner for this rule set (None when it has no YARA files)."""
         if self._yara is None and self.yara_files:
-            from gpuguard.detect.yara_scan import YaraScanner   # yara-python loads only when used
+            from gpuguard.detect.yara_scan import YaraScanner  # yara-python loads only when used
 
             self._yara = YaraScanner.from_files(self.yara_files)
         return self._yara

@@ -35,7 +35,7 @@ from gpuguard.detect.shipped import default_rule_paths
 from gpuguard.detect.yaml_marks import MarkedDocument, load_marked_file
 from gpuguard.errors import GpuguardError
 
-MAX_RULES_FILE_BYTES = 1 << 20   # the shipped rules are 16 KiB
+MAX_RULES_FILE_BYTES = 1 << 20  # the shipped rules are 16 KiB
 
 
 def _check_and_read(paths: Sequence[Path]) -> tuple[list[MarkedDocument], list[Problem]]:
@@ -83,7 +83,11 @@ def load_ruleset(paths: Sequence[Path] | None = None) -> RuleSet:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         first = problems[0]
         if first.cause.startswith("refusing rules file"):
-            raise GpuguardError(first.cause, first.fix or "")   # names the file itself, with its own fix
-        raise GpuguardError(f"invalid rules: {first}{more}",
-                            "correct the rules file; `gpuguard rules validate` lists every problem")
+            raise GpuguardError(
+                first.cause, first.fix or ""
+            )  # names the file itself, with its own fix
+        raise GpuguardError(
+            f"invalid rules: {first}{more}",
+            "correct the rules file; `gpuguard rules validate` lists every problem",
+        )
     return ruleset

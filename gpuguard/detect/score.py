@@ -24,8 +24,8 @@ from gpuguard.escape import escape_text
 @dataclass(slots=True)
 class Evidence:
     rule_id: str
-    signal: str                 # the signals the rule's condition reads, comma-separated
-    detail: str                 # what matched, e.g. "connect_ports=3333 (in_list pool_ports)"
+    signal: str  # the signals the rule's condition reads, comma-separated
+    detail: str  # what matched, e.g. "connect_ports=3333 (in_list pool_ports)"
     weight: int
     severity: str
     tags: tuple[str, ...] = ()
@@ -50,7 +50,7 @@ class Verdict:
     comm: str
     exe: str
     score: int
-    verdict: str                 # "clean" | "suspicious" | "malicious"
+    verdict: str  # "clean" | "suspicious" | "malicious"
     evidence: list[Evidence] = field(default_factory=list)
     allowlisted: bool = False
     action: str = "none"
@@ -68,7 +68,9 @@ class Verdict:
             head += f" (allowlisted by {escape_text(self.allowlist_entry)})"
         if not self.evidence:
             return head + ": no evidence"
-        parts = [f"{escape_text(e.description)} ({e.weight:+d}, {e.rule_id})" for e in self.evidence]
+        parts = [
+            f"{escape_text(e.description)} ({e.weight:+d}, {e.rule_id})" for e in self.evidence
+        ]
         return head + ": " + "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -96,7 +98,9 @@ def verdict_for(score: int, ruleset: RuleSet) -> str:
     return "clean"
 
 
-def score_process(state: ProcessState, ruleset: RuleSet, now: float, reader: SignalReader | None = None) -> Verdict:
+def score_process(
+    state: ProcessState, ruleset: RuleSet, now: float, reader: SignalReader | None = None
+) -> Verdict:
     """Evaluate every enabled rule on ``state`` at ``now``; see the module docstring.
 
     ``reader``: the signals of ``state`` at ``now`` already read (the engine's GPU check).
@@ -115,7 +119,9 @@ def score_process(state: ProcessState, ruleset: RuleSet, now: float, reader: Sig
             evidence += _matched(rules, reader)
             continue
         kept = derived.get(cache_name)
-        if kept is None or kept[0] is not ruleset:   # not evaluated since the last change, or rules reloaded
+        if (
+            kept is None or kept[0] is not ruleset
+        ):  # not evaluated since the last change, or rules reloaded
             kept = derived[cache_name] = (ruleset, _matched(rules, reader))
         evidence += kept[1]
     total = sum(e.weight for e in evidence)
@@ -148,6 +154,15 @@ def _matched(rules: tuple[Rule, ...], reader: SignalReader) -> list[Evidence]:
     for rule in rules:
         witnesses = rule.condition(reader)
         if witnesses is not None:
-            found.append(Evidence(rule.id, ",".join(rule.signals), "; ".join(witnesses), rule.weight,
-                                  rule.severity, rule.tags, rule.description))
+            found.append(
+                Evidence(
+                    rule.id,
+                    ",".join(rule.signals),
+                    "; ".join(witnesses),
+                    rule.weight,
+                    rule.severity,
+                    rule.tags,
+                    rule.description,
+                )
+            )
     return found

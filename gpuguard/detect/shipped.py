@@ -26,5 +26,7 @@ def default_rule_paths(site_dir: Path = SITE_RULES_DIR) -> list[Path]:
     """The shipped rules, then ``/etc/gpuguard/*.yaml`` (sorted, the agent's ``agent.yaml`` excepted) when present."""
     paths = [shipped_rules_file()]
     if site_dir.is_dir():
-        paths += sorted(p for p in site_dir.glob("*.yaml") if p.is_file() and p.name not in NOT_RULES)
+        paths += sorted(
+            p for p in site_dir.glob("*.yaml") if p.is_file() and p.name not in NOT_RULES
+        )
     return paths

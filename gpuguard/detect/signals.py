@@ -35,21 +35,24 @@ class Signal:
     type: str
     group: str
     description: str
-    compute: Callable[..., Any]        # (state, now), or (state, now, argument) with a parameter
-    parameter: str | None = None       # a condition key naming what to measure, e.g. ``command``
+    compute: Callable[..., Any]  # (state, now), or (state, now, argument) with a parameter
+    parameter: str | None = None  # a condition key naming what to measure, e.g. ``command``
 
 
 SIGNALS: dict[str, Signal] = {}
+
 
 def _signal(name: str, type_: str, group: str, description: str, parameter: str | None = None):
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         assert type_ in SIGNAL_TYPES and name not in SIGNALS
         SIGNALS[name] = Signal(name, type_, group, description, fn, parameter)
         return fn
+
     return register
 
 
 # -- derived views (cached on the state) -------------------------------------
+
 
 def _basename(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1] if path else ""
@@ -93,6 +96,7 @@ def _config(state: ProcessState):
 
 # -- identity -----------------------------------------------------------------
 
+
 @_signal("comm", "text", "identity", "kernel process name (15 characters, settable by the process)")
 def _comm(s: ProcessState, now: float) -> str | None:
     return s.comm or None
@@ -122,15 +126,19 @@ def _process_names(s: ProcessState, now: float) -> set[str]:
     return names
 
 
-@_signal("comm_differs_from_exe", "bool", "identity",
-         "comm is not the executable's name, nor argv[0]/argv[1] (a script) — masquerading")
+@_signal(
+    "comm_differs_from_exe",
+    "bool",
+    "identity",
+    "comm is not the executable's name, nor argv[0]/argv[1] (a script) — masquerading",
+)
 def _comm_differs(s: ProcessState, now: float) -> bool | None:
     if not s.comm or not s.exe:
         return None
     comm = s.comm[:15]
     candidates = [_basename(s.exe)] + [_basename(a.split(" ", 1)[0]) for a in s.cmdline[:2]]
     if s.exe.startswith("/memfd:"):
-        candidates.append(s.exe[len("/memfd:"):])
+        candidates.append(s.exe[len("/memfd:") :])
     for name in candidates:
         short = name[:15]
         # "python3" runs python3.11: a prefix ending before a letter is the same program.
@@ -139,7 +147,9 @@ def _comm_differs(s: ProcessState, now: float) -> bool | None:
     return True
 
 
-@_signal("kernel_thread", "bool", "identity", "a real kernel thread (no executable, child of kthreadd)")
+@_signal(
+    "kernel_thread", "bool", "identity", "a real kernel thread (no executable, child of kthreadd)"
+)
 def _kernel_thread(s: ProcessState, now: float) -> bool | None:
     return s.facts.kernel_thread if s.facts is not None else None
 
@@ -149,7 +159,12 @@ def _has_executable(s: ProcessState, now: float) -> bool:
     return bool(s.exe)
 
 
-@_signal("cmdline_bracketed", "bool", "identity", "command line is one '[name]' word like a kernel thread's, yet it has an executable")
+@_signal(
+    "cmdline_bracketed",
+    "bool",
+    "identity",
+    "command line is one '[name]' word like a kernel thread's, yet it has an executable",
+)
 def _cmdline_bracketed(s: ProcessState, now: float) -> bool:
     text = " ".join(s.cmdline).strip()
     return bool(s.exe) and text.startswith("[") and text.endswith("]")
@@ -165,9 +180,14 @@ def _exe_memfd(s: ProcessState, now: float) -> bool:
     return (s.facts.exe_memfd if s.facts is not None else False) or s.exe.startswith("/memfd:")
 
 
-@_signal("exe_memfd_name", "text", "identity", "name the memfd executable was created with (runc_cloned:/proc/self/exe, sealed-...)")
+@_signal(
+    "exe_memfd_name",
+    "text",
+    "identity",
+    "name the memfd executable was created with (runc_cloned:/proc/self/exe, sealed-...)",
+)
 def _exe_memfd_name(s: ProcessState, now: float) -> str | None:
-    return s.exe[len("/memfd:"):] or None if s.exe.startswith("/memfd:") else None
+    return s.exe[len("/memfd:") :] or None if s.exe.startswith("/memfd:") else None
 
 
 @_signal("user", "text", "identity", "user name of the real uid")
@@ -200,7 +220,9 @@ def _ld_preload(s: ProcessState, now: float) -> str | None:
     return s.facts.ld_preload if s.facts is not None else None
 
 
-@_signal("ld_preload_set", "bool", "identity", "LD_PRELOAD is set (library injection, /proc hiding)")
+@_signal(
+    "ld_preload_set", "bool", "identity", "LD_PRELOAD is set (library injection, /proc hiding)"
+)
 def _ld_preload_set(s: ProcessState, now: float) -> bool | None:
     if s.facts is None or not s.facts.environ_readable:
         return None
@@ -216,7 +238,7 @@ def _age(s: ProcessState, now: float) -> float:
 def _hour(s: ProcessState, now: float) -> int | None:
     try:
         return _time.gmtime(now).tm_hour
-    except (OverflowError, ValueError, OSError):    # a replayed clock can hold any number
+    except (OverflowError, ValueError, OSError):  # a replayed clock can hold any number
         return None
 
 
@@ -227,17 +249,27 @@ def _exited(s: ProcessState, now: float) -> bool:
 
 # -- command line and config files --------------------------------------------
 
-@_signal("cmdline", "text", "cmdline", "command line, arguments joined by spaces (first 4096 characters)")
+
+@_signal(
+    "cmdline", "text", "cmdline", "command line, arguments joined by spaces (first 4096 characters)"
+)
 def _cmdline_text(s: ProcessState, now: float) -> str | None:
     return _cmdline(s).text or None
 
 
-@_signal("cmdline_flags", "texts", "cmdline", "option names on the command line (--donate-level=1 gives --donate-level)")
+@_signal(
+    "cmdline_flags",
+    "texts",
+    "cmdline",
+    "option names on the command line (--donate-level=1 gives --donate-level)",
+)
 def _cmdline_flags(s: ProcessState, now: float) -> set[str]:
     return _cmdline(s).flags
 
 
-@_signal("cmdline_algorithm", "texts", "cmdline", "values of -a/--algo/--algorithm/--coin, lower-case")
+@_signal(
+    "cmdline_algorithm", "texts", "cmdline", "values of -a/--algo/--algorithm/--coin, lower-case"
+)
 def _cmdline_algorithm(s: ProcessState, now: float) -> set[str]:
     return _cmdline(s).algorithms
 
@@ -254,17 +286,29 @@ def _ports(endpoints: list[Endpoint]) -> set[int]:
     return {e.port for e in endpoints if e.port}
 
 
-@_signal("cmdline_url_schemes", "texts", "cmdline", "URL schemes on the command line (stratum+tcp...)")
+@_signal(
+    "cmdline_url_schemes", "texts", "cmdline", "URL schemes on the command line (stratum+tcp...)"
+)
 def _cmdline_schemes(s: ProcessState, now: float) -> set[str]:
     return _schemes(_cmdline(s).endpoints)
 
 
-@_signal("cmdline_endpoints", "texts", "cmdline", "URLs and pool-option host:port values on the command line")
+@_signal(
+    "cmdline_endpoints",
+    "texts",
+    "cmdline",
+    "URLs and pool-option host:port values on the command line",
+)
 def _cmdline_endpoints(s: ProcessState, now: float) -> set[str]:
     return {str(e) for e in _cmdline(s).endpoints}
 
 
-@_signal("cmdline_hosts", "texts", "cmdline", "host names/addresses in command-line URLs and pool options")
+@_signal(
+    "cmdline_hosts",
+    "texts",
+    "cmdline",
+    "host names/addresses in command-line URLs and pool options",
+)
 def _cmdline_hosts(s: ProcessState, now: float) -> set[str]:
     return _hosts(_cmdline(s).endpoints)
 
@@ -274,7 +318,12 @@ def _cmdline_ports(s: ProcessState, now: float) -> set[int]:
     return _ports(_cmdline(s).endpoints)
 
 
-@_signal("config_keys", "texts", "config", "setting names in config files beside/named by the process, lower-case")
+@_signal(
+    "config_keys",
+    "texts",
+    "config",
+    "setting names in config files beside/named by the process, lower-case",
+)
 def _config_keys(s: ProcessState, now: float) -> set[str]:
     return _config(s).keys
 
@@ -301,6 +350,7 @@ def _config_ports(s: ProcessState, now: float) -> set[int]:
 
 # -- network ------------------------------------------------------------------
 
+
 @_signal("connect_ports", "numbers", "network", "remote ports it connected to")
 def _connect_ports(s: ProcessState, now: float) -> set[int]:
     return s.network.ports
@@ -316,8 +366,12 @@ def _connect_count(s: ProcessState, now: float) -> int:
     return s.connect_total
 
 
-@_signal("connected_to_revealed_port", "bool", "network",
-         "it connected to a port named in its own command line or config (the pool it was told to use)")
+@_signal(
+    "connected_to_revealed_port",
+    "bool",
+    "network",
+    "it connected to a port named in its own command line or config (the pool it was told to use)",
+)
 def _connected_revealed(s: ProcessState, now: float) -> bool:
     ports = s.network.ports
     if not ports:
@@ -326,12 +380,22 @@ def _connected_revealed(s: ProcessState, now: float) -> bool:
     return bool(ports & revealed)
 
 
-@_signal("payload_protocols", "texts", "network", "protocols recognised in its first payload bytes (stratum, cryptonote, ethproxy, socks5, tls...)")
+@_signal(
+    "payload_protocols",
+    "texts",
+    "network",
+    "protocols recognised in its first payload bytes (stratum, cryptonote, ethproxy, socks5, tls...)",
+)
 def _payload_protocols(s: ProcessState, now: float) -> set[str]:
     return s.payload_protocols
 
 
-@_signal("payload_agents", "texts", "network", "client agent strings in payloads (cryptonote login agent)")
+@_signal(
+    "payload_agents",
+    "texts",
+    "network",
+    "client agent strings in payloads (cryptonote login agent)",
+)
 def _payload_agents(s: ProcessState, now: float) -> set[str]:
     return s.network.agents
 
@@ -341,12 +405,22 @@ def _payload_methods(s: ProcessState, now: float) -> set[str]:
     return s.network.methods
 
 
-@_signal("payload_logins", "texts", "network", "login/user values in payloads (a wallet, for pool logins)")
+@_signal(
+    "payload_logins",
+    "texts",
+    "network",
+    "login/user values in payloads (a wallet, for pool logins)",
+)
 def _payload_logins(s: ProcessState, now: float) -> set[str]:
     return s.network.logins
 
 
-@_signal("payload_hosts", "texts", "network", "host names it revealed on the wire: TLS SNI, HTTP Host/CONNECT, SOCKS target")
+@_signal(
+    "payload_hosts",
+    "texts",
+    "network",
+    "host names it revealed on the wire: TLS SNI, HTTP Host/CONNECT, SOCKS target",
+)
 def _payload_hosts(s: ProcessState, now: float) -> set[str]:
     return s.network.payload_hosts
 
@@ -361,20 +435,35 @@ def _proxy_ports(s: ProcessState, now: float) -> set[int]:
     return s.network.proxy_ports
 
 
-@_signal("revealed_hosts", "texts", "network", "every host it named: command line, config files and payloads")
+@_signal(
+    "revealed_hosts",
+    "texts",
+    "network",
+    "every host it named: command line, config files and payloads",
+)
 def _revealed_hosts(s: ProcessState, now: float) -> set[str]:
     return _hosts(_cmdline(s).endpoints) | _hosts(_config(s).endpoints) | s.network.payload_hosts
 
 
 # -- GPU ----------------------------------------------------------------------
 
-@_signal("gpu_device_classes", "texts", "gpu", "GPU device classes opened (nvidia, nvidia-ctl, nvidia-uvm, kfd, drm-render, pci-bar, mem...)")
+
+@_signal(
+    "gpu_device_classes",
+    "texts",
+    "gpu",
+    "GPU device classes opened (nvidia, nvidia-ctl, nvidia-uvm, kfd, drm-render, pci-bar, mem...)",
+)
 def _gpu_classes(s: ProcessState, now: float) -> set[str]:
     return s.gpu_device_classes
 
 
-@_signal("device_classes_written", "texts", "gpu",
-         "device classes it opened for writing (msr, msr-config, hugepages-config: CPU miners tuning the host)")
+@_signal(
+    "device_classes_written",
+    "texts",
+    "gpu",
+    "device classes it opened for writing (msr, msr-config, hugepages-config: CPU miners tuning the host)",
+)
 def _device_classes_written(s: ProcessState, now: float) -> set[str]:
     return s.device_classes_written
 
@@ -389,7 +478,12 @@ def _ioctl_names(s: ProcessState, now: float) -> set[str]:
     return set(s.ioctl_counts)
 
 
-@_signal("ioctl_categories", "texts", "gpu", "GPU ioctl categories issued (submit, memory, query, setup, other)")
+@_signal(
+    "ioctl_categories",
+    "texts",
+    "gpu",
+    "GPU ioctl categories issued (submit, memory, query, setup, other)",
+)
 def _ioctl_categories(s: ProcessState, now: float) -> set[str]:
     return s.ioctl_categories
 
@@ -399,7 +493,12 @@ def _ioctl_total(s: ProcessState, now: float) -> int:
     return s.ioctl_total
 
 
-@_signal("ioctl_query_only", "bool", "gpu", "every GPU ioctl was a query or set-up (a monitor, not a compute job)")
+@_signal(
+    "ioctl_query_only",
+    "bool",
+    "gpu",
+    "every GPU ioctl was a query or set-up (a monitor, not a compute job)",
+)
 def _ioctl_query_only(s: ProcessState, now: float) -> bool | None:
     if not s.ioctl_categories:
         return None
@@ -411,12 +510,16 @@ def _category_rate(s: ProcessState, now: float, category: str) -> float:
     return window.rate(now) if window is not None else 0.0
 
 
-@_signal("ioctl_rate_submit", "number", "gpu", "'submit' GPU ioctls per second over the last minute")
+@_signal(
+    "ioctl_rate_submit", "number", "gpu", "'submit' GPU ioctls per second over the last minute"
+)
 def _ioctl_rate_submit(s: ProcessState, now: float) -> float:
     return _category_rate(s, now, "submit")
 
 
-@_signal("ioctl_rate_memory", "number", "gpu", "'memory' GPU ioctls per second over the last minute")
+@_signal(
+    "ioctl_rate_memory", "number", "gpu", "'memory' GPU ioctls per second over the last minute"
+)
 def _ioctl_rate_memory(s: ProcessState, now: float) -> float:
     return _category_rate(s, now, "memory")
 
@@ -436,8 +539,14 @@ def _ioctl_rate_other(s: ProcessState, now: float) -> float:
     return _category_rate(s, now, "other")
 
 
-@_signal("ioctl_command_rate", "number", "gpu", "GPU ioctls per second over the last minute of one decoded command, "
-         "named by the condition's `command:` (e.g. UVM_REGISTER_CHANNEL)", parameter="command")
+@_signal(
+    "ioctl_command_rate",
+    "number",
+    "gpu",
+    "GPU ioctls per second over the last minute of one decoded command, "
+    "named by the condition's `command:` (e.g. UVM_REGISTER_CHANNEL)",
+    parameter="command",
+)
 def _ioctl_command_rate(s: ProcessState, now: float, command: str | None = None) -> float | None:
     if command is None:
         return None
@@ -445,12 +554,19 @@ def _ioctl_command_rate(s: ProcessState, now: float, command: str | None = None)
     return window.rate(now) if window is not None else 0.0
 
 
-@_signal("gpu_util_mean", "number", "gpu", "mean per-process GPU (SM) utilisation %, last 5 minutes")
+@_signal(
+    "gpu_util_mean", "number", "gpu", "mean per-process GPU (SM) utilisation %, last 5 minutes"
+)
 def _gpu_util_mean(s: ProcessState, now: float) -> float | None:
     return s.gpu_util.mean
 
 
-@_signal("gpu_util_variance", "number", "gpu", "variance of per-process GPU utilisation, last 5 minutes (miners: very low)")
+@_signal(
+    "gpu_util_variance",
+    "number",
+    "gpu",
+    "variance of per-process GPU utilisation, last 5 minutes (miners: very low)",
+)
 def _gpu_util_variance(s: ProcessState, now: float) -> float | None:
     return s.gpu_util.variance
 
@@ -502,15 +618,25 @@ def _cpu_window(s: ProcessState, now: float) -> float:
 # The sensor's requests (mmap MAP_HUGETLB / shmget SHM_HUGETLB) and what /proc shows it
 # maps (hugetlb only: transparent huge pages are no sign of anything).
 
-@_signal("huge_alloc_bytes", "number", "memory",
-         "largest hugetlb allocation: one request the sensor saw, or all it maps now (/proc); RandomX: 256 MiB, ~2 GiB")
+
+@_signal(
+    "huge_alloc_bytes",
+    "number",
+    "memory",
+    "largest hugetlb allocation: one request the sensor saw, or all it maps now (/proc); RandomX: 256 MiB, ~2 GiB",
+)
 def _huge_alloc_bytes(s: ProcessState, now: float) -> int | None:
     mapped = s.facts.hugetlb_bytes if s.facts is not None else None
     largest = max(s.huge_alloc_bytes, mapped or 0)
     return largest or None
 
 
-@_signal("huge_page_size", "number", "memory", "largest huge page size (bytes) it asked for or maps (1 GiB: RandomX 1gb-pages)")
+@_signal(
+    "huge_page_size",
+    "number",
+    "memory",
+    "largest huge page size (bytes) it asked for or maps (1 GiB: RandomX 1gb-pages)",
+)
 def _huge_page_size(s: ProcessState, now: float) -> int | None:
     mapped = s.facts.hugetlb_page_size if s.facts is not None else None
     largest = max(s.huge_page_size, mapped or 0)
@@ -519,7 +645,13 @@ def _huge_page_size(s: ProcessState, now: float) -> int | None:
 
 # -- scanning and ancestry ----------------------------------------------------
 
-@_signal("yara_rules", "texts", "yara", "YARA rules that matched its executable, command line, environment or memory")
+
+@_signal(
+    "yara_rules",
+    "texts",
+    "yara",
+    "YARA rules that matched its executable, command line, environment or memory",
+)
 def _yara_rules(s: ProcessState, now: float) -> set[str]:
     return s.yara_matches
 
@@ -545,9 +677,16 @@ def _parent_exe(s: ProcessState, now: float) -> str | None:
     return (a[0].exe or None) if a else None
 
 
-@_signal("ancestor_names", "texts", "ancestry", "comm and executable names of all ancestors (up to 8), lower-case")
+@_signal(
+    "ancestor_names",
+    "texts",
+    "ancestry",
+    "comm and executable names of all ancestors (up to 8), lower-case",
+)
 def _ancestor_names(s: ProcessState, now: float) -> set[str]:
-    names = {a.comm.lower() for a in _ancestors(s)} | {_basename(a.exe).lower() for a in _ancestors(s)}
+    names = {a.comm.lower() for a in _ancestors(s)} | {
+        _basename(a.exe).lower() for a in _ancestors(s)
+    }
     names.discard("")
     return names
 
@@ -557,7 +696,12 @@ def _ancestor_exes(s: ProcessState, now: float) -> set[str]:
     return {a.exe for a in _ancestors(s) if a.exe}
 
 
-@_signal("parent_verdict", "text", "ancestry", "the parent's current verdict (clean, suspicious, malicious)")
+@_signal(
+    "parent_verdict",
+    "text",
+    "ancestry",
+    "the parent's current verdict (clean, suspicious, malicious)",
+)
 def _parent_verdict(s: ProcessState, now: float) -> str | None:
     return s.parent_verdict.verdict if s.parent_verdict is not None else None
 

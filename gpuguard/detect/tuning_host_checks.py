@@ -21,20 +21,33 @@ from gpuguard.sources.huge_pages import MSR_ALLOW_WRITES, HostTuning, read_host_
 GIB = 1 << 30
 MIB = 1 << 20
 
-HOST_RULES.update({rule.id: rule for rule in (
-    HostRule("host-msr-writes-enabled", "MSR writes enabled (msr allow_writes=on)",
-             "The msr module was loaded with allow_writes=on, so root processes may rewrite model-specific "
-             "registers: RandomX miners do this (`modprobe msr allow_writes=on`) to switch off the hardware "
-             "prefetchers for ~15 % more hashrate.",
-             40, ("configuration", "host"),
-             (RESOURCE_HIJACKING,)),
-    HostRule("host-hugepages-reserved", "Huge pages reserved",
-             "Huge pages are reserved on the host: RandomX miners reserve them for "
-             "their 2 GiB dataset, but so do databases, DPDK, JVMs and VMs, so this is context for the "
-             "process findings, never a verdict by itself.",
-             10, ("configuration", "host"),
-             (RESOURCE_HIJACKING,)),
-)})
+HOST_RULES.update(
+    {
+        rule.id: rule
+        for rule in (
+            HostRule(
+                "host-msr-writes-enabled",
+                "MSR writes enabled (msr allow_writes=on)",
+                "The msr module was loaded with allow_writes=on, so root processes may rewrite model-specific "
+                "registers: RandomX miners do this (`modprobe msr allow_writes=on`) to switch off the hardware "
+                "prefetchers for ~15 % more hashrate.",
+                40,
+                ("configuration", "host"),
+                (RESOURCE_HIJACKING,),
+            ),
+            HostRule(
+                "host-hugepages-reserved",
+                "Huge pages reserved",
+                "Huge pages are reserved on the host: RandomX miners reserve them for "
+                "their 2 GiB dataset, but so do databases, DPDK, JVMs and VMs, so this is context for the "
+                "process findings, never a verdict by itself.",
+                10,
+                ("configuration", "host"),
+                (RESOURCE_HIJACKING,),
+            ),
+        )
+    }
+)
 
 
 def _size(n: int) -> str:
@@ -43,19 +56,43 @@ def _size(n: int) -> str:
 
 def check_host_tuning(tuning: HostTuning) -> list[HostFinding]:
     findings: list[HostFinding] = []
-    if tuning.msr_allow_writes is not None and tuning.msr_allow_writes.lower() in ("on", "1", "y", "yes"):
-        findings.append(HostFinding(
-            "host-msr-writes-enabled", subject=MSR_ALLOW_WRITES,
-            detail=f"the msr module allows MSR writes ({MSR_ALLOW_WRITES} = {tuning.msr_allow_writes})",
-            evidence=[f"{MSR_ALLOW_WRITES} = {tuning.msr_allow_writes}"]))
+    if tuning.msr_allow_writes is not None and tuning.msr_allow_writes.lower() in (
+        "on",
+        "1",
+        "y",
+        "yes",
+    ):
+        findings.append(
+            HostFinding(
+                "host-msr-writes-enabled",
+                subject=MSR_ALLOW_WRITES,
+                detail=f"the msr module allows MSR writes ({MSR_ALLOW_WRITES} = {tuning.msr_allow_writes})",
+                evidence=[f"{MSR_ALLOW_WRITES} = {tuning.msr_allow_writes}"],
+            )
+        )
     if tuning.reserved:
-        sizes = ", ".join(f"{count} x {_size(size)}" for size, count in sorted(tuning.reserved.items()))
+        sizes = ", ".join(
+            f"{count} x {_size(size)}" for size, count in sorted(tuning.reserved.items())
+        )
         total = sum(size * count for size, count in tuning.reserved.items())
-        findings.append(HostFinding(
-            "host-hugepages-reserved", subject="huge pages", amount=total,
-            detail=f"{sizes} huge pages reserved ({_size(total)} in all)"
-                   + ("; 1 GiB pages, as RandomX's 1gb-pages mode asks for" if (1 << 30) in tuning.reserved else ""),
-            evidence=[f"{path} = {value}" for path, value in sorted(tuning.sources.items()) if path != MSR_ALLOW_WRITES]))
+        findings.append(
+            HostFinding(
+                "host-hugepages-reserved",
+                subject="huge pages",
+                amount=total,
+                detail=f"{sizes} huge pages reserved ({_size(total)} in all)"
+                + (
+                    "; 1 GiB pages, as RandomX's 1gb-pages mode asks for"
+                    if (1 << 30) in tuning.reserved
+                    else ""
+                ),
+                evidence=[
+                    f"{path} = {value}"
+                    for path, value in sorted(tuning.sources.items())
+                    if path != MSR_ALLOW_WRITES
+                ],
+            )
+        )
     return findings
 
 

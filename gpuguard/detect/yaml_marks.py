@@ -23,15 +23,16 @@ import yaml
 from gpuguard.detect.filecheck import read_regular_file
 
 Path_ = tuple[Any, ...]
-MAX_DEPTH = 64              # nesting levels (rule conditions need a handful)
-MAX_NODES = 200_000         # values in the document with every alias expanded (the shipped rules: ~5,000)
-SHOWN_MAX = 60     # a value quoted back in a problem: never more than this much of it
+MAX_DEPTH = 64  # nesting levels (rule conditions need a handful)
+MAX_NODES = 200_000  # values in the document with every alias expanded (the shipped rules: ~5,000)
+SHOWN_MAX = 60  # a value quoted back in a problem: never more than this much of it
 
 
 def shown(value: Any, limit: int = SHOWN_MAX) -> str:
     """``repr(value)`` cut to ``limit`` characters: problems quote a short excerpt, never a whole file."""
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -39,8 +40,8 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 @dataclass(frozen=True, slots=True)
 class Position:
     file: str
-    line: int     # 1-based
-    col: int      # 1-based
+    line: int  # 1-based
+    col: int  # 1-based
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
@@ -84,18 +85,26 @@ class _Converter:
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
                 if not isinstance(key_node, yaml.ScalarNode):
-                    self.doc.problems.append((self.pos(key_node), "mapping keys must be plain values"))
+                    self.doc.problems.append(
+                        (self.pos(key_node), "mapping keys must be plain values")
+                    )
                     continue
                 if key_node.tag.endswith(":merge"):
-                    self.doc.problems.append((self.pos(key_node), "YAML merge keys (<<) are not supported in rule files"))
+                    self.doc.problems.append(
+                        (self.pos(key_node), "YAML merge keys (<<) are not supported in rule files")
+                    )
                     continue
                 try:
                     key = self.constructor.construct_object(key_node)
                 except yaml.constructor.ConstructorError as exc:
-                    self.doc.problems.append((self.pos(key_node), f"YAML value error: {exc.problem}"))
+                    self.doc.problems.append(
+                        (self.pos(key_node), f"YAML value error: {exc.problem}")
+                    )
                     continue
                 if not isinstance(key, (str, int, bool)) or key is None:
-                    self.doc.problems.append((self.pos(key_node), f"mapping key {key!r} must be text"))
+                    self.doc.problems.append(
+                        (self.pos(key_node), f"mapping key {key!r} must be text")
+                    )
                     continue
                 if key in out:
                     self.doc.problems.append((self.pos(key_node), f"duplicate key {key!r}"))
@@ -114,8 +123,8 @@ class _Converter:
 
 def _over_limit(text: str) -> tuple[yaml.Mark | None, str] | None:
     """Where and how ``text`` exceeds MAX_DEPTH or MAX_NODES (None: within both), without composing it."""
-    sizes: dict[str, int] = {}       # expanded size of each anchored value
-    open_: list[list] = []           # [anchor, expanded size so far] per open collection
+    sizes: dict[str, int] = {}  # expanded size of each anchored value
+    open_: list[list] = []  # [anchor, expanded size so far] per open collection
     total = 0
     for event in yaml.parse(text, Loader=_Loader):
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
@@ -138,8 +147,10 @@ def _over_limit(text: str) -> tuple[yaml.Mark | None, str] | None:
             if open_:
                 open_[-1][1] += size
         if total > MAX_NODES:
-            return event.start_mark, (f"more than {MAX_NODES:,} values once aliases are expanded "
-                                      "(an alias bomb, or a file far larger than any rules file)")
+            return event.start_mark, (
+                f"more than {MAX_NODES:,} values once aliases are expanded "
+                "(an alias bomb, or a file far larger than any rules file)"
+            )
     return None
 
 
@@ -150,14 +161,18 @@ def load_marked(text: str, file: str) -> MarkedDocument:
         limit = _over_limit(text)
         if limit is not None:
             mark, what = limit
-            position = Position(file, mark.line + 1, mark.column + 1) if mark else Position(file, 1, 1)
+            position = (
+                Position(file, mark.line + 1, mark.column + 1) if mark else Position(file, 1, 1)
+            )
             converter.doc.problems.append((position, f"refusing to read the rules: {what}"))
             return converter.doc
         node = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         position = Position(file, mark.line + 1, mark.column + 1) if mark else Position(file, 1, 1)
-        converter.doc.problems.append((position, f"YAML syntax error: {exc.problem or exc.context}"))
+        converter.doc.problems.append(
+            (position, f"YAML syntax error: {exc.problem or exc.context}")
+        )
         return converter.doc
     except yaml.YAMLError as exc:
         converter.doc.problems.append((Position(file, 1, 1), f"YAML error: {exc}"))

@@ -18,7 +18,9 @@ from gpuguard.sources.yara_verdict_cache import DEFAULT_CACHE_DIR, YaraExeCache,
 class PersistentYaraScanner(YaraScanner):
     """A :class:`YaraScanner` backed by the on-disk executable cache (see module docstring)."""
 
-    def __init__(self, rules, digest: str, cache_dir: Path | None = DEFAULT_CACHE_DIR, **options) -> None:
+    def __init__(
+        self, rules, digest: str, cache_dir: Path | None = DEFAULT_CACHE_DIR, **options
+    ) -> None:
         super().__init__(rules, **options)
         self.memory_capable = self.wants_memory
         self.wants_memory = False
@@ -26,7 +28,9 @@ class PersistentYaraScanner(YaraScanner):
         self.stats["disk_cache_hits"] = 0
 
     @classmethod
-    def for_files(cls, paths: list[Path], cache_dir: Path | None = DEFAULT_CACHE_DIR) -> "PersistentYaraScanner":
+    def for_files(
+        cls, paths: list[Path], cache_dir: Path | None = DEFAULT_CACHE_DIR
+    ) -> "PersistentYaraScanner":
         paths = [Path(p) for p in paths]
         scanner = cls(compile_files(paths), rules_digest(paths), cache_dir)
         scanner.cache.load()

@@ -56,7 +56,9 @@ def compile_files(paths: list[Path]) -> "yara.Rules":
     key = _file_key(paths)
     rules = _COMPILED.get(key)
     if rules is None:
-        rules = _COMPILED[key] = yara.compile(filepaths={f"ns{i}": str(p) for i, p in enumerate(paths)})
+        rules = _COMPILED[key] = yara.compile(
+            filepaths={f"ns{i}": str(p) for i, p in enumerate(paths)}
+        )
     return rules
 
 
@@ -82,8 +84,14 @@ def yara_problems(paths: list[Path]) -> list[tuple[str, int, str]]:
         for rule in rules:
             scopes = _scopes(rule.meta)
             if scopes is None:
-                problems.append((str(path), 1, f"YARA rule {rule.identifier}: meta scope {rule.meta.get('scope')!r} "
-                                 f"must list some of {', '.join(SCOPES)}"))
+                problems.append(
+                    (
+                        str(path),
+                        1,
+                        f"YARA rule {rule.identifier}: meta scope {rule.meta.get('scope')!r} "
+                        f"must list some of {', '.join(SCOPES)}",
+                    )
+                )
     return problems
 
 
@@ -98,8 +106,15 @@ def _scopes(meta: dict) -> frozenset[str] | None:
 class YaraScanner:
     """Scans processes with one compiled rule set; see the module docstring."""
 
-    def __init__(self, rules: "yara.Rules", *, memory_bytes: int = 64 << 20, region_bytes: int = 16 << 20,
-                 time_budget_s: float = 2.0, cache_size: int = 1024) -> None:
+    def __init__(
+        self,
+        rules: "yara.Rules",
+        *,
+        memory_bytes: int = 64 << 20,
+        region_bytes: int = 16 << 20,
+        time_budget_s: float = 2.0,
+        cache_size: int = 1024,
+    ) -> None:
         self.rules = rules
         self.memory_bytes = memory_bytes
         self.region_bytes = region_bytes
@@ -108,7 +123,13 @@ class YaraScanner:
         self._scopes = {r.identifier: _scopes(r.meta) or frozenset({"file"}) for r in rules}
         self.wants_memory = any("memory" in s for s in self._scopes.values())
         self._file_cache: OrderedDict[tuple, YaraResult] = OrderedDict()
-        self.stats = {"file_scans": 0, "file_cache_hits": 0, "memory_scans": 0, "memory_bytes": 0, "errors": 0}
+        self.stats = {
+            "file_scans": 0,
+            "file_cache_hits": 0,
+            "memory_scans": 0,
+            "memory_bytes": 0,
+            "errors": 0,
+        }
 
     @classmethod
     def from_files(cls, paths: list[Path], **options) -> "YaraScanner":
@@ -169,8 +190,17 @@ class YaraScanner:
         self.stats["memory_scans"] += 1
         try:
             for region in regions:
-                start, end, perms, name = int(region[1], 16), int(region[2], 16), region[3], region[4].strip()
-                anonymous = not name or name.startswith(("[heap]", "[stack]", "[anon")) or name.startswith("/memfd:")
+                start, end, perms, name = (
+                    int(region[1], 16),
+                    int(region[2], 16),
+                    region[3],
+                    region[4].strip(),
+                )
+                anonymous = (
+                    not name
+                    or name.startswith(("[heap]", "[stack]", "[anon"))
+                    or name.startswith("/memfd:")
+                )
                 if perms[0] != "r" or name in _SKIP_REGIONS or not (anonymous or "x" in perms):
                     continue
                 offset, region_end = start, min(end, start + self.region_bytes)
@@ -190,7 +220,7 @@ class YaraScanner:
                     self._keep(self._match(remaining, data=chunk), "memory", found)
                     if offset + len(chunk) >= region_end:
                         break
-                    offset += len(chunk) - OVERLAP   # strings across chunk borders still match
+                    offset += len(chunk) - OVERLAP  # strings across chunk borders still match
                 if budget <= 0:
                     break
         finally:
@@ -209,7 +239,9 @@ class YaraScanner:
         else:
             tags = set()
         if facts.cmdline:
-            cmd = self.scan_data("\0".join(facts.cmdline).encode("utf-8", "surrogateescape")[:65536], "cmdline")
+            cmd = self.scan_data(
+                "\0".join(facts.cmdline).encode("utf-8", "surrogateescape")[:65536], "cmdline"
+            )
             found.update(dict.fromkeys(cmd.rules, ()))
             tags |= set(cmd.tags)
         try:

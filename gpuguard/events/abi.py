@@ -42,14 +42,14 @@ _ENUMS, DEFINES = _parse(header_text())
 
 
 def _make_enum(c_name: str, prefix: str, py_name: str) -> type[enum.IntEnum]:
-    members = {k[len(prefix):]: v for k, v in _ENUMS[c_name].items() if k.startswith(prefix)}
+    members = {k[len(prefix) :]: v for k, v in _ENUMS[c_name].items() if k.startswith(prefix)}
     return enum.IntEnum(py_name, members)
 
 
 EventKind = _make_enum("gg_event_kind", "GG_KIND_", "EventKind")
 DeviceClass = _make_enum("gg_device_class", "GG_DEV_", "DeviceClass")
 LostSlot = _make_enum("gg_lost_slot", "GG_LOST_", "LostSlot")
-TouchReason = _make_enum("gg_touch_reason", "GG_TOUCH_", "TouchReason")   # gpuguard.respond.touch
+TouchReason = _make_enum("gg_touch_reason", "GG_TOUCH_", "TouchReason")  # gpuguard.respond.touch
 HugeSource = _make_enum("gg_huge_source", "GG_HUGE_", "HugeSource")
 
 ABI_VERSION = DEFINES["GG_ABI_VERSION"]

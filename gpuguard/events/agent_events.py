@@ -26,8 +26,10 @@ class ActionOutcome:
     """One response action and how it ended, for the action log."""
 
     time: float
-    action: str                      # alert | suspend | kill | kill-on-touch | quarantine | block-egress | hook | unblock
-    status: str                      # one of ACTION_STATUSES
+    action: (
+        str  # alert | suspend | kill | kill-on-touch | quarantine | block-egress | hook | unblock
+    )
+    status: str  # one of ACTION_STATUSES
     pid: int = 0
     start_time: float = 0.0
     comm: str = ""
@@ -35,10 +37,12 @@ class ActionOutcome:
     verdict: str = ""
     score: int = 0
     rule_ids: list[str] = field(default_factory=list)
-    reason: str = ""                 # why it was taken, or why not
-    block_id: str | None = None      # the entry `gpuguard blocks` lists, when the action left one
-    expires: float | None = None     # when that block lifts itself (epoch seconds), None for never
-    detail: dict[str, Any] = field(default_factory=dict)   # action-specific: signal, cgroup, addresses, hook output
+    reason: str = ""  # why it was taken, or why not
+    block_id: str | None = None  # the entry `gpuguard blocks` lists, when the action left one
+    expires: float | None = None  # when that block lifts itself (epoch seconds), None for never
+    detail: dict[str, Any] = field(
+        default_factory=dict
+    )  # action-specific: signal, cgroup, addresses, hook output
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "action", **dataclasses.asdict(self)}
@@ -49,8 +53,8 @@ class AgentLifecycle:
     """Something that happened to the agent itself: start, reload, stop, drops, faults."""
 
     time: float
-    action: str                      # start | reload | reload-failed | stop | drops | degraded | fault
-                                     # | recovered | host-change (the agent changed host state, by config)
+    action: str  # start | reload | reload-failed | stop | drops | degraded | fault
+    # | recovered | host-change (the agent changed host state, by config)
     message: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
 

@@ -22,7 +22,12 @@ _ABSOLUTE = (
     (re.compile(r"^/dev/kfd$"), DeviceClass.KFD),
     (re.compile(r"^/dev/dri/card\d+$"), DeviceClass.DRM_CARD),
     (re.compile(r"^/dev/dri/renderD\d+$"), DeviceClass.DRM_RENDER),
-    (re.compile(r"^/sys/(bus/pci/devices|devices/pci[0-9a-f:.]+(/[0-9a-f:.]+)*)/[^/]+/resource\d+(_wc)?$"), DeviceClass.PCI_BAR),
+    (
+        re.compile(
+            r"^/sys/(bus/pci/devices|devices/pci[0-9a-f:.]+(/[0-9a-f:.]+)*)/[^/]+/resource\d+(_wc)?$"
+        ),
+        DeviceClass.PCI_BAR,
+    ),
     (re.compile(r"^/dev/mem$"), DeviceClass.MEM),
     (re.compile(r"^/dev/cpu/\d{1,5}/msr$"), DeviceClass.MSR),
     (re.compile(r"^/sys/module/msr/parameters/allow_writes$"), DeviceClass.MSR_CONFIG),

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class GpuAccounting:
-    pid: int                       # host pid (it may have been reused since, if not running)
+    pid: int  # host pid (it may have been reused since, if not running)
     vendor: str
     device_index: int
     device_uuid: str | None
-    gpu_util: float | None         # lifetime average %, start-up included
-    mem_util: float | None         # lifetime average memory-controller %
-    max_memory: int | None         # bytes
-    start_time: float | None       # seconds since the epoch
+    gpu_util: float | None  # lifetime average %, start-up included
+    mem_util: float | None  # lifetime average memory-controller %
+    max_memory: int | None  # bytes
+    start_time: float | None  # seconds since the epoch
     duration_s: float | None
     running: bool

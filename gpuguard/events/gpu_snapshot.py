@@ -15,17 +15,17 @@ from typing import Any
 class DeviceSample:
     """One GPU at one moment."""
 
-    vendor: str                       # "nvidia" | "amd" | "drm"
+    vendor: str  # "nvidia" | "amd" | "drm"
     index: int
     name: str | None = None
-    uuid: str | None = None           # stable id (NVML UUID, PCI bus id for DRM)
+    uuid: str | None = None  # stable id (NVML UUID, PCI bus id for DRM)
     pci_bus_id: str | None = None
-    driver: str | None = None         # e.g. "nvidia", "amdgpu", "i915"
+    driver: str | None = None  # e.g. "nvidia", "amdgpu", "i915"
     driver_version: str | None = None
-    gpu_util: float | None = None     # percent 0-100
-    mem_util: float | None = None     # percent 0-100
-    memory_used: int | None = None    # bytes
-    memory_total: int | None = None   # bytes
+    gpu_util: float | None = None  # percent 0-100
+    mem_util: float | None = None  # percent 0-100
+    memory_used: int | None = None  # bytes
+    memory_total: int | None = None  # bytes
     power_w: float | None = None
     power_limit_w: float | None = None
     sm_clock_mhz: int | None = None
@@ -41,19 +41,19 @@ class DeviceSample:
 class ProcessGpuUsage:
     """One process's use of one GPU at one moment."""
 
-    pid: int                          # host pid, as the driver reports it
+    pid: int  # host pid, as the driver reports it
     vendor: str
     device_index: int
     device_uuid: str | None = None
-    ns_pid: int | None = None         # pid inside the process's own pid namespace
-    sm_util: float | None = None      # percent of the GPU's SMs / engines busy
-    mem_util: float | None = None     # percent memory-controller busy
+    ns_pid: int | None = None  # pid inside the process's own pid namespace
+    sm_util: float | None = None  # percent of the GPU's SMs / engines busy
+    mem_util: float | None = None  # percent memory-controller busy
     enc_util: float | None = None
     dec_util: float | None = None
-    used_memory: int | None = None    # bytes
+    used_memory: int | None = None  # bytes
     engines: dict[str, float] = field(default_factory=dict)  # engine -> percent busy
     memory_regions: dict[str, int] = field(default_factory=dict)  # region -> bytes
-    kind: str | None = None           # "compute" | "graphics" | None
+    kind: str | None = None  # "compute" | "graphics" | None
 
 
 @dataclass(slots=True)
@@ -61,7 +61,7 @@ class GpuSnapshot:
     """Everything one sampler saw at ``time`` (seconds since the epoch)."""
 
     time: float
-    source: str                       # "nvml" | "amdsmi" | "drm-fdinfo" | "replay"
+    source: str  # "nvml" | "amdsmi" | "drm-fdinfo" | "replay"
     devices: list[DeviceSample] = field(default_factory=list)
     processes: list[ProcessGpuUsage] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # one line per unavailable part

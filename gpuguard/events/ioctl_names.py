@@ -34,10 +34,10 @@ import re
 
 from gpuguard.events.abi import NV_XFER_FLAG
 
-SUBMIT = "submit"   # creates an execution context/queue/channel or submits work
-MEMORY = "memory"   # allocates, maps, imports or frees GPU memory
-QUERY = "query"     # reads device or driver state
-SETUP = "setup"     # opens, registers, attaches or tears down a client/context
+SUBMIT = "submit"  # creates an execution context/queue/channel or submits work
+MEMORY = "memory"  # allocates, maps, imports or frees GPU memory
+QUERY = "query"  # reads device or driver state
+SETUP = "setup"  # opens, registers, attaches or tears down a client/context
 OTHER = "other"
 
 CATEGORIES = (SUBMIT, MEMORY, QUERY, SETUP, OTHER)
@@ -422,7 +422,9 @@ _DRM_DRIVER_ENTRIES: tuple[tuple[int, str, str, bool], ...] = (
 )
 
 
-def _join_collisions(entries: tuple[tuple[int, str, str, bool], ...]) -> dict[int, tuple[str, str, bool]]:
+def _join_collisions(
+    entries: tuple[tuple[int, str, str, bool], ...],
+) -> dict[int, tuple[str, str, bool]]:
     # Two drivers may give one full value different meanings; say so instead of
     # silently picking one.
     table: dict[int, tuple[str, str, bool]] = {}
@@ -570,7 +572,9 @@ def _compute_name(device_class: str, command: object) -> str:
     return name
 
 
-_GENERIC_NAME = re.compile(r"^[A-Z][A-Z0-9_]*\([A-Za-z0-9=,]{1,40}\)$")   # NV_ESC(nr=0x2a), IOCTL(0x1234)...
+_GENERIC_NAME = re.compile(
+    r"^[A-Z][A-Z0-9_]*\([A-Za-z0-9=,]{1,40}\)$"
+)  # NV_ESC(nr=0x2a), IOCTL(0x1234)...
 
 
 def is_ioctl_name(name: str) -> bool:

@@ -72,11 +72,11 @@ class GpuIoctl(Event):
 @dataclass(slots=True)
 class Connect(Event):
     kind: ClassVar[str] = "connect"
-    family: str = ""          # "ipv4" | "ipv6"
+    family: str = ""  # "ipv4" | "ipv6"
     address: str = ""
     port: int = 0
     fd: int = -1
-    result: int = 0           # 0 or -errno (-115 = EINPROGRESS)
+    result: int = 0  # 0 or -errno (-115 = EINPROGRESS)
 
 
 @dataclass(slots=True)
@@ -125,22 +125,26 @@ class ConnActivity(Event):
 
     kind: ClassVar[str] = "conn_activity"
     fd: int = -1
-    age_s: float = 0.0              # since the connect (or since watching began, when ``seeded``)
+    age_s: float = 0.0  # since the connect (or since watching began, when ``seeded``)
     bytes_out: int = 0
     writes_out: int = 0
     small_writes: int = 0
     small_write_times: list[float] = field(default_factory=list)
-    idle_s: float = 0.0             # since its latest write
-    seeded: bool = False            # watching began after the connect: the age is a lower bound
+    idle_s: float = 0.0  # since its latest write
+    seeded: bool = False  # watching began after the connect: the age is a lower bound
     # From the TCP stack's own counters (tcp_info, totals since the connect); None: not read or not in this kernel.
-    remote: str = ""                # "127.0.0.1:443", "[::1]:443"
+    remote: str = ""  # "127.0.0.1:443", "[::1]:443"
     bytes_in: int | None = None
     data_segs_in: int | None = None
-    stack_bytes_out: int | None = None      # bytes out as the stack counts them (cross-checks bytes_out)
+    stack_bytes_out: int | None = (
+        None  # bytes out as the stack counts them (cross-checks bytes_out)
+    )
     data_segs_out: int | None = None
-    last_recv_s: float | None = None        # since its latest data in
+    last_recv_s: float | None = None  # since its latest data in
     rtt_ms: float | None = None
-    time_resolution_s: float = 0.0  # 0: kernel timestamps; 1.0: write times seen by scan's once-a-second snapshots
+    time_resolution_s: float = (
+        0.0  # 0: kernel timestamps; 1.0: write times seen by scan's once-a-second snapshots
+    )
 
 
 @dataclass(slots=True)
@@ -149,14 +153,15 @@ class HugeAlloc(Event):
     shmget(SHM_HUGETLB), seen at syscall entry, so also when the kernel refused it."""
 
     kind: ClassVar[str] = "huge_alloc"
-    source: str = ""                # "mmap" | "shmget"
-    length: int = 0                 # bytes asked for
-    page_size: int = 0              # bytes per page: the size asked for, or the host's default huge page size
-    flags: int = 0                  # mmap flags / shmflg as passed
+    source: str = ""  # "mmap" | "shmget"
+    length: int = 0  # bytes asked for
+    page_size: int = 0  # bytes per page: the size asked for, or the host's default huge page size
+    flags: int = 0  # mmap flags / shmflg as passed
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (GpuOpen, GpuIoctl, Connect, NetPayload, Exec, Exit, Lost, ConnActivity, HugeAlloc)
+    cls.kind: cls
+    for cls in (GpuOpen, GpuIoctl, Connect, NetPayload, Exec, Exit, Lost, ConnActivity, HugeAlloc)
 }
 
 
@@ -165,11 +170,12 @@ def event_from_record(record: dict[str, Any]) -> Event:
     try:
         cls = EVENT_TYPES[record["kind"]]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown event kind {record.get('kind') if isinstance(record, dict) else record!r}")
+        raise ValueError(
+            f"unknown event kind {record.get('kind') if isinstance(record, dict) else record!r}"
+        )
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in record.items() if k in names}
     try:
         return cls(**values)
     except TypeError as exc:
         raise ValueError(f"bad {cls.kind} record: {exc}") from None
-

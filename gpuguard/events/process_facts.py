@@ -25,10 +25,10 @@ class Ancestor:
 @dataclass(slots=True)
 class ProcessFacts:
     pid: int
-    start_time: float                # seconds since the epoch (psutil create_time)
+    start_time: float  # seconds since the epoch (psutil create_time)
     ppid: int = 0
-    comm: str = ""                   # kernel comm (15 chars, settable by the process)
-    exe: str = ""                    # resolved executable path, " (deleted)" removed
+    comm: str = ""  # kernel comm (15 chars, settable by the process)
+    exe: str = ""  # resolved executable path, " (deleted)" removed
     exe_deleted: bool = False
     exe_memfd: bool = False
     cmdline: list[str] = field(default_factory=list)
@@ -40,7 +40,7 @@ class ProcessFacts:
     container_id: str | None = None
     pod_uid: str | None = None
     kernel_thread: bool = False
-    ld_preload: str | None = None    # LD_PRELOAD from the environment, if readable and set
+    ld_preload: str | None = None  # LD_PRELOAD from the environment, if readable and set
     environ_readable: bool = False
     exe_identity: tuple[int, int, int, int] | None = None  # (st_dev, st_ino, st_size, st_mtime_ns)
     ancestors: list[Ancestor] = field(default_factory=list)  # parent first

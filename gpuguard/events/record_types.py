@@ -30,6 +30,7 @@ def _exact(kind: type, name: str) -> Check:
     def check(value: Any, path: str) -> None:
         if type(value) is not kind:
             _fail(path, value, name)
+
     return check
 
 
@@ -66,6 +67,7 @@ def _checker(hint: Any) -> Check:
                 except RecordTypeError:
                     continue
             _fail(path, value, names)
+
         return check_union
     if origin is list:
         element = _checker(args[0]) if args else _anything
@@ -75,6 +77,7 @@ def _checker(hint: Any) -> Check:
                 _fail(path, value, "a list")
             for i, item in enumerate(value):
                 element(item, f"{path}[{i}]")
+
         return check_list
     if origin is tuple:  # stored as a msgpack array of fixed length
         elements = [_checker(a) for a in args]
@@ -84,9 +87,12 @@ def _checker(hint: Any) -> Check:
                 _fail(path, value, f"a list of {len(elements)}")
             for i, (item, element) in enumerate(zip(value, elements)):
                 element(item, f"{path}[{i}]")
+
         return check_tuple
     if origin is dict:
-        key_check, value_check = (_checker(args[0]), _checker(args[1])) if args else (_anything, _anything)
+        key_check, value_check = (
+            (_checker(args[0]), _checker(args[1])) if args else (_anything, _anything)
+        )
 
         def check_dict(value: Any, path: str) -> None:
             if type(value) is not dict:
@@ -94,15 +100,24 @@ def _checker(hint: Any) -> Check:
             for key, item in value.items():
                 key_check(key, f"{path} key")
                 value_check(item, f"{path}[{key!r}]")
+
         return check_dict
-    raise TypeError(f"no record check for annotation {hint!r}")  # a new field type: teach this module
+    raise TypeError(
+        f"no record check for annotation {hint!r}"
+    )  # a new field type: teach this module
 
 
 # --- the fast path: a predicate per annotation, no exceptions, no paths -------------------
 
 Accept = Callable[[Any], bool]
-_SIMPLE = {int: (int,), float: (int, float), str: (str,), bytes: (bytes,), bool: (bool,),
-           type(None): (type(None),)}
+_SIMPLE = {
+    int: (int,),
+    float: (int, float),
+    str: (str,),
+    bytes: (bytes,),
+    bool: (bool,),
+    type(None): (type(None),),
+}
 
 
 def _simple_types(hint: Any) -> tuple[type, ...] | None:
@@ -136,27 +151,53 @@ def _predicate(hint: Any) -> Accept:
         simple_element = _simple_types(args[0]) if args else None
         if simple_element is not None:
             element_types = frozenset(simple_element)
-            return lambda value: type(value) is list and all(type(v) in element_types for v in value)
+            return lambda value: (
+                type(value) is list and all(type(v) in element_types for v in value)
+            )
         element = _predicate(args[0]) if args else (lambda value: True)
         return lambda value: type(value) is list and all(map(element, value))
     if origin is tuple:
         elements = [_predicate(a) for a in args]
-        return lambda value: (type(value) in (list, tuple) and len(value) == len(elements)
-                              and all(e(v) for e, v in zip(elements, value)))
-    if origin is dict and args and _simple_types(args[0]) is not None and _simple_types(args[1]) is not None:
-        key_types, value_types = frozenset(_simple_types(args[0])), frozenset(_simple_types(args[1]))
-        return lambda value: type(value) is dict and all(
-            type(k) in key_types and type(v) in value_types for k, v in value.items())
+        return lambda value: (
+            type(value) in (list, tuple)
+            and len(value) == len(elements)
+            and all(e(v) for e, v in zip(elements, value))
+        )
+    if (
+        origin is dict
+        and args
+        and _simple_types(args[0]) is not None
+        and _simple_types(args[1]) is not None
+    ):
+        key_types, value_types = (
+            frozenset(_simple_types(args[0])),
+            frozenset(_simple_types(args[1])),
+        )
+        return lambda value: (
+            type(value) is dict
+            and all(type(k) in key_types and type(v) in value_types for k, v in value.items())
+        )
     if origin is dict:
-        key_ok, value_ok = (_predicate(args[0]), _predicate(args[1])) if args else (lambda v: True, lambda v: True)
-        return lambda value: type(value) is dict and all(key_ok(k) and value_ok(v) for k, v in value.items())
+        key_ok, value_ok = (
+            (_predicate(args[0]), _predicate(args[1])) if args else (lambda v: True, lambda v: True)
+        )
+        return lambda value: (
+            type(value) is dict and all(key_ok(k) and value_ok(v) for k, v in value.items())
+        )
     raise TypeError(f"no record check for annotation {hint!r}")
 
 
 def _fields(cls: type) -> list[tuple[str, Any, bool]]:
     hints = typing.get_type_hints(cls)
-    return [(f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-            for f in dataclasses.fields(cls) if f.init]
+    return [
+        (
+            f.name,
+            hints[f.name],
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(cls)
+        if f.init
+    ]
 
 
 class _Missing:
@@ -193,6 +234,7 @@ def _record_predicate(cls: type) -> Accept:
             elif not ok(value):
                 return False
         return True
+
     return accept
 
 
@@ -209,6 +251,7 @@ def record_checker(cls: type) -> Check:
     def check(record: Any, path: str = "") -> None:
         if not accept(record):
             explain(record, path)
+
     return check
 
 
@@ -224,4 +267,5 @@ def _explaining_checker(cls: type) -> Check:
                 field_check(record[name], where)
             elif required:
                 raise RecordTypeError(f"field {where!r} is missing")
+
     return check

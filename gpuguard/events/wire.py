@@ -56,7 +56,7 @@ END_KIND = "recording_end"
 
 Item = Event | GpuSnapshot | ProcessFacts
 
-MAX_ITEM_BYTES = 16 << 20   # a larger item can only be a corrupt length field
+MAX_ITEM_BYTES = 16 << 20  # a larger item can only be a corrupt length field
 _READ_BLOCK = 1 << 20
 _FLUSH_BYTES = 256 << 10
 _UNICODE_ERRORS = "surrogateescape"
@@ -68,7 +68,9 @@ _MAP_HEADERS = frozenset(bytes([b]) for b in [*range(0x80, 0x90), 0xDE])  # fixm
 class RecordingDamaged(GpuguardError):
     """A recording that is truncated or corrupt after ``items_read`` good items."""
 
-    def __init__(self, path: str, items_read: int, offset: int, what: str, fix: str = _NO_FIX) -> None:
+    def __init__(
+        self, path: str, items_read: int, offset: int, what: str, fix: str = _NO_FIX
+    ) -> None:
         super().__init__(f"{path}: {what}", fix)
         self.path = path
         self.items_read = items_read
@@ -76,6 +78,7 @@ class RecordingDamaged(GpuguardError):
 
 
 # --- writing ---------------------------------------------------------------------------
+
 
 def _header(meta: dict[str, Any] | None) -> dict[str, Any]:
     return {
@@ -97,7 +100,9 @@ def item_kind(item: Item) -> str:
         return SNAPSHOT_KIND
     if isinstance(item, ProcessFacts):
         return PROCESS_KIND
-    raise TypeError(f"cannot record a {type(item).__name__}: expected an Event, GpuSnapshot or ProcessFacts")
+    raise TypeError(
+        f"cannot record a {type(item).__name__}: expected an Event, GpuSnapshot or ProcessFacts"
+    )
 
 
 def item_record(item: Item) -> dict[str, Any]:
@@ -122,7 +127,13 @@ class RecordingWriteFailed(GpuguardError):
 
 def _open_for_recording(path: str, overwrite: bool) -> int:
     """A new (or, on purpose, truncated) regular file; never blocks on a FIFO, never writes a device."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_TRUNC if overwrite else os.O_EXCL)
+    flags = (
+        os.O_WRONLY
+        | os.O_CREAT
+        | os.O_CLOEXEC
+        | os.O_NONBLOCK
+        | (os.O_TRUNC if overwrite else os.O_EXCL)
+    )
     try:
         fd = os.open(path, flags, 0o644)
     except FileExistsError:
@@ -131,22 +142,33 @@ def _open_for_recording(path: str, overwrite: bool) -> int:
             "choose another output file, or overwrite it on purpose (`gpuguard record --force`)",
         ) from None
     except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a FIFO nobody reads: O_NONBLOCK made open() fail instead of hang
+        if (
+            exc.errno == errno.ENXIO
+        ):  # a FIFO nobody reads: O_NONBLOCK made open() fail instead of hang
             raise _not_regular(path, "a FIFO") from None
-        raise GpuguardError(f"cannot create {path}: {exc.strerror}", "check the directory and its permissions") from None
+        raise GpuguardError(
+            f"cannot create {path}: {exc.strerror}", "check the directory and its permissions"
+        ) from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        what = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-                stat.S_IFSOCK: "a socket"}.get(stat.S_IFMT(mode), "not a regular file")
+        what = {
+            stat.S_IFIFO: "a FIFO",
+            stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device",
+            stat.S_IFSOCK: "a socket",
+        }.get(stat.S_IFMT(mode), "not a regular file")
         raise _not_regular(path, what)
     os.set_blocking(fd, True)
     return fd
 
 
 def _not_regular(path: str, what: str) -> GpuguardError:
-    return GpuguardError(f"{path} is {what}; a recording is written to a regular file only (it is checksummed "
-                         "and synced to disk)", "choose a file on a disk")
+    return GpuguardError(
+        f"{path} is {what}; a recording is written to a regular file only (it is checksummed "
+        "and synced to disk)",
+        "choose a file on a disk",
+    )
 
 
 class RecordingWriter:
@@ -158,15 +180,19 @@ class RecordingWriter:
     closes the file.
     """
 
-    def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None,
-                 overwrite: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        meta: dict[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> None:
         self.path = os.fspath(path)
         self._fd: int | None = _open_for_recording(self.path, overwrite)
         self._packer = msgpack.Packer(use_bin_type=True, unicode_errors=_UNICODE_ERRORS)
         self._buffer = bytearray()
         self._crc = 0
         self.items_written = 0
-        self.items_on_disk = 0       # items whose bytes all reached the file
+        self.items_on_disk = 0  # items whose bytes all reached the file
         self.bytes_on_disk = 0
         self._append(self._packer.pack(_header(meta)))
         self.flush()
@@ -202,8 +228,9 @@ class RecordingWriter:
 
     def _failed(self, exc: OSError) -> None:
         self.abandon()
-        raise RecordingWriteFailed(self.path, self.items_on_disk, self.bytes_on_disk,
-                                   exc.strerror or str(exc)) from None
+        raise RecordingWriteFailed(
+            self.path, self.items_on_disk, self.bytes_on_disk, exc.strerror or str(exc)
+        ) from None
 
     def close(self) -> None:
         """Write the end marker and close; a closed recording reads without damage."""
@@ -235,6 +262,7 @@ class RecordingWriter:
 
 
 # --- decoding items ----------------------------------------------------------------
+
 
 class _BadItem(Exception):
     """An item that unpacked but is not a valid record."""
@@ -362,6 +390,7 @@ def _decode_item(record: object) -> Item:
 
 # --- reading -------------------------------------------------------------------------
 
+
 def _new_unpacker() -> msgpack.Unpacker:
     return msgpack.Unpacker(
         raw=False,
@@ -375,11 +404,17 @@ def _open(path: str | os.PathLike[str]) -> BinaryIO:
     try:
         return open(path, "rb")
     except FileNotFoundError:
-        raise GpuguardError(f"{os.fspath(path)}: no such recording (not found)", "check the file name") from None
+        raise GpuguardError(
+            f"{os.fspath(path)}: no such recording (not found)", "check the file name"
+        ) from None
     except IsADirectoryError:
-        raise GpuguardError(f"{os.fspath(path)} is a directory, not a recording", "pass the recording file") from None
+        raise GpuguardError(
+            f"{os.fspath(path)} is a directory, not a recording", "pass the recording file"
+        ) from None
     except OSError as exc:
-        raise GpuguardError(f"cannot read {os.fspath(path)}: {exc.strerror}", "check its permissions") from None
+        raise GpuguardError(
+            f"cannot read {os.fspath(path)}: {exc.strerror}", "check its permissions"
+        ) from None
 
 
 def _not_a_recording(name: str) -> GpuguardError:
@@ -408,9 +443,9 @@ class _Reader:
         self.file = file
         self.name = name
         self.unpacker = _new_unpacker()
-        self.items = 0               # good items yielded
-        self.bad: list[str] = []     # "item N at byte B is not a valid record (why)", skipped
-        self.fed = 0                 # bytes handed to the unpacker
+        self.items = 0  # good items yielded
+        self.bad: list[str] = []  # "item N at byte B is not a valid record (why)", skipped
+        self.fed = 0  # bytes handed to the unpacker
         # End of the last complete object.  The unpacker's tell() is only
         # meaningful right after a complete object: inside a partial one it
         # counts the bytes it has consumed so far.
@@ -434,9 +469,12 @@ class _Reader:
         try:
             self.unpacker.feed(block)
         except msgpack.BufferFull:
-            raise self.damaged(self.position, f"item {self.records + 1} at byte {self.position} "
-                               f"claims more than {MAX_ITEM_BYTES} bytes (a corrupt length); "
-                               f"the {self.items} items before it were read") from None
+            raise self.damaged(
+                self.position,
+                f"item {self.records + 1} at byte {self.position} "
+                f"claims more than {MAX_ITEM_BYTES} bytes (a corrupt length); "
+                f"the {self.items} items before it were read",
+            ) from None
         self.fed += len(block)
 
     def _crc_before(self, offset: int) -> int | None:
@@ -450,8 +488,11 @@ class _Reader:
             return _not_a_recording(self.name)
         offset = self.position
         where = "the header" if self.header is None else f"item {self.records + 1}"
-        return self.damaged(offset, f"{where} at byte {offset} is not valid msgpack ({type(exc).__name__}: "
-                            f"{str(exc)[:80]}); the {self.items} items before it were read")
+        return self.damaged(
+            offset,
+            f"{where} at byte {offset} is not valid msgpack ({type(exc).__name__}: "
+            f"{str(exc)[:80]}); the {self.items} items before it were read",
+        )
 
     @property
     def records(self) -> int:
@@ -475,10 +516,16 @@ class _Reader:
         self._skip(offset, _BadItem("record the reader could not dispatch"))
 
     def _bad_items(self) -> RecordingDamaged:
-        shown = "; ".join(self.bad[:3]) + (f"; and {len(self.bad) - 3} more" if len(self.bad) > 3 else "")
-        return RecordingDamaged(self.name, self.items, 0,
-                                f"{len(self.bad)} bad item(s) skipped: {shown}; the {self.items} other items were read",
-                                "the recording was altered or written by a broken recorder; record again")
+        shown = "; ".join(self.bad[:3]) + (
+            f"; and {len(self.bad) - 3} more" if len(self.bad) > 3 else ""
+        )
+        return RecordingDamaged(
+            self.name,
+            self.items,
+            0,
+            f"{len(self.bad)} bad item(s) skipped: {shown}; the {self.items} other items were read",
+            "the recording was altered or written by a broken recorder; record again",
+        )
 
     def _next_object(self) -> tuple[int, object] | None:
         """(offset, object) of the next complete object, or None when more bytes are needed."""
@@ -494,11 +541,17 @@ class _Reader:
 
     def _end_marker(self, offset: int, marker: dict[str, Any]) -> None:
         if marker.get("items") != self.records:
-            raise self.damaged(offset, f"end marker at byte {offset} counts {marker.get('items')!r} items but "
-                               f"{self.records} were read: the recording was altered after it was written")
+            raise self.damaged(
+                offset,
+                f"end marker at byte {offset} counts {marker.get('items')!r} items but "
+                f"{self.records} were read: the recording was altered after it was written",
+            )
         if marker.get("crc32") != self._crc_before(offset):
-            raise self.damaged(offset, f"checksum mismatch at the end marker (byte {offset}): the recording "
-                               f"was altered after it was written; its {self.items} items were read but may be wrong")
+            raise self.damaged(
+                offset,
+                f"checksum mismatch at the end marker (byte {offset}): the recording "
+                f"was altered after it was written; its {self.items} items were read but may be wrong",
+            )
         self.ended = True
 
     def _could_be_header_start(self) -> bool:
@@ -521,11 +574,16 @@ class _Reader:
                 self.header = _check_header(self.name, found[1])
             elif not block:
                 if self.fed == 0:
-                    raise self.damaged(0, "is empty (0 bytes): the recorder stopped before writing anything")
+                    raise self.damaged(
+                        0, "is empty (0 bytes): the recorder stopped before writing anything"
+                    )
                 if not self._could_be_header_start():
                     raise _not_a_recording(self.name)
-                raise self.damaged(0, f"truncated inside the header ({self.fed} bytes): the recording "
-                                   "stopped mid-write before its first item")
+                raise self.damaged(
+                    0,
+                    f"truncated inside the header ({self.fed} bytes): the recording "
+                    "stopped mid-write before its first item",
+                )
         return self.header
 
     def items_iter(self) -> Iterator[Item]:
@@ -545,7 +603,9 @@ class _Reader:
                 offset = self.position
                 self.position = tell()
                 if self.ended:
-                    raise self.damaged(offset, f"unexpected data at byte {offset} after the end marker")
+                    raise self.damaged(
+                        offset, f"unexpected data at byte {offset} after the end marker"
+                    )
                 try:
                     decoder = decoders[record["kind"]]
                 except (KeyError, TypeError, IndexError):
@@ -564,12 +624,18 @@ class _Reader:
             self._feed(block)
         stopped = self.position
         if stopped < self.fed:
-            raise self.damaged(stopped, f"truncated after item {self.records} at byte {stopped} (the recording "
-                               f"stopped mid-write; the {self.items} items before it were read)")
+            raise self.damaged(
+                stopped,
+                f"truncated after item {self.records} at byte {stopped} (the recording "
+                f"stopped mid-write; the {self.items} items before it were read)",
+            )
         if not self.ended:
-            raise self.damaged(stopped, f"ends after item {self.records} at byte {stopped} without its end marker "
-                               f"(the recorder did not close it: it crashed, was killed or is still running; "
-                               f"the {self.items} items before it were read)")
+            raise self.damaged(
+                stopped,
+                f"ends after item {self.records} at byte {stopped} without its end marker "
+                f"(the recorder did not close it: it crashed, was killed or is still running; "
+                f"the {self.items} items before it were read)",
+            )
         if self.bad:
             raise self._bad_items()
 

@@ -69,24 +69,44 @@ def _endpoint(address: str) -> tuple[str, str]:
 
 
 def _header(signature: str, name: str, severity: int) -> str:
-    fields = ["CEF:0", VENDOR, PRODUCT, __version__, signature, name, str(max(0, min(10, severity)))]
+    fields = [
+        "CEF:0",
+        VENDOR,
+        PRODUCT,
+        __version__,
+        signature,
+        name,
+        str(max(0, min(10, severity))),
+    ]
     return "|".join([fields[0]] + [header_escape(f) for f in fields[1:]])
 
 
 def finding_cef(finding: Finding, hostname: str, created: float) -> str:
     p = finding.process
     pairs: list[tuple[str, object]] = [
-        ("rt", int(created * 1000)), ("dvchost", hostname), ("cat", "/".join(finding.categories)),
+        ("rt", int(created * 1000)),
+        ("dvchost", hostname),
+        ("cat", "/".join(finding.categories)),
         ("act", "resolved" if finding.activity == "close" else finding.action or "alert"),
-        ("msg", f"resolved: {finding.explanation}" if finding.activity == "close" else finding.explanation),
+        (
+            "msg",
+            f"resolved: {finding.explanation}"
+            if finding.activity == "close"
+            else finding.explanation,
+        ),
         *_custom("cs1", "verdict", finding.verdict),
         *_custom("cs2", "rules", ",".join(finding.rule_ids)),
         *_custom("cs3", "techniques", ",".join(t for t, _ in finding.techniques)),
         *_custom("cn1", "score", int(round(finding.score))),
     ]
     if p is not None:
-        pairs += [("sproc", p.name), ("spid", p.pid), ("filePath", p.executable),
-                  ("suser", p.user_name), ("suid", p.user_id)]
+        pairs += [
+            ("sproc", p.name),
+            ("spid", p.pid),
+            ("filePath", p.executable),
+            ("suser", p.user_name),
+            ("suid", p.user_id),
+        ]
         pairs += _custom("cs4", "containerId", p.container_id)
         pairs += _custom("cs5", "commandLine", " ".join(p.command_line))
     elif finding.subject:
@@ -100,12 +120,22 @@ def finding_cef(finding: Finding, hostname: str, created: float) -> str:
 def action_cef(outcome: ActionOutcome, hostname: str) -> str:
     severity = 8 if outcome.status == "failed" else round(outcome.score / 10)
     pairs: list[tuple[str, object]] = [
-        ("rt", int(outcome.time * 1000)), ("dvchost", hostname), ("act", outcome.action),
-        ("outcome", outcome.status), ("msg", outcome.reason), ("externalId", outcome.block_id),
-        ("sproc", outcome.comm), ("spid", outcome.pid or None), ("filePath", outcome.exe),
+        ("rt", int(outcome.time * 1000)),
+        ("dvchost", hostname),
+        ("act", outcome.action),
+        ("outcome", outcome.status),
+        ("msg", outcome.reason),
+        ("externalId", outcome.block_id),
+        ("sproc", outcome.comm),
+        ("spid", outcome.pid or None),
+        ("filePath", outcome.exe),
         *_custom("cs1", "verdict", outcome.verdict),
         *_custom("cs2", "rules", ",".join(outcome.rule_ids)),
-        *_custom("cs6", "detail", json.dumps(outcome.detail, sort_keys=True, default=str) if outcome.detail else None),
+        *_custom(
+            "cs6",
+            "detail",
+            json.dumps(outcome.detail, sort_keys=True, default=str) if outcome.detail else None,
+        ),
         *_custom("cn1", "score", outcome.score),
     ]
     return f"{_header('action-' + outcome.action, f'{outcome.action} {outcome.status}', severity)}|{_extension(pairs)}"
@@ -113,8 +143,15 @@ def action_cef(outcome: ActionOutcome, hostname: str) -> str:
 
 def lifecycle_cef(record: AgentLifecycle, hostname: str) -> str:
     pairs: list[tuple[str, object]] = [
-        ("rt", int(record.time * 1000)), ("dvchost", hostname), ("act", record.action), ("msg", record.message),
-        *_custom("cs6", "detail", json.dumps(record.detail, sort_keys=True, default=str) if record.detail else None),
+        ("rt", int(record.time * 1000)),
+        ("dvchost", hostname),
+        ("act", record.action),
+        ("msg", record.message),
+        *_custom(
+            "cs6",
+            "detail",
+            json.dumps(record.detail, sort_keys=True, default=str) if record.detail else None,
+        ),
     ]
     severity = _LIFECYCLE_SEVERITY.get(record.action, 1)
     return f"{_header('agent-' + record.action, f'gpuguard {record.action}', severity)}|{_extension(pairs)}"

@@ -11,7 +11,17 @@ import time
 from collections import defaultdict
 from typing import Iterable, TextIO
 
-from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, HugeAlloc, Lost, NetPayload
+from gpuguard.events.model import (
+    Connect,
+    Event,
+    Exec,
+    Exit,
+    GpuIoctl,
+    GpuOpen,
+    HugeAlloc,
+    Lost,
+    NetPayload,
+)
 from gpuguard.escape import escape_text
 
 MINING_PROTOCOLS = frozenset({"stratum", "cryptonote", "ethproxy", "stratum-v2"})
@@ -20,7 +30,7 @@ MINING_PROTOCOLS = frozenset({"stratum", "cryptonote", "ethproxy", "stratum-v2"}
 def _clock(t: float) -> str:
     try:
         return time.strftime("%H:%M:%S", time.localtime(t))
-    except (OverflowError, ValueError, OSError):   # a recording may carry any number as a time
+    except (OverflowError, ValueError, OSError):  # a recording may carry any number as a time
         return "??:??:??"
 
 
@@ -56,7 +66,9 @@ def format_event(e: Event) -> str:
         return f"{head} {e.device_class} {escape_text(e.command_name)} x{e.count}"
     if isinstance(e, Connect):
         addr = f"[{e.address}]" if e.family == "ipv6" else e.address
-        result = "ok" if e.result == 0 else ("in progress" if e.result == -115 else f"error {e.result}")
+        result = (
+            "ok" if e.result == 0 else ("in progress" if e.result == -115 else f"error {e.result}")
+        )
         return f"{head} {escape_text(addr)}:{e.port} fd {e.fd} {result}"
     if isinstance(e, NetPayload):
         return f"{head} fd {e.fd} #{e.seq} {e.protocol} {_detail(e.detail)}".rstrip()

@@ -53,8 +53,16 @@ TECHNIQUE_TACTICS: dict[str, tuple[tuple[str, str], ...]] = {
     "T1564": (("TA0005", "Defense Evasion"),),
     "T1036": (("TA0005", "Defense Evasion"),),
     "T1070": (("TA0005", "Defense Evasion"),),
-    "T1574": (("TA0003", "Persistence"), ("TA0004", "Privilege Escalation"), ("TA0005", "Defense Evasion")),
-    "T1053": (("TA0002", "Execution"), ("TA0003", "Persistence"), ("TA0004", "Privilege Escalation")),
+    "T1574": (
+        ("TA0003", "Persistence"),
+        ("TA0004", "Privilege Escalation"),
+        ("TA0005", "Defense Evasion"),
+    ),
+    "T1053": (
+        ("TA0002", "Execution"),
+        ("TA0003", "Persistence"),
+        ("TA0004", "Privilege Escalation"),
+    ),
     "T1543": (("TA0003", "Persistence"), ("TA0004", "Privilege Escalation")),
     "T1546": (("TA0003", "Persistence"), ("TA0004", "Privilege Escalation")),
     "T1547": (("TA0003", "Persistence"), ("TA0004", "Privilege Escalation")),
@@ -69,7 +77,7 @@ def iso_time(epoch: float) -> str:
     """Epoch seconds -> ``2026-11-21T10:57:00.123Z``."""
     try:
         moment = _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc)
-    except (OverflowError, ValueError, OSError):    # a recording or a driver can carry any number
+    except (OverflowError, ValueError, OSError):  # a recording or a driver can carry any number
         moment = _dt.datetime.fromtimestamp(0, tz=_dt.timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
@@ -77,8 +85,12 @@ def iso_time(epoch: float) -> str:
 def host_fields() -> dict[str, Any]:
     """ECS ``host`` object of this machine."""
     uname = os.uname()
-    return {"hostname": socket.gethostname(), "name": socket.gethostname(),
-            "architecture": uname.machine, "os": {"type": "linux", "kernel": uname.release}}
+    return {
+        "hostname": socket.gethostname(),
+        "name": socket.gethostname(),
+        "architecture": uname.machine,
+        "os": {"type": "linux", "kernel": uname.release},
+    }
 
 
 def threat_fields(techniques: list[tuple[str, str]]) -> dict[str, Any]:
@@ -99,11 +111,17 @@ def threat_fields(techniques: list[tuple[str, str]]) -> dict[str, Any]:
         for tactic in TECHNIQUE_TACTICS.get(parent_id, ()):
             if tactic not in tactics:
                 tactics.append(tactic)
-    technique: dict[str, Any] = {"id": ids, "name": names,
-                                 "reference": [ATTACK_URL.format(i) for i in ids]}
+    technique: dict[str, Any] = {
+        "id": ids,
+        "name": names,
+        "reference": [ATTACK_URL.format(i) for i in ids],
+    }
     if sub_ids:
-        technique["subtechnique"] = {"id": sub_ids, "name": sub_names,
-                                     "reference": [ATTACK_URL.format(i.replace(".", "/")) for i in sub_ids]}
+        technique["subtechnique"] = {
+            "id": sub_ids,
+            "name": sub_names,
+            "reference": [ATTACK_URL.format(i.replace(".", "/")) for i in sub_ids],
+        }
     out: dict[str, Any] = {"framework": "MITRE ATT&CK", "technique": technique}
     if tactics:
         out["tactic"] = {"id": [t[0] for t in tactics], "name": [t[1] for t in tactics]}
@@ -119,17 +137,25 @@ def process_fields(finding: Finding, hostname: str | None = None) -> dict[str, A
     p = finding.process
     if p is None:
         return {}
-    process = _drop_empty({
-        "pid": p.pid, "entity_id": process_entity_id(hostname or socket.gethostname(), p.pid, p.start_time),
-        "name": p.name, "executable": p.executable,
-        "command_line": " ".join(p.command_line) if p.command_line else None,
-        "args": list(p.command_line) or None,
-        "args_count": len(p.command_line) or None,
-        "start": iso_time(p.start_time) if p.start_time else None,
-        "parent": _drop_empty({"pid": p.ppid, "name": p.parent_name, "executable": p.parent_executable}),
-    })
+    process = _drop_empty(
+        {
+            "pid": p.pid,
+            "entity_id": process_entity_id(hostname or socket.gethostname(), p.pid, p.start_time),
+            "name": p.name,
+            "executable": p.executable,
+            "command_line": " ".join(p.command_line) if p.command_line else None,
+            "args": list(p.command_line) or None,
+            "args_count": len(p.command_line) or None,
+            "start": iso_time(p.start_time) if p.start_time else None,
+            "parent": _drop_empty(
+                {"pid": p.ppid, "name": p.parent_name, "executable": p.parent_executable}
+            ),
+        }
+    )
     out: dict[str, Any] = {"process": process}
-    user = _drop_empty({"id": str(p.user_id) if p.user_id is not None else None, "name": p.user_name})
+    user = _drop_empty(
+        {"id": str(p.user_id) if p.user_id is not None else None, "name": p.user_name}
+    )
     if user:
         out["user"] = user
     if p.container_id:
@@ -154,8 +180,12 @@ def destination_fields(finding: Finding) -> dict[str, Any]:
     return {"destination": out}
 
 
-def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None = None,
-                   dataset: str = "gpuguard.scan") -> dict[str, Any]:
+def finding_to_ecs(
+    finding: Finding,
+    created: float,
+    host: dict[str, Any] | None = None,
+    dataset: str = "gpuguard.scan",
+) -> dict[str, Any]:
     """One ECS document for ``finding``: an alert when its verdict is suspicious or malicious.
 
     A finding the agent closes (its condition went away) is an ``event`` with
@@ -169,7 +199,7 @@ def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None
         "message": f"resolved: {finding.explanation}" if closed else finding.explanation,
         "event": {
             "kind": "alert" if finding.is_alert and not closed else "event",
-            "action": f"{finding.kind}-{'resolved' if closed else finding.verdict}",   # e.g. "process-malicious"
+            "action": f"{finding.kind}-{'resolved' if closed else finding.verdict}",  # e.g. "process-malicious"
             "category": list(finding.categories),
             "type": [_ECS_ACTIVITY_TYPE.get(finding.activity, "info")],
             "risk_score": round(float(finding.score), 1),
@@ -178,9 +208,13 @@ def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None
             "dataset": dataset,
             "created": iso_time(created),
         },
-        "rule": {"id": finding.rule_id, "name": finding.rule_name,
-                 "description": finding.rule_description, "ruleset": "gpuguard",
-                 "version": __version__},
+        "rule": {
+            "id": finding.rule_id,
+            "name": finding.rule_name,
+            "description": finding.rule_description,
+            "ruleset": "gpuguard",
+            "version": __version__,
+        },
         "threat": threat_fields(finding.techniques),
     }
     if host:
@@ -189,22 +223,26 @@ def finding_to_ecs(finding: Finding, created: float, host: dict[str, Any] | None
     doc.update(destination_fields(finding))
     if finding.kind == "host" and finding.subject and finding.subject.startswith("/"):
         doc["file"] = {"path": finding.subject}
-    doc["gpuguard"] = _drop_empty({
-        "kind": finding.kind,
-        "score": round(float(finding.score), 1),
-        "verdict": finding.verdict,
-        "severity": finding.severity,
-        "explanation": finding.explanation,
-        "subject": finding.subject,
-        "rule_ids": finding.rule_ids,
-        "evidence": [e.to_json() for e in finding.evidence],
-        "allowlisted": finding.allowlisted or None,
-        "action": finding.action,
-        "executable_deleted": finding.process.executable_deleted if finding.process and finding.process.executable_deleted else None,
-        "cpu_percent": finding.process.cpu_percent if finding.process else None,
-        "destinations": [d.to_json() for d in finding.destinations],
-        "gpu": finding.gpu.to_json() if finding.gpu is not None else None,
-        "host_gpu": finding.host_gpu,
-        "status": "resolved" if closed else "active" if finding.host_gpu is not None else None,
-    })
+    doc["gpuguard"] = _drop_empty(
+        {
+            "kind": finding.kind,
+            "score": round(float(finding.score), 1),
+            "verdict": finding.verdict,
+            "severity": finding.severity,
+            "explanation": finding.explanation,
+            "subject": finding.subject,
+            "rule_ids": finding.rule_ids,
+            "evidence": [e.to_json() for e in finding.evidence],
+            "allowlisted": finding.allowlisted or None,
+            "action": finding.action,
+            "executable_deleted": finding.process.executable_deleted
+            if finding.process and finding.process.executable_deleted
+            else None,
+            "cpu_percent": finding.process.cpu_percent if finding.process else None,
+            "destinations": [d.to_json() for d in finding.destinations],
+            "gpu": finding.gpu.to_json() if finding.gpu is not None else None,
+            "host_gpu": finding.host_gpu,
+            "status": "resolved" if closed else "active" if finding.host_gpu is not None else None,
+        }
+    )
     return doc

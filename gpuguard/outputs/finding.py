@@ -35,7 +35,7 @@ TECHNIQUE_NAMES = {
 }
 _TECHNIQUE_TAG = re.compile(r"^T\d{4}(\.\d{3})?$")
 SEVERITY_ORDER = {"informational": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
-ALERT_VERDICTS = ("suspicious", "malicious")   # the verdicts a SIEM should page on
+ALERT_VERDICTS = ("suspicious", "malicious")  # the verdicts a SIEM should page on
 MAX_DESTINATIONS = 8
 
 
@@ -71,13 +71,22 @@ class ProcessInfo:
     def from_facts(cls, facts: ProcessFacts) -> "ProcessInfo":
         parent = facts.ancestors[0] if facts.ancestors else None
         return cls(
-            pid=facts.pid, name=facts.comm, executable=facts.exe, executable_deleted=facts.exe_deleted,
-            command_line=list(facts.cmdline), start_time=facts.start_time or None,
-            ppid=facts.ppid or None, parent_name=parent.comm if parent else None,
+            pid=facts.pid,
+            name=facts.comm,
+            executable=facts.exe,
+            executable_deleted=facts.exe_deleted,
+            command_line=list(facts.cmdline),
+            start_time=facts.start_time or None,
+            ppid=facts.ppid or None,
+            parent_name=parent.comm if parent else None,
             parent_executable=(parent.exe or None) if parent else None,
-            user_id=facts.uid if facts.uid >= 0 else None, user_name=facts.username or None,
-            container_id=facts.container_id, container_runtime=facts.container_runtime,
-            pod_uid=facts.pod_uid, cpu_percent=facts.cpu_percent)
+            user_id=facts.uid if facts.uid >= 0 else None,
+            user_name=facts.username or None,
+            container_id=facts.container_id,
+            container_runtime=facts.container_runtime,
+            pod_uid=facts.pod_uid,
+            cpu_percent=facts.cpu_percent,
+        )
 
 
 @dataclass(slots=True)
@@ -88,11 +97,18 @@ class EvidenceItem:
     signal: str = ""
     severity: str = ""
     tags: list[str] = field(default_factory=list)
-    description: str = ""        # what the rule means, e.g. "executable deleted after start"
+    description: str = ""  # what the rule means, e.g. "executable deleted after start"
 
     def to_json(self) -> dict[str, Any]:
-        return {"rule_id": self.rule_id, "description": self.description, "signal": self.signal, "detail": self.detail,
-                "weight": self.weight, "severity": self.severity, "tags": list(self.tags)}
+        return {
+            "rule_id": self.rule_id,
+            "description": self.description,
+            "signal": self.signal,
+            "detail": self.detail,
+            "weight": self.weight,
+            "severity": self.severity,
+            "tags": list(self.tags),
+        }
 
 
 @dataclass(slots=True)
@@ -102,10 +118,16 @@ class Destination:
     address: str
     port: int
     attempts: int = 1
-    domain: str | None = None     # the name it asked for (TLS SNI, HTTP Host, proxy target), when one was seen
+    domain: str | None = (
+        None  # the name it asked for (TLS SNI, HTTP Host, proxy target), when one was seen
+    )
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"address": self.address, "port": self.port, "attempts": self.attempts}
+        out: dict[str, Any] = {
+            "address": self.address,
+            "port": self.port,
+            "attempts": self.attempts,
+        }
         if self.domain:
             out["domain"] = self.domain
         return out
@@ -115,41 +137,47 @@ class Destination:
 class GpuUse:
     """What the process did with GPUs, from the correlator's state."""
 
-    device_classes: list[str] = field(default_factory=list)     # "nvidia", "dri", ...
+    device_classes: list[str] = field(default_factory=list)  # "nvidia", "dri", ...
     device_paths: list[str] = field(default_factory=list)
-    util_mean: float | None = None                               # percent, over the usage window
-    memory_used: int | None = None                               # bytes, latest sample
+    util_mean: float | None = None  # percent, over the usage window
+    memory_used: int | None = None  # bytes, latest sample
     ioctl_total: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"device_classes": self.device_classes, "device_paths": self.device_paths,
-                "util_mean": None if self.util_mean is None else round(self.util_mean, 1),
-                "memory_used": self.memory_used, "ioctl_total": self.ioctl_total}
+        return {
+            "device_classes": self.device_classes,
+            "device_paths": self.device_paths,
+            "util_mean": None if self.util_mean is None else round(self.util_mean, 1),
+            "memory_used": self.memory_used,
+            "ioctl_total": self.ioctl_total,
+        }
 
 
 @dataclass(slots=True)
 class Finding:
-    kind: str                          # "process" | "host"
-    rule_id: str                       # the rule that carries the most weight
+    kind: str  # "process" | "host"
+    rule_id: str  # the rule that carries the most weight
     rule_name: str
     rule_description: str
-    score: float                       # 0-100
-    verdict: str                       # "clean" | "suspicious" | "malicious"
-    explanation: str                   # one line
+    score: float  # 0-100
+    verdict: str  # "clean" | "suspicious" | "malicious"
+    explanation: str  # one line
     evidence: list[EvidenceItem] = field(default_factory=list)
-    categories: list[str] = field(default_factory=list)          # ECS event.category values
+    categories: list[str] = field(default_factory=list)  # ECS event.category values
     techniques: list[tuple[str, str]] = field(default_factory=lambda: list(DEFAULT_TECHNIQUES))
     process: ProcessInfo | None = None
-    subject: str | None = None         # host findings: the path, pid or module concerned
+    subject: str | None = None  # host findings: the path, pid or module concerned
     allowlisted: bool = False
     action: str | None = None
-    destinations: list[Destination] = field(default_factory=list)   # most attempted first
+    destinations: list[Destination] = field(default_factory=list)  # most attempted first
     gpu: GpuUse | None = None
-    created: float = 0.0               # when the verdict was made (epoch seconds); 0: not known
+    created: float = 0.0  # when the verdict was made (epoch seconds); 0: not known
     # The agent's host findings persist and end: "create" (first seen), "update" (a material
     # change), "close" (the condition went away).  Process verdicts and scan findings are "create".
     activity: str = "create"
-    host_gpu: dict[str, Any] | None = None   # GPU host findings: device, memory_bytes, owner_pid, status
+    host_gpu: dict[str, Any] | None = (
+        None  # GPU host findings: device, memory_bytes, owner_pid, status
+    )
 
     @property
     def severity(self) -> str:
@@ -165,7 +193,9 @@ class Finding:
         """The evidence alone, one line (the table's "why" column; the explanation also names the process)."""
         if self.kind == "host" or not self.evidence:
             return self.explanation
-        return "; ".join(f"{e.description or e.detail} ({e.weight:+.0f}, {e.rule_id})" for e in self.evidence)
+        return "; ".join(
+            f"{e.description or e.detail} ({e.weight:+.0f}, {e.rule_id})" for e in self.evidence
+        )
 
     @property
     def rule_ids(self) -> list[str]:
@@ -194,23 +224,33 @@ def techniques_from_tags(tags: list[str]) -> list[tuple[str, str]]:
 
 def destinations_of(state: ProcessState) -> list[Destination]:
     """The process's remote endpoints, most attempted first (bounded)."""
-    ranked = sorted(state.connections.items(), key=lambda item: (-item[1], item[0]))[:MAX_DESTINATIONS]
+    ranked = sorted(state.connections.items(), key=lambda item: (-item[1], item[0]))[
+        :MAX_DESTINATIONS
+    ]
     hosts = sorted(state.network.payload_hosts | state.network.proxy_hosts)
-    domain = hosts[0] if len(hosts) == 1 else None   # one name seen: it is the one they dialled
+    domain = hosts[0] if len(hosts) == 1 else None  # one name seen: it is the one they dialled
     return [Destination(address, port, attempts, domain) for (address, port), attempts in ranked]
 
 
 def gpu_use_of(state: ProcessState) -> GpuUse | None:
     """The process's GPU use, or None when it never touched one."""
-    if not (state.gpu_paths or state.gpu_device_classes or len(state.gpu_util) or state.ioctl_total):
+    if not (
+        state.gpu_paths or state.gpu_device_classes or len(state.gpu_util) or state.ioctl_total
+    ):
         return None
     memory = state.gpu_memory.latest
-    return GpuUse(sorted(state.gpu_device_classes), sorted(state.gpu_paths), state.gpu_util.mean,
-                  int(memory) if memory is not None else None, state.ioctl_total)
+    return GpuUse(
+        sorted(state.gpu_device_classes),
+        sorted(state.gpu_paths),
+        state.gpu_util.mean,
+        int(memory) if memory is not None else None,
+        state.ioctl_total,
+    )
 
 
-def finding_from_verdict(verdict: Any, facts: ProcessFacts | None, ruleset: Any = None,
-                         state: ProcessState | None = None) -> Finding:
+def finding_from_verdict(
+    verdict: Any, facts: ProcessFacts | None, ruleset: Any = None, state: ProcessState | None = None
+) -> Finding:
     """A process :class:`~gpuguard.detect.score.Verdict` as a finding.
 
     The rule carrying the most weight names the finding (``rule_id``); every
@@ -220,8 +260,16 @@ def finding_from_verdict(verdict: Any, facts: ProcessFacts | None, ruleset: Any 
     """
     top = verdict.evidence[0] if verdict.evidence else None
     rule = ruleset.rule(top.rule_id) if (top is not None and ruleset is not None) else None
-    process = ProcessInfo.from_facts(facts) if facts is not None else ProcessInfo(
-        pid=verdict.pid, name=verdict.comm, executable=verdict.exe, executable_deleted=verdict.exe_deleted)
+    process = (
+        ProcessInfo.from_facts(facts)
+        if facts is not None
+        else ProcessInfo(
+            pid=verdict.pid,
+            name=verdict.comm,
+            executable=verdict.exe,
+            executable_deleted=verdict.exe_deleted,
+        )
+    )
     categories = ["process", "intrusion_detection"]
     if any(e.rule_id.startswith("net-") for e in verdict.evidence):
         categories.append("network")
@@ -231,12 +279,24 @@ def finding_from_verdict(verdict: Any, facts: ProcessFacts | None, ruleset: Any 
         kind="process",
         rule_id=top.rule_id if top else "none",
         rule_name=top.rule_id if top else "none",
-        rule_description=(rule.description if rule is not None else top.description) if top else "no evidence",
+        rule_description=(rule.description if rule is not None else top.description)
+        if top
+        else "no evidence",
         score=float(verdict.score),
         verdict=verdict.verdict,
         explanation=verdict.explain(),
-        evidence=[EvidenceItem(e.rule_id, e.detail, float(e.weight), e.signal, e.severity, list(e.tags),
-                               e.description) for e in verdict.evidence],
+        evidence=[
+            EvidenceItem(
+                e.rule_id,
+                e.detail,
+                float(e.weight),
+                e.signal,
+                e.severity,
+                list(e.tags),
+                e.description,
+            )
+            for e in verdict.evidence
+        ],
         categories=categories,
         techniques=techniques_from_tags([t for e in verdict.evidence for t in e.tags]),
         process=process,
@@ -251,15 +311,34 @@ def finding_from_verdict(verdict: Any, facts: ProcessFacts | None, ruleset: Any 
 def finding_from_host(host: HostFinding, activity: str = "create", created: float = 0.0) -> Finding:
     """A host check's finding; ``activity`` is the agent's "create" | "update" | "close" (see :class:`Finding`)."""
     rule = host.rule
-    process = ProcessInfo(pid=host.pid, name=host.process_name or "") if host.pid is not None else None
+    process = (
+        ProcessInfo(pid=host.pid, name=host.process_name or "") if host.pid is not None else None
+    )
     host_gpu = None
     if host.device is not None:
-        host_gpu = {"device": host.device, "memory_bytes": host.amount, "owner_pid": host.pid,
-                    "status": "resolved" if activity == "close" else "active"}
+        host_gpu = {
+            "device": host.device,
+            "memory_bytes": host.amount,
+            "owner_pid": host.pid,
+            "status": "resolved" if activity == "close" else "active",
+        }
     return Finding(
-        kind="host", rule_id=rule.id, rule_name=rule.name, rule_description=rule.description,
-        score=float(rule.score), verdict=host.verdict, explanation=host.explain(),
-        evidence=[EvidenceItem(rule.id, line, 0.0, "host-check", severity_for_score(rule.score))
-                  for line in host.evidence],
-        categories=list(rule.category), techniques=list(rule.techniques),
-        process=process, subject=host.subject, activity=activity, host_gpu=host_gpu, created=created)
+        kind="host",
+        rule_id=rule.id,
+        rule_name=rule.name,
+        rule_description=rule.description,
+        score=float(rule.score),
+        verdict=host.verdict,
+        explanation=host.explain(),
+        evidence=[
+            EvidenceItem(rule.id, line, 0.0, "host-check", severity_for_score(rule.score))
+            for line in host.evidence
+        ],
+        categories=list(rule.category),
+        techniques=list(rule.techniques),
+        process=process,
+        subject=host.subject,
+        activity=activity,
+        host_gpu=host_gpu,
+        created=created,
+    )

@@ -29,7 +29,7 @@ class ProcessLabel:
     name: str = "?"
     exe: str = ""
     user: str = "?"
-    container: str = ""          # "docker:3f2a1b4c5d6e", "containerd:…", pod uid, or ""
+    container: str = ""  # "docker:3f2a1b4c5d6e", "containerd:…", pod uid, or ""
 
 
 @dataclass(slots=True)
@@ -50,7 +50,9 @@ def view_to_json(view: GpuView) -> dict[str, Any]:
             devices.append({"source": snap.source, **dataclasses.asdict(dev)})
         for proc in snap.processes:
             label = view.labels.get(proc.pid, ProcessLabel())
-            processes.append({"source": snap.source, **dataclasses.asdict(proc), **dataclasses.asdict(label)})
+            processes.append(
+                {"source": snap.source, **dataclasses.asdict(proc), **dataclasses.asdict(label)}
+            )
         errors.extend(snap.errors)
     return {
         "time": view.time,
@@ -87,15 +89,19 @@ def _power(dev: DeviceSample) -> str:
 def _clocks(dev: DeviceSample) -> str:
     if dev.sm_clock_mhz is None and dev.mem_clock_mhz is None:
         return NA
-    return f"{dev.sm_clock_mhz if dev.sm_clock_mhz is not None else NA} / " \
-           f"{dev.mem_clock_mhz if dev.mem_clock_mhz is not None else NA} MHz"
+    return (
+        f"{dev.sm_clock_mhz if dev.sm_clock_mhz is not None else NA} / "
+        f"{dev.mem_clock_mhz if dev.mem_clock_mhz is not None else NA} MHz"
+    )
 
 
 def _pcie(dev: DeviceSample) -> str:
     if dev.pcie_tx_kbs is None and dev.pcie_rx_kbs is None:
         return NA
-    return f"{dev.pcie_tx_kbs if dev.pcie_tx_kbs is not None else NA} / " \
-           f"{dev.pcie_rx_kbs if dev.pcie_rx_kbs is not None else NA} KB/s"
+    return (
+        f"{dev.pcie_tx_kbs if dev.pcie_tx_kbs is not None else NA} / "
+        f"{dev.pcie_rx_kbs if dev.pcie_rx_kbs is not None else NA} KB/s"
+    )
 
 
 def _cell(value: object) -> Text:
@@ -108,17 +114,40 @@ def _pair(a: float | None, b: float | None) -> str:
 
 def device_table(view: GpuView) -> Table:
     table = Table(title="GPUs", title_justify="left")
-    for name in ("GPU", "Name", "Bus id", "Util / mem", "Memory used / total", "Power / limit", "Temp",
-                 "Clock SM / mem", "PCIe TX / RX", "MIG", "State"):
+    for name in (
+        "GPU",
+        "Name",
+        "Bus id",
+        "Util / mem",
+        "Memory used / total",
+        "Power / limit",
+        "Temp",
+        "Clock SM / mem",
+        "PCIe TX / RX",
+        "MIG",
+        "State",
+    ):
         table.add_column(name, overflow="fold")
     for snap in view.snapshots:
         for dev in snap.devices:
-            table.add_row(*map(_cell, (
-                f"{snap.source}:{dev.index}", dev.name or NA, dev.pci_bus_id or NA, _pair(dev.gpu_util, dev.mem_util),
-                _memory(dev), _power(dev), NA if dev.temperature_c is None else f"{dev.temperature_c:.0f} C",
-                _clocks(dev), _pcie(dev), NA if dev.mig_mode is None else ("on" if dev.mig_mode else "off"),
-                dev.extra.get("state", ""),
-            )))
+            table.add_row(
+                *map(
+                    _cell,
+                    (
+                        f"{snap.source}:{dev.index}",
+                        dev.name or NA,
+                        dev.pci_bus_id or NA,
+                        _pair(dev.gpu_util, dev.mem_util),
+                        _memory(dev),
+                        _power(dev),
+                        NA if dev.temperature_c is None else f"{dev.temperature_c:.0f} C",
+                        _clocks(dev),
+                        _pcie(dev),
+                        NA if dev.mig_mode is None else ("on" if dev.mig_mode else "off"),
+                        dev.extra.get("state", ""),
+                    ),
+                )
+            )
     return table
 
 
@@ -129,18 +158,43 @@ def _engines(proc: ProcessGpuUsage) -> str:
 
 def process_table(view: GpuView) -> Table:
     table = Table(title="Processes", title_justify="left")
-    for name in ("GPU", "PID", "NS PID", "User", "Container", "Process", "Path", "Type",
-                 "SM / mem", "Enc / dec", "GPU memory", "Engines"):
+    for name in (
+        "GPU",
+        "PID",
+        "NS PID",
+        "User",
+        "Container",
+        "Process",
+        "Path",
+        "Type",
+        "SM / mem",
+        "Enc / dec",
+        "GPU memory",
+        "Engines",
+    ):
         table.add_column(name, overflow="fold")
     for snap in view.snapshots:
         for proc in snap.processes:
             label = view.labels.get(proc.pid, ProcessLabel())
-            table.add_row(*map(_cell, (
-                f"{snap.source}:{proc.device_index}", proc.pid, "" if proc.ns_pid is None else proc.ns_pid,
-                label.user, label.container, label.name, label.exe, proc.kind or "",
-                _pair(proc.sm_util, proc.mem_util), _pair(proc.enc_util, proc.dec_util), _mib(proc.used_memory),
-                _engines(proc),
-            )))
+            table.add_row(
+                *map(
+                    _cell,
+                    (
+                        f"{snap.source}:{proc.device_index}",
+                        proc.pid,
+                        "" if proc.ns_pid is None else proc.ns_pid,
+                        label.user,
+                        label.container,
+                        label.name,
+                        label.exe,
+                        proc.kind or "",
+                        _pair(proc.sm_util, proc.mem_util),
+                        _pair(proc.enc_util, proc.dec_util),
+                        _mib(proc.used_memory),
+                        _engines(proc),
+                    ),
+                )
+            )
     return table
 
 

@@ -32,7 +32,9 @@ def _clean(value: Any) -> Any:
     if isinstance(value, str):
         return json_safe_text(value)
     if isinstance(value, dict):
-        return {json_safe_text(k if isinstance(k, str) else str(k)): _clean(v) for k, v in value.items()}
+        return {
+            json_safe_text(k if isinstance(k, str) else str(k)): _clean(v) for k, v in value.items()
+        }
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_clean(v) for v in value]
     if isinstance(value, (bytes, bytearray)):
@@ -57,11 +59,21 @@ def _valid(text: str) -> bool:
 def _dumps(obj: Any, indent: int | None) -> str:
     separators = (",", ":") if indent is None else (",", ": ")
     try:
-        text = json.dumps(obj, ensure_ascii=False, separators=separators, indent=indent, allow_nan=False)
+        text = json.dumps(
+            obj, ensure_ascii=False, separators=separators, indent=indent, allow_nan=False
+        )
         if not _valid(text):
-            text = json.dumps(_clean(obj), ensure_ascii=False, separators=separators, indent=indent, allow_nan=False)
+            text = json.dumps(
+                _clean(obj),
+                ensure_ascii=False,
+                separators=separators,
+                indent=indent,
+                allow_nan=False,
+            )
     except (TypeError, ValueError):
-        text = json.dumps(_clean(obj), ensure_ascii=False, separators=separators, indent=indent, allow_nan=False)
+        text = json.dumps(
+            _clean(obj), ensure_ascii=False, separators=separators, indent=indent, allow_nan=False
+        )
     return text if text.isascii() else text.translate(_LINE_BREAKERS)
 
 

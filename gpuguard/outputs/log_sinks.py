@@ -31,9 +31,25 @@ DEFAULT_KEEP = 5
 # A syslog daemon that stops reading fails a send after this long (counted), never hangs the writer.
 SEND_TIMEOUT_S = 5.0
 FILE_MODE = 0o640
-FACILITIES = {"kern": 0, "user": 1, "daemon": 3, "auth": 4, "syslog": 5, "authpriv": 10,
-              **{f"local{i}": 16 + i for i in range(8)}}
-SEVERITIES = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warning": 4, "notice": 5, "info": 6, "debug": 7}
+FACILITIES = {
+    "kern": 0,
+    "user": 1,
+    "daemon": 3,
+    "auth": 4,
+    "syslog": 5,
+    "authpriv": 10,
+    **{f"local{i}": 16 + i for i in range(8)},
+}
+SEVERITIES = {
+    "emerg": 0,
+    "alert": 1,
+    "crit": 2,
+    "err": 3,
+    "warning": 4,
+    "notice": 5,
+    "info": 6,
+    "debug": 7,
+}
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
@@ -52,7 +68,9 @@ def _encode(line: str) -> bytes:
 class FileSink:
     """Appends lines to ``path``; rotates when the next line would pass ``max_bytes``, keeping ``keep`` old files."""
 
-    def __init__(self, path: str, max_bytes: int = DEFAULT_MAX_BYTES, keep: int = DEFAULT_KEEP) -> None:
+    def __init__(
+        self, path: str, max_bytes: int = DEFAULT_MAX_BYTES, keep: int = DEFAULT_KEEP
+    ) -> None:
         if max_bytes < 1 or keep < 0:
             raise ValueError("max_bytes must be >= 1 and keep >= 0")
         self.name = path
@@ -140,19 +158,34 @@ class StdoutSink:
         pass
 
 
-def rfc5424(line: str, severity: int, facility: int, hostname: str, app: str = "gpuguard",
-            msgid: str = "-", now: float | None = None) -> str:
+def rfc5424(
+    line: str,
+    severity: int,
+    facility: int,
+    hostname: str,
+    app: str = "gpuguard",
+    msgid: str = "-",
+    now: float | None = None,
+) -> str:
     """``<PRI>1 TIMESTAMP HOST APP PROCID MSGID - MSG``."""
     stamp = iso_time(time.time() if now is None else now)
     return f"<{facility * 8 + severity}>1 {stamp} {hostname or '-'} {app} {os.getpid()} {msgid} - {line}"
 
 
-def rfc3164(line: str, severity: int, facility: int, hostname: str, app: str = "gpuguard",
-            now: float | None = None) -> str:
+def rfc3164(
+    line: str,
+    severity: int,
+    facility: int,
+    hostname: str,
+    app: str = "gpuguard",
+    now: float | None = None,
+) -> str:
     """``<PRI>Mmm dd hh:mm:ss HOST TAG[PID]: MSG`` (local time, as the RFC says)."""
     t = time.localtime(time.time() if now is None else now)
     stamp = f"{_MONTHS[t.tm_mon - 1]} {t.tm_mday:2d} {t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
-    return f"<{facility * 8 + severity}>{stamp} {hostname or 'localhost'} {app}[{os.getpid()}]: {line}"
+    return (
+        f"<{facility * 8 + severity}>{stamp} {hostname or 'localhost'} {app}[{os.getpid()}]: {line}"
+    )
 
 
 class SyslogSink:
@@ -162,12 +195,20 @@ class SyslogSink:
     (IPv6 hosts in brackets: ``udp:[::1]:514``).
     """
 
-    def __init__(self, target: str = "unix:/dev/log", framing: str = "rfc5424", facility: str = "daemon",
-                 hostname: str | None = None, app: str = "gpuguard") -> None:
+    def __init__(
+        self,
+        target: str = "unix:/dev/log",
+        framing: str = "rfc5424",
+        facility: str = "daemon",
+        hostname: str | None = None,
+        app: str = "gpuguard",
+    ) -> None:
         if framing not in ("rfc5424", "rfc3164"):
             raise ValueError(f"unknown syslog format {framing!r} (rfc5424 or rfc3164)")
         if facility not in FACILITIES:
-            raise ValueError(f"unknown syslog facility {facility!r} (one of {', '.join(FACILITIES)})")
+            raise ValueError(
+                f"unknown syslog facility {facility!r} (one of {', '.join(FACILITIES)})"
+            )
         self.name = f"syslog:{target}"
         self.transport, self.address = parse_syslog_target(target)
         self.framing = framing
@@ -238,4 +279,6 @@ def parse_syslog_target(target: str) -> tuple[str, object]:
         host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
         if host and port.isdigit() and 0 < int(port) < 65536:
             return transport, (host, int(port))
-    raise ValueError(f"bad syslog target {target!r} (unix:/dev/log, udp:HOST:PORT or tcp:HOST:PORT)")
+    raise ValueError(
+        f"bad syslog target {target!r} (unix:/dev/log, udp:HOST:PORT or tcp:HOST:PORT)"
+    )

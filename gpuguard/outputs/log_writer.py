@@ -32,8 +32,15 @@ from typing import Any
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.finding import Finding
-from gpuguard.outputs.log_sinks import (DEFAULT_KEEP, DEFAULT_MAX_BYTES, SEVERITIES, FileSink, Sink,
-                                        StdoutSink, SyslogSink)
+from gpuguard.outputs.log_sinks import (
+    DEFAULT_KEEP,
+    DEFAULT_MAX_BYTES,
+    SEVERITIES,
+    FileSink,
+    Sink,
+    StdoutSink,
+    SyslogSink,
+)
 from gpuguard.outputs.records import FORMATS, Record, RecordRenderer, lifecycle_severity
 
 DEFAULT_QUEUE_SIZE = 4096
@@ -44,7 +51,9 @@ _STOP = object()
 def syslog_severity(record: Record) -> int:
     """malicious -> crit, suspicious -> warning, failed action / agent fault -> err, else info/notice."""
     if isinstance(record, Finding):
-        return SEVERITIES[{"malicious": "crit", "suspicious": "warning"}.get(record.verdict, "info")]
+        return SEVERITIES[
+            {"malicious": "crit", "suspicious": "warning"}.get(record.verdict, "info")
+        ]
     if isinstance(record, ActionOutcome):
         return SEVERITIES["err" if record.status == "failed" else "notice"]
     return SEVERITIES[{"high": "err", "medium": "warning"}.get(lifecycle_severity(record), "info")]
@@ -53,16 +62,21 @@ def syslog_severity(record: Record) -> int:
 class LogWriter:
     """One destination in one format.  ``write`` never raises and never blocks."""
 
-    def __init__(self, sink: Sink, fmt: str = "ecs", queue_size: int = DEFAULT_QUEUE_SIZE,
-                 host: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        fmt: str = "ecs",
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        host: dict[str, Any] | None = None,
+    ) -> None:
         self.sink = sink
         self.renderer = RecordRenderer(fmt, host)
         self.fmt = fmt
         self.destination = sink.name
         self.written = 0
-        self.dropped = 0         # records the full queue turned away
-        self.errors = 0          # lines the destination failed to take
-        self.render_errors = 0   # records that could not be rendered (a bug; counted, not raised)
+        self.dropped = 0  # records the full queue turned away
+        self.errors = 0  # lines the destination failed to take
+        self.render_errors = 0  # records that could not be rendered (a bug; counted, not raised)
         self._failing = False
         self._faults: list[AgentLifecycle] = []
         self._lock = threading.Lock()
@@ -70,7 +84,9 @@ class LogWriter:
         self._queue: queue.Queue[Any] | None = queue.Queue(queue_size) if queue_size > 0 else None
         self._thread: threading.Thread | None = None
         if self._queue is not None:
-            self._thread = threading.Thread(target=self._drain, name=f"gpuguard-log-{fmt}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._drain, name=f"gpuguard-log-{fmt}", daemon=True
+            )
             self._thread.start()
 
     @property
@@ -82,10 +98,14 @@ class LogWriter:
         try:
             line = self.renderer.line(record)
             severity = syslog_severity(record)
-        except Exception as exc:  # a renderer bug must not take the agent down; it is counted and reported
+        except (
+            Exception
+        ) as exc:  # a renderer bug must not take the agent down; it is counted and reported
             with self._lock:
                 self.render_errors += 1
-            self._fault(f"could not render a {type(record).__name__} record: {exc}", {"error": repr(exc)})
+            self._fault(
+                f"could not render a {type(record).__name__} record: {exc}", {"error": repr(exc)}
+            )
             return False
         if self._closed:
             with self._lock:
@@ -123,21 +143,29 @@ class LogWriter:
                 self._failing = True
             if first:
                 reason = getattr(exc, "strerror", None) or str(exc)
-                self._fault(f"log destination {self.destination} failed: {reason}; "
-                            "records are counted as lost until it works again",
-                            {"errno": getattr(exc, "errno", None)})
+                self._fault(
+                    f"log destination {self.destination} failed: {reason}; "
+                    "records are counted as lost until it works again",
+                    {"errno": getattr(exc, "errno", None)},
+                )
             return
         with self._lock:
             self.written += 1
             recovered = self._failing
             self._failing = False
         if recovered:
-            self._fault(f"log destination {self.destination} works again after {self.errors} lost records",
-                        {"recovered": True})
+            self._fault(
+                f"log destination {self.destination} works again after {self.errors} lost records",
+                {"recovered": True},
+            )
 
     def _fault(self, message: str, detail: dict[str, Any]) -> None:
-        fault = AgentLifecycle(time=time.time(), action="fault", message=escape_text(message),
-                               detail={"destination": self.destination, "format": self.fmt, **detail})
+        fault = AgentLifecycle(
+            time=time.time(),
+            action="fault",
+            message=escape_text(message),
+            detail={"destination": self.destination, "format": self.fmt, **detail},
+        )
         with self._lock:
             if len(self._faults) < MAX_PENDING_FAULTS:
                 self._faults.append(fault)
@@ -176,28 +204,50 @@ class LogWriter:
         self.sink.close()
 
     def stats(self) -> dict[str, Any]:
-        return {"destination": self.destination, "format": self.fmt, "written": self.written,
-                "dropped": self.dropped, "errors": self.errors, "render_errors": self.render_errors,
-                "queue_depth": self.queue_depth}
+        return {
+            "destination": self.destination,
+            "format": self.fmt,
+            "written": self.written,
+            "dropped": self.dropped,
+            "errors": self.errors,
+            "render_errors": self.render_errors,
+            "queue_depth": self.queue_depth,
+        }
 
 
-def open_sink(destination: str, *, max_bytes: int = DEFAULT_MAX_BYTES, keep: int = DEFAULT_KEEP,
-              syslog_format: str = "rfc5424", facility: str = "daemon") -> Sink:
+def open_sink(
+    destination: str,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    keep: int = DEFAULT_KEEP,
+    syslog_format: str = "rfc5424",
+    facility: str = "daemon",
+) -> Sink:
     """The sink a destination string names (see the module docstring)."""
     if destination in ("-", "stdout"):
         return StdoutSink()
     if destination == "syslog":
         return SyslogSink("unix:/dev/log", syslog_format, facility)
     if destination.startswith("syslog:"):
-        return SyslogSink(destination[len("syslog:"):], syslog_format, facility)
+        return SyslogSink(destination[len("syslog:") :], syslog_format, facility)
     if not destination:
-        raise ValueError("empty log destination (a file path, -, or syslog[:unix:PATH|udp:HOST:PORT|tcp:HOST:PORT])")
+        raise ValueError(
+            "empty log destination (a file path, -, or syslog[:unix:PATH|udp:HOST:PORT|tcp:HOST:PORT])"
+        )
     return FileSink(destination, max_bytes, keep)
 
 
-def open_log(destination: str, fmt: str = "ecs", *, queue_size: int = DEFAULT_QUEUE_SIZE,
-             max_bytes: int = DEFAULT_MAX_BYTES, keep: int = DEFAULT_KEEP, syslog_format: str = "rfc5424",
-             facility: str = "daemon", host: dict[str, Any] | None = None) -> LogWriter:
+def open_log(
+    destination: str,
+    fmt: str = "ecs",
+    *,
+    queue_size: int = DEFAULT_QUEUE_SIZE,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    keep: int = DEFAULT_KEEP,
+    syslog_format: str = "rfc5424",
+    facility: str = "daemon",
+    host: dict[str, Any] | None = None,
+) -> LogWriter:
     """A :class:`LogWriter` for ``destination`` in ``fmt`` (``ecs``, ``ocsf`` or ``cef``).
 
     Raises ``ValueError`` for a bad destination, format or option (the agent's
@@ -206,5 +256,7 @@ def open_log(destination: str, fmt: str = "ecs", *, queue_size: int = DEFAULT_QU
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown log format {fmt!r} (one of {', '.join(FORMATS)})")
-    sink = open_sink(destination, max_bytes=max_bytes, keep=keep, syslog_format=syslog_format, facility=facility)
+    sink = open_sink(
+        destination, max_bytes=max_bytes, keep=keep, syslog_format=syslog_format, facility=facility
+    )
     return LogWriter(sink, fmt, queue_size, host)

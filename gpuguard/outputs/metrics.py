@@ -45,45 +45,114 @@ class AgentMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.top_processes = top_processes
         r = self.registry
-        self.info = Info("gpuguard_agent", "The running agent: version, mode and sensor", registry=r)
-        self.events = Counter("gpuguard_events", "Sensor and sampler events taken in, by kind", ["kind"], registry=r)
-        self.ring_lost = Counter("gpuguard_ring_lost_events", "Events the kernel ring buffer lost (reader too slow)",
-                                 registry=r)
-        self.queue_depth = Gauge("gpuguard_queue_depth", "Items waiting in each pipeline stage's queue", ["stage"],
-                                 registry=r)
-        self.queue_dropped = Counter("gpuguard_queue_dropped", "Items a full stage queue dropped", ["stage"],
-                                     registry=r)
-        self.findings = Counter("gpuguard_findings", "Findings reported, by top rule and verdict",
-                                ["rule", "verdict"], registry=r)
-        self.host_findings = Gauge("gpuguard_host_findings_active",
-                                   "GPU host findings active now (orphaned GPU memory), by rule",
-                                   ["rule"], registry=r)
-        self.processes = Gauge("gpuguard_processes_tracked", "Processes the correlator holds state for", registry=r)
-        self.gpu_util = Gauge("gpuguard_gpu_utilization_percent", "GPU busy percent", ["gpu", "name"], registry=r)
-        self.gpu_mem_used = Gauge("gpuguard_gpu_memory_used_bytes", "GPU memory in use", ["gpu", "name"], registry=r)
-        self.gpu_mem_total = Gauge("gpuguard_gpu_memory_total_bytes", "GPU memory size", ["gpu", "name"], registry=r)
-        self.gpu_power = Gauge("gpuguard_gpu_power_watts", "GPU power draw", ["gpu", "name"], registry=r)
-        self.proc_util = Gauge("gpuguard_gpu_process_utilization_percent",
-                               "Top GPU users: SM busy percent per process", ["gpu", "pid", "comm"], registry=r)
-        self.proc_mem = Gauge("gpuguard_gpu_process_memory_bytes",
-                              "Top GPU users: GPU memory per process", ["gpu", "pid", "comm"], registry=r)
-        self.sampler_errors = Counter("gpuguard_sampler_errors", "Sampler failures, by source", ["source"], registry=r)
-        self.scoring_latency = Histogram("gpuguard_scoring_latency_seconds", "Time to score one batch of processes",
-                                         buckets=SCORING_BUCKETS, registry=r)
-        self.rules = Info("gpuguard_rules", "The loaded rules: version and content digest", registry=r)
-        self.rules_loaded = Gauge("gpuguard_rules_loaded_timestamp_seconds", "When the rules in use were loaded",
-                                  registry=r)
-        self.reloads = Counter("gpuguard_reloads", "Rules/config reloads, by result", ["result"], registry=r)
-        self.reduced_mode = Gauge("gpuguard_reduced_mode", "1 when running without eBPF (periodic /proc sweeps)",
-                                  registry=r)
-        self.blind_spots = Gauge("gpuguard_blind_spot", "What reduced mode cannot see (1 per blind spot)", ["spot"],
-                                 registry=r)
-        self.actions = Counter("gpuguard_actions", "Response actions, by action and status", ["action", "status"],
-                               registry=r)
-        self.log_records = Counter("gpuguard_log_records", "Log records written, by destination", ["destination"],
-                                   registry=r)
-        self.log_dropped = Counter("gpuguard_log_dropped", "Log records lost (queue full or destination failed)",
-                                   ["destination", "reason"], registry=r)
+        self.info = Info(
+            "gpuguard_agent", "The running agent: version, mode and sensor", registry=r
+        )
+        self.events = Counter(
+            "gpuguard_events", "Sensor and sampler events taken in, by kind", ["kind"], registry=r
+        )
+        self.ring_lost = Counter(
+            "gpuguard_ring_lost_events",
+            "Events the kernel ring buffer lost (reader too slow)",
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "gpuguard_queue_depth",
+            "Items waiting in each pipeline stage's queue",
+            ["stage"],
+            registry=r,
+        )
+        self.queue_dropped = Counter(
+            "gpuguard_queue_dropped", "Items a full stage queue dropped", ["stage"], registry=r
+        )
+        self.findings = Counter(
+            "gpuguard_findings",
+            "Findings reported, by top rule and verdict",
+            ["rule", "verdict"],
+            registry=r,
+        )
+        self.host_findings = Gauge(
+            "gpuguard_host_findings_active",
+            "GPU host findings active now (orphaned GPU memory), by rule",
+            ["rule"],
+            registry=r,
+        )
+        self.processes = Gauge(
+            "gpuguard_processes_tracked", "Processes the correlator holds state for", registry=r
+        )
+        self.gpu_util = Gauge(
+            "gpuguard_gpu_utilization_percent", "GPU busy percent", ["gpu", "name"], registry=r
+        )
+        self.gpu_mem_used = Gauge(
+            "gpuguard_gpu_memory_used_bytes", "GPU memory in use", ["gpu", "name"], registry=r
+        )
+        self.gpu_mem_total = Gauge(
+            "gpuguard_gpu_memory_total_bytes", "GPU memory size", ["gpu", "name"], registry=r
+        )
+        self.gpu_power = Gauge(
+            "gpuguard_gpu_power_watts", "GPU power draw", ["gpu", "name"], registry=r
+        )
+        self.proc_util = Gauge(
+            "gpuguard_gpu_process_utilization_percent",
+            "Top GPU users: SM busy percent per process",
+            ["gpu", "pid", "comm"],
+            registry=r,
+        )
+        self.proc_mem = Gauge(
+            "gpuguard_gpu_process_memory_bytes",
+            "Top GPU users: GPU memory per process",
+            ["gpu", "pid", "comm"],
+            registry=r,
+        )
+        self.sampler_errors = Counter(
+            "gpuguard_sampler_errors", "Sampler failures, by source", ["source"], registry=r
+        )
+        self.scoring_latency = Histogram(
+            "gpuguard_scoring_latency_seconds",
+            "Time to score one batch of processes",
+            buckets=SCORING_BUCKETS,
+            registry=r,
+        )
+        self.rules = Info(
+            "gpuguard_rules", "The loaded rules: version and content digest", registry=r
+        )
+        self.rules_loaded = Gauge(
+            "gpuguard_rules_loaded_timestamp_seconds",
+            "When the rules in use were loaded",
+            registry=r,
+        )
+        self.reloads = Counter(
+            "gpuguard_reloads", "Rules/config reloads, by result", ["result"], registry=r
+        )
+        self.reduced_mode = Gauge(
+            "gpuguard_reduced_mode",
+            "1 when running without eBPF (periodic /proc sweeps)",
+            registry=r,
+        )
+        self.blind_spots = Gauge(
+            "gpuguard_blind_spot",
+            "What reduced mode cannot see (1 per blind spot)",
+            ["spot"],
+            registry=r,
+        )
+        self.actions = Counter(
+            "gpuguard_actions",
+            "Response actions, by action and status",
+            ["action", "status"],
+            registry=r,
+        )
+        self.log_records = Counter(
+            "gpuguard_log_records",
+            "Log records written, by destination",
+            ["destination"],
+            registry=r,
+        )
+        self.log_dropped = Counter(
+            "gpuguard_log_dropped",
+            "Log records lost (queue full or destination failed)",
+            ["destination", "reason"],
+            registry=r,
+        )
         self._lock = threading.Lock()
         self._proc_labels: set[tuple[str, str, str]] = set()
         self._log_seen: dict[str, tuple[int, int, int]] = {}
@@ -153,9 +222,15 @@ class AgentMetrics:
         with self._lock:
             before = self._log_seen.get(name, (0, 0, 0))
             self._log_seen[name] = now
-        for value, previous, metric in zip(now, before, (self.log_records.labels(name),
-                                                         self.log_dropped.labels(name, "queue-full"),
-                                                         self.log_dropped.labels(name, "write-failed"))):
+        for value, previous, metric in zip(
+            now,
+            before,
+            (
+                self.log_records.labels(name),
+                self.log_dropped.labels(name, "queue-full"),
+                self.log_dropped.labels(name, "write-failed"),
+            ),
+        ):
             if value > previous:
                 metric.inc(value - previous)
         self.set_queue(f"log:{name}", writer.queue_depth)
@@ -169,9 +244,16 @@ class AgentMetrics:
         if snapshot.errors:
             self.count_sampler_error(snapshot.source, len(snapshot.errors))
         for device in snapshot.devices:
-            labels = (_gpu_label(device.vendor, device.index), escape_text(device.name or "")[:_NAME_MAX])
-            for metric, value in ((self.gpu_util, device.gpu_util), (self.gpu_mem_used, device.memory_used),
-                                  (self.gpu_mem_total, device.memory_total), (self.gpu_power, device.power_w)):
+            labels = (
+                _gpu_label(device.vendor, device.index),
+                escape_text(device.name or "")[:_NAME_MAX],
+            )
+            for metric, value in (
+                (self.gpu_util, device.gpu_util),
+                (self.gpu_mem_used, device.memory_used),
+                (self.gpu_mem_total, device.memory_total),
+                (self.gpu_power, device.power_w),
+            ):
                 if value is not None:
                     metric.labels(*labels).set(value)
         by_gpu: dict[str, list[Any]] = {}
@@ -286,20 +368,41 @@ def parse_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` -> (host, port); ``:PORT`` means every interface."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"bad metrics address {address!r} (expected HOST:PORT, e.g. 127.0.0.1:9400)")
+        raise ValueError(
+            f"bad metrics address {address!r} (expected HOST:PORT, e.g. 127.0.0.1:9400)"
+        )
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     return host or "0.0.0.0", int(port)
 
 
 # What the exporter serves (the sample names Prometheus stores).
-METRIC_NAMES = frozenset({
-    "gpuguard_agent_info", "gpuguard_events_total", "gpuguard_ring_lost_events_total", "gpuguard_queue_depth",
-    "gpuguard_queue_dropped_total", "gpuguard_findings_total", "gpuguard_processes_tracked",
-    "gpuguard_gpu_utilization_percent", "gpuguard_gpu_memory_used_bytes", "gpuguard_gpu_memory_total_bytes",
-    "gpuguard_gpu_power_watts", "gpuguard_gpu_process_utilization_percent", "gpuguard_gpu_process_memory_bytes",
-    "gpuguard_sampler_errors_total", "gpuguard_scoring_latency_seconds_bucket",
-    "gpuguard_scoring_latency_seconds_sum", "gpuguard_scoring_latency_seconds_count", "gpuguard_rules_info",
-    "gpuguard_rules_loaded_timestamp_seconds", "gpuguard_reloads_total", "gpuguard_reduced_mode",
-    "gpuguard_blind_spot", "gpuguard_actions_total", "gpuguard_log_records_total", "gpuguard_log_dropped_total",
-    "gpuguard_host_findings_active",
-})
+METRIC_NAMES = frozenset(
+    {
+        "gpuguard_agent_info",
+        "gpuguard_events_total",
+        "gpuguard_ring_lost_events_total",
+        "gpuguard_queue_depth",
+        "gpuguard_queue_dropped_total",
+        "gpuguard_findings_total",
+        "gpuguard_processes_tracked",
+        "gpuguard_gpu_utilization_percent",
+        "gpuguard_gpu_memory_used_bytes",
+        "gpuguard_gpu_memory_total_bytes",
+        "gpuguard_gpu_power_watts",
+        "gpuguard_gpu_process_utilization_percent",
+        "gpuguard_gpu_process_memory_bytes",
+        "gpuguard_sampler_errors_total",
+        "gpuguard_scoring_latency_seconds_bucket",
+        "gpuguard_scoring_latency_seconds_sum",
+        "gpuguard_scoring_latency_seconds_count",
+        "gpuguard_rules_info",
+        "gpuguard_rules_loaded_timestamp_seconds",
+        "gpuguard_reloads_total",
+        "gpuguard_reduced_mode",
+        "gpuguard_blind_spot",
+        "gpuguard_actions_total",
+        "gpuguard_log_records_total",
+        "gpuguard_log_dropped_total",
+        "gpuguard_host_findings_active",
+    }
+)

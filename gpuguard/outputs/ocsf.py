@@ -41,8 +41,11 @@ CATEGORY_UID = 2
 CATEGORY_NAME = "Findings"
 ACTIVITY_CREATE = 1
 # The agent's host findings: (activity_id, activity_name, status_id, status) for create, update, close.
-ACTIVITIES = {"create": (1, "Create", 1, "New"), "update": (2, "Update", 2, "In Progress"),
-              "close": (3, "Close", 4, "Resolved")}
+ACTIVITIES = {
+    "create": (1, "Create", 1, "New"),
+    "update": (2, "Update", 2, "In Progress"),
+    "close": (3, "Close", 4, "Resolved"),
+}
 SEVERITY_ID = {"informational": 1, "low": 2, "medium": 3, "high": 4, "critical": 5}
 SEVERITY_NAME = {1: "Informational", 2: "Low", 3: "Medium", 4: "High", 5: "Critical"}
 ANALYTIC_RULE = 1
@@ -73,22 +76,36 @@ def process_object(finding: Finding, hostname: str | None = None) -> dict[str, A
         return None
     process: dict[str, Any] = {"pid": p.pid, "name": p.name}
     if hostname:
-        process["uid"] = process_entity_id(hostname, p.pid, p.start_time)   # = ECS process.entity_id
+        process["uid"] = process_entity_id(hostname, p.pid, p.start_time)  # = ECS process.entity_id
     if p.executable:
-        process["file"] = {"path": p.executable, "name": p.executable.rsplit("/", 1)[-1], "type_id": 1}
+        process["file"] = {
+            "path": p.executable,
+            "name": p.executable.rsplit("/", 1)[-1],
+            "type_id": 1,
+        }
     if p.command_line:
         process["cmd_line"] = " ".join(p.command_line)
     if p.start_time:
         process["created_time"] = _ms(p.start_time)
     if p.user_id is not None or p.user_name:
-        process["user"] = {k: v for k, v in (("uid", None if p.user_id is None else str(p.user_id)),
-                                             ("name", p.user_name)) if v is not None}
+        process["user"] = {
+            k: v
+            for k, v in (
+                ("uid", None if p.user_id is None else str(p.user_id)),
+                ("name", p.user_name),
+            )
+            if v is not None
+        }
     if p.ppid:
         parent: dict[str, Any] = {"pid": p.ppid}
         if p.parent_name:
             parent["name"] = p.parent_name
         if p.parent_executable:
-            parent["file"] = {"path": p.parent_executable, "name": p.parent_executable.rsplit("/", 1)[-1], "type_id": 1}
+            parent["file"] = {
+                "path": p.parent_executable,
+                "name": p.parent_executable.rsplit("/", 1)[-1],
+                "type_id": 1,
+            }
         process["parent_process"] = parent
     if p.container_id:
         process["container"] = container_object(finding)
@@ -126,7 +143,10 @@ def attacks(finding: Finding) -> list[dict[str, Any]]:
     out = []
     for technique_id, name in finding.techniques:
         parent = technique_id.partition(".")[0]
-        attack: dict[str, Any] = {"technique": {"uid": technique_id, "name": name}, "version": "v15"}
+        attack: dict[str, Any] = {
+            "technique": {"uid": technique_id, "name": name},
+            "version": "v15",
+        }
         tactics = TECHNIQUE_TACTICS.get(parent, ())
         if tactics:
             attack["tactic"] = {"uid": tactics[0][0], "name": tactics[0][1]}
@@ -135,7 +155,9 @@ def attacks(finding: Finding) -> list[dict[str, Any]]:
     return out
 
 
-def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = None) -> dict[str, Any]:
+def finding_to_ocsf(
+    finding: Finding, created: float, hostname: str | None = None
+) -> dict[str, Any]:
     """One OCSF Detection Finding for ``finding``."""
     hostname = hostname or socket.gethostname()
     severity_id = SEVERITY_ID[finding.severity]
@@ -144,9 +166,15 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
     endpoint = dst_endpoint(finding)
     evidences = []
     for item in finding.evidence or []:
-        evidence: dict[str, Any] = {"data": {"rule_id": item.rule_id, "signal": item.signal,
-                                             "description": item.description,
-                                             "detail": item.detail, "weight": item.weight}}
+        evidence: dict[str, Any] = {
+            "data": {
+                "rule_id": item.rule_id,
+                "signal": item.signal,
+                "description": item.description,
+                "detail": item.detail,
+                "weight": item.weight,
+            }
+        }
         if process is not None:
             evidence["process"] = process
         if container is not None:
@@ -154,11 +182,19 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
         if endpoint is not None and item.rule_id.startswith("net-"):
             evidence["dst_endpoint"] = endpoint
         if finding.kind == "host" and finding.subject and finding.subject.startswith("/"):
-            evidence["file"] = {"path": finding.subject, "name": finding.subject.rsplit("/", 1)[-1], "type_id": 0}
+            evidence["file"] = {
+                "path": finding.subject,
+                "name": finding.subject.rsplit("/", 1)[-1],
+                "type_id": 0,
+            }
         evidences.append(evidence)
     if not evidences:
-        evidences.append({"data": {"detail": finding.explanation}, **({"process": process} if process else {})})
-    activity_id, activity_name, status_id, status = ACTIVITIES.get(finding.activity, ACTIVITIES["create"])
+        evidences.append(
+            {"data": {"detail": finding.explanation}, **({"process": process} if process else {})}
+        )
+    activity_id, activity_name, status_id, status = ACTIVITIES.get(
+        finding.activity, ACTIVITIES["create"]
+    )
     resources: list[dict[str, Any]] = [{"type": "host", "name": hostname, "uid": hostname}]
     if container is not None:
         resources.append({"type": "container", "uid": container["uid"]})
@@ -184,7 +220,12 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
             "title": finding.rule_name,
             "desc": finding.rule_description,
             "types": [finding.kind, finding.verdict],
-            "analytic": {"uid": finding.rule_id, "name": finding.rule_name, "type_id": ANALYTIC_RULE, "type": "Rule"},
+            "analytic": {
+                "uid": finding.rule_id,
+                "name": finding.rule_name,
+                "type_id": ANALYTIC_RULE,
+                "type": "Rule",
+            },
             "attacks": attacks(finding),
             "created_time": _ms(created),
         },
@@ -195,9 +236,14 @@ def finding_to_ocsf(finding: Finding, created: float, hostname: str | None = Non
             "version": OCSF_VERSION,
             "product": {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__},
         },
-        "unmapped": {"gpuguard": {
-            "score": round(float(finding.score), 1), "verdict": finding.verdict, "kind": finding.kind,
-            "rule_ids": finding.rule_ids, "subject": finding.subject,
-            **({"host_gpu": finding.host_gpu} if finding.host_gpu is not None else {}),
-        }},
+        "unmapped": {
+            "gpuguard": {
+                "score": round(float(finding.score), 1),
+                "verdict": finding.verdict,
+                "kind": finding.kind,
+                "rule_ids": finding.rule_ids,
+                "subject": finding.subject,
+                **({"host_gpu": finding.host_gpu} if finding.host_gpu is not None else {}),
+            }
+        },
     }

@@ -43,17 +43,43 @@ FORMATS = ("ecs", "ocsf", "cef")
 DATASET = "gpuguard.agent"
 
 # What each action does, in ECS event.type terms and OCSF remediation terms.
-_ACTION_ECS_TYPE = {"kill": "end", "kill-on-touch": "denied", "suspend": "change", "quarantine": "denied",
-                    "block-egress": "denied", "unblock": "allowed", "hook": "info", "alert": "info"}
-_ACTION_OCSF_CLASS = {"kill": 7003, "kill-on-touch": 7003, "suspend": 7003, "quarantine": 7003,
-                      "block-egress": 7004}
-_OCSF_CLASS_NAME = {7001: "Remediation Activity", 7003: "Process Remediation Activity",
-                    7004: "Network Remediation Activity"}
-_OCSF_ACTIVITY = {"suspend": (1, "Isolate"), "quarantine": (1, "Isolate"), "block-egress": (1, "Isolate"),
-                  "kill": (2, "Evict"), "kill-on-touch": (2, "Evict"), "unblock": (3, "Restore")}
+_ACTION_ECS_TYPE = {
+    "kill": "end",
+    "kill-on-touch": "denied",
+    "suspend": "change",
+    "quarantine": "denied",
+    "block-egress": "denied",
+    "unblock": "allowed",
+    "hook": "info",
+    "alert": "info",
+}
+_ACTION_OCSF_CLASS = {
+    "kill": 7003,
+    "kill-on-touch": 7003,
+    "suspend": 7003,
+    "quarantine": 7003,
+    "block-egress": 7004,
+}
+_OCSF_CLASS_NAME = {
+    7001: "Remediation Activity",
+    7003: "Process Remediation Activity",
+    7004: "Network Remediation Activity",
+}
+_OCSF_ACTIVITY = {
+    "suspend": (1, "Isolate"),
+    "quarantine": (1, "Isolate"),
+    "block-egress": (1, "Isolate"),
+    "kill": (2, "Evict"),
+    "kill-on-touch": (2, "Evict"),
+    "unblock": (3, "Restore"),
+}
 _ACTION_OUTCOME = {"done": "success", "failed": "failure"}
-_LIFECYCLE_OCSF = {"start": (3, "Start"), "stop": (4, "Stop"), "reload": (8, "Update"),
-                   "reload-failed": (8, "Update")}
+_LIFECYCLE_OCSF = {
+    "start": (3, "Start"),
+    "stop": (4, "Stop"),
+    "reload": (8, "Update"),
+    "reload-failed": (8, "Update"),
+}
 _LIFECYCLE_FAILURES = ("reload-failed", "fault")
 _LIFECYCLE_WARNINGS = ("drops", "degraded")
 
@@ -71,7 +97,7 @@ def _product() -> dict[str, Any]:
 
 
 def lifecycle_severity(record: AgentLifecycle) -> str:
-    """"high" for faults and failed reloads, "medium" for drops and degraded mode, else "informational"."""
+    """ "high" for faults and failed reloads, "medium" for drops and degraded mode, else "informational"."""
     if record.action in _LIFECYCLE_FAILURES:
         return "high"
     if record.action in _LIFECYCLE_WARNINGS:
@@ -82,18 +108,36 @@ def lifecycle_severity(record: AgentLifecycle) -> str:
 def action_to_ecs(outcome: ActionOutcome, host: dict[str, Any]) -> dict[str, Any]:
     """One ECS event for a response action and how it ended."""
     hostname = host.get("hostname", "")
-    process = _clean({"pid": outcome.pid or None, "name": outcome.comm, "executable": outcome.exe,
-                      "entity_id": process_entity_id(hostname, outcome.pid, outcome.start_time) if outcome.pid else None,
-                      "start": iso_time(outcome.start_time) if outcome.start_time else None})
+    process = _clean(
+        {
+            "pid": outcome.pid or None,
+            "name": outcome.comm,
+            "executable": outcome.exe,
+            "entity_id": process_entity_id(hostname, outcome.pid, outcome.start_time)
+            if outcome.pid
+            else None,
+            "start": iso_time(outcome.start_time) if outcome.start_time else None,
+        }
+    )
     category = ["network"] if outcome.action == "block-egress" else ["process"]
     doc: dict[str, Any] = {
         "@timestamp": iso_time(outcome.time),
         "ecs": {"version": ECS_VERSION},
-        "message": (f"{outcome.action} {outcome.status}: {outcome.reason}" if outcome.reason
-                               else f"{outcome.action} {outcome.status}"),
-        "event": {"kind": "event", "category": category, "type": [_ACTION_ECS_TYPE.get(outcome.action, "info")],
-                  "action": outcome.action, "outcome": _ACTION_OUTCOME.get(outcome.status, "unknown"),
-                  "module": "gpuguard", "dataset": DATASET, "created": iso_time(outcome.time)},
+        "message": (
+            f"{outcome.action} {outcome.status}: {outcome.reason}"
+            if outcome.reason
+            else f"{outcome.action} {outcome.status}"
+        ),
+        "event": {
+            "kind": "event",
+            "category": category,
+            "type": [_ACTION_ECS_TYPE.get(outcome.action, "info")],
+            "action": outcome.action,
+            "outcome": _ACTION_OUTCOME.get(outcome.status, "unknown"),
+            "module": "gpuguard",
+            "dataset": DATASET,
+            "created": iso_time(outcome.time),
+        },
         "host": host,
     }
     if process:
@@ -103,28 +147,50 @@ def action_to_ecs(outcome: ActionOutcome, host: dict[str, Any]) -> dict[str, Any
     addresses = outcome.detail.get("addresses") if isinstance(outcome.detail, dict) else None
     if isinstance(addresses, list) and addresses and isinstance(addresses[0], str):
         doc["destination"] = {"address": addresses[0]}
-    doc["gpuguard"] = _clean({
-        "kind": "action", "action": outcome.action, "status": outcome.status, "verdict": outcome.verdict,
-        "score": outcome.score, "rule_ids": list(outcome.rule_ids), "reason": outcome.reason,
-        "block_id": outcome.block_id,
-        "expires": iso_time(outcome.expires) if outcome.expires else None,
-        "detail": outcome.detail,
-    })
+    doc["gpuguard"] = _clean(
+        {
+            "kind": "action",
+            "action": outcome.action,
+            "status": outcome.status,
+            "verdict": outcome.verdict,
+            "score": outcome.score,
+            "rule_ids": list(outcome.rule_ids),
+            "reason": outcome.reason,
+            "block_id": outcome.block_id,
+            "expires": iso_time(outcome.expires) if outcome.expires else None,
+            "detail": outcome.detail,
+        }
+    )
     return doc
 
 
 def lifecycle_to_ecs(record: AgentLifecycle, host: dict[str, Any]) -> dict[str, Any]:
     """One ECS event for the agent's own start, reload, stop, drops or fault."""
     category = ["configuration"] if record.action.startswith("reload") else ["process"]
-    event_type = {"start": "start", "stop": "end", "reload": "change", "reload-failed": "change"}.get(record.action, "info")
+    event_type = {
+        "start": "start",
+        "stop": "end",
+        "reload": "change",
+        "reload-failed": "change",
+    }.get(record.action, "info")
     outcome = "failure" if record.action in _LIFECYCLE_FAILURES else "success"
     return {
         "@timestamp": iso_time(record.time),
         "ecs": {"version": ECS_VERSION},
         "message": record.message or record.action,
-        "event": {"kind": "event", "category": category, "type": [event_type], "action": record.action,
-                  "outcome": outcome, "module": "gpuguard", "dataset": DATASET, "created": iso_time(record.time)},
-        "log": {"level": {"high": "error", "medium": "warning"}.get(lifecycle_severity(record), "info")},
+        "event": {
+            "kind": "event",
+            "category": category,
+            "type": [event_type],
+            "action": record.action,
+            "outcome": outcome,
+            "module": "gpuguard",
+            "dataset": DATASET,
+            "created": iso_time(record.time),
+        },
+        "log": {
+            "level": {"high": "error", "medium": "warning"}.get(lifecycle_severity(record), "info")
+        },
         "host": host,
         "service": {"name": "gpuguard", "type": "gpuguard", "version": __version__},
         "gpuguard": _clean({"kind": "lifecycle", "action": record.action, "detail": record.detail}),
@@ -135,29 +201,54 @@ def action_to_ocsf(outcome: ActionOutcome, hostname: str) -> dict[str, Any]:
     """One OCSF Remediation Activity event (category 7) for a response action."""
     class_uid = _ACTION_OCSF_CLASS.get(outcome.action, 7001)
     activity_id, activity_name = _OCSF_ACTIVITY.get(outcome.action, (99, "Other"))
-    status_id, status = {"done": (1, "Success"), "failed": (2, "Failure")}.get(outcome.status, (99, "Other"))
+    status_id, status = {"done": (1, "Success"), "failed": (2, "Failure")}.get(
+        outcome.status, (99, "Other")
+    )
     event: dict[str, Any] = {
-        "class_uid": class_uid, "class_name": _OCSF_CLASS_NAME[class_uid],
-        "category_uid": 7, "category_name": "Remediation",
-        "activity_id": activity_id, "activity_name": activity_name,
+        "class_uid": class_uid,
+        "class_name": _OCSF_CLASS_NAME[class_uid],
+        "category_uid": 7,
+        "category_name": "Remediation",
+        "activity_id": activity_id,
+        "activity_name": activity_name,
         "type_uid": class_uid * 100 + activity_id,
         "type_name": f"{_OCSF_CLASS_NAME[class_uid]}: {activity_name}",
-        "time": _ms(outcome.time), "severity_id": 1, "severity": "Informational",
-        "status_id": status_id, "status": status, "status_detail": f"{outcome.action} {outcome.status}",
+        "time": _ms(outcome.time),
+        "severity_id": 1,
+        "severity": "Informational",
+        "status_id": status_id,
+        "status": status,
+        "status_detail": f"{outcome.action} {outcome.status}",
         "message": outcome.reason or f"{outcome.action} {outcome.status}",
         "device": {"hostname": hostname, "type_id": 0},
         "metadata": {"version": OCSF_VERSION, "product": _product()},
-        "unmapped": {"gpuguard": _clean({"action": outcome.action, "status": outcome.status,
-                                         "verdict": outcome.verdict, "score": outcome.score,
-                                         "rule_ids": list(outcome.rule_ids), "block_id": outcome.block_id,
-                                         "expires": _ms(outcome.expires) if outcome.expires else None,
-                                         "detail": outcome.detail})},
+        "unmapped": {
+            "gpuguard": _clean(
+                {
+                    "action": outcome.action,
+                    "status": outcome.status,
+                    "verdict": outcome.verdict,
+                    "score": outcome.score,
+                    "rule_ids": list(outcome.rule_ids),
+                    "block_id": outcome.block_id,
+                    "expires": _ms(outcome.expires) if outcome.expires else None,
+                    "detail": outcome.detail,
+                }
+            )
+        },
     }
     if outcome.pid:
-        process: dict[str, Any] = {"pid": outcome.pid, "name": outcome.comm,
-                                   "uid": process_entity_id(hostname, outcome.pid, outcome.start_time)}
+        process: dict[str, Any] = {
+            "pid": outcome.pid,
+            "name": outcome.comm,
+            "uid": process_entity_id(hostname, outcome.pid, outcome.start_time),
+        }
         if outcome.exe:
-            process["file"] = {"path": outcome.exe, "name": outcome.exe.rsplit("/", 1)[-1], "type_id": 1}
+            process["file"] = {
+                "path": outcome.exe,
+                "name": outcome.exe.rsplit("/", 1)[-1],
+                "type_id": 1,
+            }
         if outcome.start_time:
             process["created_time"] = _ms(outcome.start_time)
         event["process"] = process
@@ -170,13 +261,19 @@ def lifecycle_to_ocsf(record: AgentLifecycle, hostname: str) -> dict[str, Any]:
     failed = record.action in _LIFECYCLE_FAILURES
     severity_id = {"high": 4, "medium": 3}.get(lifecycle_severity(record), 1)
     return {
-        "class_uid": 6002, "class_name": "Application Lifecycle",
-        "category_uid": 6, "category_name": "Application Activity",
-        "activity_id": activity_id, "activity_name": activity_name,
-        "type_uid": 6002 * 100 + activity_id, "type_name": f"Application Lifecycle: {activity_name}",
-        "time": _ms(record.time), "severity_id": severity_id,
+        "class_uid": 6002,
+        "class_name": "Application Lifecycle",
+        "category_uid": 6,
+        "category_name": "Application Activity",
+        "activity_id": activity_id,
+        "activity_name": activity_name,
+        "type_uid": 6002 * 100 + activity_id,
+        "type_name": f"Application Lifecycle: {activity_name}",
+        "time": _ms(record.time),
+        "severity_id": severity_id,
         "severity": {1: "Informational", 3: "Medium", 4: "High"}[severity_id],
-        "status_id": 2 if failed else 1, "status": "Failure" if failed else "Success",
+        "status_id": 2 if failed else 1,
+        "status": "Failure" if failed else "Success",
         "status_detail": record.action,
         "message": record.message or record.action,
         "app": {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__},
@@ -217,7 +314,11 @@ class RecordRenderer:
     def line(self, record: Record) -> str:
         """One line of text (no trailing newline)."""
         if self.fmt == "cef":
-            return cef_line(record, self.hostname, _finding_time(record) if isinstance(record, Finding) else None)
+            return cef_line(
+                record,
+                self.hostname,
+                _finding_time(record) if isinstance(record, Finding) else None,
+            )
         return dumps_line(self.document(record))
 
 

@@ -37,19 +37,26 @@ MAX_EXPLANATION = 400
 class ScanReport:
     started: float
     finished: float
-    findings: list[Finding]                      # process and host findings, any order
+    findings: list[Finding]  # process and host findings, any order
     gpu_stack: GpuStackFacts
     processes_scanned: int
     suspicious_threshold: float
     malicious_threshold: float
-    limitations: list[str] = field(default_factory=list)   # "could not see ..." lines
-    notes: list[str] = field(default_factory=list)         # sources that do not work here (no NVML, ...)
+    limitations: list[str] = field(default_factory=list)  # "could not see ..." lines
+    notes: list[str] = field(default_factory=list)  # sources that do not work here (no NVML, ...)
     options: dict[str, Any] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
 
     def sorted_findings(self) -> list[Finding]:
-        return sorted(self.findings, key=lambda f: (-f.score, f.kind != "process",
-                                                    f.process.pid if f.process else 0, f.rule_id))
+        return sorted(
+            self.findings,
+            key=lambda f: (
+                -f.score,
+                f.kind != "process",
+                f.process.pid if f.process else 0,
+                f.rule_id,
+            ),
+        )
 
     def count(self, verdict: str) -> int:
         return sum(1 for f in self.findings if f.verdict == verdict)
@@ -64,13 +71,16 @@ class ScanReport:
         return 1 if self.alerting else 0
 
     def summary_line(self) -> str:
-        return (f"scanned {self.processes_scanned} processes in {self.finished - self.started:.2f} s: "
-                f"{self.count('malicious')} malicious, {self.count('suspicious')} suspicious, "
-                f"{sum(1 for f in self.findings if f.verdict == 'clean')} below threshold; "
-                f"{len(self.limitations)} blind spots")
+        return (
+            f"scanned {self.processes_scanned} processes in {self.finished - self.started:.2f} s: "
+            f"{self.count('malicious')} malicious, {self.count('suspicious')} suspicious, "
+            f"{sum(1 for f in self.findings if f.verdict == 'clean')} below threshold; "
+            f"{len(self.limitations)} blind spots"
+        )
 
 
 # ---- console ---------------------------------------------------------------------
+
 
 def _text(value: object, style: str = "") -> Text:
     return Text(escape_text(value), style=style)
@@ -108,22 +118,36 @@ def _findings_table(title: str, findings: list[Finding], show_pid: bool) -> Tabl
 def _stack_lines(stack: GpuStackFacts) -> list[str]:
     lines = []
     if stack.driver_versions:
-        lines.append("GPU drivers: " + ", ".join(f"{k} {v}" for k, v in sorted(stack.driver_versions.items())))
+        lines.append(
+            "GPU drivers: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(stack.driver_versions.items()))
+        )
     else:
         lines.append("GPU drivers: none found")
     gpu_modules = stack.gpu_modules
-    lines.append("GPU kernel modules: " + (", ".join(f"{m.name}{' (taint ' + m.taint + ')' if m.taint else ''}"
-                                                    for m in gpu_modules) or "none loaded"))
+    lines.append(
+        "GPU kernel modules: "
+        + (
+            ", ".join(
+                f"{m.name}{' (taint ' + m.taint + ')' if m.taint else ''}" for m in gpu_modules
+            )
+            or "none loaded"
+        )
+    )
     if stack.taint is not None:
         flags = ", ".join(f"{f.letter} {f.meaning}" for f in stack.taint_flags) or "not tainted"
         lines.append(f"kernel taint {stack.taint}: {flags}")
     for device in stack.nvml_devices:
-        lines.append(f"GPU {device.index} {device.name or ''}: persistence mode "
-                     f"{_on_off(device.persistence_mode)}, accounting mode {_on_off(device.accounting_mode)}")
+        lines.append(
+            f"GPU {device.index} {device.name or ''}: persistence mode "
+            f"{_on_off(device.persistence_mode)}, accounting mode {_on_off(device.accounting_mode)}"
+        )
     if stack.device_nodes:
         open_nodes = [n for n in stack.device_nodes if n.world_writable]
-        lines.append(f"GPU device nodes: {len(stack.device_nodes)}, world-writable: "
-                     + (", ".join(n.path for n in open_nodes) if open_nodes else "none"))
+        lines.append(
+            f"GPU device nodes: {len(stack.device_nodes)}, world-writable: "
+            + (", ".join(n.path for n in open_nodes) if open_nodes else "none")
+        )
     else:
         lines.append("GPU device nodes: none")
     return lines
@@ -145,7 +169,11 @@ def render_console(report: ScanReport, console: Console) -> None:
     if hosts:
         console.print(_findings_table("Host checks", hosts, show_pid=False))
     else:
-        console.print(Text("Host checks: persistence, hidden processes, preload, kernel and device nodes all passed"))
+        console.print(
+            Text(
+                "Host checks: persistence, hidden processes, preload, kernel and device nodes all passed"
+            )
+        )
     for line in _stack_lines(report.gpu_stack):
         console.print(_text(line), highlight=False)
     for line in report.notes:
@@ -159,6 +187,7 @@ def render_console(report: ScanReport, console: Console) -> None:
 
 # ---- JSON ------------------------------------------------------------------------
 
+
 def summary_fields(report: ScanReport) -> dict[str, Any]:
     stack = report.gpu_stack
     return {
@@ -168,7 +197,10 @@ def summary_fields(report: ScanReport) -> dict[str, Any]:
         "suspicious": report.count("suspicious"),
         "below_threshold": report.count("clean"),
         "highest_score": max((f.score for f in report.findings), default=0.0),
-        "thresholds": {"suspicious": report.suspicious_threshold, "malicious": report.malicious_threshold},
+        "thresholds": {
+            "suspicious": report.suspicious_threshold,
+            "malicious": report.malicious_threshold,
+        },
         "exit_code": report.exit_code,
         "duration_s": round(report.finished - report.started, 3),
         "could_not_see": list(report.limitations),
@@ -176,13 +208,30 @@ def summary_fields(report: ScanReport) -> dict[str, Any]:
         "counters": dict(report.counters),
         "gpu_stack": {
             "driver_versions": dict(stack.driver_versions),
-            "gpu_modules": [{"name": m.name, "taint": m.taint, "version": m.version} for m in stack.gpu_modules],
+            "gpu_modules": [
+                {"name": m.name, "taint": m.taint, "version": m.version} for m in stack.gpu_modules
+            ],
             "kernel_taint": stack.taint,
             "kernel_taint_flags": [f.letter for f in stack.taint_flags],
-            "device_nodes": [{"path": n.path, "class": n.device_class, "mode": f"{n.mode:04o}",
-                              "uid": n.uid, "gid": n.gid} for n in stack.device_nodes],
-            "nvml_devices": [{"index": d.index, "name": d.name, "persistence_mode": d.persistence_mode,
-                              "accounting_mode": d.accounting_mode} for d in stack.nvml_devices],
+            "device_nodes": [
+                {
+                    "path": n.path,
+                    "class": n.device_class,
+                    "mode": f"{n.mode:04o}",
+                    "uid": n.uid,
+                    "gid": n.gid,
+                }
+                for n in stack.device_nodes
+            ],
+            "nvml_devices": [
+                {
+                    "index": d.index,
+                    "name": d.name,
+                    "persistence_mode": d.persistence_mode,
+                    "accounting_mode": d.accounting_mode,
+                }
+                for d in stack.nvml_devices
+            ],
         },
     }
 
@@ -191,16 +240,25 @@ def scan_document(report: ScanReport, fmt: str) -> dict[str, Any]:
     """``{"scanner", "host", "summary", "findings"}``; findings in ECS (``"json"``) or OCSF (``"ocsf"``)."""
     host = host_fields()
     if fmt == "ocsf":
-        findings = [finding_to_ocsf(f, report.finished, host["hostname"]) for f in report.sorted_findings()]
+        findings = [
+            finding_to_ocsf(f, report.finished, host["hostname"]) for f in report.sorted_findings()
+        ]
         schema = {"name": "ocsf", "version": OCSF_VERSION, "class_uid": 2004}
     else:
         findings = [finding_to_ecs(f, report.finished, host) for f in report.sorted_findings()]
         schema = {"name": "ecs", "version": ECS_VERSION}
     return {
-        "scanner": {"name": "gpuguard", "version": __version__, "command": "scan",
-                    "started": iso_time(report.started), "finished": iso_time(report.finished),
-                    "pid": os.getpid(), "euid": os.geteuid(), "options": dict(report.options),
-                    "schema": schema},
+        "scanner": {
+            "name": "gpuguard",
+            "version": __version__,
+            "command": "scan",
+            "started": iso_time(report.started),
+            "finished": iso_time(report.finished),
+            "pid": os.getpid(),
+            "euid": os.geteuid(),
+            "options": dict(report.options),
+            "schema": schema,
+        },
         "host": host,
         "summary": summary_fields(report),
         "findings": findings,

@@ -29,7 +29,7 @@ class Block:
     id: str
     kind: str
     created: float
-    expires: float | None          # epoch seconds; None: until unblocked
+    expires: float | None  # epoch seconds; None: until unblocked
     reason: str
     pid: int = 0
     start_time: float = 0.0
@@ -45,7 +45,13 @@ class Block:
 
 
 def new_block_id(kind: str) -> str:
-    prefix = {"kill-on-touch": "t", "quarantine": "q", "block-egress": "e", "nftables": "n", "suspend": "s"}[kind]
+    prefix = {
+        "kill-on-touch": "t",
+        "quarantine": "q",
+        "block-egress": "e",
+        "nftables": "n",
+        "suspend": "s",
+    }[kind]
     return f"{prefix}-{secrets.token_hex(4)}"
 
 
@@ -70,13 +76,15 @@ class BlockStore:
             if self.dir.is_dir() and not os.access(self.dir, os.R_OK | os.X_OK):
                 raise PermissionError
         except PermissionError:
-            raise GpuguardError(f"cannot read the block records in {self.dir}: permission denied",
-                                "run as root (blocks are root's)") from None
+            raise GpuguardError(
+                f"cannot read the block records in {self.dir}: permission denied",
+                "run as root (blocks are root's)",
+            ) from None
         for path in paths:
             try:
                 blocks.append(Block(**json.loads(path.read_text())))
             except (OSError, ValueError, TypeError):
-                continue   # a torn or foreign file: not ours to interpret
+                continue  # a torn or foreign file: not ours to interpret
         return sorted(blocks, key=lambda b: (b.created, b.id))
 
     def get(self, block_id: str) -> Block | None:

@@ -28,8 +28,10 @@ def _bcc():
         import bcc
         from bcc.libbcc import lib
     except ImportError:
-        raise GpuguardError("bcc is not importable, so kernel blocks cannot be placed or lifted",
-                            "apt-get install python3-bpfcc (bash packaging/setup-host.sh setup)") from None
+        raise GpuguardError(
+            "bcc is not importable, so kernel blocks cannot be placed or lifted",
+            "apt-get install python3-bpfcc (bash packaging/setup-host.sh setup)",
+        ) from None
     return bcc, lib
 
 
@@ -37,18 +39,28 @@ def ensure_pin_root(root: str) -> Path:
     """Make ``root`` (and its maps/ and blocks/ folders) on a bpffs, mounting /sys/fs/bpf if nothing is there."""
     path = Path(root)
     mount_point = path.parent
-    if mount_point.is_dir() and _fs_type(mount_point) != BPF_FS_MAGIC and str(mount_point) == "/sys/fs/bpf":
+    if (
+        mount_point.is_dir()
+        and _fs_type(mount_point) != BPF_FS_MAGIC
+        and str(mount_point) == "/sys/fs/bpf"
+    ):
         # What systemd does at boot; some hosts (and containers) skip it.
-        subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=False, capture_output=True)
+        subprocess.run(
+            ["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=False, capture_output=True
+        )
     try:
         for sub in ("maps", "blocks"):
             (path / sub).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise GpuguardError(f"cannot create the block root {root}: {exc.strerror}",
-                            "mount a bpf filesystem there (mount -t bpf bpf /sys/fs/bpf) or set response.pin_root") from None
+        raise GpuguardError(
+            f"cannot create the block root {root}: {exc.strerror}",
+            "mount a bpf filesystem there (mount -t bpf bpf /sys/fs/bpf) or set response.pin_root",
+        ) from None
     if _fs_type(path) != BPF_FS_MAGIC:
-        raise GpuguardError(f"the block root {root} is not on a bpf filesystem",
-                            "mount -t bpf bpf /sys/fs/bpf, or set response.pin_root to a path on one")
+        raise GpuguardError(
+            f"the block root {root} is not on a bpf filesystem",
+            "mount -t bpf bpf /sys/fs/bpf, or set response.pin_root to a path on one",
+        )
     return path
 
 
@@ -68,11 +80,15 @@ def compile_program(source_name: str, root: Path):
     bcc, _ = _bcc()
     probes = probe_dir()
     try:
-        return bcc.BPF(src_file=str(probes / source_name).encode(),
-                       cflags=[f"-I{probes}", f'-DGG_PIN_ROOT="{root}"', "-Wno-comment"])
-    except Exception as exc:   # bcc raises bare Exception for compile/load errors
-        raise GpuguardError(f"the response probe {source_name} failed to compile or load: {str(exc).splitlines()[0]}",
-                            "check kernel headers (bash packaging/setup-host.sh setup) and that BPF is allowed") from None
+        return bcc.BPF(
+            src_file=str(probes / source_name).encode(),
+            cflags=[f"-I{probes}", f'-DGG_PIN_ROOT="{root}"', "-Wno-comment"],
+        )
+    except Exception as exc:  # bcc raises bare Exception for compile/load errors
+        raise GpuguardError(
+            f"the response probe {source_name} failed to compile or load: {str(exc).splitlines()[0]}",
+            "check kernel headers (bash packaging/setup-host.sh setup) and that BPF is allowed",
+        ) from None
 
 
 def pin(fd: int, path: Path) -> None:
@@ -95,8 +111,11 @@ def attach_to_cgroup(prog_fd: int, cgroup_dir: str, attach_type: int) -> None:
     try:
         if lib.bpf_prog_attach(prog_fd, cgroup_fd, attach_type, BPF_F_ALLOW_MULTI) != 0:
             err = ct.get_errno()
-            raise OSError(err, f"attach to {cgroup_dir}: {os.strerror(err)} (a program attached without "
-                               "BPF_F_ALLOW_MULTI forbids others)")
+            raise OSError(
+                err,
+                f"attach to {cgroup_dir}: {os.strerror(err)} (a program attached without "
+                "BPF_F_ALLOW_MULTI forbids others)",
+            )
     finally:
         os.close(cgroup_fd)
 
@@ -132,7 +151,10 @@ class PinnedMap:
 
     def update(self, key: bytes, value: bytes) -> None:
         _, lib = _bcc()
-        kbuf, vbuf = ct.create_string_buffer(key, len(key)), ct.create_string_buffer(value, len(value))
+        kbuf, vbuf = (
+            ct.create_string_buffer(key, len(key)),
+            ct.create_string_buffer(value, len(value)),
+        )
         if lib.bpf_update_elem(self.fd, kbuf, vbuf, 0) != 0:
             raise OSError(ct.get_errno(), f"cannot update the pinned map {self.path.name}")
 
@@ -148,8 +170,11 @@ class PinnedMap:
     def items(self, key_size: int, value_size: int) -> list[tuple[bytes, bytes]]:
         _, lib = _bcc()
         out = []
-        key, nxt, value = (ct.create_string_buffer(key_size), ct.create_string_buffer(key_size),
-                           ct.create_string_buffer(value_size))
+        key, nxt, value = (
+            ct.create_string_buffer(key_size),
+            ct.create_string_buffer(key_size),
+            ct.create_string_buffer(value_size),
+        )
         first = True
         while lib.bpf_get_next_key(self.fd, None if first else key, nxt) == 0:
             first = False

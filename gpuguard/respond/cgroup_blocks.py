@@ -24,8 +24,14 @@ from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, BlockStore, new_block_id
 
 STATIC_GPU_MAJORS = {195: "nvidia", 226: "drm"}
-DYNAMIC_GPU_DEVICES = ("nvidia-uvm", "nvidia-caps", "nvidia-caps-imex-channels", "nvidia-nvlink",
-                       "nvidia-nvswitch", "kfd")
+DYNAMIC_GPU_DEVICES = (
+    "nvidia-uvm",
+    "nvidia-caps",
+    "nvidia-caps-imex-channels",
+    "nvidia-nvlink",
+    "nvidia-nvswitch",
+    "kfd",
+)
 PROGRAM_SOURCE = "respond_cgroup.bpf.c"
 
 
@@ -88,21 +94,35 @@ class CgroupBlocker:
         self.mount = cgroup2_mount()
         self.quarantine_parent = quarantine_parent or os.path.join(self.mount, "gpuguard")
         self._bpf = None
-        self._progs: dict[str, tuple[int, int]] = {}     # name -> (prog fd, attach type)
+        self._progs: dict[str, tuple[int, int]] = {}  # name -> (prog fd, attach type)
 
     def load(self) -> None:
         if self._bpf is not None:
             return
         bpf = bpf_pins.compile_program(PROGRAM_SOURCE, self.root)
         from bcc import BPF, BPFAttachType
+
         self._progs = {
-            "device": (bpf.load_func(b"deny_gpu_devices", BPF.CGROUP_DEVICE).fd, int(BPFAttachType.CGROUP_DEVICE)),
-            "connect4": (bpf.load_func(b"refuse_pool_connect4", BPF.CGROUP_SOCK_ADDR,
-                                       attach_type=BPFAttachType.CGROUP_INET4_CONNECT).fd,
-                         int(BPFAttachType.CGROUP_INET4_CONNECT)),
-            "connect6": (bpf.load_func(b"refuse_pool_connect6", BPF.CGROUP_SOCK_ADDR,
-                                       attach_type=BPFAttachType.CGROUP_INET6_CONNECT).fd,
-                         int(BPFAttachType.CGROUP_INET6_CONNECT)),
+            "device": (
+                bpf.load_func(b"deny_gpu_devices", BPF.CGROUP_DEVICE).fd,
+                int(BPFAttachType.CGROUP_DEVICE),
+            ),
+            "connect4": (
+                bpf.load_func(
+                    b"refuse_pool_connect4",
+                    BPF.CGROUP_SOCK_ADDR,
+                    attach_type=BPFAttachType.CGROUP_INET4_CONNECT,
+                ).fd,
+                int(BPFAttachType.CGROUP_INET4_CONNECT),
+            ),
+            "connect6": (
+                bpf.load_func(
+                    b"refuse_pool_connect6",
+                    BPF.CGROUP_SOCK_ADDR,
+                    attach_type=BPFAttachType.CGROUP_INET6_CONNECT,
+                ).fd,
+                int(BPFAttachType.CGROUP_INET6_CONNECT),
+            ),
         }
         majors = bpf[b"denied_majors"]
         for major in gpu_majors():
@@ -115,7 +135,9 @@ class CgroupBlocker:
             self._bpf.cleanup()
             self._bpf = None
 
-    def _attach(self, block_id: str, names: tuple[str, ...], cgroup_dir: str) -> list[dict[str, Any]]:
+    def _attach(
+        self, block_id: str, names: tuple[str, ...], cgroup_dir: str
+    ) -> list[dict[str, Any]]:
         pins = self.root / "blocks" / block_id
         pins.mkdir(parents=True, exist_ok=True)
         attached = []
@@ -123,7 +145,9 @@ class CgroupBlocker:
             for name in names:
                 fd, attach_type = self._progs[name]
                 bpf_pins.attach_to_cgroup(fd, cgroup_dir, attach_type)
-                attached.append({"program": name, "attach_type": attach_type, "pin": str(pins / name)})
+                attached.append(
+                    {"program": name, "attach_type": attach_type, "pin": str(pins / name)}
+                )
                 bpf_pins.pin(fd, pins / name)
         except OSError:
             _detach(attached, cgroup_dir)
@@ -137,18 +161,36 @@ class CgroupBlocker:
         place = self._offender_cgroup(pid, container, block_id)
         now = time.time()
         existing = self._live_block("quarantine", place["cgroup"], now)
-        if existing is not None:       # already quarantined (e.g. a second verdict): one program per cgroup
+        if (
+            existing is not None
+        ):  # already quarantined (e.g. a second verdict): one program per cgroup
             existing.detail["open_gpu_fds"] = gpu_fds_open(pid)
             return existing
         attached = self._attach(block_id, ("device",), place["cgroup"])
-        return Block(block_id, "quarantine", now, now + ttl_s if ttl_s else None, reason, pid, detail={
-            **place, "programs": attached, "majors": {str(k): v for k, v in sorted(gpu_majors().items())},
-            "open_gpu_fds": gpu_fds_open(pid),
-        })
+        return Block(
+            block_id,
+            "quarantine",
+            now,
+            now + ttl_s if ttl_s else None,
+            reason,
+            pid,
+            detail={
+                **place,
+                "programs": attached,
+                "majors": {str(k): v for k, v in sorted(gpu_majors().items())},
+                "open_gpu_fds": gpu_fds_open(pid),
+            },
+        )
 
     def _live_block(self, kind: str, cgroup_dir: str, now: float) -> Block | None:
-        return next((b for b in self.store.load()
-                     if b.kind == kind and b.detail.get("cgroup") == cgroup_dir and not b.expired(now)), None)
+        return next(
+            (
+                b
+                for b in self.store.load()
+                if b.kind == kind and b.detail.get("cgroup") == cgroup_dir and not b.expired(now)
+            ),
+            None,
+        )
 
     def _offender_cgroup(self, pid: int, container: bool, block_id: str) -> dict[str, Any]:
         """The container's cgroup, the gpuguard cgroup it is already in, or a new one it is moved into.
@@ -161,15 +203,23 @@ class CgroupBlocker:
             return {"cgroup": current, "created_cgroup": False, "original_cgroup": current}
         parent = self.quarantine_parent.rstrip("/") + "/"
         if current.startswith(parent):
-            original = next((b.detail.get("original_cgroup", "") for b in self.store.load()
-                             if b.detail.get("cgroup") == current), "")
+            original = next(
+                (
+                    b.detail.get("original_cgroup", "")
+                    for b in self.store.load()
+                    if b.detail.get("cgroup") == current
+                ),
+                "",
+            )
             return {"cgroup": current, "created_cgroup": True, "original_cgroup": original}
         cgroup_dir = os.path.join(self.quarantine_parent, block_id)
         os.makedirs(cgroup_dir, exist_ok=True)
         Path(cgroup_dir, "cgroup.procs").write_text(str(pid))
         return {"cgroup": cgroup_dir, "created_cgroup": True, "original_cgroup": current}
 
-    def block_egress(self, pid: int, container: bool, addresses: list[str], ttl_s: float, reason: str) -> Block:
+    def block_egress(
+        self, pid: int, container: bool, addresses: list[str], ttl_s: float, reason: str
+    ) -> Block:
         self.load()
         block_id = new_block_id("block-egress")
         place = self._offender_cgroup(pid, container, block_id)
@@ -189,7 +239,9 @@ class CgroupBlocker:
             keys.append(bytes(key).hex())
         now = time.time()
         existing = self._live_block("block-egress", cgroup_dir, now)
-        if existing is not None:       # the cgroup already carries the programs: add the addresses to that block
+        if (
+            existing is not None
+        ):  # the cgroup already carries the programs: add the addresses to that block
             d = existing.detail
             d["addresses"] = sorted(set(d["addresses"]) | set(addresses))
             d["map_keys"] = sorted(set(d["map_keys"]) | set(keys))
@@ -197,9 +249,20 @@ class CgroupBlocker:
                 existing.expires = now + ttl_s if ttl_s else None
             return existing
         attached = self._attach(block_id, ("connect4", "connect6"), cgroup_dir)
-        return Block(block_id, "block-egress", now, now + ttl_s if ttl_s else None, reason, pid, detail={
-            **place, "addresses": addresses, "map_keys": keys, "programs": attached,
-        })
+        return Block(
+            block_id,
+            "block-egress",
+            now,
+            now + ttl_s if ttl_s else None,
+            reason,
+            pid,
+            detail={
+                **place,
+                "addresses": addresses,
+                "map_keys": keys,
+                "programs": attached,
+            },
+        )
 
 
 def _detach(attached: list[dict[str, Any]], cgroup_dir: str) -> int:
@@ -230,7 +293,9 @@ def lift_cgroup_block(block: Block, root: Path, others: list[Block]) -> str:
                         table.delete(bytes.fromhex(key))
         except FileNotFoundError:
             pass
-    if detail.get("created_cgroup") and not any(b.detail.get("cgroup") == cgroup_dir for b in others):
+    if detail.get("created_cgroup") and not any(
+        b.detail.get("cgroup") == cgroup_dir for b in others
+    ):
         _release_cgroup(cgroup_dir, detail.get("original_cgroup", ""))
     bpf_pins.remove_pins(root / "blocks" / block.id)
     return f"detached {detached} program(s) from {cgroup_dir}"

@@ -20,7 +20,10 @@ from typing import Any
 from gpuguard.escape import escape_text
 from gpuguard.respond.settings import HookSettings
 
-CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+CLEAN_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+}
 MAX_OUTPUT = 4096
 
 
@@ -29,21 +32,43 @@ def run_hook(hook: HookSettings, finding: dict[str, Any]) -> dict[str, Any]:
     document = json.dumps(finding, ensure_ascii=True)
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(list(hook.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=dict(CLEAN_ENV), close_fds=True, cwd="/", start_new_session=True)
+        proc = subprocess.Popen(
+            list(hook.argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(CLEAN_ENV),
+            close_fds=True,
+            cwd="/",
+            start_new_session=True,
+        )
     except OSError as exc:
-        return {"hook": hook.name, "ok": False, "error": f"cannot run {escape_text(hook.argv[0])}: {exc.strerror}"}
+        return {
+            "hook": hook.name,
+            "ok": False,
+            "error": f"cannot run {escape_text(hook.argv[0])}: {exc.strerror}",
+        }
     try:
         stdout, stderr = proc.communicate(document.encode(), timeout=hook.timeout_s)
     except subprocess.TimeoutExpired:
         # The hook runs in its own session: whatever it started goes with it.
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        return {"hook": hook.name, "ok": False, "error": f"timed out after {hook.timeout_s:g} s",
-                "stdout": _bounded(stdout), "stderr": _bounded(stderr)}
-    return {"hook": hook.name, "ok": proc.returncode == 0, "exit_code": proc.returncode,
-            "seconds": round(time.monotonic() - started, 3),
-            "stdout": _bounded(stdout), "stderr": _bounded(stderr)}
+        return {
+            "hook": hook.name,
+            "ok": False,
+            "error": f"timed out after {hook.timeout_s:g} s",
+            "stdout": _bounded(stdout),
+            "stderr": _bounded(stderr),
+        }
+    return {
+        "hook": hook.name,
+        "ok": proc.returncode == 0,
+        "exit_code": proc.returncode,
+        "seconds": round(time.monotonic() - started, 3),
+        "stdout": _bounded(stdout),
+        "stderr": _bounded(stderr),
+    }
 
 
 def _bounded(data: bytes | None) -> str:

@@ -40,7 +40,9 @@ def lift_block(block: Block, store: BlockStore, root: Path) -> str:
     return said
 
 
-def lift_all(store: BlockStore, root: Path, netns_seen: set[str] | None = None) -> list[tuple[Block, str]]:
+def lift_all(
+    store: BlockStore, root: Path, netns_seen: set[str] | None = None
+) -> list[tuple[Block, str]]:
     """Lift every block, then remove the nftables table of each namespace a block used."""
     done = []
     namespaces = set(netns_seen or ())
@@ -68,7 +70,11 @@ def in_place(block: Block, root: Path) -> str:
         return "in kernel map" if (root / "maps" / "touch_paths").exists() else "map missing"
     if block.kind == "nftables":
         try:
-            present = {a for values in NftSets(block.detail.get("netns", "")).elements().values() for a in values}
+            present = {
+                a
+                for values in NftSets(block.detail.get("netns", "")).elements().values()
+                for a in values
+            }
         except (OSError, ValueError):
             return "nft unavailable"
         wanted = block.detail.get("addresses", [])

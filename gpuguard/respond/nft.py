@@ -42,23 +42,68 @@ class NftSets:
 
     def _run(self, commands: list[dict[str, Any]]) -> None:
         batch = json.dumps({"nftables": [{"metainfo": {"json_schema_version": 1}}, *commands]})
-        done = subprocess.run(self.argv, input=batch, capture_output=True, text=True, timeout=TIMEOUT_S, env={})
+        done = subprocess.run(
+            self.argv, input=batch, capture_output=True, text=True, timeout=TIMEOUT_S, env={}
+        )
         if done.returncode != 0:
-            raise NftError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"nft exited {done.returncode}")
+            raise NftError(
+                done.stderr.strip().splitlines()[-1]
+                if done.stderr.strip()
+                else f"nft exited {done.returncode}"
+            )
 
     def _declare(self) -> list[dict[str, Any]]:
         table = {"family": FAMILY, "table": TABLE}
         out: list[dict[str, Any]] = [{"add": {"table": {"family": FAMILY, "name": TABLE}}}]
         for version, name in SETS.items():
-            out.append({"add": {"set": {**table, "name": name, "type": f"ipv{version}_addr", "flags": ["timeout"]}}})
+            out.append(
+                {
+                    "add": {
+                        "set": {
+                            **table,
+                            "name": name,
+                            "type": f"ipv{version}_addr",
+                            "flags": ["timeout"],
+                        }
+                    }
+                }
+            )
         for hook in ("output", "forward"):
             chain = {**table, "name": hook}
-            out.append({"add": {"chain": {**chain, "type": "filter", "hook": hook, "prio": 0, "policy": "accept"}}})
+            out.append(
+                {
+                    "add": {
+                        "chain": {
+                            **chain,
+                            "type": "filter",
+                            "hook": hook,
+                            "prio": 0,
+                            "policy": "accept",
+                        }
+                    }
+                }
+            )
             out.append({"flush": {"chain": chain}})
             for version, name in SETS.items():
                 proto = "ip" if version == 4 else "ip6"
-                match = {"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": "daddr"}}, "right": f"@{name}"}}
-                out.append({"add": {"rule": {**table, "chain": hook, "expr": [match, {"counter": None}, {"drop": None}]}}})
+                match = {
+                    "match": {
+                        "op": "==",
+                        "left": {"payload": {"protocol": proto, "field": "daddr"}},
+                        "right": f"@{name}",
+                    }
+                }
+                out.append(
+                    {
+                        "add": {
+                            "rule": {
+                                **table,
+                                "chain": hook,
+                                "expr": [match, {"counter": None}, {"drop": None}],
+                            }
+                        }
+                    }
+                )
         return out
 
     def add(self, addresses: list[str], ttl_s: float) -> list[str]:
@@ -67,7 +112,13 @@ class NftSets:
         commands = self._declare()
         for name, values in by_set.items():
             elems = [{"elem": {"val": v, "timeout": int(ttl_s)}} if ttl_s else v for v in values]
-            commands.append({"add": {"element": {"family": FAMILY, "table": TABLE, "name": name, "elem": elems}}})
+            commands.append(
+                {
+                    "add": {
+                        "element": {"family": FAMILY, "table": TABLE, "name": name, "elem": elems}
+                    }
+                }
+            )
         self._run(commands)
         return [v for values in by_set.values() for v in values]
 
@@ -77,20 +128,35 @@ class NftSets:
             present = set(self.elements().get(name, []))
             gone = [v for v in values if v in present]
             if gone:
-                commands.append({"delete": {"element": {"family": FAMILY, "table": TABLE, "name": name, "elem": gone}}})
+                commands.append(
+                    {
+                        "delete": {
+                            "element": {
+                                "family": FAMILY,
+                                "table": TABLE,
+                                "name": name,
+                                "elem": gone,
+                            }
+                        }
+                    }
+                )
         if commands:
             self._run(commands)
 
     def elements(self) -> dict[str, list[str]]:
         """The addresses in each set now ({} when the table does not exist)."""
-        done = subprocess.run(self.list_argv, capture_output=True, text=True, timeout=TIMEOUT_S, env={})
+        done = subprocess.run(
+            self.list_argv, capture_output=True, text=True, timeout=TIMEOUT_S, env={}
+        )
         if done.returncode != 0:
             return {}
         out: dict[str, list[str]] = {}
         for item in json.loads(done.stdout).get("nftables", []):
             found = item.get("set")
             if found and found.get("table") == TABLE:
-                out[found["name"]] = [e["elem"]["val"] if isinstance(e, dict) else e for e in found.get("elem", [])]
+                out[found["name"]] = [
+                    e["elem"]["val"] if isinstance(e, dict) else e for e in found.get("elem", [])
+                ]
         return out
 
     def delete_table(self) -> None:
@@ -98,12 +164,17 @@ class NftSets:
             self._run([{"delete": {"table": {"family": FAMILY, "name": TABLE}}}])
 
     def _table_exists(self) -> bool:
-        return subprocess.run(self.list_argv, capture_output=True, timeout=TIMEOUT_S, env={}).returncode == 0
+        return (
+            subprocess.run(
+                self.list_argv, capture_output=True, timeout=TIMEOUT_S, env={}
+            ).returncode
+            == 0
+        )
 
 
 def _by_set(addresses: list[str]) -> dict[str, list[str]]:
     by_set: dict[str, list[str]] = {}
     for value in addresses:
-        ip = ipaddress.ip_address(value)     # ValueError for anything else: never sent to nft
+        ip = ipaddress.ip_address(value)  # ValueError for anything else: never sent to nft
         by_set.setdefault(SETS[ip.version], []).append(str(ip))
     return {k: sorted(set(v)) for k, v in by_set.items()}

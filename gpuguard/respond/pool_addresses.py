@@ -51,8 +51,13 @@ def split_host_wide(addresses: list[str], never: tuple[str, ...]) -> tuple[list[
     host_wide, local = [], []
     for value in addresses:
         ip = ipaddress.ip_address(value)
-        keep_local = (ip.is_loopback or ip.is_unspecified or ip.is_link_local or ip.is_multicast
-                      or any(ip.version == n.version and ip in n for n in networks))
+        keep_local = (
+            ip.is_loopback
+            or ip.is_unspecified
+            or ip.is_link_local
+            or ip.is_multicast
+            or any(ip.version == n.version and ip in n for n in networks)
+        )
         (local if keep_local else host_wide).append(value)
     return host_wide, local
 

@@ -21,7 +21,7 @@ import psutil
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.respond.cgroup_blocks import cgroup2_of
 
-START_TIME_TOLERANCE_S = 0.015   # ProcessKey.start_time keeps 2 decimals
+START_TIME_TOLERANCE_S = 0.015  # ProcessKey.start_time keeps 2 decimals
 
 
 class RecycledPid(Exception):
@@ -73,7 +73,9 @@ def open_process(pid: int, start_time: float) -> ProcessHandle:
         raise RecycledPid(f"pid {pid} has exited") from None
     if abs(now_start - start_time) > START_TIME_TOLERANCE_S:
         os.close(pidfd)
-        raise RecycledPid(f"pid {pid} now belongs to a process started at {now_start:.2f}, not {start_time:.2f}")
+        raise RecycledPid(
+            f"pid {pid} now belongs to a process started at {now_start:.2f}, not {start_time:.2f}"
+        )
     return ProcessHandle(pid, pidfd)
 
 
@@ -104,13 +106,21 @@ def own_lineage() -> frozenset[int]:
 class Guard:
     """Whether a process may be acted on (see the module docstring)."""
 
-    def __init__(self, *, scope: str = "all", cgroups: tuple[str, ...] = (), protect_exes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        scope: str = "all",
+        cgroups: tuple[str, ...] = (),
+        protect_exes: tuple[str, ...] = (),
+    ) -> None:
         self.scope = scope
         self.cgroups = tuple(c.rstrip("/") or "/" for c in cgroups)
         self.protect_exes = frozenset(protect_exes)
         self.lineage = own_lineage()
 
-    def refusal(self, pid: int, facts: ProcessFacts | None, *, allowlisted: bool = False) -> str | None:
+    def refusal(
+        self, pid: int, facts: ProcessFacts | None, *, allowlisted: bool = False
+    ) -> str | None:
         """Why ``pid`` must not be touched, or None when it may be."""
         if pid <= 1:
             return "pid 1 and the kernel's own pids are never acted on"

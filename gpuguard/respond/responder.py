@@ -34,7 +34,13 @@ from gpuguard.respond.hooks import run_hook
 from gpuguard.respond.lift import lift_block
 from gpuguard.respond.nft import NftError, NftSets
 from gpuguard.respond.pool_addresses import parse_addresses, pool_endpoints, split_host_wide
-from gpuguard.respond.process_control import Guard, RecycledPid, open_process, process_group_members, start_time_of
+from gpuguard.respond.process_control import (
+    Guard,
+    RecycledPid,
+    open_process,
+    process_group_members,
+    start_time_of,
+)
 from gpuguard.respond.settings import STEPS, ResponseSettings
 from gpuguard.respond.touch import TouchBlocker
 
@@ -42,15 +48,23 @@ MODES = ("monitor", "enforce")
 
 
 class Responder:
-    def __init__(self, settings: ResponseSettings, *, mode: str = "monitor", dry_run: bool = False,
-                 emit: Callable[[ActionOutcome], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: ResponseSettings,
+        *,
+        mode: str = "monitor",
+        dry_run: bool = False,
+        emit: Callable[[ActionOutcome], None] | None = None,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.settings = settings
         self.mode = mode
         self.dry_run = dry_run
         self.emit = emit or (lambda outcome: None)
-        self.guard = Guard(scope=settings.scope, cgroups=settings.cgroups, protect_exes=settings.protect_exes)
+        self.guard = Guard(
+            scope=settings.scope, cgroups=settings.cgroups, protect_exes=settings.protect_exes
+        )
         self.store = BlockStore(settings.state_dir)
         self.root = Path(settings.pin_root)
         self._recent: deque[float] = deque()
@@ -83,13 +97,28 @@ class Responder:
         if not steps:
             return []
         facts = state.facts
-        base = dict(time=now, pid=verdict.pid, start_time=verdict.key.start_time, comm=verdict.comm, exe=verdict.exe,
-                    verdict=verdict.verdict, score=verdict.score, rule_ids=[e.rule_id for e in verdict.evidence])
+        base = dict(
+            time=now,
+            pid=verdict.pid,
+            start_time=verdict.key.start_time,
+            comm=verdict.comm,
+            exe=verdict.exe,
+            verdict=verdict.verdict,
+            score=verdict.score,
+            rule_ids=[e.rule_id for e in verdict.evidence],
+        )
         acts = [s for s in steps if s != "alert"]
         if self.mode == "monitor" or not acts:
             would = f"; enforce mode would: {', '.join(acts)}" if acts else ""
-            outcomes = [ActionOutcome(action="alert", status="done", reason=f"{verdict.verdict} verdict{would}",
-                                      detail={"planned": steps}, **base)]
+            outcomes = [
+                ActionOutcome(
+                    action="alert",
+                    status="done",
+                    reason=f"{verdict.verdict} verdict{would}",
+                    detail={"planned": steps},
+                    **base,
+                )
+            ]
             if self.mode == "enforce":
                 outcomes += self._hooks(verdict, state, steps, base)
             return outcomes
@@ -97,10 +126,20 @@ class Responder:
         if refusal:
             return [ActionOutcome(action=s, status="refused", reason=refusal, **base) for s in acts]
         if not self.dry_run and not self._spend(now):
-            return [ActionOutcome(
-                action="alert", status="rate-limited", detail={"planned": steps},
-                reason=f"action budget of {self.settings.max_actions_per_minute}/min spent: degraded to an alert", **base)]
-        outcomes = [ActionOutcome(action="alert", status="done", reason=f"{verdict.verdict} verdict", **base)]
+            return [
+                ActionOutcome(
+                    action="alert",
+                    status="rate-limited",
+                    detail={"planned": steps},
+                    reason=f"action budget of {self.settings.max_actions_per_minute}/min spent: degraded to an alert",
+                    **base,
+                )
+            ]
+        outcomes = [
+            ActionOutcome(
+                action="alert", status="done", reason=f"{verdict.verdict} verdict", **base
+            )
+        ]
         for step in acts:
             outcomes.append(self._step(step, verdict, state, base))
         outcomes += self._hooks(verdict, state, steps, base)
@@ -118,15 +157,29 @@ class Responder:
         self._recent.append(now)
         return True
 
-    def _step(self, step: str, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
-        run = {"kill": self._kill, "suspend": self._suspend, "kill-on-touch": self._kill_on_touch,
-               "quarantine": self._quarantine, "block-egress": self._block_egress}[step]
+    def _step(
+        self, step: str, verdict: Verdict, state: ProcessState, base: dict[str, Any]
+    ) -> ActionOutcome:
+        run = {
+            "kill": self._kill,
+            "suspend": self._suspend,
+            "kill-on-touch": self._kill_on_touch,
+            "quarantine": self._quarantine,
+            "block-egress": self._block_egress,
+        }[step]
         try:
             return run(verdict, state, base)
         except RecycledPid as exc:
-            return ActionOutcome(action=step, status="skipped", reason=f"not signalled: {exc}", **base)
+            return ActionOutcome(
+                action=step, status="skipped", reason=f"not signalled: {exc}", **base
+            )
         except ProcessLookupError:
-            return ActionOutcome(action=step, status="skipped", reason="the process exited before it was reached", **base)
+            return ActionOutcome(
+                action=step,
+                status="skipped",
+                reason="the process exited before it was reached",
+                **base,
+            )
         except Exception as exc:  # noqa: BLE001 - every failure is reported as an outcome, never raised into the agent
             if isinstance(exc, GpuguardError):
                 text = f"{exc.cause} (fix: {exc.fix})" if exc.fix else exc.cause
@@ -140,26 +193,45 @@ class Responder:
         target = self.settings.kill_target
         facts = state.facts
         if target == "cgroup" and not (facts and facts.container_id):
-            target = "process"   # only a container's cgroup is ever killed whole
+            target = "process"  # only a container's cgroup is ever killed whole
         detail = {"signal": "SIGTERM", "sigkill_after_s": grace, "target": target}
         if target == "cgroup":
             cgroup_dir = os.path.join(cgroup2_mount(), cgroup2_of(verdict.pid).lstrip("/"))
             detail.update(signal="cgroup.kill", cgroup=cgroup_dir)
             if self.dry_run:
-                return ActionOutcome(action="kill", status="dry-run", reason=f"would write 1 to {cgroup_dir}/cgroup.kill",
-                                     detail=detail, **base)
+                return ActionOutcome(
+                    action="kill",
+                    status="dry-run",
+                    reason=f"would write 1 to {cgroup_dir}/cgroup.kill",
+                    detail=detail,
+                    **base,
+                )
             open_process(verdict.pid, verdict.key.start_time).close()
             Path(cgroup_dir, "cgroup.kill").write_text("1")
-            return ActionOutcome(action="kill", status="done", reason="killed every process of the container's cgroup",
-                                 detail=detail, **base)
+            return ActionOutcome(
+                action="kill",
+                status="done",
+                reason="killed every process of the container's cgroup",
+                detail=detail,
+                **base,
+            )
         pids = [verdict.pid]
         if target == "group":
             pgid = os.getpgid(verdict.pid)
             detail["pgid"] = pgid
-            pids += [p for p in process_group_members(pgid) if p != verdict.pid and not self.guard.refusal(p, facts)]
+            pids += [
+                p
+                for p in process_group_members(pgid)
+                if p != verdict.pid and not self.guard.refusal(p, facts)
+            ]
         if self.dry_run:
-            return ActionOutcome(action="kill", status="dry-run", detail=detail, **base,
-                                 reason=f"would send SIGTERM to pid(s) {pids} (start time checked), SIGKILL after {grace:g} s")
+            return ActionOutcome(
+                action="kill",
+                status="dry-run",
+                detail=detail,
+                **base,
+                reason=f"would send SIGTERM to pid(s) {pids} (start time checked), SIGKILL after {grace:g} s",
+            )
         handle = open_process(verdict.pid, verdict.key.start_time)
         handle.send(signal.SIGTERM)
         others = []
@@ -171,8 +243,13 @@ class Responder:
             except (RecycledPid, OSError):
                 continue
         self._background(self._finish_kill, [handle, *others], grace, base)
-        return ActionOutcome(action="kill", status="done", detail=detail, **base,
-                             reason=f"SIGTERM sent; SIGKILL after {grace:g} s unless it exits")
+        return ActionOutcome(
+            action="kill",
+            status="done",
+            detail=detail,
+            **base,
+            reason=f"SIGTERM sent; SIGKILL after {grace:g} s unless it exits",
+        )
 
     def _finish_kill(self, handles: list, grace: float, base: dict[str, Any]) -> None:
         deadline = time.monotonic() + grace
@@ -181,74 +258,152 @@ class Responder:
                 if not handle.wait_exit(deadline - time.monotonic()):
                     handle.send(signal.SIGKILL)
                     handle.wait_exit(1.0)
-                    self.emit(ActionOutcome(**{**base, "time": time.time()}, action="kill", status="done",
-                                            reason=f"pid {handle.pid} ignored SIGTERM for {grace:g} s: SIGKILL sent",
-                                            detail={"signal": "SIGKILL"}))
+                    self.emit(
+                        ActionOutcome(
+                            **{**base, "time": time.time()},
+                            action="kill",
+                            status="done",
+                            reason=f"pid {handle.pid} ignored SIGTERM for {grace:g} s: SIGKILL sent",
+                            detail={"signal": "SIGKILL"},
+                        )
+                    )
             except ProcessLookupError:
                 pass
             finally:
                 handle.close()
 
-    def _suspend(self, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
+    def _suspend(
+        self, verdict: Verdict, state: ProcessState, base: dict[str, Any]
+    ) -> ActionOutcome:
         if self.dry_run:
-            return ActionOutcome(action="suspend", status="dry-run", detail={"signal": "SIGSTOP"}, **base,
-                                 reason=f"would send SIGSTOP to pid {verdict.pid} and keep it stopped")
+            return ActionOutcome(
+                action="suspend",
+                status="dry-run",
+                detail={"signal": "SIGSTOP"},
+                **base,
+                reason=f"would send SIGSTOP to pid {verdict.pid} and keep it stopped",
+            )
         with open_process(verdict.pid, verdict.key.start_time) as handle:
             handle.send(signal.SIGSTOP)
-        block = Block(new_block_id("suspend"), "suspend", time.time(), None, "stopped for forensics",
-                      verdict.pid, verdict.key.start_time, verdict.comm, verdict.exe)
-        return self._placed(block, "suspend", "SIGSTOP sent; stays stopped until `gpuguard unblock`", base)
+        block = Block(
+            new_block_id("suspend"),
+            "suspend",
+            time.time(),
+            None,
+            "stopped for forensics",
+            verdict.pid,
+            verdict.key.start_time,
+            verdict.comm,
+            verdict.exe,
+        )
+        return self._placed(
+            block, "suspend", "SIGSTOP sent; stays stopped until `gpuguard unblock`", base
+        )
 
-    def _kill_on_touch(self, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
+    def _kill_on_touch(
+        self, verdict: Verdict, state: ProcessState, base: dict[str, Any]
+    ) -> ActionOutcome:
         facts = state.facts
         ttl = self.settings.touch_ttl_s
         if self.dry_run:
-            return ActionOutcome(action="kill-on-touch", status="dry-run", **base,
-                                 detail={"exe": verdict.exe, "identity": list(facts.exe_identity or ()) if facts else None,
-                                         "shared_exe": bool(verdict.exe) and verdict.exe.startswith(
-                                             self.settings.shared_exe_prefixes)},
-                                 reason=f"would block {verdict.exe or 'its pid'} and pid {verdict.pid} for {ttl:g} s")
+            return ActionOutcome(
+                action="kill-on-touch",
+                status="dry-run",
+                **base,
+                detail={
+                    "exe": verdict.exe,
+                    "identity": list(facts.exe_identity or ()) if facts else None,
+                    "shared_exe": bool(verdict.exe)
+                    and verdict.exe.startswith(self.settings.shared_exe_prefixes),
+                },
+                reason=f"would block {verdict.exe or 'its pid'} and pid {verdict.pid} for {ttl:g} s",
+            )
         open_process(verdict.pid, verdict.key.start_time).close()
         shared = bool(verdict.exe) and verdict.exe.startswith(self.settings.shared_exe_prefixes)
         touch = self._touch_blocker()
-        block = touch.add(verdict.pid, verdict.exe, facts.exe_identity if facts else None, state.exe_sha256, ttl,
-                          reason=f"{verdict.verdict} verdict", block_executable=not shared)
+        block = touch.add(
+            verdict.pid,
+            verdict.exe,
+            facts.exe_identity if facts else None,
+            state.exe_sha256,
+            ttl,
+            reason=f"{verdict.verdict} verdict",
+            block_executable=not shared,
+        )
         _name(block, verdict)
         if shared:
-            return self._placed(block, "kill-on-touch", f"{verdict.exe} is a shared executable "
-                                "(response.kill_on_touch.shared_exe_prefixes): only this process and its children "
-                                "die at their next GPU open or connect", base)
-        return self._placed(block, "kill-on-touch", "any process of this executable dies at its first GPU open or connect", base)
+            return self._placed(
+                block,
+                "kill-on-touch",
+                f"{verdict.exe} is a shared executable "
+                "(response.kill_on_touch.shared_exe_prefixes): only this process and its children "
+                "die at their next GPU open or connect",
+                base,
+            )
+        return self._placed(
+            block,
+            "kill-on-touch",
+            "any process of this executable dies at its first GPU open or connect",
+            base,
+        )
 
-    def _quarantine(self, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
+    def _quarantine(
+        self, verdict: Verdict, state: ProcessState, base: dict[str, Any]
+    ) -> ActionOutcome:
         container = bool(state.facts and state.facts.container_id)
         if self.dry_run:
-            return ActionOutcome(action="quarantine", status="dry-run", detail={"container": container}, **base,
-                                 reason="would deny GPU device majors to " + ("its container's cgroup" if container
-                                                                             else "a gpuguard cgroup it is moved into"))
+            return ActionOutcome(
+                action="quarantine",
+                status="dry-run",
+                detail={"container": container},
+                **base,
+                reason="would deny GPU device majors to "
+                + ("its container's cgroup" if container else "a gpuguard cgroup it is moved into"),
+            )
         open_process(verdict.pid, verdict.key.start_time).close()
-        block = self._cgroup_blocker().quarantine(verdict.pid, container, self.settings.quarantine_ttl_s,
-                                                  f"{verdict.verdict} verdict")
+        block = self._cgroup_blocker().quarantine(
+            verdict.pid, container, self.settings.quarantine_ttl_s, f"{verdict.verdict} verdict"
+        )
         _name(block, verdict)
         remain = block.detail["open_gpu_fds"]
-        return self._placed(block, "quarantine", f"GPU opens now fail with EPERM; {remain} GPU fd(s) it already holds "
-                                                 "remain open (pair with suspend or kill)", base)
+        return self._placed(
+            block,
+            "quarantine",
+            f"GPU opens now fail with EPERM; {remain} GPU fd(s) it already holds "
+            "remain open (pair with suspend or kill)",
+            base,
+        )
 
-    def _block_egress(self, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
+    def _block_egress(
+        self, verdict: Verdict, state: ProcessState, base: dict[str, Any]
+    ) -> ActionOutcome:
         addresses, rejected = parse_addresses(pool_endpoints(verdict, state))
         if not addresses:
-            return ActionOutcome(action="block-egress", status="skipped", detail={"rejected": rejected}, **base,
-                                 reason="the evidence names no pool address")
+            return ActionOutcome(
+                action="block-egress",
+                status="skipped",
+                detail={"rejected": rejected},
+                **base,
+                reason="the evidence names no pool address",
+            )
         ttl = self.settings.egress_ttl_s
         if self.dry_run:
-            return ActionOutcome(action="block-egress", status="dry-run", **base,
-                                 detail={"addresses": addresses, "nftables": self.settings.nftables},
-                                 reason=f"would refuse connects to {', '.join(addresses)} for {ttl:g} s")
+            return ActionOutcome(
+                action="block-egress",
+                status="dry-run",
+                **base,
+                detail={"addresses": addresses, "nftables": self.settings.nftables},
+                reason=f"would refuse connects to {', '.join(addresses)} for {ttl:g} s",
+            )
         open_process(verdict.pid, verdict.key.start_time).close()
         container = bool(state.facts and state.facts.container_id)
-        block = self._cgroup_blocker().block_egress(verdict.pid, container, addresses, ttl, f"{verdict.verdict} verdict")
+        block = self._cgroup_blocker().block_egress(
+            verdict.pid, container, addresses, ttl, f"{verdict.verdict} verdict"
+        )
         _name(block, verdict)
-        outcome = self._placed(block, "block-egress", f"connects to {', '.join(addresses)} refused in its cgroup", base)
+        outcome = self._placed(
+            block, "block-egress", f"connects to {', '.join(addresses)} refused in its cgroup", base
+        )
         host_wide, kept_local = split_host_wide(addresses, self.settings.never_block_host_wide)
         if kept_local:
             outcome.detail["not_host_wide"] = kept_local
@@ -257,9 +412,18 @@ class Responder:
             netns = self.settings.nftables_netns
             try:
                 NftSets(netns).add(host_wide, ttl)
-                host = Block(new_block_id("nftables"), "nftables", block.created, block.expires, block.reason,
-                             verdict.pid, verdict.key.start_time, verdict.comm, verdict.exe,
-                             {"addresses": host_wide, "netns": netns})
+                host = Block(
+                    new_block_id("nftables"),
+                    "nftables",
+                    block.created,
+                    block.expires,
+                    block.reason,
+                    verdict.pid,
+                    verdict.key.start_time,
+                    verdict.comm,
+                    verdict.exe,
+                    {"addresses": host_wide, "netns": netns},
+                )
                 self.store.save(host)
                 outcome.detail["nftables_block_id"] = host.id
                 outcome.reason += "; host-wide in table inet gpuguard"
@@ -268,33 +432,61 @@ class Responder:
                 outcome.reason += "; nftables failed (see detail)"
         return outcome
 
-    def _placed(self, block: Block, action: str, reason: str, base: dict[str, Any]) -> ActionOutcome:
+    def _placed(
+        self, block: Block, action: str, reason: str, base: dict[str, Any]
+    ) -> ActionOutcome:
         self.store.save(block)
-        return ActionOutcome(action=action, status="done", reason=reason, block_id=block.id, expires=block.expires,
-                             detail=dict(block.detail), **base)
+        return ActionOutcome(
+            action=action,
+            status="done",
+            reason=reason,
+            block_id=block.id,
+            expires=block.expires,
+            detail=dict(block.detail),
+            **base,
+        )
 
     # -- hooks and background work ---------------------------------------------------------------
-    def _hooks(self, verdict: Verdict, state: ProcessState, steps: list[str], base: dict[str, Any]) -> list[ActionOutcome]:
+    def _hooks(
+        self, verdict: Verdict, state: ProcessState, steps: list[str], base: dict[str, Any]
+    ) -> list[ActionOutcome]:
         """Start the hooks for this verdict (results come through ``emit``); in a dry run, describe them."""
         hooks = [h for h in self.settings.hooks if verdict.verdict in h.on]
         if not hooks:
             return []
-        finding = {"verdict": verdict.to_json(), "actions": steps,
-                   "process": state.facts.to_record() if state.facts else {"pid": verdict.pid},
-                   "connections": [{"address": a, "port": p} for (a, p) in state.connections]}
+        finding = {
+            "verdict": verdict.to_json(),
+            "actions": steps,
+            "process": state.facts.to_record() if state.facts else {"pid": verdict.pid},
+            "connections": [{"address": a, "port": p} for (a, p) in state.connections],
+        }
         described = []
         for hook in hooks:
             if self.dry_run:
-                described.append(ActionOutcome(action="hook", status="dry-run", detail={"hook": hook.name, "argv": list(hook.argv)},
-                                               reason=f"would run {hook.name} with the finding on stdin", **base))
+                described.append(
+                    ActionOutcome(
+                        action="hook",
+                        status="dry-run",
+                        detail={"hook": hook.name, "argv": list(hook.argv)},
+                        reason=f"would run {hook.name} with the finding on stdin",
+                        **base,
+                    )
+                )
                 continue
             self._background(self._run_hook, hook, finding, base)
         return described
 
     def _run_hook(self, hook, finding: dict[str, Any], base: dict[str, Any]) -> None:
         detail = run_hook(hook, finding)
-        self.emit(ActionOutcome(**{**base, "time": time.time()}, action="hook", status="done" if detail["ok"] else "failed",
-                                reason=detail.get("error", f"exit {detail.get('exit_code')}"), detail=detail))
+        self.emit(
+            ActionOutcome(
+                **{**base, "time": time.time()},
+                action="hook",
+                status="done" if detail["ok"] else "failed",
+                reason=detail.get("error", f"exit {detail.get('exit_code')}"),
+                detail=detail,
+            )
+        )
 
     def _background(self, target: Callable, *args: Any) -> None:
         worker = threading.Thread(target=target, args=args, daemon=True, name="gpuguard-respond")
@@ -322,13 +514,32 @@ class Responder:
         return self._cgroups
 
     def _on_touch_kill(self, report: dict[str, Any]) -> None:
-        block = next((b for b in self.store.load() if b.kind == "kill-on-touch"
-                      and b.detail.get("number") == report["number"]), None)
-        what = {"gpu-open": f"at its GPU open of {report['path']}", "connect": "at its connect",
-                "exec": f"at exec of a copy of a blocked executable ({report['path']})"}.get(report["reason"], "")
-        self.emit(ActionOutcome(time=time.time(), action="kill-on-touch", status="done", pid=report["tgid"],
-                                comm=report["comm"], exe=block.exe if block else "", reason=f"killed {what}",
-                                block_id=block.id if block else None, detail=report))
+        block = next(
+            (
+                b
+                for b in self.store.load()
+                if b.kind == "kill-on-touch" and b.detail.get("number") == report["number"]
+            ),
+            None,
+        )
+        what = {
+            "gpu-open": f"at its GPU open of {report['path']}",
+            "connect": "at its connect",
+            "exec": f"at exec of a copy of a blocked executable ({report['path']})",
+        }.get(report["reason"], "")
+        self.emit(
+            ActionOutcome(
+                time=time.time(),
+                action="kill-on-touch",
+                status="done",
+                pid=report["tgid"],
+                comm=report["comm"],
+                exe=block.exe if block else "",
+                reason=f"killed {what}",
+                block_id=block.id if block else None,
+                detail=report,
+            )
+        )
 
     def _prepare(self) -> None:
         """Compile the cgroup programs now (~0.3 s) so the first quarantine is not slowed by it.
@@ -350,13 +561,24 @@ class Responder:
         try:
             touch = self._touch_blocker()
         except Exception as exc:  # noqa: BLE001 - reported, the agent keeps running
-            self.emit(ActionOutcome(time=now, action="kill-on-touch", status="failed",
-                                    reason=f"cannot restore kill-on-touch blocks: {getattr(exc, 'cause', exc)}"))
+            self.emit(
+                ActionOutcome(
+                    time=now,
+                    action="kill-on-touch",
+                    status="failed",
+                    reason=f"cannot restore kill-on-touch blocks: {getattr(exc, 'cause', exc)}",
+                )
+            )
             return
         for block in live:
             d = block.detail
-            touch.remember(d["number"], d["deadline_ns"], tuple(d["identity"]) if d.get("identity") else None,
-                           d.get("size"), d.get("sha256"))
+            touch.remember(
+                d["number"],
+                d["deadline_ns"],
+                tuple(d["identity"]) if d.get("identity") else None,
+                d.get("size"),
+                d.get("sha256"),
+            )
 
     def sweep(self, now: float) -> list[ActionOutcome]:
         """Lift expired blocks, and stop again a suspended process something has resumed.
@@ -382,16 +604,29 @@ class Responder:
             state = "gone"
         if state in ("T", "t"):
             return None
-        common = dict(time=now, pid=block.pid, start_time=block.start_time, comm=block.comm, exe=block.exe,
-                      block_id=block.id)
+        common = dict(
+            time=now,
+            pid=block.pid,
+            start_time=block.start_time,
+            comm=block.comm,
+            exe=block.exe,
+            block_id=block.id,
+        )
         try:
             with open_process(block.pid, block.start_time) as handle:
                 handle.send(signal.SIGSTOP)
         except (RecycledPid, ProcessLookupError):
             self.store.remove(block.id)
-            return ActionOutcome(action="unblock", status="done", reason="the suspended process has exited", **common)
-        return ActionOutcome(action="suspend", status="done", reason="it had been resumed by something else: stopped again",
-                             detail={"signal": "SIGSTOP"}, **common)
+            return ActionOutcome(
+                action="unblock", status="done", reason="the suspended process has exited", **common
+            )
+        return ActionOutcome(
+            action="suspend",
+            status="done",
+            reason="it had been resumed by something else: stopped again",
+            detail={"signal": "SIGSTOP"},
+            **common,
+        )
 
     def lift(self, block: Block, now: float, reason: str = "unblocked") -> ActionOutcome:
         try:
@@ -401,8 +636,16 @@ class Responder:
             said, status = str(exc), "failed"
         if self._touch is not None and block.kind == "kill-on-touch":
             self._touch.forget(block.detail.get("number", 0))
-        return ActionOutcome(time=now, action="unblock", status=status, pid=block.pid, comm=block.comm,
-                             exe=block.exe, reason=f"{reason}: {said}", block_id=block.id)
+        return ActionOutcome(
+            time=now,
+            action="unblock",
+            status=status,
+            pid=block.pid,
+            comm=block.comm,
+            exe=block.exe,
+            reason=f"{reason}: {said}",
+            block_id=block.id,
+        )
 
     def close(self) -> None:
         self.wait(timeout_s=self.settings.kill_grace_s + 2.0)
@@ -418,5 +661,3 @@ def _name(block: Block, verdict: Verdict) -> None:
     block.start_time = verdict.key.start_time
     block.comm = verdict.comm
     block.exe = block.exe or verdict.exe
-
-

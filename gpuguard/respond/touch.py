@@ -39,7 +39,7 @@ FNV_PRIME = 0x100000001B3
 def path_hash(path: str) -> int:
     """The kernel's FNV-1a over the exec'd path (as many bytes as it reads: GG_PATH_LEN - 1)."""
     value = FNV_OFFSET
-    for byte in os.fsencode(path)[:PATH_LEN - 1]:
+    for byte in os.fsencode(path)[: PATH_LEN - 1]:
         value = ((value ^ byte) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
     return value
 
@@ -92,8 +92,17 @@ class TouchBlocker:
                 dropped += 1
         return dropped
 
-    def add(self, pid: int, exe: str, identity: tuple[int, int, int, int] | None, sha256: str | None,
-            ttl_s: float, reason: str, *, block_executable: bool = True) -> Block:
+    def add(
+        self,
+        pid: int,
+        exe: str,
+        identity: tuple[int, int, int, int] | None,
+        sha256: str | None,
+        ttl_s: float,
+        reason: str,
+        *,
+        block_executable: bool = True,
+    ) -> Block:
         """Block ``pid`` and its descendants; with ``block_executable``, every process of its executable too."""
         number = secrets.randbits(31) + 1
         deadline = time.monotonic_ns() + int(ttl_s * 1e9) if ttl_s else 0
@@ -120,19 +129,35 @@ class TouchBlocker:
                     size = None
         self.remember(number, deadline, identity, size, sha256)
         now = time.time()
-        return Block(new_block_id("kill-on-touch"), "kill-on-touch", now, now + ttl_s if ttl_s else None, reason, pid,
-                     exe=exe, detail={
-                         "number": number, "deadline_ns": deadline,
-                         "path_key": bytes(path_key).hex() if path_key is not None else None,
-                         "tgids": tgids, "identity": list(identity) if identity else None,
-                         # touch_tgids' key size, value size and the value's block offset, from bcc's view of
-                         # gpuguard.h, so `gpuguard unblock` finds this block's entries without compiling.
-                         "tgid_layout": [ct.sizeof(self._tgids.Key), ct.sizeof(self._tgids.Leaf),
-                                         self._tgids.Leaf.block.offset],
-                         "size": size, "sha256": sha256,
-                     })
+        return Block(
+            new_block_id("kill-on-touch"),
+            "kill-on-touch",
+            now,
+            now + ttl_s if ttl_s else None,
+            reason,
+            pid,
+            exe=exe,
+            detail={
+                "number": number,
+                "deadline_ns": deadline,
+                "path_key": bytes(path_key).hex() if path_key is not None else None,
+                "tgids": tgids,
+                "identity": list(identity) if identity else None,
+                # touch_tgids' key size, value size and the value's block offset, from bcc's view of
+                # gpuguard.h, so `gpuguard unblock` finds this block's entries without compiling.
+                "tgid_layout": [
+                    ct.sizeof(self._tgids.Key),
+                    ct.sizeof(self._tgids.Leaf),
+                    self._tgids.Leaf.block.offset,
+                ],
+                "size": size,
+                "sha256": sha256,
+            },
+        )
 
-    def remember(self, number: int, deadline: int, identity, size: int | None, sha256: str | None) -> None:
+    def remember(
+        self, number: int, deadline: int, identity, size: int | None, sha256: str | None
+    ) -> None:
         """Identities matched on exec reports (also used to restore blocks after a restart)."""
         with self._lock:
             if identity:
@@ -144,8 +169,11 @@ class TouchBlocker:
     def forget(self, number: int) -> None:
         with self._lock:
             self._inodes = {k: v for k, v in self._inodes.items() if v[0] != number}
-            self._hashes = {s: kept for s, h in self._hashes.items()
-                            if (kept := {d: v for d, v in h.items() if v[0] != number})}
+            self._hashes = {
+                s: kept
+                for s, h in self._hashes.items()
+                if (kept := {d: v for d, v in h.items() if v[0] != number})
+            }
             self._settings[ct.c_int(0)] = ct.c_uint(1 if (self._inodes or self._hashes) else 0)
 
     # -- reports ---------------------------------------------------------------------------------
@@ -156,11 +184,18 @@ class TouchBlocker:
     def _on_event(self, _ctx, data, _size) -> None:
         event = ct.cast(data, self._event_type).contents
         try:
-            reason = TouchReason(event.reason).name.lower().replace("_", "-")     # "gpu-open", "connect", "exec"
+            reason = (
+                TouchReason(event.reason).name.lower().replace("_", "-")
+            )  # "gpu-open", "connect", "exec"
         except ValueError:
             reason = str(event.reason)
-        report = {"tgid": event.tgid, "reason": reason, "number": event.block,
-                  "comm": decode_c_string(bytes(event.comm)), "path": decode_c_string(bytes(event.path))}
+        report = {
+            "tgid": event.tgid,
+            "reason": reason,
+            "number": event.block,
+            "comm": decode_c_string(bytes(event.comm)),
+            "path": decode_c_string(bytes(event.path)),
+        }
         if reason == "exec":
             if event.block == 0:
                 self._check_exec(report)
@@ -213,7 +248,7 @@ def lift_touch_block(block: Block, root: Path) -> str:
         key_size, value_size, offset = block.detail["tgid_layout"]
         with bpf_pins.PinnedMap(root / "maps" / "touch_tgids") as tgids:
             for key, value in tgids.items(key_size, value_size):
-                if int.from_bytes(value[offset:offset + 4], "little") == number:
+                if int.from_bytes(value[offset : offset + 4], "little") == number:
                     removed += tgids.delete(key)
     except FileNotFoundError:
         pass

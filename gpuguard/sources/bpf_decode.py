@@ -43,7 +43,9 @@ def boot_to_epoch_offset() -> float:
 class EventDecoder:
     """Decodes raw records into model events, given the program's struct classes."""
 
-    def __init__(self, struct_classes: dict[int, type[ct.Structure]], header_class: type[ct.Structure]):
+    def __init__(
+        self, struct_classes: dict[int, type[ct.Structure]], header_class: type[ct.Structure]
+    ):
         self._classes = struct_classes
         self._header = header_class
         self._header_size = ct.sizeof(header_class)
@@ -65,7 +67,9 @@ class EventDecoder:
     def decode(self, data: int, size: int) -> Event:
         """``data`` is the address bcc passes to a ring/perf buffer callback."""
         if size < self._header_size:
-            raise MalformedEvent(f"record of {size} bytes is shorter than the {self._header_size}-byte header")
+            raise MalformedEvent(
+                f"record of {size} bytes is shorter than the {self._header_size}-byte header"
+            )
         header = ct.cast(data, ct.POINTER(self._header)).contents
         cls = self._classes.get(header.kind)
         if cls is None:
@@ -106,7 +110,12 @@ class EventDecoder:
         else:
             family, address = "ipv6", str(ipaddress.IPv6Address(addr))
         return Connect(
-            **self._common(raw.hdr), family=family, address=address, port=raw.port, fd=raw.fd, result=raw.result
+            **self._common(raw.hdr),
+            family=family,
+            address=address,
+            port=raw.port,
+            fd=raw.fd,
+            result=raw.result,
         )
 
     def _net_payload(self, raw) -> NetPayload:
@@ -120,7 +129,9 @@ class EventDecoder:
         )
 
     def _exec(self, raw) -> Exec:
-        return Exec(**self._common(raw.hdr), filename=decode_c_string(bytes(raw.filename)), ppid=raw.ppid)
+        return Exec(
+            **self._common(raw.hdr), filename=decode_c_string(bytes(raw.filename)), ppid=raw.ppid
+        )
 
     def _exit(self, raw) -> Exit:
         return Exit(**self._common(raw.hdr), exit_code=raw.exit_code)
@@ -130,6 +141,10 @@ class EventDecoder:
             source = HugeSource(raw.source).name.lower()
         except ValueError:
             source = f"unknown-{raw.source}"
-        return HugeAlloc(**self._common(raw.hdr), source=source, length=raw.length,
-                         page_size=(1 << raw.page_shift) if raw.page_shift else self._default_huge_page,
-                         flags=raw.flags)
+        return HugeAlloc(
+            **self._common(raw.hdr),
+            source=source,
+            length=raw.length,
+            page_size=(1 << raw.page_shift) if raw.page_shift else self._default_huge_page,
+            flags=raw.flags,
+        )

@@ -34,7 +34,7 @@ def config_paths_from_argv(argv: list[str]) -> list[str]:
         else:
             for option in CONFIG_OPTIONS:
                 if arg.startswith(option + "="):
-                    paths.append(arg[len(option) + 1:])
+                    paths.append(arg[len(option) + 1 :])
     return paths
 
 

@@ -39,17 +39,23 @@ INTERVAL_S = 10.0
 class ConnActivityReader:
     """Reads ``conn_activity`` and maintains ``watched_tgids`` (see the module docstring)."""
 
-    def __init__(self, bpf, slot_index, activity_slots: int, interval_s: float = INTERVAL_S) -> None:
+    def __init__(
+        self, bpf, slot_index, activity_slots: int, interval_s: float = INTERVAL_S
+    ) -> None:
         self._activity = bpf[b"conn_activity"]
         self._watched = bpf[b"watched_tgids"]
         self._sock_slots = bpf[b"sock_fd_slots"]
-        self._slot_index = slot_index          # (tgid, fd) -> index into sock_fd_slots
+        self._slot_index = slot_index  # (tgid, fd) -> index into sock_fd_slots
         self._activity_slots = activity_slots
         self.interval_s = interval_s
         self._offset = boot_to_epoch_offset()
-        self._reported: dict[tuple[int, int], tuple] = {}   # key -> (writes, small writes, bytes/segs in) last reported
-        self.tcp = TcpSessionReader()       # the stack's counters of the recorded connections
-        self.unreadable: list[str] = []     # the latest report's namespaces whose TCP counters could not be read
+        self._reported: dict[
+            tuple[int, int], tuple
+        ] = {}  # key -> (writes, small writes, bytes/segs in) last reported
+        self.tcp = TcpSessionReader()  # the stack's counters of the recorded connections
+        self.unreadable: list[
+            str
+        ] = []  # the latest report's namespaces whose TCP counters could not be read
         self._seeded: set[tuple[int, int]] = set()
         self.watched_by_user: set[int] = set()
         self._next = 0.0
@@ -73,16 +79,18 @@ class ConnActivityReader:
             owner = activity_owner(tgid, fd)
             candidates = self._slots_of(tgid, fd)
             if any(leaf.owner == owner for _, leaf in candidates):
-                continue           # the kernel already has it (connected while watched)
+                continue  # the kernel already has it (connected while watched)
             free = [key for key, leaf in candidates if leaf.owner == 0]
             if not free:
-                continue           # both slots taken: the probes count such a connection as lost
+                continue  # both slots taken: the probes count such a connection as lost
             leaf = self._activity.Leaf()
             leaf.owner = owner
             leaf.start_ns = now_ns
             self._activity[free[0]] = leaf
             # Writes look at a socket only when its slot says so; user space may only write MULTI.
-            self._sock_slots[self._sock_slots.Key(self._slot_index(tgid, fd))] = self._sock_slots.Leaf(SLOT_MULTI)
+            self._sock_slots[self._sock_slots.Key(self._slot_index(tgid, fd))] = (
+                self._sock_slots.Leaf(SLOT_MULTI)
+            )
             self._seeded.add((tgid, fd))
             seeded += 1
         return seeded
@@ -102,20 +110,39 @@ class ConnActivityReader:
         for leaf in records:
             ident = tgid, fd = owner_ident(leaf.owner)
             tcp = stack.sessions.get(ident) if stack else None
-            state = (leaf.writes_out, leaf.small_writes, tcp and tcp.bytes_received, tcp and tcp.data_segs_in)
+            state = (
+                leaf.writes_out,
+                leaf.small_writes,
+                tcp and tcp.bytes_received,
+                tcp and tcp.data_segs_in,
+            )
             if self._reported.get(ident) == state:
                 continue
             self._reported[ident] = state
             n = min(leaf.small_writes, ACTIVITY_TIMES)
             ring = [leaf.small_ns[(leaf.small_writes - n + i) % ACTIVITY_TIMES] for i in range(n)]
             comm, uid, gid, cgroup_id = header_of(tgid)
-            out.append(ConnActivity(
-                time=now_boot / 1e9 + self._offset, pid=tgid, uid=uid, gid=gid, cgroup_id=cgroup_id, comm=comm,
-                fd=fd, age_s=round((now_boot - leaf.start_ns) / 1e9, 3), bytes_out=leaf.bytes_out,
-                writes_out=leaf.writes_out, small_writes=leaf.small_writes,
-                small_write_times=[round(t / 1e9 + self._offset, 6) for t in ring if t],
-                idle_s=round((now_boot - leaf.last_ns) / 1e9, 3) if leaf.last_ns else round((now_boot - leaf.start_ns) / 1e9, 3),
-                seeded=ident in self._seeded, **stack_fields(tcp)))
+            out.append(
+                ConnActivity(
+                    time=now_boot / 1e9 + self._offset,
+                    pid=tgid,
+                    uid=uid,
+                    gid=gid,
+                    cgroup_id=cgroup_id,
+                    comm=comm,
+                    fd=fd,
+                    age_s=round((now_boot - leaf.start_ns) / 1e9, 3),
+                    bytes_out=leaf.bytes_out,
+                    writes_out=leaf.writes_out,
+                    small_writes=leaf.small_writes,
+                    small_write_times=[round(t / 1e9 + self._offset, 6) for t in ring if t],
+                    idle_s=round((now_boot - leaf.last_ns) / 1e9, 3)
+                    if leaf.last_ns
+                    else round((now_boot - leaf.start_ns) / 1e9, 3),
+                    seeded=ident in self._seeded,
+                    **stack_fields(tcp),
+                )
+            )
         return out
 
     def _records(self) -> list:
@@ -123,7 +150,7 @@ class ConnActivityReader:
         try:
             pairs = self._activity.items_lookup_batch()
             return [leaf for _, leaf in pairs if leaf.owner]
-        except Exception:                  # kernels without batch ops on arrays (< 5.6)
+        except Exception:  # kernels without batch ops on arrays (< 5.6)
             return [leaf for _, leaf in self._activity.items() if leaf.owner]
 
     # -- hygiene -----------------------------------------------------------------
@@ -155,7 +182,10 @@ class ConnActivityReader:
     def _slots_of(self, tgid: int, fd: int) -> list:
         """(key, record) of the two slots (tgid, fd)'s record may live in."""
         first = activity_index(tgid, fd, self._activity_slots)
-        return [(key, self._activity[key]) for key in (self._activity.Key(first), self._activity.Key(first + 1))]
+        return [
+            (key, self._activity[key])
+            for key in (self._activity.Key(first), self._activity.Key(first + 1))
+        ]
 
     def _free(self, tgid: int, fd: int) -> None:
         owner = activity_owner(tgid, fd)
@@ -168,11 +198,15 @@ def stack_fields(tcp: TcpSession | None) -> dict:
     """The :class:`ConnActivity` fields that come from the TCP stack's counters (none without them)."""
     if tcp is None:
         return {}
-    return {"remote": tcp.remote, "bytes_in": tcp.bytes_received, "data_segs_in": tcp.data_segs_in,
-            "stack_bytes_out": tcp.bytes_sent if tcp.bytes_sent is not None else tcp.bytes_acked,
-            "data_segs_out": tcp.data_segs_out,
-            "last_recv_s": tcp.last_data_recv_ms / 1000 if tcp.last_data_recv_ms is not None else None,
-            "rtt_ms": tcp.rtt_us / 1000 if tcp.rtt_us is not None else None}
+    return {
+        "remote": tcp.remote,
+        "bytes_in": tcp.bytes_received,
+        "data_segs_in": tcp.data_segs_in,
+        "stack_bytes_out": tcp.bytes_sent if tcp.bytes_sent is not None else tcp.bytes_acked,
+        "data_segs_out": tcp.data_segs_out,
+        "last_recv_s": tcp.last_data_recv_ms / 1000 if tcp.last_data_recv_ms is not None else None,
+        "rtt_ms": tcp.rtt_us / 1000 if tcp.rtt_us is not None else None,
+    }
 
 
 def activity_owner(tgid: int, fd: int) -> int:
@@ -199,7 +233,7 @@ def established_socket_inodes(tgid: int, proc_root: str = "/proc") -> set[int]:
                 next(f, None)
                 for line in f:
                     fields = line.split()
-                    if len(fields) > 9 and fields[3] == "01":     # TCP_ESTABLISHED
+                    if len(fields) > 9 and fields[3] == "01":  # TCP_ESTABLISHED
                         inodes.add(int(fields[9]))
         except (OSError, ValueError):
             continue

@@ -30,7 +30,7 @@ class CpuSampler:
 
     def __init__(self, proc_root: str = "/proc") -> None:
         self.proc_root = proc_root
-        self._last: dict[Hashable, tuple[float, float]] = {}   # key -> (cpu seconds, monotonic time)
+        self._last: dict[Hashable, tuple[float, float]] = {}  # key -> (cpu seconds, monotonic time)
 
     def sample(self, keys: Iterable[tuple[int, float]]) -> dict[tuple[int, float], float]:
         """``keys`` are (pid, start time) pairs; returns a percentage for those seen last time too."""
@@ -45,5 +45,5 @@ class CpuSampler:
             previous = self._last.get(key)
             if previous is not None and now > previous[1] and used >= previous[0]:
                 out[key] = round(100.0 * (used - previous[0]) / (now - previous[1]), 1)
-        self._last = seen        # processes no longer asked for are forgotten
+        self._last = seen  # processes no longer asked for are forgotten
         return out

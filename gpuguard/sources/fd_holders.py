@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 
 from gpuguard.events.abi import device_class_name
 from gpuguard.events.model import GpuOpen
-from gpuguard.sources.gpu_fds import DRM_CLASSES, FdInfo, list_gpu_fds, parse_fdinfo_fields, read_fdinfo
+from gpuguard.sources.gpu_fds import (
+    DRM_CLASSES,
+    FdInfo,
+    list_gpu_fds,
+    parse_fdinfo_fields,
+    read_fdinfo,
+)
+
 
 @dataclass(slots=True)
 class DeviceHolder:
@@ -27,8 +34,8 @@ class DeviceHolder:
     pid: int
     fd: int
     path: str
-    device_class: str            # the JSON/rules name, e.g. "nvidia-uvm"
-    flags: int = 0               # open(2) flags from fdinfo (octal "flags:" line)
+    device_class: str  # the JSON/rules name, e.g. "nvidia-uvm"
+    flags: int = 0  # open(2) flags from fdinfo (octal "flags:" line)
     drm: dict[str, str] = field(default_factory=dict)  # drm-* fdinfo keys of DRM fds
 
 
@@ -58,8 +65,16 @@ def holders_of_pid(pid: int, proc_root: str = "/proc") -> list[DeviceHolder] | N
     for gpu_fd in fds:
         text = read_fdinfo(pid, gpu_fd.fd, proc_root)
         info = parse_fdinfo_fields(text) if text is not None else FdInfo()
-        out.append(DeviceHolder(pid, gpu_fd.fd, gpu_fd.target, device_class_name(gpu_fd.device_class), info.flags,
-                                info.drm if gpu_fd.device_class in DRM_CLASSES else {}))
+        out.append(
+            DeviceHolder(
+                pid,
+                gpu_fd.fd,
+                gpu_fd.target,
+                device_class_name(gpu_fd.device_class),
+                info.flags,
+                info.drm if gpu_fd.device_class in DRM_CLASSES else {},
+            )
+        )
     return out
 
 
@@ -77,6 +92,14 @@ def scan_device_holders(pids: list[int], proc_root: str = "/proc") -> HolderScan
 
 def holder_event(holder: DeviceHolder, time: float, uid: int = 0, comm: str = "") -> GpuOpen:
     """The :class:`GpuOpen` the sensor would have reported for this fd."""
-    return GpuOpen(time=time, pid=holder.pid, tid=holder.pid, uid=uid, comm=comm,
-                   path=holder.path, device_class=holder.device_class, fd=holder.fd,
-                   flags=holder.flags)
+    return GpuOpen(
+        time=time,
+        pid=holder.pid,
+        tid=holder.pid,
+        uid=uid,
+        comm=comm,
+        path=holder.path,
+        device_class=holder.device_class,
+        fd=holder.fd,
+        flags=holder.flags,
+    )

@@ -26,7 +26,7 @@ _DRM_PREFIXES = ("/dev/dri/",)
 @dataclass(slots=True, frozen=True)
 class GpuFd:
     fd: int
-    target: str                  # the link target, as the process's mount namespace names it
+    target: str  # the link target, as the process's mount namespace names it
     device_class: DeviceClass
 
 
@@ -35,10 +35,12 @@ class FdInfo:
     """The fdinfo lines gpuguard uses: open(2) flags and the DRM usage-stats keys."""
 
     flags: int = 0
-    drm: dict[str, str] = field(default_factory=dict)   # "drm-engine-gfx" -> "123 ns"
+    drm: dict[str, str] = field(default_factory=dict)  # "drm-engine-gfx" -> "123 ns"
 
 
-def list_gpu_fds(pid: int, proc_root: str = "/proc", classes: frozenset[DeviceClass] | None = None) -> list[GpuFd]:
+def list_gpu_fds(
+    pid: int, proc_root: str = "/proc", classes: frozenset[DeviceClass] | None = None
+) -> list[GpuFd]:
     """The fds of ``pid`` open on GPU files (of ``classes`` when given).
 
     Raises PermissionError when the fd table is not ours to read and
@@ -50,7 +52,9 @@ def list_gpu_fds(pid: int, proc_root: str = "/proc", classes: frozenset[DeviceCl
         found = []
         for name in os.listdir(dir_fd):
             try:
-                target = os.readlink(name, dir_fd=dir_fd)  # relative to the open dir: no path walk per fd
+                target = os.readlink(
+                    name, dir_fd=dir_fd
+                )  # relative to the open dir: no path walk per fd
             except OSError:
                 continue
             if not target.startswith(prefixes):

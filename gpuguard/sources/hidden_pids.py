@@ -32,8 +32,8 @@ RECENT_PID_WINDOW = 512
 @dataclass(slots=True, frozen=True)
 class HiddenPid:
     pid: int
-    name: str           # "Name:" from status (the comm; attacker-chosen)
-    sources: tuple[str, ...]   # where the pid was seen, e.g. ("cgroup.procs", "gpu")
+    name: str  # "Name:" from status (the comm; attacker-chosen)
+    sources: tuple[str, ...]  # where the pid was seen, e.g. ("cgroup.procs", "gpu")
 
 
 @dataclass(slots=True)
@@ -113,9 +113,13 @@ def last_allocated_pid(proc_root: str = "/proc") -> int | None:
         return None
 
 
-def find_hidden_pids(listed: set[int], parent_pids: Iterable[int] = (),
-                     reported: dict[int, str] | None = None, proc_root: str = "/proc",
-                     use_cgroups: bool = True) -> HiddenPidScan:
+def find_hidden_pids(
+    listed: set[int],
+    parent_pids: Iterable[int] = (),
+    reported: dict[int, str] | None = None,
+    proc_root: str = "/proc",
+    use_cgroups: bool = True,
+) -> HiddenPidScan:
     """Probe the candidate pids above; ``listed`` is the listing the rest of the scan used.
 
     ``reported`` maps pids other sources saw to the source name ("gpu", ...).
@@ -130,11 +134,15 @@ def find_hidden_pids(listed: set[int], parent_pids: Iterable[int] = (),
     if use_cgroups:
         cgroup_root = find_cgroup_root(proc_root)
         if cgroup_root is None:
-            scan.unavailable.append("hidden processes: no cgroup hierarchy is mounted; cgroup.procs not cross-checked")
+            scan.unavailable.append(
+                "hidden processes: no cgroup hierarchy is mounted; cgroup.procs not cross-checked"
+            )
         else:
             cgroup_pids, complete = pids_from_cgroups(cgroup_root)
             if not complete:
-                scan.unavailable.append(f"hidden processes: more than {MAX_CGROUP_DIRS} cgroups; the rest were not cross-checked")
+                scan.unavailable.append(
+                    f"hidden processes: more than {MAX_CGROUP_DIRS} cgroups; the rest were not cross-checked"
+                )
             for pid in cgroup_pids:
                 add(pid, "cgroup.procs")
     for pid in parent_pids:

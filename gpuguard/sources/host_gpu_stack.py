@@ -21,8 +21,19 @@ from dataclasses import dataclass, field
 from gpuguard.events.abi import DeviceClass, device_class_name
 from gpuguard.events.devices import classify_device_path
 
-GPU_MODULES = ("nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia_peermem",
-               "amdgpu", "amdkfd", "i915", "xe", "nouveau", "radeon")
+GPU_MODULES = (
+    "nvidia",
+    "nvidia_uvm",
+    "nvidia_drm",
+    "nvidia_modeset",
+    "nvidia_peermem",
+    "amdgpu",
+    "amdkfd",
+    "i915",
+    "xe",
+    "nouveau",
+    "radeon",
+)
 MAX_SMALL_FILE = 65536
 
 # Kernel taint bits (Documentation/admin-guide/tainted-kernels.rst).
@@ -62,16 +73,16 @@ class TaintFlag:
 @dataclass(slots=True)
 class KernelModule:
     name: str
-    state: str = ""            # "Live", "Loading", "Unloading"
-    taint: str = ""            # /sys/module/NAME/taint letters, e.g. "POE"
+    state: str = ""  # "Live", "Loading", "Unloading"
+    taint: str = ""  # /sys/module/NAME/taint letters, e.g. "POE"
     version: str | None = None
 
 
 @dataclass(slots=True)
 class DeviceNode:
-    path: str                  # as the host sees it, i.e. without ``root``
+    path: str  # as the host sees it, i.e. without ``root``
     device_class: str
-    mode: int                  # permission bits
+    mode: int  # permission bits
     uid: int
     gid: int
     is_char_device: bool
@@ -95,8 +106,8 @@ class NvmlDevice:
 
 @dataclass(slots=True)
 class GpuStackFacts:
-    driver_versions: dict[str, str] = field(default_factory=dict)   # source -> version
-    modules: list[KernelModule] = field(default_factory=list)       # GPU modules and any tainting module
+    driver_versions: dict[str, str] = field(default_factory=dict)  # source -> version
+    modules: list[KernelModule] = field(default_factory=list)  # GPU modules and any tainting module
     taint: int | None = None
     taint_flags: list[TaintFlag] = field(default_factory=list)
     device_nodes: list[DeviceNode] = field(default_factory=list)
@@ -118,7 +129,11 @@ def _read_small(path: str) -> str | None:
 
 def decode_taint(value: int) -> list[TaintFlag]:
     """The set taint bits of ``/proc/sys/kernel/tainted`` with their letters and meanings."""
-    return [TaintFlag(bit, letter, meaning) for bit, letter, meaning in TAINT_FLAGS if value & (1 << bit)]
+    return [
+        TaintFlag(bit, letter, meaning)
+        for bit, letter, meaning in TAINT_FLAGS
+        if value & (1 << bit)
+    ]
 
 
 def read_kernel_taint(proc_root: str = "/proc") -> int | None:
@@ -181,8 +196,16 @@ def read_device_nodes(root: str = "/") -> list[DeviceNode]:
                 continue
             if stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode):
                 continue
-            nodes.append(DeviceNode(host_path, device_class_name(device_class), stat.S_IMODE(st.st_mode),
-                                    st.st_uid, st.st_gid, stat.S_ISCHR(st.st_mode)))
+            nodes.append(
+                DeviceNode(
+                    host_path,
+                    device_class_name(device_class),
+                    stat.S_IMODE(st.st_mode),
+                    st.st_uid,
+                    st.st_gid,
+                    stat.S_ISCHR(st.st_mode),
+                )
+            )
     return nodes
 
 
@@ -203,9 +226,11 @@ def read_nvml() -> tuple[str | None, list[NvmlDevice], str | None]:
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             device = NvmlDevice(index)
-            for attr, getter in (("name", pynvml.nvmlDeviceGetName),
-                                 ("persistence_mode", pynvml.nvmlDeviceGetPersistenceMode),
-                                 ("accounting_mode", pynvml.nvmlDeviceGetAccountingMode)):
+            for attr, getter in (
+                ("name", pynvml.nvmlDeviceGetName),
+                ("persistence_mode", pynvml.nvmlDeviceGetPersistenceMode),
+                ("accounting_mode", pynvml.nvmlDeviceGetAccountingMode),
+            ):
                 try:
                     value = getter(handle)
                 except Exception:
@@ -224,14 +249,17 @@ def read_nvml() -> tuple[str | None, list[NvmlDevice], str | None]:
             pass
 
 
-def collect_gpu_stack(root: str = "/", proc_root: str = "/proc", sys_root: str = "/sys",
-                      use_nvml: bool = True) -> GpuStackFacts:
+def collect_gpu_stack(
+    root: str = "/", proc_root: str = "/proc", sys_root: str = "/sys", use_nvml: bool = True
+) -> GpuStackFacts:
     """Everything above, in one pass."""
     facts = GpuStackFacts()
     facts.driver_versions = read_driver_versions(proc_root, sys_root)
     modules = read_modules(proc_root, sys_root)
     if modules is None:
-        facts.unavailable.append("kernel modules: /proc/modules is not readable (modules built in?)")
+        facts.unavailable.append(
+            "kernel modules: /proc/modules is not readable (modules built in?)"
+        )
     else:
         facts.modules = modules
     facts.taint = read_kernel_taint(proc_root)

@@ -43,7 +43,7 @@ from gpuguard.sources.process import collect_process_facts
 from gpuguard.sources.session_window import SessionWindow
 
 GPU_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
-GPU_STEP_S = 1.0          # the agent's sampling rate: windows hold the same shape in scan and agent
+GPU_STEP_S = 1.0  # the agent's sampling rate: windows hold the same shape in scan and agent
 
 
 @dataclass(slots=True)
@@ -53,12 +53,18 @@ class HostObservation:
     facts: dict[int, ProcessFacts] = field(default_factory=dict)
     holders: HolderScan = field(default_factory=HolderScan)
     connections: ConnectionTable = field(default_factory=ConnectionTable)
-    snapshots: list[GpuSnapshot] = field(default_factory=list)       # oldest first
-    accounting: list[GpuAccounting] = field(default_factory=list)    # NVML accounting records (running and exited)
-    gpu_window_s: float = 0.0        # seconds of live GPU sampling (first to last sample)
-    sessions: list[ConnActivity] = field(default_factory=list)   # GPU holders' connections over the window
-    session_status: list[str] = field(default_factory=list)      # TCP counters that could not be read
-    gpu_status: list[str] = field(default_factory=list)        # one line per GPU source that does not work here
+    snapshots: list[GpuSnapshot] = field(default_factory=list)  # oldest first
+    accounting: list[GpuAccounting] = field(
+        default_factory=list
+    )  # NVML accounting records (running and exited)
+    gpu_window_s: float = 0.0  # seconds of live GPU sampling (first to last sample)
+    sessions: list[ConnActivity] = field(
+        default_factory=list
+    )  # GPU holders' connections over the window
+    session_status: list[str] = field(default_factory=list)  # TCP counters that could not be read
+    gpu_status: list[str] = field(
+        default_factory=list
+    )  # one line per GPU source that does not work here
     cpu_window_s: float = 0.0
     own_uid: int = 0
 
@@ -102,7 +108,13 @@ def gpu_pid_states(snapshots: Iterable[GpuSnapshot]) -> dict[int, str]:
                 status = "gone"
             except psutil.AccessDenied:
                 status = "running"
-            states[usage.pid] = "zombie" if status == psutil.STATUS_ZOMBIE else "gone" if status == "gone" else "running"
+            states[usage.pid] = (
+                "zombie"
+                if status == psutil.STATUS_ZOMBIE
+                else "gone"
+                if status == "gone"
+                else "running"
+            )
     return states
 
 
@@ -169,15 +181,21 @@ class _WindowSampler(threading.Thread):
             self._sessions.sample()
 
 
-def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool = True,
-                 facts_hook: Callable[[ProcessFacts], None] | None = None,
-                 gpu_window_s: float = 0.0) -> HostObservation:
+def observe_host(
+    cpu_sample_s: float = 0.5,
+    proc_root: str = "/proc",
+    gpu: bool = True,
+    facts_hook: Callable[[ProcessFacts], None] | None = None,
+    gpu_window_s: float = 0.0,
+) -> HostObservation:
     """Observe every process once (see the module docstring for the steps)."""
     try:
         listed = list_proc_pids(proc_root)
     except OSError as exc:
-        raise GpuguardError(f"cannot list processes in {proc_root}: {exc.strerror}",
-                            "mount procfs (mount -t proc proc /proc)") from None
+        raise GpuguardError(
+            f"cannot list processes in {proc_root}: {exc.strerror}",
+            "mount procfs (mount -t proc proc /proc)",
+        ) from None
     obs = HostObservation(time=time.time(), listed_pids=listed, own_uid=os.geteuid())
     window_start = time.monotonic()
     cpu_probes: dict[int, psutil.Process] = {}
@@ -209,7 +227,9 @@ def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool 
         obs.holders = scan_device_holders(sorted(obs.facts), proc_root)
         if window is not None and proc_root == "/proc":
             # the holders the fd tables show and the pids the GPU drivers list; the window thread samples them
-            sessions.pids = set(obs.holders.by_pid()) | {p.pid for snap in list(live) for p in snap.processes}
+            sessions.pids = set(obs.holders.by_pid()) | {
+                p.pid for snap in list(live) for p in snap.processes
+            }
         obs.connections = read_connection_table()
 
         remaining = cpu_sample_s - (time.monotonic() - window_start)
@@ -246,8 +266,11 @@ def observe_host(cpu_sample_s: float = 0.5, proc_root: str = "/proc", gpu: bool 
         obs.gpu_window_s = live[-1].time - live[0].time
     obs.snapshots.extend(live)
     obs.snapshots.sort(key=lambda snap: snap.time)
-    obs.sessions = sessions.records(lambda pid: (obs.facts[pid].comm, max(obs.facts[pid].uid, 0))
-                                    if pid in obs.facts else ("", 0))
+    obs.sessions = sessions.records(
+        lambda pid: (
+            (obs.facts[pid].comm, max(obs.facts[pid].uid, 0)) if pid in obs.facts else ("", 0)
+        )
+    )
     obs.session_status = sorted(sessions.unreadable)
     return obs
 
@@ -259,22 +282,35 @@ def limitation_lines(obs: HostObservation) -> list[str]:
     no_exe = sum(1 for f in others if not f.exe and not f.kernel_thread and f.start_time)
     denied = sum(1 for f in others if not f.start_time)
     no_env = sum(1 for f in others if not f.kernel_thread and f.exe and not f.environ_readable)
-    no_fd = sum(1 for pid in obs.holders.unreadable_pids
-                if (f := obs.facts.get(pid)) is not None and f.uid != obs.own_uid and not f.kernel_thread)
+    no_fd = sum(
+        1
+        for pid in obs.holders.unreadable_pids
+        if (f := obs.facts.get(pid)) is not None and f.uid != obs.own_uid and not f.kernel_thread
+    )
     if no_exe:
-        lines.append(f"could not read /proc/PID/exe for {no_exe} processes owned by other users; run as root to see them")
+        lines.append(
+            f"could not read /proc/PID/exe for {no_exe} processes owned by other users; run as root to see them"
+        )
     if denied:
-        lines.append(f"could not read /proc/PID/stat for {denied} processes (hidepid?); run as root to see them")
+        lines.append(
+            f"could not read /proc/PID/stat for {denied} processes (hidepid?); run as root to see them"
+        )
     if no_fd:
-        lines.append(f"could not read /proc/PID/fd for {no_fd} processes owned by other users, so their GPU "
-                     "device handles are unknown; run as root to see them")
+        lines.append(
+            f"could not read /proc/PID/fd for {no_fd} processes owned by other users, so their GPU "
+            "device handles are unknown; run as root to see them"
+        )
     if no_env:
-        lines.append(f"could not read /proc/PID/environ for {no_env} processes owned by other users "
-                     "(LD_PRELOAD unchecked); run as root to see them")
+        lines.append(
+            f"could not read /proc/PID/environ for {no_env} processes owned by other users "
+            "(LD_PRELOAD unchecked); run as root to see them"
+        )
     lines.extend(f"could not read {line}; run as root to see them" for line in obs.session_status)
     if obs.connections.unavailable:
         lines.append(f"{obs.connections.unavailable}; run as root to see them")
     elif obs.connections.unattributed:
-        lines.append(f"could not map {obs.connections.unattributed} network connections to their processes; "
-                     "run as root to see them")
+        lines.append(
+            f"could not map {obs.connections.unattributed} network connections to their processes; "
+            "run as root to see them"
+        )
     return lines

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 
 KIB = 1024
-_MAX_SMAPS_BYTES = 8 << 20     # a process with this many mappings is read in part
+_MAX_SMAPS_BYTES = 8 << 20  # a process with this many mappings is read in part
 
 
 def _status_kib(pid: int, key: bytes, proc_root: str) -> int | None:
@@ -30,7 +30,7 @@ def _status_kib(pid: int, key: bytes, proc_root: str) -> int | None:
                     return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         return None
-    return 0    # no such line: a kernel without hugetlb
+    return 0  # no such line: a kernel without hugetlb
 
 
 def _largest_hugetlb_page(pid: int, proc_root: str) -> int | None:
@@ -66,10 +66,14 @@ def process_hugetlb(pid: int, proc_root: str = "/proc") -> tuple[int | None, int
 class HostTuning:
     """Host-wide CPU-miner tuning state (paths under ``root``)."""
 
-    msr_allow_writes: str | None = None          # "on" / "off" / "default"; None: msr module not loaded
-    nr_hugepages: int | None = None              # /proc/sys/vm/nr_hugepages (default-size pages)
-    reserved: dict[int, int] = field(default_factory=dict)   # page size in bytes -> pages reserved (> 0 only)
-    sources: dict[str, str] = field(default_factory=dict)    # path -> value of what is set (msr, counts > 0)
+    msr_allow_writes: str | None = None  # "on" / "off" / "default"; None: msr module not loaded
+    nr_hugepages: int | None = None  # /proc/sys/vm/nr_hugepages (default-size pages)
+    reserved: dict[int, int] = field(
+        default_factory=dict
+    )  # page size in bytes -> pages reserved (> 0 only)
+    sources: dict[str, str] = field(
+        default_factory=dict
+    )  # path -> value of what is set (msr, counts > 0)
 
 
 MSR_ALLOW_WRITES = "/sys/module/msr/parameters/allow_writes"
@@ -89,7 +93,7 @@ def _page_size_of(directory: str) -> int | None:
     """``hugepages-1048576kB`` -> 1 GiB in bytes."""
     if not (directory.startswith("hugepages-") and directory.endswith("kB")):
         return None
-    digits = directory[len("hugepages-"):-2]
+    digits = directory[len("hugepages-") : -2]
     return int(digits) * KIB if digits.isdigit() else None
 
 

@@ -71,7 +71,9 @@ class KernelMaps:
                     self.unslot(key.tgid, key.fd)  # the pid may come back
         return removed
 
-    def sweep(self, fd_is_gpu: Callable[[int, int], tuple[bool, str | None]]) -> tuple[set[int], int]:
+    def sweep(
+        self, fd_is_gpu: Callable[[int, int], tuple[bool, str | None]]
+    ) -> tuple[set[int], int]:
         """Forget tracked fds that no longer refer to a GPU file; return (dead processes, fds forgotten)."""
         dead: set[int] = set()
         swept = 0

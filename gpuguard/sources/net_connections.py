@@ -34,20 +34,20 @@ class RemoteConnection:
 
     pid: int
     fd: int
-    family: str          # "ipv4" | "ipv6"
-    protocol: str        # "tcp" | "udp"
+    family: str  # "ipv4" | "ipv6"
+    protocol: str  # "tcp" | "udp"
     local_address: str
     local_port: int
     remote_address: str
     remote_port: int
-    status: str          # psutil status, e.g. "ESTABLISHED", "SYN_SENT", "NONE" (udp)
+    status: str  # psutil status, e.g. "ESTABLISHED", "SYN_SENT", "NONE" (udp)
 
 
 @dataclass(slots=True)
 class ConnectionTable:
     by_pid: dict[int, list[RemoteConnection]] = field(default_factory=dict)
-    unattributed: int = 0     # remote connections whose owner pid could not be read (not root)
-    ownerless: int = 0        # remote connections no process owns (TIME_WAIT; pid-less as root)
+    unattributed: int = 0  # remote connections whose owner pid could not be read (not root)
+    ownerless: int = 0  # remote connections no process owns (TIME_WAIT; pid-less as root)
     unavailable: str | None = None  # why no table could be read at all
 
 
@@ -86,6 +86,15 @@ def read_connection_table(as_root: bool | None = None) -> ConnectionTable:
 
 def connect_event(conn: RemoteConnection, time: float, uid: int = 0, comm: str = "") -> Connect:
     """The :class:`Connect` the sensor would have reported when the socket connected."""
-    return Connect(time=time, pid=conn.pid, tid=conn.pid, uid=uid, comm=comm,
-                   family=conn.family, address=conn.remote_address, port=conn.remote_port,
-                   fd=conn.fd, result=0)
+    return Connect(
+        time=time,
+        pid=conn.pid,
+        tid=conn.pid,
+        uid=uid,
+        comm=comm,
+        family=conn.family,
+        address=conn.remote_address,
+        port=conn.remote_port,
+        fd=conn.fd,
+        result=0,
+    )

@@ -22,22 +22,35 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-MAX_FILE_BYTES = 64 << 20      # read per file; a larger autostart file is itself a red flag
-MAX_KEPT_BYTES = 4 << 20       # meaningful (non-comment) lines kept per file
-MAX_LINE_CHARS = 64 << 10      # of one line
+MAX_FILE_BYTES = 64 << 20  # read per file; a larger autostart file is itself a red flag
+MAX_KEPT_BYTES = 4 << 20  # meaningful (non-comment) lines kept per file
+MAX_LINE_CHARS = 64 << 10  # of one line
 MAX_FILES_PER_DIR = 2000
 MAX_HOMES = 1000
 
-SYSTEMD_DIRS = ("etc/systemd/system", "lib/systemd/system", "usr/lib/systemd/system",
-                "run/systemd/system", "etc/systemd/user", "usr/lib/systemd/user")
+SYSTEMD_DIRS = (
+    "etc/systemd/system",
+    "lib/systemd/system",
+    "usr/lib/systemd/system",
+    "run/systemd/system",
+    "etc/systemd/user",
+    "usr/lib/systemd/user",
+)
 SYSTEMD_SUFFIXES = (".service", ".timer", ".socket", ".path")
 # Subdirectories of a unit directory that also start things: enablement links
 # and drop-ins (an override.conf can replace a unit's ExecStart=).
 SYSTEMD_SUBDIR_SUFFIXES = (".wants", ".requires", ".d")
 SYSTEMD_DROPIN_SUFFIXES = SYSTEMD_SUFFIXES + (".conf",)
 CRON_FILES = ("etc/crontab", "etc/anacrontab")
-CRON_DIRS = ("etc/cron.d", "etc/cron.hourly", "etc/cron.daily", "etc/cron.weekly",
-             "etc/cron.monthly", "var/spool/cron/crontabs", "var/spool/cron")
+CRON_DIRS = (
+    "etc/cron.d",
+    "etc/cron.hourly",
+    "etc/cron.daily",
+    "etc/cron.weekly",
+    "etc/cron.monthly",
+    "var/spool/cron/crontabs",
+    "var/spool/cron",
+)
 PROFILE_FILES = ("etc/profile", "etc/bash.bashrc", "etc/bashrc", "etc/environment")
 PROFILE_DIRS = ("etc/profile.d",)
 RC_FILES = ("etc/rc.local", "etc/rc.d/rc.local")
@@ -48,23 +61,29 @@ HOME_SYSTEMD_DIR = ".config/systemd/user"
 def is_comment(line: str, kind: str) -> bool:
     """A blank line or a comment in an autostart file of ``kind`` (starts nothing)."""
     stripped = line.lstrip()
-    return not stripped or stripped.startswith("#") or (kind == "systemd-unit" and stripped.startswith(";"))
+    return (
+        not stripped
+        or stripped.startswith("#")
+        or (kind == "systemd-unit" and stripped.startswith(";"))
+    )
 
 
 @dataclass(slots=True)
 class AutostartFile:
-    path: str          # as the host sees it (``root`` removed), e.g. "/etc/cron.d/job"
-    kind: str          # "systemd-unit" | "cron" | "shell-profile" | "rc-local"
-    lines: list[tuple[int, str]]   # (line number, line) of every line that is not a comment
+    path: str  # as the host sees it (``root`` removed), e.g. "/etc/cron.d/job"
+    kind: str  # "systemd-unit" | "cron" | "shell-profile" | "rc-local"
+    lines: list[tuple[int, str]]  # (line number, line) of every line that is not a comment
     owner_uid: int
     mode: int
-    truncated: bool = False        # a bound stopped the reading; the path is in AutostartScan.partly_read
+    truncated: bool = False  # a bound stopped the reading; the path is in AutostartScan.partly_read
 
 
 @dataclass(slots=True)
 class AutostartScan:
     files: list[AutostartFile] = field(default_factory=list)
-    unreadable: list[str] = field(default_factory=list)   # host paths that exist but could not be read
+    unreadable: list[str] = field(
+        default_factory=list
+    )  # host paths that exist but could not be read
     partly_read: list[str] = field(default_factory=list)  # "path (why)" of files a bound stopped
 
 
@@ -111,8 +130,16 @@ class _Reader:
         path = self.host_path(real)
         if stopped:
             self.scan.partly_read.append(f"{path} ({stopped})")
-        self.scan.files.append(AutostartFile(path=path, kind=kind, lines=lines, owner_uid=st.st_uid,
-                                             mode=stat.S_IMODE(st.st_mode), truncated=bool(stopped)))
+        self.scan.files.append(
+            AutostartFile(
+                path=path,
+                kind=kind,
+                lines=lines,
+                owner_uid=st.st_uid,
+                mode=stat.S_IMODE(st.st_mode),
+                truncated=bool(stopped),
+            )
+        )
 
     def read_dir(self, real_dir: str, kind: str, suffixes: tuple[str, ...] = ()) -> None:
         try:
@@ -132,15 +159,18 @@ class _Reader:
                 continue
             self.read(os.path.join(real_dir, name), kind)
 
-
     def read_unit_dir(self, real_dir: str) -> None:
         """A systemd unit directory, its enablement links and its drop-in directories."""
         self.read_dir(real_dir, "systemd-unit", SYSTEMD_SUFFIXES)
         try:
             with os.scandir(real_dir) as entries:
-                subdirs = [e.path for i, e in enumerate(entries)
-                           if i < MAX_FILES_PER_DIR and e.name.endswith(SYSTEMD_SUBDIR_SUFFIXES)
-                           and e.is_dir(follow_symlinks=False)]
+                subdirs = [
+                    e.path
+                    for i, e in enumerate(entries)
+                    if i < MAX_FILES_PER_DIR
+                    and e.name.endswith(SYSTEMD_SUBDIR_SUFFIXES)
+                    and e.is_dir(follow_symlinks=False)
+                ]
         except OSError:
             return
         for subdir in sorted(subdirs):
@@ -169,7 +199,10 @@ def _meaningful_lines(f, kind: str) -> tuple[list[tuple[int, str]], str]:  # noq
         if not is_comment(line, kind):
             kept += len(line)
             if kept > MAX_KEPT_BYTES:
-                return lines, f"more than {MAX_KEPT_BYTES} bytes of non-comment lines; read to line {number - 1}"
+                return (
+                    lines,
+                    f"more than {MAX_KEPT_BYTES} bytes of non-comment lines; read to line {number - 1}",
+                )
             lines.append((number, line))
         if read > MAX_FILE_BYTES:
             return lines, f"larger than {MAX_FILE_BYTES} bytes; read to line {number}"

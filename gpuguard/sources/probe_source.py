@@ -23,12 +23,12 @@ class ProbeSettings:
     payload_capture: bool = True
     perf_buffer: bool = False
     payload_writes: int = 4
-    ringbuf_pages: int = 1024       # 4 MiB with 4 KiB pages; must be a power of two
+    ringbuf_pages: int = 1024  # 4 MiB with 4 KiB pages; must be a power of two
     max_tracked_fds: int = 65536
     max_ioctl_keys: int = 65536
     max_fresh_sockets: int = 16384
-    fd_slots: int = 32768           # prefilter slots per map; must be a power of two
-    activity_slots: int = 8192      # conn_activity records (watched connections); a power of two
+    fd_slots: int = 32768  # prefilter slots per map; must be a power of two
+    activity_slots: int = 8192  # conn_activity records (watched connections); a power of two
     # How syscall entries are hooked: "tracepoint" (one syscalls:sys_enter_*
     # tracepoint per hooked syscall) or "raw" (one raw sys_enter program for
     # all: cheaper per hooked call, dearer for every other syscall on the

@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 
-_SYS_OPENAT2 = 437          # the same number on every architecture (added after the table was unified)
+_SYS_OPENAT2 = 437  # the same number on every architecture (added after the table was unified)
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_BENEATH = 0x08
 _RESOLVE_IN_ROOT = 0x10
@@ -39,13 +39,18 @@ class _OpenHow(ctypes.Structure):
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-_openat2_works: bool | None = None     # learnt on first use
+_openat2_works: bool | None = None  # learnt on first use
 
 
 def _openat2(dirfd: int, path: str, resolve: int) -> int:
     how = _OpenHow(_OPEN_FLAGS, 0, resolve | _RESOLVE_NO_MAGICLINKS)
-    fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(os.fsencode(path)),
-                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    fd = _libc.syscall(
+        ctypes.c_long(_SYS_OPENAT2),
+        ctypes.c_int(dirfd),
+        ctypes.c_char_p(os.fsencode(path)),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
     if fd < 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), path)

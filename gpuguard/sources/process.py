@@ -59,7 +59,9 @@ def _ancestors(proc: psutil.Process, proc_root: str) -> list[Ancestor]:
     return out
 
 
-def collect_process_facts(pid: int, proc_root: str = "/proc", with_ancestors: bool = True) -> ProcessFacts | None:
+def collect_process_facts(
+    pid: int, proc_root: str = "/proc", with_ancestors: bool = True
+) -> ProcessFacts | None:
     """Facts about ``pid`` now, or ``None`` if it no longer exists."""
     try:
         proc = psutil.Process(pid)
@@ -95,7 +97,9 @@ def collect_process_facts(pid: int, proc_root: str = "/proc", with_ancestors: bo
     cgroup = read_cgroup_path(pid, proc_root)
     container = container_from_cgroup(cgroup)
     ld_preload, environ_readable = _ld_preload(proc) if not kernel_thread else (None, False)
-    hugetlb_bytes, hugetlb_page_size = process_hugetlb(pid, proc_root) if not kernel_thread else (None, None)
+    hugetlb_bytes, hugetlb_page_size = (
+        process_hugetlb(pid, proc_root) if not kernel_thread else (None, None)
+    )
     return ProcessFacts(
         pid=pid,
         start_time=start_time,

@@ -47,7 +47,14 @@ _SCHEMA_MAPS = {
     EventKind.EXIT: "schema_exit",
     EventKind.HUGE_ALLOC: "schema_huge_alloc",
 }
-_TABLES = ("tracked_fds", "ioctl_counts", "fresh_sockets", "lost_counts", "gpu_fd_slots", "sock_fd_slots")
+_TABLES = (
+    "tracked_fds",
+    "ioctl_counts",
+    "fresh_sockets",
+    "lost_counts",
+    "gpu_fd_slots",
+    "sock_fd_slots",
+)
 DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the process stops
 
 
@@ -65,12 +72,14 @@ def kernel_has_ringbuf(release: str | None = None) -> bool:
 class SensorStats:
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     lost: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    malformed: int = 0               # kernel records that did not decode
-    routing_errors: int = 0          # decoded records our own routing failed on (a gpuguard bug)
+    malformed: int = 0  # kernel records that did not decode
+    routing_errors: int = 0  # decoded records our own routing failed on (a gpuguard bug)
     dropped_relative_opens: int = 0
     swept_fds: int = 0
-    tcp_counters_unreadable: int = 0  # network namespaces whose TCP counters (tcp_info) could not be read
-    watch_refused: int = 0           # request_watch calls the kernel's watched_tgids map had no room for
+    tcp_counters_unreadable: int = (
+        0  # network namespaces whose TCP counters (tcp_info) could not be read
+    )
+    watch_refused: int = 0  # request_watch calls the kernel's watched_tgids map had no room for
     startup_seconds: float = 0.0
     buffer: str = ""
 
@@ -100,17 +109,17 @@ class Sensor:
         self.stats = SensorStats()
         self._bpf = None
         self._bcc = None
-        self._detach: _ProbeDetach | None = None   # probes being detached (detach_probes)
+        self._detach: _ProbeDetach | None = None  # probes being detached (detach_probes)
         self.tables: dict = {}
-        self.maps: KernelMaps | None = None   # stale-entry removal in the probes' maps
+        self.maps: KernelMaps | None = None  # stale-entry removal in the probes' maps
         self._decoder: EventDecoder | None = None
         self._pending: list[Event] = []
-        self._watch_requests: deque[int] = deque()     # request_watch, from other threads
+        self._watch_requests: deque[int] = deque()  # request_watch, from other threads
         self._ioctl_seen: dict[tuple[int, int, int], int] = {}
         self._lost_seen: dict[int, int] = {}
         self._headers: dict[int, _ProcessHeader] = {}
         self._gpu_tgids: set[int] = set()
-        self.streams = PayloadStreams(self.settings.payload_writes)   # first writes per connection
+        self.streams = PayloadStreams(self.settings.payload_writes)  # first writes per connection
         self._next_drain = 0.0
         self._next_sweep = 0.0
         # The ring-buffer callback ends the current poll once this time passes:
@@ -118,7 +127,7 @@ class Sensor:
         # event flood cannot keep a stopping process reading forever.
         self._consume_until = math.inf
         self.activity_interval = activity_interval
-        self.activity: ConnActivityReader | None = None   # per-connection records of GPU holders
+        self.activity: ConnActivityReader | None = None  # per-connection records of GPU holders
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -127,10 +136,14 @@ class Sensor:
             self.settings = replace(self.settings, perf_buffer=True)
         started = time.perf_counter()
         try:
-            self._bpf = _deferred_attach_bpf(bcc)(text=probe_text().encode(), cflags=self.settings.cflags())
+            self._bpf = _deferred_attach_bpf(bcc)(
+                text=probe_text().encode(), cflags=self.settings.cflags()
+            )
             # Every open hook tail-calls this one classifier: it must be in the
             # program array before any hook is attached, or opens would be missed.
-            hook_type = bcc.BPF.RAW_TRACEPOINT if self.settings.enter_hook == "raw" else bcc.BPF.TRACEPOINT
+            hook_type = (
+                bcc.BPF.RAW_TRACEPOINT if self.settings.enter_hook == "raw" else bcc.BPF.TRACEPOINT
+            )
             classifier = self._bpf.load_func(b"classify_open", hook_type)
             self._bpf[b"open_classifier"][ct.c_int(0)] = ct.c_int(classifier.fd)
             self._bpf.attach_all()
@@ -144,14 +157,20 @@ class Sensor:
         self.maps = KernelMaps(self.tables, self.settings.fd_slots)
         if self.settings.payload_capture:
             self.activity = ConnActivityReader(
-                self._bpf, lambda tgid, fd: slot_index(tgid, fd, self.settings.fd_slots),
-                self.settings.activity_slots, self.activity_interval)
+                self._bpf,
+                lambda tgid, fd: slot_index(tgid, fd, self.settings.fd_slots),
+                self.settings.activity_slots,
+                self.activity_interval,
+            )
         classes = {kind: self._bpf[name.encode()].Leaf for kind, name in _SCHEMA_MAPS.items()}
         self._decoder = EventDecoder(classes, self._bpf[b"schema_header"].Leaf)
         events = self._bpf[b"events"]
         if self.settings.perf_buffer:
-            events.open_perf_buffer(self._on_perf, page_cnt=max(8, self.settings.ringbuf_pages // 8),
-                                    lost_cb=self._on_perf_lost)
+            events.open_perf_buffer(
+                self._on_perf,
+                page_cnt=max(8, self.settings.ringbuf_pages // 8),
+                lost_cb=self._on_perf_lost,
+            )
             self.stats.buffer = "perf"
         else:
             events.open_ring_buffer(self._on_ring)
@@ -173,7 +192,7 @@ class Sensor:
             self.detach_probes()
             self._detach.wait()
             failures, self._detach = self._detach.failures, None
-            self._bpf.cleanup()   # the rest: buffers, programs, maps
+            self._bpf.cleanup()  # the rest: buffers, programs, maps
             self._bpf = None
             if failures:
                 raise OSError(f"closing {len(failures)} probe fds failed: {failures}")
@@ -289,8 +308,12 @@ class Sensor:
         elif isinstance(event, NetPayload):
             self.streams.recognise(event)
         elif isinstance(event, Connect):
-            self.streams.connected(event.pid, event.fd, self.settings.payload_capture
-                                   and (event.result == 0 or event.result == -errno.EINPROGRESS))
+            self.streams.connected(
+                event.pid,
+                event.fd,
+                self.settings.payload_capture
+                and (event.result == 0 or event.result == -errno.EINPROGRESS),
+            )
         elif isinstance(event, Exec):
             self._enrich_exec(event)
             if event.pid in self._headers:
@@ -321,7 +344,11 @@ class Sensor:
         try:
             with open(f"/proc/{event.pid}/cmdline", "rb") as f:
                 raw = f.read(32768)
-            event.cmdline = [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\x00")[:-1]] if raw else []
+            event.cmdline = (
+                [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\x00")[:-1]]
+                if raw
+                else []
+            )
             with open(f"/proc/{event.pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
             event.ppid = int(fields[1])
@@ -357,7 +384,9 @@ class Sensor:
                 self.stats.lost[what] += delta
                 out.append(Lost(time=now, pid=0, what=what, count=delta))
 
-    def _ioctl_event(self, now: float, tgid: int, device_class: int, command: int, count: int) -> GpuIoctl:
+    def _ioctl_event(
+        self, now: float, tgid: int, device_class: int, command: int, count: int
+    ) -> GpuIoctl:
         header = self._headers.get(tgid)
         class_name = device_class_name(device_class)
         self.stats.events["gpu_ioctl"] += 1
@@ -383,7 +412,9 @@ class Sensor:
         fresh = self.streams.process_gone(tgid)
         if fresh:
             self.maps.forget_fresh(tgid, fresh)
-        if self.activity is not None and (tgid in self._gpu_tgids or tgid in self.activity.watched_by_user):
+        if self.activity is not None and (
+            tgid in self._gpu_tgids or tgid in self.activity.watched_by_user
+        ):
             self.activity.forget({tgid})
         if tgid in self._gpu_tgids:
             self._drain_into(self._pending, only_tgid=tgid)
@@ -410,7 +441,10 @@ class Sensor:
 
     # -- debugging ------------------------------------------------------------------
     def map_sizes(self) -> dict[str, int]:
-        return {name: len(list(self.tables[name].keys())) for name in ("tracked_fds", "ioctl_counts", "fresh_sockets")}
+        return {
+            name: len(list(self.tables[name].keys()))
+            for name in ("tracked_fds", "ioctl_counts", "fresh_sockets")
+        }
 
 
 def _deferred_attach_bpf(bcc):  # noqa: ANN001, ANN202
@@ -458,13 +492,15 @@ class _ProbeDetach:
         if keeper is not None:
             for close, fd in closes:
                 self._close(close, fd)
-            keeper.stdin.close()          # end-of-file: the keeper exits and releases the probes
+            keeper.stdin.close()  # end-of-file: the keeper exits and releases the probes
             return
         for close, fd in closes:
-            thread = threading.Thread(target=self._close, args=(close, fd), name="gpuguard-detach", daemon=True)
+            thread = threading.Thread(
+                target=self._close, args=(close, fd), name="gpuguard-detach", daemon=True
+            )
             try:
                 thread.start()
-            except RuntimeError:   # no thread to be had: detach here, slowly but surely
+            except RuntimeError:  # no thread to be had: detach here, slowly but surely
                 self._close(close, fd)
                 continue
             self._threads.append(thread)
@@ -484,8 +520,15 @@ def _start_keeper(fds: list[int]) -> "subprocess.Popen | None":
     if not fds or cat is None:
         return None
     try:
-        return subprocess.Popen([cat], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                pass_fds=fds, close_fds=True, env={})
+        return subprocess.Popen(
+            [cat],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=fds,
+            close_fds=True,
+            env={},
+        )
     except OSError:
         return None
 

@@ -47,7 +47,9 @@ class SessionWindow:
         dump = self.reader.read(sorted(self.pids))
         self.unreadable.update(dump.unreadable)
         for key, session in dump.sessions.items():
-            if session.data_segs_out is None:      # kernels before 4.6: no segment counts, no write times
+            if (
+                session.data_segs_out is None
+            ):  # kernels before 4.6: no segment counts, no write times
                 continue
             self.series.setdefault(key, []).append((now, session))
 
@@ -65,7 +67,9 @@ def _sent(session: TcpSession) -> int:
     return session.bytes_sent if session.bytes_sent is not None else (session.bytes_acked or 0)
 
 
-def _record(pid: int, fd: int, points: list[tuple[float, TcpSession]], comm: str, uid: int) -> ConnActivity:
+def _record(
+    pid: int, fd: int, points: list[tuple[float, TcpSession]], comm: str, uid: int
+) -> ConnActivity:
     writes: list[float] = []
     small: list[float] = []
     for (_t0, before), (t1, after) in zip(points, points[1:]):
@@ -79,7 +83,18 @@ def _record(pid: int, fd: int, points: list[tuple[float, TcpSession]], comm: str
     last_t, last = points[-1]
     idle = last_t - writes[-1] if writes else (last.last_data_sent_ms or 0) / 1000
     return ConnActivity(
-        time=last_t, pid=pid, uid=uid, comm=comm, fd=fd, age_s=round(last_t - first_t, 3),
-        bytes_out=_sent(last) - _sent(first), writes_out=last.data_segs_out - first.data_segs_out,
-        small_writes=len(small), small_write_times=[round(t, 3) for t in small[-MAX_WRITE_TIMES:]],
-        idle_s=round(idle, 3), seeded=True, time_resolution_s=1.0, **stack_fields(last))
+        time=last_t,
+        pid=pid,
+        uid=uid,
+        comm=comm,
+        fd=fd,
+        age_s=round(last_t - first_t, 3),
+        bytes_out=_sent(last) - _sent(first),
+        writes_out=last.data_segs_out - first.data_segs_out,
+        small_writes=len(small),
+        small_write_times=[round(t, 3) for t in small[-MAX_WRITE_TIMES:]],
+        idle_s=round(idle, 3),
+        seeded=True,
+        time_resolution_s=1.0,
+        **stack_fields(last),
+    )

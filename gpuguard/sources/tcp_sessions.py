@@ -41,20 +41,41 @@ NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 INET_DIAG_INFO = 2
 CLONE_NEWNET = 0x40000000
-TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
-              7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING"}
+TCP_STATES = {
+    1: "ESTABLISHED",
+    2: "SYN_SENT",
+    3: "SYN_RECV",
+    4: "FIN_WAIT1",
+    5: "FIN_WAIT2",
+    6: "TIME_WAIT",
+    7: "CLOSE",
+    8: "CLOSE_WAIT",
+    9: "LAST_ACK",
+    10: "LISTEN",
+    11: "CLOSING",
+}
 # Sockets a process can hold with a peer: not LISTEN, TIME_WAIT (no owner) or NEW_SYN_RECV (a request, not a socket).
 _STATES = 0xFFFFFFFF & ~((1 << 10) | (1 << 6) | (1 << 12))
 _NLMSG = struct.Struct("=IHHII")
-_REQ = struct.Struct("=BBBBI48s")            # struct inet_diag_req_v2
-_MSG = struct.Struct("=BBBB2s2s16s16sIQIIIII")   # struct inet_diag_msg (ports big-endian, kept raw)
+_REQ = struct.Struct("=BBBBI48s")  # struct inet_diag_req_v2
+_MSG = struct.Struct("=BBBB2s2s16s16sIQIIIII")  # struct inet_diag_msg (ports big-endian, kept raw)
 _RTA = struct.Struct("=HH")
 # (name, offset, format) in the uapi struct tcp_info (include/uapi/linux/tcp.h); fields past the
 # length the kernel returned are absent.
-_TCP_INFO_FIELDS = (("state", 0, "B"), ("last_data_sent_ms", 44, "I"), ("last_data_recv_ms", 52, "I"),
-                    ("rtt_us", 68, "I"), ("total_retrans", 100, "I"), ("bytes_acked", 120, "Q"), ("bytes_received", 128, "Q"),
-                    ("segs_out", 136, "I"), ("segs_in", 140, "I"), ("data_segs_in", 152, "I"),
-                    ("data_segs_out", 156, "I"), ("bytes_sent", 200, "Q"))
+_TCP_INFO_FIELDS = (
+    ("state", 0, "B"),
+    ("last_data_sent_ms", 44, "I"),
+    ("last_data_recv_ms", 52, "I"),
+    ("rtt_us", 68, "I"),
+    ("total_retrans", 100, "I"),
+    ("bytes_acked", 120, "Q"),
+    ("bytes_received", 128, "Q"),
+    ("segs_out", 136, "I"),
+    ("segs_in", 140, "I"),
+    ("data_segs_in", 152, "I"),
+    ("data_segs_out", 156, "I"),
+    ("bytes_sent", 200, "Q"),
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,22 +83,26 @@ class TcpSession:
     """One TCP socket as the stack counts it (``None``: this kernel's tcp_info has no such field)."""
 
     inode: int
-    family: str                   # "ipv4" | "ipv6"
-    local: str                    # "127.0.0.1:5555", "[::1]:5555"
+    family: str  # "ipv4" | "ipv6"
+    local: str  # "127.0.0.1:5555", "[::1]:5555"
     remote: str
     state: str
-    bytes_acked: int | None = None        # bytes out the peer acknowledged (4.1+)
-    bytes_sent: int | None = None         # bytes out including retransmissions (4.19+)
-    bytes_received: int | None = None     # bytes in (4.1+)
-    data_segs_in: int | None = None       # segments in that carried data (4.6+)
+    bytes_acked: int | None = None  # bytes out the peer acknowledged (4.1+)
+    bytes_sent: int | None = None  # bytes out including retransmissions (4.19+)
+    bytes_received: int | None = None  # bytes in (4.1+)
+    data_segs_in: int | None = None  # segments in that carried data (4.6+)
     data_segs_out: int | None = None
     segs_in: int | None = None
     segs_out: int | None = None
     last_data_recv_ms: int | None = None  # ms since the latest data in
     last_data_sent_ms: int | None = None
     rtt_us: int | None = None
-    total_retrans: int | None = None      # segments retransmitted (a peer counts those in data_segs_in again)
-    sockid: bytes = field(default=b"", repr=False, compare=False)   # struct inet_diag_sockid: asks for it again
+    total_retrans: int | None = (
+        None  # segments retransmitted (a peer counts those in data_segs_in again)
+    )
+    sockid: bytes = field(
+        default=b"", repr=False, compare=False
+    )  # struct inet_diag_sockid: asks for it again
 
 
 @dataclass(slots=True)
@@ -91,7 +116,9 @@ class SessionDump:
 TCP_PROTOCOLS = frozenset({b"TCP\0", b"TCPv6\0"})
 
 
-def socket_fds(pid: int, proc_root: str = "/proc", protocols: frozenset[bytes] | None = None) -> dict[int, int]:
+def socket_fds(
+    pid: int, proc_root: str = "/proc", protocols: frozenset[bytes] | None = None
+) -> dict[int, int]:
     """Socket inode -> fd for every socket the process holds (empty when its fd table is unreadable or gone);
     ``protocols`` keeps those whose sockfs ``system.sockprotoname`` is one of them (e.g. :data:`TCP_PROTOCOLS`)."""
     out: dict[int, int] = {}
@@ -108,7 +135,10 @@ def socket_fds(pid: int, proc_root: str = "/proc", protocols: frozenset[bytes] |
             continue
         if protocols is not None:
             try:
-                if os.getxattr(f"{proc_root}/{pid}/fd/{name}", "system.sockprotoname") not in protocols:
+                if (
+                    os.getxattr(f"{proc_root}/{pid}/fd/{name}", "system.sockprotoname")
+                    not in protocols
+                ):
                     continue
             except OSError:
                 continue
@@ -136,7 +166,9 @@ def decode_tcp_info(data: bytes) -> dict[str, int | None]:
     out: dict[str, int | None] = {}
     for name, offset, fmt in _TCP_INFO_FIELDS:
         size = struct.calcsize(fmt)
-        out[name] = struct.unpack_from("=" + fmt, data, offset)[0] if offset + size <= len(data) else None
+        out[name] = (
+            struct.unpack_from("=" + fmt, data, offset)[0] if offset + size <= len(data) else None
+        )
     return out
 
 
@@ -154,8 +186,23 @@ def _parse(buffer: bytes, family: int, inodes: set[int] | None, out: dict[int, T
             raise OSError(code, f"sock_diag: {os.strerror(code)}")
         if kind == SOCK_DIAG_BY_FAMILY:
             body = offset + _NLMSG.size
-            (msg_family, state, _t, _r, sport, dport, src, dst, _if, _cookie,
-             _exp, _rq, _wq, _uid, inode) = _MSG.unpack_from(buffer, body)
+            (
+                msg_family,
+                state,
+                _t,
+                _r,
+                sport,
+                dport,
+                src,
+                dst,
+                _if,
+                _cookie,
+                _exp,
+                _rq,
+                _wq,
+                _uid,
+                inode,
+            ) = _MSG.unpack_from(buffer, body)
             if inodes is None or inode in inodes:
                 info: dict[str, int | None] = decode_tcp_info(b"")
                 attr = body + _MSG.size
@@ -164,34 +211,53 @@ def _parse(buffer: bytes, family: int, inodes: set[int] | None, out: dict[int, T
                     if rta_len < _RTA.size:
                         break
                     if rta_type == INET_DIAG_INFO:
-                        info = decode_tcp_info(buffer[attr + _RTA.size:attr + rta_len])
+                        info = decode_tcp_info(buffer[attr + _RTA.size : attr + rta_len])
                     attr += (rta_len + 3) & ~3
                 info.pop("state", None)
-                out[inode] = TcpSession(inode=inode, family="ipv4" if msg_family == socket.AF_INET else "ipv6",
-                                        local=_address(msg_family, src, sport), remote=_address(msg_family, dst, dport),
-                                        state=TCP_STATES.get(state, str(state)),
-                                        sockid=buffer[body + 4:body + 52], **info)
+                out[inode] = TcpSession(
+                    inode=inode,
+                    family="ipv4" if msg_family == socket.AF_INET else "ipv6",
+                    local=_address(msg_family, src, sport),
+                    remote=_address(msg_family, dst, dport),
+                    state=TCP_STATES.get(state, str(state)),
+                    sockid=buffer[body + 4 : body + 52],
+                    **info,
+                )
         offset += (length + 3) & ~3
     return False
 
 
-def dump_tcp(sock: socket.socket | None = None, inodes: set[int] | None = None) -> dict[int, TcpSession]:
+def dump_tcp(
+    sock: socket.socket | None = None, inodes: set[int] | None = None
+) -> dict[int, TcpSession]:
     """Every TCP socket (IPv4 and IPv6) with a peer in the netlink socket's namespace, by inode; ``inodes`` filters."""
     own = sock is None
     if own:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
+        sock = socket.socket(
+            socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG
+        )
     out: dict[int, TcpSession] = {}
     try:
         for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
-            request = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, _STATES, b"")
-            sock.send(_NLMSG.pack(_NLMSG.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP,
-                                  seq, 0) + request)
+            request = _REQ.pack(
+                family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, _STATES, b""
+            )
+            sock.send(
+                _NLMSG.pack(
+                    _NLMSG.size + len(request),
+                    SOCK_DIAG_BY_FAMILY,
+                    NLM_F_REQUEST | NLM_F_DUMP,
+                    seq,
+                    0,
+                )
+                + request
+            )
             try:
                 while not _parse(sock.recv(1 << 16), family, inodes, out):
                     pass
             except OSError as exc:
                 if family == socket.AF_INET6 and exc.errno in (errno.ENOENT, errno.EAFNOSUPPORT):
-                    continue        # IPv6 disabled on this host (ipv6.disable=1): no IPv6 sockets to list
+                    continue  # IPv6 disabled on this host (ipv6.disable=1): no IPv6 sockets to list
                 raise
     finally:
         if own:
@@ -202,8 +268,12 @@ def dump_tcp(sock: socket.socket | None = None, inodes: set[int] | None = None) 
 def lookup_tcp(sock: socket.socket, known: TcpSession) -> TcpSession | None:
     """The socket ``known`` (from a dump) as it is now; ``None`` once it is gone (its tuple or cookie no longer match)."""
     family = socket.AF_INET if known.family == "ipv4" else socket.AF_INET6
-    request = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, _STATES, known.sockid)
-    sock.send(_NLMSG.pack(_NLMSG.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 0, 0) + request)
+    request = _REQ.pack(
+        family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, _STATES, known.sockid
+    )
+    sock.send(
+        _NLMSG.pack(_NLMSG.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 0, 0) + request
+    )
     out: dict[int, TcpSession] = {}
     try:
         _parse(sock.recv(1 << 16), family, {known.inode}, out)
@@ -230,12 +300,16 @@ def netlink_socket_in(pid: int, proc_root: str = "/proc") -> socket.socket:
                 try:
                     if _libc.setns(target, CLONE_NEWNET) != 0:
                         err = ctypes.get_errno()
-                        raise OSError(err, f"setns into the network namespace of pid {pid}: {os.strerror(err)}")
+                        raise OSError(
+                            err,
+                            f"setns into the network namespace of pid {pid}: {os.strerror(err)}",
+                        )
                 finally:
                     os.close(target)
                 try:
-                    result["sock"] = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                                                   NETLINK_SOCK_DIAG)
+                    result["sock"] = socket.socket(
+                        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG
+                    )
                 finally:
                     _libc.setns(home, CLONE_NEWNET)
             finally:
@@ -251,7 +325,9 @@ def netlink_socket_in(pid: int, proc_root: str = "/proc") -> socket.socket:
     return result["sock"]  # type: ignore[return-value]
 
 
-ABSENT_RECHECK_S = 60.0    # a TCP socket no dump listed (unconnected, listening) is looked for again after this
+ABSENT_RECHECK_S = (
+    60.0  # a TCP socket no dump listed (unconnected, listening) is looked for again after this
+)
 
 
 class TcpSessionReader:
@@ -259,8 +335,10 @@ class TcpSessionReader:
 
     def __init__(self, proc_root: str = "/proc") -> None:
         self.proc_root = proc_root
-        self._known: dict[tuple[int | None, int], TcpSession] = {}   # (netns, inode) -> latest
-        self._absent: dict[tuple[int | None, int], float] = {}       # (netns, inode) -> when to look again
+        self._known: dict[tuple[int | None, int], TcpSession] = {}  # (netns, inode) -> latest
+        self._absent: dict[
+            tuple[int | None, int], float
+        ] = {}  # (netns, inode) -> when to look again
         self.dumps = self.lookups = 0
 
     def read(self, pids) -> SessionDump:
@@ -277,24 +355,33 @@ class TcpSessionReader:
         for netns, members in by_netns.items():
             wanted = {inode for _pid, fds in members for inode in fds}
             try:
-                sock = (socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
-                        if netns is None or netns == home else netlink_socket_in(members[0][0], self.proc_root))
+                sock = (
+                    socket.socket(
+                        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG
+                    )
+                    if netns is None or netns == home
+                    else netlink_socket_in(members[0][0], self.proc_root)
+                )
                 try:
                     found = self._read_netns(sock, netns, wanted, now, absent)
                 finally:
                     sock.close()
             except OSError as exc:
-                dump.unreadable.append(f"TCP counters of pids {', '.join(str(p) for p, _ in members)} "
-                                       f"(network namespace {netns}): {exc.strerror or exc}")
+                dump.unreadable.append(
+                    f"TCP counters of pids {', '.join(str(p) for p, _ in members)} "
+                    f"(network namespace {netns}): {exc.strerror or exc}"
+                )
                 continue
             for pid, fds in members:
                 for inode, fd in fds.items():
                     if inode in found:
                         dump.sessions[(pid, fd)] = known[(netns, inode)] = found[inode]
-        self._known, self._absent = known, absent    # bounded by the sockets held now
+        self._known, self._absent = known, absent  # bounded by the sockets held now
         return dump
 
-    def _read_netns(self, sock, netns, wanted: set[int], now: float, absent: dict) -> dict[int, TcpSession]:
+    def _read_netns(
+        self, sock, netns, wanted: set[int], now: float, absent: dict
+    ) -> dict[int, TcpSession]:
         found: dict[int, TcpSession] = {}
         unknown = set()
         for inode in wanted:
@@ -312,7 +399,9 @@ class TcpSessionReader:
             self.dumps += 1
             listed = dump_tcp(sock, unknown)
             found.update(listed)
-            absent.update({(netns, inode): now + ABSENT_RECHECK_S for inode in unknown - listed.keys()})
+            absent.update(
+                {(netns, inode): now + ABSENT_RECHECK_S for inode in unknown - listed.keys()}
+            )
         return found
 
 

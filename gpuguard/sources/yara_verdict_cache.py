@@ -107,7 +107,10 @@ class YaraExeCache:
             return
         reason = _unsafe(dir_st, f"YARA cache directory {self.cache_dir}")
         if reason:
-            self.note = with_fix(f"{reason}; not using it", f"chown root: {self.cache_dir} && chmod 0700 {self.cache_dir}")
+            self.note = with_fix(
+                f"{reason}; not using it",
+                f"chown root: {self.cache_dir} && chmod 0700 {self.cache_dir}",
+            )
             self.cache_dir = None
             return
         try:
@@ -119,7 +122,9 @@ class YaraExeCache:
             return
         try:
             st = os.fstat(fd)
-            reason = _unsafe(st, f"YARA cache {path}") or (None if stat.S_ISREG(st.st_mode) else f"{path} is not a regular file")
+            reason = _unsafe(st, f"YARA cache {path}") or (
+                None if stat.S_ISREG(st.st_mode) else f"{path} is not a regular file"
+            )
             if reason:
                 self.note = f"{reason}; ignoring it (it will be replaced)"
                 return
@@ -130,13 +135,22 @@ class YaraExeCache:
             data = json.loads(raw) if len(raw) <= MAX_CACHE_BYTES else None
         except ValueError:
             data = None
-        if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or not isinstance(data.get("entries"), dict):
-            self.note = f"YARA cache {path} is damaged or from another version; it will be rewritten"
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != CACHE_FORMAT
+            or not isinstance(data.get("entries"), dict)
+        ):
+            self.note = (
+                f"YARA cache {path} is damaged or from another version; it will be rewritten"
+            )
             return
         if data.get("rules") != self.digest:
-            return   # other rules: every result must be recomputed
-        self._disk = {k: v for k, v in data["entries"].items()
-                      if isinstance(v, list) and len(v) == 2 and all(isinstance(x, list) for x in v)}
+            return  # other rules: every result must be recomputed
+        self._disk = {
+            k: v
+            for k, v in data["entries"].items()
+            if isinstance(v, list) and len(v) == 2 and all(isinstance(x, list) for x in v)
+        }
 
     def save(self) -> None:
         """Write the cache back (atomically) when this run added results."""
@@ -153,7 +167,9 @@ class YaraExeCache:
             fd, tmp = tempfile.mkstemp(prefix=".yara-cache-", dir=self.cache_dir)
             try:
                 with os.fdopen(fd, "w") as handle:
-                    json.dump({"format": CACHE_FORMAT, "rules": self.digest, "entries": entries}, handle)
+                    json.dump(
+                        {"format": CACHE_FORMAT, "rules": self.digest, "entries": entries}, handle
+                    )
                 os.chmod(tmp, 0o600)
                 os.replace(tmp, path)
             except BaseException:

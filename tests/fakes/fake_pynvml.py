@@ -51,8 +51,14 @@ ERROR_CODES = {
     "NVML_ERROR_UNKNOWN": 999,
 }
 _STRINGS = {
-    3: "Not Supported", 4: "Insufficient Permissions", 6: "Not Found", 9: "Driver Not Loaded",
-    12: "NVML Shared Library Not Found", 13: "Function Not Found", 15: "GPU is lost", 1: "Uninitialized",
+    3: "Not Supported",
+    4: "Insufficient Permissions",
+    6: "Not Found",
+    9: "Driver Not Loaded",
+    12: "NVML Shared Library Not Found",
+    13: "Function Not Found",
+    15: "GPU is lost",
+    1: "Uninitialized",
     28: "GPU not found",
 }
 
@@ -84,7 +90,9 @@ def _error_classes() -> dict[str, type]:
     classes = {}
     for name, value in ERROR_CODES.items():
         # NVML_ERROR_GPU_IS_LOST -> NVMLError_GpuIsLost, as pynvml names them
-        class_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace("_", "")
+        class_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace(
+            "_", ""
+        )
 
         def new(typ, *args, _value=value):
             return NVMLError.__new__(typ, _value)
@@ -103,34 +111,58 @@ class c_nvmlUtilization_t(ctypes.Structure):
 
 
 class c_nvmlMemory_t(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+    _fields_ = [
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
 
 
 class nvmlPciInfo_t(ctypes.Structure):
     _fields_ = [
-        ("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
-        ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
+        ("busIdLegacy", ctypes.c_char * 16),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pciDeviceId", ctypes.c_uint),
+        ("pciSubSystemId", ctypes.c_uint),
         ("busId", ctypes.c_char * 32),
     ]
 
 
 class c_nvmlProcessUtilizationSample_t(ctypes.Structure):
     _fields_ = [
-        ("pid", ctypes.c_uint), ("timeStamp", ctypes.c_ulonglong), ("smUtil", ctypes.c_uint),
-        ("memUtil", ctypes.c_uint), ("encUtil", ctypes.c_uint), ("decUtil", ctypes.c_uint),
+        ("pid", ctypes.c_uint),
+        ("timeStamp", ctypes.c_ulonglong),
+        ("smUtil", ctypes.c_uint),
+        ("memUtil", ctypes.c_uint),
+        ("encUtil", ctypes.c_uint),
+        ("decUtil", ctypes.c_uint),
     ]
 
 
 class c_nvmlValue_t(ctypes.Union):
-    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
-                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong), ("siVal", ctypes.c_int),
-                ("usVal", ctypes.c_ushort)]
+    _fields_ = [
+        ("dVal", ctypes.c_double),
+        ("uiVal", ctypes.c_uint),
+        ("ulVal", ctypes.c_ulong),
+        ("ullVal", ctypes.c_ulonglong),
+        ("sllVal", ctypes.c_longlong),
+        ("siVal", ctypes.c_int),
+        ("usVal", ctypes.c_ushort),
+    ]
 
 
 class c_nvmlFieldValue_t(ctypes.Structure):
-    _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32), ("timestamp", ctypes.c_int64),
-                ("latencyUsec", ctypes.c_int64), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
-                ("value", c_nvmlValue_t)]
+    _fields_ = [
+        ("fieldId", ctypes.c_uint32),
+        ("scopeId", ctypes.c_uint32),
+        ("timestamp", ctypes.c_int64),
+        ("latencyUsec", ctypes.c_int64),
+        ("valueType", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", c_nvmlValue_t),
+    ]
 
 
 class c_nvmlSample_t(ctypes.Structure):
@@ -138,9 +170,15 @@ class c_nvmlSample_t(ctypes.Structure):
 
 
 class c_nvmlAccountingStats_t(ctypes.Structure):
-    _fields_ = [("gpuUtilization", ctypes.c_uint), ("memoryUtilization", ctypes.c_uint),
-                ("maxMemoryUsage", ctypes.c_ulonglong), ("time", ctypes.c_ulonglong),
-                ("startTime", ctypes.c_ulonglong), ("isRunning", ctypes.c_uint), ("reserved", ctypes.c_uint * 5)]
+    _fields_ = [
+        ("gpuUtilization", ctypes.c_uint),
+        ("memoryUtilization", ctypes.c_uint),
+        ("maxMemoryUsage", ctypes.c_ulonglong),
+        ("time", ctypes.c_ulonglong),
+        ("startTime", ctypes.c_ulonglong),
+        ("isRunning", ctypes.c_uint),
+        ("reserved", ctypes.c_uint * 5),
+    ]
 
 
 class c_nvmlDevice_t(ctypes.Structure):
@@ -169,7 +207,7 @@ class FakeAccounting:
 
     gpu_util: int
     mem_util: int
-    max_memory: int            # bytes
+    max_memory: int  # bytes
     start_time_us: int
     time_ms: int
     running: bool = True
@@ -184,9 +222,9 @@ class FakeGpu:
     memory_used: int = 0
     util_gpu: int = 0
     util_memory: int = 0
-    power_mw: int = 71_000         # an idle H100 SXM draws ~70 W
+    power_mw: int = 71_000  # an idle H100 SXM draws ~70 W
     power_limit_mw: int = 700_000
-    sm_clock: int = 345            # idle clock
+    sm_clock: int = 345  # idle clock
     sm_clock_max: int = 1980
     mem_clock: int = 2619
     temperature: int = 32
@@ -210,20 +248,22 @@ class FakeGpu:
     accounting_mode: int = 0
     accounting: dict[int, "FakeAccounting"] = field(default_factory=dict)
     failing: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
-    lost: bool = False              # every call on this GPU raises GPU_IS_LOST
+    lost: bool = False  # every call on this GPU raises GPU_IS_LOST
 
 
 class FakeNvml:
     """The fake library state plus the module built from it (``.module``)."""
 
-    def __init__(self, gpus: list[FakeGpu] | None = None, driver_version: str = "550.54.15") -> None:
+    def __init__(
+        self, gpus: list[FakeGpu] | None = None, driver_version: str = "550.54.15"
+    ) -> None:
         self.gpus = gpus if gpus is not None else [FakeGpu()]
         self.driver_version = driver_version
-        self.init_error: int | None = None   # code nvmlInit raises (12 = library not found)
+        self.init_error: int | None = None  # code nvmlInit raises (12 = library not found)
         self.initialized = False
         self.init_calls = 0
         self.calls = 0
-        self.call_counts: dict[str, int] = {}   # per-GPU function name -> calls
+        self.call_counts: dict[str, int] = {}  # per-GPU function name -> calls
         self.module = self._build_module()
 
     # -- helpers for tests ---------------------------------------------------
@@ -274,10 +314,20 @@ class FakeNvml:
         m.NVML_DEVICE_MIG_DISABLE, m.NVML_DEVICE_MIG_ENABLE = 0, 1
         m.NVML_FEATURE_DISABLED, m.NVML_FEATURE_ENABLED = 0, 1
         m.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, m.NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 197, 198
-        m.NVML_TOTAL_POWER_SAMPLES, m.NVML_GPU_UTILIZATION_SAMPLES, m.NVML_MEMORY_UTILIZATION_SAMPLES = 0, 1, 2
-        (m.NVML_VALUE_TYPE_DOUBLE, m.NVML_VALUE_TYPE_UNSIGNED_INT, m.NVML_VALUE_TYPE_UNSIGNED_LONG,
-         m.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, m.NVML_VALUE_TYPE_SIGNED_LONG_LONG, m.NVML_VALUE_TYPE_SIGNED_INT,
-         m.NVML_VALUE_TYPE_UNSIGNED_SHORT) = range(7)
+        (
+            m.NVML_TOTAL_POWER_SAMPLES,
+            m.NVML_GPU_UTILIZATION_SAMPLES,
+            m.NVML_MEMORY_UTILIZATION_SAMPLES,
+        ) = 0, 1, 2
+        (
+            m.NVML_VALUE_TYPE_DOUBLE,
+            m.NVML_VALUE_TYPE_UNSIGNED_INT,
+            m.NVML_VALUE_TYPE_UNSIGNED_LONG,
+            m.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+            m.NVML_VALUE_TYPE_SIGNED_LONG_LONG,
+            m.NVML_VALUE_TYPE_SIGNED_INT,
+            m.NVML_VALUE_TYPE_UNSIGNED_SHORT,
+        ) = range(7)
         m.c_nvmlFieldValue_t = c_nvmlFieldValue_t
         m.c_nvmlSample_t = c_nvmlSample_t
         m.c_nvmlAccountingStats_t = c_nvmlAccountingStats_t
@@ -331,26 +381,51 @@ class FakeNvml:
         def simple(fn_name, getter):
             def fn(handle, *args):
                 return getter(fake._gpu(handle, fn_name), *args)
+
             fn.__name__ = fn_name
             setattr(m, fn_name, fn)
 
         simple("nvmlDeviceGetName", lambda g: g.name)
         simple("nvmlDeviceGetUUID", lambda g: g.uuid)
-        simple("nvmlDeviceGetPciInfo", lambda g: nvmlPciInfo_t(busId=g.bus_id.encode(), busIdLegacy=g.bus_id.encode()))
-        simple("nvmlDeviceGetUtilizationRates", lambda g: c_nvmlUtilization_t(g.util_gpu, g.util_memory))
-        simple("nvmlDeviceGetMemoryInfo", lambda g: c_nvmlMemory_t(g.memory_total, g.memory_total - g.memory_used, g.memory_used))
+        simple(
+            "nvmlDeviceGetPciInfo",
+            lambda g: nvmlPciInfo_t(busId=g.bus_id.encode(), busIdLegacy=g.bus_id.encode()),
+        )
+        simple(
+            "nvmlDeviceGetUtilizationRates",
+            lambda g: c_nvmlUtilization_t(g.util_gpu, g.util_memory),
+        )
+        simple(
+            "nvmlDeviceGetMemoryInfo",
+            lambda g: c_nvmlMemory_t(g.memory_total, g.memory_total - g.memory_used, g.memory_used),
+        )
         simple("nvmlDeviceGetPowerUsage", lambda g: g.power_mw)
         simple("nvmlDeviceGetEnforcedPowerLimit", lambda g: g.power_limit_mw)
-        simple("nvmlDeviceGetClockInfo", lambda g, t: {1: g.sm_clock, 0: g.sm_clock, 2: g.mem_clock}[t])
-        simple("nvmlDeviceGetMaxClockInfo", lambda g, t: {1: g.sm_clock_max, 0: g.sm_clock_max, 2: g.mem_clock}[t])
+        simple(
+            "nvmlDeviceGetClockInfo", lambda g, t: {1: g.sm_clock, 0: g.sm_clock, 2: g.mem_clock}[t]
+        )
+        simple(
+            "nvmlDeviceGetMaxClockInfo",
+            lambda g, t: {1: g.sm_clock_max, 0: g.sm_clock_max, 2: g.mem_clock}[t],
+        )
         simple("nvmlDeviceGetTemperature", lambda g, sensor: g.temperature)
-        simple("nvmlDeviceGetPcieThroughput", lambda g, c: g.pcie_tx_kbs if c == 0 else g.pcie_rx_kbs)
+        simple(
+            "nvmlDeviceGetPcieThroughput", lambda g, c: g.pcie_tx_kbs if c == 0 else g.pcie_rx_kbs
+        )
         simple("nvmlDeviceGetMigMode", lambda g: [g.mig_mode, g.mig_mode])
 
         def friendly(procs):
-            return [nvmlFriendlyObject({"pid": p.pid, "usedGpuMemory": p.used_memory,
-                                        "gpuInstanceId": p.gpu_instance_id,
-                                        "computeInstanceId": p.compute_instance_id}) for p in procs]
+            return [
+                nvmlFriendlyObject(
+                    {
+                        "pid": p.pid,
+                        "usedGpuMemory": p.used_memory,
+                        "gpuInstanceId": p.gpu_instance_id,
+                        "computeInstanceId": p.compute_instance_id,
+                    }
+                )
+                for p in procs
+            ]
 
         for kind in ("Compute", "Graphics"):
             attr = kind.lower()
@@ -362,8 +437,10 @@ class FakeNvml:
                         gpu = fake._gpu(handle, _name)
                     except ERROR_CLASSES["NVMLError_FunctionNotFound"]:
                         if _plain:  # pynvml's @throwOnVersionMismatch
-                            raise NVMLLibraryMismatchError("Unversioned function called and the pyNVML "
-                                                           "version does not match the NVML lib version.")
+                            raise NVMLLibraryMismatchError(
+                                "Unversioned function called and the pyNVML "
+                                "version does not match the NVML lib version."
+                            )
                         raise
                     return friendly(getattr(gpu, _attr))
 
@@ -376,8 +453,10 @@ class FakeNvml:
             if not newer:
                 # The real call's size query returns NOT_FOUND when no sample is newer.
                 raise NVMLError(ERROR_CODES["NVML_ERROR_NOT_FOUND"])
-            array = (c_nvmlProcessUtilizationSample_t * len(newer))(*[c_nvmlProcessUtilizationSample_t(*s) for s in newer])
-            return array[0:len(newer)]
+            array = (c_nvmlProcessUtilizationSample_t * len(newer))(
+                *[c_nvmlProcessUtilizationSample_t(*s) for s in newer]
+            )
+            return array[0 : len(newer)]
 
         def nvmlDeviceGetFieldValues(handle, fieldIds):
             gpu = fake._gpu(handle, "nvmlDeviceGetFieldValues")
@@ -385,7 +464,7 @@ class FakeNvml:
             for i, field_id in enumerate(fieldIds):
                 values[i].fieldId = field_id
                 values[i].timestamp = gpu.counters_time_us
-                values[i].valueType = 3    # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                values[i].valueType = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                 counter = {197: gpu.pcie_tx_bytes, 198: gpu.pcie_rx_bytes}.get(field_id)
                 if counter is None or not gpu.pcie_counters:
                     values[i].nvmlReturn = ERROR_CODES["NVML_ERROR_NOT_SUPPORTED"]
@@ -405,7 +484,7 @@ class FakeNvml:
             for i, (t, v) in enumerate(newer):
                 samples[i].timeStamp = t
                 samples[i].sampleValue.uiVal = v
-            return (1, samples[0:len(newer)])     # NVML_VALUE_TYPE_UNSIGNED_INT, as the H100 answers
+            return (1, samples[0 : len(newer)])  # NVML_VALUE_TYPE_UNSIGNED_INT, as the H100 answers
 
         def nvmlDeviceGetAccountingMode(handle):
             return fake._gpu(handle, "nvmlDeviceGetAccountingMode").accounting_mode
@@ -426,13 +505,32 @@ class FakeNvml:
             record = gpu.accounting.get(pid)
             if record is None:
                 raise NVMLError(ERROR_CODES["NVML_ERROR_NOT_FOUND"])
-            return c_nvmlAccountingStats_t(record.gpu_util, record.mem_util, record.max_memory, record.time_ms,
-                                           record.start_time_us, int(record.running))
+            return c_nvmlAccountingStats_t(
+                record.gpu_util,
+                record.mem_util,
+                record.max_memory,
+                record.time_ms,
+                record.start_time_us,
+                int(record.running),
+            )
 
-        for fn in (nvmlDeviceGetFieldValues, nvmlDeviceGetSamples, nvmlDeviceGetAccountingMode,
-                   nvmlDeviceSetAccountingMode, nvmlDeviceGetAccountingPids, nvmlDeviceGetAccountingStats):
+        for fn in (
+            nvmlDeviceGetFieldValues,
+            nvmlDeviceGetSamples,
+            nvmlDeviceGetAccountingMode,
+            nvmlDeviceSetAccountingMode,
+            nvmlDeviceGetAccountingPids,
+            nvmlDeviceGetAccountingStats,
+        ):
             setattr(m, fn.__name__, fn)
-        for fn in (nvmlInit, nvmlShutdown, nvmlSystemGetDriverVersion, nvmlDeviceGetCount,
-                   nvmlDeviceGetHandleByIndex, nvmlDeviceGetHandleByUUID, nvmlDeviceGetProcessUtilization):
+        for fn in (
+            nvmlInit,
+            nvmlShutdown,
+            nvmlSystemGetDriverVersion,
+            nvmlDeviceGetCount,
+            nvmlDeviceGetHandleByIndex,
+            nvmlDeviceGetHandleByUUID,
+            nvmlDeviceGetProcessUtilization,
+        ):
             setattr(m, fn.__name__, fn)
         return m

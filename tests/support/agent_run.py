@@ -19,17 +19,38 @@ REPO = Path(__file__).resolve().parent.parent.parent
 class AgentProcess:
     """One agent subprocess with its own state file and log under ``workdir``."""
 
-    def __init__(self, workdir: Path, *args: str, log_to_stdout: bool = False, wrapper: tuple[str, ...] = (),
-                 log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *args: str,
+        log_to_stdout: bool = False,
+        wrapper: tuple[str, ...] = (),
+        log_path: Path | None = None,
+    ) -> None:
         self.workdir = workdir
         self.state = workdir / "status.json"
         self.log = log_path or workdir / "agent.log"
         log = "-" if log_to_stdout else str(self.log)
-        argv = [*wrapper, sys.executable, "-m", "gpuguard", "agent", "--state-file", str(self.state), "--log", log, *args]
+        argv = [
+            *wrapper,
+            sys.executable,
+            "-m",
+            "gpuguard",
+            "agent",
+            "--state-file",
+            str(self.state),
+            "--log",
+            log,
+            *args,
+        ]
         self.stderr_path = workdir / "agent.stderr"
-        self.proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE if log_to_stdout else subprocess.DEVNULL,
-                                     stderr=open(self.stderr_path, "wb"))
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if log_to_stdout else subprocess.DEVNULL,
+            stderr=open(self.stderr_path, "wb"),
+        )
         self.started = time.time()
 
     def status(self) -> dict[str, Any]:
@@ -39,7 +60,9 @@ class AgentProcess:
             return {}
 
     def wait_ready(self, timeout: float = 90) -> dict[str, Any]:
-        doc = self.wait_status(lambda d: d.get("running") and d.get("pid") == self.proc.pid, timeout)
+        doc = self.wait_status(
+            lambda d: d.get("running") and d.get("pid") == self.proc.pid, timeout
+        )
         return doc
 
     def wait_status(self, predicate: Callable[[dict], Any], timeout: float = 20) -> dict[str, Any]:
@@ -51,7 +74,9 @@ class AgentProcess:
             if self.proc.poll() is not None:
                 raise AssertionError(f"agent exited with {self.proc.returncode}: {self.stderr()}")
             time.sleep(0.05)
-        raise AssertionError(f"state file never matched; last: {json.dumps(self.status())[:2000]}\n{self.stderr()}")
+        raise AssertionError(
+            f"state file never matched; last: {json.dumps(self.status())[:2000]}\n{self.stderr()}"
+        )
 
     def records(self) -> list[dict[str, Any]]:
         try:
@@ -112,16 +137,24 @@ def miner_simulator() -> Iterator[dict[str, Any]]:
 
 def finding_for(pid: int) -> Callable[[dict], bool]:
     """A predicate: an ECS finding about ``pid``."""
-    return lambda r: r.get("gpuguard", {}).get("kind") == "process" and r.get("process", {}).get("pid") == pid
+    return lambda r: (
+        r.get("gpuguard", {}).get("kind") == "process" and r.get("process", {}).get("pid") == pid
+    )
 
 
 def lifecycle(action: str) -> Callable[[dict], bool]:
-    return lambda r: r.get("gpuguard", {}).get("kind") == "lifecycle" and r["event"]["action"] == action
+    return lambda r: (
+        r.get("gpuguard", {}).get("kind") == "lifecycle" and r["event"]["action"] == action
+    )
 
 
 def log_records(log: Path) -> list[dict]:
     """Every JSON line an in-process agent wrote to ``log`` so far (none before the file exists)."""
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+    return (
+        [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        if log.exists()
+        else []
+    )
 
 
 def until(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:

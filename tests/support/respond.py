@@ -29,8 +29,10 @@ _COUNTER = itertools.count()
 # Stand-ins for an offender: one that exits on SIGTERM, and a miner-like one that
 # ignores it, so only SIGKILL after the grace period ends it.
 SLEEPER = "import time; print('up', flush=True); time.sleep(600)"
-STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('up', flush=True); time.sleep(600)")
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('up', flush=True); time.sleep(600)"
+)
 
 
 def start_offender(code: str = STUBBORN) -> subprocess.Popen:
@@ -44,6 +46,7 @@ def stop_offender(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+
 
 # Nodes with the real GPU majors (no driver here: open fails with ENXIO unless a
 # device program refuses it first with EPERM).
@@ -104,7 +107,9 @@ def settings_for_test(**changes) -> ResponseSettings:
 
 def cleanup(settings: ResponseSettings) -> None:
     store = BlockStore(settings.state_dir)
-    lift_all(store, Path(settings.pin_root), {settings.nftables_netns} if settings.nftables else set())
+    lift_all(
+        store, Path(settings.pin_root), {settings.nftables_netns} if settings.nftables else set()
+    )
     shutil.rmtree(settings.pin_root, ignore_errors=True)
     shutil.rmtree(settings.state_dir, ignore_errors=True)
     parent = Path(settings.quarantine_parent)
@@ -131,23 +136,58 @@ def state_of(pid: int, connections: tuple[tuple[str, int], ...] = ()) -> Process
     return state
 
 
-def verdict_for(state: ProcessState, verdict: str = "malicious", *, comm: str | None = None,
-                evidence: list[Evidence] | None = None, allowlisted: bool = False) -> Verdict:
-    evidence = evidence if evidence is not None else [
-        Evidence("miner.stratum_port", "connect_ports", "connect_ports=3333 (in_list pool_ports)", 60, "high")]
-    return Verdict(key=state.key, pid=state.pid, comm=comm if comm is not None else state.comm, exe=state.exe,
-                   score=90 if verdict == "malicious" else 50, verdict=verdict, evidence=evidence,
-                   allowlisted=allowlisted, time=time.time())
+def verdict_for(
+    state: ProcessState,
+    verdict: str = "malicious",
+    *,
+    comm: str | None = None,
+    evidence: list[Evidence] | None = None,
+    allowlisted: bool = False,
+) -> Verdict:
+    evidence = (
+        evidence
+        if evidence is not None
+        else [
+            Evidence(
+                "miner.stratum_port",
+                "connect_ports",
+                "connect_ports=3333 (in_list pool_ports)",
+                60,
+                "high",
+            )
+        ]
+    )
+    return Verdict(
+        key=state.key,
+        pid=state.pid,
+        comm=comm if comm is not None else state.comm,
+        exe=state.exe,
+        score=90 if verdict == "malicious" else 50,
+        verdict=verdict,
+        evidence=evidence,
+        allowlisted=allowlisted,
+        time=time.time(),
+    )
 
 
 def private_dev_with_real_majors(argv: list[str]) -> list[str]:
-    return [shutil.which("unshare") or "unshare", "-m", "--propagation", "private", "sh", "-c",
-            _REAL_MAJOR_DEV_SCRIPT, "gpuguard-test", *argv]
+    return [
+        shutil.which("unshare") or "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        _REAL_MAJOR_DEV_SCRIPT,
+        "gpuguard-test",
+        *argv,
+    ]
 
 
 def start_probe(real_majors: bool = False) -> subprocess.Popen:
     """A process that opens paths / connects on request and reports the result (see PROBE_PROGRAM)."""
     import sys
+
     argv = [sys.executable, "-c", PROBE_PROGRAM]
     if real_majors:
         argv = private_dev_with_real_majors(argv)

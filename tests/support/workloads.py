@@ -55,14 +55,28 @@ def build_workload(directory: Path | None = None) -> Path:
     return binary
 
 
-def private_dev_command(argv: list[str], nodes: tuple[str, ...] = GPU_NODES) -> tuple[list[str], dict[str, str]]:
+def private_dev_command(
+    argv: list[str], nodes: tuple[str, ...] = GPU_NODES
+) -> tuple[list[str], dict[str, str]]:
     """The command line and environment that run ``argv`` with GPU-named nodes."""
     env = dict(os.environ, GG_NODES=" ".join(nodes))
     unshare = shutil.which("unshare") or "unshare"
-    return [unshare, "-m", "--propagation", "private", "sh", "-c", _PRIVATE_DEV_SCRIPT, "gpuguard-test", *argv], env
+    return [
+        unshare,
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        _PRIVATE_DEV_SCRIPT,
+        "gpuguard-test",
+        *argv,
+    ], env
 
 
-def run_with_gpu_nodes(argv: list[str], *, nodes: tuple[str, ...] = GPU_NODES, **popen_kwargs) -> subprocess.Popen:
+def run_with_gpu_nodes(
+    argv: list[str], *, nodes: tuple[str, ...] = GPU_NODES, **popen_kwargs
+) -> subprocess.Popen:
     """Start ``argv`` in a private mount namespace with GPU-named nodes; pid == the workload's."""
     command, env = private_dev_command(argv, nodes)
     popen_kwargs.setdefault("stdin", subprocess.PIPE)

@@ -49,7 +49,11 @@ _DEVICE_FIELDS = set(DeviceSample.__dataclass_fields__)
 BASH = Ancestor(pid=1800, comm="bash", exe="/usr/bin/bash")
 SYSTEMD = Ancestor(pid=1, comm="systemd", exe="/usr/lib/systemd/systemd")
 # Who the blanked hashing loop claims to be: an ordinary service binary, no options, no network.
-BLANK_IDENTITY = {"comm": "worker", "exe": "/opt/svc/bin/worker", "cmdline": ["/opt/svc/bin/worker"]}
+BLANK_IDENTITY = {
+    "comm": "worker",
+    "exe": "/opt/svc/bin/worker",
+    "cmdline": ["/opt/svc/bin/worker"],
+}
 
 
 def load_trace(name: str) -> list[dict]:
@@ -60,20 +64,38 @@ def load_trace(name: str) -> list[dict]:
 def snapshot_of(record: dict) -> GpuSnapshot:
     """One ``gpus --json`` line as the GpuSnapshot the NVML sampler produced."""
     return GpuSnapshot(
-        time=record["time"], source="nvml",
-        devices=[DeviceSample(**{k: v for k, v in d.items() if k in _DEVICE_FIELDS}) for d in record["devices"]],
-        processes=[ProcessGpuUsage(**{k: v for k, v in p.items() if k in _PROCESS_FIELDS}) for p in record["processes"]],
+        time=record["time"],
+        source="nvml",
+        devices=[
+            DeviceSample(**{k: v for k, v in d.items() if k in _DEVICE_FIELDS})
+            for d in record["devices"]
+        ],
+        processes=[
+            ProcessGpuUsage(**{k: v for k, v in p.items() if k in _PROCESS_FIELDS})
+            for p in record["processes"]
+        ],
         errors=list(record.get("errors", [])),
     )
 
 
-def facts_for(pid: int, start: float, comm: str, exe: str, cmdline: list[str], user: str = "root", **extra) -> ProcessFacts:
+def facts_for(
+    pid: int, start: float, comm: str, exe: str, cmdline: list[str], user: str = "root", **extra
+) -> ProcessFacts:
     return ProcessFacts(
-        pid=pid, start_time=round(start, 2), ppid=BASH.pid, comm=comm, exe=exe, cmdline=cmdline,
-        cwd="/root", uid=0 if user == "root" else 1000, username=user,
-        cgroup="/user.slice/user-0.slice/session-1.scope", environ_readable=True,
+        pid=pid,
+        start_time=round(start, 2),
+        ppid=BASH.pid,
+        comm=comm,
+        exe=exe,
+        cmdline=cmdline,
+        cwd="/root",
+        uid=0 if user == "root" else 1000,
+        username=user,
+        cgroup="/user.slice/user-0.slice/session-1.scope",
+        environ_readable=True,
         exe_identity=(2049, 500000 + pid, 1_000_000, 1_795_000_000_000_000_000),
-        ancestors=[BASH, SYSTEMD], **extra,
+        ancestors=[BASH, SYSTEMD],
+        **extra,
     )
 
 
@@ -88,8 +110,16 @@ def real_items(name: str, identity: dict | None = None) -> list:
                 continue
             seen.add(proc["pid"])
             who = identity or {"comm": proc["name"], "exe": proc["exe"], "cmdline": [proc["exe"]]}
-            items.append(facts_for(proc["pid"], record["time"] - 2.0, who["comm"], who["exe"], list(who["cmdline"]),
-                                   proc.get("user") or "root"))
+            items.append(
+                facts_for(
+                    proc["pid"],
+                    record["time"] - 2.0,
+                    who["comm"],
+                    who["exe"],
+                    list(who["cmdline"]),
+                    proc.get("user") or "root",
+                )
+            )
         items.append(snapshot_of(record))
     return items
 
@@ -101,10 +131,25 @@ def with_nvidia_smi_polls(items: list, every_s: float = 1.0, first_pid: int = 30
     for item in items:
         if isinstance(item, GpuSnapshot):
             t = item.time - 0.5
-            out.append(facts_for(pid, t, "nvidia-smi", "/usr/bin/nvidia-smi", ["nvidia-smi", "--query-gpu=utilization.gpu",
-                                                                               "--format=csv"]))
-            out.append(Exec(time=t, pid=pid, comm="nvidia-smi", ppid=BASH.pid, filename="/usr/bin/nvidia-smi",
-                            cmdline=["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv"]))
+            out.append(
+                facts_for(
+                    pid,
+                    t,
+                    "nvidia-smi",
+                    "/usr/bin/nvidia-smi",
+                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv"],
+                )
+            )
+            out.append(
+                Exec(
+                    time=t,
+                    pid=pid,
+                    comm="nvidia-smi",
+                    ppid=BASH.pid,
+                    filename="/usr/bin/nvidia-smi",
+                    cmdline=["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv"],
+                )
+            )
             out.append(Exit(time=t + 0.3, pid=pid, comm="nvidia-smi", exit_code=0))
             pid += 1
         out.append(item)
@@ -113,6 +158,7 @@ def with_nvidia_smi_polls(items: list, every_s: float = 1.0, first_pid: int = 30
 
 # -- synthetic variants --------------------------------------------------------
 
+
 def _device(template: DeviceSample, **changes) -> DeviceSample:
     values = {f: getattr(template, f) for f in DeviceSample.__dataclass_fields__}
     values["extra"] = dict(template.extra)
@@ -120,21 +166,53 @@ def _device(template: DeviceSample, **changes) -> DeviceSample:
     return DeviceSample(**values)
 
 
-def _busy_device(rng: random.Random, base: DeviceSample, sm: float, memctl: float, used: int, power: float,
-                 pcie_kbs: tuple[int, int]) -> DeviceSample:
-    return _device(base, gpu_util=round(sm), mem_util=round(memctl), memory_used=used,
-                   power_w=round(power + rng.gauss(0, power * 0.015), 3), sm_clock_mhz=1980,
-                   pcie_tx_kbs=int(pcie_kbs[0] * rng.uniform(0.9, 1.1)), pcie_rx_kbs=int(pcie_kbs[1] * rng.uniform(0.9, 1.1)))
+def _busy_device(
+    rng: random.Random,
+    base: DeviceSample,
+    sm: float,
+    memctl: float,
+    used: int,
+    power: float,
+    pcie_kbs: tuple[int, int],
+) -> DeviceSample:
+    return _device(
+        base,
+        gpu_util=round(sm),
+        mem_util=round(memctl),
+        memory_used=used,
+        power_w=round(power + rng.gauss(0, power * 0.015), 3),
+        sm_clock_mhz=1980,
+        pcie_tx_kbs=int(pcie_kbs[0] * rng.uniform(0.9, 1.1)),
+        pcie_rx_kbs=int(pcie_kbs[1] * rng.uniform(0.9, 1.1)),
+    )
 
 
 def _idle_device(rng: random.Random, base: DeviceSample, used: int) -> DeviceSample:
-    return _device(base, gpu_util=0.0, mem_util=0.0, memory_used=used, power_w=round(72.8 + rng.gauss(0, 0.3), 3),
-                   sm_clock_mhz=345, pcie_tx_kbs=int(rng.uniform(450, 1500)), pcie_rx_kbs=int(rng.uniform(400, 520)))
+    return _device(
+        base,
+        gpu_util=0.0,
+        mem_util=0.0,
+        memory_used=used,
+        power_w=round(72.8 + rng.gauss(0, 0.3), 3),
+        sm_clock_mhz=345,
+        pcie_tx_kbs=int(rng.uniform(450, 1500)),
+        pcie_rx_kbs=int(rng.uniform(400, 520)),
+    )
 
 
 def _usage(pid: int, base: DeviceSample, sm: float, memctl: float, used: int) -> ProcessGpuUsage:
-    return ProcessGpuUsage(pid=pid, vendor="nvidia", device_index=0, device_uuid=base.uuid, sm_util=float(round(sm)),
-                           mem_util=float(round(memctl)), enc_util=0.0, dec_util=0.0, used_memory=used, kind="compute")
+    return ProcessGpuUsage(
+        pid=pid,
+        vendor="nvidia",
+        device_index=0,
+        device_uuid=base.uuid,
+        sm_util=float(round(sm)),
+        mem_util=float(round(memctl)),
+        enc_util=0.0,
+        dec_util=0.0,
+        used_memory=used,
+        kind="compute",
+    )
 
 
 def _template() -> tuple[DeviceSample, float]:
@@ -147,10 +225,17 @@ def memory_hard_items() -> list:
     base, t0 = _template()
     pid, used = 4100, int(4.5 * GIB)
     items: list = [facts_for(pid, t0 - 2, "worker", "/opt/svc/bin/worker", ["/opt/svc/bin/worker"])]
-    for i in range(150):   # 150 s, one sample a second, like the real traces
+    for i in range(150):  # 150 s, one sample a second, like the real traces
         sm, memctl = min(100.0, rng.gauss(97, 0.8)), min(100.0, rng.gauss(99, 0.6))
         dev = _busy_device(rng, base, sm, memctl, used + 504 * MIB, 430, (1500, 1400))
-        items.append(GpuSnapshot(time=t0 + i, source="nvml", devices=[dev], processes=[_usage(pid, base, sm, memctl, used)]))
+        items.append(
+            GpuSnapshot(
+                time=t0 + i,
+                source="nvml",
+                devices=[dev],
+                processes=[_usage(pid, base, sm, memctl, used)],
+            )
+        )
     return items
 
 
@@ -158,15 +243,25 @@ def time_gated_items() -> list:
     """35 hours, one sample a minute, from 12:00 UTC: busy 22:00-06:00 UTC, idle (allocation kept) by day; ends at night."""
     rng = random.Random(22)
     base, _ = _template()
-    t0 = 1_795_305_600.0 + 12 * 3600     # 2026-11-22 12:00 UTC
+    t0 = 1_795_305_600.0 + 12 * 3600  # 2026-11-22 12:00 UTC
     pid, used = 4200, 545_259_520
-    items: list = [facts_for(pid, t0 - 60, "worker", "/opt/svc/bin/worker", ["/opt/svc/bin/worker"])]
+    items: list = [
+        facts_for(pid, t0 - 60, "worker", "/opt/svc/bin/worker", ["/opt/svc/bin/worker"])
+    ]
     for i in range(35 * 60):
         t = t0 + 60 * i
         night = int(t // 3600) % 24 in (22, 23, 0, 1, 2, 3, 4, 5)
         sm = min(100.0, rng.gauss(98.8, 0.7)) if night else 0.0
-        dev = _busy_device(rng, base, sm, 0, used + 504 * MIB, 395, (1500, 1400)) if night else _idle_device(rng, base, used + 504 * MIB)
-        items.append(GpuSnapshot(time=t, source="nvml", devices=[dev], processes=[_usage(pid, base, sm, 0, used)]))
+        dev = (
+            _busy_device(rng, base, sm, 0, used + 504 * MIB, 395, (1500, 1400))
+            if night
+            else _idle_device(rng, base, used + 504 * MIB)
+        )
+        items.append(
+            GpuSnapshot(
+                time=t, source="nvml", devices=[dev], processes=[_usage(pid, base, sm, 0, used)]
+            )
+        )
     return items
 
 
@@ -179,13 +274,33 @@ def pauses_when_watched_items() -> list:
     for i in range(1200):
         t = t0 + i
         if i % 60 == 30:
-            items.append(facts_for(smi, t - 0.5, "nvidia-smi", "/usr/bin/nvidia-smi", ["nvidia-smi", "-l", "1"]))
-            items.append(Exec(time=t - 0.5, pid=smi, comm="nvidia-smi", ppid=BASH.pid, filename="/usr/bin/nvidia-smi",
-                              cmdline=["nvidia-smi", "-l", "1"]))
+            items.append(
+                facts_for(
+                    smi, t - 0.5, "nvidia-smi", "/usr/bin/nvidia-smi", ["nvidia-smi", "-l", "1"]
+                )
+            )
+            items.append(
+                Exec(
+                    time=t - 0.5,
+                    pid=smi,
+                    comm="nvidia-smi",
+                    ppid=BASH.pid,
+                    filename="/usr/bin/nvidia-smi",
+                    cmdline=["nvidia-smi", "-l", "1"],
+                )
+            )
         watched = 30 <= i % 60 < 40
         sm = 0.0 if watched else min(100.0, rng.gauss(98.8, 0.7))
-        dev = _idle_device(rng, base, used + 504 * MIB) if watched else _busy_device(rng, base, sm, 0, used + 504 * MIB, 395, (1500, 1400))
-        items.append(GpuSnapshot(time=t, source="nvml", devices=[dev], processes=[_usage(pid, base, sm, 0, used)]))
+        dev = (
+            _idle_device(rng, base, used + 504 * MIB)
+            if watched
+            else _busy_device(rng, base, sm, 0, used + 504 * MIB, 395, (1500, 1400))
+        )
+        items.append(
+            GpuSnapshot(
+                time=t, source="nvml", devices=[dev], processes=[_usage(pid, base, sm, 0, used)]
+            )
+        )
         if i % 60 == 39:
             items.append(Exit(time=t + 0.5, pid=smi, comm="nvidia-smi", exit_code=0))
             smi += 1
@@ -197,11 +312,20 @@ def burn_in_items() -> list:
     rng = random.Random(9)
     base, t0 = _template()
     pid, used = 4400, int(0.9 * base.memory_total)
-    items: list = [facts_for(pid, t0 - 2, "gpu_burn", "/opt/gpu-burn/gpu_burn", ["./gpu_burn", "600"])]
+    items: list = [
+        facts_for(pid, t0 - 2, "gpu_burn", "/opt/gpu-burn/gpu_burn", ["./gpu_burn", "600"])
+    ]
     for i in range(400):
         sm, memctl = 100.0, min(100.0, rng.gauss(42, 3))
         dev = _busy_device(rng, base, sm, memctl, used + 504 * MIB, 690, (1500, 1400))
-        items.append(GpuSnapshot(time=t0 + i, source="nvml", devices=[dev], processes=[_usage(pid, base, sm, memctl, used)]))
+        items.append(
+            GpuSnapshot(
+                time=t0 + i,
+                source="nvml",
+                devices=[dev],
+                processes=[_usage(pid, base, sm, memctl, used)],
+            )
+        )
     return items
 
 
@@ -209,7 +333,12 @@ def write_case(name: str, items: list, synthetic: bool, description: str) -> Pat
     case = CASES / name
     case.mkdir(parents=True, exist_ok=True)
     path = case / "capture.ggrec"
-    meta = {"synthetic": synthetic, "case": name, "description": description, "generator": "tests/traces/convert_h100.py"}
+    meta = {
+        "synthetic": synthetic,
+        "case": name,
+        "description": description,
+        "generator": "tests/traces/convert_h100.py",
+    }
     with RecordingWriter(path, meta=meta, overwrite=True) as writer:
         for item in items:
             writer.write(item)
@@ -219,15 +348,37 @@ def write_case(name: str, items: list, synthetic: bool, description: str) -> Pat
 def all_cases() -> dict[str, tuple[list, bool, str]]:
     """name -> (items, synthetic, description); the test regenerates these and compares them."""
     return {
-        "h100_hashing_loop_blanked": (real_items("hashing-loop", BLANK_IDENTITY), False,
-                                      "real H100 hashing loop, name/path/cmdline blanked, no network"),
+        "h100_hashing_loop_blanked": (
+            real_items("hashing-loop", BLANK_IDENTITY),
+            False,
+            "real H100 hashing loop, name/path/cmdline blanked, no network",
+        ),
         "h100_cnn_training": (real_items("cnn-training"), False, "real H100 PyTorch CNN training"),
-        "h100_inference_server": (with_nvidia_smi_polls(real_items("inference-server")), False,
-                                  "real H100 inference server; nvidia-smi polls synthetic (the trace had them)"),
-        "synthetic_memory_hard": (memory_hard_items(), True, "synthetic memory-hard (DAG) miner profile"),
-        "synthetic_time_gated": (time_gated_items(), True, "synthetic night-only hashing loop over 35 h"),
-        "synthetic_pauses_when_watched": (pauses_when_watched_items(), True, "synthetic miner that idles while nvidia-smi runs"),
-        "synthetic_burn_in": (burn_in_items(), True, "synthetic GPU burn-in tool (must stay clean)"),
+        "h100_inference_server": (
+            with_nvidia_smi_polls(real_items("inference-server")),
+            False,
+            "real H100 inference server; nvidia-smi polls synthetic (the trace had them)",
+        ),
+        "synthetic_memory_hard": (
+            memory_hard_items(),
+            True,
+            "synthetic memory-hard (DAG) miner profile",
+        ),
+        "synthetic_time_gated": (
+            time_gated_items(),
+            True,
+            "synthetic night-only hashing loop over 35 h",
+        ),
+        "synthetic_pauses_when_watched": (
+            pauses_when_watched_items(),
+            True,
+            "synthetic miner that idles while nvidia-smi runs",
+        ),
+        "synthetic_burn_in": (
+            burn_in_items(),
+            True,
+            "synthetic GPU burn-in tool (must stay clean)",
+        ),
     }
 
 

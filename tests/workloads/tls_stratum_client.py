@@ -17,20 +17,31 @@ import sys
 import time
 
 host, port, mode, interval = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-gpu = open(sys.argv[5], "rb") if len(sys.argv) > 5 else None   # noqa: SIM115 - held for the process's life
+gpu = open(sys.argv[5], "rb") if len(sys.argv) > 5 else None  # noqa: SIM115 - held for the process's life
 context = ssl.create_default_context()
 context.check_hostname = False
 context.verify_mode = ssl.CERT_NONE
-conn = context.wrap_socket(socket.create_connection((host, port)), server_hostname="updates.example.net")
+conn = context.wrap_socket(
+    socket.create_connection((host, port)), server_hostname="updates.example.net"
+)
 if mode == "stratum":
-    conn.sendall(json.dumps({"id": 1, "method": "mining.subscribe", "params": ["miner/1.0"]}).encode() + b"\n")
+    conn.sendall(
+        json.dumps({"id": 1, "method": "mining.subscribe", "params": ["miner/1.0"]}).encode()
+        + b"\n"
+    )
 print("ready", flush=True)
 n = 2
 while True:
     if mode == "stratum":
-        share = {"id": n, "method": "mining.submit", "params": ["w", "job", "00000000", "5f5e1000", "%08x" % n]}
+        share = {
+            "id": n,
+            "method": "mining.submit",
+            "params": ["w", "job", "00000000", "5f5e1000", "%08x" % n],
+        }
         conn.sendall(json.dumps(share).encode() + b"\n")
     else:
-        conn.sendall(b"GET / HTTP/1.1\r\nHost: updates.example.net\r\nConnection: keep-alive\r\n\r\n")
+        conn.sendall(
+            b"GET / HTTP/1.1\r\nHost: updates.example.net\r\nConnection: keep-alive\r\n\r\n"
+        )
     n += 1
     time.sleep(interval)

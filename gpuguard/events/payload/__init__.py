@@ -40,7 +40,14 @@ from __future__ import annotations
 
 from gpuguard.events.payload import dispatch
 from gpuguard.events.payload.reader import (  # noqa: F401 - the package's limits, re-exported
-    MAX_CHUNKS, MAX_DEPTH, MAX_JSON_LINES, MAX_LIST, MAX_SCAN, MAX_TEXT, Detail, Result,
+    MAX_CHUNKS,
+    MAX_DEPTH,
+    MAX_JSON_LINES,
+    MAX_LIST,
+    MAX_SCAN,
+    MAX_TEXT,
+    Detail,
+    Result,
 )
 
 

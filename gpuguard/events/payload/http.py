@@ -62,9 +62,9 @@ def recognise_http(data: bytes, depth: int) -> Result | None:
         if port is not None:
             detail["target_port"] = port
         if head_end >= 0:
-            dispatch.add_inner(detail, data[head_end + 4:], depth)
+            dispatch.add_inner(detail, data[head_end + 4 :], depth)
     elif head_end >= 0:
-        _add_body(detail, data[head_end + 4:])
+        _add_body(detail, data[head_end + 4 :])
     return "http", detail
 
 

@@ -10,13 +10,20 @@ import json
 import re
 
 from gpuguard.events.payload.reader import (
-    MAX_JSON_LINES, MAX_LIST, Detail, Reader, Result, Truncated, text, text_list,
+    MAX_JSON_LINES,
+    MAX_LIST,
+    Detail,
+    Reader,
+    Result,
+    Truncated,
+    text,
+    text_list,
 )
 
 # --- Stratum V2 ------------------------------------------------------------------------
 
 _SV2_SUBPROTOCOLS = {0: "mining", 1: "job-declaration", 2: "template-distribution"}
-_SV2_SETUP_MIN = 1 + 2 + 2 + 4 + 1 + 2 + 1 + 1 + 1 + 1            # every string empty
+_SV2_SETUP_MIN = 1 + 2 + 2 + 4 + 1 + 2 + 1 + 1 + 1 + 1  # every string empty
 _SV2_SETUP_MAX = 1 + 2 + 2 + 4 + 2 + 5 * (1 + 255)
 _SV2_STRINGS = ("vendor", "hardware_version", "firmware", "device_id")
 
@@ -39,7 +46,7 @@ def recognise_stratum_v2(data: bytes) -> Result | None:
     length = int.from_bytes(data[3:6], "little")
     if not _SV2_SETUP_MIN <= length <= _SV2_SETUP_MAX:
         return None
-    payload = data[6:6 + length]
+    payload = data[6 : 6 + length]
     complete = len(payload) == length
     reader = Reader(payload)
     detail: Detail = {"message": "SetupConnection"}
@@ -48,7 +55,11 @@ def recognise_stratum_v2(data: bytes) -> Result | None:
         min_version, max_version = reader.u16le(), reader.u16le()
         if subprotocol not in _SV2_SUBPROTOCOLS or not 1 <= min_version <= max_version <= 0xFF:
             return None
-        detail.update(subprotocol=_SV2_SUBPROTOCOLS[subprotocol], min_version=min_version, max_version=max_version)
+        detail.update(
+            subprotocol=_SV2_SUBPROTOCOLS[subprotocol],
+            min_version=min_version,
+            max_version=max_version,
+        )
         detail["flags"] = reader.u32le()
         host = _sv2_string(reader)
         if host is None:
@@ -73,12 +84,16 @@ def recognise_stratum_v2(data: bytes) -> Result | None:
 # --- JSON-RPC: stratum, CryptoNote, ETHPROXY ------------------------------------------
 
 _CRYPTONOTE_METHODS = frozenset({"login", "submit", "keepalived", "getjob"})
-_ETHPROXY_METHODS = frozenset({"eth_submitLogin", "eth_getWork", "eth_submitWork", "eth_submitHashrate"})
+_ETHPROXY_METHODS = frozenset(
+    {"eth_submitLogin", "eth_getWork", "eth_submitWork", "eth_submitHashrate"}
+)
 
 _JSON_STR = r'"((?:[^"\\]|\\.){0,512})"'
 _RE_METHOD = re.compile(r'"method"\s*:\s*' + _JSON_STR)
 _RE_FIRST_PARAM = re.compile(r'"params"\s*:\s*\[\s*' + _JSON_STR)
-_RE_KEY = {key: re.compile(rf'"{key}"\s*:\s*' + _JSON_STR) for key in ("login", "agent", "worker", "rigid")}
+_RE_KEY = {
+    key: re.compile(rf'"{key}"\s*:\s*' + _JSON_STR) for key in ("login", "agent", "worker", "rigid")
+}
 _RE_ALGO = re.compile(r'"algo"\s*:\s*\[([^\]]{0,1024})\]')
 _RE_STRING = re.compile(_JSON_STR)
 
@@ -116,8 +131,8 @@ class _Message:
 
     def __init__(self, method: str, obj: dict | None, text: str) -> None:
         self.method = method
-        self.obj = obj          # the parsed object, None when the line was partial
-        self.text = text        # the line as text, for lenient extraction
+        self.obj = obj  # the parsed object, None when the line was partial
+        self.text = text  # the line as text, for lenient extraction
 
     def params(self) -> object:
         return self.obj.get("params") if self.obj is not None else None
@@ -194,7 +209,7 @@ def recognise_json_rpc(data: bytes) -> Result | None:
 def _stratum_detail(messages: list[_Message], detail: Detail) -> None:
     for message in messages:
         if message.method == "mining.authorize" and "user" not in detail:
-            detail["user"] = message.first_param()   # params[1] is the password: not kept
+            detail["user"] = message.first_param()  # params[1] is the password: not kept
         elif message.method == "mining.subscribe" and "agent" not in detail:
             detail["agent"] = message.first_param()
             params = message.params()

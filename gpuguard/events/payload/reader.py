@@ -13,11 +13,11 @@ from typing import Any
 Detail = dict[str, Any]
 Result = tuple[str, Detail]
 
-MAX_SCAN = 8192   # bytes looked at; the sensor captures far less
-MAX_TEXT = 200    # characters kept of any string in detail
-MAX_LIST = 32     # entries kept of any list in detail
-MAX_CHUNKS = 16   # writes joined by recognise_stream
-MAX_DEPTH = 4     # tunnels inside tunnels followed (SOCKS in SOCKS in ...)
+MAX_SCAN = 8192  # bytes looked at; the sensor captures far less
+MAX_TEXT = 200  # characters kept of any string in detail
+MAX_LIST = 32  # entries kept of any list in detail
+MAX_CHUNKS = 16  # writes joined by recognise_stream
+MAX_DEPTH = 4  # tunnels inside tunnels followed (SOCKS in SOCKS in ...)
 MAX_JSON_LINES = 16
 
 
@@ -65,7 +65,7 @@ class Reader:
         end = self.pos + n
         if end > len(self.buf):
             raise Truncated
-        out = self.buf[self.pos:end]
+        out = self.buf[self.pos : end]
         self.pos = end
         return out
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 import ipaddress
 
 from gpuguard.events.payload import dispatch
-from gpuguard.events.payload.reader import Detail, Reader, Result, Truncated, decode, printable_ascii
+from gpuguard.events.payload.reader import (
+    Detail,
+    Reader,
+    Result,
+    Truncated,
+    decode,
+    printable_ascii,
+)
 
 _SOCKS_COMMANDS = {1: "connect", 2: "bind", 3: "udp-associate"}
 _SOCKS5_METHODS = {0: "none", 1: "gssapi", 2: "username"}
@@ -30,7 +37,7 @@ def _socks5_greeting(data: bytes) -> tuple[list[int], int] | None:
 
 def _socks5_request(data: bytes, pos: int) -> tuple[Detail, int] | str | None:
     """Parse a request at ``pos``: (detail, end), "truncated", or None if it is not one."""
-    head = data[pos:pos + 4]
+    head = data[pos : pos + 4]
     if len(head) < 4:
         if head and (head[0] != 5 or (len(head) > 1 and head[1] not in _SOCKS_COMMANDS)):
             return None

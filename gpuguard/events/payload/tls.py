@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from gpuguard.events.payload.reader import MAX_LIST, Detail, Reader, Result, Truncated, decode
 
-_TLS_VERSIONS = {0x0300: "SSL 3.0", 0x0301: "TLS 1.0", 0x0302: "TLS 1.1", 0x0303: "TLS 1.2", 0x0304: "TLS 1.3"}
+_TLS_VERSIONS = {
+    0x0300: "SSL 3.0",
+    0x0301: "TLS 1.0",
+    0x0302: "TLS 1.1",
+    0x0303: "TLS 1.2",
+    0x0304: "TLS 1.3",
+}
 _TLS_MAX_RECORD = (1 << 14) + 2048
 _EXT_SERVER_NAME, _EXT_ALPN, _EXT_SUPPORTED_VERSIONS = 0x0000, 0x0010, 0x002B
 
@@ -19,7 +25,12 @@ def _tls_version_name(version: int) -> str:
 
 
 # Record content types (RFC 8446 5.1); a client's first record is a handshake.
-RECORD_TYPES = {0x14: "change_cipher_spec", 0x15: "alert", 0x16: "handshake", 0x17: "application_data"}
+RECORD_TYPES = {
+    0x14: "change_cipher_spec",
+    0x15: "alert",
+    0x16: "handshake",
+    0x17: "application_data",
+}
 _HANDSHAKE, _CLIENT_HELLO = 0x16, 0x01
 
 
@@ -53,20 +64,20 @@ def _client_hello(data: bytes) -> Result | None:
     record_len = int.from_bytes(data[3:5], "big")
     if not 4 <= record_len <= _TLS_MAX_RECORD:
         return None
-    body = data[5:5 + record_len]
+    body = data[5 : 5 + record_len]
     complete = len(data) >= 5 + record_len
     detail: Detail = {}
     reader = Reader(body, 4)  # handshake type and 24-bit length
     try:
         detail["version"] = _tls_version_name(reader.u16())
-        reader.take(32)                      # random
-        reader.take(reader.u8())             # legacy session id
-        reader.take(reader.u16())            # cipher suites
-        reader.take(reader.u8())             # compression methods
+        reader.take(32)  # random
+        reader.take(reader.u8())  # legacy session id
+        reader.take(reader.u16())  # cipher suites
+        reader.take(reader.u8())  # compression methods
         # Slice rather than take: a capture cut inside the extensions still
         # yields the ones before the cut (SNI usually comes early).
         extensions_len = reader.u16()
-        extensions = Reader(body[reader.pos:reader.pos + extensions_len])
+        extensions = Reader(body[reader.pos : reader.pos + extensions_len])
         if complete and extensions.remaining() < extensions_len:
             raise Truncated  # declared longer than the record that holds it
         while extensions.remaining() >= 4:

@@ -49,35 +49,52 @@ def load_library() -> ModuleType:
         try:
             import amdsmi
         except ImportError:
-            raise SourceUnavailable("the amdsmi Python package is not installed", "pip install amdsmi") from None
+            raise SourceUnavailable(
+                "the amdsmi Python package is not installed", "pip install amdsmi"
+            ) from None
         except (KeyError, OSError):
             raise SourceUnavailable(
                 "libamd_smi.so not found",
-                "install ROCm's amd-smi-lib (it ships libamd_smi.so) or set ROCM_PATH") from None
+                "install ROCm's amd-smi-lib (it ships libamd_smi.so) or set ROCM_PATH",
+            ) from None
     return amdsmi
 
 
-def open_sampler(proc_root: str = "/proc", library: ModuleType | None = None,
-                 clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> "AmdSmiSampler":
+def open_sampler(
+    proc_root: str = "/proc",
+    library: ModuleType | None = None,
+    clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> "AmdSmiSampler":
     smi = library if library is not None else load_library()
     try:
         smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
     except smi.AmdSmiLibraryException as exc:
         code = exc.get_error_code()
         if code == STATUS_DRIVER_NOT_LOADED:
-            raise SourceUnavailable("amdgpu driver not loaded", "load it: modprobe amdgpu") from None
+            raise SourceUnavailable(
+                "amdgpu driver not loaded", "load it: modprobe amdgpu"
+            ) from None
         if code == STATUS_NO_PERM:
-            raise SourceUnavailable("no permission to open the AMD GPUs", "run as root or add the user to the render group") from None
-        raise SourceUnavailable(f"amdsmi_init failed: {_reason(exc)}", "check the ROCm installation (amd-smi list)") from None
+            raise SourceUnavailable(
+                "no permission to open the AMD GPUs",
+                "run as root or add the user to the render group",
+            ) from None
+        raise SourceUnavailable(
+            f"amdsmi_init failed: {_reason(exc)}", "check the ROCm installation (amd-smi list)"
+        ) from None
     try:
         handles = smi.amdsmi_get_processor_handles()
     except smi.AmdSmiLibraryException as exc:
         _shut_down(smi)
-        raise SourceUnavailable(f"cannot list AMD GPUs: {_reason(exc)}", "check `amd-smi list` and dmesg") from None
+        raise SourceUnavailable(
+            f"cannot list AMD GPUs: {_reason(exc)}", "check `amd-smi list` and dmesg"
+        ) from None
     if not handles:
         _shut_down(smi)
-        raise SourceUnavailable("no AMD GPU found", "check `amd-smi list` and that the amdgpu driver bound the GPUs")
+        raise SourceUnavailable(
+            "no AMD GPU found", "check `amd-smi list` and that the amdgpu driver bound the GPUs"
+        )
     return AmdSmiSampler(smi, handles, proc_root=proc_root, clock=clock, monotonic=monotonic)
 
 
@@ -123,8 +140,14 @@ class AmdSmiSampler:
 
     source = SOURCE
 
-    def __init__(self, smi: ModuleType, handles: list[Any], proc_root: str = "/proc",
-                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        smi: ModuleType,
+        handles: list[Any],
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._smi = smi
         self._proc_root = proc_root
         self._clock = clock
@@ -140,7 +163,9 @@ class AmdSmiSampler:
                 self._identify(dev, self._pending_errors)
             except _Lost as lost:
                 dev.lost = True
-                self._once.report(self._pending_errors, dev.index, "state", self._lost_line(dev, str(lost)))
+                self._once.report(
+                    self._pending_errors, dev.index, "state", self._lost_line(dev, str(lost))
+                )
 
     def sample(self) -> GpuSnapshot:
         now, mono = self._clock(), self._monotonic()
@@ -166,7 +191,9 @@ class AmdSmiSampler:
             self._once.clear(dev.index, "state")
             devices.append(metrics)
             processes.extend(procs)
-        return GpuSnapshot(time=now, source=SOURCE, devices=devices, processes=processes, errors=errors)
+        return GpuSnapshot(
+            time=now, source=SOURCE, devices=devices, processes=processes, errors=errors
+        )
 
     def close(self) -> None:
         if not self._closed:
@@ -175,14 +202,18 @@ class AmdSmiSampler:
 
     # -- calls --------------------------------------------------------------
 
-    def _call(self, dev: _Device, name: str, errors: list[str], fn: Callable[..., Any], *args: Any) -> Any:
+    def _call(
+        self, dev: _Device, name: str, errors: list[str], fn: Callable[..., Any], *args: Any
+    ) -> Any:
         try:
             value = fn(dev.handle, *args)
         except self._smi.AmdSmiLibraryException as exc:
             code = exc.get_error_code()
             if code in _LOST:
                 raise _Lost(_reason(exc), code) from None
-            self._once.report(errors, dev.index, name, f"amdsmi gpu{dev.index} {name}: {_reason(exc)}")
+            self._once.report(
+                errors, dev.index, name, f"amdsmi gpu{dev.index} {name}: {_reason(exc)}"
+            )
             return None
         except self._smi.AmdSmiException as exc:  # parameter/key errors from the binding itself
             self._once.report(errors, dev.index, name, f"amdsmi gpu{dev.index} {name}: {exc}")
@@ -199,8 +230,12 @@ class AmdSmiSampler:
             dev.name = asic["market_name"]
         driver = self._call(dev, "driver_info", errors, smi.amdsmi_get_gpu_driver_info)
         if driver:
-            dev.driver = driver.get("driver_name") if driver.get("driver_name") != "N/A" else "amdgpu"
-            dev.driver_version = driver.get("driver_version") if driver.get("driver_version") != "N/A" else None
+            dev.driver = (
+                driver.get("driver_name") if driver.get("driver_name") != "N/A" else "amdgpu"
+            )
+            dev.driver_version = (
+                driver.get("driver_version") if driver.get("driver_version") != "N/A" else None
+            )
 
     def _recover(self, mono: float, errors: list[str]) -> None:
         smi = self._smi
@@ -212,8 +247,13 @@ class AmdSmiSampler:
             try:
                 smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
             except smi.AmdSmiLibraryException as exc:
-                self._once.report(errors, "system", "init", f"amdsmi: re-initialising failed: {_reason(exc)}; "
-                                                            f"retrying every {REINIT_INTERVAL_S:g} s")
+                self._once.report(
+                    errors,
+                    "system",
+                    "init",
+                    f"amdsmi: re-initialising failed: {_reason(exc)}; "
+                    f"retrying every {REINIT_INTERVAL_S:g} s",
+                )
                 return
             self._once.clear("system", "init")
             self._need_reinit = False
@@ -241,8 +281,16 @@ class AmdSmiSampler:
         return f"amdsmi {who} unavailable: {reason}; retrying each sample"
 
     def _lost_sample(self, dev: _Device) -> DeviceSample:
-        return DeviceSample(vendor="amd", index=dev.index, name=dev.name, uuid=dev.uuid, pci_bus_id=dev.bdf,
-                            driver=dev.driver, driver_version=dev.driver_version, extra={"state": "lost"})
+        return DeviceSample(
+            vendor="amd",
+            index=dev.index,
+            name=dev.name,
+            uuid=dev.uuid,
+            pci_bus_id=dev.bdf,
+            driver=dev.driver,
+            driver_version=dev.driver_version,
+            extra={"state": "lost"},
+        )
 
     # -- metrics ------------------------------------------------------------
 
@@ -253,14 +301,33 @@ class AmdSmiSampler:
         vram = call(dev, "vram_usage", errors, smi.amdsmi_get_gpu_vram_usage) or {}
         power = call(dev, "power", errors, smi.amdsmi_get_power_info) or {}
         cap = call(dev, "power_cap", errors, smi.amdsmi_get_power_cap_info) or {}
-        gfx_clock = call(dev, "gfx_clock", errors, smi.amdsmi_get_clock_info, smi.AmdSmiClkType.GFX) or {}
-        mem_clock = call(dev, "mem_clock", errors, smi.amdsmi_get_clock_info, smi.AmdSmiClkType.MEM) or {}
+        gfx_clock = (
+            call(dev, "gfx_clock", errors, smi.amdsmi_get_clock_info, smi.AmdSmiClkType.GFX) or {}
+        )
+        mem_clock = (
+            call(dev, "mem_clock", errors, smi.amdsmi_get_clock_info, smi.AmdSmiClkType.MEM) or {}
+        )
         # Hotspot (junction) is what amd-smi shows first; MI300 has no edge sensor.
-        temperature = call(dev, "temperature", errors, smi.amdsmi_get_temp_metric,
-                           smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CURRENT)
+        temperature = call(
+            dev,
+            "temperature",
+            errors,
+            smi.amdsmi_get_temp_metric,
+            smi.AmdSmiTemperatureType.HOTSPOT,
+            smi.AmdSmiTemperatureMetric.CURRENT,
+        )
         # MI300 reports current_socket_power only; older parts socket/average power.
-        power_w = next((p for p in (_number(power.get(k)) for k in
-                                    ("socket_power", "current_socket_power", "average_socket_power")) if p), None)
+        power_w = next(
+            (
+                p
+                for p in (
+                    _number(power.get(k))
+                    for k in ("socket_power", "current_socket_power", "average_socket_power")
+                )
+                if p
+            ),
+            None,
+        )
         vram_total, vram_used = _number(vram.get("vram_total")), _number(vram.get("vram_used"))
         power_cap = _number(cap.get("power_cap"))
         extra: dict[str, Any] = {"state": "ok"}
@@ -268,8 +335,13 @@ class AmdSmiSampler:
         if mm is not None:
             extra["mm_util"] = mm
         return DeviceSample(
-            vendor="amd", index=dev.index, name=dev.name, uuid=dev.uuid, pci_bus_id=dev.bdf,
-            driver=dev.driver, driver_version=dev.driver_version,
+            vendor="amd",
+            index=dev.index,
+            name=dev.name,
+            uuid=dev.uuid,
+            pci_bus_id=dev.bdf,
+            driver=dev.driver,
+            driver_version=dev.driver_version,
             gpu_util=_number(activity.get("gfx_activity")),
             mem_util=_number(activity.get("umc_activity")),
             memory_used=int(vram_used) * MB if vram_used is not None else None,
@@ -299,8 +371,12 @@ class AmdSmiSampler:
                 detail = info(dev.handle, entry)
             except smi.AmdSmiLibraryException as exc:
                 if exc.get_error_code() != STATUS_NOT_FOUND:  # NOT_FOUND: it exited meanwhile
-                    self._once.report(errors, dev.index, "process_info",
-                                      f"amdsmi gpu{dev.index} process_info: {_reason(exc)}")
+                    self._once.report(
+                        errors,
+                        dev.index,
+                        "process_info",
+                        f"amdsmi gpu{dev.index} process_info: {_reason(exc)}",
+                    )
                 continue
             if isinstance(detail, dict):
                 details.append(detail)
@@ -320,22 +396,39 @@ class AmdSmiSampler:
             engines: dict[str, float] = {}
             previous = dev.engine_ns.get(pid)
             if gfx_ns is not None and enc_ns is not None:
-                if previous is not None and mono > previous[0] and gfx_ns >= previous[1] and enc_ns >= previous[2]:
+                if (
+                    previous is not None
+                    and mono > previous[0]
+                    and gfx_ns >= previous[1]
+                    and enc_ns >= previous[2]
+                ):
                     elapsed_ns = (mono - previous[0]) * 1e9
                     engines["gfx"] = round((gfx_ns - previous[1]) / elapsed_ns * 100, 2)
                     engines["enc"] = round((enc_ns - previous[2]) / elapsed_ns * 100, 2)
                 dev.engine_ns[pid] = (mono, gfx_ns, enc_ns)
-            regions = {name: value for name, value in
-                       (("vram", memory.get("vram_mem")), ("gtt", memory.get("gtt_mem")), ("cpu", memory.get("cpu_mem")))
-                       if isinstance(value, int)}
-            out.append(ProcessGpuUsage(
-                pid=pid, vendor="amd", device_index=dev.index, device_uuid=dev.uuid,
-                ns_pid=namespace_pid(pid, self._proc_root),
-                sm_util=min(engines["gfx"], 100.0) if "gfx" in engines else None,
-                enc_util=min(engines["enc"], 100.0) if "enc" in engines else None,
-                used_memory=_int(entry.get("mem")),
-                engines=engines, memory_regions=regions,
-            ))
+            regions = {
+                name: value
+                for name, value in (
+                    ("vram", memory.get("vram_mem")),
+                    ("gtt", memory.get("gtt_mem")),
+                    ("cpu", memory.get("cpu_mem")),
+                )
+                if isinstance(value, int)
+            }
+            out.append(
+                ProcessGpuUsage(
+                    pid=pid,
+                    vendor="amd",
+                    device_index=dev.index,
+                    device_uuid=dev.uuid,
+                    ns_pid=namespace_pid(pid, self._proc_root),
+                    sm_util=min(engines["gfx"], 100.0) if "gfx" in engines else None,
+                    enc_util=min(engines["enc"], 100.0) if "enc" in engines else None,
+                    used_memory=_int(entry.get("mem")),
+                    engines=engines,
+                    memory_regions=regions,
+                )
+            )
         for pid in [p for p in dev.engine_ns if p not in seen]:
             del dev.engine_ns[pid]
         return sorted(out, key=lambda p: p.pid)

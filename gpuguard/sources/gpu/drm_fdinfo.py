@@ -21,7 +21,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuguard.sources.gpu.drm_usage import (  # noqa: F401 - parse_fdinfo is this source's parser, re-exported
-    DrmClient, UsageBaseline, engine_utilization, node_index, parse_fdinfo,
+    DrmClient,
+    UsageBaseline,
+    engine_utilization,
+    node_index,
+    parse_fdinfo,
 )
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
 from gpuguard.sources.gpu_fds import DRM_CLASSES, list_gpu_fds, read_fdinfo
@@ -85,7 +89,9 @@ class FdTableSweeper:
                 if previous is None or (pid + self._tick) % self.sweep_every == 0:
                     found = _drm_fds(pid, self.proc_root)
                 else:
-                    found = [(fd, target) for fd, target in previous if _still_links(fd_dir, fd, target)]
+                    found = [
+                        (fd, target) for fd, target in previous if _still_links(fd_dir, fd, target)
+                    ]
             except PermissionError:
                 result.denied += 1
                 continue
@@ -166,21 +172,31 @@ def sysfs_devices(sys_root: str = "/sys") -> dict[int, _SysDevice]:
         except OSError:
             driver = None
         busy = _read_int(f"{device}/gpu_busy_percent")
-        out[int(name[4:])] = _SysDevice(int(name[4:]), pdev, driver, float(busy) if busy is not None else None,
-                                        _read_int(f"{device}/mem_info_vram_used"),
-                                        _read_int(f"{device}/mem_info_vram_total"))
+        out[int(name[4:])] = _SysDevice(
+            int(name[4:]),
+            pdev,
+            driver,
+            float(busy) if busy is not None else None,
+            _read_int(f"{device}/mem_info_vram_used"),
+            _read_int(f"{device}/mem_info_vram_total"),
+        )
     return out
 
 
-def open_sampler(proc_root: str = "/proc", sys_root: str = "/sys",
-                 sweep_every: int = SWEEP_EVERY) -> "DrmFdinfoSampler":
+def open_sampler(
+    proc_root: str = "/proc", sys_root: str = "/sys", sweep_every: int = SWEEP_EVERY
+) -> "DrmFdinfoSampler":
     if not os.path.isdir(f"{proc_root}/self/fdinfo"):
-        raise SourceUnavailable(f"{proc_root}/self/fdinfo is missing", "mount procfs (Linux 2.6.22+)")
+        raise SourceUnavailable(
+            f"{proc_root}/self/fdinfo is missing", "mount procfs (Linux 2.6.22+)"
+        )
     sampler = DrmFdinfoSampler(proc_root=proc_root, sys_root=sys_root, sweep_every=sweep_every)
     first = sampler.sample()
     if not first.devices:
-        raise SourceUnavailable(f"no DRM device ({sys_root}/class/drm has no card, no process holds /dev/dri open)",
-                                "nothing to fix on a host without GPUs; else load the GPU's kernel driver")
+        raise SourceUnavailable(
+            f"no DRM device ({sys_root}/class/drm has no card, no process holds /dev/dri open)",
+            "nothing to fix on a host without GPUs; else load the GPU's kernel driver",
+        )
     sampler.pending = first.errors
     return sampler
 
@@ -190,9 +206,14 @@ class DrmFdinfoSampler:
 
     source = SOURCE
 
-    def __init__(self, proc_root: str = "/proc", sys_root: str = "/sys",
-                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
-                 sweep_every: int = 1) -> None:
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        sys_root: str = "/sys",
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sweep_every: int = 1,
+    ) -> None:
         self._proc_root = proc_root
         self._sweeper = FdTableSweeper(proc_root, sweep_every)
         self._sys_root = sys_root
@@ -207,8 +228,13 @@ class DrmFdinfoSampler:
         errors, self.pending = self.pending, []
         scan = scan_drm_fds(self._proc_root, self._sweeper)
         if scan.denied:
-            self._once.report(errors, "system", "denied", "drm-fdinfo: some processes' fds are not readable, "
-                                                          "their GPU use is not shown (run as root)")
+            self._once.report(
+                errors,
+                "system",
+                "denied",
+                "drm-fdinfo: some processes' fds are not readable, "
+                "their GPU use is not shown (run as root)",
+            )
         sysdevs = sysfs_devices(self._sys_root)
         # Each client once: its utilisation is computed once and shared by every holder.
         utils: dict[tuple[str, str], dict[str, float]] = {}
@@ -221,25 +247,37 @@ class DrmFdinfoSampler:
             regions: dict[str, int] = {}
             for key, client in held.clients.items():
                 if key not in utils:
-                    utils[key], baselines[key] = engine_utilization(client, self._baselines.get(key), mono)
+                    utils[key], baselines[key] = engine_utilization(
+                        client, self._baselines.get(key), mono
+                    )
                 device_clients[held.device][key] = client
                 for engine, pct in utils[key].items():
                     engines[engine] = min(engines.get(engine, 0.0) + pct, 100.0)
                 for region, size in client.held_memory().items():
                     regions[region] = regions.get(region, 0) + size
             has_data = any(c.has_data for c in held.clients.values())
-            processes.append(ProcessGpuUsage(
-                pid=held.pid, vendor="drm", device_index=held.device,
-                device_uuid=self._pdev(held, sysdevs),
-                ns_pid=namespace_pid(held.pid, self._proc_root),
-                sm_util=max(engines.values()) if engines else None,
-                used_memory=sum(regions.values()) if has_data and regions else None,
-                engines=engines, memory_regions=regions,
-            ))
+            processes.append(
+                ProcessGpuUsage(
+                    pid=held.pid,
+                    vendor="drm",
+                    device_index=held.device,
+                    device_uuid=self._pdev(held, sysdevs),
+                    ns_pid=namespace_pid(held.pid, self._proc_root),
+                    sm_util=max(engines.values()) if engines else None,
+                    used_memory=sum(regions.values()) if has_data and regions else None,
+                    engines=engines,
+                    memory_regions=regions,
+                )
+            )
         self._baselines = baselines  # clients that went away are forgotten
-        devices = [self._device(i, sysdevs.get(i), device_clients[i], utils) for i in sorted(device_clients)]
+        devices = [
+            self._device(i, sysdevs.get(i), device_clients[i], utils)
+            for i in sorted(device_clients)
+        ]
         processes.sort(key=lambda p: (p.device_index, p.pid))
-        return GpuSnapshot(time=now, source=SOURCE, devices=devices, processes=processes, errors=errors)
+        return GpuSnapshot(
+            time=now, source=SOURCE, devices=devices, processes=processes, errors=errors
+        )
 
     def close(self) -> None:
         self._baselines.clear()
@@ -253,23 +291,45 @@ class DrmFdinfoSampler:
         return sysdev.pdev if sysdev else None
 
     @staticmethod
-    def _device(index: int, sysdev: _SysDevice | None, clients: dict[tuple[str, str], DrmClient],
-                utils: dict[tuple[str, str], dict[str, float]]) -> DeviceSample:
+    def _device(
+        index: int,
+        sysdev: _SysDevice | None,
+        clients: dict[tuple[str, str], DrmClient],
+        utils: dict[tuple[str, str], dict[str, float]],
+    ) -> DeviceSample:
         engines: dict[str, float] = {}
         memory = 0
         for key, client in clients.items():
             for engine, pct in utils.get(key, {}).items():
                 engines[engine] = min(engines.get(engine, 0.0) + pct, 100.0)
             memory += sum(client.held_memory().values())
-        driver = sysdev.driver if sysdev and sysdev.driver else next((c.driver for c in clients.values()), None)
-        pdev = sysdev.pdev if sysdev and sysdev.pdev else next((c.pdev for c in clients.values() if c.pdev), None)
+        driver = (
+            sysdev.driver
+            if sysdev and sysdev.driver
+            else next((c.driver for c in clients.values()), None)
+        )
+        pdev = (
+            sysdev.pdev
+            if sysdev and sysdev.pdev
+            else next((c.pdev for c in clients.values() if c.pdev), None)
+        )
         with_data = sum(1 for c in clients.values() if c.has_data)
-        gpu_util = sysdev.busy_percent if sysdev and sysdev.busy_percent is not None else (
-            max(engines.values()) if engines else None)
+        gpu_util = (
+            sysdev.busy_percent
+            if sysdev and sysdev.busy_percent is not None
+            else (max(engines.values()) if engines else None)
+        )
         return DeviceSample(
-            vendor="drm", index=index, name=" ".join(x for x in (driver, pdev) if x) or f"card{index}",
-            uuid=pdev, pci_bus_id=pdev, driver=driver, gpu_util=gpu_util,
-            memory_used=sysdev.vram_used if sysdev and sysdev.vram_used is not None else (memory if with_data else None),
+            vendor="drm",
+            index=index,
+            name=" ".join(x for x in (driver, pdev) if x) or f"card{index}",
+            uuid=pdev,
+            pci_bus_id=pdev,
+            driver=driver,
+            gpu_util=gpu_util,
+            memory_used=sysdev.vram_used
+            if sysdev and sysdev.vram_used is not None
+            else (memory if with_data else None),
             memory_total=sysdev.vram_total if sysdev else None,
             extra={"engines": engines, "clients": len(clients), "clients_with_data": with_data},
         )

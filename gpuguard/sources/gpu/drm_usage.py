@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from gpuguard.sources.gpu_fds import parse_fdinfo_fields
 
-_SIZE_UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
+_SIZE_UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 _FREQ_UNITS = {"": 1, "Hz": 1, "KHz": 1000, "kHz": 1000, "MHz": 1_000_000}
 _MEMORY_KINDS = ("total", "shared", "resident", "purgeable", "active", "memory")
 # Which memory figure stands for "what this client holds" in a region, best first.
@@ -140,7 +140,9 @@ def _advance(old: dict[str, int], new: dict[str, int]) -> tuple[dict[str, int], 
     return deltas, baseline
 
 
-def engine_utilization(client: DrmClient, previous: UsageBaseline | None, mono: float) -> tuple[dict[str, float], UsageBaseline]:
+def engine_utilization(
+    client: DrmClient, previous: UsageBaseline | None, mono: float
+) -> tuple[dict[str, float], UsageBaseline]:
     """Percent busy per engine since ``previous``, and the baseline for next time."""
     old = previous or UsageBaseline(mono, {}, {}, {})
     ns_delta, ns_base = _advance(old.engine_ns, client.engine_ns)

@@ -43,9 +43,18 @@ UTIL_STALE_AFTER_S = 5.0
 
 # NVML error code name -> (cause, fix) when nvmlInit fails.
 _INIT_FAILURES = {
-    "NVML_ERROR_LIBRARY_NOT_FOUND": ("library not found", "install the NVIDIA driver (it ships libnvidia-ml.so.1)"),
-    "NVML_ERROR_DRIVER_NOT_LOADED": ("driver not loaded", "load the NVIDIA kernel module: modprobe nvidia"),
-    "NVML_ERROR_NO_PERMISSION": ("no permission to open the NVIDIA devices", "run as root or fix /dev/nvidia* permissions"),
+    "NVML_ERROR_LIBRARY_NOT_FOUND": (
+        "library not found",
+        "install the NVIDIA driver (it ships libnvidia-ml.so.1)",
+    ),
+    "NVML_ERROR_DRIVER_NOT_LOADED": (
+        "driver not loaded",
+        "load the NVIDIA kernel module: modprobe nvidia",
+    ),
+    "NVML_ERROR_NO_PERMISSION": (
+        "no permission to open the NVIDIA devices",
+        "run as root or fix /dev/nvidia* permissions",
+    ),
     "NVML_ERROR_LIB_RM_VERSION_MISMATCH": (
         "NVML library and kernel driver versions differ",
         "reboot or reload the nvidia module after a driver upgrade",
@@ -78,8 +87,11 @@ def load_library() -> ModuleType:
     return pynvml
 
 
-def open_sampler(proc_root: str = "/proc", library: ModuleType | None = None,
-                 clock: Callable[[], float] = time.time) -> "NvmlSampler":
+def open_sampler(
+    proc_root: str = "/proc",
+    library: ModuleType | None = None,
+    clock: Callable[[], float] = time.time,
+) -> "NvmlSampler":
     """Initialise NVML and return a sampler, or raise :class:`SourceUnavailable`."""
     nvml = library if library is not None else load_library()
     try:
@@ -91,10 +103,14 @@ def open_sampler(proc_root: str = "/proc", library: ModuleType | None = None,
         count = nvml.nvmlDeviceGetCount()
     except nvml.NVMLError as exc:
         _shutdown(nvml)
-        raise SourceUnavailable(f"cannot count GPUs: {exc}", "check `nvidia-smi` and the driver logs (dmesg)") from None
+        raise SourceUnavailable(
+            f"cannot count GPUs: {exc}", "check `nvidia-smi` and the driver logs (dmesg)"
+        ) from None
     if count == 0:
         _shutdown(nvml)
-        raise SourceUnavailable("no NVIDIA GPU found", "check `nvidia-smi -L` and that the GPUs are passed to this host")
+        raise SourceUnavailable(
+            "no NVIDIA GPU found", "check `nvidia-smi -L` and that the GPUs are passed to this host"
+        )
     return NvmlSampler(nvml, count, proc_root=proc_root, clock=clock)
 
 
@@ -147,8 +163,13 @@ class NvmlSampler:
 
     source = SOURCE
 
-    def __init__(self, nvml: ModuleType, count: int, proc_root: str = "/proc",
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType,
+        count: int,
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._nvml = nvml
         self._proc_root = proc_root
         self._clock = clock
@@ -178,7 +199,9 @@ class NvmlSampler:
             sample, procs = self._sample_device(dev, now, errors)
             devices.append(sample)
             processes.extend(procs)
-        return GpuSnapshot(time=now, source=SOURCE, devices=devices, processes=processes, errors=errors)
+        return GpuSnapshot(
+            time=now, source=SOURCE, devices=devices, processes=processes, errors=errors
+        )
 
     def accounting(self) -> tuple[list[GpuAccounting], list[str]]:
         """NVML accounting records of every GPU where accounting mode is on, and one line per GPU that failed."""
@@ -212,11 +235,24 @@ class NvmlSampler:
                 before = nvml_history.accounting_enabled(self._nvml, dev.handle)
                 if before != on:
                     nvml_history.set_accounting_mode(self._nvml, dev.handle, on)
-                results.append(("unchanged" if before == on else "changed",
-                                f"nvml gpu{dev.index}: accounting mode {'on' if on else 'off'}"
-                                + (" (was already)" if before == on else f" (was {'on' if before else 'off'})")))
+                results.append(
+                    (
+                        "unchanged" if before == on else "changed",
+                        f"nvml gpu{dev.index}: accounting mode {'on' if on else 'off'}"
+                        + (
+                            " (was already)"
+                            if before == on
+                            else f" (was {'on' if before else 'off'})"
+                        ),
+                    )
+                )
             except self._nvml.NVMLError as exc:
-                results.append(("failed", f"nvml gpu{dev.index}: cannot turn accounting mode {'on' if on else 'off'}: {exc}"))
+                results.append(
+                    (
+                        "failed",
+                        f"nvml gpu{dev.index}: cannot turn accounting mode {'on' if on else 'off'}: {exc}",
+                    )
+                )
         return results
 
     def history(self) -> list[GpuSnapshot]:
@@ -227,8 +263,11 @@ class NvmlSampler:
         PCIe are not in the driver's history: they stay None.
         """
         nvml = self._nvml
-        kinds = (("gpu_util", "NVML_GPU_UTILIZATION_SAMPLES"), ("mem_util", "NVML_MEMORY_UTILIZATION_SAMPLES"),
-                 ("power_mw", "NVML_TOTAL_POWER_SAMPLES"))
+        kinds = (
+            ("gpu_util", "NVML_GPU_UTILIZATION_SAMPLES"),
+            ("mem_util", "NVML_MEMORY_UTILIZATION_SAMPLES"),
+            ("power_mw", "NVML_TOTAL_POWER_SAMPLES"),
+        )
         by_second: dict[int, GpuSnapshot] = {}
         errors: list[str] = []
         for dev in self._live_devices():
@@ -236,24 +275,47 @@ class NvmlSampler:
             for name, constant in kinds:
                 try:
                     series[name] = nvml_history.per_second(
-                        nvml_history.read_device_samples(nvml, dev.handle, getattr(nvml, constant)))
+                        nvml_history.read_device_samples(nvml, dev.handle, getattr(nvml, constant))
+                    )
                 except nvml.NVMLError as exc:
                     if exc.value != nvml.NVML_ERROR_NOT_SUPPORTED:
                         errors.append(f"nvml gpu{dev.index} sample history ({name}): {exc}")
                     series[name] = {}
-            users = {info.pid for kind in ("compute", "graphics") for info in self._process_list(dev, kind, errors) or ()}
+            users = {
+                info.pid
+                for kind in ("compute", "graphics")
+                for info in self._process_list(dev, kind, errors) or ()
+            }
             sole = next(iter(users)) if len(users) == 1 else None
             for second in sorted(set().union(*series.values())):
                 gpu, mem, power = (series[n].get(second) for n, _ in kinds)
                 snap = by_second.setdefault(second, GpuSnapshot(time=float(second), source=SOURCE))
-                snap.devices.append(DeviceSample(vendor="nvidia", index=dev.index, name=dev.name, uuid=dev.uuid,
-                                                 pci_bus_id=dev.pci_bus_id, driver="nvidia",
-                                                 driver_version=self._driver_version, gpu_util=gpu, mem_util=mem,
-                                                 power_w=power / 1000.0 if power is not None else None,
-                                                 extra={"state": "ok", "history": True}))
+                snap.devices.append(
+                    DeviceSample(
+                        vendor="nvidia",
+                        index=dev.index,
+                        name=dev.name,
+                        uuid=dev.uuid,
+                        pci_bus_id=dev.pci_bus_id,
+                        driver="nvidia",
+                        driver_version=self._driver_version,
+                        gpu_util=gpu,
+                        mem_util=mem,
+                        power_w=power / 1000.0 if power is not None else None,
+                        extra={"state": "ok", "history": True},
+                    )
+                )
                 if sole is not None and gpu is not None:
-                    snap.processes.append(ProcessGpuUsage(pid=sole, vendor="nvidia", device_index=dev.index,
-                                                          device_uuid=dev.uuid, sm_util=gpu, mem_util=mem))
+                    snap.processes.append(
+                        ProcessGpuUsage(
+                            pid=sole,
+                            vendor="nvidia",
+                            device_index=dev.index,
+                            device_uuid=dev.uuid,
+                            sm_util=gpu,
+                            mem_util=mem,
+                        )
+                    )
         snapshots = [by_second[s] for s in sorted(by_second)]
         if snapshots and errors:
             snapshots[-1].errors.extend(errors)
@@ -285,7 +347,12 @@ class NvmlSampler:
         try:
             self._nvml.nvmlInit()
         except self._nvml.NVMLError as exc:
-            self._once.report(errors, "system", "init", f"nvml: re-initialising failed: {exc}; retrying every {REINIT_INTERVAL_S:g} s")
+            self._once.report(
+                errors,
+                "system",
+                "init",
+                f"nvml: re-initialising failed: {exc}; retrying every {REINIT_INTERVAL_S:g} s",
+            )
             return
         self._once.clear("system", "init")
         self._need_reinit = False
@@ -319,7 +386,7 @@ class NvmlSampler:
             self._once.report(errors, dev.index, "state", self._lost_line(dev, str(exc)))
             return False
         dev.utils.clear()
-        dev.pcie = None        # counters from before the loss are not comparable
+        dev.pcie = None  # counters from before the loss are not comparable
         if dev.uuid is None:
             dev.uuid = self._static(dev, "uuid", nvml.nvmlDeviceGetUUID, errors)
         if dev.name is None:
@@ -330,11 +397,14 @@ class NvmlSampler:
                 bus_id = pci.busId
                 dev.pci_bus_id = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
         if dev.sm_clock_max_mhz is None:
-            dev.sm_clock_max_mhz = self._static(dev, "sm_clock_max_mhz", nvml.nvmlDeviceGetMaxClockInfo,
-                                                errors, nvml.NVML_CLOCK_SM)
+            dev.sm_clock_max_mhz = self._static(
+                dev, "sm_clock_max_mhz", nvml.nvmlDeviceGetMaxClockInfo, errors, nvml.NVML_CLOCK_SM
+            )
         return True
 
-    def _static(self, dev: _Device, name: str, fn: Callable[..., Any], errors: list[str], *args: Any) -> Any:
+    def _static(
+        self, dev: _Device, name: str, fn: Callable[..., Any], errors: list[str], *args: Any
+    ) -> Any:
         value = self._read(dev, name, fn, errors, *args)
         return value.decode() if isinstance(value, bytes) else value
 
@@ -344,7 +414,9 @@ class NvmlSampler:
 
     # -- reading ------------------------------------------------------------
 
-    def _read(self, dev: _Device, name: str, fn: Callable[..., Any], errors: list[str], *args: Any) -> Any:
+    def _read(
+        self, dev: _Device, name: str, fn: Callable[..., Any], errors: list[str], *args: Any
+    ) -> Any:
         """One NVML call: the value, or None plus a once-only error line."""
         try:
             value = fn(dev.handle, *args)
@@ -356,7 +428,9 @@ class NvmlSampler:
         self._once.clear(dev.index, name)
         return value
 
-    def _sample_device(self, dev: _Device, now: float, errors: list[str]) -> tuple[DeviceSample, list[ProcessGpuUsage]]:
+    def _sample_device(
+        self, dev: _Device, now: float, errors: list[str]
+    ) -> tuple[DeviceSample, list[ProcessGpuUsage]]:
         try:
             if dev.handle is None or dev.lost:
                 if self._need_reinit or not self._acquire(dev, errors):
@@ -376,9 +450,16 @@ class NvmlSampler:
         return sample, processes
 
     def _lost_sample(self, dev: _Device) -> DeviceSample:
-        return DeviceSample(vendor="nvidia", index=dev.index, name=dev.name, uuid=dev.uuid,
-                            pci_bus_id=dev.pci_bus_id, driver="nvidia", driver_version=self._driver_version,
-                            extra={"state": "lost"})
+        return DeviceSample(
+            vendor="nvidia",
+            index=dev.index,
+            name=dev.name,
+            uuid=dev.uuid,
+            pci_bus_id=dev.pci_bus_id,
+            driver="nvidia",
+            driver_version=self._driver_version,
+            extra={"state": "lost"},
+        )
 
     def _device_metrics(self, dev: _Device, now: float, errors: list[str]) -> DeviceSample:
         nvml = self._nvml
@@ -408,9 +489,21 @@ class NvmlSampler:
             memory_total=memory.total if memory is not None else None,
             power_w=power_mw / 1000.0 if power_mw is not None else None,
             power_limit_w=limit_mw / 1000.0 if limit_mw is not None else None,
-            sm_clock_mhz=read(dev, "sm_clock", nvml.nvmlDeviceGetClockInfo, errors, nvml.NVML_CLOCK_SM),
-            mem_clock_mhz=read(dev, "mem_clock", nvml.nvmlDeviceGetClockInfo, errors, nvml.NVML_CLOCK_MEM),
-            temperature_c=_float(read(dev, "temperature", nvml.nvmlDeviceGetTemperature, errors, nvml.NVML_TEMPERATURE_GPU)),
+            sm_clock_mhz=read(
+                dev, "sm_clock", nvml.nvmlDeviceGetClockInfo, errors, nvml.NVML_CLOCK_SM
+            ),
+            mem_clock_mhz=read(
+                dev, "mem_clock", nvml.nvmlDeviceGetClockInfo, errors, nvml.NVML_CLOCK_MEM
+            ),
+            temperature_c=_float(
+                read(
+                    dev,
+                    "temperature",
+                    nvml.nvmlDeviceGetTemperature,
+                    errors,
+                    nvml.NVML_TEMPERATURE_GPU,
+                )
+            ),
             pcie_tx_kbs=pcie_tx,
             pcie_rx_kbs=pcie_rx,
             mig_mode=(mig[0] == nvml.NVML_DEVICE_MIG_ENABLE) if mig is not None else None,
@@ -436,16 +529,27 @@ class NvmlSampler:
                     continue
                 if exc.value in self._lost_codes or exc.value in self._reinit_codes:
                     raise _DeviceLost(str(exc), exc.value in self._reinit_codes) from None
-                self._once.report(errors, dev.index, f"{kind}_processes", f"nvml gpu{dev.index} {kind} processes: {exc}")
+                self._once.report(
+                    errors,
+                    dev.index,
+                    f"{kind}_processes",
+                    f"nvml gpu{dev.index} {kind} processes: {exc}",
+                )
                 return None
             self._list_fn[kind] = name
             self._once.clear(dev.index, f"{kind}_processes")
             return procs
-        self._once.report(errors, dev.index, f"{kind}_processes",
-                          f"nvml gpu{dev.index} {kind} processes: no list function in this library/driver")
+        self._once.report(
+            errors,
+            dev.index,
+            f"{kind}_processes",
+            f"nvml gpu{dev.index} {kind} processes: no list function in this library/driver",
+        )
         return None
 
-    def _process_utilization(self, dev: _Device, now: float, errors: list[str]) -> dict[int, _ProcessUtil]:
+    def _process_utilization(
+        self, dev: _Device, now: float, errors: list[str]
+    ) -> dict[int, _ProcessUtil]:
         nvml = self._nvml
         try:
             samples = nvml.nvmlDeviceGetProcessUtilization(dev.handle, dev.last_seen_us)
@@ -455,8 +559,12 @@ class NvmlSampler:
             elif exc.value in self._lost_codes or exc.value in self._reinit_codes:
                 raise _DeviceLost(str(exc), exc.value in self._reinit_codes) from None
             else:
-                self._once.report(errors, dev.index, "process_utilization",
-                                  f"nvml gpu{dev.index} process utilization: {exc}")
+                self._once.report(
+                    errors,
+                    dev.index,
+                    "process_utilization",
+                    f"nvml gpu{dev.index} process utilization: {exc}",
+                )
                 dev.utils.clear()
                 return dev.utils
         else:
@@ -464,8 +572,13 @@ class NvmlSampler:
         for s in samples:
             known = dev.utils.get(s.pid)
             if known is None or s.timeStamp >= known.time_us:
-                dev.utils[s.pid] = _ProcessUtil(s.timeStamp, float(s.smUtil), float(s.memUtil),
-                                                float(s.encUtil), float(s.decUtil))
+                dev.utils[s.pid] = _ProcessUtil(
+                    s.timeStamp,
+                    float(s.smUtil),
+                    float(s.memUtil),
+                    float(s.encUtil),
+                    float(s.decUtil),
+                )
             if s.timeStamp > dev.last_seen_us:
                 dev.last_seen_us = s.timeStamp
         oldest = int((now - UTIL_STALE_AFTER_S) * 1_000_000)
@@ -480,7 +593,12 @@ class NvmlSampler:
                 usage = by_pid.get(info.pid)
                 if usage is None:
                     usage = by_pid[info.pid] = ProcessGpuUsage(
-                        pid=info.pid, vendor="nvidia", device_index=dev.index, device_uuid=dev.uuid, kind=kind)
+                        pid=info.pid,
+                        vendor="nvidia",
+                        device_index=dev.index,
+                        device_uuid=dev.uuid,
+                        kind=kind,
+                    )
                 elif usage.kind != kind:
                     usage.kind = "compute+graphics"  # nvidia-smi's "C+G"
                 if info.usedGpuMemory is not None:
@@ -490,9 +608,15 @@ class NvmlSampler:
         for pid, u in utils.items():
             usage = by_pid.get(pid)
             if usage is None:  # sampled on the GPU but already off both lists
-                usage = by_pid[pid] = ProcessGpuUsage(pid=pid, vendor="nvidia", device_index=dev.index,
-                                                      device_uuid=dev.uuid)
-            usage.sm_util, usage.mem_util, usage.enc_util, usage.dec_util = u.sm, u.mem, u.enc, u.dec
+                usage = by_pid[pid] = ProcessGpuUsage(
+                    pid=pid, vendor="nvidia", device_index=dev.index, device_uuid=dev.uuid
+                )
+            usage.sm_util, usage.mem_util, usage.enc_util, usage.dec_util = (
+                u.sm,
+                u.mem,
+                u.enc,
+                u.dec,
+            )
         for usage in by_pid.values():
             usage.ns_pid = namespace_pid(usage.pid, self._proc_root)
         return sorted(by_pid.values(), key=lambda p: p.pid)

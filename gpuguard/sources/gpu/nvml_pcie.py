@@ -35,11 +35,15 @@ class PcieReader:
     def __init__(self, nvml: ModuleType, slow_every_s: float = SLOW_EVERY_S) -> None:
         self._nvml = nvml
         self.slow_every_s = slow_every_s
-        has_counters = (hasattr(nvml, "nvmlDeviceGetFieldValues")
-                        and hasattr(nvml, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES")
-                        and hasattr(nvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES"))
+        has_counters = (
+            hasattr(nvml, "nvmlDeviceGetFieldValues")
+            and hasattr(nvml, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES")
+            and hasattr(nvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES")
+        )
         self.mode = COUNTERS if has_counters else THROUGHPUT
-        self._previous: tuple[int, int, int, int] | None = None   # (tx bytes, tx µs, rx bytes, rx µs)
+        self._previous: tuple[int, int, int, int] | None = (
+            None  # (tx bytes, tx µs, rx bytes, rx µs)
+        )
         self._last_slow: float | None = None
 
     def read(self, handle: Any, now: float) -> tuple[int | None, int | None]:
@@ -47,19 +51,22 @@ class PcieReader:
             counters = self._counters(handle)
             if counters is not None:
                 return self._rates(counters)
-            self.mode = THROUGHPUT      # this driver/GPU has no byte counters: fall back for good
+            self.mode = THROUGHPUT  # this driver/GPU has no byte counters: fall back for good
         if self._last_slow is not None and now - self._last_slow < self.slow_every_s:
             return None, None
         self._last_slow = now
         nvml = self._nvml
-        return (nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES),
-                nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES))
+        return (
+            nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES),
+            nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES),
+        )
 
     def _counters(self, handle: Any) -> tuple[int, int, int, int] | None:
         nvml = self._nvml
         try:
-            tx, rx = nvml.nvmlDeviceGetFieldValues(handle, [nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
-                                                            nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES])
+            tx, rx = nvml.nvmlDeviceGetFieldValues(
+                handle, [nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]
+            )
         except nvml.NVMLError as exc:
             if exc.value in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
                 return None
@@ -72,10 +79,12 @@ class PcieReader:
         previous, self._previous = self._previous, now
         if previous is None:
             return None, None
-        return _rate(previous[0], previous[1], now[0], now[1]), _rate(previous[2], previous[3], now[2], now[3])
+        return _rate(previous[0], previous[1], now[0], now[1]), _rate(
+            previous[2], previous[3], now[2], now[3]
+        )
 
 
 def _rate(bytes_before: int, us_before: int, bytes_now: int, us_now: int) -> int | None:
-    if us_now <= us_before or bytes_now < bytes_before:   # same reading, or the counter was reset
+    if us_now <= us_before or bytes_now < bytes_before:  # same reading, or the counter was reset
         return None
     return int((bytes_now - bytes_before) * 1_000_000 / (us_now - us_before) / 1024)

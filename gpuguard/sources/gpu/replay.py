@@ -30,9 +30,14 @@ class ReplaySampler:
 
     source = SOURCE
 
-    def __init__(self, path: str, pace: bool = False, speed: float = 1.0,
-                 sleep: Callable[[float], None] = time.sleep,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        path: str,
+        pace: bool = False,
+        speed: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         # The reader says what is wrong with the path (missing, a directory, unreadable);
         # a pipe or FIFO is read like `gpuguard replay` reads it.
         from gpuguard.events.wire import iter_recording  # the wire format's one reader
@@ -45,7 +50,9 @@ class ReplaySampler:
         self._speed = speed
         self._sleep = sleep
         self._monotonic = monotonic
-        self._origin: tuple[float, float] | None = None  # (recorded time, monotonic time) of the first snapshot
+        self._origin: tuple[float, float] | None = (
+            None  # (recorded time, monotonic time) of the first snapshot
+        )
 
     def sample(self) -> GpuSnapshot:
         """The next recorded snapshot; :class:`EndOfRecording` after the last."""

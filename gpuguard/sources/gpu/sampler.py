@@ -59,7 +59,9 @@ def open_samplers(
     samplers: list[GpuSampler] = []
     for name in sources:
         if name not in _OPENERS:
-            raise GpuguardError(f"unknown GPU source {name!r}", f"use one of {', '.join(ALL_SOURCES)}")
+            raise GpuguardError(
+                f"unknown GPU source {name!r}", f"use one of {', '.join(ALL_SOURCES)}"
+            )
         module_name, label = _OPENERS[name]
         module = importlib.import_module(module_name)
         try:

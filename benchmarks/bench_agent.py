@@ -258,7 +258,8 @@ def main() -> int:
     )
     print(
         f"agent CPU per sensor event (loaded windows, {cpu['sensor_events_per_s']:.0f} events/s from every "
-        f"process on the host): {cpu['cpu_us_per_event']:.0f} us -> {cpu['core_fraction_for_the_workload_alone'] * 100:.2f}% "
+        f"process on the host): {cpu['cpu_us_per_event']:.0f} us -> "
+        f"{cpu['core_fraction_for_the_workload_alone'] * 100:.2f}% "
         f"of a core for {args.open_rate} opens/s (ioctls are counted in the kernel: ~1 event per command per 0.5 s)"
     )
     print(

@@ -86,7 +86,7 @@ def bench_touch(runs: int) -> None:
             renamed_opened += b"ready" in out
         responder.close()
         print("## kill-on-touch")
-        print(f"| binary | runs | GPU opens that returned |\n|---|---:|---:|")
+        print("| binary | runs | GPU opens that returned |\n|---|---:|---:|")
         print(f"| different binary (baseline) | {runs} | {baseline} |")
         print(f"| blocked binary, same path | {runs} | **{same}** |")
         print(f"| renamed copy (sha256 match) | {runs} | **{renamed_opened}** |\n")

@@ -176,7 +176,7 @@ def polled_sensor():
 
 
 def timed_pairs(
-    argv: list[str], prog: "Attachable | None", private_dev: bool
+    argv: list[str], prog: Attachable | None, private_dev: bool
 ) -> tuple[float, float, float]:
     """One syscall_loop *-pair run (side 1 ns, side 0 ns, median difference), with ``prog`` attached."""
     if prog is not None:
@@ -224,7 +224,7 @@ def record_pair(binary: Path, args) -> int:
                     row = rows.setdefault(
                         f"{mode} {state}", {"record": [], "plain": [], "diff": []}
                     )
-                    for key, value in zip(("record", "plain", "diff"), figures):
+                    for key, value in zip(("record", "plain", "diff"), figures, strict=False):
                         row[key].append(value)
     result = pair_medians(rows)
     if args.json:
@@ -268,16 +268,16 @@ def mmap_pair(binary: Path, args) -> int:
                 figures = timed_pairs(
                     [str(binary), "mmap-pair", str(args.calls)], prog, private_dev=False
                 )
-                for key, value in zip(("mmap", "munmap", "diff"), figures):
+                for key, value in zip(("mmap", "munmap", "diff"), figures, strict=False):
                     rows[name][key].append(value)
     med = statistics.median
     result = pair_medians(rows)
     with_probe, without = rows["sensor"]["diff"], rows["sensor without huge-page probes"]["diff"]
-    cost = med([a - b for a, b in zip(with_probe, without)])
+    cost = med([a - b for a, b in zip(with_probe, without, strict=False)])
     base = result["sensor without huge-page probes"]["mmap"]
     summary = {
         "probe_ns_per_mmap": round(cost, 1),
-        "rounds_ns": [round(a - b, 1) for a, b in zip(with_probe, without)],
+        "rounds_ns": [round(a - b, 1) for a, b in zip(with_probe, without, strict=False)],
         "ratio_mmap_einval": round((base + cost) / base, 3),
         "ratio_to_no_sensor": round(result["sensor"]["mmap"] / result["detached"]["mmap"], 3),
     }
@@ -295,7 +295,8 @@ def mmap_pair(binary: Path, args) -> int:
         )
         return 0
     print(
-        f"huge-page probe per ordinary mmap, one process, interleaved blocks ({args.calls} calls x {args.repeat} rounds)"
+        f"huge-page probe per ordinary mmap, one process, interleaved blocks ({args.calls} calls "
+        f"x {args.repeat} rounds)"
     )
     print(f"{'state':<34} {'mmap':>9} {'munmap':>9} {'difference':>11}  per round")
     for name, r in result.items():
@@ -456,7 +457,9 @@ def main() -> int:
         record = {}
         for plain, holder in RECORD_PAIRS:
             if plain in deltas[name] and holder in deltas[name]:
-                diffs = [h - p for p, h in zip(deltas[name][plain], deltas[name][holder])]
+                diffs = [
+                    h - p for p, h in zip(deltas[name][plain], deltas[name][holder], strict=False)
+                ]
                 record[holder] = {
                     "median_ns": round(med(diffs), 1),
                     "rounds_ns": [round(d, 1) for d in diffs],
@@ -469,7 +472,9 @@ def main() -> int:
         if {"tracepoint", "tracepoint-nohuge"} <= set(programs) and huge in detached:
             diffs = [
                 w - wo
-                for w, wo in zip(deltas["tracepoint"][huge], deltas["tracepoint-nohuge"][huge])
+                for w, wo in zip(
+                    deltas["tracepoint"][huge], deltas["tracepoint-nohuge"][huge], strict=False
+                )
             ]
             base = med(attached["tracepoint-nohuge"][huge])
             result.setdefault("huge_probe_cost", {})[huge] = {

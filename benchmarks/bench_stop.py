@@ -103,7 +103,7 @@ def cli_times(tree: Path, signals: int) -> None:
                     lines: list[tuple[float, str]] = []
                     ready = threading.Event()
 
-                    def read(proc=proc, lines=lines, ready=ready) -> None:
+                    def read(proc=proc, lines=lines, ready=ready, command=command) -> None:
                         for line in proc.stderr:
                             lines.append((time.monotonic(), line))
                             if "recording to" in line or "watching" in line or command == "watch":

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -239,10 +239,10 @@ def test_closed_stdout_is_survived_and_sigterm_writes_a_summary(tmp_path):
         assert first["gpuguard"]["kind"] in ("process", "lifecycle", "action")
         agent.proc.stdout.close()  # the reader goes away
         with miner_simulator() as miner:
-            doc = agent.wait_status(
+            agent.wait_status(
                 lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"]), 15
             )
-        doc = agent.wait_status(lambda d: d["drops"]["output_errors"] > 0)
+        agent.wait_status(lambda d: d["drops"]["output_errors"] > 0)
         assert agent.proc.poll() is None
     finally:
         rc = agent.stop()
@@ -281,7 +281,7 @@ def test_cef_findings_reach_a_syslog_udp_listener(tmp_path):
             while time.monotonic() < deadline and not findings_about(miner["pid"]):
                 try:
                     datagram = listener.recv(65536).decode("utf-8")
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 datagrams.append(datagram)
                 assert "\n" not in datagram and "\r" not in datagram, (

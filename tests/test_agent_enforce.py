@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from gpuguard.agent.enforce_scope import EnforceScope
-from gpuguard.respond.cgroup_blocks import cgroup2_mount
 from gpuguard.agent.simulator import parse_ready, start_simulator, stop_simulator
+from gpuguard.respond.cgroup_blocks import cgroup2_mount
 from tests.support.agent_run import REPO, AgentProcess, finding_for
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
@@ -152,9 +152,13 @@ def test_guard_policy_breach_is_one_finding_per_breach(tmp_path):
             [str(build_workload()), "open:/dev/nvidia0", "sleep:9000", "exit:0"]
         )
         try:
-            guard = lambda r: (
-                finding_for(workload.pid)(r) and r.get("rule", {}).get("id") == "guard.gpu-owners"
-            )
+
+            def guard(r):
+                return (
+                    finding_for(workload.pid)(r)
+                    and r.get("rule", {}).get("id") == "guard.gpu-owners"
+                )
+
             found = agent.wait_record(guard, timeout=20)
             assert "user root is not allowed on GPU [0]" in json.dumps(found)
             time.sleep(5)  # two more evaluations: no new line while the breach is unchanged

@@ -23,7 +23,6 @@ from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
 from tests.support.agent_run import log_records, until
 
-
 pytestmark = pytest.mark.root
 
 

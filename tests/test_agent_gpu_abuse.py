@@ -24,9 +24,8 @@ from gpuguard.agent.config import AgentConfig
 from gpuguard.agent.pipeline import Agent
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import MIB, FakeGpu, FakeNvml, FakeProcess
-from tests.support.workloads import run_with_gpu_nodes
 from tests.support.agent_run import log_records, until
-
+from tests.support.workloads import run_with_gpu_nodes
 
 pytestmark = pytest.mark.root
 

@@ -25,10 +25,10 @@ from gpuguard.agent.config import AgentConfig
 from gpuguard.agent.pipeline import Agent
 from gpuguard.commands.status import render
 from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import MIB, FakeAccounting, FakeGpu, FakeNvml, FakeProcess
 from tests.support.agent_run import log_records, until
-
 
 pytestmark = pytest.mark.root
 
@@ -105,7 +105,7 @@ class AgentRun:
         )
         self.thread = threading.Thread(target=self.agent.run, daemon=True)
 
-    def __enter__(self) -> "AgentRun":
+    def __enter__(self) -> AgentRun:
         self.thread.start()
         until(lambda: self.agent.ready.is_set() or not self.thread.is_alive(), 60)
         assert self.agent.ready.is_set(), "the agent did not start"
@@ -299,8 +299,7 @@ def test_enforce_mode_never_acts_on_a_host_finding(tmp_path):
 # -- the tracker alone: when a record is due ----------------------------------------------------
 
 
-def _snapshot(used: int, processes=()) -> "GpuSnapshot":
-    from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot
+def _snapshot(used: int, processes=()) -> GpuSnapshot:
 
     device = DeviceSample("nvidia", 0, memory_used=used, memory_total=81559 * MIB, pci_bus_id=BUS)
     return GpuSnapshot(time=time.time(), source="nvml", devices=[device], processes=list(processes))

@@ -342,7 +342,7 @@ def test_a_full_disk_is_a_reported_fault_and_recovers(tmp_path):
     )
     try:
         writer = open_log(str(mnt / "agent.log"), "ecs", queue_size=0, max_bytes=1 << 20, host=HOST)
-        for i in range(200):  # ~60 KiB into 16 KiB: ENOSPC, never an exception
+        for _i in range(200):  # ~60 KiB into 16 KiB: ENOSPC, never an exception
             writer.write(hostile_finding())
         assert writer.errors > 0 and writer.written > 0 and writer.written + writer.errors == 200
         (fault,) = writer.take_faults()  # one fault per run of failures, not one per record

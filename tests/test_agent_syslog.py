@@ -17,9 +17,7 @@ from gpuguard.outputs.log_writer import open_log
 from tests.test_agent_logs import (
     HOST,
     HOSTILE,
-    hostile_finding,
     hostile_records,
-    miner_finding,
     parse_cef,
 )  # noqa: F401
 

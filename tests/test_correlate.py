@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
 from gpuguard.correlate.state import ProcessKey
+from gpuguard.detect.engine import DetectionEngine
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.events.model import Connect, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.events.model import Connect, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
 from gpuguard.sources.process import collect_process_facts
 
@@ -321,9 +321,12 @@ def test_only_changes_mark_a_process_for_rescoring(ruleset):
     c.feed(GpuIoctl(time=T + 2, pid=62, device_class="nvidia-ctl", command=0xC020462A, count=3))
     c.feed(GpuOpen(time=T + 2, pid=62, path="/dev/nvidiactl", device_class="nvidia-ctl"))
     assert engine.score(T + 2) == [] and c.state_of(62).connect_total == 2
-    usage = lambda t: GpuSnapshot(
-        time=t, source="nvml", processes=[ProcessGpuUsage(62, "nvidia", 0, sm_util=50.0)]
-    )  # noqa: E731
+
+    def usage(t):
+        return GpuSnapshot(
+            time=t, source="nvml", processes=[ProcessGpuUsage(62, "nvidia", 0, sm_util=50.0)]
+        )
+
     c.feed(usage(T + 3))
     assert len(engine.score(T + 3)) == 1  # first GPU sample
     c.feed(usage(T + 4))

@@ -226,7 +226,7 @@ def _manifests() -> dict[str, dict]:
 def test_daemonset_validates_against_the_kubernetes_schema():
     import kubernetes_validate
 
-    for kind, doc in _manifests().items():
+    for _kind, doc in _manifests().items():
         kubernetes_validate.validate(doc, "1.32", strict=True)
     broken = _manifests()["DaemonSet"]
     broken["spec"]["template"]["spec"]["hostPId"] = True  # a typo is caught, not ignored

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
 from gpuguard.correlate.gpu_behaviour import GpuBehaviour, profile
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.correlate.windows import SampleWindow
 from gpuguard.detect.cases import replay, run_case
+from gpuguard.detect.engine import DetectionEngine
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_file
 from gpuguard.detect.signal_reader import SignalReader

@@ -9,11 +9,11 @@ import pytest
 
 from gpuguard.commands import gpus
 from gpuguard.errors import GpuguardError
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import GpuOpen
+from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.events.wire import RecordingWriter
 from gpuguard.sources.gpu.replay import EndOfRecording, ReplaySampler
-from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
-from gpuguard.events.process_facts import ProcessFacts
 
 MIB = 1024 * 1024
 T0 = 1_750_000_000.0

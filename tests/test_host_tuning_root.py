@@ -22,8 +22,8 @@ from gpuguard.correlate.correlator import Correlator
 from gpuguard.detect.engine import DetectionEngine
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.events.devices import classify_device_path
 from gpuguard.events.abi import device_class_name
+from gpuguard.events.devices import classify_device_path
 from tests.support.workloads import GPU_NODES, build_workload, run_with_gpu_nodes
 
 pytestmark = pytest.mark.root

@@ -15,7 +15,6 @@ import random
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
 from gpuguard.correlate.state import (
     NEW_ADDRESS,
     NEW_DEVICE_CLASS,
@@ -27,9 +26,7 @@ from gpuguard.correlate.state import (
     ProcessKey,
     ProcessState,
 )
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.score import score_process
-from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.detect.engine import DetectionEngine
 from gpuguard.detect.rescore import (
     COUNT_SIGNALS,
     DEVICES,
@@ -39,10 +36,13 @@ from gpuguard.detect.rescore import (
     SIGNALS_READING,
     signal_kind,
 )
+from gpuguard.detect.rules import load_ruleset
+from gpuguard.detect.score import score_process
+from gpuguard.detect.shipped import shipped_rules_file
 from gpuguard.detect.signal_reader import SignalReader
 from gpuguard.detect.signals import SIGNALS
-from gpuguard.events.model import Connect, Exec, GpuIoctl, GpuOpen, NetPayload
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.events.model import Connect, Exec, GpuIoctl, GpuOpen, NetPayload
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
 
 HOUR = 1_700_002_800.0  # the start of an hour: hour_of_day stays the same for the whole stream

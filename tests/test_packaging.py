@@ -84,7 +84,8 @@ def test_a_wheel_ships_probes_and_rules_and_works_outside_the_checkout(tmp_path)
         "from gpuguard.sources.probe_source import probe_text;"
         "from gpuguard.detect.rules import load_ruleset;"
         "print(gpuguard.__file__, s.shipped_rules_file(), a.probe_dir(),"
-        " len(load_ruleset([s.shipped_rules_file()]).rules), 'GG_ABI_VERSION' in probe_text() and 'begin gpuguard.h' in probe_text())"
+        " len(load_ruleset([s.shipped_rules_file()]).rules), 'GG_ABI_VERSION' in probe_text() "
+        "and 'begin gpuguard.h' in probe_text())"
     )
     out = subprocess.run(
         [sys.executable, "-c", check],

@@ -405,7 +405,10 @@ def test_tls_handshake_written_to_a_real_socket_pair():
 
 
 def test_http_get_gives_path_host_and_agent():
-    data = b"GET /api/v1/stats?x=1 HTTP/1.1\r\nHost: api.example.com\r\nUser-Agent: python-requests/2.31\r\nAccept: */*\r\n\r\n"
+    data = (
+        b"GET /api/v1/stats?x=1 HTTP/1.1\r\nHost: api.example.com\r\nUser-Agent: "
+        b"python-requests/2.31\r\nAccept: */*\r\n\r\n"
+    )
     assert recognise_payload(data) == (
         "http",
         {

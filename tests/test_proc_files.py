@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from gpuguard.sources.config_files import read_config_files
 from gpuguard.sources import proc_files
+from gpuguard.sources.config_files import read_config_files
 from gpuguard.sources.proc_files import read_process_file
 
 PID = 4242

@@ -13,10 +13,20 @@ import json
 import random
 import time
 
-import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
+from test_json_outputs import assert_strict_json
+from test_payload import (
+    assert_well_formed,
+    json_line,
+    socks5_connect,
+    stratum,
+    sv2_setup_connection,
+    tls_client_hello,
+    xmrig_login,
+)
+from test_wire import raw_recording
 
 from gpuguard.commands.gpus import label_from_facts
 from gpuguard.commands.replay import _json_of
@@ -29,17 +39,6 @@ from gpuguard.events.wire import PROCESS_KIND, SNAPSHOT_KIND, iter_recording
 from gpuguard.outputs.console import LiveView
 from gpuguard.outputs.gpu_table import GpuView, render_view
 from gpuguard.outputs.jsonl import dumps_line
-from test_json_outputs import assert_strict_json
-from test_payload import (
-    assert_well_formed,
-    json_line,
-    socks5_connect,
-    stratum,
-    sv2_setup_connection,
-    tls_client_hello,
-    xmrig_login,
-)
-from test_wire import raw_recording
 
 PROPERTY = settings(
     max_examples=150,

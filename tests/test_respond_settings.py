@@ -156,8 +156,7 @@ def test_host_wide_block_never_takes_loopback_local_or_configured_networks():
 
 def test_pool_addresses_named_on_the_command_line_are_blocked_before_any_connect():
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.respond.pool_addresses import parse_addresses
-    from gpuguard.respond.pool_addresses import pool_endpoints
+    from gpuguard.respond.pool_addresses import parse_addresses, pool_endpoints
 
     state = ProcessState(key=ProcessKey(4242, 1.0))
     verdict = Verdict(

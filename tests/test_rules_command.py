@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from gpuguard.detect.shipped import shipped_rules_dir, shipped_rules_file
 
 REPO = Path(__file__).resolve().parent.parent

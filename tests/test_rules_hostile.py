@@ -17,6 +17,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_scan_support import run_scan
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.rules import MAX_RULES_FILE_BYTES, load_ruleset, validate_rules
@@ -25,7 +26,6 @@ from gpuguard.detect.shipped import shipped_rules_file
 from gpuguard.detect.yaml_marks import MAX_DEPTH, MAX_NODES
 from gpuguard.errors import GpuguardError
 from gpuguard.events.process_facts import ProcessFacts
-from test_scan_support import run_scan
 
 REPO = Path(__file__).resolve().parent.parent
 HEAD = "version: 1\n"
@@ -52,7 +52,7 @@ def only_problem(path: Path) -> str:
 def alias_bomb() -> str:
     """Nine levels of nine aliases each: 9**9 (387 million) values from ~600 bytes."""
     lines = ["a: &a [x, x, x, x, x, x, x, x, x]"]
-    for prev, name in zip("abcdefgh", "bcdefghi"):
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=False):
         lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
     return HEAD + "\n".join(lines) + "\n"
 

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from test_scan_support import REPO, run_scan, scan_json, sleeper
 
 from gpuguard.detect.rules import load_ruleset
-from gpuguard.sources.process import collect_process_facts
 from gpuguard.detect.yara_persistent import PersistentYaraScanner
+from gpuguard.sources.process import collect_process_facts
 from gpuguard.sources.yara_verdict_cache import CACHE_NAME
-from test_scan_support import REPO, run_scan, scan_json, sleeper
 
 
 def _one_line_error(result) -> str:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_scan_support import HIDER_C, compile_c, scan_json, sleeper
 
 from gpuguard.detect.host_checks import (
     HOST_RULES,
@@ -36,7 +37,6 @@ from gpuguard.sources.host_gpu_stack import (
     read_modules,
 )
 from gpuguard.sources.persistence import MAX_FILE_BYTES, collect_autostart_files
-from test_scan_support import HIDER_C, compile_c, scan_json, sleeper
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from test_scan_support import (
     ECS_FINDING_SHAPE,
     OCSF_FINDING_SHAPE,

@@ -6,10 +6,15 @@ import io
 import json
 
 from rich.console import Console
+from test_scan_support import (
+    ECS_FINDING_SHAPE,
+    OCSF_FINDING_SHAPE,
+    SCAN_DOCUMENT_SHAPE,
+    shape_errors,
+)
 
 from gpuguard.detect.host_checks import HostFinding, apply_thresholds
 from gpuguard.outputs.ecs import finding_to_ecs, threat_fields
-from gpuguard.outputs.jsonl import dumps_line
 from gpuguard.outputs.finding import (
     EvidenceItem,
     Finding,
@@ -17,15 +22,10 @@ from gpuguard.outputs.finding import (
     finding_from_host,
     severity_for_score,
 )
+from gpuguard.outputs.jsonl import dumps_line
 from gpuguard.outputs.ocsf import finding_to_ocsf, finding_uid
 from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
 from gpuguard.sources.host_gpu_stack import GpuStackFacts
-from test_scan_support import (
-    ECS_FINDING_SHAPE,
-    OCSF_FINDING_SHAPE,
-    SCAN_DOCUMENT_SHAPE,
-    shape_errors,
-)
 
 EVIL_NAME = "\x1b]0;pwned\x07[bold red]x[/]"
 

@@ -23,8 +23,9 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from gpuguard.agent.simulator import LoopbackPool
 

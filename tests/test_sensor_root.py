@@ -199,7 +199,10 @@ def test_connect_and_first_bytes_are_recognised(sensor, workload):
 
 def check_connect_and_first_bytes(sensor, workload):
     v4, v6 = Listener(), Listener(socket.AF_INET6, "::1")
-    login = b'{"id":1,"jsonrpc":"2.0","method":"login","params":{"login":"44AFFq5kSiGBoZ","pass":"x","agent":"XMRig/6.21.0 (Linux x86_64) libuv/1.44.2 gcc/12.2.0","algo":["rx/0"]}}\n'
+    login = (
+        b'{"id":1,"jsonrpc":"2.0","method":"login","params":{"login":"44AFFq5kSiGBoZ","pass":"x",'
+        b'"agent":"XMRig/6.21.0 (Linux x86_64) libuv/1.44.2 gcc/12.2.0","algo":["rx/0"]}}\n'
+    )
     subscribe = b'{"id":1,"method":"mining.subscribe","params":["ccminer/2.3.1"]}\n'
     socks_greeting = bytes([5, 1, 0])
     socks_connect = (

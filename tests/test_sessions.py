@@ -186,7 +186,7 @@ def test_the_kernel_records_a_tls_pool_session_of_a_gpu_holder(tmp_path):
     last = records[-1]
     assert not last.seeded and last.age_s >= 9 and last.small_writes >= 9
     assert 0 < last.bytes_out < 4096  # the handshake and ~130-byte TLS records: few bytes
-    gaps = [b - a for a, b in zip(last.small_write_times, last.small_write_times[1:])]
+    gaps = [b - a for a, b in zip(last.small_write_times, last.small_write_times[1:], strict=False)]
     assert gaps and all(0.8 < g < 1.5 for g in gaps), gaps  # one share a second, seen through TLS
     # the HTTPS keepalive client holds no GPU: the kernel keeps nothing about it
     assert not [e for e in events if e.kind == "conn_activity" and e.pid == browser.pid]

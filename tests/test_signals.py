@@ -535,9 +535,10 @@ def test_hour_of_day_is_utc():
 
 
 def test_wallet_patterns_from_shipped_rules():
+    import re
+
     from gpuguard.detect.rules import load_ruleset
     from gpuguard.detect.shipped import shipped_rules_file
-    import re
 
     patterns = [
         re.compile(p) for p in load_ruleset([shipped_rules_file()]).lists["wallet_patterns"]

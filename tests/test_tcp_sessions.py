@@ -393,7 +393,7 @@ def test_a_scan_window_of_60_s_shows_a_15_s_cadence_from_three_writes(ruleset):
 
 
 @pytest.mark.root
-def test_scan_reports_the_session_cadence_of_a_gpu_holder(covert_host, capsys, tmp_path):
+def test_scan_reports_the_session_cadence_of_a_gpu_holder(covert_host, capsys, tmp_path):  # noqa: F811 - the fixture
     rules = tmp_path / "cadence.yaml"
     rules.write_text(
         "version: 1\nrules:\n  - id: test-session-cadence\n    description: any steady session\n"

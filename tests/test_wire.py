@@ -13,6 +13,7 @@ import pytest
 import gpuguard
 from gpuguard.errors import GpuguardError
 from gpuguard.events import abi
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import (
     EVENT_TYPES,
     ConnActivity,
@@ -25,6 +26,7 @@ from gpuguard.events.model import (
     Lost,
     NetPayload,
 )
+from gpuguard.events.process_facts import Ancestor, ProcessFacts
 from gpuguard.events.wire import (
     RecordingDamaged,
     RecordingWriter,
@@ -32,8 +34,6 @@ from gpuguard.events.wire import (
     iter_recording,
     read_header,
 )
-from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
-from gpuguard.events.process_facts import Ancestor, ProcessFacts
 
 T0 = 1_718_000_000.25
 

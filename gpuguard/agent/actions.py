@@ -12,7 +12,7 @@ acts: it raises the alert and names what enforce mode would do.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import Responder, ResponseSettings

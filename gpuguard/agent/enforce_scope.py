@@ -67,7 +67,7 @@ class EnforceScope:
             except OSError:
                 pass
 
-    def __enter__(self) -> "EnforceScope":
+    def __enter__(self) -> EnforceScope:
         return self
 
     def __exit__(self, *exc: object) -> None:

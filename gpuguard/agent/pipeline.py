@@ -31,8 +31,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gpuguard.agent import status_file
 from gpuguard.agent.actions import ALERT_VERDICTS, make_responder

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.intake import BoundedQueue

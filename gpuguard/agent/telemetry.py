@@ -19,7 +19,8 @@ from __future__ import annotations
 import errno
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gpuguard.agent.config import AgentConfig
 from gpuguard.agent.counters import AgentCounters

@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from gpuguard.commands.options import seconds
-from gpuguard.outputs.jsonl import dumps_line
-from gpuguard.outputs.gpu_table import GpuView, ProcessLabel, render_view, view_to_json
-from gpuguard.sources.gpu.sampler import ALL_SOURCES, GpuSampler, open_samplers
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.outputs.gpu_table import GpuView, ProcessLabel, render_view, view_to_json
+from gpuguard.outputs.jsonl import dumps_line
+from gpuguard.sources.gpu.sampler import ALL_SOURCES, GpuSampler, open_samplers
 from gpuguard.sources.process import collect_process_facts
 
 HELP = "show GPUs and the processes using them (NVIDIA, AMD, any DRM driver)"
@@ -92,7 +92,7 @@ def first_view(
     if any(s.source in _RATE_SOURCES for s in samplers):
         sleep(SETTLE_S)
         again = sample_all(samplers)
-        for before, after in zip(snapshots, again):
+        for before, after in zip(snapshots, again, strict=False):
             after.errors[:0] = before.errors  # errors are reported once: keep the first read's
         snapshots = again
     return GpuView(time.time(), snapshots, live_labels(snapshots, proc_root), unavailable)

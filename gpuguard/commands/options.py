@@ -7,7 +7,7 @@ A bad value (``--duration -5``, ``--interval nan``, ``gpus --watch -1``) is a
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from gpuguard.errors import GpuguardError
 

@@ -6,14 +6,14 @@ import argparse
 import sys
 import time
 
+from gpuguard.commands.options import YEAR_S, seconds
 from gpuguard.commands.watch import (
+    StopRequest,
     add_sensor_arguments,
     print_stats,
     printed_probes,
     start_sensor,
-    StopRequest,
 )
-from gpuguard.commands.options import YEAR_S, seconds
 from gpuguard.events.model import Connect, GpuIoctl, GpuOpen, NetPayload
 
 HELP = "record sensor events, process facts and GPU samples to FILE (msgpack; replay with 'gpuguard replay')"

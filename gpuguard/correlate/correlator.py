@@ -16,8 +16,9 @@ match, no tracked child) goes after ``clean_exit_grace_s`` instead: a host
 starting 100 processes a second would otherwise hold ~3,000 of them for the
 grace (benchmarks/README-agent.md).  Those are looked at once a second of event
 time, as exits arrive, not only when the owner calls :meth:`expire`: a burst
-of short-lived processes then costs seconds of them, not a housekeeping period.  Every change marks the process ``dirty``; what counts as a
-change worth rescoring is the :class:`RescorePolicy` the detection engine
+of short-lived processes then costs seconds of them, not a housekeeping period.
+Every change marks the process ``dirty``; what counts as a change worth
+rescoring is the :class:`RescorePolicy` the detection engine
 derives from its rules.  Scoring itself is ``gpuguard.detect.engine``: this
 module knows nothing of rules, verdicts or YARA (new facts go to the
 ``on_new_facts`` hook the wiring supplies).
@@ -27,11 +28,13 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from gpuguard.correlate.gpu_behaviour import MONITOR_NAMES
 from gpuguard.correlate.state import ANY_ADDITION, ProcessKey, ProcessState
+from gpuguard.events.gpu_accounting import GpuAccounting
+from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
 from gpuguard.events.model import (
     ConnActivity,
@@ -45,8 +48,6 @@ from gpuguard.events.model import (
     Lost,
     NetPayload,
 )
-from gpuguard.events.gpu_accounting import GpuAccounting
-from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.sources.config_files import attach_config_files
 from gpuguard.sources.process import collect_process_facts

@@ -37,14 +37,14 @@ class NetworkView:
     )
 
     def __init__(self) -> None:
-        self.ports: "set[int] | frozenset[int]" = _EMPTY
-        self.addresses: "set[str] | frozenset[str]" = _EMPTY
-        self.agents: "set[str] | frozenset[str]" = _EMPTY
-        self.methods: "set[str] | frozenset[str]" = _EMPTY
-        self.logins: "set[str] | frozenset[str]" = _EMPTY
-        self.payload_hosts: "set[str] | frozenset[str]" = _EMPTY
-        self.proxy_hosts: "set[str] | frozenset[str]" = _EMPTY
-        self.proxy_ports: "set[int] | frozenset[int]" = _EMPTY
+        self.ports: set[int] | frozenset[int] = _EMPTY
+        self.addresses: set[str] | frozenset[str] = _EMPTY
+        self.agents: set[str] | frozenset[str] = _EMPTY
+        self.methods: set[str] | frozenset[str] = _EMPTY
+        self.logins: set[str] | frozenset[str] = _EMPTY
+        self.payload_hosts: set[str] | frozenset[str] = _EMPTY
+        self.proxy_hosts: set[str] | frozenset[str] = _EMPTY
+        self.proxy_ports: set[int] | frozenset[int] = _EMPTY
 
     def _writable(self, name: str) -> set:
         """The set ``name``, made a set of its own on the first write."""

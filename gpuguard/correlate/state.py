@@ -294,8 +294,8 @@ class ProcessState:
 
     def add_yara_result(
         self,
-        rules: "tuple[str, ...] | set[str]",
-        tags: "tuple[str, ...] | set[str]",
+        rules: tuple[str, ...] | set[str],
+        tags: tuple[str, ...] | set[str],
         *,
         scanned: bool = False,
     ) -> None:

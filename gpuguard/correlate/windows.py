@@ -24,7 +24,7 @@ class SampleWindow:
         self.span_s = span_s
         self.max_samples = max_samples
         # An empty tuple until the first sample (reads work on both); then a bounded deque.
-        self._samples: "deque[tuple[float, float]] | tuple[()]" = ()
+        self._samples: deque[tuple[float, float]] | tuple[()] = ()
         # Running sums of (value - shift): the shift is a recent mean, so a flat signal (SM 99 %,
         # memory controller 0 %) sums to ~0 and its variance needs no pass over the window.
         self._shift = 0.0
@@ -33,7 +33,7 @@ class SampleWindow:
         # With track_minimum: the samples that can still become the minimum, values increasing
         # (a monotonic queue), so ``minimum`` costs O(1) instead of a pass over the window.
         # (index, value); like _samples, an empty tuple until the first sample.
-        self._low: "deque[tuple[int, float]] | tuple[()] | None" = () if track_minimum else None
+        self._low: deque[tuple[int, float]] | tuple[()] | None = () if track_minimum else None
         self._added = 0  # samples ever added: the index of the next one
 
     def add(self, time: float, value: float) -> None:
@@ -161,12 +161,13 @@ class RateWindow:
             self._total -= counts.popleft()
 
     def rate(self, now: float) -> float:
-        """Events per second in the last ``span_s`` seconds before ``now``; divided by the time observed (at least 1 s)."""
+        """Events per second in the last ``span_s`` seconds before ``now``; divided by the time
+        observed (at least 1 s)."""
         if self.first_time is None:
             return 0.0
         horizon = int(now) - self.span_s
         total = self._total
-        for second, count in zip(self._seconds, self._counts):
+        for second, count in zip(self._seconds, self._counts, strict=False):
             if second > horizon:
                 break
             total -= count

@@ -153,7 +153,7 @@ def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None
             MIN_WINDOW_CADENCE_WRITES if record.time_resolution_s else MIN_CADENCE_WRITES
         ):
             continue
-        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False))
         median = gaps[len(gaps) // 2]
         if median <= 0:
             continue
@@ -251,7 +251,10 @@ def _session_summary(s: ProcessState, now: float) -> str | None:
     writes_out = record.data_segs_out if record.data_segs_out is not None else record.writes_out
     bytes_out = record.stack_bytes_out if record.stack_bytes_out is not None else record.bytes_out
     if record.bytes_in is not None and record.data_segs_in is not None:
-        counts = f"{writes_out} writes out / {record.data_segs_in} in, {_kib(bytes_out)} out / {_kib(record.bytes_in)} in"
+        counts = (
+            f"{writes_out} writes out / {record.data_segs_in} in, {_kib(bytes_out)} out / "
+            f"{_kib(record.bytes_in)} in"
+        )
     else:
         counts = f"{writes_out} writes out, {_kib(bytes_out)} out"
     seen = f" (seen once every {record.time_resolution_s:g} s)" if record.time_resolution_s else ""

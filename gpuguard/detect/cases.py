@@ -33,13 +33,13 @@ import yaml
 
 from gpuguard.correlate.correlator import Correlator
 from gpuguard.detect.engine import DetectionEngine
+from gpuguard.detect.filecheck import read_regular_file
 from gpuguard.detect.rules import VERDICTS, RuleSet
 from gpuguard.detect.score import Verdict
-from gpuguard.detect.filecheck import read_regular_file
 from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
-from gpuguard.events.model import Event
 from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.events.model import Event
 from gpuguard.events.process_facts import ProcessFacts
 
 CAPTURE = "capture.ggrec"

@@ -23,15 +23,16 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import re2
 
 from gpuguard.detect.signal_reader import SignalReader
 from gpuguard.detect.signals import SIGNALS
-from gpuguard.events.ioctl_names import is_ioctl_name
 from gpuguard.detect.yaml_marks import Position, shown
+from gpuguard.events.ioctl_names import is_ioctl_name
 
 Condition = Callable[[SignalReader], "list[str] | None"]
 
@@ -71,7 +72,7 @@ class RuleRegexes:
 
     __slots__ = ("patterns", "_set")
 
-    def __init__(self, patterns: "list[str]") -> None:
+    def __init__(self, patterns: list[str]) -> None:
         self.patterns = tuple(patterns)
         regex_set = re2.Set.SearchSet(_RE2_OPTIONS)
         for pattern in self.patterns:
@@ -153,7 +154,7 @@ class CompileContext:
     lists: dict[str, ListDef]
     problems: list[Problem_] = field(default_factory=list)
     signals_used: set[str] = field(default_factory=set)
-    leaves: list["Leaf"] = field(default_factory=list)  # every signal test compiled, in order
+    leaves: list[Leaf] = field(default_factory=list)  # every signal test compiled, in order
     lists_used: set[str] = field(default_factory=set)
     _compiled_lists: dict[tuple[str, str], Any] = field(default_factory=dict)
 
@@ -197,7 +198,8 @@ def _compile_list(ctx: CompileContext, name: str, op: str, numeric: bool) -> Any
                 bad(
                     (
                         pos,
-                        f"list {shown(name)}: {shown(value)} is not a number or range 'a-b' (the list is used with a number signal)",
+                        f"list {shown(name)}: {shown(value)} is not a number or range 'a-b' (the "
+                        "list is used with a number signal)",
                     )
                 )
         compiled: Any = (frozenset(exact), tuple(ranges))
@@ -345,7 +347,7 @@ def _describe(op: str, operand: Any) -> str:
 
 
 def _leaf(
-    key: "str | tuple[str, str]", label: str, type_: str, op: str, operand: Any, compiled: Any
+    key: str | tuple[str, str], label: str, type_: str, op: str, operand: Any, compiled: Any
 ) -> Condition:
     """A test of one signal: ``key`` is what the reader is asked for, ``label`` what the witness shows."""
     numeric = type_ in ("number", "numbers")

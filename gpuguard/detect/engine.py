@@ -74,7 +74,7 @@ class DetectionEngine:
         correlator: Correlator,
         ruleset: RuleSet | None,
         *,
-        yara_scanner: "YaraScanner | None" = None,
+        yara_scanner: YaraScanner | None = None,
     ) -> None:
         self.correlator = correlator
         self.yara_scanner = yara_scanner
@@ -187,7 +187,7 @@ class DetectionEngine:
 
     def _check_gpu_moves(
         self, ruleset: RuleSet, tests: tuple, now: float
-    ) -> "dict[ProcessState, SignalReader]":
+    ) -> dict[ProcessState, SignalReader]:
         """Mark the processes whose GPU windows moved so that a rule's GPU test answers differently.
 
         Returns the signal readers used for those, so scoring reads each signal once.

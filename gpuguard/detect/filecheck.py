@@ -91,7 +91,8 @@ def _open_regular(path: Path, what: str) -> tuple[int | None, tuple[str, str] | 
 
 
 def not_regular_reason(path: Path, what: str) -> tuple[str, str] | None:
-    """``(cause, fix)`` (the cause does not repeat the path) when ``path`` is missing or not a regular file (checked without blocking), else None."""
+    """``(cause, fix)`` (the cause does not repeat the path) when ``path`` is missing or not a
+    regular file (checked without blocking), else None."""
     fd, reason = _open_regular(path, what)
     if fd is not None:
         os.close(fd)

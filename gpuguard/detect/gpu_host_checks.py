@@ -133,7 +133,10 @@ def check_gpu_memory(
                 HostFinding(
                     "host-gpu-memory-orphaned",
                     subject=name,
-                    detail=f"{name}: {_size(unaccounted)} of {_size(device.memory_total)} in use by no live process; {owner}",
+                    detail=(
+                        f"{name}: {_size(unaccounted)} of {_size(device.memory_total)} in use "
+                        f"by no live process; {owner}"
+                    ),
                     evidence=[
                         f"device memory used {_size(device.memory_used)}",
                         f"processes account for {_size(device.memory_used - unaccounted)} ({len(users)} listed)",

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from gpuguard.detect.rules import RuleSet, load_ruleset
 from gpuguard.detect.shipped import SITE_RULES_DIR, default_rule_paths

@@ -66,7 +66,7 @@ def signal_kind(name: str) -> str | None:
     return _KIND_OF_GROUP.get(SIGNALS[name].group)
 
 
-def rule_cache(signals: "tuple[str, ...] | frozenset[str]") -> str | None:
+def rule_cache(signals: tuple[str, ...] | frozenset[str]) -> str | None:
     """The ``state.derived`` entry a rule's outcome may be kept in (None: evaluate every time).
 
     Named after what the outcome depends on besides the facts, e.g. ``rules:network``;
@@ -180,7 +180,7 @@ def crossing_points(leaves, signal: str) -> tuple[tuple[float, bool], ...] | Non
     return tuple(sorted(points))
 
 
-def additions_read(signals: "frozenset[str] | set[str]") -> int:
+def additions_read(signals: frozenset[str] | set[str]) -> int:
     """The NEW_* bits of the additions that some of ``signals`` read."""
     bits = 0
     for bit, readers in SIGNALS_READING.items():

@@ -122,7 +122,8 @@ class Collector:
             where = doc.at(("version",)) if "version" in data else doc.at(())
             self.bad(
                 where,
-                f"version must be {FORMAT_VERSION} (found {shown(version)}); this gpuguard reads format {FORMAT_VERSION}",
+                f"version must be {FORMAT_VERSION} (found {shown(version)}); this gpuguard reads "
+                f"format {FORMAT_VERSION}",
             )
             return
         self._lists(doc, data.get("lists", {}))

@@ -56,7 +56,7 @@ class Problem:
     @classmethod
     def at(
         cls, position: Position, cause: str, rule_id: str | None = None, fix: str | None = None
-    ) -> "Problem":
+    ) -> Problem:
         return cls(position.file, position.line, position.col, cause, rule_id, fix)
 
     @property
@@ -109,11 +109,11 @@ class RuleSet:
     _yara: Any = field(default=None, repr=False)
     _groups: Any = field(default=None, repr=False)
     _signals_used: frozenset[str] | None = field(default=None, repr=False)
-    _gpu_tests: "tuple[Condition, ...] | None" = field(default=None, repr=False)
-    _age_points: "tuple[float, ...] | None | bool" = field(default=False, repr=False)
+    _gpu_tests: tuple[Condition, ...] | None = field(default=None, repr=False)
+    _age_points: tuple[float, ...] | None | bool = field(default=False, repr=False)
 
     @property
-    def evaluation_groups(self) -> "tuple[tuple[str | None, tuple[Rule, ...]], ...]":
+    def evaluation_groups(self) -> tuple[tuple[str | None, tuple[Rule, ...]], ...]:
         """The enabled rules grouped by where their outcome is kept (``Rule.outcome_cache``), None first."""
         if self._groups is None:
             names = sorted(

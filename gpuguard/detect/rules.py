@@ -16,8 +16,8 @@ Three stages, as in ``gpuguard rules validate``:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from gpuguard.detect.filecheck import not_regular_reason, untrusted_reason
 from gpuguard.detect.rule_collect import Collector, compile_collected

@@ -36,7 +36,7 @@ class SignalReader(dict):
             if kept:
                 self.update(kept)
 
-    def __missing__(self, name: "str | tuple[str, str]") -> Any:
+    def __missing__(self, name: str | tuple[str, str]) -> Any:
         if type(name) is tuple:  # (signal, argument) for a signal with a parameter; never kept
             signal_name, argument = name
             value = self[name] = SIGNALS[signal_name].compute(self.state, self.now, argument)

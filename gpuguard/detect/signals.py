@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import time as _time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gpuguard.correlate.config_files import parse_config_files
 from gpuguard.correlate.endpoints import Endpoint, endpoints_in_argv

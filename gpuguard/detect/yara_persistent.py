@@ -30,7 +30,7 @@ class PersistentYaraScanner(YaraScanner):
     @classmethod
     def for_files(
         cls, paths: list[Path], cache_dir: Path | None = DEFAULT_CACHE_DIR
-    ) -> "PersistentYaraScanner":
+    ) -> PersistentYaraScanner:
         paths = [Path(p) for p in paths]
         scanner = cls(compile_files(paths), rules_digest(paths), cache_dir)
         scanner.cache.load()

@@ -20,9 +20,9 @@ import os
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import yara
 
@@ -31,7 +31,7 @@ CHUNK = 4 << 20
 OVERLAP = 4096
 _MAPS_LINE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) \S+ \S+ \d+\s*(.*)$")
 _SKIP_REGIONS = ("[vvar]", "[vsyscall]", "[vdso]", "[vvar_vclock]")
-_COMPILED: dict[tuple, "yara.Rules"] = {}
+_COMPILED: dict[tuple, yara.Rules] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ def _file_key(paths: Iterable[Path]) -> tuple:
     return tuple(key)
 
 
-def compile_files(paths: list[Path]) -> "yara.Rules":
+def compile_files(paths: list[Path]) -> yara.Rules:
     """Compile the YARA files (one namespace each); cached while the files are unchanged."""
     key = _file_key(paths)
     rules = _COMPILED.get(key)
@@ -108,7 +108,7 @@ class YaraScanner:
 
     def __init__(
         self,
-        rules: "yara.Rules",
+        rules: yara.Rules,
         *,
         memory_bytes: int = 64 << 20,
         region_bytes: int = 16 << 20,
@@ -132,7 +132,7 @@ class YaraScanner:
         }
 
     @classmethod
-    def from_files(cls, paths: list[Path], **options) -> "YaraScanner":
+    def from_files(cls, paths: list[Path], **options) -> YaraScanner:
         return cls(compile_files(list(paths)), **options)
 
     # -- targets --------------------------------------------------------------
@@ -234,7 +234,7 @@ class YaraScanner:
         if facts.exe:
             identity = tuple(facts.exe_identity) if facts.exe_identity else None
             result = self.scan_file(f"{proc_root}/{pid}/exe", identity)
-            found.update(zip(result.rules, [()] * len(result.rules)))
+            found.update(zip(result.rules, [()] * len(result.rules), strict=False))
             tags = set(result.tags)
         else:
             tags = set()

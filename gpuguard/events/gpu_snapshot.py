@@ -70,7 +70,7 @@ class GpuSnapshot:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> "GpuSnapshot":
+    def from_record(cls, record: dict[str, Any]) -> GpuSnapshot:
         try:
             return cls(
                 time=record["time"],

@@ -172,7 +172,7 @@ def event_from_record(record: dict[str, Any]) -> Event:
     except (KeyError, TypeError):
         raise ValueError(
             f"unknown event kind {record.get('kind') if isinstance(record, dict) else record!r}"
-        )
+        ) from None
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in record.items() if k in names}
     try:

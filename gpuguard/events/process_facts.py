@@ -64,7 +64,7 @@ class ProcessFacts:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> "ProcessFacts":
+    def from_record(cls, record: dict[str, Any]) -> ProcessFacts:
         values = dict(record)
         values.pop("kind", None)
         values["ancestors"] = [Ancestor(**a) for a in values.get("ancestors", [])]

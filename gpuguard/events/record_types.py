@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Check = Callable[[Any, str], None]
 
@@ -85,7 +86,7 @@ def _checker(hint: Any) -> Check:
         def check_tuple(value: Any, path: str) -> None:
             if type(value) not in (list, tuple) or len(value) != len(elements):
                 _fail(path, value, f"a list of {len(elements)}")
-            for i, (item, element) in enumerate(zip(value, elements)):
+            for i, (item, element) in enumerate(zip(value, elements, strict=False)):
                 element(item, f"{path}[{i}]")
 
         return check_tuple
@@ -161,7 +162,7 @@ def _predicate(hint: Any) -> Accept:
         return lambda value: (
             type(value) in (list, tuple)
             and len(value) == len(elements)
-            and all(e(v) for e, v in zip(elements, value))
+            and all(e(v) for e, v in zip(elements, value, strict=False))
         )
     if (
         origin is dict

@@ -43,8 +43,8 @@ import msgpack
 from gpuguard import __version__
 from gpuguard.errors import GpuguardError
 from gpuguard.events.abi import ABI_VERSION
-from gpuguard.events.model import EVENT_TYPES, Event
 from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.events.model import EVENT_TYPES, Event
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.events.record_types import RecordTypeError, record_checker
 
@@ -252,7 +252,7 @@ class RecordingWriter:
             self._buffer.clear()
             os.close(fd)
 
-    def __enter__(self) -> "RecordingWriter":
+    def __enter__(self) -> RecordingWriter:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -114,7 +114,8 @@ def finding_cef(finding: Finding, hostname: str, created: float) -> str:
     if finding.destinations:
         top = finding.destinations[0]
         pairs += [_endpoint(top.address), ("dpt", top.port)]
-    return f"{_header(finding.rule_id, finding.rule_description or finding.rule_name, round(finding.score / 10))}|{_extension(pairs)}"
+    name = finding.rule_description or finding.rule_name
+    return f"{_header(finding.rule_id, name, round(finding.score / 10))}|{_extension(pairs)}"
 
 
 def action_cef(outcome: ActionOutcome, hostname: str) -> str:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Iterable, TextIO
+from collections.abc import Iterable
+from typing import TextIO
 
+from gpuguard.escape import escape_text
 from gpuguard.events.model import (
     Connect,
     Event,
@@ -22,7 +24,6 @@ from gpuguard.events.model import (
     Lost,
     NetPayload,
 )
-from gpuguard.escape import escape_text
 
 MINING_PROTOCOLS = frozenset({"stratum", "cryptonote", "ethproxy", "stratum-v2"})
 
@@ -112,7 +113,7 @@ class LiveView:
                 lines.append(format_event(e))
             if isinstance(e, Exit):
                 self.gpu_pids.discard(e.pid)
-        for pid, group in ioctls.items():
+        for _pid, group in ioctls.items():
             lines.append(self._ioctl_summary(group))
         if lines:
             self.out.write("\n".join(lines) + "\n")

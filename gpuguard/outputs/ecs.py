@@ -76,9 +76,9 @@ TECHNIQUE_TACTICS: dict[str, tuple[tuple[str, str], ...]] = {
 def iso_time(epoch: float) -> str:
     """Epoch seconds -> ``2026-11-21T10:57:00.123Z``."""
     try:
-        moment = _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc)
+        moment = _dt.datetime.fromtimestamp(epoch, tz=_dt.UTC)
     except (OverflowError, ValueError, OSError):  # a recording or a driver can carry any number
-        moment = _dt.datetime.fromtimestamp(0, tz=_dt.timezone.utc)
+        moment = _dt.datetime.fromtimestamp(0, tz=_dt.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 

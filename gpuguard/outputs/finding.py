@@ -68,7 +68,7 @@ class ProcessInfo:
     cpu_percent: float | None = None
 
     @classmethod
-    def from_facts(cls, facts: ProcessFacts) -> "ProcessInfo":
+    def from_facts(cls, facts: ProcessFacts) -> ProcessInfo:
         parent = facts.ancestors[0] if facts.ancestors else None
         return cls(
             pid=facts.pid,

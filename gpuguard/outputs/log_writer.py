@@ -98,9 +98,8 @@ class LogWriter:
         try:
             line = self.renderer.line(record)
             severity = syslog_severity(record)
-        except (
-            Exception
-        ) as exc:  # a renderer bug must not take the agent down; it is counted and reported
+        # A renderer bug must not take the agent down: it is counted and reported.
+        except Exception as exc:  # noqa: BLE001
             with self._lock:
                 self.render_errors += 1
             self._fault(

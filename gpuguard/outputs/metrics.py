@@ -17,7 +17,8 @@ process names are escaped (:func:`~gpuguard.escape.escape_text`) and cut to
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import generate_latest, start_http_server
@@ -230,6 +231,7 @@ class AgentMetrics:
                 self.log_dropped.labels(name, "queue-full"),
                 self.log_dropped.labels(name, "write-failed"),
             ),
+            strict=False,
         ):
             if value > previous:
                 metric.inc(value - previous)
@@ -343,7 +345,7 @@ class AgentMetrics:
         """The text format Prometheus scrapes."""
         return generate_latest(self.registry)
 
-    def serve(self, address: str) -> "MetricsServer":
+    def serve(self, address: str) -> MetricsServer:
         """Serve ``/metrics`` on ``HOST:PORT`` (``[::1]:9400`` for IPv6; port 0 picks a free one)."""
         host, port = parse_address(address)
         server, thread = start_http_server(port, addr=host, registry=self.registry)

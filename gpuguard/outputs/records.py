@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any, Union
+from typing import Any
 
 from gpuguard import __version__
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
@@ -38,7 +38,7 @@ from gpuguard.outputs.finding import Finding, process_entity_id
 from gpuguard.outputs.jsonl import dumps_line
 from gpuguard.outputs.ocsf import OCSF_VERSION, finding_to_ocsf
 
-Record = Union[Finding, ActionOutcome, AgentLifecycle]
+Record = Finding | ActionOutcome | AgentLifecycle
 FORMATS = ("ecs", "ocsf", "cef")
 DATASET = "gpuguard.agent"
 

@@ -23,8 +23,8 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuguard import __version__
-from gpuguard.outputs.ecs import ECS_VERSION, finding_to_ecs, host_fields, iso_time
 from gpuguard.escape import escape_text
+from gpuguard.outputs.ecs import ECS_VERSION, finding_to_ecs, host_fields, iso_time
 from gpuguard.outputs.finding import Finding
 from gpuguard.outputs.ocsf import OCSF_VERSION, finding_to_ocsf
 from gpuguard.sources.host_gpu_stack import GpuStackFacts

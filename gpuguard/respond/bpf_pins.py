@@ -84,7 +84,7 @@ def compile_program(source_name: str, root: Path):
             src_file=str(probes / source_name).encode(),
             cflags=[f"-I{probes}", f'-DGG_PIN_ROOT="{root}"', "-Wno-comment"],
         )
-    except Exception as exc:  # bcc raises bare Exception for compile/load errors
+    except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load errors
         raise GpuguardError(
             f"the response probe {source_name} failed to compile or load: {str(exc).splitlines()[0]}",
             "check kernel headers (bash packaging/setup-host.sh setup) and that BPF is allowed",
@@ -188,7 +188,7 @@ class PinnedMap:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> "PinnedMap":
+    def __enter__(self) -> PinnedMap:
         return self
 
     def __exit__(self, *exc: object) -> None:

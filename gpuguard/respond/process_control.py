@@ -47,7 +47,7 @@ class ProcessHandle:
             os.close(self.pidfd)
             self.pidfd = -1
 
-    def __enter__(self) -> "ProcessHandle":
+    def __enter__(self) -> ProcessHandle:
         return self
 
     def __exit__(self, *exc: object) -> None:

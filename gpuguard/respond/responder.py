@@ -407,7 +407,10 @@ class Responder:
         host_wide, kept_local = split_host_wide(addresses, self.settings.never_block_host_wide)
         if kept_local:
             outcome.detail["not_host_wide"] = kept_local
-            outcome.reason += f"; not host-wide: {', '.join(kept_local)} (loopback, local or response.block_egress.never_block)"
+            outcome.reason += (
+                f"; not host-wide: {', '.join(kept_local)} (loopback, local or "
+                "response.block_egress.never_block)"
+            )
         if self.settings.nftables and host_wide:
             netns = self.settings.nftables_netns
             try:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import psutil
 
-from gpuguard.escape import decode_c_string
 from gpuguard.detect.allowlist import sha256_of_file
+from gpuguard.escape import decode_c_string
 from gpuguard.events.abi import DEFINES, TouchReason
 from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, new_block_id

@@ -13,9 +13,9 @@ import ipaddress
 import socket
 import time
 
+from gpuguard.escape import decode_c_string
 from gpuguard.events.abi import OPEN_RELATIVE, EventKind, HugeSource, device_class_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuOpen, HugeAlloc, NetPayload
-from gpuguard.escape import decode_c_string
 
 
 class MalformedEvent(ValueError):

@@ -100,7 +100,8 @@ class ConnActivityReader:
         return now >= self._next
 
     def report(self, header_of) -> list[ConnActivity]:
-        """One event per record that changed since the last report; ``header_of(tgid)`` gives (comm, uid, gid, cgroup_id)."""
+        """One event per record that changed since the last report; ``header_of(tgid)`` gives
+        (comm, uid, gid, cgroup_id)."""
         self._next = time.monotonic() + self.interval_s
         now_boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         out: list[ConnActivity] = []
@@ -150,7 +151,7 @@ class ConnActivityReader:
         try:
             pairs = self._activity.items_lookup_batch()
             return [leaf for _, leaf in pairs if leaf.owner]
-        except Exception:  # kernels without batch ops on arrays (< 5.6)
+        except Exception:  # noqa: BLE001 - kernels without batch ops on arrays (< 5.6)
             return [leaf for _, leaf in self._activity.items() if leaf.owner]
 
     # -- hygiene -----------------------------------------------------------------

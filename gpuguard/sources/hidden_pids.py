@@ -90,7 +90,7 @@ def pids_from_cgroups(cgroup_root: str) -> tuple[set[int], bool]:
     pids: set[int] = set()
     dirs = 0
     complete = True
-    for dirpath, dirnames, _ in os.walk(cgroup_root):
+    for dirpath, _dirnames, _ in os.walk(cgroup_root):
         dirs += 1
         if dirs > MAX_CGROUP_DIRS:
             complete = False

@@ -217,7 +217,7 @@ def read_nvml() -> tuple[str | None, list[NvmlDevice], str | None]:
         return None, [], "NVML: nvidia-ml-py is not installed"
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # pynvml raises NVMLError subclasses built at run time
+    except Exception as exc:  # noqa: BLE001 - pynvml raises NVMLError subclasses built at run time
         return None, [], f"NVML: {exc}"
     try:
         version = pynvml.nvmlSystemGetDriverVersion()
@@ -233,19 +233,19 @@ def read_nvml() -> tuple[str | None, list[NvmlDevice], str | None]:
             ):
                 try:
                     value = getter(handle)
-                except Exception:
+                except Exception:  # noqa: BLE001 - NVMLError subclasses are built at run time; an unreadable field is skipped
                     continue
                 if isinstance(value, bytes):
                     value = value.decode()
                 setattr(device, attr, bool(value) if attr != "name" else value)
             devices.append(device)
         return version, devices, None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any NVML failure is reported as one line
         return None, [], f"NVML: {exc}"
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001 - shutdown after a failure must not mask it
             pass
 
 

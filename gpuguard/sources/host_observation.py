@@ -33,12 +33,12 @@ import psutil
 
 from gpuguard.errors import GpuguardError
 from gpuguard.events.gpu_accounting import GpuAccounting
-from gpuguard.events.model import ConnActivity, Event
-from gpuguard.sources.fd_holders import HolderScan, holder_event, scan_device_holders
 from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.events.model import ConnActivity, Event
+from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
+from gpuguard.sources.fd_holders import HolderScan, holder_event, scan_device_holders
 from gpuguard.sources.hidden_pids import list_proc_pids
 from gpuguard.sources.net_connections import ConnectionTable, connect_event, read_connection_table
-from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
 from gpuguard.sources.process import collect_process_facts
 from gpuguard.sources.session_window import SessionWindow
 
@@ -260,7 +260,7 @@ def observe_host(
         for sampler in samplers:
             try:
                 sampler.close()
-            except Exception:  # a sampler's close must not turn a finished scan into a traceback
+            except Exception:  # noqa: BLE001 - a sampler's close must not turn a finished scan into a traceback
                 pass
     if len(live) > 1:
         obs.gpu_window_s = live[-1].time - live[0].time

@@ -12,7 +12,7 @@ be changing it at the same moment, and "ask the map" is right whatever it did).
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from gpuguard.events.abi import DEFINES
 

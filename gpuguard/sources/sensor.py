@@ -32,11 +32,11 @@ from gpuguard.events.devices import classify_device_path
 from gpuguard.events.ioctl_names import ioctl_name
 from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
 from gpuguard.sources import preflight
+from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.conn_activity import ConnActivityReader
+from gpuguard.sources.gpu_fds import fd_is_gpu
 from gpuguard.sources.kernel_maps import SLOT_MULTI, KernelMaps, slot_index  # noqa: F401 (SLOT_MULTI: tests read it here)
 from gpuguard.sources.payload_streams import PayloadStreams
-from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
-from gpuguard.sources.gpu_fds import fd_is_gpu
 from gpuguard.sources.probe_source import ProbeSettings, probe_text
 
 _SCHEMA_MAPS = {
@@ -147,7 +147,7 @@ class Sensor:
             classifier = self._bpf.load_func(b"classify_open", hook_type)
             self._bpf[b"open_classifier"][ct.c_int(0)] = ct.c_int(classifier.fd)
             self._bpf.attach_all()
-        except Exception as exc:  # bcc raises bare Exception for compile/load/attach errors
+        except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load/attach errors
             raise GpuguardError(
                 f"the probes failed to compile or load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                 "check that kernel headers match or fall back cleanly (bash packaging/setup-host.sh setup) "
@@ -197,7 +197,7 @@ class Sensor:
             if failures:
                 raise OSError(f"closing {len(failures)} probe fds failed: {failures}")
 
-    def __enter__(self) -> "Sensor":
+    def __enter__(self) -> Sensor:
         self.start()
         return self
 
@@ -514,7 +514,7 @@ class _ProbeDetach:
             thread.join()
 
 
-def _start_keeper(fds: list[int]) -> "subprocess.Popen | None":
+def _start_keeper(fds: list[int]) -> subprocess.Popen | None:
     """A process holding ``fds`` until its stdin closes (see _ProbeDetach); None if none can start."""
     cat = shutil.which("cat")
     if not fds or cat is None:

@@ -72,7 +72,7 @@ def _record(
 ) -> ConnActivity:
     writes: list[float] = []
     small: list[float] = []
-    for (_t0, before), (t1, after) in zip(points, points[1:]):
+    for (_t0, before), (t1, after) in zip(points, points[1:], strict=False):
         segs = after.data_segs_out - before.data_segs_out
         if segs <= 0:
             continue

@@ -266,7 +266,8 @@ def dump_tcp(
 
 
 def lookup_tcp(sock: socket.socket, known: TcpSession) -> TcpSession | None:
-    """The socket ``known`` (from a dump) as it is now; ``None`` once it is gone (its tuple or cookie no longer match)."""
+    """The socket ``known`` (from a dump) as it is now; ``None`` once it is gone (its tuple or
+    cookie no longer match)."""
     family = socket.AF_INET if known.family == "ipv4" else socket.AF_INET6
     request = _REQ.pack(
         family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, _STATES, known.sockid

@@ -24,8 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
 from gpuguard.events.ioctl_names import ioc  # noqa: E402
-from gpuguard.events.model import (
+from gpuguard.events.model import (  # noqa: E402
     ConnActivity,
     Connect,
     Exec,
@@ -35,9 +36,8 @@ from gpuguard.events.model import (
     HugeAlloc,
     NetPayload,
 )  # noqa: E402
-from gpuguard.events.wire import RecordingWriter  # noqa: E402
-from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
 from gpuguard.events.process_facts import Ancestor, ProcessFacts  # noqa: E402
+from gpuguard.events.wire import RecordingWriter  # noqa: E402
 
 CASES_DIR = Path(__file__).resolve().parent
 T0 = 1_700_000_000.0
@@ -418,30 +418,27 @@ def renamed_miner_shm() -> list:
     return items
 
 
-XMRIG_CONFIG = (
-    """{
+XMRIG_CONFIG = f"""{{
     "autosave": true,
     "donate-level": 1,
-    "cpu": {"enabled": false},
-    "cuda": {"enabled": true, "loader": "libxmrig-cuda.so"},
+    "cpu": {{"enabled": false}},
+    "cuda": {{"enabled": true, "loader": "libxmrig-cuda.so"}},
     "opencl": false,
-    "randomx": {"1gb-pages": false},
+    "randomx": {{"1gb-pages": false}},
     "pools": [
-        {
+        {{
             "algo": "rx/0",
             "coin": "monero",
             "url": "gulf.moneroocean.stream:10128",
-            "user": "%s",
+            "user": "{XMR_WALLET}",
             "pass": "x",
             "tls": true,
             "keepalive": true,
             "nicehash": false
-        }
+        }}
     ]
-}
+}}
 """
-    % XMR_WALLET
-)
 
 
 def miner_config_file() -> list:

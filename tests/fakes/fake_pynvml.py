@@ -246,7 +246,7 @@ class FakeGpu:
     history: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     # Accounting mode (nvidia-smi -am 1) and its per-pid records, also for exited pids (4,000-pid buffer).
     accounting_mode: int = 0
-    accounting: dict[int, "FakeAccounting"] = field(default_factory=dict)
+    accounting: dict[int, FakeAccounting] = field(default_factory=dict)
     failing: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
     lost: bool = False  # every call on this GPU raises GPU_IS_LOST
 
@@ -440,7 +440,7 @@ class FakeNvml:
                             raise NVMLLibraryMismatchError(
                                 "Unversioned function called and the pyNVML "
                                 "version does not match the NVML lib version."
-                            )
+                            ) from None
                         raise
                     return friendly(getattr(gpu, _attr))
 

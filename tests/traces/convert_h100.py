@@ -240,7 +240,8 @@ def memory_hard_items() -> list:
 
 
 def time_gated_items() -> list:
-    """35 hours, one sample a minute, from 12:00 UTC: busy 22:00-06:00 UTC, idle (allocation kept) by day; ends at night."""
+    """35 hours, one sample a minute, from 12:00 UTC: busy 22:00-06:00 UTC, idle (allocation kept)
+    by day; ends at night."""
     rng = random.Random(22)
     base, _ = _template()
     t0 = 1_795_305_600.0 + 12 * 3600  # 2026-11-22 12:00 UTC

@@ -36,7 +36,7 @@ while True:
         share = {
             "id": n,
             "method": "mining.submit",
-            "params": ["w", "job", "00000000", "5f5e1000", "%08x" % n],
+            "params": ["w", "job", "00000000", "5f5e1000", f"{n:08x}"],
         }
         conn.sendall(json.dumps(share).encode() + b"\n")
     else:

@@ -20,12 +20,13 @@ from __future__ import annotations
 import contextlib
 import io
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
-from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
 from gpuguard.sources.pidns import namespace_pid
 
 SOURCE = "amdsmi"
@@ -65,7 +66,7 @@ def open_sampler(
     library: ModuleType | None = None,
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
-) -> "AmdSmiSampler":
+) -> AmdSmiSampler:
     smi = library if library is not None else load_library()
     try:
         smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)

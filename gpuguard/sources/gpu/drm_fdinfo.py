@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.sources.gpu.drm_usage import (  # noqa: F401 - parse_fdinfo is this source's parser, re-exported
     DrmClient,
     UsageBaseline,
@@ -29,7 +30,6 @@ from gpuguard.sources.gpu.drm_usage import (  # noqa: F401 - parse_fdinfo is thi
 )
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
 from gpuguard.sources.gpu_fds import DRM_CLASSES, list_gpu_fds, read_fdinfo
-from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.sources.pidns import namespace_pid
 
 SOURCE = "drm-fdinfo"
@@ -185,7 +185,7 @@ def sysfs_devices(sys_root: str = "/sys") -> dict[int, _SysDevice]:
 
 def open_sampler(
     proc_root: str = "/proc", sys_root: str = "/sys", sweep_every: int = SWEEP_EVERY
-) -> "DrmFdinfoSampler":
+) -> DrmFdinfoSampler:
     if not os.path.isdir(f"{proc_root}/self/fdinfo"):
         raise SourceUnavailable(
             f"{proc_root}/self/fdinfo is missing", "mount procfs (Linux 2.6.22+)"

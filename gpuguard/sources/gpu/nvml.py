@@ -26,15 +26,16 @@ Choices worth knowing:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from gpuguard.events.gpu_accounting import GpuAccounting
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.sources.gpu import nvml_history
 from gpuguard.sources.gpu.nvml_pcie import PcieReader
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
-from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.sources.pidns import namespace_pid
 
 SOURCE = "nvml"
@@ -91,7 +92,7 @@ def open_sampler(
     proc_root: str = "/proc",
     library: ModuleType | None = None,
     clock: Callable[[], float] = time.time,
-) -> "NvmlSampler":
+) -> NvmlSampler:
     """Initialise NVML and return a sampler, or raise :class:`SourceUnavailable`."""
     nvml = library if library is not None else load_library()
     try:

@@ -12,7 +12,7 @@ from ("nvml", "amdsmi", "drm-fdinfo").
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from gpuguard.errors import GpuguardError
 from gpuguard.events.gpu_snapshot import GpuSnapshot

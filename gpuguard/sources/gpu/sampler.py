@@ -12,7 +12,8 @@ which raises ``EndOfRecording`` after the last recorded snapshot.)
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Iterable, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
 
 from gpuguard.errors import GpuguardError
 from gpuguard.events.gpu_snapshot import GpuSnapshot

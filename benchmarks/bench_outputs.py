@@ -24,15 +24,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuguard.detect.cases import replay  # noqa: E402
-from gpuguard.detect.rules import load_ruleset  # noqa: E402
-from gpuguard.detect.shipped import shipped_rules_file  # noqa: E402
-from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
-from gpuguard.outputs.ecs import finding_to_ecs, host_fields  # noqa: E402
-from gpuguard.outputs.finding import finding_from_verdict  # noqa: E402
-from gpuguard.outputs.log_writer import open_log  # noqa: E402
-from gpuguard.outputs.metrics import AgentMetrics  # noqa: E402
-from gpuguard.outputs.records import RecordRenderer  # noqa: E402
+from gpuguard.detect.cases import replay
+from gpuguard.detect.rules import load_ruleset
+from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
+from gpuguard.outputs.ecs import finding_to_ecs, host_fields
+from gpuguard.outputs.finding import finding_from_verdict
+from gpuguard.outputs.log_writer import open_log
+from gpuguard.outputs.metrics import AgentMetrics
+from gpuguard.outputs.records import RecordRenderer
 
 
 def per_call_us(fn, n: int, rounds: int) -> float:

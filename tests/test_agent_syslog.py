@@ -14,12 +14,14 @@ import pytest
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.log_writer import open_log
-from tests.test_agent_logs import (
+from tests.test_agent_logs import (  # noqa: F401 - hostile_finding and miner_finding are fixtures
     HOST,
     HOSTILE,
+    hostile_finding,
     hostile_records,
+    miner_finding,
     parse_cef,
-)  # noqa: F401
+)
 
 CONFIG = """\
 global(workDirectory="{tmp}" maxMessageSize="64k")

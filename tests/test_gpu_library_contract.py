@@ -112,7 +112,7 @@ def _source_names(package_dir: Path) -> set[str]:
     return names
 
 
-def _has(module, name: str) -> bool:  # noqa: ANN001
+def _has(module, name: str) -> bool:
     obj = module
     for part in name.split("."):
         if not hasattr(obj, part):

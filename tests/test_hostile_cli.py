@@ -308,10 +308,10 @@ def test_a_routing_bug_is_counted_apart_from_malformed_records(monkeypatch):
     sensor = Sensor()
 
     class Decoder:
-        def decode(self, data, size):  # noqa: ANN001
+        def decode(self, data, size):
             return Exit(time=T0, pid=1)
 
-    def broken_route(event):  # noqa: ANN001
+    def broken_route(event):
         raise KeyError("a bug in our own routing")
 
     sensor._decoder = Decoder()

@@ -35,7 +35,7 @@ def assert_strict_json(text: str) -> object:
     return json.loads(raw.decode("utf-8", "strict"))
 
 
-def _fill_strings(obj, value):  # noqa: ANN001, ANN202
+def _fill_strings(obj, value):
     """Set every ``str``-typed dataclass field of ``obj`` to ``value``."""
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):

@@ -52,7 +52,7 @@ kernel_text = st.binary(max_size=64).map(lambda b: b.decode("utf-8", "surrogatee
 hostile_text = st.one_of(kernel_text, st.text(st.characters(codec=None), max_size=32))
 
 
-def _values(text):  # noqa: ANN001, ANN202
+def _values(text):
     scalars = st.one_of(
         st.none(),
         st.booleans(),
@@ -94,7 +94,7 @@ FIELD_NAMES = sorted(
 KINDS = [*EVENT_TYPES, SNAPSHOT_KIND, PROCESS_KIND, "recording_end", "nope"]
 
 
-def _nested_device(vals):  # noqa: ANN001, ANN202
+def _nested_device(vals):
     return st.fixed_dictionaries(
         {
             "vendor": st.one_of(kernel_text, vals),
@@ -135,7 +135,7 @@ records = st.builds(
 )
 
 
-def replay_everything(path) -> int:  # noqa: ANN001
+def replay_everything(path) -> int:
     """Do with each item what replay, `gpus --replay` and the live view do; count items."""
     view = LiveView(io.StringIO(), show_all=True)
     count = 0

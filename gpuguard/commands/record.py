@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.duration if args.duration else None
     next_sample = time.monotonic()
 
-    def write_events(events) -> None:  # noqa: ANN001
+    def write_events(events) -> None:
         for event in events:
             if isinstance(event, _INTERESTING) and event.pid not in described:
                 described.add(event.pid)

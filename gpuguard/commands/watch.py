@@ -88,14 +88,14 @@ class StopRequest:
     the request and asks the sensor to end its current poll between records.
     """
 
-    def __init__(self, sensor) -> None:  # noqa: ANN001
+    def __init__(self, sensor) -> None:
         self.sensor = sensor
         self.requested = False
         self._previous = {
             sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
         }
 
-    def _handle(self, signum, frame) -> None:  # noqa: ANN001
+    def _handle(self, signum, frame) -> None:
         self.requested = True
         self.sensor.request_stop()
 
@@ -104,7 +104,7 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
-def print_stats(sensor) -> None:  # noqa: ANN001
+def print_stats(sensor) -> None:
     st = sensor.stats
     events = ", ".join(f"{k} {v}" for k, v in sorted(st.events.items())) or "none"
     lost = ", ".join(f"{k} {v}" for k, v in sorted(st.lost.items())) or "none"
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _emit(events, view) -> None:  # noqa: ANN001
+def _emit(events, view) -> None:
     if not events:
         return
     if view is None:

@@ -212,7 +212,7 @@ def read_device_nodes(root: str = "/") -> list[DeviceNode]:
 def read_nvml() -> tuple[str | None, list[NvmlDevice], str | None]:
     """(driver version, devices, why unavailable) from NVML; never raises."""
     try:
-        import pynvml  # noqa: PLC0415 (optional: only where an NVIDIA driver is installed)
+        import pynvml
     except ImportError:
         return None, [], "NVML: nvidia-ml-py is not installed"
     try:

@@ -135,7 +135,7 @@ def _fill_ancestors(facts: dict[int, ProcessFacts], proc_root: str) -> None:
 
 def _open_samplers(on_status: Callable[[str], None]) -> list:
     try:
-        from gpuguard.sources.gpu.sampler import open_samplers  # noqa: PLC0415
+        from gpuguard.sources.gpu.sampler import open_samplers
     except ImportError as exc:
         on_status(f"GPU samplers not available: {exc}")
         return []

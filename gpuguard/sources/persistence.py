@@ -177,7 +177,7 @@ class _Reader:
             self.read_dir(subdir, "systemd-unit", SYSTEMD_DROPIN_SUFFIXES)
 
 
-def _meaningful_lines(f, kind: str) -> tuple[list[tuple[int, str]], str]:  # noqa: ANN001
+def _meaningful_lines(f, kind: str) -> tuple[list[tuple[int, str]], str]:
     """(number, line) of the non-comment lines of ``f``, and why reading stopped early ("" if it did not)."""
     lines: list[tuple[int, str]] = []
     read = kept = 0

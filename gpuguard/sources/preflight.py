@@ -22,7 +22,7 @@ def require_root() -> None:
 def import_bcc():
     """Return the bcc module, or explain how to get it."""
     try:
-        import bcc  # noqa: PLC0415 - optional system package, imported on demand
+        import bcc
     except ImportError:
         raise GpuguardError(
             "bcc is not importable from this Python (Debian ships it as python3-bpfcc; "

@@ -447,7 +447,7 @@ class Sensor:
         }
 
 
-def _deferred_attach_bpf(bcc):  # noqa: ANN001, ANN202
+def _deferred_attach_bpf(bcc):
     """bcc.BPF whose automatic attach of TRACEPOINT_PROBE/RAW_TRACEPOINT_PROBE
     programs waits for ``attach_all()``, so set-up can finish first."""
 
@@ -481,7 +481,7 @@ class _ProbeDetach:
     exactly once, the way bcc's detach would close it.
     """
 
-    def __init__(self, bcc, bpf) -> None:  # noqa: ANN001
+    def __init__(self, bcc, bpf) -> None:
         closes = [(bcc.lib.bpf_close_perf_event_fd, fd) for fd in bpf.tracepoint_fds.values()]
         closes += [(_os_close_status, fd) for fd in bpf.raw_tracepoint_fds.values()]
         bpf.tracepoint_fds.clear()
@@ -505,7 +505,7 @@ class _ProbeDetach:
                 continue
             self._threads.append(thread)
 
-    def _close(self, close, fd: int) -> None:  # noqa: ANN001
+    def _close(self, close, fd: int) -> None:
         if close(fd) < 0:
             self.failures.append(fd)
 

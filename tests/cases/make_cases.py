@@ -35,7 +35,7 @@ from gpuguard.events.model import (  # noqa: E402
     GpuOpen,
     HugeAlloc,
     NetPayload,
-)  # noqa: E402
+)
 from gpuguard.events.process_facts import Ancestor, ProcessFacts  # noqa: E402
 from gpuguard.events.wire import RecordingWriter  # noqa: E402
 

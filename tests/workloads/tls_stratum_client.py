@@ -17,7 +17,7 @@ import sys
 import time
 
 host, port, mode, interval = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-gpu = open(sys.argv[5], "rb") if len(sys.argv) > 5 else None  # noqa: SIM115 - held for the process's life
+gpu = open(sys.argv[5], "rb") if len(sys.argv) > 5 else None
 context = ssl.create_default_context()
 context.check_hostname = False
 context.verify_mode = ssl.CERT_NONE

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
-from gpuguard.sources.gpu.drm_usage import (  # noqa: F401 - parse_fdinfo is this source's parser, re-exported
+from gpuguard.sources.gpu.drm_usage import (
     DrmClient,
     UsageBaseline,
     engine_utilization,

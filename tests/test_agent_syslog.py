@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
 import time
 
 import pytest
@@ -14,6 +9,7 @@ import pytest
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.log_writer import open_log
+from tests.support.rsyslog import Rsyslogd, free_ports
 from tests.test_agent_logs import (  # noqa: F401 - hostile_finding and miner_finding are fixtures
     HOST,
     HOSTILE,
@@ -23,55 +19,13 @@ from tests.test_agent_logs import (  # noqa: F401 - hostile_finding and miner_fi
     parse_cef,
 )
 
-CONFIG = """\
-global(workDirectory="{tmp}" maxMessageSize="64k")
-module(load="imudp")
-module(load="imtcp")
-input(type="imudp" address="127.0.0.1" port="{udp}")
-input(type="imtcp" address="127.0.0.1" port="{tcp}")
-template(name="fields" type="string" string="%syslogfacility-text%|%syslogseverity-text%|%programname%|%msg%\\n")
-*.* action(type="omfile" file="{tmp}/received.log" template="fields")
-"""
-
-
-def _free_ports() -> tuple[int, int]:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u, socket.socket() as t:
-        u.bind(("127.0.0.1", 0))
-        t.bind(("127.0.0.1", 0))
-        return u.getsockname()[1], t.getsockname()[1]
-
 
 @pytest.fixture
 def rsyslog(tmp_path):
-    binary = shutil.which("rsyslogd") or "/usr/sbin/rsyslogd"
-    assert os.path.exists(binary), (
-        "Debian's rsyslog is not installed (fix: bash packaging/setup-host.sh setup)"
-    )
-    udp, tcp = _free_ports()
-    conf = tmp_path / "rsyslog.conf"
-    conf.write_text(CONFIG.format(tmp=tmp_path, udp=udp, tcp=tcp))
-    check = subprocess.run([binary, "-N1", "-f", str(conf)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stderr
-    proc = subprocess.Popen(
-        [binary, "-n", "-f", str(conf), "-i", str(tmp_path / "rsyslogd.pid")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # listening on TCP means both inputs are up
-        assert proc.poll() is None, proc.stdout.read()
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", tcp)) == 0:
-                break
-        time.sleep(0.05)
-    yield tmp_path / "received.log", udp, tcp
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    daemon = Rsyslogd(tmp_path, *free_ports())
+    daemon.start()
+    yield daemon.received, daemon.udp, daemon.tcp
+    daemon.stop()
 
 
 def _received(path, count: int, timeout: float = 10.0) -> list[str]:

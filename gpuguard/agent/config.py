@@ -25,6 +25,7 @@ from gpuguard.detect.guard_policies import GuardPolicy, parse_guard_policies
 from gpuguard.detect.yaml_marks import MarkedDocument, load_marked_file
 from gpuguard.errors import GpuguardError
 from gpuguard.outputs.log_sinks import DEFAULT_KEEP, DEFAULT_MAX_BYTES, FACILITIES
+from gpuguard.outputs.log_spool import DEFAULT_SPOOL_BYTES, DEFAULT_SPOOL_DIR
 from gpuguard.outputs.records import FORMATS
 from gpuguard.respond import ResponseSettings, parse_response_settings
 
@@ -52,6 +53,9 @@ class AgentConfig:
     log_keep: int = DEFAULT_KEEP  # rotated files kept (path.1 ... path.KEEP)
     log_syslog_format: str = "rfc5424"  # framing for syslog destinations
     log_facility: str = "daemon"  # syslog facility
+    # syslog:tcp: lines wait here (in order, up to spool_max_bytes) while the collector is away
+    log_spool_dir: str = DEFAULT_SPOOL_DIR
+    log_spool_max_bytes: int = DEFAULT_SPOOL_BYTES  # 0: no spool, lines are lost (and counted)
     metrics_address: str = ""  # HOST:PORT; empty: no metrics endpoint
     sample_interval_s: float = 1.0
     host_check_interval_s: float = 10.0  # GPU host checks (orphaned memory...) and accounting reads
@@ -87,6 +91,8 @@ _SCHEMA: dict[str, Any] = {
         "keep": ("log_keep", int, (0, 1000)),
         "syslog_format": ("log_syslog_format", str, SYSLOG_FORMATS),
         "facility": ("log_facility", str, tuple(FACILITIES)),
+        "spool_dir": ("log_spool_dir", str, None),
+        "spool_max_bytes": ("log_spool_max_bytes", int, (0, 1 << 40)),
     },
     "metrics": {"address": ("metrics_address", str, None)},
     "sampling": {

@@ -67,6 +67,7 @@ class AgentCounters:
     output_lines: int = 0
     output_dropped: int = 0
     output_errors: int = 0
+    output_spooled: int = 0  # lines waiting in the TCP syslog spool for the collector
     output_depth: int = 0
     output_capacity: int = 0
     log_faults: int = 0  # times the log destination started failing (or a record broke)
@@ -109,6 +110,7 @@ class AgentCounters:
                 "lines": self.output_lines,
                 "dropped": self.output_dropped,
                 "errors": self.output_errors,
+                "spooled": self.output_spooled,
                 "faults": self.log_faults,
             },
             "samples": dict(self.samples),

@@ -44,14 +44,18 @@ class BoundedQueue:
     def put(self, item: Any, producer: str) -> bool:
         return self.put_many([item], producer) == 0
 
-    def take_all(self, timeout: float) -> list[Any]:
-        """Everything queued, waiting up to ``timeout`` seconds for the first item."""
+    def take_all(self, timeout: float, limit: int | None = None) -> list[Any]:
+        """Everything queued (at most ``limit`` items, oldest first), waiting up to ``timeout``
+        seconds for the first item."""
         with self._cond:
             if not self._items and not self._closed:
                 self._cond.wait(timeout)
-            out = list(self._items)
-            self._items.clear()
-            return out
+            if limit is None or len(self._items) <= limit:
+                out = list(self._items)
+                self._items.clear()
+                return out
+            popleft = self._items.popleft
+            return [popleft() for _ in range(limit)]
 
     def wake(self) -> None:
         """Wake a waiting consumer (shutdown, a signal)."""

@@ -25,7 +25,6 @@ the metrics are :class:`~gpuguard.agent.telemetry.AgentTelemetry`'s.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import signal
@@ -41,6 +40,7 @@ from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.host_findings import GpuHostFindings
 from gpuguard.agent.intake import BoundedQueue
+from gpuguard.agent.memory import release_compiler_pages, return_freed_memory
 from gpuguard.agent.producers import SamplerThread, SensorThread, SweepThread, sweep_once
 from gpuguard.agent.telemetry import AgentTelemetry
 from gpuguard.correlate.state import ProcessKey
@@ -58,6 +58,8 @@ GPU_ABUSE_TAG = "gpu-abuse"
 HOUSEKEEPING_S = 10.0  # expire old processes and report drops this often
 RULE_FILE_CHECK_S = 2.0  # look for changed rule files this often
 GUARD_CHECK_S = 2.0  # evaluate the guard policies this often
+BATCH_ITEMS = 2048  # items fed per pass of the loop (a stop waits for at most one batch)
+FINAL_FEED_S = 0.5  # at stop, what is queued is fed for this long; the rest is counted as dropped
 REDUCED_MODE_BLIND_SPOTS = (
     "processes that start and exit between two /proc sweeps (every {sweep:g} s) are not seen",
     "GPU ioctl counts and rates are not seen (rules on ioctl commands cannot match)",
@@ -187,7 +189,7 @@ class Agent:
                 reason = f"eBPF sensor unavailable: {exc.one_line()}"
             else:
                 self.sensor = sensor
-                return_freed_memory()  # compiling the probes leaves ~25 MB of LLVM heap free but mapped
+                return_freed_memory()  # compiling left ~25 MB of LLVM heap free but mapped
                 self.counters.sensor_mode = "ebpf"
                 self.counters.probes_attached = _probes_attached(sensor)
                 return
@@ -356,6 +358,7 @@ class Agent:
             blind_spots=self.counters.blind_spots,
             config=self.config.source or None,
         )
+        release_compiler_pages()  # the probes are compiled: LLVM's ~80 MB of code can go
         self._write_status(time.time())
         self.ready.set()
 
@@ -387,7 +390,8 @@ class Agent:
             time.monotonic() + 1.0
         )
         while not self.stop.is_set():
-            items = self.intake.take_all(0.25)
+            # Bounded batches: under a flood a stop or reload waits for one batch, not the queue.
+            items = self.intake.take_all(0.25, BATCH_ITEMS)
             now = time.time()
             self.counters.intake_depth = len(self.intake)
             self._feed(items)
@@ -411,6 +415,18 @@ class Agent:
                 self._housekeeping(now)
             if self._status_soon or mono >= self._status_due:
                 self._write_status(now)
+
+    def _final_feed(self) -> None:
+        """At stop: feed what is queued for at most FINAL_FEED_S; count what is left (never silent)."""
+        deadline = time.monotonic() + FINAL_FEED_S
+        while time.monotonic() < deadline:
+            items = self.intake.take_all(0, BATCH_ITEMS)
+            if not items:
+                return
+            self._feed(items)
+        left = len(self.intake.take_all(0))
+        if left:
+            self._intake_dropped("shutdown", left)
 
     def _feed(self, items: list) -> None:
         feed = self.correlator.feed
@@ -714,7 +730,7 @@ class Agent:
             thread.join(timeout=10)
         if self.correlator is not None:
             try:
-                self._feed(self.intake.take_all(0))
+                self._final_feed()
                 self._score(time.time())
             except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
                 self.stderr(f"gpuguard: final scoring failed: {type(exc).__name__}: {exc}")
@@ -757,14 +773,6 @@ class Agent:
         self.telemetry.close_metrics()
         if self.ready.is_set():  # a failed start-up says only its one error line
             self.stderr(f"gpuguard: {summary}")
-
-
-def return_freed_memory() -> None:
-    """Give freed heap back to the kernel (glibc keeps it mapped otherwise), so RSS shows what is in use."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to do
 
 
 def _probes_attached(sensor: Any) -> int:

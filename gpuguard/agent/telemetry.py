@@ -72,6 +72,8 @@ class AgentTelemetry:
                 keep=c.log_keep,
                 syslog_format=c.log_syslog_format,
                 facility=c.log_facility,
+                spool_dir=c.log_spool_dir,
+                spool_max_bytes=c.log_spool_max_bytes,
             )
         except ValueError as exc:
             raise GpuguardError(
@@ -112,21 +114,23 @@ class AgentTelemetry:
             self.writer.write(record)
 
     def sync_log(self, into_log: bool = True) -> None:
-        """The writer's counts into the counters; its faults on stderr, counted, and written to the
-        log too (where they land once the destination works again: the SIEM sees the gap)."""
+        """The writer's counts into the counters; its faults on stderr, counted.  Only the note
+        that a destination works again is written to the log (it names the gap's losses): a
+        failure note sent to the destination that failed would feed the failure."""
         writer = self.writer
         if writer is None:
             return
         c = self.counters
         c.output_lines, c.output_dropped = writer.written, writer.dropped
         c.output_errors, c.output_depth = writer.errors + writer.render_errors, writer.queue_depth
+        c.output_spooled = writer.spooled
         for fault in writer.take_faults():
             line = log_fault_line(fault, self.config.log_path)
             if not fault.detail.get("recovered"):
                 c.log_faults += 1
                 c.last_output_error = line
             self.stderr(f"gpuguard: {line}")
-            if into_log:
+            if into_log and fault.detail.get("recovered"):
                 writer.write(fault)
 
     def observe_item(self, item: Any, comm_of: Callable[[int], str | None]) -> None:

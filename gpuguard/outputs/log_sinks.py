@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import socket
 import time
 from typing import Protocol
@@ -60,7 +61,7 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-def _encode(line: str) -> bytes:
+def encode_line(line: str) -> bytes:
     # Lines are valid UTF-8 already (jsonl / escape_text); surrogates would be a bug upstream, never a crash here.
     return line.encode("utf-8", "backslashreplace")
 
@@ -80,11 +81,17 @@ class FileSink:
         self._fd: int | None = None
         self._size = 0
         self._inode: tuple[int, int] | None = None
+        self._fresh_line = (
+            False  # a fragment could not be cut off: start the next record on a new line
+        )
 
     def _open(self) -> int:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         st = os.fstat(fd)
         self._fd, self._size, self._inode = fd, st.st_size, (st.st_dev, st.st_ino)
+        # A file that does not end on a record boundary (a crash mid-write, another writer):
+        # the next record starts on a line of its own.
+        self._fresh_line = bool(st.st_size) and os.pread(fd, 1, st.st_size - 1) != b"\n"
         return fd
 
     def _renamed_away(self) -> bool:
@@ -107,7 +114,7 @@ class FileSink:
             os.replace(self.path, f"{self.path}.1")
 
     def send(self, line: str, severity: int) -> None:
-        data = _encode(line) + b"\n"
+        data = encode_line(line) + b"\n"
         if self._fd is not None and self._renamed_away():
             self._drop_fd()
         if self._fd is None:
@@ -115,6 +122,8 @@ class FileSink:
         if self._size and self._size + len(data) > self.max_bytes:
             self._rotate()
             self._open()
+        if self._fresh_line:
+            data = b"\n" + data
         fd = self._fd
         assert fd is not None
         written = 0
@@ -122,11 +131,19 @@ class FileSink:
             while written < len(data):
                 written += os.write(fd, data[written:])
         except OSError:
-            # A partial line stays partial on disk; start the next one on a fresh line after reopening.
+            # The file must end on a record boundary: cut the fragment off, so the next record
+            # (once there is space again) is not glued to it.  Truncating frees space, so it
+            # works on a full disk; where it cannot, the next record starts on a fresh line.
+            if written:
+                try:
+                    os.ftruncate(fd, self._size)
+                except OSError:
+                    self._size += written
+                    self._fresh_line = True
             self._drop_fd()
             raise
-        finally:
-            self._size += written
+        self._size += written
+        self._fresh_line = False
 
     def _drop_fd(self) -> None:
         if self._fd is not None:
@@ -149,7 +166,7 @@ class StdoutSink:
         self.fd = fd
 
     def send(self, line: str, severity: int) -> None:
-        data = _encode(line) + b"\n"
+        data = encode_line(line) + b"\n"
         written = 0
         while written < len(data):
             written += os.write(self.fd, data[written:])
@@ -217,6 +234,7 @@ class SyslogSink:
         self.app = app
         self._sock: socket.socket | None = None
         self._stream = False
+        self.late_losses = 0  # datagrams counted as sent that a later refusal showed were lost
 
     def _connect(self) -> socket.socket:
         if self.transport == "unix":
@@ -252,21 +270,60 @@ class SyslogSink:
         return rfc5424(line, severity, self.facility, self.hostname, self.app)
 
     def send(self, line: str, severity: int) -> None:
-        sock = self._sock or self._connect()
-        data = _encode(self.frame(line, severity))
+        self.send_framed(encode_line(self.frame(line, severity)))
+
+    def send_framed(self, data: bytes) -> None:
+        """Send one framed message; raises OSError when it did not reach the collector's socket."""
+        sock = self._sock
+        if sock is not None and self._stream and _peer_closed(sock):
+            self.close()  # the collector went away (FIN seen): reconnect rather than lose a line
+            sock = None
+        sock = sock or self._connect()
         try:
             if self._stream:
                 sock.sendall(data + b"\n")
             else:
-                sock.send(data)
+                self._send_datagram(sock, data)
         except OSError:
             self.close()
             raise
+
+    def _send_datagram(self, sock: socket.socket, data: bytes) -> None:
+        """A datagram counts as sent only when no refusal (ICMP port unreachable) is pending for it.
+
+        On a connected UDP socket the refusal of one datagram is reported on the next call:
+        on loopback it is there as soon as send returns (read through SO_ERROR, which clears
+        it); from a remote host it comes later and fails the next send, which then reports
+        that earlier datagram as lost (``late_losses``) and is tried once more.
+        """
+        try:
+            sock.send(data)
+        except ConnectionRefusedError:
+            self.late_losses += 1
+            sock.send(data)
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            raise OSError(error, os.strerror(error))
 
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """True when a stream socket's peer has closed (a collector never sends us data)."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    events = poller.poll(0)
+    if not events:
+        return False
+    if events[0][1] & (select.POLLHUP | select.POLLERR):
+        return True
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""  # readable: returns at once
+    except OSError:
+        return True
 
 
 def parse_syslog_target(target: str) -> tuple[str, object]:

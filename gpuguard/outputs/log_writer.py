@@ -10,9 +10,17 @@ destination (a stalled syslog server, an NFS file) never stalls scoring:
 * the sink fails (full disk, closed stdout pipe, syslog gone) -> the line is
   lost and counted (``errors``), and the first failure of a run of failures
   becomes an :class:`~gpuguard.events.agent_events.AgentLifecycle` "fault"
-  that :meth:`LogWriter.take_faults` hands to the agent (to report on its
-  other outputs, in ``status`` and in a metric); the sink is retried on the
-  next line, and a "recovered" note follows when it works again.
+  that :meth:`LogWriter.take_faults` hands to the agent (for stderr, ``status``
+  and a metric: never for the destination that failed); the sink is retried
+  on the next line, and a "recovered" note, naming the lines lost in the gap,
+  follows when it works again.  A destination that keeps failing and
+  recovering gives at most one fault note per ``FAULT_INTERVAL_S``;
+* a TCP syslog collector that is away -> lines wait in a bounded spool
+  (:mod:`gpuguard.outputs.log_spool`) and are sent in order when it is back.
+
+The counts are exact: every record given to :meth:`LogWriter.write` is
+``written``, ``spooled`` (waiting), ``dropped`` (queue full), ``errors`` (lost
+at the destination, spool overflow included) or ``render_errors``.
 
 ``queue_size=0`` writes synchronously in the caller's thread (same counting,
 same no-raise guarantee).
@@ -24,6 +32,7 @@ anything else is a file path.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -41,10 +50,12 @@ from gpuguard.outputs.log_sinks import (
     StdoutSink,
     SyslogSink,
 )
+from gpuguard.outputs.log_spool import DEFAULT_SPOOL_BYTES, Spooled, SpoolFull, SpoolingSink
 from gpuguard.outputs.records import FORMATS, Record, RecordRenderer, lifecycle_severity
 
 DEFAULT_QUEUE_SIZE = 4096
 MAX_PENDING_FAULTS = 64
+FAULT_INTERVAL_S = 60.0  # a flapping destination: at most one fault note per this long
 _STOP = object()
 
 
@@ -73,11 +84,16 @@ class LogWriter:
         self.renderer = RecordRenderer(fmt, host)
         self.fmt = fmt
         self.destination = sink.name
-        self.written = 0
+        self.produced = 0  # records given to write()
+        self._sent = 0  # lines the destination took at once
         self.dropped = 0  # records the full queue turned away
         self.errors = 0  # lines the destination failed to take
         self.render_errors = 0  # records that could not be rendered (a bug; counted, not raised)
         self._failing = False
+        self._fault_reported_at: float | None = None  # when a run of failures was last reported
+        self._run_reported = False  # the current run of failures was reported (so its end is too)
+        self._lost_in_gap = 0
+        self._late_seen = 0
         self._faults: list[AgentLifecycle] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -93,8 +109,26 @@ class LogWriter:
     def queue_depth(self) -> int:
         return self._queue.qsize() if self._queue is not None else 0
 
+    @property
+    def written(self) -> int:
+        """Lines the destination took: at once, or later from the spool (an earlier run's excluded)."""
+        sink = self.sink
+        if isinstance(sink, SpoolingSink):
+            return self._sent + max(0, sink.replayed - sink.inherited)
+        return self._sent
+
+    @property
+    def spooled(self) -> int:
+        """This run's lines waiting in the spool for the collector."""
+        sink = self.sink
+        if isinstance(sink, SpoolingSink):
+            return sink.spooled - max(0, sink.inherited - sink.replayed)
+        return 0
+
     def write(self, record: Record) -> bool:
         """Queue ``record``; False when it was dropped (queue full, writer closed, unrenderable)."""
+        with self._lock:
+            self.produced += 1
         try:
             line = self.renderer.line(record)
             severity = syslog_severity(record)
@@ -123,8 +157,13 @@ class LogWriter:
 
     def _drain(self) -> None:
         assert self._queue is not None
+        poll = getattr(self.sink, "poll", None)
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=1.0 if poll else None)
+            except queue.Empty:
+                self._poll_spool()  # idle: a spool waiting for its collector is retried
+                continue
             try:
                 if item is _STOP:
                     return
@@ -132,30 +171,73 @@ class LogWriter:
             finally:
                 self._queue.task_done()
 
+    def _poll_spool(self) -> None:
+        sink = self.sink
+        if isinstance(sink, SpoolingSink) and sink.spooled and sink.poll():
+            self._recovered()
+
     def _send(self, line: str, severity: int) -> None:
         try:
             self.sink.send(line, severity)
+        except Spooled as exc:
+            self._failed(exc, lost=False)
         except (OSError, ValueError) as exc:
+            self._failed(exc, lost=True)
+        else:
             with self._lock:
-                self.errors += 1
-                first = not self._failing
-                self._failing = True
-            if first:
-                reason = getattr(exc, "strerror", None) or str(exc)
-                self._fault(
-                    f"log destination {self.destination} failed: {reason}; "
-                    "records are counted as lost until it works again",
-                    {"errno": getattr(exc, "errno", None)},
-                )
-            return
+                self._sent += 1
+            self._recovered()
+        late = getattr(self.sink, "late_losses", 0)
+        if late != self._late_seen:  # datagrams counted as sent that a refusal showed were lost
+            with self._lock:
+                delta, self._late_seen = late - self._late_seen, late
+                self._sent -= delta
+                self.errors += delta
+                self._lost_in_gap += delta
+
+    def _failed(self, exc: Exception, *, lost: bool) -> None:
         with self._lock:
-            self.written += 1
-            recovered = self._failing
-            self._failing = False
-        if recovered:
+            if lost:
+                self.errors += 1
+                self._lost_in_gap += 1
+            first = not self._failing
+            self._failing = True
+            now = time.monotonic()
+            quiet = (
+                self._fault_reported_at is not None
+                and now - self._fault_reported_at < FAULT_INTERVAL_S
+            )
+            report = first and not quiet
+            if report:
+                self._fault_reported_at = now
+                self._run_reported = True
+        if report:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            what = (
+                "records wait in the spool until it is back"
+                if isinstance(exc, (Spooled, SpoolFull))
+                else "records are counted as lost until it works again"
+            )
             self._fault(
-                f"log destination {self.destination} works again after {self.errors} lost records",
-                {"recovered": True},
+                f"log destination {self.destination} failed: {reason}; {what}",
+                {"errno": getattr(exc, "errno", None) or None},
+            )
+
+    def _recovered(self) -> None:
+        sink = self.sink
+        if isinstance(sink, SpoolingSink) and sink.spooled:
+            return  # still sending from the spool: not back yet
+        with self._lock:
+            if not self._failing:
+                return
+            self._failing = False
+            lost, self._lost_in_gap = self._lost_in_gap, 0
+            noted, self._run_reported = self._run_reported, False
+        if noted:  # a failure that was reported gets its recovery note, with the gap's losses
+            self._fault(
+                f"log destination {self.destination} works again; {lost} records were lost "
+                f"while it failed ({self.errors} in all)",
+                {"recovered": True, "lost": lost},
             )
 
     def _fault(self, message: str, detail: dict[str, Any]) -> None:
@@ -206,7 +288,9 @@ class LogWriter:
         return {
             "destination": self.destination,
             "format": self.fmt,
+            "produced": self.produced,
             "written": self.written,
+            "spooled": self.spooled,
             "dropped": self.dropped,
             "errors": self.errors,
             "render_errors": self.render_errors,
@@ -221,14 +305,27 @@ def open_sink(
     keep: int = DEFAULT_KEEP,
     syslog_format: str = "rfc5424",
     facility: str = "daemon",
+    spool_dir: str | None = None,
+    spool_max_bytes: int = DEFAULT_SPOOL_BYTES,
 ) -> Sink:
-    """The sink a destination string names (see the module docstring)."""
+    """The sink a destination string names (see the module docstring); TCP syslog with
+    ``spool_dir`` (and ``spool_max_bytes`` > 0) gets a spool for when the collector is away."""
     if destination in ("-", "stdout"):
         return StdoutSink()
     if destination == "syslog":
         return SyslogSink("unix:/dev/log", syslog_format, facility)
     if destination.startswith("syslog:"):
-        return SyslogSink(destination[len("syslog:") :], syslog_format, facility)
+        sink = SyslogSink(destination[len("syslog:") :], syslog_format, facility)
+        if sink.transport == "tcp" and spool_dir and spool_max_bytes > 0:
+            try:
+                os.makedirs(spool_dir, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise ValueError(
+                    f"cannot create the spool directory {spool_dir}: {exc.strerror or exc}"
+                ) from None
+            name = "".join(c if c.isalnum() or c in ".-" else "_" for c in destination)
+            return SpoolingSink(sink, os.path.join(spool_dir, f"{name}.spool"), spool_max_bytes)
+        return sink
     if not destination:
         raise ValueError(
             "empty log destination (a file path, -, or syslog[:unix:PATH|udp:HOST:PORT|tcp:HOST:PORT])"
@@ -246,6 +343,8 @@ def open_log(
     syslog_format: str = "rfc5424",
     facility: str = "daemon",
     host: dict[str, Any] | None = None,
+    spool_dir: str | None = None,
+    spool_max_bytes: int = DEFAULT_SPOOL_BYTES,
 ) -> LogWriter:
     """A :class:`LogWriter` for ``destination`` in ``fmt`` (``ecs``, ``ocsf`` or ``cef``).
 
@@ -256,6 +355,12 @@ def open_log(
     if fmt not in FORMATS:
         raise ValueError(f"unknown log format {fmt!r} (one of {', '.join(FORMATS)})")
     sink = open_sink(
-        destination, max_bytes=max_bytes, keep=keep, syslog_format=syslog_format, facility=facility
+        destination,
+        max_bytes=max_bytes,
+        keep=keep,
+        syslog_format=syslog_format,
+        facility=facility,
+        spool_dir=spool_dir,
+        spool_max_bytes=spool_max_bytes,
     )
     return LogWriter(sink, fmt, queue_size, host)

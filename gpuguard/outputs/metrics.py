@@ -236,6 +236,8 @@ class AgentMetrics:
             if value > previous:
                 metric.inc(value - previous)
         self.set_queue(f"log:{name}", writer.queue_depth)
+        if hasattr(writer.sink, "spooled"):  # a TCP syslog spool: lines waiting for the collector
+            self.set_queue(f"spool:{name}", writer.spooled)
 
     def observe_snapshot(self, snapshot: GpuSnapshot, comm_of: Any = None) -> None:
         """Per-GPU gauges and the top per-process users from one sampler snapshot.

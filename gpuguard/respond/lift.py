@@ -54,7 +54,8 @@ def lift_all(
     """Lift every block, then remove what the response made for them; (what, what was done) pairs.
 
     After the blocks: ``table inet gpuguard`` in each namespace a block used (or ``netns_seen``
-    names; never another table), and the pins under ``root`` (:func:`bpf_pins.remove_block_root`).
+    names; never another table), and, when every block was lifted, the pins under ``root``
+    (:func:`bpf_pins.remove_block_root`).
     """
     done = []
     namespaces = set(netns_seen or ())

@@ -450,6 +450,10 @@ def summarise(soak: Soak, agent: AgentProcess, seconds: float) -> dict:
         "benign": {
             "run": len(benign),
             "by_kind": {k: sum(b["kind"] == k for b in benign) for k in benign_kinds},
+            "signalled_by_kind": {
+                k: sum(b["kind"] == k and bool(b.get("signalled")) for b in benign)
+                for k in benign_kinds
+            },
             "signalled": [b for b in benign if b.get("signalled")],
             "failed": [b for b in benign if b.get("failed")],
         },

@@ -11,7 +11,10 @@ from gpuguard.escape import escape_text
 from gpuguard.respond.blocks import BlockStore
 from gpuguard.respond.lift import lift_all, lift_block
 
-HELP = "lift blocks by id, or all of them (--all also removes table inet gpuguard where a block used it)"
+HELP = (
+    "lift blocks by id, or all of them (--all then removes table inet gpuguard where a block "
+    "used it, and the pins under the block root)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,11 +44,12 @@ def run(args: argparse.Namespace) -> int:
                     "gpuguard blocks lists the ids",
                 )
             try:
-                done.append((block, lift_block(block, store, root)))
+                said = lift_block(block, store, root)
             except OSError as exc:
-                done.append((block, f"failed: {exc}"))
+                said = f"failed: {exc}"
+            done.append((f"{block.id} {block.kind}", said))
     failed = 0
-    for block, said in done:
+    for what, said in done:
         failed += said.startswith("failed")
-        print(f"{block.id} {block.kind}: {escape_text(said)}")
+        print(f"{what}: {escape_text(said)}")
     return 1 if failed else 0

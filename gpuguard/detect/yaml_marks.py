@@ -3,7 +3,10 @@
 Rule errors must name ``file:line:col``; PyYAML's composer keeps a mark on
 every node, so we compose, convert the node tree to plain values, and record
 the marks by path (``("rules", 3, "condition", "all", 0)``).  Duplicate keys,
-which plain ``yaml.safe_load`` silently merges, are reported.
+which plain ``yaml.safe_load`` silently merges, are reported.  A plain mapping
+key ``on``, ``off``, ``yes`` or ``no`` stays text (YAML 1.1 would make it a
+boolean, so the documented hook key ``on:`` would be lost); ``true:`` and
+``false:`` keys stay booleans, and the schemas report them as unknown keys.
 
 Before composing, the text is walked once with YAML's event parser (iterative,
 no recursion) to bound nesting depth and the size of the document once aliases
@@ -26,6 +29,8 @@ Path_ = tuple[Any, ...]
 MAX_DEPTH = 64  # nesting levels (rule conditions need a handful)
 MAX_NODES = 200_000  # values in the document with every alias expanded (the shipped rules: ~5,000)
 SHOWN_MAX = 60  # a value quoted back in a problem: never more than this much of it
+# Plain keys YAML 1.1 would read as booleans but that are kept as the words written (any case).
+WORD_KEYS = ("on", "off", "yes", "no")
 
 
 def shown(value: Any, limit: int = SHOWN_MAX) -> str:
@@ -94,13 +99,18 @@ class _Converter:
                         (self.pos(key_node), "YAML merge keys (<<) are not supported in rule files")
                     )
                     continue
-                try:
-                    key = self.constructor.construct_object(key_node)
-                except yaml.constructor.ConstructorError as exc:
-                    self.doc.problems.append(
-                        (self.pos(key_node), f"YAML value error: {exc.problem}")
-                    )
-                    continue
+                if key_node.tag.endswith(":bool") and key_node.value.lower() in WORD_KEYS:
+                    # YAML 1.1 reads a plain `on:` (or off, yes, no) as a boolean; as a key it
+                    # is always the word (hooks' `on:`).  `true:` and `false:` stay booleans.
+                    key = key_node.value
+                else:
+                    try:
+                        key = self.constructor.construct_object(key_node)
+                    except yaml.constructor.ConstructorError as exc:
+                        self.doc.problems.append(
+                            (self.pos(key_node), f"YAML value error: {exc.problem}")
+                        )
+                        continue
                 if not isinstance(key, (str, int, bool)) or key is None:
                     self.doc.problems.append(
                         (self.pos(key_node), f"mapping key {key!r} must be text")

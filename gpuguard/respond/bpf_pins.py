@@ -137,6 +137,90 @@ def remove_pins(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _map_id(fd: int) -> int | None:
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            for line in f:
+                if line.startswith("map_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def map_holders(map_ids: set[int]) -> set[int]:
+    """Pids of the processes holding an fd on one of ``map_ids`` (a running agent does)."""
+    holders: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry.name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry.name}/fd/{fd}") != "anon_inode:bpf-map":
+                    continue
+                with open(f"/proc/{entry.name}/fdinfo/{fd}") as f:
+                    ids = {int(line.split()[1]) for line in f if line.startswith("map_id:")}
+            except (OSError, ValueError, IndexError):
+                continue
+            if ids & map_ids:
+                holders.add(int(entry.name))
+                break
+    return holders
+
+
+def remove_block_root(root: Path) -> str:
+    """Remove what gpuguard pinned under ``root`` once every block is lifted; a sentence saying what.
+
+    The shared maps under ``maps/`` go unless a running process (the agent) still holds one: then
+    they stay, since new blocks would land in maps no `gpuguard unblock` could reach.  A
+    ``blocks/<id>/`` folder left (its record was lost) is kept: its programs may still be
+    attached.  The root itself goes when nothing else is in it.
+    """
+    if not root.is_dir():
+        return "nothing pinned"
+    maps_dir, blocks_dir = root / "maps", root / "blocks"
+    said = []
+    pinned = sorted(maps_dir.iterdir()) if maps_dir.is_dir() else []
+    ids = set()
+    for path in pinned:
+        try:
+            fd = open_pinned(path)
+        except (FileNotFoundError, GpuguardError):
+            continue
+        try:
+            found = _map_id(fd)
+        finally:
+            os.close(fd)
+        if found is not None:
+            ids.add(found)
+    holders = map_holders(ids) if ids else set()
+    if holders:
+        said.append(
+            f"kept {len(pinned)} pinned map(s): held by pid {', '.join(map(str, sorted(holders)))}"
+            " (stop the agent, then unblock --all again)"
+        )
+    else:
+        for path in pinned:
+            path.unlink(missing_ok=True)
+        if pinned:
+            said.append(f"removed {len(pinned)} pinned map(s)")
+    left = sorted(p.name for p in blocks_dir.iterdir()) if blocks_dir.is_dir() else []
+    if left:
+        said.append(f"kept program pins without a record: blocks/{', blocks/'.join(left)}")
+    for sub in (maps_dir, blocks_dir, root):
+        try:
+            sub.rmdir()
+        except OSError:
+            pass
+    if not root.exists():
+        said.append(f"removed {root}")
+    return "; ".join(said) or "nothing pinned"
+
+
 class PinnedMap:
     """A pinned map used by fd with raw key/value bytes.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, BlockStore
 from gpuguard.respond.cgroup_blocks import lift_cgroup_block
 from gpuguard.respond.nft import NftError, NftSets
@@ -20,13 +21,20 @@ def lift_block(block: Block, store: BlockStore, root: Path) -> str:
     elif block.kind in ("quarantine", "block-egress"):
         said = lift_cgroup_block(block, root, others)
     elif block.kind == "nftables":
-        held = {a for b in others if b.kind == "nftables" for a in b.detail.get("addresses", [])}
+        netns = block.detail.get("netns", "")
+        same_table = [b for b in others if b.kind == "nftables" and b.detail.get("netns") == netns]
+        held = {a for b in same_table for a in b.detail.get("addresses", [])}
         gone = [a for a in block.detail.get("addresses", []) if a not in held]
+        nft = NftSets(netns)
         try:
-            NftSets(block.detail.get("netns", "")).remove(gone)
+            nft.remove(gone)
+            # The last block in this namespace takes the table (its sets, chains, rules) with it.
+            dropped = not same_table and nft.delete_table()
         except NftError as exc:
             raise OSError(f"nft refused: {exc}") from None
         said = f"removed {len(gone)} address(es) from table inet gpuguard"
+        if dropped:
+            said += f", then the table ({_where(netns)})"
     elif block.kind == "suspend":
         try:
             with open_process(block.pid, block.start_time) as handle:
@@ -42,23 +50,36 @@ def lift_block(block: Block, store: BlockStore, root: Path) -> str:
 
 def lift_all(
     store: BlockStore, root: Path, netns_seen: set[str] | None = None
-) -> list[tuple[Block, str]]:
-    """Lift every block, then remove the nftables table of each namespace a block used."""
+) -> list[tuple[str, str]]:
+    """Lift every block, then remove what the response made for them; (what, what was done) pairs.
+
+    After the blocks: ``table inet gpuguard`` in each namespace a block used (or ``netns_seen``
+    names; never another table), and, when every block was lifted, the pins under ``root``
+    (:func:`bpf_pins.remove_block_root`).
+    """
     done = []
     namespaces = set(netns_seen or ())
     for block in store.load():
         if block.kind == "nftables":
             namespaces.add(block.detail.get("netns", ""))
         try:
-            done.append((block, lift_block(block, store, root)))
+            said = lift_block(block, store, root)
         except OSError as exc:
-            done.append((block, f"failed: {exc}"))
-    for netns in namespaces:
+            said = f"failed: {exc}"
+        done.append((f"{block.id} {block.kind}", said))
+    for netns in sorted(namespaces):
         try:
-            NftSets(netns).delete_table()
-        except NftError:
-            pass
+            if NftSets(netns).delete_table():
+                done.append(("nftables", f"removed table inet gpuguard ({_where(netns)})"))
+        except NftError as exc:
+            done.append(("nftables", f"failed: table inet gpuguard ({_where(netns)}): {exc}"))
+    if not any(said.startswith("failed") for _, said in done):
+        done.append(("pins", bpf_pins.remove_block_root(root)))
     return done
+
+
+def _where(netns: str) -> str:
+    return f"network namespace {netns}" if netns else "host network namespace"
 
 
 def in_place(block: Block, root: Path) -> str:

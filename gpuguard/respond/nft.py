@@ -159,9 +159,12 @@ class NftSets:
                 ]
         return out
 
-    def delete_table(self) -> None:
-        if self.elements() or self._table_exists():
-            self._run([{"delete": {"table": {"family": FAMILY, "name": TABLE}}}])
+    def delete_table(self) -> bool:
+        """Delete ``table inet gpuguard`` (only that table) in this namespace; False if absent."""
+        if not self._table_exists():
+            return False
+        self._run([{"delete": {"table": {"family": FAMILY, "name": TABLE}}}])
+        return True
 
     def _table_exists(self) -> bool:
         return (

@@ -42,17 +42,22 @@ exec "$@"
 """
 
 
-def build_workload(directory: Path | None = None) -> Path:
-    """Compile gpu_workload.c once per source version; return the binary."""
-    digest = hashlib.sha256(WORKLOAD_SOURCE.read_bytes()).hexdigest()[:12]
+def build_c_program(source: Path, directory: Path | None = None) -> Path:
+    """Compile a C workload once per source version; return the binary."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
     directory = directory or Path(tempfile.gettempdir()) / "gpuguard-test-bin"
     directory.mkdir(parents=True, exist_ok=True)
-    binary = directory / f"gpu_workload-{digest}"
+    binary = directory / f"{source.stem}-{digest}"
     if not binary.exists():
-        tmp = binary.with_suffix(".tmp")
-        subprocess.run(["gcc", "-O2", "-Wall", "-o", str(tmp), str(WORKLOAD_SOURCE)], check=True)
+        tmp = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
+        subprocess.run(["gcc", "-O2", "-Wall", "-o", str(tmp), str(source)], check=True)
         tmp.rename(binary)
     return binary
+
+
+def build_workload(directory: Path | None = None) -> Path:
+    """Compile gpu_workload.c once per source version; return the binary."""
+    return build_c_program(WORKLOAD_SOURCE, directory)
 
 
 def private_dev_command(

@@ -275,11 +275,122 @@ def _epoch(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def bench_dead(runs: int) -> None:
+    """Verdict -> dead through the verified pidfd, for a native and a scripted offender (p50/p99)."""
+    settings = settings_for_test(
+        actions={"malicious": ("kill",)}, kill_grace_s=0.5, max_actions_per_minute=10_000
+    )
+    responder = Responder(settings, mode="enforce")
+    tmp = Path(tempfile.mkdtemp())
+    native = tmp / "xminer"
+    shutil.copy(build_workload(), native)
+    interpreter = tmp / "python3"
+    shutil.copy(os.path.realpath("/usr/bin/python3"), interpreter)
+    script = tmp / "miner.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    offenders = {
+        "native (C)": [str(native), "ready", "sleep:600000"],
+        "scripted (python script, copied interpreter)": [str(interpreter), str(script)],
+    }
+    results = {}
+    try:
+        for label, argv in offenders.items():
+            times = []
+            for _ in range(runs):
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                proc.stdout.readline()
+                pidfd = os.pidfd_open(proc.pid)
+                try:
+                    state = state_of(proc.pid)
+                    started = time.perf_counter()
+                    responder.respond(verdict_for(state), state, time.time())
+                    poller = select.poll()
+                    poller.register(pidfd, select.POLLIN)
+                    assert poller.poll(10_000)
+                    times.append((time.perf_counter() - started) * 1000)
+                finally:
+                    os.close(pidfd)
+                    proc.kill()
+                    proc.wait()
+            results[label] = _percentiles(times)
+    finally:
+        responder.close()
+        cleanup(settings)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"## verdict -> dead through the verified pidfd ({runs} runs)")
+    print("| offender | p50 | p99 |\n|---|---:|---:|")
+    for label, (p50, p99) in results.items():
+        print(f"| {label} | **{p50:.1f} ms** | {p99:.1f} ms |")
+    print()
+
+
+def bench_exec_match(execs: int) -> None:
+    """The host's exec cost with kill-on-touch loaded and 0, 10 or 1,000 blocks in place.
+
+    With no block the kernel reports no exec; with blocks every exec is reported and matched
+    here (inode, size+sha256, script), so the figures are the exec wall time of a fork+exec
+    loop and this process's CPU per exec (the matching thread), as ratios to no blocks.
+    """
+    from gpuguard.respond.bpf_pins import ensure_pin_root
+    from gpuguard.respond.exec_match import BlockTarget, Script
+    from gpuguard.respond.touch import TouchBlocker
+    from tests.support.workloads import build_c_program
+
+    flood = build_c_program(REPO / "tests" / "workloads" / "exec_flood.c")
+    settings = settings_for_test()
+    touch = TouchBlocker(ensure_pin_root(settings.pin_root), lambda report: None)
+    rows = []
+    try:
+        placed = 0
+        for count in (0, 10, 1000):
+            for n in range(placed, count):  # blocks that match nothing on this host
+                kind = "script" if n % 2 else "executable"
+                target = BlockTarget(
+                    kind,
+                    f"/nonexistent/miner{n}",
+                    (0xFFFF, 10_000_000 + n, 4096 + n, 0),
+                    f"{n:064x}",
+                    script=Script("file", f"/nonexistent/m{n}.py", f"{n + 1:064x}"),
+                )
+                touch.identities.add(n + 1, 0, target)
+                touch._paths[touch._paths.Key(0xABCDEF00 + n)] = touch._entry(n + 1, 0)
+            placed = count
+            touch._report_execs()
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            proc = subprocess.run(
+                [str(flood), "0", str(execs / 1500), "/bin/true"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            done = int(proc.stdout)
+            time.sleep(0.5)  # let the matching thread finish the reports
+            wall = (time.perf_counter() - wall0 - 0.5) / done * 1e6
+            cpu = (time.process_time() - cpu0) / done * 1e6
+            rows.append((count, wall, cpu, done))
+    finally:
+        touch.close()
+        cleanup(settings)
+    base = rows[0][1]
+    print("## exec cost with kill-on-touch loaded (fork+exec of /bin/true, as fast as it goes)")
+    print("| blocks | execs | us per exec (wall) | vs 0 blocks | gpuguard CPU us per exec |")
+    print("|---:|---:|---:|---:|---:|")
+    for count, wall, cpu, done in rows:
+        print(f"| {count} | {done} | {wall:.0f} | {wall / base:.2f}x | {cpu:.1f} |")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--grace", type=float, default=0.5)
-    parser.add_argument("--only", choices=("touch", "blocks", "kill", "e2e"))
+    parser.add_argument("--only", choices=("touch", "blocks", "kill", "dead", "exec-match", "e2e"))
+    parser.add_argument("--execs", type=int, default=6000, help="execs per exec-match round")
     args = parser.parse_args()
     if args.only in (None, "touch"):
         bench_touch(args.runs)
@@ -287,6 +398,10 @@ def main() -> None:
         bench_blocks(args.runs)
     if args.only in (None, "kill"):
         bench_kill(args.runs, args.grace)
+    if args.only in (None, "dead"):
+        bench_dead(args.runs)
+    if args.only in (None, "exec-match"):
+        bench_exec_match(args.execs)
     if args.only in (None, "e2e"):
         bench_e2e(args.runs)
 

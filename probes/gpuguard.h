@@ -12,7 +12,7 @@
 #ifndef GPUGUARD_H
 #define GPUGUARD_H
 
-#define GG_ABI_VERSION 1
+#define GG_ABI_VERSION 2
 
 #define GG_COMM_LEN 16
 #define GG_PATH_LEN 128
@@ -140,10 +140,19 @@ struct gg_conn_activity {
     __u64 small_ns[GG_ACTIVITY_TIMES];   /* ring: small write n at [n % GG_ACTIVITY_TIMES] */
 };
 
+/* The exit generation of a pid: bumped when a process (its thread-group leader) exits,
+ * which is before its pid can be handed out again.  An event carrying the generation it
+ * saw lets user space prove that a pidfd it opens later names that same process: open
+ * the pidfd, read the generation; unchanged means no process with that pid has exited
+ * since (gpuguard/sources/identity.py).  Sized by GG_PID_MAX (the host's pid_max). */
+#ifndef GG_PID_MAX
+#define GG_PID_MAX 4194304
+#endif
+
 struct gg_exec {
     struct gg_header hdr;
     __u32 ppid;             /* filled in user space when 0 */
-    __u32 _pad;
+    __u32 exit_gen;         /* the pid's exit generation at the exec */
     char filename[GG_PATH_LEN];
 };
 
@@ -217,22 +226,30 @@ enum gg_touch_reason {
     GG_TOUCH_EXEC = 3,           /* exec of a blocked path (not killed: reported so user space checks it) */
 };
 
+/* Flags of a kill-on-touch entry (gg_touch_entry.flags, copied into reports). */
+enum gg_touch_flag {
+    GG_TOUCH_TREE = 1,           /* the offender or a process forked from it (its own tree) */
+    GG_TOUCH_SUSPENDED = 2,      /* the block's circuit breaker tripped: nothing is killed */
+};
+
 /* A blocked executable path (by its hash) or process (by tgid). */
 struct gg_touch_entry {
     __u64 expires_ns;
     __u64 added_ns;              /* CLOCK_BOOTTIME when a tgid was added: a process that started
                                     later is a recycled pid, and user space drops the entry */
     __u32 block;                 /* the block's number, for the kill report */
-    __u32 _pad;
+    __u32 flags;                 /* enum gg_touch_flag */
 };
 
 /* Kernel -> user: a kill at the touch (or an exec to check). */
 struct gg_touch_event {
     __u64 time_ns;               /* bpf_ktime_get_boot_ns() */
     __u32 tgid;
-    __u32 ppid;                  /* parent for exec reports, 0 otherwise */
+    __u32 exit_gen;              /* the tgid's exit generation (touch_exit_gens) at the event */
     __u32 reason;                /* enum gg_touch_reason */
     __u32 block;
+    __u32 flags;                 /* the matched entry's enum gg_touch_flag */
+    __u32 _pad;
     char comm[GG_COMM_LEN];
     char path[GG_PATH_LEN];
 };

@@ -5,6 +5,8 @@
  */
 
 BPF_TABLE("lru_hash", __u32, __s32, exit_codes, 8192);
+/* Exit generation per pid (see gg_exec.exit_gen in gpuguard.h). */
+BPF_ARRAY(exit_gens, __u32, GG_PID_MAX);
 
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
@@ -12,7 +14,9 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     if (!e)
         return 0;
     e->ppid = 0;
-    e->_pad = 0;
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    __u32 *gen = exit_gens.lookup(&tgid);
+    e->exit_gen = gen ? *gen : 0;
     /* __data_loc: low 16 bits are the offset of the string in the record. */
     __u32 off = args->data_loc_filename & 0xFFFF;
     bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), (char *)args + off);
@@ -40,6 +44,9 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     __u32 tgid = id >> 32;
     if ((__u32)id != tgid)
         return 0;   /* a thread, not the process */
+    __u32 *gen = exit_gens.lookup(&tgid);
+    if (gen)
+        __sync_fetch_and_add(gen, 1);   /* before the pid can be reused */
     __s32 code = -1;
     __s32 *saved = exit_codes.lookup(&tgid);
     if (saved) {

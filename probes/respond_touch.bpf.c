@@ -12,6 +12,15 @@
  * touch_settings) every exec, is reported on touch_events so user space can
  * log it and match renamed copies by device+inode or sha256.
  *
+ * The response scope holds here too: with touch_settings[1] set, a task is
+ * acted on (killed, blocked at exec, reported for matching) only when its
+ * cgroup v2, or an ancestor of it, is in touch_scope (cgroup ids user space
+ * fills from response.cgroups, or from the container cgroups it knows for
+ * `scope: containers`).  A suspended entry (its block's circuit breaker
+ * tripped) kills nothing.  Every report carries the pid's exit generation
+ * (touch_exit_gens, bumped at exit) so user space opens a pidfd for exactly
+ * the reported process.
+ *
  * Only tracepoint arguments and user memory are read (never task_struct):
  * bcc's headers do not match the running kernel.  Compiled with
  * -DGG_PIN_ROOT="..." so the maps are pinned there and outlive the agent.
@@ -24,11 +33,15 @@
 #define GG_SIGKILL 9
 #define GG_FNV_OFFSET 0xcbf29ce484222325ULL
 #define GG_FNV_PRIME 0x100000001b3ULL
+#define GG_SCOPE_LEVELS 16         /* cgroup depth checked against touch_scope */
 
 BPF_TABLE_PINNED("hash", __u64, struct gg_touch_entry, touch_paths, 1024, GG_PIN_ROOT "/maps/touch_paths");
 BPF_TABLE_PINNED("hash", __u32, struct gg_touch_entry, touch_tgids, 8192, GG_PIN_ROOT "/maps/touch_tgids");
-/* [0] = 1: report every exec (user space holds identities to match by inode/sha256). */
-BPF_ARRAY(touch_settings, __u32, 1);
+/* [0] = 1: report every exec (user space holds identities to match by inode/sha256);
+ * [1] = 1: act only inside touch_scope. */
+BPF_ARRAY(touch_settings, __u32, 2);
+BPF_HASH(touch_scope, __u64, __u8, 1024);
+BPF_ARRAY(touch_exit_gens, __u32, GG_PID_MAX);
 BPF_PERCPU_ARRAY(touch_scratch, struct gg_touch_event, 1);
 BPF_RINGBUF_OUTPUT(touch_events, 64);
 /* Never written: exports struct gg_touch_event's layout to user space (bcc builds the ctypes class). */
@@ -36,7 +49,30 @@ BPF_ARRAY(schema_touch_event, struct gg_touch_event, 1);
 
 static __always_inline int gg_live(struct gg_touch_entry *e)
 {
-    return e && (e->expires_ns == 0 || bpf_ktime_get_ns() < e->expires_ns);
+    return e && !(e->flags & GG_TOUCH_SUSPENDED)
+        && (e->expires_ns == 0 || bpf_ktime_get_ns() < e->expires_ns);
+}
+
+static __always_inline __u32 gg_setting(__u32 index)
+{
+    __u32 *value = touch_settings.lookup(&index);
+    return value ? *value : 0;
+}
+
+/* The current task's cgroup (or one of its ancestors) is in the response scope. */
+static __always_inline int gg_in_scope(void)
+{
+    if (!gg_setting(1))
+        return 1;
+#pragma unroll
+    for (int level = 0; level < GG_SCOPE_LEVELS; level++) {
+        __u64 id = bpf_get_current_ancestor_cgroup_id(level);
+        if (id == 0)
+            break;
+        if (touch_scope.lookup(&id))
+            return 1;
+    }
+    return 0;
 }
 
 static __always_inline void gg_report(struct gg_touch_event *src)
@@ -56,9 +92,12 @@ static __always_inline struct gg_touch_event *gg_event(__u32 tgid, __u32 reason,
         return 0;
     e->time_ns = bpf_ktime_get_boot_ns();
     e->tgid = tgid;
-    e->ppid = 0;
+    __u32 *gen = touch_exit_gens.lookup(&tgid);
+    e->exit_gen = gen ? *gen : 0;
     e->reason = reason;
     e->block = block;
+    e->flags = 0;
+    e->_pad = 0;
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     e->path[0] = 0;
     return e;
@@ -81,17 +120,28 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
             break;
         hash = (hash ^ (__u8)c) * GG_FNV_PRIME;
     }
+    struct gg_touch_entry *member = touch_tgids.lookup(&tgid);
+    if (gg_live(member)) {
+        /* One of a block's processes execs something new: reported so user space knows what
+         * it runs now (the kill report names it); it stays blocked. */
+        e->block = member->block;
+        e->flags = member->flags;
+        gg_report(e);
+        return 0;
+    }
+    if (!gg_in_scope())
+        return 0;               /* outside the response scope: never blocked, never reported */
     struct gg_touch_entry *blocked = touch_paths.lookup(&hash);
     if (gg_live(blocked)) {
         struct gg_touch_entry copy = *blocked;
         copy.added_ns = bpf_ktime_get_boot_ns();
+        copy.flags = 0;         /* blocked by path: not the offender's own tree */
         touch_tgids.update(&tgid, &copy);
         e->block = copy.block;
         gg_report(e);
         return 0;
     }
-    __u32 *report = touch_settings.lookup(&zero);
-    if (report && *report)
+    if (gg_setting(zero))
         gg_report(e);
     return 0;
 }
@@ -113,8 +163,14 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
  * never block the unrelated process that gets it next. */
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
-    __u32 pid = (__u32)bpf_get_current_pid_tgid();
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 pid = (__u32)id;
     touch_tgids.delete(&pid);
+    if (pid == (__u32)(id >> 32)) {
+        __u32 *gen = touch_exit_gens.lookup(&pid);
+        if (gen)
+            __sync_fetch_and_add(gen, 1);   /* before the pid can be reused */
+    }
     return 0;
 }
 
@@ -146,10 +202,14 @@ static __always_inline int gg_touch(void *ctx, __u32 reason, const char *path)
         return 0;          /* the common case: one hash lookup */
     if (!gg_live(blocked))
         return 0;
+    if (!gg_in_scope())
+        return 0;          /* it left the scope (moved cgroup): not ours to kill */
     __u32 block = blocked->block;
+    __u32 flags = blocked->flags;
     struct gg_touch_event *e = gg_event(tgid, reason, block);
     if (!e)
         return 0;
+    e->flags = flags;
     if (path) {
         if (bpf_probe_read_user_str(e->path, sizeof(e->path), path) < 0)
             return 0;

@@ -16,12 +16,19 @@ from collections.abc import Callable
 
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import Responder, ResponseSettings
+from gpuguard.sources.identity import ExitGenerations
 
 ALERT_VERDICTS = ("suspicious", "malicious")
 
 
 def make_responder(
-    settings: ResponseSettings, mode: str, dry_run: bool, emit: Callable[[ActionOutcome], None]
+    settings: ResponseSettings,
+    mode: str,
+    dry_run: bool,
+    emit: Callable[[ActionOutcome], None],
+    generations: ExitGenerations | None = None,
 ) -> Responder:
-    """The responder for this agent; close the previous one before building another."""
-    return Responder(settings, mode=mode, dry_run=dry_run, emit=emit)
+    """The responder for this agent; close the previous one before building another.
+    ``generations``: the sensor's exit generations, so actions reach exactly the process
+    whose exec was seen (see gpuguard.sources.identity)."""
+    return Responder(settings, mode=mode, dry_run=dry_run, emit=emit, generations=generations)

@@ -267,6 +267,7 @@ class Agent:
             self.config.mode,
             self.config.dry_run,
             lambda outcome: self._record_outcomes([outcome]),
+            self.sensor.exit_generations if self.sensor is not None else None,
         )
         self.counters.mode = self.config.mode
 

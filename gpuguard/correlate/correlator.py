@@ -392,6 +392,15 @@ class Correlator:
 
     def _on_exec(self, event: Exec) -> None:
         self.counters["events"] += 1
+        old = self._by_pid.get(event.pid)
+        if (
+            old is not None
+            and None not in (old.exit_gen, event.exit_gen)
+            and old.exit_gen != event.exit_gen
+        ):
+            old.exited_at = event.time  # its exit was not seen: this exec is another process
+            del self._by_pid[event.pid]
+            self._monitors.discard(event.pid)
         first_sight = event.pid not in self._by_pid
         state = self._state_for(event.pid, event.time, event.comm)
         if first_sight and state.facts is not None:
@@ -402,10 +411,13 @@ class Correlator:
             if not state.cmdline and event.cmdline:
                 state.cmdline = list(event.cmdline)
             state.ppid = state.ppid or event.ppid
+            state.exit_gen = event.exit_gen
             state.touch(event.time)
             return
         state.comm = event.comm or state.comm
         state.exe = event.filename or state.exe
+        if event.exit_gen is not None:
+            state.exit_gen = event.exit_gen
         if event.cmdline:
             state.cmdline = list(event.cmdline)
         if event.ppid:

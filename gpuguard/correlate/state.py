@@ -94,6 +94,9 @@ class ProcessState:
     last_seen: float = 0.0
     exited_at: float | None = None
     exit_code: int | None = None
+    # The pid's exit generation at its exec (gpuguard.sources.identity): the response opens a
+    # pidfd and acts only if it is unchanged, so it never reaches a process that reused the pid.
+    exit_gen: int | None = None
     # GPU devices
     gpu_device_classes: set[str] = field(default_factory=set)
     gpu_paths: set[str] = field(default_factory=set)

@@ -96,6 +96,7 @@ class Exec(Event):
     filename: str = ""
     ppid: int = 0
     cmdline: list[str] = field(default_factory=list)
+    exit_gen: int | None = None  # the pid's exit generation at the exec (None: not known)
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gpuguard.errors import GpuguardError
 from gpuguard.events.abi import probe_dir
+from gpuguard.sources.identity import pid_max
 
 BPF_FS_MAGIC = 0xCAFE4A11
 BPF_F_ALLOW_MULTI = 2
@@ -82,7 +83,12 @@ def compile_program(source_name: str, root: Path):
     try:
         return bcc.BPF(
             src_file=str(probes / source_name).encode(),
-            cflags=[f"-I{probes}", f'-DGG_PIN_ROOT="{root}"', "-Wno-comment"],
+            cflags=[
+                f"-I{probes}",
+                f'-DGG_PIN_ROOT="{root}"',
+                f"-DGG_PID_MAX={pid_max()}",
+                "-Wno-comment",
+            ],
         )
     except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load errors
         raise GpuguardError(

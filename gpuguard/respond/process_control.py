@@ -20,6 +20,7 @@ import psutil
 
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.respond.cgroup_blocks import cgroup2_of
+from gpuguard.sources.containers import container_from_cgroup, read_cgroup_path
 
 START_TIME_TOLERANCE_S = 0.015  # ProcessKey.start_time keeps 2 decimals
 
@@ -136,13 +137,22 @@ class Guard:
             return "its executable is in response.protect_exes"
         if self.scope == "containers" and not facts.container_id:
             return "outside the response scope (containers only)"
+        return self.outside_scope(pid, facts.cgroup)
+
+    def outside_scope(self, pid: int, fallback_cgroup: str = "") -> str | None:
+        """Why ``pid`` is outside ``response.cgroups`` / ``scope: containers`` now, or None."""
+        if (
+            self.scope == "containers"
+            and not container_from_cgroup(read_cgroup_path(pid)).container_id
+        ):
+            return "outside the response scope (containers only)"
         if self.cgroups:
-            # The live cgroup v2 path (facts.cgroup may name a v1 hierarchy on hybrid hosts).
+            # The live cgroup v2 path (facts may name a v1 hierarchy on hybrid hosts).
             try:
                 cgroup = cgroup2_of(pid)
             except OSError:
-                cgroup = facts.cgroup
-            if not any(_within(cgroup, c) for c in self.cgroups):
+                cgroup = fallback_cgroup
+            if not cgroup or not any(_within(cgroup, c) for c in self.cgroups):
                 return "outside the response scope (response.cgroups)"
         return None
 

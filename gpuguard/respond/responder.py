@@ -30,19 +30,28 @@ from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, BlockStore, new_block_id
 from gpuguard.respond.cgroup_blocks import CgroupBlocker, cgroup2_mount, cgroup2_of
+from gpuguard.respond.exec_match import block_target, descendants
 from gpuguard.respond.hooks import run_hook
 from gpuguard.respond.lift import lift_block
 from gpuguard.respond.nft import NftError, NftSets
 from gpuguard.respond.pool_addresses import parse_addresses, pool_endpoints, split_host_wide
 from gpuguard.respond.process_control import (
     Guard,
+    ProcessHandle,
     RecycledPid,
     open_process,
     process_group_members,
     start_time_of,
 )
 from gpuguard.respond.settings import STEPS, ResponseSettings
-from gpuguard.respond.touch import TouchBlocker
+from gpuguard.respond.touch import BREAKER_WINDOW_S, TouchBlocker, scope_cgroup_ids
+from gpuguard.sources.identity import (
+    ExitGenerations,
+    OffenderExited,
+    open_verified,
+    pidfd_alive,
+    read_while_alive,
+)
 
 MODES = ("monitor", "enforce")
 
@@ -55,6 +64,7 @@ class Responder:
         mode: str = "monitor",
         dry_run: bool = False,
         emit: Callable[[ActionOutcome], None] | None = None,
+        generations: ExitGenerations | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
@@ -62,6 +72,7 @@ class Responder:
         self.mode = mode
         self.dry_run = dry_run
         self.emit = emit or (lambda outcome: None)
+        self.generations = generations  # the sensor's exit generations (exact identities)
         self.guard = Guard(
             scope=settings.scope, cgroups=settings.cgroups, protect_exes=settings.protect_exes
         )
@@ -169,9 +180,12 @@ class Responder:
         }[step]
         try:
             return run(verdict, state, base)
-        except RecycledPid as exc:
+        except (RecycledPid, OffenderExited) as exc:
             return ActionOutcome(
-                action=step, status="skipped", reason=f"not signalled: {exc}", **base
+                action=step,
+                status="skipped",
+                reason=f"offender exited: {exc}; nothing was sent to whoever has the pid now",
+                **base,
             )
         except ProcessLookupError:
             return ActionOutcome(
@@ -186,6 +200,19 @@ class Responder:
             else:
                 text = str(exc) or type(exc).__name__
             return ActionOutcome(action=step, status="failed", reason=text, **base)
+
+    def _open(self, verdict: Verdict, state: ProcessState) -> ProcessHandle:
+        """A pidfd for exactly the process the verdict is about (raises OffenderExited/RecycledPid).
+
+        With the exit generation seen at its exec, the pidfd is proven to name that process
+        (gpuguard.sources.identity); a process seen only through /proc falls back to the
+        start-time check of :func:`open_process`.
+        """
+        if self.generations is not None and state.exit_gen is not None:
+            return ProcessHandle(
+                verdict.pid, open_verified(verdict.pid, state.exit_gen, self.generations)
+            )
+        return open_process(verdict.pid, verdict.key.start_time)
 
     # -- the actions -----------------------------------------------------------------------------
     def _kill(self, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
@@ -206,8 +233,8 @@ class Responder:
                     detail=detail,
                     **base,
                 )
-            open_process(verdict.pid, verdict.key.start_time).close()
-            Path(cgroup_dir, "cgroup.kill").write_text("1")
+            with self._open(verdict, state):
+                Path(cgroup_dir, "cgroup.kill").write_text("1")
             return ActionOutcome(
                 action="kill",
                 status="done",
@@ -232,7 +259,7 @@ class Responder:
                 **base,
                 reason=f"would send SIGTERM to pid(s) {pids} (start time checked), SIGKILL after {grace:g} s",
             )
-        handle = open_process(verdict.pid, verdict.key.start_time)
+        handle = self._open(verdict, state)
         handle.send(signal.SIGTERM)
         others = []
         for pid in pids[1:]:
@@ -283,7 +310,7 @@ class Responder:
                 **base,
                 reason=f"would send SIGSTOP to pid {verdict.pid} and keep it stopped",
             )
-        with open_process(verdict.pid, verdict.key.start_time) as handle:
+        with self._open(verdict, state) as handle:
             handle.send(signal.SIGSTOP)
         block = Block(
             new_block_id("suspend"),
@@ -303,49 +330,36 @@ class Responder:
     def _kill_on_touch(
         self, verdict: Verdict, state: ProcessState, base: dict[str, Any]
     ) -> ActionOutcome:
-        facts = state.facts
         ttl = self.settings.touch_ttl_s
-        if self.dry_run:
-            return ActionOutcome(
-                action="kill-on-touch",
-                status="dry-run",
-                **base,
-                detail={
-                    "exe": verdict.exe,
-                    "identity": list(facts.exe_identity or ()) if facts else None,
-                    "shared_exe": bool(verdict.exe)
-                    and verdict.exe.startswith(self.settings.shared_exe_prefixes),
-                },
-                reason=f"would block {verdict.exe or 'its pid'} and pid {verdict.pid} for {ttl:g} s",
-            )
-        open_process(verdict.pid, verdict.key.start_time).close()
-        shared = bool(verdict.exe) and verdict.exe.startswith(self.settings.shared_exe_prefixes)
-        touch = self._touch_blocker()
-        block = touch.add(
-            verdict.pid,
-            verdict.exe,
-            facts.exe_identity if facts else None,
-            state.exe_sha256,
-            ttl,
-            reason=f"{verdict.verdict} verdict",
-            block_executable=not shared,
-        )
+        prefixes = self.settings.shared_exe_prefixes
+        with self._open(verdict, state) as handle:
+            # What the block may name, read while the verified process is alive: never an
+            # interpreter, never a file others run (gpuguard.respond.exec_match).
+            target = read_while_alive(handle.pidfd, lambda: block_target(verdict.pid, prefixes))
+            tree = read_while_alive(handle.pidfd, lambda: descendants(verdict.pid))
+            detail = {
+                "target": target.kind,
+                "exe": target.exe,
+                "interpreter": target.interpreter,
+                "script": target.script.path if target.script else None,
+            }
+            if self.dry_run:
+                return ActionOutcome(
+                    action="kill-on-touch",
+                    status="dry-run",
+                    **base,
+                    detail=detail,
+                    reason=f"would block for {ttl:g} s: {target.why}",
+                )
+            touch = self._touch_blocker()
+            touch.set_scope(self._scope_ids())
+            block = touch.add(verdict.pid, target, tree, ttl, reason=f"{verdict.verdict} verdict")
         _name(block, verdict)
-        if shared:
-            return self._placed(
-                block,
-                "kill-on-touch",
-                f"{verdict.exe} is a shared executable "
-                "(response.kill_on_touch.shared_exe_prefixes): only this process and its children "
-                "die at their next GPU open or connect",
-                base,
-            )
-        return self._placed(
-            block,
-            "kill-on-touch",
-            "any process of this executable dies at its first GPU open or connect",
-            base,
-        )
+        return self._placed(block, "kill-on-touch", target.why, base)
+
+    def _scope_ids(self) -> set[int] | None:
+        """The cgroup ids the kernel may act in (with their descendants); None: everywhere."""
+        return scope_cgroup_ids(self.settings.scope, self.settings.cgroups)
 
     def _quarantine(
         self, verdict: Verdict, state: ProcessState, base: dict[str, Any]
@@ -360,19 +374,21 @@ class Responder:
                 reason="would deny GPU device majors to "
                 + ("its container's cgroup" if container else "a gpuguard cgroup it is moved into"),
             )
-        open_process(verdict.pid, verdict.key.start_time).close()
-        block = self._cgroup_blocker().quarantine(
-            verdict.pid, container, self.settings.quarantine_ttl_s, f"{verdict.verdict} verdict"
-        )
+        with self._open(verdict, state) as handle:
+            block = self._cgroup_blocker().quarantine(
+                verdict.pid, container, self.settings.quarantine_ttl_s, f"{verdict.verdict} verdict"
+            )
+            moved_alive = pidfd_alive(handle.pidfd)
         _name(block, verdict)
         remain = block.detail["open_gpu_fds"]
-        return self._placed(
+        outcome = self._placed(
             block,
             "quarantine",
             f"GPU opens now fail with EPERM; {remain} GPU fd(s) it already holds "
             "remain open (pair with suspend or kill)",
             base,
         )
+        return _note_exit_during_move(outcome, moved_alive)
 
     def _block_egress(
         self, verdict: Verdict, state: ProcessState, base: dict[str, Any]
@@ -395,14 +411,21 @@ class Responder:
                 detail={"addresses": addresses, "nftables": self.settings.nftables},
                 reason=f"would refuse connects to {', '.join(addresses)} for {ttl:g} s",
             )
-        open_process(verdict.pid, verdict.key.start_time).close()
         container = bool(state.facts and state.facts.container_id)
-        block = self._cgroup_blocker().block_egress(
-            verdict.pid, container, addresses, ttl, f"{verdict.verdict} verdict"
-        )
+        with self._open(verdict, state) as handle:
+            block = self._cgroup_blocker().block_egress(
+                verdict.pid, container, addresses, ttl, f"{verdict.verdict} verdict"
+            )
+            moved_alive = pidfd_alive(handle.pidfd)
         _name(block, verdict)
-        outcome = self._placed(
-            block, "block-egress", f"connects to {', '.join(addresses)} refused in its cgroup", base
+        outcome = _note_exit_during_move(
+            self._placed(
+                block,
+                "block-egress",
+                f"connects to {', '.join(addresses)} refused in its cgroup",
+                base,
+            ),
+            moved_alive,
         )
         host_wide, kept_local = split_host_wide(addresses, self.settings.never_block_host_wide)
         if kept_local:
@@ -507,7 +530,13 @@ class Responder:
     def _touch_blocker(self) -> TouchBlocker:
         if self._touch is None:
             bpf_pins.ensure_pin_root(str(self.root))
-            self._touch = TouchBlocker(self.root, self._on_touch_kill)
+            self._touch = TouchBlocker(
+                self.root,
+                self._on_touch_kill,
+                in_scope=lambda pid: self.guard.outside_scope(pid) is None,
+                breaker_limit=self.settings.breaker_victims_per_minute,
+            )
+            self._touch.set_scope(self._scope_ids())
         return self._touch
 
     def _cgroup_blocker(self) -> CgroupBlocker:
@@ -517,19 +546,55 @@ class Responder:
         return self._cgroups
 
     def _on_touch_kill(self, report: dict[str, Any]) -> None:
+        """One record for each kill the kernel (or the exec match) made, and for a breaker trip."""
         block = next(
             (
                 b
                 for b in self.store.load()
-                if b.kind == "kill-on-touch" and b.detail.get("number") == report["number"]
+                if b.kind == "kill-on-touch" and b.detail.get("number") == report.get("number")
             ),
             None,
         )
+        kind = report.get("kind", "kill")
+        if kind == "error":
+            self.emit(
+                ActionOutcome(
+                    time=time.time(),
+                    action="kill-on-touch",
+                    status="failed",
+                    reason=f"a kill-on-touch report could not be handled: {report['error']}",
+                )
+            )
+            return
+        if kind == "breaker":
+            victims = report["victims"]
+            if block is not None:
+                block.detail["suspended"] = True
+                self.store.save(block)
+            self.emit(
+                ActionOutcome(
+                    time=time.time(),
+                    action="kill-on-touch",
+                    status="suspended",
+                    pid=block.pid if block else 0,
+                    comm=block.comm if block else "",
+                    exe=block.exe if block else "",
+                    block_id=block.id if block else None,
+                    reason=(
+                        f"circuit breaker: the block killed {len(victims)} processes outside the "
+                        f"offender's tree within {BREAKER_WINDOW_S:g} s (more than "
+                        f"{self.settings.breaker_victims_per_minute}); it is suspended in the "
+                        "kernel and kills nothing until `gpuguard unblock`"
+                    ),
+                    detail={"victims": victims, "number": report["number"]},
+                )
+            )
+            return
         what = {
             "gpu-open": f"at its GPU open of {report['path']}",
             "connect": "at its connect",
-            "exec": f"at exec of a copy of a blocked executable ({report['path']})",
-        }.get(report["reason"], "")
+            "exec": f"at exec: {report.get('matched') or report['path']}",
+        }.get(report["reason"], report["reason"])
         self.emit(
             ActionOutcome(
                 time=time.time(),
@@ -537,10 +602,21 @@ class Responder:
                 status="done",
                 pid=report["tgid"],
                 comm=report["comm"],
-                exe=block.exe if block else "",
-                reason=f"killed {what}",
+                exe=report.get("exe") or (block.exe if block else ""),
+                reason=f"killed {what}"
+                + ("" if report.get("tree") else " (outside the offender's own tree)"),
                 block_id=block.id if block else None,
-                detail=report,
+                detail={
+                    "victim": {
+                        "pid": report["tgid"],
+                        "exe": report.get("exe", ""),
+                        "cmdline": report.get("cmdline", ""),
+                    },
+                    "touch": report["reason"],
+                    "number": report["number"],
+                    "offender_tree": report.get("tree", False),
+                    "path": report["path"],
+                },
             )
         )
 
@@ -574,14 +650,7 @@ class Responder:
             )
             return
         for block in live:
-            d = block.detail
-            touch.remember(
-                d["number"],
-                d["deadline_ns"],
-                tuple(d["identity"]) if d.get("identity") else None,
-                d.get("size"),
-                d.get("sha256"),
-            )
+            touch.restore(block)
 
     def sweep(self, now: float) -> list[ActionOutcome]:
         """Lift expired blocks, and stop again a suspended process something has resumed.
@@ -664,3 +733,14 @@ def _name(block: Block, verdict: Verdict) -> None:
     block.start_time = verdict.key.start_time
     block.comm = verdict.comm
     block.exe = block.exe or verdict.exe
+
+
+def _note_exit_during_move(outcome: ActionOutcome, alive: bool) -> ActionOutcome:
+    """A cgroup move names a pid: when the offender exited meanwhile, say the move may have missed."""
+    if not alive:
+        outcome.detail["offender_exited_during_move"] = True
+        outcome.reason += (
+            "; the offender exited while it was moved: its pid may name another process now "
+            "(see the block's cgroup, or `gpuguard unblock` it)"
+        )
+    return outcome

@@ -77,6 +77,9 @@ class ResponseSettings:
     # Executables under these prefixes are shared (interpreters, system tools): kill-on-touch
     # blocks only the offender's pids for them, never every process running the same file.
     shared_exe_prefixes: tuple[str, ...] = SHARED_EXE_PREFIXES
+    # A block that kills more than this many processes a minute outside the offender's own
+    # tree suspends itself (its circuit breaker): a block that wide is hitting the innocent.
+    breaker_victims_per_minute: int = 3
     quarantine_ttl_s: float = 0.0  # 0: until `gpuguard unblock`
     quarantine_parent: str = (
         ""  # cgroup v2 dir for cgroups gpuguard creates ("": <cgroup2>/gpuguard)
@@ -111,7 +114,9 @@ def parse_response_settings(section: Mapping | None, *, source: str) -> Response
     }
     kill = _mapping(data.get("kill", {}), f"{where}.kill", ("grace_s", "target"))
     touch = _mapping(
-        data.get("kill_on_touch", {}), f"{where}.kill_on_touch", ("ttl_s", "shared_exe_prefixes")
+        data.get("kill_on_touch", {}),
+        f"{where}.kill_on_touch",
+        ("ttl_s", "shared_exe_prefixes", "breaker_victims_per_minute"),
     )
     quarantine = _mapping(
         data.get("quarantine", {}), f"{where}.quarantine", ("ttl_s", "cgroup_parent")
@@ -145,6 +150,13 @@ def parse_response_settings(section: Mapping | None, *, source: str) -> Response
             for p in _list(
                 touch.get("shared_exe_prefixes", list(SHARED_EXE_PREFIXES)),
                 f"{where}.kill_on_touch.shared_exe_prefixes",
+                source,
+            )
+        ),
+        breaker_victims_per_minute=int(
+            _number(
+                touch.get("breaker_victims_per_minute", 3),
+                f"{where}.kill_on_touch.breaker_victims_per_minute",
                 source,
             )
         ),

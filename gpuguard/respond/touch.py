@@ -1,14 +1,23 @@
-"""kill-on-touch: the offender's executable and pids go into pinned kernel maps; a match dies at its touch.
+"""kill-on-touch: the offender's own program and tree go into pinned kernel maps; a match dies at its touch.
 
 probes/respond_touch.bpf.c does the killing (see its header); this module
-fills its maps and reads its reports.  An entry names the executable three
-ways: the exec'd path (hashed in the kernel, so a respawn from the same path
-is blocked at exec), and device+inode and sha256 (checked here on each exec
-report, so a renamed or re-downloaded copy is found: it is put in the map and
-killed through its pidfd at once).  The offender's pid and its live
-descendants go in too; forks of blocked processes are added by the kernel.
-Entries carry a deadline and expire in the kernel.  The programs are attached
-only while this module is loaded; the maps (and so the entries) are pinned.
+fills its maps and reads its reports.  What a block names is decided by
+:mod:`gpuguard.respond.exec_match`: a native offender's executable (its path
+hashed in the kernel, so a respawn from the same path is blocked at exec; its
+device+inode and sha256 matched here on each exec report, so a renamed copy is
+found and killed through a verified pidfd), the script an interpreter runs
+(never the interpreter), or only the offender's own tree.  The tree's pids go
+in flagged as the tree; forks of blocked processes are added by the kernel.
+
+Every report is handled here: a kill becomes one record naming the victim
+(pid, exe, cmdline as known when it entered the block), the block and the
+reason; a block whose kills hit more than ``breaker_limit`` processes a minute
+outside the offender's tree trips its circuit breaker: it is suspended in the
+kernel and here, and one record names it and its victims.  With a scope
+(``response.cgroups`` or ``scope: containers``) the kernel acts only inside it
+(``set_scope``).  Entries carry a deadline and expire in the kernel.  The
+programs are attached only while this module is loaded; the maps (and so the
+entries) are pinned.
 """
 
 from __future__ import annotations
@@ -19,21 +28,28 @@ import secrets
 import signal
 import threading
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
-from gpuguard.detect.allowlist import sha256_of_file
-from gpuguard.escape import decode_c_string
+from gpuguard.escape import decode_c_string, escape_text
 from gpuguard.events.abi import DEFINES, TouchReason
 from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, new_block_id
+from gpuguard.respond.cgroup_blocks import cgroup2_mount, cgroup2_of
+from gpuguard.respond.exec_match import BlockTarget, ExecIdentities, read_process
+from gpuguard.sources.containers import container_from_cgroup, read_cgroup_path
+from gpuguard.sources.identity import ExitGenerations, OffenderExited, open_verified
 
 PROGRAM_SOURCE = "respond_touch.bpf.c"
 PATH_LEN = DEFINES["GG_PATH_LEN"]
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
+FLAG_TREE = 1  # enum gg_touch_flag
+FLAG_SUSPENDED = 2
+BREAKER_WINDOW_S = 60.0
+MAX_KNOWN = 8192  # victims' exe/cmdline remembered (the blocks' processes)
+CMDLINE_CAP = 4096  # bytes of a victim's command line kept in its kill record
 
 
 def path_hash(path: str) -> int:
@@ -44,33 +60,68 @@ def path_hash(path: str) -> int:
     return value
 
 
+def _cmdline_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read(CMDLINE_CAP + 1)
+    except OSError:
+        return ""
+    text = escape_text(
+        raw[:CMDLINE_CAP].rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+    )
+    return text + (" [truncated]" if len(raw) > CMDLINE_CAP else "")
+
+
 class TouchBlocker:
     """The loaded kill-on-touch program, its pinned maps and the identities matched in user space."""
 
-    def __init__(self, root: Path, on_kill: Callable[[dict], None]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        on_kill: Callable[[dict], None],
+        *,
+        in_scope: Callable[[int], bool] | None = None,
+        breaker_limit: int = 3,
+    ) -> None:
         self.root = root
         self.on_kill = on_kill
+        self.in_scope = in_scope or (lambda pid: True)
+        self.breaker_limit = breaker_limit
         self._bpf = bpf_pins.compile_program(PROGRAM_SOURCE, root)
         self._paths = self._bpf[b"touch_paths"]
         self._tgids = self._bpf[b"touch_tgids"]
         self._settings = self._bpf[b"touch_settings"]
+        self._scope = self._bpf[b"touch_scope"]
+        self.generations = ExitGenerations(self._bpf[b"touch_exit_gens"])
         self._event_type = ct.POINTER(self._bpf[b"schema_touch_event"].Leaf)
         self.drop_recycled()
-        # (st_dev, st_ino) -> (block number, deadline); size -> sha256 -> (number, deadline)
-        self._inodes: dict[tuple[int, int], tuple[int, int]] = {}
-        self._hashes: dict[int, dict[str, tuple[int, int]]] = {}
+        self.identities = ExecIdentities()
+        self._known: OrderedDict[int, tuple[str, str]] = OrderedDict()  # tgid -> (exe, cmdline)
+        self._offenders: dict[int, tuple[str, str]] = {}  # block number -> the offender's
+        self._victims: dict[int, deque] = {}  # block number -> recent kills outside its tree
+        self.suspended: set[int] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._bpf[b"touch_events"].open_ring_buffer(self._on_event)
         self._thread = threading.Thread(target=self._poll, name="gpuguard-touch", daemon=True)
         self._thread.start()
 
+    # -- scope -----------------------------------------------------------------------------------
+    def set_scope(self, cgroup_ids: set[int] | None) -> None:
+        """Act only in these cgroups (and their descendants); None: everywhere."""
+        for key in list(self._scope.keys()):
+            del self._scope[key]
+        for cgroup_id in cgroup_ids or ():
+            self._scope[self._scope.Key(cgroup_id)] = ct.c_uint8(1)
+        self._settings[ct.c_int(1)] = ct.c_uint(0 if cgroup_ids is None else 1)
+
     # -- placing ---------------------------------------------------------------------------------
-    def _entry(self, number: int, deadline: int):
+    def _entry(self, number: int, deadline: int, flags: int = 0):
         value = self._paths.Leaf()
         value.expires_ns = deadline
         value.added_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         value.block = number
+        value.flags = flags
         return value
 
     def drop_recycled(self) -> int:
@@ -93,42 +144,31 @@ class TouchBlocker:
         return dropped
 
     def add(
-        self,
-        pid: int,
-        exe: str,
-        identity: tuple[int, int, int, int] | None,
-        sha256: str | None,
-        ttl_s: float,
-        reason: str,
-        *,
-        block_executable: bool = True,
+        self, pid: int, target: BlockTarget, tree: set[int], ttl_s: float, reason: str
     ) -> Block:
-        """Block ``pid`` and its descendants; with ``block_executable``, every process of its executable too."""
+        """Block the offender ``pid`` and its ``tree``, and what ``target`` names beyond them."""
         number = secrets.randbits(31) + 1
         deadline = time.monotonic_ns() + int(ttl_s * 1e9) if ttl_s else 0
-        entry = self._entry(number, deadline)
-        if not block_executable:
-            exe, identity, sha256 = "", None, None
-        path_key = self._paths.Key(path_hash(exe)) if exe else None
+        blocked_path = ""
+        if target.kind == "executable":
+            blocked_path = target.exe
+        elif target.kind == "script" and target.script and target.script.kind == "file":
+            blocked_path = target.script.path  # a script exec'd directly (#!) by its path
+        path_key = self._paths.Key(path_hash(blocked_path)) if blocked_path else None
         if path_key is not None:
-            self._paths[path_key] = entry
-        tgids = [pid]
-        try:
-            tgids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
-        except psutil.Error:
-            pass
+            self._paths[path_key] = self._entry(number, deadline)
+        offender = (target.exe, _cmdline_of(pid))
+        tgids = sorted(tree | {pid})
+        with self._lock:
+            self._offenders[number] = offender
+            for tgid in tgids:
+                self._remember(tgid, offender if tgid == pid else (target.exe, _cmdline_of(tgid)))
         for tgid in tgids:
-            self._tgids[self._tgids.Key(tgid)] = entry
-        size = identity[2] if identity else None
-        if sha256 is None and exe:
-            sha256 = sha256_of_file(f"/proc/{pid}/exe")
-            if size is None:
-                try:
-                    size = os.stat(f"/proc/{pid}/exe").st_size
-                except OSError:
-                    size = None
-        self.remember(number, deadline, identity, size, sha256)
+            self._tgids[self._tgids.Key(tgid)] = self._entry(number, deadline, FLAG_TREE)
+        self.identities.add(number, deadline, target)
+        self._report_execs()
         now = time.time()
+        script = target.script
         return Block(
             new_block_id("kill-on-touch"),
             "kill-on-touch",
@@ -136,13 +176,14 @@ class TouchBlocker:
             now + ttl_s if ttl_s else None,
             reason,
             pid,
-            exe=exe,
+            exe=target.exe,
             detail={
                 "number": number,
                 "deadline_ns": deadline,
                 "path_key": bytes(path_key).hex() if path_key is not None else None,
+                "blocked_path": blocked_path or None,
                 "tgids": tgids,
-                "identity": list(identity) if identity else None,
+                "identity": list(target.identity) if target.identity else None,
                 # touch_tgids' key size, value size and the value's block offset, from bcc's view of
                 # gpuguard.h, so `gpuguard unblock` finds this block's entries without compiling.
                 "tgid_layout": [
@@ -150,31 +191,46 @@ class TouchBlocker:
                     ct.sizeof(self._tgids.Leaf),
                     self._tgids.Leaf.block.offset,
                 ],
-                "size": size,
-                "sha256": sha256,
+                "size": target.identity[2] if target.identity else None,
+                "sha256": target.sha256,
+                "target": {
+                    "kind": target.kind,
+                    "interpreter": target.interpreter,
+                    "script": {"kind": script.kind, "path": script.path, "sha256": script.sha256}
+                    if script
+                    else None,
+                    "why": target.why,
+                    "users_outside": target.users_outside,
+                },
             },
         )
 
-    def remember(
-        self, number: int, deadline: int, identity, size: int | None, sha256: str | None
-    ) -> None:
-        """Identities matched on exec reports (also used to restore blocks after a restart)."""
+    def restore(self, block: Block) -> None:
+        """Match a block's identities again after a restart (its kernel entries are pinned)."""
+        d = block.detail
+        if d.get("suspended"):
+            self.suspended.add(d["number"])
+            return
+        self.identities.restore(d["number"], d["deadline_ns"], {**d, "exe": block.exe})
         with self._lock:
-            if identity:
-                self._inodes[(identity[0], identity[1])] = (number, deadline)
-            if sha256 and size is not None:
-                self._hashes.setdefault(size, {})[sha256] = (number, deadline)
-            self._settings[ct.c_int(0)] = ct.c_uint(1 if (self._inodes or self._hashes) else 0)
+            self._offenders[d["number"]] = (block.exe, "")
+        self._report_execs()
 
     def forget(self, number: int) -> None:
+        self.identities.forget(number)
         with self._lock:
-            self._inodes = {k: v for k, v in self._inodes.items() if v[0] != number}
-            self._hashes = {
-                s: kept
-                for s, h in self._hashes.items()
-                if (kept := {d: v for d, v in h.items() if v[0] != number})
-            }
-            self._settings[ct.c_int(0)] = ct.c_uint(1 if (self._inodes or self._hashes) else 0)
+            self._offenders.pop(number, None)
+            self._victims.pop(number, None)
+        self._report_execs()
+
+    def _report_execs(self) -> None:
+        self._settings[ct.c_int(0)] = ct.c_uint(1 if self.identities else 0)
+
+    def _remember(self, tgid: int, what: tuple[str, str]) -> None:
+        self._known[tgid] = what
+        self._known.move_to_end(tgid)
+        while len(self._known) > MAX_KNOWN:
+            self._known.popitem(last=False)
 
     # -- reports ---------------------------------------------------------------------------------
     def _poll(self) -> None:
@@ -182,11 +238,16 @@ class TouchBlocker:
             self._bpf.ring_buffer_poll(100)
 
     def _on_event(self, _ctx, data, _size) -> None:
-        event = ct.cast(data, self._event_type).contents
+        try:
+            self._handle(ct.cast(data, self._event_type).contents)
+        except Exception as exc:  # noqa: BLE001 - a ctypes callback must not raise; reported instead
+            self.on_kill({"kind": "error", "error": f"{type(exc).__name__}: {exc}"})
+
+    def _handle(self, event) -> None:
         try:
             reason = (
                 TouchReason(event.reason).name.lower().replace("_", "-")
-            )  # "gpu-open", "connect", "exec"
+            )  # gpu-open, connect, exec
         except ValueError:
             reason = str(event.reason)
         report = {
@@ -195,46 +256,140 @@ class TouchBlocker:
             "number": event.block,
             "comm": decode_c_string(bytes(event.comm)),
             "path": decode_c_string(bytes(event.path)),
+            "tree": bool(event.flags & FLAG_TREE),
         }
         if reason == "exec":
             if event.block == 0:
-                self._check_exec(report)
+                self._check_exec(report, event.exit_gen)
+            else:  # a block's process runs something new: remember what, for its kill record
+                with self._lock:
+                    self._remember(event.tgid, (report["path"], _cmdline_of(event.tgid)))
             return
-        self.on_kill(report)
+        self._killed(report)
 
-    def _check_exec(self, report: dict) -> None:
-        """A renamed or re-downloaded copy: same inode, or same size and sha256 as a blocked executable."""
+    def _killed(self, report: dict) -> None:
+        """One record per kill, with the victim named; the breaker counts victims outside the tree."""
+        number = report["number"]
+        with self._lock:
+            exe, cmdline = self._known.get(report["tgid"]) or self._offenders.get(number, ("", ""))
+        report.update(kind="kill", exe=exe, cmdline=cmdline or _cmdline_of(report["tgid"]))
+        self.on_kill(report)
+        if report["tree"]:
+            return
+        now = time.monotonic()
+        with self._lock:
+            recent = self._victims.setdefault(number, deque())
+            recent.append((now, report["tgid"], exe or report["comm"]))
+            while recent and now - recent[0][0] > BREAKER_WINDOW_S:
+                recent.popleft()
+            trip = len(recent) > self.breaker_limit and number not in self.suspended
+            victims = list(recent)
+        if trip:
+            self.suspend(number)
+            self.on_kill(
+                {
+                    "kind": "breaker",
+                    "number": number,
+                    "victims": [{"pid": pid, "exe": exe} for _, pid, exe in victims],
+                }
+            )
+
+    def suspend(self, number: int) -> None:
+        """The block's circuit breaker: nothing more is killed for it, in the kernel or here."""
+        self.suspended.add(number)
+        self.identities.forget(number)
+        self._report_execs()
+        for table in (self._paths, self._tgids):
+            for key, value in list(table.items()):
+                if value.block == number:
+                    value.flags |= FLAG_SUSPENDED
+                    table[key] = value
+
+    def _check_exec(self, report: dict, exit_gen: int) -> None:
+        """A renamed copy, or a blocked script under any interpreter: killed through a verified pidfd."""
         tgid = report["tgid"]
         try:
-            st = os.stat(f"/proc/{tgid}/exe")
-        except OSError:
-            return
-        now = time.monotonic_ns()
-        with self._lock:
-            match = self._inodes.get((st.st_dev, st.st_ino))
-            by_size = self._hashes.get(st.st_size)
-        if match is None and by_size:
-            digest = sha256_of_file(f"/proc/{tgid}/exe")
-            match = by_size.get(digest) if digest else None
-        if match is None or (match[1] and now >= match[1]):
-            return
-        self._tgids[self._tgids.Key(tgid)] = self._entry(*match)
-        try:
-            pidfd = os.pidfd_open(tgid)
-        except OSError:
+            pidfd = open_verified(tgid, exit_gen, self.generations)
+        except OffenderExited:
             return
         try:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            if not self.in_scope(tgid):
+                return
+            try:
+                match = self.identities.match(tgid, time.monotonic_ns())
+            except OSError:
+                return
+            if match is None or match[0] in self.suspended:
+                return
+            number, what = match
+            if self.generations.of(tgid) != exit_gen:
+                return  # it exited while being read: what was read may be another process's
+            exe, _, _ = read_process(tgid)
+            cmdline = _cmdline_of(tgid)
+            entry = self._entry(number, 0)
+            self._tgids[self._tgids.Key(tgid)] = entry
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                return
         except OSError:
             return
         finally:
             os.close(pidfd)
-        self.on_kill({**report, "number": match[0]})
+        with self._lock:
+            self._remember(tgid, (exe, cmdline))
+        self._killed({**report, "number": number, "matched": what, "tree": False})
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
         self._bpf.cleanup()
+
+
+def scope_cgroup_ids(scope: str, cgroups: tuple[str, ...]) -> set[int] | None:
+    """The cgroup ids kill-on-touch may act in (descendants included), or None for everywhere.
+
+    ``response.cgroups``: those cgroups.  ``scope: containers``: the cgroup of every container
+    running now (each container's own cgroup, found from its processes; one started later is
+    outside until the next refresh: the scope errs towards not acting), within ``cgroups``
+    when both are set.  A listed cgroup that does not exist adds nothing.
+    """
+    if scope == "all" and not cgroups:
+        return None
+    mount = cgroup2_mount()
+    listed = tuple(c.rstrip("/") or "/" for c in cgroups)
+    if scope == "containers":
+        paths = {
+            p
+            for p in container_cgroups()
+            if not listed
+            or any(p == c or p.startswith(c.rstrip("/") + "/") or c == "/" for c in listed)
+        }
+    else:
+        paths = set(listed)
+    ids = set()
+    for path in paths:
+        try:
+            ids.add(os.stat(os.path.join(mount, path.lstrip("/"))).st_ino)
+        except OSError:
+            continue
+    return ids
+
+
+def container_cgroups(proc_root: str = "/proc") -> set[str]:
+    """The cgroup v2 paths of the containers running now (from each process's cgroup)."""
+    found = set()
+    for entry in os.listdir(proc_root):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        if not container_from_cgroup(read_cgroup_path(pid, proc_root)).container_id:
+            continue
+        try:
+            found.add(cgroup2_of(pid))  # the v2 path the kernel checks (hybrid hosts differ)
+        except OSError:
+            continue
+    return found
 
 
 def lift_touch_block(block: Block, root: Path) -> str:

@@ -130,7 +130,10 @@ class EventDecoder:
 
     def _exec(self, raw) -> Exec:
         return Exec(
-            **self._common(raw.hdr), filename=decode_c_string(bytes(raw.filename)), ppid=raw.ppid
+            **self._common(raw.hdr),
+            filename=decode_c_string(bytes(raw.filename)),
+            ppid=raw.ppid,
+            exit_gen=raw.exit_gen,
         )
 
     def _exit(self, raw) -> Exit:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuguard.events.abi import probe_dir
+from gpuguard.sources.identity import pid_max
 
 ENTRY = "sensor.bpf.c"
 _LOCAL_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$')
@@ -34,6 +35,7 @@ class ProbeSettings:
     # all: cheaper per hooked call, dearer for every other syscall on the
     # host; see benchmarks/README-sensor.md).
     enter_hook: str = "tracepoint"
+    pid_max: int = 0  # size of the exit-generation array; 0: the host's pid_max
 
     def cflags(self) -> list[str]:
         if self.ringbuf_pages & (self.ringbuf_pages - 1):
@@ -52,6 +54,7 @@ class ProbeSettings:
             f"-DGG_MAX_FRESH_SOCKETS={int(self.max_fresh_sockets)}",
             f"-DGG_FD_SLOTS={int(self.fd_slots)}",
             f"-DGG_ACTIVITY_SLOTS={int(self.activity_slots)}",
+            f"-DGG_PID_MAX={int(self.pid_max or pid_max())}",
         ]
         if self.enter_hook == "raw":
             flags.append("-DGG_RAW_SYS_ENTER")

@@ -35,6 +35,7 @@ from gpuguard.sources import preflight
 from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.conn_activity import ConnActivityReader
 from gpuguard.sources.gpu_fds import fd_is_gpu
+from gpuguard.sources.identity import ExitGenerations
 from gpuguard.sources.kernel_maps import SLOT_MULTI, KernelMaps, slot_index  # noqa: F401 (SLOT_MULTI: tests read it here)
 from gpuguard.sources.payload_streams import PayloadStreams
 from gpuguard.sources.probe_source import ProbeSettings, probe_text
@@ -111,6 +112,7 @@ class Sensor:
         self._bcc = None
         self._detach: _ProbeDetach | None = None  # probes being detached (detach_probes)
         self.tables: dict = {}
+        self.exit_generations: ExitGenerations | None = None  # the probes' exit_gens, once started
         self.maps: KernelMaps | None = None  # stale-entry removal in the probes' maps
         self._decoder: EventDecoder | None = None
         self._pending: list[Event] = []
@@ -154,6 +156,7 @@ class Sensor:
                 "and that the kernel allows BPF (lockdown 'confidentiality' forbids it)",
             ) from None
         self.tables = {name: self._bpf[name.encode()] for name in _TABLES}
+        self.exit_generations = ExitGenerations(self._bpf[b"exit_gens"])
         self.maps = KernelMaps(self.tables, self.settings.fd_slots)
         if self.settings.payload_capture:
             self.activity = ConnActivityReader(
@@ -351,9 +354,14 @@ class Sensor:
             )
             with open(f"/proc/{event.pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
-            event.ppid = int(fields[1])
+            ppid = int(fields[1])
         except (OSError, IndexError, ValueError):
-            pass  # the process already exited: the kernel's fields stand
+            return  # the process already exited: the kernel's fields stand
+        gens = self.exit_generations
+        if gens is not None and event.exit_gen is not None and gens.of(event.pid) != event.exit_gen:
+            event.cmdline = []  # it exited before the read: /proc named another process
+            return
+        event.ppid = ppid
 
     # -- counters -------------------------------------------------------------------
     def _drain_into(self, out: list[Event], only_tgid: int | None = None) -> None:

@@ -1,0 +1,83 @@
+"""Pidfds proven to name the process an event was about, through the kernel's exit generations.
+
+A pid is a number the kernel hands out again, within milliseconds on a busy host.
+The probes keep an exit generation per pid (``exit_gens``, see ``gg_exec.exit_gen``
+in probes/gpuguard.h): it is bumped when a process exits, before its pid can be
+reused, and an exec event carries the value it saw.  :func:`open_verified` opens a
+pidfd for the pid and then reads the generation: unchanged means no process with
+that pid has exited since the event, so the pidfd names that very process, and a
+signal sent through it can reach no other.  :func:`read_while_alive` binds what is
+read from /proc to a pidfd's process (read, then check it has not been reaped).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+PID_MAX_FALLBACK = 4194304  # the kernel's upper bound on 64-bit
+T = TypeVar("T")
+
+
+class OffenderExited(Exception):
+    """The process an event was about is gone (its pid may name another process now)."""
+
+
+def pid_max(path: str = "/proc/sys/kernel/pid_max") -> int:
+    """The host's pid_max: the size of the probes' exit-generation arrays."""
+    try:
+        with open(path) as f:
+            return max(1024, min(int(f.read()), PID_MAX_FALLBACK))
+    except (OSError, ValueError):
+        return PID_MAX_FALLBACK
+
+
+class ExitGenerations:
+    """Reads a probe's ``exit_gens`` array (a bcc table indexed by pid)."""
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+        self._key = table.Key
+
+    def of(self, pid: int) -> int | None:
+        try:
+            return int(self._table[self._key(pid)].value)
+        except (KeyError, IndexError, OSError):
+            return None
+
+
+def pidfd_alive(pidfd: int) -> bool:
+    """True while the pidfd's process is not yet reaped (so its pid names it in /proc)."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def open_verified(pid: int, exit_gen: int, generations: ExitGenerations) -> int:
+    """A pidfd for ``pid`` if it is still the process that had ``exit_gen``; else OffenderExited."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise OffenderExited(f"pid {pid} has exited") from None
+    now = generations.of(pid)
+    if now != exit_gen:
+        os.close(pidfd)
+        raise OffenderExited(
+            f"pid {pid} exited after the event (exit generation {exit_gen} -> {now}); "
+            "the number may belong to another process now"
+        )
+    return pidfd
+
+
+def read_while_alive(pidfd: int, read: Callable[[], T]) -> T:
+    """``read()`` (of /proc/PID/...), kept only if the pidfd's process was alive throughout."""
+    value = read()
+    if not pidfd_alive(pidfd):
+        raise OffenderExited("the process exited while it was being read")
+    return value

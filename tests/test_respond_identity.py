@@ -1,0 +1,331 @@
+"""Enforce mode acts on the offender's own identity: never an interpreter, a shared file, a recycled
+pid, or anything outside its scope.
+
+Every test is scoped to a cgroup it creates (response.cgroups) and proves that what runs
+outside it, or what only shares a file with the offender, lives on and connects.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpuguard.respond import Responder
+from gpuguard.respond.cgroup_blocks import cgroup2_mount
+from gpuguard.respond.exec_match import Script, interpreter_family, script_of
+from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
+from tests.support.workloads import build_workload
+
+SYSTEM_PYTHON = os.path.realpath("/usr/bin/python3")
+CONNECT = (
+    "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5)"
+    ".close(); print('connected', flush=True)"
+)
+MINER_SCRIPT = (
+    "import socket, sys, time\n"
+    "print('up', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5).close()\n"
+    "print('connected', flush=True)\n"
+)
+
+
+# -- what is an interpreter, and what it runs (no root needed) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "family"),
+    [
+        (SYSTEM_PYTHON, "python"),
+        ("/bin/bash", "shell"),
+        ("/bin/dash", "shell"),
+        ("/usr/bin/perl", "perl"),
+    ],
+)
+def test_interpreters_are_known_by_their_elf(path, family):
+    if not os.path.exists(path):
+        pytest.skip(f"{path} is not installed here")
+    assert interpreter_family(path) == family
+
+
+def test_a_renamed_interpreter_is_still_one_and_a_plain_program_is_not(tmp_path):
+    renamed = tmp_path / "kworker"
+    shutil.copy(SYSTEM_PYTHON, renamed)
+    assert interpreter_family(str(renamed)) == "python"  # the name is not what decides
+    assert interpreter_family("/bin/true") is None
+    assert interpreter_family(str(build_workload())) is None
+    script = tmp_path / "x.sh"
+    script.write_text("#!/bin/sh\necho esac elif\n")
+    assert interpreter_family(str(script)) is None  # not an ELF
+
+
+def test_the_script_in_an_interpreters_argv(tmp_path):
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "m.py").write_text("print(1)\n")
+    root = str(tmp_path)  # stands for /proc/PID: cwd/ and root/ under it
+    os.symlink("/", tmp_path / "root")
+    by_file = script_of("python", ["python3", "-u", "-W", "ignore", "m.py", "--url", "x"], root)
+    assert by_file.kind == "file" and by_file.path.endswith("/cwd/m.py") and by_file.sha256
+    inline = script_of("python", ["python3", "-c", "print(2)"], root)
+    assert inline == script_of("python", ["other-name", "-cprint(2)"], root)
+    assert inline.kind == "inline" and inline.sha256 and inline.path == ""
+    assert script_of("shell", ["sh", "-c", "echo hi"], root).kind == "inline"
+    assert script_of("python", ["python3", "-m", "http.server"], root) == Script(
+        "unknown", "http.server"
+    )
+    assert script_of("python", ["python3"], root).kind == "unknown"
+
+
+# -- the real kernel ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def scope(tmp_path):
+    """A cgroup for the test and the response settings that act only inside it."""
+    name = f"/gg-ident-{os.getpid()}-{time.monotonic_ns() % 100000}"
+    cgroup = Path(cgroup2_mount() + name)
+    cgroup.mkdir()
+    settings = settings_for_test(actions={"malicious": ("kill-on-touch",)}, cgroups=(name,))
+    yield cgroup, settings
+    cleanup(settings)
+    for top, _, _ in os.walk(cgroup, topdown=False):
+        directory = Path(top)
+        if (directory / "cgroup.procs").read_text().strip():
+            (directory / "cgroup.kill").write_text("1")
+            time.sleep(0.2)
+        directory.rmdir()
+
+
+@pytest.fixture
+def listener():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    yield server.getsockname()[1]
+    server.close()
+
+
+def _start(argv: list[str], cgroup: Path | None = None, **kwargs) -> subprocess.Popen:
+    """A process that is in ``cgroup`` (when given) from its first instruction."""
+    if cgroup is not None:
+        argv = [
+            "/bin/sh",
+            "-c",
+            'echo $$ > "$1/cgroup.procs" && shift && exec "$@"',
+            "sh",
+            str(cgroup),
+            *argv,
+        ]
+    return subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **kwargs
+    )
+
+
+def _runs_and_connects(argv: list[str], cgroup: Path | None = None) -> tuple[int, str]:
+    proc = _start(argv, cgroup)
+    out, _ = proc.communicate(timeout=20)
+    return proc.returncode, out
+
+
+@pytest.mark.root
+def test_a_scripted_offender_under_a_copied_interpreter_blocks_its_script_never_the_interpreter(
+    tmp_path, scope, listener
+):
+    cgroup, settings = scope
+    srv = tmp_path / "srv"
+    srv.mkdir()
+    interpreter = srv / "python3"  # outside every shared_exe_prefix, like a pyenv or conda one
+    shutil.copy(SYSTEM_PYTHON, interpreter)
+    miner = srv / "miner.py"
+    miner.write_text(MINER_SCRIPT)
+    offender = _start([str(interpreter), str(miner), str(listener)], cgroup)
+    assert offender.stdout.readline().strip() == "up"
+    outcomes: list = []
+    responder = Responder(settings, mode="enforce", emit=outcomes.append)
+    try:
+        state = state_of(offender.pid)
+        (placed,) = [
+            o
+            for o in responder.respond(verdict_for(state), state, time.time())
+            if o.action == "kill-on-touch"
+        ]
+        assert placed.status == "done", placed.reason
+        assert placed.detail["target"]["kind"] == "script"
+        assert placed.detail["target"]["script"]["path"] == str(miner)
+        assert "never on the interpreter" in placed.reason
+        # The offender itself dies at its connect.
+        offender.stdin.write("go\n")
+        offender.stdin.flush()
+        assert offender.wait(timeout=10) == -signal.SIGKILL
+        # The same interpreter running anything else, in scope and out of it, lives and connects;
+        # so does the system python with the very same bytes.
+        for argv, where in [
+            ([str(interpreter), "-c", CONNECT, str(listener)], cgroup),
+            ([str(interpreter), "-c", CONNECT, str(listener)], None),
+            ([SYSTEM_PYTHON, "-c", CONNECT, str(listener)], cgroup),
+            ([SYSTEM_PYTHON, "-c", CONNECT, str(listener)], None),
+        ]:
+            assert _runs_and_connects(argv, where) == (0, "connected\n"), (argv, where)
+        # The blocked script outside the scope lives too; inside it, it is killed at exec.
+        outside = _start([SYSTEM_PYTHON, str(miner), str(listener)])
+        assert outside.stdout.readline().strip() == "up"
+        outside.stdin.write("go\n")
+        outside.stdin.flush()
+        assert outside.stdout.readline().strip() == "connected" and outside.wait(10) == 0
+        again = _start([str(interpreter), str(miner), str(listener)], cgroup)
+        assert again.wait(timeout=10) == -signal.SIGKILL
+        time.sleep(0.3)
+        kills = [o for o in outcomes if o.action == "kill-on-touch" and o.status == "done"]
+        assert {o.pid for o in kills} == {offender.pid, again.pid}  # nobody else
+        (at_exec,) = [o for o in kills if o.pid == again.pid]
+        assert at_exec.detail["victim"]["cmdline"].endswith(f"miner.py {listener}")
+        assert at_exec.detail["touch"] == "exec" and "blocked script" in at_exec.reason
+    finally:
+        responder.close()
+        for proc in (offender,):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.root
+def test_a_renamed_copy_of_a_native_offender_dies_at_exec_in_scope_and_lives_outside(
+    tmp_path, scope, listener
+):
+    cgroup, settings = scope
+    miner = tmp_path / "xminer"
+    shutil.copy(build_workload(), miner)
+    offender = _start([str(miner), "ready", "sleep:60000"], cgroup)
+    assert offender.stdout.readline().strip() == "ready"
+    outcomes: list = []
+    responder = Responder(settings, mode="enforce", emit=outcomes.append)
+    try:
+        state = state_of(offender.pid)
+        (placed,) = [
+            o
+            for o in responder.respond(verdict_for(state), state, time.time())
+            if o.action == "kill-on-touch"
+        ]
+        assert placed.status == "done" and placed.detail["target"]["kind"] == "executable"
+        renamed = tmp_path / "kworker-renamed"
+        shutil.copy(miner, renamed)  # another inode, the same bytes
+        connect = ["connect:127.0.0.1:" + str(listener), "exit:0"]
+        assert _runs_and_connects([str(renamed), *connect]) == (0, "")  # outside: lives
+        # The blocked path itself (the kernel's path match) outside the scope lives and connects.
+        assert _runs_and_connects([str(miner), *connect]) == (0, "")
+        copy = _start([str(renamed), "ready", "sleep:60000"], cgroup)
+        assert copy.wait(timeout=10) == -signal.SIGKILL  # inside: killed at exec
+        time.sleep(0.3)
+        (record,) = [o for o in outcomes if o.pid == copy.pid]
+        assert record.status == "done" and record.exe == str(renamed)
+        assert record.detail["victim"]["exe"] == str(renamed)
+        assert record.detail["victim"]["cmdline"] == f"{renamed} ready sleep:60000"
+        assert record.detail["touch"] == "exec" and "same sha256" in record.reason
+    finally:
+        responder.close()
+        offender.kill()
+        offender.wait()
+
+
+@pytest.mark.root
+def test_a_recycled_pid_is_never_signalled_nor_its_exe_blocked(tmp_path, scope):
+    from gpuguard.events.model import Exec
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    cgroup, settings = scope
+    settings = replace(settings, actions={"malicious": ("kill-on-touch", "kill")})
+    miner = tmp_path / "quick-miner"
+    shutil.copy(build_workload(), miner)
+    with Sensor(ProbeSettings(), drain_interval=0.1) as sensor:
+        offender = _start([str(miner), "ready", "exit:0"], cgroup)
+        assert offender.stdout.readline().strip() == "ready"
+        state = state_of(offender.pid)  # what the agent knew about it while it ran
+        deadline = time.monotonic() + 10
+        while state.exit_gen is None and time.monotonic() < deadline:
+            for event in sensor.poll(50):
+                if isinstance(event, Exec) and event.pid == offender.pid:
+                    state.exit_gen = event.exit_gen
+        assert state.exit_gen is not None
+        verdict = verdict_for(state)
+        pid = offender.pid
+        offender.stdin.write("go\n")
+        offender.stdin.close()
+        assert offender.wait(timeout=5) == 0
+        # A benign process takes the number within milliseconds (forced through ns_last_pid).
+        benign = None
+        for _ in range(50):
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+            candidate = subprocess.Popen(["/bin/sleep", "60"], cwd="/")
+            if candidate.pid == pid:
+                benign = candidate
+                break
+            candidate.kill()
+            candidate.wait()
+        assert benign is not None, "could not recycle the pid"
+        (cgroup / "cgroup.procs").write_text(str(benign.pid))  # in scope: only identity saves it
+        responder = Responder(settings, mode="enforce", generations=sensor.exit_generations)
+        try:
+            outcomes = responder.respond(verdict, state, time.time())
+            acted = {o.action: o for o in outcomes if o.action != "alert"}
+            assert {o.status for o in acted.values()} == {"skipped"}, outcomes
+            assert all("offender exited" in o.reason for o in acted.values())
+            time.sleep(0.5)
+            assert benign.poll() is None  # never signalled
+            assert responder.store.load() == []  # and /bin/sleep was never blocked
+            assert _runs_and_connects(["/bin/sleep", "0"], cgroup) == (0, "")
+        finally:
+            responder.close()
+            benign.kill()
+            benign.wait()
+
+
+@pytest.mark.root
+def test_a_block_that_kills_outside_its_tree_trips_its_breaker(tmp_path, scope):
+    cgroup, settings = scope
+    settings = replace(settings, breaker_victims_per_minute=2)
+    miner = tmp_path / "xminer"
+    shutil.copy(build_workload(), miner)
+    offender = _start([str(miner), "ready", "sleep:60000"], cgroup)
+    assert offender.stdout.readline().strip() == "ready"
+    outcomes: list = []
+    responder = Responder(settings, mode="enforce", emit=outcomes.append)
+    try:
+        state = state_of(offender.pid)
+        responder.respond(verdict_for(state), state, time.time())
+        ends = []
+        for n in range(5):  # copies under new names, in scope: each a victim outside the tree
+            copy = tmp_path / f"copy{n}"
+            shutil.copy(miner, copy)
+            proc = _start([str(copy), "ready", "sleep:60000"], cgroup)
+            try:
+                ends.append(proc.wait(timeout=3))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                ends.append("lived")
+            time.sleep(0.2)
+        assert ends[:3] == [-signal.SIGKILL] * 3  # the third victim trips the breaker (> 2)
+        assert ends[3:] == ["lived", "lived"]  # suspended: nothing more is killed
+        (tripped,) = [o for o in outcomes if o.status == "suspended"]
+        assert len(tripped.detail["victims"]) == 3
+        (block,) = responder.store.load()
+        assert block.detail["suspended"] is True
+    finally:
+        responder.close()
+        offender.kill()
+        offender.wait()
+
+
+def test_python_stays_usable(listener):
+    """The tests above leave no block behind: the system python connects."""
+    assert _runs_and_connects([sys.executable, "-c", CONNECT, str(listener)]) == (0, "connected\n")

@@ -6,8 +6,9 @@ may name:
 * an interpreter or shell (found from the ELF: the interpreter's own entry
   points among its dynamic symbols, or a shell's grammar words; a name list
   alone is never trusted) -> the **script**: the file its argv runs (path and
-  sha256), or the inline ``-c``/``-e`` code (sha256).  The interpreter itself
-  is never blocked;
+  sha256), or the inline ``-c``/``-e`` code with the arguments after it
+  (sha256: a generic launcher run with other arguments is another program).
+  The interpreter itself is never blocked;
 * an executable that a live process outside the offender's tree also runs, or
   one under ``shared_exe_prefixes`` -> **tree only**: the offender and its
   descendants, nothing else;
@@ -190,8 +191,12 @@ def script_of(family: str, argv: list[str], root: str) -> Script:
     while i < len(args):
         arg = args[i]
         if inline and (arg == inline or (arg.startswith(inline) and len(arg) > len(inline))):
+            # The code and the arguments after it: a generic launcher (sh -c 'exec "$@"' ...)
+            # with other arguments is another program, not the offender.
+            rest = args[i + 2 :] if arg == inline else args[i + 1 :]
             code = args[i + 1] if arg == inline and i + 1 < len(args) else arg[len(inline) :]
-            return Script("inline", "", hashlib.sha256(os.fsencode(code)).hexdigest())
+            invocation = "\0".join([code, *rest])
+            return Script("inline", "", hashlib.sha256(os.fsencode(invocation)).hexdigest())
         if family == "java" and arg == "-jar" and i + 1 < len(args):
             return _script_file(args[i + 1], root)
         if family == "python" and arg == "-m":

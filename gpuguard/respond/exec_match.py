@@ -342,7 +342,8 @@ class ExecIdentities:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._inodes: dict[tuple[int, int], _Entry] = {}
+        # (dev, ino, size, mtime_ns): an inode number alone is handed out again after a delete
+        self._inodes: dict[tuple[int, int, int, int], _Entry] = {}
         self._hashes: dict[int, dict[str, _Entry]] = {}  # exe size -> sha256 -> entry
         self._scripts: dict[str, _Entry] = {}  # script or inline-code sha256 -> entry
 
@@ -353,7 +354,7 @@ class ExecIdentities:
         entry = _Entry(number, deadline)
         with self._lock:
             if target.kind == "executable" and target.identity:
-                self._inodes[target.identity[:2]] = entry
+                self._inodes[tuple(target.identity)] = entry
                 if target.sha256:
                     self._hashes.setdefault(target.identity[2], {})[target.sha256] = entry
             elif target.kind == "script" and target.script and target.script.sha256:
@@ -392,7 +393,7 @@ class ExecIdentities:
         """(block number, what matched) for the process ``pid`` that just exec'd, or None."""
         exe, st, argv = read_process(pid)
         with self._lock:
-            entry = self._inodes.get((st.st_dev, st.st_ino))
+            entry = self._inodes.get((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
             by_size = self._hashes.get(st.st_size)
             scripts = bool(self._scripts)
         if entry is not None and _live(entry, now_ns):

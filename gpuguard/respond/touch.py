@@ -102,7 +102,8 @@ class TouchBlocker:
         self.identities = ExecIdentities()
         self._known: OrderedDict[int, tuple[str, str]] = OrderedDict()  # tgid -> (exe, cmdline)
         self._offenders: dict[int, tuple[str, str]] = {}  # block number -> the offender's
-        self._files: dict[int, tuple[tuple[int, int], int, str | None]] = {}  # number -> exe file
+        self._files: dict[int, tuple[tuple, str | None]] = {}  # number -> (identity, sha256)
+        self._own: OrderedDict[int, None] = OrderedDict()  # tgids found to be exact copies
         self._victims: dict[int, deque] = {}  # block number -> recent kills outside its tree
         self.suspended: set[int] = set()
         self._lock = threading.Lock()
@@ -167,7 +168,7 @@ class TouchBlocker:
         with self._lock:
             self._offenders[number] = offender
             if target.kind == "executable" and target.identity:
-                self._files[number] = (target.identity[:2], target.identity[2], target.sha256)
+                self._files[number] = (tuple(target.identity), target.sha256)
             for tgid in tgids:
                 self._remember(tgid, offender if tgid == pid else (target.exe, _cmdline_of(tgid)))
         for tgid in tgids:
@@ -222,12 +223,7 @@ class TouchBlocker:
         with self._lock:
             self._offenders[d["number"]] = (block.exe, "")
             if d.get("identity"):
-                identity = d["identity"]
-                self._files[d["number"]] = (
-                    (identity[0], identity[1]),
-                    identity[2],
-                    d.get("sha256"),
-                )
+                self._files[d["number"]] = (tuple(d["identity"]), d.get("sha256"))
         self._report_execs()
 
     def forget(self, number: int) -> None:
@@ -280,7 +276,7 @@ class TouchBlocker:
                 with self._lock:
                     self._remember(event.tgid, (report["path"], _cmdline_of(event.tgid)))
                 if not report["tree"]:
-                    self._mark_exact_copy(event.tgid, event.exit_gen, event.block)
+                    self._mark_exact_copy(event.tgid, report["path"], event.block)
             return
         self._killed(report)
 
@@ -290,6 +286,8 @@ class TouchBlocker:
         with self._lock:
             exe, cmdline = self._known.get(report["tgid"]) or self._offenders.get(number, ("", ""))
         report.update(kind="kill", exe=exe, cmdline=cmdline or _cmdline_of(report["tgid"]))
+        with self._lock:
+            report["tree"] = report["tree"] or report["tgid"] in self._own
         self.on_kill(report)
         if report["tree"]:
             return
@@ -311,33 +309,37 @@ class TouchBlocker:
                 }
             )
 
-    def _mark_exact_copy(self, tgid: int, exit_gen: int, number: int) -> None:
-        """A process blocked by path that runs the offender's very file (or bytes) is the offender's own."""
+    def _mark_exact_copy(self, tgid: int, path: str, number: int) -> None:
+        """A process blocked by path that runs the offender's very file (or bytes) is the offender's own.
+
+        Decided from the file at the exec'd path (the kernel's report comes before any kill of
+        that process, which may already be dead when this runs) and kept for its kill report.
+        """
         with self._lock:
             blocked = self._files.get(number)
         if blocked is None:
             return
-        dev_ino, size, sha256 = blocked
+        identity, sha256 = blocked
         try:
-            pidfd = open_verified(tgid, exit_gen, self.generations)
-        except OffenderExited:
+            st = os.stat(path)
+        except OSError:
             return
+        exact = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == identity or (
+            st.st_size == identity[2] and sha256 is not None and sha256_of_file(path) == sha256
+        )
+        if not exact:
+            return
+        with self._lock:
+            self._own[tgid] = None
+            while len(self._own) > MAX_KNOWN:
+                self._own.popitem(last=False)
         try:
-            st = os.stat(f"/proc/{tgid}/exe")
-            exact = (st.st_dev, st.st_ino) == dev_ino or (
-                st.st_size == size
-                and sha256 is not None
-                and sha256_of_file(f"/proc/{tgid}/exe") == sha256
-            )
-            if exact and self.generations.of(tgid) == exit_gen:
-                key = self._tgids.Key(tgid)
-                entry = self._tgids[key]
-                entry.flags |= FLAG_TREE
-                self._tgids[key] = entry
-        except (OSError, KeyError):
-            pass
-        finally:
-            os.close(pidfd)
+            key = self._tgids.Key(tgid)
+            entry = self._tgids[key]
+            entry.flags |= FLAG_TREE  # and what it forks
+            self._tgids[key] = entry
+        except KeyError:
+            pass  # it has exited already
 
     def suspend(self, number: int) -> None:
         """The block's circuit breaker: nothing more is killed for it, in the kernel or here."""

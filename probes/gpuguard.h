@@ -228,7 +228,8 @@ enum gg_touch_reason {
 
 /* Flags of a kill-on-touch entry (gg_touch_entry.flags, copied into reports). */
 enum gg_touch_flag {
-    GG_TOUCH_TREE = 1,           /* the offender or a process forked from it (its own tree) */
+    GG_TOUCH_TREE = 1,           /* the offender's own: its tree, or an exact copy of it (set by
+                                    user space) and what those fork */
     GG_TOUCH_SUSPENDED = 2,      /* the block's circuit breaker tripped: nothing is killed */
 };
 

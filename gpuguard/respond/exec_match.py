@@ -6,8 +6,9 @@ may name:
 * an interpreter or shell (found from the ELF: the interpreter's own entry
   points among its dynamic symbols, or a shell's grammar words; a name list
   alone is never trusted) -> the **script**: the file its argv runs (path and
-  sha256), or the inline ``-c``/``-e`` code (sha256).  The interpreter itself
-  is never blocked;
+  sha256), or the inline ``-c``/``-e`` code with the arguments after it
+  (sha256: a generic launcher run with other arguments is another program).
+  The interpreter itself is never blocked;
 * an executable that a live process outside the offender's tree also runs, or
   one under ``shared_exe_prefixes`` -> **tree only**: the offender and its
   descendants, nothing else;
@@ -190,8 +191,12 @@ def script_of(family: str, argv: list[str], root: str) -> Script:
     while i < len(args):
         arg = args[i]
         if inline and (arg == inline or (arg.startswith(inline) and len(arg) > len(inline))):
+            # The code and the arguments after it: a generic launcher (sh -c 'exec "$@"' ...)
+            # with other arguments is another program, not the offender.
+            rest = args[i + 2 :] if arg == inline else args[i + 1 :]
             code = args[i + 1] if arg == inline and i + 1 < len(args) else arg[len(inline) :]
-            return Script("inline", "", hashlib.sha256(os.fsencode(code)).hexdigest())
+            invocation = "\0".join([code, *rest])
+            return Script("inline", "", hashlib.sha256(os.fsencode(invocation)).hexdigest())
         if family == "java" and arg == "-jar" and i + 1 < len(args):
             return _script_file(args[i + 1], root)
         if family == "python" and arg == "-m":
@@ -337,7 +342,8 @@ class ExecIdentities:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._inodes: dict[tuple[int, int], _Entry] = {}
+        # (dev, ino, size, mtime_ns): an inode number alone is handed out again after a delete
+        self._inodes: dict[tuple[int, int, int, int], _Entry] = {}
         self._hashes: dict[int, dict[str, _Entry]] = {}  # exe size -> sha256 -> entry
         self._scripts: dict[str, _Entry] = {}  # script or inline-code sha256 -> entry
 
@@ -348,7 +354,7 @@ class ExecIdentities:
         entry = _Entry(number, deadline)
         with self._lock:
             if target.kind == "executable" and target.identity:
-                self._inodes[target.identity[:2]] = entry
+                self._inodes[tuple(target.identity)] = entry
                 if target.sha256:
                     self._hashes.setdefault(target.identity[2], {})[target.sha256] = entry
             elif target.kind == "script" and target.script and target.script.sha256:
@@ -387,7 +393,7 @@ class ExecIdentities:
         """(block number, what matched) for the process ``pid`` that just exec'd, or None."""
         exe, st, argv = read_process(pid)
         with self._lock:
-            entry = self._inodes.get((st.st_dev, st.st_ino))
+            entry = self._inodes.get((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
             by_size = self._hashes.get(st.st_size)
             scripts = bool(self._scripts)
         if entry is not None and _live(entry, now_ns):

@@ -581,8 +581,8 @@ class Responder:
                     exe=block.exe if block else "",
                     block_id=block.id if block else None,
                     reason=(
-                        f"circuit breaker: the block killed {len(victims)} processes outside the "
-                        f"offender's tree within {BREAKER_WINDOW_S:g} s (more than "
+                        f"circuit breaker: the block killed {len(victims)} processes that are not "
+                        f"the offender's own within {BREAKER_WINDOW_S:g} s (more than "
                         f"{self.settings.breaker_victims_per_minute}); it is suspended in the "
                         "kernel and kills nothing until `gpuguard unblock`"
                     ),
@@ -604,7 +604,11 @@ class Responder:
                 comm=report["comm"],
                 exe=report.get("exe") or (block.exe if block else ""),
                 reason=f"killed {what}"
-                + ("" if report.get("tree") else " (outside the offender's own tree)"),
+                + (
+                    ""
+                    if report.get("tree")
+                    else " (not the offender's own tree or an exact copy: counted by the breaker)"
+                ),
                 block_id=block.id if block else None,
                 detail={
                     "victim": {
@@ -614,7 +618,7 @@ class Responder:
                     },
                     "touch": report["reason"],
                     "number": report["number"],
-                    "offender_tree": report.get("tree", False),
+                    "offenders_own": report.get("tree", False),
                     "path": report["path"],
                 },
             )

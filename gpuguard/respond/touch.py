@@ -12,8 +12,11 @@ in flagged as the tree; forks of blocked processes are added by the kernel.
 Every report is handled here: a kill becomes one record naming the victim
 (pid, exe, cmdline as known when it entered the block), the block and the
 reason; a block whose kills hit more than ``breaker_limit`` processes a minute
-outside the offender's tree trips its circuit breaker: it is suspended in the
-kernel and here, and one record names it and its victims.  With a scope
+that are not the offender's own (its tree, or an exact copy of it: a respawn)
+trips its circuit breaker: it is suspended in the kernel and here, and one
+record names it and its victims.  A process that runs a blocked path but holds
+another file there (an updated binary, something else renamed into place) is
+such a victim.  With a scope
 (``response.cgroups`` or ``scope: containers``) the kernel acts only inside it
 (``set_scope``).  Entries carry a deadline and expire in the kernel.  The
 programs are attached only while this module is loaded; the maps (and so the
@@ -32,6 +35,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuguard.detect.allowlist import sha256_of_file
 from gpuguard.escape import decode_c_string, escape_text
 from gpuguard.events.abi import DEFINES, TouchReason
 from gpuguard.respond import bpf_pins
@@ -98,6 +102,8 @@ class TouchBlocker:
         self.identities = ExecIdentities()
         self._known: OrderedDict[int, tuple[str, str]] = OrderedDict()  # tgid -> (exe, cmdline)
         self._offenders: dict[int, tuple[str, str]] = {}  # block number -> the offender's
+        self._files: dict[int, tuple[tuple, str | None]] = {}  # number -> (identity, sha256)
+        self._own: OrderedDict[int, None] = OrderedDict()  # tgids found to be exact copies
         self._victims: dict[int, deque] = {}  # block number -> recent kills outside its tree
         self.suspended: set[int] = set()
         self._lock = threading.Lock()
@@ -161,6 +167,8 @@ class TouchBlocker:
         tgids = sorted(tree | {pid})
         with self._lock:
             self._offenders[number] = offender
+            if target.kind == "executable" and target.identity:
+                self._files[number] = (tuple(target.identity), target.sha256)
             for tgid in tgids:
                 self._remember(tgid, offender if tgid == pid else (target.exe, _cmdline_of(tgid)))
         for tgid in tgids:
@@ -214,12 +222,15 @@ class TouchBlocker:
         self.identities.restore(d["number"], d["deadline_ns"], {**d, "exe": block.exe})
         with self._lock:
             self._offenders[d["number"]] = (block.exe, "")
+            if d.get("identity"):
+                self._files[d["number"]] = (tuple(d["identity"]), d.get("sha256"))
         self._report_execs()
 
     def forget(self, number: int) -> None:
         self.identities.forget(number)
         with self._lock:
             self._offenders.pop(number, None)
+            self._files.pop(number, None)
             self._victims.pop(number, None)
         self._report_execs()
 
@@ -264,6 +275,8 @@ class TouchBlocker:
             else:  # a block's process runs something new: remember what, for its kill record
                 with self._lock:
                     self._remember(event.tgid, (report["path"], _cmdline_of(event.tgid)))
+                if not report["tree"]:
+                    self._mark_exact_copy(event.tgid, report["path"], event.block)
             return
         self._killed(report)
 
@@ -273,6 +286,8 @@ class TouchBlocker:
         with self._lock:
             exe, cmdline = self._known.get(report["tgid"]) or self._offenders.get(number, ("", ""))
         report.update(kind="kill", exe=exe, cmdline=cmdline or _cmdline_of(report["tgid"]))
+        with self._lock:
+            report["tree"] = report["tree"] or report["tgid"] in self._own
         self.on_kill(report)
         if report["tree"]:
             return
@@ -293,6 +308,38 @@ class TouchBlocker:
                     "victims": [{"pid": pid, "exe": exe} for _, pid, exe in victims],
                 }
             )
+
+    def _mark_exact_copy(self, tgid: int, path: str, number: int) -> None:
+        """A process blocked by path that runs the offender's very file (or bytes) is the offender's own.
+
+        Decided from the file at the exec'd path (the kernel's report comes before any kill of
+        that process, which may already be dead when this runs) and kept for its kill report.
+        """
+        with self._lock:
+            blocked = self._files.get(number)
+        if blocked is None:
+            return
+        identity, sha256 = blocked
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        exact = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == identity or (
+            st.st_size == identity[2] and sha256 is not None and sha256_of_file(path) == sha256
+        )
+        if not exact:
+            return
+        with self._lock:
+            self._own[tgid] = None
+            while len(self._own) > MAX_KNOWN:
+                self._own.popitem(last=False)
+        try:
+            key = self._tgids.Key(tgid)
+            entry = self._tgids[key]
+            entry.flags |= FLAG_TREE  # and what it forks
+            self._tgids[key] = entry
+        except KeyError:
+            pass  # it has exited already
 
     def suspend(self, number: int) -> None:
         """The block's circuit breaker: nothing more is killed for it, in the kernel or here."""
@@ -326,7 +373,7 @@ class TouchBlocker:
                 return  # it exited while being read: what was read may be another process's
             exe, _, _ = read_process(tgid)
             cmdline = _cmdline_of(tgid)
-            entry = self._entry(number, 0)
+            entry = self._entry(number, 0, FLAG_TREE)  # an exact copy: the offender's own
             self._tgids[self._tgids.Key(tgid)] = entry
             try:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
@@ -338,7 +385,7 @@ class TouchBlocker:
             os.close(pidfd)
         with self._lock:
             self._remember(tgid, (exe, cmdline))
-        self._killed({**report, "number": number, "matched": what, "tree": False})
+        self._killed({**report, "number": number, "matched": what, "tree": True})
 
     def close(self) -> None:
         self._stop.set()

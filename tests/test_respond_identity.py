@@ -342,3 +342,38 @@ def test_exact_copies_are_the_offenders_own_and_other_files_at_its_path_trip_the
 def test_python_stays_usable(listener):
     """The tests above leave no block behind: the system python connects."""
     assert _runs_and_connects([sys.executable, "-c", CONNECT, str(listener)]) == (0, "connected\n")
+
+
+@pytest.mark.root
+def test_a_pidfd_is_opened_at_the_exec_and_closed_at_the_exit(tmp_path):
+    """The correlator's identity at first sight: a pidfd proven by the exec's exit generation."""
+    from gpuguard.correlate.correlator import Correlator
+    from gpuguard.events.model import Exec, Exit
+    from gpuguard.sources.identity import first_sight, pidfd_alive
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    with Sensor(ProbeSettings(), drain_interval=0.1) as sensor:
+        correlator = Correlator(identify=first_sight(sensor.exit_generations))
+        proc = _start([str(build_workload()), "ready", "exit:0"])
+        assert proc.stdout.readline().strip() == "ready"
+        seen: list = []
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            seen = [e for e in sensor.poll(50) if isinstance(e, Exec) and e.pid == proc.pid]
+        correlator.feed(seen[0])
+        state = correlator.state_of(proc.pid)
+        assert state.exit_gen == seen[0].exit_gen and state.pidfd is not None
+        assert pidfd_alive(state.pidfd)
+        held = state.pidfd
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=5) == 0
+        exits: list = []
+        deadline = time.monotonic() + 10
+        while not exits and time.monotonic() < deadline:
+            exits = [e for e in sensor.poll(50) if isinstance(e, Exit) and e.pid == proc.pid]
+        correlator.feed(exits[0])
+        assert state.pidfd is None
+        with pytest.raises(OSError):
+            os.fstat(held)  # closed: no descriptor is kept for a process that is gone

@@ -75,6 +75,40 @@ def open_verified(pid: int, exit_gen: int, generations: ExitGenerations) -> int:
     return pidfd
 
 
+def first_sight(generations: ExitGenerations | None) -> Callable[[int, int | None], int | None]:
+    """The correlator's hook: a pidfd for a process seen at its exec, proven by the generation.
+
+    None when there is no generation (no sensor, an old recording) or the process is already
+    gone; also when the agent is out of file descriptors (the response then proves the
+    identity from the generation alone when it acts).
+    """
+
+    def identify(pid: int, exit_gen: int | None) -> int | None:
+        if generations is None or exit_gen is None:
+            return None
+        try:
+            return open_verified(pid, exit_gen, generations)
+        except (OffenderExited, OSError):
+            return None
+
+    return identify
+
+
+def raise_fd_limit() -> int:
+    """Lift the soft RLIMIT_NOFILE to the hard limit (pidfds held per tracked process); returns it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError):
+            return soft
+    return soft
+
+
 def read_while_alive(pidfd: int, read: Callable[[], T]) -> T:
     """``read()`` (of /proc/PID/...), kept only if the pidfd's process was alive throughout."""
     value = read()

@@ -377,3 +377,57 @@ def test_a_pidfd_is_opened_at_the_exec_and_closed_at_the_exit(tmp_path):
         assert state.pidfd is None
         with pytest.raises(OSError):
             os.fstat(held)  # closed: no descriptor is kept for a process that is gone
+
+
+LEADER_EXIT_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+static void *work(void *arg) { (void)arg; for (;;) pause(); return 0; }
+int main(void) {
+    pthread_t t;
+    pthread_create(&t, 0, work, 0);
+    printf("ready\n");
+    fflush(stdout);
+    pthread_exit(0);  /* the leader leaves; the process mines on in its worker */
+}
+"""
+
+
+@pytest.mark.root
+def test_a_leader_that_calls_pthread_exit_is_still_reached(tmp_path, scope):
+    """Only the group's death moves the exit generation: a miner cannot look exited to dodge a kill."""
+    from gpuguard.events.model import Exec
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    cgroup, settings = scope
+    settings = replace(settings, actions={"malicious": ("kill",)})
+    source = tmp_path / "leader_exit.c"
+    source.write_text(LEADER_EXIT_C)
+    binary = tmp_path / "leader-exit"
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(binary), str(source)], check=True)
+    with Sensor(ProbeSettings(), drain_interval=0.1) as sensor:
+        proc = _start([str(binary)], cgroup)
+        assert proc.stdout.readline().strip() == "ready"
+        state = state_of(proc.pid)
+        deadline = time.monotonic() + 10
+        while state.exit_gen is None and time.monotonic() < deadline:
+            for event in sensor.poll(50):
+                if isinstance(event, Exec) and event.pid == proc.pid:
+                    state.exit_gen = event.exit_gen
+        time.sleep(0.2)  # the leader has left by now; its worker runs on
+        responder = Responder(settings, mode="enforce", generations=sensor.exit_generations)
+        try:
+            (kill,) = [
+                o
+                for o in responder.respond(verdict_for(state), state, time.time())
+                if o.action == "kill"
+            ]
+            assert kill.status == "done", kill.reason
+            assert proc.wait(timeout=10) in (-signal.SIGTERM, -signal.SIGKILL)
+        finally:
+            responder.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -42,11 +42,22 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 {
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tgid = id >> 32;
+#ifdef GG_EXIT_GROUP_DEAD
+    /* The group's last thread: the process is gone (a leader that called pthread_exit left
+     * before its workers, so the generation moves now, not then: a miner cannot look exited). */
+    if (args->group_dead) {
+        __u32 *gen = exit_gens.lookup(&tgid);
+        if (gen)
+            __sync_fetch_and_add(gen, 1);   /* before the pid can be reused */
+    }
+#endif
     if ((__u32)id != tgid)
         return 0;   /* a thread, not the process */
+#ifndef GG_EXIT_GROUP_DEAD
     __u32 *gen = exit_gens.lookup(&tgid);
     if (gen)
-        __sync_fetch_and_add(gen, 1);   /* before the pid can be reused */
+        __sync_fetch_and_add(gen, 1);   /* the leader's exit: the safe side on older kernels */
+#endif
     __s32 code = -1;
     __s32 *saved = exit_codes.lookup(&tgid);
     if (saved) {

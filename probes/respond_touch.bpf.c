@@ -166,8 +166,14 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     __u64 id = bpf_get_current_pid_tgid();
     __u32 pid = (__u32)id;
     touch_tgids.delete(&pid);
-    if (pid == (__u32)(id >> 32)) {
-        __u32 *gen = touch_exit_gens.lookup(&pid);
+    __u32 tgid = id >> 32;
+#ifdef GG_EXIT_GROUP_DEAD
+    int gone = args->group_dead;        /* the group's last thread */
+#else
+    int gone = pid == tgid;             /* the leader: the safe side on older kernels */
+#endif
+    if (gone) {
+        __u32 *gen = touch_exit_gens.lookup(&tgid);
         if (gen)
             __sync_fetch_and_add(gen, 1);   /* before the pid can be reused */
     }

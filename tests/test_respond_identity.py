@@ -342,3 +342,92 @@ def test_exact_copies_are_the_offenders_own_and_other_files_at_its_path_trip_the
 def test_python_stays_usable(listener):
     """The tests above leave no block behind: the system python connects."""
     assert _runs_and_connects([sys.executable, "-c", CONNECT, str(listener)]) == (0, "connected\n")
+
+
+@pytest.mark.root
+def test_a_pidfd_is_opened_at_the_exec_and_closed_at_the_exit(tmp_path):
+    """The correlator's identity at first sight: a pidfd proven by the exec's exit generation."""
+    from gpuguard.correlate.correlator import Correlator
+    from gpuguard.events.model import Exec, Exit
+    from gpuguard.sources.identity import first_sight, pidfd_alive
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    with Sensor(ProbeSettings(), drain_interval=0.1) as sensor:
+        correlator = Correlator(identify=first_sight(sensor.exit_generations))
+        proc = _start([str(build_workload()), "ready", "exit:0"])
+        assert proc.stdout.readline().strip() == "ready"
+        seen: list = []
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            seen = [e for e in sensor.poll(50) if isinstance(e, Exec) and e.pid == proc.pid]
+        correlator.feed(seen[0])
+        state = correlator.state_of(proc.pid)
+        assert state.exit_gen == seen[0].exit_gen and state.pidfd is not None
+        assert pidfd_alive(state.pidfd)
+        held = state.pidfd
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=5) == 0
+        exits: list = []
+        deadline = time.monotonic() + 10
+        while not exits and time.monotonic() < deadline:
+            exits = [e for e in sensor.poll(50) if isinstance(e, Exit) and e.pid == proc.pid]
+        correlator.feed(exits[0])
+        assert state.pidfd is None
+        with pytest.raises(OSError):
+            os.fstat(held)  # closed: no descriptor is kept for a process that is gone
+
+
+LEADER_EXIT_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+static void *work(void *arg) { (void)arg; for (;;) pause(); return 0; }
+int main(void) {
+    pthread_t t;
+    pthread_create(&t, 0, work, 0);
+    printf("ready\n");
+    fflush(stdout);
+    pthread_exit(0);  /* the leader leaves; the process mines on in its worker */
+}
+"""
+
+
+@pytest.mark.root
+def test_a_leader_that_calls_pthread_exit_is_still_reached(tmp_path, scope):
+    """Only the group's death moves the exit generation: a miner cannot look exited to dodge a kill."""
+    from gpuguard.events.model import Exec
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    cgroup, settings = scope
+    settings = replace(settings, actions={"malicious": ("kill",)})
+    source = tmp_path / "leader_exit.c"
+    source.write_text(LEADER_EXIT_C)
+    binary = tmp_path / "leader-exit"
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(binary), str(source)], check=True)
+    with Sensor(ProbeSettings(), drain_interval=0.1) as sensor:
+        proc = _start([str(binary)], cgroup)
+        assert proc.stdout.readline().strip() == "ready"
+        state = state_of(proc.pid)
+        deadline = time.monotonic() + 10
+        while state.exit_gen is None and time.monotonic() < deadline:
+            for event in sensor.poll(50):
+                if isinstance(event, Exec) and event.pid == proc.pid:
+                    state.exit_gen = event.exit_gen
+        time.sleep(0.2)  # the leader has left by now; its worker runs on
+        responder = Responder(settings, mode="enforce", generations=sensor.exit_generations)
+        try:
+            (kill,) = [
+                o
+                for o in responder.respond(verdict_for(state), state, time.time())
+                if o.action == "kill"
+            ]
+            assert kill.status == "done", kill.reason
+            assert proc.wait(timeout=10) in (-signal.SIGTERM, -signal.SIGKILL)
+        finally:
+            responder.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

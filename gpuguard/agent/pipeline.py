@@ -50,6 +50,7 @@ from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.sources.cpu_usage import CpuSampler
+from gpuguard.sources.identity import first_sight, raise_fd_limit
 
 # A rule with this tag (raw BAR or /dev/mem access, a GPU memory hog or leak) is reported when a
 # process first matches it even below the suspicious threshold: a note (event.kind "event") the
@@ -217,10 +218,14 @@ class Agent:
         def facts_of(pid: int) -> Any:
             return collect_process_facts(pid, self.proc_root)
 
+        generations = self.sensor.exit_generations if self.sensor is not None else None
+        if generations is not None:
+            raise_fd_limit()  # a pidfd is held per tracked process (at most max_processes)
         self.correlator = Correlator(
             facts_provider=facts_of,
             max_processes=self.config.max_processes,
             proc_root=self.proc_root,
+            identify=first_sight(generations),
         )
         self.engine = DetectionEngine(
             self.correlator, self.rules.current, yara_scanner=self._yara_scanner(self.rules.current)

@@ -89,6 +89,7 @@ class Correlator:
         read_configs: bool | None = None,
         on_new_facts: NewFactsHook | None = None,
         proc_root: str = "/proc",
+        identify: Callable[[int, int | None], int | None] | None = None,
     ) -> None:
         self.max_processes = max_processes
         self.idle_expiry_s = idle_expiry_s
@@ -100,6 +101,8 @@ class Correlator:
             on_new_facts  # enrichment (YARA, exe hash) on first sight and after exec
         )
         self.proc_root = proc_root
+        # identity at first sight: a pidfd for a process seen at its exec (the wiring supplies it)
+        self.identify = identify
         self._states: dict[ProcessKey, ProcessState] = {}
         self._by_pid: dict[int, ProcessState] = {}  # the live process with each pid
         self._device_totals: dict[tuple[str, int], int] = {}
@@ -256,6 +259,7 @@ class Correlator:
         state = self._states.pop(key, None)
         if state is not None:
             self.gpu_moved.discard(state)
+            _close_pidfd(state)
         if state is not None and self._by_pid.get(key.pid) is state:
             del self._by_pid[key.pid]
             self._monitors.discard(key.pid)
@@ -401,6 +405,7 @@ class Correlator:
             old.exited_at = event.time  # its exit was not seen: this exec is another process
             del self._by_pid[event.pid]
             self._monitors.discard(event.pid)
+            _close_pidfd(old)
         first_sight = event.pid not in self._by_pid
         state = self._state_for(event.pid, event.time, event.comm)
         if first_sight and state.facts is not None:
@@ -411,13 +416,13 @@ class Correlator:
             if not state.cmdline and event.cmdline:
                 state.cmdline = list(event.cmdline)
             state.ppid = state.ppid or event.ppid
-            state.exit_gen = event.exit_gen
+            self._identify(state, event.exit_gen)
             state.touch(event.time)
             return
         state.comm = event.comm or state.comm
         state.exe = event.filename or state.exe
         if event.exit_gen is not None:
-            state.exit_gen = event.exit_gen
+            self._identify(state, event.exit_gen)
         if event.cmdline:
             state.cmdline = list(event.cmdline)
         if event.ppid:
@@ -432,11 +437,17 @@ class Correlator:
                 self._adopt_facts(state, facts)
         state.touch(event.time)
 
+    def _identify(self, state: ProcessState, exit_gen: int | None) -> None:
+        state.exit_gen = exit_gen
+        if self.identify is not None and state.pidfd is None:
+            state.pidfd = self.identify(state.pid, exit_gen)
+
     def _on_exit(self, event: Exit) -> None:
         self.counters["events"] += 1
         state = self._by_pid.get(event.pid)
         if state is None:
             return
+        _close_pidfd(state)  # gone: nothing can be done to it any more
         state.exited_at = event.time
         state.exit_code = event.exit_code
         state.touch(event.time)
@@ -527,3 +538,12 @@ class Correlator:
                 moved.add(state)
                 changed = False  # the engine's GPU check decides (see RescorePolicy.gpu_checked)
             state.touch(time, changed)
+
+
+def _close_pidfd(state: ProcessState) -> None:
+    if state.pidfd is not None:
+        try:
+            os.close(state.pidfd)
+        except OSError:
+            pass
+        state.pidfd = None

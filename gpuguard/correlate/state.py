@@ -97,6 +97,9 @@ class ProcessState:
     # The pid's exit generation at its exec (gpuguard.sources.identity): the response opens a
     # pidfd and acts only if it is unchanged, so it never reaches a process that reused the pid.
     exit_gen: int | None = None
+    pidfd: int | None = (
+        None  # opened at its exec (first sight), proven by exit_gen; closed when it goes
+    )
     # GPU devices
     gpu_device_classes: set[str] = field(default_factory=set)
     gpu_paths: set[str] = field(default_factory=set)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpuguard.errors import GpuguardError
 from gpuguard.events.abi import probe_dir
-from gpuguard.sources.identity import pid_max
+from gpuguard.sources.identity import identity_cflags
 
 BPF_FS_MAGIC = 0xCAFE4A11
 BPF_F_ALLOW_MULTI = 2
@@ -86,7 +86,7 @@ def compile_program(source_name: str, root: Path):
             cflags=[
                 f"-I{probes}",
                 f'-DGG_PIN_ROOT="{root}"',
-                f"-DGG_PID_MAX={pid_max()}",
+                *identity_cflags(),
                 "-Wno-comment",
             ],
         )

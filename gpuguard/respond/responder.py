@@ -204,10 +204,20 @@ class Responder:
     def _open(self, verdict: Verdict, state: ProcessState) -> ProcessHandle:
         """A pidfd for exactly the process the verdict is about (raises OffenderExited/RecycledPid).
 
-        With the exit generation seen at its exec, the pidfd is proven to name that process
-        (gpuguard.sources.identity); a process seen only through /proc falls back to the
-        start-time check of :func:`open_process`.
+        The pidfd the correlator opened at its exec (proven then by the exit generation), or
+        one opened now and proven by the generation (gpuguard.sources.identity); a process seen
+        only through /proc falls back to the start-time check of :func:`open_process`.
         """
+        if state.pidfd is not None:  # opened at its exec, proven then by the generation
+            try:
+                handle = ProcessHandle(verdict.pid, os.dup(state.pidfd))
+            except OSError:
+                handle = None
+            if handle is not None:
+                if pidfd_alive(handle.pidfd):
+                    return handle
+                handle.close()
+                raise OffenderExited(f"pid {verdict.pid} has exited")
         if self.generations is not None and state.exit_gen is not None:
             return ProcessHandle(
                 verdict.pid, open_verified(verdict.pid, state.exit_gen, self.generations)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuguard.events.abi import probe_dir
-from gpuguard.sources.identity import pid_max
+from gpuguard.sources.identity import identity_cflags
 
 ENTRY = "sensor.bpf.c"
 _LOCAL_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$')
@@ -46,6 +46,9 @@ class ProbeSettings:
             raise ValueError("activity_slots must be a power of two")
         if self.enter_hook not in ("tracepoint", "raw"):
             raise ValueError('enter_hook must be "tracepoint" or "raw"')
+        identity = identity_cflags()  # the exit-generation array's size, group_dead
+        if self.pid_max:
+            identity[0] = f"-DGG_PID_MAX={int(self.pid_max)}"
         flags = [
             f"-DGG_PAYLOAD_WRITES={int(self.payload_writes)}",
             f"-DGG_RINGBUF_PAGES={int(self.ringbuf_pages)}",
@@ -54,7 +57,7 @@ class ProbeSettings:
             f"-DGG_MAX_FRESH_SOCKETS={int(self.max_fresh_sockets)}",
             f"-DGG_FD_SLOTS={int(self.fd_slots)}",
             f"-DGG_ACTIVITY_SLOTS={int(self.activity_slots)}",
-            f"-DGG_PID_MAX={int(self.pid_max or pid_max())}",
+            *identity,
         ]
         if self.enter_hook == "raw":
             flags.append("-DGG_RAW_SYS_ENTER")

@@ -43,7 +43,11 @@ BPF_ARRAY(touch_settings, __u32, 2);
 BPF_HASH(touch_scope, __u64, __u8, 1024);
 BPF_ARRAY(touch_exit_gens, __u32, GG_PID_MAX);
 BPF_PERCPU_ARRAY(touch_scratch, struct gg_touch_event, 1);
+/* Kills and exec reports go up on rings of their own, so a flood of execs can never crowd
+ * out the report of a kill; a kill whose report found no room is still counted. */
 BPF_RINGBUF_OUTPUT(touch_events, 64);
+BPF_RINGBUF_OUTPUT(touch_kills, 64);
+BPF_ARRAY(touch_lost, __u64, 2);        /* [0] kill reports, [1] exec reports without room */
 /* Never written: exports struct gg_touch_event's layout to user space (bcc builds the ctypes class). */
 BPF_ARRAY(schema_touch_event, struct gg_touch_event, 1);
 
@@ -75,13 +79,33 @@ static __always_inline int gg_in_scope(void)
     return 0;
 }
 
+static __always_inline void gg_lost(__u32 which)
+{
+    __u64 *count = touch_lost.lookup(&which);
+    if (count)
+        __sync_fetch_and_add(count, 1);
+}
+
 static __always_inline void gg_report(struct gg_touch_event *src)
 {
     struct gg_touch_event *e = touch_events.ringbuf_reserve(sizeof(*e));
-    if (!e)
+    if (!e) {
+        gg_lost(1);
         return;
+    }
     __builtin_memcpy(e, src, sizeof(*e));
     touch_events.ringbuf_submit(e, 0);
+}
+
+static __always_inline void gg_report_kill(struct gg_touch_event *src)
+{
+    struct gg_touch_event *e = touch_kills.ringbuf_reserve(sizeof(*e));
+    if (!e) {
+        gg_lost(0);
+        return;
+    }
+    __builtin_memcpy(e, src, sizeof(*e));
+    touch_kills.ringbuf_submit(e, 0);
 }
 
 static __always_inline struct gg_touch_event *gg_event(__u32 tgid, __u32 reason, __u32 block)
@@ -223,7 +247,7 @@ static __always_inline int gg_touch(void *ctx, __u32 reason, const char *path)
             return 0;
     }
     bpf_send_signal(GG_SIGKILL);
-    gg_report(e);
+    gg_report_kill(e);
     return 0;
 }
 

@@ -431,3 +431,37 @@ def test_a_leader_that_calls_pthread_exit_is_still_reached(tmp_path, scope):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.mark.root
+def test_no_kernel_entry_outlives_the_process_it_was_put_in_for(tmp_path):
+    """An entry that lands after its process exited would block the pid's next owner: none stays."""
+    from gpuguard.respond.bpf_pins import ensure_pin_root
+    from gpuguard.respond.touch import TouchBlocker
+
+    settings = settings_for_test()
+    touch = TouchBlocker(ensure_pin_root(settings.pin_root), lambda report: None)
+    try:
+        gone = subprocess.Popen(["/bin/true"])
+        gone.wait()
+        zombie = subprocess.Popen(["/bin/true"])
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[1][0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        pidfd = os.pidfd_open(zombie.pid)  # its exit already ran the kernel's cleanup
+        try:
+            assert not touch._insert_live(zombie.pid, touch._entry(5, 0), pidfd)
+        finally:
+            os.close(pidfd)
+        assert not touch._insert_live(gone.pid, touch._entry(5, 0))
+        live = subprocess.Popen(["/bin/sleep", "60"])
+        assert touch._insert_live(live.pid, touch._entry(5, 0))
+        keys = {key.value for key in touch._tgids.keys()}
+        assert live.pid in keys and zombie.pid not in keys and gone.pid not in keys
+        live.kill()
+        live.wait()
+        zombie.wait()
+    finally:
+        touch.close()
+        cleanup(settings)

@@ -363,7 +363,14 @@ class Responder:
                 )
             touch = self._touch_blocker()
             touch.set_scope(self._scope_ids())
-            block = touch.add(verdict.pid, target, tree, ttl, reason=f"{verdict.verdict} verdict")
+            block = touch.add(
+                verdict.pid,
+                target,
+                tree,
+                ttl,
+                reason=f"{verdict.verdict} verdict",
+                pidfd=handle.pidfd,
+            )
         _name(block, verdict)
         return self._placed(block, "kill-on-touch", target.why, base)
 
@@ -566,6 +573,18 @@ class Responder:
             None,
         )
         kind = report.get("kind", "kill")
+        if kind == "lost":
+            self.emit(
+                ActionOutcome(
+                    time=time.time(),
+                    action="kill-on-touch",
+                    status="lost",
+                    reason=f"{report['count']} kill-on-touch {report['what']} found no room in "
+                    "the kernel's ring buffer: the kernel acted, this log has no record of it",
+                    detail={"lost": report["count"], "what": report["what"]},
+                )
+            )
+            return
         if kind == "error":
             self.emit(
                 ActionOutcome(

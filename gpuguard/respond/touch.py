@@ -43,7 +43,12 @@ from gpuguard.respond.blocks import Block, new_block_id
 from gpuguard.respond.cgroup_blocks import cgroup2_mount, cgroup2_of
 from gpuguard.respond.exec_match import BlockTarget, ExecIdentities, read_process
 from gpuguard.sources.containers import container_from_cgroup, read_cgroup_path
-from gpuguard.sources.identity import ExitGenerations, OffenderExited, open_verified
+from gpuguard.sources.identity import (
+    ExitGenerations,
+    OffenderExited,
+    open_verified,
+    pidfd_exited,
+)
 
 PROGRAM_SOURCE = "respond_touch.bpf.c"
 PATH_LEN = DEFINES["GG_PATH_LEN"]
@@ -109,6 +114,9 @@ class TouchBlocker:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._bpf[b"touch_events"].open_ring_buffer(self._on_event)
+        self._bpf[b"touch_kills"].open_ring_buffer(self._on_event)
+        self._lost = self._bpf[b"touch_lost"]
+        self._lost_seen = [0, 0]
         self._thread = threading.Thread(target=self._poll, name="gpuguard-touch", daemon=True)
         self._thread.start()
 
@@ -150,9 +158,17 @@ class TouchBlocker:
         return dropped
 
     def add(
-        self, pid: int, target: BlockTarget, tree: set[int], ttl_s: float, reason: str
+        self,
+        pid: int,
+        target: BlockTarget,
+        tree: set[int],
+        ttl_s: float,
+        reason: str,
+        *,
+        pidfd: int | None = None,
     ) -> Block:
-        """Block the offender ``pid`` and its ``tree``, and what ``target`` names beyond them."""
+        """Block the offender ``pid`` (``pidfd``: its verified pidfd) and its ``tree``, and what
+        ``target`` names beyond them."""
         number = secrets.randbits(31) + 1
         deadline = time.monotonic_ns() + int(ttl_s * 1e9) if ttl_s else 0
         blocked_path = ""
@@ -171,8 +187,16 @@ class TouchBlocker:
                 self._files[number] = (tuple(target.identity), target.sha256)
             for tgid in tgids:
                 self._remember(tgid, offender if tgid == pid else (target.exe, _cmdline_of(tgid)))
-        for tgid in tgids:
-            self._tgids[self._tgids.Key(tgid)] = self._entry(number, deadline, FLAG_TREE)
+        tgids = [
+            tgid
+            for tgid in tgids
+            if self._insert_live(
+                tgid,
+                self._entry(number, deadline, FLAG_TREE),
+                pidfd if tgid == pid else None,
+                None if tgid == pid else set(tgids),
+            )
+        ]
         self.identities.add(number, deadline, target)
         self._report_execs()
         now = time.time()
@@ -237,6 +261,44 @@ class TouchBlocker:
     def _report_execs(self) -> None:
         self._settings[ct.c_int(0)] = ct.c_uint(1 if self.identities else 0)
 
+    def _insert_live(
+        self, tgid: int, entry, pidfd: int | None = None, parents: set[int] | None = None
+    ) -> bool:
+        """Put ``tgid`` in the kernel map only while it is the process meant; never leave an entry
+        for a pid that exited (its next owner would inherit the block).
+
+        The kernel deletes an exiting pid's entry; an insert that lands after that exit would
+        stay.  So the entry goes in, and is taken out again unless the process (``pidfd``, or one
+        opened now whose parent is in ``parents``: a recycled pid has another) has not exited.
+        """
+        own = pidfd is None
+        if own:
+            try:
+                pidfd = os.pidfd_open(tgid)
+            except OSError:
+                return False
+        try:
+            if parents is not None:
+                try:
+                    with open(f"/proc/{tgid}/stat", "rb") as f:
+                        ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    return False
+                if ppid not in parents or pidfd_exited(pidfd):
+                    return False
+            key = self._tgids.Key(tgid)
+            self._tgids[key] = entry
+            if pidfd_exited(pidfd):
+                try:
+                    del self._tgids[key]
+                except KeyError:
+                    pass
+                return False
+            return True
+        finally:
+            if own:
+                os.close(pidfd)
+
     def _remember(self, tgid: int, what: tuple[str, str]) -> None:
         self._known[tgid] = what
         self._known.move_to_end(tgid)
@@ -247,6 +309,17 @@ class TouchBlocker:
     def _poll(self) -> None:
         while not self._stop.is_set():
             self._bpf.ring_buffer_poll(100)
+            self._check_lost()
+
+    def _check_lost(self) -> None:
+        """Reports the kernel had no room for: counted and said, never silent."""
+        for index, what in ((0, "kill reports"), (1, "exec reports")):
+            count = int(self._lost[ct.c_int(index)].value)
+            if count > self._lost_seen[index]:
+                self.on_kill(
+                    {"kind": "lost", "what": what, "count": count - self._lost_seen[index]}
+                )
+                self._lost_seen[index] = count
 
     def _on_event(self, _ctx, data, _size) -> None:
         try:
@@ -374,7 +447,8 @@ class TouchBlocker:
             exe, _, _ = read_process(tgid)
             cmdline = _cmdline_of(tgid)
             entry = self._entry(number, 0, FLAG_TREE)  # an exact copy: the offender's own
-            self._tgids[self._tgids.Key(tgid)] = entry
+            if not self._insert_live(tgid, entry, pidfd):
+                return  # it exited meanwhile: nothing to kill, and no entry left behind
             try:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             except OSError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import threading
 from collections.abc import Callable
@@ -87,6 +88,13 @@ def pidfd_alive(pidfd: int) -> bool:
         return False
     except PermissionError:
         return True
+
+
+def pidfd_exited(pidfd: int) -> bool:
+    """True once the pidfd's process has exited (zombie or reaped): it can touch nothing more."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def open_verified(pid: int, exit_gen: int, generations: ExitGenerations) -> int:

@@ -409,10 +409,10 @@ class TouchBlocker:
         try:
             key = self._tgids.Key(tgid)
             entry = self._tgids[key]
-            entry.flags |= FLAG_TREE  # and what it forks
-            self._tgids[key] = entry
         except KeyError:
-            pass  # it has exited already
+            return  # it has exited already
+        entry.flags |= FLAG_TREE  # and what it forks
+        _update_existing(self._tgids, key, entry)
 
     def suspend(self, number: int) -> None:
         """The block's circuit breaker: nothing more is killed for it, in the kernel or here."""
@@ -423,7 +423,7 @@ class TouchBlocker:
             for key, value in list(table.items()):
                 if value.block == number:
                     value.flags |= FLAG_SUSPENDED
-                    table[key] = value
+                    _update_existing(table, key, value)
 
     def _check_exec(self, report: dict, exit_gen: int) -> None:
         """A renamed copy, or a blocked script under any interpreter: killed through a verified pidfd."""
@@ -465,6 +465,14 @@ class TouchBlocker:
         self._stop.set()
         self._thread.join(timeout=2)
         self._bpf.cleanup()
+
+
+def _update_existing(table, key, value) -> bool:
+    """Rewrite an entry only if it is still there (BPF_EXIST): a read-modify-write must never bring
+    back an entry the kernel deleted when its process exited (the pid's next owner would get it)."""
+    from bcc.libbcc import lib
+
+    return lib.bpf_update_elem(table.map_fd, ct.byref(key), ct.byref(value), 2) == 0  # BPF_EXIST
 
 
 def scope_cgroup_ids(scope: str, cgroups: tuple[str, ...]) -> set[int] | None:

@@ -123,6 +123,8 @@ case $job in
     run)   "$VENV/bin/gpuguard" selftest --own-agent \
                || say "the selftest failed (see the line above); starting the agent anyway"
            exec "$VENV/bin/gpuguard" agent "$@" ;;
-    test)  cd "$ROOT" && GPUGUARD_LATEST=$latest exec "$VENV/bin/python" -m pytest --require-root-tests "$@" ;;
+    # Two workers: the root tests one after another on one (tests/conftest.py groups them), the rest on the other.
+    test)  cd "$ROOT" && GPUGUARD_LATEST=$latest exec "$VENV/bin/python" -m pytest --require-root-tests \
+               -n 2 --dist loadgroup "$@" ;;
     *)     die "unknown job '$job' (fix: use run, test, setup or lock)" ;;
 esac

@@ -4,10 +4,15 @@ Tests marked ``root`` need root, a real kernel with eBPF and bcc.  Without
 ``--require-root-tests`` they skip when those are missing (a laptop run); with
 it (CI and the README's test command) a missing prerequisite fails the test,
 so a CI run can never go green with the kernel tests silently skipped.
+
+Under pytest-xdist (``-n 2 --dist loadgroup``, as packaging/setup-host.sh runs
+the suite) the root tests form one group: they run one after another on one
+worker, as they would alone, while the other tests share the other worker.
 """
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import sys
@@ -25,6 +30,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="fail (instead of skip) tests marked root when root/BPF/bcc are missing",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The tests start gpuguard hundreds of times; with PYTHONDONTWRITEBYTECODE set (as on the
+    # project's machines) each start would compile every module again.  Once per run, not per worker.
+    if not hasattr(config, "workerinput"):
+        compileall.compile_dir(str(REPO / "gpuguard"), quiet=1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("root") is not None:
+            item.add_marker(pytest.mark.xdist_group("root"))
 
 
 def _root_test_blocker() -> str | None:

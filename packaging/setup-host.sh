@@ -96,7 +96,10 @@ pip_() { PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_CONSTRAINT= "$VENV/bin/py
 stamp="$VENV/.gpuguard-installed"
 mode=locked; [ "$latest" = 1 ] && mode=latest
 want="$mode $(cat "$ROOT/pyproject.toml" "$LOCK" | sha256sum | cut -c1-16)"
-if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+# (lock uses the venv's uv as it is, then makes the venv afresh from the new lock.)
+if [ "$job" = lock ] && [ -x "$VENV/bin/uv" ]; then
+    :
+elif [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "creating the virtual environment in $VENV ($mode versions)"
     rm -rf "$VENV"
     /usr/bin/python3 -m venv --system-site-packages "$VENV"

@@ -39,10 +39,23 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(str(REPO / "gpuguard"), quiet=1)
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # At collection, before any collection_modifyitems hook (xdist's reads the groups there).
+    if item.get_closest_marker("root") is not None:
+        item.add_marker(pytest.mark.xdist_group("root"))
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("root") is not None:
-            item.add_marker(pytest.mark.xdist_group("root"))
+    # xdist marks a grouped test by its node id; where that silently stops working
+    # (pytest-dev/pytest-xdist#1386) root tests would run side by side: refuse instead.
+    if getattr(config.option, "loadgroup", False):
+        loose = [i.nodeid for i in items if i.get_closest_marker("root") and "@" not in i.nodeid]
+        if loose:
+            raise pytest.UsageError(
+                f"pytest-xdist did not group the root tests ({loose[0]} ...): this pytest and "
+                "pytest-xdist disagree (fix: bash packaging/setup-host.sh setup, or pass -n 0)"
+            )
 
 
 def _root_test_blocker() -> str | None:

@@ -228,4 +228,6 @@ def test_the_venv_holds_exactly_the_locked_versions():
         digest = hashlib.sha256(
             (REPO / "pyproject.toml").read_bytes() + LOCK.read_bytes()
         ).hexdigest()[:16]
-        assert stamp.read_text().split() == ["locked", digest]
+        assert stamp.read_text().split() == ["locked", digest], (
+            f"{sys.prefix} was not built from this lock (fix: bash packaging/setup-host.sh setup)"
+        )

@@ -3,19 +3,30 @@
 #
 #   bash packaging/setup-host.sh run  [gpuguard agent options]   # set up, selftest, then the agent in the foreground
 #   bash packaging/setup-host.sh test [pytest options]           # set up, then the whole test suite
+#   bash packaging/setup-host.sh test --latest [pytest options]  # the same on the newest allowed versions
 #   bash packaging/setup-host.sh setup                           # set up only
+#   bash packaging/setup-host.sh lock [--upgrade]                # refresh requirements.lock from pyproject.toml
 #
 # Installs what is missing: Debian's bcc (python3-bpfcc), kernel headers (or
 # the closest Debian headers linked in as a fallback), nftables, a compiler for
 # the test workloads, and a virtual environment (.venv) that sees bcc and has
-# gpuguard with its PyPI dependencies.  Safe to run again: it only does what
-# is not done yet.
+# gpuguard with exactly the PyPI packages pinned (with hashes) in
+# requirements.lock.  Safe to run again: it only does what is not done yet.
+#
+# --latest (or GPUGUARD_LATEST=1) builds the venv from the newest versions
+# pyproject.toml allows instead of the lock, so a new release that breaks
+# something shows up before it lands in the lock; the next plain run goes back
+# to the locked set.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$ROOT/.venv"
+LOCK="$ROOT/requirements.lock"
 job=${1:-run}
 [ $# -gt 0 ] && shift
+latest=${GPUGUARD_LATEST:-0}
+if [ "$job" = test ] && [ "${1:-}" = --latest ]; then latest=1; shift; fi
+[ "$latest" = 1 ] || latest=0
 
 say() { printf 'gpuguard-setup: %s\n' "$*" >&2; }
 die() { printf 'gpuguard-setup: %s\n' "$*" >&2; exit 2; }
@@ -74,23 +85,49 @@ if [ ! -d /sys/kernel/tracing/events ] && [ ! -d /sys/kernel/debug/tracing/event
         || mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null || true
 fi
 
-# A venv on Debian's python3 (bcc is a Debian package for that interpreter).
+# A venv on Debian's python3 (bcc is a Debian package for that interpreter),
+# holding exactly the locked set: made afresh whenever the lock, pyproject.toml
+# or the mode changes, and --ignore-installed so that a Debian package the venv
+# sees (python3-yaml, python3-psutil ...) never stands in for a locked version.
+# The platform's pip configuration (extra indexes, find-links, constraints) is
+# left out: the lock and PyPI decide.
+pip_() { PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_CONSTRAINT= "$VENV/bin/python" -m pip \
+             --disable-pip-version-check -q "$@"; }
 stamp="$VENV/.gpuguard-installed"
-want=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)
-if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    say "creating the virtual environment in $VENV"
-    [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]" \
-        || die "pip install failed (fix: check access to PyPI, then run this again)"
+mode=locked; [ "$latest" = 1 ] && mode=latest
+want="$mode $(cat "$ROOT/pyproject.toml" "$LOCK" | sha256sum | cut -c1-16)"
+# (lock uses the venv's uv as it is, then makes the venv afresh from the new lock.)
+if [ "$job" = lock ] && [ -x "$VENV/bin/uv" ]; then
+    :
+elif [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "creating the virtual environment in $VENV ($mode versions)"
+    rm -rf "$VENV"
+    /usr/bin/python3 -m venv --system-site-packages "$VENV"
+    if [ "$mode" = latest ]; then
+        pip_ install --ignore-installed -e "$ROOT[test,dev]" \
+            || die "pip install of the newest versions failed (fix: check access to PyPI, then run this again)"
+    else
+        pip_ install --require-hashes --ignore-installed --no-deps -r "$LOCK" \
+            || die "pip install -r requirements.lock failed (fix: check access to PyPI, then run this again)"
+        pip_ install --no-deps --no-build-isolation -e "$ROOT" \
+            || die "pip install -e . failed (fix: run it by hand to see why)"
+    fi
     echo "$want" > "$stamp"
 fi
 "$VENV/bin/python" -c "import bcc" 2>/dev/null || die "the venv cannot import bcc (fix: apt-get install --reinstall python3-bpfcc)"
 
 case $job in
     setup) say "ready: $VENV/bin/gpuguard" ;;
+    lock)  cd "$ROOT" && "$VENV/bin/uv" pip compile pyproject.toml --all-extras --universal \
+               --python-version 3.11 --generate-hashes --custom-compile-command "bash packaging/setup-host.sh lock" \
+               -o requirements.lock -q "$@" \
+               || die "uv pip compile failed (fix: check access to PyPI, then run this again)"
+           exec bash "$ROOT/packaging/setup-host.sh" setup ;;
     run)   "$VENV/bin/gpuguard" selftest --own-agent \
                || say "the selftest failed (see the line above); starting the agent anyway"
            exec "$VENV/bin/gpuguard" agent "$@" ;;
-    test)  cd "$ROOT" && exec "$VENV/bin/python" -m pytest --require-root-tests "$@" ;;
-    *)     die "unknown job '$job' (fix: use run, test or setup)" ;;
+    # Two workers: the root tests one after another on one (tests/conftest.py groups them), the rest on the other.
+    test)  cd "$ROOT" && GPUGUARD_LATEST=$latest exec "$VENV/bin/python" -m pytest --require-root-tests \
+               -n 2 --dist loadgroup "$@" ;;
+    *)     die "unknown job '$job' (fix: use run, test, setup or lock)" ;;
 esac

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,11 @@ def live_host():
                 "--rules",
                 str(write_rules_override(workdir / "pool-port.yaml", pool.port)),
             ]
-            json_run = run_scan("--json", *rules)
-            ocsf_run = run_scan("--format", "ocsf", *rules)
-            table_run = run_scan(*rules)
+            # The three scans run side by side (each spends most of its GPU window waiting).
+            with ThreadPoolExecutor(3) as pool_of_scans:
+                json_run, ocsf_run, table_run = pool_of_scans.map(
+                    lambda argv: run_scan(*argv, *rules), [["--json"], ["--format", "ocsf"], []]
+                )
             yield {
                 "miner": miner,
                 "pool": pool,

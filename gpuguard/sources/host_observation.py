@@ -225,6 +225,11 @@ def observe_host(
                 obs.facts[pid] = facts
         _fill_ancestors(obs.facts, proc_root)
         obs.holders = scan_device_holders(sorted(obs.facts), proc_root)
+        if window is not None and not samplers and not obs.holders.by_pid():
+            # no GPU library answers and no process holds a GPU device: nothing to watch or wait for
+            window.stop_event.set()
+            window.join()
+            window = None
         if window is not None and proc_root == "/proc":
             # the holders the fd tables show and the pids the GPU drivers list; the window thread samples them
             sessions.pids = set(obs.holders.by_pid()) | {

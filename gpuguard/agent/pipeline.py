@@ -734,6 +734,13 @@ class Agent:
         self.intake.wake()
         for thread in self.threads:
             thread.join(timeout=10)
+        # The sensor's buffers are freed by its close: never while its thread may still be in
+        # them (a loaded host can slow the final drain past 10 s; a freed ring would crash it).
+        sensor_busy = any(t.is_alive() for t in self.threads if isinstance(t, SensorThread))
+        if sensor_busy:
+            for thread in self.threads:
+                thread.join(timeout=30)
+            sensor_busy = any(t.is_alive() for t in self.threads if isinstance(t, SensorThread))
         if self.correlator is not None:
             try:
                 self._final_feed()
@@ -767,6 +774,9 @@ class Agent:
                 scanner.save()
             except OSError as exc:
                 self.stderr(f"gpuguard: cannot save the YARA verdict cache: {exc.strerror}")
+        if self.sensor is not None and sensor_busy:
+            self.stderr("gpuguard: the sensor thread did not stop; the probes go with the process")
+            self.sensor = None
         if self.sensor is not None:
             try:
                 self.sensor.close()  # detaches every probe

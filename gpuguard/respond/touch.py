@@ -463,8 +463,9 @@ class TouchBlocker:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=2)
-        self._bpf.cleanup()
+        self._thread.join(timeout=30)
+        if not self._thread.is_alive():  # never free the rings under a thread still reading them
+            self._bpf.cleanup()
 
 
 def _update_existing(table, key, value) -> bool:

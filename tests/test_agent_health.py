@@ -216,3 +216,32 @@ def test_address_in_use_is_one_line_naming_the_port_and_the_key(tmp_path):
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
     assert f"port {port}" in run.stderr and "metrics.address" in run.stderr
     assert str(config) in run.stderr and "Traceback" not in run.stderr
+
+
+def test_blocks_in_place_are_exported_by_kind(tmp_path):
+    from gpuguard.agent.config import AgentConfig
+    from gpuguard.agent.counters import AgentCounters
+    from gpuguard.agent.telemetry import AgentTelemetry
+    from gpuguard.respond import ResponseSettings
+    from gpuguard.respond.blocks import Block, BlockStore
+
+    config = AgentConfig(
+        metrics_address="127.0.0.1:0", response=ResponseSettings(state_dir=str(tmp_path))
+    )
+    telemetry = AgentTelemetry(config, AgentCounters(), lambda line: None)
+    telemetry.serve_metrics()
+    try:
+        store = BlockStore(str(tmp_path))
+        for n, kind in enumerate(("quarantine", "quarantine", "nftables")):
+            store.save(Block(id=f"b-{n}", kind=kind, created=1.0, expires=None, reason="test"))
+        telemetry.sync_metrics()
+        body = get(telemetry.server.port, "/metrics")[1]
+        assert 'gpuguard_blocks_active{kind="quarantine"} 2.0' in body
+        assert 'gpuguard_blocks_active{kind="nftables"} 1.0' in body
+        assert 'gpuguard_blocks_active{kind="suspend"} 0.0' in body  # every kind, 0 when none
+        store.remove("b-2")
+        telemetry.sync_metrics()
+        body = get(telemetry.server.port, "/metrics")[1]
+        assert 'gpuguard_blocks_active{kind="nftables"} 0.0' in body
+    finally:
+        telemetry.close_metrics()

@@ -38,7 +38,7 @@ DEBS=(python3-bpfcc python3-venv python3-pip python3-nftables nftables iproute2 
       systemd logrotate)
 # Real parts the tests talk to (a Prometheus server scraping the agent, rsyslog
 # receiving CEF, openssl making a TLS pool's certificate): not needed to run the agent, so `run` does not install them.
-[ "$job" = run ] || DEBS+=(prometheus rsyslog openssl)
+[ "$job" = run ] || DEBS+=(prometheus rsyslog openssl kubernetes-client)
 missing=()
 for p in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

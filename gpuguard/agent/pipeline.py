@@ -367,6 +367,7 @@ class Agent:
         release_compiler_pages()  # the probes are compiled: LLVM's ~80 MB of code can go
         self._write_status(time.time())
         self.ready.set()
+        self.telemetry.watch(self.ready, self.threads)  # /readyz, /healthz
 
     # -- run ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -396,6 +397,7 @@ class Agent:
             time.monotonic() + 1.0
         )
         while not self.stop.is_set():
+            self.telemetry.loop_turned()  # /healthz liveness (and its fault-injection stall)
             # Bounded batches: under a flood a stop or reload waits for one batch, not the queue.
             items = self.intake.take_all(0.25, BATCH_ITEMS)
             now = time.time()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gpuguard.escape import escape_text
+from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.log_writer import open_log
 from tests.support.rsyslog import Rsyslogd, free_ports
@@ -81,6 +81,7 @@ def test_cef_over_udp_and_tcp_reaches_rsyslog_one_record_per_line(rsyslog, miner
         "3333",
         "malicious",
     )
-    assert ext["sproc"] and parsed[1][1]["sproc"] == escape_text(HOSTILE)
+    # escaped once: the decoded name is the real one (\\ and line breaks exact, ESC as text)
+    assert ext["sproc"] and parsed[1][1]["sproc"] == visible_text(HOSTILE, keep="\n\r")
     assert parsed[2][1]["outcome"] == "done" and parsed[2][1]["spid"] == "66"
     assert "#033" not in received.read_text()  # rsyslog had no control character to escape

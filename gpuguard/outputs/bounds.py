@@ -188,6 +188,17 @@ def _set_path(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     node[path[-1]] = value
 
 
+def bound_document(
+    doc: dict[str, Any], limits: OutputLimits, mark_path: tuple[str, ...]
+) -> dict[str, Any]:
+    """``doc`` with every string and list capped, the marks under ``mark_path`` + ``truncated``."""
+    marks: dict[str, Any] = {}
+    bounded = bound_value(doc, limits, marks)
+    if marks:
+        _set_path(bounded, (*mark_path, "truncated"), nest(marks))
+    return bounded
+
+
 def fit_json(
     render: Callable[[int], dict[str, Any]],
     dumps: Callable[[Any], str],
@@ -205,11 +216,7 @@ def fit_json(
     shed: list[str] = []
     current = limits
     while True:
-        doc = render(evidence)
-        marks: dict[str, Any] = {}
-        bounded = bound_value(doc, current, marks)
-        if marks:
-            _set_path(bounded, (*mark_path, "truncated"), nest(marks))
+        bounded = bound_document(render(evidence), current, mark_path)
         if shed:
             _set_path(bounded, (*mark_path, "shed"), list(shed))
         line = dumps(bounded)

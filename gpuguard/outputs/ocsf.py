@@ -52,11 +52,15 @@ SEVERITY_NAME = {1: "Informational", 2: "Low", 3: "Medium", 4: "High", 5: "Criti
 ANALYTIC_RULE = 1
 
 
-def metadata() -> dict[str, Any]:
-    """OCSF ``metadata``: schema version, the ``host`` profile (it brings ``device``), the product."""
+def metadata(container: bool = False) -> dict[str, Any]:
+    """OCSF ``metadata``: schema version, the profiles used, the product.
+
+    Every record uses the ``host`` profile (it brings ``device``); one whose
+    process runs in a container also the ``container`` profile (``process.container``).
+    """
     return {
         "version": OCSF_VERSION,
-        "profiles": list(PROFILES),
+        "profiles": [*PROFILES, "container"] if container else list(PROFILES),
         "product": {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__},
     }
 
@@ -244,7 +248,7 @@ def finding_to_ocsf(
         "evidences": evidences,
         "resources": resources,
         "device": {"hostname": hostname, "type_id": 0},
-        "metadata": metadata(),
+        "metadata": metadata(container is not None),
         "unmapped": {
             "gpuguard": {
                 "score": round(float(finding.score), 1),

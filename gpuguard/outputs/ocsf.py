@@ -11,13 +11,16 @@ Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event:
   2 In Progress for an update, 4 Resolved on close);
 * ``finding_info`` {uid, title, desc, types, analytic {uid, name, type_id 1
   Rule}, attacks [{technique, tactic}], created_time};
-* ``evidences`` — one Evidence Artifacts object per piece of evidence, each
-  carrying the ``process`` (``uid`` = ECS ``process.entity_id``) and
+* ``evidences`` — one Evidence Artifacts object per piece of evidence, the first
+  carrying the ``process`` (``uid`` = ECS ``process.entity_id``; the others name it
+  by ``pid`` and ``uid`` only) and
   ``container`` it concerns, network evidence the ``dst_endpoint`` dialled most, or a ``file`` for
   host checks about a path, plus ``data`` {rule_id, signal, detail, weight};
 * ``resources`` — the host (and the container, when there is one);
-* ``metadata`` {product {name, vendor_name, version}, version (schema)};
-* gpuguard's verdict and evidence list under ``unmapped.gpuguard``.
+* ``metadata`` {product {name, vendor_name, version}, version (schema 1.3.0),
+  profiles (``host`` for ``device``; ``container`` for ``process.container``)};
+* gpuguard's verdict, ``is_alert`` (an OCSF 1.4 attribute, so not top-level in a 1.3
+  record) and the count of evidence left out under ``unmapped.gpuguard``.
 
 ``time`` and ``*_time`` fields are epoch milliseconds, as OCSF's timestamp
 type requires.  Values are exact; the JSON escaping rule of :mod:`gpuguard.outputs.jsonl` applies.

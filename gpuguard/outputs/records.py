@@ -17,7 +17,12 @@ Data flow: :class:`~gpuguard.outputs.finding.Finding` |
   rest) with the D3FEND activity (1 Isolate, 2 Evict, 3 Restore, 99 Other);
   lifecycle records are Application Lifecycle 6002 (3 Start, 4 Stop, 8 Update,
   99 Other).
+  Remediation events carry the required ``command_uid``; 7001 and 7004 have no
+  ``process``, so their target is in ``unmapped.gpuguard.process``.
 * **CEF**: :mod:`gpuguard.outputs.cef`.
+
+Every line is bounded (:mod:`gpuguard.outputs.bounds`): each string capped and
+marked, the whole record within the destination's budget.
 
 JSON encoding escapes every control character in structured fields, and
 :func:`~gpuguard.outputs.jsonl.dumps_line` writes invalid UTF-8 as ``\\xNN``,

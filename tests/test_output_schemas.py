@@ -17,6 +17,7 @@ import gpuguard.detect.gpu_host_checks  # noqa: F401 - registers the GPU host ru
 from gpuguard.detect.host_checks import HostFinding, apply_thresholds
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ACTION_STATUSES, ActionOutcome, AgentLifecycle
+from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.finding import Destination, Finding, finding_from_host
 from gpuguard.outputs.ocsf import OCSF_VERSION
 from gpuguard.outputs.records import _ACTION_ECS_TYPE, FORMATS, render_record
@@ -140,6 +141,18 @@ def test_every_ocsf_record_validates(corpus):
         classes.add(event["class_uid"])
         assert ocsf_errors(event) == [], (type(record).__name__, event.get("type_name"))
     assert classes == {2004, 7001, 7003, 7004, 6002}
+
+
+@pytest.mark.parametrize("budget", [1024, 2048, 4096])
+def test_records_shed_to_fit_a_small_budget_still_validate(corpus, budget):
+    limits = OutputLimits(record=budget)
+    for record in corpus:
+        ocsf = render_record(record, "ocsf", HOST, limits)
+        ecs = render_record(record, "ecs", HOST, limits)
+        assert len(ocsf.encode()) <= budget and len(ecs.encode()) <= budget
+        assert ocsf_errors(json.loads(ocsf)) == [], type(record).__name__
+        assert ecs_errors(json.loads(ecs)) == [], type(record).__name__
+        strict_cef(render_record(record, "cef", HOST, limits))
 
 
 def test_remediation_activity_has_a_command_uid_and_no_process():

@@ -95,9 +95,9 @@ _SCHEMA: dict[str, Any] = {
         "spool_dir": ("log_spool_dir", str, None),
         "spool_max_bytes": ("log_spool_max_bytes", int, (0, 1 << 40)),
         "limits": {  # outputs/bounds.py: caps of attacker-controlled fields, one record's budget
-            "cmdline_bytes": ("log_limit_cmdline", int, (64, 1 << 20)),
-            "arg_bytes": ("log_limit_arg", int, (16, 1 << 20)),
-            "name_bytes": ("log_limit_name", int, (16, 1 << 20)),
+            "cmdline_bytes": ("log_limit_cmdline", int, (256, 1 << 20)),
+            "arg_bytes": ("log_limit_arg", int, (64, 1 << 20)),
+            "name_bytes": ("log_limit_name", int, (64, 1 << 20)),
             "record_bytes": ("log_limit_record", int, (1024, 1 << 24)),
             "evidence": ("log_limit_evidence", int, (1, 1000)),
         },

@@ -39,7 +39,7 @@ DEFAULT_NAME_BYTES = 1024
 DEFAULT_RECORD_BYTES = 7680
 DEFAULT_EVIDENCE = 10
 MAX_LIST_ITEMS = 64  # any other list (addresses in an action's detail, device paths)
-_FLOOR_BYTES = 16  # strings are never shed below this many bytes
+_FLOOR_BYTES = 64  # strings are never shed below this (a timestamp, an id, a sha256 stay whole)
 _CMDLINE_LEAVES = ("command_line", "cmd_line", "message", "explanation")
 _ARGS_PATHS = ("process.args",)
 
@@ -205,10 +205,12 @@ def fit_json(
     limits: OutputLimits,
     mark_path: tuple[str, ...],
     skeleton: Callable[[dict[str, Any]], dict[str, Any]],
+    evidence_count: int = 0,
 ) -> str:
     """One JSON line within ``limits.record`` bytes.
 
-    ``render(n)`` builds the document with at most ``n`` pieces of evidence;
+    ``render(n)`` builds the document with at most ``n`` of its ``evidence_count``
+    pieces of evidence;
     marks are written under ``mark_path`` (``truncated``, ``shed``);
     ``skeleton(doc)`` is the last resort: the document's fixed, bounded fields.
     """
@@ -222,8 +224,8 @@ def fit_json(
         line = dumps(bounded)
         if len(line.encode("utf-8")) <= limits.record:
             return line
-        if evidence > 1:
-            evidence = 1 if evidence <= 3 else 3
+        if evidence > 1 and evidence_count > 1:
+            evidence = 1 if evidence <= 3 or evidence_count <= 3 else 3
             if "evidence" not in shed:
                 shed.append("evidence")
         elif not current.at_floor:
@@ -248,6 +250,6 @@ def pick(doc: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
             if isinstance(node, str):
-                node = cap_text(node, _FLOOR_BYTES * 4)[0]
+                node = cap_text(node, _FLOOR_BYTES)[0]
             _set_path(out, tuple(parts), node)
     return out

@@ -52,7 +52,7 @@ _SPEC_LENGTH = {
 }  # fmt: skip
 _CMDLINE_KEYS = ("cs5", "cs6", "msg")
 _HEADER_BYTES = 512  # signature and name (rule ids and descriptions)
-_FLOOR_BYTES = 16
+_FLOOR_BYTES = 64  # as in outputs/bounds.py: ids and host names stay whole
 MARK_KEY = "flexString1"
 
 

@@ -374,7 +374,10 @@ class RecordRenderer:
             paths = _OCSF_SKELETON
         else:
             mark_path, paths = ("gpuguard",), _ECS_SKELETON
-        return fit_json(render, dumps_line, self.limits, mark_path, lambda doc: pick(doc, paths))
+        count = len(record.evidence) if isinstance(record, Finding) else 0
+        return fit_json(
+            render, dumps_line, self.limits, mark_path, lambda doc: pick(doc, paths), count
+        )
 
 
 def _finding_time(finding: Finding) -> float:

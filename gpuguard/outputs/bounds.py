@@ -97,11 +97,17 @@ def cap_text(text: str, limit: int) -> tuple[str, dict[str, Any] | None]:
     return cut, text_mark(data)
 
 
-def cap_args(args: list[str], limits: OutputLimits) -> tuple[list[str], dict[str, Any] | None]:
-    """Each argument cut to ``limits.arg``, and the list to ``limits.cmdline`` bytes in all."""
+def cap_args(
+    args: list[str], limits: OutputLimits, memo: dict[Any, Any] | None = None
+) -> tuple[list[str], dict[str, Any] | None]:
+    """Each argument cut to ``limits.arg``, and the list to ``limits.cmdline`` bytes in all.
+
+    ``memo`` keeps the mark of an argument list across the passes of :func:`fit_json`.
+    """
     out: list[str] = []
     total = 0
     cut_any = False
+    args = [a if isinstance(a, str) else str(a) for a in args]
     for arg in args:
         if total >= limits.cmdline:
             cut_any = True
@@ -112,9 +118,14 @@ def cap_args(args: list[str], limits: OutputLimits) -> tuple[list[str], dict[str
         total += len(raw_bytes(capped)) + 1
     if not cut_any:
         return list(args), None
-    mark = text_mark(b"\x00".join(raw_bytes(a) for a in args))
-    mark["original_count"] = len(args)
-    return out, mark
+    key = tuple(args)
+    mark = memo.get(key) if memo is not None else None
+    if mark is None:
+        mark = text_mark(b"\x00".join(raw_bytes(a) for a in args))
+        mark["original_count"] = len(args)
+        if memo is not None:
+            memo[key] = mark
+    return out, dict(mark)
 
 
 def bound_evidence(finding: Finding, keep: int) -> Finding:
@@ -134,7 +145,11 @@ def _path_key(path: tuple[str, ...]) -> str:
 
 
 def bound_value(
-    value: Any, limits: OutputLimits, marks: dict[str, Any], path: tuple[str, ...] = ()
+    value: Any,
+    limits: OutputLimits,
+    marks: dict[str, Any],
+    path: tuple[str, ...] = (),
+    memo: dict[Any, Any] | None = None,
 ) -> Any:
     """``value`` (a JSON document or part of one) with every string and list capped.
 
@@ -149,11 +164,11 @@ def bound_value(
             marks.setdefault(_path_key(path), mark)
         return capped
     if isinstance(value, dict):
-        return {k: bound_value(v, limits, marks, (*path, str(k))) for k, v in value.items()}
+        return {k: bound_value(v, limits, marks, (*path, str(k)), memo) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         key = _path_key(path)
-        if key in _ARGS_PATHS and all(isinstance(v, str) for v in value):
-            capped_args, mark = cap_args(list(value), limits)
+        if key in _ARGS_PATHS:
+            capped_args, mark = cap_args(list(value), limits, memo)
             if mark is not None:
                 marks.setdefault(key, mark)
             return capped_args
@@ -161,7 +176,7 @@ def bound_value(
         if len(items) > MAX_LIST_ITEMS:
             marks.setdefault(key, {"original_count": len(items)})
             items = items[:MAX_LIST_ITEMS]
-        return [bound_value(v, limits, marks, (*path, str(i))) for i, v in enumerate(items)]
+        return [bound_value(v, limits, marks, (*path, str(i)), memo) for i, v in enumerate(items)]
     return value
 
 
@@ -189,11 +204,14 @@ def _set_path(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 
 def bound_document(
-    doc: dict[str, Any], limits: OutputLimits, mark_path: tuple[str, ...]
+    doc: dict[str, Any],
+    limits: OutputLimits,
+    mark_path: tuple[str, ...],
+    memo: dict[Any, Any] | None = None,
 ) -> dict[str, Any]:
     """``doc`` with every string and list capped, the marks under ``mark_path`` + ``truncated``."""
     marks: dict[str, Any] = {}
-    bounded = bound_value(doc, limits, marks)
+    bounded = bound_value(doc, limits, marks, (), memo)
     if marks:
         _set_path(bounded, (*mark_path, "truncated"), nest(marks))
     return bounded
@@ -217,8 +235,9 @@ def fit_json(
     evidence = limits.evidence
     shed: list[str] = []
     current = limits
+    memo: dict[Any, Any] = {}
     while True:
-        bounded = bound_document(render(evidence), current, mark_path)
+        bounded = bound_document(render(evidence), current, mark_path, memo)
         if shed:
             _set_path(bounded, (*mark_path, "shed"), list(shed))
         line = dumps(bounded)

@@ -186,7 +186,8 @@ def _cap(key: str, value: object, cmdline: int, name: int, marks: dict[str, Any]
     if not isinstance(value, str):
         return value
     limit = min(cmdline if key in _CMDLINE_KEYS else name, _SPEC_LENGTH.get(key, 1 << 30))
-    shown = visible_text(value, keep="\n\r")
+    # Visible text is never shorter than the value: its first limit+1 characters decide the cut.
+    shown = visible_text(value[: limit + 1], keep="\n\r")
     capped, mark = cap_text(shown, limit)
     if mark is not None:
         marks[key] = text_mark(raw_bytes(value))

@@ -663,6 +663,7 @@ class Agent:
                         "log_keep",
                         "log_syslog_format",
                         "log_facility",
+                        "log_limits",
                         "metrics_address",
                         "status_path",
                     )

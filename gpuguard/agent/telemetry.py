@@ -35,6 +35,7 @@ from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.log_writer import LogWriter, open_log
 from gpuguard.outputs.metrics import AgentHealth, AgentMetrics, MetricsServer
 from gpuguard.sources.pod_names import PodNames, PodRef
@@ -89,6 +90,7 @@ class AgentTelemetry:
                 facility=c.log_facility,
                 spool_dir=c.log_spool_dir,
                 spool_max_bytes=c.log_spool_max_bytes,
+                limits=OutputLimits(**c.log_limits),
             )
         except ValueError as exc:
             raise GpuguardError(

@@ -218,7 +218,10 @@ def test_orphaned_memory_is_one_finding_then_one_resolved_record(tmp_path, fmt):
         assert _status_field(cleared, fmt) == "resolved"
         assert _host(cleared, fmt)["host_gpu"]["status"] == "resolved"
         if fmt == "ocsf":
-            assert (cleared["activity_id"], cleared["status"], cleared["is_alert"]) == (
+            is_alert = cleared["unmapped"]["gpuguard"][
+                "is_alert"
+            ]  # OCSF 1.4's, kept off 1.3's top level
+            assert (cleared["activity_id"], cleared["status"], is_alert) == (
                 3,
                 "Resolved",
                 False,

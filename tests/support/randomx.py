@@ -17,6 +17,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -159,5 +160,9 @@ def stop(proc: subprocess.Popen | None) -> None:
 def cpu_hog(seconds: float = 600.0) -> subprocess.Popen:
     """One process spinning a core (the busy host beside the stand-in)."""
     return subprocess.Popen(
-        ["python3", "-c", f"import time\nend=time.time()+{seconds}\nwhile time.time()<end: pass"]
+        [
+            sys.executable,
+            "-c",
+            f"import time\nend=time.time()+{seconds}\nwhile time.time()<end: pass",
+        ]
     )

@@ -40,11 +40,11 @@ TRACEPOINT_PROBE(x86_fpu, x86_fpu_regs_deactivated)
         return 0;
     __u32 rc = (mxcsr >> GG_MXCSR_RC_SHIFT) & 3;
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    __u64 now = bpf_ktime_get_boot_ns();
     struct gg_fpu_rounding *e = fpu_rounding.lookup(&tgid);
+    if (!e && rc == 0)
+        return 0;
+    __u64 now = bpf_ktime_get_boot_ns();
     if (!e) {
-        if (rc == 0)
-            return 0;
         struct gg_fpu_rounding fresh = {};
         fresh.first_ns = now;
         fresh.last_ns = now;

@@ -10,7 +10,9 @@ rest.  :meth:`FpuProbe.counts` returns {tgid: :class:`FpuCounts`}, the totals so
 
 from __future__ import annotations
 
+import ctypes
 import os
+import struct
 import time
 from dataclasses import dataclass
 
@@ -39,6 +41,21 @@ def fpu_offsets(btf: Btf) -> dict[str, int]:
         "GG_FPU_FPSTATE_OFF": btf.path_offset("fpu", "fpstate"),
         "GG_FPSTATE_MXCSR_OFF": btf.path_offset("fpstate", "regs", "xsave", "i387", "mxcsr"),
     }
+
+
+_NR_BPF = 321  # x86_64
+_BPF_OBJ_GET_INFO_BY_FD = 15
+
+
+def _prog_info(fd: int, size: int) -> bytes | None:
+    """struct bpf_prog_info of a program fd (bpf(2) BPF_OBJ_GET_INFO_BY_FD)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    info = ctypes.create_string_buffer(size)
+    attr = struct.pack("<IIQ", fd, size, ctypes.addressof(info)) + bytes(112)
+    attr_buf = ctypes.create_string_buffer(attr, len(attr))
+    if libc.syscall(_NR_BPF, _BPF_OBJ_GET_INFO_BY_FD, attr_buf, len(attr)) != 0:
+        return None
+    return info.raw
 
 
 def _tracepoint_present() -> bool:
@@ -121,6 +138,28 @@ class FpuProbe:
                 del table[table.Key(tgid)]
             except KeyError:
                 pass
+
+    def run_stats(self) -> tuple[int, int] | None:
+        """(runs, nanoseconds spent) of the probe program since load, from the kernel's BPF
+        statistics (counted only while kernel.bpf_stats_enabled is 1); None if unreadable."""
+        if self._bpf is None:
+            return None
+        try:
+            fds = [f.fd for f in self._bpf.funcs.values()]
+            btf = Btf.load()
+            at_time = btf.path_offset("bpf_prog_info", "run_time_ns")
+            at_count = btf.path_offset("bpf_prog_info", "run_cnt")
+            size = btf.size_of("bpf_prog_info")
+        except (BtfError, AttributeError):
+            return None
+        runs = spent = 0
+        for fd in fds:
+            info = _prog_info(fd, size)
+            if info is None:
+                return None
+            runs += int.from_bytes(info[at_count : at_count + 8], "little")
+            spent += int.from_bytes(info[at_time : at_time + 8], "little")
+        return runs, spent
 
     def close(self) -> None:
         if self._bpf is not None:

@@ -29,6 +29,17 @@ def cpu_seconds(pid: int, proc_root: str = "/proc") -> float | None:
         return None
 
 
+def cpu_and_start(pid: int, proc_root: str = "/proc") -> tuple[float, int] | None:
+    """(user + system CPU seconds so far, start time in clock ticks after boot) from one read of
+    /proc/PID/stat; the start time tells a recycled pid apart.  None if it is gone."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class CpuSampler:
     """CPU % (100 = one core) of each process since the previous :meth:`sample` that included it."""
 

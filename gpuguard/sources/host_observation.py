@@ -2,7 +2,8 @@
 
 Data flow (each step reads /proc once for every process):
 
-1. list /proc, start one CPU-time baseline for every process at once;
+1. list /proc, start one CPU-time baseline for every process at once (one read of
+   /proc/PID/stat each);
 2. :func:`collect_process_facts` for each pid (ancestors filled from the same
    table rather than re-read per process);
 3. GPU device holders from /proc/PID/fd -> ``GpuOpen`` events;
@@ -42,7 +43,7 @@ from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.model import ConnActivity, CpuActivity, Event
 from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
-from gpuguard.sources.cpu_usage import cpu_activity, lifetime_runnable
+from gpuguard.sources.cpu_usage import cpu_activity, cpu_and_start, lifetime_runnable
 from gpuguard.sources.fd_holders import HolderScan, holder_event, scan_device_holders
 from gpuguard.sources.hidden_pids import list_proc_pids
 from gpuguard.sources.net_connections import ConnectionTable, connect_event, read_connection_table
@@ -226,14 +227,13 @@ def observe_host(
         ) from None
     obs = HostObservation(time=time.time(), listed_pids=listed, own_uid=os.geteuid())
     window_start = time.monotonic()
-    cpu_probes: dict[int, psutil.Process] = {}
-    for pid in listed:
-        try:
-            probe = psutil.Process(pid)
-            probe.cpu_percent(None)
-            cpu_probes[pid] = probe
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
+    # one read of /proc/PID/stat per process (psutil.Process would read it twice more)
+    cpu_baseline: dict[int, tuple[float, int]] = {}
+    if cpu_sample_s > 0:
+        for pid in listed:
+            first = cpu_and_start(pid, proc_root)
+            if first is not None:
+                cpu_baseline[pid] = first
 
     samplers = _open_samplers(obs.gpu_status.append) if gpu else []
     window: _WindowSampler | None = None
@@ -270,15 +270,13 @@ def observe_host(
         remaining = cpu_sample_s - (time.monotonic() - window_start)
         if remaining > 0:
             time.sleep(remaining)
-        obs.cpu_window_s = time.monotonic() - window_start
-        for pid, probe in cpu_probes.items():
+        obs.cpu_window_s = elapsed = time.monotonic() - window_start
+        for pid, (used, started) in cpu_baseline.items():
             facts = obs.facts.get(pid)
-            if facts is None:
-                continue
-            try:
-                facts.cpu_percent = round(probe.cpu_percent(None), 1)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                pass
+            now_used = cpu_and_start(pid, proc_root)
+            if facts is None or now_used is None or now_used[1] != started or elapsed <= 0:
+                continue  # gone, or the pid is another process's now
+            facts.cpu_percent = round(100.0 * max(0.0, now_used[0] - used) / elapsed, 1)
         if window is not None:
             remaining = gpu_window_s - (time.monotonic() - window_start)
             if remaining > 0:

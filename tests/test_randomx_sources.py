@@ -203,3 +203,68 @@ def test_scan_skips_the_gpu_window_when_there_is_nothing_to_watch(tmp_path):
     obs = observe_host(cpu_sample_s=0.0, proc_root=str(tmp_path), gpu_window_s=3.0)
     assert obs.gpu_window_skipped and obs.gpu_window_s == 0.0
     assert time.monotonic() - started < 3.0  # it did not sit out the window
+
+
+# -- evidence read late -----------------------------------------------------------------
+
+_HOLDER = """
+import os, sys, time
+held = open(sys.argv[2])  # -c PATH: read the config, keep it open, delete it
+if sys.argv[3] == "close":
+    held.close()
+os.unlink(sys.argv[2])
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def _late_facts(pid: int):
+    from gpuguard.sources.config_files import attach_config_files
+    from gpuguard.sources.process import collect_process_facts
+
+    facts = collect_process_facts(pid)
+    assert facts is not None
+    return attach_config_files(facts)
+
+
+def test_a_config_deleted_after_start_is_read_through_its_descriptor_or_named(tmp_path):
+    """Seen late: one process still holds its deleted config (the text is read through
+    /proc/PID/fd), another closed it (only the deletion is left to report); `sh -c` and
+    `python -c` name no config file."""
+    from gpuguard.correlate.correlator import Correlator
+
+    script = tmp_path / "agentd.py"
+    script.write_text(_HOLDER)
+    config = '{"donate-level": 1, "pools": [{"url": "198.51.100.7:443", "tls": true}]}'
+    procs = []
+    try:
+        for mode in ("hold", "close"):
+            path = tmp_path / f"settings-{mode}.json"
+            path.write_text(config)
+            proc = subprocess.Popen(
+                [sys.executable, str(script), "-c", str(path), mode],
+                stdout=subprocess.PIPE,
+            )
+            procs.append(proc)
+            assert proc.stdout.readline().strip() == b"ready"
+        shell = subprocess.Popen(["sh", "-c", "sleep 60"])
+        procs.append(shell)
+        time.sleep(0.2)
+        held, closed, sh = (_late_facts(p.pid) for p in procs)
+    finally:
+        for proc in procs:
+            stop(proc)
+    held_key = f"{tmp_path}/settings-hold.json (deleted; read through its open descriptor)"
+    assert held.config_files.get(held_key) == config, held.config_files
+    assert closed.config_files == {f"{tmp_path}/settings-close.json (deleted after start)": ""}
+    assert not any("deleted" in k for k in sh.config_files), sh.config_files
+
+    correlator = Correlator(facts_provider=None)
+    engine = DetectionEngine(correlator, load_ruleset([shipped_rules_file()]))
+    for facts in (held, closed, sh):
+        correlator.feed(facts)
+    verdicts = {v.pid: v for v in engine.score(time.time())}
+    held_rules = {e.rule_id for e in verdicts[held.pid].evidence}
+    assert {"config-deleted-after-start", "miner-config-keys"} <= held_rules
+    assert {e.rule_id for e in verdicts[closed.pid].evidence} == {"config-deleted-after-start"}
+    assert not verdicts[sh.pid].evidence

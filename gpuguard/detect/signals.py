@@ -24,6 +24,7 @@ from typing import Any
 from gpuguard.correlate.config_files import parse_config_files
 from gpuguard.correlate.endpoints import Endpoint, endpoints_in_argv
 from gpuguard.correlate.state import ProcessState
+from gpuguard.sources.late_evidence import deleted_config_paths
 
 SIGNAL_TYPES = ("bool", "number", "text", "texts", "numbers")
 _CMDLINE_MAX = 4096
@@ -327,6 +328,17 @@ def _cmdline_ports(s: ProcessState, now: float) -> set[int]:
 )
 def _config_keys(s: ProcessState, now: float) -> set[str]:
     return _config(s).keys
+
+
+@_signal(
+    "config_deleted",
+    "texts",
+    "config",
+    "config files it named on its command line or held open that were deleted after start",
+)
+def _config_deleted(s: ProcessState, now: float) -> set[str]:
+    files = s.facts.config_files if s.facts is not None else {}
+    return deleted_config_paths(files or {})
 
 
 @_signal("config_url_schemes", "texts", "config", "URL schemes in its config files")

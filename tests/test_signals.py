@@ -9,7 +9,7 @@ from gpuguard.detect.conditions import CompileContext, ListDef, compile_conditio
 from gpuguard.detect.signal_reader import SignalReader
 from gpuguard.detect.signals import SIGNALS
 from gpuguard.detect.yaml_marks import Position
-from gpuguard.events.model import CpuActivity
+from gpuguard.events.model import ConnActivity, CpuActivity
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
 from tests.test_gpu_behaviour import TESTED_SIGNALS as BEHAVIOUR_SIGNALS_TESTED
 from tests.test_sessions import TESTED_SIGNALS as SESSION_SIGNALS_TESTED
@@ -63,6 +63,26 @@ def _cpu_look(s: ProcessState) -> None:
         fpu_round_changes=40,
         fpu_span_s=90.0,
     )
+
+
+def _quiet(bytes_in: int):
+    def apply(s: ProcessState) -> None:
+        s.add_session(
+            ConnActivity(
+                time=T + 300,
+                pid=100,
+                fd=3,
+                age_s=300.0,
+                bytes_out=1548,
+                writes_out=12,
+                small_writes=12,
+                remote="127.0.0.1:443",
+                bytes_in=bytes_in,
+                data_segs_in=20,
+            )
+        )
+
+    return apply
 
 
 SIGNAL_CASES = [
@@ -390,6 +410,15 @@ SIGNAL_CASES = [
     ("fpu nondefault", with_(make(), _cpu_look), "fpu_rounding_nondefault", 55),
     ("fpu span", with_(make(), _cpu_look), "fpu_rounding_s", 90.0),
     ("no cpu look", make(), "cpu_spinning_threads", None),
+    ("quiet session", with_(make(), _quiet(3600)), "quiet_session_age_s", 300.0),
+    (
+        "quiet session words",
+        with_(make(), _quiet(3600)),
+        "quiet_session_summary",
+        "quiet session to 127.0.0.1:443 (fd 3): 12 small writes out / 20 segments in, "
+        "1.5 KiB out / 3.5 KiB in over 300 s (5.2 B/s out)",
+    ),
+    ("a download is not quiet", with_(make(), _quiet(30_000_000)), "quiet_session_age_s", None),
     (
         "config deleted",
         make(config_files={"/etc/a/s.json (deleted after start)": "", "/etc/b.json": "{}"}),

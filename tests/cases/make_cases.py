@@ -1084,6 +1084,41 @@ def cpu_looks(
     return looks
 
 
+def quiet_session(
+    pid: int, comm: str, *, fd: int, remote: str, watched_from: float, every_s: float = 10.0
+) -> list:
+    """Activity records of a watched connection carrying small records both ways at random
+    moments (~1 write per 20 s out, a job or reply in per ~15 s), one per ``every_s``."""
+    rng = random.Random(pid)
+    records, t, writes, times, segs_in = [], watched_from, 0, [], 0
+    while t + every_s <= DURATION_S:
+        t += every_s
+        if rng.random() < every_s / 20.0:
+            writes += 1
+            times = (times + [T0 + t - rng.uniform(0, every_s)])[-8:]
+        segs_in += 1 if rng.random() < every_s / 15.0 else 0
+        records.append(
+            ConnActivity(
+                time=T0 + t,
+                pid=pid,
+                comm=comm,
+                fd=fd,
+                age_s=round(t - watched_from, 1),
+                bytes_out=writes * 129,
+                writes_out=writes,
+                small_writes=writes,
+                small_write_times=list(times),
+                idle_s=round(T0 + t - times[-1], 1) if times else t - watched_from,
+                seeded=True,
+                remote=remote,
+                bytes_in=segs_in * 180,
+                data_segs_in=segs_in,
+                data_segs_out=writes,
+            )
+        )
+    return records
+
+
 def randomx_throttled_tls() -> list:
     """A string-scrubbed RandomX miner under an ordinary name and path, empty command line,
     config deleted, no huge pages, one worker at nice 19 on a host two other programs keep busy:
@@ -1104,6 +1139,9 @@ def randomx_throttled_tls() -> list:
             result=-115,
         ),
         *cpu_looks(pid, comm, threads=2, spinning=1, ran_share=0.03, fpu_per_s=2.0),
+        # watched from its first suspicious score on (~40 s): shares at random moments, jobs
+        # pushed every 10-120 s, a few bytes a second each way
+        *quiet_session(pid, comm, fd=3, remote="203.0.113.40:443", watched_from=40.0),
         # the same program where huge pages are reserved: its 256 MiB cache in 2 MiB pages
         facts(
             pid + 1,
@@ -1176,6 +1214,8 @@ def benign_rounding_and_busy() -> list:
             result=-115,
         ),
         *cpu_looks(poller, "poller", threads=2, spinning=1, ran_share=1.0),
+        # its control connection is as quiet as a pool session
+        *quiet_session(poller, "poller", fd=7, remote="10.0.0.2:443", watched_from=3.0),
     ]
 
 

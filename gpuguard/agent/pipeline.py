@@ -181,7 +181,7 @@ class Agent:
 
         reason = "--sensor proc was asked for"
         if self.config.sensor != "proc":
-            sensor = Sensor(ProbeSettings(), drain_interval=0.5)
+            sensor = Sensor(ProbeSettings(), drain_interval=0.5, fpu=True)
             try:
                 sensor.start()
             except GpuguardError as exc:

@@ -104,6 +104,7 @@ class Sensor:
         drain_interval: float = 1.0,
         sweep_interval: float = 10.0,
         activity_interval: float = 10.0,
+        fpu: bool = False,
     ) -> None:
         self.settings = settings or ProbeSettings()
         self.drain_interval = drain_interval
@@ -131,6 +132,7 @@ class Sensor:
         self._consume_until = math.inf
         self.activity_interval = activity_interval
         self.activity: ConnActivityReader | None = None  # per-connection records of GPU holders
+        self.fpu_wanted = fpu  # load the RandomX rounding-mode probe (the agent reads it)
         self.fpu: FpuProbe | None = None  # RandomX rounding modes; .blind_spot when not loaded
 
     # -- lifecycle -----------------------------------------------------------------
@@ -181,7 +183,8 @@ class Sensor:
             events.open_ring_buffer(self._on_ring)
             self.stats.buffer = "ring"
         self.stats.startup_seconds = time.perf_counter() - started
-        self.fpu = FpuProbe.open(bcc)  # a separate program: one that cannot load blinds only itself
+        if self.fpu_wanted:  # a separate program: one that cannot load blinds only itself
+            self.fpu = FpuProbe.open(bcc)
         now = time.monotonic()
         self._next_drain = now + self.drain_interval
         self._next_sweep = now + self.sweep_interval

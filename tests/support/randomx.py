@@ -3,8 +3,8 @@
 :class:`LoopbackPool` listens on 127.0.0.1 (plain TCP or TLS), pushes a ~200-byte "job" to
 every client at random intervals (10-120 s by default, as pools push new jobs) and answers
 each line a client sends with a ~40-byte result.  :func:`start_standin` builds the stand-in
-(stripped: no file names or symbols), installs it under an ordinary name and path, writes its
-settings file (which it deletes once read) and starts it with an empty command line.
+(stripped: no file names or symbols), installs it under an ordinary name and path and starts
+it with its settings on stdin, so its command line is its path alone.
 """
 
 from __future__ import annotations
@@ -129,18 +129,16 @@ def start_standin(
     tmp = exe.with_name(f".{name}.{os.getpid()}")
     shutil.copy2(build_standin(), tmp)
     tmp.rename(exe)
-    settings = INSTALL_DIR / f".{name}.{os.getpid()}.conf"
-    settings.write_text(
+    settings = (
         f"peer_ip 127.0.0.1\npeer_port {pool.port}\ntls {int(tls)}\nthreads {threads}\n"
         f"nice {nice}\nmemory {memory_mib}\nrounding {int(rounding)}\nsubmit_s {submit_s}\n"
-        "unlink 1\n"
     )
+    # settings on stdin: the command line is the program's path alone
     proc = subprocess.Popen(
-        [str(exe), str(settings)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        [str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
+    proc.stdin.write(settings.encode())
+    proc.stdin.close()
     line = proc.stdout.readline()
     if line.strip() != b"ready":
         proc.kill()

@@ -1,8 +1,8 @@
 /* randomx_standin.c - a string-free stand-in for a RandomX CPU miner, for detection tests.
  *
- *     randomx_standin SETTINGS_FILE
+ *     randomx_standin [SETTINGS_FILE]      (no argument: the settings come on stdin)
  *
- * SETTINGS_FILE holds "key value" lines (all optional):
+ * The settings are "key value" lines (all optional):
  *   peer_ip 127.0.0.1   peer_port 443   tls 1     pool address (an IP literal: no DNS, no SNI)
  *   threads 0           workers (0: one per online CPU)
  *   nice 19             nice value of the workers (a throttled miner)
@@ -17,8 +17,9 @@
  * mixes them with integer multiplies and double-precision arithmetic, changing the MXCSR
  * rounding mode (ldmxcsr) every 256 steps as RandomX programs do; the main thread holds one
  * TCP (or TLS, no SNI, no verification) session to the pool, answers nothing but sends a
- * ~100-byte record at random intervals and reads the jobs the pool pushes.  Its argv is
- * blanked after start, so /proc/PID/cmdline is empty.  It prints "ready" on stdout once
+ * ~100-byte record at random intervals and reads the jobs the pool pushes.  Run with the
+ * settings on stdin its command line is its path alone; a settings file named in argv is
+ * blanked from /proc/PID/cmdline after start.  It prints "ready" on stdout once
  * connected and runs until killed.  Test workload only: no miner strings anywhere.
  */
 #define _GNU_SOURCE
@@ -57,7 +58,7 @@ static volatile uint64_t sink;
 
 static void read_settings(const char *path)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = path ? fopen(path, "r") : stdin;
     char key[32], value[64];
     if (!f) {
         perror("settings");
@@ -83,8 +84,9 @@ static void read_settings(const char *path)
         else if (!strcmp(key, "unlink"))
             cfg.unlink_file = atoi(value);
     }
-    fclose(f);
-    if (cfg.unlink_file)
+    if (path)
+        fclose(f);
+    if (path && cfg.unlink_file)
         unlink(path);
 }
 
@@ -159,11 +161,7 @@ static int connect_peer(void)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s SETTINGS_FILE\n", argv[0]);
-        return 2;
-    }
-    read_settings(argv[1]);
+    read_settings(argc > 1 ? argv[1] : NULL);
     /* blank argv: /proc/PID/cmdline reads empty */
     char *end = argv[argc - 1] + strlen(argv[argc - 1]);
     memset(argv[0], 0, end - argv[0]);

@@ -267,4 +267,20 @@ struct gg_major_key {
 };
 /* ==== end respond ==== */
 
+/* ==== fpu (probes/fpu.bpf.c) ==== */
+/* Per process (map value, keyed by tgid): the SSE rounding mode (MXCSR.RC) its threads
+ * left the FPU in at context switches.  An entry exists only once a look found a mode other
+ * than round-to-nearest; RandomX switches modes all the time (CFROUND), nearly nothing else
+ * ever leaves nearest. */
+struct gg_fpu_rounding {
+    __u64 first_ns;              /* bpf_ktime_get_boot_ns() of the first counted look */
+    __u64 last_ns;               /* ... of the latest */
+    __u64 samples;               /* looks counted (at most one per GG_FPU_MIN_GAP_NS) */
+    __u64 nondefault;            /* looks with RC != round-to-nearest */
+    __u64 changes;               /* looks with RC unlike the previous look */
+    __u32 last_rc;
+    __u32 _pad;
+};
+/* ==== end fpu ==== */
+
 #endif /* GPUGUARD_H */

@@ -9,6 +9,7 @@ from gpuguard.detect.conditions import CompileContext, ListDef, compile_conditio
 from gpuguard.detect.signal_reader import SignalReader
 from gpuguard.detect.signals import SIGNALS
 from gpuguard.detect.yaml_marks import Position
+from gpuguard.events.model import ConnActivity, CpuActivity
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
 from tests.test_gpu_behaviour import TESTED_SIGNALS as BEHAVIOUR_SIGNALS_TESTED
 from tests.test_sessions import TESTED_SIGNALS as SESSION_SIGNALS_TESTED
@@ -46,6 +47,42 @@ def gpu_series(values, step=5.0, memory=None):
 
 def payload(protocol, detail):
     return lambda s: s.add_payload(T + 1, protocol, detail)
+
+
+def _cpu_look(s: ProcessState) -> None:
+    s.cpu_activity = CpuActivity(
+        time=T + 100,
+        pid=100,
+        threads=2,
+        spinning_threads=1,
+        spin_span_s=95.0,
+        runnable_max=0.97,
+        ran_share=0.02,
+        fpu_samples=80,
+        fpu_round_nondefault=55,
+        fpu_round_changes=40,
+        fpu_span_s=90.0,
+    )
+
+
+def _quiet(bytes_in: int):
+    def apply(s: ProcessState) -> None:
+        s.add_session(
+            ConnActivity(
+                time=T + 300,
+                pid=100,
+                fd=3,
+                age_s=300.0,
+                bytes_out=1548,
+                writes_out=12,
+                small_writes=12,
+                remote="127.0.0.1:443",
+                bytes_in=bytes_in,
+                data_segs_in=20,
+            )
+        )
+
+    return apply
 
 
 SIGNAL_CASES = [
@@ -363,6 +400,31 @@ SIGNAL_CASES = [
         256 << 20,
     ),
     ("no huge pages", make(hugetlb_bytes=0), "huge_alloc_bytes", None),
+    # runnable threads and rounding modes: the latest CpuActivity (tests/test_randomx_*.py)
+    ("spinning", with_(make(), _cpu_look), "cpu_spinning_threads", 1),
+    ("spin span", with_(make(), _cpu_look), "cpu_spin_s", 95.0),
+    ("runnable max", with_(make(), _cpu_look), "cpu_runnable_max", 0.97),
+    ("ran share", with_(make(), _cpu_look), "cpu_ran_share", 0.02),
+    ("fpu watched", with_(make(), _cpu_look), "fpu_watched", True),
+    ("fpu changes", with_(make(), _cpu_look), "fpu_rounding_changes", 40),
+    ("fpu nondefault", with_(make(), _cpu_look), "fpu_rounding_nondefault", 55),
+    ("fpu span", with_(make(), _cpu_look), "fpu_rounding_s", 90.0),
+    ("no cpu look", make(), "cpu_spinning_threads", None),
+    ("quiet session", with_(make(), _quiet(3600)), "quiet_session_age_s", 300.0),
+    (
+        "quiet session words",
+        with_(make(), _quiet(3600)),
+        "quiet_session_summary",
+        "quiet session to 127.0.0.1:443 (fd 3): 12 small writes out / 20 segments in, "
+        "1.5 KiB out / 3.5 KiB in over 300 s (5.2 B/s out)",
+    ),
+    ("a download is not quiet", with_(make(), _quiet(30_000_000)), "quiet_session_age_s", None),
+    (
+        "config deleted",
+        make(config_files={"/etc/a/s.json (deleted after start)": "", "/etc/b.json": "{}"}),
+        "config_deleted",
+        {"/etc/a/s.json"},
+    ),
     (
         "1 GiB pages (sensor)",
         with_(make(hugetlb_bytes=0), lambda s: s.add_huge_alloc(1 << 30, 1 << 30)),

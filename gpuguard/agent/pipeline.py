@@ -49,7 +49,7 @@ from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.finding import finding_from_verdict
-from gpuguard.sources.cpu_usage import CpuSampler
+from gpuguard.sources.cpu_usage import CpuActivitySampler, CpuSampler
 from gpuguard.sources.identity import first_sight, raise_fd_limit
 
 # A rule with this tag (raw BAR or /dev/mem access, a GPU memory hog or leak) is reported when a
@@ -138,6 +138,7 @@ class Agent:
         self._drops_reported = 0
         self.housekeeping_s = HOUSEKEEPING_S
         self.cpu_sampler = CpuSampler(proc_root)  # CPU windows of huge-page users and host tuners
+        self.cpu_activity = CpuActivitySampler(proc_root)  # their runnable threads, FPU rounding
 
     # -- plumbing ---------------------------------------------------------------------
     def _intake_dropped(self, producer: str, count: int) -> None:
@@ -180,7 +181,7 @@ class Agent:
 
         reason = "--sensor proc was asked for"
         if self.config.sensor != "proc":
-            sensor = Sensor(ProbeSettings(), drain_interval=0.5)
+            sensor = Sensor(ProbeSettings(), drain_interval=0.5, fpu=True)
             try:
                 sensor.start()
             except GpuguardError as exc:
@@ -193,6 +194,9 @@ class Agent:
                 return_freed_memory()  # compiling left ~25 MB of LLVM heap free but mapped
                 self.counters.sensor_mode = "ebpf"
                 self.counters.probes_attached = _probes_attached(sensor)
+                if sensor.fpu is not None and sensor.fpu.blind_spot:
+                    self.counters.blind_spots = [sensor.fpu.blind_spot]
+                    self.stderr(f"gpuguard: blind spot: {sensor.fpu.blind_spot}")
                 return
         self.counters.sensor_mode = "proc"
         self.counters.blind_spots = [
@@ -591,11 +595,35 @@ class Agent:
             return
         self._record_outcomes(outcomes)
 
+    def _sample_cpu_activity(self, now: float) -> None:
+        """Runnable threads of the CPU-miner candidates and of every process the FPU probe saw
+        leave round-to-nearest, as CpuActivity records (the CPU-miner rules read them)."""
+        fpu_probe = self.sensor.fpu if self.sensor is not None else None
+        fpu = fpu_probe.counts() if fpu_probe is not None and fpu_probe.loaded else None
+        keys = set(self.correlator.cpu_candidates())
+        gone = []
+        for pid in fpu or ():
+            state = self.correlator.state_of(pid)
+            if state is None or state.exited:
+                gone.append(pid)
+            else:
+                keys.add(state.key)
+        if gone and fpu_probe is not None:
+            fpu_probe.forget([pid for pid in gone if not os.path.exists(f"/proc/{pid}")])
+        targets = {}
+        for key in keys:
+            state = self.correlator.get(key)
+            if state is not None:
+                targets[key] = (key.pid, state.comm)
+        for event in self.cpu_activity.sample(targets, now, fpu):
+            self.correlator.feed(event)
+
     def _housekeeping(self, now: float) -> None:
         self.correlator.expire(now)
         # CPU windows for huge-page users and host tuners (the CPU-miner rules read them)
         for key, percent in self.cpu_sampler.sample(self.correlator.cpu_candidates()).items():
             self.correlator.add_cpu_sample(key, now, percent)
+        self._sample_cpu_activity(now)
         self._sweep_blocks(now)
         return_freed_memory()
         for key in [k for k in self._reported if self.correlator.get(k) is None]:

@@ -283,6 +283,11 @@ def run(args: argparse.Namespace) -> int:
 
     obs = observe_host(cpu_sample_s=args.cpu_sample, gpu_window_s=args.gpu_window)
     notes.extend(obs.gpu_status)
+    if obs.gpu_window_skipped:
+        notes.append(
+            f"the {args.gpu_window:g} s GPU window was skipped: no GPU sampler works here and "
+            "no process holds a GPU device, so there was nothing to watch"
+        )
     limitations = limitation_lines(obs)
     hidden = _probe_hidden_pids(obs, limitations)
 
@@ -350,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
             "cpu_sample_s": args.cpu_sample,
             "gpu_window_s": args.gpu_window,
             "gpu_window_observed_s": round(obs.gpu_window_s, 1),
+            "gpu_window_skipped": obs.gpu_window_skipped,
             "rules": [str(p) for p in ruleset.sources],
         },
     )

@@ -39,6 +39,7 @@ from gpuguard.events.ioctl_names import ioctl_category, ioctl_name
 from gpuguard.events.model import (
     ConnActivity,
     Connect,
+    CpuActivity,
     Event,
     Exec,
     Exit,
@@ -140,6 +141,7 @@ class Correlator:
             GpuAccounting: self._on_accounting,
             ConnActivity: self._on_conn_activity,
             HugeAlloc: self._on_huge_alloc,
+            CpuActivity: self._on_cpu_activity,
         }
 
     # -- public API ---------------------------------------------------------
@@ -475,6 +477,12 @@ class Correlator:
         self.counters["events"] += 1
         state = self._by_pid.get(event.pid) or self._state_for(event.pid, event.time, event.comm)
         state.touch(event.time, state.add_huge_alloc(event.length, event.page_size))
+
+    def _on_cpu_activity(self, event: CpuActivity) -> None:
+        self.counters["events"] += 1
+        state = self._by_pid.get(event.pid) or self._state_for(event.pid, event.time, event.comm)
+        state.cpu_activity = event
+        state.touch(event.time, True)  # one per sampled process per housekeeping period
 
     def _on_accounting(self, record: GpuAccounting) -> None:
         """A driver's lifetime record of a pid: kept on the live process it belongs to, if any."""

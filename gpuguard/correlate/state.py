@@ -18,7 +18,7 @@ from gpuguard.correlate.network import NetworkView
 from gpuguard.correlate.windows import RateWindow, SampleWindow
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import DeviceSample
-from gpuguard.events.model import ConnActivity
+from gpuguard.events.model import ConnActivity, CpuActivity
 from gpuguard.events.process_facts import ProcessFacts
 
 MAX_PATHS = 32
@@ -143,6 +143,7 @@ class ProcessState:
         None  # another process used one of its GPUs in the latest snapshot
     )
     cpu: SampleWindow = field(default_factory=lambda: SampleWindow(CPU_WINDOW_S))
+    cpu_activity: CpuActivity | None = None  # the latest schedstat/FPU look (runnable threads)
     # huge pages asked for (sensor: mmap MAP_HUGETLB / shmget SHM_HUGETLB)
     huge_alloc_bytes: int = 0  # the largest single request
     huge_page_size: int = 0  # the largest page size asked for

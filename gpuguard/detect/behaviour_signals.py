@@ -260,3 +260,64 @@ def _session_summary(s: ProcessState, now: float) -> str | None:
     seen = f" (seen once every {record.time_resolution_s:g} s)" if record.time_resolution_s else ""
     age = ("watched " if record.seeded else "open ") + f"{record.age_s:.0f} s"
     return f"{where}: {counts}, small writes every {median:.1f} ± {spread:.1f} s{seen}, {age}"
+
+
+# -- a pool session's shape without its cadence: CPU miners submit shares at random moments
+#    (a Poisson process), and the pool pushes jobs every 10-120 s; what stays is a long-lived
+#    connection carrying only small records both ways, a few bytes a second, while threads spin.
+
+QUIET_BYTES_PER_S = 200.0  # each way, over the connection's life
+MIN_QUIET_WRITES = 3
+
+
+def _quiet_session(s: ProcessState) -> ConnActivity | None:
+    """The longest-lived watched connection that carried only small records, both ways."""
+    best = None
+    for record in s.sessions.values():
+        age = record.age_s
+        if age <= 0 or record.writes_out < MIN_QUIET_WRITES:
+            continue
+        if record.small_writes < 0.8 * record.writes_out:
+            continue
+        if record.bytes_out / age > QUIET_BYTES_PER_S:
+            continue
+        if record.bytes_in is not None and record.bytes_in / age > QUIET_BYTES_PER_S:
+            continue
+        if best is None or age > best.age_s:
+            best = record
+    return best
+
+
+@_signal(
+    "quiet_session_age_s",
+    "number",
+    "session",
+    "age (s) of its longest-lived watched connection carrying only small records both ways, "
+    f"<= {QUIET_BYTES_PER_S:g} B/s each way, at any rhythm (a CPU miner's pool session); "
+    "a lower bound when watching began later",
+)
+def _quiet_session_age(s: ProcessState, now: float) -> float | None:
+    record = _quiet_session(s)
+    return record.age_s if record is not None else None
+
+
+@_signal(
+    "quiet_session_summary",
+    "text",
+    "session",
+    "that quiet connection in words: 'quiet session to 127.0.0.1:443 (fd 3): 12 small writes out / "
+    "20 segments in, 1.4 KiB out / 3.1 KiB in over 310 s (4.6 B/s out)'",
+)
+def _quiet_session_summary(s: ProcessState, now: float) -> str | None:
+    record = _quiet_session(s)
+    if record is None:
+        return None
+    where = f"to {record.remote} (fd {record.fd})" if record.remote else f"on fd {record.fd}"
+    incoming = f" / {record.data_segs_in} segments in" if record.data_segs_in is not None else ""
+    bytes_in = f" / {_kib(record.bytes_in)} in" if record.bytes_in is not None else ""
+    age = ("watched " if record.seeded else "over ") + f"{record.age_s:.0f} s"
+    return (
+        f"quiet session {where}: {record.small_writes} small writes out{incoming}, "
+        f"{_kib(record.bytes_out)} out{bytes_in} {age} "
+        f"({record.bytes_out / record.age_s:.1f} B/s out)"
+    )

@@ -24,6 +24,7 @@ from typing import Any
 from gpuguard.correlate.config_files import parse_config_files
 from gpuguard.correlate.endpoints import Endpoint, endpoints_in_argv
 from gpuguard.correlate.state import ProcessState
+from gpuguard.sources.late_evidence import deleted_config_paths
 
 SIGNAL_TYPES = ("bool", "number", "text", "texts", "numbers")
 _CMDLINE_MAX = 4096
@@ -329,6 +330,17 @@ def _config_keys(s: ProcessState, now: float) -> set[str]:
     return _config(s).keys
 
 
+@_signal(
+    "config_deleted",
+    "texts",
+    "config",
+    "config files it named on its command line or held open that were deleted after start",
+)
+def _config_deleted(s: ProcessState, now: float) -> set[str]:
+    files = s.facts.config_files if s.facts is not None else {}
+    return deleted_config_paths(files or {})
+
+
 @_signal("config_url_schemes", "texts", "config", "URL schemes in its config files")
 def _config_schemes(s: ProcessState, now: float) -> set[str]:
     return _schemes(_config(s).endpoints)
@@ -613,6 +625,100 @@ def _cpu_mean(s: ProcessState, now: float) -> float | None:
 @_signal("cpu_window_s", "number", "cpu", "seconds covered by the CPU window")
 def _cpu_window(s: ProcessState, now: float) -> float:
     return s.cpu.duration_s
+
+
+# Runnable threads (schedstat) and SSE rounding modes (FPU probe), from the latest CpuActivity:
+# the agent's look every housekeeping period, or scan's one lifetime read.
+
+
+def _activity(s: ProcessState):
+    return s.cpu_activity
+
+
+@_signal(
+    "cpu_spinning_threads",
+    "number",
+    "cpu",
+    "threads runnable (on a CPU or queued for one) >= 90 % of their life or of the latest "
+    "sampling interval; nice 19, a thread cap or a busy host do not lower it",
+)
+def _cpu_spinning_threads(s: ProcessState, now: float) -> int | None:
+    a = _activity(s)
+    return a.spinning_threads if a is not None else None
+
+
+@_signal(
+    "cpu_spin_s",
+    "number",
+    "cpu",
+    "seconds over which a thread was measured spinning (its lifetime, or the sampling interval)",
+)
+def _cpu_spin_s(s: ProcessState, now: float) -> float | None:
+    a = _activity(s)
+    return a.spin_span_s if a is not None and a.spinning_threads else None
+
+
+@_signal("cpu_runnable_max", "number", "cpu", "highest runnable fraction of one thread (0-1)")
+def _cpu_runnable_max(s: ProcessState, now: float) -> float | None:
+    a = _activity(s)
+    return a.runnable_max if a is not None else None
+
+
+@_signal(
+    "cpu_ran_share",
+    "number",
+    "cpu",
+    "of its spinning threads' runnable time, the share they ran (1: had the CPUs; low: "
+    "niced or crowded out, yet never sleeping)",
+)
+def _cpu_ran_share(s: ProcessState, now: float) -> float | None:
+    a = _activity(s)
+    return a.ran_share if a is not None else None
+
+
+@_signal(
+    "fpu_watched",
+    "bool",
+    "cpu",
+    "the FPU rounding-mode probe was running for it (false: blind spot, see status)",
+)
+def _fpu_watched(s: ProcessState, now: float) -> bool | None:
+    a = _activity(s)
+    return a.fpu_samples is not None if a is not None else None
+
+
+@_signal(
+    "fpu_rounding_changes",
+    "number",
+    "cpu",
+    "context switches (at most one per ms) that found its SSE rounding mode changed since the "
+    "previous one (RandomX's CFROUND); ordinary programs: 0",
+)
+def _fpu_rounding_changes(s: ProcessState, now: float) -> int | None:
+    a = _activity(s)
+    return a.fpu_round_changes if a is not None else None
+
+
+@_signal(
+    "fpu_rounding_nondefault",
+    "number",
+    "cpu",
+    "context switches (at most one per ms) that found a rounding mode other than nearest",
+)
+def _fpu_rounding_nondefault(s: ProcessState, now: float) -> int | None:
+    a = _activity(s)
+    return a.fpu_round_nondefault if a is not None else None
+
+
+@_signal(
+    "fpu_rounding_s",
+    "number",
+    "cpu",
+    "seconds from the first to the latest non-nearest rounding mode seen",
+)
+def _fpu_rounding_s(s: ProcessState, now: float) -> float | None:
+    a = _activity(s)
+    return a.fpu_span_s if a is not None and a.fpu_round_nondefault else None
 
 
 # -- huge pages ------------------------------------------------------------------

@@ -160,9 +160,43 @@ class HugeAlloc(Event):
     flags: int = 0  # mmap flags / shmflg as passed
 
 
+@dataclass(slots=True)
+class CpuActivity(Event):
+    """How a process holds the CPU (``gpuguard.sources.cpu_usage``, /proc/PID/task/*/schedstat)
+    and, where the FPU probe runs, its SSE rounding modes at context switches (probes/fpu.bpf.c).
+
+    A thread is *spinning* when it was runnable (on a CPU or waiting in the run queue for one)
+    for at least 90 % of the span measured: its lifetime, or the agent's sampling interval.
+    Nice 19, a thread cap or a busy host lower what it gets to run, not how runnable it is.
+    """
+
+    kind: ClassVar[str] = "cpu_activity"
+    threads: int = 0  # threads read
+    spinning_threads: int = 0
+    spin_span_s: float = 0.0  # the longest span over which one of them was measured spinning
+    runnable_max: float = 0.0  # the highest runnable fraction of one thread (0-1)
+    ran_share: float | None = None  # of the spinning threads' runnable time, the share on a CPU
+    # FPU probe (None: not watched here); totals since the probe first saw the process
+    fpu_samples: int | None = None  # context switches looked at (rate-limited)
+    fpu_round_nondefault: int | None = None  # ... with a rounding mode other than nearest
+    fpu_round_changes: int | None = None  # ... with a rounding mode unlike the previous look
+    fpu_span_s: float = 0.0  # first to latest look
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (GpuOpen, GpuIoctl, Connect, NetPayload, Exec, Exit, Lost, ConnActivity, HugeAlloc)
+    for cls in (
+        GpuOpen,
+        GpuIoctl,
+        Connect,
+        NetPayload,
+        Exec,
+        Exit,
+        Lost,
+        ConnActivity,
+        HugeAlloc,
+        CpuActivity,
+    )
 }
 
 

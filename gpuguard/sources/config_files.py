@@ -16,6 +16,7 @@ the same text.  Bounded: at most ``MAX_FILES`` regular files of at most
 from __future__ import annotations
 
 from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.sources.late_evidence import add_late_config_evidence
 from gpuguard.sources.proc_files import read_process_file
 from gpuguard.sources.process import collect_process_facts
 
@@ -58,6 +59,8 @@ def attach_config_files(facts: ProcessFacts, proc_root: str = "/proc") -> Proces
     """Fill ``facts.config_files`` (unless already filled, or a kernel thread); returns ``facts``."""
     if not facts.config_files and not facts.kernel_thread:
         facts.config_files = read_config_files(facts.pid, facts.cmdline, proc_root)
+        # first seen late: configs it holds open, or deleted after start (late_evidence)
+        add_late_config_evidence(facts, config_paths_from_argv(facts.cmdline), proc_root)
     return facts
 
 

@@ -2,7 +2,8 @@
 
 Data flow (each step reads /proc once for every process):
 
-1. list /proc, start one CPU-time baseline for every process at once;
+1. list /proc, start one CPU-time baseline for every process at once (one read of
+   /proc/PID/stat each);
 2. :func:`collect_process_facts` for each pid (ancestors filled from the same
    table rather than re-read per process);
 3. GPU device holders from /proc/PID/fd -> ``GpuOpen`` events;
@@ -14,7 +15,13 @@ Data flow (each step reads /proc once for every process):
    the same thread snapshots the TCP counters of the GPU holders' connections
    once a second (:mod:`gpuguard.sources.session_window`) -> ``ConnActivity``;
 6. after ``cpu_sample_s`` has passed since step 1 (steps 2-5 run inside the
-   window), every process's CPU percent over that window.
+   window), every process's CPU percent over that window;
+7. runnable threads over each thread's lifetime (schedstat) -> ``CpuActivity`` for the
+   processes with a thread that never sleeps: no window, so a miner at nice 19 on a busy
+   host shows at once what CPU % over half a second cannot.
+
+The GPU window is skipped when no GPU sampler works here and no process holds a GPU
+device: there is nothing to watch, so the scan does not wait for it.
 
 What could not be seen (other users' processes when not root, sockets without
 an owner, GPU sources that do not work here) is kept as counts and turned into
@@ -34,8 +41,9 @@ import psutil
 from gpuguard.errors import GpuguardError
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
-from gpuguard.events.model import ConnActivity, Event
+from gpuguard.events.model import ConnActivity, CpuActivity, Event
 from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
+from gpuguard.sources.cpu_usage import cpu_activity, cpu_and_start, lifetime_runnable
 from gpuguard.sources.fd_holders import HolderScan, holder_event, scan_device_holders
 from gpuguard.sources.hidden_pids import list_proc_pids
 from gpuguard.sources.net_connections import ConnectionTable, connect_event, read_connection_table
@@ -67,6 +75,9 @@ class HostObservation:
     )  # one line per GPU source that does not work here
     cpu_window_s: float = 0.0
     own_uid: int = 0
+    # processes with a thread runnable >= 90 % of its life (schedstat: no window needed)
+    cpu_activity: dict[int, CpuActivity] = field(default_factory=dict)
+    gpu_window_skipped: bool = False  # asked for, but no GPU sampler and no GPU handle here
 
     def events(self) -> list[Event]:
         """GpuOpen and Connect events for every process with facts, in pid order."""
@@ -82,6 +93,7 @@ class HostObservation:
                 continue
             out.extend(connect_event(c, self.time, max(facts.uid, 0), facts.comm) for c in conns)
         out.extend(s for s in self.sessions if s.pid in self.facts)
+        out.extend(a for pid, a in sorted(self.cpu_activity.items()) if pid in self.facts)
         return out
 
     def gpu_pid_states(self) -> dict[int, str]:
@@ -131,6 +143,23 @@ def _fill_ancestors(facts: dict[int, ProcessFacts], proc_root: str) -> None:
                 break
             ppid = parent.ppid
         f.ancestors = chain
+
+
+def _lifetime_cpu_activity(
+    facts: dict[int, ProcessFacts], now: float, proc_root: str
+) -> dict[int, CpuActivity]:
+    """Lifetime runnable threads of every user-space process; kept for those with one spinning.
+
+    One listing of its tasks and one schedstat read per thread (the kernel's totals since
+    each thread started), so a scan sees a throttled miner at once, with no window."""
+    out: dict[int, CpuActivity] = {}
+    for pid, f in facts.items():
+        if f.kernel_thread or not f.exe:
+            continue
+        runnable = lifetime_runnable(pid, proc_root)
+        if runnable is not None and runnable.spinning_threads:
+            out[pid] = cpu_activity(now, pid, f.comm, runnable)
+    return out
 
 
 def _open_samplers(on_status: Callable[[str], None]) -> list:
@@ -198,14 +227,13 @@ def observe_host(
         ) from None
     obs = HostObservation(time=time.time(), listed_pids=listed, own_uid=os.geteuid())
     window_start = time.monotonic()
-    cpu_probes: dict[int, psutil.Process] = {}
-    for pid in listed:
-        try:
-            probe = psutil.Process(pid)
-            probe.cpu_percent(None)
-            cpu_probes[pid] = probe
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
+    # one read of /proc/PID/stat per process (psutil.Process would read it twice more)
+    cpu_baseline: dict[int, tuple[float, int]] = {}
+    if cpu_sample_s > 0:
+        for pid in listed:
+            first = cpu_and_start(pid, proc_root)
+            if first is not None:
+                cpu_baseline[pid] = first
 
     samplers = _open_samplers(obs.gpu_status.append) if gpu else []
     window: _WindowSampler | None = None
@@ -214,7 +242,7 @@ def observe_host(
     try:
         _sample_all(samplers, live)
         _driver_memory(samplers, obs)
-        if gpu_window_s > 0:
+        if gpu_window_s > 0 and samplers:
             window = _WindowSampler(samplers, live, sessions)
             window.start()
         for pid in sorted(listed):
@@ -225,30 +253,30 @@ def observe_host(
                 obs.facts[pid] = facts
         _fill_ancestors(obs.facts, proc_root)
         obs.holders = scan_device_holders(sorted(obs.facts), proc_root)
-        if window is not None and not samplers and not obs.holders.by_pid():
-            # no GPU library answers and no process holds a GPU device: nothing to watch or wait for
-            window.stop_event.set()
-            window.join()
-            window = None
+        if window is None and gpu_window_s > 0 and obs.holders.holders:
+            # no GPU sampler works here, yet processes hold GPU devices: watch their sessions
+            window = _WindowSampler(samplers, live, sessions)
+            window.start()
+        elif window is None and gpu_window_s > 0:
+            obs.gpu_window_skipped = True
         if window is not None and proc_root == "/proc":
             # the holders the fd tables show and the pids the GPU drivers list; the window thread samples them
             sessions.pids = set(obs.holders.by_pid()) | {
                 p.pid for snap in list(live) for p in snap.processes
             }
         obs.connections = read_connection_table()
+        obs.cpu_activity = _lifetime_cpu_activity(obs.facts, obs.time, proc_root)
 
         remaining = cpu_sample_s - (time.monotonic() - window_start)
         if remaining > 0:
             time.sleep(remaining)
-        obs.cpu_window_s = time.monotonic() - window_start
-        for pid, probe in cpu_probes.items():
+        obs.cpu_window_s = elapsed = time.monotonic() - window_start
+        for pid, (used, started) in cpu_baseline.items():
             facts = obs.facts.get(pid)
-            if facts is None:
-                continue
-            try:
-                facts.cpu_percent = round(probe.cpu_percent(None), 1)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                pass
+            now_used = cpu_and_start(pid, proc_root)
+            if facts is None or now_used is None or now_used[1] != started or elapsed <= 0:
+                continue  # gone, or the pid is another process's now
+            facts.cpu_percent = round(100.0 * max(0.0, now_used[0] - used) / elapsed, 1)
         if window is not None:
             remaining = gpu_window_s - (time.monotonic() - window_start)
             if remaining > 0:

@@ -34,6 +34,7 @@ from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen,
 from gpuguard.sources import preflight
 from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.conn_activity import ConnActivityReader
+from gpuguard.sources.fpu_probe import FpuProbe
 from gpuguard.sources.gpu_fds import fd_is_gpu
 from gpuguard.sources.identity import ExitGenerations
 from gpuguard.sources.kernel_maps import SLOT_MULTI, KernelMaps, slot_index  # noqa: F401 (SLOT_MULTI: tests read it here)
@@ -103,6 +104,7 @@ class Sensor:
         drain_interval: float = 1.0,
         sweep_interval: float = 10.0,
         activity_interval: float = 10.0,
+        fpu: bool = False,
     ) -> None:
         self.settings = settings or ProbeSettings()
         self.drain_interval = drain_interval
@@ -130,6 +132,8 @@ class Sensor:
         self._consume_until = math.inf
         self.activity_interval = activity_interval
         self.activity: ConnActivityReader | None = None  # per-connection records of GPU holders
+        self.fpu_wanted = fpu  # load the RandomX rounding-mode probe (the agent reads it)
+        self.fpu: FpuProbe | None = None  # RandomX rounding modes; .blind_spot when not loaded
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -179,6 +183,8 @@ class Sensor:
             events.open_ring_buffer(self._on_ring)
             self.stats.buffer = "ring"
         self.stats.startup_seconds = time.perf_counter() - started
+        if self.fpu_wanted:  # a separate program: one that cannot load blinds only itself
+            self.fpu = FpuProbe.open(bcc)
         now = time.monotonic()
         self._next_drain = now + self.drain_interval
         self._next_sweep = now + self.sweep_interval
@@ -191,6 +197,8 @@ class Sensor:
             self._detach = _ProbeDetach(self._bcc, self._bpf)
 
     def close(self) -> None:
+        if self.fpu is not None:
+            self.fpu.close()
         if self._bpf is not None:
             self.detach_probes()
             self._detach.wait()

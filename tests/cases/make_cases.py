@@ -29,6 +29,7 @@ from gpuguard.events.ioctl_names import ioc  # noqa: E402
 from gpuguard.events.model import (  # noqa: E402
     ConnActivity,
     Connect,
+    CpuActivity,
     Exec,
     Exit,
     GpuIoctl,
@@ -1039,8 +1040,183 @@ def cpu_miner_stringless() -> list:
             small_write_times=[T0 + DURATION_S - 15.0 * i for i in range(8, 0, -1)],
             idle_s=3.0,
         ),
+        *cpu_looks(pid, comm, threads=5, spinning=4, ran_share=0.98, fpu_per_s=8.0),
     ]
     return items
+
+
+def cpu_looks(
+    pid: int,
+    comm: str,
+    *,
+    threads: int,
+    spinning: int,
+    ran_share: float | None,
+    fpu_per_s: float | None = 0.0,
+    start: float = 0.0,
+    every_s: float = 10.0,
+) -> list:
+    """The agent's CpuActivity look every housekeeping period (10 s) from ``start`` on:
+    ``spinning`` threads runnable over their whole life; ``fpu_per_s`` rounding-mode changes
+    per second the FPU probe counts (None: the probe is not loaded, 0: never left nearest)."""
+    looks = []
+    t = start + every_s
+    while t <= DURATION_S:
+        age = t - start
+        changes = int(fpu_per_s * age) if fpu_per_s else 0
+        looks.append(
+            CpuActivity(
+                time=T0 + t,
+                pid=pid,
+                comm=comm,
+                threads=threads,
+                spinning_threads=spinning,
+                spin_span_s=round(age, 1) if spinning else 0.0,
+                runnable_max=0.99 if spinning else 0.05,
+                ran_share=ran_share if spinning else None,
+                fpu_samples=None if fpu_per_s is None else int(age * 40) if changes else 0,
+                fpu_round_nondefault=None if fpu_per_s is None else int(changes * 1.3),
+                fpu_round_changes=None if fpu_per_s is None else changes,
+                fpu_span_s=round(age - 1, 1) if changes else 0.0,
+            )
+        )
+        t += every_s
+    return looks
+
+
+def quiet_session(
+    pid: int, comm: str, *, fd: int, remote: str, watched_from: float, every_s: float = 10.0
+) -> list:
+    """Activity records of a watched connection carrying small records both ways at random
+    moments (~1 write per 20 s out, a job or reply in per ~15 s), one per ``every_s``."""
+    rng = random.Random(pid)
+    records, t, writes, times, segs_in = [], watched_from, 0, [], 0
+    while t + every_s <= DURATION_S:
+        t += every_s
+        if rng.random() < every_s / 20.0:
+            writes += 1
+            times = (times + [T0 + t - rng.uniform(0, every_s)])[-8:]
+        segs_in += 1 if rng.random() < every_s / 15.0 else 0
+        records.append(
+            ConnActivity(
+                time=T0 + t,
+                pid=pid,
+                comm=comm,
+                fd=fd,
+                age_s=round(t - watched_from, 1),
+                bytes_out=writes * 129,
+                writes_out=writes,
+                small_writes=writes,
+                small_write_times=list(times),
+                idle_s=round(T0 + t - times[-1], 1) if times else t - watched_from,
+                seeded=True,
+                remote=remote,
+                bytes_in=segs_in * 180,
+                data_segs_in=segs_in,
+                data_segs_out=writes,
+            )
+        )
+    return records
+
+
+def randomx_throttled_tls() -> list:
+    """A string-scrubbed RandomX miner under an ordinary name and path, empty command line,
+    config deleted, no huge pages, one worker at nice 19 on a host two other programs keep busy:
+    it runs 3 % of the time yet is runnable always; TLS without SNI to an IP on 443, the pool
+    pushing a job now and then.  Found only by what RandomX cannot drop: rounding-mode switching
+    in a thread that never sleeps, with a network session."""
+    pid, comm, exe = 7410, "nodestatd", "/opt/nodestat/nodestatd"
+    return [
+        facts(pid, comm, exe, [""], cpu_percent=3.0, num_threads=2, hugetlb_bytes=0),
+        Connect(
+            time=T0 + 1,
+            pid=pid,
+            comm=comm,
+            family="ipv4",
+            address="203.0.113.40",
+            port=443,
+            fd=3,
+            result=-115,
+        ),
+        *cpu_looks(pid, comm, threads=2, spinning=1, ran_share=0.03, fpu_per_s=2.0),
+        # watched from its first suspicious score on (~40 s): shares at random moments, jobs
+        # pushed every 10-120 s, a few bytes a second each way
+        *quiet_session(pid, comm, fd=3, remote="203.0.113.40:443", watched_from=40.0),
+        # the same program where huge pages are reserved: its 256 MiB cache in 2 MiB pages
+        facts(
+            pid + 1,
+            comm,
+            exe,
+            [""],
+            start=5.0,
+            cpu_percent=150.0,
+            num_threads=3,
+            hugetlb_bytes=256 * MIB,
+            hugetlb_page_size=2 * MIB,
+        ),
+        HugeAlloc(
+            time=T0 + 5.1,
+            pid=pid + 1,
+            comm=comm,
+            source="mmap",
+            length=256 * MIB,
+            page_size=2 * MIB,
+            flags=MAP_PRIVATE_ANON_HUGETLB,
+        ),
+        Connect(
+            time=T0 + 6,
+            pid=pid + 1,
+            comm=comm,
+            family="ipv4",
+            address="203.0.113.40",
+            port=8443,
+            fd=3,
+            result=-115,
+        ),
+        *cpu_looks(pid + 1, comm, threads=3, spinning=2, ran_share=0.7, fpu_per_s=6.0, start=5.0),
+    ]
+
+
+def benign_rounding_and_busy() -> list:
+    """Floating-point and busy programs that must stay clean: an interval-arithmetic solver
+    (CGAL-like: switches rounding modes all the time, spins, talks to no one); numpy training
+    a model on two threads with a connection to its data store; a compiler (cc1) spinning;
+    openssl speed; a spinning DPDK-like poller with a control connection."""
+    cgal, numpy_job, cc1, openssl, poller = 7510, 7520, 7530, 7540, 7550
+    return [
+        facts(cgal, "mesh_refine", "/usr/local/bin/mesh_refine", ["mesh_refine", "in.off"]),
+        *cpu_looks(cgal, "mesh_refine", threads=1, spinning=1, ran_share=0.9, fpu_per_s=40.0),
+        facts(numpy_job, "python3", "/usr/bin/python3.11", ["python3", "fit.py"]),
+        Connect(
+            time=T0 + 2,
+            pid=numpy_job,
+            comm="python3",
+            family="ipv4",
+            address="10.0.4.9",
+            port=6379,
+            fd=5,
+            result=-115,
+        ),
+        *cpu_looks(numpy_job, "python3", threads=3, spinning=2, ran_share=0.6),
+        facts(cc1, "cc1", "/usr/lib/gcc/x86_64-linux-gnu/12/cc1", ["cc1", "-O2", "big.c"]),
+        *cpu_looks(cc1, "cc1", threads=1, spinning=1, ran_share=0.5),
+        facts(openssl, "openssl", "/usr/bin/openssl", ["openssl", "speed"]),
+        *cpu_looks(openssl, "openssl", threads=1, spinning=1, ran_share=0.5),
+        facts(poller, "poller", "/usr/bin/poller", ["poller", "-l", "1"], user="root", uid=0),
+        Connect(
+            time=T0 + 3,
+            pid=poller,
+            comm="poller",
+            family="ipv4",
+            address="10.0.0.2",
+            port=443,
+            fd=7,
+            result=-115,
+        ),
+        *cpu_looks(poller, "poller", threads=2, spinning=1, ran_share=1.0),
+        # its control connection is as quiet as a pool session
+        *quiet_session(poller, "poller", fd=7, remote="10.0.0.2:443", watched_from=3.0),
+    ]
 
 
 def benign_hugepage_users() -> list:
@@ -1144,6 +1320,9 @@ def benign_hugepage_users() -> list:
             fd=41,
             result=-115,
         ),
+        *cpu_looks(postgres, "postgres", threads=1, spinning=0, ran_share=None),
+        *cpu_looks(java, "java", threads=40, spinning=0, ran_share=None),
+        *cpu_looks(testpmd, "dpdk-testpmd", threads=3, spinning=2, ran_share=1.0),
     ]
     return items
 
@@ -1191,6 +1370,17 @@ CASES = {
         "PostgreSQL (2 MiB pages, busy, accepts only), a JVM with 1 GiB large pages, "
         "DPDK testpmd polling in 1 GiB pages",
         benign_hugepage_users,
+    ),
+    "randomx_throttled_tls": (
+        "string-scrubbed RandomX miner, nice 19, one thread, busy host, no huge pages, "
+        "TLS without SNI to an IP on 443: rounding-mode switching in a never-sleeping thread; "
+        "the same with its 256 MiB cache in huge pages",
+        randomx_throttled_tls,
+    ),
+    "benign_rounding_and_busy": (
+        "interval arithmetic switching rounding modes, numpy, cc1, openssl speed and a poller: "
+        "busy or rounding, never both with a network session",
+        benign_rounding_and_busy,
     ),
 }
 

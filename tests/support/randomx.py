@@ -1,0 +1,166 @@
+"""The RandomX stand-in (tests/workloads/randomx_standin.c) and a loopback pool for it.
+
+:class:`LoopbackPool` listens on 127.0.0.1 (plain TCP or TLS), pushes a ~200-byte "job" to
+every client at random intervals (10-120 s by default, as pools push new jobs) and answers
+each line a client sends with a ~40-byte result.  :func:`start_standin` builds the stand-in
+(stripped: no file names or symbols), installs it under an ordinary name and path and starts
+it with its settings on stdin, so its command line is its path alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import select
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parent.parent / "workloads" / "randomx_standin.c"
+INSTALL_DIR = Path("/opt/gg-test-randomx")  # an ordinary path: not a temporary directory
+
+
+def build_standin() -> Path:
+    """Compile the stand-in once per source version (stripped); return the binary."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    directory = Path(tempfile.gettempdir()) / "gpuguard-test-bin"
+    directory.mkdir(parents=True, exist_ok=True)
+    binary = directory / f"standin-{digest}"
+    if not binary.exists():
+        tmp = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
+        subprocess.run(
+            ["gcc", "-O2", "-Wall", "-s", "-pthread", "-o", str(tmp), str(SOURCE)]
+            + ["-lssl", "-lcrypto", "-lm"],
+            check=True,
+        )
+        tmp.rename(binary)
+    return binary
+
+
+class LoopbackPool:
+    """A pool on 127.0.0.1 that pushes jobs and answers submits (TLS with ``tls``)."""
+
+    def __init__(
+        self, workdir: Path, tls: bool = True, push_s: tuple[float, float] = (10.0, 120.0)
+    ) -> None:
+        self.context: ssl.SSLContext | None = None
+        if tls:
+            cert, key = workdir / "pool.crt", workdir / "pool.key"
+            subprocess.run(
+                ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key)]
+                + ["-out", str(cert), "-subj", "/CN=peer.test", "-days", "1"],
+                check=True,
+                capture_output=True,
+            )
+            self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.context.load_cert_chain(cert, key)
+        self.push_s = push_s
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.lines_in = 0
+        self.pushes = 0
+        self._stop = threading.Event()
+        self._rng = random.Random(22)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _session(self, conn: socket.socket) -> None:
+        try:
+            if self.context is not None:
+                conn = self.context.wrap_socket(conn, server_side=True)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            next_push = time.monotonic() + self._rng.uniform(*self.push_s)
+            while not self._stop.is_set():
+                pending = isinstance(conn, ssl.SSLSocket) and conn.pending()
+                if pending or select.select([conn], [], [], 0.5)[0]:
+                    data = conn.recv(4096)
+                    if not data:
+                        return
+                    for _ in range(data.count(b"\n")):
+                        self.lines_in += 1
+                        conn.sendall(b'{"id":%d,"s":"ok","e":null}\n' % self.lines_in)
+                if time.monotonic() >= next_push:
+                    self.pushes += 1
+                    blob = os.urandom(76).hex().encode()
+                    conn.sendall(b'{"j":"%d","b":"%s","t":"f3220000"}\n' % (self.pushes, blob))
+                    next_push = time.monotonic() + self._rng.uniform(*self.push_s)
+        except (OSError, ssl.SSLError):
+            return
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+
+def start_standin(
+    pool: LoopbackPool,
+    name: str = "nodestatd",
+    *,
+    tls: bool | None = None,
+    threads: int = 0,
+    nice: int = 0,
+    memory_mib: int = 256,
+    rounding: bool = True,
+    submit_s: float = 20.0,
+) -> subprocess.Popen:
+    """Install the stand-in as INSTALL_DIR/name, start it on ``pool`` and wait for "ready"."""
+    tls = pool.context is not None if tls is None else tls
+    INSTALL_DIR.mkdir(parents=True, exist_ok=True)
+    exe = INSTALL_DIR / name
+    tmp = exe.with_name(f".{name}.{os.getpid()}")
+    shutil.copy2(build_standin(), tmp)
+    tmp.rename(exe)
+    settings = (
+        f"peer_ip 127.0.0.1\npeer_port {pool.port}\ntls {int(tls)}\nthreads {threads}\n"
+        f"nice {nice}\nmemory {memory_mib}\nrounding {int(rounding)}\nsubmit_s {submit_s}\n"
+    )
+    # settings on stdin: the command line is the program's path alone
+    proc = subprocess.Popen(
+        [str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdin.write(settings.encode())
+    proc.stdin.close()
+    line = proc.stdout.readline()
+    if line.strip() != b"ready":
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"stand-in did not start: {proc.stderr.read().decode()[-400:]}")
+    return proc
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    """Kill a started process (by its Popen: no pid reuse) and reap it."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+    if proc is not None:
+        proc.wait(timeout=10)
+
+
+def cpu_hog(seconds: float = 600.0) -> subprocess.Popen:
+    """One process spinning a core (the busy host beside the stand-in)."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import time\nend=time.time()+{seconds}\nwhile time.time()<end: pass",
+        ]
+    )

@@ -1,0 +1,128 @@
+"""The agent flags a string-free RandomX stand-in in every disguise within 120 s; floating-point
+and busy look-alikes beside it stay clean.
+
+One agent run (eBPF sensor, FPU probe) watches, at once, on this two-core host kept busy by
+two CPU hogs: the stand-in over plain TCP, over TLS (no SNI) and throttled (nice 19, one
+thread), each under an ordinary name in /opt with nothing but its path on its command line
+(settings on stdin); beside them numpy, `openssl speed` and a compiler.  No huge pages
+are reserved here, so the stand-ins say so and use ordinary pages: what finds them is the
+rounding-mode switching and threads that never sleep (tests/support/randomx.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.agent_run import finding_for, running_agent
+from tests.support.randomx import INSTALL_DIR, LoopbackPool, cpu_hog, start_standin, stop
+
+REPO = Path(__file__).resolve().parent.parent
+DEADLINE_S = 120.0
+
+pytestmark = pytest.mark.root
+
+
+def _python_with_numpy() -> str | None:
+    """An interpreter on this machine that has numpy (the test venv need not)."""
+    for candidate in (shutil.which("python3"), "/usr/bin/python3", "/usr/local/bin/python3"):
+        if candidate and subprocess.run([candidate, "-c", "import numpy"]).returncode == 0:
+            return candidate
+    return None
+
+
+def _benign_workloads(workdir: Path) -> dict[str, subprocess.Popen]:
+    source = workdir / "big.c"
+    source.write_text(
+        "".join(f"double f{i}(double x) {{ return x * {i}.5 + f{i - 1}(x / 3); }}\n" for i in [0])
+        .replace("f-1(x / 3)", "0")
+        .replace("f0(x / 3)", "0")
+        + "".join(
+            f"double f{i}(double x) {{ double s = 0; for (int k = 0; k < {i}; k++) "
+            f"s += f{i - 1}(x + k) / (k + 1); return s; }}\n"
+            for i in range(1, 400)
+        )
+    )
+    numpy_loop = (
+        "import numpy as np, time\n"
+        "end = time.time() + 600\n"
+        "while time.time() < end: np.linalg.svd(np.random.rand(150, 150))\n"
+    )
+    out = {}
+    numpy_python = _python_with_numpy()
+    if numpy_python is not None:
+        out["numpy"] = subprocess.Popen([numpy_python, "-c", numpy_loop])
+    return out | {
+        "openssl": subprocess.Popen(
+            ["openssl", "speed", "-seconds", "100", "sha256", "aes-128-cbc", "rsa2048"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+        "compiler": subprocess.Popen(
+            [
+                "sh",
+                "-c",
+                'end=$(($(date +%s)+150)); while [ "$(date +%s)" -lt "$end" ]; do '
+                f"gcc -O2 -c -o /dev/null {source}; done",
+            ]
+        ),
+    }
+
+
+def test_randomx_standin_is_flagged_in_every_disguise_and_benign_work_stays_clean():
+    if shutil.which("openssl") is None or shutil.which("gcc") is None:
+        pytest.fail("openssl and gcc are part of this machine's image (platform.md)")
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="gg-randomx-") as tmp:
+        workdir = Path(tmp)
+        plain_pool = LoopbackPool(workdir, tls=False, push_s=(10, 40))
+        tls_pool = LoopbackPool(workdir, tls=True, push_s=(10, 40))
+        try:
+            with running_agent(workdir, "--sensor", "ebpf") as agent:
+                status = agent.status()
+                assert not any("rounding-mode" in b for b in status.get("blind_spots", [])), status
+                procs += [cpu_hog(400), cpu_hog(400)]  # the busy host
+                benign = _benign_workloads(workdir)
+                procs += list(benign.values())
+                started = time.time()
+                standins = {
+                    "plain": start_standin(plain_pool, "nodestatd", submit_s=15),
+                    "tls": start_standin(tls_pool, "metricsd", submit_s=15),
+                    "throttled": start_standin(
+                        tls_pool, "syncagent", nice=19, threads=1, submit_s=15
+                    ),
+                }
+                procs += list(standins.values())
+                found = {}
+                for variant, proc in standins.items():
+                    left = max(1.0, DEADLINE_S - (time.time() - started))
+                    found[variant] = agent.wait_record(finding_for(proc.pid), timeout=left)
+                    print(f"{variant}: found after {time.time() - started:.0f} s", found[variant])
+                    assert found[variant]["gpuguard"]["verdict"] in ("suspicious", "malicious")
+                    # the command line is the program's path alone, or blank if the agent read
+                    # it after the stand-in wiped its argv: no clue there either way
+                    process = found[variant]["process"]
+                    assert process.get("command_line", "").strip() in ("", process["executable"])
+                    # the first verdict change is reported: rounding-mode switching is in it
+                    # (with the 256 MiB huge-page request the kernel refused, or the thread
+                    # that never sleeps and the session: cpu-randomx-miner)
+                    rules = set(found[variant]["gpuguard"]["rule_ids"])
+                    assert "cpu-fpu-rounding-switching" in rules, (variant, rules)
+                    assert "yara-miner" not in rules and "net-pool-protocol" not in rules
+                elapsed = time.time() - started
+                records = agent.records()
+                for name, proc in benign.items():
+                    hits = [r for r in records if finding_for(proc.pid)(r)]
+                    assert not hits, (name, hits)
+        finally:
+            for proc in procs:
+                stop(proc)
+            plain_pool.close()
+            tls_pool.close()
+            shutil.rmtree(INSTALL_DIR, ignore_errors=True)
+    assert elapsed <= DEADLINE_S + 5

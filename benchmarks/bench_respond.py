@@ -330,21 +330,39 @@ def bench_dead(runs: int) -> None:
 
 
 def bench_exec_match(execs: int) -> None:
-    """The host's exec cost with kill-on-touch loaded and 0, 10 or 1,000 blocks in place.
+    """The host's exec cost without kill-on-touch, and with it loaded and 0, 10 or 1,000 blocks.
 
-    With no block the kernel reports no exec; with blocks every exec is reported and matched
-    here (inode, size+sha256, script), so the figures are the exec wall time of a fork+exec
-    loop and this process's CPU per exec (the matching thread), as ratios to no blocks.
+    With no block the kernel reports no exec; with blocks every exec in scope is reported and
+    matched here (inode, size+sha256, script), and every execve's path is hashed at its entry
+    (its argv is kept only on a blocked path).  Scoped to a cgroup the loop is not in, the
+    kernel reports nothing.  Figures: exec wall time of a fork+exec loop and this process's
+    CPU per exec (the matching thread), as ratios to no kill-on-touch at all.
     """
     from gpuguard.respond.bpf_pins import ensure_pin_root
+    from gpuguard.respond.cgroup_blocks import cgroup2_mount
     from gpuguard.respond.exec_match import BlockTarget, Script
     from gpuguard.respond.touch import TouchBlocker
     from tests.support.workloads import build_c_program
 
     flood = build_c_program(REPO / "tests" / "workloads" / "exec_flood.c")
     settings = settings_for_test()
+    scope = Path(cgroup2_mount()) / f"gg-bench-scope-{os.getpid()}"
+
+    def loop() -> tuple[float, float, int]:
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        proc = subprocess.run(
+            [str(flood), "0", str(execs / 1500), "/bin/true"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        done = int(proc.stdout)
+        time.sleep(0.5)  # let the matching thread finish the reports
+        wall = (time.perf_counter() - wall0 - 0.5) / done * 1e6
+        return wall, (time.process_time() - cpu0) / done * 1e6, done
+
+    rows = [("not loaded", *loop())]
     touch = TouchBlocker(ensure_pin_root(settings.pin_root), lambda report: None)
-    rows = []
     try:
         placed = 0
         for count in (0, 10, 1000):
@@ -359,29 +377,24 @@ def bench_exec_match(execs: int) -> None:
                 )
                 touch.identities.add(n + 1, 0, target)
                 touch._paths[touch._paths.Key(0xABCDEF00 + n)] = touch._entry(n + 1, 0)
+                touch._set_state(n + 1, 0)
             placed = count
             touch._report_execs()
-            cpu0, wall0 = time.process_time(), time.perf_counter()
-            proc = subprocess.run(
-                [str(flood), "0", str(execs / 1500), "/bin/true"],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            done = int(proc.stdout)
-            time.sleep(0.5)  # let the matching thread finish the reports
-            wall = (time.perf_counter() - wall0 - 0.5) / done * 1e6
-            cpu = (time.process_time() - cpu0) / done * 1e6
-            rows.append((count, wall, cpu, done))
+            rows.append((f"{count}", *loop()))
+        scope.mkdir()
+        touch.set_scope({scope.stat().st_ino})  # the loop runs outside it
+        rows.append(("1000, scoped to another cgroup", *loop()))
     finally:
         touch.close()
         cleanup(settings)
+        if scope.exists():
+            scope.rmdir()
     base = rows[0][1]
     print("## exec cost with kill-on-touch loaded (fork+exec of /bin/true, as fast as it goes)")
-    print("| blocks | execs | us per exec (wall) | vs 0 blocks | gpuguard CPU us per exec |")
-    print("|---:|---:|---:|---:|---:|")
-    for count, wall, cpu, done in rows:
-        print(f"| {count} | {done} | {wall:.0f} | {wall / base:.2f}x | {cpu:.1f} |")
+    print("| blocks | execs | us per exec (wall) | vs not loaded | gpuguard CPU us per exec |")
+    print("|---|---:|---:|---:|---:|")
+    for label, wall, cpu, done in rows:
+        print(f"| {label} | {done} | {wall:.0f} | {wall / base:.2f}x | {cpu:.1f} |")
     print()
 
 

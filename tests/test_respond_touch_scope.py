@@ -201,3 +201,32 @@ def test_a_block_lifted_while_its_agent_runs_stops_the_user_space_match_too(scop
         assert run_in([str(miner), "open:/dev/nvidia0"], cgroup)[:2] == (0, "done")
     finally:
         responder.close()
+
+
+def test_scope_containers_acts_in_the_container_cgroups_it_knows(scope, miner):
+    cgroup, settings = scope
+    settings = replace(settings, scope="containers")  # containers under the test's cgroup only
+    first = cgroup / f"docker-{'a1' * 32}.scope"
+    later = cgroup / f"docker-{'b2' * 32}.scope"
+    first.mkdir()
+    outcomes: list = []
+    responder, _ = _block(settings, miner, first, outcomes)
+    gpu = [str(miner), "open:/dev/nvidia0"]
+    try:
+        assert run_in(gpu, first)[:2] == (-signal.SIGKILL, "")
+        # Not a container (the listed cgroup itself, its other child, the host): lives.
+        for where in (cgroup, cgroup / "inner", None):
+            assert run_in(gpu, where)[:2] == (0, "done")
+        # A container started after the block is outside until the agent's next sweep.
+        later.mkdir()
+        resident = start_in(["/bin/sleep", "600"], later)  # what makes the cgroup a container's
+        try:
+            assert _wait_for(lambda: str(resident.pid) in (later / "cgroup.procs").read_text())
+            assert run_in(gpu, later)[:2] == (0, "done")
+            responder.sweep(time.time())
+            assert run_in(gpu, later)[:2] == (-signal.SIGKILL, "")
+        finally:
+            resident.kill()
+            resident.wait()
+    finally:
+        responder.close()

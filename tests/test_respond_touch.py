@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -153,7 +154,8 @@ def test_shared_executable_blocks_only_the_offender_and_its_children(scope):
     offender, bystander = start_probe(), start_probe()  # both run the system's python
     for proc in (offender, bystander):
         (cgroup / "cgroup.procs").write_text(str(proc.pid))
-    responder = Responder(settings, mode="enforce")
+    outcomes = []
+    responder = Responder(settings, mode="enforce", emit=outcomes.append)
     try:
         state = state_of(offender.pid)
         outcome = responder.respond(verdict_for(state), state, time.time())[-1]
@@ -171,6 +173,18 @@ def test_shared_executable_blocks_only_the_offender_and_its_children(scope):
         assert ask(offender, "/dev/nvidia0") == ""  # killed at the open: no answer
         assert offender.wait(timeout=5) == -signal.SIGKILL
         assert ask(bystander, "connect 127.0.0.1 9") in ("ECONNREFUSED", "OK")
+        # Both kills are logged, the child named by what the kernel copied from its parent at fork
+        # (it was dead before /proc could be read); the command line is bounded in the kernel.
+        deadline = time.monotonic() + 10
+        while len([o for o in outcomes if "touch" in o.detail]) < 2:
+            assert time.monotonic() < deadline, outcomes
+            time.sleep(0.05)
+        child, parent = [o.detail["victim"] for o in outcomes if "touch" in o.detail]
+        assert parent["pid"] == offender.pid and child["pid"] not in (offender.pid, bystander.pid)
+        for victim in (child, parent):
+            assert victim["exe"] == outcome.exe
+            assert victim["cmdline"].startswith(f"{sys.executable} -c ")
+            assert victim["cmdline"].endswith(" [truncated]")
     finally:
         responder.close()
         for proc in (offender, bystander):

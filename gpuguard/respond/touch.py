@@ -188,6 +188,15 @@ class TouchBlocker:
             if started_ns is None or started_ns > value.added_ns + tick_ns:
                 del self._tgids[key]
                 dropped += 1
+        # what a pid ran is kept only for the blocked: left without an entry, it could name the
+        # pid's next owner in a kill report
+        blocked = {key.value for key in self._tgids.keys()}
+        for key in list(self._procs.keys()):
+            if key.value not in blocked:
+                try:
+                    del self._procs[key]
+                except KeyError:
+                    pass
         return dropped
 
     def add(
@@ -541,8 +550,14 @@ class TouchBlocker:
         self._killed({**report, "number": number, "matched": what, "tree": True})
 
     def close(self) -> None:
+        """Detach, then hand on the reports still in the rings (a kill made just before is logged)."""
         self._stop.set()
         self._thread.join(timeout=2)
+        for tracepoint in list(self._bpf.tracepoint_fds):
+            self._bpf.detach_tracepoint(tracepoint)
+        if not self._thread.is_alive():
+            self._bpf.ring_buffer_consume()
+            self._check_lost()
         self._bpf.cleanup()
 
 

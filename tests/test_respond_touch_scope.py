@@ -8,12 +8,14 @@ or connect.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
 import time
 import types
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,7 @@ from gpuguard.agent.pipeline import Agent
 from gpuguard.cli import main
 from gpuguard.outputs.metrics import AgentMetrics
 from gpuguard.respond import Responder
+from gpuguard.respond.cgroup_blocks import cgroup2_mount, cgroup2_of
 from gpuguard.respond.touch import FLAG_SUSPENDED
 from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
 from tests.support.touch_scope import run_in, scope_cgroup, start_in
@@ -230,3 +233,31 @@ def test_scope_containers_acts_in_the_container_cgroups_it_knows(scope, miner):
             resident.wait()
     finally:
         responder.close()
+
+
+def test_a_blocked_process_and_its_forks_are_killed_only_while_inside_the_scope(scope):
+    from tests.support.respond import ask, start_probe
+
+    cgroup, settings = scope
+    home = Path(cgroup2_mount() + cgroup2_of(os.getpid())) / "cgroup.procs"  # outside the scope
+    offender = start_probe()
+    (cgroup / "cgroup.procs").write_text(str(offender.pid))
+    responder = Responder(settings, mode="enforce")
+    try:
+        state = state_of(offender.pid)
+        placed = responder.respond(verdict_for(state), state, time.time())[-1]
+        assert placed.action == "kill-on-touch" and placed.status == "done", placed.reason
+        # Moved out of the scope, it and the children it forks there open the GPU path and live.
+        home.write_text(str(offender.pid))
+        assert ask(offender, "fork-open /dev/nvidia0") == "child-exit-1"  # ENOENT, not a kill
+        assert ask(offender, "/dev/nvidia0") == "ENOENT"
+        # Back in the scope's child cgroup: its fork dies at the open, then it does.
+        (cgroup / "inner" / "cgroup.procs").write_text(str(offender.pid))
+        assert ask(offender, "fork-open /dev/nvidia0") == "child-signal-9"
+        assert ask(offender, "/dev/nvidia0") == ""
+        assert offender.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        responder.close()
+        if offender.poll() is None:
+            offender.kill()
+            offender.wait()

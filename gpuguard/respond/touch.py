@@ -404,7 +404,8 @@ class TouchBlocker:
         }
         # What the kernel kept of the process (read at its exec, while it was alive for sure).
         proc = event.proc
-        kept_exe = escape_text(decode_c_string(bytes(proc.exe)))
+        exec_path = decode_c_string(bytes(proc.exe))
+        kept_exe = escape_text(exec_path)
         kept_args = ct.string_at(  # not proc.args: ctypes cuts a char array at its first NUL
             ct.addressof(proc) + type(proc).args.offset, min(proc.args_len, PROC_ARGS_LEN)
         )
@@ -424,9 +425,11 @@ class TouchBlocker:
                 if not report["tree"]:
                     self._mark_exact_copy(event.tgid, report["path"], event.block)
             return
-        self._killed(report, kept_exe, kept_cmdline)
+        self._killed(report, kept_exe, kept_cmdline, exec_path)
 
-    def _killed(self, report: dict, kept_exe: str = "", kept_cmdline: str = "") -> None:
+    def _killed(
+        self, report: dict, kept_exe: str = "", kept_cmdline: str = "", exec_path: str = ""
+    ) -> None:
         """One record per kill, with the victim named; the breaker counts victims outside the tree.
 
         The victim is named from what the kernel kept (``kept_*``), else what was learnt at its
@@ -439,6 +442,9 @@ class TouchBlocker:
         exe = kept_exe or (known[0] if known else "") or offender[0]
         cmdline = kept_cmdline or (known[1] if known else "") or _cmdline_of(report["tgid"])
         report.update(kind="kill", exe=exe, cmdline=cmdline)
+        if not report["tree"] and exec_path:
+            # its exec report travels on the other ring and may come second: decide it here too
+            self._mark_exact_copy(report["tgid"], exec_path, number)
         with self._lock:
             report["tree"] = report["tree"] or report["tgid"] in self._own
         self.on_kill(report)

@@ -89,3 +89,17 @@ def json_safe_text(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def visible_text(value: object, keep: str = "") -> str:
+    """``value`` with every character :func:`escape_text` would escape shown as that escape,
+    except the backslash itself and the characters in ``keep``, which stay as they are.
+
+    For formats with an escaping rule of their own (CEF), which must apply it once: ESC
+    becomes the text ``\\x1b`` and an invalid byte ``\\xff``, while ``\\`` (and, say, a
+    newline the format can carry) is left for that format's escaping.
+    """
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch in keep else _escape_char(ch) for ch in text)

@@ -76,7 +76,12 @@ install_files() {
     mkdir -p "$opt/share/doc" "$opt/share/sigma" "$opt/share/shipping" "$DESTDIR/usr/local/sbin"
     for doc in deploy.md siem.md; do put 644 "$ROOT/docs/$doc" "$opt/share/doc/$doc"; done
     put 644 "$PKG/grafana-dashboard.json" "$opt/share/grafana-dashboard.json"
-    put 644 "$PKG/kubernetes/daemonset.yaml" "$opt/share/kubernetes/daemonset.yaml"
+    # Kustomize base and overlays, Prometheus alerting rules, Grafana provisioning: the tree as is.
+    local f rel
+    while IFS= read -r f; do
+        rel=${f#"$PKG/"}
+        put 644 "$f" "$opt/share/$rel"
+    done < <(find "$PKG/kubernetes" "$PKG/prometheus" "$PKG/grafana" -type f 2>/dev/null | sort)
     for f in "$PKG"/sigma/*.yml; do put 644 "$f" "$opt/share/sigma/$(basename "$f")"; done
     for f in "$PKG"/shipping/*; do put 644 "$f" "$opt/share/shipping/$(basename "$f")"; done
     ln -sfn "$PREFIX/bin/gpuguard" "$DESTDIR/usr/local/sbin/gpuguard"

@@ -39,6 +39,9 @@ DEBS=(python3-bpfcc python3-venv python3-pip python3-nftables nftables iproute2 
 # Real parts the tests talk to (a Prometheus server scraping the agent, rsyslog
 # receiving CEF, openssl making a TLS pool's certificate): not needed to run the agent, so `run` does not install them.
 [ "$job" = run ] || DEBS+=(prometheus rsyslog openssl)
+# kubectl renders the Kustomize overlays in the tests: Debian's kubernetes-client, unless a
+# kubectl is already there (another package, e.g. the Cloud SDK's, may own /usr/bin/kubectl).
+[ "$job" = run ] || command -v kubectl >/dev/null || DEBS+=(kubernetes-client)
 missing=()
 for p in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -103,6 +103,10 @@ class AgentRun:
             stderr=lambda line: None,
             sampler_openers={"nvml": lambda: nvml.open_sampler(library=self.fake.module)},
         )
+        # The host-tuning checks read a tree of our own, not this host's /proc and /sys: a test
+        # asserts about what it set up (another job may have reserved huge pages here).
+        (tmp_path / "host").mkdir()
+        self.agent.host_findings.tuning_root = str(tmp_path / "host")
         self.thread = threading.Thread(target=self.agent.run, daemon=True)
 
     def __enter__(self) -> AgentRun:

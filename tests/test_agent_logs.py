@@ -15,7 +15,7 @@ import pytest
 from gpuguard.detect.cases import replay
 from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.escape import escape_text
+from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.cef import cef_line
 from gpuguard.outputs.finding import Finding, ProcessInfo, finding_from_verdict
@@ -284,7 +284,10 @@ def test_a_hostile_name_cannot_forge_a_line_in_any_format(fmt):
                 and header[4] in ("miner-binary-name", "action-kill", "agent-fault")
             )
             text = ext.get("sproc") or ext.get("msg")
-            assert escape_text(HOSTILE) in text  # decodes to what the console shows
+            # decodes to the exact name, newlines and \\ included; what CEF cannot carry (ESC,
+            # the invalid byte, U+2028) is the visible text the JSON formats write too
+            assert visible_text(HOSTILE, keep="\n\r") in text
+            assert "\\xff" in text and "c\\d" in text and "\n" in text
         else:
             doc = json.loads(line)
             names = [
@@ -363,7 +366,7 @@ def test_a_full_disk_is_a_reported_fault_and_recovers(tmp_path):
 
 CLOSED_STDOUT_CHILD = """
 import sys, time
-from gpuguard.escape import escape_text
+from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.log_writer import open_log
 sys.stdin.readline()                 # the parent closes its end of our stdout first

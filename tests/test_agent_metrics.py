@@ -31,6 +31,7 @@ from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.outputs.log_writer import open_log
 from gpuguard.outputs.metrics import METRIC_NAMES, AgentMetrics, parse_address
 from gpuguard.sources.gpu import nvml
+from gpuguard.sources.pod_names import PodRef
 from tests.fakes.fake_pynvml import ERROR_CODES, MIB, FakeGpu, FakeNvml, FakeProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,7 +42,7 @@ HOSTILE = 'x\n\x1b]0;pwned\x07"} evil{a="1'
 
 def dashboard_exprs() -> list[str]:
     doc = json.loads(DASHBOARD.read_text())
-    return [t["expr"] for p in doc["panels"] for t in p["targets"]]
+    return [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
 
 
 def exported_names(metrics: AgentMetrics) -> set[str]:
@@ -129,11 +130,16 @@ class Pipeline:
                     )
                 )
         snapshot = self.sampler.sample()
-        m.observe_snapshot(snapshot, comm_of=lambda pid: {4242: "xmrig", 4343: HOSTILE}.get(pid))
+        m.observe_snapshot(
+            snapshot,
+            comm_of=lambda pid: {4242: "xmrig", 4343: HOSTILE}.get(pid),
+            pod_of=lambda pid: PodRef("ml", f"trainer-{pid}", "main"),
+        )
         m.set_queue("sensor", 3)
         m.count_drop("sensor", 1)
         m.count_reload(True)
         m.set_host_findings({"host-gpu-memory-orphaned": 1})
+        m.set_blocks({"kill-on-touch": 1}, ("kill-on-touch", "quarantine"))
         m.observe_log(self.log)
         m.observe_log(self.broken_log)
 

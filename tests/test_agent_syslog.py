@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from gpuguard.escape import escape_text
+from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.log_writer import open_log
 from tests.support.rsyslog import Rsyslogd, free_ports
@@ -18,6 +19,8 @@ from tests.test_agent_logs import (  # noqa: F401 - hostile_finding and miner_fi
     miner_finding,
     parse_cef,
 )
+from tests.test_output_bounds import huge_finding
+from tests.test_output_schemas import strict_cef
 
 
 @pytest.fixture
@@ -81,6 +84,28 @@ def test_cef_over_udp_and_tcp_reaches_rsyslog_one_record_per_line(rsyslog, miner
         "3333",
         "malicious",
     )
-    assert ext["sproc"] and parsed[1][1]["sproc"] == escape_text(HOSTILE)
+    # escaped once: the decoded name is the real one (\\ and line breaks exact, ESC as text)
+    assert ext["sproc"] and parsed[1][1]["sproc"] == visible_text(HOSTILE, keep="\n\r")
     assert parsed[2][1]["outcome"] == "done" and parsed[2][1]["spid"] == "66"
     assert "#033" not in received.read_text()  # rsyslog had no control character to escape
+
+
+def test_huge_records_arrive_whole_at_rsyslogs_default_8k_limit(tmp_path):
+    """A 100 KB command line, 10,000 arguments, a 64 KB path and 500 pieces of evidence: each
+    format arrives as one message that rsyslog (maxMessageSize at its 8k default) did not cut."""
+    daemon = Rsyslogd(tmp_path, *free_ports(), max_message_size="8k")
+    daemon.start()
+    try:
+        for fmt in ("ecs", "ocsf", "cef"):
+            writer = open_log(f"syslog:tcp:127.0.0.1:{daemon.tcp}", fmt, host=HOST)
+            writer.write(huge_finding())
+            assert writer.flush(5) and writer.errors == 0
+            writer.close()
+        lines = _received(daemon.received, 3)
+    finally:
+        daemon.stop()
+    assert len(lines) == 3, [line[:100] for line in lines]  # nothing split into a second message
+    ecs, ocsf, cef = (line.split("|", 3)[3].lstrip() for line in lines)
+    assert json.loads(ecs)["gpuguard"]["truncated"]["process"]["command_line"]["sha256"]
+    assert json.loads(ocsf)["unmapped"]["gpuguard"]["truncated"]
+    assert json.loads(strict_cef(cef)[1]["flexString1"])["cs5"]["original_length"] > 100_000

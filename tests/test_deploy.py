@@ -9,7 +9,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -130,6 +132,13 @@ def test_install_lays_out_the_tree_idempotently_and_uninstalls(tmp_path):
         p.name for p in (PKG / "sigma").glob("*.yml")
     }
     assert (share / "grafana-dashboard.json").exists() and (share / "doc/deploy.md").exists()
+    for rel in (
+        "kubernetes/base/daemonset.yaml",
+        "kubernetes/overlays/metrics/servicemonitor.yaml",
+        "prometheus/gpuguard-alerts.yaml",
+        "grafana/provisioning/dashboards/gpuguard.yaml",
+    ):
+        assert (share / rel).read_bytes() == (PKG / rel).read_bytes(), rel
     # the shipped config is not mistaken for a site rules file
     assert etc / "gpuguard/agent.yaml" not in default_rule_paths(etc / "gpuguard")
 
@@ -213,29 +222,80 @@ def test_logrotate_accepts_the_file_and_the_agent_reopens_after_rotation(tmp_pat
     assert '"action":"stop"' in log.read_text() and '"action":"start"' not in log.read_text()
 
 
-# -- Kubernetes ---------------------------------------------------------------------------------
+# -- Kubernetes (Kustomize base + overlays) ---------------------------------------------------
+
+K8S = PKG / "kubernetes"
+OVERLAYS = ("monitor", "enforce", "metrics", "metrics-podmonitor")
+MIN_KUBERNETES = (1, 27)  # docs/deploy.md states it
+# benchmarks/README-agent.md: RSS 146 MB idle, up to 183 MB under process churn, 253 MB at worst
+# in event bursts (MiB here).
+RSS_BUSY_MIB, RSS_WORST_MIB = 183 * 1000**2 / 2**20, 253 * 1000**2 / 2**20
 
 
-def _manifests() -> dict[str, dict]:
-    return {
-        doc["kind"]: doc
-        for doc in yaml.safe_load_all((PKG / "kubernetes/daemonset.yaml").read_text())
-    }
+def kubectl() -> str:
+    found = os.environ.get("GPUGUARD_KUBECTL") or shutil.which("kubectl")
+    assert found, (
+        "kubectl is missing (fix: apt-get install kubernetes-client; "
+        "bash packaging/setup-host.sh setup installs it)"
+    )
+    return found
 
 
-def test_daemonset_validates_against_the_kubernetes_schema():
+def render(overlay: str) -> list[dict]:
+    """``kubectl kustomize`` of one overlay (offline), as documents."""
+    run = subprocess.run(
+        [kubectl(), "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    return [d for d in yaml.safe_load_all(run.stdout) if d]
+
+
+def by_kind(docs: list[dict]) -> dict[str, dict]:
+    return {d["kind"]: d for d in docs}
+
+
+def _quantity_mib(value: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    return float(value[:-2]) * units[value[-2:]]
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split("."))
+
+
+def test_every_overlay_validates_for_every_kubernetes_version_from_the_minimum():
     import kubernetes_validate
+    from kubernetes_validate.utils import all_versions
 
-    for _kind, doc in _manifests().items():
-        kubernetes_validate.validate(doc, "1.32", strict=True)
-    broken = _manifests()["DaemonSet"]
+    versions = sorted(
+        {v for v in all_versions() if _version_key(v)[:2] >= MIN_KUBERNETES}, key=_version_key
+    )
+    assert versions[0].startswith("1.27") and len(versions) >= 8, versions
+    for overlay in OVERLAYS:
+        for doc in render(overlay):
+            if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+                continue  # CRDs: checked field by field below
+            for version in versions:
+                kubernetes_validate.validate(doc, version, strict=True)
+    broken = by_kind(render("monitor"))["DaemonSet"]
     broken["spec"]["template"]["spec"]["hostPId"] = True  # a typo is caught, not ignored
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(broken, "1.32", strict=True)
+        kubernetes_validate.validate(broken, versions[0], strict=True)
+    # the 1.30+ field is not used: AppArmor comes from the annotation every version honours
+    pod = by_kind(render("monitor"))["DaemonSet"]["spec"]["template"]
+    assert "appArmorProfile" not in json.dumps(pod["spec"])
+    assert (
+        pod["metadata"]["annotations"]["container.apparmor.security.beta.kubernetes.io/gpuguard"]
+        == "unconfined"
+    )
+    assert "1.27" in (REPO / "docs/deploy.md").read_text()
 
 
 def test_daemonset_security_fields():
-    m = _manifests()
+    m = by_kind(render("monitor"))
     pod = m["DaemonSet"]["spec"]["template"]["spec"]
     assert (
         pod["hostPID"] is True
@@ -264,16 +324,188 @@ def test_daemonset_security_fields():
         "/lib/modules",
         "/usr/src",
         "/sys/fs/cgroup",
+        "/var/log/containers",
+        "/var/log/pods",
     ):
         assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
-    for path in ("/sys/kernel/tracing", "/lib/modules", "/usr/src", "/etc/gpuguard"):
+    for path in (
+        "/sys/kernel/tracing",
+        "/lib/modules",
+        "/usr/src",
+        "/etc/gpuguard",
+        "/var/log/containers",
+        "/var/log/pods",
+    ):
         assert mounts[path].get("readOnly") is True
-    assert volumes[mounts["/etc/gpuguard"]["name"]]["configMap"]["defaultMode"] == 0o400
+    config = volumes[mounts["/etc/gpuguard"]["name"]]["projected"]
+    assert config["defaultMode"] == 0o400 and "subPath" not in mounts["/etc/gpuguard"]
+    assert {s["configMap"]["name"] for s in config["sources"]} == {
+        "gpuguard-config",
+        "gpuguard-rules",
+    }
     assert (
         m["Namespace"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     )
-    config = yaml.safe_load(m["ConfigMap"]["data"]["agent.yaml"])
-    assert config["log"]["path"] == "/var/log/gpuguard/events.json"
+    configs = [d for d in render("monitor") if d["kind"] == "ConfigMap"]
+    agent = yaml.safe_load(
+        next(c for c in configs if "agent.yaml" in c["data"])["data"]["agent.yaml"]
+    )
+    assert agent["log"]["path"] == "/var/log/gpuguard/events.json" and agent["mode"] == "monitor"
+
+
+def test_metrics_bind_the_pod_ip_and_the_probes_read_health():
+    ds = by_kind(render("monitor"))["DaemonSet"]
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    args = container["args"]
+    address = args[args.index("--metrics-address") + 1]
+    assert address == "[$(POD_IP)]:9479"
+    from gpuguard.outputs.metrics import DEFAULT_METRICS_PORT, parse_address
+
+    # what the kubelet substitutes parses for IPv4 and IPv6 pod IPs alike
+    assert parse_address(address.replace("$(POD_IP)", "10.0.3.7")) == ("10.0.3.7", 9479)
+    assert parse_address(address.replace("$(POD_IP)", "fd00::7")) == ("fd00::7", 9479)
+    (port,) = container["ports"]
+    assert port == {"name": "metrics", "containerPort": DEFAULT_METRICS_PORT, "protocol": "TCP"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+
+
+def test_resources_come_from_the_measured_rss_and_cpu():
+    (container,) = by_kind(render("monitor"))["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    res = container["resources"]
+    assert _quantity_mib(res["requests"]["memory"]) >= RSS_BUSY_MIB
+    assert _quantity_mib(res["limits"]["memory"]) >= 1.5 * RSS_WORST_MIB
+    assert "cpu" not in res.get("limits", {})  # a throttled ring reader loses events
+    assert res["requests"]["cpu"] == "200m"
+    text = (REPO / "benchmarks/README-agent.md").read_text()
+    assert "146 MB" in text and "253 MB" in text  # the figures these come from are still there
+
+
+def test_overlays_differ_only_where_they_say():
+    monitor, enforce = by_kind(render("monitor")), by_kind(render("enforce"))
+    (m,) = monitor["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    (e,) = enforce["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    assert "--mode" not in m["args"] and e["args"][-2:] == ["--mode", "enforce"]
+    assert e["args"][:-2] == m["args"]
+    e["args"] = m["args"]
+    assert enforce == monitor
+
+    scraped = render("metrics")
+    kinds = [d["kind"] for d in scraped]
+    assert kinds.count("Service") == 1 and kinds.count("ServiceMonitor") == 1
+    assert "PodMonitor" not in kinds  # one way of scraping per overlay, never both
+    svc = by_kind(scraped)["Service"]
+    pod_labels = by_kind(scraped)["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert set(svc["spec"]["selector"].items()) <= set(pod_labels.items())
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    sm = by_kind(scraped)["ServiceMonitor"]
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(sm["spec"]["selector"]["matchLabels"].items()) <= set(
+        svc["metadata"]["labels"].items()
+    )
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    pm = by_kind(render("metrics-podmonitor"))["PodMonitor"]
+    assert set(pm["spec"]["selector"]["matchLabels"].items()) <= set(pod_labels.items())
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    for monitor_ in (sm["spec"]["endpoints"][0], pm["spec"]["podMetricsEndpoints"][0]):
+        assert monitor_["relabelings"][0]["targetLabel"] == "instance"
+
+
+class ConfigMapVolume:
+    """A directory laid out the way the kubelet's atomic writer lays out a ConfigMap volume:
+    ``..<timestamp>/`` holds the files, ``..data`` links to it, each key links into ``..data``;
+    an update writes a new timestamped directory and renames a new ``..data`` link over the old."""
+
+    def __init__(self, path: Path, files: dict[str, str]) -> None:
+        self.path, self.serial = path, 0
+        path.mkdir(mode=0o755)
+        self.update(files)
+        for name in files:
+            os.symlink(f"..data/{name}", path / name)
+
+    def update(self, files: dict[str, str]) -> None:
+        self.serial += 1
+        old = os.readlink(self.path / "..data") if (self.path / "..data").is_symlink() else None
+        stamp = self.path / f"..2026_11_25_08_00_00.{self.serial:09d}"
+        stamp.mkdir(mode=0o755)
+        for name, text in files.items():
+            (stamp / name).write_text(text)
+            (stamp / name).chmod(0o400)
+        os.symlink(stamp.name, self.path / "..data_tmp")
+        os.rename(self.path / "..data_tmp", self.path / "..data")
+        if old:
+            shutil.rmtree(self.path / old)
+
+
+def test_rules_configmap_layout_is_what_the_agent_reads_by_default(tmp_path):
+    from gpuguard.detect.rules import load_ruleset
+    from gpuguard.detect.shipped import default_rule_paths, shipped_rules_file
+
+    docs = render("monitor")
+    data = {}
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            data.update(doc["data"])
+    assert set(data) == {"agent.yaml", "site-rules.yaml"}
+    volume = ConfigMapVolume(tmp_path / "gpuguard", data)
+    paths = default_rule_paths(volume.path)
+    assert paths == [shipped_rules_file(), volume.path / "site-rules.yaml"]
+    assert len(load_ruleset(paths).rules) == len(load_ruleset([shipped_rules_file()]).rules)
+
+
+def _rules_info(port: int) -> tuple[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    version, failed = "", 0.0
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if sample.name == "gpuguard_rules_info":
+                version = sample.labels["version"]
+            if sample.name == "gpuguard_reloads_total" and sample.labels["result"] == "failed":
+                failed = sample.value
+    return version, failed
+
+
+@pytest.mark.root
+def test_a_rules_configmap_update_reaches_the_running_agent_and_its_version_label(tmp_path):
+    from gpuguard.detect.shipped import shipped_rules_file
+    from tests.support.agent_run import AgentProcess, until
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agent_yaml = (
+        f"rules: [{shipped_rules_file()}, site-rules.yaml]\n"
+        f"metrics: {{address: '127.0.0.1:{port}'}}\n"
+    )
+    site = "version: 1\ndescription: site rules v1\n"
+    volume = ConfigMapVolume(tmp_path / "etc", {"agent.yaml": agent_yaml, "site-rules.yaml": site})
+    agent = AgentProcess(tmp_path, "--sensor", "proc", "--config", str(volume.path / "agent.yaml"))
+    try:
+        agent.wait_ready()
+        first, _ = until(lambda: _rules_info(port)[0] and _rules_info(port), timeout=20)
+        volume.update(
+            {
+                "agent.yaml": agent_yaml,
+                "site-rules.yaml": "version: 1\nlists: {pool_ports: {extend: [3333]}}\n",
+            }
+        )
+        second, failed = until(lambda: (r := _rules_info(port))[0] != first and r, timeout=30)
+        assert failed == 0
+        assert any(
+            r.get("event", {}).get("action") == "reload" and second in r.get("message", "")
+            for r in agent.records()
+        )
+        # a broken update keeps the last good rules, counts the failure, and says why
+        volume.update({"agent.yaml": agent_yaml, "site-rules.yaml": "version: 1\nrules: [\n"})
+        version, failed = until(lambda: (r := _rules_info(port))[1] >= 1 and r, timeout=30)
+        assert version == second
+    finally:
+        assert agent.stop() == 0, agent.stderr()
 
 
 def test_containerfile_installs_offline_and_runs_the_agent():
@@ -394,3 +626,115 @@ def test_log_shipping_examples_read_the_agents_log():
     fluent = yaml.safe_load((PKG / "shipping/fluent-bit.yaml").read_text())["pipeline"]
     assert fluent["inputs"][0]["path"] == log_path and fluent["inputs"][0]["parser"] == "json"
     assert {o["name"] for o in fluent["outputs"]} == {"opensearch", "splunk"}
+
+
+# -- Fleet view: alerting rules, dashboard, provisioning --------------------------------------
+
+PROM = PKG / "prometheus"
+
+
+def _promtool() -> str:
+    found = shutil.which("promtool")
+    assert found, (
+        "promtool is missing (fix: bash packaging/setup-host.sh setup installs prometheus)"
+    )
+    return found
+
+
+def test_alerting_rules_pass_promtool_check_and_their_unit_tests():
+    check = subprocess.run(
+        [_promtool(), "check", "rules", str(PROM / "gpuguard-alerts.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0 and "SUCCESS" in check.stdout, check.stdout + check.stderr
+    tested = subprocess.run(
+        [_promtool(), "test", "rules", "gpuguard-alerts.test.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=PROM,
+    )
+    assert tested.returncode == 0 and "SUCCESS" in tested.stdout, tested.stdout + tested.stderr
+    alerts = {
+        r["alert"]
+        for g in yaml.safe_load((PROM / "gpuguard-alerts.yaml").read_text())["groups"]
+        for r in g["rules"]
+    }
+    tests = yaml.safe_load((PROM / "gpuguard-alerts.test.yaml").read_text())["tests"]
+    covered = {t["alertname"] for case in tests for t in case["alert_rule_test"]}
+    assert covered == alerts  # every alert has a test
+
+
+def test_alerting_rules_read_only_metrics_the_agent_exports():
+    from gpuguard.outputs.metrics import METRIC_NAMES, PER_PROCESS_METRIC_NAMES
+
+    exported = METRIC_NAMES | PER_PROCESS_METRIC_NAMES
+    for group in yaml.safe_load((PROM / "gpuguard-alerts.yaml").read_text())["groups"]:
+        for rule in group["rules"]:
+            for name in re.findall(r"\bgpuguard_[a-z_]+\b", rule["expr"]):
+                assert name in exported, (rule["alert"], name)
+
+
+def test_dashboard_has_a_datasource_variable_and_the_fleet_row():
+    doc = json.loads((PKG / "grafana-dashboard.json").read_text())
+    variables = {v["name"]: v for v in doc["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert "__inputs" not in doc and "DS_PROMETHEUS" not in json.dumps(doc)
+    for panel in doc["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+    rows = [p["title"] for p in doc["panels"] if p["type"] == "row"]
+    assert rows[0] == "Fleet"
+    fleet = " ".join(
+        t["expr"]
+        for p in doc["panels"]
+        if p["type"] != "row" and p["gridPos"]["y"] < 17
+        for t in p["targets"]
+    )
+    for metric in (
+        "gpuguard_findings_total",
+        "gpuguard_blocks_active",
+        "gpuguard_rules_info",
+        "gpuguard_ring_lost_events_total",
+        "gpuguard_queue_dropped_total",
+        "gpuguard_pod_gpu_series_dropped_total",
+    ):
+        assert metric in fleet, metric
+    assert "sum by (instance" in fleet and "count by (version)" in fleet
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_grafana_provisioning_example_loads_the_dashboard():
+    prov = PKG / "grafana" / "provisioning"
+    sources = yaml.safe_load((prov / "datasources/gpuguard-prometheus.yaml").read_text())
+    assert sources["apiVersion"] == 1 and sources["datasources"][0]["type"] == "prometheus"
+    dashboards = yaml.safe_load((prov / "dashboards/gpuguard.yaml").read_text())
+    (provider,) = dashboards["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
+
+
+def test_promtool_check_metrics_passes_on_the_agents_exposition(tmp_path):
+    from gpuguard.outputs.metrics import AgentMetrics
+    from tests.test_agent_metrics import Pipeline
+
+    metrics = AgentMetrics(per_process_gpu=True)
+    pipeline = Pipeline(metrics, tmp_path)
+    try:
+        pipeline.run_once()
+    finally:
+        pipeline.close()
+    body = metrics.exposition()
+    assert b"gpuguard_pod_gpu_sm_percent{" in body and b"gpuguard_process_gpu_sm_percent{" in body
+    run = subprocess.run(
+        [_promtool(), "check", "metrics"], input=body, capture_output=True, timeout=60
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    # promtool does complain about what it should: a counter without _total
+    bad = b"# HELP x_bad a\n# TYPE x_bad counter\nx_bad 1\n"
+    assert subprocess.run(
+        [_promtool(), "check", "metrics"], input=bad, capture_output=True
+    ).returncode

@@ -56,7 +56,11 @@ class AgentConfig:
     # syslog:tcp: lines wait here (in order, up to spool_max_bytes) while the collector is away
     log_spool_dir: str = DEFAULT_SPOOL_DIR
     log_spool_max_bytes: int = DEFAULT_SPOOL_BYTES  # 0: no spool, lines are lost (and counted)
-    metrics_address: str = ""  # HOST:PORT; empty: no metrics endpoint
+    log_limits: dict[str, int] = field(default_factory=dict)  # log.limits: OutputLimits overrides
+    metrics_address: str = ""  # HOST:PORT; empty: no metrics endpoint (packaging: 127.0.0.1:9479)
+    health_stall_s: float = 30.0  # /healthz answers 503 after this long without a detect-loop cycle
+    per_process_gpu: bool = False  # also export GPU use per process with pod labels
+    max_pod_series: int = 2000  # cap on per-pod (and per-process) GPU series; the rest is counted
     sample_interval_s: float = 1.0
     host_check_interval_s: float = 10.0  # GPU host checks (orphaned memory...) and accounting reads
     nvml_accounting: bool = False  # turn NVML accounting mode on (changes host state: opt-in)
@@ -93,8 +97,20 @@ _SCHEMA: dict[str, Any] = {
         "facility": ("log_facility", str, tuple(FACILITIES)),
         "spool_dir": ("log_spool_dir", str, None),
         "spool_max_bytes": ("log_spool_max_bytes", int, (0, 1 << 40)),
+        "limits": {  # outputs/bounds.py: caps of attacker-controlled fields, one record's budget
+            "cmdline_bytes": ("log_limit_cmdline", int, (256, 1 << 20)),
+            "arg_bytes": ("log_limit_arg", int, (64, 1 << 20)),
+            "name_bytes": ("log_limit_name", int, (64, 1 << 20)),
+            "record_bytes": ("log_limit_record", int, (1024, 1 << 24)),
+            "evidence": ("log_limit_evidence", int, (1, 1000)),
+        },
     },
-    "metrics": {"address": ("metrics_address", str, None)},
+    "metrics": {
+        "address": ("metrics_address", str, None),
+        "health_stall_s": ("health_stall_s", _NUMBER, (1, 3600)),
+        "per_process_gpu": ("per_process_gpu", bool, None),
+        "max_pod_series": ("max_pod_series", int, (1, 1_000_000)),
+    },
     "sampling": {
         "interval_s": ("sample_interval_s", _NUMBER, (0.1, 3600)),
         "host_check_interval_s": ("host_check_interval_s", _NUMBER, (0.2, 3600)),
@@ -190,6 +206,11 @@ def parse_config(doc: MarkedDocument) -> AgentConfig:
         ]
     if "status_path" in values:
         values["status_path"] = Path(values["status_path"])
+    limits = {
+        k[len("log_limit_") :]: values.pop(k) for k in list(values) if k.startswith("log_limit_")
+    }
+    if limits:
+        values["log_limits"] = limits
     if values.get("metrics_address"):
         from gpuguard.outputs.metrics import parse_address
 

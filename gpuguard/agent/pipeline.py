@@ -367,6 +367,7 @@ class Agent:
         release_compiler_pages()  # the probes are compiled: LLVM's ~80 MB of code can go
         self._write_status(time.time())
         self.ready.set()
+        self.telemetry.watch(self.ready, self.threads)  # /readyz, /healthz
 
     # -- run ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -396,6 +397,7 @@ class Agent:
             time.monotonic() + 1.0
         )
         while not self.stop.is_set():
+            self.telemetry.loop_turned()  # /healthz liveness (and its fault-injection stall)
             # Bounded batches: under a flood a stop or reload waits for one batch, not the queue.
             items = self.intake.take_all(0.25, BATCH_ITEMS)
             now = time.time()
@@ -664,6 +666,7 @@ class Agent:
                         "log_keep",
                         "log_syslog_format",
                         "log_facility",
+                        "log_limits",
                         "metrics_address",
                         "status_path",
                     )
@@ -737,6 +740,13 @@ class Agent:
         self.intake.wake()
         for thread in self.threads:
             thread.join(timeout=10)
+        # The sensor's buffers are freed by its close: never while its thread may still be in
+        # them (a loaded host can slow the final drain past 10 s; a freed ring would crash it).
+        sensor_busy = any(t.is_alive() for t in self.threads if isinstance(t, SensorThread))
+        if sensor_busy:
+            for thread in self.threads:
+                thread.join(timeout=30)
+            sensor_busy = any(t.is_alive() for t in self.threads if isinstance(t, SensorThread))
         if self.correlator is not None:
             try:
                 self._final_feed()
@@ -770,6 +780,9 @@ class Agent:
                 scanner.save()
             except OSError as exc:
                 self.stderr(f"gpuguard: cannot save the YARA verdict cache: {exc.strerror}")
+        if self.sensor is not None and sensor_busy:
+            self.stderr("gpuguard: the sensor thread did not stop; the probes go with the process")
+            self.sensor = None
         if self.sensor is not None:
             try:
                 self.sensor.close()  # detaches every probe

@@ -58,6 +58,7 @@ class SensorThread(threading.Thread):
             stop,
             emit,
         )
+        self.polled_at: float | None = None  # monotonic time of the last completed poll (/healthz)
 
     def _queue(self, events: list) -> None:
         for event in events:
@@ -71,6 +72,7 @@ class SensorThread(threading.Thread):
         while not self.stop.is_set():
             try:
                 self._queue(self.sensor.poll(100))
+                self.polled_at = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - the sensor thread must outlive one bad poll
                 now = time.monotonic()
                 if now - last_fault > FAULT_REPEAT_S:

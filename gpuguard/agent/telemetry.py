@@ -11,7 +11,14 @@ The detect loop calls it:
   broken log cannot carry its own fault), counted and kept for ``status``;
 * :meth:`~AgentTelemetry.observe_item` / :meth:`~AgentTelemetry.observe_scoring`
   as items are fed and scored, :meth:`~AgentTelemetry.sync_metrics` on every
-  state-file tick, :meth:`~AgentTelemetry.count_reload` on reloads.
+  state-file tick, :meth:`~AgentTelemetry.count_reload` on reloads;
+* :meth:`~AgentTelemetry.loop_turned` on every cycle and :meth:`~AgentTelemetry.watch`
+  once start-up is done: ``/healthz`` and ``/readyz`` on the metrics listener
+  (:class:`~gpuguard.outputs.metrics.AgentHealth`).
+
+Fault injection (tests and drills, docs/deploy.md): with ``GPUGUARD_FAULT_STALL_LOOP=PATH``
+in the environment the detect loop stops turning while PATH exists, so ``/healthz`` can be
+seen to turn 503.
 """
 
 from __future__ import annotations
@@ -28,8 +35,13 @@ from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.events.gpu_snapshot import GpuSnapshot
+from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.log_writer import LogWriter, open_log
-from gpuguard.outputs.metrics import AgentMetrics, MetricsServer
+from gpuguard.outputs.metrics import AgentHealth, AgentMetrics, MetricsServer
+from gpuguard.sources.pod_names import PodNames, PodRef
+
+STALL_ENV = "GPUGUARD_FAULT_STALL_LOOP"
+STALL_MAX_S = 3600.0  # a forgotten stall file does not hold the loop for ever
 
 _DESTINATIONS = "a file path, - (stdout), or syslog[:unix:PATH|udp:HOST:PORT|tcp:HOST:PORT]"
 
@@ -59,6 +71,10 @@ class AgentTelemetry:
         self.writer: LogWriter | None = None
         self.metrics: AgentMetrics | None = None
         self.server: MetricsServer | None = None
+        self.health = AgentHealth(config.health_stall_s)
+        self._stall_file = os.environ.get(STALL_ENV) or None
+        self.pod_names = PodNames()  # pod and container names from the kubelet's log links
+        self.proc_root = "/proc"
 
     # -- start-up -----------------------------------------------------------------------
     def open_log(self) -> None:
@@ -74,6 +90,7 @@ class AgentTelemetry:
                 facility=c.log_facility,
                 spool_dir=c.log_spool_dir,
                 spool_max_bytes=c.log_spool_max_bytes,
+                limits=OutputLimits(**c.log_limits),
             )
         except ValueError as exc:
             raise GpuguardError(
@@ -87,17 +104,26 @@ class AgentTelemetry:
         address = self.config.metrics_address
         if not address:
             return
-        metrics = AgentMetrics()
+        c = self.config
+        metrics = AgentMetrics(per_process_gpu=c.per_process_gpu, max_pod_series=c.max_pod_series)
         try:
-            self.server = metrics.serve(address)
+            self.server = metrics.serve(address, self.health)
         except ValueError as exc:
             raise GpuguardError(
                 str(exc), "give --metrics-address (or metrics.address) as HOST:PORT"
             ) from None
         except OSError as exc:
+            port = address.rpartition(":")[2]
+            if exc.errno == errno.EADDRINUSE:
+                raise GpuguardError(
+                    f"cannot serve metrics on {address}: Address already in use "
+                    f"(another program listens on port {port})",
+                    f"set metrics.address in {c.source or '/etc/gpuguard/agent.yaml'} "
+                    "(or --metrics-address) to a free port",
+                ) from None
             raise GpuguardError(
                 f"cannot serve metrics on {address}: {exc.strerror or exc}",
-                "choose a free port for --metrics-address (or metrics.address)",
+                "choose another address for metrics.address (or --metrics-address)",
             ) from None
         self.metrics = metrics
         metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
@@ -108,7 +134,45 @@ class AgentTelemetry:
             self.metrics.set_agent(mode, self.counters.sensor_mode)
             self.metrics.set_blind_spots(self.counters.blind_spots)
 
+    def watch(self, ready: Any, threads: list) -> None:
+        """Start-up is done: /readyz and /healthz follow ``ready`` (an Event) and the producers."""
+        counters = self.counters
+        sensor = next((t for t in threads if t.name == "gpuguard-sensor"), None)
+        samplers = [t for t in threads if hasattr(t, "unavailable")]
+
+        def ready_reason() -> str | None:
+            if not ready.is_set():
+                return "starting"
+            if counters.sensor_mode != "proc" and counters.probes_attached <= 0:
+                return "no probes attached and reduced mode not declared"
+            waiting = [
+                t.source
+                for t in samplers
+                if t.sampler is None
+                and t.unavailable is None
+                and not counters.sampler_errors.get(t.source)
+            ]
+            if waiting:
+                return f"GPU samplers not opened yet: {', '.join(waiting)}"
+            return None
+
+        self.health.ready_reason = ready_reason
+        if sensor is not None and counters.probes_attached > 0:
+            self.health.sensor_alive = sensor.is_alive
+            self.health.sensor_polled = lambda: sensor.polled_at or self.health.loop_at
+
     # -- the loop -----------------------------------------------------------------------
+    def loop_turned(self) -> None:
+        """One detect-loop cycle (liveness); the fault-injection stall, when asked for, is here."""
+        self.health.loop_turned()
+        if self._stall_file is not None and os.path.exists(self._stall_file):
+            self.stderr(
+                f"gpuguard: fault injection: detect loop stalled while {self._stall_file} exists"
+            )
+            until = time.monotonic() + STALL_MAX_S
+            while os.path.exists(self._stall_file) and time.monotonic() < until:
+                time.sleep(0.1)
+
     def write(self, record: Any) -> None:
         if self.writer is not None:
             self.writer.write(record)
@@ -137,7 +201,10 @@ class AgentTelemetry:
         """A GPU snapshot just fed to the correlator (which names its pids) into the GPU gauges."""
         if self.metrics is not None and type(item) is GpuSnapshot:
             self.metrics.count_event("gpu_snapshot")
-            self.metrics.observe_snapshot(item, comm_of=comm_of)
+            self.metrics.observe_snapshot(item, comm_of=comm_of, pod_of=self._pod_of)
+
+    def _pod_of(self, pid: int) -> PodRef | None:
+        return self.pod_names.of_pid(pid, self.proc_root)
 
     def observe_scoring(self, seconds: float) -> None:
         if self.metrics is not None:
@@ -152,8 +219,22 @@ class AgentTelemetry:
         totals = self.counters.snapshot()
         totals.pop("output", None)
         metrics.sync_totals(totals)
+        self._sync_blocks(metrics)
         if self.writer is not None:
             metrics.observe_log(self.writer)
+
+    def _sync_blocks(self, metrics: AgentMetrics) -> None:
+        """Blocks in place, from the response's block records (a few small files)."""
+        from gpuguard.respond.blocks import BLOCK_KINDS, BlockStore
+
+        try:
+            blocks = BlockStore(self.config.response.state_dir).load()
+        except GpuguardError:
+            return
+        by_kind: dict[str, int] = {}
+        for block in blocks:
+            by_kind[block.kind] = by_kind.get(block.kind, 0) + 1
+        metrics.set_blocks(by_kind, BLOCK_KINDS)
 
     def count_reload(self, ok: bool, mode: str) -> None:
         if self.metrics is not None:

@@ -2,21 +2,30 @@
 
 ``CEF:0|gpuguard|gpuguard|VERSION|SIGNATURE|NAME|SEVERITY|k=v k=v ...``
 
-Escaping (CEF implementation standard): in the seven header fields ``\\`` and
-``|`` are escaped with a backslash; in extension values ``\\``, ``=`` and
-line breaks (``\\n``, ``\\r``).  Before that every value goes through
-:func:`~gpuguard.escape.escape_text`, so ESC, other control characters and
-invalid UTF-8 arrive as the visible text ``\\x1b`` rather than as raw bytes,
-and a process name can never end the line or start a forged record.  What a
-CEF parser decodes is therefore exactly what ``gpuguard`` prints on a
-console.
+Escaping follows the CEF implementation standard, applied once: in the seven
+header fields ``\\`` and ``|`` get a backslash; in extension values ``\\``
+and ``=`` get one, and line breaks are written ``\\n`` / ``\\r``.  A CEF
+parser therefore decodes exactly the original value (``pe\\bs`` stays
+``pe\\bs``), newlines included.  What CEF cannot carry is shown as visible
+text first (:func:`~gpuguard.escape.visible_text`): ESC and other control
+characters as ``\\x1b``, a byte that was not UTF-8 as ``\\xff`` (the same text
+the JSON formats write), a line break in a header field as ``\\n``.  So a
+process name can never end the line or start a forged record.
+
+Values are capped (:mod:`gpuguard.outputs.bounds`: the configured caps, and
+never over the lengths the CEF dictionary gives its keys, e.g. 1023 for
+``msg``/``sproc``/``filePath``, 4000 for ``cs1``..``cs6``); a capped value is
+marked in ``flexString1`` (label ``truncated``): compact JSON
+``{"KEY": {"original_length": N, "sha256": "..."}}``, lengths in bytes of the
+original.  The whole line stays within the record budget: caps are halved
+until it fits (``"shed": ["strings"]`` in the same mark).
 
 Extension keys are CEF's standard dictionary names (``rt``, ``dvchost``,
 ``sproc``, ``spid``, ``suser``, ``suid``, ``filePath``, ``dst``/``dhost``,
 ``dpt``, ``act``, ``outcome``, ``cat``, ``msg``, ``externalId``) plus labelled
 custom fields: ``cs1`` verdict, ``cs2`` rule ids, ``cs3`` ATT&CK techniques,
 ``cs4`` container id, ``cs5`` command line, ``cs6`` lifecycle/action detail,
-``cn1`` score.
+``cn1`` score, ``flexString1`` truncation marks.
 """
 
 from __future__ import annotations
@@ -27,23 +36,34 @@ import time
 from typing import Any
 
 from gpuguard import __version__
-from gpuguard.escape import escape_text
+from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
+from gpuguard.outputs.bounds import OutputLimits, cap_text, raw_bytes, text_mark
 from gpuguard.outputs.finding import Finding
 
 VENDOR = "gpuguard"
 PRODUCT = "gpuguard"
 _LIFECYCLE_SEVERITY = {"fault": 7, "reload-failed": 6, "drops": 5, "degraded": 5}
+# Lengths the CEF dictionary gives its keys (characters); a value is never capped above these.
+_SPEC_LENGTH = {
+    "msg": 1023, "sproc": 1023, "filePath": 1023, "suser": 1023, "dhost": 1023, "cat": 1023,
+    "act": 63, "outcome": 63, "externalId": 40,
+    **{f"cs{i}": 4000 for i in range(1, 7)},
+}  # fmt: skip
+_CMDLINE_KEYS = ("cs5", "cs6", "msg")
+_HEADER_BYTES = 512  # signature and name (rule ids and descriptions)
+_FLOOR_BYTES = 64  # as in outputs/bounds.py: ids and host names stay whole
+MARK_KEY = "flexString1"
 
 
 def header_escape(value: object) -> str:
-    """A CEF header field: printable (see module docstring), with ``\\`` and ``|`` escaped."""
-    return escape_text(value).replace("\\", "\\\\").replace("|", "\\|")
+    """A CEF header field: visible text (see module docstring), with ``\\`` and ``|`` escaped."""
+    return visible_text(value).replace("\\", "\\\\").replace("|", "\\|")
 
 
 def extension_escape(value: object) -> str:
-    """A CEF extension value: printable, with ``\\``, ``=`` and line breaks escaped."""
-    text = escape_text(value).replace("\\", "\\\\").replace("=", "\\=")
+    """A CEF extension value: visible text, with ``\\``, ``=`` and line breaks escaped."""
+    text = visible_text(value, keep="\n\r").replace("\\", "\\\\").replace("=", "\\=")
     return text.replace("\n", "\\n").replace("\r", "\\r")
 
 
@@ -81,7 +101,10 @@ def _header(signature: str, name: str, severity: int) -> str:
     return "|".join([fields[0]] + [header_escape(f) for f in fields[1:]])
 
 
-def finding_cef(finding: Finding, hostname: str, created: float) -> str:
+Parts = tuple[str, str, int, list[tuple[str, object]]]  # signature, name, severity, extension
+
+
+def finding_cef(finding: Finding, hostname: str, created: float) -> Parts:
     p = finding.process
     pairs: list[tuple[str, object]] = [
         ("rt", int(created * 1000)),
@@ -115,10 +138,10 @@ def finding_cef(finding: Finding, hostname: str, created: float) -> str:
         top = finding.destinations[0]
         pairs += [_endpoint(top.address), ("dpt", top.port)]
     name = finding.rule_description or finding.rule_name
-    return f"{_header(finding.rule_id, name, round(finding.score / 10))}|{_extension(pairs)}"
+    return finding.rule_id, name, round(finding.score / 10), pairs
 
 
-def action_cef(outcome: ActionOutcome, hostname: str) -> str:
+def action_cef(outcome: ActionOutcome, hostname: str) -> Parts:
     severity = 8 if outcome.status == "failed" else round(outcome.score / 10)
     pairs: list[tuple[str, object]] = [
         ("rt", int(outcome.time * 1000)),
@@ -139,10 +162,10 @@ def action_cef(outcome: ActionOutcome, hostname: str) -> str:
         ),
         *_custom("cn1", "score", outcome.score),
     ]
-    return f"{_header('action-' + outcome.action, f'{outcome.action} {outcome.status}', severity)}|{_extension(pairs)}"
+    return "action-" + outcome.action, f"{outcome.action} {outcome.status}", severity, pairs
 
 
-def lifecycle_cef(record: AgentLifecycle, hostname: str) -> str:
+def lifecycle_cef(record: AgentLifecycle, hostname: str) -> Parts:
     pairs: list[tuple[str, object]] = [
         ("rt", int(record.time * 1000)),
         ("dvchost", hostname),
@@ -155,15 +178,64 @@ def lifecycle_cef(record: AgentLifecycle, hostname: str) -> str:
         ),
     ]
     severity = _LIFECYCLE_SEVERITY.get(record.action, 1)
-    return f"{_header('agent-' + record.action, f'gpuguard {record.action}', severity)}|{_extension(pairs)}"
+    return "agent-" + record.action, f"gpuguard {record.action}", severity, pairs
 
 
-def cef_line(record: Any, hostname: str, created: float | None = None) -> str:
+def _cap(key: str, value: object, cmdline: int, name: int, marks: dict[str, Any]) -> object:
+    """One extension value cut to its cap (in bytes of the visible text), marked when cut."""
+    if not isinstance(value, str):
+        return value
+    limit = min(cmdline if key in _CMDLINE_KEYS else name, _SPEC_LENGTH.get(key, 1 << 30))
+    # Visible text is never shorter than the value: its first limit+1 characters decide the cut.
+    shown = visible_text(value[: limit + 1], keep="\n\r")
+    capped, mark = cap_text(shown, limit)
+    if mark is not None:
+        marks[key] = text_mark(raw_bytes(value))
+    return capped
+
+
+def bounded_line(parts: Parts, limits: OutputLimits) -> str:
+    """The CEF line of ``parts`` with every value capped, within ``limits.record`` bytes."""
+    signature, name, severity, pairs = parts
+    header = _header(
+        cap_text(visible_text(signature), _HEADER_BYTES)[0],
+        cap_text(visible_text(name), _HEADER_BYTES)[0],
+        severity,
+    )
+    cmdline, name_cap = limits.cmdline, limits.name
+    shed: list[str] = []
+    while True:
+        marks: dict[str, Any] = {}
+        capped = [(key, _cap(key, value, cmdline, name_cap, marks)) for key, value in pairs]
+        mark_doc: dict[str, Any] = dict(marks)
+        if shed:
+            mark_doc["shed"] = shed
+        if mark_doc:
+            capped += _custom(MARK_KEY, "truncated", json.dumps(mark_doc, separators=(",", ":")))
+        line = f"{header}|{_extension(capped)}"
+        if len(line.encode("utf-8")) <= limits.record:
+            return line
+        if max(cmdline, name_cap) <= _FLOOR_BYTES:
+            break
+        cmdline, name_cap = max(_FLOOR_BYTES, cmdline // 2), max(_FLOOR_BYTES, name_cap // 2)
+        shed = ["strings"]
+    # Last resort: the fixed fields alone.
+    keep = [(k, v) for k, v in pairs if k in ("rt", "dvchost", "act", "outcome", "spid", "cn1")]
+    mark_doc = {"record": text_mark(line.encode("utf-8")), "shed": ["strings", "fields"]}
+    keep += _custom(MARK_KEY, "truncated", json.dumps(mark_doc, separators=(",", ":")))
+    return f"{header}|{_extension(keep)}"
+
+
+def cef_line(
+    record: Any, hostname: str, created: float | None = None, limits: OutputLimits | None = None
+) -> str:
     """One CEF line (no newline) for a Finding, ActionOutcome or AgentLifecycle."""
     if isinstance(record, Finding):
-        return finding_cef(record, hostname, created if created is not None else time.time())
-    if isinstance(record, ActionOutcome):
-        return action_cef(record, hostname)
-    if isinstance(record, AgentLifecycle):
-        return lifecycle_cef(record, hostname)
-    raise TypeError(f"not a log record: {type(record).__name__}")
+        parts = finding_cef(record, hostname, created if created is not None else time.time())
+    elif isinstance(record, ActionOutcome):
+        parts = action_cef(record, hostname)
+    elif isinstance(record, AgentLifecycle):
+        parts = lifecycle_cef(record, hostname)
+    else:
+        raise TypeError(f"not a log record: {type(record).__name__}")
+    return bounded_line(parts, limits or OutputLimits())

@@ -243,6 +243,7 @@ def finding_to_ecs(
             "gpu": finding.gpu.to_json() if finding.gpu is not None else None,
             "host_gpu": finding.host_gpu,
             "status": "resolved" if closed else "active" if finding.host_gpu is not None else None,
+            "evidence_omitted": finding.evidence_omitted or None,
         }
     )
     return doc

@@ -178,6 +178,7 @@ class Finding:
     host_gpu: dict[str, Any] | None = (
         None  # GPU host findings: device, memory_bytes, owner_pid, status
     )
+    evidence_omitted: int = 0  # pieces of evidence a log record left out (outputs/bounds.py)
 
     @property
     def severity(self) -> str:

@@ -40,6 +40,7 @@ from typing import Any
 
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
+from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.finding import Finding
 from gpuguard.outputs.log_sinks import (
     DEFAULT_KEEP,
@@ -79,9 +80,10 @@ class LogWriter:
         fmt: str = "ecs",
         queue_size: int = DEFAULT_QUEUE_SIZE,
         host: dict[str, Any] | None = None,
+        limits: OutputLimits | None = None,
     ) -> None:
         self.sink = sink
-        self.renderer = RecordRenderer(fmt, host)
+        self.renderer = RecordRenderer(fmt, host, limits)
         self.fmt = fmt
         self.destination = sink.name
         self.produced = 0  # records given to write()
@@ -345,6 +347,7 @@ def open_log(
     host: dict[str, Any] | None = None,
     spool_dir: str | None = None,
     spool_max_bytes: int = DEFAULT_SPOOL_BYTES,
+    limits: OutputLimits | None = None,
 ) -> LogWriter:
     """A :class:`LogWriter` for ``destination`` in ``fmt`` (``ecs``, ``ocsf`` or ``cef``).
 
@@ -363,4 +366,4 @@ def open_log(
         spool_dir=spool_dir,
         spool_max_bytes=spool_max_bytes,
     )
-    return LogWriter(sink, fmt, queue_size, host)
+    return LogWriter(sink, fmt, queue_size, host, limits)

@@ -8,20 +8,28 @@ Every metric is named ``gpuguard_*`` (see :data:`METRIC_NAMES`); the Grafana
 dashboard in ``packaging/grafana-dashboard.json`` queries only these (a test
 checks it, and another has a real Prometheus scrape them).
 
+The same listener answers ``/healthz`` and ``/readyz`` from an :class:`AgentHealth`.
+
 Label cardinality is bounded: per-process GPU users are the top
 ``top_processes`` per GPU, replaced (not accumulated) on every snapshot;
+per-pod (and, with ``per_process_gpu``, per-process) GPU series are those of
+the latest snapshot of each source, at most ``max_pod_series`` of each
+family, the rest counted in ``gpuguard_pod_gpu_series_dropped_total``;
 process names are escaped (:func:`~gpuguard.escape.escape_text`) and cut to
 64 characters; rule ids come from the loaded rules file.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.exposition import generate_latest, start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, make_wsgi_app
 
 from gpuguard import __version__
 from gpuguard.escape import escape_text
@@ -30,6 +38,12 @@ from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import Finding
 
 DEFAULT_TOP_PROCESSES = 5
+# Outside what GPU nodes run: DCGM exporter 9400, node_exporter 9100, Falco 8765, Tetragon 2112,
+# Prometheus 9090 (docs/deploy.md has the list and why).
+DEFAULT_METRICS_PORT = 9479
+DEFAULT_MAX_POD_SERIES = 2000
+POD_LABELS = ["namespace", "pod", "container", "gpu", "uuid"]
+POD_PROCESS_LABELS = [*POD_LABELS, "pid", "comm"]
 # Scoring one dirty process takes tens of microseconds; a full rescore of thousands a few ms.
 SCORING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _NAME_MAX = 64
@@ -42,9 +56,16 @@ def _gpu_label(vendor: str, index: int) -> str:
 class AgentMetrics:
     """Every metric the agent exports, in a registry of its own (no process-wide globals)."""
 
-    def __init__(self, top_processes: int = DEFAULT_TOP_PROCESSES) -> None:
+    def __init__(
+        self,
+        top_processes: int = DEFAULT_TOP_PROCESSES,
+        per_process_gpu: bool = False,
+        max_pod_series: int = DEFAULT_MAX_POD_SERIES,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.top_processes = top_processes
+        self.per_process_gpu = per_process_gpu
+        self.max_pod_series = max_pod_series
         r = self.registry
         self.info = Info(
             "gpuguard_agent", "The running agent: version, mode and sensor", registry=r
@@ -105,6 +126,38 @@ class AgentMetrics:
             ["gpu", "pid", "comm"],
             registry=r,
         )
+        self.pod_sm = Gauge(
+            "gpuguard_pod_gpu_sm_percent",
+            "SM busy percent per pod container and GPU: the sum of its processes' own samples",
+            POD_LABELS,
+            registry=r,
+        )
+        self.pod_mem = Gauge(
+            "gpuguard_pod_gpu_memory_bytes",
+            "GPU memory per pod container and GPU: the sum of its processes' allocations",
+            POD_LABELS,
+            registry=r,
+        )
+        self.pod_proc_sm = self.pod_proc_mem = None
+        if per_process_gpu:
+            self.pod_proc_sm = Gauge(
+                "gpuguard_process_gpu_sm_percent",
+                "SM busy percent per process and GPU, with its pod (metrics.per_process_gpu)",
+                POD_PROCESS_LABELS,
+                registry=r,
+            )
+            self.pod_proc_mem = Gauge(
+                "gpuguard_process_gpu_memory_bytes",
+                "GPU memory per process and GPU, with its pod (metrics.per_process_gpu)",
+                POD_PROCESS_LABELS,
+                registry=r,
+            )
+        self.pod_series_dropped = Counter(
+            "gpuguard_pod_gpu_series_dropped",
+            "Per-pod or per-process GPU series left out of one sample by metrics.max_pod_series",
+            ["family"],
+            registry=r,
+        )
         self.sampler_errors = Counter(
             "gpuguard_sampler_errors", "Sampler failures, by source", ["source"], registry=r
         )
@@ -150,6 +203,12 @@ class AgentMetrics:
         )
         for reason in ("exec", "gpu-open", "connect"):
             self.touch_kills.labels(reason)  # exported at 0: an alert sees the first kill
+        self.blocks = Gauge(
+            "gpuguard_blocks_active",
+            "Blocks the response left in place (gpuguard blocks), by kind",
+            ["kind"],
+            registry=r,
+        )
         self.log_records = Counter(
             "gpuguard_log_records",
             "Log records written, by destination",
@@ -164,6 +223,7 @@ class AgentMetrics:
         )
         self._lock = threading.Lock()
         self._proc_labels: set[tuple[str, str, str]] = set()
+        self._pod_series: dict[tuple[str, str], set[tuple[str, ...]]] = {}  # (family, source) ->
         self._log_seen: dict[str, tuple[int, int, int]] = {}
         self._blind: set[str] = set()
         self._host_rules: set[str] = set()
@@ -247,12 +307,18 @@ class AgentMetrics:
         if hasattr(writer.sink, "spooled"):  # a TCP syslog spool: lines waiting for the collector
             self.set_queue(f"spool:{name}", writer.spooled)
 
-    def observe_snapshot(self, snapshot: GpuSnapshot, comm_of: Any = None) -> None:
-        """Per-GPU gauges and the top per-process users from one sampler snapshot.
+    def observe_snapshot(
+        self, snapshot: GpuSnapshot, comm_of: Any = None, pod_of: Any = None
+    ) -> None:
+        """Per-GPU gauges, the top per-process users and the per-pod use from one sampler snapshot.
 
         ``comm_of(pid) -> str | None`` names a pid (the correlator knows); without it
-        the label is empty.  A snapshot's ``errors`` count as sampler errors.
+        the label is empty.  ``pod_of(pid) -> PodRef | None`` gives its pod (None: the
+        process is gone); without it there are no per-pod series.  A snapshot's
+        ``errors`` count as sampler errors.
         """
+        if pod_of is not None:
+            self._observe_pods(snapshot, comm_of, pod_of)
         if snapshot.errors:
             self.count_sampler_error(snapshot.source, len(snapshot.errors))
         for device in snapshot.devices:
@@ -289,6 +355,65 @@ class AgentMetrics:
                     except KeyError:
                         pass
             self._proc_labels = (self._proc_labels - stale) | fresh
+
+    def _observe_pods(self, snapshot: GpuSnapshot, comm_of: Any, pod_of: Any) -> None:
+        """Each pod's own share of each GPU: its processes' samples summed (under time-slicing or
+        MPS every process has its own sample, so pods sharing a GPU are told apart).  The series
+        of a sample replace those of the same source's previous one: a pod that is gone goes."""
+        uuids = {(d.vendor, d.index): d.uuid or "" for d in snapshot.devices}
+        pods: dict[tuple[str, ...], list[float]] = {}
+        procs: dict[tuple[str, ...], list[float]] = {}
+        for usage in snapshot.processes:
+            ref = pod_of(usage.pid)
+            if ref is None:
+                continue  # exited since the sample
+            gpu = _gpu_label(usage.vendor, usage.device_index)
+            uuid = usage.device_uuid or uuids.get((usage.vendor, usage.device_index), "")
+            key = tuple(
+                escape_text(v)[:_NAME_MAX]
+                for v in (ref.namespace, ref.pod, ref.container, gpu, uuid)
+            )
+            total = pods.setdefault(key, [0.0, 0.0])
+            total[0] += usage.sm_util or 0.0
+            total[1] += usage.used_memory or 0
+            if self.per_process_gpu:
+                comm = comm_of(usage.pid) if comm_of is not None else None
+                pkey = (*key, str(usage.pid), escape_text(comm or "")[:_NAME_MAX])
+                procs[pkey] = [usage.sm_util or 0.0, float(usage.used_memory or 0)]
+        self._replace_series("pod", snapshot.source, pods, (self.pod_sm, self.pod_mem))
+        if self.per_process_gpu:
+            self._replace_series(
+                "process", snapshot.source, procs, (self.pod_proc_sm, self.pod_proc_mem)
+            )
+
+    def _replace_series(
+        self, family: str, source: str, values: dict[tuple[str, ...], list[float]], gauges: tuple
+    ) -> None:
+        """Set ``values`` (the largest ``max_pod_series`` by SM then memory; the rest counted)
+        and remove this family's series of ``source`` that are not among them."""
+        keep = sorted(values, key=lambda k: (-values[k][0], -values[k][1], k))
+        if len(keep) > self.max_pod_series:
+            self.pod_series_dropped.labels(family).inc(len(keep) - self.max_pod_series)
+            keep = keep[: self.max_pod_series]
+        else:
+            self.pod_series_dropped.labels(family)  # present at 0: an alert can watch it
+        sm, mem = gauges
+        for key in keep:
+            sm.labels(*key).set(values[key][0])
+            mem.labels(*key).set(values[key][1])
+        fresh = set(keep)
+        with self._lock:
+            before = self._pod_series.get((family, source), set())
+            self._pod_series[(family, source)] = fresh
+            others = set().union(
+                *(v for (f, src), v in self._pod_series.items() if f == family and src != source)
+            )
+        for key in before - fresh - others:
+            for gauge in gauges:
+                try:
+                    gauge.remove(*key)
+                except KeyError:
+                    pass
 
     # -- cumulative totals ---------------------------------------------------------------
     def _advance(self, metric: Any, labels: tuple[str, ...], total: float) -> None:
@@ -345,6 +470,11 @@ class AgentMetrics:
         if "host_findings_active" in totals:
             self.set_host_findings(totals["host_findings_active"] or {})
 
+    def set_blocks(self, by_kind: dict[str, int], kinds: Iterable[str] = ()) -> None:
+        """Blocks in place by kind; every kind in ``kinds`` reads 0 when it has none."""
+        for kind in set(kinds) | set(by_kind):
+            self.blocks.labels(escape_text(kind)[:_NAME_MAX]).set(by_kind.get(kind, 0))
+
     def set_host_findings(self, active: dict[str, int]) -> None:
         """Active host findings by rule; a rule with none left reads 0 (not absent: alerts see it drop)."""
         with self._lock:
@@ -358,11 +488,94 @@ class AgentMetrics:
         """The text format Prometheus scrapes."""
         return generate_latest(self.registry)
 
-    def serve(self, address: str) -> MetricsServer:
-        """Serve ``/metrics`` on ``HOST:PORT`` (``[::1]:9400`` for IPv6; port 0 picks a free one)."""
+    def serve(self, address: str, health: AgentHealth | None = None) -> MetricsServer:
+        """Serve ``/metrics`` (and ``/healthz``, ``/readyz`` from ``health``) on ``HOST:PORT``
+        (``[::1]:9479`` for IPv6; port 0 picks a free one)."""
         host, port = parse_address(address)
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
-        return MetricsServer(server, thread)
+        metrics_app = make_wsgi_app(self.registry)
+        health = health or AgentHealth()
+
+        def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path in ("/healthz", "/readyz"):
+                ok, reason = health.live() if path == "/healthz" else health.ready()
+                body = (reason + "\n").encode("utf-8", "backslashreplace")
+                start_response(
+                    "200 OK" if ok else "503 Service Unavailable",
+                    [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")],
+                )
+                return [body]
+            return metrics_app(environ, start_response)
+
+        class Server(ThreadingWSGIServer):
+            address_family = _family(host, port)
+
+        httpd = make_server(host, port, app, Server, handler_class=_QuietHandler)
+        thread = threading.Thread(target=httpd.serve_forever, name="gpuguard-metrics", daemon=True)
+        thread.start()
+        return MetricsServer(httpd, thread)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr (a scrape every few seconds would fill the journal)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _family(host: str, port: int) -> socket.AddressFamily:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    return infos[0][0]
+
+
+DEFAULT_STALL_S = 30.0
+
+
+class AgentHealth:
+    """What ``/healthz`` and ``/readyz`` answer.
+
+    Liveness: the detect loop calls :meth:`loop_turned` on every cycle (at least four a
+    second); no turn for ``stall_after_s`` is a stall.  With probes attached, the sensor
+    thread's last completed poll (``sensor_polled() -> monotonic seconds``) must be as
+    recent, and the thread alive (``sensor_alive()``).  Before the first turn (start-up
+    compiles the probes, tens of seconds) the answer is 200 "starting".
+    Readiness: ``ready_reason()`` returns None once probes are attached or reduced mode is
+    declared, the GPU samplers tried to open and the first sweep is done, else why not.
+    """
+
+    def __init__(self, stall_after_s: float = DEFAULT_STALL_S, clock: Callable = time.monotonic):
+        self.stall_after_s = stall_after_s
+        self.clock = clock
+        self.loop_at: float | None = None
+        self.sensor_polled: Callable[[], float | None] | None = None
+        self.sensor_alive: Callable[[], bool] | None = None
+        self.ready_reason: Callable[[], str | None] | None = None
+        self.stopping = False
+
+    def loop_turned(self) -> None:
+        self.loop_at = self.clock()
+
+    def live(self) -> tuple[bool, str]:
+        now = self.clock()
+        if self.loop_at is None:
+            return True, "starting"
+        if self.stopping:
+            return True, "stopping"
+        stalled = now - self.loop_at
+        if stalled > self.stall_after_s:
+            return False, f"detect loop stalled: no cycle for {stalled:.0f} s"
+        if self.sensor_alive is not None and not self.sensor_alive():
+            return False, "sensor thread ended while probes are attached"
+        polled = self.sensor_polled() if self.sensor_polled is not None else None
+        if polled is not None and now - polled > self.stall_after_s:
+            return False, f"sensor stopped delivering: no poll for {now - polled:.0f} s"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        if self.ready_reason is None:
+            return False, "starting"
+        reason = self.ready_reason()
+        return (True, "ready") if reason is None else (False, reason)
 
 
 class MetricsServer:
@@ -384,7 +597,7 @@ def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ValueError(
-            f"bad metrics address {address!r} (expected HOST:PORT, e.g. 127.0.0.1:9400)"
+            f"bad metrics address {address!r} (expected HOST:PORT, e.g. 127.0.0.1:{DEFAULT_METRICS_PORT})"
         )
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     return host or "0.0.0.0", int(port)
@@ -420,5 +633,13 @@ METRIC_NAMES = frozenset(
         "gpuguard_log_records_total",
         "gpuguard_log_dropped_total",
         "gpuguard_host_findings_active",
+        "gpuguard_pod_gpu_sm_percent",
+        "gpuguard_pod_gpu_memory_bytes",
+        "gpuguard_blocks_active",
+        "gpuguard_pod_gpu_series_dropped_total",
     }
+)
+# Exported only with metrics.per_process_gpu: true.
+PER_PROCESS_METRIC_NAMES = frozenset(
+    {"gpuguard_process_gpu_sm_percent", "gpuguard_process_gpu_memory_bytes"}
 )

@@ -11,13 +11,16 @@ Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event:
   2 In Progress for an update, 4 Resolved on close);
 * ``finding_info`` {uid, title, desc, types, analytic {uid, name, type_id 1
   Rule}, attacks [{technique, tactic}], created_time};
-* ``evidences`` — one Evidence Artifacts object per piece of evidence, each
-  carrying the ``process`` (``uid`` = ECS ``process.entity_id``) and
+* ``evidences`` — one Evidence Artifacts object per piece of evidence, the first
+  carrying the ``process`` (``uid`` = ECS ``process.entity_id``; the others name it
+  by ``pid`` and ``uid`` only) and
   ``container`` it concerns, network evidence the ``dst_endpoint`` dialled most, or a ``file`` for
   host checks about a path, plus ``data`` {rule_id, signal, detail, weight};
 * ``resources`` — the host (and the container, when there is one);
-* ``metadata`` {product {name, vendor_name, version}, version (schema)};
-* gpuguard's verdict and evidence list under ``unmapped.gpuguard``.
+* ``metadata`` {product {name, vendor_name, version}, version (schema 1.3.0),
+  profiles (``host`` for ``device``; ``container`` for ``process.container``)};
+* gpuguard's verdict, ``is_alert`` (an OCSF 1.4 attribute, so not top-level in a 1.3
+  record) and the count of evidence left out under ``unmapped.gpuguard``.
 
 ``time`` and ``*_time`` fields are epoch milliseconds, as OCSF's timestamp
 type requires.  Values are exact; the JSON escaping rule of :mod:`gpuguard.outputs.jsonl` applies.
@@ -35,6 +38,7 @@ from gpuguard.outputs.ecs import TECHNIQUE_TACTICS
 from gpuguard.outputs.finding import Finding, process_entity_id
 
 OCSF_VERSION = "1.3.0"
+PROFILES = ("host",)  # every record carries ``device`` (the host profile's attribute)
 CLASS_UID = 2004
 CLASS_NAME = "Detection Finding"
 CATEGORY_UID = 2
@@ -49,6 +53,19 @@ ACTIVITIES = {
 SEVERITY_ID = {"informational": 1, "low": 2, "medium": 3, "high": 4, "critical": 5}
 SEVERITY_NAME = {1: "Informational", 2: "Low", 3: "Medium", 4: "High", 5: "Critical"}
 ANALYTIC_RULE = 1
+
+
+def metadata(container: bool = False) -> dict[str, Any]:
+    """OCSF ``metadata``: schema version, the profiles used, the product.
+
+    Every record uses the ``host`` profile (it brings ``device``); one whose
+    process runs in a container also the ``container`` profile (``process.container``).
+    """
+    return {
+        "version": OCSF_VERSION,
+        "profiles": [*PROFILES, "container"] if container else list(PROFILES),
+        "product": {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__},
+    }
 
 
 def _ms(epoch: float) -> int:
@@ -165,6 +182,9 @@ def finding_to_ocsf(
     container = container_object(finding)
     endpoint = dst_endpoint(finding)
     evidences = []
+    # The full process rides on the first piece of evidence; the others point at it by pid and uid
+    # (the same process in every item would multiply a record's size by its evidence count).
+    process_ref = {k: process[k] for k in ("pid", "uid") if k in process} if process else None
     for item in finding.evidence or []:
         evidence: dict[str, Any] = {
             "data": {
@@ -176,7 +196,7 @@ def finding_to_ocsf(
             }
         }
         if process is not None:
-            evidence["process"] = process
+            evidence["process"] = process if not evidences else process_ref
         if container is not None:
             evidence["container"] = container
         if endpoint is not None and item.rule_id.startswith("net-"):
@@ -212,7 +232,6 @@ def finding_to_ocsf(
         "severity": SEVERITY_NAME[severity_id],
         "status_id": status_id,
         "status": status,
-        "is_alert": finding.verdict != "clean" and finding.activity != "close",
         "risk_score": int(round(finding.score)),
         "message": finding.explanation,
         "finding_info": {
@@ -232,10 +251,7 @@ def finding_to_ocsf(
         "evidences": evidences,
         "resources": resources,
         "device": {"hostname": hostname, "type_id": 0},
-        "metadata": {
-            "version": OCSF_VERSION,
-            "product": {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__},
-        },
+        "metadata": metadata(container is not None),
         "unmapped": {
             "gpuguard": {
                 "score": round(float(finding.score), 1),
@@ -243,7 +259,14 @@ def finding_to_ocsf(
                 "kind": finding.kind,
                 "rule_ids": finding.rule_ids,
                 "subject": finding.subject,
+                # OCSF 1.4's is_alert, kept here while the records declare 1.3
+                "is_alert": finding.is_alert and finding.activity != "close",
                 **({"host_gpu": finding.host_gpu} if finding.host_gpu is not None else {}),
+                **(
+                    {"evidence_omitted": finding.evidence_omitted}
+                    if finding.evidence_omitted
+                    else {}
+                ),
             }
         },
     }

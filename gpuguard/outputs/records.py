@@ -17,7 +17,12 @@ Data flow: :class:`~gpuguard.outputs.finding.Finding` |
   rest) with the D3FEND activity (1 Isolate, 2 Evict, 3 Restore, 99 Other);
   lifecycle records are Application Lifecycle 6002 (3 Start, 4 Stop, 8 Update,
   99 Other).
+  Remediation events carry the required ``command_uid``; 7001 and 7004 have no
+  ``process``, so their target is in ``unmapped.gpuguard.process``.
 * **CEF**: :mod:`gpuguard.outputs.cef`.
+
+Every line is bounded (:mod:`gpuguard.outputs.bounds`): each string capped and
+marked, the whole record within the destination's budget.
 
 JSON encoding escapes every control character in structured fields, and
 :func:`~gpuguard.outputs.jsonl.dumps_line` writes invalid UTF-8 as ``\\xNN``,
@@ -26,17 +31,19 @@ so one record is always exactly one line whatever a process calls itself.
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import time
 from typing import Any
 
 from gpuguard import __version__
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
+from gpuguard.outputs.bounds import OutputLimits, bound_evidence, fit_json, pick
 from gpuguard.outputs.cef import cef_line
 from gpuguard.outputs.ecs import ECS_VERSION, finding_to_ecs, host_fields, iso_time
 from gpuguard.outputs.finding import Finding, process_entity_id
 from gpuguard.outputs.jsonl import dumps_line
-from gpuguard.outputs.ocsf import OCSF_VERSION, finding_to_ocsf
+from gpuguard.outputs.ocsf import finding_to_ocsf, metadata
 
 Record = Finding | ActionOutcome | AgentLifecycle
 FORMATS = ("ecs", "ocsf", "cef")
@@ -90,10 +97,6 @@ def _ms(epoch: float) -> int:
 
 def _clean(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if v not in (None, "", [], {})}
-
-
-def _product() -> dict[str, Any]:
-    return {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__}
 
 
 def lifecycle_severity(record: AgentLifecycle) -> str:
@@ -213,6 +216,7 @@ def action_to_ocsf(outcome: ActionOutcome, hostname: str) -> dict[str, Any]:
         "activity_name": activity_name,
         "type_uid": class_uid * 100 + activity_id,
         "type_name": f"{_OCSF_CLASS_NAME[class_uid]}: {activity_name}",
+        "command_uid": command_uid(outcome, hostname),
         "time": _ms(outcome.time),
         "severity_id": 1,
         "severity": "Informational",
@@ -221,7 +225,7 @@ def action_to_ocsf(outcome: ActionOutcome, hostname: str) -> dict[str, Any]:
         "status_detail": f"{outcome.action} {outcome.status}",
         "message": outcome.reason or f"{outcome.action} {outcome.status}",
         "device": {"hostname": hostname, "type_id": 0},
-        "metadata": {"version": OCSF_VERSION, "product": _product()},
+        "metadata": metadata(),
         "unmapped": {
             "gpuguard": _clean(
                 {
@@ -237,8 +241,9 @@ def action_to_ocsf(outcome: ActionOutcome, hostname: str) -> dict[str, Any]:
             )
         },
     }
+    process: dict[str, Any] = {}
     if outcome.pid:
-        process: dict[str, Any] = {
+        process = {
             "pid": outcome.pid,
             "name": outcome.comm,
             "uid": process_entity_id(hostname, outcome.pid, outcome.start_time),
@@ -251,8 +256,23 @@ def action_to_ocsf(outcome: ActionOutcome, hostname: str) -> dict[str, Any]:
             }
         if outcome.start_time:
             process["created_time"] = _ms(outcome.start_time)
-        event["process"] = process
+    if class_uid == 7003:
+        # The class requires the process; an action that lost its target names the pid it had.
+        event["process"] = process or {"pid": outcome.pid}
+    elif process:  # Remediation Activity (7001) and 7004 have no process attribute
+        event["unmapped"]["gpuguard"]["process"] = process
+    if class_uid == 7004:
+        event["connection_info"] = {"direction_id": 2, "direction": "Outbound"}
     return event
+
+
+def command_uid(outcome: ActionOutcome, hostname: str) -> str:
+    """OCSF ``command_uid``: the block's id when the action left one, else a stable digest."""
+    if outcome.block_id:
+        return outcome.block_id
+    key = f"{hostname}|{outcome.action}|{outcome.pid}|{outcome.start_time}|{outcome.time}"
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"gpuguard-{digest[:32]}"
 
 
 def lifecycle_to_ocsf(record: AgentLifecycle, hostname: str) -> dict[str, Any]:
@@ -278,23 +298,46 @@ def lifecycle_to_ocsf(record: AgentLifecycle, hostname: str) -> dict[str, Any]:
         "message": record.message or record.action,
         "app": {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__},
         "device": {"hostname": hostname, "type_id": 0},
-        "metadata": {"version": OCSF_VERSION, "product": _product()},
+        "metadata": metadata(),
         "unmapped": {"gpuguard": {"action": record.action, "detail": record.detail}},
     }
 
 
-class RecordRenderer:
-    """Renders records in one format for one host (host facts are read once)."""
+# The fields a record keeps when nothing else fits its budget (bounded by construction).
+_ECS_SKELETON = (
+    "@timestamp", "ecs.version", "message", "event.kind", "event.action", "event.category",
+    "event.type", "event.outcome", "event.risk_score", "event.severity", "event.module",
+    "event.dataset", "event.created", "rule.id", "rule.ruleset", "host.hostname", "host.name",
+    "process.pid", "process.entity_id", "gpuguard.kind", "gpuguard.action", "gpuguard.status",
+    "gpuguard.verdict", "gpuguard.score",
+)  # fmt: skip
+_OCSF_SKELETON = (
+    "class_uid", "class_name", "category_uid", "category_name", "activity_id", "activity_name",
+    "type_uid", "type_name", "command_uid", "time", "severity_id", "severity", "status_id",
+    "status", "message", "risk_score", "finding_info.uid", "finding_info.title",
+    "finding_info.analytic", "finding_info.created_time", "process.pid", "process.uid", "app",
+    "connection_info", "device", "metadata",
+)  # fmt: skip
 
-    def __init__(self, fmt: str = "ecs", host: dict[str, Any] | None = None) -> None:
+
+class RecordRenderer:
+    """Renders records in one format for one host (host facts are read once), within ``limits``."""
+
+    def __init__(
+        self,
+        fmt: str = "ecs",
+        host: dict[str, Any] | None = None,
+        limits: OutputLimits | None = None,
+    ) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"unknown log format {fmt!r} (one of {', '.join(FORMATS)})")
         self.fmt = fmt
         self.host = host or host_fields()
         self.hostname = self.host.get("hostname") or socket.gethostname()
+        self.limits = limits or OutputLimits()
 
     def document(self, record: Record) -> dict[str, Any]:
-        """The ECS or OCSF object for ``record``."""
+        """The ECS or OCSF object for ``record`` (exact values: no caps applied)."""
         if self.fmt == "ocsf":
             if isinstance(record, Finding):
                 return finding_to_ocsf(record, _finding_time(record), self.hostname)
@@ -312,14 +355,29 @@ class RecordRenderer:
         raise TypeError(f"not a log record: {type(record).__name__}")
 
     def line(self, record: Record) -> str:
-        """One line of text (no trailing newline)."""
+        """One line of text (no trailing newline) of at most ``limits.record`` bytes."""
         if self.fmt == "cef":
             return cef_line(
                 record,
                 self.hostname,
                 _finding_time(record) if isinstance(record, Finding) else None,
+                self.limits,
             )
-        return dumps_line(self.document(record))
+
+        def render(evidence: int) -> dict[str, Any]:
+            if isinstance(record, Finding):
+                return self.document(bound_evidence(record, evidence))
+            return self.document(record)
+
+        if self.fmt == "ocsf":
+            mark_path: tuple[str, ...] = ("unmapped", "gpuguard")
+            paths = _OCSF_SKELETON
+        else:
+            mark_path, paths = ("gpuguard",), _ECS_SKELETON
+        count = len(record.evidence) if isinstance(record, Finding) else 0
+        return fit_json(
+            render, dumps_line, self.limits, mark_path, lambda doc: pick(doc, paths), count
+        )
 
 
 def _finding_time(finding: Finding) -> float:
@@ -327,6 +385,11 @@ def _finding_time(finding: Finding) -> float:
     return finding.created if finding.created else time.time()
 
 
-def render_record(record: Record, fmt: str = "ecs", host: dict[str, Any] | None = None) -> str:
-    """One log line for ``record`` in ``fmt`` (``ecs``, ``ocsf`` or ``cef``)."""
-    return RecordRenderer(fmt, host).line(record)
+def render_record(
+    record: Record,
+    fmt: str = "ecs",
+    host: dict[str, Any] | None = None,
+    limits: OutputLimits | None = None,
+) -> str:
+    """One log line for ``record`` in ``fmt`` (``ecs``, ``ocsf`` or ``cef``), within ``limits``."""
+    return RecordRenderer(fmt, host, limits).line(record)

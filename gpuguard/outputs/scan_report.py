@@ -24,6 +24,7 @@ from rich.text import Text
 
 from gpuguard import __version__
 from gpuguard.escape import escape_text
+from gpuguard.outputs.bounds import OutputLimits, bound_document
 from gpuguard.outputs.ecs import ECS_VERSION, finding_to_ecs, host_fields, iso_time
 from gpuguard.outputs.finding import Finding
 from gpuguard.outputs.ocsf import OCSF_VERSION, finding_to_ocsf
@@ -31,6 +32,7 @@ from gpuguard.sources.host_gpu_stack import GpuStackFacts
 
 VERDICT_STYLE = {"malicious": "bold red", "suspicious": "yellow", "clean": "green"}
 MAX_EXPLANATION = 400
+LIMITS = OutputLimits()  # the log records' field caps; a scan document has no per-record budget
 
 
 @dataclass(slots=True)
@@ -241,11 +243,19 @@ def scan_document(report: ScanReport, fmt: str) -> dict[str, Any]:
     host = host_fields()
     if fmt == "ocsf":
         findings = [
-            finding_to_ocsf(f, report.finished, host["hostname"]) for f in report.sorted_findings()
+            bound_document(
+                finding_to_ocsf(f, report.finished, host["hostname"]),
+                LIMITS,
+                ("unmapped", "gpuguard"),
+            )
+            for f in report.sorted_findings()
         ]
         schema = {"name": "ocsf", "version": OCSF_VERSION, "class_uid": 2004}
     else:
-        findings = [finding_to_ecs(f, report.finished, host) for f in report.sorted_findings()]
+        findings = [
+            bound_document(finding_to_ecs(f, report.finished, host), LIMITS, ("gpuguard",))
+            for f in report.sorted_findings()
+        ]
         schema = {"name": "ecs", "version": ECS_VERSION}
     return {
         "scanner": {

@@ -558,13 +558,13 @@ class TouchBlocker:
     def close(self) -> None:
         """Detach, then hand on the reports still in the rings (a kill made just before is logged)."""
         self._stop.set()
-        self._thread.join(timeout=2)
+        self._thread.join(timeout=30)
         for tracepoint in list(self._bpf.tracepoint_fds):
             self._bpf.detach_tracepoint(tracepoint)
-        if not self._thread.is_alive():
+        if not self._thread.is_alive():  # never free the rings under a thread still reading them
             self._bpf.ring_buffer_consume()
             self._check_lost()
-        self._bpf.cleanup()
+            self._bpf.cleanup()
 
 
 def _exe_of(pid: int) -> str:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 CONFIG = """\
-global(workDirectory="{tmp}" maxMessageSize="64k")
+global(workDirectory="{tmp}" maxMessageSize="{max_message_size}")
 module(load="imudp")
 module(load="imtcp")
 input(type="imudp" address="127.0.0.1" port="{udp}")
@@ -32,7 +32,7 @@ def free_ports() -> tuple[int, int]:
 class Rsyslogd:
     """rsyslogd writing what it receives on ``udp``/``tcp`` to ``workdir/received.log``."""
 
-    def __init__(self, workdir: Path, udp: int, tcp: int) -> None:
+    def __init__(self, workdir: Path, udp: int, tcp: int, max_message_size: str = "64k") -> None:
         self.binary = shutil.which("rsyslogd") or "/usr/sbin/rsyslogd"
         assert os.path.exists(self.binary), (
             "Debian's rsyslog is not installed (fix: bash packaging/setup-host.sh setup)"
@@ -40,7 +40,9 @@ class Rsyslogd:
         self.workdir, self.udp, self.tcp = workdir, udp, tcp
         self.received = workdir / "received.log"
         self.conf = workdir / "rsyslog.conf"
-        self.conf.write_text(CONFIG.format(tmp=workdir, udp=udp, tcp=tcp))
+        self.conf.write_text(
+            CONFIG.format(tmp=workdir, udp=udp, tcp=tcp, max_message_size=max_message_size)
+        )
         check = subprocess.run(
             [self.binary, "-N1", "-f", str(self.conf)], capture_output=True, text=True
         )

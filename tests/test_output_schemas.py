@@ -1,0 +1,394 @@
+"""Every log record conforms to the schema it declares: OCSF (validated), ECS (field list), CEF (strict parser)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from ocsf_json_schema import OcsfJsonSchemaEmbedded, get_ocsf_schema
+
+import gpuguard.detect.gpu_host_checks  # noqa: F401 - registers the GPU host rules
+from gpuguard.detect.host_checks import HostFinding, apply_thresholds
+from gpuguard.escape import visible_text
+from gpuguard.events.agent_events import ACTION_STATUSES, ActionOutcome, AgentLifecycle
+from gpuguard.outputs.bounds import OutputLimits
+from gpuguard.outputs.finding import Destination, Finding, finding_from_host
+from gpuguard.outputs.ocsf import OCSF_VERSION
+from gpuguard.outputs.records import _ACTION_ECS_TYPE, FORMATS, render_record
+from gpuguard.outputs.scan_report import scan_document
+from tests.test_agent_logs import (  # noqa: F401 - miner_finding is a fixture
+    HOST,
+    HOSTILE,
+    hostile_finding,
+    hostile_records,
+    miner_finding,
+)
+from tests.test_output_bounds import huge_finding
+from tests.test_scan_outputs import _process_finding, _report
+
+ECS_FIELDS = Path(__file__).parent / "data" / "ecs_flat_8.11.json"
+LIFECYCLE = ("start", "reload", "reload-failed", "stop", "drops", "degraded", "fault", "recovered")
+
+
+def record_corpus(miner: Finding) -> list[Any]:
+    """Every kind of record the output tests render: findings, each action and lifecycle step."""
+    host_gpu = HostFinding(
+        "host-gpu-memory-orphaned",
+        subject="nvidia gpu0",
+        detail="nvidia gpu0: 8.0 GiB held by no process",
+        device="nvidia gpu0",
+        amount=8 << 30,
+        pid=77,
+        process_name=HOSTILE,
+    )
+    host_file = HostFinding(
+        "host-persistence-miner", "/etc/cron.d/x", "cron starts a miner", ["/etc/cron.d/x:1: x"]
+    )
+    apply_thresholds([host_gpu, host_file], 40, 75)
+    dialled = hostile_finding()
+    dialled.destinations = [Destination("pool.example", 3333, 4, HOSTILE)]
+    records: list[Any] = [
+        miner,
+        *hostile_records(),
+        hostile_finding(10, "clean"),
+        hostile_finding(50, "suspicious"),
+        dialled,
+        huge_finding(),
+        _process_finding(),
+        *(finding_from_host(h, a, 5.0) for h in (host_gpu, host_file) for a in ("create", "update", "close")),
+    ]  # fmt: skip
+    for action in (*_ACTION_ECS_TYPE, "other"):
+        for status in ACTION_STATUSES:
+            records.append(
+                ActionOutcome(
+                    time=3.0,
+                    action=action,
+                    status=status,
+                    pid=66,
+                    start_time=1.5,
+                    comm="x",
+                    exe="/x",
+                    verdict="malicious",
+                    score=90,
+                    rule_ids=["r"],
+                    reason="why",
+                    block_id="blk-1" if action == "block-egress" else None,
+                    detail={"addresses": ["10.0.0.1"]} if action == "block-egress" else {},
+                )  # fmt: skip
+            )
+        records.append(ActionOutcome(time=3.0, action=action, status="failed"))  # no target
+    records += [
+        AgentLifecycle(time=4.0, action=a, message=HOSTILE, detail={"n": 1}) for a in LIFECYCLE
+    ]
+    return records
+
+
+@pytest.fixture(scope="module")
+def corpus(miner_finding):  # noqa: F811 - the fixture of the same name
+    return record_corpus(miner_finding)
+
+
+# -- OCSF -------------------------------------------------------------------------------------
+
+
+@cache
+def _ocsf() -> OcsfJsonSchemaEmbedded:
+    return OcsfJsonSchemaEmbedded(get_ocsf_schema(version=OCSF_VERSION))
+
+
+@cache
+def _validator(class_uid: int, profiles: tuple[str, ...]) -> jsonschema.Draft202012Validator:
+    schema = _ocsf().get_class_schema(_ocsf().lookup_class_name_from_uid(class_uid), list(profiles))
+    return jsonschema.Draft202012Validator(schema)
+
+
+def ocsf_errors(event: dict[str, Any]) -> list[str]:
+    """What the OCSF schema of the version ``event`` declares finds wrong with it."""
+    meta = event.get("metadata", {})
+    if meta.get("version") != OCSF_VERSION:
+        return [f"declares {meta.get('version')!r}, not {OCSF_VERSION}"]
+    validator = _validator(event["class_uid"], tuple(meta.get("profiles", ())))
+    return [
+        f"{'/'.join(str(p) for p in e.absolute_path)}: {e.message[:200]}"
+        for e in validator.iter_errors(event)
+    ]
+
+
+def test_the_validator_catches_what_the_siem_engineer_found():
+    finding = json.loads(render_record(hostile_finding(), "ocsf", HOST))
+    assert ocsf_errors(finding) == []
+    finding["is_alert"] = True  # an OCSF 1.4 attribute
+    assert any("is_alert" in e for e in ocsf_errors(finding))
+    action = json.loads(
+        render_record(ActionOutcome(time=1.0, action="hook", status="done", pid=5), "ocsf")
+    )
+    assert action["class_uid"] == 7001 and ocsf_errors(action) == []
+    action["process"] = {"pid": 5}
+    del action["command_uid"]
+    assert len(ocsf_errors(action)) == 2
+
+
+def test_every_ocsf_record_validates(corpus):
+    classes = set()
+    for record in corpus:
+        event = json.loads(render_record(record, "ocsf", HOST))
+        classes.add(event["class_uid"])
+        assert ocsf_errors(event) == [], (type(record).__name__, event.get("type_name"))
+    assert classes == {2004, 7001, 7003, 7004, 6002}
+
+
+@pytest.mark.parametrize("budget", [1024, 2048, 4096])
+def test_records_shed_to_fit_a_small_budget_still_validate(corpus, budget):
+    limits = OutputLimits(record=budget)
+    for record in corpus:
+        ocsf = render_record(record, "ocsf", HOST, limits)
+        ecs = render_record(record, "ecs", HOST, limits)
+        assert len(ocsf.encode()) <= budget and len(ecs.encode()) <= budget
+        assert ocsf_errors(json.loads(ocsf)) == [], type(record).__name__
+        assert ecs_errors(json.loads(ecs)) == [], type(record).__name__
+        strict_cef(render_record(record, "cef", HOST, limits))
+
+
+def test_remediation_activity_has_a_command_uid_and_no_process():
+    kill, hook = (
+        json.loads(render_record(ActionOutcome(time=1.0, action=a, status="done", pid=5), "ocsf"))
+        for a in ("kill", "hook")
+    )
+    assert kill["class_uid"] == 7003 and kill["process"]["pid"] == 5 and kill["command_uid"]
+    assert hook["class_uid"] == 7001 and "process" not in hook and hook["command_uid"]
+    assert hook["unmapped"]["gpuguard"]["process"]["pid"] == 5
+
+
+def test_scan_ocsf_documents_validate(corpus):
+    findings = [r for r in corpus if isinstance(r, Finding)]
+    document = scan_document(_report(findings), "ocsf")
+    assert document["scanner"]["schema"]["version"] == OCSF_VERSION
+    for event in document["findings"]:
+        assert ocsf_errors(json.loads(json.dumps(event, default=str))) == []
+
+
+# -- ECS --------------------------------------------------------------------------------------
+
+
+@cache
+def ecs_fields() -> dict[str, dict[str, Any]]:
+    return json.loads(ECS_FIELDS.read_text())["fields"]
+
+
+_TEXT = ("keyword", "wildcard", "match_only_text", "text", "constant_keyword")
+_INTEGER = ("long", "integer", "short", "byte", "unsigned_long")
+_FLOAT = ("float", "double", "half_float", "scaled_float")
+_ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+
+def _type_ok(kind: str, value: Any) -> bool:
+    if kind in _TEXT:
+        return isinstance(value, str)
+    if kind in _INTEGER:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind in _FLOAT:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "date":
+        return isinstance(value, str) and bool(_ISO.match(value))
+    if kind == "ip":
+        try:
+            ipaddress.ip_address(value)
+            return True
+        except ValueError:
+            return False
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind in ("object", "flattened", "nested"):
+        return isinstance(value, (dict, list))
+    return False
+
+
+def ecs_errors(doc: dict[str, Any], path: str = "") -> list[str]:
+    """Fields of ``doc`` outside ECS (``gpuguard.*`` is ours) or of the wrong type or value."""
+    errors: list[str] = []
+    fields = ecs_fields()
+    for key, value in doc.items():
+        name = f"{path}{key}"
+        if name == "gpuguard":
+            continue
+        spec = fields.get(name)
+        if spec is None:
+            if isinstance(value, dict):
+                errors += ecs_errors(value, name + ".")
+            else:
+                errors.append(f"{name}: not an ECS field")
+            continue
+        if spec["type"] in ("object", "flattened", "nested"):
+            continue
+        values = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and not spec.get("array"):
+            errors.append(f"{name}: a list where ECS expects one value")
+        if spec.get("array") and not isinstance(value, list):
+            errors.append(f"{name}: ECS expects an array")
+        for item in values:
+            if not _type_ok(spec["type"], item):
+                errors.append(f"{name}: {item!r} is not {spec['type']}")
+            elif "allowed" in spec and item not in spec["allowed"]:
+                errors.append(f"{name}: {item!r} is not one of ECS's values")
+    return errors
+
+
+def test_the_ecs_check_can_fail():
+    doc = json.loads(render_record(hostile_finding(), "ecs", HOST))
+    assert ecs_errors(doc) == []
+    doc["process"]["pid"] = "66"
+    doc["process"]["commandline"] = "x"
+    doc["event"]["type"] = ["blocked"]
+    doc["event"]["kind"] = ["alert"]
+    assert len(ecs_errors(doc)) == 4
+
+
+def test_every_ecs_record_uses_only_ecs_fields_of_the_right_type(corpus):
+    for record in corpus:
+        doc = json.loads(render_record(record, "ecs", HOST))
+        assert ecs_errors(doc) == [], type(record).__name__
+    document = scan_document(_report([r for r in corpus if isinstance(r, Finding)]), "json")
+    for doc in document["findings"]:
+        assert ecs_errors(json.loads(json.dumps(doc, default=str))) == []
+
+
+# -- CEF --------------------------------------------------------------------------------------
+
+_KEY = re.compile(r"[A-Za-z0-9_]+")
+
+
+def strict_cef(line: str) -> tuple[list[str], dict[str, str]]:
+    """Parse a CEF line by the ArcSight rules, refusing anything they do not allow.
+
+    Header (7 fields): ``\\`` escapes only ``\\`` and ``|``.  Extension: ``key=value``
+    pairs separated by spaces; in a value ``\\`` escapes only ``\\``, ``=``, ``n`` and ``r``
+    (the last two decode to line breaks); an unescaped ``=`` ends the value before the
+    last space (it starts the next key).  The line holds no raw line break.
+    """
+    assert "\n" not in line and "\r" not in line
+    header: list[str] = []
+    current: list[str] = []
+    i = 0
+    while len(header) < 7:
+        ch = line[i]
+        if ch == "\\":
+            nxt = line[i + 1]
+            if nxt not in "\\|":
+                raise ValueError(f"bad header escape \\{nxt} at {i}")
+            current.append(nxt)
+            i += 2
+            continue
+        if ch == "|":
+            header.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+        i += 1
+    if header[0] != "CEF:0":
+        raise ValueError("not CEF:0")
+    ext = line[i:]
+    # Split on every unescaped '=': each piece but the last ends with " KEY".
+    pieces: list[str] = []
+    start = j = 0
+    while j < len(ext):
+        if ext[j] == "\\":
+            j += 2
+            continue
+        if ext[j] == "=":
+            pieces.append(ext[start:j])
+            start = j + 1
+        j += 1
+    pieces.append(ext[start:])
+    pairs: dict[str, str] = {}
+    key = pieces[0]
+    for n, piece in enumerate(pieces[1:], 1):
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"bad key {key!r}")
+        if n < len(pieces) - 1:
+            raw, sep, next_key = piece.rpartition(" ")
+            if not sep:
+                raise ValueError(f"unescaped '=' inside the value of {key}")
+        else:
+            raw, next_key = piece, ""
+        value: list[str] = []
+        k = 0
+        while k < len(raw):
+            if raw[k] == "\\":
+                esc = raw[k + 1 : k + 2]
+                if esc not in ("\\", "=", "n", "r"):
+                    raise ValueError(f"bad extension escape \\{esc} in {key}")
+                value.append({"n": "\n", "r": "\r"}.get(esc, esc))
+                k += 2
+            else:
+                value.append(raw[k])
+                k += 1
+        if key in pairs:
+            raise ValueError(f"key {key} twice")
+        pairs[key] = "".join(value)
+        key = next_key
+    return header, pairs
+
+
+ROUND_TRIP = [
+    "pe\\bs",
+    "a=b c=d",
+    "x|y|z",
+    "two\nlines\r\nhere",
+    "trailing\\",
+    "\\=\\n",
+    "bad\udcffutf8\udc80",
+    "esc\x1b[31mred\x07",
+    " lead and trail ",
+    "ünïcødé ✓",
+]
+
+
+def test_cef_escapes_once_and_a_strict_parser_gets_the_values_back():
+    for value in ROUND_TRIP:
+        outcome = ActionOutcome(
+            time=1.0, action="kill", status="done", pid=9, comm=value, exe=f"/opt/{value}",
+            reason=value, detail={"k": value},
+        )  # fmt: skip
+        header, ext = strict_cef(render_record(outcome, "cef", HOST))
+        expected = visible_text(value, keep="\n\r")  # only what CEF cannot carry is written as text
+        assert (ext["sproc"], ext["filePath"], ext["msg"]) == (
+            expected,
+            f"/opt/{expected}",
+            expected,
+        )
+        if "\\" not in value and "\\udc" not in ascii(value) and "\x1b" not in value:
+            assert ext["sproc"] == value  # exact: nothing was escaped twice
+        assert json.loads(ext["cs6"]) == {"k": value}  # JSON in a value: exact, \\udcff included
+    finding = hostile_finding()
+    finding.rule_id = "rule|with\\pipe"
+    finding.rule_description = "desc | = \\ \n end"
+    header, ext = strict_cef(render_record(finding, "cef", HOST))
+    assert header[4] == "rule|with\\pipe"
+    assert header[5] == "desc | = \\ \\n end"  # a header cannot carry a line break: shown as text
+    assert ext["sproc"] == visible_text(HOSTILE, keep="\n\r")
+    assert ext["cs5"] == visible_text(f"{HOSTILE} -o", keep="\n\r")
+
+
+def test_the_strict_parser_refuses_double_escaping():
+    with pytest.raises(ValueError, match="bad extension escape"):
+        strict_cef("CEF:0|v|p|1|s|n|5|sproc=pe\\\\\\bs")
+    with pytest.raises(ValueError, match="unescaped '='"):
+        strict_cef("CEF:0|v|p|1|s|n|5|msg=a=b")
+
+
+def test_every_cef_record_parses_strictly(corpus):
+    for record in corpus:
+        header, ext = strict_cef(render_record(record, "cef", HOST))
+        assert len(header) == 7 and header[1] == "gpuguard" and ext["dvchost"] == "gpu-node-7"
+        if "flexString1" in ext:
+            assert ext["flexString1Label"] == "truncated" and json.loads(ext["flexString1"])
+
+
+def test_formats_are_the_three_covered_here():
+    assert FORMATS == ("ecs", "ocsf", "cef")

@@ -25,6 +25,7 @@ import os
 import select
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -329,22 +330,87 @@ def bench_dead(runs: int) -> None:
     print()
 
 
-def bench_exec_match(execs: int) -> None:
-    """The host's exec cost with kill-on-touch loaded and 0, 10 or 1,000 blocks in place.
+_BPF_OBJ_GET_INFO_BY_FD = 15
+_BPF_ENABLE_STATS = 32
+# struct bpf_prog_info (linux/bpf.h, a kernel uapi struct, not gpuguard's): name, run_time_ns, run_cnt
+_INFO_NAME, _INFO_RUN_TIME, _INFO_LEN = 64, 192, 256
 
-    With no block the kernel reports no exec; with blocks every exec is reported and matched
-    here (inode, size+sha256, script), so the figures are the exec wall time of a fork+exec
-    loop and this process's CPU per exec (the matching thread), as ratios to no blocks.
+
+def _bpf_syscall(cmd: int, attr) -> int:
+    import ctypes as ct
+
+    libc = ct.CDLL(None, use_errno=True)
+    result = libc.syscall(321, cmd, ct.byref(attr), ct.sizeof(attr))  # __NR_bpf on x86_64
+    if result < 0:
+        raise OSError(ct.get_errno(), f"bpf({cmd})")
+    return result
+
+
+def _enable_bpf_stats() -> int:
+    """An fd that keeps the kernel's per-program run time counting (closed: counting stops)."""
+    import ctypes as ct
+
+    return _bpf_syscall(_BPF_ENABLE_STATS, (ct.c_uint32 * 4)(0))  # BPF_STATS_RUN_TIME
+
+
+def _run_time(prog_fd: int, name: str) -> tuple[int, int]:
+    """(ns, runs) the kernel has counted for one program."""
+    import ctypes as ct
+
+    info = ct.create_string_buffer(_INFO_LEN)
+    attr = (ct.c_uint64 * 3)(prog_fd | (_INFO_LEN << 32), ct.addressof(info))
+    _bpf_syscall(_BPF_OBJ_GET_INFO_BY_FD, attr)
+    loaded = info.raw[_INFO_NAME : _INFO_NAME + 16].split(b"\0")[0].decode()
+    assert loaded and loaded in name, (name, loaded)  # the offsets are right
+    ns, runs = struct.unpack_from("<QQ", info.raw, _INFO_RUN_TIME)
+    return ns, runs
+
+
+def bench_exec_match(execs: int) -> None:
+    """The host's exec cost without kill-on-touch, and with it loaded and 0, 10 or 1,000 blocks.
+
+    With no block the kernel reports no exec; with blocks every exec in scope is reported and
+    matched here (inode, size+sha256, script), and every execve's path is hashed at its entry
+    (its argv is kept only on a blocked path).  Scoped to a cgroup the loop is not in, the
+    kernel reports nothing.  Figures: exec wall time of a fork+exec loop and this process's
+    CPU per exec (the matching thread), as ratios to no kill-on-touch at all.
     """
     from gpuguard.respond.bpf_pins import ensure_pin_root
+    from gpuguard.respond.cgroup_blocks import cgroup2_mount
     from gpuguard.respond.exec_match import BlockTarget, Script
     from gpuguard.respond.touch import TouchBlocker
     from tests.support.workloads import build_c_program
 
     flood = build_c_program(REPO / "tests" / "workloads" / "exec_flood.c")
     settings = settings_for_test()
+    scope = Path(cgroup2_mount()) / f"gg-bench-scope-{os.getpid()}"
+
+    programs: dict[str, int] = {}  # exec-time programs of kill-on-touch: name -> fd
+
+    def kernel_ns() -> int:
+        return sum(_run_time(fd, name)[0] for name, fd in programs.items())
+
+    def loop() -> tuple[float, float, int, float]:
+        ns0 = kernel_ns()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        proc = subprocess.run(
+            [str(flood), "0", str(execs / 1500), "/bin/true"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        done = int(proc.stdout)
+        time.sleep(0.5)  # let the matching thread finish the reports
+        wall = (time.perf_counter() - wall0 - 0.5) / done * 1e6
+        return wall, (time.process_time() - cpu0) / done * 1e6, done, (kernel_ns() - ns0) / done
+
+    stats = _enable_bpf_stats()
+    rows = [("not loaded", *loop())]
     touch = TouchBlocker(ensure_pin_root(settings.pin_root), lambda report: None)
-    rows = []
+    for tracepoint in ("sched__sched_process_exec", "syscalls__sys_enter_execve"):
+        name = f"tracepoint__{tracepoint}"
+        if name.encode() in touch._bpf.funcs:  # (sys_enter_execve: from issue 18 on)
+            programs[name] = touch._bpf.funcs[name.encode()].fd
     try:
         placed = 0
         for count in (0, 10, 1000):
@@ -359,29 +425,38 @@ def bench_exec_match(execs: int) -> None:
                 )
                 touch.identities.add(n + 1, 0, target)
                 touch._paths[touch._paths.Key(0xABCDEF00 + n)] = touch._entry(n + 1, 0)
+                touch._set_state(n + 1, 0)
             placed = count
             touch._report_execs()
-            cpu0, wall0 = time.process_time(), time.perf_counter()
-            proc = subprocess.run(
-                [str(flood), "0", str(execs / 1500), "/bin/true"],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            done = int(proc.stdout)
-            time.sleep(0.5)  # let the matching thread finish the reports
-            wall = (time.perf_counter() - wall0 - 0.5) / done * 1e6
-            cpu = (time.process_time() - cpu0) / done * 1e6
-            rows.append((count, wall, cpu, done))
+            rows.append((f"{count}", *loop()))
+        scope.mkdir()
+        touch.set_scope({scope.stat().st_ino})  # the loop runs outside it
+        rows.append(("1000, scoped to another cgroup", *loop()))
+        touch.set_scope(None)
+        for n in range(placed):  # the kernel's part alone: path hashes, no exec reports
+            touch.identities.forget(n + 1)
+        touch._report_execs()
+        rows.append(("1000 blocked paths, nothing matched in user space", *loop()))
     finally:
+        os.close(stats)
         touch.close()
         cleanup(settings)
+        if scope.exists():
+            scope.rmdir()
     base = rows[0][1]
+    kernel_base = rows[1][4]
     print("## exec cost with kill-on-touch loaded (fork+exec of /bin/true, as fast as it goes)")
-    print("| blocks | execs | us per exec (wall) | vs 0 blocks | gpuguard CPU us per exec |")
-    print("|---:|---:|---:|---:|---:|")
-    for count, wall, cpu, done in rows:
-        print(f"| {count} | {done} | {wall:.0f} | {wall / base:.2f}x | {cpu:.1f} |")
+    print(
+        "| blocks | execs | us per exec (wall) | vs not loaded | kernel ns per exec "
+        "| vs 0 blocks | gpuguard CPU us per exec |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, wall, cpu, done, ns in rows:
+        ratio = f"{ns / kernel_base:.2f}x" if kernel_base and label != "not loaded" else "-"
+        print(
+            f"| {label} | {done} | {wall:.0f} | {wall / base:.2f}x | {ns:.0f} | {ratio} "
+            f"| {cpu:.1f} |"
+        )
     print()
 
 

@@ -12,7 +12,7 @@
 #ifndef GPUGUARD_H
 #define GPUGUARD_H
 
-#define GG_ABI_VERSION 2
+#define GG_ABI_VERSION 3
 
 #define GG_COMM_LEN 16
 #define GG_PATH_LEN 128
@@ -230,7 +230,21 @@ enum gg_touch_reason {
 enum gg_touch_flag {
     GG_TOUCH_TREE = 1,           /* the offender's own: its tree, or an exact copy of it (set by
                                     user space) and what those fork */
-    GG_TOUCH_SUSPENDED = 2,      /* the block's circuit breaker tripped: nothing is killed */
+    GG_TOUCH_SUSPENDED = 2,      /* the block's circuit breaker tripped: nothing is killed (set in
+                                    touch_blocks, the per-block state; honoured on entries too) */
+};
+
+/* Bytes of a blocked process's argv kept (a power of two). */
+#define GG_ARGS_LEN 256
+
+/* What a blocked process runs, kept in the kernel (touch_procs) for its kill report: a victim is
+ * dead by the time user space could read /proc.  Filled at its exec (argv read at execve entry),
+ * copied to its forks, and by user space for the processes a block names when placed. */
+struct gg_touch_proc {
+    __u32 args_len;              /* bytes used in args (NUL-separated, like /proc/PID/cmdline) */
+    __u32 cut;                   /* 1: argv was longer than GG_ARGS_LEN bytes */
+    char exe[GG_PATH_LEN];       /* the path it exec'd ("": not seen exec'ing) */
+    char args[GG_ARGS_LEN];
 };
 
 /* A blocked executable path (by its hash) or process (by tgid). */
@@ -252,7 +266,8 @@ struct gg_touch_event {
     __u32 flags;                 /* the matched entry's enum gg_touch_flag */
     __u32 _pad;
     char comm[GG_COMM_LEN];
-    char path[GG_PATH_LEN];
+    char path[GG_PATH_LEN];      /* the GPU path opened, or the path exec'd */
+    struct gg_touch_proc proc;   /* what the process runs, as the kernel kept it (may be empty) */
 };
 
 /* A pool address refused by the cgroup connect programs. */

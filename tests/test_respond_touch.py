@@ -1,10 +1,15 @@
-"""kill-on-touch: a fresh or renamed copy of a blocked miner dies at its first GPU open, across a restart too."""
+"""kill-on-touch: a fresh or renamed copy of a blocked miner dies at its first GPU open, across a restart too.
+
+Every test is scoped to a cgroup it creates (``response.cgroups``) and runs the
+blocked programs in it; the same program run outside it lives.
+"""
 
 from __future__ import annotations
 
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,16 +20,21 @@ from gpuguard.respond import Responder
 from gpuguard.respond.blocks import BlockStore
 from gpuguard.respond.bpf_pins import PinnedMap
 from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
-from tests.support.workloads import build_workload, run_with_gpu_nodes
+from tests.support.touch_scope import run_in, scope_cgroup, start_in
+from tests.support.workloads import build_workload
 
 pytestmark = pytest.mark.root
 
 
 @pytest.fixture
-def settings():
-    s = settings_for_test(actions={"malicious": ("kill-on-touch", "kill")})
-    yield s
-    cleanup(s)
+def scope():
+    """The test's cgroup, and settings that act only inside it."""
+    with scope_cgroup() as (name, cgroup):
+        s = settings_for_test(actions={"malicious": ("kill-on-touch", "kill")}, cgroups=(name,))
+        try:
+            yield cgroup, s
+        finally:
+            cleanup(s)
 
 
 @pytest.fixture
@@ -34,17 +44,13 @@ def miner(tmp_path):
     return path
 
 
-def _run(argv: list[str]) -> tuple[int, str]:
-    """Run with GPU-named nodes; "opened" is printed only if the GPU open returned to the program."""
-    proc = run_with_gpu_nodes([*argv])
-    out, _ = proc.communicate(timeout=10)
-    return proc.returncode, out.decode()
+def _run(argv: list[str], cgroup: Path | None) -> tuple[int, str]:
+    """Run with GPU-named nodes in ``cgroup``; "done" only if every step returned to the program."""
+    return run_in(argv, cgroup)[:2]
 
 
-def _block(settings, miner, outcomes):
-    offender = subprocess.Popen(
-        [str(miner), "ready", "sleep:60000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
+def _block(settings, miner, outcomes, cgroup):
+    offender = start_in([str(miner), "ready", "sleep:60000"], cgroup)
     assert offender.stdout.readline() == b"ready\n"
     responder = Responder(settings, mode="enforce", emit=outcomes.append)
     state = state_of(offender.pid)
@@ -58,28 +64,28 @@ def _block(settings, miner, outcomes):
     return responder
 
 
-def test_fresh_and_renamed_copies_die_at_their_gpu_open(settings, miner, tmp_path):
+def test_fresh_and_renamed_copies_die_at_their_gpu_open(scope, miner, tmp_path):
+    cgroup, settings = scope
     outcomes = []
-    responder = _block(settings, miner, outcomes)
+    responder = _block(settings, miner, outcomes, cgroup)
     try:
-        steps = ["open:/dev/nvidia0", "ready"]
+        steps = ["open:/dev/nvidia0"]
         # The test can fail: a different program (one byte more) with the same steps opens and reports.
         other = tmp_path / "other"
         other.write_bytes(miner.read_bytes() + b"\0")
         other.chmod(0o755)
-        code, out = _run([str(other), *steps])
-        assert (code, out) == (0, "ready\n")
+        assert _run([str(other), *steps], cgroup) == (0, "done")
         # A respawn from the same path: blocked at exec, killed at the open, before open returns.
-        code, out = _run([str(miner), *steps])
-        assert code == -signal.SIGKILL and "ready" not in out
+        assert _run([str(miner), *steps], cgroup) == (-signal.SIGKILL, "")
         # It dies at a connect out as well.
-        code, out = _run([str(miner), "connect:127.0.0.1:9", "ready"])
-        assert code == -signal.SIGKILL and "ready" not in out
+        assert _run([str(miner), "connect:127.0.0.1:9"], cgroup)[0] == -signal.SIGKILL
         # A renamed copy (same bytes, new path and inode): matched by sha256 on its exec report.
         renamed = tmp_path / "kworker"
         shutil.copy(miner, renamed)
-        code, out = _run([str(renamed), "sleep:300", *steps])
-        assert code == -signal.SIGKILL and "ready" not in out
+        assert _run([str(renamed), "sleep:300", *steps], cgroup) == (-signal.SIGKILL, "")
+        # Outside the scope the same programs open the GPU.
+        assert _run([str(miner), *steps], None) == (0, "done")
+        assert _run([str(renamed), "sleep:300", *steps], None) == (0, "done")
         time.sleep(0.3)
         kills = [
             o for o in outcomes if o.action == "kill-on-touch" and o.reason.startswith("killed")
@@ -90,14 +96,15 @@ def test_fresh_and_renamed_copies_die_at_their_gpu_open(settings, miner, tmp_pat
         responder.close()
 
 
-def test_blocks_survive_a_new_responder_and_lift(settings, miner):
-    first = _block(settings, miner, [])
+def test_blocks_survive_a_new_responder_and_lift(scope, miner):
+    cgroup, settings = scope
+    first = _block(settings, miner, [], cgroup)
     first.close()  # the agent stops; the maps stay pinned
     outcomes = []
     second = Responder(settings, mode="enforce", emit=outcomes.append)
     try:
-        code, out = _run([str(miner), "open:/dev/nvidia0", "ready"])
-        assert code == -signal.SIGKILL and "ready" not in out
+        assert _run([str(miner), "open:/dev/nvidia0"], cgroup) == (-signal.SIGKILL, "")
+        assert _run([str(miner), "open:/dev/nvidia0"], None) == (0, "done")  # the scope came back
         (block,) = [b for b in BlockStore(settings.state_dir).load() if b.kind == "kill-on-touch"]
         key_size, value_size, offset = block.detail["tgid_layout"]
 
@@ -120,32 +127,35 @@ def test_blocks_survive_a_new_responder_and_lift(settings, miner):
         finally:
             sleeper.kill()
             sleeper.wait()
-        code, out = _run([str(miner), "open:/dev/nvidia0", "ready"])
-        assert (code, out) == (0, "ready\n")
+        assert _run([str(miner), "open:/dev/nvidia0"], cgroup) == (0, "done")
     finally:
         second.close()
 
 
-def test_entries_expire_in_the_kernel(settings, miner):
+def test_entries_expire_in_the_kernel(scope, miner):
+    cgroup, settings = scope
     settings = replace(settings, touch_ttl_s=1.0)
-    responder = _block(settings, miner, [])
+    responder = _block(settings, miner, [], cgroup)
     try:
-        code, _ = _run([str(miner), "open:/dev/nvidia0", "ready"])
-        assert code == -signal.SIGKILL
+        assert _run([str(miner), "open:/dev/nvidia0"], cgroup)[0] == -signal.SIGKILL
         time.sleep(1.2)
-        assert _run([str(miner), "open:/dev/nvidia0", "ready"]) == (0, "ready\n")
+        assert _run([str(miner), "open:/dev/nvidia0"], cgroup) == (0, "done")
         lifted = responder.sweep(time.time())
         assert [o.action for o in lifted] == ["unblock"] and "expired" in lifted[0].reason
     finally:
         responder.close()
 
 
-def test_shared_executable_blocks_only_the_offender_and_its_children(settings):
+def test_shared_executable_blocks_only_the_offender_and_its_children(scope):
     from tests.support.respond import ask, start_probe
 
+    cgroup, settings = scope
     settings = replace(settings, actions={"malicious": ("kill-on-touch",)})
     offender, bystander = start_probe(), start_probe()  # both run the system's python
-    responder = Responder(settings, mode="enforce")
+    for proc in (offender, bystander):
+        (cgroup / "cgroup.procs").write_text(str(proc.pid))
+    outcomes = []
+    responder = Responder(settings, mode="enforce", emit=outcomes.append)
     try:
         state = state_of(offender.pid)
         outcome = responder.respond(verdict_for(state), state, time.time())[-1]
@@ -163,6 +173,18 @@ def test_shared_executable_blocks_only_the_offender_and_its_children(settings):
         assert ask(offender, "/dev/nvidia0") == ""  # killed at the open: no answer
         assert offender.wait(timeout=5) == -signal.SIGKILL
         assert ask(bystander, "connect 127.0.0.1 9") in ("ECONNREFUSED", "OK")
+        # Both kills are logged, the child named by what the kernel copied from its parent at fork
+        # (it was dead before /proc could be read); the command line is bounded in the kernel.
+        deadline = time.monotonic() + 10
+        while len([o for o in outcomes if "touch" in o.detail]) < 2:
+            assert time.monotonic() < deadline, outcomes
+            time.sleep(0.05)
+        child, parent = [o.detail["victim"] for o in outcomes if "touch" in o.detail]
+        assert parent["pid"] == offender.pid and child["pid"] not in (offender.pid, bystander.pid)
+        for victim in (child, parent):
+            assert victim["exe"] == outcome.exe
+            assert victim["cmdline"].startswith(f"{sys.executable} -c ")
+            assert victim["cmdline"].endswith(" [truncated]")
     finally:
         responder.close()
         for proc in (offender, bystander):
@@ -170,10 +192,11 @@ def test_shared_executable_blocks_only_the_offender_and_its_children(settings):
             proc.wait()
 
 
-def test_a_blocked_pid_never_blocks_the_process_that_gets_the_number_next(settings):
+def test_a_blocked_pid_never_blocks_the_process_that_gets_the_number_next(scope):
     from gpuguard.respond.bpf_pins import ensure_pin_root
     from gpuguard.respond.touch import TouchBlocker
 
+    _, settings = scope
     root = ensure_pin_root(settings.pin_root)
     sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]
     touch = TouchBlocker(root, lambda report: None)

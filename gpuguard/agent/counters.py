@@ -59,6 +59,7 @@ class AgentCounters:
     scoring_latency_sum: float = 0.0
     findings: defaultdict = field(default_factory=_counts)  # by (rule_id, verdict)
     actions: defaultdict = field(default_factory=_counts)  # by (action, status)
+    touch_kills: defaultdict = field(default_factory=_counts)  # kill-on-touch kills by reason
     last_findings: deque = field(default_factory=lambda: deque(maxlen=LAST_FINDINGS))
     last_actions: deque = field(default_factory=lambda: deque(maxlen=LAST_FINDINGS))
     host_findings: list = field(default_factory=list)  # active GPU host findings (rows for status)
@@ -124,5 +125,6 @@ class AgentCounters:
             "scoring_seconds": round(self.scoring_latency_sum, 4),
             "findings": {f"{rule}/{verdict}": n for (rule, verdict), n in self.findings.items()},
             "actions": {f"{action}/{status}": n for (action, status), n in self.actions.items()},
+            "touch_kills": dict(self.touch_kills),
             "host_findings_active": dict(self.host_findings_active),
         }

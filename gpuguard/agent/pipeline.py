@@ -570,6 +570,9 @@ class Agent:
         """Count each action outcome, keep the latest for the state file, and log it."""
         for outcome in outcomes:
             self.counters.actions[(outcome.action, outcome.status)] += 1
+            if outcome.action == "kill-on-touch" and outcome.status == "done" and outcome.detail:
+                if "touch" in outcome.detail:  # a kill (not a placement): by reason
+                    self.counters.touch_kills[str(outcome.detail["touch"])] += 1
             self.counters.last_actions.append(
                 {
                     "time": outcome.time,

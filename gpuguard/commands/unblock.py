@@ -1,4 +1,5 @@
-"""`gpuguard unblock ID... | --all`: lift blocks the response left in place (see `gpuguard blocks`)."""
+"""`gpuguard unblock ID... | --all | --rearm ID...`: lift blocks the response left in place (see
+`gpuguard blocks`), or re-arm kill-on-touch blocks their circuit breaker suspended."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.respond.blocks import BlockStore
 from gpuguard.respond.lift import lift_all, lift_block
+from gpuguard.respond.touch import rearm_touch_block
 
 HELP = (
     "lift blocks by id, or all of them (--all then removes table inet gpuguard where a block "
@@ -22,13 +24,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ids", nargs="*", metavar="ID", help="block ids as `gpuguard blocks` lists them"
     )
     parser.add_argument("--all", action="store_true", help="lift every block")
+    parser.add_argument(
+        "--rearm",
+        action="store_true",
+        help="re-arm the named kill-on-touch blocks their circuit breaker suspended (not lifted)",
+    )
     add_block_location_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    if bool(args.ids) == bool(args.all):
+    if bool(args.ids) == bool(args.all) or (args.rearm and args.all):
         raise GpuguardError(
-            "name block ids or --all (not both, not neither)", "gpuguard blocks lists the ids"
+            "name block ids or --all (not both, not neither; --rearm takes ids)",
+            "gpuguard blocks lists the ids",
         )
     store = BlockStore(args.state_dir)
     root = Path(args.pin_root)
@@ -44,7 +52,11 @@ def run(args: argparse.Namespace) -> int:
                     "gpuguard blocks lists the ids",
                 )
             try:
-                said = lift_block(block, store, root)
+                said = (
+                    rearm_touch_block(block, store, root)
+                    if args.rearm
+                    else lift_block(block, store, root)
+                )
             except OSError as exc:
                 said = f"failed: {exc}"
             done.append((f"{block.id} {block.kind}", said))

@@ -195,6 +195,14 @@ class AgentMetrics:
             ["action", "status"],
             registry=r,
         )
+        self.touch_kills = Counter(
+            "gpuguard_touch_kills",
+            "Processes kill-on-touch killed, by reason (exec, gpu-open, connect)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("exec", "gpu-open", "connect"):
+            self.touch_kills.labels(reason)  # exported at 0: an alert sees the first kill
         self.blocks = Gauge(
             "gpuguard_blocks_active",
             "Blocks the response left in place (gpuguard blocks), by kind",
@@ -425,7 +433,8 @@ class AgentMetrics:
         {kind: n}, ``ring_lost`` {what: n}, ``intake`` {depth, dropped {producer: n}},
         ``output`` {depth, lines, dropped, errors}, ``sampler_errors`` {source: n},
         ``processes_tracked``, ``findings`` {"RULE/VERDICT": n}, ``actions``
-        {"ACTION/STATUS": n}, ``host_findings_active`` {rule: n}.  Missing keys are left alone.
+        {"ACTION/STATUS": n}, ``touch_kills`` {reason: n}, ``host_findings_active`` {rule: n}.
+        Missing keys are left alone.
         """
         for kind, n in (totals.get("events_by_kind") or {}).items():
             self._advance(self.events, (str(kind),), n)
@@ -456,6 +465,8 @@ class AgentMetrics:
         for key, n in (totals.get("actions") or {}).items():
             action, _, status = str(key).rpartition("/")
             self._advance(self.actions, (action, status), n)
+        for reason, n in (totals.get("touch_kills") or {}).items():
+            self._advance(self.touch_kills, (str(reason),), n)
         if "host_findings_active" in totals:
             self.set_host_findings(totals["host_findings_active"] or {})
 
@@ -618,6 +629,7 @@ METRIC_NAMES = frozenset(
         "gpuguard_reduced_mode",
         "gpuguard_blind_spot",
         "gpuguard_actions_total",
+        "gpuguard_touch_kills_total",
         "gpuguard_log_records_total",
         "gpuguard_log_dropped_total",
         "gpuguard_host_findings_active",

@@ -239,13 +239,14 @@ class PinnedMap:
         self.path = path
         self.fd = open_pinned(path)
 
-    def update(self, key: bytes, value: bytes) -> None:
+    def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
+        """Write ``key``; ``flags`` as bpf(2) takes them (0 any, 1 BPF_NOEXIST, 2 BPF_EXIST)."""
         _, lib = _bcc()
         kbuf, vbuf = (
             ct.create_string_buffer(key, len(key)),
             ct.create_string_buffer(value, len(value)),
         )
-        if lib.bpf_update_elem(self.fd, kbuf, vbuf, 0) != 0:
+        if lib.bpf_update_elem(self.fd, kbuf, vbuf, flags) != 0:
             raise OSError(ct.get_errno(), f"cannot update the pinned map {self.path.name}")
 
     def delete(self, key: bytes) -> bool:

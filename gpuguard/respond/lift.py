@@ -88,7 +88,9 @@ def in_place(block: Block, root: Path) -> str:
         pins = [Path(p["pin"]).exists() for p in block.detail.get("programs", [])]
         return "attached" if pins and all(pins) else "programs missing"
     if block.kind == "kill-on-touch":
-        return "in kernel map" if (root / "maps" / "touch_paths").exists() else "map missing"
+        if not (root / "maps" / "touch_paths").exists():
+            return "map missing"
+        return "suspended (breaker)" if block.detail.get("suspended") else "in kernel map"
     if block.kind == "nftables":
         try:
             present = {

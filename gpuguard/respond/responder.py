@@ -692,6 +692,8 @@ class Responder:
         A SIGCONT from the offender's parent must not undo a suspend: only `unblock` does.
         """
         outcomes = []
+        if self._touch is not None and self.settings.scope == "containers":
+            self._touch.set_scope(self._scope_ids())  # containers started since are in scope now
         for block in self.store.load():
             if block.expired(now):
                 outcomes.append(self.lift(block, now, reason="expired"))

@@ -13,8 +13,10 @@ Every report is handled here: a kill becomes one record naming the victim
 (pid, exe, cmdline as known when it entered the block), the block and the
 reason; a block whose kills hit more than ``breaker_limit`` processes a minute
 that are not the offender's own (its tree, or an exact copy of it: a respawn)
-trips its circuit breaker: it is suspended in the kernel and here, and one
-record names it and its victims.  A process that runs a blocked path but holds
+trips its circuit breaker: it is suspended in the kernel (one write to the
+block's state in ``touch_blocks``, which every entry of the block checks before
+acting) and so here too, and one record names it and its victims; it stays
+suspended until it is lifted or re-armed (``gpuguard unblock --rearm``).  A process that runs a blocked path but holds
 another file there (an updated binary, something else renamed into place) is
 such a victim.  With a scope
 (``response.cgroups`` or ``scope: containers``) the kernel acts only inside it
@@ -55,10 +57,11 @@ PATH_LEN = DEFINES["GG_PATH_LEN"]
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
 FLAG_TREE = 1  # enum gg_touch_flag
-FLAG_SUSPENDED = 2
+FLAG_SUSPENDED = 2  # also a block's state in touch_blocks
 BREAKER_WINDOW_S = 60.0
 MAX_KNOWN = 8192  # victims' exe/cmdline remembered (the blocks' processes)
 CMDLINE_CAP = 4096  # bytes of a victim's command line kept in its kill record
+PROC_ARGS_LEN = DEFINES["GG_ARGS_LEN"]  # bytes of argv the kernel keeps for a blocked process
 
 
 def path_hash(path: str) -> int:
@@ -69,16 +72,23 @@ def path_hash(path: str) -> int:
     return value
 
 
-def _cmdline_of(pid: int) -> str:
+def _args_text(raw: bytes, cut: bool) -> str:
+    """A NUL-separated argv (as /proc/PID/cmdline holds it) as one escaped line."""
+    text = escape_text(raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace"))
+    return text + (" [truncated]" if cut else "")
+
+
+def _raw_cmdline(pid: int, cap: int = CMDLINE_CAP) -> tuple[bytes, bool]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read(CMDLINE_CAP + 1)
+            raw = f.read(cap + 1)
     except OSError:
-        return ""
-    text = escape_text(
-        raw[:CMDLINE_CAP].rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
-    )
-    return text + (" [truncated]" if len(raw) > CMDLINE_CAP else "")
+        return b"", False
+    return raw[:cap], len(raw) > cap
+
+
+def _cmdline_of(pid: int) -> str:
+    return _args_text(*_raw_cmdline(pid))
 
 
 class TouchBlocker:
@@ -101,6 +111,8 @@ class TouchBlocker:
         self._tgids = self._bpf[b"touch_tgids"]
         self._settings = self._bpf[b"touch_settings"]
         self._scope = self._bpf[b"touch_scope"]
+        self._blocks = self._bpf[b"touch_blocks"]
+        self._procs = self._bpf[b"touch_procs"]
         self.generations = ExitGenerations(self._bpf[b"touch_exit_gens"])
         self._event_type = ct.POINTER(self._bpf[b"schema_touch_event"].Leaf)
         self.drop_recycled()
@@ -110,7 +122,6 @@ class TouchBlocker:
         self._files: dict[int, tuple[tuple, str | None]] = {}  # number -> (identity, sha256)
         self._own: OrderedDict[int, None] = OrderedDict()  # tgids found to be exact copies
         self._victims: dict[int, deque] = {}  # block number -> recent kills outside its tree
-        self.suspended: set[int] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._bpf[b"touch_events"].open_ring_buffer(self._on_event)
@@ -122,12 +133,34 @@ class TouchBlocker:
 
     # -- scope -----------------------------------------------------------------------------------
     def set_scope(self, cgroup_ids: set[int] | None) -> None:
-        """Act only in these cgroups (and their descendants); None: everywhere."""
+        """Act only in these cgroups (and their descendants); None: everywhere.
+
+        Changed in place (new ids in first, then gone ones out, the switch last when scoping),
+        so a refresh never leaves the kernel a moment with an empty scope or none.
+        """
+        if cgroup_ids is not None:
+            for cgroup_id in cgroup_ids:
+                self._scope[self._scope.Key(cgroup_id)] = ct.c_uint8(1)
+            self._settings[ct.c_int(1)] = ct.c_uint(1)
+        else:
+            self._settings[ct.c_int(1)] = ct.c_uint(0)
         for key in list(self._scope.keys()):
-            del self._scope[key]
-        for cgroup_id in cgroup_ids or ():
-            self._scope[self._scope.Key(cgroup_id)] = ct.c_uint8(1)
-        self._settings[ct.c_int(1)] = ct.c_uint(0 if cgroup_ids is None else 1)
+            if cgroup_ids is None or key.value not in cgroup_ids:
+                del self._scope[key]
+
+    # -- block state -----------------------------------------------------------------------------
+    def state_of(self, number: int) -> int | None:
+        """The block's kernel state (0 armed, FLAG_SUSPENDED); None: lifted or never placed."""
+        try:
+            return int(self._blocks[self._blocks.Key(number)].value)
+        except KeyError:
+            return None
+
+    def armed(self, number: int) -> bool:
+        return self.state_of(number) == 0
+
+    def _set_state(self, number: int, state: int) -> None:
+        self._blocks[self._blocks.Key(number)] = self._blocks.Leaf(state)
 
     # -- placing ---------------------------------------------------------------------------------
     def _entry(self, number: int, deadline: int, flags: int = 0):
@@ -155,6 +188,15 @@ class TouchBlocker:
             if started_ns is None or started_ns > value.added_ns + tick_ns:
                 del self._tgids[key]
                 dropped += 1
+        # what a pid ran is kept only for the blocked: left without an entry, it could name the
+        # pid's next owner in a kill report
+        blocked = {key.value for key in self._tgids.keys()}
+        for key in list(self._procs.keys()):
+            if key.value not in blocked:
+                try:
+                    del self._procs[key]
+                except KeyError:
+                    pass
         return dropped
 
     def add(
@@ -177,6 +219,7 @@ class TouchBlocker:
         elif target.kind == "script" and target.script and target.script.kind == "file":
             blocked_path = target.script.path  # a script exec'd directly (#!) by its path
         path_key = self._paths.Key(path_hash(blocked_path)) if blocked_path else None
+        self._set_state(number, 0)  # armed: its entries act from now on
         if path_key is not None:
             self._paths[path_key] = self._entry(number, deadline)
         offender = (target.exe, _cmdline_of(pid))
@@ -197,6 +240,8 @@ class TouchBlocker:
                 None if tgid == pid else set(tgids),
             )
         ]
+        for tgid in tgids:  # what they run, for the kill reports of their forks too
+            self._keep_proc(tgid, target.exe if tgid == pid else _exe_of(tgid))
         self.identities.add(number, deadline, target)
         self._report_execs()
         now = time.time()
@@ -240,9 +285,9 @@ class TouchBlocker:
     def restore(self, block: Block) -> None:
         """Match a block's identities again after a restart (its kernel entries are pinned)."""
         d = block.detail
-        if d.get("suspended"):
-            self.suspended.add(d["number"])
-            return
+        # The record says whether it is armed (`unblock --rearm` may have changed it while the agent
+        # was down); blocks placed before the kernel kept a state get one here.
+        self._set_state(d["number"], FLAG_SUSPENDED if d.get("suspended") else 0)
         self.identities.restore(d["number"], d["deadline_ns"], {**d, "exe": block.exe})
         with self._lock:
             self._offenders[d["number"]] = (block.exe, "")
@@ -251,6 +296,7 @@ class TouchBlocker:
         self._report_execs()
 
     def forget(self, number: int) -> None:
+        """Stop matching a lifted block's identities (its kernel state is gone with the lift)."""
         self.identities.forget(number)
         with self._lock:
             self._offenders.pop(number, None)
@@ -260,6 +306,20 @@ class TouchBlocker:
 
     def _report_execs(self) -> None:
         self._settings[ct.c_int(0)] = ct.c_uint(1 if self.identities else 0)
+        # the kernel reads argv at execve entry for blocked paths only while any path is blocked
+        has_paths = next(iter(self._paths.keys()), None) is not None
+        self._settings[ct.c_int(2)] = ct.c_uint(1 if has_paths else 0)
+
+    def _keep_proc(self, tgid: int, exe: str) -> None:
+        """Tell the kernel what ``tgid`` runs (its forks inherit it): named in kill reports."""
+        raw, cut = _raw_cmdline(tgid, PROC_ARGS_LEN)
+        proc = self._procs.Leaf()
+        proc.args_len = len(raw)
+        proc.cut = 1 if cut else 0
+        proc.exe = os.fsencode(exe)[: PATH_LEN - 1]
+        # (proc.args would be a copy: ctypes hands char arrays out as bytes)
+        ct.memmove(ct.addressof(proc) + type(proc).args.offset, raw, len(raw))
+        self._procs[self._procs.Key(tgid)] = proc
 
     def _insert_live(
         self, tgid: int, entry, pidfd: int | None = None, parents: set[int] | None = None
@@ -342,23 +402,49 @@ class TouchBlocker:
             "path": decode_c_string(bytes(event.path)),
             "tree": bool(event.flags & FLAG_TREE),
         }
+        # What the kernel kept of the process (read at its exec, while it was alive for sure).
+        proc = event.proc
+        exec_path = decode_c_string(bytes(proc.exe))
+        kept_exe = escape_text(exec_path)
+        kept_args = ct.string_at(  # not proc.args: ctypes cuts a char array at its first NUL
+            ct.addressof(proc) + type(proc).args.offset, min(proc.args_len, PROC_ARGS_LEN)
+        )
+        kept_cmdline = _args_text(kept_args, bool(proc.cut)) if kept_args else ""
         if reason == "exec":
             if event.block == 0:
                 self._check_exec(report, event.exit_gen)
             else:  # a block's process runs something new: remember what, for its kill record
                 with self._lock:
-                    self._remember(event.tgid, (report["path"], _cmdline_of(event.tgid)))
+                    self._remember(
+                        event.tgid,
+                        (
+                            kept_exe or report["path"],
+                            kept_cmdline or _cmdline_of(event.tgid),
+                        ),
+                    )
                 if not report["tree"]:
                     self._mark_exact_copy(event.tgid, report["path"], event.block)
             return
-        self._killed(report)
+        self._killed(report, kept_exe, kept_cmdline, exec_path)
 
-    def _killed(self, report: dict) -> None:
-        """One record per kill, with the victim named; the breaker counts victims outside the tree."""
+    def _killed(
+        self, report: dict, kept_exe: str = "", kept_cmdline: str = "", exec_path: str = ""
+    ) -> None:
+        """One record per kill, with the victim named; the breaker counts victims outside the tree.
+
+        The victim is named from what the kernel kept (``kept_*``), else what was learnt at its
+        exec report or the block's placement; the offender's exe is the last resort.
+        """
         number = report["number"]
         with self._lock:
-            exe, cmdline = self._known.get(report["tgid"]) or self._offenders.get(number, ("", ""))
-        report.update(kind="kill", exe=exe, cmdline=cmdline or _cmdline_of(report["tgid"]))
+            known = self._known.get(report["tgid"])
+            offender = self._offenders.get(number, ("", ""))
+        exe = kept_exe or (known[0] if known else "") or offender[0]
+        cmdline = kept_cmdline or (known[1] if known else "") or _cmdline_of(report["tgid"])
+        report.update(kind="kill", exe=exe, cmdline=cmdline)
+        if not report["tree"] and exec_path:
+            # its exec report travels on the other ring and may come second: decide it here too
+            self._mark_exact_copy(report["tgid"], exec_path, number)
         with self._lock:
             report["tree"] = report["tree"] or report["tgid"] in self._own
         self.on_kill(report)
@@ -370,8 +456,10 @@ class TouchBlocker:
             recent.append((now, report["tgid"], exe or report["comm"]))
             while recent and now - recent[0][0] > BREAKER_WINDOW_S:
                 recent.popleft()
-            trip = len(recent) > self.breaker_limit and number not in self.suspended
+            trip = len(recent) > self.breaker_limit and self.armed(number)
             victims = list(recent)
+            if trip:
+                recent.clear()  # a re-armed block counts afresh
         if trip:
             self.suspend(number)
             self.on_kill(
@@ -415,15 +503,21 @@ class TouchBlocker:
         _update_existing(self._tgids, key, entry)
 
     def suspend(self, number: int) -> None:
-        """The block's circuit breaker: nothing more is killed for it, in the kernel or here."""
-        self.suspended.add(number)
-        self.identities.forget(number)
-        self._report_execs()
-        for table in (self._paths, self._tgids):
-            for key, value in list(table.items()):
-                if value.block == number:
-                    value.flags |= FLAG_SUSPENDED
-                    _update_existing(table, key, value)
+        """The block's circuit breaker: nothing more is killed for it, in the kernel or here.
+
+        One write to the block's kernel state: every entry of the block checks it before acting,
+        including entries a fork copies while this runs.  A lifted block stays lifted.
+        """
+        if self.state_of(number) is not None:
+            _update_existing(
+                self._blocks, self._blocks.Key(number), self._blocks.Leaf(FLAG_SUSPENDED)
+            )
+
+    def rearm(self, number: int) -> bool:
+        """Arm a suspended block again (its breaker counts afresh); False if it is not placed."""
+        with self._lock:
+            self._victims.pop(number, None)
+        return _update_existing(self._blocks, self._blocks.Key(number), self._blocks.Leaf(0))
 
     def _check_exec(self, report: dict, exit_gen: int) -> None:
         """A renamed copy, or a blocked script under any interpreter: killed through a verified pidfd."""
@@ -439,8 +533,8 @@ class TouchBlocker:
                 match = self.identities.match(tgid, time.monotonic_ns())
             except OSError:
                 return
-            if match is None or match[0] in self.suspended:
-                return
+            if match is None or not self.armed(match[0]):
+                return  # suspended, or lifted by `gpuguard unblock` while this agent runs
             number, what = match
             if self.generations.of(tgid) != exit_gen:
                 return  # it exited while being read: what was read may be another process's
@@ -462,10 +556,22 @@ class TouchBlocker:
         self._killed({**report, "number": number, "matched": what, "tree": True})
 
     def close(self) -> None:
+        """Detach, then hand on the reports still in the rings (a kill made just before is logged)."""
         self._stop.set()
         self._thread.join(timeout=30)
+        for tracepoint in list(self._bpf.tracepoint_fds):
+            self._bpf.detach_tracepoint(tracepoint)
         if not self._thread.is_alive():  # never free the rings under a thread still reading them
+            self._bpf.ring_buffer_consume()
+            self._check_lost()
             self._bpf.cleanup()
+
+
+def _exe_of(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
 
 
 def _update_existing(table, key, value) -> bool:
@@ -523,9 +629,15 @@ def container_cgroups(proc_root: str = "/proc") -> set[str]:
 
 
 def lift_touch_block(block: Block, root: Path) -> str:
-    """Delete the block's path entry and every pid entry carrying its number."""
+    """Delete the block's state (its entries stop at once), its path entry and every pid entry
+    carrying its number."""
     number = block.detail.get("number")
     removed = 0
+    try:
+        with bpf_pins.PinnedMap(root / "maps" / "touch_blocks") as blocks:
+            blocks.delete(int(number).to_bytes(4, "little"))
+    except FileNotFoundError:
+        pass  # placed before the kernel kept block states
     try:
         with bpf_pins.PinnedMap(root / "maps" / "touch_paths") as paths:
             if block.detail.get("path_key"):
@@ -538,3 +650,19 @@ def lift_touch_block(block: Block, root: Path) -> str:
     except FileNotFoundError:
         pass
     return f"removed {removed} kernel entr{'y' if removed == 1 else 'ies'}"
+
+
+def rearm_touch_block(block: Block, store, root: Path) -> str:
+    """Arm a kill-on-touch block its circuit breaker suspended: in the kernel and in its record."""
+    if block.kind != "kill-on-touch":
+        return f"not re-armed: a {block.kind} block has no circuit breaker"
+    if not block.detail.get("suspended"):
+        return "not re-armed: it is not suspended"
+    try:
+        with bpf_pins.PinnedMap(root / "maps" / "touch_blocks") as blocks:
+            blocks.update(int(block.detail["number"]).to_bytes(4, "little"), bytes(4))
+    except FileNotFoundError:
+        return "failed: the kill-on-touch maps are not pinned (was the block root removed?)"
+    block.detail["suspended"] = False
+    store.save(block)
+    return "re-armed: it kills again (its breaker counts afresh)"

@@ -309,13 +309,16 @@ def test_cef_findings_reach_a_syslog_udp_listener(tmp_path):
 
 def test_sigterm_drains_and_detaches_the_probes(tmp_path):
     agent = AgentProcess(tmp_path, "--sensor", "ebpf")
-    agent.wait_ready()
-    pid = agent.proc.pid
-    assert any(
-        os.readlink(f"/proc/{pid}/fd/{fd}").startswith("anon_inode:bpf")
-        for fd in os.listdir(f"/proc/{pid}/fd")
-    )
-    assert agent.stop() == 0
+    try:
+        agent.wait_ready()
+        pid = agent.proc.pid
+        assert any(
+            os.readlink(f"/proc/{pid}/fd/{fd}").startswith("anon_inode:bpf")
+            for fd in os.listdir(f"/proc/{pid}/fd")
+        )
+    finally:
+        returncode = agent.stop()  # never left running, whatever failed above
+    assert returncode == 0
     stop = [r for r in agent.records() if lifecycle("stop")(r)]
     assert len(stop) == 1 and stop[0] == agent.records()[-1]
     assert "agent stopped after" in stop[0]["message"]

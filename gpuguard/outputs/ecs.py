@@ -24,7 +24,11 @@ Field use:
 * ``destination.{address,ip,port,domain}`` — the endpoint the process dialled
   most (the agent knows it; ``scan`` does not), every endpoint under
   ``gpuguard.destinations``;
-* gpuguard's own view under ``gpuguard.*`` (score, verdict, evidence, gpu, ...).
+* gpuguard's own view under ``gpuguard.*`` (score, verdict, evidence, gpu, ...);
+* the agent's process findings (gpuguard/agent/findings.py): ``event.id`` (finding id and
+  record number), ``event.sequence``, ``gpuguard.finding`` {id, sequence, activity, changes,
+  totals}, ``process.hash.sha256``, the parent chain in ``gpuguard.ancestors``; a close is
+  ``event.type: ["end"]`` with ``event.start``/``end``/``duration`` and ``process.exit_code``.
 
 Every field carries the exact value; the one JSON escaping rule
 (:mod:`gpuguard.outputs.jsonl`) makes control characters and bytes that are

@@ -19,6 +19,12 @@ Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event:
 * ``resources`` — the host (and the container, when there is one);
 * ``metadata`` {product {name, vendor_name, version}, version (schema 1.3.0),
   profiles (``host`` for ``device``; ``container`` for ``process.container``)};
+* the agent's process findings: ``finding_info.uid`` is the finding id through create (1),
+  update (2) and close (3, Resolved, ``status_detail`` "process ended", with ``start_time``,
+  ``end_time``, ``duration``); the process carries its parent chain as nested
+  ``parent_process`` (3 levels) and the executable's SHA-256 in ``file.hashes``; the record
+  number, what grew, the totals, every destination and the GPU use are under
+  ``unmapped.gpuguard`` (OCSF 1.3 has no place for them);
 * gpuguard's verdict, ``is_alert`` (an OCSF 1.4 attribute, so not top-level in a 1.3
   record) and the count of evidence left out under ``unmapped.gpuguard``.
 

@@ -21,6 +21,11 @@ Policy (what the detect loop asks of :class:`ProcessFindings`):
   memory seen, bytes to and from its top destination (from the connection
   activity the sensor reports for watched processes), and the actions taken.
 
+Every record also carries the SHA-256 of the executable the process runs
+(through ``/proc/PID/exe``, once per executable file; not over
+:data:`MAX_HASH_BYTES`).  Action outcomes may come from the responder's
+threads (:meth:`ProcessFindings.note_action`): they only append to a bounded list.
+
 Records are built by the pipeline (``finding_from_verdict``) and stamped here
 (:meth:`ProcessFindings.stamp`); nothing here writes or acts.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +50,10 @@ VERDICT_RANK = {"clean": 0, "suspicious": 1, "malicious": 2}
 POLL_S = 0.5  # open findings are checked for growth and exits this often
 MAX_ACTIONS = 16  # actions a close record lists (the count is kept beyond)
 MAX_SESSIONS = 64  # connections whose byte counts a finding keeps
+# The detect loop hashes a finding's executable: a larger one is not hashed (no stall), and a
+# hash is reused for the same file (device, inode, size, mtime) across processes.
+MAX_HASH_BYTES = 64 << 20
+HASH_CACHE = 256
 
 
 def finding_id(hostname: str, pid: int, start_time: float) -> str:
@@ -144,6 +154,7 @@ class ProcessFindings:
         self.clock = clock
         self._open: dict[ProcessKey, OpenFinding] = {}
         self._next_poll = 0.0
+        self._hashes: OrderedDict[tuple, str | None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._open)
@@ -263,7 +274,19 @@ class ProcessFindings:
         if state.exe == found.hashed_exe:
             return
         found.hashed_exe = state.exe
-        found.exe_sha256 = state.exe_sha256 or sha256_of_file(f"{self.proc_root}/{state.pid}/exe")
+        if state.exe_sha256:
+            found.exe_sha256 = state.exe_sha256
+            return
+        identity = state.facts.exe_identity if state.facts is not None else None
+        if identity is not None and identity in self._hashes:
+            self._hashes.move_to_end(identity)
+            found.exe_sha256 = self._hashes[identity]
+            return
+        found.exe_sha256 = sha256_of_file(f"{self.proc_root}/{state.pid}/exe", MAX_HASH_BYTES)
+        if identity is not None:
+            self._hashes[identity] = found.exe_sha256
+            if len(self._hashes) > HASH_CACHE:
+                self._hashes.popitem(last=False)
 
     def _observe(self, found: OpenFinding, state: ProcessState | None, now: float) -> None:
         """Keep what the close record totals: GPU hold time, peak GPU memory, bytes per connection."""

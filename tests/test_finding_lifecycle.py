@@ -7,9 +7,14 @@ escalations, acting once per level, the close and its totals.
 
 from __future__ import annotations
 
+import psutil
+import pytest
+
+from gpuguard.agent.config import AgentConfig, load_config
 from gpuguard.agent.findings import ProcessFindings, finding_id
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.score import Evidence, Verdict
+from gpuguard.errors import GpuguardError
 from gpuguard.events.model import ConnActivity
 from gpuguard.outputs.finding import finding_from_verdict
 
@@ -117,3 +122,31 @@ def test_a_stamped_record_names_the_image_it_runs_now():
     assert finding.record_id == f"{write.finding.finding_id}-0"
     (update,) = _poll(tracker, state, Clock(), final=True)
     assert update.changes == ["exec"]
+
+
+def test_a_process_the_correlator_forgot_is_closed_only_once_it_ended():
+    tracker, clock, _ = _tracker()
+    me = psutil.Process()
+    key = ProcessKey(me.pid, round(me.create_time(), 2))  # this test: running
+    verdict = _verdict("malicious", "a")
+    verdict.key = key
+    tracker.scored(verdict, None, clock.now)
+    clock.now += 1.0
+    assert tracker.poll(lambda k: None, clock.now) == [] and len(tracker) == 1
+    gone = ProcessKey(me.pid, key.start_time - 50.0)  # its pid, an earlier start: ended
+    verdict.key = gone
+    tracker.scored(verdict, None, clock.now)
+    clock.now += 1.0
+    (close,) = tracker.poll(lambda k: None, clock.now)
+    assert close.finding.key == gone and close.activity == "close"
+
+
+def test_the_update_interval_is_an_agent_setting(tmp_path):
+    path = tmp_path / "agent.yaml"
+    path.write_text("findings:\n  update_interval_s: 5\n")
+    path.chmod(0o600)
+    assert load_config(path).finding_update_interval_s == 5
+    assert AgentConfig().finding_update_interval_s == 30.0
+    path.write_text("findings:\n  update_interval_s: -1\n")
+    with pytest.raises(GpuguardError, match=r"agent.yaml:2:\d+: findings.update_interval_s -1"):
+        load_config(path)

@@ -16,7 +16,8 @@ Policy (what the detect loop asks of :class:`ProcessFindings`):
   grew meanwhile.  An **escalation** (the verdict reaches a level the finding
   never had) is written at once, and it alone is acted on: the responder runs
   once per escalation, never on a plain update.
-* **close**: the process ended (or the correlator forgot it).  The record
+* **close**: the process ended (one the correlator forgot while idle or under
+  pressure is looked up in /proc: its finding stays open while it runs).  The record
   carries the lifetime totals: age, the time it held a GPU and the most GPU
   memory seen, bytes to and from its top destination (from the connection
   activity the sensor reports for watched processes), and the actions taken.
@@ -40,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.allowlist import sha256_of_file
 from gpuguard.outputs.finding import Finding
@@ -48,6 +51,7 @@ GPU_ABUSE_TAG = "gpu-abuse"
 DEFAULT_UPDATE_INTERVAL_S = 30.0
 VERDICT_RANK = {"clean": 0, "suspicious": 1, "malicious": 2}
 POLL_S = 0.5  # open findings are checked for growth and exits this often
+FORGOTTEN_CHECK_S = 10.0  # a process the correlator forgot (idle, evicted) is looked up this often
 MAX_ACTIONS = 16  # actions a close record lists (the count is kept beyond)
 MAX_SESSIONS = 64  # connections whose byte counts a finding keeps
 # The detect loop hashes a finding's executable: a larger one is not hashed (no stall), and a
@@ -121,6 +125,7 @@ class OpenFinding:
     sessions: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
     exe_sha256: str | None = None
     hashed_exe: str | None = None  # the executable path exe_sha256 is of
+    alive_checked: float = float("-inf")  # when a process the correlator forgot was last looked up
 
 
 @dataclass(slots=True)
@@ -201,6 +206,12 @@ class ProcessFindings:
         out = []
         for key, found in list(self._open.items()):
             state = state_of(key)
+            if state is None:  # the correlator forgot it: ended, or idle or evicted and running
+                if final or mono < found.alive_checked + FORGOTTEN_CHECK_S:
+                    continue
+                found.alive_checked = mono
+                if _running(key):  # not ended: its finding stays open (it may come back)
+                    continue
             if state is None or state.exited:
                 del self._open[key]
                 out.append(self._close(found, state, now))
@@ -331,6 +342,14 @@ class ProcessFindings:
         if remote:
             totals["destination"] = remote
         return totals
+
+
+def _running(key: ProcessKey) -> bool:
+    """The process ``key`` still runs (same pid and start time): the correlator forgot it idle."""
+    try:
+        return round(psutil.Process(key.pid).create_time(), 2) == round(key.start_time, 2)
+    except (psutil.Error, OSError):
+        return False
 
 
 def _top_destination(state: ProcessState | None) -> tuple[str, int] | None:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from gpuguard.agent.enforce_scope import EnforceScope
 from tests.support.agent_run import AgentProcess
 from tests.support.randomx import LoopbackPool
 from tests.support.workloads import build_workload, private_dev_command
-from tests.test_output_schemas import ecs_errors
+from tests.test_output_schemas import ecs_errors, ocsf_errors, strict_cef
 
 pytestmark = pytest.mark.root
 
@@ -237,3 +238,71 @@ def test_enforce_acts_once_per_escalation_not_on_every_update(tmp_path):
     ], actions
     assert close["gpuguard"]["finding"]["totals"]["actions_total"] == 2
     _assert_rate_limited(records)
+
+
+def _view(fmt: str, line: str, pid: int) -> dict[str, Any] | None:
+    """A finding line about ``pid`` as {activity, id, port, gpu}; None for any other line."""
+    if fmt == "ocsf":
+        event = json.loads(line)
+        process = (event.get("evidences") or [{}])[0].get("process", {})
+        if event.get("class_uid") != 2004 or process.get("pid") != pid:
+            return None
+        activity = {1: "create", 2: "update", 3: "close"}[event["activity_id"]]
+        port = (event["evidences"][0].get("dst_endpoint") or {}).get("port")
+        gpu = event["unmapped"]["gpuguard"].get("gpu", {}).get("device_paths", [])
+        return {"activity": activity, "id": event["finding_info"]["uid"], "port": port, "gpu": gpu}
+    header, ext = strict_cef(line)
+    if header[4].startswith(("action-", "agent-")) or ext.get("spid") != str(pid):
+        return None
+    detail = json.loads(ext["cs6"])
+    gpu = detail.get("gpu", {}).get("device_paths", [])
+    port = int(ext["dpt"]) if "dpt" in ext else None
+    return {"activity": detail["activity"], "id": ext["externalId"], "port": port, "gpu": gpu}
+
+
+@pytest.mark.parametrize("fmt", ["ocsf", "cef"])
+def test_the_lifecycle_in_ocsf_and_cef_validates(tmp_path, fmt):
+    pool = LoopbackPool(tmp_path, tls=False, push_s=(600.0, 600.0))
+    agent = AgentProcess(tmp_path, "--config", str(_config(tmp_path)), "--log-format", fmt)
+    miner = None
+
+    def wait(predicate, timeout: float = 40) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in agent.log.read_text(errors="surrogateescape").splitlines():
+                view = _view(fmt, line, pid)
+                if view is not None and predicate(view):
+                    return view
+            time.sleep(0.1)
+        raise AssertionError(f"no such {fmt} record; stderr: {agent.stderr()}")
+
+    try:
+        agent.wait_ready()
+        miner = _start(
+            ["ready", "open:/dev/nvidia0", f"connect:127.0.0.1:{pool.port}"]
+            + [f"send:1:{_login(pool.port)}", "ready"],
+            ["-o", f"stratum+tcp://127.0.0.1:{pool.port}", "-u", WALLET, "--donate-level", "1"],
+        )
+        pid = miner.pid
+        create = wait(lambda v: v["activity"] == "create")
+        _go(miner)
+        update = wait(
+            lambda v: v["activity"] == "update" and v["port"] == pool.port and v["gpu"], 40
+        )
+        _go(miner)
+        miner.wait(timeout=10)
+        close = wait(lambda v: v["activity"] == "close")
+    finally:
+        if miner is not None:
+            _stop(miner)
+        assert agent.stop() == 0, agent.stderr()
+        pool.close()
+    assert create["id"] == update["id"] == close["id"]
+    assert "/dev/nvidia0" in update["gpu"]
+    lines = agent.log.read_text(errors="surrogateescape").splitlines()
+    for line in lines:
+        assert len(line.encode("utf-8", "surrogateescape")) <= 8192
+        if fmt == "ocsf":
+            assert ocsf_errors(json.loads(line)) == [], line[:300]
+        else:
+            strict_cef(line)

@@ -13,7 +13,8 @@ spinning), feeds the correlator, rescores the changed processes
 finding's records as :class:`~gpuguard.agent.findings.ProcessFindings` decides
 (a create when a verdict first crosses a threshold or a ``gpu-abuse`` rule
 first matches, coalesced updates as the evidence grows, a close when the
-process ends), hands creates and escalations to the action interface, runs the GPU host checks
+process ends), hands creates and escalations to the action interface, runs
+the GPU host checks
 (:class:`~gpuguard.agent.host_findings.GpuHostFindings`, never acted on),
 every few seconds checks the config's guard policies over the live processes
 (reported the same way, with their own bookkeeping so rule and guard
@@ -473,6 +474,7 @@ class Agent:
 
     def _write_lifecycle(self, now: float, final: bool = False) -> None:
         """The coalesced updates now due and the closes of processes that ended."""
+        self.findings.update_interval_s = self.config.finding_update_interval_s  # SIGHUP-able
         for write in self.findings.poll(self.correlator.get, now, final):
             self._report_finding(write.verdict, now, act=False, write=write)
 

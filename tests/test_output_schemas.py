@@ -485,3 +485,17 @@ def test_every_record_names_what_a_responder_needs():
             assert ecs["gpuguard"]["gpu"]["memory_share"] == 0.75
             assert ocsf["unmapped"]["gpuguard"]["gpu"]["shared"] is True
             assert json.loads(cef["cs6"])["gpu"]["memory_share"] == 0.75
+
+
+def test_the_finding_id_survives_the_smallest_budget():
+    limits = OutputLimits(record=1024)
+    for finding in lifecycle_findings():
+        finding.process.command_line = ["x" * 100_000]
+        finding.process.ancestors = [{"pid": 9, "name": "n" * 5000, "executable": "/" + "e" * 5000}]
+        ecs = json.loads(render_record(finding, "ecs", HOST, limits))
+        ocsf = json.loads(render_record(finding, "ocsf", HOST, limits))
+        _, cef = strict_cef(render_record(finding, "cef", HOST, limits))
+        assert ecs["gpuguard"]["finding"]["id"] == finding.finding_id == cef["externalId"]
+        assert ecs["event"]["id"] == finding.record_id
+        assert ocsf["finding_info"]["uid"] == finding.finding_id
+        assert ocsf["activity_id"] == {"create": 1, "update": 2, "close": 3}[finding.activity]

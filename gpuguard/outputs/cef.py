@@ -248,7 +248,8 @@ def bounded_line(parts: Parts, limits: OutputLimits) -> str:
         cmdline, name_cap = max(_FLOOR_BYTES, cmdline // 2), max(_FLOOR_BYTES, name_cap // 2)
         shed = ["strings"]
     # Last resort: the fixed fields alone.
-    keep = [(k, v) for k, v in pairs if k in ("rt", "dvchost", "act", "outcome", "spid", "cn1")]
+    fixed = ("rt", "dvchost", "act", "outcome", "spid", "cn1", "externalId")  # externalId: <= 40
+    keep = [(k, v) for k, v in pairs if k in fixed]
     mark_doc = {"record": text_mark(line.encode("utf-8")), "shed": ["strings", "fields"]}
     keep += _custom(MARK_KEY, "truncated", json.dumps(mark_doc, separators=(",", ":")))
     return f"{header}|{_extension(keep)}"

@@ -17,6 +17,7 @@ from gpuguard.detect.score import Evidence, Verdict
 from gpuguard.errors import GpuguardError
 from gpuguard.events.model import ConnActivity
 from gpuguard.outputs.finding import finding_from_verdict
+from gpuguard.sources.pod_names import PodNames
 
 KEY = ProcessKey(4242, 1_700_000_000.25)
 
@@ -150,3 +151,19 @@ def test_the_update_interval_is_an_agent_setting(tmp_path):
     path.write_text("findings:\n  update_interval_s: -1\n")
     with pytest.raises(GpuguardError, match=r"agent.yaml:2:\d+: findings.update_interval_s -1"):
         load_config(path)
+
+
+def test_records_name_the_pod_and_container_the_kubelet_knows(tmp_path):
+    uid, cid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "c0ffee" * 10 + "abcd"
+    (tmp_path / "pods" / f"ml-team_trainer-7_{uid}").mkdir(parents=True)
+    (tmp_path / "containers").mkdir()
+    (tmp_path / "containers" / f"trainer-7_ml-team_worker-{cid}.log").touch()
+    clock = Clock()
+    tracker = ProcessFindings(30.0, "gpu-node-7", "/nonexistent", clock, PodNames(str(tmp_path)))
+    state = ProcessState(key=KEY, comm="xmrig", exe="/tmp/xmrig")
+    write = tracker.scored(_verdict("malicious", "a"), state, clock.now)
+    finding = finding_from_verdict(write.verdict, None, None, state)
+    finding.process.pod_uid, finding.process.container_id = uid, cid
+    tracker.stamp(finding, write, clock.now)
+    p = finding.process
+    assert (p.pod_namespace, p.pod_name, p.container_name) == ("ml-team", "trainer-7", "worker")

@@ -51,6 +51,8 @@ def lifecycle_findings() -> list[Finding]:
             {"pid": 1, "name": "systemd", "executable": "/usr/lib/systemd/systemd"},
         ]
         finding.process.exe_sha256 = "ab" * 32
+        finding.process.pod_name, finding.process.pod_namespace = "trainer-7", "ml-team"
+        finding.process.container_name = "worker"
         finding.destinations = [Destination("127.0.0.1", 3333, 2, "pool.example.org")]
         finding.evidence = [
             EvidenceItem("miner-cmdline-stratum", HOSTILE, 40.0, "cmdline", "critical", ["T1496"]),
@@ -479,6 +481,12 @@ def test_every_record_names_what_a_responder_needs():
             chain.append(parent["pid"])
         assert chain == [40, 30, 1]
         assert ecs["container"]["id"] == "c" * 64 and ecs["orchestrator"]["resource"]["id"]
+        assert ecs["orchestrator"]["resource"]["name"] == "trainer-7"
+        assert (
+            ecs["orchestrator"]["namespace"] == "ml-team" and ecs["container"]["name"] == "worker"
+        )
+        assert ocsf["evidences"][0]["process"]["container"]["name"] == "worker"
+        assert json.loads(cef["cs6"])["pod"] == "ml-team/trainer-7"
         assert ocsf["evidences"][0]["process"]["container"]["pod_uuid"]
         if finding.gpu is not None:
             assert ecs["gpuguard"]["gpu"]["device_paths"] == ["/dev/nvidia0"]

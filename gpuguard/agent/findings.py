@@ -46,6 +46,7 @@ import psutil
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.allowlist import sha256_of_file
 from gpuguard.outputs.finding import Finding
+from gpuguard.sources.pod_names import PodNames
 
 GPU_ABUSE_TAG = "gpu-abuse"
 DEFAULT_UPDATE_INTERVAL_S = 30.0
@@ -152,11 +153,13 @@ class ProcessFindings:
         hostname: str | None = None,
         proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
+        pod_names: PodNames | None = None,
     ) -> None:
         self.update_interval_s = update_interval_s
         self.hostname = hostname or socket.gethostname()
         self.proc_root = proc_root
         self.clock = clock
+        self.pod_names = pod_names or PodNames()  # the kubelet's names of pods and containers
         self._open: dict[ProcessKey, OpenFinding] = {}
         self._next_poll = 0.0
         self._hashes: OrderedDict[tuple, str | None] = OrderedDict()
@@ -251,9 +254,21 @@ class ProcessFindings:
             finding.process.exe_sha256 = write.finding.exe_sha256 or finding.process.exe_sha256
             if write.exit_code is not None:
                 finding.process.exit_code = write.exit_code
+            self._name_pod(finding)
         return finding
 
     # -- inside ------------------------------------------------------------------------
+    def _name_pod(self, finding: Finding) -> None:
+        """The pod's and container's names, when the kubelet's log tree knows their ids."""
+        p = finding.process
+        if p is None or not (p.pod_uid or p.container_id):
+            return
+        ref = self.pod_names.name(p.pod_uid, p.container_id)
+        if ref.pod and ref.pod != p.pod_uid:
+            p.pod_name, p.pod_namespace = ref.pod, ref.namespace or None
+        if p.container_id and ref.container and ref.container != p.container_id[:12]:
+            p.container_name = ref.container
+
     def _write(
         self,
         found: OpenFinding,

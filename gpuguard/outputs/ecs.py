@@ -165,9 +165,17 @@ def process_fields(finding: Finding, hostname: str | None = None) -> dict[str, A
     if user:
         out["user"] = user
     if p.container_id:
-        out["container"] = _drop_empty({"id": p.container_id, "runtime": p.container_runtime})
+        out["container"] = _drop_empty(
+            {"id": p.container_id, "runtime": p.container_runtime, "name": p.container_name}
+        )
     if p.pod_uid:
-        out["orchestrator"] = {"type": "kubernetes", "resource": {"type": "pod", "id": p.pod_uid}}
+        out["orchestrator"] = _drop_empty(
+            {
+                "type": "kubernetes",
+                "namespace": p.pod_namespace,
+                "resource": _drop_empty({"type": "pod", "id": p.pod_uid, "name": p.pod_name}),
+            }
+        )
     return out
 
 

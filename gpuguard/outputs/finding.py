@@ -71,6 +71,10 @@ class ProcessInfo:
     ancestors: list[dict[str, Any]] = field(default_factory=list)
     exe_sha256: str | None = None
     exit_code: int | None = None  # a close record's, when the exit was seen
+    # Kubernetes names from the kubelet's log tree (sources/pod_names.py), when known
+    pod_name: str | None = None
+    pod_namespace: str | None = None
+    container_name: str | None = None
 
     @classmethod
     def from_facts(cls, facts: ProcessFacts) -> ProcessInfo:

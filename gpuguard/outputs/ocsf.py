@@ -162,6 +162,8 @@ def container_object(finding: Finding) -> dict[str, Any] | None:
     if p is None or not p.container_id:
         return None
     container: dict[str, Any] = {"uid": p.container_id}
+    if p.container_name:
+        container["name"] = p.container_name
     if p.container_runtime:
         container["runtime"] = p.container_runtime
     if p.pod_uid:

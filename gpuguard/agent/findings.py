@@ -126,6 +126,8 @@ class OpenFinding:
     sessions: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
     exe_sha256: str | None = None
     hashed_exe: str | None = None  # the executable path exe_sha256 is of
+    glance: tuple = ()  # what poll last compared (see ProcessFindings.poll)
+    verdicts: int = 0  # verdicts seen (a new one may hold new rule ids)
     alive_checked: float = float("-inf")  # when a process the correlator forgot was last looked up
 
 
@@ -191,6 +193,7 @@ class ProcessFindings:
             self._observe(found, state, now)
             return self._write(found, verdict, "create", state, act=rank > 0, counts=True)
         found.verdict = verdict
+        found.verdicts += 1
         if rank <= found.rank:
             return None
         found.rank = rank
@@ -222,6 +225,17 @@ class ProcessFindings:
             self._observe(found, state, now)
             if not final and mono - found.written_at < self.update_interval_s:
                 continue
+            # the tables only grow: unchanged sizes, verdict and image mean nothing new to compare
+            glance = (
+                found.verdicts,
+                len(state.connections),
+                len(state.gpu_paths),
+                len(state.gpu_device_classes),
+                state.exe,
+            )
+            if glance == found.glance:
+                continue
+            found.glance = glance
             changes = found.said.growth(Evidence.of(found.verdict, state))
             if changes:
                 counts = "verdict" in changes

@@ -74,6 +74,8 @@ class AgentConfig:
     # A process scored at least this gets per-connection activity records like a GPU holder
     # (session cadence, bytes each way): CPU miners and anything half-suspect.  0: GPU holders only.
     session_watch_score: float = 20.0
+    # A process finding's coalesced updates: at most one per this many seconds (0: no limit).
+    finding_update_interval_s: float = 30.0
     response: ResponseSettings = field(
         default_factory=ResponseSettings
     )  # the checked ``response:`` section
@@ -128,6 +130,7 @@ _SCHEMA: dict[str, Any] = {
     },
     "correlator": {"max_processes": ("max_processes", int, (16, 10_000_000))},
     "sessions": {"watch_score": ("session_watch_score", _NUMBER, (0, 100))},
+    "findings": {"update_interval_s": ("finding_update_interval_s", _NUMBER, (0, 86400))},
     "response": ("response", dict, None),
     "guard_policies": ("guard_policies", list, None),
 }

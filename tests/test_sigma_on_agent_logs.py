@@ -18,6 +18,7 @@ name the processes and the addresses this module started (docs/siem.md).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -237,6 +238,16 @@ def test_rule_fires_on_the_miner_and_stays_silent_on_the_benign_job(runs, rule):
     assert not [r for r in hits if r.get("destination", {}).get("ip") == runs["web_ip"]], hits
 
 
+# Without the finding lifecycle (issue 21: update and close records) the agent writes such a
+# miner once, at exec, before it holds a GPU or a pool: the rules cannot see either.
+LIFECYCLE = importlib.util.find_spec("gpuguard.agent.findings") is not None
+
+
+@pytest.mark.xfail(
+    not LIFECYCLE,
+    reason="needs the finding lifecycle's update/close records (issue 21, gpuguard/agent/findings.py)",
+    strict=True,
+)
 @pytest.mark.parametrize(
     "rule", ["gpuguard_malicious_on_gpu_node.yml", "gpuguard_pool_connection.yml"]
 )

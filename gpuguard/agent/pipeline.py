@@ -675,6 +675,9 @@ class Agent:
                 "rules not reloaded (rule files changed); keeping the previous rules: "
                 f"{self.rules.last_error}",
             )
+            self.stderr(
+                f"gpuguard: rules not reloaded; keeping the previous rules: {self.rules.last_error}"
+            )
 
     def _reload(self, reason: str) -> None:
         """SIGHUP: read the config and the rules again; a broken file keeps the last good ones."""
@@ -684,14 +687,19 @@ class Agent:
                     load_config(self.config_path or Path(self.config.source)), **self.overrides
                 )
             except GpuguardError as exc:
+                self.counters.config_error = exc.one_line()
                 self._count_reload(False)
                 self.lifecycle(
                     "reload-failed",
                     f"config not reloaded ({reason}); keeping the previous settings: "
                     f"{exc.one_line()}",
                 )
+                self.stderr(
+                    f"gpuguard: config not reloaded; keeping the previous settings: {exc.one_line()}"
+                )
                 config = self.config
             else:
+                self.counters.config_error = None
                 restart = [
                     name
                     for name in (

@@ -40,6 +40,7 @@ def status_document(
         "sensor": c.sensor_mode,
         "blind_spots": c.blind_spots,
         "probes_attached": c.probes_attached,
+        "config": {"path": config.source or None, "error": c.config_error},
         "rules": {
             "version": c.rules_version,
             "generation": c.rules_generation,

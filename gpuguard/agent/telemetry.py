@@ -239,6 +239,10 @@ class AgentTelemetry:
     def count_reload(self, ok: bool, mode: str) -> None:
         if self.metrics is not None:
             self.metrics.count_reload(ok)
+            self.metrics.set_reload_state(
+                config_ok=self.counters.config_error is None,
+                rules_ok=self.counters.rules_error is None,
+            )
             if ok:
                 self.metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
             self.metrics.set_agent(mode, self.counters.sensor_mode)

@@ -1,8 +1,8 @@
 """The layers point one way: no module of gpuguard imports a layer above its own (ast only, nothing imported).
 
 errors/escape (0) <- events (1) <- sources (2) <- correlate (3) <- detect (4)
-<- {respond, outputs} (5) <- commands, agent, cli, __main__ (6); respond and
-outputs never import each other.  Lazy imports (inside functions) and
+<- {respond, outputs} (5) <- agent (6) <- proving (7) <- commands, cli, __main__ (8);
+respond and outputs never import each other.  Lazy imports (inside functions) and
 ``if TYPE_CHECKING:`` imports count too.
 """
 
@@ -23,10 +23,11 @@ LAYERS = {
     "detect": 4,
     "respond": 5,
     "outputs": 5,
-    "commands": 6,
     "agent": 6,
-    "cli": 6,
-    "__main__": 6,
+    "proving": 7,  # selftest, simulator, enforce scope: prove the agent, outside its flow
+    "commands": 8,
+    "cli": 8,
+    "__main__": 8,
     "__init__": 0,  # gpuguard/__init__.py: the docstring and __version__ only, importable by all
 }
 SIBLINGS_APART = {"respond", "outputs"}
@@ -141,7 +142,7 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path, monkeypatch):
     assert [v.split(": ", 1)[1] for v in violations(fake / "correlate" / "bad.py")] == [
         "correlate (layer 3) imports gpuguard.detect.score (detect, layer 4)",
         "correlate (layer 3) imports gpuguard.detect (detect, layer 4)",
-        "correlate (layer 3) imports gpuguard.commands.scan (commands, layer 6)",
+        "correlate (layer 3) imports gpuguard.commands.scan (commands, layer 8)",
     ]
     assert len(violations(fake / "outputs" / "side.py")) == 1
     assert violations(fake / "events" / "__init__.py") == []

@@ -1,6 +1,6 @@
 """The detection engine: scores the correlator's processes with a rule set, parents first.
 
-Wiring (``scan``, golden cases, and the agent to come)::
+Wiring (``scan``, golden cases and the agent)::
 
     correlator = Correlator(facts_provider=...)
     engine = DetectionEngine(correlator, ruleset, yara_scanner=scanner)

@@ -391,3 +391,38 @@ def test_every_defined_signal_is_in_the_one_list():
         f"defined but not listed in detect/signal_table.py SIGNAL_FUNCTIONS: {missing}"
     )
     assert set(listed) <= _decorated_signals()
+
+
+def summary_problem(path: Path) -> str | None:
+    """What is wrong with a module docstring's first line, or None: it must say what the module
+    is, alone on its line, in at most 100 characters (the reasoning goes below it or in docs/)."""
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    if not doc:
+        return "no module docstring"
+    lines = doc.splitlines()
+    if len(lines[0]) > 100:
+        return f"first line is {len(lines[0])} characters (at most 100)"
+    if len(lines) > 1 and lines[1].strip():
+        return "the first sentence runs onto a second line (one summary line, then a blank line)"
+    return None
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(PACKAGE)) for p in MODULES])
+def test_each_module_docstring_starts_with_one_short_line(path):
+    assert summary_problem(path) is None, f"{path}: {summary_problem(path)}"
+
+
+def test_the_docstring_check_catches_long_and_wrapped_first_lines(tmp_path):
+    cases = {
+        "ok.py": '"""A module.\n\nMore.\n"""\n',
+        "long.py": '"""' + "x" * 101 + '\n"""\n',
+        "wrapped.py": '"""A summary that\ngoes on.\n"""\n',
+        "none.py": "import os\n",
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+    found = {name: summary_problem(tmp_path / name) for name in cases}
+    assert found["ok.py"] is None
+    assert "101 characters" in found["long.py"]
+    assert "second line" in found["wrapped.py"]
+    assert found["none.py"] == "no module docstring"

@@ -1,4 +1,4 @@
-"""The agent: the long-running daemon that runs sensor, samplers, correlator, scoring, actions and logs together.
+"""The agent: the daemon that runs sensor, samplers, correlator, scoring, actions and logs together.
 
 Data flow, one module per stage:
 

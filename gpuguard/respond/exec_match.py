@@ -1,4 +1,4 @@
-"""What a kill-on-touch block keys on: the offender's own program, never an interpreter or a shared file.
+"""What a kill-on-touch block keys on: the offender's own program, never an interpreter or shared file.
 
 :func:`block_target` decides, for a verified offender process, what its block
 may name:

@@ -1,4 +1,4 @@
-"""kill-on-touch: the offender's own program and tree go into pinned kernel maps; a match dies at its touch.
+"""kill-on-touch: the offender's program and tree go into pinned kernel maps; a match dies on touch.
 
 probes/respond_touch.bpf.c does the killing (see its header); this module
 fills its maps and reads its reports.  What a block names is decided by

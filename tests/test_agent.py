@@ -1,6 +1,6 @@
 """`gpuguard agent` as a subprocess on the real kernel, against the selftest's miner simulator.
 
-The simulator (gpuguard/agent/simulator.py) runs in private mount and network
+The simulator (gpuguard/proving/simulator.py) runs in private mount and network
 namespaces: GPU-named nodes on a private /dev tmpfs, a CUDA-like ioctl burst,
 a stratum login to a loopback pool.  One eBPF agent serves most tests; the
 reduced-mode and start-order tests run their own.

@@ -1,4 +1,4 @@
-"""The agent's state file: what ``gpuguard status`` shows, written atomically and readable by root only.
+"""The agent's state file: what ``gpuguard status`` shows, written atomically, readable by root only.
 
 The agent rewrites it every few seconds (and at once when a new finding is
 raised) by writing a temporary file beside it and renaming it over the old

@@ -1,4 +1,4 @@
-"""The agent's outputs besides actions: its SIEM log and its Prometheus metrics, and how its counters reach them.
+"""The agent's outputs besides actions: its SIEM log and Prometheus metrics, fed from its counters.
 
 :class:`AgentTelemetry` owns the :class:`~gpuguard.outputs.log_writer.LogWriter`
 (opened from the config's ``log.*`` keys) and, with a metrics address, the

@@ -17,7 +17,7 @@ from pathlib import Path
 from gpuguard.detect.conditions import OPERATORS
 from gpuguard.detect.rules import load_ruleset, validate_rules
 from gpuguard.detect.shipped import default_rule_paths
-from gpuguard.detect.signals import SIGNALS
+from gpuguard.detect.signal_table import SIGNALS
 from gpuguard.escape import escape_text
 
 HELP = "validate rule files, replay golden cases, list rules and signals"

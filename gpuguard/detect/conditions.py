@@ -30,7 +30,7 @@ from typing import Any
 import re2
 
 from gpuguard.detect.signal_reader import SignalReader
-from gpuguard.detect.signals import SIGNALS
+from gpuguard.detect.signal_table import SIGNALS
 from gpuguard.detect.yaml_marks import Position, shown
 from gpuguard.events.ioctl_names import is_ioctl_name
 

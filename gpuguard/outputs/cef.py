@@ -1,4 +1,4 @@
-"""Records as ArcSight Common Event Format (CEF) lines, for ArcSight and Microsoft Sentinel over syslog.
+"""Records as ArcSight Common Event Format (CEF) lines, for ArcSight and Microsoft Sentinel (syslog).
 
 ``CEF:0|gpuguard|gpuguard|VERSION|SIGNATURE|NAME|SEVERITY|k=v k=v ...``
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gpuguard.agent.enforce_scope import EnforceScope
+from gpuguard.proving.enforce_scope import EnforceScope
 from tests.support.agent_run import AgentProcess
 from tests.support.randomx import LoopbackPool
 from tests.support.workloads import build_workload, private_dev_command

@@ -18,7 +18,6 @@ name the processes and the addresses this module started (docs/siem.md).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -35,7 +34,7 @@ from pathlib import Path
 import pytest
 from sigma.collection import SigmaCollection
 
-from gpuguard.agent.simulator import DEFAULT_POOL_PORT
+from gpuguard.proving.simulator import DEFAULT_POOL_PORT
 from tests.support import sigma_exec
 from tests.support.agent_run import REPO, finding_for, lifecycle, miner_simulator, running_agent
 from tests.support.workloads import build_workload, run_with_gpu_nodes
@@ -238,16 +237,6 @@ def test_rule_fires_on_the_miner_and_stays_silent_on_the_benign_job(runs, rule):
     assert not [r for r in hits if r.get("destination", {}).get("ip") == runs["web_ip"]], hits
 
 
-# Without the finding lifecycle (issue 21: update and close records) the agent writes such a
-# miner once, at exec, before it holds a GPU or a pool: the rules cannot see either.
-LIFECYCLE = importlib.util.find_spec("gpuguard.agent.findings") is not None
-
-
-@pytest.mark.xfail(
-    not LIFECYCLE,
-    reason="needs the finding lifecycle's update/close records (issue 21, gpuguard/agent/findings.py)",
-    strict=True,
-)
 @pytest.mark.parametrize(
     "rule", ["gpuguard_malicious_on_gpu_node.yml", "gpuguard_pool_connection.yml"]
 )

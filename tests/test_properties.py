@@ -263,10 +263,10 @@ def test_fuzz_payload_decoders_for_a_bounded_time():
     runs = 0
     while time.monotonic() < deadline:
         data = _mutate(rng, rng.choice(SEEDS))
-        started = time.monotonic()
+        started = time.thread_time()  # CPU time: the bound holds on a busy host
         assert_well_formed(recognise_payload(data))
         assert_well_formed(recognise_stream([data[:300], data[300:]]))
-        assert time.monotonic() - started < 0.5, data  # linear-time decoders: never near a hang
+        assert time.thread_time() - started < 0.5, data  # linear-time decoders: never near a hang
         runs += 1
     assert runs > 100
     json.dumps(runs)

@@ -64,9 +64,9 @@ def test_alias_bomb_is_refused_quickly(tmp_path):
     path = tmp_path / "bomb.yaml"
     path.write_text(alias_bomb())
     assert path.stat().st_size < 700
-    started = time.monotonic()
+    started = time.thread_time()  # CPU time: the bound holds on a busy host
     line = only_problem(path)
-    assert time.monotonic() - started < 2
+    assert time.thread_time() - started < 2
     assert f"more than {MAX_NODES:,} values once aliases are expanded" in line
 
 
@@ -91,9 +91,9 @@ def test_huge_file_is_refused_before_reading(tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text(HEAD + "lists:\n  names: [" + "a, " * 1000 + "]\n")
     os.truncate(path, 50 << 20)  # 50 MB (sparse: the test itself stays cheap)
-    started = time.monotonic()
+    started = time.thread_time()  # CPU time: the bound holds on a busy host
     line = only_problem(path)
-    assert time.monotonic() - started < 2
+    assert time.thread_time() - started < 2
     assert (
         line
         == f"{path}:1:1: rules file is larger than the {MAX_RULES_FILE_BYTES // 1024} KiB limit "
@@ -172,9 +172,9 @@ def test_catastrophic_regex_scores_an_attacker_command_line_in_linear_time(tmp_p
     state.set_facts(
         ProcessFacts(pid=4242, start_time=1.0, comm="x", exe="/x", cmdline=["x", "a" * 4000 + "!"])
     )
-    started = time.monotonic()
+    started = time.thread_time()  # CPU time: the bound holds on a busy host
     verdict = score_process(state, ruleset, 2.0)
-    assert time.monotonic() - started < 1  # Python's re: 2**4000 steps
+    assert time.thread_time() - started < 1  # Python's re: 2**4000 steps
     assert verdict.score == 0
     state.set_facts(
         ProcessFacts(pid=4242, start_time=1.0, comm="x", exe="/x", cmdline=["x", "aaaa"])
@@ -306,9 +306,9 @@ def test_problems_carry_cause_fix_and_position_as_fields(tmp_path):
 
 
 def _check_output(path: Path) -> None:
-    started = time.monotonic()
+    started = time.thread_time()  # CPU time: the bound holds on a busy host
     problems = validate_rules([path])
-    assert time.monotonic() - started < 5
+    assert time.thread_time() - started < 5
     for problem in problems:
         str(problem).encode("utf-8")  # strict: no lone surrogates, nothing unencodable
         assert problem.cause

@@ -438,6 +438,21 @@ def _payload_hosts(s: ProcessState, now: float) -> set[str]:
     return s.network.payload_hosts
 
 
+@_signal(
+    "tls_ja4",
+    "texts",
+    "network",
+    "JA4 fingerprints of the TLS ClientHellos it sent (its TLS library and settings, e.g. "
+    "'t13i310900_e8f1e7e78f70_1f22a2ca17c4': TLS 1.3, no SNI, 31 suites, 9 extensions, no ALPN)",
+)
+def _tls_ja4(s: ProcessState, now: float) -> set[str]:
+    return {
+        p.detail["ja4"]
+        for p in s.payloads
+        if p.protocol == "tls" and isinstance(p.detail.get("ja4"), str)
+    }
+
+
 @_signal("proxy_target_hosts", "texts", "network", "hosts it asked a SOCKS/HTTP proxy to reach")
 def _proxy_hosts(s: ProcessState, now: float) -> set[str]:
     return s.network.proxy_hosts

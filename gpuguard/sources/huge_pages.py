@@ -52,9 +52,23 @@ def _largest_hugetlb_page(pid: int, proc_root: str) -> int | None:
     return largest or None
 
 
-def process_hugetlb(pid: int, proc_root: str = "/proc") -> tuple[int | None, int | None]:
-    """(hugetlb bytes mapped, largest hugetlb page size in bytes or None); (None, None) if unreadable."""
-    kib = _status_kib(pid, b"HugetlbPages:", proc_root)
+def status_hugetlb_kib(status: bytes) -> int:
+    """HugetlbPages (KiB) from the text of /proc/PID/status already read (0: none, or no such line)."""
+    at = status.find(b"\nHugetlbPages:")
+    if at < 0:
+        return 0
+    try:
+        return int(status[at:].split(None, 3)[1])
+    except (ValueError, IndexError):
+        return 0
+
+
+def process_hugetlb(
+    pid: int, proc_root: str = "/proc", status_kib: int | None = None
+) -> tuple[int | None, int | None]:
+    """(hugetlb bytes mapped, largest hugetlb page size in bytes or None); (None, None) if unreadable.
+    ``status_kib``: HugetlbPages from a status file the caller already read."""
+    kib = status_kib if status_kib is not None else _status_kib(pid, b"HugetlbPages:", proc_root)
     if kib is None:
         return None, None
     if kib == 0:

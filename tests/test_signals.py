@@ -401,6 +401,36 @@ SIGNAL_CASES = [
         256 << 20,
     ),
     ("no huge pages", make(hugetlb_bytes=0), "huge_alloc_bytes", None),
+    (
+        "RandomX's cache mapped (/proc)",
+        make(hugetlb_bytes=256 << 20, hugetlb_mappings=[[256 << 20, 2 << 20]]),
+        "huge_alloc_randomx_shape",
+        True,
+    ),
+    (
+        "a JVM's large-page heap (measured: 290 MiB of a 1 GiB heap)",
+        make(hugetlb_bytes=290 << 20, hugetlb_mappings=[[1 << 30, 2 << 20]]),
+        "huge_alloc_randomx_shape",
+        False,
+    ),
+    (
+        "RandomX's dataset asked for",
+        with_(make(), lambda s: s.add_huge_alloc(2181038016, 2 << 20)),
+        "huge_alloc_randomx_shape",
+        True,
+    ),
+    (
+        "the dataset in three 1 GiB pages",
+        with_(make(), lambda s: s.add_huge_alloc(3 << 30, 1 << 30)),
+        "huge_alloc_randomx_shape",
+        True,
+    ),
+    (
+        "3 GiB in 2 MiB pages",
+        with_(make(), lambda s: s.add_huge_alloc(3 << 30, 2 << 20)),
+        "huge_alloc_randomx_shape",
+        False,
+    ),
     # runnable threads and rounding modes: the latest CpuActivity (tests/test_randomx_*.py)
     ("spinning", with_(make(), _cpu_look), "cpu_spinning_threads", 1),
     ("spin span", with_(make(), _cpu_look), "cpu_spin_s", 95.0),

@@ -765,6 +765,34 @@ def _huge_page_size(s: ProcessState, now: float) -> int | None:
     return largest or None
 
 
+# RandomX's own allocations: the 256 MiB cache and the dataset (2 GiB + 33554368 bytes),
+# as asked for or rounded up to 2 MiB pages; with 1 GiB pages the cache takes one page and
+# the dataset three.  A JVM heap or database buffers in huge pages have the size they were
+# configured with, a round 256 MiB being the one that collides.
+RANDOMX_LENGTHS = frozenset({256 << 20, 2181038016, 2080 << 20})
+RANDOMX_GIB_PAGE_LENGTHS = frozenset({1 << 30, 3 << 30})
+
+
+def _randomx_length(length: int, page_size: int) -> bool:
+    return length in RANDOMX_LENGTHS or (
+        page_size >= 1 << 30 and length in RANDOMX_GIB_PAGE_LENGTHS
+    )
+
+
+@_signal(
+    "huge_alloc_randomx_shape",
+    "bool",
+    "memory",
+    "a huge-page request or mapping of exactly RandomX's size: the 256 MiB cache or the "
+    "2080 MiB dataset (1 GiB pages: one or three of them)",
+)
+def _huge_alloc_randomx_shape(s: ProcessState, now: float) -> bool:
+    if any(_randomx_length(length, page) for length, page in s.huge_requests):
+        return True
+    mappings = s.facts.hugetlb_mappings if s.facts is not None else []
+    return any(_randomx_length(length, page) for length, page in mappings)
+
+
 # -- scanning and ancestry ----------------------------------------------------
 
 

@@ -174,10 +174,10 @@ def collect_process_facts(
     ld_preload, environ_readable = (
         _ld_preload_of(pid, proc_root) if not kernel_thread else (None, False)
     )
-    hugetlb_bytes, hugetlb_page_size = (
+    hugetlb_bytes, hugetlb_page_size, hugetlb_maps = (
         process_hugetlb(pid, proc_root, status_hugetlb_kib(status))
         if not kernel_thread
-        else (None, None)
+        else (None, None, [])
     )
     ancestors: list[Ancestor] = []
     if with_ancestors:
@@ -210,4 +210,5 @@ def collect_process_facts(
         num_threads=threads,
         hugetlb_bytes=hugetlb_bytes,
         hugetlb_page_size=hugetlb_page_size,
+        hugetlb_mappings=[list(m) for m in hugetlb_maps],
     )

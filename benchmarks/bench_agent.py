@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuguard.agent.selftest import check_detection  # noqa: E402
+from gpuguard.proving.selftest import check_detection  # noqa: E402
 from tests.support.agent_run import AgentProcess  # noqa: E402
 from tests.support.workloads import build_workload, run_with_gpu_nodes  # noqa: E402
 

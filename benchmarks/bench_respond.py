@@ -201,8 +201,8 @@ def bench_e2e(runs: int) -> None:
     """
     import json
 
-    from gpuguard.agent.enforce_scope import EnforceScope
-    from gpuguard.agent.simulator import parse_ready, start_simulator, stop_simulator
+    from gpuguard.proving.enforce_scope import EnforceScope
+    from gpuguard.proving.simulator import parse_ready, start_simulator, stop_simulator
 
     tmp = Path(tempfile.mkdtemp(prefix="gg-e2e-"))
     log = tmp / "agent.log"

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/soak_enforce.py [--minutes 10] [--out soak_enforce.json]
 
 Root, real kernel.  Not part of CI (it runs for minutes).  The script makes a cgroup of its
-own (:class:`gpuguard.agent.enforce_scope.EnforceScope`, ``/gg-soak-<pid>``) and starts
+own (:class:`gpuguard.proving.enforce_scope.EnforceScope`, ``/gg-soak-<pid>``) and starts
 ``gpuguard agent`` in enforce mode confined to it (default actions: kill, kill-on-touch,
 block-egress; no host-wide nftables sets).  Everything below runs inside that cgroup:
 
@@ -54,7 +54,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuguard.agent.enforce_scope import EnforceScope  # noqa: E402
+from gpuguard.proving.enforce_scope import EnforceScope  # noqa: E402
 from tests.support.agent_run import AgentProcess  # noqa: E402
 from tests.support.workloads import build_workload, private_dev_command  # noqa: E402
 

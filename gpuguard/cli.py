@@ -27,6 +27,7 @@ COMMANDS = (
     "selftest",
     "blocks",
     "unblock",
+    "config",
 )
 
 

@@ -28,3 +28,34 @@ class GpuguardError(Exception):
         from gpuguard.escape import escape_text
 
         return with_fix(escape_text(self.cause), escape_text(self.fix) if self.fix else None)
+
+
+def dotted(path: tuple) -> str:
+    """A config path as written in messages: ``("response", "hooks", 0, "argv")`` ->
+    ``response.hooks[0].argv``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+class Problems:
+    """What is wrong in one config file: raised at the first problem (the agent), or every
+    problem collected (``gpuguard config validate``).
+
+    ``locate(path, key)`` names where ``path`` is (``file:line:col``; ``key``: the mapping key
+    rather than its value); without it, the file name alone.
+    """
+
+    def __init__(self, source: str, *, collect: bool = False, locate=None) -> None:
+        self.source = source
+        self.collect = collect
+        self.locate = locate or (lambda path, key=False: source)
+        self.found: list[str] = []
+
+    def add(self, path: tuple, message: str, *, key: bool = False) -> None:
+        """One problem at ``path``: raised as :class:`GpuguardError`, or kept when collecting."""
+        line = f"{self.locate(path, key)}: {dotted(path)}: {message}"
+        if not self.collect:
+            raise GpuguardError(line, f"fix {self.source}")
+        self.found.append(line)

@@ -1,7 +1,10 @@
 /* sensor.bpf.c - the GPU sensor: the one program gpuguard loads.
  *
  * Compiled by bcc at start-up with -I<probes> and the GG_* defines chosen in
- * gpuguard/sources/sensor.py (GG_PAYLOAD_CAPTURE, GG_PERF_BUFFER, map sizes).
+ * gpuguard/sources/probe_source.py (ProbeSettings.cflags: GG_PAYLOAD_CAPTURE,
+ * GG_PERF_BUFFER, map sizes; GG_PID_MAX from sources/identity.py).  The
+ * constants user space shares with it live in gpuguard.h, which
+ * gpuguard/events/abi.py reads (DEFINES).
  * Reads only tracepoint arguments, user memory and UAPI-stable layouts, so it
  * loads correctly with kernel headers that do not match the running kernel.
  */

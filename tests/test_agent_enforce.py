@@ -1,7 +1,7 @@
 """The response layer inside the running agent: enforce mode end to end, guard policies, block expiry.
 
 Every enforce agent here is confined to a cgroup made for the test
-(:class:`gpuguard.agent.enforce_scope.EnforceScope`: ``/gg-test-<pid>``, its
+(:class:`gpuguard.proving.enforce_scope.EnforceScope`: ``/gg-test-<pid>``, its
 own pin root and block records, no host-wide nftables sets): other suites run
 on this machine, and the agent must not act on their processes.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.agent.enforce_scope import EnforceScope
-from gpuguard.agent.simulator import parse_ready, start_simulator, stop_simulator
+from gpuguard.proving.enforce_scope import EnforceScope
+from gpuguard.proving.simulator import parse_ready, start_simulator, stop_simulator
 from gpuguard.respond.cgroup_blocks import cgroup2_mount
 from tests.support.agent_run import REPO, AgentProcess, finding_for
 from tests.support.workloads import build_workload, run_with_gpu_nodes

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
-from gpuguard.agent.enforce_scope import EnforceScope
 from gpuguard.agent.pipeline import Agent
+from gpuguard.proving.enforce_scope import EnforceScope
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
 from tests.support.agent_run import log_records, until

@@ -52,6 +52,7 @@ AGENT_KEYS = {
     "queues",
     "correlator",
     "sessions",
+    "findings",
     "response",
     "guard_policies",
 }

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,28 +75,41 @@ def test_watch_json_with_a_hostile_process(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    # Read its output all along: on a busy host `--all` fills a pipe within a second, and a
+    # watch blocked on its stdout would lose the very exec this test looks for.
+    out = bytearray()
+    reader = threading.Thread(target=lambda: _read_into(watch.stdout, out), daemon=True)
+    reader.start()
     try:
         # Probes are attached once events flow: start processes until one is seen.
         deadline = time.monotonic() + 60
-        os.set_blocking(watch.stdout.fileno(), False)
-        while time.monotonic() < deadline and not watch.stdout.read(1024 * 1024):
+        while time.monotonic() < deadline and not out and watch.poll() is None:
             subprocess.run(["/bin/true"])
             time.sleep(0.1)
         with hostile_process(tmp_path):
             time.sleep(1.5)
     finally:
         watch.send_signal(signal.SIGINT)
-        os.set_blocking(watch.stdout.fileno(), True)
-        out, err = watch.communicate(timeout=30)
+        try:
+            watch.wait(timeout=30)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+                watch.wait()
+        reader.join(30)
+        err = watch.stderr.read()
     assert watch.returncode == 0, err
-    # the first chunk read above was discarded; cut at the first full line
-    docs = assert_clean_json_lines(
-        out[out.index(b"\n") + 1 :] if not out.startswith(b"{") else out, "watch --json"
-    )
+    docs = assert_clean_json_lines(bytes(out), "watch --json")
     execs = [d for d in docs if d["kind"] == "exec" and _ours(d)]
     assert execs, "the hostile exec was not reported"
     assert execs[0]["comm"] == "\x1b]0;pwn\x07\n$(id)\\xff"  # exact text, JSON-escaped once
     assert "\x1b]2;title\x07\x1b[2J" in execs[0]["cmdline"]
+
+
+def _read_into(stream, out: bytearray) -> None:
+    """Append everything ``stream`` yields to ``out`` until it ends."""
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        out.extend(chunk)
 
 
 def test_record_and_replay_json_with_a_hostile_process(tmp_path):

@@ -40,7 +40,7 @@ from gpuguard.detect.rules import load_ruleset
 from gpuguard.detect.score import score_process
 from gpuguard.detect.shipped import shipped_rules_file
 from gpuguard.detect.signal_reader import SignalReader
-from gpuguard.detect.signals import SIGNALS
+from gpuguard.detect.signal_table import SIGNALS
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import Connect, Exec, GpuIoctl, GpuOpen, NetPayload
 from gpuguard.events.process_facts import Ancestor, ProcessFacts

@@ -1,14 +1,15 @@
 """The layers point one way: no module of gpuguard imports a layer above its own (ast only, nothing imported).
 
 errors/escape (0) <- events (1) <- sources (2) <- correlate (3) <- detect (4)
-<- {respond, outputs} (5) <- commands, agent, cli, __main__ (6); respond and
-outputs never import each other.  Lazy imports (inside functions) and
+<- {respond, outputs} (5) <- agent (6) <- proving (7) <- commands, cli, __main__ (8);
+respond and outputs never import each other.  Lazy imports (inside functions) and
 ``if TYPE_CHECKING:`` imports count too.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,11 @@ LAYERS = {
     "detect": 4,
     "respond": 5,
     "outputs": 5,
-    "commands": 6,
     "agent": 6,
-    "cli": 6,
-    "__main__": 6,
+    "proving": 7,  # selftest, simulator, enforce scope: prove the agent, outside its flow
+    "commands": 8,
+    "cli": 8,
+    "__main__": 8,
     "__init__": 0,  # gpuguard/__init__.py: the docstring and __version__ only, importable by all
 }
 SIBLINGS_APART = {"respond", "outputs"}
@@ -141,7 +143,7 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path, monkeypatch):
     assert [v.split(": ", 1)[1] for v in violations(fake / "correlate" / "bad.py")] == [
         "correlate (layer 3) imports gpuguard.detect.score (detect, layer 4)",
         "correlate (layer 3) imports gpuguard.detect (detect, layer 4)",
-        "correlate (layer 3) imports gpuguard.commands.scan (commands, layer 6)",
+        "correlate (layer 3) imports gpuguard.commands.scan (commands, layer 8)",
     ]
     assert len(violations(fake / "outputs" / "side.py")) == 1
     assert violations(fake / "events" / "__init__.py") == []
@@ -158,3 +160,269 @@ def test_each_package_says_what_it_owns_and_may_import(init):
     )
     if init.parent != PACKAGE:
         assert "may import" in doc.lower(), f"{init}: say what the package may import"
+
+
+# -- no registration as a side effect of import ---------------------------------------------------
+
+MUTATORS = {"append", "extend", "add", "update", "setdefault", "insert", "__setitem__"}
+
+
+def _module_globals(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _mutated_names(node: ast.AST) -> set[str]:
+    """Names that ``node`` changes in place: ``X[k] = v``, ``X.update(...)``, ``global X``
+    (``mod.X`` where the table is reached through its module)."""
+    found = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Subscript) and isinstance(sub.ctx, ast.Store):
+            base = sub.value
+        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
+            base = sub.func.value if sub.func.attr in MUTATORS else None
+        elif isinstance(sub, ast.Global):
+            found |= set(sub.names)
+            continue
+        else:
+            continue
+        if isinstance(base, ast.Name):
+            found.add(base.id)
+        elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name):
+            found.add(f"{base.value.id}.{base.attr}")  # module.TABLE[k] = v, module.TABLE.update()
+    return found
+
+
+def _import_bindings(tree: ast.Module, path: Path) -> dict[str, tuple[str, str | None]]:
+    """``{local name: (gpuguard module, attribute or None)}`` for the module's gpuguard imports."""
+    package = (
+        module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    )
+    bound = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name.startswith("gpuguard."):
+                    bound[alias.asname] = (alias.name, None)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            if base.startswith("gpuguard"):
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    is_module = (PACKAGE.parent / sub.replace(".", "/")).is_dir() or (
+                        PACKAGE.parent / (sub.replace(".", "/") + ".py")
+                    ).is_file()
+                    bound[alias.asname or alias.name] = (
+                        (sub, None) if is_module else (base, alias.name)
+                    )
+    return bound
+
+
+def _module_path(module: str) -> Path | None:
+    base = PACKAGE.parent / module.replace(".", "/")
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+@functools.cache
+def _registering_functions(module: str) -> frozenset[str]:
+    """Top-level functions of ``module`` that change one of its module-level names when called."""
+    path = _module_path(module)
+    if path is None:
+        return frozenset()
+    tree = ast.parse(path.read_text(), str(path))
+    module_globals = _module_globals(tree)
+    return frozenset(
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and _mutated_names(node) & module_globals
+    )
+
+
+def _import_time_nodes(tree: ast.Module):
+    """What runs on import: top-level statements and decorators (not function bodies).
+
+    Yields ``(node, called)``: ``called`` for a decorator, which is called even when bare.
+    """
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            yield from ((d, True) for d in node.decorator_list)
+            if isinstance(node, ast.ClassDef):
+                todo += node.body
+        elif isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    todo.append(child)
+                else:
+                    yield child, False
+        else:
+            yield node, False
+
+
+def _callee(func: ast.expr, own: str, imported: dict) -> tuple[str, str] | None:
+    """``(module, function)`` that ``func`` names: local, imported by name or through its module."""
+    if isinstance(func, ast.Name):
+        module, name = imported.get(func.id, (own, func.id))
+        return (module, name) if name else None
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        module, name = imported.get(func.value.id, (None, None))
+        return (module, func.attr) if module and name is None else None
+    return None
+
+
+def import_time_registrations(path: Path) -> list[str]:
+    """Where importing ``path`` changes a registry: a module-level change of a name another
+    module owns, or a module-level call (a decorator included) of a function that changes its
+    module's globals.  Registries are explicit lists; importing a module registers nothing."""
+    tree = ast.parse(path.read_text(), str(path))
+    own = module_name(path)
+    imported = _import_bindings(tree, path)
+    where = path.relative_to(PACKAGE.parent)
+    out = []
+    for node, called in _import_time_nodes(tree):
+        for name in sorted(_mutated_names(node)):
+            head = name.split(".")[0]
+            if head in imported and (imported[head][1] is not None or "." in name):
+                out.append(
+                    f"{where}:{node.lineno}: changes {name} of {imported[head][0]} on import"
+                )
+        calls = [n.func for n in ast.walk(node) if isinstance(n, ast.Call)]
+        for func in calls + ([node] if called else []):
+            target = _callee(func, own, imported)
+            if target and target[1] in _registering_functions(target[0]):
+                out.append(
+                    f"{where}:{func.lineno}: calls {'.'.join(target)} on import, which registers "
+                    "into its module: list the entry in the registry's explicit list instead"
+                )
+    return sorted(set(out))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(PACKAGE)) for p in MODULES])
+def test_no_module_registers_anything_when_imported(path):
+    assert import_time_registrations(path) == []
+
+
+def test_the_check_catches_registration_at_import(tmp_path, monkeypatch):
+    """The checker itself: a registering decorator (here and from another module), a module-level
+    change of another module's table, and a registering call are caught; a plain table is not."""
+    fake = tmp_path / "gpuguard"
+    (fake / "detect").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "detect" / "__init__.py").write_text('"""x"""\n')
+    (fake / "detect" / "table.py").write_text(
+        "TABLE = {}\n"
+        "def signal(name):\n    def register(fn):\n        TABLE[name] = fn\n        return fn\n"
+        "    return register\n"
+        "def add(row):\n    TABLE.setdefault(row, row)\n"
+        "@signal('a')\ndef a(): pass\n"
+    )
+    (fake / "detect" / "more.py").write_text(
+        "from gpuguard.detect import table\nfrom gpuguard.detect.table import TABLE, signal\n"
+        "@signal('b')\ndef b(): pass\n"
+        "TABLE.update({'c': None})\n"
+        "table.add('d')\n"
+        "if True:\n    TABLE['e'] = None\n"
+        "table.TABLE['f'] = None\n"
+    )
+    (fake / "detect" / "plain.py").write_text(
+        "from gpuguard.detect.table import add\n"
+        "ROWS = {'a': 1}\nROWS['b'] = 2\n"
+        "def later():\n    add('x')\n"
+    )
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
+    _registering_functions.cache_clear()
+    try:
+        found = import_time_registrations(fake / "detect" / "more.py")
+        assert [" ".join(v.split()[:3]) for v in found] == [
+            "gpuguard/detect/more.py:3: calls gpuguard.detect.table.signal",
+            "gpuguard/detect/more.py:5: changes TABLE",
+            "gpuguard/detect/more.py:6: calls gpuguard.detect.table.add",
+            "gpuguard/detect/more.py:8: changes TABLE",
+            "gpuguard/detect/more.py:9: changes table.TABLE",
+        ]
+        assert len(import_time_registrations(fake / "detect" / "table.py")) == 1
+        assert import_time_registrations(fake / "detect" / "plain.py") == []
+    finally:
+        _registering_functions.cache_clear()
+
+
+def _decorated_signals() -> set[tuple[str, str]]:
+    """``(module, function)`` of every function defined as a rule signal (``@_signal(...)``)."""
+    found = set()
+    for path in MODULES:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any(
+                isinstance(d, ast.Call) and getattr(d.func, "id", None) == "_signal"
+                for d in node.decorator_list
+            ):
+                found.add((module_name(path), node.name))
+    return found
+
+
+def _listed_signals() -> list[tuple[str, str]]:
+    """``(module, function)`` of each entry of ``signal_table.SIGNAL_FUNCTIONS``."""
+    path = PACKAGE / "detect" / "signal_table.py"
+    tree = ast.parse(path.read_text())
+    bound = _import_bindings(tree, path)
+    table = next(
+        n.value
+        for n in tree.body
+        if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "SIGNAL_FUNCTIONS"
+    )
+    return [(bound[e.value.id][0], e.attr) for e in table.elts]
+
+
+def test_every_defined_signal_is_in_the_one_list():
+    listed = _listed_signals()
+    assert len(listed) == len(set(listed)), "a signal listed twice in detect/signal_table.py"
+    missing = sorted(_decorated_signals() - set(listed))
+    assert not missing, (
+        f"defined but not listed in detect/signal_table.py SIGNAL_FUNCTIONS: {missing}"
+    )
+    assert set(listed) <= _decorated_signals()
+
+
+def summary_problem(path: Path) -> str | None:
+    """What is wrong with a module docstring's first line, or None: it must say what the module
+    is, alone on its line, in at most 100 characters (the reasoning goes below it or in docs/)."""
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    if not doc:
+        return "no module docstring"
+    lines = doc.splitlines()
+    if len(lines[0]) > 100:
+        return f"first line is {len(lines[0])} characters (at most 100)"
+    if len(lines) > 1 and lines[1].strip():
+        return "the first sentence runs onto a second line (one summary line, then a blank line)"
+    return None
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(PACKAGE)) for p in MODULES])
+def test_each_module_docstring_starts_with_one_short_line(path):
+    assert summary_problem(path) is None, f"{path}: {summary_problem(path)}"
+
+
+def test_the_docstring_check_catches_long_and_wrapped_first_lines(tmp_path):
+    cases = {
+        "ok.py": '"""A module.\n\nMore.\n"""\n',
+        "long.py": '"""' + "x" * 101 + '\n"""\n',
+        "wrapped.py": '"""A summary that\ngoes on.\n"""\n',
+        "none.py": "import os\n",
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+    found = {name: summary_problem(tmp_path / name) for name in cases}
+    assert found["ok.py"] is None
+    assert "101 characters" in found["long.py"]
+    assert "second line" in found["wrapped.py"]
+    assert found["none.py"] == "no module docstring"

@@ -18,7 +18,7 @@ from gpuguard.detect.host_checks import HostFinding, apply_thresholds
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ACTION_STATUSES, ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits
-from gpuguard.outputs.finding import Destination, Finding, finding_from_host
+from gpuguard.outputs.finding import Destination, EvidenceItem, Finding, GpuUse, finding_from_host
 from gpuguard.outputs.ocsf import OCSF_VERSION
 from gpuguard.outputs.records import _ACTION_ECS_TYPE, FORMATS, render_record
 from gpuguard.outputs.scan_report import scan_document
@@ -34,6 +34,43 @@ from tests.test_scan_outputs import _process_finding, _report
 
 ECS_FIELDS = Path(__file__).parent / "data" / "ecs_flat_8.11.json"
 LIFECYCLE = ("start", "reload", "reload-failed", "stop", "drops", "degraded", "fault", "recovered")
+
+
+def lifecycle_findings() -> list[Finding]:
+    """One process finding's create, update and close records, with everything a responder needs."""
+    out = []
+    for activity, sequence in (("create", 0), ("update", 1), ("close", 2)):
+        finding = hostile_finding()
+        finding.activity, finding.sequence = activity, sequence
+        finding.finding_id = "gpuguard-" + "a" * 31
+        finding.process.ppid = 40
+        finding.process.parent_name = HOSTILE
+        finding.process.ancestors = [
+            {"pid": 40, "name": HOSTILE, "executable": f"/bin/{HOSTILE}"},
+            {"pid": 30, "name": "sshd", "executable": "/usr/sbin/sshd"},
+            {"pid": 1, "name": "systemd", "executable": "/usr/lib/systemd/systemd"},
+        ]
+        finding.process.exe_sha256 = "ab" * 32
+        finding.process.pod_name, finding.process.pod_namespace = "trainer-7", "ml-team"
+        finding.process.container_name = "worker"
+        finding.destinations = [Destination("127.0.0.1", 3333, 2, "pool.example.org")]
+        finding.evidence = [
+            EvidenceItem("miner-cmdline-stratum", HOSTILE, 40.0, "cmdline", "critical", ["T1496"]),
+            EvidenceItem("net-pool-protocol", "stratum", 50.0, "payload", "critical", ["T1496"]),
+        ]
+        if activity != "create":
+            finding.changes = ["gpu", "destination", "rules"]
+            finding.gpu = GpuUse(["nvidia"], ["/dev/nvidia0"], 97.5, 6 << 30, 12, 8 << 30, True)
+        if activity == "close":
+            finding.process.exit_code = 137
+            finding.totals = {
+                "started": 1_700_000_000.5, "ended": 1_700_000_300.0, "age_s": 299.5,
+                "gpu_s": 250.0, "gpu_memory_peak": 6 << 30, "bytes_out": 4096, "bytes_in": 9000,
+                "actions": [{"action": "kill", "status": "done", "time": 1_700_000_101.0}],
+                "actions_total": 1, "records": 3, "destination": "127.0.0.1:3333",
+            }  # fmt: skip
+        out.append(finding)
+    return out
 
 
 def record_corpus(miner: Finding) -> list[Any]:
@@ -61,6 +98,7 @@ def record_corpus(miner: Finding) -> list[Any]:
         dialled,
         huge_finding(),
         _process_finding(),
+        *lifecycle_findings(),
         *(finding_from_host(h, a, 5.0) for h in (host_gpu, host_file) for a in ("create", "update", "close")),
     ]  # fmt: skip
     for action in (*_ACTION_ECS_TYPE, "other"):
@@ -392,3 +430,80 @@ def test_every_cef_record_parses_strictly(corpus):
 
 def test_formats_are_the_three_covered_here():
     assert FORMATS == ("ecs", "ocsf", "cef")
+
+
+# -- the process finding lifecycle --------------------------------------------------------------
+
+
+def test_a_finding_keeps_its_id_and_each_record_has_its_own():
+    create, update, close = lifecycle_findings()
+    ecs = [json.loads(render_record(f, "ecs", HOST)) for f in (create, update, close)]
+    ocsf = [json.loads(render_record(f, "ocsf", HOST)) for f in (create, update, close)]
+    cef = [strict_cef(render_record(f, "cef", HOST))[1] for f in (create, update, close)]
+    fid = create.finding_id
+    assert [d["gpuguard"]["finding"]["id"] for d in ecs] == [fid] * 3
+    assert [d["event"]["id"] for d in ecs] == [f"{fid}-0", f"{fid}-1", f"{fid}-2"]
+    assert [d["finding_info"]["uid"] for d in ocsf] == [fid] * 3
+    assert [e["externalId"] for e in cef] == [fid] * 3
+    assert [d["event"]["type"] for d in ecs] == [["info"], ["change"], ["end"]]
+    assert [(d["activity_id"], d["activity_name"]) for d in ocsf] == [
+        (1, "Create"),
+        (2, "Update"),
+        (3, "Close"),
+    ]
+    assert ocsf[2]["status"] == "Resolved" and ocsf[2]["status_detail"] == "process ended"
+    assert ecs[2]["event"]["action"] == "process-ended" and ecs[2]["event"]["kind"] == "event"
+    assert ecs[2]["event"]["duration"] == 299_500_000_000
+    assert ecs[2]["process"]["exit_code"] == 137
+    totals = ecs[2]["gpuguard"]["finding"]["totals"]
+    assert totals["gpu_s"] == 250.0 and totals["bytes_out"] == 4096 and totals["actions_total"] == 1
+    assert ocsf[2]["unmapped"]["gpuguard"]["finding"]["totals"] == totals
+    assert json.loads(cef[2]["cs6"])["totals"] == totals
+    assert ecs[1]["gpuguard"]["finding"]["changes"] == ["gpu", "destination", "rules"]
+
+
+def test_every_record_names_what_a_responder_needs():
+    for finding in lifecycle_findings():
+        ecs = json.loads(render_record(finding, "ecs", HOST))
+        ocsf = json.loads(render_record(finding, "ocsf", HOST))
+        _, cef = strict_cef(render_record(finding, "cef", HOST))
+        assert ecs["destination"] == {
+            "address": "127.0.0.1", "ip": "127.0.0.1", "port": 3333, "domain": "pool.example.org",
+        }  # fmt: skip
+        assert ocsf["evidences"][0]["dst_endpoint"]["port"] == 3333
+        assert (cef["dst"], cef["dpt"], cef["dhost"]) == ("127.0.0.1", "3333", "pool.example.org")
+        assert ecs["process"]["hash"]["sha256"] == "ab" * 32 == cef["fileHash"]
+        assert ocsf["evidences"][0]["process"]["file"]["hashes"][0]["value"] == "ab" * 32
+        assert [a["pid"] for a in ecs["gpuguard"]["ancestors"]] == [40, 30, 1]
+        chain, parent = [], ocsf["evidences"][0]["process"]
+        while "parent_process" in parent:
+            parent = parent["parent_process"]
+            chain.append(parent["pid"])
+        assert chain == [40, 30, 1]
+        assert ecs["container"]["id"] == "c" * 64 and ecs["orchestrator"]["resource"]["id"]
+        assert ecs["orchestrator"]["resource"]["name"] == "trainer-7"
+        assert (
+            ecs["orchestrator"]["namespace"] == "ml-team" and ecs["container"]["name"] == "worker"
+        )
+        assert ocsf["evidences"][0]["process"]["container"]["name"] == "worker"
+        assert json.loads(cef["cs6"])["pod"] == "ml-team/trainer-7"
+        assert ocsf["evidences"][0]["process"]["container"]["pod_uuid"]
+        if finding.gpu is not None:
+            assert ecs["gpuguard"]["gpu"]["device_paths"] == ["/dev/nvidia0"]
+            assert ecs["gpuguard"]["gpu"]["memory_share"] == 0.75
+            assert ocsf["unmapped"]["gpuguard"]["gpu"]["shared"] is True
+            assert json.loads(cef["cs6"])["gpu"]["memory_share"] == 0.75
+
+
+def test_the_finding_id_survives_the_smallest_budget():
+    limits = OutputLimits(record=1024)
+    for finding in lifecycle_findings():
+        finding.process.command_line = ["x" * 100_000]
+        finding.process.ancestors = [{"pid": 9, "name": "n" * 5000, "executable": "/" + "e" * 5000}]
+        ecs = json.loads(render_record(finding, "ecs", HOST, limits))
+        ocsf = json.loads(render_record(finding, "ocsf", HOST, limits))
+        _, cef = strict_cef(render_record(finding, "cef", HOST, limits))
+        assert ecs["gpuguard"]["finding"]["id"] == finding.finding_id == cef["externalId"]
+        assert ecs["event"]["id"] == finding.record_id
+        assert ocsf["finding_info"]["uid"] == finding.finding_id
+        assert ocsf["activity_id"] == {"create": 1, "update": 2, "close": 3}[finding.activity]

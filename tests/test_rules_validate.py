@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,7 +92,7 @@ CASES = [
     (
         "command on another signal",
         rules_with("{signal: uid, command: X, is: 0}"),
-        "7:16: rule r1: signal uid: needs exactly one operator",
+        "7:30: rule r1: unknown operator 'command'",
     ),
     (
         "text value for number",
@@ -274,3 +276,80 @@ def test_layered_validation_reports_site_position(tmp_path):
     messages = [str(p) for p in validate_rules([shipped_rules_file(), site])]
     assert messages and all(m.startswith(f"{site}:3:25: ") for m in messages), messages
     assert "'not-a-port' is not a number or range" in messages[0]
+
+
+EVERY_ERROR = """\
+version: 1
+rules:
+  - id: r1
+    description: ""
+    severity: extreme
+    weight: 500
+    colour: red
+    condition:
+      all:
+        - {signal: cmd_line, matches: x}
+        - {signal: cmdline, matches: '(ab'}
+        - any:
+            - {signal: connect_ports, in_list: portz}
+            - {signal: comm, equals: 5, extra: 1}
+  - id: "Bad Id"
+    severity: extreme
+    condition: {signal: nope, is: 1}
+  - id: r3
+    description: x
+    severity: high
+    weight: 5
+    condition: {sgnal: cmdline, matches: x}
+  - id: r4
+    description: x
+    severity: high
+    weight: 5
+    condition: {not: {signal: cmdline, matches: '(', matches2: y}}
+  - id: r5
+    description: x
+    severity: high
+    weight: 5
+    condition: {all: [{signal: nope, is: 1}], any: [{signal: comm, is: 5}], x: 1}
+"""
+# (line:col, rule label, words) of every problem, in file order (as `rules validate` prints them)
+EVERY_PROBLEM = [
+    ("4:18", "r1", "description must be non-empty text"),
+    ("5:15", "r1", "severity 'extreme' must be one of"),
+    ("6:13", "r1", "weight 500 must be a whole number"),
+    ("7:5", "r1", "unknown rule key 'colour'"),
+    ("10:20", "r1", "unknown signal 'cmd_line'"),
+    ("11:38", "r1", "bad regular expression '(ab'"),
+    ("13:48", "r1", "unknown list 'portz'"),
+    ("14:30", "r1", "unknown operator 'equals'"),
+    ("14:41", "r1", "unknown operator 'extra'"),
+    ("15:9", None, "rule id 'Bad Id' must be lower-case"),
+    ("16:15", "#2", "severity 'extreme' must be one of"),
+    ("17:25", "#2", "unknown signal 'nope'"),
+    ("22:16", "r3", "a condition with an operator needs `signal: NAME`"),
+    ("22:17", "r3", "unknown condition key 'sgnal'"),
+    ("27:49", "r4", "bad regular expression '('"),
+    ("27:54", "r4", "unknown operator 'matches2'"),
+    ("32:32", "r5", "unknown signal 'nope'"),
+    ("32:47", "r5", "all: must be alone in its map (found also 'any')"),
+    ("32:77", "r5", "all: must be alone in its map (found also 'x')"),
+]
+
+
+def test_rules_validate_reports_every_error_of_every_rule(tmp_path):
+    """Not the first problem per rule: every field, every condition leaf, every unknown key."""
+    path = tmp_path / "rules.yaml"
+    path.write_text(EVERY_ERROR)
+    path.chmod(0o600)
+    run = subprocess.run(
+        [sys.executable, "-m", "gpuguard", "rules", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and run.stderr == f"{len(EVERY_PROBLEM)} problems\n", run
+    lines = run.stdout.splitlines()
+    assert len(lines) == len(EVERY_PROBLEM), lines
+    for line, (where, rule, words) in zip(lines, EVERY_PROBLEM, strict=True):
+        prefix = f"{path}:{where}: " + (f"rule {rule}: " if rule else "")
+        assert line.startswith(prefix) and words in line, (line, prefix, words)

@@ -385,11 +385,12 @@ def test_pid_hidden_by_preload_hook_is_found(tmp_path: Path):
 @pytest.mark.root  # a pid namespace of its own
 def test_no_hidden_pids_without_a_hook(tmp_path: Path):
     # In a pid namespace of its own the scan's host is what this test started, so "nothing hidden"
-    # is an assertion about those processes, not about whatever else the machine runs.
+    # is an assertion about those processes, not about whatever else the machine runs.  The two
+    # `true`s take recent pids and exit: candidates the check must probe and clear.
     done = subprocess.run(
         [
             "unshare", "--pid", "--fork", "--mount-proc", "sh", "-c",
-            'sleep 60 & "$@"; kill $!', "sh",
+            'sleep 60 & /bin/true; /bin/true; "$@"; kill $!', "sh",
             *[PYTHON, "-m", "gpuguard", "scan", "--json", "--no-yara", "--cpu-sample", "0"],
             *["--root", str(tmp_path)],
         ],

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuguard.agent.simulator import LoopbackPool
+from gpuguard.proving.simulator import LoopbackPool
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

@@ -7,7 +7,7 @@ import pytest
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.conditions import CompileContext, ListDef, compile_condition
 from gpuguard.detect.signal_reader import SignalReader
-from gpuguard.detect.signals import SIGNALS
+from gpuguard.detect.signal_table import SIGNALS
 from gpuguard.detect.yaml_marks import Position
 from gpuguard.events.model import ConnActivity, CpuActivity
 from gpuguard.events.process_facts import Ancestor, ProcessFacts

@@ -1,4 +1,4 @@
-"""The agent: the long-running daemon that runs sensor, samplers, correlator, scoring, actions and logs together.
+"""The agent: the daemon that runs sensor, samplers, correlator, scoring, actions and logs together.
 
 Data flow, one module per stage:
 
@@ -12,13 +12,12 @@ Data flow, one module per stage:
 * :mod:`.telemetry` — the SIEM log (:mod:`gpuguard.outputs.log_writer`) and the
   Prometheus metrics (:mod:`gpuguard.outputs.metrics`), fed from the counters;
 * :mod:`.actions` — the action interface the responder plugs into;
-* :mod:`.status_file` — the root-only state file ``gpuguard status`` reads;
-* :mod:`.selftest` and :mod:`.simulator` — ``gpuguard selftest`` and the
-  harmless miner simulator it runs;
-* :mod:`.enforce_scope` — the cgroup, pin root and block records that confine
-  an enforce agent started for a test (selftest, tests, benchmarks).
+* :mod:`.status_file` — the root-only state file ``gpuguard status`` reads.
+
+The tools that prove the agent works (selftest, simulator, enforce scope) live in
+:mod:`gpuguard.proving`, above this package.
 
 May import: every layer below it (errors, escape, events, sources,
-correlate, detect, respond, outputs); it is wiring at the top with commands
-and cli (tests/test_layers.py).
+correlate, detect, respond, outputs); proving, commands and cli sit above
+it (tests/test_layers.py).
 """

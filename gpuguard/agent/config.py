@@ -22,8 +22,8 @@ from typing import Any
 
 from gpuguard.detect.filecheck import untrusted_reason
 from gpuguard.detect.guard_policies import GuardPolicy, parse_guard_policies
-from gpuguard.detect.yaml_marks import MarkedDocument, load_marked_file
-from gpuguard.errors import GpuguardError
+from gpuguard.detect.yaml_marks import MarkedDocument, load_marked_file, shown
+from gpuguard.errors import GpuguardError, Problems
 from gpuguard.outputs.log_sinks import DEFAULT_KEEP, DEFAULT_MAX_BYTES, FACILITIES
 from gpuguard.outputs.log_spool import DEFAULT_SPOOL_BYTES, DEFAULT_SPOOL_DIR
 from gpuguard.outputs.records import FORMATS
@@ -76,6 +76,8 @@ class AgentConfig:
     # anything (the lightest rule weighs 5), so a miner whose only other trace is its huge
     # pages (+10) still has its pool session measured.  0: GPU holders only.
     session_watch_score: float = 1.0
+    # A process finding's coalesced updates: at most one per this many seconds (0: no limit).
+    finding_update_interval_s: float = 30.0
     response: ResponseSettings = field(
         default_factory=ResponseSettings
     )  # the checked ``response:`` section
@@ -130,13 +132,15 @@ _SCHEMA: dict[str, Any] = {
     },
     "correlator": {"max_processes": ("max_processes", int, (16, 10_000_000))},
     "sessions": {"watch_score": ("session_watch_score", _NUMBER, (0, 100))},
+    "findings": {"update_interval_s": ("finding_update_interval_s", _NUMBER, (0, 86400))},
     "response": ("response", dict, None),
     "guard_policies": ("guard_policies", list, None),
 }
 _FIX = "correct the agent config (docs/agent.md lists every key)"
 
 
-def _check_value(doc: MarkedDocument, path: tuple, value: Any, kind: Any, check: Any) -> Any:
+def _check_value(doc: MarkedDocument, path: tuple, value: Any, kind: Any, check: Any) -> str | None:
+    """What is wrong with one value (``file:line:col: ...``), or None."""
     where = doc.at(path)
     name = ".".join(str(p) for p in path)
     if kind is bool or kind is int:
@@ -153,58 +157,65 @@ def _check_value(doc: MarkedDocument, path: tuple, value: Any, kind: Any, check:
             list: "a list",
             dict: "a mapping",
         }.get(kind, "a number")
-        raise GpuguardError(f"{where}: {name} must be {expected}, not {value!r}", _FIX)
+        return f"{where}: {name} must be {expected}, not {shown(value)}"
     if isinstance(check, tuple) and check and isinstance(check[0], str):
         items = value if isinstance(value, list) else [value]
-        for item in items:
+        for i, item in enumerate(items):
             if item not in check:
-                raise GpuguardError(
-                    f"{where}: {name} {item!r} is not one of {', '.join(check)}", _FIX
-                )
+                at = doc.at(path + (i,)) if isinstance(value, list) else where
+                return f"{at}: {name} {shown(item)} is not one of {', '.join(check)}"
     elif isinstance(check, tuple):
         low, high = check
         if not low <= value <= high:
-            raise GpuguardError(f"{where}: {name} {value} is outside {low}-{high}", _FIX)
-    return value
+            return f"{where}: {name} {value} is outside {low}-{high}"
+    return None
 
 
-def _apply(doc: MarkedDocument, data: dict, schema: dict, path: tuple, out: dict) -> None:
+def _apply(
+    doc: MarkedDocument, data: dict, schema: dict, path: tuple, out: dict, problems: list[str]
+) -> None:
     for key, value in data.items():
         spec = schema.get(key)
         if spec is None:
             known = ", ".join(sorted(schema))
-            raise GpuguardError(
-                f"{doc.key_at(path + (key,))}: unknown key {key!r} (known here: {known})", _FIX
+            problems.append(
+                f"{doc.key_at(path + (key,))}: unknown key {key!r} (known here: {known})"
             )
+            continue
         if isinstance(spec, dict):
             if not isinstance(value, dict):
-                raise GpuguardError(f"{doc.at(path + (key,))}: {key} must be a mapping", _FIX)
-            _apply(doc, value, spec, path + (key,), out)
+                problems.append(f"{doc.at(path + (key,))}: {key} must be a mapping")
+                continue
+            _apply(doc, value, spec, path + (key,), out, problems)
             continue
         name, kind, check = spec
-        out[name] = _check_value(doc, path + (key,), value, kind, check)
+        problem = _check_value(doc, path + (key,), value, kind, check)
+        if problem is None:
+            out[name] = value
+        else:
+            problems.append(problem)
 
 
-def parse_config(doc: MarkedDocument) -> AgentConfig:
-    """An :class:`AgentConfig` from a parsed file; raises GpuguardError naming file:line."""
+def config_problems(doc: MarkedDocument) -> tuple[AgentConfig | None, list[str]]:
+    """Every problem in a parsed file (``file:line:col: message``), and the config when none."""
     if doc.problems:
-        position, message = doc.problems[0]
-        raise GpuguardError(f"{position}: {message}", _FIX)
+        return None, [f"{position}: {message}" for position, message in doc.problems]
     if doc.data is None:
-        return AgentConfig(source=doc.file)
+        return AgentConfig(source=doc.file), []
     if not isinstance(doc.data, dict):
-        raise GpuguardError(f"{doc.file}:1:1: the agent config must be a mapping of settings", _FIX)
+        return None, [f"{doc.file}:1:1: the agent config must be a mapping of settings"]
     values: dict[str, Any] = {}
-    _apply(doc, doc.data, _SCHEMA, (), values)
+    problems: list[str] = []
+    _apply(doc, doc.data, _SCHEMA, (), values, problems)
     base = Path(doc.file).parent
     if "rules" in values:
         for i, item in enumerate(values["rules"]):
             if not isinstance(item, str):
-                raise GpuguardError(
-                    f"{doc.at(('rules', i))}: rules entries must be file paths", _FIX
-                )
+                problems.append(f"{doc.at(('rules', i))}: rules entries must be file paths")
         values["rules"] = [
-            (base / p) if not Path(p).is_absolute() else Path(p) for p in values["rules"]
+            (base / p) if not Path(p).is_absolute() else Path(p)
+            for p in values["rules"]
+            if isinstance(p, str)
         ]
     if "status_path" in values:
         values["status_path"] = Path(values["status_path"])
@@ -219,12 +230,60 @@ def parse_config(doc: MarkedDocument) -> AgentConfig:
         try:
             parse_address(values["metrics_address"])
         except ValueError as exc:
-            raise GpuguardError(f"{doc.at(('metrics', 'address'))}: {exc}", _FIX) from None
+            problems.append(f"{doc.at(('metrics', 'address'))}: {exc}")
+
+    def locate(path: tuple, key: bool = False) -> str:
+        return str(doc.key_at(path) if key else doc.at(path))
+
+    # The owners' parsers check their sections, every problem at its line and column.
+    sections = Problems(doc.file, collect=True, locate=locate)
     if "response" in values:
-        values["response"] = parse_response_settings(values["response"], source=doc.file)
+        values["response"] = parse_response_settings(
+            values["response"], source=doc.file, problems=sections
+        )
     if "guard_policies" in values:
-        values["guard_policies"] = parse_guard_policies(values["guard_policies"], source=doc.file)
-    return AgentConfig(source=doc.file, **values)
+        values["guard_policies"] = parse_guard_policies(
+            values["guard_policies"], source=doc.file, problems=sections
+        )
+    problems += sections.found
+    if problems:
+        return None, sorted(problems, key=lambda line: _line_col(doc.file, line))
+    return AgentConfig(source=doc.file, **values), []
+
+
+def _line_col(file: str, problem: str) -> tuple[int, int]:
+    """Where a ``file:line:col: message`` problem is, for sorting (problems in file order)."""
+    line, _, rest = problem[len(file) + 1 :].partition(":")
+    col = rest.partition(":")[0]
+    return (int(line), int(col)) if line.isdigit() and col.isdigit() else (0, 0)
+
+
+def parse_config(doc: MarkedDocument) -> AgentConfig:
+    """An :class:`AgentConfig` from a parsed file; raises GpuguardError naming file:line:col."""
+    config, problems = config_problems(doc)
+    if problems:
+        more = (
+            f" (and {len(problems) - 1} more: gpuguard config validate {doc.file})"
+            if len(problems) > 1
+            else ""
+        )
+        raise GpuguardError(problems[0] + more, _FIX)
+    assert config is not None
+    return config
+
+
+def read_config_file(path: Path) -> MarkedDocument:
+    """Parse ``path`` once it is known to be root's own regular file; raises GpuguardError."""
+    reason = untrusted_reason(path)
+    if reason is not None:
+        cause, fix = reason
+        raise GpuguardError(cause.replace("rules file", "agent config"), fix)
+    try:
+        return load_marked_file(path, MAX_CONFIG_BYTES)
+    except OSError as exc:
+        raise GpuguardError(
+            f"cannot read agent config {path}: {exc.strerror}", "check the path and permissions"
+        ) from None
 
 
 def load_config(path: Path | None) -> AgentConfig:
@@ -237,16 +296,7 @@ def load_config(path: Path | None) -> AgentConfig:
                 f"agent config {path} does not exist", "give an existing file to --config"
             )
         return AgentConfig()
-    reason = untrusted_reason(path)
-    if reason is not None:
-        cause, fix = reason
-        raise GpuguardError(cause.replace("rules file", "agent config"), fix)
-    try:
-        doc = load_marked_file(path, MAX_CONFIG_BYTES)
-    except OSError as exc:
-        raise GpuguardError(
-            f"cannot read agent config {path}: {exc.strerror}", "check the path and permissions"
-        ) from None
+    doc = read_config_file(path)
     return parse_config(doc)
 
 

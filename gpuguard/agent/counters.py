@@ -33,6 +33,7 @@ class AgentCounters:
     rules_version: str = ""
     rules_generation: int = 0
     rules_error: str | None = None  # the last reload that failed, until one succeeds
+    config_error: str | None = None  # the agent config's last failed reload, until one succeeds
     # intake: everything that reaches the correlator
     events_by_kind: defaultdict = field(default_factory=_counts)  # sensor events by kind
     ring_lost: defaultdict = field(default_factory=_counts)  # kernel-side losses by what

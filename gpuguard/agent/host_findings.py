@@ -1,4 +1,4 @@
-"""The agent's host findings: orphaned GPU memory, past heavy GPU users and CPU-miner host tuning, kept as a live set.
+"""The agent's host findings (orphaned GPU memory, past GPU users, host tuning), kept as a live set.
 
 Data flow: the GPU snapshots and NVML accounting records the samplers queue
 (:meth:`GpuHostFindings.observe`, called as the detect loop feeds them) ->

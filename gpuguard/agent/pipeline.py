@@ -9,11 +9,12 @@ agent stopped and the metrics endpoint closes.
 
 The loop takes everything the producers queued (waiting on a condition, never
 spinning), feeds the correlator, rescores the changed processes
-(:class:`~gpuguard.detect.engine.DetectionEngine`), writes a finding when a
-verdict first crosses a threshold or changes (not on every rescore) to the log,
-hands it to the action interface (a process that first matches a rule tagged
-``gpu-abuse`` is written too, even below the alert threshold, and not acted
-on for that), runs the GPU host checks
+(:class:`~gpuguard.detect.engine.DetectionEngine`), writes each process
+finding's records as :class:`~gpuguard.agent.findings.ProcessFindings` decides
+(a create when a verdict first crosses a threshold or a ``gpu-abuse`` rule
+first matches, coalesced updates as the evidence grows, a close when the
+process ends), hands creates and escalations to the action interface, runs
+the GPU host checks
 (:class:`~gpuguard.agent.host_findings.GpuHostFindings`, never acted on),
 every few seconds checks the config's guard policies over the live processes
 (reported the same way, with their own bookkeeping so rule and guard
@@ -38,6 +39,7 @@ from gpuguard.agent import status_file
 from gpuguard.agent.actions import ALERT_VERDICTS, make_responder
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.findings import ProcessFindings, Write
 from gpuguard.agent.host_findings import GpuHostFindings
 from gpuguard.agent.intake import BoundedQueue
 from gpuguard.agent.memory import release_compiler_pages, return_freed_memory
@@ -52,10 +54,6 @@ from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.sources.cpu_usage import CpuActivitySampler, CpuSampler
 from gpuguard.sources.identity import first_sight, raise_fd_limit
 
-# A rule with this tag (raw BAR or /dev/mem access, a GPU memory hog or leak) is reported when a
-# process first matches it even below the suspicious threshold: a note (event.kind "event") the
-# SIEM sees, where other clean verdicts are not written.
-GPU_ABUSE_TAG = "gpu-abuse"
 HOUSEKEEPING_S = 10.0  # expire old processes and report drops this often
 RULE_FILE_CHECK_S = 2.0  # look for changed rule files this often
 GUARD_CHECK_S = 2.0  # evaluate the guard policies this often
@@ -120,8 +118,8 @@ class Agent:
         self.engine: Any = None  # DetectionEngine: rules and YARA over the correlator
         self.responder: Any = None
         self.threads: list[threading.Thread] = []
-        # verdict and GPU-abuse rules last written per process
-        self._reported: dict[ProcessKey, tuple[str, frozenset[str]]] = {}
+        # process findings: create, coalesced updates, close (gpuguard/agent/findings.py)
+        self.findings = ProcessFindings(config.finding_update_interval_s, proc_root=proc_root)
         self._guard_reported: dict[
             ProcessKey, tuple
         ] = {}  # guard verdict and policies last written
@@ -467,16 +465,18 @@ class Agent:
         self.telemetry.observe_scoring(elapsed)
         self.counters.processes_tracked = len(self.correlator)
         self._watch_sessions(verdicts)
+        get = self.correlator.get
         for verdict in verdicts:
-            previous, abuse_before = self._reported.get(verdict.key, ("clean", frozenset()))
-            abuse = frozenset(e.rule_id for e in verdict.evidence if GPU_ABUSE_TAG in e.tags)
-            if verdict.verdict == previous and abuse <= abuse_before:
-                continue
-            self._reported[verdict.key] = (
-                verdict.verdict,
-                abuse | abuse_before,
-            )  # each such rule once
-            self._report_finding(verdict, now, act=verdict.verdict != previous)
+            write = self.findings.scored(verdict, get(verdict.key), now)
+            if write is not None:
+                self._report_finding(verdict, now, act=write.act, write=write)
+        self._write_lifecycle(now)
+
+    def _write_lifecycle(self, now: float, final: bool = False) -> None:
+        """The coalesced updates now due and the closes of processes that ended."""
+        self.findings.update_interval_s = self.config.finding_update_interval_s  # SIGHUP-able
+        for write in self.findings.poll(self.correlator.get, now, final):
+            self._report_finding(write.verdict, now, act=False, write=write)
 
     def _watch_sessions(self, verdicts: list) -> None:
         """Processes scored at least ``sessions.watch_score`` get activity records for their connections
@@ -528,11 +528,17 @@ class Agent:
             self.counters.host_findings_active = self.host_findings.active_by_rule()
             self._status_soon = True
 
-    def _report_finding(self, verdict: Any, now: float, act: bool = True) -> None:
+    def _report_finding(
+        self, verdict: Any, now: float, act: bool = True, write: Write | None = None
+    ) -> None:
         state = self.correlator.get(verdict.key)
         facts = state.facts if state is not None else None
         finding = finding_from_verdict(verdict, facts, self.rules.current, state)
+        if write is not None:
+            self.findings.stamp(finding, write, now)
         self.emit(finding)
+        if write is not None and not write.counts:
+            return  # a plain update or a close: written, not counted again, never acted on
         self.counters.findings[(finding.rule_id, verdict.verdict)] += 1
         found = time.time()  # after scoring: the moment the finding exists (time to detect)
         self.counters.last_findings.append(
@@ -570,6 +576,10 @@ class Agent:
         """Count each action outcome, keep the latest for the state file, and log it."""
         for outcome in outcomes:
             self.counters.actions[(outcome.action, outcome.status)] += 1
+            if outcome.pid:
+                self.findings.note_action(
+                    outcome.pid, outcome.start_time, outcome.action, outcome.status, outcome.time
+                )
             if outcome.action == "kill-on-touch" and outcome.status == "done" and outcome.detail:
                 if "touch" in outcome.detail:  # a kill (not a placement): by reason
                     self.counters.touch_kills[str(outcome.detail["touch"])] += 1
@@ -629,8 +639,6 @@ class Agent:
         self._sample_cpu_activity(now)
         self._sweep_blocks(now)
         return_freed_memory()
-        for key in [k for k in self._reported if self.correlator.get(k) is None]:
-            del self._reported[key]
         for key in [k for k in self._guard_reported if self.correlator.get(k) is None]:
             del self._guard_reported[key]
         self._session_watched = {
@@ -667,6 +675,9 @@ class Agent:
                 "rules not reloaded (rule files changed); keeping the previous rules: "
                 f"{self.rules.last_error}",
             )
+            self.stderr(
+                f"gpuguard: rules not reloaded; keeping the previous rules: {self.rules.last_error}"
+            )
 
     def _reload(self, reason: str) -> None:
         """SIGHUP: read the config and the rules again; a broken file keeps the last good ones."""
@@ -676,14 +687,19 @@ class Agent:
                     load_config(self.config_path or Path(self.config.source)), **self.overrides
                 )
             except GpuguardError as exc:
+                self.counters.config_error = exc.one_line()
                 self._count_reload(False)
                 self.lifecycle(
                     "reload-failed",
                     f"config not reloaded ({reason}); keeping the previous settings: "
                     f"{exc.one_line()}",
                 )
+                self.stderr(
+                    f"gpuguard: config not reloaded; keeping the previous settings: {exc.one_line()}"
+                )
                 config = self.config
             else:
+                self.counters.config_error = None
                 restart = [
                     name
                     for name in (
@@ -779,6 +795,7 @@ class Agent:
             try:
                 self._final_feed()
                 self._score(time.time())
+                self._write_lifecycle(time.time(), final=True)  # pending updates, last closes
             except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
                 self.stderr(f"gpuguard: final scoring failed: {type(exc).__name__}: {exc}")
         if self.responder is not None:

@@ -1,4 +1,4 @@
-"""The agent's state file: what ``gpuguard status`` shows, written atomically and readable by root only.
+"""The agent's state file: what ``gpuguard status`` shows, written atomically, readable by root only.
 
 The agent rewrites it every few seconds (and at once when a new finding is
 raised) by writing a temporary file beside it and renaming it over the old
@@ -40,6 +40,7 @@ def status_document(
         "sensor": c.sensor_mode,
         "blind_spots": c.blind_spots,
         "probes_attached": c.probes_attached,
+        "config": {"path": config.source or None, "error": c.config_error},
         "rules": {
             "version": c.rules_version,
             "generation": c.rules_generation,

@@ -1,4 +1,4 @@
-"""The agent's outputs besides actions: its SIEM log and its Prometheus metrics, and how its counters reach them.
+"""The agent's outputs besides actions: its SIEM log and Prometheus metrics, fed from its counters.
 
 :class:`AgentTelemetry` owns the :class:`~gpuguard.outputs.log_writer.LogWriter`
 (opened from the config's ``log.*`` keys) and, with a metrics address, the
@@ -239,6 +239,10 @@ class AgentTelemetry:
     def count_reload(self, ok: bool, mode: str) -> None:
         if self.metrics is not None:
             self.metrics.count_reload(ok)
+            self.metrics.set_reload_state(
+                config_ok=self.counters.config_error is None,
+                rules_ok=self.counters.rules_error is None,
+            )
             if ok:
                 self.metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
             self.metrics.set_agent(mode, self.counters.sensor_mode)

@@ -17,7 +17,7 @@ from pathlib import Path
 from gpuguard.detect.conditions import OPERATORS
 from gpuguard.detect.rules import load_ruleset, validate_rules
 from gpuguard.detect.shipped import default_rule_paths
-from gpuguard.detect.signals import SIGNALS
+from gpuguard.detect.signal_table import SIGNALS
 from gpuguard.escape import escape_text
 
 HELP = "validate rule files, replay golden cases, list rules and signals"
@@ -71,6 +71,10 @@ def _validate(args: argparse.Namespace) -> int:
     if args.with_defaults:
         paths = default_rule_paths() + list(args.paths)
     problems = validate_rules(paths)
+    files: dict[str, int] = {}  # in the order the layers name them
+    for problem in problems:
+        files.setdefault(problem.file, len(files))
+    problems.sort(key=lambda p: (files[p.file], p.line, p.col))
     for problem in problems:
         print(escape_text(str(problem)))
     if problems:

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuguard.agent.selftest import run_selftest
+    from gpuguard.proving.selftest import run_selftest
 
     result = run_selftest(
         args.state_file, args.mode, args.timeout, sensor=args.sensor, own_agent=args.own_agent

@@ -44,6 +44,9 @@ def render(doc: dict, alive: bool, why: str, now: float) -> list[str]:
         f"drops:      ring {sum(drops.get('ring_lost', {}).values())}, intake {sum(drops.get('intake', {}).values())}, "
         f"log {drops.get('output', 0)} (log write errors {drops.get('output_errors', 0)})",
     ]
+    config = doc.get("config") or {}
+    if config.get("error"):
+        lines.insert(3, f"config:     last reload FAILED: {escape_text(config['error'])}")
     log = doc.get("log", {})
     if log.get("faults"):
         lines.append(f"log faults: {log['faults']}, last: {escape_text(log.get('last_error', ''))}")

@@ -1,5 +1,8 @@
-"""`gpuguard unblock ID... | --all | --rearm ID...`: lift blocks the response left in place (see
-`gpuguard blocks`), or re-arm kill-on-touch blocks their circuit breaker suspended."""
+"""`gpuguard unblock ID... | --all | --rearm ID...`: lift blocks, or re-arm suspended ones.
+
+Lifts the blocks the response left in place (see `gpuguard blocks`), or re-arms kill-on-touch
+blocks their circuit breaker suspended.
+"""
 
 from __future__ import annotations
 

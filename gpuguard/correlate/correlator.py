@@ -1,27 +1,11 @@
 """The correlator: routes every event, snapshot and facts record to one process's state.
 
-It works the same from the live sensor, from a recording and from a /proc
-walk (``gpuguard scan`` feeds synthesized ``GpuOpen``/``Connect`` events, GPU
-snapshots and ``ProcessFacts``; no kernel events needed).  Live, a
-``facts_provider`` (normally :func:`collect_process_facts`) fills in who a
-process is on first sight; in replay the recorded ``ProcessFacts`` come first
-and ``facts_provider`` is ``None``.
-
-State is bounded (``max_processes``: when full, the least recently active tenth
-is evicted in one pass, so a fork flood costs O(log n) per process) and
-expires (exited processes after ``exit_grace_s``, silent ones after
-``idle_expiry_s``).  An exited process that left nothing to keep (scored since
-its last change with no evidence, no GPU use, no network activity, no YARA
-match, no tracked child) goes after ``clean_exit_grace_s`` instead: a host
-starting 100 processes a second would otherwise hold ~3,000 of them for the
-grace (benchmarks/README-agent.md).  Those are looked at once a second of event
-time, as exits arrive, not only when the owner calls :meth:`expire`: a burst
-of short-lived processes then costs seconds of them, not a housekeeping period.
-Every change marks the process ``dirty``; what counts as a change worth
-rescoring is the :class:`RescorePolicy` the detection engine
-derives from its rules.  Scoring itself is ``gpuguard.detect.engine``: this
-module knows nothing of rules, verdicts or YARA (new facts go to the
-``on_new_facts`` hook the wiring supplies).
+It works the same from the live sensor, a recording and a /proc walk (``gpuguard scan``).
+Live, a ``facts_provider`` fills in who a process is on first sight.  State is bounded
+(``max_processes``) and expires; every change marks the process ``dirty`` as the detection
+engine's :class:`RescorePolicy` says.  It knows nothing of rules, verdicts or YARA (new facts
+go to the ``on_new_facts`` hook).  How long a process is kept, and why: docs/rules.md,
+"How long a process is kept".
 """
 
 from __future__ import annotations

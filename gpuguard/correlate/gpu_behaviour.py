@@ -1,26 +1,11 @@
 """Per-process GPU behaviour windows: the fingerprint of how a process uses its GPU.
 
-The samplers give, once a second, a process's SM and memory-controller
-utilisation and GPU memory, and the device's power, memory-controller load and
-PCIe traffic.  A device figure says something about a process only while that
-process is the device's only user, so the correlator passes the device sample
-here only then (``solo``).  :class:`GpuBehaviour` keeps, per process and bounded:
-
-* the memory-controller load (the device's while the process is its only user,
-  else the process's own NVML share) and the device's power and PCIe rate while
-  it is the only user;
-* allocation stability: since when its GPU memory has not changed;
-* the duty-cycle shape: how often it is active (SM >= ``ACTIVE_SM_PERCENT``),
-  split by whether a GPU/process monitor (``nvidia-smi``, ``top``...) was running
-  at the time (a miner that pauses while someone looks) and by UTC day/night
-  hours (a miner that runs only at night).
-
-The SM utilisation and memory windows themselves stay on ``ProcessState``
-(``gpu_util``, ``gpu_memory``).  :func:`profile` classifies the windows into a
-readable profile ("compute-bound: SM 99 ± 0.7% for 74 s, memory-controller 0%,
-PCIe 2.9 MB/s, allocation 520 MiB unchanged for 73 s"); the rule signals in
-``gpuguard.detect.behaviour_signals`` read it.  A figure no vendor gave is
-``None``, never 0.  Each update costs a few microseconds (benchmarks/bench_behaviour.py).
+:class:`GpuBehaviour` keeps, per process and bounded, the memory-controller load, power and
+PCIe rate (device figures only while the process is the device's only user, ``solo``),
+allocation stability and the duty-cycle shape (while watched or not, day or night).
+:func:`profile` classifies them; ``gpuguard.detect.behaviour_signals`` reads it.  A figure no
+vendor gave is ``None``, never 0.  What each window means and why: docs/gpus.md,
+"Behaviour fingerprints"; cost: benchmarks/bench_behaviour.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Rule signals of GPU behaviour (``gpuguard.correlate.gpu_behaviour``) and of GPU holders' sessions.
 
-Registered into the one signal table (``gpuguard.detect.signals.SIGNALS``) under
-the names the rules use; ``signals`` imports this module before it builds its
-caches.  Every value here moves with each GPU sample, so none is cached on the
+Listed in the one signal table (``gpuguard.detect.signal_table.SIGNALS``) under
+the names the rules use.  Every value here moves with each GPU sample, so none is cached on the
 state.  A figure the vendor did not give (no memory-controller load from
 fdinfo, no power while the device is shared) is ``None``: a condition on it
 never matches.

@@ -1,25 +1,9 @@
 """Golden cases for rule authors: replay a recording, compare verdicts with ``expected.yaml``.
 
-A case is a directory with ``capture.ggrec`` (the wire format of
-``gpuguard.events.wire``) and ``expected.yaml``::
-
-    description: what the capture shows
-    others: clean            # optional: every process not listed must be clean
-    processes:
-      - match: {comm: xmrig}           # comm, exe (shell glob) and/or pid; all given must match
-        verdict: malicious             # clean | suspicious | malicious
-        min_score: 75                  # optional
-        max_score: 100                 # optional
-        allowlisted: false             # optional
-        rules: [miner-cmdline-stratum] # must all be in the evidence
-        forbidden_rules: [exe-deleted] # must not be
-
-The replay runs decode → correlate → score exactly like ``gpuguard replay``
-(no /proc, no live YARA) and scores once at the time of the last item.  The
-caller names the cases directory (``gpuguard rules test --cases DIR``; its
-default, ``tests/cases`` under the current directory, is a checkout's).  A case
-that cannot be read (a broken ``expected.yaml`` or capture) fails on its own
-with the reason; the other cases still run.
+A case is a directory with ``capture.ggrec`` (a :mod:`gpuguard.events.wire` recording) and
+``expected.yaml`` (its format: docs/rules.md, "Golden cases").  The replay runs decode →
+correlate → score like ``gpuguard replay`` (no /proc, no live YARA) and scores once at the
+last item's time.  A case that cannot be read fails on its own; the others still run.
 """
 
 from __future__ import annotations

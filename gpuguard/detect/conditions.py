@@ -30,7 +30,7 @@ from typing import Any
 import re2
 
 from gpuguard.detect.signal_reader import SignalReader
-from gpuguard.detect.signals import SIGNALS
+from gpuguard.detect.signal_table import SIGNALS
 from gpuguard.detect.yaml_marks import Position, shown
 from gpuguard.events.ioctl_names import is_ioctl_name
 
@@ -422,16 +422,19 @@ def compile_condition(
         return None
     combinators = [k for k in ("all", "any", "not") if k in node]
     if combinators:
-        if len(node) != 1:
-            extra = sorted(str(k) for k in node if k != combinators[0])
-            bad(
-                (
-                    key_at(path + (extra[0],)),
-                    f"{combinators[0]}: must be alone in its map (found also {', '.join(extra)})",
-                )
-            )
-            return None
         kind = combinators[0]
+        if len(node) != 1:
+            extra = [k for k in node if k != kind]
+            for key in extra:
+                bad(
+                    (
+                        key_at(path + (key,)),
+                        f"{kind}: must be alone in its map (found also {shown(key)})",
+                    )
+                )
+            # its body is still checked, so every problem is listed at once
+            compile_condition({kind: node[kind]}, path, at, key_at, ctx)
+            return None
         body = node[kind]
         if kind == "not":
             inner = compile_condition(body, path + ("not",), at, key_at, ctx)
@@ -475,13 +478,16 @@ def compile_condition(
 def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> Condition | None:
     bad = ctx.problems.append
     if "signal" not in node:
-        unknown = sorted(str(k) for k in node)
-        bad(
-            (
-                key_at(path + (unknown[0],)),
-                f"unknown condition key {shown(unknown[0])} (expected all, any, not or signal)",
-            )
-        )
+        for key in node:
+            if key not in OPERATORS:
+                bad(
+                    (
+                        key_at(path + (key,)),
+                        f"unknown condition key {shown(key)} (expected all, any, not or signal)",
+                    )
+                )
+        if any(key in OPERATORS for key in node):
+            bad((at(path), "a condition with an operator needs `signal: NAME`"))
         return None
     name = node["signal"]
     if not isinstance(name, str) or name not in SIGNALS:
@@ -508,7 +514,16 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
             return None
         key, label = (name, argument), f"{name}[{argument}]"
     ops = [k for k in node if k not in ("signal", parameter)]
-    if len(ops) != 1:
+    known = [k for k in ops if k in OPERATORS]
+    for op in ops:
+        if op not in OPERATORS:
+            bad(
+                (
+                    key_at(path + (op,)),
+                    f"unknown operator {shown(op)} (expected one of {', '.join(OPERATORS)})",
+                )
+            )
+    if not ops or len(known) > 1:
         bad(
             (
                 at(path),
@@ -516,17 +531,11 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
             )
         )
         return None
-    op = ops[0]
+    if not known:
+        return None
+    op = known[0]
     operand = node[op]
     here = at(path + (op,))
-    if op not in OPERATORS:
-        bad(
-            (
-                key_at(path + (op,)),
-                f"unknown operator {shown(op)} (expected one of {', '.join(OPERATORS)})",
-            )
-        )
-        return None
     if type_ not in OPERATORS[op][0]:
         bad(
             (
@@ -591,6 +600,8 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
             except ValueError as exc:
                 bad((here, f"bad regular expression {shown(operand)}: {exc}"))
                 return None
+    if len(ops) != 1:  # an unknown operator beside this one (reported above)
+        return None
     leaf = _leaf(key, label, type_, op, operand, compiled)
     ctx.leaves.append(Leaf(name, op, operand, leaf))
     return leaf

@@ -1,6 +1,6 @@
 """The detection engine: scores the correlator's processes with a rule set, parents first.
 
-Wiring (``scan``, golden cases, and the agent to come)::
+Wiring (``scan``, golden cases and the agent)::
 
     correlator = Correlator(facts_provider=...)
     engine = DetectionEngine(correlator, ruleset, yara_scanner=scanner)
@@ -8,29 +8,11 @@ Wiring (``scan``, golden cases, and the agent to come)::
     verdicts = engine.score(now)        # the processes that changed
     engine.set_ruleset(new_ruleset)     # hot reload: everything is rescored next time
 
-The engine tells the correlator which changes matter to its rules (a
-:class:`~gpuguard.correlate.correlator.RescorePolicy`) and enriches new facts
-(YARA scan of the executable, command line and environment; the executable's
-sha256 when an allowlist entry pins one) through the correlator's
-``on_new_facts`` hook.  :meth:`DetectionEngine.score` rescores only processes
-whose state changed (the ``dirty`` flag), parents before children, so a child
-can inherit its parent's verdict; a changed parent verdict rescores its children.
-
-Two changes are not marked by the correlator but found here, so they cost a
-rescore only when they can change a verdict:
-
-* **GPU samples** (the windows move every second): the engine re-evaluates the
-  rules' tests of GPU-window signals (``RuleSet.gpu_sample_tests``) for each
-  process whose windows moved, at most every ``GPU_CHECK_EVERY_S`` of time per
-  process, and rescores it only when one of those tests changed its answer
-  since its last scoring.  A rule's outcome is an and/or/not of its tests, so
-  the verdict, score and matched rules are those a rescore would give; only
-  the figures quoted in the evidence are those of the last scoring.  A
-  threshold crossed by a GPU sample is acted on within ``GPU_CHECK_EVERY_S``
-  plus the caller's scoring interval.
-* **Age** (``age_s``): a process is rescored when its age crosses a number some
-  rule compares it with (``RuleSet.age_crossings``), looked for every
-  ``AGE_CHECK_EVERY_S``; not every process once a minute.
+The engine gives the correlator a :class:`~gpuguard.correlate.correlator.RescorePolicy`,
+enriches new facts through its ``on_new_facts`` hook (YARA, sha256 for pinned allowlist
+entries), and rescores only ``dirty`` processes, parents first.  GPU samples and age are
+checked here, so they cost a rescore only when they can change a verdict: see docs/rules.md,
+"When a process is evaluated again".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 
 Input is what ``gpuguard.sources`` observed (the newest live GPU snapshot, the
 driver's pid states, accounting records); the rules are rows of
-``host_checks.HOST_RULES`` like the other host checks.
+``host_rules.HOST_RULES`` like the other host checks.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from gpuguard.detect.host_checks import HOST_RULES, RESOURCE_HIJACKING, HostFinding, HostRule
+from gpuguard.detect.host_checks import HostFinding
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 
@@ -28,33 +28,6 @@ ORPHAN_MIN_BYTES = 2 * GIB  # an idle H100 shows ~500 MiB used with no process (
 ORPHAN_MIN_FRACTION = 0.05
 PAST_USER_MIN_UTIL = 80.0
 PAST_USER_MIN_S = 600.0
-
-HOST_RULES.update(
-    {
-        rule.id: rule
-        for rule in (
-            HostRule(
-                "host-gpu-memory-orphaned",
-                "GPU memory held by no live process",
-                "A GPU's memory is in use but no running process accounts for it, or a zombie or "
-                "vanished process still holds it: the memory is lost to every other user until the "
-                "holder is reaped or the GPU is reset.",
-                30,
-                ("host", "process"),
-                (RESOURCE_HIJACKING,),
-            ),
-            HostRule(
-                "host-gpu-past-heavy-user",
-                "Exited process used a GPU flat out",
-                "NVML accounting remembers a process that already exited after keeping a GPU busy for "
-                "a long time; a miner that runs at night and is gone by the audit looks like this.",
-                20,
-                ("host", "process"),
-                (RESOURCE_HIJACKING,),
-            ),
-        )
-    }
-)
 
 
 def _size(n: float) -> str:

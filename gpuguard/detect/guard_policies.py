@@ -27,7 +27,7 @@ from typing import Any
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.rules import ACTIONS
 from gpuguard.detect.score import Evidence, Verdict
-from gpuguard.errors import GpuguardError
+from gpuguard.errors import Problems
 
 _KEYS = (
     "id",
@@ -61,60 +61,60 @@ class GuardPolicy:
     weight: int = 50
 
 
-def parse_guard_policies(section: Any, *, source: str) -> tuple[GuardPolicy, ...]:
-    """Validate the ``guard_policies:`` list (an unknown key or bad value names itself and ``source``)."""
+def parse_guard_policies(
+    section: Any, *, source: str, problems: Problems | None = None
+) -> tuple[GuardPolicy, ...]:
+    """Validate the ``guard_policies:`` list (an unknown key or bad value names itself and ``source``).
+
+    With ``problems`` collecting, every problem is recorded there and a policy with one is
+    left out; otherwise the first one is raised.
+    """
     if section is None:
         return ()
+    p = problems or Problems(source)
     if not isinstance(section, list):
-        raise GpuguardError(
-            f"{source}: guard_policies: expected a list of policies", f"fix {source}"
-        )
+        p.add(("guard_policies",), "expected a list of policies")
+        return ()
     policies = []
     for i, entry in enumerate(section):
-        where = f"{source}: guard_policies[{i}]"
+        at = ("guard_policies", i)
+        found = len(p.found)
         if not isinstance(entry, Mapping):
-            raise GpuguardError(f"{where}: expected a mapping", f"fix {source}")
+            p.add(at, "expected a mapping")
+            continue
         for key in entry:
             if key not in _KEYS:
-                raise GpuguardError(
-                    f"{where}: unknown key {key!r} (expected one of {', '.join(_KEYS)})",
-                    f"fix {source}",
+                p.add(
+                    at + (key,),
+                    f"unknown key {key!r} (expected one of {', '.join(_KEYS)})",
+                    key=True,
                 )
         if not isinstance(entry.get("id"), str) or not entry["id"]:
-            raise GpuguardError(f"{where}: id: a policy needs a name", f"fix {source}")
+            p.add(at + ("id",), "a policy needs a name")
         verdict = entry.get("verdict", "suspicious")
         if verdict not in ("suspicious", "malicious"):
-            raise GpuguardError(
-                f"{where}: verdict: {verdict!r} is not suspicious or malicious", f"fix {source}"
-            )
+            p.add(at + ("verdict",), f"{verdict!r} is not suspicious or malicious")
         action = entry.get("action", "alert")
         if action not in ACTIONS:
-            raise GpuguardError(
-                f"{where}: action: unknown action {action!r} (expected {', '.join(ACTIONS)})",
-                f"fix {source}",
-            )
-        policies.append(
-            GuardPolicy(
-                id=entry["id"],
-                gpus=_ints(entry.get("gpus"), f"{where}: gpus", source),
-                allowed_users=_names(entry.get("allowed_users"), f"{where}: allowed_users", source),
-                allowed_groups=_names(
-                    entry.get("allowed_groups"), f"{where}: allowed_groups", source
-                ),
-                max_gpus_per_user=_count(
-                    entry.get("max_gpus_per_user"), f"{where}: max_gpus_per_user", source
-                ),
-                max_gpu_memory_per_user=_size(
-                    entry.get("max_gpu_memory_per_user"),
-                    f"{where}: max_gpu_memory_per_user",
-                    source,
-                ),
-                allowed_hours=_hours(entry.get("allowed_hours"), f"{where}: allowed_hours", source),
-                verdict=verdict,
-                action=action,
-                weight=_count(entry.get("weight", 50), f"{where}: weight", source) or 0,
-            )
+            p.add(at + ("action",), f"unknown action {action!r} (expected {', '.join(ACTIONS)})")
+        policy = GuardPolicy(
+            id=str(entry.get("id")),
+            gpus=_ints(entry.get("gpus"), at + ("gpus",), p),
+            allowed_users=_names(entry.get("allowed_users"), at + ("allowed_users",), p),
+            allowed_groups=_names(entry.get("allowed_groups"), at + ("allowed_groups",), p),
+            max_gpus_per_user=_count(
+                entry.get("max_gpus_per_user"), at + ("max_gpus_per_user",), p
+            ),
+            max_gpu_memory_per_user=_size(
+                entry.get("max_gpu_memory_per_user"), at + ("max_gpu_memory_per_user",), p
+            ),
+            allowed_hours=_hours(entry.get("allowed_hours"), at + ("allowed_hours",), p),
+            verdict=verdict,
+            action=action,
+            weight=_count(entry.get("weight", 50), at + ("weight",), p) or 0,
         )
+        if len(p.found) == found:
+            policies.append(policy)
     return tuple(policies)
 
 
@@ -260,52 +260,53 @@ def _in_hours(hour: int, hours: tuple[int, int]) -> bool:
     return start <= hour < end if start <= end else (hour >= start or hour < end)
 
 
-def _ints(value: Any, where: str, source: str) -> frozenset[int] | None:
+def _ints(value: Any, at: tuple, p: Problems) -> frozenset[int] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(
         isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
     ):
-        raise GpuguardError(f"{where}: expected a list of GPU indexes", f"fix {source}")
+        p.add(at, "expected a list of GPU indexes")
+        return None
     return frozenset(value)
 
 
-def _names(value: Any, where: str, source: str) -> frozenset[str] | None:
+def _names(value: Any, at: tuple, p: Problems) -> frozenset[str] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise GpuguardError(f"{where}: expected a list of names", f"fix {source}")
+        p.add(at, "expected a list of names")
+        return None
     return frozenset(value)
 
 
-def _count(value: Any, where: str, source: str) -> int | None:
+def _count(value: Any, at: tuple, p: Problems) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise GpuguardError(
-            f"{where}: expected a whole number >= 0, got {value!r}", f"fix {source}"
-        )
+        p.add(at, f"expected a whole number >= 0, got {value!r}")
+        return None
     return value
 
 
-def _size(value: Any, where: str, source: str) -> int | None:
+def _size(value: Any, at: tuple, p: Problems) -> int | None:
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     match = _SIZE.match(str(value).strip())
     if not match:
-        raise GpuguardError(
-            f"{where}: {value!r} is not a size like 40GiB or 20000MiB", f"fix {source}"
-        )
+        p.add(at, f"{value!r} is not a size like 40GiB or 20000MiB")
+        return None
     unit = (match.group(2) or "")[:1].upper()
     return int(float(match.group(1)) * _UNITS[unit])
 
 
-def _hours(value: Any, where: str, source: str) -> tuple[int, int] | None:
+def _hours(value: Any, at: tuple, p: Problems) -> tuple[int, int] | None:
     if value is None:
         return None
     match = re.match(r"^(\d{1,2})-(\d{1,2})$", str(value).strip())
     if not match or not all(0 <= int(h) <= 24 for h in match.groups()):
-        raise GpuguardError(f"{where}: {value!r} is not an hour range like 08-20", f"fix {source}")
+        p.add(at, f"{value!r} is not an hour range like 08-20")
+        return None
     return int(match.group(1)), int(match.group(2))

@@ -3,8 +3,8 @@
 Data flow: facts from ``gpuguard.sources`` (autostart files, GPU stack,
 device-node permissions, hidden-pid probe, ld.so.preload) -> the checks below
 -> :class:`HostFinding` rows with ``host-*`` rule ids.  The rules themselves
-are data (:data:`HOST_RULES`: id, name, description, severity, score, ATT&CK
-technique); each check only decides *whether* a rule fires and with what
+are data (:data:`gpuguard.detect.host_rules.HOST_RULES`: id, name, description,
+score, ATT&CK technique); each check only decides *whether* a rule fires and with what
 evidence.  Miner names, URL schemes and pool domains come from the loaded
 rule set (:class:`MinerVocabulary`), so ``gpuguard scan`` and the agent share
 one list.  Per-process behaviour (masquerading, deleted executables, pool
@@ -17,112 +17,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gpuguard.detect.host_rules import HOST_RULES, HostRule
 from gpuguard.sources.hidden_pids import HiddenPid
 from gpuguard.sources.host_gpu_stack import GPU_MODULES, DeviceNode, GpuStackFacts
 from gpuguard.sources.persistence import AutostartFile
 
 MAX_MATCHES_PER_FILE = 3
 MAX_LINE_CHARS = 300
-
-
-@dataclass(slots=True, frozen=True)
-class HostRule:
-    id: str
-    name: str
-    description: str
-    score: int  # 0-100, same scale as the process verdicts (severity follows from it)
-    category: tuple[str, ...]  # ECS event.category values
-    techniques: tuple[tuple[str, str], ...]  # (ATT&CK id, name)
-
-
-RESOURCE_HIJACKING = ("T1496", "Resource Hijacking")
-
-HOST_RULES: dict[str, HostRule] = {
-    rule.id: rule
-    for rule in (
-        HostRule(
-            "host-persistence-miner",
-            "Autostart entry launches a miner",
-            "A systemd unit, cron table, shell profile or rc.local names a known miner, "
-            "a mining-pool URL scheme or a pool domain, so a miner comes back after a reboot or kill.",
-            85,
-            ("configuration", "file"),
-            (
-                RESOURCE_HIJACKING,
-                ("T1053.003", "Scheduled Task/Job: Cron"),
-                ("T1543.002", "Create or Modify System Process: Systemd Service"),
-                ("T1546.004", "Event Triggered Execution: Unix Shell Configuration Modification"),
-            ),
-        ),
-        HostRule(
-            "host-hidden-process",
-            "Process hidden from /proc listings",
-            "The kernel knows a process that a /proc directory listing does not show: "
-            "a readdir hook (preload or kernel rootkit) is hiding it, as miners' droppers do.",
-            95,
-            ("process", "intrusion_detection"),
-            (("T1014", "Rootkit"), ("T1564", "Hide Artifacts"), RESOURCE_HIJACKING),
-        ),
-        HostRule(
-            "host-ld-so-preload",
-            "System-wide preload library configured",
-            "/etc/ld.so.preload loads a library into every dynamically linked program; "
-            "preload rootkits use it to hide miner processes and files.",
-            70,
-            ("configuration", "library"),
-            (("T1574.006", "Hijack Execution Flow: Dynamic Linker Hijacking"),),
-        ),
-        HostRule(
-            "host-raw-memory-node-exposed",
-            "Raw memory or PCI BAR node open to all users",
-            "/dev/mem or a PCI BAR resource file is readable or writable by every user: "
-            "any process can read or corrupt GPU and host memory directly.",
-            70,
-            ("configuration", "host"),
-            (("T1068", "Exploitation for Privilege Escalation"),),
-        ),
-        HostRule(
-            "host-gpu-node-world-writable",
-            "GPU device node open to all users",
-            "Every local user (and every container that maps the node) can open this GPU "
-            "device and run work on it; the NVIDIA driver installs its nodes 0666 by default, "
-            "so this is a hardening note on shared hosts.",
-            20,
-            ("configuration", "host"),
-            (RESOURCE_HIJACKING,),
-        ),
-        HostRule(
-            "host-kernel-forced-module",
-            "Kernel module force-loaded or force-unloaded",
-            "The kernel taint shows a module loaded or removed with force (version checks "
-            "bypassed), a habit of kernel rootkit installers.",
-            50,
-            ("driver", "host"),
-            (("T1547.006", "Boot or Logon Autostart Execution: Kernel Modules and Extensions"),),
-        ),
-        HostRule(
-            "host-untrusted-kernel-module",
-            "Unsigned or out-of-tree non-GPU kernel module",
-            "A loaded module that is not a GPU driver taints the kernel as unsigned (E) or "
-            "out-of-tree (O); kernel rootkits that hide miners load this way.",
-            45,
-            ("driver", "host"),
-            (
-                ("T1547.006", "Boot or Logon Autostart Execution: Kernel Modules and Extensions"),
-                ("T1014", "Rootkit"),
-            ),
-        ),
-        HostRule(
-            "host-gpu-driver-mismatch",
-            "NVML library and NVIDIA kernel module disagree",
-            "The user-space NVML library reports a different driver version than the loaded "
-            "kernel module: a swapped or shimmed libnvidia-ml can hide GPU processes.",
-            40,
-            ("driver", "host"),
-            (("T1574", "Hijack Execution Flow"),),
-        ),
-    )
-}
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ from gpuguard.correlate.state import (
     NEW_PAYLOAD,
     NEW_PORT,
 )
-from gpuguard.detect.signals import SIGNALS
+from gpuguard.detect.signal_table import SIGNALS
 
 FACTS, NETWORK, DEVICES = "facts", "network", "devices"
 _KIND_OF_GROUP = {

@@ -211,17 +211,18 @@ class Collector:
                     doc.at(path + ("id",)) if "id" in rule else doc.at(path),
                     f"rule id {shown(rule_id)} must be lower-case letters, digits, '-', '_' or '.'",
                 )
+                # The rest of the rule is still checked (and never used): every problem at once.
+                label = f"#{i + 1}"
+                self._unknown_keys(doc, path, rule, label)
+                fields = {k: _Field(v, doc, path + (k,)) for k, v in rule.items() if k in RULE_KEYS}
+                self._check_fields(fields, label)
+                if "condition" in fields:
+                    self.out.unused_conditions.append((label, fields["condition"]))
                 continue
             if "override" in rule:
                 self._override(doc, path, rule, rule_id)
                 continue
-            for key in rule:
-                if key not in RULE_KEYS:
-                    self.bad(
-                        doc.key_at(path + (key,)),
-                        f"unknown rule key {shown(key)} (expected {', '.join(RULE_KEYS)}, or override)",
-                        rule_id,
-                    )
+            self._unknown_keys(doc, path, rule, rule_id)
             fields = {k: _Field(v, doc, path + (k,)) for k, v in rule.items() if k in RULE_KEYS}
             ok = True
             if rule_id in self.out.rules:
@@ -247,15 +248,23 @@ class Collector:
             elif "condition" in fields:
                 self.out.unused_conditions.append((rule_id, fields["condition"]))
 
+    def _unknown_keys(self, doc: MarkedDocument, path: tuple, rule: dict, label: str) -> None:
+        for key in rule:
+            if key not in RULE_KEYS:
+                self.bad(
+                    doc.key_at(path + (key,)),
+                    f"unknown rule key {shown(key)} (expected {', '.join(RULE_KEYS)}, or override)",
+                    label,
+                )
+
     def _override(self, doc: MarkedDocument, path: tuple, rule: dict, rule_id: str) -> None:
         extra = [k for k in rule if k not in ("id", "override")]
-        if extra:
+        for key in extra:
             self.bad(
-                doc.key_at(path + (extra[0],)),
-                f"a rule with override: has only id and override (found {shown(extra[0])})",
+                doc.key_at(path + (key,)),
+                f"a rule with override: has only id and override (found {shown(key)})",
                 rule_id,
             )
-            return
         body = rule["override"]
         if not isinstance(body, dict) or not body:
             self.bad(
@@ -282,7 +291,7 @@ class Collector:
                 )
                 continue
             fields[key] = _Field(value, doc, path + ("override", key))
-        if self._check_fields(fields, rule_id):
+        if self._check_fields(fields, rule_id) and not extra:
             self.out.rules[rule_id].update(fields)
         elif "condition" in fields:
             self.out.unused_conditions.append((rule_id, fields["condition"]))

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.rescore import KEPT_SIGNAL_CACHES, SIGNAL_CACHE
-from gpuguard.detect.signals import SIGNALS
+from gpuguard.detect.signal_table import SIGNALS
 
 
 class SignalReader(dict):

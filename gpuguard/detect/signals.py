@@ -2,11 +2,11 @@
 
 A signal has a type (``bool``, ``number``, ``text``, ``texts`` — a set of
 texts, ``numbers`` — a set of numbers), a group, a description and the
-function computing it from a :class:`ProcessState`; each row below registers
-one, by the name rules use.  Reading them lazily for one evaluation is
-:mod:`gpuguard.detect.signal_reader`; what each signal depends on (how long a
-value stays valid, which changes rescore a process) is
-:mod:`gpuguard.detect.rescore`.  Costly derivations (parsing the command line,
+function computing it from a :class:`ProcessState`; each row below defines
+one, by the name rules use, and :mod:`gpuguard.detect.signal_table` lists them.
+Reading them lazily for one evaluation is :mod:`gpuguard.detect.signal_reader`;
+what each signal depends on (how long a value stays valid, which changes
+rescore a process) is :mod:`gpuguard.detect.rescore`.  Costly derivations (parsing the command line,
 config files) are kept on the state in ``state.derived`` until its identity changes.
 
 ``None`` means "not available" (no facts, no GPU samples...): a condition on
@@ -41,16 +41,15 @@ class Signal:
     parameter: str | None = None  # a condition key naming what to measure, e.g. ``command``
 
 
-SIGNALS: dict[str, Signal] = {}
-
-
 def _signal(name: str, type_: str, group: str, description: str, parameter: str | None = None):
-    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        assert type_ in SIGNAL_TYPES and name not in SIGNALS
-        SIGNALS[name] = Signal(name, type_, group, description, fn, parameter)
+    """Mark a function as the rule signal ``name``; it counts once listed in detect.registry."""
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        assert type_ in SIGNAL_TYPES
+        fn.signal = Signal(name, type_, group, description, fn, parameter)
         return fn
 
-    return register
+    return mark
 
 
 # -- derived views (cached on the state) -------------------------------------
@@ -859,8 +858,3 @@ def _parent_verdict(s: ProcessState, now: float) -> str | None:
 @_signal("parent_score", "number", "ancestry", "the parent's current score")
 def _parent_score(s: ProcessState, now: float) -> int | None:
     return s.parent_verdict.score if s.parent_verdict is not None else None
-
-
-# GPU behaviour signals live in their own module; importing it registers them into SIGNALS, so
-# every reader of the table (signal_reader, rescore) sees them once this module is loaded.
-from gpuguard.detect import behaviour_signals  # noqa: E402,F401

@@ -9,45 +9,17 @@ after the miner is killed, so they are host state, read by
 below ``suspicious``; MSR writes switched on is a miner's habit on a host that
 runs no undervolting or tuning tool, and reaches ``suspicious`` on its own.
 
-The rules are rows of ``host_checks.HOST_RULES`` like the other host checks.
+The rules are rows of ``host_rules.HOST_RULES`` like the other host checks.
 :func:`host_tuning_findings` is the one call for ``scan`` and the agent.
 """
 
 from __future__ import annotations
 
-from gpuguard.detect.host_checks import HOST_RULES, RESOURCE_HIJACKING, HostFinding, HostRule
+from gpuguard.detect.host_checks import HostFinding
 from gpuguard.sources.huge_pages import MSR_ALLOW_WRITES, HostTuning, read_host_tuning
 
 GIB = 1 << 30
 MIB = 1 << 20
-
-HOST_RULES.update(
-    {
-        rule.id: rule
-        for rule in (
-            HostRule(
-                "host-msr-writes-enabled",
-                "MSR writes enabled (msr allow_writes=on)",
-                "The msr module was loaded with allow_writes=on, so root processes may rewrite model-specific "
-                "registers: RandomX miners do this (`modprobe msr allow_writes=on`) to switch off the hardware "
-                "prefetchers for ~15 % more hashrate.",
-                40,
-                ("configuration", "host"),
-                (RESOURCE_HIJACKING,),
-            ),
-            HostRule(
-                "host-hugepages-reserved",
-                "Huge pages reserved",
-                "Huge pages are reserved on the host: RandomX miners reserve them for "
-                "their 2 GiB dataset, but so do databases, DPDK, JVMs and VMs, so this is context for the "
-                "process findings, never a verdict by itself.",
-                10,
-                ("configuration", "host"),
-                (RESOURCE_HIJACKING,),
-            ),
-        )
-    }
-)
 
 
 def _size(n: int) -> str:

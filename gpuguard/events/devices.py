@@ -1,4 +1,4 @@
-"""Which files are GPU devices (and the msr / huge-page tuning files): the user-space twin of the probes' path test.
+"""Which files are GPU devices (and msr / huge-page files): the user-space twin of the probes' test.
 
 The probes classify an open by its path (they cannot see the device major
 without kernel-internal structs); /proc scans, relative-path checks and tests

@@ -1,31 +1,11 @@
 """Names and categories for the ioctl commands processes issue on GPU device files.
 
-The kernel probe counts ioctls per (process, device class, command); this module
-turns a command number into the name a driver's own header gives it
-(``NV_ESC_RM_ALLOC``, ``UVM_REGISTER_CHANNEL``, ``AMDKFD_IOC_CREATE_QUEUE``,
-``DRM_IOCTL_AMDGPU_CS``...) so rules and people can read it, and sorts names
-into coarse categories.  Numbers come from the public driver headers
-(open-gpu-kernel-modules ``nv_escape.h``, ``nv-ioctl-numbers.h``,
-``uvm_ioctl.h``, ``uvm_linux_ioctl.h``, ``nvkms-ioctl.h``; Linux
-``kfd_ioctl.h``, ``drm.h``, ``amdgpu_drm.h``, ``i915_drm.h``, ``xe_drm.h``).
-
-How each driver dispatches decides how a number is named:
-
-* NVIDIA (``/dev/nvidiaN``, ``/dev/nvidiactl``) switches on ``_IOC_NR`` of an
-  ``'F'`` command, so the size bits are ignored.  ``NV_ESC_IOCTL_XFER_CMD``
-  carries the real escape number in user memory; the probe reports those
-  counts as ``inner | NV_XFER_FLAG`` and they are named ``NAME(xfer)``.
-* nvidia-uvm uses plain integers, not ``_IOC`` encodings.
-* KFD indexes its table by ``_IOC_NR`` of a ``'K'`` command.
-* DRM core ioctls (nr below 0x40 and from 0xA0) are dispatched by nr; driver
-  ioctls (0x40-0x9F) reuse the same nr in every driver, so only the full
-  value (direction, size, nr) tells amdgpu, i915 and xe apart.
-
-Anything unknown still gets an informative name (``NV_ESC(nr=0x99)``,
-``DRM_IOWR(nr=0x44,size=24)``, ``IOCTL(0x1234)``).  :func:`ioctl_name` runs
-for every drained counter key and for every replayed ioctl event, so a known
-command is one dict lookup; computed names are cached up to a bound because
-the command number is chosen by the (possibly hostile) caller.
+The probe counts ioctls per (process, device class, command); this module turns a
+command number into the name the driver's header gives it (``NV_ESC_RM_ALLOC``,
+``AMDKFD_IOC_CREATE_QUEUE``...) and sorts names into coarse categories.  A known command is
+one dict lookup; computed names for unknown (caller-chosen) numbers are cached up to a bound.
+Which headers, and why each driver's numbers are keyed as they are: docs/event-decoding.md,
+"ioctl names".
 """
 
 from __future__ import annotations

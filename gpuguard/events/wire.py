@@ -1,27 +1,11 @@
 """The recording format: events, GPU snapshots and process facts as a msgpack stream.
 
-``gpuguard record --output FILE`` writes it, ``gpuguard replay FILE``, the replay
-GPU sampler and the golden test cases read it.  A file is a sequence of msgpack
-maps, read with msgpack's streaming unpacker:
-
-1. a header: ``{"format": "gpuguard-recording", "version": 1, "abi": ...,
-   "created": epoch seconds, "host": ..., "gpuguard": package version,
-   "meta": {caller's dict}}``;
-2. one map per item, dispatched on ``"kind"``: an event kind from
-   :data:`gpuguard.events.model.EVENT_TYPES` (``Event.to_record()``),
-   ``"gpu_snapshot"`` (``GpuSnapshot.to_record()``) or ``"process"``
-   (``ProcessFacts.to_record()``); bytes stay msgpack bin, strings are UTF-8
-   with undecodable bytes (a process may name itself anything) kept through
-   ``surrogateescape``;
-3. an end marker written by :meth:`RecordingWriter.close`:
-   ``{"kind": "recording_end", "items": N, "crc32": C}`` where ``C`` is the
-   CRC-32 of every byte before the marker.
-
-Without the marker a cut exactly between two items would look like a complete
-shorter recording; without the checksum a flipped byte inside a number would
-go unnoticed.  Reading yields every intact item before any damage and then
-raises :class:`RecordingDamaged` saying where and what (a corrupt byte that
-keeps the msgpack structure valid is only caught by the checksum, at the end).
+``gpuguard record --output FILE`` writes it; ``gpuguard replay FILE``, the replay GPU
+sampler and the golden test cases read it.  A file is a header map, one map per item
+(dispatched on ``"kind"``: an event kind from :data:`gpuguard.events.model.EVENT_TYPES`,
+``"gpu_snapshot"`` or ``"process"``) and an end marker with the item count and a CRC-32.
+Reading yields every intact item, then raises :class:`RecordingDamaged` saying where and what.
+The format, and why the marker and checksum: docs/event-decoding.md, "Recordings".
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Outputs: terminal views, JSON lines, the agent's SIEM log (ECS, OCSF, CEF to a
-file, stdout or syslog) and its Prometheus metrics.
+"""Outputs: terminal views, JSON lines, the agent's SIEM log and its Prometheus metrics.
+
+The SIEM log is ECS, OCSF or CEF, to a file, stdout or syslog.
 
 Owns how verdicts, findings, events and the agent's own events are shown or
 shipped; it decides nothing.

@@ -1,4 +1,4 @@
-"""Records as ArcSight Common Event Format (CEF) lines, for ArcSight and Microsoft Sentinel over syslog.
+"""Records as ArcSight Common Event Format (CEF) lines, for ArcSight and Microsoft Sentinel (syslog).
 
 ``CEF:0|gpuguard|gpuguard|VERSION|SIGNATURE|NAME|SEVERITY|k=v k=v ...``
 
@@ -24,7 +24,9 @@ Extension keys are CEF's standard dictionary names (``rt``, ``dvchost``,
 ``sproc``, ``spid``, ``suser``, ``suid``, ``filePath``, ``dst``/``dhost``,
 ``dpt``, ``act``, ``outcome``, ``cat``, ``msg``, ``externalId``) plus labelled
 custom fields: ``cs1`` verdict, ``cs2`` rule ids, ``cs3`` ATT&CK techniques,
-``cs4`` container id, ``cs5`` command line, ``cs6`` lifecycle/action detail,
+``cs4`` container id, ``cs5`` command line, ``cs6`` lifecycle/action detail (for a
+process finding: its record number, what grew, lifetime totals, GPU use and parent chain, as
+compact JSON), ``externalId`` the finding id, ``fileHash`` the executable's SHA-256,
 ``cn1`` score, ``flexString1`` truncation marks.
 """
 
@@ -47,7 +49,7 @@ _LIFECYCLE_SEVERITY = {"fault": 7, "reload-failed": 6, "drops": 5, "degraded": 5
 # Lengths the CEF dictionary gives its keys (characters); a value is never capped above these.
 _SPEC_LENGTH = {
     "msg": 1023, "sproc": 1023, "filePath": 1023, "suser": 1023, "dhost": 1023, "cat": 1023,
-    "act": 63, "outcome": 63, "externalId": 40,
+    "act": 63, "outcome": 63, "externalId": 40, "fileHash": 255,
     **{f"cs{i}": 4000 for i in range(1, 7)},
 }  # fmt: skip
 _CMDLINE_KEYS = ("cs5", "cs6", "msg")
@@ -106,17 +108,18 @@ Parts = tuple[str, str, int, list[tuple[str, object]]]  # signature, name, sever
 
 def finding_cef(finding: Finding, hostname: str, created: float) -> Parts:
     p = finding.process
+    closed = finding.activity == "close"
+    end_word = "ended" if finding.kind == "process" else "resolved"
+    act = end_word if closed else finding.action or "alert"
+    if finding.activity == "update":
+        act = "update"
     pairs: list[tuple[str, object]] = [
         ("rt", int(created * 1000)),
         ("dvchost", hostname),
         ("cat", "/".join(finding.categories)),
-        ("act", "resolved" if finding.activity == "close" else finding.action or "alert"),
-        (
-            "msg",
-            f"resolved: {finding.explanation}"
-            if finding.activity == "close"
-            else finding.explanation,
-        ),
+        ("act", act),
+        ("msg", f"{end_word}: {finding.explanation}" if closed else finding.explanation),
+        ("externalId", finding.finding_id),
         *_custom("cs1", "verdict", finding.verdict),
         *_custom("cs2", "rules", ",".join(finding.rule_ids)),
         *_custom("cs3", "techniques", ",".join(t for t, _ in finding.techniques)),
@@ -130,6 +133,7 @@ def finding_cef(finding: Finding, hostname: str, created: float) -> Parts:
             ("suser", p.user_name),
             ("suid", p.user_id),
         ]
+        pairs += [("fileHash", p.exe_sha256)]
         pairs += _custom("cs4", "containerId", p.container_id)
         pairs += _custom("cs5", "commandLine", " ".join(p.command_line))
     elif finding.subject:
@@ -137,8 +141,34 @@ def finding_cef(finding: Finding, hostname: str, created: float) -> Parts:
     if finding.destinations:
         top = finding.destinations[0]
         pairs += [_endpoint(top.address), ("dpt", top.port)]
+        if top.domain and _endpoint(top.address)[0] == "dst":
+            pairs.append(("dhost", top.domain))
+    pairs += _custom("cs6", "finding", _finding_detail(finding))
     name = finding.rule_description or finding.rule_name
     return finding.rule_id, name, round(finding.score / 10), pairs
+
+
+def _finding_detail(finding: Finding) -> str | None:
+    """cs6 of a process finding: its record number, what grew, totals, GPU use, parent chain."""
+    if not finding.finding_id:
+        return None
+    detail: dict[str, Any] = {"sequence": finding.sequence, "activity": finding.activity}
+    if finding.changes:
+        detail["changes"] = finding.changes
+    if finding.totals:
+        detail["totals"] = finding.totals
+    if finding.gpu is not None:
+        gpu = finding.gpu.to_json()
+        detail["gpu"] = {
+            k: gpu[k] for k in ("device_paths", "memory_used", "memory_share") if k in gpu
+        }
+    if finding.process is not None and finding.process.pod_name:
+        detail["pod"] = f"{finding.process.pod_namespace or ''}/{finding.process.pod_name}"
+    if finding.process is not None and finding.process.ancestors:
+        detail["parents"] = [
+            [a.get("pid"), a.get("name"), a.get("executable")] for a in finding.process.ancestors
+        ]
+    return json.dumps(detail, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def action_cef(outcome: ActionOutcome, hostname: str) -> Parts:
@@ -220,7 +250,8 @@ def bounded_line(parts: Parts, limits: OutputLimits) -> str:
         cmdline, name_cap = max(_FLOOR_BYTES, cmdline // 2), max(_FLOOR_BYTES, name_cap // 2)
         shed = ["strings"]
     # Last resort: the fixed fields alone.
-    keep = [(k, v) for k, v in pairs if k in ("rt", "dvchost", "act", "outcome", "spid", "cn1")]
+    fixed = ("rt", "dvchost", "act", "outcome", "spid", "cn1", "externalId")  # externalId: <= 40
+    keep = [(k, v) for k, v in pairs if k in fixed]
     mark_doc = {"record": text_mark(line.encode("utf-8")), "shed": ["strings", "fields"]}
     keep += _custom(MARK_KEY, "truncated", json.dumps(mark_doc, separators=(",", ":")))
     return f"{header}|{_extension(keep)}"

@@ -1,5 +1,7 @@
-"""The live view's lines: one per GPU open and huge-page allocation, ioctl summaries
-per process and interval, connections and first bytes of GPU-touching processes.
+"""The live view's lines: GPU opens, ioctl summaries, connections and first bytes sent.
+
+One line per GPU open and huge-page allocation, ioctl summaries per process and
+interval, connections and first bytes of GPU-touching processes.
 
 Every process name, path, address and payload detail is escaped: a process
 can name itself anything, including terminal escape sequences.

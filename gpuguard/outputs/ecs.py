@@ -24,7 +24,11 @@ Field use:
 * ``destination.{address,ip,port,domain}`` — the endpoint the process dialled
   most (the agent knows it; ``scan`` does not), every endpoint under
   ``gpuguard.destinations``;
-* gpuguard's own view under ``gpuguard.*`` (score, verdict, evidence, gpu, ...).
+* gpuguard's own view under ``gpuguard.*`` (score, verdict, evidence, gpu, ...);
+* the agent's process findings (gpuguard/agent/findings.py): ``event.id`` (finding id and
+  record number), ``event.sequence``, ``gpuguard.finding`` {id, sequence, activity, changes,
+  totals}, ``process.hash.sha256``, the parent chain in ``gpuguard.ancestors``; a close is
+  ``event.type: ["end"]`` with ``event.start``/``end``/``duration`` and ``process.exit_code``.
 
 Every field carries the exact value; the one JSON escaping rule
 (:mod:`gpuguard.outputs.jsonl`) makes control characters and bytes that are
@@ -150,6 +154,8 @@ def process_fields(finding: Finding, hostname: str | None = None) -> dict[str, A
             "parent": _drop_empty(
                 {"pid": p.ppid, "name": p.parent_name, "executable": p.parent_executable}
             ),
+            "hash": {"sha256": p.exe_sha256} if p.exe_sha256 else None,
+            "exit_code": p.exit_code,
         }
     )
     out: dict[str, Any] = {"process": process}
@@ -159,9 +165,17 @@ def process_fields(finding: Finding, hostname: str | None = None) -> dict[str, A
     if user:
         out["user"] = user
     if p.container_id:
-        out["container"] = _drop_empty({"id": p.container_id, "runtime": p.container_runtime})
+        out["container"] = _drop_empty(
+            {"id": p.container_id, "runtime": p.container_runtime, "name": p.container_name}
+        )
     if p.pod_uid:
-        out["orchestrator"] = {"type": "kubernetes", "resource": {"type": "pod", "id": p.pod_uid}}
+        out["orchestrator"] = _drop_empty(
+            {
+                "type": "kubernetes",
+                "namespace": p.pod_namespace,
+                "resource": _drop_empty({"type": "pod", "id": p.pod_uid, "name": p.pod_name}),
+            }
+        )
     return out
 
 
@@ -180,6 +194,21 @@ def destination_fields(finding: Finding) -> dict[str, Any]:
     return {"destination": out}
 
 
+def finding_fields(finding: Finding) -> dict[str, Any] | None:
+    """``gpuguard.finding``: the finding's id, the record's number and activity, what grew, totals."""
+    if not finding.finding_id:
+        return None
+    return _drop_empty(
+        {
+            "id": finding.finding_id,
+            "sequence": finding.sequence,
+            "activity": finding.activity,
+            "changes": list(finding.changes),
+            "totals": finding.totals,
+        }
+    )
+
+
 def finding_to_ecs(
     finding: Finding,
     created: float,
@@ -193,13 +222,15 @@ def finding_to_ecs(
     updates has ``event.type: ["change"]``.
     """
     closed = finding.activity == "close"
+    ended = closed and finding.kind == "process"  # a process finding closes when the process ends
+    end_word = "ended" if ended else "resolved"
     doc: dict[str, Any] = {
         "@timestamp": iso_time(created),
         "ecs": {"version": ECS_VERSION},
-        "message": f"resolved: {finding.explanation}" if closed else finding.explanation,
+        "message": f"{end_word}: {finding.explanation}" if closed else finding.explanation,
         "event": {
             "kind": "alert" if finding.is_alert and not closed else "event",
-            "action": f"{finding.kind}-{'resolved' if closed else finding.verdict}",  # e.g. "process-malicious"
+            "action": f"{finding.kind}-{end_word if closed else finding.verdict}",  # e.g. "process-malicious"
             "category": list(finding.categories),
             "type": [_ECS_ACTIVITY_TYPE.get(finding.activity, "info")],
             "risk_score": round(float(finding.score), 1),
@@ -217,9 +248,19 @@ def finding_to_ecs(
         },
         "threat": threat_fields(finding.techniques),
     }
+    if finding.finding_id:
+        doc["event"]["id"] = finding.record_id
+        doc["event"]["sequence"] = finding.sequence
+    totals = finding.totals or {}
+    if totals.get("started") and totals.get("ended"):
+        doc["event"]["start"] = iso_time(totals["started"])
+        doc["event"]["end"] = iso_time(totals["ended"])
+        doc["event"]["duration"] = int(max(0.0, totals["ended"] - totals["started"]) * 1e9)
     if host:
         doc["host"] = host
     doc.update(process_fields(finding, (host or {}).get("hostname")))
+    if ended and "process" in doc and totals.get("ended"):
+        doc["process"]["end"] = iso_time(totals["ended"])
     doc.update(destination_fields(finding))
     if finding.kind == "host" and finding.subject and finding.subject.startswith("/"):
         doc["file"] = {"path": finding.subject}
@@ -242,8 +283,14 @@ def finding_to_ecs(
             "destinations": [d.to_json() for d in finding.destinations],
             "gpu": finding.gpu.to_json() if finding.gpu is not None else None,
             "host_gpu": finding.host_gpu,
-            "status": "resolved" if closed else "active" if finding.host_gpu is not None else None,
+            "status": end_word
+            if closed
+            else "active"
+            if finding.host_gpu is not None or finding.finding_id
+            else None,
             "evidence_omitted": finding.evidence_omitted or None,
+            "finding": finding_fields(finding),
+            "ancestors": finding.process.ancestors if finding.process else None,
         }
     )
     return doc

@@ -37,6 +37,7 @@ _TECHNIQUE_TAG = re.compile(r"^T\d{4}(\.\d{3})?$")
 SEVERITY_ORDER = {"informational": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 ALERT_VERDICTS = ("suspicious", "malicious")  # the verdicts a SIEM should page on
 MAX_DESTINATIONS = 8
+PARENT_CHAIN = 3  # ancestors a record names (parent, grandparent, great-grandparent)
 
 
 def severity_for_score(score: float) -> str:
@@ -66,6 +67,14 @@ class ProcessInfo:
     container_runtime: str | None = None
     pod_uid: str | None = None
     cpu_percent: float | None = None
+    # parent first, at most PARENT_CHAIN: {"pid", "name", "executable"}
+    ancestors: list[dict[str, Any]] = field(default_factory=list)
+    exe_sha256: str | None = None
+    exit_code: int | None = None  # a close record's, when the exit was seen
+    # Kubernetes names from the kubelet's log tree (sources/pod_names.py), when known
+    pod_name: str | None = None
+    pod_namespace: str | None = None
+    container_name: str | None = None
 
     @classmethod
     def from_facts(cls, facts: ProcessFacts) -> ProcessInfo:
@@ -86,6 +95,10 @@ class ProcessInfo:
             container_runtime=facts.container_runtime,
             pod_uid=facts.pod_uid,
             cpu_percent=facts.cpu_percent,
+            ancestors=[
+                {"pid": a.pid, "name": a.comm, "executable": a.exe}
+                for a in facts.ancestors[:PARENT_CHAIN]
+            ],
         )
 
 
@@ -142,15 +155,30 @@ class GpuUse:
     util_mean: float | None = None  # percent, over the usage window
     memory_used: int | None = None  # bytes, latest sample
     ioctl_total: int = 0
+    memory_total: int | None = None  # bytes, of the devices it uses
+    shared: bool | None = None  # another process used one of its GPUs in the latest sample
+
+    @property
+    def memory_share(self) -> float | None:
+        """Its share of its devices' memory (0-1), when both are known."""
+        if self.memory_used is None or not self.memory_total:
+            return None
+        return round(min(1.0, self.memory_used / self.memory_total), 4)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "device_classes": self.device_classes,
             "device_paths": self.device_paths,
             "util_mean": None if self.util_mean is None else round(self.util_mean, 1),
             "memory_used": self.memory_used,
             "ioctl_total": self.ioctl_total,
         }
+        if self.memory_total:
+            out["memory_total"] = self.memory_total
+            out["memory_share"] = self.memory_share
+        if self.shared is not None:
+            out["shared"] = self.shared
+        return out
 
 
 @dataclass(slots=True)
@@ -179,6 +207,19 @@ class Finding:
         None  # GPU host findings: device, memory_bytes, owner_pid, status
     )
     evidence_omitted: int = 0  # pieces of evidence a log record left out (outputs/bounds.py)
+    # The agent's process findings (gpuguard/agent/findings.py): one id for the life of the
+    # finding, the record's number in it (0 = create), what grew since the previous record,
+    # and on close the lifetime totals (age_s, gpu_s, gpu_memory_peak, bytes_out, bytes_in,
+    # actions, started, ended).
+    finding_id: str | None = None
+    sequence: int = 0
+    changes: list[str] = field(default_factory=list)
+    totals: dict[str, Any] | None = None
+
+    @property
+    def record_id(self) -> str | None:
+        """Unique per record (ECS ``event.id``): the finding id and the record's number."""
+        return f"{self.finding_id}-{self.sequence}" if self.finding_id else None
 
     @property
     def severity(self) -> str:
@@ -246,6 +287,8 @@ def gpu_use_of(state: ProcessState) -> GpuUse | None:
         state.gpu_util.mean,
         int(memory) if memory is not None else None,
         state.ioctl_total,
+        state.gpu_memory_total,
+        state.gpu_device_shared,
     )
 
 
@@ -271,6 +314,12 @@ def finding_from_verdict(
             executable_deleted=verdict.exe_deleted,
         )
     )
+    if state is not None:
+        # What the process runs now: an exec seen after the facts were read renames it (a shell
+        # that execs a miner is the miner, not the shell), and the hash is of that image.
+        process.name = state.comm or process.name
+        process.executable = state.exe or process.executable
+        process.exe_sha256 = state.exe_sha256
     categories = ["process", "intrusion_detection"]
     if any(e.rule_id.startswith("net-") for e in verdict.evidence):
         categories.append("network")

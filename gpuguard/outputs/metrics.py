@@ -178,6 +178,14 @@ class AgentMetrics:
         self.reloads = Counter(
             "gpuguard_reloads", "Rules/config reloads, by result", ["result"], registry=r
         )
+        self.reload_ok = Gauge(
+            "gpuguard_config_last_reload_successful",
+            "1 when the last reload of this part (config, rules) worked, 0 while a failed one stands",
+            ["part"],
+            registry=r,
+        )
+        for part in ("config", "rules"):
+            self.reload_ok.labels(part).set(1)
         self.reduced_mode = Gauge(
             "gpuguard_reduced_mode",
             "1 when running without eBPF (periodic /proc sweeps)",
@@ -242,6 +250,11 @@ class AgentMetrics:
 
     def count_reload(self, ok: bool) -> None:
         self.reloads.labels("ok" if ok else "failed").inc()
+
+    def set_reload_state(self, *, config_ok: bool, rules_ok: bool) -> None:
+        """Whether the config and the rules on disk are the ones in force (0: a reload failed)."""
+        self.reload_ok.labels("config").set(1 if config_ok else 0)
+        self.reload_ok.labels("rules").set(1 if rules_ok else 0)
 
     def set_blind_spots(self, spots: Iterable[str]) -> None:
         """Reduced mode's blind spots (empty: full eBPF sensing)."""
@@ -626,6 +639,7 @@ METRIC_NAMES = frozenset(
         "gpuguard_rules_info",
         "gpuguard_rules_loaded_timestamp_seconds",
         "gpuguard_reloads_total",
+        "gpuguard_config_last_reload_successful",
         "gpuguard_reduced_mode",
         "gpuguard_blind_spot",
         "gpuguard_actions_total",

@@ -19,6 +19,12 @@ Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event:
 * ``resources`` — the host (and the container, when there is one);
 * ``metadata`` {product {name, vendor_name, version}, version (schema 1.3.0),
   profiles (``host`` for ``device``; ``container`` for ``process.container``)};
+* the agent's process findings: ``finding_info.uid`` is the finding id through create (1),
+  update (2) and close (3, Resolved, ``status_detail`` "process ended", with ``start_time``,
+  ``end_time``, ``duration``); the process carries its parent chain as nested
+  ``parent_process`` (3 levels) and the executable's SHA-256 in ``file.hashes``; the record
+  number, what grew, the totals, every destination and the GPU use are under
+  ``unmapped.gpuguard`` (OCSF 1.3 has no place for them);
 * gpuguard's verdict, ``is_alert`` (an OCSF 1.4 attribute, so not top-level in a 1.3
   record) and the count of evidence left out under ``unmapped.gpuguard``.
 
@@ -53,6 +59,7 @@ ACTIVITIES = {
 SEVERITY_ID = {"informational": 1, "low": 2, "medium": 3, "high": 4, "critical": 5}
 SEVERITY_NAME = {1: "Informational", 2: "Low", 3: "Medium", 4: "High", 5: "Critical"}
 ANALYTIC_RULE = 1
+SHA256_ALGORITHM = 3  # OCSF Fingerprint algorithm_id
 
 
 def metadata(container: bool = False) -> dict[str, Any]:
@@ -73,7 +80,10 @@ def _ms(epoch: float) -> int:
 
 
 def finding_uid(finding: Finding, hostname: str) -> str:
-    """Stable id: the same process (pid + start time) or subject and rule on the same host."""
+    """Stable id: the agent's finding id (one per process finding, through its updates and close);
+    otherwise the same process (pid + start time) or subject and rule on the same host."""
+    if finding.finding_id:
+        return finding.finding_id
     if finding.process is not None and finding.process.start_time:
         subject = f"{finding.process.pid}@{finding.process.start_time}"
     else:
@@ -113,20 +123,38 @@ def process_object(finding: Finding, hostname: str | None = None) -> dict[str, A
             )
             if v is not None
         }
+    if p.exe_sha256 and "file" in process:
+        process["file"]["hashes"] = [
+            {"algorithm_id": SHA256_ALGORITHM, "algorithm": "SHA-256", "value": p.exe_sha256}
+        ]
     if p.ppid:
-        parent: dict[str, Any] = {"pid": p.ppid}
-        if p.parent_name:
-            parent["name"] = p.parent_name
-        if p.parent_executable:
-            parent["file"] = {
-                "path": p.parent_executable,
-                "name": p.parent_executable.rsplit("/", 1)[-1],
-                "type_id": 1,
-            }
-        process["parent_process"] = parent
+        chain = list(p.ancestors) or [{"pid": p.ppid}]
+        if chain[0].get("pid") != p.ppid:
+            chain = [{"pid": p.ppid}]
+        chain[0] = {
+            "pid": p.ppid,
+            "name": p.parent_name or chain[0].get("name"),
+            "executable": p.parent_executable or chain[0].get("executable"),
+        }
+        # parent_process nests: the parent's parent_process is the grandparent, and so on
+        outer: dict[str, Any] = process
+        for ancestor in chain:
+            parent = _ancestor_object(ancestor)
+            outer["parent_process"] = parent
+            outer = parent
     if p.container_id:
         process["container"] = container_object(finding)
     return process
+
+
+def _ancestor_object(ancestor: dict[str, Any]) -> dict[str, Any]:
+    parent: dict[str, Any] = {"pid": ancestor["pid"]}
+    if ancestor.get("name"):
+        parent["name"] = ancestor["name"]
+    path = ancestor.get("executable")
+    if path:
+        parent["file"] = {"path": path, "name": path.rsplit("/", 1)[-1], "type_id": 1}
+    return parent
 
 
 def container_object(finding: Finding) -> dict[str, Any] | None:
@@ -134,6 +162,8 @@ def container_object(finding: Finding) -> dict[str, Any] | None:
     if p is None or not p.container_id:
         return None
     container: dict[str, Any] = {"uid": p.container_id}
+    if p.container_name:
+        container["name"] = p.container_name
     if p.container_runtime:
         container["runtime"] = p.container_runtime
     if p.pod_uid:
@@ -199,8 +229,8 @@ def finding_to_ocsf(
             evidence["process"] = process if not evidences else process_ref
         if container is not None:
             evidence["container"] = container
-        if endpoint is not None and item.rule_id.startswith("net-"):
-            evidence["dst_endpoint"] = endpoint
+        if endpoint is not None and (item.rule_id.startswith("net-") or not evidences):
+            evidence["dst_endpoint"] = endpoint  # the first item names it too: every record does
         if finding.kind == "host" and finding.subject and finding.subject.startswith("/"):
             evidence["file"] = {
                 "path": finding.subject,
@@ -218,6 +248,15 @@ def finding_to_ocsf(
     resources: list[dict[str, Any]] = [{"type": "host", "name": hostname, "uid": hostname}]
     if container is not None:
         resources.append({"type": "container", "uid": container["uid"]})
+    lifetime: dict[str, Any] = {}
+    totals = finding.totals or {}
+    if totals.get("started") and totals.get("ended"):
+        lifetime = {
+            "start_time": _ms(totals["started"]),
+            "end_time": _ms(totals["ended"]),
+            "duration": _ms(max(0.0, totals["ended"] - totals["started"])),
+        }
+    ended = finding.activity == "close" and finding.kind == "process"
     return {
         "class_uid": CLASS_UID,
         "class_name": CLASS_NAME,
@@ -233,6 +272,8 @@ def finding_to_ocsf(
         "status_id": status_id,
         "status": status,
         "risk_score": int(round(finding.score)),
+        **({"status_detail": "process ended"} if ended else {}),
+        **lifetime,
         "message": finding.explanation,
         "finding_info": {
             "uid": finding_uid(finding, hostname),
@@ -262,6 +303,7 @@ def finding_to_ocsf(
                 # OCSF 1.4's is_alert, kept here while the records declare 1.3
                 "is_alert": finding.is_alert and finding.activity != "close",
                 **({"host_gpu": finding.host_gpu} if finding.host_gpu is not None else {}),
+                **_lifecycle_fields(finding),
                 **(
                     {"evidence_omitted": finding.evidence_omitted}
                     if finding.evidence_omitted
@@ -270,3 +312,26 @@ def finding_to_ocsf(
             }
         },
     }
+
+
+def _lifecycle_fields(finding: Finding) -> dict[str, Any]:
+    """The agent's process-finding view OCSF 1.3 has no place for: record number, what grew,
+    lifetime totals, every destination, the GPU use and the parent chain."""
+    out: dict[str, Any] = {}
+    if finding.finding_id:
+        out["finding"] = {
+            k: v
+            for k, v in (
+                ("id", finding.finding_id),
+                ("sequence", finding.sequence),
+                ("activity", finding.activity),
+                ("changes", list(finding.changes)),
+                ("totals", finding.totals),
+            )
+            if v not in (None, [], {})
+        }
+    if finding.destinations:
+        out["destinations"] = [d.to_json() for d in finding.destinations]
+    if finding.gpu is not None:
+        out["gpu"] = finding.gpu.to_json()
+    return out

@@ -309,7 +309,8 @@ _ECS_SKELETON = (
     "event.type", "event.outcome", "event.risk_score", "event.severity", "event.module",
     "event.dataset", "event.created", "rule.id", "rule.ruleset", "host.hostname", "host.name",
     "process.pid", "process.entity_id", "gpuguard.kind", "gpuguard.action", "gpuguard.status",
-    "gpuguard.verdict", "gpuguard.score",
+    "gpuguard.verdict", "gpuguard.score", "event.id", "event.sequence", "gpuguard.finding.id",
+    "gpuguard.finding.sequence", "gpuguard.finding.activity",
 )  # fmt: skip
 _OCSF_SKELETON = (
     "class_uid", "class_name", "category_uid", "category_name", "activity_id", "activity_name",

@@ -1,23 +1,10 @@
-"""What a kill-on-touch block keys on: the offender's own program, never an interpreter or a shared file.
+"""What a kill-on-touch block keys on: the offender's own program, never an interpreter or shared file.
 
-:func:`block_target` decides, for a verified offender process, what its block
-may name:
-
-* an interpreter or shell (found from the ELF: the interpreter's own entry
-  points among its dynamic symbols, or a shell's grammar words; a name list
-  alone is never trusted) -> the **script**: the file its argv runs (path and
-  sha256), or the inline ``-c``/``-e`` code with the arguments after it
-  (sha256: a generic launcher run with other arguments is another program).
-  The interpreter itself is never blocked;
-* an executable that a live process outside the offender's tree also runs, or
-  one under ``shared_exe_prefixes`` -> **tree only**: the offender and its
-  descendants, nothing else;
-* otherwise -> the **executable** (path, device+inode, size+sha256).
-
-:class:`ExecIdentities` holds the identities of the blocks in place and
-matches an exec report against them (:meth:`ExecIdentities.match`).  Identical
-bytes at another path match only when no process outside the block's tree
-runs that file and it is no interpreter.
+:func:`block_target` decides, for a verified offender, what its block may name: the script
+an interpreter or shell runs (never the interpreter, known from the ELF, not its name),
+the offender's tree only (a shared executable), or the executable (path, device+inode,
+size+sha256).  :class:`ExecIdentities` matches exec reports against the blocks in place.
+The table of cases: docs/respond.md, "What a block names".
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.errors import GpuguardError
+from gpuguard.errors import Problems
 
 VERDICTS = ("clean", "suspicious", "malicious")
 # In the order they run: the kernel blocks go in first so a respawn or a child
@@ -97,186 +97,195 @@ class ResponseSettings:
     state_dir: str = DEFAULT_STATE_DIR
 
 
-def parse_response_settings(section: Mapping | None, *, source: str) -> ResponseSettings:
-    """Validate the ``response:`` section read from ``source`` (a file name, for messages)."""
+def parse_response_settings(
+    section: Mapping | None, *, source: str, problems: Problems | None = None
+) -> ResponseSettings:
+    """Validate the ``response:`` section read from ``source`` (a file name, for messages).
+
+    With ``problems`` collecting (``gpuguard config validate``), every problem is recorded there
+    and a default stands in for each bad value; otherwise the first one is raised.
+    """
     if section is None:
         return ResponseSettings()
-    where = f"{source}: response"
-    data = _mapping(section, where, _TOP_KEYS)
+    p = problems or Problems(source)
+    at: tuple = ("response",)
+    data = _mapping(section, at, _TOP_KEYS, p)
     actions = dict(DEFAULT_ACTIONS)
-    for verdict, steps in _mapping(data.get("actions", {}), f"{where}.actions", VERDICTS).items():
-        actions[verdict] = _steps(steps, f"{where}.actions.{verdict}")
+    for verdict, steps in _mapping(data.get("actions", {}), at + ("actions",), VERDICTS, p).items():
+        actions[verdict] = _steps(steps, at + ("actions", verdict), p)
     rule_actions = {
-        str(rule): _steps(steps, f"{where}.rule_actions.{rule}")
+        str(rule): _steps(steps, at + ("rule_actions", rule), p)
         for rule, steps in _mapping(
-            data.get("rule_actions", {}), f"{where}.rule_actions", None
+            data.get("rule_actions", {}), at + ("rule_actions",), None, p
         ).items()
     }
-    kill = _mapping(data.get("kill", {}), f"{where}.kill", ("grace_s", "target"))
+    kill = _mapping(data.get("kill", {}), at + ("kill",), ("grace_s", "target"), p)
     touch = _mapping(
         data.get("kill_on_touch", {}),
-        f"{where}.kill_on_touch",
+        at + ("kill_on_touch",),
         ("ttl_s", "shared_exe_prefixes", "breaker_victims_per_minute"),
+        p,
     )
     quarantine = _mapping(
-        data.get("quarantine", {}), f"{where}.quarantine", ("ttl_s", "cgroup_parent")
+        data.get("quarantine", {}), at + ("quarantine",), ("ttl_s", "cgroup_parent"), p
     )
     egress = _mapping(
         data.get("block_egress", {}),
-        f"{where}.block_egress",
+        at + ("block_egress",),
         ("ttl_s", "nftables", "nftables_netns", "never_block"),
+        p,
     )
     target = kill.get("target", "process")
     if target not in ("process", "group", "cgroup"):
-        raise GpuguardError(
-            f"{where}.kill.target: {target!r} is not process, group or cgroup", f"fix {source}"
-        )
+        p.add(at + ("kill", "target"), f"{target!r} is not process, group or cgroup")
+        target = "process"
     scope = data.get("scope", "all")
     if scope not in SCOPES:
-        raise GpuguardError(
-            f"{where}.scope: {scope!r} is not one of {', '.join(SCOPES)}", f"fix {source}"
-        )
+        p.add(at + ("scope",), f"{scope!r} is not one of {', '.join(SCOPES)}")
+        scope = "all"
     hooks = data.get("hooks", [])
     if not isinstance(hooks, list):
-        raise GpuguardError(f"{where}.hooks: expected a list of hooks", f"fix {source}")
+        p.add(at + ("hooks",), "expected a list of hooks")
+        hooks = []
+    hook_settings = (_hook(h, at + ("hooks", i), p) for i, h in enumerate(hooks))
+    touch_at, egress_at = at + ("kill_on_touch",), at + ("block_egress",)
     return ResponseSettings(
         actions=actions,
         rule_actions=rule_actions,
-        kill_grace_s=_number(kill.get("grace_s", 2.0), f"{where}.kill.grace_s", source),
+        kill_grace_s=_number(kill.get("grace_s", 2.0), at + ("kill", "grace_s"), p),
         kill_target=target,
-        touch_ttl_s=_number(touch.get("ttl_s", 86400.0), f"{where}.kill_on_touch.ttl_s", source),
-        shared_exe_prefixes=tuple(
-            _text(p, f"{where}.kill_on_touch.shared_exe_prefixes", source)
-            for p in _list(
-                touch.get("shared_exe_prefixes", list(SHARED_EXE_PREFIXES)),
-                f"{where}.kill_on_touch.shared_exe_prefixes",
-                source,
-            )
+        touch_ttl_s=_number(touch.get("ttl_s", 86400.0), touch_at + ("ttl_s",), p),
+        shared_exe_prefixes=_texts(
+            touch.get("shared_exe_prefixes", list(SHARED_EXE_PREFIXES)),
+            touch_at + ("shared_exe_prefixes",),
+            p,
         ),
         breaker_victims_per_minute=int(
             _number(
                 touch.get("breaker_victims_per_minute", 3),
-                f"{where}.kill_on_touch.breaker_victims_per_minute",
-                source,
+                touch_at + ("breaker_victims_per_minute",),
+                p,
             )
         ),
-        quarantine_ttl_s=_number(quarantine.get("ttl_s", 0.0), f"{where}.quarantine.ttl_s", source),
+        quarantine_ttl_s=_number(quarantine.get("ttl_s", 0.0), at + ("quarantine", "ttl_s"), p),
         quarantine_parent=_text(
-            quarantine.get("cgroup_parent", ""), f"{where}.quarantine.cgroup_parent", source
+            quarantine.get("cgroup_parent", ""), at + ("quarantine", "cgroup_parent"), p
         ),
-        egress_ttl_s=_number(egress.get("ttl_s", 3600.0), f"{where}.block_egress.ttl_s", source),
-        nftables=_flag(egress.get("nftables", True), f"{where}.block_egress.nftables", source),
-        nftables_netns=_text(
-            egress.get("nftables_netns", ""), f"{where}.block_egress.nftables_netns", source
-        ),
+        egress_ttl_s=_number(egress.get("ttl_s", 3600.0), egress_at + ("ttl_s",), p),
+        nftables=_flag(egress.get("nftables", True), egress_at + ("nftables",), p),
+        nftables_netns=_text(egress.get("nftables_netns", ""), egress_at + ("nftables_netns",), p),
         never_block_host_wide=tuple(
-            _network(n, f"{where}.block_egress.never_block", source)
-            for n in _list(
-                egress.get("never_block", []), f"{where}.block_egress.never_block", source
+            n
+            for i, v in enumerate(
+                _list(egress.get("never_block", []), egress_at + ("never_block",), p)
             )
+            if (n := _network(v, egress_at + ("never_block", i), p))
         ),
-        hooks=tuple(_hook(h, f"{where}.hooks[{i}]", source) for i, h in enumerate(hooks)),
+        hooks=tuple(h for h in hook_settings if h is not None),
         scope=scope,
-        cgroups=tuple(
-            _text(c, f"{where}.cgroups", source)
-            for c in _list(data.get("cgroups", []), f"{where}.cgroups", source)
-        ),
-        protect_exes=tuple(
-            _text(e, f"{where}.protect_exes", source)
-            for e in _list(data.get("protect_exes", []), f"{where}.protect_exes", source)
-        ),
+        cgroups=_texts(data.get("cgroups", []), at + ("cgroups",), p),
+        protect_exes=_texts(data.get("protect_exes", []), at + ("protect_exes",), p),
         max_actions_per_minute=int(
-            _number(
-                data.get("max_actions_per_minute", 30), f"{where}.max_actions_per_minute", source
-            )
+            _number(data.get("max_actions_per_minute", 30), at + ("max_actions_per_minute",), p)
         ),
-        pin_root=_text(data.get("pin_root", DEFAULT_PIN_ROOT), f"{where}.pin_root", source),
-        state_dir=_text(data.get("state_dir", DEFAULT_STATE_DIR), f"{where}.state_dir", source),
+        pin_root=_text(data.get("pin_root", DEFAULT_PIN_ROOT), at + ("pin_root",), p),
+        state_dir=_text(data.get("state_dir", DEFAULT_STATE_DIR), at + ("state_dir",), p),
     )
 
 
-def _mapping(value: Any, where: str, keys: tuple[str, ...] | None) -> dict:
+def _mapping(value: Any, at: tuple, keys: tuple[str, ...] | None, p: Problems) -> dict:
     if not isinstance(value, Mapping):
-        raise GpuguardError(f"{where}: expected a mapping", f"fix {where.split(':')[0]}")
+        p.add(at, "expected a mapping")
+        return {}
+    out = dict(value)
     if keys is not None:
         for key in value:
             if key not in keys:
-                raise GpuguardError(
-                    f"{where}: unknown key {key!r} (expected one of {', '.join(keys)})",
-                    f"fix {where.split(':')[0]}",
+                p.add(
+                    at + (key,),
+                    f"unknown key {key!r} (expected one of {', '.join(keys)})",
+                    key=True,
                 )
-    return dict(value)
+                del out[key]
+    return out
 
 
-def _steps(value: Any, where: str) -> tuple[str, ...]:
+def _steps(value: Any, at: tuple, p: Problems) -> tuple[str, ...]:
     steps = [value] if isinstance(value, str) else value
     if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
-        raise GpuguardError(
-            f"{where}: expected an action or a list of actions", f"fix {where.split(':')[0]}"
-        )
-    for step in steps:
+        p.add(at, "expected an action or a list of actions")
+        return ()
+    for i, step in enumerate(steps):
         if step not in (*STEPS, "none"):
-            raise GpuguardError(
-                f"{where}: unknown action {step!r} (expected one of none, {', '.join(STEPS)})",
-                f"fix {where.split(':')[0]}",
-            )
-    return tuple(s for s in steps if s != "none")
+            where = at + (i,) if isinstance(value, list) else at
+            p.add(where, f"unknown action {step!r} (expected one of none, {', '.join(STEPS)})")
+    return tuple(s for s in steps if s in STEPS)
 
 
-def _hook(value: Any, where: str, source: str) -> HookSettings:
-    hook = _mapping(value, where, ("name", "argv", "on", "timeout_s"))
+def _hook(value: Any, at: tuple, p: Problems) -> HookSettings | None:
+    found = len(p.found)
+    hook = _mapping(value, at, ("name", "argv", "on", "timeout_s"), p)
     argv = hook.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        raise GpuguardError(
-            f"{where}.argv: expected a non-empty list of strings (no shell is used)",
-            f"fix {source}",
-        )
-    if not argv[0].startswith("/"):
-        raise GpuguardError(
-            f"{where}.argv[0]: {argv[0]!r} is not an absolute path", f"fix {source}"
-        )
-    on = tuple(_list(hook.get("on", ["malicious"]), f"{where}.on", source))
-    for verdict in on:
+        p.add(at + ("argv",), "expected a non-empty list of strings (no shell is used)")
+        argv = ["/"]
+    elif not argv[0].startswith("/"):
+        p.add(at + ("argv", 0), f"{argv[0]!r} is not an absolute path")
+    on = tuple(_list(hook.get("on", ["malicious"]), at + ("on",), p))
+    for i, verdict in enumerate(on):
         if verdict not in VERDICTS:
-            raise GpuguardError(f"{where}.on: unknown verdict {verdict!r}", f"fix {source}")
-    return HookSettings(
-        name=_text(hook.get("name", argv[0].rsplit("/", 1)[-1]), f"{where}.name", source),
+            p.add(at + ("on", i), f"unknown verdict {verdict!r}")
+    settings = HookSettings(
+        name=_text(hook.get("name", argv[0].rsplit("/", 1)[-1]), at + ("name",), p),
         argv=tuple(argv),
         on=on,
-        timeout_s=_number(hook.get("timeout_s", 10.0), f"{where}.timeout_s", source),
+        timeout_s=_number(hook.get("timeout_s", 10.0), at + ("timeout_s",), p),
     )
+    return settings if len(p.found) == found else None
 
 
-def _network(value: Any, where: str, source: str) -> str:
+def _network(value: Any, at: tuple, p: Problems) -> str:
     try:
         return str(ipaddress.ip_network(str(value), strict=False))
     except ValueError:
-        raise GpuguardError(
-            f"{where}: {value!r} is not an address or network (e.g. 10.0.0.0/8)", f"fix {source}"
-        ) from None
+        p.add(at, f"{value!r} is not an address or network (e.g. 10.0.0.0/8)")
+        return ""
 
 
-def _number(value: Any, where: str, source: str) -> float:
+def _number(value: Any, at: tuple, p: Problems) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise GpuguardError(f"{where}: expected a number >= 0, got {value!r}", f"fix {source}")
+        p.add(at, f"expected a number >= 0, got {value!r}")
+        return 0.0
     return float(value)
 
 
-def _flag(value: Any, where: str, source: str) -> bool:
+def _flag(value: Any, at: tuple, p: Problems) -> bool:
     if not isinstance(value, bool):
-        raise GpuguardError(f"{where}: expected true or false, got {value!r}", f"fix {source}")
+        p.add(at, f"expected true or false, got {value!r}")
+        return False
     return value
 
 
-def _text(value: Any, where: str, source: str) -> str:
+def _text(value: Any, at: tuple, p: Problems) -> str:
     if not isinstance(value, str):
-        raise GpuguardError(f"{where}: expected a string, got {value!r}", f"fix {source}")
+        p.add(at, f"expected a string, got {value!r}")
+        return ""
     return value
 
 
-def _list(value: Any, where: str, source: str) -> list:
+def _texts(value: Any, at: tuple, p: Problems) -> tuple[str, ...]:
+    out = []
+    for i, item in enumerate(_list(value, at, p)):
+        text = _text(item, at + (i,) if isinstance(value, list) else at, p)
+        if isinstance(item, str):
+            out.append(text)
+    return tuple(out)
+
+
+def _list(value: Any, at: tuple, p: Problems) -> list:
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list):
-        raise GpuguardError(f"{where}: expected a list", f"fix {source}")
+        p.add(at, "expected a list")
+        return []
     return value

@@ -1,28 +1,13 @@
-"""kill-on-touch: the offender's own program and tree go into pinned kernel maps; a match dies at its touch.
+"""kill-on-touch: the offender's program and tree go into pinned kernel maps; a match dies on touch.
 
-probes/respond_touch.bpf.c does the killing (see its header); this module
-fills its maps and reads its reports.  What a block names is decided by
-:mod:`gpuguard.respond.exec_match`: a native offender's executable (its path
-hashed in the kernel, so a respawn from the same path is blocked at exec; its
-device+inode and sha256 matched here on each exec report, so a renamed copy is
-found and killed through a verified pidfd), the script an interpreter runs
-(never the interpreter), or only the offender's own tree.  The tree's pids go
-in flagged as the tree; forks of blocked processes are added by the kernel.
-
-Every report is handled here: a kill becomes one record naming the victim
-(pid, exe, cmdline as known when it entered the block), the block and the
-reason; a block whose kills hit more than ``breaker_limit`` processes a minute
-that are not the offender's own (its tree, or an exact copy of it: a respawn)
-trips its circuit breaker: it is suspended in the kernel (one write to the
-block's state in ``touch_blocks``, which every entry of the block checks before
-acting) and so here too, and one record names it and its victims; it stays
-suspended until it is lifted or re-armed (``gpuguard unblock --rearm``).  A process that runs a blocked path but holds
-another file there (an updated binary, something else renamed into place) is
-such a victim.  With a scope
-(``response.cgroups`` or ``scope: containers``) the kernel acts only inside it
-(``set_scope``).  Entries carry a deadline and expire in the kernel.  The
-programs are attached only while this module is loaded; the maps (and so the
-entries) are pinned.
+probes/respond_touch.bpf.c does the killing (see its header); this module fills its maps
+(what a block names comes from :mod:`gpuguard.respond.exec_match`) and reads its reports:
+each kill becomes one record naming the victim, the block and the reason, and a block that
+kills too many processes not its own trips its circuit breaker (suspended in the kernel
+until lifted or re-armed).  With a scope the kernel acts only inside it (``set_scope``).
+Entries expire in the kernel; the maps are pinned, the programs attached while loaded.
+What a block names, the breaker and its limits: docs/respond.md ("What a block names",
+"Safety").
 """
 
 from __future__ import annotations

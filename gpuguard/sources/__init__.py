@@ -1,4 +1,4 @@
-"""Sources: where facts come from — the eBPF sensor, GPU samplers, /proc, files on the host, recordings.
+"""Sources: where facts come from: the eBPF sensor, GPU samplers, /proc, host files, recordings.
 
 Owns every read of the outside world that produces events or facts: the
 probe loader and ring-buffer decoding (``sensor``, ``bpf_decode``), process

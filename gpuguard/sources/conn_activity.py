@@ -29,7 +29,7 @@ import time
 
 from gpuguard.events.model import ConnActivity
 from gpuguard.sources.bpf_decode import boot_to_epoch_offset
-from gpuguard.sources.kernel_maps import SLOT_MULTI, slot_index
+from gpuguard.sources.kernel_maps import SLOT_MULTI, array_items, slot_index
 from gpuguard.sources.tcp_sessions import TcpSession, TcpSessionReader, socket_fds
 
 ACTIVITY_TIMES = 8
@@ -149,9 +149,8 @@ class ConnActivityReader:
     def _records(self) -> list:
         """The occupied activity slots (copies), read in one batch where the kernel can."""
         try:
-            pairs = self._activity.items_lookup_batch()
-            return [leaf for _, leaf in pairs if leaf.owner]
-        except Exception:  # noqa: BLE001 - kernels without batch ops on arrays (< 5.6)
+            return [leaf for _, leaf in array_items(self._activity) if leaf.owner]
+        except OSError:  # kernels without batch ops on arrays (< 5.6)
             return [leaf for _, leaf in self._activity.items() if leaf.owner]
 
     # -- hygiene -----------------------------------------------------------------

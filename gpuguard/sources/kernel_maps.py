@@ -11,6 +11,8 @@ be changing it at the same moment, and "ask the map" is right whatever it did).
 
 from __future__ import annotations
 
+import ctypes as ct
+import errno
 import os
 from collections.abc import Callable
 
@@ -23,6 +25,43 @@ SLOT_HASH_MUL = DEFINES["GG_SLOT_HASH_MUL"]
 def slot_index(tgid: int, fd: int, slots: int) -> int:
     """The probes' fd-slot index for (tgid, fd) (gg_slot_index in maps.bpf.h)."""
     return ((tgid * SLOT_HASH_MUL) + (fd & 0xFFFFFFFF)) & 0xFFFFFFFF & (slots - 1)
+
+
+def array_items(table, batch: int = 0) -> list[tuple]:
+    """Every (key, value) of a bcc array map, read with BPF_MAP_LOOKUP_BATCH.
+
+    bcc's own ``items_lookup_batch`` (0.26) passes one variable as both the batch
+    token and the count, so the kernel's reply to one overwrites the other: it can
+    loop without end.  Here they are separate; the kernel ends with ENOENT.  ``batch``
+    caps the entries per call (0: as many as the map holds).
+    """
+    from bcc.libbcc import lib
+
+    size = table.max_entries
+    keys, values = (table.Key * size)(), (table.Leaf * size)()
+    token_in, token_out, count = ct.c_uint32(0), ct.c_uint32(0), ct.c_uint32(0)
+    key_size, value_size = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
+    total = 0
+    while total < size:
+        count.value = min(size - total, batch or size)
+        res = lib.bpf_lookup_batch(
+            table.map_fd,
+            ct.byref(token_in) if total else None,
+            ct.byref(token_out),
+            ct.byref(keys, key_size * total),
+            ct.byref(values, value_size * total),
+            ct.byref(count),
+        )
+        err = ct.get_errno()
+        total += count.value
+        if res != 0:
+            if err == errno.ENOENT:
+                break  # the end of the map
+            raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
+        if count.value == 0:
+            break
+        token_in.value = token_out.value
+    return [(keys[i], values[i]) for i in range(min(total, size))]
 
 
 class KernelMaps:

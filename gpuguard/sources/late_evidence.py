@@ -1,5 +1,6 @@
-"""What a process first seen late still shows about its config: files it holds open, and the
-config its command line names even after it was deleted.
+"""What a process first seen late still shows about its config, even after it was deleted.
+
+The files it holds open, and the config its command line names.
 
 A miner that reads ``config.json`` and deletes it at once leaves nothing for a reader who
 comes later (the agent's first sweep after a restart, a scan), unless it still holds the

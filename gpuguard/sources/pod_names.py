@@ -1,4 +1,4 @@
-"""Kubernetes names (namespace, pod, container) of a process, from its cgroup and the kubelet's log tree.
+"""Kubernetes names (namespace, pod, container) of a process, from its cgroup and the kubelet's logs.
 
 The cgroup path gives only ids (:mod:`gpuguard.sources.containers`: pod uid and
 container id).  The kubelet names them on the node itself, without the API server:

@@ -1,4 +1,4 @@
-"""Session evidence for ``gpuguard scan``: tcp_info of GPU holders' connections, snapshotted once a second.
+"""Session evidence for ``gpuguard scan``: tcp_info of GPU holders' connections, once a second.
 
 Data flow: while scan's window runs, :meth:`SessionWindow.sample` reads the
 TCP counters of the watched pids' sockets (:class:`~gpuguard.sources.tcp_sessions.TcpSessionReader`)

@@ -1,4 +1,4 @@
-"""The TCP stack's own per-socket counters (tcp_info), read through NETLINK_SOCK_DIAG and mapped to (pid, fd).
+"""The TCP stack's per-socket counters (tcp_info), read through NETLINK_SOCK_DIAG, mapped to (pid, fd).
 
 Data flow: pids -> their TCP socket fds (``socket:[INODE]`` links in
 /proc/PID/fd, :func:`socket_fds`) -> grouped by network namespace (the

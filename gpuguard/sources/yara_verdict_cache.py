@@ -1,22 +1,10 @@
 """YARA results of executables from earlier runs, kept on disk so a repeated scan skips them.
 
-Data flow: ``/var/cache/gpuguard/yara-exe-cache.json`` -> :class:`YaraExeCache`
-(plain ``(rules, tags)`` per executable identity) -> the detect layer's
-``PersistentYaraScanner`` answers file scans from it and stores new ones ->
-written back at the end of the run.  This module reads and writes the file
-only; it knows nothing of YARA itself.
-
-The key is (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of the file
-behind ``/proc/PID/exe``: ctime cannot be set from user space, so a binary
-rewritten in place with its size and mtime restored still gets a new key.
-The whole file belongs to one rule-set digest (sha256 of every YARA file's
-path and bytes); new rules discard it.
-
-A cache that decides what root treats as clean must not be writable by
-anyone else: it is used only when running as root, only when its directory
-and file are owned by root and not writable by group/others, is opened with
-O_NOFOLLOW, and is replaced atomically.  Anything else (missing, corrupt,
-unsafe) means "no cache", with a note saying why.
+The file (``/var/cache/gpuguard/yara-exe-cache.json``) holds plain ``(rules, tags)`` per
+executable identity under one rule-set digest; the detect layer's ``PersistentYaraScanner``
+answers file scans from it.  This module reads and writes the file only, and uses it only
+when it is root's alone (otherwise "no cache", with a note).  Key, digest and safety rules:
+docs/scan.md, "The YARA cache".
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuguard.agent.simulator import parse_ready, start_simulator, stop_simulator
+from gpuguard.proving.simulator import parse_ready, start_simulator, stop_simulator
 
 REPO = Path(__file__).resolve().parent.parent.parent
 

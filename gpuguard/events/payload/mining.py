@@ -1,4 +1,4 @@
-"""Mining pool protocols: stratum, CryptoNote (XMRig), ETHPROXY JSON-RPC and a plaintext Stratum V2 SetupConnection.
+"""Mining pool protocols: stratum, CryptoNote (XMRig), ETHPROXY and plaintext Stratum V2 setup.
 
 JSON-RPC lines cut at the capture limit are still read leniently for their
 method and login fields; passwords are never copied into ``detail``.

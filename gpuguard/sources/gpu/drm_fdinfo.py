@@ -1,4 +1,4 @@
-"""Any DRM GPU (amdgpu, i915, xe, msm, panfrost, …) from /proc/PID/fdinfo, no vendor library: discovery and the sampler.
+"""Any DRM GPU (amdgpu, i915, xe, msm, panfrost…) from /proc/PID/fdinfo: discovery and the sampler.
 
 Which processes hold DRM nodes (:class:`FdTableSweeper`, through
 ``gpuguard.sources.gpu_fds``), which cards sysfs knows, and the sampler that

@@ -1,4 +1,4 @@
-"""DRM client usage stats (Documentation/gpu/drm-usage-stats.rst): parsing one fdinfo, and utilisation maths.
+"""DRM client usage stats (drm-usage-stats.rst): parsing one fdinfo, and utilisation maths.
 
 The kernel prints, for each open DRM file: ``drm-driver``, ``drm-client-id``,
 ``drm-pdev``, busy time per engine (``drm-engine-<e>: <n> ns``, with

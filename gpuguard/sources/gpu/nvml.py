@@ -3,24 +3,10 @@
 The library module is injectable (``open_sampler(library=...)``), so tests run
 this adapter against a faithful fake of ``pynvml``.
 
-Choices worth knowing:
-
-* Every NVML call that fails for one field (NOT_SUPPORTED on a consumer card,
-  NO_PERMISSION, a function the driver lacks) makes that field ``None`` and
-  adds one line to ``GpuSnapshot.errors`` the first time, not every sample.
-* A GPU that falls off the bus (GPU_IS_LOST and friends) is still listed, with
-  its identity and ``extra["state"] = "lost"``; each later sample tries to get a
-  handle again (by UUID), and NVML is re-initialised (at most every
-  ``REINIT_INTERVAL_S``) when the driver itself went away.  When the device is
-  back, sampling resumes with no restart.
-* Per-process utilisation comes from ``nvmlDeviceGetProcessUtilization(handle,
-  lastSeenTimeStamp)`` with a per-device timestamp so no sample is counted
-  twice.  NOT_FOUND means "no sample newer than that timestamp": the last
-  value seen for a pid is kept while it is younger than ``UTIL_STALE_AFTER_S``,
-  then the pid's utilisation becomes ``None`` (not 0: NVML did not say idle).
-* PCIe traffic comes from the driver's byte counters, or from the 20 ms
-  throughput call only every 30 s where there are none
-  (:mod:`gpuguard.sources.gpu.nvml_pcie`): the other calls of a sample took ~3 ms per GPU on an H100.
+A field NVML cannot give is ``None`` (one error line the first time), a lost GPU stays
+listed and is retried, per-process utilisation is never counted twice and goes ``None`` when
+stale, and PCIe comes from byte counters.  The reasons: docs/gpus.md, "NVML: choices worth
+knowing".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A harmless miner simulator for ``gpuguard selftest``: looks like a GPU miner, mines nothing.
 
-``python -m gpuguard.agent.simulator`` runs inside a private mount and
+``python -m gpuguard.proving.simulator`` runs inside a private mount and
 network namespace (``unshare -m -n``, started by :func:`start_simulator`):
 
 1. /dev becomes a private tmpfs holding GPU-named nodes backed by the null
@@ -46,7 +46,7 @@ def miner_argv(pool_port: int, ioctls: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "gpuguard.agent.simulator",
+        "gpuguard.proving.simulator",
         "miner",
         "--ioctls",
         str(ioctls),
@@ -69,7 +69,7 @@ def start_simulator(
     """Start the simulator in new mount and network namespaces (root only); read its ready line next.
 
     With ``cgroup`` (a cgroup v2 directory) it starts inside that cgroup, so an enforce agent
-    scoped to it (:mod:`gpuguard.agent.enforce_scope`) may act on it and on nothing else.
+    scoped to it (:mod:`gpuguard.proving.enforce_scope`) may act on it and on nothing else.
     """
     unshare = shutil.which("unshare")
     if unshare is None:
@@ -87,7 +87,7 @@ def start_simulator(
         "private",
         sys.executable,
         "-m",
-        "gpuguard.agent.simulator",
+        "gpuguard.proving.simulator",
         "--pool-port",
         str(pool_port),
         "--ioctls",

@@ -6,7 +6,7 @@ processes run.  :class:`EnforceScope` makes a cgroup v2 directory of its own
 (``/<prefix>-<pid>``), a private BPF pin root and block-record directory, and
 writes the ``response:`` section that confines the agent to that cgroup (no
 host-wide nftables sets).  The simulator is started inside the cgroup
-(:func:`gpuguard.agent.simulator.start_simulator` ``cgroup=``).  ``close()``
+(:func:`gpuguard.proving.simulator.start_simulator` ``cgroup=``).  ``close()``
 lifts every block the agent left, removes the pin root and the cgroups.
 """
 

@@ -2,14 +2,14 @@
 
 Data flow: find the running agent through its state file (or start one for
 the test, with its own state file and log in a temporary directory) -> start
-the harmless simulator (:mod:`gpuguard.agent.simulator`) in private
+the harmless simulator (:mod:`gpuguard.proving.simulator`) in private
 namespaces -> watch the agent's state file for a finding on the simulator's
 miner (and, in enforce mode, an action that was carried out) -> stop the
 simulator (and the agent it started) -> PASS or FAIL with the time from the
 miner's start to the finding.
 
 An enforce agent started for the test is confined to a cgroup made for the
-simulator (:class:`~gpuguard.agent.enforce_scope.EnforceScope`: its own
+simulator (:class:`~gpuguard.proving.enforce_scope.EnforceScope`: its own
 cgroup, pin root and block records, no host-wide firewall sets), so on a real
 host it can act on the simulator and nothing else; everything it blocked is
 lifted afterwards.
@@ -27,10 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuguard.agent.enforce_scope import EnforceScope
-from gpuguard.agent.simulator import DEFAULT_POOL_PORT, parse_ready, start_simulator, stop_simulator
 from gpuguard.agent.status_file import agent_alive, read_status
 from gpuguard.errors import GpuguardError
+from gpuguard.proving.enforce_scope import EnforceScope
+from gpuguard.proving.simulator import (
+    DEFAULT_POOL_PORT,
+    parse_ready,
+    start_simulator,
+    stop_simulator,
+)
 
 POLL_S = 0.02
 ENFORCED = ("done", "dry-run")

@@ -1,0 +1,393 @@
+"""Process findings over their life: one id, coalesced and rate-limited updates, a close with totals.
+
+Policy (what the detect loop asks of :class:`ProcessFindings`):
+
+* **create**: a process is first reported when its verdict reaches suspicious
+  or malicious, or it first matches a rule tagged ``gpu-abuse`` (a note the
+  SIEM sees even below the threshold).  The finding gets its id, stable for
+  the process's life (:func:`finding_id`: host, pid and start time), which
+  every later record repeats (ECS ``gpuguard.finding.id``, OCSF
+  ``finding_info.uid``; ECS ``event.id`` is the id and the record's number).
+* **update**: the evidence grew materially since the last record: new rule
+  ids, a new destination, a GPU device opened (a GPU attach), a new
+  executable (a launcher that exec'd the miner), or the verdict changed.
+  Growth is coalesced: at most one update per finding per ``interval_s``
+  (``findings.update_interval_s`` in agent.yaml), carrying everything that
+  grew meanwhile.  An **escalation** (the verdict reaches a level the finding
+  never had) is written at once, and it alone is acted on: the responder runs
+  once per escalation, never on a plain update.
+* **close**: the process ended (one the correlator forgot while idle or under
+  pressure is looked up in /proc: its finding stays open while it runs).  The record
+  carries the lifetime totals: age, the time it held a GPU and the most GPU
+  memory seen, bytes to and from its top destination (from the connection
+  activity the sensor reports for watched processes), and the actions taken.
+
+Every record also carries the SHA-256 of the executable the process runs
+(through ``/proc/PID/exe``, once per executable file; not over
+:data:`MAX_HASH_BYTES`).  Action outcomes may come from the responder's
+threads (:meth:`ProcessFindings.note_action`): they only append to a bounded list.
+
+Records are built by the pipeline (``finding_from_verdict``) and stamped here
+(:meth:`ProcessFindings.stamp`); nothing here writes or acts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from gpuguard.correlate.state import ProcessKey, ProcessState
+from gpuguard.detect.allowlist import sha256_of_file
+from gpuguard.outputs.finding import Finding
+from gpuguard.sources.pod_names import PodNames
+
+GPU_ABUSE_TAG = "gpu-abuse"
+DEFAULT_UPDATE_INTERVAL_S = 30.0
+VERDICT_RANK = {"clean": 0, "suspicious": 1, "malicious": 2}
+POLL_S = 0.5  # open findings are checked for growth and exits this often
+FORGOTTEN_CHECK_S = 10.0  # a process the correlator forgot (idle, evicted) is looked up this often
+MAX_ACTIONS = 16  # actions a close record lists (the count is kept beyond)
+MAX_SESSIONS = 64  # connections whose byte counts a finding keeps
+# The detect loop hashes a finding's executable: a larger one is not hashed (no stall), and a
+# hash is reused for the same file (device, inode, size, mtime) across processes.
+MAX_HASH_BYTES = 64 << 20
+HASH_CACHE = 256
+
+
+def finding_id(hostname: str, pid: int, start_time: float) -> str:
+    """The id of the finding about one process on one host (40 characters, CEF's externalId)."""
+    text = f"{hostname}|process-finding|{pid}|{start_time:.2f}"
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"gpuguard-{digest[:31]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What one record said about a process, to compare with what is known now."""
+
+    verdict: str
+    rule_ids: frozenset[str]
+    destinations: frozenset[tuple[str, int]]
+    gpu: frozenset[str]  # device paths and classes
+    exe: str
+
+    @classmethod
+    def of(cls, verdict: Any, state: ProcessState | None) -> Evidence:
+        rules = frozenset(e.rule_id for e in verdict.evidence)
+        if state is None:
+            return cls(verdict.verdict, rules, frozenset(), frozenset(), verdict.exe or "")
+        return cls(
+            verdict.verdict,
+            rules,
+            frozenset(state.connections),
+            frozenset(state.gpu_paths) | frozenset(state.gpu_device_classes),
+            state.exe,
+        )
+
+    def growth(self, now: Evidence) -> list[str]:
+        """What grew materially since this record: "verdict", "rules", "destination", "gpu", "exec"."""
+        changes = []
+        if now.verdict != self.verdict:
+            changes.append("verdict")
+        if now.rule_ids - self.rule_ids:
+            changes.append("rules")
+        if now.destinations - self.destinations:
+            changes.append("destination")
+        if now.gpu - self.gpu:
+            changes.append("gpu")
+        if now.exe and now.exe != self.exe:
+            changes.append("exec")
+        return changes
+
+
+@dataclass(slots=True)
+class OpenFinding:
+    """One process finding not yet closed."""
+
+    finding_id: str
+    key: ProcessKey
+    verdict: Any  # the latest verdict
+    said: Evidence  # what the latest record said
+    written_at: float  # monotonic time of the latest record
+    rank: int  # the highest verdict rank it has had (acted on once each)
+    sequence: int = -1  # the latest record's number
+    opened: float = 0.0
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    actions_total: int = 0
+    gpu_since: float | None = None
+    gpu_memory_peak: int | None = None
+    sessions: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
+    exe_sha256: str | None = None
+    hashed_exe: str | None = None  # the executable path exe_sha256 is of
+    glance: tuple = ()  # what poll last compared (see ProcessFindings.poll)
+    verdicts: int = 0  # verdicts seen (a new one may hold new rule ids)
+    alive_checked: float = float("-inf")  # when a process the correlator forgot was last looked up
+
+
+@dataclass(slots=True)
+class Write:
+    """A record to write now for one finding."""
+
+    finding: OpenFinding
+    verdict: Any
+    activity: str  # create | update | close
+    sequence: int
+    act: bool = False  # an escalation (or the create): hand it to the responder
+    counts: bool = False  # a create or a verdict change: counted as a finding
+    changes: list[str] = field(default_factory=list)
+    totals: dict[str, Any] | None = None
+    exit_code: int | None = None
+
+
+class ProcessFindings:
+    """The open process findings and the lifecycle policy of the module docstring."""
+
+    def __init__(
+        self,
+        update_interval_s: float = DEFAULT_UPDATE_INTERVAL_S,
+        hostname: str | None = None,
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.monotonic,
+        pod_names: PodNames | None = None,
+    ) -> None:
+        self.update_interval_s = update_interval_s
+        self.hostname = hostname or socket.gethostname()
+        self.proc_root = proc_root
+        self.clock = clock
+        self.pod_names = pod_names or PodNames()  # the kubelet's names of pods and containers
+        self._open: dict[ProcessKey, OpenFinding] = {}
+        self._next_poll = 0.0
+        self._hashes: OrderedDict[tuple, str | None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def get(self, key: ProcessKey) -> OpenFinding | None:
+        return self._open.get(key)
+
+    def scored(self, verdict: Any, state: ProcessState | None, now: float) -> Write | None:
+        """A new verdict: the create or escalation to write now, else None (growth waits for :meth:`poll`)."""
+        rank = VERDICT_RANK.get(verdict.verdict, 0)
+        found = self._open.get(verdict.key)
+        if found is None:
+            abuse = any(GPU_ABUSE_TAG in e.tags for e in verdict.evidence)
+            if rank == 0 and not abuse:
+                return None
+            found = OpenFinding(
+                finding_id(self.hostname, verdict.key.pid, verdict.key.start_time),
+                verdict.key,
+                verdict,
+                Evidence.of(verdict, state),
+                self.clock(),
+                rank,
+                opened=now,
+            )
+            self._open[verdict.key] = found
+            self._observe(found, state, now)
+            return self._write(found, verdict, "create", state, act=rank > 0, counts=True)
+        found.verdict = verdict
+        found.verdicts += 1
+        if rank <= found.rank:
+            return None
+        found.rank = rank
+        grown = found.said.growth(Evidence.of(verdict, state))
+        changes = ["escalation", *(c for c in grown if c != "verdict")]
+        return self._write(found, verdict, "update", state, changes, act=True, counts=True)
+
+    def poll(
+        self, state_of: Callable[[ProcessKey], ProcessState | None], now: float, final: bool = False
+    ) -> list[Write]:
+        """Closes for ended processes and the coalesced updates now due (``final``: all pending ones)."""
+        mono = self.clock()
+        if not final and mono < self._next_poll:
+            return []
+        self._next_poll = mono + POLL_S
+        out = []
+        for key, found in list(self._open.items()):
+            state = state_of(key)
+            if state is None:  # the correlator forgot it: ended, or idle or evicted and running
+                if final or mono < found.alive_checked + FORGOTTEN_CHECK_S:
+                    continue
+                found.alive_checked = mono
+                if _running(key):  # not ended: its finding stays open (it may come back)
+                    continue
+            if state is None or state.exited:
+                del self._open[key]
+                out.append(self._close(found, state, now))
+                continue
+            self._observe(found, state, now)
+            if not final and mono - found.written_at < self.update_interval_s:
+                continue
+            # the tables only grow: unchanged sizes, verdict and image mean nothing new to compare
+            glance = (
+                found.verdicts,
+                len(state.connections),
+                len(state.gpu_paths),
+                len(state.gpu_device_classes),
+                state.exe,
+            )
+            if glance == found.glance:
+                continue
+            found.glance = glance
+            changes = found.said.growth(Evidence.of(found.verdict, state))
+            if changes:
+                counts = "verdict" in changes
+                out.append(
+                    self._write(found, found.verdict, "update", state, changes, counts=counts)
+                )
+        return out
+
+    def note_action(
+        self, pid: int, start_time: float, action: str, status: str, when: float
+    ) -> None:
+        """An action outcome about a process with an open finding (its close record lists them)."""
+        found = self._open.get(ProcessKey(pid, start_time))
+        if found is None:
+            return
+        found.actions_total += 1
+        if len(found.actions) < MAX_ACTIONS:
+            found.actions.append({"action": action, "status": status, "time": round(when, 3)})
+
+    def stamp(self, finding: Finding, write: Write, now: float) -> Finding:
+        """Put the lifecycle on a record built from the verdict: id, number, activity, growth, totals."""
+        finding.finding_id = write.finding.finding_id
+        finding.sequence = write.sequence
+        finding.activity = write.activity
+        finding.changes = list(write.changes)
+        finding.totals = write.totals
+        if write.activity != "create":
+            finding.created = now  # an update or close is about now, not the verdict's time
+        if finding.process is not None:
+            finding.process.exe_sha256 = write.finding.exe_sha256 or finding.process.exe_sha256
+            if write.exit_code is not None:
+                finding.process.exit_code = write.exit_code
+            self._name_pod(finding)
+        return finding
+
+    # -- inside ------------------------------------------------------------------------
+    def _name_pod(self, finding: Finding) -> None:
+        """The pod's and container's names, when the kubelet's log tree knows their ids."""
+        p = finding.process
+        if p is None or not (p.pod_uid or p.container_id):
+            return
+        ref = self.pod_names.name(p.pod_uid, p.container_id)
+        if ref.pod and ref.pod != p.pod_uid:
+            p.pod_name, p.pod_namespace = ref.pod, ref.namespace or None
+        if p.container_id and ref.container and ref.container != p.container_id[:12]:
+            p.container_name = ref.container
+
+    def _write(
+        self,
+        found: OpenFinding,
+        verdict: Any,
+        activity: str,
+        state: ProcessState | None,
+        changes: list[str] | None = None,
+        *,
+        act: bool = False,
+        counts: bool = False,
+    ) -> Write:
+        found.said = Evidence.of(verdict, state)
+        found.written_at = self.clock()
+        found.sequence += 1
+        if state is not None and not state.exited:
+            self._hash(found, state)
+        return Write(found, verdict, activity, found.sequence, act, counts, changes or [])
+
+    def _close(self, found: OpenFinding, state: ProcessState | None, now: float) -> Write:
+        if state is not None:
+            self._observe(found, state, now)
+        write = self._write(found, found.verdict, "close", state)
+        write.totals = self._totals(found, state, now)
+        write.exit_code = state.exit_code if state is not None else None
+        return write
+
+    def _hash(self, found: OpenFinding, state: ProcessState) -> None:
+        """The sha256 of the running image, once per executable (read through /proc/PID/exe)."""
+        if state.exe == found.hashed_exe:
+            return
+        found.hashed_exe = state.exe
+        if state.exe_sha256:
+            found.exe_sha256 = state.exe_sha256
+            return
+        identity = state.facts.exe_identity if state.facts is not None else None
+        if identity is not None and identity in self._hashes:
+            self._hashes.move_to_end(identity)
+            found.exe_sha256 = self._hashes[identity]
+            return
+        found.exe_sha256 = sha256_of_file(f"{self.proc_root}/{state.pid}/exe", MAX_HASH_BYTES)
+        if identity is not None:
+            self._hashes[identity] = found.exe_sha256
+            if len(self._hashes) > HASH_CACHE:
+                self._hashes.popitem(last=False)
+
+    def _observe(self, found: OpenFinding, state: ProcessState | None, now: float) -> None:
+        """Keep what the close record totals: GPU hold time, peak GPU memory, bytes per connection."""
+        if state is None:
+            return
+        if found.gpu_since is None and (state.gpu_paths or state.gpu_device_classes):
+            found.gpu_since = now
+        memory = state.gpu_memory.latest
+        lifetime = state.gpu_lifetime
+        for value in (memory, lifetime.max_memory if lifetime is not None else None):
+            if value is not None and (
+                found.gpu_memory_peak is None or value > found.gpu_memory_peak
+            ):
+                found.gpu_memory_peak = int(value)
+        for fd, activity in state.sessions.items():
+            ident = (fd, activity.remote)
+            if ident in found.sessions or len(found.sessions) < MAX_SESSIONS:
+                before = found.sessions.get(ident, (0, 0))
+                found.sessions[ident] = (
+                    max(before[0], activity.stack_bytes_out or activity.bytes_out or 0),
+                    max(before[1], activity.bytes_in or 0),
+                )
+
+    def _totals(self, found: OpenFinding, state: ProcessState | None, now: float) -> dict[str, Any]:
+        ended = state.exited_at if state is not None and state.exited_at else now
+        started = found.key.start_time
+        destination = _top_destination(state)
+        remote = _remote_text(destination) if destination else None
+        chosen = [v for (fd, r), v in found.sessions.items() if remote is None or r == remote]
+        totals: dict[str, Any] = {
+            "started": started,
+            "ended": ended,
+            "age_s": round(max(0.0, ended - started), 3),
+            "gpu_s": round(max(0.0, ended - found.gpu_since), 3) if found.gpu_since else 0.0,
+            "gpu_memory_peak": found.gpu_memory_peak,
+            "bytes_out": sum(v[0] for v in chosen),
+            "bytes_in": sum(v[1] for v in chosen),
+            "actions": list(found.actions),
+            "actions_total": found.actions_total,
+            "records": found.sequence + 1,
+        }
+        if remote:
+            totals["destination"] = remote
+        return totals
+
+
+def _running(key: ProcessKey) -> bool:
+    """The process ``key`` still runs (same pid and start time): the correlator forgot it idle."""
+    try:
+        return round(psutil.Process(key.pid).create_time(), 2) == round(key.start_time, 2)
+    except (psutil.Error, OSError):
+        return False
+
+
+def _top_destination(state: ProcessState | None) -> tuple[str, int] | None:
+    if state is None or not state.connections:
+        return None
+    return sorted(state.connections.items(), key=lambda item: (-item[1], item[0]))[0][0]
+
+
+def _remote_text(endpoint: tuple[str, int]) -> str:
+    """``ConnActivity.remote``'s spelling of an endpoint: ``1.2.3.4:443``, ``[::1]:443``."""
+    address, port = endpoint
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"

@@ -1,0 +1,169 @@
+"""The process-finding lifecycle policy (gpuguard/agent/findings.py) over real correlator states.
+
+The end-to-end run on the real kernel is tests/test_agent_finding_lifecycle.py; here the
+policy's edges are walked with a clock the test moves: the rate limit, coalescing,
+escalations, acting once per level, the close and its totals.
+"""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from gpuguard.agent.config import AgentConfig, load_config
+from gpuguard.agent.findings import ProcessFindings, finding_id
+from gpuguard.correlate.state import ProcessKey, ProcessState
+from gpuguard.detect.score import Evidence, Verdict
+from gpuguard.errors import GpuguardError
+from gpuguard.events.model import ConnActivity
+from gpuguard.outputs.finding import finding_from_verdict
+from gpuguard.sources.pod_names import PodNames
+
+KEY = ProcessKey(4242, 1_700_000_000.25)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_100.0  # doubles as the epoch "now" the loop passes
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _verdict(verdict: str, *rules: str, tags: tuple[str, ...] = ()) -> Verdict:
+    weight = {"clean": 10, "suspicious": 50, "malicious": 90}[verdict]
+    evidence = [Evidence(r, "s", "d", weight // max(1, len(rules)), "high", tags) for r in rules]
+    return Verdict(KEY, KEY.pid, "xmrig", "/tmp/xmrig", weight, verdict, evidence, time=1.0)
+
+
+def _tracker(interval: float = 30.0) -> tuple[ProcessFindings, Clock, ProcessState]:
+    clock = Clock()
+    state = ProcessState(key=KEY, comm="xmrig", exe="/tmp/xmrig")
+    return ProcessFindings(interval, "gpu-node-7", "/nonexistent", clock), clock, state
+
+
+def _poll(tracker: ProcessFindings, state: ProcessState, clock: Clock, final: bool = False):
+    clock.now += 1.0  # past the poll spacing
+    return tracker.poll(lambda key: state if key == KEY else None, clock.now, final)
+
+
+def test_create_then_one_coalesced_update_per_interval():
+    tracker, clock, state = _tracker(30.0)
+    create = tracker.scored(_verdict("malicious", "miner-cmdline-stratum"), state, clock.now)
+    assert (create.activity, create.sequence, create.act) == ("create", 0, True)
+    assert create.finding.finding_id == finding_id("gpu-node-7", KEY.pid, KEY.start_time)
+    state.add_gpu_device("nvidia", "/dev/nvidia0")
+    assert _poll(tracker, state, clock) == []  # grown, but within the interval
+    state.add_connection("203.0.113.7", 3333)
+    verdict = _verdict("malicious", "miner-cmdline-stratum", "net-pool-protocol")
+    assert tracker.scored(verdict, state, clock.now) is None  # same level: no record, no act
+    clock.now += 30.0
+    (update,) = _poll(tracker, state, clock)
+    assert (update.activity, update.sequence, update.act) == ("update", 1, False)
+    assert update.changes == ["rules", "destination", "gpu"]
+    assert _poll(tracker, state, clock) == []  # nothing new since
+    state.add_gpu_device("nvidia", "/dev/nvidia1")
+    assert _poll(tracker, state, clock) == []  # the next one waits for the interval again
+    assert [w.changes for w in _poll(tracker, state, clock, final=True)] == [["gpu"]]
+
+
+def test_an_escalation_is_written_at_once_and_acted_on_once():
+    tracker, clock, state = _tracker(30.0)
+    assert tracker.scored(_verdict("suspicious", "a"), state, clock.now).act
+    escalation = tracker.scored(_verdict("malicious", "a", "b"), state, clock.now)
+    assert (escalation.activity, escalation.act) == ("update", True)
+    assert escalation.changes == ["escalation", "rules"]
+    # back down and up again: an update when due, never another action for a level it had
+    assert tracker.scored(_verdict("suspicious", "a"), state, clock.now) is None
+    assert tracker.scored(_verdict("malicious", "a", "b"), state, clock.now) is None
+    clock.now += 30.0
+    assert [(w.act, w.changes) for w in _poll(tracker, state, clock)] == []  # same as said
+
+
+def test_clean_verdicts_open_nothing_but_a_gpu_abuse_rule_does():
+    tracker, clock, state = _tracker()
+    assert tracker.scored(_verdict("clean", "x"), state, clock.now) is None
+    note = tracker.scored(_verdict("clean", "gpu-raw-bar", tags=("gpu-abuse",)), state, clock.now)
+    assert (note.activity, note.act) == ("create", False)
+    assert tracker.scored(_verdict("suspicious", "gpu-raw-bar"), state, clock.now).act
+
+
+def test_the_close_carries_lifetime_totals():
+    tracker, clock, state = _tracker()
+    tracker.scored(_verdict("malicious", "a"), state, clock.now)
+    tracker.note_action(KEY.pid, KEY.start_time, "kill", "done", clock.now)
+    tracker.note_action(99, KEY.start_time, "kill", "done", clock.now)  # another process
+    state.add_gpu_device("nvidia", "/dev/nvidia0")
+    state.add_connection("203.0.113.7", 3333)
+    _poll(tracker, state, clock)  # the GPU is seen from here on
+    state.gpu_memory.add(clock.now, 6 << 30)
+    session = dict(time=clock.now, pid=KEY.pid, fd=5, remote="203.0.113.7:3333")
+    state.add_session(ConnActivity(**session, bytes_out=1000, bytes_in=5000))
+    _poll(tracker, state, clock)
+    state.sessions.clear()  # the connection closed: its bytes are still counted
+    state.add_session(ConnActivity(**dict(session, fd=6), bytes_out=24, bytes_in=0))
+    state.exited_at, state.exit_code = clock.now + 5.0, 0
+    (close,) = _poll(tracker, state, clock)
+    assert (close.activity, close.sequence, close.exit_code) == ("close", 1, 0)
+    totals = close.totals
+    assert totals["age_s"] == round(state.exited_at - KEY.start_time, 3)
+    assert totals["gpu_s"] == 6.0 and totals["gpu_memory_peak"] == 6 << 30
+    assert (totals["bytes_out"], totals["bytes_in"]) == (1024, 5000)
+    assert totals["destination"] == "203.0.113.7:3333"
+    assert [a["action"] for a in totals["actions"]] == ["kill"] and totals["actions_total"] == 1
+    assert len(tracker) == 0 and _poll(tracker, state, clock) == []
+
+
+def test_a_stamped_record_names_the_image_it_runs_now():
+    tracker, clock, state = _tracker()
+    write = tracker.scored(_verdict("malicious", "a"), state, clock.now)
+    state.comm, state.exe = "miner", "/opt/miner"  # an exec seen after the facts were read
+    finding = tracker.stamp(finding_from_verdict(write.verdict, None, None, state), write, 5.0)
+    assert (finding.process.name, finding.process.executable) == ("miner", "/opt/miner")
+    assert finding.record_id == f"{write.finding.finding_id}-0"
+    (update,) = _poll(tracker, state, Clock(), final=True)
+    assert update.changes == ["exec"]
+
+
+def test_a_process_the_correlator_forgot_is_closed_only_once_it_ended():
+    tracker, clock, _ = _tracker()
+    me = psutil.Process()
+    key = ProcessKey(me.pid, round(me.create_time(), 2))  # this test: running
+    verdict = _verdict("malicious", "a")
+    verdict.key = key
+    tracker.scored(verdict, None, clock.now)
+    clock.now += 1.0
+    assert tracker.poll(lambda k: None, clock.now) == [] and len(tracker) == 1
+    gone = ProcessKey(me.pid, key.start_time - 50.0)  # its pid, an earlier start: ended
+    verdict.key = gone
+    tracker.scored(verdict, None, clock.now)
+    clock.now += 1.0
+    (close,) = tracker.poll(lambda k: None, clock.now)
+    assert close.finding.key == gone and close.activity == "close"
+
+
+def test_the_update_interval_is_an_agent_setting(tmp_path):
+    path = tmp_path / "agent.yaml"
+    path.write_text("findings:\n  update_interval_s: 5\n")
+    path.chmod(0o600)
+    assert load_config(path).finding_update_interval_s == 5
+    assert AgentConfig().finding_update_interval_s == 30.0
+    path.write_text("findings:\n  update_interval_s: -1\n")
+    with pytest.raises(GpuguardError, match=r"agent.yaml:2:\d+: findings.update_interval_s -1"):
+        load_config(path)
+
+
+def test_records_name_the_pod_and_container_the_kubelet_knows(tmp_path):
+    uid, cid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "c0ffee" * 10 + "abcd"
+    (tmp_path / "pods" / f"ml-team_trainer-7_{uid}").mkdir(parents=True)
+    (tmp_path / "containers").mkdir()
+    (tmp_path / "containers" / f"trainer-7_ml-team_worker-{cid}.log").touch()
+    clock = Clock()
+    tracker = ProcessFindings(30.0, "gpu-node-7", "/nonexistent", clock, PodNames(str(tmp_path)))
+    state = ProcessState(key=KEY, comm="xmrig", exe="/tmp/xmrig")
+    write = tracker.scored(_verdict("malicious", "a"), state, clock.now)
+    finding = finding_from_verdict(write.verdict, None, None, state)
+    finding.process.pod_uid, finding.process.container_id = uid, cid
+    tracker.stamp(finding, write, clock.now)
+    p = finding.process
+    assert (p.pod_namespace, p.pod_name, p.container_name) == ("ml-team", "trainer-7", "worker")

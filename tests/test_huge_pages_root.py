@@ -143,8 +143,8 @@ def test_the_sensor_reports_huge_page_requests_and_proc_shows_the_mapping(settin
 
 def test_a_process_without_huge_pages_has_zero_and_thp_is_not_counted():
     # This interpreter maps no hugetlb pages (transparent huge pages, if any, are not hugetlb).
-    assert process_hugetlb(os.getpid()) == (0, None)
-    assert process_hugetlb(2**22 + 12345) == (None, None)  # no such process
+    assert process_hugetlb(os.getpid()) == (0, None, [])
+    assert process_hugetlb(2**22 + 12345) == (None, None, [])  # no such process
 
 
 def _cpu_percent(pid: int, seconds: float = 1.0) -> float:

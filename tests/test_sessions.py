@@ -313,7 +313,7 @@ def test_the_agent_watches_the_sessions_of_a_process_scored_above_the_threshold(
         stderr=lambda line: None,
         sampler_openers={},
     )
-    assert agent.config.session_watch_score == 20
+    assert agent.config.session_watch_score == 1  # any score
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
     procs = []

@@ -16,6 +16,7 @@ from tests.test_sessions import TESTED_SIGNALS as SESSION_SIGNALS_TESTED
 
 T = 1_700_000_000.0
 WALLET = "4" + "A" * 94
+JA4 = "t13i310900_e8f1e7e78f70_1f22a2ca17c4"  # OpenSSL 3's client, no SNI, no ALPN
 
 
 def make(comm="app", exe="/usr/bin/app", cmdline=None, **facts_kwargs) -> ProcessState:
@@ -400,6 +401,36 @@ SIGNAL_CASES = [
         256 << 20,
     ),
     ("no huge pages", make(hugetlb_bytes=0), "huge_alloc_bytes", None),
+    (
+        "RandomX's cache mapped (/proc)",
+        make(hugetlb_bytes=256 << 20, hugetlb_mappings=[[256 << 20, 2 << 20]]),
+        "huge_alloc_randomx_shape",
+        True,
+    ),
+    (
+        "a JVM's large-page heap (measured: 290 MiB of a 1 GiB heap)",
+        make(hugetlb_bytes=290 << 20, hugetlb_mappings=[[1 << 30, 2 << 20]]),
+        "huge_alloc_randomx_shape",
+        False,
+    ),
+    (
+        "RandomX's dataset asked for",
+        with_(make(), lambda s: s.add_huge_alloc(2181038016, 2 << 20)),
+        "huge_alloc_randomx_shape",
+        True,
+    ),
+    (
+        "the dataset in three 1 GiB pages",
+        with_(make(), lambda s: s.add_huge_alloc(3 << 30, 1 << 30)),
+        "huge_alloc_randomx_shape",
+        True,
+    ),
+    (
+        "3 GiB in 2 MiB pages",
+        with_(make(), lambda s: s.add_huge_alloc(3 << 30, 2 << 20)),
+        "huge_alloc_randomx_shape",
+        False,
+    ),
     # runnable threads and rounding modes: the latest CpuActivity (tests/test_randomx_*.py)
     ("spinning", with_(make(), _cpu_look), "cpu_spinning_threads", 1),
     ("spin span", with_(make(), _cpu_look), "cpu_spin_s", 95.0),
@@ -419,6 +450,39 @@ SIGNAL_CASES = [
         "1.5 KiB out / 3.5 KiB in over 300 s (5.2 B/s out)",
     ),
     ("a download is not quiet", with_(make(), _quiet(30_000_000)), "quiet_session_age_s", None),
+    # slow (100 B/s over its age) but in full segments: a trickling download, not a pool
+    ("full segments in are not quiet", with_(make(), _quiet(30_000)), "quiet_session_age_s", None),
+    ("peer pushes", with_(make(), _quiet(3600)), "quiet_session_pushes", 8),  # 20 in, 12 out
+    ("push interval", with_(make(), _quiet(3600)), "quiet_session_push_s", 37.5),
+    ("ja4", with_(make(), payload("tls", {"ja4": JA4})), "tls_ja4", {JA4}),
+    (
+        "reached by address",
+        with_(with_(make(), _quiet(3600)), payload("tls", {"ja4": JA4})),
+        "quiet_session_by_address",
+        True,
+    ),
+    (
+        "named by its SNI",
+        with_(with_(make(), _quiet(3600)), payload("tls", {"sni": "pool.example", "ja4": JA4})),
+        "quiet_session_by_address",
+        False,
+    ),
+    (
+        "named in its command line",
+        with_(
+            with_(make(cmdline=["app", "-o", "pool.example:443"]), _quiet(3600)),
+            payload("tls", {"ja4": JA4}),
+        ),
+        "quiet_session_by_address",
+        False,
+    ),
+    ("no payload seen: cannot tell", with_(make(), _quiet(3600)), "quiet_session_by_address", None),
+    (
+        "bytes per CPU second",  # 5148 bytes over 95 s of one thread that ran 2 % of it
+        with_(with_(make(), _quiet(3600)), _cpu_look),
+        "quiet_session_bytes_per_cpu_s",
+        2709.47,
+    ),
     (
         "config deleted",
         make(config_files={"/etc/a/s.json (deleted after start)": "", "/etc/b.json": "{}"}),

@@ -260,6 +260,36 @@ def _host_findings(args, ruleset, obs, hidden, limitations: list[str], notes: li
     return findings, stack, counters
 
 
+def _look_at_sessions(obs, correlator, verdicts, limitations: list[str], now: float) -> int:
+    """tcp_info of the established connections of every process that scored anything (one
+    read, no window; GPU holders watched over the window already have theirs), fed to the
+    correlator; returns how many records were fed (0: nothing to score again)."""
+    from gpuguard.sources.session_window import one_look
+
+    watched = {s.pid for s in obs.sessions}
+    pids = {
+        v.pid
+        for v in verdicts
+        if v.score > 0 and v.pid in obs.connections.by_pid and v.pid not in watched
+    }
+    if not pids:
+        return 0
+
+    def header_of(pid: int) -> tuple[str, int]:
+        facts = obs.facts[pid]
+        return facts.comm, max(facts.uid, 0)
+
+    def age_of(pid: int) -> float:
+        started = obs.facts[pid].start_time
+        return now - started if started else 0.0
+
+    records, unreadable = one_look(pids, header_of, age_of, now)
+    limitations.extend(f"could not read {line}; run as root to see them" for line in unreadable)
+    for record in records:
+        correlator.feed(record)
+    return len(records)
+
+
 # ---- the command -----------------------------------------------------------------
 
 
@@ -315,8 +345,11 @@ def run(args: argparse.Namespace) -> int:
             notes.append(scanner.note)
 
     now = time.time()
+    verdicts = engine.score(now)
+    if _look_at_sessions(obs, correlator, verdicts, limitations, now):
+        verdicts = engine.score(now)
     findings = []
-    for verdict in engine.score(now):
+    for verdict in verdicts:
         state = correlator.get(verdict.key)
         if verdict.score > 0 and state is not None:
             findings.append(finding_from_verdict(verdict, state.facts, ruleset))

@@ -35,6 +35,7 @@ GPU_RESCORE_EVERY_S = 10.0  # GPU windows span minutes: a new sample rescores at
 # that some rule reads (gpuguard.detect.rescore.SIGNALS_READING says which signals read which).
 NEW_PORT = 1  # a remote port not connected to before
 NEW_ADDRESS = 2  # a remote address not connected to before
+MAX_HUGE_REQUESTS = 16  # distinct (length, page size) huge-page requests kept per process
 NEW_PAYLOAD = 4  # a protocol or payload detail not seen before
 NEW_DEVICE_CLASS = 8  # a GPU device class not used before
 NEW_GPU_PATH = 16  # a GPU device path not opened before
@@ -147,6 +148,9 @@ class ProcessState:
     # huge pages asked for (sensor: mmap MAP_HUGETLB / shmget SHM_HUGETLB)
     huge_alloc_bytes: int = 0  # the largest single request
     huge_page_size: int = 0  # the largest page size asked for
+    huge_requests: set[tuple[int, int]] = field(
+        default_factory=set
+    )  # (length, page size) of its huge-page requests (at most MAX_HUGE_REQUESTS)
     # scanning
     yara_matches: set[str] = field(default_factory=set)
     yara_tags: set[str] = field(default_factory=set)
@@ -322,6 +326,11 @@ class ProcessState:
     def add_huge_alloc(self, length: int, page_size: int) -> bool:
         """Note a huge-page request; True when it is the largest request or page size so far."""
         new = False
+        if len(self.huge_requests) < MAX_HUGE_REQUESTS and (length, page_size) not in (
+            self.huge_requests
+        ):
+            self.huge_requests.add((length, page_size))
+            new = True
         if length > self.huge_alloc_bytes:
             self.huge_alloc_bytes = length
             new = True

@@ -9,9 +9,11 @@ never matches.
 
 from __future__ import annotations
 
+import ipaddress
+
 from gpuguard.correlate.gpu_behaviour import profile
 from gpuguard.correlate.state import ProcessState
-from gpuguard.detect.signals import _signal
+from gpuguard.detect.signals import _activity, _cmdline, _config, _signal
 from gpuguard.events.model import ConnActivity
 
 
@@ -267,6 +269,7 @@ def _session_summary(s: ProcessState, now: float) -> str | None:
 
 QUIET_BYTES_PER_S = 200.0  # each way, over the connection's life
 MIN_QUIET_WRITES = 3
+QUIET_SEGMENT_IN = 1024  # bytes per data segment in, on average: a job is a few hundred
 
 
 def _quiet_session(s: ProcessState) -> ConnActivity | None:
@@ -282,6 +285,8 @@ def _quiet_session(s: ProcessState) -> ConnActivity | None:
             continue
         if record.bytes_in is not None and record.bytes_in / age > QUIET_BYTES_PER_S:
             continue
+        if record.data_segs_in and record.bytes_in / record.data_segs_in > QUIET_SEGMENT_IN:
+            continue  # a download or stream, however slow: full segments in
         if best is None or age > best.age_s:
             best = record
     return best
@@ -320,3 +325,87 @@ def _quiet_session_summary(s: ProcessState, now: float) -> str | None:
         f"{_kib(record.bytes_out)} out{bytes_in} {age} "
         f"({record.bytes_out / record.age_s:.1f} B/s out)"
     )
+
+
+# -- what else a pool session shows without its payload: the pool pushes jobs unprompted (more
+#    segments in than out), the peer is an address nobody named, and its bytes are nothing
+#    next to the CPU the process burns.
+
+
+def _segments_out(record: ConnActivity) -> int:
+    return record.data_segs_out if record.data_segs_out is not None else record.writes_out
+
+
+@_signal(
+    "quiet_session_pushes",
+    "number",
+    "session",
+    "segments its quiet connection's peer sent beyond one per segment the process sent (a pool "
+    "pushing jobs; a heartbeat or request/reply client: about 0); absent without tcp_info",
+)
+def _quiet_session_pushes(s: ProcessState, now: float) -> int | None:
+    record = _quiet_session(s)
+    if record is None or record.data_segs_in is None:
+        return None
+    return max(0, record.data_segs_in - _segments_out(record))
+
+
+@_signal(
+    "quiet_session_push_s",
+    "number",
+    "session",
+    "mean seconds between those unprompted segments over the connection's age (pools push a "
+    "job every 10-120 s); absent with fewer than two",
+)
+def _quiet_session_push_s(s: ProcessState, now: float) -> float | None:
+    record = _quiet_session(s)
+    pushes = _quiet_session_pushes(s, now)
+    if record is None or not pushes or pushes < 2:
+        return None
+    return round(record.age_s / pushes, 1)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+@_signal(
+    "quiet_session_by_address",
+    "bool",
+    "session",
+    "its quiet connection's peer was reached by address alone: the first bytes it sent named no "
+    "host (no TLS SNI, no HTTP Host) and its command line and configs name only IP addresses; "
+    "absent without a quiet connection or a captured payload",
+)
+def _quiet_session_by_address(s: ProcessState, now: float) -> bool | None:
+    if _quiet_session(s) is None or not s.payload_protocols:
+        return None
+    if s.network.payload_hosts:
+        return False
+    named = {e.host for e in _cmdline(s).endpoints} | {e.host for e in _config(s).endpoints}
+    return all(_is_address(host) for host in named)
+
+
+@_signal(
+    "quiet_session_bytes_per_cpu_s",
+    "number",
+    "session",
+    "bytes both ways on its quiet connection per CPU second its spinning threads ran over the "
+    "same span (a pool session beside hashing threads: tens; absent without a spinning thread)",
+)
+def _quiet_session_bytes_per_cpu_s(s: ProcessState, now: float) -> float | None:
+    record = _quiet_session(s)
+    activity = _activity(s)
+    if record is None or activity is None or not activity.spinning_threads:
+        return None
+    span = min(activity.spin_span_s, record.age_s)
+    share = activity.ran_share if activity.ran_share is not None else 1.0
+    cpu_s = activity.spinning_threads * span * share
+    if cpu_s <= 0:
+        return None
+    bytes_out = record.stack_bytes_out if record.stack_bytes_out is not None else record.bytes_out
+    return round((bytes_out + (record.bytes_in or 0)) / cpu_s, 2)

@@ -112,8 +112,9 @@ class DetectionEngine:
             if not dirty:
                 break
             dirty.sort(key=lambda s: (s.key.start_time, s.key.pid))
-            changed: set[ProcessKey] = set()
-            for state in dirty:
+            changed: dict[ProcessKey, int] = {}  # key -> its place in this pass
+            scored: dict[ProcessKey, int] = {}
+            for place, state in enumerate(dirty):
                 previous = state.verdict
                 parent = correlator.parent_of(state)
                 state.parent_verdict = parent.verdict if parent else None
@@ -123,16 +124,20 @@ class DetectionEngine:
                     state.derived[_GPU_ANSWERS] = (ruleset, now, _answers(gpu_tests, reader))
                 state.verdict = verdict
                 state.dirty = False
+                scored[state.key] = place
                 out.append(verdict)
                 if previous is None or (previous.verdict, previous.score) != (
                     verdict.verdict,
                     verdict.score,
                 ):
-                    changed.add(state.key)  # children read parent_verdict / parent_score
+                    changed[state.key] = place  # children read parent_verdict / parent_score
             if not changed:
                 break
             for state in states:
-                if state.parent_key in changed:
+                # a child scored after its parent changed read the new verdict already (scan:
+                # every process is new, so this would otherwise score every child twice)
+                place = changed.get(state.parent_key)
+                if place is not None and scored.get(state.key, -1) < place:
                     state.dirty = True
         latest = {v.key: v for v in out}
         return sorted(latest.values(), key=lambda v: (v.key.start_time, v.key.pid))

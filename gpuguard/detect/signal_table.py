@@ -62,6 +62,7 @@ SIGNAL_FUNCTIONS: tuple[Callable[..., Any], ...] = (
     process._payload_methods,
     process._payload_logins,
     process._payload_hosts,
+    process._tls_ja4,
     process._proxy_hosts,
     process._proxy_ports,
     process._revealed_hosts,
@@ -98,6 +99,7 @@ SIGNAL_FUNCTIONS: tuple[Callable[..., Any], ...] = (
     process._fpu_rounding_s,
     process._huge_alloc_bytes,
     process._huge_page_size,
+    process._huge_alloc_randomx_shape,
     process._yara_rules,
     process._yara_tags,
     process._parent_name,
@@ -126,6 +128,10 @@ SIGNAL_FUNCTIONS: tuple[Callable[..., Any], ...] = (
     behaviour._session_summary,
     behaviour._quiet_session_age,
     behaviour._quiet_session_summary,
+    behaviour._quiet_session_pushes,
+    behaviour._quiet_session_push_s,
+    behaviour._quiet_session_by_address,
+    behaviour._quiet_session_bytes_per_cpu_s,
 )
 
 

@@ -437,6 +437,21 @@ def _payload_hosts(s: ProcessState, now: float) -> set[str]:
     return s.network.payload_hosts
 
 
+@_signal(
+    "tls_ja4",
+    "texts",
+    "network",
+    "JA4 fingerprints of the TLS ClientHellos it sent (its TLS library and settings, e.g. "
+    "'t13i310900_e8f1e7e78f70_1f22a2ca17c4': TLS 1.3, no SNI, 31 suites, 9 extensions, no ALPN)",
+)
+def _tls_ja4(s: ProcessState, now: float) -> set[str]:
+    return {
+        p.detail["ja4"]
+        for p in s.payloads
+        if p.protocol == "tls" and isinstance(p.detail.get("ja4"), str)
+    }
+
+
 @_signal("proxy_target_hosts", "texts", "network", "hosts it asked a SOCKS/HTTP proxy to reach")
 def _proxy_hosts(s: ProcessState, now: float) -> set[str]:
     return s.network.proxy_hosts
@@ -747,6 +762,34 @@ def _huge_page_size(s: ProcessState, now: float) -> int | None:
     mapped = s.facts.hugetlb_page_size if s.facts is not None else None
     largest = max(s.huge_page_size, mapped or 0)
     return largest or None
+
+
+# RandomX's own allocations: the 256 MiB cache and the dataset (2 GiB + 33554368 bytes),
+# as asked for or rounded up to 2 MiB pages; with 1 GiB pages the cache takes one page and
+# the dataset three.  A JVM heap or database buffers in huge pages have the size they were
+# configured with, a round 256 MiB being the one that collides.
+RANDOMX_LENGTHS = frozenset({256 << 20, 2181038016, 2080 << 20})
+RANDOMX_GIB_PAGE_LENGTHS = frozenset({1 << 30, 3 << 30})
+
+
+def _randomx_length(length: int, page_size: int) -> bool:
+    return length in RANDOMX_LENGTHS or (
+        page_size >= 1 << 30 and length in RANDOMX_GIB_PAGE_LENGTHS
+    )
+
+
+@_signal(
+    "huge_alloc_randomx_shape",
+    "bool",
+    "memory",
+    "a huge-page request or mapping of exactly RandomX's size: the 256 MiB cache or the "
+    "2080 MiB dataset (1 GiB pages: one or three of them)",
+)
+def _huge_alloc_randomx_shape(s: ProcessState, now: float) -> bool:
+    if any(_randomx_length(length, page) for length, page in s.huge_requests):
+        return True
+    mappings = s.facts.hugetlb_mappings if s.facts is not None else []
+    return any(_randomx_length(length, page) for length, page in mappings)
 
 
 # -- scanning and ancestry ----------------------------------------------------

@@ -52,6 +52,8 @@ class ProcessFacts:
     # Transparent huge pages (AnonHugePages) are left out: ordinary programs get them.
     hugetlb_bytes: int | None = None
     hugetlb_page_size: int | None = None
+    # [mapping size, page size] in bytes of each mapping holding hugetlb pages (smaps, at most 16)
+    hugetlb_mappings: list[list[int]] = field(default_factory=list)
     # Likely miner config files ({path as named: text}, bounded), filled live by
     # gpuguard.sources.config_files.read_config_files; recorded so replay sees them.
     config_files: dict[str, str] = field(default_factory=dict)

@@ -33,33 +33,57 @@ def _status_kib(pid: int, key: bytes, proc_root: str) -> int | None:
     return 0  # no such line: a kernel without hugetlb
 
 
-def _largest_hugetlb_page(pid: int, proc_root: str) -> int | None:
-    """The largest KernelPageSize among mappings that hold hugetlb pages (bytes)."""
-    largest = 0
-    page_kib = 0
+MAX_MAPPINGS = 16  # hugetlb mappings kept per process
+
+
+def hugetlb_mappings(pid: int, proc_root: str) -> list[tuple[int, int]] | None:
+    """(mapping size, page size) in bytes of the mappings that hold hugetlb pages (smaps)."""
     try:
         with open(f"{proc_root}/{pid}/smaps", "rb") as f:
             data = f.read(_MAX_SMAPS_BYTES)
     except OSError:
         return None
+    out: list[tuple[int, int]] = []
+    size_kib = page_kib = 0
+    counted = False
     for line in data.split(b"\n"):
-        if line.startswith(b"KernelPageSize:"):
+        if line.startswith(b"Size:"):
+            size_kib, counted = int(line.split()[1]), False
+        elif line.startswith(b"KernelPageSize:"):
             page_kib = int(line.split()[1])
         elif line.startswith((b"Private_Hugetlb:", b"Shared_Hugetlb:")):
             parts = line.split()
-            if len(parts) > 1 and parts[1] != b"0":
-                largest = max(largest, page_kib * KIB)
-    return largest or None
+            if len(parts) > 1 and parts[1] != b"0" and not counted and len(out) < MAX_MAPPINGS:
+                out.append((size_kib * KIB, page_kib * KIB))
+                counted = True
+    return out
 
 
-def process_hugetlb(pid: int, proc_root: str = "/proc") -> tuple[int | None, int | None]:
-    """(hugetlb bytes mapped, largest hugetlb page size in bytes or None); (None, None) if unreadable."""
-    kib = _status_kib(pid, b"HugetlbPages:", proc_root)
+def status_hugetlb_kib(status: bytes) -> int:
+    """HugetlbPages (KiB) from the text of /proc/PID/status already read (0: none, or no such line)."""
+    at = status.find(b"\nHugetlbPages:")
+    if at < 0:
+        return 0
+    try:
+        return int(status[at:].split(None, 3)[1])
+    except (ValueError, IndexError):
+        return 0
+
+
+def process_hugetlb(
+    pid: int, proc_root: str = "/proc", status_kib: int | None = None
+) -> tuple[int | None, int | None, list[tuple[int, int]]]:
+    """(hugetlb bytes mapped, largest hugetlb page size in bytes or None, the (size, page size) of
+    each mapping holding them); (None, None, []) if unreadable.  ``status_kib``: HugetlbPages
+    from a status file the caller already read (smaps is read only when it is not 0)."""
+    kib = status_kib if status_kib is not None else _status_kib(pid, b"HugetlbPages:", proc_root)
     if kib is None:
-        return None, None
+        return None, None, []
     if kib == 0:
-        return 0, None
-    return kib * KIB, _largest_hugetlb_page(pid, proc_root)
+        return 0, None, []
+    mappings = hugetlb_mappings(pid, proc_root) or []
+    largest = max((page for _size, page in mappings), default=0)
+    return kib * KIB, largest or None, mappings
 
 
 @dataclass(slots=True)

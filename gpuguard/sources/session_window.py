@@ -16,6 +16,13 @@ the stack's own fields (bytes and segments each way, time since the latest data
 in) are totals since the connect.  Scan cannot see the connection's real age,
 writes between two snapshots apart, nor connections opened and closed between
 two snapshots.
+
+:func:`one_look` is the same evidence without a window, for every process that scored anything
+and holds an established TCP connection: one tcp_info read of its sockets, each turned into a
+record of totals since the connect (segments and bytes each way, time since the latest data
+in).  Its age is the process's, since the connect time is not kept by the stack: the
+connection cannot be older, so rates over it are lower bounds; whether records are small
+both ways comes from bytes per segment, which needs no age.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from dataclasses import dataclass, field
 
 from gpuguard.events.model import ConnActivity
 from gpuguard.sources.conn_activity import stack_fields
-from gpuguard.sources.tcp_sessions import TcpSession, TcpSessionReader
+from gpuguard.sources.tcp_sessions import TcpSession, TcpSessionReader, read_sessions
 
 SMALL_WRITE_BYTES = 1024
 MAX_WRITE_TIMES = 64
@@ -98,3 +105,38 @@ def _record(
         time_resolution_s=1.0,
         **stack_fields(last),
     )
+
+
+def one_look(
+    pids, header_of, age_of, now: float | None = None, proc_root: str = "/proc"
+) -> tuple[list[ConnActivity], list[str]]:
+    """One record per established TCP connection of ``pids`` from a single tcp_info read, and the
+    lines for what could not be read.  ``header_of(pid)`` gives (comm, uid); ``age_of(pid)``
+    the process's age in seconds (the record's age: an upper bound of the connection's)."""
+    now = time.time() if now is None else now
+    dump = read_sessions(sorted(pids), proc_root)
+    out: list[ConnActivity] = []
+    for (pid, fd), session in sorted(dump.sessions.items()):
+        if session.state != "ESTABLISHED" or session.data_segs_out is None:
+            continue  # listening or closing; kernels before 4.6 have no segment counts
+        sent, segments = _sent(session), session.data_segs_out
+        small = segments if segments and sent / segments <= SMALL_WRITE_BYTES else 0
+        idle = (session.last_data_sent_ms or 0) / 1000
+        comm, uid = header_of(pid)
+        out.append(
+            ConnActivity(
+                time=now,
+                pid=pid,
+                fd=fd,
+                age_s=round(max(age_of(pid), idle, 0.0), 3),
+                bytes_out=sent,
+                writes_out=segments,
+                small_writes=small,
+                idle_s=round(idle, 3),
+                time_resolution_s=1.0,
+                comm=comm,
+                uid=uid,
+                **stack_fields(session),
+            )
+        )
+    return out, dump.unreadable

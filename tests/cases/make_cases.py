@@ -1085,18 +1085,29 @@ def cpu_looks(
 
 
 def quiet_session(
-    pid: int, comm: str, *, fd: int, remote: str, watched_from: float, every_s: float = 10.0
+    pid: int,
+    comm: str,
+    *,
+    fd: int,
+    remote: str,
+    watched_from: float,
+    every_s: float = 10.0,
+    push_every_s: float | None = 40.0,
 ) -> list:
-    """Activity records of a watched connection carrying small records both ways at random
-    moments (~1 write per 20 s out, a job or reply in per ~15 s), one per ``every_s``."""
+    """Activity records of a watched TLS connection carrying small records both ways at random
+    moments: ~1 write per 20 s out, each answered by one small segment in, and, with
+    ``push_every_s``, a job the peer pushes unprompted now and then (a pool; None: a
+    request/reply client).  The stack's segment counts include the TLS 1.3 handshake: 2 out,
+    4 in (the server's flight and two session tickets, as measured on loopback)."""
     rng = random.Random(pid)
-    records, t, writes, times, segs_in = [], watched_from, 0, [], 0
+    records, t, writes, times, pushes = [], watched_from, 0, [], 0
     while t + every_s <= DURATION_S:
         t += every_s
         if rng.random() < every_s / 20.0:
             writes += 1
             times = (times + [T0 + t - rng.uniform(0, every_s)])[-8:]
-        segs_in += 1 if rng.random() < every_s / 15.0 else 0
+        if push_every_s and rng.random() < every_s / push_every_s:
+            pushes += 1
         records.append(
             ConnActivity(
                 time=T0 + t,
@@ -1111,12 +1122,34 @@ def quiet_session(
                 idle_s=round(T0 + t - times[-1], 1) if times else t - watched_from,
                 seeded=True,
                 remote=remote,
-                bytes_in=segs_in * 180,
-                data_segs_in=segs_in,
-                data_segs_out=writes,
+                bytes_in=1850 + writes * 60 + pushes * 230,
+                data_segs_in=4 + writes + pushes,
+                data_segs_out=2 + writes,
             )
         )
     return records
+
+
+def client_hello(pid: int, comm: str, fd: int, at: float, ja4: str, sni: str | None = None):
+    """The recognised ClientHello of a TLS client (detail as events.payload.tls gives it)."""
+    detail = {"version": "TLS 1.3", "ja4": ja4} | ({"sni": sni} if sni else {})
+    return NetPayload(
+        time=T0 + at,
+        pid=pid,
+        comm=comm,
+        fd=fd,
+        protocol="tls",
+        detail=detail,
+        data=b"\x16\x03\x01\x02\x00\x01",
+        truncated=True,
+    )
+
+
+# JA4 of real clients' hellos, measured on loopback (tests/test_tls_ja4.py): OpenSSL 3's
+# default client without SNI or ALPN (the stand-in, `openssl s_client -noservername`), and
+# Python 3.11's ssl module on OpenSSL 3.0 without SNI or ALPN.
+JA4_OPENSSL = "t13i310900_e8f1e7e78f70_1f22a2ca17c4"
+JA4_PYTHON = "t13i181000_85036bcba153_d41ae481755e"
 
 
 def randomx_throttled_tls() -> list:
@@ -1138,6 +1171,8 @@ def randomx_throttled_tls() -> list:
             fd=3,
             result=-115,
         ),
+        # TLS by address: no SNI, no ALPN
+        client_hello(pid, comm, 3, 1.2, JA4_OPENSSL),
         *cpu_looks(pid, comm, threads=2, spinning=1, ran_share=0.03, fpu_per_s=2.0),
         # watched from its first suspicious score on (~40 s): shares at random moments, jobs
         # pushed every 10-120 s, a few bytes a second each way
@@ -1215,8 +1250,104 @@ def benign_rounding_and_busy() -> list:
         ),
         *cpu_looks(poller, "poller", threads=2, spinning=1, ran_share=1.0),
         # its control connection is as quiet as a pool session
-        *quiet_session(poller, "poller", fd=7, remote="10.0.0.2:443", watched_from=3.0),
+        *quiet_session(
+            poller, "poller", fd=7, remote="10.0.0.2:443", watched_from=3.0, push_every_s=None
+        ),
     ]
+
+
+def benign_cpu_jobs() -> list:
+    """CPU-bound work that is not mining: an ETL job on two spinning threads reporting a
+    heartbeat over TLS to its scheduler by IP, no SNI (request/reply: one answer per beat);
+    ffmpeg encoding with libx264 on six threads, streaming RTMP out (megabits, not bytes); a
+    long pytest run spinning one thread with a connection to its test database; make driving
+    the compiler (cc1plus) for ten minutes."""
+    etl, ffmpeg, pytest_run, cc1plus = 7610, 7620, 7630, 7640
+    items = [
+        facts(etl, "python3", "/usr/bin/python3.11", ["python3", "/opt/etl/run.py", "--shard=7"]),
+        Connect(
+            time=T0 + 1,
+            pid=etl,
+            comm="python3",
+            family="ipv4",
+            address="10.20.0.5",
+            port=443,
+            fd=6,
+            result=-115,
+        ),
+        client_hello(etl, "python3", 6, 1.1, JA4_PYTHON),
+        *cpu_looks(etl, "python3", threads=4, spinning=2, ran_share=0.95),
+        *quiet_session(
+            etl, "python3", fd=6, remote="10.20.0.5:443", watched_from=1.0, push_every_s=None
+        ),
+        facts(
+            ffmpeg,
+            "ffmpeg",
+            "/usr/bin/ffmpeg",
+            ["ffmpeg", "-re", "-i", "talk.mkv", "-c:v", "libx264", "-preset", "veryfast"]
+            + ["-f", "flv", "rtmp://198.51.100.7/live/stream"],
+            cpu_percent=180.0,
+            num_threads=9,
+        ),
+        Connect(
+            time=T0 + 2,
+            pid=ffmpeg,
+            comm="ffmpeg",
+            family="ipv4",
+            address="198.51.100.7",
+            port=1935,
+            fd=5,
+            result=-115,
+        ),
+        *cpu_looks(ffmpeg, "ffmpeg", threads=9, spinning=6, ran_share=0.9),
+    ]
+    # 2.5 Mbit/s out for the stream, acknowledgements and control messages in
+    for t in range(10, DURATION_S + 1, 10):
+        items.append(
+            ConnActivity(
+                time=T0 + t,
+                pid=ffmpeg,
+                comm="ffmpeg",
+                fd=5,
+                age_s=float(t - 2),
+                bytes_out=(t - 2) * 312_500,
+                writes_out=(t - 2) * 60,
+                small_writes=(t - 2) * 2,
+                remote="198.51.100.7:1935",
+                bytes_in=3073 + t * 4,
+                data_segs_in=3 + t // 10,
+                data_segs_out=(t - 2) * 220,
+            )
+        )
+    items += [
+        facts(
+            pytest_run,
+            "python3",
+            "/usr/bin/python3.11",
+            ["python3", "-m", "pytest", "-x", "tests/"],
+            cwd="/home/bob/src/app",
+        ),
+        Connect(
+            time=T0 + 3,
+            pid=pytest_run,
+            comm="python3",
+            family="ipv4",
+            address="127.0.0.1",
+            port=5432,
+            fd=9,
+            result=-115,
+        ),
+        *cpu_looks(pytest_run, "python3", threads=1, spinning=1, ran_share=0.97),
+        facts(
+            cc1plus,
+            "cc1plus",
+            "/usr/lib/gcc/x86_64-linux-gnu/12/cc1plus",
+            ["/usr/lib/gcc/x86_64-linux-gnu/12/cc1plus", "-quiet", "-O2", "big.cc"],
+            ppid=7645,
+        ),
+        *cpu_looks(cc1plus, "cc1plus", threads=1, spinning=1, ran_share=0.5),
+    ]
+    return items
 
 
 def benign_hugepage_users() -> list:
@@ -1376,6 +1507,11 @@ CASES = {
         "TLS without SNI to an IP on 443: rounding-mode switching in a never-sleeping thread; "
         "the same with its 256 MiB cache in huge pages",
         randomx_throttled_tls,
+    ),
+    "benign_cpu_jobs": (
+        "an ETL job with a TLS heartbeat by IP, ffmpeg/libx264 streaming RTMP, a long pytest "
+        "run and the compiler: spinning threads, none with a pool's session",
+        benign_cpu_jobs,
     ),
     "benign_rounding_and_busy": (
         "interval arithmetic switching rounding modes, numpy, cc1, openssl speed and a poller: "

@@ -119,6 +119,7 @@ def start_standin(
     threads: int = 0,
     nice: int = 0,
     memory_mib: int = 256,
+    dataset: bool = False,
     rounding: bool = True,
     submit_s: float = 20.0,
 ) -> subprocess.Popen:
@@ -132,6 +133,7 @@ def start_standin(
     settings = (
         f"peer_ip 127.0.0.1\npeer_port {pool.port}\ntls {int(tls)}\nthreads {threads}\n"
         f"nice {nice}\nmemory {memory_mib}\nrounding {int(rounding)}\nsubmit_s {submit_s}\n"
+        f"dataset {int(dataset)}\n"
     )
     # settings on stdin: the command line is the program's path alone
     proc = subprocess.Popen(

@@ -6,7 +6,9 @@
  *   peer_ip 127.0.0.1   peer_port 443   tls 1     pool address (an IP literal: no DNS, no SNI)
  *   threads 0           workers (0: one per online CPU)
  *   nice 19             nice value of the workers (a throttled miner)
- *   memory 256          huge-page buffer in MiB (256: RandomX's cache; 2080: its dataset)
+ *   memory 256          huge-page buffer in MiB (256: RandomX's cache)
+ *   dataset 0           1: also a 2080 MiB huge-page dataset built from that cache, which the
+ *                       workers read instead (RandomX's fast mode: ~2.3 GiB in all)
  *   rounding 1          switch the SSE rounding mode in the hot loop (RandomX's CFROUND)
  *   submit_s 20         mean seconds between small submits ("shares")
  *   unlink 1            delete SETTINGS_FILE once read (a miner deleting its config)
@@ -47,10 +49,12 @@
 
 static struct {
     char peer_ip[64];
-    int peer_port, tls, threads, nice_value, rounding, unlink_file;
+    int peer_port, tls, threads, nice_value, rounding, unlink_file, dataset;
     unsigned long memory_mib;
     double submit_s;
-} cfg = {"127.0.0.1", 443, 1, 0, 0, 1, 1, 256, 20.0};
+} cfg = {"127.0.0.1", 443, 1, 0, 0, 1, 1, 0, 256, 20.0};
+
+#define DATASET_MIB 2080UL
 
 static uint8_t *buffer;
 static size_t buffer_len;
@@ -83,6 +87,8 @@ static void read_settings(const char *path)
             cfg.submit_s = atof(value);
         else if (!strcmp(key, "unlink"))
             cfg.unlink_file = atoi(value);
+        else if (!strcmp(key, "dataset"))
+            cfg.dataset = atoi(value);
     }
     if (path)
         fclose(f);
@@ -90,26 +96,44 @@ static void read_settings(const char *path)
         unlink(path);
 }
 
-static void map_buffer(void)
+static uint8_t *map_huge(size_t len)
 {
-    buffer_len = cfg.memory_mib * MIB;
-    buffer = mmap(NULL, buffer_len, PROT_READ | PROT_WRITE,
-                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
-    if (buffer == MAP_FAILED) {
+    uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+    if (p == MAP_FAILED) {
         fprintf(stderr, "huge pages: %s (none reserved?): using ordinary pages\n",
                 strerror(errno));
-        buffer = mmap(NULL, buffer_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                      -1, 0);
-        if (buffer == MAP_FAILED) {
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
             perror("mmap");
             exit(2);
         }
-        madvise(buffer, buffer_len, MADV_HUGEPAGE);
+        madvise(p, len, MADV_HUGEPAGE);
     }
+    return p;
+}
+
+static void map_buffer(void)
+{
+    size_t cache_len = cfg.memory_mib * MIB;
+    uint8_t *cache = map_huge(cache_len);
     uint64_t x = 0x9e3779b97f4a7c15ULL;
-    for (size_t i = 0; i < buffer_len; i += 8) {
+    for (size_t i = 0; i < cache_len; i += 8) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        memcpy(buffer + i, &x, 8);
+        memcpy(cache + i, &x, 8);
+    }
+    buffer = cache, buffer_len = cache_len;
+    if (!cfg.dataset)
+        return;
+    /* the dataset: every 64-byte item mixed from cache lines at data-dependent places */
+    buffer_len = DATASET_MIB * MIB;
+    buffer = map_huge(buffer_len);
+    for (size_t i = 0; i < buffer_len; i += LINE) {
+        const uint64_t *line = (const uint64_t *)(cache + (x % (cache_len / LINE)) * LINE);
+        for (int k = 0; k < 8; k++) {
+            x = x * 0x5851f42d4c957f2dULL + line[k];
+            memcpy(buffer + i + 8 * k, &x, 8);
+        }
     }
 }
 

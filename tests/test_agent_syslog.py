@@ -11,6 +11,7 @@ from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.log_writer import open_log
 from tests.support.rsyslog import Rsyslogd, free_ports
+from tests.support.schemas import strict_cef
 from tests.test_agent_logs import (  # noqa: F401 - hostile_finding and miner_finding are fixtures
     HOST,
     HOSTILE,
@@ -20,7 +21,6 @@ from tests.test_agent_logs import (  # noqa: F401 - hostile_finding and miner_fi
     parse_cef,
 )
 from tests.test_output_bounds import huge_finding
-from tests.test_output_schemas import strict_cef
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.proving.simulator import parse_ready, start_simulator, stop_simulator
+from tests.support.schemas import log_errors
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -53,6 +54,7 @@ class AgentProcess:
             stderr=open(self.stderr_path, "wb"),
         )
         self.started = time.time()
+        self._checked = False
 
     def status(self) -> dict[str, Any]:
         try:
@@ -104,6 +106,9 @@ class AgentProcess:
         self.proc.send_signal(signum)
 
     def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, wait, and check every record the agent wrote to its log file against the
+        schema of its format (tests/support/schemas.py): a test that ends well also proves that
+        its records validate."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -111,6 +116,10 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if sys.exc_info()[0] is None and not self._checked and isinstance(self.log, Path):
+            self._checked = True
+            problems = log_errors(self.log)
+            assert not problems, f"{self.log}: records that do not validate: {problems}"
         return self.proc.returncode
 
 

@@ -129,7 +129,7 @@ case $job in
     run)   "$VENV/bin/gpuguard" selftest --own-agent \
                || say "the selftest failed (see the line above); starting the agent anyway"
            exec "$VENV/bin/gpuguard" agent "$@" ;;
-    # Two workers: the root tests in two groups, each one test at a time (tests/conftest.py), the rest around them.
+    # Two workers: the root tests one after another on one (tests/conftest.py groups them), the rest on the other.
     test)  cd "$ROOT" && GPUGUARD_LATEST=$latest exec "$VENV/bin/python" -m pytest --require-root-tests \
                -n 2 --dist loadgroup "$@" ;;
     *)     die "unknown job '$job' (fix: use run, test, setup or lock)" ;;

@@ -6,12 +6,8 @@ it (CI and the README's test command) a missing prerequisite fails the test,
 so a CI run can never go green with the kernel tests silently skipped.
 
 Under pytest-xdist (``-n 2 --dist loadgroup``, as packaging/setup-host.sh runs
-the suite) the root tests form two groups, each run one test after another on
-one worker: ``root-host``, the tests that change what the whole host shares
-(nftables, pinned BPF objects, huge-page reservations, the response tools),
-and ``root``, the sensor and agent tests, which assert only about the
-processes they start and so may run beside the first group.  The other tests
-fill in around them.
+the suite) the root tests form one group: they run one after another on one
+worker, as they would alone, while the other tests share the other worker.
 """
 
 from __future__ import annotations
@@ -43,33 +39,10 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(str(REPO / "gpuguard"), quiet=1)
 
 
-# Root tests that change host-wide state (or read it, like the huge-page pool): one after another.
-ROOT_HOST_FILES = frozenset(
-    {
-        "test_agent_enforce.py",
-        "test_agent_faults.py",
-        "test_agent_host_findings.py",
-        "test_host_tuning_root.py",
-        "test_huge_pages_root.py",
-        "test_randomx_agent.py",
-        "test_randomx_sources.py",
-        "test_scan_host_tuning.py",
-        "test_deploy.py",
-    }
-)
-
-
-def root_group(path: Path) -> str:
-    """The xdist group of a root test in ``path`` (see the module docstring)."""
-    if path.name in ROOT_HOST_FILES or path.name.startswith("test_respond_"):
-        return "root-host"
-    return "root"
-
-
 def pytest_itemcollected(item: pytest.Item) -> None:
     # At collection, before any collection_modifyitems hook (xdist's reads the groups there).
     if item.get_closest_marker("root") is not None:
-        item.add_marker(pytest.mark.xdist_group(root_group(Path(str(item.path)))))
+        item.add_marker(pytest.mark.xdist_group("root"))
 
 
 @pytest.hookimpl(trylast=True)

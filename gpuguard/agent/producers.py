@@ -59,6 +59,7 @@ class SensorThread(threading.Thread):
             emit,
         )
         self.polled_at: float | None = None  # monotonic time of the last completed poll (/healthz)
+        self._exec_counts_read = 0  # the exec filter's counts last copied (they change each drain)
 
     def _queue(self, events: list) -> None:
         for event in events:
@@ -66,6 +67,10 @@ class SensorThread(threading.Thread):
             if isinstance(event, Lost):
                 self.counters.ring_lost[event.what] += event.count
         self.intake.put_many(events, "sensor")
+        filt = getattr(self.sensor, "exec_filter", None)
+        if filt is not None and filt.counts_read != self._exec_counts_read:
+            self._exec_counts_read = filt.counts_read
+            self.counters.execs = filt.summary()
 
     def run(self) -> None:
         last_fault = 0.0

@@ -103,6 +103,8 @@ class ConnActivityReader:
         """One event per record that changed since the last report; ``header_of(tgid)`` gives
         (comm, uid, gid, cgroup_id)."""
         self._next = time.monotonic() + self.interval_s
+        if not self._reported and self._nobody_watched():
+            return []  # nothing watched, nothing said before: skip reading every slot (idle)
         now_boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         out: list[ConnActivity] = []
         records = self._records()
@@ -146,6 +148,10 @@ class ConnActivityReader:
             )
         return out
 
+    def _nobody_watched(self) -> bool:
+        """No process is watched (one key lookup): no slot can have been claimed since."""
+        return next(iter(self._watched.keys()), None) is None
+
     def _records(self) -> list:
         """The occupied activity slots (copies), read in one batch where the kernel can."""
         try:
@@ -174,6 +180,8 @@ class ConnActivityReader:
     def sweep(self) -> set[int]:
         """Dead watched processes (their entries removed); the caller may forget them elsewhere too."""
         dead = {k.value for k in self._watched.keys() if not os.path.exists(f"/proc/{k.value}")}
+        if not dead and not self._reported and self._nobody_watched():
+            return set()  # idle: no slot to look at
         recorded = {owner_ident(leaf.owner)[0] for leaf in self._records()}
         dead |= {tgid for tgid in recorded if not os.path.exists(f"/proc/{tgid}")}
         if dead:

@@ -187,7 +187,8 @@ def test_an_exec_flood_does_not_blind_the_agent_to_a_miner_started_during_it(tmp
             floods = [flood(2500, 120, cgroup) for _ in range(2)]
             agent.wait_status(
                 lambda d: (
-                    d["counters"]["execs"]["aggregated_by_cgroup"].get(str(cgroup_id), 0) > 2000
+                    d["counters"]["execs"].get("aggregated_by_cgroup", {}).get(str(cgroup_id), 0)
+                    > 2000
                 ),
                 60,
             )

@@ -25,8 +25,6 @@ INTO_CGROUP = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
 OUTER = '/bin/sh -c \'"$0" "$@"; true\' "$@"; true'
 MINER_ARGS = ["-o", "stratum+tcp://pool.example.invalid:3333", "--donate-level", "1"]
 
-pytestmark = pytest.mark.root
-
 
 @pytest.fixture(scope="module")
 def sensor():
@@ -76,6 +74,7 @@ def poll_until(sensor, seconds: float, done=lambda events: False) -> list:
     return events
 
 
+@pytest.mark.root
 def test_short_execs_are_counted_per_cgroup_and_not_sent_up(sensor):
     with own_cgroup() as (cgroup, cgroup_id):
         proc = flood(500, 2, cgroup)
@@ -95,6 +94,7 @@ def test_short_execs_are_counted_per_cgroup_and_not_sent_up(sensor):
     assert sensor.exec_filter.summary()["aggregated"] >= counted
 
 
+@pytest.mark.root
 def test_a_short_exec_that_connects_is_sent_up_before_its_connect(sensor):
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -114,6 +114,7 @@ def test_a_short_exec_that_connects_is_sent_up_before_its_connect(sensor):
     assert any(isinstance(e, Connect) and e.port == port for e in mine)
 
 
+@pytest.mark.root
 def test_a_plain_exec_that_lives_is_sent_up_with_its_command_line(sensor):
     proc = subprocess.Popen(["/bin/sleep", "6"])
     try:
@@ -128,6 +129,7 @@ def test_a_plain_exec_that_lives_is_sent_up_with_its_command_line(sensor):
     assert exec_.ppid == os.getpid()
 
 
+@pytest.mark.root
 def test_the_ancestry_of_a_gpu_opener_below_a_flood_of_short_execs_is_complete(sensor):
     # The opener runs from a directory the filter does not look for (not /tmp), below two
     # forking shells: none of the three is sent up at its exec; all three are at the GPU open.
@@ -177,6 +179,7 @@ def _quote(arg: str) -> str:
     return "'" + arg.replace("'", "'\"'\"'") + "'"
 
 
+@pytest.mark.root
 def test_an_exec_flood_does_not_blind_the_agent_to_a_miner_started_during_it(tmp_path):
     agent = AgentProcess(tmp_path, "--sensor", "ebpf")
     miner = None
@@ -213,3 +216,42 @@ def test_an_exec_flood_does_not_blind_the_agent_to_a_miner_started_during_it(tmp
     execs = doc["counters"]["execs"]
     assert execs["aggregated_by_cgroup"][str(cgroup_id)] > 2000  # the flood stayed in the kernel
     assert agent.proc.returncode == 0, agent.stderr()
+
+
+@pytest.mark.root
+def test_a_short_exec_of_a_name_the_rules_list_goes_up_at_once(sensor):
+    place = Path(f"/run/gg-exec-filter-{os.getpid()}")
+    place.mkdir()
+    try:
+        named = place / "XMRig"  # the basename is matched lower-cased
+        shutil.copy("/bin/true", named)
+        plain = place / "plain"
+        shutil.copy("/bin/true", plain)
+        for path in (plain, named):
+            subprocess.run([str(path)], check=True)
+        events = poll_until(
+            sensor,
+            10,
+            lambda evs: any(isinstance(e, Exec) and e.filename == str(named) for e in evs),
+        )
+        events += poll_until(sensor, 1.0)
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+    filenames = {e.filename for e in events if isinstance(e, Exec)}
+    assert str(named) in filenames
+    assert str(plain) not in filenames  # short-lived and unlisted: counted, not sent up
+
+
+def test_the_kernel_hash_is_fnv1a_and_names_come_from_the_rules_lists():
+    from gpuguard.agent.exec_interest import exec_interest
+    from gpuguard.detect.reload import RuleSetHolder
+    from gpuguard.sources.exec_filter import interest_keys, name_hash
+
+    assert name_hash(b"") == 0xCBF29CE484222325
+    assert name_hash(b"a") == 0xAF63DC4C8601EC8C  # the published FNV-1a 64 test vector
+    names, directories = exec_interest(RuleSetHolder(None, log=lambda line: None).current)
+    assert "xmrig" in names and "nbminer" in names
+    assert not {"sh", "bash", "busybox"} & set(names)  # a flood of sh -c stays in the kernel
+    assert "/tmp" in directories and "/dev/shm" in directories
+    keys = interest_keys(["XMRig", "a/b"], ["/tmp/", "/a/b/c/d"])
+    assert keys == {name_hash(b"xmrig"), name_hash(b"/tmp")}  # hashed as the probe walks a path

@@ -501,7 +501,7 @@ class Sensor:
         if self.activity is not None and (
             tgid in self._gpu_tgids or tgid in self.activity.watched_by_user
         ):
-            self.activity.forget({tgid})
+            self.activity.forget({tgid}, scan=False)
         if tgid in self._gpu_tgids:
             self._drain_into(self._pending, only_tgid=tgid)
             self._forget_processes({tgid})

@@ -100,6 +100,7 @@ class SensorStats:
         0  # network namespaces whose TCP counters (tcp_info) could not be read
     )
     watch_refused: int = 0  # request_watch calls the kernel's watched_tgids map had no room for
+    interest_refused: int = 0  # request_interest calls the kernel's exec_interest map refused
     startup_seconds: float = 0.0
     buffer: str = ""
 
@@ -281,7 +282,7 @@ class Sensor:
             try:
                 filt.mark(self._interest_requests.popleft(), ExecInterest.USER)
             except Exception:  # noqa: BLE001 - bcc raises a bare Exception on a failed update
-                self.stats.watch_refused += 1
+                self.stats.interest_refused += 1
         if filt.due(now):
             for event in filt.take_old():
                 self._route(event)

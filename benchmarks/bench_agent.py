@@ -19,13 +19,36 @@ One eBPF agent (a subprocess, logging to a temporary file) serves every part:
 4. the sampler thread's CPU per GPU per sample, in this process, over the
    faithful fake NVML library with 8 GPUs (the real driver's cost is not
    visible here: see README-sampling.md).
+
+    .venv/bin/python benchmarks/bench_agent.py --exec-flood [--rates 1000,2500,5000,10000]
+        [--window-s 10] [--idle-s 60] [--tries 5] [--baseline-tree /work/main] [--json]
+
+The exec-flood mode (issue 20) measures, on one agent, with baselines taken in the same run:
+
+* idle: the agent's CPU (fraction of a core) over ``--idle-s`` with the probes attached and
+  nothing of ours running, and its RSS after start-up and at the end;
+* per flood rate (``tests/workloads/exec_flood.c``, fork+exec of /bin/true, split over
+  parallel flooders so the rate can be reached): the agent's CPU per exec above its idle
+  rate, the loss ratio (ring records lost + intake drops over execs done), the share of
+  execs the kernel kept (aggregated), and the detection latency of a miner started during
+  the flood (``sh -c`` running a python "miner" whose only tell is its command line: it
+  neither connects nor opens a GPU, so it is found only because it lives) against the same
+  miner's latency with no flood;
+* stop and reload under a 5,000/s flood, ``--tries`` each: SIGTERM to exit (a fresh agent
+  each try) and SIGHUP to the "reload" lifecycle line;
+* with ``--baseline-tree`` (another checkout, e.g. main before this change): that tree's
+  agent under the first rate, for the per-exec cost before and after in the same run.
+
+The host's load average is printed with every figure: the machine is shared.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -206,6 +229,323 @@ def sampler_cost(gpus: int = 8, seconds: float = 5.0) -> dict:
     }
 
 
+EXEC_FLOOD = REPO / "tests" / "workloads" / "exec_flood.c"
+FLOODER_MAX_RATE = 2000  # execs/s one flooder is asked for; more rate, more flooders
+MINER_ARGS = [
+    "-o",
+    "stratum+tcp://pool.example.invalid:3333",
+    "--donate-level",
+    "1",
+    "--coin",
+    "monero",
+]
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def start_floods(rate: int, seconds: float, cgroup: Path | None = None) -> list[subprocess.Popen]:
+    """Flooders (fork+exec of /bin/true) together asking for ``rate`` execs/s for ``seconds``,
+    inside ``cgroup`` from their first instruction when given."""
+    from tests.support.workloads import build_c_program
+
+    binary = build_c_program(EXEC_FLOOD)
+    n = max(1, -(-rate // FLOODER_MAX_RATE))
+    argv = [str(binary), str(rate / n), str(seconds)]
+    if cgroup is not None:
+        argv = [
+            "/bin/sh",
+            "-c",
+            'echo $$ > "$1/cgroup.procs" && shift && exec "$@"',
+            "sh",
+            str(cgroup),
+            *argv,
+        ]
+    return [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+
+
+def stop_floods(floods: list[subprocess.Popen]) -> int:
+    """Stop the flooders; the execs they did."""
+    done = 0
+    for flood in floods:
+        if flood.poll() is None:
+            flood.terminate()
+        out, _ = flood.communicate(timeout=30)
+        done += int(out.strip() or 0)
+    return done
+
+
+@contextlib.contextmanager
+def flood_cgroup():
+    """A cgroup of our own for the flooders: (its directory, its id, the one the kernel counts by)."""
+    from gpuguard.respond.cgroup_blocks import cgroup2_mount
+
+    cgroup = Path(cgroup2_mount()) / f"gg-bench-flood-{os.getpid()}"
+    cgroup.mkdir()
+    try:
+        yield cgroup, os.stat(cgroup).st_ino
+    finally:
+        if (cgroup / "cgroup.procs").read_text().strip():
+            (cgroup / "cgroup.kill").write_text("1")
+            time.sleep(0.5)
+        cgroup.rmdir()
+
+
+def start_miner() -> tuple[subprocess.Popen, float]:
+    """A "miner" known only by its command line, started through a shell; (process, start time)."""
+    script = "import time; time.sleep(60)"
+    argv = " ".join([sys.executable, "-c", repr(script), *MINER_ARGS])
+    start = time.time()
+    return subprocess.Popen(["/bin/sh", "-c", f"exec {argv}"], stdin=subprocess.DEVNULL), start
+
+
+def finding_time(agent: AgentProcess, pid: int, timeout: float) -> float | None:
+    """When the agent's state file first shows a finding on ``pid`` (its own clock), or None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for finding in agent.status().get("last_findings", []):
+            if finding.get("pid") == pid and finding.get("verdict") in ("suspicious", "malicious"):
+                return float(finding["time"])
+        time.sleep(0.02)
+    return None
+
+
+def miner_latency(agent: AgentProcess, timeout: float = 10.0) -> float | None:
+    proc, start = start_miner()
+    try:
+        found = finding_time(agent, proc.pid, timeout)
+    finally:
+        proc.kill()
+        proc.wait()
+    return None if found is None else found - start
+
+
+def counters_now(agent: AgentProcess, cgroup_id: int = 0) -> dict:
+    doc = agent.status()
+    c = doc.get("counters", {})
+    execs = c.get("execs", {})
+    return {
+        "ring_lost": sum(c.get("ring_lost", {}).values()),
+        "intake_dropped": sum(c.get("intake", {}).get("dropped", {}).values()),
+        "kept": execs.get("aggregated_by_cgroup", {}).get(str(cgroup_id), 0),
+    }
+
+
+def flood_point(
+    agent: AgentProcess, rate: int, window: float, cgroup: tuple[Path, int], rounds: int = 2
+) -> dict:
+    """One flood rate, ``rounds`` pairs of an idle window and a flood window: the agent's CPU per
+    exec above the idle window just before (paired: the shared host's load moves), the loss
+    ratio, the share of the flood's execs the kernel kept, and a miner's detection latency."""
+    directory, cgroup_id = cgroup
+    deltas, raws, fractions, loads, done_rates = [], [], [], [], []
+    lost = done_total = kept = 0
+    latency: list = []
+    for round_ in range(rounds):
+        idle = idle_cpu(agent, window)
+        time.sleep(2.5)  # the state file is rewritten every 2 s while counters move
+        before = counters_now(agent, cgroup_id)
+        floods = start_floods(rate, window + 3.0, directory)
+        began = time.monotonic()
+        time.sleep(1.0)  # past the flooders' start
+        cpu0, mono0 = cpu_seconds(agent.proc.pid), time.monotonic()
+        miner = None
+        if round_ == 0:
+            miner = threading.Thread(target=lambda: latency.append(miner_latency(agent)))
+            miner.start()
+        time.sleep(window)
+        cpu, span = cpu_seconds(agent.proc.pid) - cpu0, time.monotonic() - mono0
+        loads.append(load_average())
+        done = stop_floods(floods)
+        elapsed = time.monotonic() - began
+        if miner is not None:
+            miner.join(20)
+        time.sleep(2.5)
+        after = counters_now(agent, cgroup_id)
+        execs = done / elapsed * span  # the flood's execs inside the measured span
+        done_rates.append(done / elapsed)
+        fractions.append(cpu / span)
+        raws.append(cpu / execs * 1e6 if execs else 0.0)
+        deltas.append((cpu - idle * span) / execs * 1e6 if execs else 0.0)
+        lost += after["ring_lost"] - before["ring_lost"]
+        lost += after["intake_dropped"] - before["intake_dropped"]
+        kept += after["kept"] - before["kept"]
+        done_total += done
+    return {
+        "rate_asked": rate,
+        "rate_done": round(statistics.mean(done_rates)),
+        "load_average": round(statistics.mean(loads), 2),
+        "agent_core_fraction": round(statistics.mean(fractions), 4),
+        "us_per_exec_above_idle": round(statistics.mean(deltas), 2),
+        "us_per_exec_above_idle_rounds": [round(d, 2) for d in deltas],
+        "us_per_exec_raw": round(statistics.mean(raws), 2),
+        "loss_ratio": round(lost / done_total, 6) if done_total else None,
+        "lost": lost,
+        "kept_in_kernel_ratio": round(kept / done_total, 4) if done_total else None,
+        "miner_latency_s": latency[0] if latency else None,
+    }
+
+
+def stop_times(rate: int, tries: int, cgroup: Path) -> list[float | None]:
+    """SIGTERM to exit of a fresh agent under a ``rate`` execs/s flood, ``tries`` times."""
+    out: list[float | None] = []
+    for _ in range(tries):
+        with tempfile.TemporaryDirectory(prefix="gg-bench-stop-") as tmp:
+            agent = AgentProcess(Path(tmp), "--sensor", "ebpf")
+            floods: list[subprocess.Popen] = []
+            try:
+                agent.wait_ready()
+                floods = start_floods(rate, 60, cgroup)
+                time.sleep(3.0)
+                sent = time.monotonic()
+                agent.signal(signal.SIGTERM)
+                try:
+                    agent.proc.wait(30)
+                    out.append(round(time.monotonic() - sent, 3))
+                except subprocess.TimeoutExpired:
+                    out.append(None)
+            finally:
+                stop_floods(floods)
+                agent.stop()
+    return out
+
+
+def reload_times(agent: AgentProcess, rate: int, tries: int, cgroup: Path) -> list[float | None]:
+    """SIGHUP to the agent's "reload" lifecycle line under a ``rate`` execs/s flood."""
+    floods = start_floods(rate, 60, cgroup)
+    out: list[float | None] = []
+    try:
+        time.sleep(2.0)
+        for _ in range(tries):
+            seen = len([r for r in agent.records() if _is_reload(r)])
+            sent = time.monotonic()
+            agent.signal(signal.SIGHUP)
+            took = None
+            while time.monotonic() - sent < 20:
+                if len([r for r in agent.records() if _is_reload(r)]) > seen:
+                    took = round(time.monotonic() - sent, 3)
+                    break
+                time.sleep(0.02)
+            out.append(took)
+            time.sleep(1.0)
+    finally:
+        stop_floods(floods)
+    return out
+
+
+def _is_reload(record: dict) -> bool:
+    gg = record.get("gpuguard", {})
+    return gg.get("kind") == "lifecycle" and record.get("event", {}).get("action") in (
+        "reload",
+        "reload-failed",
+    )
+
+
+def idle_cpu(agent: AgentProcess, seconds: float) -> float:
+    before, start = cpu_seconds(agent.proc.pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(agent.proc.pid) - before) / (time.monotonic() - start)
+
+
+def baseline_tree_point(tree: Path, rate: int, window: float, cgroup: tuple[Path, int]) -> dict:
+    """Another checkout's agent (e.g. main before the exec filter) under the same flood."""
+    with tempfile.TemporaryDirectory(prefix="gg-bench-base-") as tmp:
+        agent = AgentProcess(Path(tmp), "--sensor", "ebpf", wrapper=("env", "-C", str(tree)))
+        try:
+            agent.wait_ready()
+            time.sleep(3.0)
+            return flood_point(agent, rate, window, cgroup)
+        finally:
+            agent.stop()
+
+
+def exec_flood_suite(args: argparse.Namespace) -> dict:
+    rates = [int(r) for r in args.rates.split(",")]
+    result: dict = {"load_average_start": round(load_average(), 2)}
+    with flood_cgroup() as cgroup:
+        if args.baseline_tree:
+            result["baseline_tree"] = {
+                "tree": str(args.baseline_tree),
+                **baseline_tree_point(Path(args.baseline_tree), rates[0], args.window_s, cgroup),
+            }
+        with tempfile.TemporaryDirectory(prefix="gg-bench-flood-") as tmp:
+            agent = AgentProcess(Path(tmp), "--sensor", "ebpf")
+            try:
+                agent.wait_ready()
+                time.sleep(5.0)
+                result["rss_mb_after_start"] = round(rss_mb(agent.proc.pid), 1)
+                result["idle"] = {
+                    "seconds": args.idle_s,
+                    "core_fraction": round(idle_cpu(agent, args.idle_s), 5),
+                    "load_average": round(load_average(), 2),
+                }
+                quiet = [miner_latency(agent) for _ in range(3)]
+                found = [q for q in quiet if q is not None]
+                base = statistics.median(found) if found else None
+                result["miner_latency_no_flood_s"] = base
+                points = []
+                for rate in rates:
+                    point = flood_point(agent, rate, args.window_s, cgroup)
+                    lat = point["miner_latency_s"]
+                    point["miner_latency_ratio"] = round(lat / base, 2) if lat and base else None
+                    points.append(point)
+                result["flood"] = points
+                result["reload_s_at_5k"] = reload_times(agent, 5000, args.tries, cgroup[0])
+                result["rss_mb_end"] = round(rss_mb(agent.proc.pid), 1)
+                result["execs"] = agent.status().get("counters", {}).get("execs", {})
+            finally:
+                agent.stop()
+        result["stop_s_at_5k"] = stop_times(5000, args.tries, cgroup[0])
+    result["load_average_end"] = round(load_average(), 2)
+    return result
+
+
+def print_flood(result: dict) -> None:
+    print(
+        f"load average at start {result['load_average_start']}, at end {result['load_average_end']}"
+    )
+    idle = result["idle"]
+    print(
+        f"idle ({idle['seconds']:g} s, probes attached, load {idle['load_average']}): "
+        f"{idle['core_fraction'] * 100:.3f}% of a core (target <= 0.2%); RSS after start-up "
+        f"{result['rss_mb_after_start']} MB, at the end {result['rss_mb_end']} MB (target <= 120 MB)"
+    )
+    print(f"miner latency with no flood (median of 3): {result['miner_latency_no_flood_s']}")
+    print(
+        "rate asked | done/s | load | agent % core | us/exec above idle (rounds) | us/exec raw | "
+        "loss ratio | kept in kernel | miner latency s (x no-flood)"
+    )
+    for p in result["flood"]:
+        lat = p["miner_latency_s"]
+        print(
+            f"{p['rate_asked']:>10} | {p['rate_done']:>6} | {p['load_average']:>4} | "
+            f"{p['agent_core_fraction'] * 100:>12.2f} | {p['us_per_exec_above_idle']:>8} "
+            f"{p['us_per_exec_above_idle_rounds']} | {p['us_per_exec_raw']:>11} | "
+            f"{p['loss_ratio']:>10} | {p['kept_in_kernel_ratio']:>14} | "
+            f"{'not found' if lat is None else f'{lat:.3f}'} (x{p['miner_latency_ratio']})"
+        )
+    base = result.get("baseline_tree")
+    if base:
+        ours = result["flood"][0]
+        ratio = (
+            round(ours["us_per_exec_raw"] / base["us_per_exec_raw"], 4)
+            if base["us_per_exec_raw"]
+            else None
+        )
+        print(
+            f"baseline tree {base['tree']} at {base['rate_asked']}/s (done {base['rate_done']}/s, "
+            f"load {base['load_average']}): {base['us_per_exec_raw']} us/exec raw, "
+            f"{base['us_per_exec_above_idle']} above its idle, loss ratio {base['loss_ratio']}, "
+            f"miner {base['miner_latency_s']} s; this tree / baseline (raw us/exec): {ratio}"
+        )
+    print(f"stop (SIGTERM -> exit) under 5k/s, s: {result['stop_s_at_5k']} (target <= 2 s)")
+    print(
+        f"reload (SIGHUP -> reload line) under 5k/s, s: {result['reload_s_at_5k']} (target <= 2 s)"
+    )
+    print(f"exec filter counters at the end: {result['execs']}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
@@ -220,9 +560,22 @@ def main() -> int:
     parser.add_argument("--ioctl-rate", type=int, default=50_000)
     parser.add_argument("--open-rate", type=int, default=500)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--exec-flood", action="store_true", help="the exec-flood mode only")
+    parser.add_argument("--rates", default="1000,2500,5000,10000")
+    parser.add_argument("--window-s", type=float, default=10.0)
+    parser.add_argument("--idle-s", type=float, default=60.0)
+    parser.add_argument("--tries", type=int, default=5)
+    parser.add_argument("--baseline-tree", type=Path, default=None)
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (the agent loads eBPF probes)")
+    if args.exec_flood:
+        flood = exec_flood_suite(args)
+        if args.json:
+            print(json.dumps(flood, indent=2))
+        else:
+            print_flood(flood)
+        return 0
 
     result: dict = {"sampler": sampler_cost()}
     with tempfile.TemporaryDirectory(prefix="gg-bench-agent-") as tmp:

@@ -242,7 +242,9 @@ static __always_inline int open_exit(void *ctx, long ret)
     if (val.device_class < GG_DEV_MSR) {    /* a GPU holder: its connections get activity records */
         __u8 one = 1;
         watched_tgids.update(&key.tgid, &one);
+        exec_mark(key.tgid, GG_INTEREST_GPU);   /* its tree's execs go up in full */
     }
+    gg_exec_promote(ctx, key.tgid);             /* its exec first, if still pending */
 
     struct gg_gpu_open *e = gg_event_reserve(sizeof(*e), GG_KIND_GPU_OPEN, GG_LOST_GPU_OPEN);
     if (!e) {

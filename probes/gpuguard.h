@@ -65,6 +65,23 @@ enum gg_lost_slot {
     GG_LOST_SLOTS = 10,
 };
 
+/* Why the exec filter (GG_EXEC_FILTER, the agent's sensor) sends a process's execs up in full:
+ * exec_interest values, OR-ed.  The flags marked "inherited" pass to the children it forks. */
+enum gg_exec_interest {
+    GG_INTEREST_GPU = 1,         /* opened a GPU (inherited) */
+    GG_INTEREST_NET = 2,         /* connected somewhere */
+    GG_INTEREST_TREE = 4,        /* forked by a process with an inherited flag (inherited) */
+    GG_INTEREST_USER = 8,        /* user space asked (a scored process) (inherited) */
+};
+
+/* Counters of the exec filter (exec_filter_counts, by index). */
+enum gg_exec_filter_count {
+    GG_EXECF_PROMOTED = 0,       /* pending execs sent up by the kernel (a connect, GPU open, huge pages) */
+    GG_EXECF_PENDING_FULL = 1,   /* exec_pending was full: sent up in full instead */
+    GG_EXECF_CGROUPS_FULL = 2,   /* exec_aggregated had no room for a new cgroup: counted here only */
+    GG_EXECF_SLOTS = 3,
+};
+
 /* Flags on a gpu_open event. */
 enum gg_open_flag {
     GG_OPEN_RELATIVE = 1,        /* path was relative: classified by basename only */

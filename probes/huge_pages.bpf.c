@@ -14,6 +14,7 @@
 
 static __always_inline int huge_alloc(void *ctx, __u32 source, __u64 length, __u64 flags)
 {
+    gg_exec_promote(ctx, bpf_get_current_pid_tgid() >> 32);   /* its exec first, if still pending */
     struct gg_huge_alloc *e = gg_event_reserve(sizeof(*e), GG_KIND_HUGE_ALLOC, GG_LOST_HUGE_ALLOC);
     if (!e)
         return 0;

@@ -137,6 +137,122 @@ static __always_inline void gg_event_submit(void *ctx, void *e, __u32 size, __u3
 #endif
 }
 
+/* Send a record built elsewhere (a map value, a per-CPU scratch record); counts LOST when
+ * the buffer refuses it.  SIZE is a constant once inlined. */
+static __always_inline int gg_event_output(void *ctx, void *rec, __u32 size, __u32 lost)
+{
+#ifdef GG_PERF_BUFFER
+    if (events.perf_submit(ctx, rec, size) < 0) {
+#else
+    if (events.ringbuf_output(rec, size, 0) < 0) {
+#endif
+        count_lost(lost);
+        return -1;
+    }
+    return 0;
+}
+
+/* Low-priority records (exits, execs sent up only because exec_pending was full) may use at
+ * most GG_LOW_RATE records per second per CPU (a token bucket, bursts of as many): what a
+ * flood of them would take from the ring stays free for GPU, network and exec-of-interest
+ * records, which are never rate-limited.  Returns 1 when this record must be shed. */
+#ifndef GG_LOW_RATE
+#define GG_LOW_RATE 2000
+#endif
+struct gg_low_bucket {
+    __u64 last_ns;
+    __u64 tokens;
+};
+BPF_PERCPU_ARRAY(low_bucket, struct gg_low_bucket, 1);
+
+static __always_inline int gg_shed_low(void)
+{
+    __u32 zero = 0;
+    struct gg_low_bucket *b = low_bucket.lookup(&zero);
+    if (!b)
+        return 0;
+    __u64 now = bpf_ktime_get_ns();
+    __u64 earned = (now - b->last_ns) / (1000000000ULL / GG_LOW_RATE);
+    if (earned) {
+        __u64 t = b->tokens + earned;
+        b->tokens = t > GG_LOW_RATE ? GG_LOW_RATE : t;
+        b->last_ns = now;
+    }
+    if (!b->tokens)
+        return 1;
+    b->tokens--;
+    return 0;
+}
+
+/* ==== exec filter (GG_EXEC_FILTER: the agent's sensor) ====
+ * An exec goes up in full only for a process that matters: one in exec_interest (a GPU holder
+ * and its tree, one that connected, one user space marked), or whose executable's basename or
+ * leading directories hash into exec_names (names and directories the rules look for).  Any
+ * other exec is kept here, in exec_pending, and counted per cgroup in exec_aggregated: when the
+ * process exits first (the short-lived majority) nothing goes up, not even its exit.  A pending
+ * process that connects, opens a GPU or asks for huge pages has its exec sent up at once, before
+ * that event (gg_exec_promote); user space sends up those still alive after a short age (a
+ * short exec that turns into a long-lived spinner), so no process that lives hides. */
+#ifndef GG_EXEC_PENDING
+#define GG_EXEC_PENDING 16384
+#endif
+#ifndef GG_EXEC_INTEREST
+#define GG_EXEC_INTEREST 16384
+#endif
+#ifndef GG_EXEC_NAMES
+#define GG_EXEC_NAMES 4096
+#endif
+#ifndef GG_EXEC_CGROUPS
+#define GG_EXEC_CGROUPS 4096
+#endif
+#define GG_FNV_OFFSET 0xcbf29ce484222325ULL
+#define GG_FNV_PRIME 0x100000001b3ULL
+
+#ifdef GG_EXEC_FILTER
+/* tgid -> its exec record, not yet sent up (a plain hash: never evicts a live process). */
+BPF_HASH(exec_pending, __u32, struct gg_exec, GG_EXEC_PENDING);
+/* tgid (or tid: a thread forked by a member) -> enum gg_exec_interest flags. */
+BPF_TABLE("lru_hash", __u32, __u8, exec_interest, GG_EXEC_INTEREST);
+/* FNV-1a 64 of a lower-cased basename, or of a leading directory ("/tmp", "/dev/shm") -> 1. */
+BPF_HASH(exec_names, __u64, __u8, GG_EXEC_NAMES);
+/* cgroup id -> execs kept in the kernel (cumulative; user space reads deltas). */
+BPF_HASH(exec_aggregated, __u64, __u64, GG_EXEC_CGROUPS);
+BPF_ARRAY(exec_filter_counts, __u64, GG_EXECF_SLOTS);
+BPF_PERCPU_ARRAY(exec_scratch, struct gg_exec, 1);
+
+static __always_inline void exec_filter_count(__u32 slot)
+{
+    __u64 *n = exec_filter_counts.lookup(&slot);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+#endif
+
+static __always_inline void exec_mark(__u32 tgid, __u8 flags)
+{
+#ifdef GG_EXEC_FILTER
+    __u8 *f = exec_interest.lookup(&tgid);
+    if (f && (*f & flags) == flags)
+        return;
+    __u8 v = f ? (*f | flags) : flags;
+    exec_interest.update(&tgid, &v);
+#endif
+}
+
+/* TGID is about to be seen doing something that matters: send up its pending exec first. */
+static __always_inline void gg_exec_promote(void *ctx, __u32 tgid)
+{
+#ifdef GG_EXEC_FILTER
+    struct gg_exec *p = exec_pending.lookup(&tgid);
+    if (!p)
+        return;
+    if (gg_event_output(ctx, p, sizeof(*p), GG_LOST_EXEC) == 0)
+        exec_filter_count(GG_EXECF_PROMOTED);
+    exec_pending.delete(&tgid);
+#endif
+}
+/* ==== end exec filter ==== */
+
 /* What a slot says about (tgid, fd). */
 #define GG_SLOT_ABSENT 0        /* not in the map: skip it */
 #define GG_SLOT_ASK 0x100       /* may be in the map: look */

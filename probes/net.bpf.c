@@ -84,6 +84,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_connect)
             activity_claim(key.tgid, key.fd);
     }
 #endif
+    exec_mark(id >> 32, GG_INTEREST_NET);      /* its later execs go up in full */
+    gg_exec_promote(args, id >> 32);           /* its exec first, if still pending */
 
     struct gg_connect *e = gg_event_reserve(sizeof(*e), GG_KIND_CONNECT, GG_LOST_CONNECT);
     if (!e) {

@@ -8,6 +8,97 @@ BPF_TABLE("lru_hash", __u32, __s32, exit_codes, 8192);
 /* Exit generation per pid (see gg_exec.exit_gen in gpuguard.h). */
 BPF_ARRAY(exit_gens, __u32, GG_PID_MAX);
 
+#ifdef GG_EXEC_FILTER
+/* Does an exec of PATH by TGID go up in full?  (See "exec filter" in maps.bpf.h.)  One pass
+ * over the path hashes the lower-cased basename and the first two leading directories. */
+static __always_inline int exec_matters(__u32 tgid, const char *path)
+{
+    if (exec_interest.lookup(&tgid))
+        return 1;
+    __u64 full = GG_FNV_OFFSET, base = GG_FNV_OFFSET;
+    int dirs = 0;
+    for (int i = 0; i < GG_PATH_LEN; i++) {
+        __u8 c = path[i];
+        if (c == 0)
+            break;
+        if (c == '/') {
+            if (i > 0 && dirs < 2) {
+                dirs++;
+                if (exec_names.lookup(&full))
+                    return 1;
+            }
+            base = GG_FNV_OFFSET;
+        } else {
+            __u8 lower = (c >= 'A' && c <= 'Z') ? c + 32 : c;
+            base = (base ^ lower) * GG_FNV_PRIME;
+        }
+        full = (full ^ c) * GG_FNV_PRIME;
+    }
+    return exec_names.lookup(&base) != 0;
+}
+
+static __always_inline void exec_aggregate(__u64 cgroup_id)
+{
+    __u64 *n = exec_aggregated.lookup(&cgroup_id);
+    if (!n) {
+        __u64 zero = 0;
+        exec_aggregated.insert(&cgroup_id, &zero);   /* fails when full, or a racing insert won */
+        n = exec_aggregated.lookup(&cgroup_id);
+        if (!n) {
+            exec_filter_count(GG_EXECF_CGROUPS_FULL);
+            return;
+        }
+    }
+    __sync_fetch_and_add(n, 1);
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    __u32 zero = 0;
+    struct gg_exec *e = exec_scratch.lookup(&zero);
+    if (!e)
+        return 0;
+    fill_header(&e->hdr, GG_KIND_EXEC, sizeof(*e));
+    e->ppid = 0;
+    __u32 tgid = e->hdr.tgid;
+    __u32 *gen = exit_gens.lookup(&tgid);
+    e->exit_gen = gen ? *gen : 0;
+    __u32 off = args->data_loc_filename & 0xFFFF;
+    bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), (char *)args + off);
+    if (exec_matters(tgid, e->filename)) {
+        exec_pending.delete(&tgid);         /* an earlier exec of this process is superseded */
+        gg_event_output(args, e, sizeof(*e), GG_LOST_EXEC);
+        return 0;
+    }
+    struct gg_exec *old = exec_pending.lookup(&tgid);
+    if (old)
+        e->hdr.time_ns = old->hdr.time_ns;  /* a re-exec keeps its age: promoted as soon */
+    if (exec_pending.update(&tgid, e) == 0) {
+        exec_aggregate(e->hdr.cgroup_id);
+        return 0;
+    }
+    exec_filter_count(GG_EXECF_PENDING_FULL);
+    if (gg_shed_low()) {                    /* low priority: shed before anything that matters */
+        count_lost(GG_LOST_EXEC);
+        return 0;
+    }
+    gg_event_output(args, e, sizeof(*e), GG_LOST_EXEC);
+    return 0;
+}
+
+/* A child forked by a GPU holder's tree (or a process user space marked) is in it too. */
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    __u8 *f = exec_interest.lookup(&tgid);
+    if (!f || !(*f & (GG_INTEREST_GPU | GG_INTEREST_TREE | GG_INTEREST_USER)))
+        return 0;
+    __u32 child = args->child_pid;
+    __u8 v = GG_INTEREST_TREE;
+    exec_interest.update(&child, &v);
+    return 0;
+}
+#else
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
     struct gg_exec *e = gg_event_reserve(sizeof(*e), GG_KIND_EXEC, GG_LOST_EXEC);
@@ -23,6 +114,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     gg_event_submit(args, e, sizeof(*e), GG_LOST_EXEC);
     return 0;
 }
+#endif
 
 static __always_inline int exit_group_enter(__s32 code)
 {
@@ -51,6 +143,10 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
             __sync_fetch_and_add(gen, 1);   /* before the pid can be reused */
     }
 #endif
+#ifdef GG_EXEC_FILTER
+    __u32 task = (__u32)id;
+    exec_interest.delete(&task);    /* a member (process or thread) is gone */
+#endif
     if ((__u32)id != tgid)
         return 0;   /* a thread, not the process */
 #ifndef GG_EXIT_GROUP_DEAD
@@ -64,6 +160,14 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         code = *saved;
         exit_codes.delete(&tgid);
     }
+#ifdef GG_EXEC_FILTER
+    if (exec_pending.delete(&tgid) == 0)
+        return 0;   /* its exec never went up: user space knows nothing to forget */
+    if (gg_shed_low()) {
+        count_lost(GG_LOST_EXIT);
+        return 0;
+    }
+#endif
     struct gg_exit *e = gg_event_reserve(sizeof(*e), GG_KIND_EXIT, GG_LOST_EXIT);
     if (!e)
         return 0;

@@ -41,6 +41,8 @@ class AgentCounters:
         default_factory=_counts
     )  # by producer: sensor, sampler, sweep
     intake_depth: int = 0
+    # the sensor's exec filter: execs kept in the kernel (total, top cgroups) and those sent up later
+    execs: dict = field(default_factory=dict)
     intake_capacity: int = 0
     # samplers
     samples: defaultdict = field(default_factory=_counts)  # by source
@@ -115,6 +117,7 @@ class AgentCounters:
                 "spooled": self.output_spooled,
                 "faults": self.log_faults,
             },
+            "execs": dict(self.execs),
             "samples": dict(self.samples),
             "sampler_errors": dict(self.sampler_errors),
             "sampler_seconds": {k: round(v, 4) for k, v in self.sampler_seconds.items()},

@@ -39,6 +39,7 @@ from gpuguard.agent import status_file
 from gpuguard.agent.actions import ALERT_VERDICTS, make_responder
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.exec_interest import exec_interest
 from gpuguard.agent.findings import ProcessFindings, Write
 from gpuguard.agent.host_findings import GpuHostFindings
 from gpuguard.agent.intake import BoundedQueue
@@ -59,6 +60,20 @@ RULE_FILE_CHECK_S = 2.0  # look for changed rule files this often
 GUARD_CHECK_S = 2.0  # evaluate the guard policies this often
 BATCH_ITEMS = 2048  # items fed per pass of the loop (a stop waits for at most one batch)
 FINAL_FEED_S = 0.5  # at stop, what is queued is fed for this long; the rest is counted as dropped
+STATUS_HEARTBEAT = 3  # an unchanged state file is rewritten every this many status intervals
+_STATUS_CLOCKS = frozenset(
+    (
+        "updated",
+        "events_per_s",
+        "samples",
+        "sampler_seconds",
+        "scoring_runs",
+        "scoring_seconds",
+        "sweeps",
+        "sweep_seconds",
+        "gpus",  # utilisation and power move with each sample: a new GPU shows at the heartbeat
+    )
+)
 REDUCED_MODE_BLIND_SPOTS = (
     "processes that start and exit between two /proc sweeps (every {sweep:g} s) are not seen",
     "GPU ioctl counts and rates are not seen (rules on ioctl commands cannot match)",
@@ -124,6 +139,7 @@ class Agent:
             ProcessKey, tuple
         ] = {}  # guard verdict and policies last written
         self._session_watched: set[ProcessKey] = set()  # given activity records for their score
+        self._exec_marked: set[ProcessKey] = set()  # execs in full for their score (exec filter)
         # orphaned GPU memory, past GPU users, host tuning (read under the root that holds proc_root)
         self.host_findings = GpuHostFindings(
             config.host_check_interval_s, str(Path(proc_root).parent)
@@ -131,6 +147,8 @@ class Agent:
         self._hup = False
         self._status_due = 0.0
         self._status_soon = False
+        self._status_content: Any = None  # what the state file last said, less its clocks
+        self._status_heartbeat = 0.0
         self._events_at_status = (time.monotonic(), 0)
         self.events_per_s = 0.0
         self._drops_reported = 0
@@ -179,7 +197,14 @@ class Agent:
 
         reason = "--sensor proc was asked for"
         if self.config.sensor != "proc":
-            sensor = Sensor(ProbeSettings(), drain_interval=0.5, fpu=True)
+            # The exec filter: plain short-lived execs stay in the kernel (counted per cgroup);
+            # the names and directories the rules score at exec go up in full.
+            sensor = Sensor(
+                ProbeSettings(exec_filter=True),
+                drain_interval=0.5,
+                fpu=True,
+                exec_names=exec_interest(self.rules.current),
+            )
             try:
                 sensor.start()
             except GpuguardError as exc:
@@ -260,6 +285,8 @@ class Agent:
                 engine.yara_scanner.save()
             engine.yara_scanner = self._yara_scanner(ruleset)
         engine.set_ruleset(ruleset)
+        if self.sensor is not None:
+            self.sensor.set_exec_names(*exec_interest(ruleset))
 
     def _make_responder(self) -> None:
         """A responder for the current config; the previous one is closed first (its pinned blocks stay)."""
@@ -465,6 +492,7 @@ class Agent:
         self.telemetry.observe_scoring(elapsed)
         self.counters.processes_tracked = len(self.correlator)
         self._watch_sessions(verdicts)
+        self._mark_exec_interest(verdicts)
         get = self.correlator.get
         for verdict in verdicts:
             write = self.findings.scored(verdict, get(verdict.key), now)
@@ -488,6 +516,17 @@ class Agent:
             if verdict.score >= threshold and verdict.key not in self._session_watched:
                 self._session_watched.add(verdict.key)
                 self.sensor.request_watch(verdict.pid)
+
+    def _mark_exec_interest(self, verdicts: list) -> None:
+        """A suspicious or malicious process gets its later execs, and its tree's, in full (the
+        sensor's exec filter keeps plain ones in the kernel); once each.  Not every process with
+        a score: a benign flood from /tmp would send its whole tree up."""
+        if self.sensor is None:
+            return
+        for verdict in verdicts:
+            if verdict.verdict in ALERT_VERDICTS and verdict.key not in self._exec_marked:
+                self._exec_marked.add(verdict.key)
+                self.sensor.request_interest(verdict.pid)
 
     def _check_guard_policies(self, now: float) -> None:
         """Guard verdicts, reported on first breach or when the verdict or the broken policies change."""
@@ -644,6 +683,7 @@ class Agent:
         self._session_watched = {
             k for k in self._session_watched if self.correlator.get(k) is not None
         }
+        self._exec_marked = {k for k in self._exec_marked if self.correlator.get(k) is not None}
         drops = self.counters.drops_total()
         if drops > self._drops_reported:
             self.lifecycle(
@@ -765,11 +805,21 @@ class Agent:
         )
 
     def _write_status(self, now: float, running: bool = True) -> None:
+        """Write the state file when what it says changed, or as a heartbeat every
+        STATUS_HEARTBEAT intervals (readers call an older file stale): an idle agent rewrites
+        nothing but that."""
         self._status_soon = False
-        self._status_due = time.monotonic() + self.config.status_interval_s
+        mono = time.monotonic()
+        self._status_due = mono + self.config.status_interval_s
         self.telemetry.sync_metrics()
+        document = self.status_document(now, running)
+        content = _status_content(document)
+        if running and content == self._status_content and mono < self._status_heartbeat:
+            return
+        self._status_content = content
+        self._status_heartbeat = mono + STATUS_HEARTBEAT * self.config.status_interval_s
         try:
-            status_file.write_status(self.config.status_path, self.status_document(now, running))
+            status_file.write_status(self.config.status_path, document)
         except OSError as exc:
             self.counters.status_errors += 1
             if self.counters.last_status_error != exc.strerror:
@@ -840,6 +890,16 @@ class Agent:
         self.telemetry.close_metrics()
         if self.ready.is_set():  # a failed start-up says only its one error line
             self.stderr(f"gpuguard: {summary}")
+
+
+def _status_content(document: dict[str, Any]) -> dict[str, Any]:
+    """The state file less what moves with the clock alone (its time, rates, sample and
+    scoring-pass counts): equal means nothing worth rewriting the file for happened."""
+    content = {k: v for k, v in document.items() if k not in _STATUS_CLOCKS}
+    counters = content.get("counters")
+    if isinstance(counters, dict):
+        content["counters"] = {k: v for k, v in counters.items() if k not in _STATUS_CLOCKS}
+    return content
 
 
 def _probes_attached(sensor: Any) -> int:

@@ -33,6 +33,9 @@ Emit = Callable[[AgentLifecycle], None]
 FAULT_REPEAT_S = 60.0  # a fault that persists is reported again this often
 REOPEN_AFTER_FAILURES = 3  # consecutive raising samples before the sampler is reopened
 MAX_BACKOFF_S = 60.0
+# The sensor thread's wait in the ring buffer: a quiet host wakes it 4 times a second (the exec
+# filter looks at its pending execs every 0.25 s, so waiting longer would delay those).
+POLL_MS = 250
 
 
 def _fault(emit: Emit, message: str, **detail: Any) -> None:
@@ -59,6 +62,7 @@ class SensorThread(threading.Thread):
             emit,
         )
         self.polled_at: float | None = None  # monotonic time of the last completed poll (/healthz)
+        self._exec_counts_read = 0  # the exec filter's counts last copied (they change each drain)
 
     def _queue(self, events: list) -> None:
         for event in events:
@@ -66,12 +70,16 @@ class SensorThread(threading.Thread):
             if isinstance(event, Lost):
                 self.counters.ring_lost[event.what] += event.count
         self.intake.put_many(events, "sensor")
+        filt = getattr(self.sensor, "exec_filter", None)
+        if filt is not None and filt.counts_read != self._exec_counts_read:
+            self._exec_counts_read = filt.counts_read
+            self.counters.execs = filt.summary()
 
     def run(self) -> None:
         last_fault = 0.0
         while not self.stop.is_set():
             try:
-                self._queue(self.sensor.poll(100))
+                self._queue(self.sensor.poll(POLL_MS))
                 self.polled_at = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - the sensor thread must outlive one bad poll
                 now = time.monotonic()

@@ -51,6 +51,8 @@ DeviceClass = _make_enum("gg_device_class", "GG_DEV_", "DeviceClass")
 LostSlot = _make_enum("gg_lost_slot", "GG_LOST_", "LostSlot")
 TouchReason = _make_enum("gg_touch_reason", "GG_TOUCH_", "TouchReason")  # gpuguard.respond.touch
 HugeSource = _make_enum("gg_huge_source", "GG_HUGE_", "HugeSource")
+ExecInterest = _make_enum("gg_exec_interest", "GG_INTEREST_", "ExecInterest")  # exec filter
+ExecFilterCount = _make_enum("gg_exec_filter_count", "GG_EXECF_", "ExecFilterCount")
 
 ABI_VERSION = DEFINES["GG_ABI_VERSION"]
 NV_XFER_FLAG = DEFINES["GG_NV_XFER_FLAG"]

@@ -128,6 +128,10 @@ class EventDecoder:
             truncated=raw.orig_len > n,
         )
 
+    def exec_record(self, raw) -> Exec:
+        """An exec record read from a map (the exec filter's ``exec_pending``), not the ring."""
+        return self._exec(raw)
+
     def _exec(self, raw) -> Exec:
         return Exec(
             **self._common(raw.hdr),

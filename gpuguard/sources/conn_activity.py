@@ -43,6 +43,7 @@ class ConnActivityReader:
         self, bpf, slot_index, activity_slots: int, interval_s: float = INTERVAL_S
     ) -> None:
         self._activity = bpf[b"conn_activity"]
+        self._unswept = False  # a forget left slots for the sweep to read
         self._watched = bpf[b"watched_tgids"]
         self._sock_slots = bpf[b"sock_fd_slots"]
         self._slot_index = slot_index  # (tgid, fd) -> index into sock_fd_slots
@@ -103,6 +104,8 @@ class ConnActivityReader:
         """One event per record that changed since the last report; ``header_of(tgid)`` gives
         (comm, uid, gid, cgroup_id)."""
         self._next = time.monotonic() + self.interval_s
+        if not self._reported and self._nobody_watched():
+            return []  # nothing watched, nothing said before: skip reading every slot (idle)
         now_boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         out: list[ConnActivity] = []
         records = self._records()
@@ -146,6 +149,10 @@ class ConnActivityReader:
             )
         return out
 
+    def _nobody_watched(self) -> bool:
+        """No process is watched (one key lookup): no slot can have been claimed since."""
+        return next(iter(self._watched.keys()), None) is None
+
     def _records(self) -> list:
         """The occupied activity slots (copies), read in one batch where the kernel can."""
         try:
@@ -154,17 +161,22 @@ class ConnActivityReader:
             return [leaf for _, leaf in self._activity.items() if leaf.owner]
 
     # -- hygiene -----------------------------------------------------------------
-    def forget(self, tgids: set[int]) -> None:
-        """Remove the watch entries and records of processes that are gone."""
+    def forget(self, tgids: set[int], *, scan: bool = True) -> None:
+        """Remove the watch entries and records of processes that are gone.  With ``scan``
+        False (one exit), the slots are read only if one of them had a reported connection:
+        reading every slot per exit cost ~1 ms each; the sweep frees what is left."""
         for tgid in tgids:
             try:
                 del self._watched[self._watched.Key(tgid)]
             except KeyError:
                 pass
-        for leaf in self._records():
-            tgid, fd = owner_ident(leaf.owner)
-            if tgid in tgids:
-                self._free(tgid, fd)
+        if not scan and not any(ident[0] in tgids for ident in self._reported):
+            self._unswept = True  # their slots, if any, wait for the next sweep
+        else:
+            for leaf in self._records():
+                tgid, fd = owner_ident(leaf.owner)
+                if tgid in tgids:
+                    self._free(tgid, fd)
         for ident in [i for i in self._reported if i[0] in tgids]:
             del self._reported[ident]
         self._seeded = {i for i in self._seeded if i[0] not in tgids}
@@ -173,6 +185,9 @@ class ConnActivityReader:
     def sweep(self) -> set[int]:
         """Dead watched processes (their entries removed); the caller may forget them elsewhere too."""
         dead = {k.value for k in self._watched.keys() if not os.path.exists(f"/proc/{k.value}")}
+        if not dead and not self._reported and not self._unswept and self._nobody_watched():
+            return set()  # idle: no slot to look at
+        self._unswept = False
         recorded = {owner_ident(leaf.owner)[0] for leaf in self._records()}
         dead |= {tgid for tgid in recorded if not os.path.exists(f"/proc/{tgid}")}
         if dead:

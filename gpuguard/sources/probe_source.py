@@ -36,6 +36,10 @@ class ProbeSettings:
     # host; see benchmarks/README-sensor.md).
     enter_hook: str = "tracepoint"
     pid_max: int = 0  # size of the exit-generation array; 0: the host's pid_max
+    # The exec filter (the agent): plain execs are kept in the kernel and counted per cgroup, and
+    # go up only for processes that matter or live (see "exec filter" in probes/maps.bpf.h).
+    exec_filter: bool = False
+    exec_pending: int = 16384  # execs kept in the kernel at once; more go up in full
 
     def cflags(self) -> list[str]:
         if self.ringbuf_pages & (self.ringbuf_pages - 1):
@@ -65,6 +69,8 @@ class ProbeSettings:
             flags.append("-DGG_PAYLOAD_CAPTURE")
         if self.perf_buffer:
             flags.append("-DGG_PERF_BUFFER")
+        if self.exec_filter:
+            flags += ["-DGG_EXEC_FILTER", f"-DGG_EXEC_PENDING={int(self.exec_pending)}"]
         return flags
 
 

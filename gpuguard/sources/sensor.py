@@ -27,13 +27,30 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 
 from gpuguard.errors import GpuguardError
-from gpuguard.events.abi import DeviceClass, EventKind, LostSlot, device_class_name
+from gpuguard.events.abi import (
+    DeviceClass,
+    EventKind,
+    ExecInterest,
+    LostSlot,
+    device_class_name,
+)
 from gpuguard.events.devices import classify_device_path
 from gpuguard.events.ioctl_names import ioctl_name
-from gpuguard.events.model import Connect, Event, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
+from gpuguard.events.model import (
+    Connect,
+    Event,
+    Exec,
+    Exit,
+    GpuIoctl,
+    GpuOpen,
+    HugeAlloc,
+    Lost,
+    NetPayload,
+)
 from gpuguard.sources import preflight
 from gpuguard.sources.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.conn_activity import ConnActivityReader
+from gpuguard.sources.exec_filter import ExecFilter, parent_of
 from gpuguard.sources.fpu_probe import FpuProbe
 from gpuguard.sources.gpu_fds import fd_is_gpu
 from gpuguard.sources.identity import ExitGenerations
@@ -57,6 +74,7 @@ _TABLES = (
     "gpu_fd_slots",
     "sock_fd_slots",
 )
+CHAIN_CHECKED_MAX = 65536  # pids remembered as having their ancestors sent up
 DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the process stops
 
 
@@ -82,6 +100,7 @@ class SensorStats:
         0  # network namespaces whose TCP counters (tcp_info) could not be read
     )
     watch_refused: int = 0  # request_watch calls the kernel's watched_tgids map had no room for
+    interest_refused: int = 0  # request_interest calls the kernel's exec_interest map refused
     startup_seconds: float = 0.0
     buffer: str = ""
 
@@ -105,6 +124,7 @@ class Sensor:
         sweep_interval: float = 10.0,
         activity_interval: float = 10.0,
         fpu: bool = False,
+        exec_names: tuple[list[str], list[str]] = ([], []),
     ) -> None:
         self.settings = settings or ProbeSettings()
         self.drain_interval = drain_interval
@@ -134,6 +154,11 @@ class Sensor:
         self.activity: ConnActivityReader | None = None  # per-connection records of GPU holders
         self.fpu_wanted = fpu  # load the RandomX rounding-mode probe (the agent reads it)
         self.fpu: FpuProbe | None = None  # RandomX rounding modes; .blind_spot when not loaded
+        # The exec filter (settings.exec_filter): names and directories whose execs go up in full
+        self.exec_names = exec_names
+        self.exec_filter: ExecFilter | None = None
+        self._interest_requests: deque[int] = deque()  # request_interest, from other threads
+        self._chain_checked: set[int] = set()  # pids whose pending ancestors were sent up
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -171,6 +196,9 @@ class Sensor:
             )
         classes = {kind: self._bpf[name.encode()].Leaf for kind, name in _SCHEMA_MAPS.items()}
         self._decoder = EventDecoder(classes, self._bpf[b"schema_header"].Leaf)
+        if self.settings.exec_filter:
+            self.exec_filter = ExecFilter(self._bpf, self._decoder.exec_record)
+            self.exec_filter.set_names(*self.exec_names)
         events = self._bpf[b"events"]
         if self.settings.perf_buffer:
             events.open_perf_buffer(
@@ -232,6 +260,8 @@ class Sensor:
                 except Exception:  # noqa: BLE001 - bcc raises a bare Exception when the map is full
                     self.stats.watch_refused += 1
         now = time.monotonic()
+        if self.exec_filter is not None:
+            self._exec_filter_turn(now)
         if now >= self._next_drain:
             self._next_drain = now + self.drain_interval
             self._consume_buffer()  # opens before counts, so counts know their process
@@ -244,6 +274,28 @@ class Sensor:
             self.sweep()
         out, self._pending = self._pending, []
         return out
+
+    def _exec_filter_turn(self, now: float) -> None:
+        """Marks asked for, then the pending execs of processes that lived past the filter's age."""
+        filt = self.exec_filter
+        while self._interest_requests:
+            try:
+                filt.mark(self._interest_requests.popleft(), ExecInterest.USER)
+            except Exception:  # noqa: BLE001 - bcc raises a bare Exception on a failed update
+                self.stats.interest_refused += 1
+        if filt.due(now):
+            for event in filt.take_old():
+                self._route(event)
+
+    def set_exec_names(self, names: list[str], directories: list[str]) -> int:
+        """Replace the names and directories whose execs go up in full (a rule reload)."""
+        self.exec_names = (list(names), list(directories))
+        return self.exec_filter.set_names(names, directories) if self.exec_filter else 0
+
+    def request_interest(self, tgid: int) -> None:
+        """Ask, from any thread, for every later exec of ``tgid`` and its tree in full."""
+        if self.exec_filter is not None:
+            self._interest_requests.append(tgid)
 
     def request_stop(self) -> None:
         """End the current poll between two records (safe to call from a signal handler)."""
@@ -316,9 +368,13 @@ class Sensor:
                 return
             self._gpu_tgids.add(event.pid)
             self._remember_header(event)
+            self._send_up_ancestors(event.pid, 0)
         elif isinstance(event, NetPayload):
             self.streams.recognise(event)
+        elif isinstance(event, HugeAlloc):
+            self._send_up_ancestors(event.pid, 0)
         elif isinstance(event, Connect):
+            self._send_up_ancestors(event.pid, 0)
             self.streams.connected(
                 event.pid,
                 event.fd,
@@ -329,10 +385,23 @@ class Sensor:
             self._enrich_exec(event)
             if event.pid in self._headers:
                 self._remember_header(event)
+            self._send_up_ancestors(event.pid, event.ppid)
         elif isinstance(event, Exit):
             self._process_gone(event.pid)
+            self._chain_checked.discard(event.pid)
         self.stats.events[event.kind] += 1
         self._pending.append(event)
+
+    def _send_up_ancestors(self, pid: int, ppid: int) -> None:
+        """Exec filter: the pending execs of ``pid``'s ancestors go up before its event, once per
+        process, so its tree is known (a GPU opener below a flood of short execs)."""
+        if self.exec_filter is None or pid in self._chain_checked:
+            return
+        if len(self._chain_checked) > CHAIN_CHECKED_MAX:
+            self._chain_checked.clear()  # exits not seen (shed): start over, at worst a re-check
+        self._chain_checked.add(pid)
+        for ancestor in self.exec_filter.promote_chain(ppid or parent_of(pid)):
+            self._route(ancestor)
 
     # -- enrichment -----------------------------------------------------------------
     def _remember_header(self, event: Event) -> None:
@@ -388,6 +457,8 @@ class Sensor:
             out.append(self._ioctl_event(now, key.tgid, key.device_class, key.command, delta))
         if only_tgid is not None:
             return
+        if self.exec_filter is not None:
+            self.exec_filter.read_counts()
         lost = self.tables["lost_counts"]
         for slot in LostSlot:
             if slot == LostSlot.SLOTS:
@@ -431,7 +502,7 @@ class Sensor:
         if self.activity is not None and (
             tgid in self._gpu_tgids or tgid in self.activity.watched_by_user
         ):
-            self.activity.forget({tgid})
+            self.activity.forget({tgid}, scan=False)
         if tgid in self._gpu_tgids:
             self._drain_into(self._pending, only_tgid=tgid)
             self._forget_processes({tgid})

@@ -1,0 +1,190 @@
+"""The user-space half of the exec filter: which execs the kernel keeps, and sending up those that live.
+
+The probes (``GG_EXEC_FILTER``, "exec filter" in probes/maps.bpf.h) send an exec up in full
+only for a process that matters; every other exec waits in the kernel's ``exec_pending`` map
+and is counted per cgroup.  This module
+
+* fills ``exec_names`` with the FNV-1a hashes of the basenames and leading directories the
+  rules look for (:func:`name_hash`, the same hash the probe computes);
+* sends up, every :data:`PROMOTE_EVERY_S`, the pending execs of processes still alive after
+  :data:`PROMOTE_AGE_S` (a short exec that turned into a long-lived process), oldest first;
+* sends up the pending ancestors of a process that shows up (:meth:`ExecFilter.promote_chain`),
+  so a GPU opener's tree is known whatever the flood around it;
+* reads the per-cgroup counts of execs kept in the kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import time
+from collections.abc import Callable, Iterable
+
+from gpuguard.events.abi import ExecFilterCount
+
+# enum gg_exec_filter_count, as counter names: promoted, pending_full, cgroups_full
+COUNTS = {c.name.lower(): c.value for c in ExecFilterCount if c != ExecFilterCount.SLOTS}
+FNV_OFFSET = 0xCBF29CE484222325
+FNV_PRIME = 0x100000001B3
+PROMOTE_AGE_S = 0.5  # a pending process alive this long is sent up
+PROMOTE_EVERY_S = 0.25  # how often the pending map is looked at
+CHAIN_DEPTH = 8  # ancestors sent up for one process (facts keep up to 8)
+
+
+def name_hash(data: bytes) -> int:
+    """FNV-1a 64 of ``data``, as the probe hashes a basename or a leading directory."""
+    h = FNV_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def interest_keys(names: Iterable[str], directories: Iterable[str]) -> set[int]:
+    """The exec_names keys: lower-cased basenames, and directories without their trailing slash."""
+    keys = {name_hash(n.lower().encode()) for n in names if n and "/" not in n}
+    keys |= {
+        name_hash(d.rstrip("/").encode())
+        for d in directories
+        if d.startswith("/") and d.rstrip("/") and d.rstrip("/").count("/") <= 2
+    }
+    return keys
+
+
+def parent_of(pid: int) -> int:
+    """The parent pid from /proc/PID/stat (0 when gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class ExecFilter:
+    """The exec filter's maps in a loaded program (see the module docstring)."""
+
+    def __init__(self, bpf, decode: Callable) -> None:
+        self.pending = bpf[b"exec_pending"]
+        self.interest = bpf[b"exec_interest"]
+        self.names = bpf[b"exec_names"]
+        self.aggregated_map = bpf[b"exec_aggregated"]
+        self.counts_map = bpf[b"exec_filter_counts"]
+        self.decode = decode  # a pending gg_exec -> model Exec
+        self.aggregated: dict[int, int] = {}  # cgroup id -> execs kept in the kernel (cumulative)
+        self.promoted_by_age = 0
+        self.promoted_as_ancestors = 0
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self.counts_read = 0  # bumped by each read_counts
+        self._next_promote = 0.0
+
+    # -- what the kernel looks for ---------------------------------------------------
+    def set_names(self, names: Iterable[str], directories: Iterable[str]) -> int:
+        """Replace the names and directories whose execs go up in full; returns the keys set."""
+        keys = interest_keys(names, directories)
+        for key in list(self.names.keys()):
+            if key.value not in keys:
+                del self.names[key]
+        one = ct.c_uint8(1)
+        for key in keys:
+            self.names[self.names.Key(key)] = one
+        return len(keys)
+
+    def mark(self, tgid: int, flags: int) -> None:
+        """Send up the execs of ``tgid`` and of what it forks from now on."""
+        key = self.interest.Key(tgid)
+        try:
+            old = self.interest[key].value
+        except KeyError:
+            old = 0
+        self.interest[key] = ct.c_uint8(old | flags)
+
+    # -- pending execs ---------------------------------------------------------------
+    def due(self, now: float) -> bool:
+        if now < self._next_promote:
+            return False
+        self._next_promote = now + PROMOTE_EVERY_S
+        return True
+
+    def _entries(self) -> list:
+        """(tgid, record) of every pending exec: few (the young processes), so one walk of the
+        keys; bcc's batch lookup would allocate room for the whole map on every call."""
+        out = []
+        for key in self.pending.keys():
+            try:
+                out.append((key.value, self.pending[key]))
+            except KeyError:
+                continue  # exited while we looked
+        return out
+
+    def take_old(self, age_s: float = PROMOTE_AGE_S) -> list:
+        """Pending execs older than ``age_s`` (model events, oldest first), taken out of the map.
+
+        One whose process exits meanwhile is left to the kernel (taken by its exit: counted)."""
+        boot_now = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        limit = boot_now - int(age_s * 1e9)
+        old = [(v.hdr.time_ns, k, v) for k, v in self._entries() if v.hdr.time_ns <= limit]
+        old.sort(key=lambda item: item[0])
+        out = []
+        for _, key, value in old:
+            if self._take(key):
+                out.append(self.decode(value))
+        self.promoted_by_age += len(out)
+        return out
+
+    def _take(self, tgid: int) -> bool:
+        try:
+            del self.pending[self.pending.Key(tgid)]
+        except KeyError:
+            return False  # exited (or sent up by the kernel) meanwhile
+        return True
+
+    def take(self, tgid: int):
+        """The pending exec of ``tgid`` (a model event), taken out of the map; None if none."""
+        try:
+            value = self.pending[self.pending.Key(tgid)]
+        except KeyError:
+            return None
+        if not self._take(tgid):
+            return None
+        return self.decode(value)
+
+    def promote_chain(self, ppid: int) -> list:
+        """The pending execs of ``ppid`` and its ancestors, eldest first; stops at the first
+        that is not pending (user space knows it and what is above it), or after CHAIN_DEPTH."""
+        chain = []
+        pid = ppid
+        for _ in range(CHAIN_DEPTH):
+            if pid <= 1:
+                break
+            event = self.take(pid)
+            if event is None:
+                break
+            chain.append(event)
+            pid = parent_of(pid)
+        chain.reverse()
+        self.promoted_as_ancestors += len(chain)
+        return chain
+
+    # -- counts ----------------------------------------------------------------------
+    def read_counts(self) -> None:
+        """Refresh the per-cgroup totals and the filter's own counters from the kernel."""
+        for key, value in self.aggregated_map.items():
+            self.aggregated[key.value] = value.value
+        for name, index in COUNTS.items():
+            self.counts[name] = self.counts_map[self.counts_map.Key(index)].value
+        self.counts_read += 1
+
+    def summary(self, top: int = 10) -> dict:
+        """For the status file: execs kept in the kernel (total and the busiest cgroups), and
+        how many went up later (by the kernel, by age, as ancestors)."""
+        busiest = sorted(self.aggregated.items(), key=lambda kv: -kv[1])[:top]
+        return {
+            "aggregated": self.aggregated_total(),
+            "aggregated_by_cgroup": {str(cgroup): n for cgroup, n in busiest},
+            "promoted_by_kernel": self.counts["promoted"],
+            "promoted_by_age": self.promoted_by_age,
+            "promoted_as_ancestors": self.promoted_as_ancestors,
+            "pending_full": self.counts["pending_full"],
+            "cgroups_full": self.counts["cgroups_full"],
+        }
+
+    def aggregated_total(self) -> int:
+        return sum(self.aggregated.values())

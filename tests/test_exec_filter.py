@@ -1,0 +1,257 @@
+"""The exec filter on the real kernel: a flood of short execs stays in the kernel and is counted,
+yet every process that lives, connects or opens a GPU is seen in full, with its ancestry."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from gpuguard.events.model import Connect, Exec, GpuOpen
+from tests.support.agent_run import AgentProcess
+from tests.support.workloads import build_c_program, build_workload, private_dev_command
+
+EXEC_FLOOD = Path(__file__).resolve().parent / "workloads" / "exec_flood.c"
+INTO_CGROUP = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
+# outer sh forks an inner sh that forks "$@" (the trailing "; true" keeps each from exec'ing)
+OUTER = '/bin/sh -c \'"$0" "$@"; true\' "$@"; true'
+MINER_ARGS = ["-o", "stratum+tcp://pool.example.invalid:3333", "--donate-level", "1"]
+
+
+@pytest.fixture(scope="module")
+def sensor():
+    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.sensor import Sensor
+
+    with Sensor(
+        ProbeSettings(exec_filter=True), drain_interval=0.2, exec_names=(["xmrig"], ["/tmp"])
+    ) as s:
+        yield s
+
+
+@contextmanager
+def own_cgroup() -> Iterator[tuple[Path, int]]:
+    """A cgroup for this test's processes: (its directory, its id)."""
+    from gpuguard.respond.cgroup_blocks import cgroup2_mount
+
+    cgroup = Path(cgroup2_mount()) / f"gg-exec-filter-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    cgroup.mkdir()
+    try:
+        yield cgroup, os.stat(cgroup).st_ino
+    finally:
+        if (cgroup / "cgroup.procs").read_text().strip():
+            (cgroup / "cgroup.kill").write_text("1")
+            deadline = time.monotonic() + 5
+            while (cgroup / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        cgroup.rmdir()
+
+
+def flood(rate: int, seconds: float, cgroup: Path) -> subprocess.Popen:
+    """exec_flood (fork+exec of /bin/true) inside ``cgroup`` from its first instruction."""
+    binary = build_c_program(EXEC_FLOOD)
+    argv = [str(binary), str(rate), str(seconds)]
+    return subprocess.Popen(
+        ["/bin/sh", "-c", INTO_CGROUP, "sh", str(cgroup), *argv], stdout=subprocess.PIPE, text=True
+    )
+
+
+def poll_until(sensor, seconds: float, done=lambda events: False) -> list:
+    events: list = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        events += sensor.poll(50)
+        if done(events):
+            break
+    return events
+
+
+@pytest.mark.root
+def test_short_execs_are_counted_per_cgroup_and_not_sent_up(sensor):
+    with own_cgroup() as (cgroup, cgroup_id):
+        proc = flood(500, 2, cgroup)
+        events = poll_until(sensor, 8, lambda _: proc.poll() is not None)
+        done = int(proc.communicate(timeout=30)[0])
+        events += poll_until(sensor, 1.0)
+        sensor.exec_filter.read_counts()
+        counted = sensor.exec_filter.aggregated.get(cgroup_id, 0)
+    assert done > 100
+    ours = [e for e in events if e.cgroup_id == cgroup_id]
+    trues = [e for e in ours if isinstance(e, Exec) and e.filename.endswith("/true")]
+    assert trues == []  # none went up
+    assert [e for e in ours if e.kind == "exit" and e.comm == "true"] == []  # nor their exits
+    # every /bin/true exec counted (the sh that moved itself into the cgroup ran before it)
+    assert counted >= done
+    assert counted <= done + 2  # plus at most sh's exec of the flooder, were it kept
+    assert sensor.exec_filter.summary()["aggregated"] >= counted
+
+
+@pytest.mark.root
+def test_a_short_exec_that_connects_is_sent_up_before_its_connect(sensor):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        port = server.getsockname()[1]
+        script = f"import socket; socket.create_connection(('127.0.0.1', {port})).close()"
+        proc = subprocess.Popen([sys.executable, "-c", script])
+        events = poll_until(
+            sensor,
+            10,
+            lambda evs: any(isinstance(e, Connect) and e.pid == proc.pid for e in evs),
+        )
+        proc.wait(10)
+    mine = [e for e in events if e.pid == proc.pid and isinstance(e, Exec | Connect)]
+    assert mine and isinstance(mine[0], Exec), [e.kind for e in mine]
+    assert mine[0].filename == sys.executable or "python" in mine[0].filename
+    assert any(isinstance(e, Connect) and e.port == port for e in mine)
+
+
+@pytest.mark.root
+def test_a_plain_exec_that_lives_is_sent_up_with_its_command_line(sensor):
+    proc = subprocess.Popen(["/bin/sleep", "6"])
+    try:
+        events = poll_until(
+            sensor, 10, lambda evs: any(isinstance(e, Exec) and e.pid == proc.pid for e in evs)
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    (exec_,) = [e for e in events if isinstance(e, Exec) and e.pid == proc.pid]
+    assert exec_.cmdline == ["/bin/sleep", "6"]
+    assert exec_.ppid == os.getpid()
+
+
+@pytest.mark.root
+def test_the_ancestry_of_a_gpu_opener_below_a_flood_of_short_execs_is_complete(sensor):
+    # The opener runs from a directory the filter does not look for (not /tmp), below two
+    # forking shells: none of the three is sent up at its exec; all three are at the GPU open.
+    place = Path(f"/run/gg-exec-filter-{os.getpid()}")
+    place.mkdir()
+    try:
+        opener = place / "trainer"
+        shutil.copy(build_workload(), opener)
+        command, env = private_dev_command([str(opener), "open:/dev/nvidia0", "sleep:2000"])
+        with own_cgroup() as (cgroup, _):
+            flooder = flood(2000, 30, cgroup)
+            try:
+                poll_until(sensor, 1.0)
+                # outer sh forks inner sh, which forks unshare -> sh -> trainer (one pid)
+                shells = subprocess.Popen(
+                    ["/bin/sh", "-c", OUTER, "outer", *command],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                )
+                events = poll_until(
+                    sensor,
+                    15,
+                    lambda evs: any(isinstance(e, GpuOpen) and e.comm == "trainer" for e in evs),
+                )
+                shells.wait(30)  # the trainer exits after its sleep, then both shells
+            finally:
+                flooder.terminate()
+                flooder.wait(30)
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+    (opened,) = [e for e in events if isinstance(e, GpuOpen) and e.comm == "trainer"]
+    execs = {e.pid: e for e in events if isinstance(e, Exec)}
+    assert opened.pid in execs and execs[opened.pid].filename == str(opener)
+    chain, pid = [], opened.pid
+    while pid != shells.pid:
+        assert pid in execs, f"ancestor {pid} of the GPU opener was never sent up: {chain}"
+        chain.append(execs[pid].filename)
+        pid = execs[pid].ppid
+    assert chain == [str(opener), "/bin/sh"]
+    assert shells.pid in execs and execs[shells.pid].ppid == os.getpid()
+    order = [id(e) for e in events]
+    for pid in (opened.pid, execs[opened.pid].ppid, shells.pid):
+        assert order.index(id(execs[pid])) < order.index(id(opened))
+
+
+def _quote(arg: str) -> str:
+    return "'" + arg.replace("'", "'\"'\"'") + "'"
+
+
+@pytest.mark.root
+def test_an_exec_flood_does_not_blind_the_agent_to_a_miner_started_during_it(tmp_path):
+    agent = AgentProcess(tmp_path, "--sensor", "ebpf")
+    miner = None
+    with own_cgroup() as (cgroup, cgroup_id):
+        floods: list[subprocess.Popen] = []
+        try:
+            agent.wait_ready()
+            floods = [flood(2500, 120, cgroup) for _ in range(2)]
+            agent.wait_status(
+                lambda d: (
+                    d["counters"]["execs"].get("aggregated_by_cgroup", {}).get(str(cgroup_id), 0)
+                    > 2000
+                ),
+                60,
+            )
+            # a miner known only by its command line, through a shell; it never connects
+            argv = [sys.executable, "-c", "import time; time.sleep(120)", *MINER_ARGS]
+            miner = subprocess.Popen(["/bin/sh", "-c", "exec " + " ".join(map(_quote, argv))])
+            doc = agent.wait_status(
+                lambda d: any(f["pid"] == miner.pid for f in d.get("last_findings", [])), 30
+            )
+            still_flooding = all(f.poll() is None for f in floods)
+        finally:
+            if miner is not None:
+                miner.kill()
+                miner.wait()
+            for f in floods:
+                f.terminate()
+                f.wait(30)
+            agent.stop()
+    (finding,) = [f for f in doc["last_findings"] if f["pid"] == miner.pid]
+    assert finding["verdict"] in ("suspicious", "malicious")
+    assert still_flooding
+    execs = doc["counters"]["execs"]
+    assert execs["aggregated_by_cgroup"][str(cgroup_id)] > 2000  # the flood stayed in the kernel
+    assert agent.proc.returncode == 0, agent.stderr()
+
+
+@pytest.mark.root
+def test_a_short_exec_of_a_name_the_rules_list_goes_up_at_once(sensor):
+    place = Path(f"/run/gg-exec-filter-{os.getpid()}")
+    place.mkdir()
+    try:
+        named = place / "XMRig"  # the basename is matched lower-cased
+        shutil.copy("/bin/true", named)
+        plain = place / "plain"
+        shutil.copy("/bin/true", plain)
+        for path in (plain, named):
+            subprocess.run([str(path)], check=True)
+        events = poll_until(
+            sensor,
+            10,
+            lambda evs: any(isinstance(e, Exec) and e.filename == str(named) for e in evs),
+        )
+        events += poll_until(sensor, 1.0)
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+    filenames = {e.filename for e in events if isinstance(e, Exec)}
+    assert str(named) in filenames
+    assert str(plain) not in filenames  # short-lived and unlisted: counted, not sent up
+
+
+def test_the_kernel_hash_is_fnv1a_and_names_come_from_the_rules_lists():
+    from gpuguard.agent.exec_interest import exec_interest
+    from gpuguard.detect.reload import RuleSetHolder
+    from gpuguard.sources.exec_filter import interest_keys, name_hash
+
+    assert name_hash(b"") == 0xCBF29CE484222325
+    assert name_hash(b"a") == 0xAF63DC4C8601EC8C  # the published FNV-1a 64 test vector
+    names, directories = exec_interest(RuleSetHolder(None, log=lambda line: None).current)
+    assert "xmrig" in names and "nbminer" in names
+    assert not {"sh", "bash", "busybox"} & set(names)  # a flood of sh -c stays in the kernel
+    assert "/tmp" in directories and "/dev/shm" in directories
+    keys = interest_keys(["XMRig", "a/b"], ["/tmp/", "/a/b/c/d"])
+    assert keys == {name_hash(b"xmrig"), name_hash(b"/tmp")}  # hashed as the probe walks a path

@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 
 from gpuguard.errors import GpuguardError
+from gpuguard.outputs.records import SCAN_FORMATS
 
 HELP = "audit this host once for miners and GPU abuse (read-only)"
-FORMATS = ("table", "json", "ocsf")
+FORMATS = ("table", *SCAN_FORMATS)  # table: the console report; the rest: one JSON document
 MAX_CPU_SAMPLE_S = 10.0
 MAX_GPU_WINDOW_S = 600.0
 DEFAULT_GPU_WINDOW_S = 3.0
@@ -40,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=FORMATS,
         default=None,
-        help="table (default), json (ECS field names) or ocsf (OCSF Detection Finding)",
+        help="table (default), "
+        + " or ".join(f"{name} ({f.scan_help})" for name, f in SCAN_FORMATS.items()),
     )
     parser.add_argument(
         "--deep",

@@ -1,4 +1,4 @@
-"""Every live GPU telemetry source, listed once: config, `scan`, `gpus` and the agent read this list.
+"""Every live GPU telemetry source, listed once: config, `scan`, `gpus` and the agent read it.
 
 A new source is one module with ``open_sampler(proc_root=...)`` plus one entry in
 :data:`GPU_SOURCES`.  Modules are imported when a source is opened, not when this

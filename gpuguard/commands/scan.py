@@ -35,14 +35,20 @@ MAX_GPU_WINDOW_S = 600.0
 DEFAULT_GPU_WINDOW_S = 3.0
 
 
+def _choices_help(choices: list[str]) -> str:
+    """``a, b or c``."""
+    return ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="same as --format json (ECS findings)")
     parser.add_argument(
         "--format",
         choices=FORMATS,
         default=None,
-        help="table (default), "
-        + " or ".join(f"{name} ({f.scan_help})" for name, f in SCAN_FORMATS.items()),
+        help=_choices_help(
+            ["table (default)", *(f"{n} ({f.scan_help})" for n, f in SCAN_FORMATS.items())]
+        ),
     )
     parser.add_argument(
         "--deep",

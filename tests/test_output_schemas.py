@@ -12,9 +12,10 @@ from gpuguard.detect.host_checks import HostFinding, apply_thresholds
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ACTION_STATUSES, ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits
+from gpuguard.outputs.ecs import _ACTION_ECS_TYPE
 from gpuguard.outputs.finding import Destination, EvidenceItem, Finding, GpuUse, finding_from_host
 from gpuguard.outputs.ocsf import OCSF_VERSION
-from gpuguard.outputs.records import _ACTION_ECS_TYPE, FORMATS, render_record
+from gpuguard.outputs.records import FORMATS, render_record
 from gpuguard.outputs.scan_report import scan_document
 from tests.support.schemas import ecs_errors, ocsf_errors, strict_cef
 from tests.test_agent_logs import (  # noqa: F401 - miner_finding is a fixture

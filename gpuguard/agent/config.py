@@ -28,6 +28,7 @@ from gpuguard.outputs.log_sinks import DEFAULT_KEEP, DEFAULT_MAX_BYTES, FACILITI
 from gpuguard.outputs.log_spool import DEFAULT_SPOOL_BYTES, DEFAULT_SPOOL_DIR
 from gpuguard.outputs.records import FORMATS
 from gpuguard.respond import ResponseSettings, parse_response_settings
+from gpuguard.sources.gpu.registry import SOURCE_NAMES
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuguard/agent.yaml")
 DEFAULT_STATUS_PATH = Path("/run/gpuguard/status.json")
@@ -36,7 +37,6 @@ MODES = ("monitor", "enforce")
 SENSORS = ("auto", "ebpf", "proc")
 LOG_FORMATS = FORMATS
 SYSLOG_FORMATS = ("rfc5424", "rfc3164")
-GPU_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
 
 
 @dataclass(slots=True)
@@ -64,7 +64,7 @@ class AgentConfig:
     sample_interval_s: float = 1.0
     host_check_interval_s: float = 10.0  # GPU host checks (orphaned memory...) and accounting reads
     nvml_accounting: bool = False  # turn NVML accounting mode on (changes host state: opt-in)
-    gpu_sources: list[str] = field(default_factory=lambda: list(GPU_SOURCES))
+    gpu_sources: list[str] = field(default_factory=lambda: list(SOURCE_NAMES))
     sweep_interval_s: float = 3.0  # reduced mode: a /proc sweep this often
     status_path: Path = DEFAULT_STATUS_PATH
     status_interval_s: float = 2.0
@@ -119,7 +119,7 @@ _SCHEMA: dict[str, Any] = {
         "interval_s": ("sample_interval_s", _NUMBER, (0.1, 3600)),
         "host_check_interval_s": ("host_check_interval_s", _NUMBER, (0.2, 3600)),
         "nvml_accounting": ("nvml_accounting", bool, None),
-        "sources": ("gpu_sources", list, GPU_SOURCES),
+        "sources": ("gpu_sources", list, SOURCE_NAMES),
     },
     "sweep": {"interval_s": ("sweep_interval_s", _NUMBER, (0.5, 3600))},
     "status": {

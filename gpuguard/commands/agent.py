@@ -40,7 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "syslog, syslog:unix:PATH, syslog:udp:HOST:PORT or syslog:tcp:HOST:PORT",
     )
     parser.add_argument(
-        "--log-format", choices=LOG_FORMATS, default=None, help="ecs (default), ocsf or cef"
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=None,
+        help=", ".join([f"{LOG_FORMATS[0]} (default)", *LOG_FORMATS[1:-1]])
+        + f" or {LOG_FORMATS[-1]}",  # outputs/records.py lists them, the default first
     )
     parser.add_argument(
         "--metrics-address", default=None, metavar="HOST:PORT", help="serve Prometheus metrics here"

@@ -18,13 +18,12 @@ from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.outputs.gpu_table import GpuView, ProcessLabel, render_view, view_to_json
 from gpuguard.outputs.jsonl import dumps_line
-from gpuguard.sources.gpu.sampler import ALL_SOURCES, GpuSampler, open_samplers
+from gpuguard.sources.gpu.registry import BY_NAME, SOURCE_NAMES
+from gpuguard.sources.gpu.sampler import GpuSampler, open_samplers
 from gpuguard.sources.process import collect_process_facts
 
 HELP = "show GPUs and the processes using them (NVIDIA, AMD, any DRM driver)"
-# Engine busy time (DRM fdinfo, amdsmi) is a counter: a rate needs two reads.
-SETTLE_S = 0.5
-_RATE_SOURCES = ("amdsmi", "drm-fdinfo")
+SETTLE_S = 0.5  # between the two reads a counter source (GpuSource.counters) needs for a rate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source",
         action="append",
-        choices=ALL_SOURCES,
+        choices=SOURCE_NAMES,
         dest="sources",
         help="only this source (repeatable; default: all)",
     )
@@ -87,9 +86,9 @@ def first_view(
     proc_root: str,
     sleep: Callable[[float], None] = time.sleep,
 ) -> GpuView:
-    """One reading; sources that report rates get a baseline read first."""
+    """One reading; sources that report counters get a baseline read first."""
     snapshots = sample_all(samplers)
-    if any(s.source in _RATE_SOURCES for s in samplers):
+    if any(s.source in BY_NAME and BY_NAME[s.source].counters for s in samplers):
         sleep(SETTLE_S)
         again = sample_all(samplers)
         for before, after in zip(snapshots, again, strict=False):
@@ -132,7 +131,7 @@ class _Printer:
 def run_live(args: argparse.Namespace, printer: _Printer) -> int:
     unavailable: list[str] = []
     samplers = open_samplers(
-        args.sources or ALL_SOURCES, proc_root=args.proc_root, on_status=unavailable.append
+        args.sources or SOURCE_NAMES, proc_root=args.proc_root, on_status=unavailable.append
     )
     try:
         printer.show(first_view(samplers, unavailable, args.proc_root))

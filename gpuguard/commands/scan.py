@@ -26,12 +26,18 @@ import time
 from pathlib import Path
 
 from gpuguard.errors import GpuguardError
+from gpuguard.outputs.records import SCAN_FORMATS
 
 HELP = "audit this host once for miners and GPU abuse (read-only)"
-FORMATS = ("table", "json", "ocsf")
+FORMATS = ("table", *SCAN_FORMATS)  # table: the console report; the rest: one JSON document
 MAX_CPU_SAMPLE_S = 10.0
 MAX_GPU_WINDOW_S = 600.0
 DEFAULT_GPU_WINDOW_S = 3.0
+
+
+def _choices_help(choices: list[str]) -> str:
+    """``a, b or c``."""
+    return ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=FORMATS,
         default=None,
-        help="table (default), json (ECS field names) or ocsf (OCSF Detection Finding)",
+        help=_choices_help(
+            ["table (default)", *(f"{n} ({f.scan_help})" for n, f in SCAN_FORMATS.items())]
+        ),
     )
     parser.add_argument(
         "--deep",

@@ -42,6 +42,7 @@ from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits, cap_text, raw_bytes, text_mark
 from gpuguard.outputs.finding import Finding
+from gpuguard.outputs.output_format import OutputFormat
 
 VENDOR = "gpuguard"
 PRODUCT = "gpuguard"
@@ -270,3 +271,13 @@ def cef_line(
     else:
         raise TypeError(f"not a log record: {type(record).__name__}")
     return bounded_line(parts, limits or OutputLimits())
+
+
+FORMAT = OutputFormat(
+    name="cef",
+    doc="ArcSight Common Event Format lines (ArcSight, Microsoft Sentinel over syslog)",
+    finding=lambda finding, created, to: finding_cef(finding, to.hostname, created),
+    action=lambda outcome, to: action_cef(outcome, to.hostname),
+    lifecycle=lambda record, to: lifecycle_cef(record, to.hostname),
+    encode=lambda render, evidence, limits: bounded_line(render(evidence), limits),
+)

@@ -1,4 +1,4 @@
-"""Findings as Elastic Common Schema (ECS) documents.
+"""Records as Elastic Common Schema (ECS) documents: findings, response actions, agent lifecycle.
 
 Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one ECS document
 (``event.kind: "alert"`` for suspicious and malicious verdicts, ``"event"``
@@ -30,6 +30,10 @@ Field use:
   totals}, ``process.hash.sha256``, the parent chain in ``gpuguard.ancestors``; a close is
   ``event.type: ["end"]`` with ``event.start``/``end``/``duration`` and ``process.exit_code``.
 
+Response actions are ``event.kind: "event"``, ``event.category: ["process"]`` (``["network"]``
+for egress blocks), ``event.type`` from what the action did; the agent's lifecycle records are
+``event.category: ["configuration"|"process"]`` with ``event.action`` the lifecycle step.
+
 Every field carries the exact value; the one JSON escaping rule
 (:mod:`gpuguard.outputs.jsonl`) makes control characters and bytes that are
 not UTF-8 harmless when the document is written.
@@ -44,12 +48,33 @@ import socket
 from typing import Any
 
 from gpuguard import __version__
+from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.finding import Finding, process_entity_id
+from gpuguard.outputs.output_format import (
+    AGENT_DATASET,
+    LIFECYCLE_FAILURES,
+    OutputFormat,
+    drop_empty,
+    json_encoder,
+    lifecycle_severity,
+)
 
 ECS_VERSION = "8.11.0"
 ECS_SEVERITY = {"informational": 0, "low": 21, "medium": 47, "high": 73, "critical": 99}
 _ECS_ACTIVITY_TYPE = {"create": "info", "update": "change", "close": "end"}
 ATTACK_URL = "https://attack.mitre.org/techniques/{}/"
+# What each action does, in ECS event.type terms.
+_ACTION_ECS_TYPE = {
+    "kill": "end",
+    "kill-on-touch": "denied",
+    "suspend": "change",
+    "quarantine": "denied",
+    "block-egress": "denied",
+    "unblock": "allowed",
+    "hook": "info",
+    "alert": "info",
+}
+_ACTION_OUTCOME = {"done": "success", "failed": "failure"}
 # Tactics of the techniques gpuguard reports (ATT&CK Enterprise).
 TECHNIQUE_TACTICS: dict[str, tuple[tuple[str, str], ...]] = {
     "T1496": (("TA0040", "Impact"),),
@@ -132,16 +157,12 @@ def threat_fields(techniques: list[tuple[str, str]]) -> dict[str, Any]:
     return out
 
 
-def _drop_empty(value: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in value.items() if v not in (None, "", [], {})}
-
-
 def process_fields(finding: Finding, hostname: str | None = None) -> dict[str, Any]:
     """ECS ``process``, ``user``, ``container`` and ``orchestrator`` objects of a finding."""
     p = finding.process
     if p is None:
         return {}
-    process = _drop_empty(
+    process = drop_empty(
         {
             "pid": p.pid,
             "entity_id": process_entity_id(hostname or socket.gethostname(), p.pid, p.start_time),
@@ -151,7 +172,7 @@ def process_fields(finding: Finding, hostname: str | None = None) -> dict[str, A
             "args": list(p.command_line) or None,
             "args_count": len(p.command_line) or None,
             "start": iso_time(p.start_time) if p.start_time else None,
-            "parent": _drop_empty(
+            "parent": drop_empty(
                 {"pid": p.ppid, "name": p.parent_name, "executable": p.parent_executable}
             ),
             "hash": {"sha256": p.exe_sha256} if p.exe_sha256 else None,
@@ -159,21 +180,21 @@ def process_fields(finding: Finding, hostname: str | None = None) -> dict[str, A
         }
     )
     out: dict[str, Any] = {"process": process}
-    user = _drop_empty(
+    user = drop_empty(
         {"id": str(p.user_id) if p.user_id is not None else None, "name": p.user_name}
     )
     if user:
         out["user"] = user
     if p.container_id:
-        out["container"] = _drop_empty(
+        out["container"] = drop_empty(
             {"id": p.container_id, "runtime": p.container_runtime, "name": p.container_name}
         )
     if p.pod_uid:
-        out["orchestrator"] = _drop_empty(
+        out["orchestrator"] = drop_empty(
             {
                 "type": "kubernetes",
                 "namespace": p.pod_namespace,
-                "resource": _drop_empty({"type": "pod", "id": p.pod_uid, "name": p.pod_name}),
+                "resource": drop_empty({"type": "pod", "id": p.pod_uid, "name": p.pod_name}),
             }
         )
     return out
@@ -198,7 +219,7 @@ def finding_fields(finding: Finding) -> dict[str, Any] | None:
     """``gpuguard.finding``: the finding's id, the record's number and activity, what grew, totals."""
     if not finding.finding_id:
         return None
-    return _drop_empty(
+    return drop_empty(
         {
             "id": finding.finding_id,
             "sequence": finding.sequence,
@@ -264,7 +285,7 @@ def finding_to_ecs(
     doc.update(destination_fields(finding))
     if finding.kind == "host" and finding.subject and finding.subject.startswith("/"):
         doc["file"] = {"path": finding.subject}
-    doc["gpuguard"] = _drop_empty(
+    doc["gpuguard"] = drop_empty(
         {
             "kind": finding.kind,
             "score": round(float(finding.score), 1),
@@ -294,3 +315,123 @@ def finding_to_ecs(
         }
     )
     return doc
+
+
+def action_to_ecs(outcome: ActionOutcome, host: dict[str, Any]) -> dict[str, Any]:
+    """One ECS event for a response action and how it ended."""
+    hostname = host.get("hostname", "")
+    process = drop_empty(
+        {
+            "pid": outcome.pid or None,
+            "name": outcome.comm,
+            "executable": outcome.exe,
+            "entity_id": process_entity_id(hostname, outcome.pid, outcome.start_time)
+            if outcome.pid
+            else None,
+            "start": iso_time(outcome.start_time) if outcome.start_time else None,
+        }
+    )
+    category = ["network"] if outcome.action == "block-egress" else ["process"]
+    doc: dict[str, Any] = {
+        "@timestamp": iso_time(outcome.time),
+        "ecs": {"version": ECS_VERSION},
+        "message": (
+            f"{outcome.action} {outcome.status}: {outcome.reason}"
+            if outcome.reason
+            else f"{outcome.action} {outcome.status}"
+        ),
+        "event": {
+            "kind": "event",
+            "category": category,
+            "type": [_ACTION_ECS_TYPE.get(outcome.action, "info")],
+            "action": outcome.action,
+            "outcome": _ACTION_OUTCOME.get(outcome.status, "unknown"),
+            "module": "gpuguard",
+            "dataset": AGENT_DATASET,
+            "created": iso_time(outcome.time),
+        },
+        "host": host,
+    }
+    if process:
+        doc["process"] = process
+    if outcome.rule_ids:
+        doc["rule"] = {"id": outcome.rule_ids[0], "ruleset": "gpuguard"}
+    addresses = outcome.detail.get("addresses") if isinstance(outcome.detail, dict) else None
+    if isinstance(addresses, list) and addresses and isinstance(addresses[0], str):
+        doc["destination"] = {"address": addresses[0]}
+    doc["gpuguard"] = drop_empty(
+        {
+            "kind": "action",
+            "action": outcome.action,
+            "status": outcome.status,
+            "verdict": outcome.verdict,
+            "score": outcome.score,
+            "rule_ids": list(outcome.rule_ids),
+            "reason": outcome.reason,
+            "block_id": outcome.block_id,
+            "expires": iso_time(outcome.expires) if outcome.expires else None,
+            "detail": outcome.detail,
+        }
+    )
+    return doc
+
+
+def lifecycle_to_ecs(record: AgentLifecycle, host: dict[str, Any]) -> dict[str, Any]:
+    """One ECS event for the agent's own start, reload, stop, drops or fault."""
+    category = ["configuration"] if record.action.startswith("reload") else ["process"]
+    event_type = {
+        "start": "start",
+        "stop": "end",
+        "reload": "change",
+        "reload-failed": "change",
+    }.get(record.action, "info")
+    outcome = "failure" if record.action in LIFECYCLE_FAILURES else "success"
+    return {
+        "@timestamp": iso_time(record.time),
+        "ecs": {"version": ECS_VERSION},
+        "message": record.message or record.action,
+        "event": {
+            "kind": "event",
+            "category": category,
+            "type": [event_type],
+            "action": record.action,
+            "outcome": outcome,
+            "module": "gpuguard",
+            "dataset": AGENT_DATASET,
+            "created": iso_time(record.time),
+        },
+        "log": {
+            "level": {"high": "error", "medium": "warning"}.get(lifecycle_severity(record), "info")
+        },
+        "host": host,
+        "service": {"name": "gpuguard", "type": "gpuguard", "version": __version__},
+        "gpuguard": drop_empty(
+            {"kind": "lifecycle", "action": record.action, "detail": record.detail}
+        ),
+    }
+
+
+# The fields a record keeps when nothing else fits its budget (bounded by construction).
+_ECS_SKELETON = (
+    "@timestamp", "ecs.version", "message", "event.kind", "event.action", "event.category",
+    "event.type", "event.outcome", "event.risk_score", "event.severity", "event.module",
+    "event.dataset", "event.created", "rule.id", "rule.ruleset", "host.hostname", "host.name",
+    "process.pid", "process.entity_id", "gpuguard.kind", "gpuguard.action", "gpuguard.status",
+    "gpuguard.verdict", "gpuguard.score", "event.id", "event.sequence", "gpuguard.finding.id",
+    "gpuguard.finding.sequence", "gpuguard.finding.activity",
+)  # fmt: skip
+
+FORMAT = OutputFormat(
+    name="ecs",
+    doc="Elastic Common Schema JSON, one document a line (the default)",
+    finding=lambda finding, created, to: finding_to_ecs(
+        finding, created, to.host, dataset=to.dataset
+    ),
+    action=lambda outcome, to: action_to_ecs(outcome, to.host),
+    lifecycle=lambda record, to: lifecycle_to_ecs(record, to.host),
+    encode=json_encoder(("gpuguard",), _ECS_SKELETON),
+    mark_path=("gpuguard",),
+    scan_option="json",
+    scan_help="ECS field names",
+    scan_schema={"name": "ecs", "version": ECS_VERSION},
+)

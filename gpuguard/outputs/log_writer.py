@@ -52,7 +52,8 @@ from gpuguard.outputs.log_sinks import (
     SyslogSink,
 )
 from gpuguard.outputs.log_spool import DEFAULT_SPOOL_BYTES, Spooled, SpoolFull, SpoolingSink
-from gpuguard.outputs.records import FORMATS, Record, RecordRenderer, lifecycle_severity
+from gpuguard.outputs.output_format import lifecycle_severity
+from gpuguard.outputs.records import FORMATS, Record, RecordRenderer
 
 DEFAULT_QUEUE_SIZE = 4096
 MAX_PENDING_FAULTS = 64

@@ -1,4 +1,4 @@
-"""Findings as OCSF Detection Finding events (class 2004, Findings category 2).
+"""Records as OCSF 1.3 events: Detection Finding, Remediation and Application Lifecycle.
 
 Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event:
 
@@ -28,6 +28,12 @@ Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event:
 * gpuguard's verdict, ``is_alert`` (an OCSF 1.4 attribute, so not top-level in a 1.3
   record) and the count of evidence left out under ``unmapped.gpuguard``.
 
+Response actions are Remediation classes (7003 Process, 7004 Network, 7001 for the rest) with
+the D3FEND activity (1 Isolate, 2 Evict, 3 Restore, 99 Other) and the required
+``command_uid``; 7001 and 7004 have no ``process``, so their target is in
+``unmapped.gpuguard.process``.  The agent's lifecycle records are Application Lifecycle 6002
+(3 Start, 4 Stop, 8 Update, 99 Other).
+
 ``time`` and ``*_time`` fields are epoch milliseconds, as OCSF's timestamp
 type requires.  Values are exact; the JSON escaping rule of :mod:`gpuguard.outputs.jsonl` applies.
 """
@@ -40,8 +46,16 @@ import socket
 from typing import Any
 
 from gpuguard import __version__
+from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.ecs import TECHNIQUE_TACTICS
 from gpuguard.outputs.finding import Finding, process_entity_id
+from gpuguard.outputs.output_format import (
+    LIFECYCLE_FAILURES,
+    OutputFormat,
+    drop_empty,
+    json_encoder,
+    lifecycle_severity,
+)
 
 OCSF_VERSION = "1.3.0"
 PROFILES = ("host",)  # every record carries ``device`` (the host profile's attribute)
@@ -60,6 +74,33 @@ SEVERITY_ID = {"informational": 1, "low": 2, "medium": 3, "high": 4, "critical":
 SEVERITY_NAME = {1: "Informational", 2: "Low", 3: "Medium", 4: "High", 5: "Critical"}
 ANALYTIC_RULE = 1
 SHA256_ALGORITHM = 3  # OCSF Fingerprint algorithm_id
+# What each action does, in OCSF remediation terms; the agent's own lifecycle steps.
+_ACTION_OCSF_CLASS = {
+    "kill": 7003,
+    "kill-on-touch": 7003,
+    "suspend": 7003,
+    "quarantine": 7003,
+    "block-egress": 7004,
+}
+_OCSF_CLASS_NAME = {
+    7001: "Remediation Activity",
+    7003: "Process Remediation Activity",
+    7004: "Network Remediation Activity",
+}
+_OCSF_ACTIVITY = {
+    "suspend": (1, "Isolate"),
+    "quarantine": (1, "Isolate"),
+    "block-egress": (1, "Isolate"),
+    "kill": (2, "Evict"),
+    "kill-on-touch": (2, "Evict"),
+    "unblock": (3, "Restore"),
+}
+_LIFECYCLE_OCSF = {
+    "start": (3, "Start"),
+    "stop": (4, "Stop"),
+    "reload": (8, "Update"),
+    "reload-failed": (8, "Update"),
+}
 
 
 def metadata(container: bool = False) -> dict[str, Any]:
@@ -335,3 +376,128 @@ def _lifecycle_fields(finding: Finding) -> dict[str, Any]:
     if finding.gpu is not None:
         out["gpu"] = finding.gpu.to_json()
     return out
+
+
+def action_to_ocsf(outcome: ActionOutcome, hostname: str) -> dict[str, Any]:
+    """One OCSF Remediation Activity event (category 7) for a response action."""
+    class_uid = _ACTION_OCSF_CLASS.get(outcome.action, 7001)
+    activity_id, activity_name = _OCSF_ACTIVITY.get(outcome.action, (99, "Other"))
+    status_id, status = {"done": (1, "Success"), "failed": (2, "Failure")}.get(
+        outcome.status, (99, "Other")
+    )
+    event: dict[str, Any] = {
+        "class_uid": class_uid,
+        "class_name": _OCSF_CLASS_NAME[class_uid],
+        "category_uid": 7,
+        "category_name": "Remediation",
+        "activity_id": activity_id,
+        "activity_name": activity_name,
+        "type_uid": class_uid * 100 + activity_id,
+        "type_name": f"{_OCSF_CLASS_NAME[class_uid]}: {activity_name}",
+        "command_uid": command_uid(outcome, hostname),
+        "time": _ms(outcome.time),
+        "severity_id": 1,
+        "severity": "Informational",
+        "status_id": status_id,
+        "status": status,
+        "status_detail": f"{outcome.action} {outcome.status}",
+        "message": outcome.reason or f"{outcome.action} {outcome.status}",
+        "device": {"hostname": hostname, "type_id": 0},
+        "metadata": metadata(),
+        "unmapped": {
+            "gpuguard": drop_empty(
+                {
+                    "action": outcome.action,
+                    "status": outcome.status,
+                    "verdict": outcome.verdict,
+                    "score": outcome.score,
+                    "rule_ids": list(outcome.rule_ids),
+                    "block_id": outcome.block_id,
+                    "expires": _ms(outcome.expires) if outcome.expires else None,
+                    "detail": outcome.detail,
+                }
+            )
+        },
+    }
+    process: dict[str, Any] = {}
+    if outcome.pid:
+        process = {
+            "pid": outcome.pid,
+            "name": outcome.comm,
+            "uid": process_entity_id(hostname, outcome.pid, outcome.start_time),
+        }
+        if outcome.exe:
+            process["file"] = {
+                "path": outcome.exe,
+                "name": outcome.exe.rsplit("/", 1)[-1],
+                "type_id": 1,
+            }
+        if outcome.start_time:
+            process["created_time"] = _ms(outcome.start_time)
+    if class_uid == 7003:
+        # The class requires the process; an action that lost its target names the pid it had.
+        event["process"] = process or {"pid": outcome.pid}
+    elif process:  # Remediation Activity (7001) and 7004 have no process attribute
+        event["unmapped"]["gpuguard"]["process"] = process
+    if class_uid == 7004:
+        event["connection_info"] = {"direction_id": 2, "direction": "Outbound"}
+    return event
+
+
+def command_uid(outcome: ActionOutcome, hostname: str) -> str:
+    """OCSF ``command_uid``: the block's id when the action left one, else a stable digest."""
+    if outcome.block_id:
+        return outcome.block_id
+    key = f"{hostname}|{outcome.action}|{outcome.pid}|{outcome.start_time}|{outcome.time}"
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"gpuguard-{digest[:32]}"
+
+
+def lifecycle_to_ocsf(record: AgentLifecycle, hostname: str) -> dict[str, Any]:
+    """One OCSF Application Lifecycle event (6002) for the agent itself."""
+    activity_id, activity_name = _LIFECYCLE_OCSF.get(record.action, (99, "Other"))
+    failed = record.action in LIFECYCLE_FAILURES
+    severity_id = {"high": 4, "medium": 3}.get(lifecycle_severity(record), 1)
+    return {
+        "class_uid": 6002,
+        "class_name": "Application Lifecycle",
+        "category_uid": 6,
+        "category_name": "Application Activity",
+        "activity_id": activity_id,
+        "activity_name": activity_name,
+        "type_uid": 6002 * 100 + activity_id,
+        "type_name": f"Application Lifecycle: {activity_name}",
+        "time": _ms(record.time),
+        "severity_id": severity_id,
+        "severity": {1: "Informational", 3: "Medium", 4: "High"}[severity_id],
+        "status_id": 2 if failed else 1,
+        "status": "Failure" if failed else "Success",
+        "status_detail": record.action,
+        "message": record.message or record.action,
+        "app": {"name": "gpuguard", "vendor_name": "gpuguard", "version": __version__},
+        "device": {"hostname": hostname, "type_id": 0},
+        "metadata": metadata(),
+        "unmapped": {"gpuguard": {"action": record.action, "detail": record.detail}},
+    }
+
+
+_OCSF_SKELETON = (
+    "class_uid", "class_name", "category_uid", "category_name", "activity_id", "activity_name",
+    "type_uid", "type_name", "command_uid", "time", "severity_id", "severity", "status_id",
+    "status", "message", "risk_score", "finding_info.uid", "finding_info.title",
+    "finding_info.analytic", "finding_info.created_time", "process.pid", "process.uid", "app",
+    "connection_info", "device", "metadata",
+)  # fmt: skip
+
+FORMAT = OutputFormat(
+    name="ocsf",
+    doc="OCSF 1.3 JSON: Detection Finding, Remediation and Application Lifecycle events",
+    finding=lambda finding, created, to: finding_to_ocsf(finding, created, to.hostname),
+    action=lambda outcome, to: action_to_ocsf(outcome, to.hostname),
+    lifecycle=lambda record, to: lifecycle_to_ocsf(record, to.hostname),
+    encode=json_encoder(("unmapped", "gpuguard"), _OCSF_SKELETON),
+    mark_path=("unmapped", "gpuguard"),
+    scan_option="ocsf",
+    scan_help="OCSF Detection Finding",
+    scan_schema={"name": "ocsf", "version": OCSF_VERSION, "class_uid": CLASS_UID},
+)

@@ -25,9 +25,10 @@ from rich.text import Text
 from gpuguard import __version__
 from gpuguard.escape import escape_text
 from gpuguard.outputs.bounds import OutputLimits, bound_document
-from gpuguard.outputs.ecs import ECS_VERSION, finding_to_ecs, host_fields, iso_time
+from gpuguard.outputs.ecs import host_fields, iso_time
 from gpuguard.outputs.finding import Finding
-from gpuguard.outputs.ocsf import OCSF_VERSION, finding_to_ocsf
+from gpuguard.outputs.output_format import SCAN_DATASET, Target
+from gpuguard.outputs.records import SCAN_FORMATS
 from gpuguard.sources.host_gpu_stack import GpuStackFacts
 
 VERDICT_STYLE = {"malicious": "bold red", "suspicious": "yellow", "clean": "green"}
@@ -239,24 +240,15 @@ def summary_fields(report: ScanReport) -> dict[str, Any]:
 
 
 def scan_document(report: ScanReport, fmt: str) -> dict[str, Any]:
-    """``{"scanner", "host", "summary", "findings"}``; findings in ECS (``"json"``) or OCSF (``"ocsf"``)."""
+    """``{"scanner", "host", "summary", "findings"}``; findings in ``fmt`` (a ``scan --format``)."""
     host = host_fields()
-    if fmt == "ocsf":
-        findings = [
-            bound_document(
-                finding_to_ocsf(f, report.finished, host["hostname"]),
-                LIMITS,
-                ("unmapped", "gpuguard"),
-            )
-            for f in report.sorted_findings()
-        ]
-        schema = {"name": "ocsf", "version": OCSF_VERSION, "class_uid": 2004}
-    else:
-        findings = [
-            bound_document(finding_to_ecs(f, report.finished, host), LIMITS, ("gpuguard",))
-            for f in report.sorted_findings()
-        ]
-        schema = {"name": "ecs", "version": ECS_VERSION}
+    output = SCAN_FORMATS[fmt]
+    target = Target(host, host["hostname"], SCAN_DATASET)
+    findings = [
+        bound_document(output.finding(f, report.finished, target), LIMITS, output.mark_path)
+        for f in report.sorted_findings()
+    ]
+    schema = dict(output.scan_schema)
     return {
         "scanner": {
             "name": "gpuguard",

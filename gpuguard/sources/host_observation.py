@@ -45,12 +45,12 @@ from gpuguard.events.model import ConnActivity, CpuActivity, Event
 from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
 from gpuguard.sources.cpu_usage import cpu_activity, cpu_and_start, lifetime_runnable
 from gpuguard.sources.fd_holders import HolderScan, holder_event, scan_device_holders
+from gpuguard.sources.gpu.registry import SOURCE_NAMES
 from gpuguard.sources.hidden_pids import list_proc_pids
 from gpuguard.sources.net_connections import ConnectionTable, connect_event, read_connection_table
 from gpuguard.sources.process import collect_process_facts
 from gpuguard.sources.session_window import SessionWindow
 
-GPU_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
 GPU_STEP_S = 1.0  # the agent's sampling rate: windows hold the same shape in scan and agent
 
 
@@ -169,7 +169,7 @@ def _open_samplers(on_status: Callable[[str], None]) -> list:
         on_status(f"GPU samplers not available: {exc}")
         return []
     samplers = []
-    for source in GPU_SOURCES:
+    for source in SOURCE_NAMES:
         try:
             samplers.extend(open_samplers([source], on_status=on_status))
         except ImportError as exc:

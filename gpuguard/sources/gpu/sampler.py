@@ -11,21 +11,12 @@ which raises ``EndOfRecording`` after the last recorded snapshot.)
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 from gpuguard.errors import GpuguardError
 from gpuguard.events.gpu_snapshot import GpuSnapshot
-
-ALL_SOURCES = ("nvml", "amdsmi", "drm-fdinfo")
-
-# source name -> (module, label used in status lines)
-_OPENERS = {
-    "nvml": ("gpuguard.sources.gpu.nvml", "NVML"),
-    "amdsmi": ("gpuguard.sources.gpu.amd", "amdsmi"),
-    "drm-fdinfo": ("gpuguard.sources.gpu.drm_fdinfo", "DRM fdinfo"),
-}
+from gpuguard.sources.gpu.registry import BY_NAME, SOURCE_NAMES
 
 
 @runtime_checkable
@@ -49,27 +40,26 @@ def status_line(label: str, exc: SourceUnavailable) -> str:
 
 
 def open_samplers(
-    sources: Iterable[str] = ALL_SOURCES,
+    sources: Iterable[str] = SOURCE_NAMES,
     proc_root: str = "/proc",
     on_status: Callable[[str], None] | None = None,
 ) -> list[GpuSampler]:
-    """Open every source that works here; report each one that does not, once.
+    """Open every source (named in :mod:`~gpuguard.sources.gpu.registry`) that works here.
 
-    Each module named in ``_OPENERS`` has ``open_sampler(proc_root=...)``.
+    Each one that does not is reported once, through ``on_status``.
     """
     samplers: list[GpuSampler] = []
     for name in sources:
-        if name not in _OPENERS:
+        if name not in BY_NAME:
             raise GpuguardError(
-                f"unknown GPU source {name!r}", f"use one of {', '.join(ALL_SOURCES)}"
+                f"unknown GPU source {name!r}", f"use one of {', '.join(SOURCE_NAMES)}"
             )
-        module_name, label = _OPENERS[name]
-        module = importlib.import_module(module_name)
+        source = BY_NAME[name]
         try:
-            samplers.append(module.open_sampler(proc_root=proc_root))
+            samplers.append(source.open(proc_root))
         except SourceUnavailable as exc:
             if on_status is not None:
-                on_status(status_line(label, exc))
+                on_status(status_line(source.label, exc))
     return samplers
 
 

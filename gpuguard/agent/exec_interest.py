@@ -1,4 +1,4 @@
-"""Which exec'd names and directories the rules can score at exec: the sensor's exec filter sends those up in full.
+"""Names and directories the rules score at exec; the exec filter sends those execs up in full.
 
 The rules' lists are read as they are: a plain entry ("xmrig", "nbminer") is a program name,
 an entry "/dir/*" (``temp_exec_paths``) a directory whose executables matter.  Globs and

@@ -1,4 +1,4 @@
-"""The user-space half of the exec filter: which execs the kernel keeps, and sending up those that live.
+"""The exec filter's user-space half: which execs the kernel keeps, and sending up those that live.
 
 The probes (``GG_EXEC_FILTER``, "exec filter" in probes/maps.bpf.h) send an exec up in full
 only for a process that matters; every other exec waits in the kernel's ``exec_pending`` map

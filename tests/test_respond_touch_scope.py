@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.findings import ProcessFindings
 from gpuguard.agent.pipeline import Agent
 from gpuguard.cli import main
 from gpuguard.outputs.metrics import AgentMetrics
@@ -131,7 +132,9 @@ def test_outside_the_scope_a_blocked_program_lives_inside_it_or_a_child_cgroup_i
             assert record.detail["victim"]["exe"] == exe
             assert record.detail["victim"]["cmdline"].startswith(exe + " ")
         # The agent counts them by reason (the pipeline's own bookkeeping, then the exporter).
-        agent = types.SimpleNamespace(counters=AgentCounters(), emit=lambda outcome: None)
+        agent = types.SimpleNamespace(
+            counters=AgentCounters(), findings=ProcessFindings(), emit=lambda outcome: None
+        )
         Agent._record_outcomes(agent, outcomes)
         metrics = AgentMetrics()
         metrics.sync_totals(agent.counters.snapshot())

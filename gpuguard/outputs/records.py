@@ -8,7 +8,8 @@ Data flow: :class:`~gpuguard.outputs.finding.Finding` |
 * **ECS** (default): findings reuse ``scan --json``'s mapping
   (:func:`~gpuguard.outputs.ecs.finding_to_ecs`, dataset ``gpuguard.agent``);
   actions are ``event.kind: "event"``, ``event.category: ["process"]`` (or
-  ``["network"]`` for egress blocks), ``event.type`` from what the action did,
+  ``["network"]`` for egress blocks), ``event.type`` from what the action did
+  (each action's terms are its :class:`~gpuguard.events.action_kinds.ActionKind`),
   ``event.outcome`` success/failure/unknown; lifecycle records are
   ``event.category: ["configuration"|"process"]`` with ``event.action`` the
   lifecycle step.
@@ -37,6 +38,7 @@ import time
 from typing import Any
 
 from gpuguard import __version__
+from gpuguard.events.action_kinds import ACTION_KINDS, kind_of
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits, bound_evidence, fit_json, pick
 from gpuguard.outputs.cef import cef_line
@@ -49,36 +51,12 @@ Record = Finding | ActionOutcome | AgentLifecycle
 FORMATS = ("ecs", "ocsf", "cef")
 DATASET = "gpuguard.agent"
 
-# What each action does, in ECS event.type terms and OCSF remediation terms.
-_ACTION_ECS_TYPE = {
-    "kill": "end",
-    "kill-on-touch": "denied",
-    "suspend": "change",
-    "quarantine": "denied",
-    "block-egress": "denied",
-    "unblock": "allowed",
-    "hook": "info",
-    "alert": "info",
-}
-_ACTION_OCSF_CLASS = {
-    "kill": 7003,
-    "kill-on-touch": 7003,
-    "suspend": 7003,
-    "quarantine": 7003,
-    "block-egress": 7004,
-}
+# What each action does, in ECS event.type terms (test_output_schemas renders every one).
+_ACTION_ECS_TYPE = {kind.name: kind.ecs_type for kind in ACTION_KINDS}
 _OCSF_CLASS_NAME = {
     7001: "Remediation Activity",
     7003: "Process Remediation Activity",
     7004: "Network Remediation Activity",
-}
-_OCSF_ACTIVITY = {
-    "suspend": (1, "Isolate"),
-    "quarantine": (1, "Isolate"),
-    "block-egress": (1, "Isolate"),
-    "kill": (2, "Evict"),
-    "kill-on-touch": (2, "Evict"),
-    "unblock": (3, "Restore"),
 }
 _ACTION_OUTCOME = {"done": "success", "failed": "failure"}
 _LIFECYCLE_OCSF = {
@@ -122,7 +100,7 @@ def action_to_ecs(outcome: ActionOutcome, host: dict[str, Any]) -> dict[str, Any
             "start": iso_time(outcome.start_time) if outcome.start_time else None,
         }
     )
-    category = ["network"] if outcome.action == "block-egress" else ["process"]
+    kind = kind_of(outcome.action)
     doc: dict[str, Any] = {
         "@timestamp": iso_time(outcome.time),
         "ecs": {"version": ECS_VERSION},
@@ -133,8 +111,8 @@ def action_to_ecs(outcome: ActionOutcome, host: dict[str, Any]) -> dict[str, Any
         ),
         "event": {
             "kind": "event",
-            "category": category,
-            "type": [_ACTION_ECS_TYPE.get(outcome.action, "info")],
+            "category": [kind.ecs_category],
+            "type": [kind.ecs_type],
             "action": outcome.action,
             "outcome": _ACTION_OUTCOME.get(outcome.status, "unknown"),
             "module": "gpuguard",
@@ -202,8 +180,9 @@ def lifecycle_to_ecs(record: AgentLifecycle, host: dict[str, Any]) -> dict[str, 
 
 def action_to_ocsf(outcome: ActionOutcome, hostname: str) -> dict[str, Any]:
     """One OCSF Remediation Activity event (category 7) for a response action."""
-    class_uid = _ACTION_OCSF_CLASS.get(outcome.action, 7001)
-    activity_id, activity_name = _OCSF_ACTIVITY.get(outcome.action, (99, "Other"))
+    kind = kind_of(outcome.action)
+    class_uid = kind.ocsf_class
+    activity_id, activity_name = kind.ocsf_activity
     status_id, status = {"done": (1, "Success"), "failed": (2, "Failure")}.get(
         outcome.status, (99, "Other")
     )

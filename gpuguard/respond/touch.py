@@ -26,7 +26,7 @@ from gpuguard.detect.allowlist import sha256_of_file
 from gpuguard.escape import decode_c_string, escape_text
 from gpuguard.events.abi import DEFINES, TouchReason
 from gpuguard.respond import bpf_pins
-from gpuguard.respond.blocks import Block, new_block_id
+from gpuguard.respond.blocks import Block, BlockKind, new_block_id
 from gpuguard.respond.cgroup_blocks import cgroup2_mount, cgroup2_of
 from gpuguard.respond.exec_match import BlockTarget, ExecIdentities, read_process
 from gpuguard.sources.containers import container_from_cgroup, read_cgroup_path
@@ -47,6 +47,8 @@ BREAKER_WINDOW_S = 60.0
 MAX_KNOWN = 8192  # victims' exe/cmdline remembered (the blocks' processes)
 CMDLINE_CAP = 4096  # bytes of a victim's command line kept in its kill record
 PROC_ARGS_LEN = DEFINES["GG_ARGS_LEN"]  # bytes of argv the kernel keeps for a blocked process
+
+TOUCH_BLOCK = BlockKind("kill-on-touch", "t")
 
 
 def path_hash(path: str) -> int:
@@ -232,8 +234,8 @@ class TouchBlocker:
         now = time.time()
         script = target.script
         return Block(
-            new_block_id("kill-on-touch"),
-            "kill-on-touch",
+            new_block_id(TOUCH_BLOCK),
+            TOUCH_BLOCK.name,
             now,
             now + ttl_s if ttl_s else None,
             reason,

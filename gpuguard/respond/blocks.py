@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,12 @@ from gpuguard.errors import GpuguardError
 
 @dataclass(frozen=True, slots=True)
 class BlockKind:
-    """A kind of block, declared where such blocks are made; ``prefix`` starts its ids."""
+    """A kind of block, declared where such blocks are made: its id prefix, its undo, its check."""
 
     name: str
-    prefix: str
+    prefix: str  # starts its ids
+    lift: Callable[[Block, Path, list[Block]], str]  # (block, pin root, the other blocks) -> said
+    in_place: Callable[[Block, Path], str]  # what the kernel, nftables or /proc shows of it now
 
 
 @dataclass(slots=True)

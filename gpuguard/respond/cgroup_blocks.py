@@ -34,9 +34,6 @@ DYNAMIC_GPU_DEVICES = (
 )
 PROGRAM_SOURCE = "respond_cgroup.bpf.c"
 
-QUARANTINE_BLOCK = BlockKind("quarantine", "q")
-EGRESS_BLOCK = BlockKind("block-egress", "e")
-
 
 def gpu_majors(proc_devices: str = "/proc/devices") -> dict[int, str]:
     """Character majors of the GPU device classes: the fixed ones and those /proc/devices lists."""
@@ -319,3 +316,13 @@ def _release_cgroup(cgroup_dir: str, original: str) -> None:
         os.rmdir(cgroup_dir)
     except OSError:
         pass
+
+
+def cgroup_block_in_place(block: Block, root: Path) -> str:
+    """Whether every program the block attached is still pinned."""
+    pins = [Path(p["pin"]).exists() for p in block.detail.get("programs", [])]
+    return "attached" if pins and all(pins) else "programs missing"
+
+
+QUARANTINE_BLOCK = BlockKind("quarantine", "q", lift_cgroup_block, cgroup_block_in_place)
+EGRESS_BLOCK = BlockKind("block-egress", "e", lift_cgroup_block, cgroup_block_in_place)

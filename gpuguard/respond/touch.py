@@ -48,8 +48,6 @@ MAX_KNOWN = 8192  # victims' exe/cmdline remembered (the blocks' processes)
 CMDLINE_CAP = 4096  # bytes of a victim's command line kept in its kill record
 PROC_ARGS_LEN = DEFINES["GG_ARGS_LEN"]  # bytes of argv the kernel keeps for a blocked process
 
-TOUCH_BLOCK = BlockKind("kill-on-touch", "t")
-
 
 def path_hash(path: str) -> int:
     """The kernel's FNV-1a over the exec'd path (as many bytes as it reads: GG_PATH_LEN - 1)."""
@@ -653,3 +651,18 @@ def rearm_touch_block(block: Block, store, root: Path) -> str:
     block.detail["suspended"] = False
     store.save(block)
     return "re-armed: it kills again (its breaker counts afresh)"
+
+
+def touch_block_in_place(block: Block, root: Path) -> str:
+    """Whether the block's kernel map is there, and whether its breaker suspended it."""
+    if not (root / "maps" / "touch_paths").exists():
+        return "map missing"
+    return "suspended (breaker)" if block.detail.get("suspended") else "in kernel map"
+
+
+TOUCH_BLOCK = BlockKind(
+    "kill-on-touch",
+    "t",
+    lambda block, root, _others: lift_touch_block(block, root),
+    touch_block_in_place,
+)

@@ -21,6 +21,7 @@ ACTIONS: tuple[Action, ...] = (
 )
 BY_NAME = {action.name: action for action in ACTIONS}
 STEPS = tuple(action.name for action in ACTIONS)  # in the order they run
-BLOCK_KINDS = tuple(kind.name for action in ACTIONS for kind in action.blocks)
+BLOCKS = {kind.name: kind for action in ACTIONS for kind in action.blocks}
+BLOCK_KINDS = tuple(BLOCKS)
 
-__all__ = ["ACTIONS", "BLOCK_KINDS", "BY_NAME", "STEPS", "Action", "Option"]
+__all__ = ["ACTIONS", "BLOCKS", "BLOCK_KINDS", "BY_NAME", "STEPS", "Action", "Option"]

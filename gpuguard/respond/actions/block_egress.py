@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuguard.events.action_kinds import BLOCK_EGRESS
@@ -9,7 +10,7 @@ from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond.actions.action import Action, Option, name_block, note_exit_during_move
 from gpuguard.respond.blocks import Block, BlockKind, new_block_id
 from gpuguard.respond.cgroup_blocks import EGRESS_BLOCK
-from gpuguard.respond.nft import NftError, NftSets
+from gpuguard.respond.nft import NftError, NftSets, where
 from gpuguard.respond.pool_addresses import parse_addresses, pool_endpoints, split_host_wide
 from gpuguard.sources.identity import pidfd_alive
 
@@ -17,9 +18,6 @@ if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
     from gpuguard.detect.score import Verdict
     from gpuguard.respond.responder import Responder
-
-
-NFTABLES_BLOCK = BlockKind("nftables", "n")
 
 
 def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
@@ -87,6 +85,43 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
             outcome.detail["nftables_error"] = str(exc)
             outcome.reason += "; nftables failed (see detail)"
     return outcome
+
+
+def lift_nftables_block(block: Block, root: Path, others: list[Block]) -> str:
+    """Remove the block's addresses no other block in its namespace holds; the last one, the table."""
+    netns = block.detail.get("netns", "")
+    same_table = [b for b in others if b.kind == "nftables" and b.detail.get("netns") == netns]
+    held = {a for b in same_table for a in b.detail.get("addresses", [])}
+    gone = [a for a in block.detail.get("addresses", []) if a not in held]
+    nft = NftSets(netns)
+    try:
+        nft.remove(gone)
+        # The last block in this namespace takes the table (its sets, chains, rules) with it.
+        dropped = not same_table and nft.delete_table()
+    except NftError as exc:
+        raise OSError(f"nft refused: {exc}") from None
+    said = f"removed {len(gone)} address(es) from table inet gpuguard"
+    if dropped:
+        said += f", then the table ({where(netns)})"
+    return said
+
+
+def nftables_in_place(block: Block, root: Path) -> str:
+    """How many of the block's addresses the host-wide sets hold now."""
+    try:
+        present = {
+            a
+            for values in NftSets(block.detail.get("netns", "")).elements().values()
+            for a in values
+        }
+    except (OSError, ValueError):
+        return "nft unavailable"
+    wanted = block.detail.get("addresses", [])
+    found = sum(a in present for a in wanted)
+    return f"{found}/{len(wanted)} addresses in sets"
+
+
+NFTABLES_BLOCK = BlockKind("nftables", "n", lift_nftables_block, nftables_in_place)
 
 
 ACTION = Action(

@@ -150,6 +150,7 @@ def parse_response_settings(
 
 
 _DEFAULT = ResponseSettings()
+_HOOK_DEFAULT = HookSettings(name="", argv=())
 
 
 def _option(option: Option, value: Any, at: tuple, p: Problems) -> Any:
@@ -212,7 +213,7 @@ def _hook(value: Any, at: tuple, p: Problems) -> HookSettings | None:
         argv = ["/"]
     elif not argv[0].startswith("/"):
         p.add(at + ("argv", 0), f"{argv[0]!r} is not an absolute path")
-    on = tuple(_list(hook.get("on", ["malicious"]), at + ("on",), p))
+    on = tuple(_list(hook.get("on", list(_HOOK_DEFAULT.on)), at + ("on",), p))
     for i, verdict in enumerate(on):
         if verdict not in VERDICTS:
             p.add(at + ("on", i), f"unknown verdict {verdict!r}")
@@ -220,7 +221,7 @@ def _hook(value: Any, at: tuple, p: Problems) -> HookSettings | None:
         name=_text(hook.get("name", argv[0].rsplit("/", 1)[-1]), at + ("name",), p),
         argv=tuple(argv),
         on=on,
-        timeout_s=_number(hook.get("timeout_s", 10.0), at + ("timeout_s",), p),
+        timeout_s=_number(hook.get("timeout_s", _HOOK_DEFAULT.timeout_s), at + ("timeout_s",), p),
     )
     return settings if len(p.found) == found else None
 

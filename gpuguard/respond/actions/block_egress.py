@@ -49,7 +49,7 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
     outcome = note_exit_during_move(
         r.placed(
             block,
-            "block-egress",
+            BLOCK_EGRESS.name,
             f"connects to {', '.join(addresses)} refused in its cgroup",
             base,
         ),

@@ -36,7 +36,7 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
     remain = block.detail["open_gpu_fds"]
     outcome = r.placed(
         block,
-        "quarantine",
+        QUARANTINE.name,
         f"GPU opens now fail with EPERM; {remain} GPU fd(s) it already holds "
         "remain open (pair with suspend or kill)",
         base,

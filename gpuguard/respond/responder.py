@@ -29,6 +29,7 @@ from gpuguard.errors import GpuguardError
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import bpf_pins
 from gpuguard.respond.actions import BY_NAME, STEPS
+from gpuguard.respond.actions.kill_on_touch import on_touch_kill
 from gpuguard.respond.blocks import Block, BlockStore
 from gpuguard.respond.cgroup_blocks import CgroupBlocker
 from gpuguard.respond.hooks import run_hook
@@ -40,7 +41,7 @@ from gpuguard.respond.process_control import (
     open_process,
 )
 from gpuguard.respond.settings import ResponseSettings
-from gpuguard.respond.touch import BREAKER_WINDOW_S, TouchBlocker, scope_cgroup_ids
+from gpuguard.respond.touch import TouchBlocker, scope_cgroup_ids
 from gpuguard.sources.identity import (
     ExitGenerations,
     OffenderExited,
@@ -290,7 +291,7 @@ class Responder:
             bpf_pins.ensure_pin_root(str(self.root))
             self._touch = TouchBlocker(
                 self.root,
-                self._on_touch_kill,
+                lambda report: on_touch_kill(self, report),
                 in_scope=lambda pid: self.guard.outside_scope(pid) is None,
                 breaker_limit=self.settings.breaker_victims_per_minute,
             )
@@ -302,97 +303,6 @@ class Responder:
             bpf_pins.ensure_pin_root(str(self.root))
             self._cgroups = CgroupBlocker(self.root, self.store, self.settings.quarantine_parent)
         return self._cgroups
-
-    def _on_touch_kill(self, report: dict[str, Any]) -> None:
-        """One record for each kill the kernel (or the exec match) made, and for a breaker trip."""
-        block = next(
-            (
-                b
-                for b in self.store.load()
-                if b.kind == "kill-on-touch" and b.detail.get("number") == report.get("number")
-            ),
-            None,
-        )
-        kind = report.get("kind", "kill")
-        if kind == "lost":
-            self.emit(
-                ActionOutcome(
-                    time=time.time(),
-                    action="kill-on-touch",
-                    status="lost",
-                    reason=f"{report['count']} kill-on-touch {report['what']} found no room in "
-                    "the kernel's ring buffer: the kernel acted, this log has no record of it",
-                    detail={"lost": report["count"], "what": report["what"]},
-                )
-            )
-            return
-        if kind == "error":
-            self.emit(
-                ActionOutcome(
-                    time=time.time(),
-                    action="kill-on-touch",
-                    status="failed",
-                    reason=f"a kill-on-touch report could not be handled: {report['error']}",
-                )
-            )
-            return
-        if kind == "breaker":
-            victims = report["victims"]
-            if block is not None:
-                block.detail["suspended"] = True
-                self.store.save(block)
-            self.emit(
-                ActionOutcome(
-                    time=time.time(),
-                    action="kill-on-touch",
-                    status="suspended",
-                    pid=block.pid if block else 0,
-                    comm=block.comm if block else "",
-                    exe=block.exe if block else "",
-                    block_id=block.id if block else None,
-                    reason=(
-                        f"circuit breaker: the block killed {len(victims)} processes that are not "
-                        f"the offender's own within {BREAKER_WINDOW_S:g} s (more than "
-                        f"{self.settings.breaker_victims_per_minute}); it is suspended in the "
-                        "kernel and kills nothing until `gpuguard unblock`"
-                    ),
-                    detail={"victims": victims, "number": report["number"]},
-                )
-            )
-            return
-        what = {
-            "gpu-open": f"at its GPU open of {report['path']}",
-            "connect": "at its connect",
-            "exec": f"at exec: {report.get('matched') or report['path']}",
-        }.get(report["reason"], report["reason"])
-        self.emit(
-            ActionOutcome(
-                time=time.time(),
-                action="kill-on-touch",
-                status="done",
-                pid=report["tgid"],
-                comm=report["comm"],
-                exe=report.get("exe") or (block.exe if block else ""),
-                reason=f"killed {what}"
-                + (
-                    ""
-                    if report.get("tree")
-                    else " (not the offender's own tree or an exact copy: counted by the breaker)"
-                ),
-                block_id=block.id if block else None,
-                detail={
-                    "victim": {
-                        "pid": report["tgid"],
-                        "exe": report.get("exe", ""),
-                        "cmdline": report.get("cmdline", ""),
-                    },
-                    "touch": report["reason"],
-                    "number": report["number"],
-                    "offenders_own": report.get("tree", False),
-                    "path": report["path"],
-                },
-            )
-        )
 
     def _prepare(self) -> None:
         """Compile the cgroup programs now (~0.3 s) so the first quarantine is not slowed by it.

@@ -225,7 +225,8 @@ class AgentTelemetry:
 
     def _sync_blocks(self, metrics: AgentMetrics) -> None:
         """Blocks in place, from the response's block records (a few small files)."""
-        from gpuguard.respond.blocks import BLOCK_KINDS, BlockStore
+        from gpuguard.respond.actions import BLOCK_KINDS
+        from gpuguard.respond.blocks import BlockStore
 
         try:
             blocks = BlockStore(self.config.response.state_dir).load()

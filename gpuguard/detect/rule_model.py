@@ -23,11 +23,13 @@ from gpuguard.detect.rescore import (
 )
 from gpuguard.detect.yaml_marks import Position
 from gpuguard.errors import with_fix
+from gpuguard.events.action_kinds import RULE_ACTIONS
 
 FORMAT_VERSION = 1
 SEVERITIES = ("info", "low", "medium", "high", "critical")
 VERDICTS = ("clean", "suspicious", "malicious")
-ACTIONS = ("none", "alert", "suspend", "kill", "quarantine", "block-egress")
+# What a rules file's ``actions:`` may name, weakest first (guard policies rank by it).
+ACTIONS = ("none", *RULE_ACTIONS)
 TOP_KEYS = (
     "version",
     "description",

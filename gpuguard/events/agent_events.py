@@ -26,9 +26,7 @@ class ActionOutcome:
     """One response action and how it ended, for the action log."""
 
     time: float
-    action: (
-        str  # alert | suspend | kill | kill-on-touch | quarantine | block-egress | hook | unblock
-    )
+    action: str  # an ActionKind's name (gpuguard.events.action_kinds)
     status: str  # one of ACTION_STATUSES
     pid: int = 0
     start_time: float = 0.0

@@ -48,6 +48,7 @@ import socket
 from typing import Any
 
 from gpuguard import __version__
+from gpuguard.events.action_kinds import ACTION_KINDS, kind_of
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.finding import Finding, process_entity_id
 from gpuguard.outputs.output_format import (
@@ -63,17 +64,8 @@ ECS_VERSION = "8.11.0"
 ECS_SEVERITY = {"informational": 0, "low": 21, "medium": 47, "high": 73, "critical": 99}
 _ECS_ACTIVITY_TYPE = {"create": "info", "update": "change", "close": "end"}
 ATTACK_URL = "https://attack.mitre.org/techniques/{}/"
-# What each action does, in ECS event.type terms.
-_ACTION_ECS_TYPE = {
-    "kill": "end",
-    "kill-on-touch": "denied",
-    "suspend": "change",
-    "quarantine": "denied",
-    "block-egress": "denied",
-    "unblock": "allowed",
-    "hook": "info",
-    "alert": "info",
-}
+# What each action does, in ECS event.type terms (each action's ActionKind says).
+_ACTION_ECS_TYPE = {kind.name: kind.ecs_type for kind in ACTION_KINDS}
 _ACTION_OUTCOME = {"done": "success", "failed": "failure"}
 # Tactics of the techniques gpuguard reports (ATT&CK Enterprise).
 TECHNIQUE_TACTICS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -331,7 +323,7 @@ def action_to_ecs(outcome: ActionOutcome, host: dict[str, Any]) -> dict[str, Any
             "start": iso_time(outcome.start_time) if outcome.start_time else None,
         }
     )
-    category = ["network"] if outcome.action == "block-egress" else ["process"]
+    kind = kind_of(outcome.action)
     doc: dict[str, Any] = {
         "@timestamp": iso_time(outcome.time),
         "ecs": {"version": ECS_VERSION},
@@ -342,8 +334,8 @@ def action_to_ecs(outcome: ActionOutcome, host: dict[str, Any]) -> dict[str, Any
         ),
         "event": {
             "kind": "event",
-            "category": category,
-            "type": [_ACTION_ECS_TYPE.get(outcome.action, "info")],
+            "category": [kind.ecs_category],
+            "type": [kind.ecs_type],
             "action": outcome.action,
             "outcome": _ACTION_OUTCOME.get(outcome.status, "unknown"),
             "module": "gpuguard",

@@ -46,6 +46,7 @@ import socket
 from typing import Any
 
 from gpuguard import __version__
+from gpuguard.events.action_kinds import kind_of
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.ecs import TECHNIQUE_TACTICS
 from gpuguard.outputs.finding import Finding, process_entity_id
@@ -75,25 +76,10 @@ SEVERITY_NAME = {1: "Informational", 2: "Low", 3: "Medium", 4: "High", 5: "Criti
 ANALYTIC_RULE = 1
 SHA256_ALGORITHM = 3  # OCSF Fingerprint algorithm_id
 # What each action does, in OCSF remediation terms; the agent's own lifecycle steps.
-_ACTION_OCSF_CLASS = {
-    "kill": 7003,
-    "kill-on-touch": 7003,
-    "suspend": 7003,
-    "quarantine": 7003,
-    "block-egress": 7004,
-}
 _OCSF_CLASS_NAME = {
     7001: "Remediation Activity",
     7003: "Process Remediation Activity",
     7004: "Network Remediation Activity",
-}
-_OCSF_ACTIVITY = {
-    "suspend": (1, "Isolate"),
-    "quarantine": (1, "Isolate"),
-    "block-egress": (1, "Isolate"),
-    "kill": (2, "Evict"),
-    "kill-on-touch": (2, "Evict"),
-    "unblock": (3, "Restore"),
 }
 _LIFECYCLE_OCSF = {
     "start": (3, "Start"),
@@ -380,8 +366,9 @@ def _lifecycle_fields(finding: Finding) -> dict[str, Any]:
 
 def action_to_ocsf(outcome: ActionOutcome, hostname: str) -> dict[str, Any]:
     """One OCSF Remediation Activity event (category 7) for a response action."""
-    class_uid = _ACTION_OCSF_CLASS.get(outcome.action, 7001)
-    activity_id, activity_name = _OCSF_ACTIVITY.get(outcome.action, (99, "Other"))
+    kind = kind_of(outcome.action)
+    class_uid = kind.ocsf_class
+    activity_id, activity_name = kind.ocsf_activity
     status_id, status = {"done": (1, "Success"), "failed": (2, "Failure")}.get(
         outcome.status, (99, "Other")
     )

@@ -2,7 +2,8 @@
 
 Actions: alert, suspend, kill, kill-on-touch (kernel), quarantine (cgroup
 device program), block-egress (cgroup connect programs + nftables sets) and
-operator hooks; blocks are recorded and pinned so they outlive the agent.
+operator hooks, one module each under ``actions/`` and listed there in
+``ACTIONS``; blocks are recorded and pinned so they outlive the agent.
 Every action ends as an :class:`~gpuguard.events.agent_events.ActionOutcome`.
 
 May import: ``gpuguard.errors``, ``gpuguard.escape``, ``gpuguard.events``,

@@ -6,7 +6,8 @@ addresses in the nftables sets, a suspended process.  Each is one JSON file
 in the state directory (root-only), named by its id, listing exactly what to
 undo (map keys as hex, the cgroup, the pinned programs, the addresses).
 ``gpuguard blocks`` lists them; ``gpuguard unblock`` and expiry lift them
-(:mod:`gpuguard.respond.lift`).
+(:mod:`gpuguard.respond.lift`).  The kinds are listed by the actions that
+leave them (``gpuguard.respond.actions.BLOCK_KINDS``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,22 @@ import dataclasses
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuguard.errors import GpuguardError
 
-BLOCK_KINDS = ("kill-on-touch", "quarantine", "block-egress", "nftables", "suspend")
+
+@dataclass(frozen=True, slots=True)
+class BlockKind:
+    """A kind of block, declared where such blocks are made: its id prefix, its undo, its check."""
+
+    name: str
+    prefix: str  # starts its ids
+    lift: Callable[[Block, Path, list[Block]], str]  # (block, pin root, the other blocks) -> said
+    in_place: Callable[[Block, Path], str]  # what the kernel, nftables or /proc shows of it now
 
 
 @dataclass(slots=True)
@@ -44,15 +54,8 @@ class Block:
         return dataclasses.asdict(self)
 
 
-def new_block_id(kind: str) -> str:
-    prefix = {
-        "kill-on-touch": "t",
-        "quarantine": "q",
-        "block-egress": "e",
-        "nftables": "n",
-        "suspend": "s",
-    }[kind]
-    return f"{prefix}-{secrets.token_hex(4)}"
+def new_block_id(kind: BlockKind) -> str:
+    return f"{kind.prefix}-{secrets.token_hex(4)}"
 
 
 class BlockStore:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.respond import bpf_pins
-from gpuguard.respond.blocks import Block, BlockStore, new_block_id
+from gpuguard.respond.blocks import Block, BlockKind, BlockStore, new_block_id
 
 STATIC_GPU_MAJORS = {195: "nvidia", 226: "drm"}
 DYNAMIC_GPU_DEVICES = (
@@ -157,10 +157,10 @@ class CgroupBlocker:
 
     def quarantine(self, pid: int, container: bool, ttl_s: float, reason: str) -> Block:
         self.load()
-        block_id = new_block_id("quarantine")
+        block_id = new_block_id(QUARANTINE_BLOCK)
         place = self._offender_cgroup(pid, container, block_id)
         now = time.time()
-        existing = self._live_block("quarantine", place["cgroup"], now)
+        existing = self._live_block(QUARANTINE_BLOCK.name, place["cgroup"], now)
         if (
             existing is not None
         ):  # already quarantined (e.g. a second verdict): one program per cgroup
@@ -169,7 +169,7 @@ class CgroupBlocker:
         attached = self._attach(block_id, ("device",), place["cgroup"])
         return Block(
             block_id,
-            "quarantine",
+            QUARANTINE_BLOCK.name,
             now,
             now + ttl_s if ttl_s else None,
             reason,
@@ -221,7 +221,7 @@ class CgroupBlocker:
         self, pid: int, container: bool, addresses: list[str], ttl_s: float, reason: str
     ) -> Block:
         self.load()
-        block_id = new_block_id("block-egress")
+        block_id = new_block_id(EGRESS_BLOCK)
         place = self._offender_cgroup(pid, container, block_id)
         cgroup_dir = place["cgroup"]
         table = self._bpf[b"pool_addresses"]
@@ -238,7 +238,7 @@ class CgroupBlocker:
             table[key] = value
             keys.append(bytes(key).hex())
         now = time.time()
-        existing = self._live_block("block-egress", cgroup_dir, now)
+        existing = self._live_block(EGRESS_BLOCK.name, cgroup_dir, now)
         if (
             existing is not None
         ):  # the cgroup already carries the programs: add the addresses to that block
@@ -251,7 +251,7 @@ class CgroupBlocker:
         attached = self._attach(block_id, ("connect4", "connect6"), cgroup_dir)
         return Block(
             block_id,
-            "block-egress",
+            EGRESS_BLOCK.name,
             now,
             now + ttl_s if ttl_s else None,
             reason,
@@ -316,3 +316,13 @@ def _release_cgroup(cgroup_dir: str, original: str) -> None:
         os.rmdir(cgroup_dir)
     except OSError:
         pass
+
+
+def cgroup_block_in_place(block: Block, root: Path) -> str:
+    """Whether every program the block attached is still pinned."""
+    pins = [Path(p["pin"]).exists() for p in block.detail.get("programs", [])]
+    return "attached" if pins and all(pins) else "programs missing"
+
+
+QUARANTINE_BLOCK = BlockKind("quarantine", "q", lift_cgroup_block, cgroup_block_in_place)
+EGRESS_BLOCK = BlockKind("block-egress", "e", lift_cgroup_block, cgroup_block_in_place)

@@ -181,3 +181,8 @@ def _by_set(addresses: list[str]) -> dict[str, list[str]]:
         ip = ipaddress.ip_address(value)  # ValueError for anything else: never sent to nft
         by_set.setdefault(SETS[ip.version], []).append(str(ip))
     return {k: sorted(set(v)) for k, v in by_set.items()}
+
+
+def where(netns: str) -> str:
+    """The network namespace a table is in, for messages."""
+    return f"network namespace {netns}" if netns else "host network namespace"

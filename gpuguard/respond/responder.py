@@ -28,29 +28,25 @@ from gpuguard.detect.score import Verdict
 from gpuguard.errors import GpuguardError
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import bpf_pins
-from gpuguard.respond.blocks import Block, BlockStore, new_block_id
-from gpuguard.respond.cgroup_blocks import CgroupBlocker, cgroup2_mount, cgroup2_of
-from gpuguard.respond.exec_match import block_target, descendants
+from gpuguard.respond.actions import BY_NAME, STEPS
+from gpuguard.respond.actions.kill_on_touch import on_touch_kill
+from gpuguard.respond.blocks import Block, BlockStore
+from gpuguard.respond.cgroup_blocks import CgroupBlocker
 from gpuguard.respond.hooks import run_hook
 from gpuguard.respond.lift import lift_block
-from gpuguard.respond.nft import NftError, NftSets
-from gpuguard.respond.pool_addresses import parse_addresses, pool_endpoints, split_host_wide
 from gpuguard.respond.process_control import (
     Guard,
     ProcessHandle,
     RecycledPid,
     open_process,
-    process_group_members,
-    start_time_of,
 )
-from gpuguard.respond.settings import STEPS, ResponseSettings
-from gpuguard.respond.touch import BREAKER_WINDOW_S, TouchBlocker, scope_cgroup_ids
+from gpuguard.respond.settings import ResponseSettings
+from gpuguard.respond.touch import TouchBlocker, scope_cgroup_ids
 from gpuguard.sources.identity import (
     ExitGenerations,
     OffenderExited,
     open_verified,
     pidfd_alive,
-    read_while_alive,
 )
 
 MODES = ("monitor", "enforce")
@@ -171,15 +167,9 @@ class Responder:
     def _step(
         self, step: str, verdict: Verdict, state: ProcessState, base: dict[str, Any]
     ) -> ActionOutcome:
-        run = {
-            "kill": self._kill,
-            "suspend": self._suspend,
-            "kill-on-touch": self._kill_on_touch,
-            "quarantine": self._quarantine,
-            "block-egress": self._block_egress,
-        }[step]
+        run = BY_NAME[step].run
         try:
-            return run(verdict, state, base)
+            return run(self, verdict, state, base)
         except (RecycledPid, OffenderExited) as exc:
             return ActionOutcome(
                 action=step,
@@ -201,7 +191,7 @@ class Responder:
                 text = str(exc) or type(exc).__name__
             return ActionOutcome(action=step, status="failed", reason=text, **base)
 
-    def _open(self, verdict: Verdict, state: ProcessState) -> ProcessHandle:
+    def open_offender(self, verdict: Verdict, state: ProcessState) -> ProcessHandle:
         """A pidfd for exactly the process the verdict is about (raises OffenderExited/RecycledPid).
 
         The pidfd the correlator opened at its exec (proven then by the exit generation), or
@@ -225,259 +215,11 @@ class Responder:
         return open_process(verdict.pid, verdict.key.start_time)
 
     # -- the actions -----------------------------------------------------------------------------
-    def _kill(self, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
-        grace = self.settings.kill_grace_s
-        target = self.settings.kill_target
-        facts = state.facts
-        if target == "cgroup" and not (facts and facts.container_id):
-            target = "process"  # only a container's cgroup is ever killed whole
-        detail = {"signal": "SIGTERM", "sigkill_after_s": grace, "target": target}
-        if target == "cgroup":
-            cgroup_dir = os.path.join(cgroup2_mount(), cgroup2_of(verdict.pid).lstrip("/"))
-            detail.update(signal="cgroup.kill", cgroup=cgroup_dir)
-            if self.dry_run:
-                return ActionOutcome(
-                    action="kill",
-                    status="dry-run",
-                    reason=f"would write 1 to {cgroup_dir}/cgroup.kill",
-                    detail=detail,
-                    **base,
-                )
-            with self._open(verdict, state):
-                Path(cgroup_dir, "cgroup.kill").write_text("1")
-            return ActionOutcome(
-                action="kill",
-                status="done",
-                reason="killed every process of the container's cgroup",
-                detail=detail,
-                **base,
-            )
-        pids = [verdict.pid]
-        if target == "group":
-            pgid = os.getpgid(verdict.pid)
-            detail["pgid"] = pgid
-            pids += [
-                p
-                for p in process_group_members(pgid)
-                if p != verdict.pid and not self.guard.refusal(p, facts)
-            ]
-        if self.dry_run:
-            return ActionOutcome(
-                action="kill",
-                status="dry-run",
-                detail=detail,
-                **base,
-                reason=f"would send SIGTERM to pid(s) {pids} (start time checked), SIGKILL after {grace:g} s",
-            )
-        handle = self._open(verdict, state)
-        handle.send(signal.SIGTERM)
-        others = []
-        for pid in pids[1:]:
-            try:
-                other = open_process(pid, start_time_of(pid))
-                other.send(signal.SIGTERM)
-                others.append(other)
-            except (RecycledPid, OSError):
-                continue
-        self._background(self._finish_kill, [handle, *others], grace, base)
-        return ActionOutcome(
-            action="kill",
-            status="done",
-            detail=detail,
-            **base,
-            reason=f"SIGTERM sent; SIGKILL after {grace:g} s unless it exits",
-        )
-
-    def _finish_kill(self, handles: list, grace: float, base: dict[str, Any]) -> None:
-        deadline = time.monotonic() + grace
-        for handle in handles:
-            try:
-                if not handle.wait_exit(deadline - time.monotonic()):
-                    handle.send(signal.SIGKILL)
-                    handle.wait_exit(1.0)
-                    self.emit(
-                        ActionOutcome(
-                            **{**base, "time": time.time()},
-                            action="kill",
-                            status="done",
-                            reason=f"pid {handle.pid} ignored SIGTERM for {grace:g} s: SIGKILL sent",
-                            detail={"signal": "SIGKILL"},
-                        )
-                    )
-            except ProcessLookupError:
-                pass
-            finally:
-                handle.close()
-
-    def _suspend(
-        self, verdict: Verdict, state: ProcessState, base: dict[str, Any]
-    ) -> ActionOutcome:
-        if self.dry_run:
-            return ActionOutcome(
-                action="suspend",
-                status="dry-run",
-                detail={"signal": "SIGSTOP"},
-                **base,
-                reason=f"would send SIGSTOP to pid {verdict.pid} and keep it stopped",
-            )
-        with self._open(verdict, state) as handle:
-            handle.send(signal.SIGSTOP)
-        block = Block(
-            new_block_id("suspend"),
-            "suspend",
-            time.time(),
-            None,
-            "stopped for forensics",
-            verdict.pid,
-            verdict.key.start_time,
-            verdict.comm,
-            verdict.exe,
-        )
-        return self._placed(
-            block, "suspend", "SIGSTOP sent; stays stopped until `gpuguard unblock`", base
-        )
-
-    def _kill_on_touch(
-        self, verdict: Verdict, state: ProcessState, base: dict[str, Any]
-    ) -> ActionOutcome:
-        ttl = self.settings.touch_ttl_s
-        prefixes = self.settings.shared_exe_prefixes
-        with self._open(verdict, state) as handle:
-            # What the block may name, read while the verified process is alive: never an
-            # interpreter, never a file others run (gpuguard.respond.exec_match).
-            target = read_while_alive(handle.pidfd, lambda: block_target(verdict.pid, prefixes))
-            tree = read_while_alive(handle.pidfd, lambda: descendants(verdict.pid))
-            detail = {
-                "target": target.kind,
-                "exe": target.exe,
-                "interpreter": target.interpreter,
-                "script": target.script.path if target.script else None,
-            }
-            if self.dry_run:
-                return ActionOutcome(
-                    action="kill-on-touch",
-                    status="dry-run",
-                    **base,
-                    detail=detail,
-                    reason=f"would block for {ttl:g} s: {target.why}",
-                )
-            touch = self._touch_blocker()
-            touch.set_scope(self._scope_ids())
-            block = touch.add(
-                verdict.pid,
-                target,
-                tree,
-                ttl,
-                reason=f"{verdict.verdict} verdict",
-                pidfd=handle.pidfd,
-            )
-        _name(block, verdict)
-        return self._placed(block, "kill-on-touch", target.why, base)
-
-    def _scope_ids(self) -> set[int] | None:
+    def scope_ids(self) -> set[int] | None:
         """The cgroup ids the kernel may act in (with their descendants); None: everywhere."""
         return scope_cgroup_ids(self.settings.scope, self.settings.cgroups)
 
-    def _quarantine(
-        self, verdict: Verdict, state: ProcessState, base: dict[str, Any]
-    ) -> ActionOutcome:
-        container = bool(state.facts and state.facts.container_id)
-        if self.dry_run:
-            return ActionOutcome(
-                action="quarantine",
-                status="dry-run",
-                detail={"container": container},
-                **base,
-                reason="would deny GPU device majors to "
-                + ("its container's cgroup" if container else "a gpuguard cgroup it is moved into"),
-            )
-        with self._open(verdict, state) as handle:
-            block = self._cgroup_blocker().quarantine(
-                verdict.pid, container, self.settings.quarantine_ttl_s, f"{verdict.verdict} verdict"
-            )
-            moved_alive = pidfd_alive(handle.pidfd)
-        _name(block, verdict)
-        remain = block.detail["open_gpu_fds"]
-        outcome = self._placed(
-            block,
-            "quarantine",
-            f"GPU opens now fail with EPERM; {remain} GPU fd(s) it already holds "
-            "remain open (pair with suspend or kill)",
-            base,
-        )
-        return _note_exit_during_move(outcome, moved_alive)
-
-    def _block_egress(
-        self, verdict: Verdict, state: ProcessState, base: dict[str, Any]
-    ) -> ActionOutcome:
-        addresses, rejected = parse_addresses(pool_endpoints(verdict, state))
-        if not addresses:
-            return ActionOutcome(
-                action="block-egress",
-                status="skipped",
-                detail={"rejected": rejected},
-                **base,
-                reason="the evidence names no pool address",
-            )
-        ttl = self.settings.egress_ttl_s
-        if self.dry_run:
-            return ActionOutcome(
-                action="block-egress",
-                status="dry-run",
-                **base,
-                detail={"addresses": addresses, "nftables": self.settings.nftables},
-                reason=f"would refuse connects to {', '.join(addresses)} for {ttl:g} s",
-            )
-        container = bool(state.facts and state.facts.container_id)
-        with self._open(verdict, state) as handle:
-            block = self._cgroup_blocker().block_egress(
-                verdict.pid, container, addresses, ttl, f"{verdict.verdict} verdict"
-            )
-            moved_alive = pidfd_alive(handle.pidfd)
-        _name(block, verdict)
-        outcome = _note_exit_during_move(
-            self._placed(
-                block,
-                "block-egress",
-                f"connects to {', '.join(addresses)} refused in its cgroup",
-                base,
-            ),
-            moved_alive,
-        )
-        host_wide, kept_local = split_host_wide(addresses, self.settings.never_block_host_wide)
-        if kept_local:
-            outcome.detail["not_host_wide"] = kept_local
-            outcome.reason += (
-                f"; not host-wide: {', '.join(kept_local)} (loopback, local or "
-                "response.block_egress.never_block)"
-            )
-        if self.settings.nftables and host_wide:
-            netns = self.settings.nftables_netns
-            try:
-                NftSets(netns).add(host_wide, ttl)
-                host = Block(
-                    new_block_id("nftables"),
-                    "nftables",
-                    block.created,
-                    block.expires,
-                    block.reason,
-                    verdict.pid,
-                    verdict.key.start_time,
-                    verdict.comm,
-                    verdict.exe,
-                    {"addresses": host_wide, "netns": netns},
-                )
-                self.store.save(host)
-                outcome.detail["nftables_block_id"] = host.id
-                outcome.reason += "; host-wide in table inet gpuguard"
-            except (NftError, OSError, ValueError) as exc:
-                outcome.detail["nftables_error"] = str(exc)
-                outcome.reason += "; nftables failed (see detail)"
-        return outcome
-
-    def _placed(
-        self, block: Block, action: str, reason: str, base: dict[str, Any]
-    ) -> ActionOutcome:
+    def placed(self, block: Block, action: str, reason: str, base: dict[str, Any]) -> ActionOutcome:
         self.store.save(block)
         return ActionOutcome(
             action=action,
@@ -516,7 +258,7 @@ class Responder:
                     )
                 )
                 continue
-            self._background(self._run_hook, hook, finding, base)
+            self.background(self._run_hook, hook, finding, base)
         return described
 
     def _run_hook(self, hook, finding: dict[str, Any], base: dict[str, Any]) -> None:
@@ -531,7 +273,7 @@ class Responder:
             )
         )
 
-    def _background(self, target: Callable, *args: Any) -> None:
+    def background(self, target: Callable, *args: Any) -> None:
         worker = threading.Thread(target=target, args=args, daemon=True, name="gpuguard-respond")
         worker.start()
         with self._lock:
@@ -544,114 +286,23 @@ class Responder:
             worker.join(max(0.0, deadline - time.monotonic()))
 
     # -- kernel parts ----------------------------------------------------------------------------
-    def _touch_blocker(self) -> TouchBlocker:
+    def touch_blocker(self) -> TouchBlocker:
         if self._touch is None:
             bpf_pins.ensure_pin_root(str(self.root))
             self._touch = TouchBlocker(
                 self.root,
-                self._on_touch_kill,
+                lambda report: on_touch_kill(self, report),
                 in_scope=lambda pid: self.guard.outside_scope(pid) is None,
                 breaker_limit=self.settings.breaker_victims_per_minute,
             )
-            self._touch.set_scope(self._scope_ids())
+            self._touch.set_scope(self.scope_ids())
         return self._touch
 
-    def _cgroup_blocker(self) -> CgroupBlocker:
+    def cgroup_blocker(self) -> CgroupBlocker:
         if self._cgroups is None:
             bpf_pins.ensure_pin_root(str(self.root))
             self._cgroups = CgroupBlocker(self.root, self.store, self.settings.quarantine_parent)
         return self._cgroups
-
-    def _on_touch_kill(self, report: dict[str, Any]) -> None:
-        """One record for each kill the kernel (or the exec match) made, and for a breaker trip."""
-        block = next(
-            (
-                b
-                for b in self.store.load()
-                if b.kind == "kill-on-touch" and b.detail.get("number") == report.get("number")
-            ),
-            None,
-        )
-        kind = report.get("kind", "kill")
-        if kind == "lost":
-            self.emit(
-                ActionOutcome(
-                    time=time.time(),
-                    action="kill-on-touch",
-                    status="lost",
-                    reason=f"{report['count']} kill-on-touch {report['what']} found no room in "
-                    "the kernel's ring buffer: the kernel acted, this log has no record of it",
-                    detail={"lost": report["count"], "what": report["what"]},
-                )
-            )
-            return
-        if kind == "error":
-            self.emit(
-                ActionOutcome(
-                    time=time.time(),
-                    action="kill-on-touch",
-                    status="failed",
-                    reason=f"a kill-on-touch report could not be handled: {report['error']}",
-                )
-            )
-            return
-        if kind == "breaker":
-            victims = report["victims"]
-            if block is not None:
-                block.detail["suspended"] = True
-                self.store.save(block)
-            self.emit(
-                ActionOutcome(
-                    time=time.time(),
-                    action="kill-on-touch",
-                    status="suspended",
-                    pid=block.pid if block else 0,
-                    comm=block.comm if block else "",
-                    exe=block.exe if block else "",
-                    block_id=block.id if block else None,
-                    reason=(
-                        f"circuit breaker: the block killed {len(victims)} processes that are not "
-                        f"the offender's own within {BREAKER_WINDOW_S:g} s (more than "
-                        f"{self.settings.breaker_victims_per_minute}); it is suspended in the "
-                        "kernel and kills nothing until `gpuguard unblock`"
-                    ),
-                    detail={"victims": victims, "number": report["number"]},
-                )
-            )
-            return
-        what = {
-            "gpu-open": f"at its GPU open of {report['path']}",
-            "connect": "at its connect",
-            "exec": f"at exec: {report.get('matched') or report['path']}",
-        }.get(report["reason"], report["reason"])
-        self.emit(
-            ActionOutcome(
-                time=time.time(),
-                action="kill-on-touch",
-                status="done",
-                pid=report["tgid"],
-                comm=report["comm"],
-                exe=report.get("exe") or (block.exe if block else ""),
-                reason=f"killed {what}"
-                + (
-                    ""
-                    if report.get("tree")
-                    else " (not the offender's own tree or an exact copy: counted by the breaker)"
-                ),
-                block_id=block.id if block else None,
-                detail={
-                    "victim": {
-                        "pid": report["tgid"],
-                        "exe": report.get("exe", ""),
-                        "cmdline": report.get("cmdline", ""),
-                    },
-                    "touch": report["reason"],
-                    "number": report["number"],
-                    "offenders_own": report.get("tree", False),
-                    "path": report["path"],
-                },
-            )
-        )
 
     def _prepare(self) -> None:
         """Compile the cgroup programs now (~0.3 s) so the first quarantine is not slowed by it.
@@ -660,7 +311,7 @@ class Responder:
         process on the host.  A failure here is reported when an action needs the programs.
         """
         try:
-            self._cgroup_blocker().load()
+            self.cgroup_blocker().load()
         except Exception:  # noqa: BLE001 - reported by the action that needs it
             self._cgroups = None
 
@@ -671,7 +322,7 @@ class Responder:
         if not live:
             return
         try:
-            touch = self._touch_blocker()
+            touch = self.touch_blocker()
         except Exception as exc:  # noqa: BLE001 - reported, the agent keeps running
             self.emit(
                 ActionOutcome(
@@ -693,7 +344,7 @@ class Responder:
         """
         outcomes = []
         if self._touch is not None and self.settings.scope == "containers":
-            self._touch.set_scope(self._scope_ids())  # containers started since are in scope now
+            self._touch.set_scope(self.scope_ids())  # containers started since are in scope now
         for block in self.store.load():
             if block.expired(now):
                 outcomes.append(self.lift(block, now, reason="expired"))
@@ -762,20 +413,3 @@ class Responder:
         if self._cgroups is not None:
             self._cgroups.close()
             self._cgroups = None
-
-
-def _name(block: Block, verdict: Verdict) -> None:
-    block.start_time = verdict.key.start_time
-    block.comm = verdict.comm
-    block.exe = block.exe or verdict.exe
-
-
-def _note_exit_during_move(outcome: ActionOutcome, alive: bool) -> ActionOutcome:
-    """A cgroup move names a pid: when the offender exited meanwhile, say the move may have missed."""
-    if not alive:
-        outcome.detail["offender_exited_during_move"] = True
-        outcome.reason += (
-            "; the offender exited while it was moved: its pid may name another process now "
-            "(see the block's cgroup, or `gpuguard unblock` it)"
-        )
-    return outcome

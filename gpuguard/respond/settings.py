@@ -14,16 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.errors import Problems
+from gpuguard.respond.actions import ACTIONS, STEPS, Option
 
 VERDICTS = ("clean", "suspicious", "malicious")
-# In the order they run: the kernel blocks go in first so a respawn or a child
-# started while the offender dies is already caught.
-STEPS = ("alert", "kill-on-touch", "quarantine", "block-egress", "suspend", "kill")
-DEFAULT_ACTIONS = {
-    "clean": (),
-    "suspicious": ("alert",),
-    "malicious": ("kill", "kill-on-touch", "block-egress"),
-}
+DEFAULT_ACTIONS = {v: tuple(a.name for a in ACTIONS if v in a.default_on) for v in VERDICTS}
 SCOPES = ("all", "containers")
 DEFAULT_PIN_ROOT = "/sys/fs/bpf/gpuguard"
 DEFAULT_STATE_DIR = "/run/gpuguard/blocks"
@@ -41,10 +35,7 @@ SHARED_EXE_PREFIXES = (
 _TOP_KEYS = (
     "actions",
     "rule_actions",
-    "kill",
-    "kill_on_touch",
-    "quarantine",
-    "block_egress",
+    *(a.section for a in ACTIONS if a.section),
     "hooks",
     "scope",
     "cgroups",
@@ -119,27 +110,17 @@ def parse_response_settings(
             data.get("rule_actions", {}), at + ("rule_actions",), None, p
         ).items()
     }
-    kill = _mapping(data.get("kill", {}), at + ("kill",), ("grace_s", "target"), p)
-    touch = _mapping(
-        data.get("kill_on_touch", {}),
-        at + ("kill_on_touch",),
-        ("ttl_s", "shared_exe_prefixes", "breaker_victims_per_minute"),
-        p,
-    )
-    quarantine = _mapping(
-        data.get("quarantine", {}), at + ("quarantine",), ("ttl_s", "cgroup_parent"), p
-    )
-    egress = _mapping(
-        data.get("block_egress", {}),
-        at + ("block_egress",),
-        ("ttl_s", "nftables", "nftables_netns", "never_block"),
-        p,
-    )
-    target = kill.get("target", "process")
-    if target not in ("process", "group", "cgroup"):
-        p.add(at + ("kill", "target"), f"{target!r} is not process, group or cgroup")
-        target = "process"
-    scope = data.get("scope", "all")
+    options: dict[str, Any] = {}
+    for action in ACTIONS:
+        if action.section:
+            here = at + (action.section,)
+            given = _mapping(
+                data.get(action.section, {}), here, tuple(o.key for o in action.options), p
+            )
+            for option in action.options:
+                if option.key in given:
+                    options[option.field] = _option(option, given[option.key], here, p)
+    scope = data.get("scope", _DEFAULT.scope)
     if scope not in SCOPES:
         p.add(at + ("scope",), f"{scope!r} is not one of {', '.join(SCOPES)}")
         scope = "all"
@@ -148,49 +129,50 @@ def parse_response_settings(
         p.add(at + ("hooks",), "expected a list of hooks")
         hooks = []
     hook_settings = (_hook(h, at + ("hooks", i), p) for i, h in enumerate(hooks))
-    touch_at, egress_at = at + ("kill_on_touch",), at + ("block_egress",)
     return ResponseSettings(
         actions=actions,
         rule_actions=rule_actions,
-        kill_grace_s=_number(kill.get("grace_s", 2.0), at + ("kill", "grace_s"), p),
-        kill_target=target,
-        touch_ttl_s=_number(touch.get("ttl_s", 86400.0), touch_at + ("ttl_s",), p),
-        shared_exe_prefixes=_texts(
-            touch.get("shared_exe_prefixes", list(SHARED_EXE_PREFIXES)),
-            touch_at + ("shared_exe_prefixes",),
-            p,
-        ),
-        breaker_victims_per_minute=int(
-            _number(
-                touch.get("breaker_victims_per_minute", 3),
-                touch_at + ("breaker_victims_per_minute",),
-                p,
-            )
-        ),
-        quarantine_ttl_s=_number(quarantine.get("ttl_s", 0.0), at + ("quarantine", "ttl_s"), p),
-        quarantine_parent=_text(
-            quarantine.get("cgroup_parent", ""), at + ("quarantine", "cgroup_parent"), p
-        ),
-        egress_ttl_s=_number(egress.get("ttl_s", 3600.0), egress_at + ("ttl_s",), p),
-        nftables=_flag(egress.get("nftables", True), egress_at + ("nftables",), p),
-        nftables_netns=_text(egress.get("nftables_netns", ""), egress_at + ("nftables_netns",), p),
-        never_block_host_wide=tuple(
-            n
-            for i, v in enumerate(
-                _list(egress.get("never_block", []), egress_at + ("never_block",), p)
-            )
-            if (n := _network(v, egress_at + ("never_block", i), p))
-        ),
+        **options,
         hooks=tuple(h for h in hook_settings if h is not None),
         scope=scope,
         cgroups=_texts(data.get("cgroups", []), at + ("cgroups",), p),
         protect_exes=_texts(data.get("protect_exes", []), at + ("protect_exes",), p),
         max_actions_per_minute=int(
-            _number(data.get("max_actions_per_minute", 30), at + ("max_actions_per_minute",), p)
+            _number(
+                data.get("max_actions_per_minute", _DEFAULT.max_actions_per_minute),
+                at + ("max_actions_per_minute",),
+                p,
+            )
         ),
-        pin_root=_text(data.get("pin_root", DEFAULT_PIN_ROOT), at + ("pin_root",), p),
-        state_dir=_text(data.get("state_dir", DEFAULT_STATE_DIR), at + ("state_dir",), p),
+        pin_root=_text(data.get("pin_root", _DEFAULT.pin_root), at + ("pin_root",), p),
+        state_dir=_text(data.get("state_dir", _DEFAULT.state_dir), at + ("state_dir",), p),
     )
+
+
+_DEFAULT = ResponseSettings()
+_HOOK_DEFAULT = HookSettings(name="", argv=())
+
+
+def _option(option: Option, value: Any, at: tuple, p: Problems) -> Any:
+    """``value`` checked as ``option`` declares it; on a problem, the field's default."""
+    where = at + (option.key,)
+    if option.type == "number":
+        return _number(value, where, p)
+    if option.type == "count":
+        return int(_number(value, where, p))
+    if option.type == "text":
+        return _text(value, where, p)
+    if option.type == "flag":
+        return _flag(value, where, p)
+    if option.type == "texts":
+        return _texts(value, where, p)
+    if option.type == "networks":
+        listed = enumerate(_list(value, where, p))
+        return tuple(n for i, v in listed if (n := _network(v, where + (i,), p)))
+    if value not in option.choices:
+        p.add(where, f"{value!r} is not {', '.join(option.choices[:-1])} or {option.choices[-1]}")
+        return getattr(_DEFAULT, option.field)
+    return value
 
 
 def _mapping(value: Any, at: tuple, keys: tuple[str, ...] | None, p: Problems) -> dict:
@@ -231,7 +213,7 @@ def _hook(value: Any, at: tuple, p: Problems) -> HookSettings | None:
         argv = ["/"]
     elif not argv[0].startswith("/"):
         p.add(at + ("argv", 0), f"{argv[0]!r} is not an absolute path")
-    on = tuple(_list(hook.get("on", ["malicious"]), at + ("on",), p))
+    on = tuple(_list(hook.get("on", list(_HOOK_DEFAULT.on)), at + ("on",), p))
     for i, verdict in enumerate(on):
         if verdict not in VERDICTS:
             p.add(at + ("on", i), f"unknown verdict {verdict!r}")
@@ -239,7 +221,7 @@ def _hook(value: Any, at: tuple, p: Problems) -> HookSettings | None:
         name=_text(hook.get("name", argv[0].rsplit("/", 1)[-1]), at + ("name",), p),
         argv=tuple(argv),
         on=on,
-        timeout_s=_number(hook.get("timeout_s", 10.0), at + ("timeout_s",), p),
+        timeout_s=_number(hook.get("timeout_s", _HOOK_DEFAULT.timeout_s), at + ("timeout_s",), p),
     )
     return settings if len(p.found) == found else None
 

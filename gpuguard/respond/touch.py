@@ -26,7 +26,7 @@ from gpuguard.detect.allowlist import sha256_of_file
 from gpuguard.escape import decode_c_string, escape_text
 from gpuguard.events.abi import DEFINES, TouchReason
 from gpuguard.respond import bpf_pins
-from gpuguard.respond.blocks import Block, new_block_id
+from gpuguard.respond.blocks import Block, BlockKind, new_block_id
 from gpuguard.respond.cgroup_blocks import cgroup2_mount, cgroup2_of
 from gpuguard.respond.exec_match import BlockTarget, ExecIdentities, read_process
 from gpuguard.sources.containers import container_from_cgroup, read_cgroup_path
@@ -232,8 +232,8 @@ class TouchBlocker:
         now = time.time()
         script = target.script
         return Block(
-            new_block_id("kill-on-touch"),
-            "kill-on-touch",
+            new_block_id(TOUCH_BLOCK),
+            TOUCH_BLOCK.name,
             now,
             now + ttl_s if ttl_s else None,
             reason,
@@ -651,3 +651,18 @@ def rearm_touch_block(block: Block, store, root: Path) -> str:
     block.detail["suspended"] = False
     store.save(block)
     return "re-armed: it kills again (its breaker counts afresh)"
+
+
+def touch_block_in_place(block: Block, root: Path) -> str:
+    """Whether the block's kernel map is there, and whether its breaker suspended it."""
+    if not (root / "maps" / "touch_paths").exists():
+        return "map missing"
+    return "suspended (breaker)" if block.detail.get("suspended") else "in kernel map"
+
+
+TOUCH_BLOCK = BlockKind(
+    "kill-on-touch",
+    "t",
+    lambda block, root, _others: lift_touch_block(block, root),
+    touch_block_in_place,
+)

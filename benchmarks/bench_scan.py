@@ -54,6 +54,7 @@ def bare_process_iter() -> tuple[float, int]:
 
 def timed_scan(*extra: str, tree: Path = REPO) -> tuple[float, dict]:
     env = dict(os.environ, PYTHONPATH=str(tree))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gpuguard has its bytecode compiled
     started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "gpuguard", "scan", "--json", *extra],
@@ -109,6 +110,8 @@ def main() -> int:
         loads = []
         for round_ in range(args.runs):
             for tree in trees[round_ % len(trees) :] + trees[: round_ % len(trees)]:
+                if len(trees) > 1:  # the YARA cache is keyed by the rule files' paths: warm it
+                    timed_scan("--cpu-sample", "0", "--gpu-window", "0", tree=tree)
                 bare = statistics.median(bare_process_iter()[0] for _ in range(3))
                 _, doc = timed_scan("--cpu-sample", "0", "--gpu-window", "0", tree=tree)
                 ratios[tree].append((doc["summary"]["duration_s"], bare))

@@ -121,3 +121,45 @@ def test_a_real_process_by_its_absolute_and_relative_paths(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_working_directory_without_configs_is_looked_up_once_per_run(tmp_path, resolver):
+    """Scan's memory of empty working directories: a process in the same directory skips the
+    look-ups, one in another directory does not, and a config written there afterwards (the
+    directory's mtime moves) is read."""
+    from gpuguard.sources.config_files import CwdWithoutConfigs
+
+    shared, other = tmp_path / "shared", tmp_path / "other"
+    shared.mkdir()
+    other.mkdir()
+    (other / "config.json").write_text('{"url": "pool.example:7777"}')
+    proc = tmp_path / "proc"
+    for pid, cwd in ((1001, shared), (1002, shared), (1003, other), (1004, shared)):
+        (proc / str(pid)).mkdir(parents=True)
+        os.symlink(cwd, proc / str(pid) / "cwd")
+        os.symlink(tmp_path, proc / str(pid) / "root")
+    empty = CwdWithoutConfigs()
+    assert read_config_files(1001, ["./x"], str(proc), empty) == {}
+    assert read_config_files(1002, ["./x"], str(proc), empty) == {}
+    assert empty.hits == 1
+    assert "7777" in read_config_files(1003, ["./x"], str(proc), empty)["config.json"]
+    os.utime(shared, ns=(0, 1))  # any mtime other than the one remembered
+    (shared / "pools.txt").write_text("pool = pool.example:8888\n")
+    os.utime(shared, ns=(0, 2))
+    assert "8888" in read_config_files(1004, ["./x"], str(proc), empty)["pools.txt"]
+    assert empty.hits == 1
+
+
+def test_a_name_that_is_there_but_unreadable_is_not_remembered_as_absent(tmp_path, resolver):
+    """Only names the directory lacks are remembered: a FIFO or a symlink out of it may be
+    replaced by a file without the directory's mtime moving, so it is looked up every time."""
+    from gpuguard.sources.config_files import CwdWithoutConfigs
+
+    os.mkfifo(tmp_path / "config.json")
+    proc = tmp_path / "proc"
+    (proc / "1001").mkdir(parents=True)
+    os.symlink(tmp_path, proc / "1001" / "cwd")
+    empty = CwdWithoutConfigs()
+    assert read_config_files(1001, ["./x"], str(proc), empty) == {}
+    assert read_config_files(1001, ["./x"], str(proc), empty) == {}
+    assert empty.hits == 0

@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gpuguard.detect.engine import DetectionEngine
@@ -19,6 +20,7 @@ from gpuguard.detect.shipped import shipped_rules_file
 from gpuguard.sources.btf import Btf, BtfError
 from gpuguard.sources.cpu_usage import lifetime_runnable
 from gpuguard.sources.fpu_probe import BLIND_PREFIX, FpuProbe
+from gpuguard.sources.process import collect_process_facts
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, cpu_hog, start_standin, stop
 
 NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
@@ -83,6 +85,11 @@ def test_a_niced_spinner_on_a_busy_host_stays_runnable_while_a_sleeper_does_not(
         time.sleep(8)
         spun = lifetime_runnable(spinner.pid)
         slept = lifetime_runnable(sleeper.pid)
+        # scan passes the start from the facts (psutil's boot time + ticks) instead of a read
+        facts = collect_process_facts(spinner.pid)
+        from_facts = lifetime_runnable(
+            spinner.pid, start_after_boot_s=facts.start_time - psutil.boot_time()
+        )
     finally:
         for proc in [spinner, sleeper, *hogs]:
             stop(proc)
@@ -92,6 +99,8 @@ def test_a_niced_spinner_on_a_busy_host_stays_runnable_while_a_sleeper_does_not(
     assert spun.ran_share is not None and spun.ran_share < 0.5, spun
     assert slept is not None and slept.spinning_threads == 0 and slept.runnable_max < 0.5, slept
     assert lifetime_runnable(2**22 + 4321) is None  # no such process
+    assert from_facts is not None and from_facts.spinning_threads == 1, from_facts
+    assert abs(from_facts.spin_span_s - spun.spin_span_s) <= 1.0, (from_facts, spun)
 
 
 # -- the FPU probe --------------------------------------------------------------------

@@ -212,3 +212,17 @@ def test_correlator_scans_new_processes_and_the_rule_fires(miner_binary):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_same_command_line_and_environment_matched_once(scanner):
+    """Workers started alike cost one match each way; a different content is matched anew,
+    and each scope keeps its own answer for the same bytes."""
+    data = b"miner\0-o\0stratum+tcp://a.b:3333"
+    first = scanner.scan_data(data, "cmdline")
+    assert first.rules == ("stratum_url_in_cmdline",)
+    assert scanner.scan_data(data, "cmdline") == first
+    assert scanner.stats["data_cache_hits"] == 1
+    assert scanner.scan_data(data, "memory").rules == ()  # same bytes, another scope
+    assert scanner.scan_data(b"sleep\x003600", "cmdline").rules == ()
+    assert scanner.scan_data(data, "cmdline") == first
+    assert scanner.stats["data_cache_hits"] == 2

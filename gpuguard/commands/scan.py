@@ -312,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuguard.outputs.finding import finding_from_host, finding_from_verdict
     from gpuguard.outputs.jsonl import dumps_document
     from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
+    from gpuguard.sources.config_files import CwdWithoutConfigs, attach_config_files
     from gpuguard.sources.host_observation import limitation_lines, observe_host
 
     ruleset = load_ruleset(args.rules)
@@ -329,10 +330,12 @@ def run(args: argparse.Namespace) -> int:
     limitations = limitation_lines(obs)
     hidden = _probe_hidden_pids(obs, limitations)
 
-    correlator = Correlator(facts_provider=obs.facts.get, read_configs=True)
+    # config files read here, each working directory without any looked up once (not per process)
+    correlator = Correlator(facts_provider=obs.facts.get, read_configs=False)
     engine = DetectionEngine(correlator, ruleset, yara_scanner=scanner)
+    empty_cwds = CwdWithoutConfigs()
     for facts in sorted(obs.facts.values(), key=lambda f: (f.start_time, f.pid)):
-        correlator.feed(facts)
+        correlator.feed(attach_config_files(facts, empty_cwds=empty_cwds))
     for event in obs.events():
         correlator.feed(event)
     for snapshot in obs.snapshots:

@@ -49,12 +49,18 @@ class PersistentYaraScanner(YaraScanner):
         self.cache.save()
 
     def scan_file(self, path: str, identity: tuple | None = None) -> YaraResult:
+        if identity is not None and identity in self._file_cache:
+            return super().scan_file(path, identity)  # seen in this run: no stat, no disk look-up
         key = YaraExeCache.identity_key(path) if identity is not None else None
         if key is not None:
             cached = self.cache.lookup(key)
             if cached is not None:
                 self.stats["disk_cache_hits"] += 1
-                return YaraResult(*cached)
+                result = YaraResult(*cached)
+                self._file_cache[identity] = result  # the in-run cache, as a scan would fill it
+                if len(self._file_cache) > self.cache_size:
+                    self._file_cache.popitem(last=False)
+                return result
         result = super().scan_file(path, identity)
         if key is not None:
             self.cache.store(key, result.rules, result.tags)

@@ -8,6 +8,9 @@ a rule's scope are dropped.  Memory rules must not demand an ELF header
 * The executable is read through ``/proc/PID/exe``, so deleted binaries are
   scanned too; results are cached by executable identity (dev, inode, size,
   mtime) — a second process of the same binary costs a dictionary lookup.
+* Command lines and environments are matched once per distinct content (keyed by a
+  128-bit BLAKE2b digest, last ``cache_size`` kept): a thousand workers started alike
+  cost one match each way.
 * Memory is scanned only when some rule has ``scope = "memory"``: the
   process's anonymous and executable mappings from ``/proc/PID/maps``, read
   from ``/proc/PID/mem`` in overlapping chunks, capped in bytes per region,
@@ -16,6 +19,7 @@ a rule's scope are dropped.  Memory rules must not demand an ELF header
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
@@ -123,9 +127,11 @@ class YaraScanner:
         self._scopes = {r.identifier: _scopes(r.meta) or frozenset({"file"}) for r in rules}
         self.wants_memory = any("memory" in s for s in self._scopes.values())
         self._file_cache: OrderedDict[tuple, YaraResult] = OrderedDict()
+        self._data_cache: OrderedDict[tuple[str, bytes], YaraResult] = OrderedDict()
         self.stats = {
             "file_scans": 0,
             "file_cache_hits": 0,
+            "data_cache_hits": 0,
             "memory_scans": 0,
             "memory_bytes": 0,
             "errors": 0,
@@ -171,9 +177,22 @@ class YaraScanner:
         return result
 
     def scan_data(self, data: bytes, scope: str) -> YaraResult:
+        """``scope`` matches in ``data``, once per distinct content (see the module docstring)."""
+        key = (scope, hashlib.blake2b(data, digest_size=16).digest())
+        cached = self._data_cache.get(key)
+        if cached is not None:
+            self._data_cache.move_to_end(key)
+            self.stats["data_cache_hits"] += 1
+            return cached
+        errors = self.stats["errors"]
         found: dict[str, tuple[str, ...]] = {}
         self._keep(self._match(self.time_budget_s, data=data), scope, found)
-        return _result(found)
+        result = _result(found)
+        if self.stats["errors"] == errors:  # a timed-out or failed match is tried again
+            self._data_cache[key] = result
+            if len(self._data_cache) > self.cache_size:
+                self._data_cache.popitem(last=False)
+        return result
 
     def scan_memory(self, pid: int, proc_root: str = "/proc") -> YaraResult:
         """Memory-scope matches in the anonymous and executable mappings (capped; see module docstring)."""

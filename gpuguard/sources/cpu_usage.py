@@ -181,9 +181,14 @@ def summarize(
     return out
 
 
-def lifetime_runnable(pid: int, proc_root: str = "/proc") -> Runnable | None:
-    """Spinning threads over each thread's lifetime (one read, no window: what scan uses)."""
-    start = process_start_after_boot(pid, proc_root)
+def lifetime_runnable(
+    pid: int, proc_root: str = "/proc", start_after_boot_s: float | None = None
+) -> Runnable | None:
+    """Spinning threads over each thread's lifetime (one read, no window: what scan uses);
+    ``start_after_boot_s``: the process's start when already known (else read)."""
+    start = start_after_boot_s
+    if start is None:
+        start = process_start_after_boot(pid, proc_root)
     if start is None:
         return None
     totals = thread_totals(pid, start, proc_root)

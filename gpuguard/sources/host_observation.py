@@ -153,10 +153,11 @@ def _lifetime_cpu_activity(
     One listing of its tasks and one schedstat read per thread (the kernel's totals since
     each thread started), so a scan sees a throttled miner at once, with no window."""
     out: dict[int, CpuActivity] = {}
+    boot = psutil.boot_time()  # the facts' start times are psutil's: boot time + ticks
     for pid, f in facts.items():
         if f.kernel_thread or not f.exe:
             continue
-        runnable = lifetime_runnable(pid, proc_root)
+        runnable = lifetime_runnable(pid, proc_root, f.start_time - boot if f.start_time else None)
         if runnable is not None and runnable.spinning_threads:
             out[pid] = cpu_activity(now, pid, f.comm, runnable)
     return out

@@ -87,6 +87,47 @@ def _open_inside(dirfd: int, path: str, resolve: int) -> int:
     return _open_walking(dirfd, path)
 
 
+def names_absent_in_cwd(
+    pid: int, names: tuple[str, ...], proc_root: str = "/proc"
+) -> tuple[int, int, int] | None:
+    """``(st_dev, st_ino, st_mtime_ns)`` of the working directory of ``pid`` when none of the
+    plain ``names`` exists in it (each looked up there, as :func:`read_process_file` does);
+    None when one exists, cannot be looked up, or the directory cannot be opened.
+
+    Creating, removing or renaming an entry changes the directory's mtime, so a caller may
+    treat another process with the same working directory and mtime as having none of
+    ``names`` either (``gpuguard scan`` does, within one run)."""
+    try:
+        dirfd = os.open(f"{proc_root}/{pid}/cwd", _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(dirfd)
+        for name in names:
+            try:
+                os.close(_open_inside(dirfd, name, _RESOLVE_BENEATH))
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    continue
+            return None  # there (or not looked up): the caller reads it
+        return (st.st_dev, st.st_ino, st.st_mtime_ns)
+    except OSError:
+        return None
+    finally:
+        os.close(dirfd)
+
+
+def cwd_identity(pid: int, proc_root: str = "/proc") -> tuple[int, int, int] | None:
+    """``(st_dev, st_ino, st_mtime_ns)`` of the working directory of ``pid`` (None: unreadable)."""
+    try:
+        st = os.stat(f"{proc_root}/{pid}/cwd")
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
+
+
 def read_process_file(pid: int, path: str, max_bytes: int, proc_root: str = "/proc") -> str | None:
     """The text of ``path`` as process ``pid`` names it (absolute: in its root; relative: under its
     working directory), if it is a regular file of at most ``max_bytes``; else None."""

@@ -45,13 +45,19 @@ def flat(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def rows(record: dict[str, Any], index: int) -> list[dict[str, Any]]:
-    """The record's rows: one per combination of its list elements (lists of scalars only)."""
+def rows(record: dict[str, Any], index: int, used: set[str] | None = None) -> list[dict[str, Any]]:
+    """The record's rows: one per combination of the elements of its lists of scalars that the
+    query uses (``used``; None: every list).  Other lists are kept as JSON text: expanding
+    them would only repeat rows (an argv of 30 words times every other list)."""
     fields = flat(record)
-    lists = {k: v for k, v in fields.items() if isinstance(v, list) and v and not _nested(v)}
+    lists = {
+        k: v
+        for k, v in fields.items()
+        if isinstance(v, list) and v and not _nested(v) and (used is None or k in used)
+    }
     for k, v in fields.items():
-        if isinstance(v, list) and (not v or _nested(v)):
-            fields[k] = json.dumps(v)  # kept as text: no rule selects on these
+        if isinstance(v, list) and k not in lists:
+            fields[k] = json.dumps(v)  # kept as text: the query does not select on these
     out = []
     for combination in itertools.product(*lists.values()) if lists else [()]:
         row = dict(fields)
@@ -90,11 +96,12 @@ def queries(collection: SigmaCollection) -> list[str]:
 def run(query: str, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The result rows of ``query`` over the table ``logs`` holding ``records``."""
     records = list(records)
+    used = set(re.findall(r'"([^"]+)"', query))
     with tempfile.TemporaryDirectory(prefix="gg-sigma-") as tmp:
         lines = Path(tmp) / "logs.jsonl"
         with lines.open("w") as out:
             for index, record in enumerate(records):
-                for row in rows(record, index):
+                for row in rows(record, index, used):
                     out.write(json.dumps(row) + "\n")
         con = duckdb.connect()
         try:

@@ -29,8 +29,8 @@ import yaml
 
 from gpuguard.agent.config import parse_config
 from gpuguard.detect.cases import _load_expected
-from gpuguard.detect.rules import validate_rules
-from gpuguard.detect.shipped import shipped_rules_dir, shipped_rules_file
+from gpuguard.detect.ruleset.load import validate_rules
+from gpuguard.detect.ruleset.shipped import shipped_rules_dir, shipped_rules_file
 from gpuguard.detect.yaml_marks import load_marked
 from gpuguard.errors import GpuguardError
 

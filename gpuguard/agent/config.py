@@ -1,16 +1,18 @@
 """The agent's configuration file (/etc/gpuguard/agent.yaml): schema, defaults and validation.
 
 Every setting has a default, so the agent runs with no file at all.  The file
-is read like the rules: positions are kept (:mod:`gpuguard.detect.yaml_marks`)
+is read like the rules: positions are kept (:mod:`gpuguard.config.yaml_marks`)
 so an unknown key or a wrong type is reported as ``file:line:col``, and a file
-writable by anyone but root is refused (:mod:`gpuguard.detect.filecheck`).
+writable by anyone but root is refused (:mod:`gpuguard.config.filecheck`).
+``SCHEMA`` (:mod:`gpuguard.config.schema`) declares every key; the defaults are
+:class:`AgentConfig`'s.
 Command-line options override the file.  The ``response:`` and
 ``guard_policies:`` sections are checked here with their owners' parsers
 (:func:`gpuguard.respond.parse_response_settings`,
 :func:`gpuguard.detect.guard_policies.parse_guard_policies`), so a broken
 section fails the whole file: one line at start, the last good config kept on
 SIGHUP.
-docs/agent.md documents every key.
+docs/agent.md's key list is generated from ``SCHEMA`` (``gpuguard config reference``).
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuguard.detect.filecheck import untrusted_reason
-from gpuguard.detect.guard_policies import GuardPolicy, parse_guard_policies
-from gpuguard.detect.yaml_marks import MarkedDocument, load_marked_file, shown
+from gpuguard.config.filecheck import untrusted_reason
+from gpuguard.config.schema import Key, Section, check
+from gpuguard.config.yaml_marks import MarkedDocument, load_marked_file
+from gpuguard.detect.guard_policies import GUARD_POLICY_SCHEMA, GuardPolicy, parse_guard_policies
 from gpuguard.errors import GpuguardError, Problems
+from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.log_sinks import DEFAULT_KEEP, DEFAULT_MAX_BYTES, FACILITIES
 from gpuguard.outputs.log_spool import DEFAULT_SPOOL_BYTES, DEFAULT_SPOOL_DIR
 from gpuguard.outputs.records import FORMATS
 from gpuguard.respond import ResponseSettings, parse_response_settings
+from gpuguard.respond.settings import RESPONSE_SCHEMA
 from gpuguard.sources.gpu.registry import SOURCE_NAMES
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuguard/agent.yaml")
@@ -85,115 +90,288 @@ class AgentConfig:
     source: str = ""  # the file these came from ("" for defaults)
 
 
-# key -> (field name, expected type(s), check).  Sections are nested dicts.
-_NUMBER = (int, float)
-_SCHEMA: dict[str, Any] = {
-    "mode": ("mode", str, MODES),
-    "dry_run": ("dry_run", bool, None),
-    "sensor": ("sensor", str, SENSORS),
-    "rules": ("rules", list, None),
-    "log": {
-        "path": ("log_path", str, None),
-        "format": ("log_format", str, LOG_FORMATS),
-        "max_bytes": ("log_max_bytes", int, (4096, 1 << 40)),
-        "keep": ("log_keep", int, (0, 1000)),
-        "syslog_format": ("log_syslog_format", str, SYSLOG_FORMATS),
-        "facility": ("log_facility", str, tuple(FACILITIES)),
-        "spool_dir": ("log_spool_dir", str, None),
-        "spool_max_bytes": ("log_spool_max_bytes", int, (0, 1 << 40)),
-        "limits": {  # outputs/bounds.py: caps of attacker-controlled fields, one record's budget
-            "cmdline_bytes": ("log_limit_cmdline", int, (256, 1 << 20)),
-            "arg_bytes": ("log_limit_arg", int, (64, 1 << 20)),
-            "name_bytes": ("log_limit_name", int, (64, 1 << 20)),
-            "record_bytes": ("log_limit_record", int, (1024, 1 << 24)),
-            "evidence": ("log_limit_evidence", int, (1, 1000)),
-        },
-    },
-    "metrics": {
-        "address": ("metrics_address", str, None),
-        "health_stall_s": ("health_stall_s", _NUMBER, (1, 3600)),
-        "per_process_gpu": ("per_process_gpu", bool, None),
-        "max_pod_series": ("max_pod_series", int, (1, 1_000_000)),
-    },
-    "sampling": {
-        "interval_s": ("sample_interval_s", _NUMBER, (0.1, 3600)),
-        "host_check_interval_s": ("host_check_interval_s", _NUMBER, (0.2, 3600)),
-        "nvml_accounting": ("nvml_accounting", bool, None),
-        "sources": ("gpu_sources", list, SOURCE_NAMES),
-    },
-    "sweep": {"interval_s": ("sweep_interval_s", _NUMBER, (0.5, 3600))},
-    "status": {
-        "path": ("status_path", str, None),
-        "interval_s": ("status_interval_s", _NUMBER, (0.2, 3600)),
-    },
-    "queues": {
-        "intake": ("intake_queue", int, (64, 10_000_000)),
-        "output": ("output_queue", int, (16, 10_000_000)),
-    },
-    "correlator": {"max_processes": ("max_processes", int, (16, 10_000_000))},
-    "sessions": {"watch_score": ("session_watch_score", _NUMBER, (0, 100))},
-    "findings": {"update_interval_s": ("finding_update_interval_s", _NUMBER, (0, 86400))},
-    "response": ("response", dict, None),
-    "guard_policies": ("guard_policies", list, None),
-}
+_TIMES = (0.2, 3600)
+SCHEMA = Section(
+    "",
+    (
+        Key("mode", "choice", "monitor | enforce", choices=MODES),
+        Key("dry_run", "flag", "enforce mode: log what would be done, do nothing"),
+        Key("sensor", "choice", "auto | ebpf | proc", choices=SENSORS),
+        Key(
+            "rules",
+            "list",
+            "rule files (relative to this file); default: shipped + /etc/gpuguard/*.yaml",
+            shows="[]",
+        ),
+        Section(
+            "log",
+            (
+                Key(
+                    "path",
+                    "text",
+                    '"-" (stdout), a file, syslog, syslog:unix:PATH, syslog:udp:HOST:PORT, '
+                    "syslog:tcp:HOST:PORT",
+                    field="log_path",
+                ),
+                Key(
+                    "format", "choice", "ecs | ocsf | cef", field="log_format", choices=LOG_FORMATS
+                ),
+                Key(
+                    "max_bytes",
+                    "whole",
+                    "a file is rotated (path.1 ... path.KEEP) before it passes this size",
+                    field="log_max_bytes",
+                    low=4096,
+                    high=1 << 40,
+                ),
+                Key("keep", "whole", "rotated files kept", field="log_keep", low=0, high=1000),
+                Key(
+                    "syslog_format",
+                    "choice",
+                    "framing for syslog destinations",
+                    field="log_syslog_format",
+                    choices=SYSLOG_FORMATS,
+                ),
+                Key(
+                    "facility",
+                    "choice",
+                    "syslog facility",
+                    field="log_facility",
+                    choices=tuple(FACILITIES),
+                ),
+                Key(
+                    "spool_dir",
+                    "text",
+                    "syslog:tcp only: lines wait here (in order) while the collector is away",
+                    field="log_spool_dir",
+                ),
+                Key(
+                    "spool_max_bytes",
+                    "whole",
+                    "spool bound; past it lines are lost and counted (0: no spool)",
+                    field="log_spool_max_bytes",
+                    low=0,
+                    high=1 << 40,
+                ),
+                Section(
+                    "limits",
+                    (
+                        Key(
+                            "cmdline_bytes",
+                            "whole",
+                            "a command line; longer ones are cut and marked (length + sha256)",
+                            field="cmdline",
+                            low=256,
+                            high=1 << 20,
+                        ),
+                        Key(
+                            "arg_bytes",
+                            "whole",
+                            "each argument (process.args in all: cmdline_bytes)",
+                            field="arg",
+                            low=64,
+                            high=1 << 20,
+                        ),
+                        Key(
+                            "name_bytes",
+                            "whole",
+                            "names, paths and any other text",
+                            field="name",
+                            low=64,
+                            high=1 << 20,
+                        ),
+                        Key(
+                            "record_bytes",
+                            "whole",
+                            "one whole record; with a syslog header it stays under 8 KiB",
+                            field="record",
+                            low=1024,
+                            high=1 << 24,
+                        ),
+                        Key(
+                            "evidence",
+                            "whole",
+                            "pieces of evidence a finding carries (the heaviest; the rest counted)",
+                            low=1,
+                            high=1000,
+                        ),
+                    ),
+                    'size caps of every record (docs/siem.md, "Record size")',
+                    model=OutputLimits,
+                    field="log_limits",
+                ),
+            ),
+        ),
+        Section(
+            "metrics",
+            (
+                Key(
+                    "address",
+                    "text",
+                    "HOST:PORT of /metrics, /healthz, /readyz; empty: none "
+                    "(packaging: 127.0.0.1:9479)",
+                    field="metrics_address",
+                ),
+                Key(
+                    "health_stall_s",
+                    "number",
+                    "/healthz answers 503 after this long without a detect-loop cycle",
+                    low=1,
+                    high=3600,
+                ),
+                Key(
+                    "per_process_gpu",
+                    "flag",
+                    "true: also gpuguard_process_gpu_* per process, with pod labels",
+                ),
+                Key(
+                    "max_pod_series",
+                    "whole",
+                    "cap on per-pod / per-process GPU series; the rest counted (dropped_total)",
+                    low=1,
+                    high=1_000_000,
+                ),
+            ),
+        ),
+        Section(
+            "sampling",
+            (
+                Key(
+                    "interval_s",
+                    "number",
+                    "GPU samples, per source, on its own thread",
+                    field="sample_interval_s",
+                    low=0.1,
+                    high=3600,
+                ),
+                Key(
+                    "host_check_interval_s",
+                    "number",
+                    "GPU host checks (orphaned memory, past heavy users) and NVML accounting reads",
+                    low=0.2,
+                    high=3600,
+                ),
+                Key(
+                    "nvml_accounting",
+                    "flag",
+                    'true: turn NVML accounting mode on (changes host state; see "NVML accounting")',
+                ),
+                Key(
+                    "sources",
+                    "choices",
+                    "GPU sources sampled",
+                    field="gpu_sources",
+                    choices=SOURCE_NAMES,
+                ),
+            ),
+        ),
+        Section(
+            "sweep",
+            (
+                Key(
+                    "interval_s",
+                    "number",
+                    "reduced mode only: a /proc sweep this often",
+                    field="sweep_interval_s",
+                    low=0.5,
+                    high=3600,
+                ),
+            ),
+        ),
+        Section(
+            "status",
+            (
+                Key("path", "text", "the status file `gpuguard status` reads", field="status_path"),
+                Key(
+                    "interval_s",
+                    "number",
+                    "the status file is rewritten this often",
+                    field="status_interval_s",
+                    low=_TIMES[0],
+                    high=_TIMES[1],
+                ),
+            ),
+        ),
+        Section(
+            "queues",
+            (
+                Key(
+                    "intake",
+                    "whole",
+                    "items waiting for the correlator",
+                    field="intake_queue",
+                    low=64,
+                    high=10_000_000,
+                ),
+                Key(
+                    "output",
+                    "whole",
+                    "log lines waiting for the writer",
+                    field="output_queue",
+                    low=16,
+                    high=10_000_000,
+                ),
+            ),
+        ),
+        Section(
+            "correlator",
+            (
+                Key(
+                    "max_processes",
+                    "whole",
+                    "processes the correlator keeps state for",
+                    low=16,
+                    high=10_000_000,
+                ),
+            ),
+        ),
+        Section(
+            "sessions",
+            (
+                Key(
+                    "watch_score",
+                    "number",
+                    "a process scored at least this gets per-connection activity records "
+                    "(cadence, bytes each way) like a GPU holder; 0: GPU holders only",
+                    field="session_watch_score",
+                    low=0,
+                    high=100,
+                ),
+            ),
+        ),
+        Section(
+            "findings",
+            (
+                Key(
+                    "update_interval_s",
+                    "number",
+                    "a process finding's updates: at most one per this many seconds, each "
+                    "carrying all that grew meanwhile; escalations at once (0: no limit; "
+                    'docs/siem.md "Finding lifecycle")',
+                    field="finding_update_interval_s",
+                    low=0,
+                    high=86400,
+                ),
+            ),
+        ),
+        Key(
+            "response",
+            "mapping",
+            "enforce mode: which actions, on whom (docs/respond.md)",
+            shows="{}",
+            ref=RESPONSE_SCHEMA,
+        ),
+        Key(
+            "guard_policies",
+            "list",
+            "per-user / per-group GPU limits (docs/respond.md)",
+            shows="[]",
+            ref=GUARD_POLICY_SCHEMA,
+        ),
+    ),
+    model=AgentConfig,  # every default, declared once there
+)
 _FIX = "correct the agent config (docs/agent.md lists every key)"
-
-
-def _check_value(doc: MarkedDocument, path: tuple, value: Any, kind: Any, check: Any) -> str | None:
-    """What is wrong with one value (``file:line:col: ...``), or None."""
-    where = doc.at(path)
-    name = ".".join(str(p) for p in path)
-    if kind is bool or kind is int:
-        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-    elif kind is _NUMBER:
-        ok = isinstance(value, _NUMBER) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        expected = {
-            str: "text",
-            bool: "true or false",
-            int: "a whole number",
-            list: "a list",
-            dict: "a mapping",
-        }.get(kind, "a number")
-        return f"{where}: {name} must be {expected}, not {shown(value)}"
-    if isinstance(check, tuple) and check and isinstance(check[0], str):
-        items = value if isinstance(value, list) else [value]
-        for i, item in enumerate(items):
-            if item not in check:
-                at = doc.at(path + (i,)) if isinstance(value, list) else where
-                return f"{at}: {name} {shown(item)} is not one of {', '.join(check)}"
-    elif isinstance(check, tuple):
-        low, high = check
-        if not low <= value <= high:
-            return f"{where}: {name} {value} is outside {low}-{high}"
-    return None
-
-
-def _apply(
-    doc: MarkedDocument, data: dict, schema: dict, path: tuple, out: dict, problems: list[str]
-) -> None:
-    for key, value in data.items():
-        spec = schema.get(key)
-        if spec is None:
-            known = ", ".join(sorted(schema))
-            problems.append(
-                f"{doc.key_at(path + (key,))}: unknown key {key!r} (known here: {known})"
-            )
-            continue
-        if isinstance(spec, dict):
-            if not isinstance(value, dict):
-                problems.append(f"{doc.at(path + (key,))}: {key} must be a mapping")
-                continue
-            _apply(doc, value, spec, path + (key,), out, problems)
-            continue
-        name, kind, check = spec
-        problem = _check_value(doc, path + (key,), value, kind, check)
-        if problem is None:
-            out[name] = value
-        else:
-            problems.append(problem)
 
 
 def config_problems(doc: MarkedDocument) -> tuple[AgentConfig | None, list[str]]:
@@ -204,9 +382,12 @@ def config_problems(doc: MarkedDocument) -> tuple[AgentConfig | None, list[str]]
         return AgentConfig(source=doc.file), []
     if not isinstance(doc.data, dict):
         return None, [f"{doc.file}:1:1: the agent config must be a mapping of settings"]
-    values: dict[str, Any] = {}
     problems: list[str] = []
-    _apply(doc, doc.data, _SCHEMA, (), values, problems)
+
+    def add(path: tuple, message: str, key: bool = False) -> None:
+        problems.append(f"{doc.key_at(path) if key else doc.at(path)}: {message}")
+
+    values = check(doc.data, SCHEMA, (), add, named=True)
     base = Path(doc.file).parent
     if "rules" in values:
         for i, item in enumerate(values["rules"]):
@@ -219,11 +400,6 @@ def config_problems(doc: MarkedDocument) -> tuple[AgentConfig | None, list[str]]
         ]
     if "status_path" in values:
         values["status_path"] = Path(values["status_path"])
-    limits = {
-        k[len("log_limit_") :]: values.pop(k) for k in list(values) if k.startswith("log_limit_")
-    }
-    if limits:
-        values["log_limits"] = limits
     if values.get("metrics_address"):
         from gpuguard.outputs.metrics import parse_address
 

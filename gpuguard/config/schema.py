@@ -253,7 +253,7 @@ def _unknown(section: Section, key: Any, named: bool) -> str:
 def defaults(section: Section, model: type | None = None) -> dict[str, Any]:
     """Each key's default as the reference shows it, by dotted YAML path (the model's, declared once)."""
     model = section.model or model
-    instance = model() if model is not None else None
+    declared = {f.name for f in dataclasses.fields(model)} if model is not None else set()
     found: dict[str, Any] = {}
     for spec in section.keys:
         if isinstance(spec, Section):
@@ -261,16 +261,20 @@ def defaults(section: Section, model: type | None = None) -> dict[str, Any]:
             found.update({f"{spec.key}.{k}": v for k, v in inner.items()})
         elif spec.shows:
             found[spec.key] = spec.shows
-        elif instance is not None and hasattr(instance, spec.name):
-            found[spec.key] = getattr(instance, spec.name)
+        elif spec.name in declared and model is not None:
+            default = field_default(model, spec.name)
+            if default is not dataclasses.MISSING:
+                found[spec.key] = default
     return found
 
 
 def field_default(model: type, name: str) -> Any:
-    """The default of dataclass ``model``'s field ``name`` (factories called)."""
+    """The default of dataclass ``model``'s field ``name`` (factories called; MISSING: none)."""
     for f in dataclasses.fields(model):
         if f.name == name:
             if f.default is not dataclasses.MISSING:
                 return f.default
-            return f.default_factory()  # type: ignore[misc]
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            return dataclasses.MISSING  # a required field: no default
     raise KeyError(name)

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.config.schema import Key, Section, check
+from gpuguard.config.schema import Key, Section, check, field_default
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.rules import ACTIONS
 from gpuguard.detect.score import Evidence, Verdict
@@ -66,6 +66,8 @@ GUARD_POLICY_SCHEMA = Section(
     model=GuardPolicy,
 )
 
+_OPTIONAL = {k.key for k in GUARD_POLICY_SCHEMA.keys if field_default(GuardPolicy, k.name) is None}
+
 
 def parse_guard_policies(
     section: Any, *, source: str, problems: Problems | None = None
@@ -90,9 +92,9 @@ def parse_guard_policies(
             continue
         if not isinstance(entry.get("id"), str) or not entry["id"]:
             p.add(at + ("id",), "a policy needs a name")
-        values = check(
-            {k: v for k, v in entry.items() if k != "id"}, GUARD_POLICY_SCHEMA, at, p.add
-        )
+        # id: checked above; null: the key's default (every GPU, no limit), as before
+        given = {k: v for k, v in entry.items() if k != "id" and not (v is None and k in _OPTIONAL)}
+        values = check(given, GUARD_POLICY_SCHEMA, at, p.add)
         if len(p.found) == found:
             policies.append(GuardPolicy(id=entry["id"], **values))
     return tuple(policies)

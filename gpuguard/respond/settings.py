@@ -1,9 +1,10 @@
 """The ``response:`` section of the agent config: which actions, on whom, how far.
 
-:func:`parse_response_settings` validates the section (an unknown key is a
-:class:`GpuguardError` naming it and the file) and fills defaults, so the
-agent runs with no section at all.  Defaults: ``malicious`` -> kill,
-kill-on-touch and block-egress; ``suspicious`` -> alert; ``clean`` -> nothing.
+:func:`parse_response_settings` checks the section against ``RESPONSE_SCHEMA``
+(:mod:`gpuguard.config.schema`; an unknown key or bad value is a problem at
+``file:line:col``) and leaves every other setting at its default, declared once
+in :class:`ResponseSettings` (the actions per verdict: each action's ``default_on``),
+so the agent runs with no section at all.
 """
 
 from __future__ import annotations

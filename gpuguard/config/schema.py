@@ -57,7 +57,7 @@ class Key:
     key: str
     type: str
     doc: str = ""
-    field: str = ""  # the model field it fills ("": the key)
+    field: str = ""  # the model field it fills (not given: the key)
     low: float | None = None
     high: float | None = None
     choices: tuple[str, ...] = ()
@@ -67,6 +67,8 @@ class Key:
 
     def __post_init__(self) -> None:
         assert self.type in TYPES, f"{self.key}: unknown schema type {self.type!r}"
+        if not self.field:
+            object.__setattr__(self, "field", self.key)  # frozen: filled once, here
 
     @property
     def name(self) -> str:

@@ -177,7 +177,7 @@ def test_install_refuses_unknown_options(tmp_path):
 
 def test_shipped_config_is_accepted_by_the_agent():
     from gpuguard.agent import config
-    from gpuguard.detect.yaml_marks import load_marked_file
+    from gpuguard.config.yaml_marks import load_marked_file
 
     loaded = config.parse_config(load_marked_file(PKG / "agent.yaml", config.MAX_CONFIG_BYTES))
     assert loaded.mode == "monitor" and loaded.log_path == "/var/log/gpuguard/events.json"

@@ -1,6 +1,6 @@
 """The layers point one way: no module of gpuguard imports a layer above its own (ast only, nothing imported).
 
-errors/escape (0) <- events (1) <- sources (2) <- correlate (3) <- detect (4)
+errors/escape (0) <- config (0.5) <- events (1) <- sources (2) <- correlate (3) <- detect (4)
 <- {respond, outputs} (5) <- agent (6) <- proving (7) <- commands, cli, __main__ (8);
 respond and outputs never import each other.  Lazy imports (inside functions) and
 ``if TYPE_CHECKING:`` imports count too.
@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpuguard"
 LAYERS = {
     "errors": 0,
     "escape": 0,
+    "config": 0.5,  # YAML with positions, the file checks, the schema: below everything else
     "events": 1,
     "sources": 2,
     "correlate": 3,

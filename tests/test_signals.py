@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gpuguard.config.yaml_marks import Position
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.ruleset.conditions import CompileContext, ListDef, compile_condition
 from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.detect.signals.table import SIGNALS
-from gpuguard.detect.yaml_marks import Position
 from gpuguard.events.model import ConnActivity, CpuActivity
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
 from tests.test_gpu_behaviour import TESTED_SIGNALS as BEHAVIOUR_SIGNALS_TESTED

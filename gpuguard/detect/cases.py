@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
+from gpuguard.config.filecheck import read_regular_file
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.filecheck import read_regular_file
 from gpuguard.detect.ruleset.load import VERDICTS, RuleSet
 from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.detect.scoring.score import Verdict

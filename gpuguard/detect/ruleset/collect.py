@@ -13,21 +13,26 @@ Problems quote at most a short excerpt of a value (``yaml_marks.shown``).
 
 from __future__ import annotations
 
+import dataclasses
 import glob as _glob
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuguard.detect.filecheck import not_regular_reason, untrusted_reason
+from gpuguard.config.filecheck import not_regular_reason, untrusted_reason
+from gpuguard.config.yaml_marks import MarkedDocument, Position, shown
 from gpuguard.detect.ruleset.conditions import CompileContext, ListDef, compile_condition
 from gpuguard.detect.ruleset.model import (
     ACTIONS,
     FORMAT_VERSION,
     OVERRIDABLE,
     RULE_KEYS,
+    RULES_FILE_SCHEMA,
     SEVERITIES,
+    THRESHOLD_RANGE,
     TOP_KEYS,
+    VERDICT_ACTIONS,
     VERDICTS,
     Problem,
     Rule,
@@ -36,11 +41,11 @@ from gpuguard.detect.ruleset.model import (
 )
 from gpuguard.detect.scoring.allowlist import ENTRY_FIELDS, AllowEntry, Allowlist
 from gpuguard.detect.signals.rescore import rule_cache
-from gpuguard.detect.yaml_marks import MarkedDocument, Position, shown
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _RULE_ID = re.compile(r"^[a-z0-9][a-z0-9._\-]{0,79}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+THRESHOLD_NAMES = RULES_FILE_SCHEMA.get("thresholds").names  # type: ignore[union-attr]
 NOT_RULES_EXCERPT = (
     16  # of a file that is not a rules file (it may be /etc/shadow): a few characters only
 )
@@ -59,9 +64,7 @@ class _Collected:
     rules: dict[str, dict[str, _Field]] = field(default_factory=dict)
     allow: list[tuple[dict[str, Any], MarkedDocument, tuple]] = field(default_factory=list)
     thresholds: dict[str, int] = field(default_factory=dict)
-    actions: dict[str, str] = field(
-        default_factory=lambda: {"clean": "none", "suspicious": "alert", "malicious": "alert"}
-    )
+    actions: dict[str, str] = field(default_factory=lambda: dict(VERDICT_ACTIONS))
     yara: list[Path] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     unused_conditions: list[tuple[str, _Field]] = field(
@@ -398,16 +401,17 @@ class Collector:
         if not isinstance(thresholds, dict):
             self.bad(doc.at(("thresholds",)), "thresholds: expected {suspicious: N, malicious: N}")
             return
+        low, high = THRESHOLD_RANGE
         for key, value in thresholds.items():
-            if key not in ("suspicious", "malicious"):
+            if key not in THRESHOLD_NAMES:
                 self.bad(
                     doc.key_at(("thresholds", key)),
-                    f"unknown threshold {shown(key)} (expected suspicious, malicious)",
+                    f"unknown threshold {shown(key)} (expected {', '.join(THRESHOLD_NAMES)})",
                 )
-            elif not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 100:
+            elif not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 self.bad(
                     doc.at(("thresholds", key)),
-                    f"threshold {key} must be a whole number from 1 to 100",
+                    f"threshold {key} must be a whole number from {low} to {high}",
                 )
             else:
                 self.out.thresholds[key] = value
@@ -504,7 +508,7 @@ def compile_collected(
         del ctx.problems[before:]
     for position, message in ctx.problems:
         problems.append(Problem.at(position, message))
-    thresholds = Thresholds(**{**{"suspicious": 40, "malicious": 75}, **collected.thresholds})
+    thresholds = dataclasses.replace(Thresholds(), **collected.thresholds)
     if thresholds.suspicious >= thresholds.malicious:
         where = sources[-1] if sources else Path("?")
         problems.append(

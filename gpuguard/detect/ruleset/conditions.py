@@ -29,9 +29,9 @@ from typing import Any
 
 import re2
 
+from gpuguard.config.yaml_marks import Position, shown
 from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.detect.signals.table import SIGNALS
-from gpuguard.detect.yaml_marks import Position, shown
 from gpuguard.events.ioctl_names import is_ioctl_name
 
 Condition = Callable[[SignalReader], "list[str] | None"]

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuguard.detect.filecheck import not_regular_reason, untrusted_reason
+from gpuguard.config.filecheck import not_regular_reason, untrusted_reason
+from gpuguard.config.yaml_marks import MarkedDocument, load_marked_file
 from gpuguard.detect.ruleset.collect import Collector, compile_collected
 from gpuguard.detect.ruleset.model import (  # noqa: F401  (the model, re-exported for callers of the loader)
     ACTIONS,
@@ -32,7 +33,6 @@ from gpuguard.detect.ruleset.model import (  # noqa: F401  (the model, re-export
     Thresholds,
 )
 from gpuguard.detect.ruleset.shipped import default_rule_paths
-from gpuguard.detect.yaml_marks import MarkedDocument, load_marked_file
 from gpuguard.errors import GpuguardError
 
 MAX_RULES_FILE_BYTES = 1 << 20  # the shipped rules are 16 KiB

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuguard.config.schema import Key, Section
+from gpuguard.config.yaml_marks import Position
 from gpuguard.detect.ruleset.conditions import Condition, Leaf
 from gpuguard.detect.scoring.allowlist import Allowlist
 from gpuguard.detect.signals.rescore import (
@@ -21,7 +23,6 @@ from gpuguard.detect.signals.rescore import (
     additions_read,
     crossing_points,
 )
-from gpuguard.detect.yaml_marks import Position
 from gpuguard.errors import with_fix
 from gpuguard.events.action_kinds import RULE_ACTIONS
 
@@ -30,16 +31,8 @@ SEVERITIES = ("info", "low", "medium", "high", "critical")
 VERDICTS = ("clean", "suspicious", "malicious")
 # What a rules file's ``actions:`` may name, weakest first (guard policies rank by it).
 ACTIONS = ("none", *RULE_ACTIONS)
-TOP_KEYS = (
-    "version",
-    "description",
-    "lists",
-    "rules",
-    "allowlist",
-    "thresholds",
-    "actions",
-    "yara",
-)
+# The rules file's ``actions:`` when no file names one: declared once (rule_collect starts here).
+VERDICT_ACTIONS = {"clean": "none", "suspicious": "alert", "malicious": "alert"}
 RULE_KEYS = ("id", "description", "severity", "tags", "weight", "condition", "enabled")
 OVERRIDABLE = ("description", "severity", "tags", "weight", "condition", "enabled")
 
@@ -77,8 +70,52 @@ class Problem:
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
+    """The scores at which a process is suspicious and malicious: the one place they are declared."""
+
     suspicious: int = 40
     malicious: int = 75
+
+
+# The rules file's keys other than the rules' conditions (gpuguard.config.schema: the reference
+# and the checks of thresholds read it; rule_collect checks the rest with rule-file messages).
+THRESHOLD_RANGE = (1, 100)
+RULES_FILE_SCHEMA = Section(
+    "",
+    (
+        Key("version", "whole", f"the format: {FORMAT_VERSION}", shows=str(FORMAT_VERSION)),
+        Key("description", "text", "what this file is for", shows='""'),
+        Key("lists", "mapping", "named lists rules test with in_list (later files extend)"),
+        Key("rules", "list", "rules: id, description, severity, tags, weight, condition"),
+        Key("allowlist", "list", "known-good processes, exempt from findings"),
+        Section(
+            "thresholds",
+            tuple(
+                Key(
+                    name,
+                    "whole",
+                    f"a score at least this makes a process {name}",
+                    low=THRESHOLD_RANGE[0],
+                    high=THRESHOLD_RANGE[1],
+                )
+                for name in ("suspicious", "malicious")
+            ),
+            "score >= threshold; suspicious below malicious",
+            model=Thresholds,
+            unknown="threshold",
+        ),
+        Section(
+            "actions",
+            tuple(
+                Key(verdict, "choice", "the action a verdict adds", choices=ACTIONS, noun="action")
+                for verdict in VERDICTS
+            ),
+            "per verdict: one action",
+            unknown="verdict",
+        ),
+        Key("yara", "list", "YARA files or globs (relative to this file)"),
+    ),
+)
+TOP_KEYS = RULES_FILE_SCHEMA.names
 
 
 @dataclass(slots=True)

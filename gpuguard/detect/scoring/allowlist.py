@@ -17,8 +17,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from gpuguard.config.yaml_marks import Position
 from gpuguard.correlate.state import ProcessState
-from gpuguard.detect.yaml_marks import Position
 from gpuguard.events.process_facts import ProcessFacts
 
 ENTRY_FIELDS = (

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpuguard.config.schema import Key
 from gpuguard.events.action_kinds import ActionKind
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond.blocks import Block, BlockKind
@@ -19,28 +20,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class Option:
-    """One key of an action's ``response:`` section and the ResponseSettings field it fills.
-
-    The default is the field's default in :class:`~gpuguard.respond.settings.ResponseSettings`
-    (declared once there).  ``type``: number (>= 0), count (an int >= 0), text, flag, texts,
-    networks (CIDRs) or choice (one of ``choices``).
-    """
-
-    key: str
-    field: str
-    type: str
-    choices: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class Action:
     """A response step: its kind (name, ECS/OCSF terms), settings, what runs it, what it leaves."""
 
     kind: ActionKind
     run: Run | None  # (responder, verdict, state, base fields) -> outcome; None: the alert itself
     section: str = ""  # its key under ``response:`` ("": no settings of its own)
-    options: tuple[Option, ...] = ()
+    # the keys of its ``response:`` section (gpuguard.config.schema); each fills the
+    # ResponseSettings field it names, whose default is declared there
+    options: tuple[Key, ...] = ()
     default_on: tuple[str, ...] = ()  # the verdicts it answers when ``response.actions`` is unset
     blocks: tuple[BlockKind, ...] = ()  # the kinds of block it leaves behind
 

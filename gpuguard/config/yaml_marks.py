@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from gpuguard.detect.filecheck import read_regular_file
+from gpuguard.config.filecheck import read_regular_file
 
 Path_ = tuple[Any, ...]
 MAX_DEPTH = 64  # nesting levels (rule conditions need a handful)

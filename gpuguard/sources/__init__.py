@@ -1,12 +1,10 @@
 """Sources: where facts come from: the eBPF sensor, GPU samplers, /proc, host files, recordings.
 
-Owns every read of the outside world that produces events or facts: the
-probe loader and ring-buffer decoding (``sensor``, ``bpf_decode``), process
-facts and config files read inside a process's own root (``process``,
-``config_files``, ``proc_files``), GPU holders and samplers (``fd_holders``,
-``gpu/``), host observations for ``scan`` (``host_observation``,
-``persistence``, ``host_gpu_stack``, ``hidden_pids``), and the on-disk YARA
-result cache (``yara_verdict_cache``, plain data).
+Owns every read of the outside world that produces events or facts, one
+sub-package per place read: ``ebpf`` (the probes: text, loading, decoding,
+maps), ``proc`` (process facts, identity, CPU, huge pages, configs), ``net``
+(connections, tcp_info, payload reassembly), ``gpu`` (holders and samplers)
+and ``host`` (host-wide facts for ``scan``).
 
 May import: ``gpuguard.errors``, ``gpuguard.escape``, ``gpuguard.events`` and
 itself; never correlate, detect, respond, outputs or commands (tests/test_layers.py).

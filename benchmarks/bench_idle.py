@@ -1,7 +1,7 @@
 """The agent's idle cost: its own CPU time, wake-ups and RSS with the probes attached and nothing happening (root).
 
     .venv/bin/python benchmarks/bench_idle.py [--seconds 600] [--warmup-s 20]
-        [--baseline-tree DIR | --baseline-commit REV] [--json]
+        [--commit REV] [--baseline-tree DIR | --baseline-commit REV] [--json]
 
 One agent (a child process: :class:`~gpuguard.agent.pipeline.Agent` with the eBPF sensor, the
 shipped rules, a metrics endpoint on loopback and GPU sampling on through the fake NVML
@@ -244,23 +244,32 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=20.0)
     parser.add_argument("--baseline-tree", type=Path)
     parser.add_argument("--baseline-commit")
+    parser.add_argument("--commit", help="measure this revision (exported) instead of the tree")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench_idle: run as root (the agent attaches eBPF probes)")
     with tempfile.TemporaryDirectory(prefix="gg-bench-idle-") as tmp:
         base = Path(tmp)
-        trees = [("this tree", REPO)]
-        if args.baseline_commit:
-            export = base / "baseline-tree"
-            export.mkdir()
+
+        def export(rev: str, name: str) -> Path:
+            out = base / name
+            out.mkdir()
             archive = subprocess.run(
-                ["git", "-C", str(REPO), "archive", args.baseline_commit],
-                check=True,
-                capture_output=True,
+                ["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True
             ).stdout
-            subprocess.run(["tar", "-x", "-C", str(export)], input=archive, check=True)
-            trees.append((f"baseline {args.baseline_commit}", export))
+            subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+            return out
+
+        trees = [
+            (f"this tree {args.commit}", export(args.commit, "tree"))
+            if args.commit
+            else ("this tree", REPO)
+        ]
+        if args.baseline_commit:
+            trees.append(
+                (f"baseline {args.baseline_commit}", export(args.baseline_commit, "baseline"))
+            )
         elif args.baseline_tree:
             trees.append((f"baseline {args.baseline_tree}", args.baseline_tree.resolve()))
         agents = []

@@ -259,6 +259,7 @@ def main() -> None:
                 ["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+            subprocess.run(["chmod", "-R", "go-w", str(out)], check=True)  # rules: root's only
             return out
 
         trees = [

@@ -406,9 +406,9 @@ def test_exec_filter_counts_become_counters_that_never_step_back():
             for s in fam.samples
         }
 
-    execs = {"aggregated": 100, "promoted_by_kernel": 2, "promoted_by_age": 3}
+    execs = {"aggregated": 100, "sent_up": 10, "promoted_by_kernel": 2, "promoted_by_age": 3}
     execs |= {"promoted_as_ancestors": 1, "pending_full": 4, "cgroups_full": 0}
-    metrics.sync_totals({"events_by_kind": {"exec": 10}, "execs": execs})
+    metrics.sync_totals({"events_by_kind": {"exec": 99}, "execs": execs})
     got = samples()
     assert got[("gpuguard_execs_kept_in_kernel_total", ())] == 100
     assert got[("gpuguard_execs_seen_total", ())] == 104  # kept + the 4 sent up at exec
@@ -416,10 +416,10 @@ def test_exec_filter_counts_become_counters_that_never_step_back():
     assert sent == {"exec": 4, "kernel": 2, "age": 3, "ancestor": 1}
     assert got[("gpuguard_exec_filter_full_total", (("map", "pending"),))] == 4
     assert got[("gpuguard_exec_filter_full_total", (("map", "cgroups"),))] == 0
-    # the filter's counts read after more promotions than the exec events counted so far
-    metrics.sync_totals({"events_by_kind": {"exec": 10}, "execs": execs | {"promoted_by_age": 5}})
+    # the kernel's promotion count read ahead of the records it sent up
+    metrics.sync_totals({"execs": execs | {"promoted_by_kernel": 4}})
     got = samples()
     assert got[("gpuguard_execs_sent_up_total", (("when", "exec"),))] == 4
     assert got[("gpuguard_execs_seen_total", ())] == 104
-    metrics.sync_totals({"events_by_kind": {"exec": 14}, "execs": execs | {"promoted_by_age": 5}})
+    metrics.sync_totals({"execs": execs | {"sent_up": 14, "promoted_by_kernel": 4}})
     assert samples()[("gpuguard_execs_sent_up_total", (("when", "exec"),))] == 6

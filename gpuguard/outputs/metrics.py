@@ -49,7 +49,7 @@ SCORING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 _NAME_MAX = 64
 # gpuguard_execs_sent_up_total's "when", from the status file's ``execs`` keys
 EXEC_SENT_UP = {
-    "exec": None,  # at exec: the exec events less those promoted later
+    "exec": None,  # at exec: the exec records sent up ("sent_up") less those promoted later
     "kernel": "promoted_by_kernel",
     "age": "promoted_by_age",
     "ancestor": "promoted_as_ancestors",
@@ -527,16 +527,16 @@ class AgentMetrics:
         if "host_findings_active" in totals:
             self.set_host_findings(totals["host_findings_active"] or {})
         if totals.get("execs"):
-            self._sync_execs(totals["execs"], (totals.get("events_by_kind") or {}).get("exec", 0))
+            self._sync_execs(totals["execs"])
 
-    def _sync_execs(self, execs: dict[str, Any], exec_events: int) -> None:
-        """The exec filter's counts (the status file's ``execs``: ``aggregated``,
+    def _sync_execs(self, execs: dict[str, Any]) -> None:
+        """The exec filter's counts (the status file's ``execs``: ``aggregated``, ``sent_up``,
         ``promoted_by_kernel``, ``promoted_by_age``, ``promoted_as_ancestors``, ``pending_full``,
-        ``cgroups_full``) and the exec events taken in."""
+        ``cgroups_full``), all taken at one moment by the sensor."""
         promoted = {when: int(execs.get(key, 0)) for when, key in EXEC_SENT_UP.items() if key}
-        # the two counts are read at different moments: never let the difference step back
+        # the kernel's promotion count may be ahead of the records read: never step back
         at_exec = self._execs_at_exec = max(
-            self._execs_at_exec, int(exec_events) - sum(promoted.values())
+            self._execs_at_exec, int(execs.get("sent_up", 0)) - sum(promoted.values())
         )
         kept = int(execs.get("aggregated", 0))
         self._advance(self.execs_kept, (), kept)

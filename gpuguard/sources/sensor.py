@@ -475,6 +475,7 @@ class Sensor:
             return
         if self.exec_filter is not None and mono >= self._next_exec_counts:
             self._next_exec_counts = mono + EXEC_COUNTS_EVERY_S
+            self.exec_filter.sent_up = self.stats.events["exec"]
             self.exec_filter.read_counts()
         lost = self.tables["lost_counts"]
         for slot in LostSlot:

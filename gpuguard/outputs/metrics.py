@@ -236,7 +236,7 @@ class AgentMetrics:
             ["destination", "reason"],
             registry=r,
         )
-        # the sensor's exec filter (gpuguard/sources/exec_filter.py): what it kept in the kernel
+        # the sensor's exec filter (gpuguard/sources/ebpf/exec_filter.py): what it kept in the kernel
         self.execs_seen = Counter(
             "gpuguard_execs_seen",
             "Execs the eBPF sensor saw: those its exec filter kept in the kernel plus those sent "

@@ -141,6 +141,54 @@ def test_metrics_endpoint_counts_the_finding_events_and_processes(ebpf_agent):
     assert series(samples, "gpuguard_log_records_total") > 0
 
 
+def test_metrics_count_the_execs_the_exec_filter_keeps_and_sends_up(ebpf_agent):
+    """Plain short execs are counted as kept in the kernel, a listed name as sent up at exec;
+    the text is read by Prometheus's own parser (the host's other execs move them too)."""
+    place = Path(f"/run/gg-agent-execs-{os.getpid()}")
+    place.mkdir()
+    try:
+        plain = place / "plain-exec"
+        shutil.copy("/bin/true", plain)
+        named = place / "xmrig"  # in the shipped rules' miner names: goes up in full at exec
+        shutil.copy("/bin/true", named)
+        before = scrape(ebpf_agent.metrics_port)
+        for _ in range(40):
+            subprocess.run([str(plain)], check=True)
+        subprocess.run([str(named)], check=True)
+        deadline = time.monotonic() + 20  # counts are read and synced every 2 s
+        while time.monotonic() < deadline:
+            after = scrape(ebpf_agent.metrics_port)
+            moved = {
+                name: series(after, name, **labels) - series(before, name, **labels)
+                for name, labels in (
+                    ("gpuguard_execs_seen_total", {}),
+                    ("gpuguard_execs_kept_in_kernel_total", {}),
+                    ("gpuguard_execs_sent_up_total", {"when": "exec"}),
+                )
+            }
+            if (
+                moved["gpuguard_execs_kept_in_kernel_total"] >= 40
+                and moved["gpuguard_execs_sent_up_total"] >= 1
+            ):
+                break
+            time.sleep(0.25)
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+    assert moved["gpuguard_execs_kept_in_kernel_total"] >= 40, moved
+    assert moved["gpuguard_execs_sent_up_total"] >= 1, moved
+    assert moved["gpuguard_execs_seen_total"] >= 41, moved
+    assert series(after, "gpuguard_execs_seen_total") >= series(
+        after, "gpuguard_execs_kept_in_kernel_total"
+    )
+    for when in ("exec", "kernel", "age", "ancestor"):  # every series exists, from 0
+        assert ("gpuguard_execs_sent_up_total", (("when", when),)) in after
+    assert ("gpuguard_exec_filter_full_total", (("map", "pending"),)) in after
+    body = urllib.request.urlopen(
+        f"http://127.0.0.1:{ebpf_agent.metrics_port}/metrics", timeout=5
+    ).read()
+    assert b"# HELP gpuguard_execs_kept_in_kernel_total Execs the exec filter kept" in body
+
+
 def test_status_shows_the_running_agent(ebpf_agent):
     run = subprocess.run(
         [sys.executable, "-m", "gpuguard", "status", "--state-file", str(ebpf_agent.state)],

@@ -29,7 +29,7 @@ from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.events.wire import iter_recording
 from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.outputs.log_writer import open_log
-from gpuguard.outputs.metrics import METRIC_NAMES, AgentMetrics, parse_address
+from gpuguard.outputs.metrics import EXEC_SENT_UP, METRIC_NAMES, AgentMetrics, parse_address
 from gpuguard.sources.gpu import nvml
 from gpuguard.sources.proc.pod_names import PodRef
 from tests.fakes.fake_pynvml import ERROR_CODES, MIB, FakeGpu, FakeNvml, FakeProcess
@@ -394,3 +394,32 @@ def test_real_prometheus_scrapes_the_exporter_and_every_dashboard_query_returns_
         feeder.join(5)
         exporter.close()
         pipeline.close()
+
+
+def test_exec_filter_counts_become_counters_that_never_step_back():
+    metrics = AgentMetrics()
+
+    def samples() -> dict:
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(metrics.exposition().decode())
+            for s in fam.samples
+        }
+
+    execs = {"aggregated": 100, "sent_up": 10, "promoted_by_kernel": 2, "promoted_by_age": 3}
+    execs |= {"promoted_as_ancestors": 1, "pending_full": 4, "cgroups_full": 0}
+    metrics.sync_totals({"events_by_kind": {"exec": 99}, "execs": execs})
+    got = samples()
+    assert got[("gpuguard_execs_kept_in_kernel_total", ())] == 100
+    assert got[("gpuguard_execs_seen_total", ())] == 104  # kept + the 4 sent up at exec
+    sent = {w: got[("gpuguard_execs_sent_up_total", (("when", w),))] for w in EXEC_SENT_UP}
+    assert sent == {"exec": 4, "kernel": 2, "age": 3, "ancestor": 1}
+    assert got[("gpuguard_exec_filter_full_total", (("map", "pending"),))] == 4
+    assert got[("gpuguard_exec_filter_full_total", (("map", "cgroups"),))] == 0
+    # the kernel's promotion count read ahead of the records it sent up
+    metrics.sync_totals({"execs": execs | {"promoted_by_kernel": 4}})
+    got = samples()
+    assert got[("gpuguard_execs_sent_up_total", (("when", "exec"),))] == 4
+    assert got[("gpuguard_execs_seen_total", ())] == 104
+    metrics.sync_totals({"execs": execs | {"sent_up": 14, "promoted_by_kernel": 4}})
+    assert samples()[("gpuguard_execs_sent_up_total", (("when", "exec"),))] == 6

@@ -57,6 +57,11 @@ class BoundedQueue:
             popleft = self._items.popleft
             return [popleft() for _ in range(limit)]
 
+    def nudge(self) -> None:
+        """Wake a waiting consumer once (a reload); safe in a signal handler (the lock is an RLock)."""
+        with self._cond:
+            self._cond.notify_all()
+
     def wake(self) -> None:
         """Wake a waiting consumer (shutdown, a signal)."""
         with self._cond:

@@ -58,6 +58,8 @@ from gpuguard.sources.proc.identity import first_sight, raise_fd_limit
 HOUSEKEEPING_S = 10.0  # expire old processes and report drops this often
 RULE_FILE_CHECK_S = 2.0  # look for changed rule files this often
 GUARD_CHECK_S = 2.0  # evaluate the guard policies this often
+LOOP_WAIT_MAX_S = 2.0  # an idle loop sleeps until its next deadline, at most this long
+COALESCE_S = 0.1  # a periodic task this close to its deadline runs now, with the others due
 BATCH_ITEMS = 2048  # items fed per pass of the loop (a stop waits for at most one batch)
 FINAL_FEED_S = 0.5  # at stop, what is queued is fed for this long; the rest is counted as dropped
 STATUS_HEARTBEAT = 3  # an unchanged state file is rewritten every this many status intervals
@@ -173,6 +175,7 @@ class Agent:
 
     def request_reload(self) -> None:
         self._hup = True
+        self.intake.nudge()  # the idle loop may be asleep until its next deadline
 
     # -- start-up steps, in order ----------------------------------------------------------
     def _step_rules(self) -> None:
@@ -427,30 +430,35 @@ class Agent:
         )
         while not self.stop.is_set():
             self.telemetry.loop_turned()  # /healthz liveness (and its fault-injection stall)
+            # Idle, the loop sleeps until its next deadline (items, a stop or a SIGHUP wake it);
+            # tasks due within COALESCE_S of each other run in one wake-up.
+            deadline = min(next_rules_check, next_guard_check, next_host_check, next_housekeeping)
+            wait = min(deadline, self._status_due) - time.monotonic()
             # Bounded batches: under a flood a stop or reload waits for one batch, not the queue.
-            items = self.intake.take_all(0.25, BATCH_ITEMS)
+            items = self.intake.take_all(max(0.0, min(wait, LOOP_WAIT_MAX_S)), BATCH_ITEMS)
             now = time.time()
             self.counters.intake_depth = len(self.intake)
             self._feed(items)
             mono = time.monotonic()
+            soon = mono + COALESCE_S
             if self._hup:
                 self._hup = False
                 self._reload("SIGHUP")
-            elif mono >= next_rules_check:
+            elif soon >= next_rules_check:
                 next_rules_check = mono + RULE_FILE_CHECK_S
                 self._check_rule_files()
             self._score(now)
-            if mono >= next_guard_check:
+            if soon >= next_guard_check:
                 next_guard_check = mono + GUARD_CHECK_S
                 self._check_guard_policies(now)
-            if mono >= next_host_check:
+            if soon >= next_host_check:
                 next_host_check = mono + self.config.host_check_interval_s
                 self._check_host_findings(now)
             self.telemetry.sync_log()
-            if mono >= next_housekeeping:
+            if soon >= next_housekeeping:
                 next_housekeeping = mono + self.housekeeping_s
                 self._housekeeping(now)
-            if self._status_soon or mono >= self._status_due:
+            if self._status_soon or soon >= self._status_due:
                 self._write_status(now)
 
     def _final_feed(self) -> None:

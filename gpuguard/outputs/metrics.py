@@ -47,6 +47,13 @@ POD_PROCESS_LABELS = [*POD_LABELS, "pid", "comm"]
 # Scoring one dirty process takes tens of microseconds; a full rescore of thousands a few ms.
 SCORING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _NAME_MAX = 64
+# gpuguard_execs_sent_up_total's "when", from the status file's ``execs`` keys
+EXEC_SENT_UP = {
+    "exec": None,  # at exec: the exec records sent up ("sent_up") less those promoted later
+    "kernel": "promoted_by_kernel",
+    "age": "promoted_by_age",
+    "ancestor": "promoted_as_ancestors",
+}
 
 
 def _gpu_label(vendor: str, index: int) -> str:
@@ -229,6 +236,41 @@ class AgentMetrics:
             ["destination", "reason"],
             registry=r,
         )
+        # the sensor's exec filter (gpuguard/sources/ebpf/exec_filter.py): what it kept in the kernel
+        self.execs_seen = Counter(
+            "gpuguard_execs_seen",
+            "Execs the eBPF sensor saw: those its exec filter kept in the kernel plus those sent "
+            "up in full at exec (an exec the ring buffer lost is in "
+            "gpuguard_ring_lost_events_total instead)",
+            registry=r,
+        )
+        self.execs_kept = Counter(
+            "gpuguard_execs_kept_in_kernel",
+            "Execs the exec filter kept in the kernel at exec, counted per cgroup instead of sent "
+            "up (plain execs of processes that do not matter); one that lives, connects, opens a "
+            "GPU or asks for huge pages is sent up later and counted in gpuguard_execs_sent_up_total",
+            registry=r,
+        )
+        self.execs_sent_up = Counter(
+            "gpuguard_execs_sent_up",
+            "Exec records that reached the agent, by when: at exec (a process that matters, or a "
+            "name or directory the rules list), promoted later by the kernel (a kept process "
+            "connected, opened a GPU or asked for huge pages), by age (it lived past the "
+            "filter's age), or as the ancestor of a process that showed up",
+            ["when"],
+            registry=r,
+        )
+        self.exec_filter_full = Counter(
+            "gpuguard_exec_filter_full",
+            "Execs the exec filter had no room for: map pending (sent up in full instead) or "
+            "cgroups (a new cgroup's execs counted only here)",
+            ["map"],
+            registry=r,
+        )
+        for when in EXEC_SENT_UP:
+            self.execs_sent_up.labels(when)
+        for name in ("pending", "cgroups"):
+            self.exec_filter_full.labels(name)
         self._lock = threading.Lock()
         self._proc_labels: set[tuple[str, str, str]] = set()
         self._pod_series: dict[tuple[str, str], set[tuple[str, ...]]] = {}  # (family, source) ->
@@ -236,6 +278,7 @@ class AgentMetrics:
         self._blind: set[str] = set()
         self._host_rules: set[str] = set()
         self._totals: dict[tuple[int, tuple[str, ...]], float] = {}
+        self._execs_at_exec = 0
         self.info.info({"version": __version__, "mode": "monitor", "sensor": "unknown"})
         self.reduced_mode.set(0)
 
@@ -446,7 +489,8 @@ class AgentMetrics:
         {kind: n}, ``ring_lost`` {what: n}, ``intake`` {depth, dropped {producer: n}},
         ``output`` {depth, lines, dropped, errors}, ``sampler_errors`` {source: n},
         ``processes_tracked``, ``findings`` {"RULE/VERDICT": n}, ``actions``
-        {"ACTION/STATUS": n}, ``touch_kills`` {reason: n}, ``host_findings_active`` {rule: n}.
+        {"ACTION/STATUS": n}, ``touch_kills`` {reason: n}, ``host_findings_active`` {rule: n},
+        ``execs`` (the exec filter's counts, :meth:`_sync_execs`).
         Missing keys are left alone.
         """
         for kind, n in (totals.get("events_by_kind") or {}).items():
@@ -482,6 +526,25 @@ class AgentMetrics:
             self._advance(self.touch_kills, (str(reason),), n)
         if "host_findings_active" in totals:
             self.set_host_findings(totals["host_findings_active"] or {})
+        if totals.get("execs"):
+            self._sync_execs(totals["execs"])
+
+    def _sync_execs(self, execs: dict[str, Any]) -> None:
+        """The exec filter's counts (the status file's ``execs``: ``aggregated``, ``sent_up``,
+        ``promoted_by_kernel``, ``promoted_by_age``, ``promoted_as_ancestors``, ``pending_full``,
+        ``cgroups_full``), all taken at one moment by the sensor."""
+        promoted = {when: int(execs.get(key, 0)) for when, key in EXEC_SENT_UP.items() if key}
+        # the kernel's promotion count may be ahead of the records read: never step back
+        at_exec = self._execs_at_exec = max(
+            self._execs_at_exec, int(execs.get("sent_up", 0)) - sum(promoted.values())
+        )
+        kept = int(execs.get("aggregated", 0))
+        self._advance(self.execs_kept, (), kept)
+        self._advance(self.execs_seen, (), kept + at_exec)
+        for when, n in {"exec": at_exec, **promoted}.items():
+            self._advance(self.execs_sent_up, (when,), n)
+        self._advance(self.exec_filter_full, ("pending",), int(execs.get("pending_full", 0)))
+        self._advance(self.exec_filter_full, ("cgroups",), int(execs.get("cgroups_full", 0)))
 
     def set_blocks(self, by_kind: dict[str, int], kinds: Iterable[str] = ()) -> None:
         """Blocks in place by kind; every kind in ``kinds`` reads 0 when it has none."""
@@ -651,6 +714,10 @@ METRIC_NAMES = frozenset(
         "gpuguard_pod_gpu_memory_bytes",
         "gpuguard_blocks_active",
         "gpuguard_pod_gpu_series_dropped_total",
+        "gpuguard_execs_seen_total",
+        "gpuguard_execs_kept_in_kernel_total",
+        "gpuguard_execs_sent_up_total",
+        "gpuguard_exec_filter_full_total",
     }
 )
 # Exported only with metrics.per_process_gpu: true.

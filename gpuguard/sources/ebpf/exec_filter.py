@@ -73,6 +73,9 @@ class ExecFilter:
         self.promoted_as_ancestors = 0
         self.counts = dict.fromkeys(COUNTS, 0)
         self.counts_read = 0  # bumped by each read_counts
+        # exec records the sensor sent on (at exec, or promoted), set by it just before each
+        # read_counts: the counts and this total are then of one moment (the metrics subtract)
+        self.sent_up = 0
         self._next_promote = 0.0
 
     # -- what the kernel looks for ---------------------------------------------------
@@ -179,6 +182,7 @@ class ExecFilter:
         return {
             "aggregated": self.aggregated_total(),
             "aggregated_by_cgroup": {str(cgroup): n for cgroup, n in busiest},
+            "sent_up": self.sent_up,
             "promoted_by_kernel": self.counts["promoted"],
             "promoted_by_age": self.promoted_by_age,
             "promoted_as_ancestors": self.promoted_as_ancestors,

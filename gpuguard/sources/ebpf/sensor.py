@@ -76,6 +76,12 @@ _TABLES = (
 )
 CHAIN_CHECKED_MAX = 65536  # pids remembered as having their ancestors sent up
 DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the process stops
+# Walking a hash map starts with a look through all its buckets (~90 us for ioctl_counts' 65,536,
+# however empty): with no GPU process known and nothing counted, ioctl_counts is walked this
+# seldom (a GPU open whose event the ring lost still has its counts reported, this late)...
+IOCTL_IDLE_WALK_S = 5.0
+# ...and the exec filter's counters (status and metrics only) are read this often.
+EXEC_COUNTS_EVERY_S = 2.0
 
 
 def kernel_has_ringbuf(release: str | None = None) -> bool:
@@ -146,6 +152,8 @@ class Sensor:
         self.streams = PayloadStreams(self.settings.payload_writes)  # first writes per connection
         self._next_drain = 0.0
         self._next_sweep = 0.0
+        self._next_ioctl_walk = 0.0  # the next walk of ioctl_counts while no GPU process is known
+        self._next_exec_counts = 0.0
         # The ring-buffer callback ends the current poll once this time passes:
         # a stop request sets it to 0, the final drain to a short budget, so an
         # event flood cannot keep a stopping process reading forever.
@@ -325,6 +333,7 @@ class Sensor:
             self._consume_buffer()
         finally:
             self._consume_until = stopping
+        self._next_ioctl_walk = self._next_exec_counts = 0.0  # every counter, now
         self._drain_into(self._pending)
         if self.activity is not None:
             self._pending.extend(self.activity.report(self._header_fields))
@@ -445,7 +454,14 @@ class Sensor:
         """Append ioctl deltas (all processes, or one that is exiting) and lost counts."""
         now = time.time()
         table = self.tables["ioctl_counts"]
-        for key, value in table.items():
+        mono = time.monotonic()
+        if only_tgid is None and not self._gpu_tgids and not self._ioctl_seen:
+            walk = mono >= self._next_ioctl_walk  # idle: counts need a tracked GPU fd
+            if walk:
+                self._next_ioctl_walk = mono + IOCTL_IDLE_WALK_S
+        else:
+            walk = True
+        for key, value in table.items() if walk else ():
             if only_tgid is not None and key.tgid != only_tgid:
                 continue
             ident = (key.tgid, key.device_class, key.command)
@@ -457,7 +473,9 @@ class Sensor:
             out.append(self._ioctl_event(now, key.tgid, key.device_class, key.command, delta))
         if only_tgid is not None:
             return
-        if self.exec_filter is not None:
+        if self.exec_filter is not None and mono >= self._next_exec_counts:
+            self._next_exec_counts = mono + EXEC_COUNTS_EVERY_S
+            self.exec_filter.sent_up = self.stats.events["exec"]
             self.exec_filter.read_counts()
         lost = self.tables["lost_counts"]
         for slot in LostSlot:

@@ -2,9 +2,8 @@
 
 Data flow: the GPU snapshots and NVML accounting records the samplers queue
 (:meth:`GpuHostFindings.observe`, called as the detect loop feeds them) ->
-every ``sampling.host_check_interval_s`` the checks ``gpuguard scan`` runs
-(:func:`~gpuguard.detect.gpu_host_checks.check_gpu_memory`,
-:func:`~gpuguard.detect.gpu_host_checks.check_past_gpu_users`, one code path)
+every ``sampling.host_check_interval_s`` the host checks
+:mod:`gpuguard.detect.host_check_list` lists for the agent (one list with ``gpuguard scan``)
 -> :meth:`GpuHostFindings.check` returns what changed as
 :class:`~gpuguard.outputs.finding.Finding` records:
 
@@ -38,9 +37,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gpuguard.detect.gpu_host_checks import check_gpu_memory, check_past_gpu_users
+from gpuguard.detect.host_check_list import AGENT, HostInputs, run_host_checks
 from gpuguard.detect.host_checks import HostFinding, apply_thresholds
-from gpuguard.detect.tuning_host_checks import host_tuning_findings
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import Finding, finding_from_host
@@ -111,10 +109,12 @@ class GpuHostFindings:
         view = self._snapshots_seen
         self._forget_old_accounting()
         accounting = self.accounting()
-        found = host_tuning_findings(self.tuning_root) if self.tuning_root is not None else []
-        if snapshots:  # without a sample, what the GPU findings said still stands
-            found += check_gpu_memory(snapshots, gpu_pid_states(snapshots), accounting)
-            found += check_past_gpu_users(accounting)
+        # Without a sample the GPU checks do not run: what the GPU findings said still stands.
+        inputs = HostInputs(tuning_root=self.tuning_root)
+        if snapshots:
+            inputs.snapshots, inputs.pid_states = snapshots, gpu_pid_states(snapshots)
+            inputs.accounting = accounting
+        found = run_host_checks(AGENT, inputs)  # the checks detect.host_check_list lists for it
         apply_thresholds(found, suspicious, malicious)
         out: list[Finding] = []
         seen: set[tuple[str, str]] = set()

@@ -35,6 +35,7 @@ from gpuguard.detect.rule_model import (
     Rule,
     RuleSet,
     Thresholds,
+    categories_of_tags,
 )
 from gpuguard.detect.yaml_marks import MarkedDocument, Position, shown
 
@@ -488,6 +489,7 @@ def compile_collected(
             leaves=leaves,
             source=id_field.doc.at(id_field.path),
             outcome_cache=rule_cache(signals),
+            categories=categories_of_tags(tuple(fields["tags"].value) if "tags" in fields else ()),
         )
         (rules if rule.enabled else disabled).append(rule)
     for (

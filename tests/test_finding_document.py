@@ -73,3 +73,18 @@ def test_the_state_file_row_is_rendered_from_the_finding(tmp_path):
         "rule_ids": ["site-pool"],
         "allowlisted": False,
     }
+
+
+def test_guard_policy_findings_have_their_own_id_and_numbered_records():
+    from gpuguard.agent.findings import ProcessFindings, finding_id
+
+    tracker = ProcessFindings(hostname="node-1")
+    key = ProcessKey(7, T)
+    first = tracker.stamp_guard(
+        Finding("process", "guard.x", "guard.x", "", 50, "suspicious", ""), key
+    )
+    again = tracker.stamp_guard(
+        Finding("process", "guard.x", "guard.x", "", 80, "malicious", ""), key
+    )
+    assert first.finding_id == again.finding_id != finding_id("node-1", 7, T)
+    assert (first.record_id, again.record_id) == (f"{first.finding_id}-0", f"{first.finding_id}-1")

@@ -576,6 +576,8 @@ class Agent:
         finding = finding_from_verdict(verdict, facts, self.rules.current, state)
         if write is not None:
             self.findings.stamp(finding, write, now)
+        else:  # a guard-policy verdict (the only one reported without a lifecycle write)
+            self.findings.stamp_guard(finding, verdict.key)
         self.emit(finding)
         if write is not None and not write.counts:
             return  # a plain update or a close: written, not counted again, never acted on

@@ -1,6 +1,7 @@
 """Process findings over their life: one id, coalesced and rate-limited updates, a close with totals.
 
-Policy (what the detect loop asks of :class:`ProcessFindings`).
+The policy (create, coalesced updates, escalation, close with totals) is what the detect
+loop asks of :class:`ProcessFindings`; guard-policy records get their own id (:meth:`ProcessFindings.stamp_guard`).
 
 Details: docs/internals.md, "findings".
 """

@@ -5,31 +5,9 @@ Data flow: the GPU snapshots and NVML accounting records the samplers queue
 every ``sampling.host_check_interval_s`` the host checks
 :mod:`gpuguard.detect.host_check_list` lists for the agent (one list with ``gpuguard scan``)
 -> :meth:`GpuHostFindings.check` returns what changed as
-:class:`~gpuguard.outputs.finding.Finding` records:
+:class:`~gpuguard.outputs.finding.Finding` records.
 
-* ``activity "create"`` when a finding appears and a check over newer samples
-  confirms it (one per rule + subject, the subject being the device, plus the
-  pid for memory a zombie or vanished pid holds and for past users);
-* nothing while it persists, unless it changed materially: its amount grew by
-  more than :data:`MATERIAL_GROWTH` of the amount last reported, or its likely
-  owner changed -> ``activity "update"``;
-* ``activity "close"`` (a resolved record) when it goes away: the memory was
-  freed, the zombie reaped.
-
-A past heavy user (:data:`EVENT_RULES`) is history rather than a condition:
-it is written once, not listed as active and never resolved.
-
-The host-tuning checks (:func:`~gpuguard.detect.tuning_host_checks.host_tuning_findings`:
-MSR writes enabled, huge pages reserved) read the host's own state under
-``tuning_root`` at the same interval, with or without GPU samples; their amount
-is the reserved huge-page memory, so a reservation that grows is reported again.
-
-A GPU finding needs two checks over different samples to be created, so a process
-that exits between a sample and the check (it looks like a vanished holder)
-is never reported; a source that stops sampling therefore creates nothing new.
-
-Host findings have no offender process to stop safely, so they never reach the
-responder, in enforce mode too.
+Details: docs/internals.md, "host_findings".
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """`gpuguard scan`: a one-shot, read-only audit of this host for miners and GPU abuse.
 
-Wiring only, in data-flow order (docs/scan.md explains each check):
+Wiring only, in data-flow order (docs/scan.md explains each check).
 
-1. load the rule set (the agent's rules; ``--rules`` replaces the default set);
-2. observe every process once (:mod:`gpuguard.sources.host_observation`) and
-   feed its facts, synthesized ``GpuOpen``/``Connect`` events and GPU snapshots
-   to the agent's :class:`Correlator`, scored by its :class:`DetectionEngine`; YARA scans executables through a cache
-   that persists across runs; ``--deep`` adds a memory scan per process;
-3. score every process with the agent's scoring engine;
-4. run the host checks listed for scan (:mod:`gpuguard.detect.host_check_list`) on
-   autostart files, the GPU stack, device nodes, /etc/ld.so.preload and hidden pids;
-5. render a table, or one JSON document (ECS or OCSF findings).
-
-Nothing is changed on the host (the YARA cache under /var/cache/gpuguard is
-the only file written).  Exit codes: 0 nothing reached the suspicious
-threshold, 1 something did, 2 usage or configuration error.
+Details: docs/internals.md, "scan".
 """
 
 from __future__ import annotations

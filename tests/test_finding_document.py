@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import fields
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.score import score_process
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.scoring.score import score_process
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.outputs.finding import Finding, finding_from_verdict
 from gpuguard.outputs.finding_document import finding_document, status_row

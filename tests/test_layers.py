@@ -1,6 +1,6 @@
 """The layers point one way: no module of gpuguard imports a layer above its own (ast only, nothing imported).
 
-errors/escape (0) <- events (1) <- sources (2) <- correlate (3) <- detect (4)
+errors/escape (0) <- config (0.5) <- events (1) <- sources (2) <- correlate (3) <- detect (4)
 <- {respond, outputs} (5) <- agent (6) <- proving (7) <- commands, cli, __main__ (8);
 respond and outputs never import each other.  Lazy imports (inside functions) and
 ``if TYPE_CHECKING:`` imports count too.
@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpuguard"
 LAYERS = {
     "errors": 0,
     "escape": 0,
+    "config": 0.5,  # YAML with positions, the file checks, the schema: below everything else
     "events": 1,
     "sources": 2,
     "correlate": 3,
@@ -133,7 +134,7 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path, monkeypatch):
     (fake / "__init__.py").write_text("")
     (fake / "correlate" / "bad.py").write_text(
         "from typing import TYPE_CHECKING\nfrom gpuguard.events import model\n"
-        "if TYPE_CHECKING:\n    from gpuguard.detect.score import Verdict\n"
+        "if TYPE_CHECKING:\n    from gpuguard.detect.scoring.score import Verdict\n"
         "def f():\n    from ..detect import rules\n    import gpuguard.commands.scan\n"
     )
     (fake / "outputs" / "side.py").write_text(
@@ -141,7 +142,7 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     assert [v.split(": ", 1)[1] for v in violations(fake / "correlate" / "bad.py")] == [
-        "correlate (layer 3) imports gpuguard.detect.score (detect, layer 4)",
+        "correlate (layer 3) imports gpuguard.detect.scoring.score (detect, layer 4)",
         "correlate (layer 3) imports gpuguard.detect (detect, layer 4)",
         "correlate (layer 3) imports gpuguard.commands.scan (commands, layer 8)",
     ]
@@ -372,7 +373,7 @@ def _decorated_signals() -> set[tuple[str, str]]:
 
 def _listed_signals() -> list[tuple[str, str]]:
     """``(module, function)`` of each entry of ``signal_table.SIGNAL_FUNCTIONS``."""
-    path = PACKAGE / "detect" / "signal_table.py"
+    path = PACKAGE / "detect" / "signals" / "table.py"
     tree = ast.parse(path.read_text())
     bound = _import_bindings(tree, path)
     table = next(
@@ -385,10 +386,10 @@ def _listed_signals() -> list[tuple[str, str]]:
 
 def test_every_defined_signal_is_in_the_one_list():
     listed = _listed_signals()
-    assert len(listed) == len(set(listed)), "a signal listed twice in detect/signal_table.py"
+    assert len(listed) == len(set(listed)), "a signal listed twice in detect/signals/table.py"
     missing = sorted(_decorated_signals() - set(listed))
     assert not missing, (
-        f"defined but not listed in detect/signal_table.py SIGNAL_FUNCTIONS: {missing}"
+        f"defined but not listed in detect/signals/table.py SIGNAL_FUNCTIONS: {missing}"
     )
     assert set(listed) <= _decorated_signals()
 

@@ -1,6 +1,6 @@
 """Every rule signal reads exactly the inputs it declares (``Signal.reads``).
 
-Caching and rescoring (gpuguard.detect.rescore) are derived from the declarations, so a
+Caching and rescoring (gpuguard.detect.signals.rescore) are derived from the declarations, so a
 signal reading an undeclared input would be cached too long or not rescored.  Each signal is
 run against a proxy of the state that records the fields it touches, on the states the golden
 cases replay to plus a few built here, at two times far apart (a value that moves with the
@@ -15,12 +15,12 @@ import pytest
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.cases import CAPTURE, replay
-from gpuguard.detect.rescore import INPUTS
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.score import score_process
-from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.detect.signal_table import SIGNALS
-from gpuguard.detect.signals import Signal
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.score import score_process
+from gpuguard.detect.signals.named import Signal
+from gpuguard.detect.signals.rescore import INPUTS
+from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.events.model import CpuActivity
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
 

@@ -3,7 +3,7 @@
 Data flow: the GPU snapshots and NVML accounting records the samplers queue
 (:meth:`GpuHostFindings.observe`, called as the detect loop feeds them) ->
 every ``sampling.host_check_interval_s`` the host checks
-:mod:`gpuguard.detect.host_check_list` lists for the agent (one list with ``gpuguard scan``)
+:mod:`gpuguard.detect.host.check_list` lists for the agent (one list with ``gpuguard scan``)
 -> :meth:`GpuHostFindings.check` returns what changed as
 :class:`~gpuguard.outputs.finding.Finding` records.
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gpuguard.detect.host_check_list import AGENT, HostInputs, run_host_checks
-from gpuguard.detect.host_checks import HostFinding, apply_thresholds
+from gpuguard.detect.host.check_list import AGENT, HostInputs, run_host_checks
+from gpuguard.detect.host.checks import HostFinding, apply_thresholds
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import Finding, finding_from_host
-from gpuguard.sources.host_observation import gpu_pid_states
+from gpuguard.sources.host.host_observation import gpu_pid_states
 
 # Past heavy users are history, not a condition that ends: each is written once (while accounting
 # still remembers the pid it is not repeated), never listed as active and never resolved.
@@ -92,7 +92,7 @@ class GpuHostFindings:
         if snapshots:
             inputs.snapshots, inputs.pid_states = snapshots, gpu_pid_states(snapshots)
             inputs.accounting = accounting
-        found = run_host_checks(AGENT, inputs)  # the checks detect.host_check_list lists for it
+        found = run_host_checks(AGENT, inputs)  # the checks detect.host.check_list lists for it
         apply_thresholds(found, suspicious, malicious)
         out: list[Finding] = []
         seen: set[tuple[str, str]] = set()

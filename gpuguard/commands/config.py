@@ -1,9 +1,13 @@
-"""`gpuguard config validate [FILE]`: every problem in the agent config, without starting the agent.
+"""`gpuguard config validate [FILE]` and `gpuguard config reference`: check and document agent.yaml.
 
 Like Falco's ``-V``: each problem as ``file:line:col: message`` on stdout (the ``response:``
 and ``guard_policies:`` sections included), a count on stderr, exit 2 when there is any and
 0 when the file is valid.  A file the agent would refuse (writable by non-root, not a regular
 file, too large) is refused here the same way, in one line.
+
+``reference`` prints every key of agent.yaml with its default and doc, generated from the
+schema (:data:`gpuguard.agent.config.SCHEMA`); ``--update DOC`` rewrites the generated block
+in DOC (docs/agent.md), which a test keeps equal to the schema.
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuguard.agent.config import DEFAULT_CONFIG_PATH, config_problems, read_config_file
+from gpuguard.agent.config import DEFAULT_CONFIG_PATH, SCHEMA, config_problems, read_config_file
+from gpuguard.config.reference import reference, update_doc
 from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 
-HELP = "check the agent config file; every problem as file:line:col: message"
+HELP = "check the agent config file (validate), or print every key it takes (reference)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +37,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help=f"the agent config (default {DEFAULT_CONFIG_PATH})",
     )
+    ref = sub.add_parser(
+        "reference", help="every agent.yaml key with its default and doc, from the schema"
+    )
+    ref.add_argument(
+        "--update",
+        type=Path,
+        metavar="DOC",
+        help="rewrite the generated block in DOC (docs/agent.md) instead of printing",
+    )
+
+
+def _reference(args: argparse.Namespace) -> int:
+    text = reference(SCHEMA)
+    if args.update is None:
+        print(text, end="")
+    elif update_doc(args.update, text):
+        print(f"updated {escape_text(str(args.update))}")
+    else:
+        print(f"up to date: {escape_text(str(args.update))}")
+    return 0
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -51,9 +76,14 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "config_command", None) != "validate":
+    command = getattr(args, "config_command", None)
+    if command == "reference":
+        return _reference(args)
+    if command != "validate":
         print(
-            "usage: gpuguard config validate [FILE] (see gpuguard config --help)", file=sys.stderr
+            "usage: gpuguard config validate [FILE] | reference [--update DOC] "
+            "(see gpuguard config --help)",
+            file=sys.stderr,
         )
         return 2
     return _validate(args)

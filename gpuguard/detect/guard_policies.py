@@ -24,27 +24,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuguard.config.schema import Key, Section, check, field_default
 from gpuguard.correlate.state import ProcessState
-from gpuguard.detect.rules import ACTIONS
-from gpuguard.detect.score import Evidence, Verdict
+from gpuguard.detect.ruleset.load import ACTIONS
+from gpuguard.detect.scoring.score import Evidence, Verdict
 from gpuguard.errors import Problems
 
-_KEYS = (
-    "id",
-    "gpus",
-    "allowed_users",
-    "allowed_groups",
-    "max_gpus_per_user",
-    "max_gpu_memory_per_user",
-    "allowed_hours",
-    "verdict",
-    "action",
-    "weight",
-)
 _NVIDIA = re.compile(r"^/dev/nvidia(\d+)$")
 _RENDER = re.compile(r"^/dev/dri/renderD(\d+)$")
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?$", re.I)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +46,27 @@ class GuardPolicy:
     verdict: str = "suspicious"
     action: str = "alert"
     weight: int = 50
+
+
+GUARD_POLICY_SCHEMA = Section(
+    "guard_policies",
+    (
+        Key("id", "text", "the policy's name (findings: rule.id guard.<id>)", shows='""'),
+        Key("gpus", "indexes", "GPU indexes it covers (default: every GPU)"),
+        Key("allowed_users", "names", "users allowed on those GPUs"),
+        Key("allowed_groups", "names", "groups (primary or supplementary) allowed on them"),
+        Key("max_gpus_per_user", "whole", "GPUs one user may hold", low=0),
+        Key("max_gpu_memory_per_user", "size", "GPU memory one user may hold (40GiB, 20000MiB)"),
+        Key("allowed_hours", "hours", 'local hours "08-20" [start, end); may wrap past midnight'),
+        Key("verdict", "choice", "suspicious | malicious", choices=("suspicious", "malicious")),
+        Key("action", "choice", "any action of the rules file", choices=ACTIONS, noun="action"),
+        Key("weight", "whole", "the score a breach adds", low=0),
+    ),
+    "one entry per policy",
+    model=GuardPolicy,
+)
+
+_OPTIONAL = {k.key for k in GUARD_POLICY_SCHEMA.keys if field_default(GuardPolicy, k.name) is None}
 
 
 def parse_guard_policies(
@@ -82,39 +90,13 @@ def parse_guard_policies(
         if not isinstance(entry, Mapping):
             p.add(at, "expected a mapping")
             continue
-        for key in entry:
-            if key not in _KEYS:
-                p.add(
-                    at + (key,),
-                    f"unknown key {key!r} (expected one of {', '.join(_KEYS)})",
-                    key=True,
-                )
         if not isinstance(entry.get("id"), str) or not entry["id"]:
             p.add(at + ("id",), "a policy needs a name")
-        verdict = entry.get("verdict", "suspicious")
-        if verdict not in ("suspicious", "malicious"):
-            p.add(at + ("verdict",), f"{verdict!r} is not suspicious or malicious")
-        action = entry.get("action", "alert")
-        if action not in ACTIONS:
-            p.add(at + ("action",), f"unknown action {action!r} (expected {', '.join(ACTIONS)})")
-        policy = GuardPolicy(
-            id=str(entry.get("id")),
-            gpus=_ints(entry.get("gpus"), at + ("gpus",), p),
-            allowed_users=_names(entry.get("allowed_users"), at + ("allowed_users",), p),
-            allowed_groups=_names(entry.get("allowed_groups"), at + ("allowed_groups",), p),
-            max_gpus_per_user=_count(
-                entry.get("max_gpus_per_user"), at + ("max_gpus_per_user",), p
-            ),
-            max_gpu_memory_per_user=_size(
-                entry.get("max_gpu_memory_per_user"), at + ("max_gpu_memory_per_user",), p
-            ),
-            allowed_hours=_hours(entry.get("allowed_hours"), at + ("allowed_hours",), p),
-            verdict=verdict,
-            action=action,
-            weight=_count(entry.get("weight", 50), at + ("weight",), p) or 0,
-        )
+        # id: checked above; null: the key's default (every GPU, no limit), as before
+        given = {k: v for k, v in entry.items() if k != "id" and not (v is None and k in _OPTIONAL)}
+        values = check(given, GUARD_POLICY_SCHEMA, at, p.add)
         if len(p.found) == found:
-            policies.append(policy)
+            policies.append(GuardPolicy(id=entry["id"], **values))
     return tuple(policies)
 
 
@@ -258,55 +240,3 @@ def _stronger(a: GuardPolicy, b: GuardPolicy) -> bool:
 def _in_hours(hour: int, hours: tuple[int, int]) -> bool:
     start, end = hours
     return start <= hour < end if start <= end else (hour >= start or hour < end)
-
-
-def _ints(value: Any, at: tuple, p: Problems) -> frozenset[int] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
-    ):
-        p.add(at, "expected a list of GPU indexes")
-        return None
-    return frozenset(value)
-
-
-def _names(value: Any, at: tuple, p: Problems) -> frozenset[str] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        p.add(at, "expected a list of names")
-        return None
-    return frozenset(value)
-
-
-def _count(value: Any, at: tuple, p: Problems) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        p.add(at, f"expected a whole number >= 0, got {value!r}")
-        return None
-    return value
-
-
-def _size(value: Any, at: tuple, p: Problems) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    match = _SIZE.match(str(value).strip())
-    if not match:
-        p.add(at, f"{value!r} is not a size like 40GiB or 20000MiB")
-        return None
-    unit = (match.group(2) or "")[:1].upper()
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-def _hours(value: Any, at: tuple, p: Problems) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    match = re.match(r"^(\d{1,2})-(\d{1,2})$", str(value).strip())
-    if not match or not all(0 <= int(h) <= 24 for h in match.groups()):
-        p.add(at, f"{value!r} is not an hour range like 08-20")
-        return None
-    return int(match.group(1)), int(match.group(2))

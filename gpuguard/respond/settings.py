@@ -1,20 +1,21 @@
 """The ``response:`` section of the agent config: which actions, on whom, how far.
 
-:func:`parse_response_settings` validates the section (an unknown key is a
-:class:`GpuguardError` naming it and the file) and fills defaults, so the
-agent runs with no section at all.  Defaults: ``malicious`` -> kill,
-kill-on-touch and block-egress; ``suspicious`` -> alert; ``clean`` -> nothing.
+:func:`parse_response_settings` checks the section against ``RESPONSE_SCHEMA``
+(:mod:`gpuguard.config.schema`; an unknown key or bad value is a problem at
+``file:line:col``) and leaves every other setting at its default, declared once
+in :class:`ResponseSettings` (the actions per verdict: each action's ``default_on``),
+so the agent runs with no section at all.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard.config.schema import Key, Section, check
 from gpuguard.errors import Problems
-from gpuguard.respond.actions import ACTIONS, STEPS, Option
+from gpuguard.respond.actions import ACTIONS, STEPS
 
 VERDICTS = ("clean", "suspicious", "malicious")
 DEFAULT_ACTIONS = {v: tuple(a.name for a in ACTIONS if v in a.default_on) for v in VERDICTS}
@@ -30,19 +31,6 @@ SHARED_EXE_PREFIXES = (
     "/opt/",
     "/snap/",
     "/nix/store/",
-)
-
-_TOP_KEYS = (
-    "actions",
-    "rule_actions",
-    *(a.section for a in ACTIONS if a.section),
-    "hooks",
-    "scope",
-    "cgroups",
-    "protect_exes",
-    "max_actions_per_minute",
-    "pin_root",
-    "state_dir",
 )
 
 
@@ -88,6 +76,40 @@ class ResponseSettings:
     state_dir: str = DEFAULT_STATE_DIR
 
 
+HOOK_SCHEMA = Section(
+    "hooks",
+    (
+        Key("name", "text", "a name for its log lines (default: argv[0]'s file name)", shows='""'),
+        Key("argv", "list", "absolute path and fixed arguments; no shell is used", shows="[]"),
+        Key("on", "choices", "verdicts that run it", choices=VERDICTS, noun="verdict"),
+        Key("timeout_s", "number", "it is killed past this long", low=0),
+    ),
+    model=HookSettings,
+)
+RESPONSE_SCHEMA = Section(
+    "response",
+    (
+        Key(
+            "actions", "mapping", "per verdict (clean, suspicious, malicious): an action or a list"
+        ),
+        Key("rule_actions", "mapping", "rule id -> extra actions when that rule matched"),
+        *(
+            Section(action.section, action.options, f"the {action.name} action")
+            for action in ACTIONS
+            if action.section
+        ),
+        Key("hooks", "list", "programs run with the finding as JSON on stdin", ref=HOOK_SCHEMA),
+        Key("scope", "choice", "all | containers", choices=SCOPES),
+        Key("cgroups", "texts", "when set, act only inside these cgroup v2 paths"),
+        Key("protect_exes", "texts", "executables never acted on"),
+        Key("max_actions_per_minute", "count", "actions past this rate are rate-limited", low=0),
+        Key("pin_root", "text", "where blocks' BPF objects are pinned"),
+        Key("state_dir", "text", "where blocks are recorded"),
+    ),
+    model=ResponseSettings,
+)
+
+
 def parse_response_settings(
     section: Mapping | None, *, source: str, problems: Problems | None = None
 ) -> ResponseSettings:
@@ -100,79 +122,22 @@ def parse_response_settings(
         return ResponseSettings()
     p = problems or Problems(source)
     at: tuple = ("response",)
-    data = _mapping(section, at, _TOP_KEYS, p)
+    if not isinstance(section, Mapping):
+        p.add(at, "expected a mapping")
+        return ResponseSettings()
+    values = check(section, RESPONSE_SCHEMA, at, p.add)
     actions = dict(DEFAULT_ACTIONS)
-    for verdict, steps in _mapping(data.get("actions", {}), at + ("actions",), VERDICTS, p).items():
+    given = values.get("actions", {})
+    for verdict, steps in _mapping(given, at + ("actions",), VERDICTS, p).items():
         actions[verdict] = _steps(steps, at + ("actions", verdict), p)
-    rule_actions = {
+    values["actions"] = actions
+    values["rule_actions"] = {
         str(rule): _steps(steps, at + ("rule_actions", rule), p)
-        for rule, steps in _mapping(
-            data.get("rule_actions", {}), at + ("rule_actions",), None, p
-        ).items()
+        for rule, steps in values.get("rule_actions", {}).items()
     }
-    options: dict[str, Any] = {}
-    for action in ACTIONS:
-        if action.section:
-            here = at + (action.section,)
-            given = _mapping(
-                data.get(action.section, {}), here, tuple(o.key for o in action.options), p
-            )
-            for option in action.options:
-                if option.key in given:
-                    options[option.field] = _option(option, given[option.key], here, p)
-    scope = data.get("scope", _DEFAULT.scope)
-    if scope not in SCOPES:
-        p.add(at + ("scope",), f"{scope!r} is not one of {', '.join(SCOPES)}")
-        scope = "all"
-    hooks = data.get("hooks", [])
-    if not isinstance(hooks, list):
-        p.add(at + ("hooks",), "expected a list of hooks")
-        hooks = []
-    hook_settings = (_hook(h, at + ("hooks", i), p) for i, h in enumerate(hooks))
-    return ResponseSettings(
-        actions=actions,
-        rule_actions=rule_actions,
-        **options,
-        hooks=tuple(h for h in hook_settings if h is not None),
-        scope=scope,
-        cgroups=_texts(data.get("cgroups", []), at + ("cgroups",), p),
-        protect_exes=_texts(data.get("protect_exes", []), at + ("protect_exes",), p),
-        max_actions_per_minute=int(
-            _number(
-                data.get("max_actions_per_minute", _DEFAULT.max_actions_per_minute),
-                at + ("max_actions_per_minute",),
-                p,
-            )
-        ),
-        pin_root=_text(data.get("pin_root", _DEFAULT.pin_root), at + ("pin_root",), p),
-        state_dir=_text(data.get("state_dir", _DEFAULT.state_dir), at + ("state_dir",), p),
-    )
-
-
-_DEFAULT = ResponseSettings()
-_HOOK_DEFAULT = HookSettings(name="", argv=())
-
-
-def _option(option: Option, value: Any, at: tuple, p: Problems) -> Any:
-    """``value`` checked as ``option`` declares it; on a problem, the field's default."""
-    where = at + (option.key,)
-    if option.type == "number":
-        return _number(value, where, p)
-    if option.type == "count":
-        return int(_number(value, where, p))
-    if option.type == "text":
-        return _text(value, where, p)
-    if option.type == "flag":
-        return _flag(value, where, p)
-    if option.type == "texts":
-        return _texts(value, where, p)
-    if option.type == "networks":
-        listed = enumerate(_list(value, where, p))
-        return tuple(n for i, v in listed if (n := _network(v, where + (i,), p)))
-    if value not in option.choices:
-        p.add(where, f"{value!r} is not {', '.join(option.choices[:-1])} or {option.choices[-1]}")
-        return getattr(_DEFAULT, option.field)
-    return value
+    hooks = (_hook(h, at + ("hooks", i), p) for i, h in enumerate(values.get("hooks", [])))
+    values["hooks"] = tuple(h for h in hooks if h is not None)
+    return ResponseSettings(**values)
 
 
 def _mapping(value: Any, at: tuple, keys: tuple[str, ...] | None, p: Problems) -> dict:
@@ -206,68 +171,21 @@ def _steps(value: Any, at: tuple, p: Problems) -> tuple[str, ...]:
 
 def _hook(value: Any, at: tuple, p: Problems) -> HookSettings | None:
     found = len(p.found)
-    hook = _mapping(value, at, ("name", "argv", "on", "timeout_s"), p)
-    argv = hook.get("argv")
+    if not isinstance(value, Mapping):
+        p.add(at, "expected a mapping")
+        return None
+    given = {k: v for k, v in value.items() if k != "argv"}  # argv: checked below
+    if isinstance(given.get("on"), str):
+        given["on"] = [given["on"]]  # a lone verdict is a list of one
+    values = check(given, HOOK_SCHEMA, at, p.add)
+    argv = value.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         p.add(at + ("argv",), "expected a non-empty list of strings (no shell is used)")
         argv = ["/"]
     elif not argv[0].startswith("/"):
         p.add(at + ("argv", 0), f"{argv[0]!r} is not an absolute path")
-    on = tuple(_list(hook.get("on", list(_HOOK_DEFAULT.on)), at + ("on",), p))
-    for i, verdict in enumerate(on):
-        if verdict not in VERDICTS:
-            p.add(at + ("on", i), f"unknown verdict {verdict!r}")
-    settings = HookSettings(
-        name=_text(hook.get("name", argv[0].rsplit("/", 1)[-1]), at + ("name",), p),
-        argv=tuple(argv),
-        on=on,
-        timeout_s=_number(hook.get("timeout_s", _HOOK_DEFAULT.timeout_s), at + ("timeout_s",), p),
-    )
+    values.setdefault("name", argv[0].rsplit("/", 1)[-1])
+    if "on" in values:
+        values["on"] = tuple(values["on"])
+    settings = HookSettings(argv=tuple(argv), **values)
     return settings if len(p.found) == found else None
-
-
-def _network(value: Any, at: tuple, p: Problems) -> str:
-    try:
-        return str(ipaddress.ip_network(str(value), strict=False))
-    except ValueError:
-        p.add(at, f"{value!r} is not an address or network (e.g. 10.0.0.0/8)")
-        return ""
-
-
-def _number(value: Any, at: tuple, p: Problems) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        p.add(at, f"expected a number >= 0, got {value!r}")
-        return 0.0
-    return float(value)
-
-
-def _flag(value: Any, at: tuple, p: Problems) -> bool:
-    if not isinstance(value, bool):
-        p.add(at, f"expected true or false, got {value!r}")
-        return False
-    return value
-
-
-def _text(value: Any, at: tuple, p: Problems) -> str:
-    if not isinstance(value, str):
-        p.add(at, f"expected a string, got {value!r}")
-        return ""
-    return value
-
-
-def _texts(value: Any, at: tuple, p: Problems) -> tuple[str, ...]:
-    out = []
-    for i, item in enumerate(_list(value, at, p)):
-        text = _text(item, at + (i,) if isinstance(value, list) else at, p)
-        if isinstance(item, str):
-            out.append(text)
-    return tuple(out)
-
-
-def _list(value: Any, at: tuple, p: Problems) -> list:
-    if isinstance(value, str):
-        return [value]
-    if not isinstance(value, list):
-        p.add(at, "expected a list")
-        return []
-    return value

@@ -9,7 +9,7 @@ May import: what ``gpuguard.respond`` may; the responder only for type checking.
 """
 
 from gpuguard.respond.actions import alert, block_egress, kill, kill_on_touch, quarantine, suspend
-from gpuguard.respond.actions.action import Action, Option
+from gpuguard.respond.actions.action import Action
 
 ACTIONS: tuple[Action, ...] = (
     alert.ACTION,
@@ -24,4 +24,4 @@ STEPS = tuple(action.name for action in ACTIONS)  # in the order they run
 BLOCKS = {kind.name: kind for action in ACTIONS for kind in action.blocks}
 BLOCK_KINDS = tuple(BLOCKS)
 
-__all__ = ["ACTIONS", "BLOCKS", "BLOCK_KINDS", "BY_NAME", "STEPS", "Action", "Option"]
+__all__ = ["ACTIONS", "BLOCKS", "BLOCK_KINDS", "BY_NAME", "STEPS", "Action"]

@@ -6,31 +6,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpuguard.config.schema import Key
 from gpuguard.events.action_kinds import ActionKind
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond.blocks import Block, BlockKind
 
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.detect.score import Verdict
+    from gpuguard.detect.scoring.score import Verdict
     from gpuguard.respond.responder import Responder
 
     Run = Callable[[Responder, Verdict, ProcessState, dict[str, Any]], ActionOutcome]
-
-
-@dataclass(frozen=True, slots=True)
-class Option:
-    """One key of an action's ``response:`` section and the ResponseSettings field it fills.
-
-    The default is the field's default in :class:`~gpuguard.respond.settings.ResponseSettings`
-    (declared once there).  ``type``: number (>= 0), count (an int >= 0), text, flag, texts,
-    networks (CIDRs) or choice (one of ``choices``).
-    """
-
-    key: str
-    field: str
-    type: str
-    choices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +26,9 @@ class Action:
     kind: ActionKind
     run: Run | None  # (responder, verdict, state, base fields) -> outcome; None: the alert itself
     section: str = ""  # its key under ``response:`` ("": no settings of its own)
-    options: tuple[Option, ...] = ()
+    # the keys of its ``response:`` section (gpuguard.config.schema); each fills the
+    # ResponseSettings field it names, whose default is declared there
+    options: tuple[Key, ...] = ()
     default_on: tuple[str, ...] = ()  # the verdicts it answers when ``response.actions`` is unset
     blocks: tuple[BlockKind, ...] = ()  # the kinds of block it leaves behind
 

@@ -5,18 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuguard.config.schema import Key
 from gpuguard.events.action_kinds import BLOCK_EGRESS
 from gpuguard.events.agent_events import ActionOutcome
-from gpuguard.respond.actions.action import Action, Option, name_block, note_exit_during_move
+from gpuguard.respond.actions.action import Action, name_block, note_exit_during_move
 from gpuguard.respond.blocks import Block, BlockKind, new_block_id
 from gpuguard.respond.cgroup_blocks import EGRESS_BLOCK
 from gpuguard.respond.nft import NftError, NftSets, where
 from gpuguard.respond.pool_addresses import parse_addresses, pool_endpoints, split_host_wide
-from gpuguard.sources.identity import pidfd_alive
+from gpuguard.sources.proc.identity import pidfd_alive
 
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.detect.score import Verdict
+    from gpuguard.detect.scoring.score import Verdict
     from gpuguard.respond.responder import Responder
 
 
@@ -129,10 +130,15 @@ ACTION = Action(
     run,
     section="block_egress",
     options=(
-        Option("ttl_s", "egress_ttl_s", "number"),
-        Option("nftables", "nftables", "flag"),
-        Option("nftables_netns", "nftables_netns", "text"),
-        Option("never_block", "never_block_host_wide", "networks"),
+        Key("ttl_s", "number", "blocks expire after this long", field="egress_ttl_s", low=0),
+        Key("nftables", "flag", "host-wide nftables sets besides the cgroup program"),
+        Key("nftables_netns", "text", "manage this named network namespace's firewall instead"),
+        Key(
+            "never_block",
+            "networks",
+            "networks (CIDR) never put in the host-wide sets",
+            field="never_block_host_wide",
+        ),
     ),
     default_on=("malicious",),
     blocks=(EGRESS_BLOCK, NFTABLES_BLOCK),

@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuguard.config.schema import Key
 from gpuguard.events.action_kinds import KILL
 from gpuguard.events.agent_events import ActionOutcome
-from gpuguard.respond.actions.action import Action, Option
+from gpuguard.respond.actions.action import Action
 from gpuguard.respond.cgroup_blocks import cgroup2_mount, cgroup2_of
 from gpuguard.respond.process_control import (
     RecycledPid,
@@ -21,7 +22,7 @@ from gpuguard.respond.process_control import (
 
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.detect.score import Verdict
+    from gpuguard.detect.scoring.score import Verdict
     from gpuguard.respond.responder import Responder
 
 
@@ -116,8 +117,20 @@ ACTION = Action(
     run,
     section="kill",
     options=(
-        Option("grace_s", "kill_grace_s", "number"),
-        Option("target", "kill_target", "choice", ("process", "group", "cgroup")),
+        Key(
+            "grace_s",
+            "number",
+            "SIGTERM, then SIGKILL this long after",
+            field="kill_grace_s",
+            low=0,
+        ),
+        Key(
+            "target",
+            "choice",
+            "process | group (its process group) | cgroup (every process in its cgroup)",
+            field="kill_target",
+            choices=("process", "group", "cgroup"),
+        ),
     ),
     default_on=("malicious",),
 )

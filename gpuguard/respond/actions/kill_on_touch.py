@@ -5,16 +5,17 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from gpuguard.config.schema import Key
 from gpuguard.events.action_kinds import KILL_ON_TOUCH
 from gpuguard.events.agent_events import ActionOutcome
-from gpuguard.respond.actions.action import Action, Option, name_block
+from gpuguard.respond.actions.action import Action, name_block
 from gpuguard.respond.exec_match import block_target, descendants
 from gpuguard.respond.touch import BREAKER_WINDOW_S, TOUCH_BLOCK
-from gpuguard.sources.identity import read_while_alive
+from gpuguard.sources.proc.identity import read_while_alive
 
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.detect.score import Verdict
+    from gpuguard.detect.scoring.score import Verdict
     from gpuguard.respond.responder import Responder
 
 
@@ -151,9 +152,24 @@ ACTION = Action(
     run,
     section="kill_on_touch",
     options=(
-        Option("ttl_s", "touch_ttl_s", "number"),
-        Option("shared_exe_prefixes", "shared_exe_prefixes", "texts"),
-        Option("breaker_victims_per_minute", "breaker_victims_per_minute", "count"),
+        Key(
+            "ttl_s",
+            "number",
+            "entries expire after this long (0: never)",
+            field="touch_ttl_s",
+            low=0,
+        ),
+        Key(
+            "shared_exe_prefixes",
+            "texts",
+            "executables under these are shared: only the offender's pids are blocked for them",
+        ),
+        Key(
+            "breaker_victims_per_minute",
+            "count",
+            "a block killing more than this many others a minute suspends itself",
+            low=0,
+        ),
     ),
     default_on=("malicious",),
     blocks=(TOUCH_BLOCK,),

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gpuguard.config.schema import Key
 from gpuguard.events.action_kinds import QUARANTINE
 from gpuguard.events.agent_events import ActionOutcome
-from gpuguard.respond.actions.action import Action, Option, name_block, note_exit_during_move
+from gpuguard.respond.actions.action import Action, name_block, note_exit_during_move
 from gpuguard.respond.cgroup_blocks import QUARANTINE_BLOCK
-from gpuguard.sources.identity import pidfd_alive
+from gpuguard.sources.proc.identity import pidfd_alive
 
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.detect.score import Verdict
+    from gpuguard.detect.scoring.score import Verdict
     from gpuguard.respond.responder import Responder
 
 
@@ -49,8 +50,13 @@ ACTION = Action(
     run,
     section="quarantine",
     options=(
-        Option("ttl_s", "quarantine_ttl_s", "number"),
-        Option("cgroup_parent", "quarantine_parent", "text"),
+        Key("ttl_s", "number", "0: until `gpuguard unblock`", field="quarantine_ttl_s", low=0),
+        Key(
+            "cgroup_parent",
+            "text",
+            'cgroup v2 dir for the cgroups gpuguard creates ("": <cgroup2>/gpuguard)',
+            field="quarantine_parent",
+        ),
     ),
     blocks=(QUARANTINE_BLOCK,),
 )

@@ -1,0 +1,4 @@
+"""The rules file: read with positions, merge layers, compile conditions, reload.
+
+Part of ``gpuguard.detect``: may import errors, escape, events, sources, correlate and detect.
+"""

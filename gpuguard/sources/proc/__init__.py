@@ -1,0 +1,4 @@
+"""Process facts read from /proc: identity, CPU, memory, containers, configs.
+
+Part of ``gpuguard.sources``: may import errors, escape, events and sources.
+"""

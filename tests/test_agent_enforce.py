@@ -161,6 +161,7 @@ def test_guard_policy_breach_is_one_finding_per_breach(tmp_path):
 
             found = agent.wait_record(guard, timeout=20)
             assert "user root is not allowed on GPU [0]" in json.dumps(found)
+            assert found["event"]["id"] == found["gpuguard"]["finding"]["id"] + "-0"  # its own id
             time.sleep(5)  # two more evaluations: no new line while the breach is unchanged
             assert len([r for r in agent.records() if guard(r)]) == 1
             # monitor mode: the alert is the only action, and it names the policy

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.outputs.finding import finding_from_verdict
+from gpuguard.outputs.finding_document import finding_document
 from gpuguard.respond import Responder
 from gpuguard.respond.blocks import BlockStore
 from gpuguard.respond.hooks import CLEAN_ENV
@@ -132,7 +134,12 @@ def test_hostile_strings_stay_inert_in_nftables_and_hooks(netns, sleeper, tmp_pa
             verdict.exe = name
             outcome = next(
                 o
-                for o in responder.respond(verdict, state, time.time())
+                for o in responder.respond(
+                    verdict,
+                    state,
+                    time.time(),
+                    finding_document(finding_from_verdict(verdict, state.facts, state=state)),
+                )
                 if o.action == "block-egress"
             )
             assert outcome.status == "done", outcome.reason
@@ -148,6 +155,7 @@ def test_hostile_strings_stay_inert_in_nftables_and_hooks(netns, sleeper, tmp_pa
             assert line["argv"] == ["--fixed"]  # nothing from the offender in argv
             assert line["doc"]["verdict"]["comm"] == name  # the name arrives intact, as JSON data
             assert line["doc"]["process"]["exe"] == name
+            assert line["doc"]["finding"]["process"]["executable"] == name  # the log's finding
             assert set(line["env"]) <= set(CLEAN_ENV) | {"PWD", "LC_CTYPE"}
         hooks = [o for o in outcomes if o.action == "hook"]
         assert len(hooks) == len(HOSTILE_NAMES) and all(o.status == "done" for o in hooks)

@@ -1,34 +1,9 @@
 """Process findings over their life: one id, coalesced and rate-limited updates, a close with totals.
 
-Policy (what the detect loop asks of :class:`ProcessFindings`):
+The policy (create, coalesced updates, escalation, close with totals) is what the detect
+loop asks of :class:`ProcessFindings`; guard-policy records get their own id (:meth:`ProcessFindings.stamp_guard`).
 
-* **create**: a process is first reported when its verdict reaches suspicious
-  or malicious, or it first matches a rule tagged ``gpu-abuse`` (a note the
-  SIEM sees even below the threshold).  The finding gets its id, stable for
-  the process's life (:func:`finding_id`: host, pid and start time), which
-  every later record repeats (ECS ``gpuguard.finding.id``, OCSF
-  ``finding_info.uid``; ECS ``event.id`` is the id and the record's number).
-* **update**: the evidence grew materially since the last record: new rule
-  ids, a new destination, a GPU device opened (a GPU attach), a new
-  executable (a launcher that exec'd the miner), or the verdict changed.
-  Growth is coalesced: at most one update per finding per ``interval_s``
-  (``findings.update_interval_s`` in agent.yaml), carrying everything that
-  grew meanwhile.  An **escalation** (the verdict reaches a level the finding
-  never had) is written at once, and it alone is acted on: the responder runs
-  once per escalation, never on a plain update.
-* **close**: the process ended (one the correlator forgot while idle or under
-  pressure is looked up in /proc: its finding stays open while it runs).  The record
-  carries the lifetime totals: age, the time it held a GPU and the most GPU
-  memory seen, bytes to and from its top destination (from the connection
-  activity the sensor reports for watched processes), and the actions taken.
-
-Every record also carries the SHA-256 of the executable the process runs
-(through ``/proc/PID/exe``, once per executable file; not over
-:data:`MAX_HASH_BYTES`).  Action outcomes may come from the responder's
-threads (:meth:`ProcessFindings.note_action`): they only append to a bounded list.
-
-Records are built by the pipeline (``finding_from_verdict``) and stamped here
-(:meth:`ProcessFindings.stamp`); nothing here writes or acts.
+Details: docs/internals.md, "findings".
 """
 
 from __future__ import annotations
@@ -59,11 +34,13 @@ MAX_SESSIONS = 64  # connections whose byte counts a finding keeps
 # hash is reused for the same file (device, inode, size, mtime) across processes.
 MAX_HASH_BYTES = 64 << 20
 HASH_CACHE = 256
+GUARD_KEYS = 4096  # processes whose guard-policy record count is remembered
 
 
-def finding_id(hostname: str, pid: int, start_time: float) -> str:
-    """The id of the finding about one process on one host (40 characters, CEF's externalId)."""
-    text = f"{hostname}|process-finding|{pid}|{start_time:.2f}"
+def finding_id(hostname: str, pid: int, start_time: float, kind: str = "process") -> str:
+    """The id of the finding about one process on one host (40 characters, CEF's externalId);
+    ``kind`` "guard" for its guard-policy finding, which has an id of its own."""
+    text = f"{hostname}|{kind}-finding|{pid}|{start_time:.2f}"
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     return f"gpuguard-{digest[:31]}"
 
@@ -165,6 +142,7 @@ class ProcessFindings:
         self._open: dict[ProcessKey, OpenFinding] = {}
         self._next_poll = 0.0
         self._hashes: OrderedDict[tuple, str | None] = OrderedDict()
+        self._guard_records: OrderedDict[ProcessKey, int] = OrderedDict()  # records written
 
     def __len__(self) -> int:
         return len(self._open)
@@ -269,6 +247,16 @@ class ProcessFindings:
             if write.exit_code is not None:
                 finding.process.exit_code = write.exit_code
             self._name_pod(finding)
+        return finding
+
+    def stamp_guard(self, finding: Finding, key: ProcessKey) -> Finding:
+        """A guard-policy record: its finding id (one per process life) and its number in it."""
+        sequence = self._guard_records.pop(key, -1) + 1
+        self._guard_records[key] = sequence
+        if len(self._guard_records) > GUARD_KEYS:
+            self._guard_records.popitem(last=False)
+        finding.finding_id = finding_id(self.hostname, key.pid, key.start_time, "guard")
+        finding.sequence = sequence
         return finding
 
     # -- inside ------------------------------------------------------------------------

@@ -2,35 +2,12 @@
 
 Data flow: the GPU snapshots and NVML accounting records the samplers queue
 (:meth:`GpuHostFindings.observe`, called as the detect loop feeds them) ->
-every ``sampling.host_check_interval_s`` the checks ``gpuguard scan`` runs
-(:func:`~gpuguard.detect.host.gpu_checks.check_gpu_memory`,
-:func:`~gpuguard.detect.host.gpu_checks.check_past_gpu_users`, one code path)
+every ``sampling.host_check_interval_s`` the host checks
+:mod:`gpuguard.detect.host.check_list` lists for the agent (one list with ``gpuguard scan``)
 -> :meth:`GpuHostFindings.check` returns what changed as
-:class:`~gpuguard.outputs.finding.Finding` records:
+:class:`~gpuguard.outputs.finding.Finding` records.
 
-* ``activity "create"`` when a finding appears and a check over newer samples
-  confirms it (one per rule + subject, the subject being the device, plus the
-  pid for memory a zombie or vanished pid holds and for past users);
-* nothing while it persists, unless it changed materially: its amount grew by
-  more than :data:`MATERIAL_GROWTH` of the amount last reported, or its likely
-  owner changed -> ``activity "update"``;
-* ``activity "close"`` (a resolved record) when it goes away: the memory was
-  freed, the zombie reaped.
-
-A past heavy user (:data:`EVENT_RULES`) is history rather than a condition:
-it is written once, not listed as active and never resolved.
-
-The host-tuning checks (:func:`~gpuguard.detect.host.tuning_checks.host_tuning_findings`:
-MSR writes enabled, huge pages reserved) read the host's own state under
-``tuning_root`` at the same interval, with or without GPU samples; their amount
-is the reserved huge-page memory, so a reservation that grows is reported again.
-
-A GPU finding needs two checks over different samples to be created, so a process
-that exits between a sample and the check (it looks like a vanished holder)
-is never reported; a source that stops sampling therefore creates nothing new.
-
-Host findings have no offender process to stop safely, so they never reach the
-responder, in enforce mode too.
+Details: docs/internals.md, "host_findings".
 """
 
 from __future__ import annotations
@@ -38,9 +15,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from gpuguard.detect.host.check_list import AGENT, HostInputs, run_host_checks
 from gpuguard.detect.host.checks import HostFinding, apply_thresholds
-from gpuguard.detect.host.gpu_checks import check_gpu_memory, check_past_gpu_users
-from gpuguard.detect.host.tuning_checks import host_tuning_findings
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import Finding, finding_from_host
@@ -111,10 +87,12 @@ class GpuHostFindings:
         view = self._snapshots_seen
         self._forget_old_accounting()
         accounting = self.accounting()
-        found = host_tuning_findings(self.tuning_root) if self.tuning_root is not None else []
-        if snapshots:  # without a sample, what the GPU findings said still stands
-            found += check_gpu_memory(snapshots, gpu_pid_states(snapshots), accounting)
-            found += check_past_gpu_users(accounting)
+        # Without a sample the GPU checks do not run: what the GPU findings said still stands.
+        inputs = HostInputs(tuning_root=self.tuning_root)
+        if snapshots:
+            inputs.snapshots, inputs.pid_states = snapshots, gpu_pid_states(snapshots)
+            inputs.accounting = accounting
+        found = run_host_checks(AGENT, inputs)  # the checks detect.host.check_list lists for it
         apply_thresholds(found, suspicious, malicious)
         out: list[Finding] = []
         seen: set[tuple[str, str]] = set()

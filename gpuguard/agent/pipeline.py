@@ -52,6 +52,7 @@ from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.finding import finding_from_verdict
+from gpuguard.outputs.finding_document import finding_document, status_row
 from gpuguard.sources.proc.cpu_usage import CpuActivitySampler, CpuSampler
 from gpuguard.sources.proc.identity import first_sight, raise_fd_limit
 
@@ -583,27 +584,18 @@ class Agent:
         finding = finding_from_verdict(verdict, facts, self.rules.current, state)
         if write is not None:
             self.findings.stamp(finding, write, now)
+        else:  # a guard-policy verdict (the only one reported without a lifecycle write)
+            self.findings.stamp_guard(finding, verdict.key)
         self.emit(finding)
         if write is not None and not write.counts:
             return  # a plain update or a close: written, not counted again, never acted on
         self.counters.findings[(finding.rule_id, verdict.verdict)] += 1
         found = time.time()  # after scoring: the moment the finding exists (time to detect)
-        self.counters.last_findings.append(
-            {
-                "time": found,
-                "pid": verdict.pid,
-                "start_time": verdict.key.start_time,
-                "comm": escape_text(verdict.comm),
-                "verdict": verdict.verdict,
-                "score": verdict.score,
-                "rule_ids": finding.rule_ids,
-                "allowlisted": verdict.allowlisted,
-            }
-        )
+        self.counters.last_findings.append(status_row(finding, found))
         self._status_soon = True
         if act and verdict.verdict in ALERT_VERDICTS and not verdict.allowlisted:
             try:
-                outcomes = self.responder(verdict, state, now)
+                outcomes = self.responder(verdict, state, now, finding_document(finding))
             except Exception as exc:  # noqa: BLE001 - a failing action is an outcome, not a crash
                 outcomes = [
                     ActionOutcome(

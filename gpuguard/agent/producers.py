@@ -11,9 +11,7 @@
   seconds in reduced mode; :func:`sweep_items` turns one walk into the items
   the correlator takes, and also seeds the correlator once at start.
 
-A producer never blocks on a full queue: what does not fit is dropped and
-counted (:class:`~gpuguard.agent.intake.BoundedQueue`).  Faults are reported
-through ``emit`` as :class:`AgentLifecycle` events and never end the thread.
+Details: docs/internals.md, "producers".
 """
 
 from __future__ import annotations

@@ -3,22 +3,9 @@
 :class:`AgentTelemetry` owns the :class:`~gpuguard.outputs.log_writer.LogWriter`
 (opened from the config's ``log.*`` keys) and, with a metrics address, the
 :class:`~gpuguard.outputs.metrics.AgentMetrics` exporter and its HTTP server.
-The detect loop calls it:
+The detect loop calls it.
 
-* :meth:`~AgentTelemetry.write` for every record (never blocks or raises);
-* :meth:`~AgentTelemetry.sync_log` on every pass: the writer's counts into
-  :class:`~gpuguard.agent.counters.AgentCounters`, and its faults on stderr (a
-  broken log cannot carry its own fault), counted and kept for ``status``;
-* :meth:`~AgentTelemetry.observe_item` / :meth:`~AgentTelemetry.observe_scoring`
-  as items are fed and scored, :meth:`~AgentTelemetry.sync_metrics` on every
-  state-file tick, :meth:`~AgentTelemetry.count_reload` on reloads;
-* :meth:`~AgentTelemetry.loop_turned` on every cycle and :meth:`~AgentTelemetry.watch`
-  once start-up is done: ``/healthz`` and ``/readyz`` on the metrics listener
-  (:class:`~gpuguard.outputs.metrics.AgentHealth`).
-
-Fault injection (tests and drills, docs/deploy.md): with ``GPUGUARD_FAULT_STALL_LOOP=PATH``
-in the environment the detect loop stops turning while PATH exists, so ``/healthz`` can be
-seen to turn 503.
+Details: docs/internals.md, "telemetry".
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """`gpuguard scan`: a one-shot, read-only audit of this host for miners and GPU abuse.
 
-Wiring only, in data-flow order (docs/scan.md explains each check):
+Wiring only, in data-flow order (docs/scan.md explains each check).
 
-1. load the rule set (the agent's rules; ``--rules`` replaces the default set);
-2. observe every process once (:mod:`gpuguard.sources.host.host_observation`) and
-   feed its facts, synthesized ``GpuOpen``/``Connect`` events and GPU snapshots
-   to the agent's :class:`Correlator`, scored by its :class:`DetectionEngine`; YARA scans executables through a cache
-   that persists across runs; ``--deep`` adds a memory scan per process;
-3. score every process with the agent's scoring engine;
-4. run the host checks (:mod:`gpuguard.detect.host.checks`) on autostart files,
-   the GPU stack, device nodes, /etc/ld.so.preload and hidden pids;
-5. render a table, or one JSON document (ECS or OCSF findings).
-
-Nothing is changed on the host (the YARA cache under /var/cache/gpuguard is
-the only file written).  Exit codes: 0 nothing reached the suspicious
-threshold, 1 something did, 2 usage or configuration error.
+Details: docs/internals.md, "scan".
 """
 
 from __future__ import annotations
@@ -234,8 +222,7 @@ def _probe_hidden_pids(obs, limitations: list[str]):
 
 def _host_findings(args, ruleset, obs, hidden, limitations: list[str], notes: list[str]):
     from gpuguard.detect.host import checks as host_checks
-    from gpuguard.detect.host import gpu_checks as gpu_host_checks
-    from gpuguard.detect.host import tuning_checks as tuning_host_checks
+    from gpuguard.detect.host.check_list import SCAN, HostInputs, run_host_checks
     from gpuguard.sources.host.host_gpu_stack import collect_gpu_stack
     from gpuguard.sources.host.persistence import collect_autostart_files
 
@@ -250,16 +237,18 @@ def _host_findings(args, ruleset, obs, hidden, limitations: list[str], notes: li
         )
     for partly in autostart.partly_read:
         limitations.append(f"read only part of autostart file {partly}")
-    findings = (
-        host_checks.check_autostart_files(autostart.files, _vocabulary(ruleset))
-        + host_checks.check_ld_so_preload(_read_ld_so_preload(args.root))
-        + host_checks.check_device_nodes(stack.device_nodes)
-        + host_checks.check_kernel(stack)
-        + host_checks.check_hidden_pids(hidden.hidden)
-        + gpu_host_checks.check_gpu_memory(obs.snapshots, obs.gpu_pid_states(), obs.accounting)
-        + gpu_host_checks.check_past_gpu_users(obs.accounting)
-        + tuning_host_checks.host_tuning_findings(args.root)
+    inputs = HostInputs(
+        autostart_files=autostart.files,
+        vocabulary=_vocabulary(ruleset),
+        ld_so_preload=_read_ld_so_preload(args.root) or "",
+        gpu_stack=stack,
+        hidden_pids=hidden.hidden,
+        snapshots=obs.snapshots,
+        pid_states=obs.gpu_pid_states(),
+        accounting=obs.accounting,
+        tuning_root=args.root,
     )
+    findings = run_host_checks(SCAN, inputs)  # the one list the agent reads too
     host_checks.apply_thresholds(
         findings, ruleset.thresholds.suspicious, ruleset.thresholds.malicious
     )

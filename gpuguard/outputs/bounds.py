@@ -11,16 +11,7 @@ line's cap); its mark also gives the original argument count, and its length
 and digest are those of the arguments joined by NUL (``/proc/PID/cmdline``
 without the final NUL).
 
-A whole record then fits one budget (default 7,680 bytes: with a syslog
-header it stays under rsyslog's 8 KiB and far under Splunk's 10,000 bytes).
-When it does not, content is shed in a fixed order, so the same input always
-gives the same record: evidence beyond the heaviest few, then all strings
-and lists at half their caps (repeatedly, down to a floor), and as a last
-resort only the record's fixed skeleton.  What was shed is listed in the record.
-
-Marks live where each schema allows custom content: ECS ``gpuguard.truncated``
-and ``gpuguard.shed``, OCSF ``unmapped.gpuguard.truncated`` and
-``unmapped.gpuguard.shed``, CEF ``flexString1`` (label ``truncated``).
+Details: docs/internals.md, "bounds".
 """
 
 from __future__ import annotations

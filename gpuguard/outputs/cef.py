@@ -2,32 +2,7 @@
 
 ``CEF:0|gpuguard|gpuguard|VERSION|SIGNATURE|NAME|SEVERITY|k=v k=v ...``
 
-Escaping follows the CEF implementation standard, applied once: in the seven
-header fields ``\\`` and ``|`` get a backslash; in extension values ``\\``
-and ``=`` get one, and line breaks are written ``\\n`` / ``\\r``.  A CEF
-parser therefore decodes exactly the original value (``pe\\bs`` stays
-``pe\\bs``), newlines included.  What CEF cannot carry is shown as visible
-text first (:func:`~gpuguard.escape.visible_text`): ESC and other control
-characters as ``\\x1b``, a byte that was not UTF-8 as ``\\xff`` (the same text
-the JSON formats write), a line break in a header field as ``\\n``.  So a
-process name can never end the line or start a forged record.
-
-Values are capped (:mod:`gpuguard.outputs.bounds`: the configured caps, and
-never over the lengths the CEF dictionary gives its keys, e.g. 1023 for
-``msg``/``sproc``/``filePath``, 4000 for ``cs1``..``cs6``); a capped value is
-marked in ``flexString1`` (label ``truncated``): compact JSON
-``{"KEY": {"original_length": N, "sha256": "..."}}``, lengths in bytes of the
-original.  The whole line stays within the record budget: caps are halved
-until it fits (``"shed": ["strings"]`` in the same mark).
-
-Extension keys are CEF's standard dictionary names (``rt``, ``dvchost``,
-``sproc``, ``spid``, ``suser``, ``suid``, ``filePath``, ``dst``/``dhost``,
-``dpt``, ``act``, ``outcome``, ``cat``, ``msg``, ``externalId``) plus labelled
-custom fields: ``cs1`` verdict, ``cs2`` rule ids, ``cs3`` ATT&CK techniques,
-``cs4`` container id, ``cs5`` command line, ``cs6`` lifecycle/action detail (for a
-process finding: its record number, what grew, lifetime totals, GPU use and parent chain, as
-compact JSON), ``externalId`` the finding id, ``fileHash`` the executable's SHA-256,
-``cn1`` score, ``flexString1`` truncation marks.
+Details: docs/internals.md, "cef".
 """
 
 from __future__ import annotations

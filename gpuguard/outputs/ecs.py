@@ -8,35 +8,7 @@ ECS's guidelines ask for nested objects when documents are sent as JSON, and
 Elasticsearch/Beats/Logstash read both the same way.  Every document uses the
 same layout; nothing mixes the two.
 
-Field use:
-
-* ``process.*`` (pid, entity_id, name, executable, command_line, args, start,
-  parent.{pid,name,executable}), ``user.{id,name}``, ``container.{id,runtime}``,
-  ``orchestrator.{type,resource.{type,id}}`` for the Kubernetes pod uid;
-* ``rule.{id,name,description,ruleset}`` — the rule carrying the most weight;
-  every rule that contributed is in ``gpuguard.evidence``;
-* ``event.{kind,action,category,type,risk_score,severity,module,dataset,created}``
-  (``event.action`` is ``KIND-VERDICT``, e.g. ``process-malicious``);
-  ``event.severity`` follows Elastic's detection-rule numbers (21 low,
-  47 medium, 73 high, 99 critical);
-* ``threat.framework: "MITRE ATT&CK"`` with technique ids/names (and
-  sub-techniques under ``threat.technique.subtechnique``) and their tactics;
-* ``destination.{address,ip,port,domain}`` — the endpoint the process dialled
-  most (the agent knows it; ``scan`` does not), every endpoint under
-  ``gpuguard.destinations``;
-* gpuguard's own view under ``gpuguard.*`` (score, verdict, evidence, gpu, ...);
-* the agent's process findings (gpuguard/agent/findings.py): ``event.id`` (finding id and
-  record number), ``event.sequence``, ``gpuguard.finding`` {id, sequence, activity, changes,
-  totals}, ``process.hash.sha256``, the parent chain in ``gpuguard.ancestors``; a close is
-  ``event.type: ["end"]`` with ``event.start``/``end``/``duration`` and ``process.exit_code``.
-
-Response actions are ``event.kind: "event"``, ``event.category: ["process"]`` (``["network"]``
-for egress blocks), ``event.type`` from what the action did; the agent's lifecycle records are
-``event.category: ["configuration"|"process"]`` with ``event.action`` the lifecycle step.
-
-Every field carries the exact value; the one JSON escaping rule
-(:mod:`gpuguard.outputs.jsonl`) makes control characters and bytes that are
-not UTF-8 harmless when the document is written.
+Details: docs/internals.md, "ecs".
 """
 
 from __future__ import annotations

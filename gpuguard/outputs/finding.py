@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.host.checks import HostFinding
+from gpuguard.detect.ruleset.model import CATEGORY_OF_TAG
 from gpuguard.events.process_facts import ProcessFacts
 
 SEVERITY_BANDS = ((90, "critical"), (70, "high"), (40, "medium"), (1, "low"), (0, "informational"))
@@ -320,11 +321,10 @@ def finding_from_verdict(
         process.name = state.comm or process.name
         process.executable = state.exe or process.executable
         process.exe_sha256 = state.exe_sha256
-    categories = ["process", "intrusion_detection"]
-    if any(e.rule_id.startswith("net-") for e in verdict.evidence):
-        categories.append("network")
-    if any(e.rule_id.startswith("yara") for e in verdict.evidence):
-        categories.append("malware")
+    categories = ["process", "intrusion_detection"]  # and each rule's own (Rule.categories)
+    for category in CATEGORY_OF_TAG.values():
+        if any(category in e.categories for e in verdict.evidence):
+            categories.append(category)
     return Finding(
         kind="process",
         rule_id=top.rule_id if top else "none",

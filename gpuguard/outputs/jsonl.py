@@ -1,19 +1,6 @@
 """Every JSON gpuguard writes (watch/replay lines, gpus, scan documents): one escaping rule.
 
-The rule, the same for every JSON output and every field:
-
-* strings carry the exact text; JSON's own escaping handles control
-  characters (``"\\u001b"``), so no human-sentence field is escaped a second time;
-* a byte that was not valid UTF-8 (kernel strings are decoded with
-  ``surrogateescape``) is written as the four characters ``\\xNN``, and any
-  other lone surrogate as ``\\uXXXX`` text (:func:`gpuguard.escape.json_safe_text`),
-  so the output is always valid UTF-8 that strict parsers (Python's json, jq)
-  accept;
-* ``bytes`` values are shown like that too; NaN and infinities become ``null``
-  (JSON has no such numbers); anything else JSON cannot hold becomes its ``str``;
-* the line breaks JSON leaves alone (C1 controls such as NEL, U+2028 and
-  U+2029, which some readers split lines on) are written as ``\\uXXXX``, so
-  one object is one line for every reader.
+Details: docs/internals.md, "jsonl".
 """
 
 from __future__ import annotations

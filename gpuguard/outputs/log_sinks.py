@@ -6,14 +6,7 @@ syslog socket that went away); :mod:`gpuguard.outputs.log_writer` turns that
 into a counted, reported fault.  Sinks reopen on the next write after a
 failure, so a destination that comes back is used again.
 
-* :class:`FileSink` rotates by size (``path`` -> ``path.1`` ... ``path.KEEP``)
-  and reopens when logrotate (or anyone) renamed the file away.
-* :class:`StdoutSink` writes with ``os.write`` on fd 1, so a closed pipe is an
-  ``EPIPE`` error here, never a Python exception at interpreter exit.
-* :class:`SyslogSink` frames a line for RFC 5424 (default) or RFC 3164 and
-  sends it over a unix socket (``/dev/log``; datagram, else stream) or
-  UDP/TCP (TCP lines end with ``\\n``, the non-transparent framing of
-  RFC 6587 that rsyslog and syslog-ng read).
+Details: docs/internals.md, "log_sinks".
 """
 
 from __future__ import annotations

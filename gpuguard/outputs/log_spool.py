@@ -8,13 +8,7 @@ the spool file; at most once per ``retry_s`` a reconnect is tried, and when it
 works the spool is sent in order before anything new.  Past ``max_bytes`` a
 line is not spooled but lost, and counted (``overflowed``).
 
-The counts the writer needs for exact accounting: ``spooled`` (lines waiting
-now), ``replayed`` (lines sent from the spool), ``overflowed`` (lines lost).
-A spool left by an earlier run is sent first and counted in ``inherited``.
-What TCP cannot tell is a line the kernel accepted just before the collector
-died with it unread (RELP would be needed for that): a close the collector
-makes is seen before the next send, so a stopped or restarted collector loses
-nothing.
+Details: docs/internals.md, "log_spool".
 """
 
 from __future__ import annotations

@@ -4,30 +4,9 @@ Data flow: ``LogWriter.write(record)`` renders the record
 (:class:`~gpuguard.outputs.records.RecordRenderer`) in the caller's thread
 and puts the line on a bounded queue; one writer thread takes lines off and
 hands them to the sink (:mod:`gpuguard.outputs.log_sinks`).  So a slow
-destination (a stalled syslog server, an NFS file) never stalls scoring:
+destination (a stalled syslog server, an NFS file) never stalls scoring.
 
-* queue full -> the record is dropped and counted (``dropped``);
-* the sink fails (full disk, closed stdout pipe, syslog gone) -> the line is
-  lost and counted (``errors``), and the first failure of a run of failures
-  becomes an :class:`~gpuguard.events.agent_events.AgentLifecycle` "fault"
-  that :meth:`LogWriter.take_faults` hands to the agent (for stderr, ``status``
-  and a metric: never for the destination that failed); the sink is retried
-  on the next line, and a "recovered" note, naming the lines lost in the gap,
-  follows when it works again.  A destination that keeps failing and
-  recovering gives at most one fault note per ``FAULT_INTERVAL_S``;
-* a TCP syslog collector that is away -> lines wait in a bounded spool
-  (:mod:`gpuguard.outputs.log_spool`) and are sent in order when it is back.
-
-The counts are exact: every record given to :meth:`LogWriter.write` is
-``written``, ``spooled`` (waiting), ``dropped`` (queue full), ``errors`` (lost
-at the destination, spool overflow included) or ``render_errors``.
-
-``queue_size=0`` writes synchronously in the caller's thread (same counting,
-same no-raise guarantee).
-
-Destinations (:func:`open_log`): ``-`` or ``stdout``; ``syslog`` (``/dev/log``),
-``syslog:unix:PATH``, ``syslog:udp:HOST:PORT``, ``syslog:tcp:HOST:PORT``;
-anything else is a file path.
+Details: docs/internals.md, "log_writer".
 """
 
 from __future__ import annotations

@@ -8,15 +8,7 @@ Every metric is named ``gpuguard_*`` (see :data:`METRIC_NAMES`); the Grafana
 dashboard in ``packaging/grafana-dashboard.json`` queries only these (a test
 checks it, and another has a real Prometheus scrape them).
 
-The same listener answers ``/healthz`` and ``/readyz`` from an :class:`AgentHealth`.
-
-Label cardinality is bounded: per-process GPU users are the top
-``top_processes`` per GPU, replaced (not accumulated) on every snapshot;
-per-pod (and, with ``per_process_gpu``, per-process) GPU series are those of
-the latest snapshot of each source, at most ``max_pod_series`` of each
-family, the rest counted in ``gpuguard_pod_gpu_series_dropped_total``;
-process names are escaped (:func:`~gpuguard.escape.escape_text`) and cut to
-64 characters; rule ids come from the loaded rules file.
+Details: docs/internals.md, "metrics".
 """
 
 from __future__ import annotations

@@ -1,41 +1,8 @@
 """Records as OCSF 1.3 events: Detection Finding, Remediation and Application Lifecycle.
 
-Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event:
+Data flow: :class:`~gpuguard.outputs.finding.Finding` -> one OCSF 1.x event.
 
-* ``class_uid 2004``, ``category_uid 2``, ``activity_id 1`` (Create: a scan
-  creates each finding; the agent's host findings are also updated, 2, on a
-  material change and closed, 3 with ``status_id 4`` Resolved, when their
-  condition goes away), ``type_uid = class_uid * 100 + activity_id``;
-* ``severity_id`` 1 Informational, 2 Low, 3 Medium, 4 High, 5 Critical from
-  the 0-100 score; ``risk_score`` is the score itself; ``status_id 1`` (New;
-  2 In Progress for an update, 4 Resolved on close);
-* ``finding_info`` {uid, title, desc, types, analytic {uid, name, type_id 1
-  Rule}, attacks [{technique, tactic}], created_time};
-* ``evidences`` — one Evidence Artifacts object per piece of evidence, the first
-  carrying the ``process`` (``uid`` = ECS ``process.entity_id``; the others name it
-  by ``pid`` and ``uid`` only) and
-  ``container`` it concerns, network evidence the ``dst_endpoint`` dialled most, or a ``file`` for
-  host checks about a path, plus ``data`` {rule_id, signal, detail, weight};
-* ``resources`` — the host (and the container, when there is one);
-* ``metadata`` {product {name, vendor_name, version}, version (schema 1.3.0),
-  profiles (``host`` for ``device``; ``container`` for ``process.container``)};
-* the agent's process findings: ``finding_info.uid`` is the finding id through create (1),
-  update (2) and close (3, Resolved, ``status_detail`` "process ended", with ``start_time``,
-  ``end_time``, ``duration``); the process carries its parent chain as nested
-  ``parent_process`` (3 levels) and the executable's SHA-256 in ``file.hashes``; the record
-  number, what grew, the totals, every destination and the GPU use are under
-  ``unmapped.gpuguard`` (OCSF 1.3 has no place for them);
-* gpuguard's verdict, ``is_alert`` (an OCSF 1.4 attribute, so not top-level in a 1.3
-  record) and the count of evidence left out under ``unmapped.gpuguard``.
-
-Response actions are Remediation classes (7003 Process, 7004 Network, 7001 for the rest) with
-the D3FEND activity (1 Isolate, 2 Evict, 3 Restore, 99 Other) and the required
-``command_uid``; 7001 and 7004 have no ``process``, so their target is in
-``unmapped.gpuguard.process``.  The agent's lifecycle records are Application Lifecycle 6002
-(3 Start, 4 Stop, 8 Update, 99 Other).
-
-``time`` and ``*_time`` fields are epoch milliseconds, as OCSF's timestamp
-type requires.  Values are exact; the JSON escaping rule of :mod:`gpuguard.outputs.jsonl` applies.
+Details: docs/internals.md, "ocsf".
 """
 
 from __future__ import annotations

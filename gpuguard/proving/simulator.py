@@ -1,20 +1,9 @@
 """A harmless miner simulator for ``gpuguard selftest``: looks like a GPU miner, mines nothing.
 
 ``python -m gpuguard.proving.simulator`` runs inside a private mount and
-network namespace (``unshare -m -n``, started by :func:`start_simulator`):
+network namespace (``unshare -m -n``, started by :func:`start_simulator`).
 
-1. /dev becomes a private tmpfs holding GPU-named nodes backed by the null
-   device (major 1, minor 3): opening them works, their ioctls fail with
-   ENOTTY, and the kernel's tracepoints see the real GPU paths;
-2. loopback comes up and a stratum pool listens on it (``--pool-port``);
-3. the miner child starts with a miner-like command line (stratum URL, a
-   Monero-shaped wallet, miner-only flags), opens the GPU nodes, issues a
-   CUDA-like ioctl burst (``NV_ESC_RM_ALLOC``), then logs in to the pool
-   (``mining.subscribe``, ``login``) and stays quiet until told to stop.
-
-The simulator prints one line, ``ready pid=PID start=EPOCH pool=0|1``, and
-ends the miner when its stdin closes.  Nothing leaves the namespaces: the
-tmpfs and the loopback pool vanish with them.
+Details: docs/internals.md, "simulator".
 """
 
 from __future__ import annotations

@@ -99,7 +99,9 @@ class Responder:
         return [s for s in STEPS if s in steps]
 
     # -- responding ------------------------------------------------------------------------------
-    def respond(self, verdict: Verdict, state: ProcessState, now: float) -> list[ActionOutcome]:
+    def respond(
+        self, verdict: Verdict, state: ProcessState, now: float, finding: dict | None = None
+    ) -> list[ActionOutcome]:
         steps = self.plan(verdict)
         if not steps:
             return []
@@ -127,7 +129,7 @@ class Responder:
                 )
             ]
             if self.mode == "enforce":
-                outcomes += self._hooks(verdict, state, steps, base)
+                outcomes += self._hooks(verdict, state, steps, base, finding)
             return outcomes
         refusal = self.guard.refusal(verdict.pid, facts, allowlisted=verdict.allowlisted)
         if refusal:
@@ -149,12 +151,15 @@ class Responder:
         ]
         for step in acts:
             outcomes.append(self._step(step, verdict, state, base))
-        outcomes += self._hooks(verdict, state, steps, base)
+        outcomes += self._hooks(verdict, state, steps, base, finding)
         return outcomes
 
-    def __call__(self, verdict: Verdict, state: ProcessState, now: float) -> list[ActionOutcome]:
-        """The agent's action interface is a callable ``(verdict, state, now)``: the same as :meth:`respond`."""
-        return self.respond(verdict, state, now)
+    def __call__(
+        self, verdict: Verdict, state: ProcessState, now: float, finding: dict | None = None
+    ) -> list[ActionOutcome]:
+        """The agent's action interface is a callable ``(verdict, state, now[, finding])``: the same
+        as :meth:`respond`; ``finding`` is the finding's plain JSON (outputs.finding_document)."""
+        return self.respond(verdict, state, now, finding)
 
     def _spend(self, now: float) -> bool:
         while self._recent and now - self._recent[0] >= 60.0:
@@ -233,9 +238,17 @@ class Responder:
 
     # -- hooks and background work ---------------------------------------------------------------
     def _hooks(
-        self, verdict: Verdict, state: ProcessState, steps: list[str], base: dict[str, Any]
+        self,
+        verdict: Verdict,
+        state: ProcessState,
+        steps: list[str],
+        base: dict[str, Any],
+        finding_json: dict | None = None,
     ) -> list[ActionOutcome]:
-        """Start the hooks for this verdict (results come through ``emit``); in a dry run, describe them."""
+        """Start the hooks for this verdict (results come through ``emit``); in a dry run, describe them.
+
+        The document: the finding as the log has it (``finding``, when the agent gave it), and
+        the keys hooks had before it (``verdict``, ``actions``, ``process``, ``connections``)."""
         hooks = [h for h in self.settings.hooks if verdict.verdict in h.on]
         if not hooks:
             return []
@@ -245,6 +258,8 @@ class Responder:
             "process": state.facts.to_record() if state.facts else {"pid": verdict.pid},
             "connections": [{"address": a, "port": p} for (a, p) in state.connections],
         }
+        if finding_json is not None:
+            finding["finding"] = finding_json
         described = []
         for hook in hooks:
             if self.dry_run:

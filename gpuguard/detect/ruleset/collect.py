@@ -38,6 +38,7 @@ from gpuguard.detect.ruleset.model import (
     Rule,
     RuleSet,
     Thresholds,
+    categories_of_tags,
 )
 from gpuguard.detect.scoring.allowlist import ENTRY_FIELDS, AllowEntry, Allowlist
 from gpuguard.detect.signals.rescore import rule_cache
@@ -492,6 +493,7 @@ def compile_collected(
             leaves=leaves,
             source=id_field.doc.at(id_field.path),
             outcome_cache=rule_cache(signals),
+            categories=categories_of_tags(tuple(fields["tags"].value) if "tags" in fields else ()),
         )
         (rules if rule.enabled else disabled).append(rule)
     for (

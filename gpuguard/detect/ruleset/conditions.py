@@ -1,21 +1,6 @@
 """The condition language: YAML maps compiled once into fast closures.
 
-A condition is either a combination::
-
-    all: [COND, ...]      every one matches
-    any: [COND, ...]      at least one matches
-    not: COND             it does not match
-
-or a test of one signal with exactly one operator::
-
-    {signal: connect_ports, in_list: pool_ports}
-    {signal: gpu_util_mean, gte: 85}
-
-A compiled condition takes a :class:`SignalReader` and returns ``None`` (no
-match) or a list of witnesses such as ``"connect_ports=3333 (in pool_ports)"``
-that become the evidence detail.  Signals of a set type (``texts``,
-``numbers``) match when any element does.  An unavailable signal (``None``)
-never matches.  Every mistake is reported with its file position.
+Details: docs/internals.md, "conditions".
 """
 
 from __future__ import annotations

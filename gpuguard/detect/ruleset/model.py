@@ -68,6 +68,16 @@ class Problem:
         return f"{self.file}:{self.line}:{self.col}: {prefix}{self.message}"
 
 
+# The ECS event.category values a rule's findings add to "process" and "intrusion_detection",
+# by the rule's tags (a site rule tagged ``network`` is a network finding whatever its id).
+CATEGORY_OF_TAG = {"network": "network", "yara": "malware"}
+
+
+def categories_of_tags(tags: tuple[str, ...]) -> tuple[str, ...]:
+    """The categories (CATEGORY_OF_TAG) a rule with ``tags`` puts its findings in."""
+    return tuple(category for tag, category in CATEGORY_OF_TAG.items() if tag in tags)
+
+
 @dataclass(frozen=True, slots=True)
 class Thresholds:
     """The scores at which a process is suspicious and malicious: the one place they are declared."""
@@ -133,6 +143,7 @@ class Rule:
         None  # the state.derived entry its outcome is kept in (rescore.rule_cache)
     )
     leaves: tuple[Leaf, ...] = ()  # its condition's signal tests (what the rescore policy reads)
+    categories: tuple[str, ...] = ()  # its findings' categories (categories_of_tags)
 
 
 @dataclass(slots=True)

@@ -30,6 +30,7 @@ class Evidence:
     severity: str
     tags: tuple[str, ...] = ()
     description: str = ""
+    categories: tuple[str, ...] = ()  # the rule's (Rule.categories): where the finding is filed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,6 +164,7 @@ def _matched(rules: tuple[Rule, ...], reader: SignalReader) -> list[Evidence]:
                     rule.severity,
                     rule.tags,
                     rule.description,
+                    rule.categories,
                 )
             )
     return found

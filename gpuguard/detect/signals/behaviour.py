@@ -23,6 +23,7 @@ from gpuguard.events.model import ConnActivity
     "gpu-behaviour",
     "GPU behaviour profile and its figures: 'compute-bound: SM 99 ± 0.7% for 74 s, memory-controller 0%, ...' "
     "(kinds: compute-bound, memory-hard, flat, varying, idle)",
+    reads=("gpu_behaviour", "gpu_util"),
 )
 def _gpu_profile(s: ProcessState, now: float) -> str | None:
     return profile(s.gpu_util, s.gpu_behaviour)
@@ -33,6 +34,7 @@ def _gpu_profile(s: ProcessState, now: float) -> str | None:
     "number",
     "gpu-behaviour",
     "mean memory-controller load % (the device's while it is the only user, else its own NVML share), last 5 minutes",
+    reads=("gpu_behaviour",),
 )
 def _memctl_mean(s: ProcessState, now: float) -> float | None:
     return s.gpu_behaviour.memctl.mean
@@ -43,6 +45,7 @@ def _memctl_mean(s: ProcessState, now: float) -> float | None:
     "number",
     "gpu-behaviour",
     "device power standard deviation / mean while it was the device's only user (hashing loop on an H100: 0.02)",
+    reads=("gpu_behaviour",),
 )
 def _power_variation(s: ProcessState, now: float) -> float | None:
     return s.gpu_behaviour.power_variation()
@@ -53,13 +56,18 @@ def _power_variation(s: ProcessState, now: float) -> float | None:
     "number",
     "gpu-behaviour",
     "device PCIe TX+RX MB/s while it was the device's only user, last 5 minutes (training: ~1,800; hashing: ~3)",
+    reads=("gpu_behaviour",),
 )
 def _pcie(s: ProcessState, now: float) -> float | None:
     return s.gpu_behaviour.pcie_mb_s()
 
 
 @_signal(
-    "gpu_allocation_stable_s", "number", "gpu-behaviour", "seconds its GPU memory has not changed"
+    "gpu_allocation_stable_s",
+    "number",
+    "gpu-behaviour",
+    "seconds its GPU memory has not changed",
+    reads=("gpu_behaviour",),
 )
 def _allocation_stable(s: ProcessState, now: float) -> float | None:
     return s.gpu_behaviour.allocation_stable_s()
@@ -70,6 +78,7 @@ def _allocation_stable(s: ProcessState, now: float) -> float | None:
     "number",
     "gpu-behaviour",
     "growth of its GPU memory over the last 5 minutes, as a fraction of its GPUs' total memory",
+    reads=("gpu_memory", "gpu_memory_total"),
 )
 def _memory_growth(s: ProcessState, now: float) -> float | None:
     latest, lowest = s.gpu_memory.latest, s.gpu_memory.minimum
@@ -83,13 +92,18 @@ def _memory_growth(s: ProcessState, now: float) -> float | None:
     "bool",
     "gpu-behaviour",
     "another process used one of its GPUs in the latest sample",
+    reads=("gpu_device_shared",),
 )
 def _device_shared(s: ProcessState, now: float) -> bool | None:
     return s.gpu_device_shared
 
 
 @_signal(
-    "gpu_duty_cycle", "number", "gpu-behaviour", "fraction of its GPU samples with SM >= 50 % (0-1)"
+    "gpu_duty_cycle",
+    "number",
+    "gpu-behaviour",
+    "fraction of its GPU samples with SM >= 50 % (0-1)",
+    reads=("gpu_behaviour",),
 )
 def _duty_cycle(s: ProcessState, now: float) -> float | None:
     return s.gpu_behaviour.duty_cycle()
@@ -100,6 +114,7 @@ def _duty_cycle(s: ProcessState, now: float) -> float | None:
     "bool",
     "gpu-behaviour",
     "busy while no monitor runs, idle while nvidia-smi/top/nvtop... run (at least 3 samples of each)",
+    reads=("gpu_behaviour",),
 )
 def _pauses_when_watched(s: ProcessState, now: float) -> bool | None:
     return s.gpu_behaviour.pauses_when_watched()
@@ -110,6 +125,7 @@ def _pauses_when_watched(s: ProcessState, now: float) -> bool | None:
     "bool",
     "gpu-behaviour",
     "busy most of the observed night (22-06 UTC), idle by day (at least 30 min observed of each)",
+    reads=("gpu_behaviour",),
 )
 def _night_only(s: ProcessState, now: float) -> bool | None:
     return s.gpu_behaviour.night_only()
@@ -120,6 +136,7 @@ def _night_only(s: ProcessState, now: float) -> bool | None:
     "number",
     "gpu-behaviour",
     "lifetime average GPU utilisation % from NVML accounting mode (start-up included); absent when accounting is off",
+    reads=("gpu_lifetime",),
 )
 def _lifetime_util(s: ProcessState, now: float) -> float | None:
     return s.gpu_lifetime.gpu_util if s.gpu_lifetime is not None else None
@@ -130,6 +147,7 @@ def _lifetime_util(s: ProcessState, now: float) -> float | None:
     "number",
     "gpu-behaviour",
     "seconds it has used the GPU, from NVML accounting mode",
+    reads=("gpu_lifetime",),
 )
 def _lifetime_s(s: ProcessState, now: float) -> float | None:
     return s.gpu_lifetime.duration_s if s.gpu_lifetime is not None else None
@@ -173,6 +191,7 @@ def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None
     "session",
     "seconds between the small writes (shares, keepalives) of its longest-lived connection with a steady cadence "
     "(pools: 15-60 s; XMRig keepalive 60 s); GPU holders only, absent when no connection is steady",
+    reads=("sessions",),
 )
 def _session_cadence(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
@@ -184,6 +203,7 @@ def _session_cadence(s: ProcessState, now: float) -> float | None:
     "number",
     "session",
     "age of that steady connection, seconds (a lower bound when watching began later; scan: its window)",
+    reads=("sessions",),
 )
 def _session_age(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
@@ -195,6 +215,7 @@ def _session_age(s: ProcessState, now: float) -> float | None:
     "number",
     "session",
     "bytes it sent per second over that steady connection's life",
+    reads=("sessions",),
 )
 def _session_rate(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
@@ -208,6 +229,7 @@ def _session_rate(s: ProcessState, now: float) -> float | None:
     "number",
     "session",
     "data segments that steady connection sent since its connect (TCP stack counter; absent without tcp_info)",
+    reads=("sessions",),
 )
 def _session_segments_out(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
@@ -220,6 +242,7 @@ def _session_segments_out(s: ProcessState, now: float) -> float | None:
     "session",
     "bytes it received per data segment it sent on that steady connection, since its connect (a pool: a reply "
     "and a job or two per share, well under 16 KiB; a download or stream: far more); absent without tcp_info",
+    reads=("sessions",),
 )
 def _session_bytes_in_per_write(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
@@ -238,6 +261,7 @@ def _kib(n: int) -> str:
     "session",
     "that steady connection in words: 'session to 127.0.0.1:443 (fd 5): 41 writes out / 40 in, 9.8 KiB out / "
     "12 KiB in, small writes every 15.0 ± 0.4 s, open 310 s'",
+    reads=("sessions",),
 )
 def _session_summary(s: ProcessState, now: float) -> str | None:
     steady = _steady_session(s)
@@ -299,6 +323,7 @@ def _quiet_session(s: ProcessState) -> ConnActivity | None:
     "age (s) of its longest-lived watched connection carrying only small records both ways, "
     f"<= {QUIET_BYTES_PER_S:g} B/s each way, at any rhythm (a CPU miner's pool session); "
     "a lower bound when watching began later",
+    reads=("sessions",),
 )
 def _quiet_session_age(s: ProcessState, now: float) -> float | None:
     record = _quiet_session(s)
@@ -311,6 +336,7 @@ def _quiet_session_age(s: ProcessState, now: float) -> float | None:
     "session",
     "that quiet connection in words: 'quiet session to 127.0.0.1:443 (fd 3): 12 small writes out / "
     "20 segments in, 1.4 KiB out / 3.1 KiB in over 310 s (4.6 B/s out)'",
+    reads=("sessions",),
 )
 def _quiet_session_summary(s: ProcessState, now: float) -> str | None:
     record = _quiet_session(s)
@@ -342,6 +368,7 @@ def _segments_out(record: ConnActivity) -> int:
     "session",
     "segments its quiet connection's peer sent beyond one per segment the process sent (a pool "
     "pushing jobs; a heartbeat or request/reply client: about 0); absent without tcp_info",
+    reads=("sessions",),
 )
 def _quiet_session_pushes(s: ProcessState, now: float) -> int | None:
     record = _quiet_session(s)
@@ -356,6 +383,7 @@ def _quiet_session_pushes(s: ProcessState, now: float) -> int | None:
     "session",
     "mean seconds between those unprompted segments over the connection's age (pools push a "
     "job every 10-120 s); absent with fewer than two",
+    reads=("sessions",),
 )
 def _quiet_session_push_s(s: ProcessState, now: float) -> float | None:
     record = _quiet_session(s)
@@ -380,6 +408,7 @@ def _is_address(host: str) -> bool:
     "its quiet connection's peer was reached by address alone: the first bytes it sent named no "
     "host (no TLS SNI, no HTTP Host) and its command line and configs name only IP addresses; "
     "absent without a quiet connection or a captured payload",
+    reads=("cmdline", "facts", "network.payload_hosts", "payload_protocols", "sessions"),
 )
 def _quiet_session_by_address(s: ProcessState, now: float) -> bool | None:
     if _quiet_session(s) is None or not s.payload_protocols:
@@ -396,6 +425,7 @@ def _quiet_session_by_address(s: ProcessState, now: float) -> bool | None:
     "session",
     "bytes both ways on its quiet connection per CPU second its spinning threads ran over the "
     "same span (a pool session beside hashing threads: tens; absent without a spinning thread)",
+    reads=("cpu_activity", "sessions"),
 )
 def _quiet_session_bytes_per_cpu_s(s: ProcessState, now: float) -> float | None:
     record = _quiet_session(s)

@@ -1,12 +1,13 @@
 """The named signals rule conditions test, each computed here by the name it has in the rules file.
 
 A signal has a type (``bool``, ``number``, ``text``, ``texts`` — a set of
-texts, ``numbers`` — a set of numbers), a group, a description and the
-function computing it from a :class:`ProcessState`; each row below defines
-one, by the name rules use, and :mod:`gpuguard.detect.signals.table` lists them.
-Reading them lazily for one evaluation is :mod:`gpuguard.detect.signals.reader`;
-what each signal depends on (how long a value stays valid, which changes
-rescore a process) is :mod:`gpuguard.detect.signals.rescore`.  Costly derivations (parsing the command line,
+texts, ``numbers`` — a set of numbers), a group, a description, the state
+fields it reads and the function computing it from a :class:`ProcessState`;
+each row below defines one, by the name rules use, and
+:mod:`gpuguard.detect.signals.table` lists them.  Reading them lazily for one
+evaluation is :mod:`gpuguard.detect.signals.reader`; what follows from the
+declared inputs (how long a value stays valid, which changes rescore a
+process) is :mod:`gpuguard.detect.signals.rescore`.  Costly derivations (parsing the command line,
 config files) are kept on the state in ``state.derived`` until its identity changes.
 
 ``None`` means "not available" (no facts, no GPU samples...): a condition on
@@ -31,6 +32,9 @@ _CMDLINE_MAX = 4096
 _ALGO_OPTIONS = ("-a", "--algo", "--algorithm", "-algo", "--coin")
 
 
+RATE_PERIOD_S = 10.0  # a rate over the last minute falls within 10 s of a process going quiet
+
+
 @dataclass(frozen=True, slots=True)
 class Signal:
     name: str
@@ -39,14 +43,32 @@ class Signal:
     description: str
     compute: Callable[..., Any]  # (state, now), or (state, now, argument) with a parameter
     parameter: str | None = None  # a condition key naming what to measure, e.g. ``command``
+    # What it reads: ProcessState fields (``network.<field>`` for the NetworkView's) and "now"
+    # (the clock); gpuguard.detect.signals.rescore derives caching and rescoring from these, and
+    # tests/test_signal_inputs.py fails on a read that is not declared.
+    reads: frozenset[str] = frozenset()
+    period_s: float | None = None  # reads "now": how often the engine looks at it again
 
 
-def _signal(name: str, type_: str, group: str, description: str, parameter: str | None = None):
-    """Mark a function as the rule signal ``name``; it counts once listed in detect.registry."""
+def _signal(
+    name: str,
+    type_: str,
+    group: str,
+    description: str,
+    parameter: str | None = None,
+    *,
+    reads: tuple[str, ...],
+    period_s: float | None = None,
+):
+    """Mark a function as the rule signal ``name`` reading ``reads``; it counts once listed in
+    detect.signals.table."""
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         assert type_ in SIGNAL_TYPES
-        fn.signal = Signal(name, type_, group, description, fn, parameter)
+        assert ("now" in reads) == (period_s is not None), f"{name}: the clock needs a period"
+        fn.signal = Signal(
+            name, type_, group, description, fn, parameter, frozenset(reads), period_s
+        )
         return fn
 
     return mark
@@ -98,27 +120,39 @@ def _config(state: ProcessState):
 # -- identity -----------------------------------------------------------------
 
 
-@_signal("comm", "text", "identity", "kernel process name (15 characters, settable by the process)")
+@_signal(
+    "comm",
+    "text",
+    "identity",
+    "kernel process name (15 characters, settable by the process)",
+    reads=("comm",),
+)
 def _comm(s: ProcessState, now: float) -> str | None:
     return s.comm or None
 
 
-@_signal("exe", "text", "identity", "resolved executable path")
+@_signal("exe", "text", "identity", "resolved executable path", reads=("exe",))
 def _exe(s: ProcessState, now: float) -> str | None:
     return s.exe or None
 
 
-@_signal("exe_name", "text", "identity", "executable file name, lower-case")
+@_signal("exe_name", "text", "identity", "executable file name, lower-case", reads=("exe",))
 def _exe_name(s: ProcessState, now: float) -> str | None:
     return _basename(s.exe).lower() or None
 
 
-@_signal("exe_dir", "text", "identity", "directory of the executable")
+@_signal("exe_dir", "text", "identity", "directory of the executable", reads=("exe",))
 def _exe_dir(s: ProcessState, now: float) -> str | None:
     return os.path.dirname(s.exe) or None if s.exe else None
 
 
-@_signal("process_names", "texts", "identity", "comm, executable name and argv[0] name, lower-case")
+@_signal(
+    "process_names",
+    "texts",
+    "identity",
+    "comm, executable name and argv[0] name, lower-case",
+    reads=("cmdline", "comm", "exe"),
+)
 def _process_names(s: ProcessState, now: float) -> set[str]:
     names = {s.comm.lower(), _basename(s.exe).lower()}
     if s.cmdline:
@@ -132,6 +166,7 @@ def _process_names(s: ProcessState, now: float) -> set[str]:
     "bool",
     "identity",
     "comm is not the executable's name, nor argv[0]/argv[1] (a script) — masquerading",
+    reads=("cmdline", "comm", "exe"),
 )
 def _comm_differs(s: ProcessState, now: float) -> bool | None:
     if not s.comm or not s.exe:
@@ -149,13 +184,19 @@ def _comm_differs(s: ProcessState, now: float) -> bool | None:
 
 
 @_signal(
-    "kernel_thread", "bool", "identity", "a real kernel thread (no executable, child of kthreadd)"
+    "kernel_thread",
+    "bool",
+    "identity",
+    "a real kernel thread (no executable, child of kthreadd)",
+    reads=("facts",),
 )
 def _kernel_thread(s: ProcessState, now: float) -> bool | None:
     return s.facts.kernel_thread if s.facts is not None else None
 
 
-@_signal("has_executable", "bool", "identity", "the process runs a user-space executable")
+@_signal(
+    "has_executable", "bool", "identity", "the process runs a user-space executable", reads=("exe",)
+)
 def _has_executable(s: ProcessState, now: float) -> bool:
     return bool(s.exe)
 
@@ -165,18 +206,31 @@ def _has_executable(s: ProcessState, now: float) -> bool:
     "bool",
     "identity",
     "command line is one '[name]' word like a kernel thread's, yet it has an executable",
+    reads=("cmdline", "exe"),
 )
 def _cmdline_bracketed(s: ProcessState, now: float) -> bool:
     text = " ".join(s.cmdline).strip()
     return bool(s.exe) and text.startswith("[") and text.endswith("]")
 
 
-@_signal("exe_deleted", "bool", "identity", "the executable file was deleted after start")
+@_signal(
+    "exe_deleted",
+    "bool",
+    "identity",
+    "the executable file was deleted after start",
+    reads=("facts",),
+)
 def _exe_deleted(s: ProcessState, now: float) -> bool | None:
     return s.facts.exe_deleted if s.facts is not None else None
 
 
-@_signal("exe_memfd", "bool", "identity", "the executable is an anonymous memfd (fileless)")
+@_signal(
+    "exe_memfd",
+    "bool",
+    "identity",
+    "the executable is an anonymous memfd (fileless)",
+    reads=("exe", "facts"),
+)
 def _exe_memfd(s: ProcessState, now: float) -> bool:
     return (s.facts.exe_memfd if s.facts is not None else False) or s.exe.startswith("/memfd:")
 
@@ -186,43 +240,54 @@ def _exe_memfd(s: ProcessState, now: float) -> bool:
     "text",
     "identity",
     "name the memfd executable was created with (runc_cloned:/proc/self/exe, sealed-...)",
+    reads=("exe",),
 )
 def _exe_memfd_name(s: ProcessState, now: float) -> str | None:
     return s.exe[len("/memfd:") :] or None if s.exe.startswith("/memfd:") else None
 
 
-@_signal("user", "text", "identity", "user name of the real uid")
+@_signal("user", "text", "identity", "user name of the real uid", reads=("facts",))
 def _user(s: ProcessState, now: float) -> str | None:
     return (s.facts.username or None) if s.facts is not None else None
 
 
-@_signal("uid", "number", "identity", "real uid")
+@_signal("uid", "number", "identity", "real uid", reads=("facts",))
 def _uid(s: ProcessState, now: float) -> int | None:
     return s.facts.uid if s.facts is not None and s.facts.uid >= 0 else None
 
 
-@_signal("cgroup", "text", "identity", "cgroup path")
+@_signal("cgroup", "text", "identity", "cgroup path", reads=("facts",))
 def _cgroup(s: ProcessState, now: float) -> str | None:
     return (s.facts.cgroup or None) if s.facts is not None else None
 
 
-@_signal("container_id", "text", "identity", "container id from the cgroup, if in a container")
+@_signal(
+    "container_id",
+    "text",
+    "identity",
+    "container id from the cgroup, if in a container",
+    reads=("facts",),
+)
 def _container_id(s: ProcessState, now: float) -> str | None:
     return s.facts.container_id if s.facts is not None else None
 
 
-@_signal("in_container", "bool", "identity", "the process runs in a container")
+@_signal("in_container", "bool", "identity", "the process runs in a container", reads=("facts",))
 def _in_container(s: ProcessState, now: float) -> bool | None:
     return s.facts.container_id is not None if s.facts is not None else None
 
 
-@_signal("ld_preload", "text", "identity", "LD_PRELOAD value")
+@_signal("ld_preload", "text", "identity", "LD_PRELOAD value", reads=("facts",))
 def _ld_preload(s: ProcessState, now: float) -> str | None:
     return s.facts.ld_preload if s.facts is not None else None
 
 
 @_signal(
-    "ld_preload_set", "bool", "identity", "LD_PRELOAD is set (library injection, /proc hiding)"
+    "ld_preload_set",
+    "bool",
+    "identity",
+    "LD_PRELOAD is set (library injection, /proc hiding)",
+    reads=("facts",),
 )
 def _ld_preload_set(s: ProcessState, now: float) -> bool | None:
     if s.facts is None or not s.facts.environ_readable:
@@ -230,12 +295,26 @@ def _ld_preload_set(s: ProcessState, now: float) -> bool | None:
     return bool(s.facts.ld_preload)
 
 
-@_signal("age_s", "number", "time", "seconds since the process started")
+@_signal(
+    "age_s",
+    "number",
+    "time",
+    "seconds since the process started",
+    reads=("key", "now"),
+    period_s=60.0,
+)
 def _age(s: ProcessState, now: float) -> float:
     return max(0.0, now - s.key.start_time)
 
 
-@_signal("hour_of_day", "number", "time", "hour (0-23, UTC) at evaluation time")
+@_signal(
+    "hour_of_day",
+    "number",
+    "time",
+    "hour (0-23, UTC) at evaluation time",
+    reads=("now",),
+    period_s=3600.0,
+)
 def _hour(s: ProcessState, now: float) -> int | None:
     try:
         return _time.gmtime(now).tm_hour
@@ -243,7 +322,7 @@ def _hour(s: ProcessState, now: float) -> int | None:
         return None
 
 
-@_signal("exited", "bool", "time", "the process has exited")
+@_signal("exited", "bool", "time", "the process has exited", reads=("exited_at",))
 def _exited(s: ProcessState, now: float) -> bool:
     return s.exited_at is not None
 
@@ -252,7 +331,11 @@ def _exited(s: ProcessState, now: float) -> bool:
 
 
 @_signal(
-    "cmdline", "text", "cmdline", "command line, arguments joined by spaces (first 4096 characters)"
+    "cmdline",
+    "text",
+    "cmdline",
+    "command line, arguments joined by spaces (first 4096 characters)",
+    reads=("cmdline",),
 )
 def _cmdline_text(s: ProcessState, now: float) -> str | None:
     return _cmdline(s).text or None
@@ -263,13 +346,18 @@ def _cmdline_text(s: ProcessState, now: float) -> str | None:
     "texts",
     "cmdline",
     "option names on the command line (--donate-level=1 gives --donate-level)",
+    reads=("cmdline",),
 )
 def _cmdline_flags(s: ProcessState, now: float) -> set[str]:
     return _cmdline(s).flags
 
 
 @_signal(
-    "cmdline_algorithm", "texts", "cmdline", "values of -a/--algo/--algorithm/--coin, lower-case"
+    "cmdline_algorithm",
+    "texts",
+    "cmdline",
+    "values of -a/--algo/--algorithm/--coin, lower-case",
+    reads=("cmdline",),
 )
 def _cmdline_algorithm(s: ProcessState, now: float) -> set[str]:
     return _cmdline(s).algorithms
@@ -288,7 +376,11 @@ def _ports(endpoints: list[Endpoint]) -> set[int]:
 
 
 @_signal(
-    "cmdline_url_schemes", "texts", "cmdline", "URL schemes on the command line (stratum+tcp...)"
+    "cmdline_url_schemes",
+    "texts",
+    "cmdline",
+    "URL schemes on the command line (stratum+tcp...)",
+    reads=("cmdline",),
 )
 def _cmdline_schemes(s: ProcessState, now: float) -> set[str]:
     return _schemes(_cmdline(s).endpoints)
@@ -299,6 +391,7 @@ def _cmdline_schemes(s: ProcessState, now: float) -> set[str]:
     "texts",
     "cmdline",
     "URLs and pool-option host:port values on the command line",
+    reads=("cmdline",),
 )
 def _cmdline_endpoints(s: ProcessState, now: float) -> set[str]:
     return {str(e) for e in _cmdline(s).endpoints}
@@ -309,12 +402,19 @@ def _cmdline_endpoints(s: ProcessState, now: float) -> set[str]:
     "texts",
     "cmdline",
     "host names/addresses in command-line URLs and pool options",
+    reads=("cmdline",),
 )
 def _cmdline_hosts(s: ProcessState, now: float) -> set[str]:
     return _hosts(_cmdline(s).endpoints)
 
 
-@_signal("cmdline_ports", "numbers", "cmdline", "ports in command-line URLs and pool options")
+@_signal(
+    "cmdline_ports",
+    "numbers",
+    "cmdline",
+    "ports in command-line URLs and pool options",
+    reads=("cmdline",),
+)
 def _cmdline_ports(s: ProcessState, now: float) -> set[int]:
     return _ports(_cmdline(s).endpoints)
 
@@ -324,6 +424,7 @@ def _cmdline_ports(s: ProcessState, now: float) -> set[int]:
     "texts",
     "config",
     "setting names in config files beside/named by the process, lower-case",
+    reads=("facts",),
 )
 def _config_keys(s: ProcessState, now: float) -> set[str]:
     return _config(s).keys
@@ -334,28 +435,37 @@ def _config_keys(s: ProcessState, now: float) -> set[str]:
     "texts",
     "config",
     "config files it named on its command line or held open that were deleted after start",
+    reads=("facts",),
 )
 def _config_deleted(s: ProcessState, now: float) -> set[str]:
     files = s.facts.config_files if s.facts is not None else {}
     return deleted_config_paths(files or {})
 
 
-@_signal("config_url_schemes", "texts", "config", "URL schemes in its config files")
+@_signal(
+    "config_url_schemes", "texts", "config", "URL schemes in its config files", reads=("facts",)
+)
 def _config_schemes(s: ProcessState, now: float) -> set[str]:
     return _schemes(_config(s).endpoints)
 
 
-@_signal("config_endpoints", "texts", "config", "URLs and host:port values in its config files")
+@_signal(
+    "config_endpoints",
+    "texts",
+    "config",
+    "URLs and host:port values in its config files",
+    reads=("facts",),
+)
 def _config_endpoints(s: ProcessState, now: float) -> set[str]:
     return {str(e) for e in _config(s).endpoints}
 
 
-@_signal("config_hosts", "texts", "config", "host names in its config files")
+@_signal("config_hosts", "texts", "config", "host names in its config files", reads=("facts",))
 def _config_hosts(s: ProcessState, now: float) -> set[str]:
     return _hosts(_config(s).endpoints)
 
 
-@_signal("config_ports", "numbers", "config", "ports in its config files")
+@_signal("config_ports", "numbers", "config", "ports in its config files", reads=("facts",))
 def _config_ports(s: ProcessState, now: float) -> set[int]:
     return _ports(_config(s).endpoints)
 
@@ -363,17 +473,25 @@ def _config_ports(s: ProcessState, now: float) -> set[int]:
 # -- network ------------------------------------------------------------------
 
 
-@_signal("connect_ports", "numbers", "network", "remote ports it connected to")
+@_signal(
+    "connect_ports", "numbers", "network", "remote ports it connected to", reads=("network.ports",)
+)
 def _connect_ports(s: ProcessState, now: float) -> set[int]:
     return s.network.ports
 
 
-@_signal("connect_addresses", "texts", "network", "remote addresses it connected to")
+@_signal(
+    "connect_addresses",
+    "texts",
+    "network",
+    "remote addresses it connected to",
+    reads=("network.addresses",),
+)
 def _connect_addresses(s: ProcessState, now: float) -> set[str]:
     return s.network.addresses
 
 
-@_signal("connect_count", "number", "network", "connect attempts")
+@_signal("connect_count", "number", "network", "connect attempts", reads=("connect_total",))
 def _connect_count(s: ProcessState, now: float) -> int:
     return s.connect_total
 
@@ -383,6 +501,7 @@ def _connect_count(s: ProcessState, now: float) -> int:
     "bool",
     "network",
     "it connected to a port named in its own command line or config (the pool it was told to use)",
+    reads=("cmdline", "facts", "network.ports"),
 )
 def _connected_revealed(s: ProcessState, now: float) -> bool:
     ports = s.network.ports
@@ -397,6 +516,7 @@ def _connected_revealed(s: ProcessState, now: float) -> bool:
     "texts",
     "network",
     "protocols recognised in its first payload bytes (stratum, cryptonote, ethproxy, socks5, tls...)",
+    reads=("payload_protocols",),
 )
 def _payload_protocols(s: ProcessState, now: float) -> set[str]:
     return s.payload_protocols
@@ -407,12 +527,19 @@ def _payload_protocols(s: ProcessState, now: float) -> set[str]:
     "texts",
     "network",
     "client agent strings in payloads (cryptonote login agent)",
+    reads=("network.agents",),
 )
 def _payload_agents(s: ProcessState, now: float) -> set[str]:
     return s.network.agents
 
 
-@_signal("payload_methods", "texts", "network", "JSON-RPC/HTTP methods in payloads")
+@_signal(
+    "payload_methods",
+    "texts",
+    "network",
+    "JSON-RPC/HTTP methods in payloads",
+    reads=("network.methods",),
+)
 def _payload_methods(s: ProcessState, now: float) -> set[str]:
     return s.network.methods
 
@@ -422,6 +549,7 @@ def _payload_methods(s: ProcessState, now: float) -> set[str]:
     "texts",
     "network",
     "login/user values in payloads (a wallet, for pool logins)",
+    reads=("network.logins",),
 )
 def _payload_logins(s: ProcessState, now: float) -> set[str]:
     return s.network.logins
@@ -432,6 +560,7 @@ def _payload_logins(s: ProcessState, now: float) -> set[str]:
     "texts",
     "network",
     "host names it revealed on the wire: TLS SNI, HTTP Host/CONNECT, SOCKS target",
+    reads=("network.payload_hosts",),
 )
 def _payload_hosts(s: ProcessState, now: float) -> set[str]:
     return s.network.payload_hosts
@@ -443,6 +572,7 @@ def _payload_hosts(s: ProcessState, now: float) -> set[str]:
     "network",
     "JA4 fingerprints of the TLS ClientHellos it sent (its TLS library and settings, e.g. "
     "'t13i310900_e8f1e7e78f70_1f22a2ca17c4': TLS 1.3, no SNI, 31 suites, 9 extensions, no ALPN)",
+    reads=("payloads",),
 )
 def _tls_ja4(s: ProcessState, now: float) -> set[str]:
     return {
@@ -452,12 +582,24 @@ def _tls_ja4(s: ProcessState, now: float) -> set[str]:
     }
 
 
-@_signal("proxy_target_hosts", "texts", "network", "hosts it asked a SOCKS/HTTP proxy to reach")
+@_signal(
+    "proxy_target_hosts",
+    "texts",
+    "network",
+    "hosts it asked a SOCKS/HTTP proxy to reach",
+    reads=("network.proxy_hosts",),
+)
 def _proxy_hosts(s: ProcessState, now: float) -> set[str]:
     return s.network.proxy_hosts
 
 
-@_signal("proxy_target_ports", "numbers", "network", "ports it asked a SOCKS/HTTP proxy to reach")
+@_signal(
+    "proxy_target_ports",
+    "numbers",
+    "network",
+    "ports it asked a SOCKS/HTTP proxy to reach",
+    reads=("network.proxy_ports",),
+)
 def _proxy_ports(s: ProcessState, now: float) -> set[int]:
     return s.network.proxy_ports
 
@@ -467,6 +609,7 @@ def _proxy_ports(s: ProcessState, now: float) -> set[int]:
     "texts",
     "network",
     "every host it named: command line, config files and payloads",
+    reads=("cmdline", "facts", "network.payload_hosts"),
 )
 def _revealed_hosts(s: ProcessState, now: float) -> set[str]:
     return _hosts(_cmdline(s).endpoints) | _hosts(_config(s).endpoints) | s.network.payload_hosts
@@ -480,6 +623,7 @@ def _revealed_hosts(s: ProcessState, now: float) -> set[str]:
     "texts",
     "gpu",
     "GPU device classes opened (nvidia, nvidia-ctl, nvidia-uvm, kfd, drm-render, pci-bar, mem...)",
+    reads=("gpu_device_classes",),
 )
 def _gpu_classes(s: ProcessState, now: float) -> set[str]:
     return s.gpu_device_classes
@@ -490,17 +634,20 @@ def _gpu_classes(s: ProcessState, now: float) -> set[str]:
     "texts",
     "gpu",
     "device classes it opened for writing (msr, msr-config, hugepages-config: CPU miners tuning the host)",
+    reads=("device_classes_written",),
 )
 def _device_classes_written(s: ProcessState, now: float) -> set[str]:
     return s.device_classes_written
 
 
-@_signal("gpu_paths", "texts", "gpu", "GPU device paths opened")
+@_signal("gpu_paths", "texts", "gpu", "GPU device paths opened", reads=("gpu_paths",))
 def _gpu_paths(s: ProcessState, now: float) -> set[str]:
     return s.gpu_paths
 
 
-@_signal("ioctl_names", "texts", "gpu", "decoded GPU ioctl command names issued")
+@_signal(
+    "ioctl_names", "texts", "gpu", "decoded GPU ioctl command names issued", reads=("ioctl_counts",)
+)
 def _ioctl_names(s: ProcessState, now: float) -> set[str]:
     return set(s.ioctl_counts)
 
@@ -510,12 +657,13 @@ def _ioctl_names(s: ProcessState, now: float) -> set[str]:
     "texts",
     "gpu",
     "GPU ioctl categories issued (submit, memory, query, setup, other)",
+    reads=("ioctl_categories",),
 )
 def _ioctl_categories(s: ProcessState, now: float) -> set[str]:
     return s.ioctl_categories
 
 
-@_signal("ioctl_total", "number", "gpu", "GPU ioctls issued in total")
+@_signal("ioctl_total", "number", "gpu", "GPU ioctls issued in total", reads=("ioctl_total",))
 def _ioctl_total(s: ProcessState, now: float) -> int:
     return s.ioctl_total
 
@@ -525,6 +673,7 @@ def _ioctl_total(s: ProcessState, now: float) -> int:
     "bool",
     "gpu",
     "every GPU ioctl was a query or set-up (a monitor, not a compute job)",
+    reads=("ioctl_categories",),
 )
 def _ioctl_query_only(s: ProcessState, now: float) -> bool | None:
     if not s.ioctl_categories:
@@ -538,30 +687,61 @@ def _category_rate(s: ProcessState, now: float, category: str) -> float:
 
 
 @_signal(
-    "ioctl_rate_submit", "number", "gpu", "'submit' GPU ioctls per second over the last minute"
+    "ioctl_rate_submit",
+    "number",
+    "gpu",
+    "'submit' GPU ioctls per second over the last minute",
+    reads=("ioctl_rates", "now"),
+    period_s=RATE_PERIOD_S,
 )
 def _ioctl_rate_submit(s: ProcessState, now: float) -> float:
     return _category_rate(s, now, "submit")
 
 
 @_signal(
-    "ioctl_rate_memory", "number", "gpu", "'memory' GPU ioctls per second over the last minute"
+    "ioctl_rate_memory",
+    "number",
+    "gpu",
+    "'memory' GPU ioctls per second over the last minute",
+    reads=("ioctl_rates", "now"),
+    period_s=RATE_PERIOD_S,
 )
 def _ioctl_rate_memory(s: ProcessState, now: float) -> float:
     return _category_rate(s, now, "memory")
 
 
-@_signal("ioctl_rate_query", "number", "gpu", "'query' GPU ioctls per second over the last minute")
+@_signal(
+    "ioctl_rate_query",
+    "number",
+    "gpu",
+    "'query' GPU ioctls per second over the last minute",
+    reads=("ioctl_rates", "now"),
+    period_s=RATE_PERIOD_S,
+)
 def _ioctl_rate_query(s: ProcessState, now: float) -> float:
     return _category_rate(s, now, "query")
 
 
-@_signal("ioctl_rate_setup", "number", "gpu", "'setup' GPU ioctls per second over the last minute")
+@_signal(
+    "ioctl_rate_setup",
+    "number",
+    "gpu",
+    "'setup' GPU ioctls per second over the last minute",
+    reads=("ioctl_rates", "now"),
+    period_s=RATE_PERIOD_S,
+)
 def _ioctl_rate_setup(s: ProcessState, now: float) -> float:
     return _category_rate(s, now, "setup")
 
 
-@_signal("ioctl_rate_other", "number", "gpu", "'other' GPU ioctls per second over the last minute")
+@_signal(
+    "ioctl_rate_other",
+    "number",
+    "gpu",
+    "'other' GPU ioctls per second over the last minute",
+    reads=("ioctl_rates", "now"),
+    period_s=RATE_PERIOD_S,
+)
 def _ioctl_rate_other(s: ProcessState, now: float) -> float:
     return _category_rate(s, now, "other")
 
@@ -573,6 +753,8 @@ def _ioctl_rate_other(s: ProcessState, now: float) -> float:
     "GPU ioctls per second over the last minute of one decoded command, "
     "named by the condition's `command:` (e.g. UVM_REGISTER_CHANNEL)",
     parameter="command",
+    reads=("ioctl_command_rates", "now"),
+    period_s=RATE_PERIOD_S,
 )
 def _ioctl_command_rate(s: ProcessState, now: float, command: str | None = None) -> float | None:
     if command is None:
@@ -582,7 +764,11 @@ def _ioctl_command_rate(s: ProcessState, now: float, command: str | None = None)
 
 
 @_signal(
-    "gpu_util_mean", "number", "gpu", "mean per-process GPU (SM) utilisation %, last 5 minutes"
+    "gpu_util_mean",
+    "number",
+    "gpu",
+    "mean per-process GPU (SM) utilisation %, last 5 minutes",
+    reads=("gpu_util",),
 )
 def _gpu_util_mean(s: ProcessState, now: float) -> float | None:
     return s.gpu_util.mean
@@ -593,37 +779,64 @@ def _gpu_util_mean(s: ProcessState, now: float) -> float | None:
     "number",
     "gpu",
     "variance of per-process GPU utilisation, last 5 minutes (miners: very low)",
+    reads=("gpu_util",),
 )
 def _gpu_util_variance(s: ProcessState, now: float) -> float | None:
     return s.gpu_util.variance
 
 
-@_signal("gpu_util_min", "number", "gpu", "lowest per-process GPU utilisation %, last 5 minutes")
+@_signal(
+    "gpu_util_min",
+    "number",
+    "gpu",
+    "lowest per-process GPU utilisation %, last 5 minutes",
+    reads=("gpu_util",),
+)
 def _gpu_util_min(s: ProcessState, now: float) -> float | None:
     return s.gpu_util.minimum
 
 
-@_signal("gpu_util_latest", "number", "gpu", "latest per-process GPU utilisation %")
+@_signal(
+    "gpu_util_latest", "number", "gpu", "latest per-process GPU utilisation %", reads=("gpu_util",)
+)
 def _gpu_util_latest(s: ProcessState, now: float) -> float | None:
     return s.gpu_util.latest
 
 
-@_signal("gpu_util_samples", "number", "gpu", "GPU utilisation samples in the window")
+@_signal(
+    "gpu_util_samples",
+    "number",
+    "gpu",
+    "GPU utilisation samples in the window",
+    reads=("gpu_util",),
+)
 def _gpu_util_samples(s: ProcessState, now: float) -> int:
     return len(s.gpu_util)
 
 
-@_signal("gpu_util_window_s", "number", "gpu", "seconds covered by the GPU utilisation window")
+@_signal(
+    "gpu_util_window_s",
+    "number",
+    "gpu",
+    "seconds covered by the GPU utilisation window",
+    reads=("gpu_util",),
+)
 def _gpu_util_window(s: ProcessState, now: float) -> float:
     return s.gpu_util.duration_s
 
 
-@_signal("gpu_memory_bytes", "number", "gpu", "GPU memory used now, bytes")
+@_signal("gpu_memory_bytes", "number", "gpu", "GPU memory used now, bytes", reads=("gpu_memory",))
 def _gpu_memory(s: ProcessState, now: float) -> float | None:
     return s.gpu_memory.latest
 
 
-@_signal("gpu_memory_fraction", "number", "gpu", "GPU memory used / total of its GPUs (0-1)")
+@_signal(
+    "gpu_memory_fraction",
+    "number",
+    "gpu",
+    "GPU memory used / total of its GPUs (0-1)",
+    reads=("gpu_memory", "gpu_memory_total"),
+)
 def _gpu_memory_fraction(s: ProcessState, now: float) -> float | None:
     used = s.gpu_memory.latest
     if used is None or not s.gpu_memory_total:
@@ -631,12 +844,18 @@ def _gpu_memory_fraction(s: ProcessState, now: float) -> float | None:
     return used / s.gpu_memory_total
 
 
-@_signal("cpu_percent_mean", "number", "cpu", "mean CPU % (100 = one core), last 5 minutes")
+@_signal(
+    "cpu_percent_mean",
+    "number",
+    "cpu",
+    "mean CPU % (100 = one core), last 5 minutes",
+    reads=("cpu",),
+)
 def _cpu_mean(s: ProcessState, now: float) -> float | None:
     return s.cpu.mean
 
 
-@_signal("cpu_window_s", "number", "cpu", "seconds covered by the CPU window")
+@_signal("cpu_window_s", "number", "cpu", "seconds covered by the CPU window", reads=("cpu",))
 def _cpu_window(s: ProcessState, now: float) -> float:
     return s.cpu.duration_s
 
@@ -655,6 +874,7 @@ def _activity(s: ProcessState):
     "cpu",
     "threads runnable (on a CPU or queued for one) >= 90 % of their life or of the latest "
     "sampling interval; nice 19, a thread cap or a busy host do not lower it",
+    reads=("cpu_activity",),
 )
 def _cpu_spinning_threads(s: ProcessState, now: float) -> int | None:
     a = _activity(s)
@@ -666,13 +886,20 @@ def _cpu_spinning_threads(s: ProcessState, now: float) -> int | None:
     "number",
     "cpu",
     "seconds over which a thread was measured spinning (its lifetime, or the sampling interval)",
+    reads=("cpu_activity",),
 )
 def _cpu_spin_s(s: ProcessState, now: float) -> float | None:
     a = _activity(s)
     return a.spin_span_s if a is not None and a.spinning_threads else None
 
 
-@_signal("cpu_runnable_max", "number", "cpu", "highest runnable fraction of one thread (0-1)")
+@_signal(
+    "cpu_runnable_max",
+    "number",
+    "cpu",
+    "highest runnable fraction of one thread (0-1)",
+    reads=("cpu_activity",),
+)
 def _cpu_runnable_max(s: ProcessState, now: float) -> float | None:
     a = _activity(s)
     return a.runnable_max if a is not None else None
@@ -684,6 +911,7 @@ def _cpu_runnable_max(s: ProcessState, now: float) -> float | None:
     "cpu",
     "of its spinning threads' runnable time, the share they ran (1: had the CPUs; low: "
     "niced or crowded out, yet never sleeping)",
+    reads=("cpu_activity",),
 )
 def _cpu_ran_share(s: ProcessState, now: float) -> float | None:
     a = _activity(s)
@@ -695,6 +923,7 @@ def _cpu_ran_share(s: ProcessState, now: float) -> float | None:
     "bool",
     "cpu",
     "the FPU rounding-mode probe was running for it (false: blind spot, see status)",
+    reads=("cpu_activity",),
 )
 def _fpu_watched(s: ProcessState, now: float) -> bool | None:
     a = _activity(s)
@@ -707,6 +936,7 @@ def _fpu_watched(s: ProcessState, now: float) -> bool | None:
     "cpu",
     "context switches (at most one per ms) that found its SSE rounding mode changed since the "
     "previous one (RandomX's CFROUND); ordinary programs: 0",
+    reads=("cpu_activity",),
 )
 def _fpu_rounding_changes(s: ProcessState, now: float) -> int | None:
     a = _activity(s)
@@ -718,6 +948,7 @@ def _fpu_rounding_changes(s: ProcessState, now: float) -> int | None:
     "number",
     "cpu",
     "context switches (at most one per ms) that found a rounding mode other than nearest",
+    reads=("cpu_activity",),
 )
 def _fpu_rounding_nondefault(s: ProcessState, now: float) -> int | None:
     a = _activity(s)
@@ -729,6 +960,7 @@ def _fpu_rounding_nondefault(s: ProcessState, now: float) -> int | None:
     "number",
     "cpu",
     "seconds from the first to the latest non-nearest rounding mode seen",
+    reads=("cpu_activity",),
 )
 def _fpu_rounding_s(s: ProcessState, now: float) -> float | None:
     a = _activity(s)
@@ -745,6 +977,7 @@ def _fpu_rounding_s(s: ProcessState, now: float) -> float | None:
     "number",
     "memory",
     "largest hugetlb allocation: one request the sensor saw, or all it maps now (/proc); RandomX: 256 MiB, ~2 GiB",
+    reads=("facts", "huge_alloc_bytes"),
 )
 def _huge_alloc_bytes(s: ProcessState, now: float) -> int | None:
     mapped = s.facts.hugetlb_bytes if s.facts is not None else None
@@ -757,6 +990,7 @@ def _huge_alloc_bytes(s: ProcessState, now: float) -> int | None:
     "number",
     "memory",
     "largest huge page size (bytes) it asked for or maps (1 GiB: RandomX 1gb-pages)",
+    reads=("facts", "huge_page_size"),
 )
 def _huge_page_size(s: ProcessState, now: float) -> int | None:
     mapped = s.facts.hugetlb_page_size if s.facts is not None else None
@@ -784,6 +1018,7 @@ def _randomx_length(length: int, page_size: int) -> bool:
     "memory",
     "a huge-page request or mapping of exactly RandomX's size: the 256 MiB cache or the "
     "2080 MiB dataset (1 GiB pages: one or three of them)",
+    reads=("facts", "huge_requests"),
 )
 def _huge_alloc_randomx_shape(s: ProcessState, now: float) -> bool:
     if any(_randomx_length(length, page) for length, page in s.huge_requests):
@@ -800,12 +1035,13 @@ def _huge_alloc_randomx_shape(s: ProcessState, now: float) -> bool:
     "texts",
     "yara",
     "YARA rules that matched its executable, command line, environment or memory",
+    reads=("yara_matches",),
 )
 def _yara_rules(s: ProcessState, now: float) -> set[str]:
     return s.yara_matches
 
 
-@_signal("yara_tags", "texts", "yara", "tags of the YARA rules that matched")
+@_signal("yara_tags", "texts", "yara", "tags of the YARA rules that matched", reads=("yara_tags",))
 def _yara_tags(s: ProcessState, now: float) -> set[str]:
     return s.yara_tags
 
@@ -814,13 +1050,13 @@ def _ancestors(s: ProcessState) -> list:
     return s.facts.ancestors if s.facts is not None else []
 
 
-@_signal("parent_name", "text", "ancestry", "parent's comm, lower-case")
+@_signal("parent_name", "text", "ancestry", "parent's comm, lower-case", reads=("facts",))
 def _parent_name(s: ProcessState, now: float) -> str | None:
     a = _ancestors(s)
     return a[0].comm.lower() if a else None
 
 
-@_signal("parent_exe", "text", "ancestry", "parent's executable")
+@_signal("parent_exe", "text", "ancestry", "parent's executable", reads=("facts",))
 def _parent_exe(s: ProcessState, now: float) -> str | None:
     a = _ancestors(s)
     return (a[0].exe or None) if a else None
@@ -831,6 +1067,7 @@ def _parent_exe(s: ProcessState, now: float) -> str | None:
     "texts",
     "ancestry",
     "comm and executable names of all ancestors (up to 8), lower-case",
+    reads=("facts",),
 )
 def _ancestor_names(s: ProcessState, now: float) -> set[str]:
     names = {a.comm.lower() for a in _ancestors(s)} | {
@@ -840,7 +1077,7 @@ def _ancestor_names(s: ProcessState, now: float) -> set[str]:
     return names
 
 
-@_signal("ancestor_exes", "texts", "ancestry", "executables of all ancestors")
+@_signal("ancestor_exes", "texts", "ancestry", "executables of all ancestors", reads=("facts",))
 def _ancestor_exes(s: ProcessState, now: float) -> set[str]:
     return {a.exe for a in _ancestors(s) if a.exe}
 
@@ -850,11 +1087,14 @@ def _ancestor_exes(s: ProcessState, now: float) -> set[str]:
     "text",
     "ancestry",
     "the parent's current verdict (clean, suspicious, malicious)",
+    reads=("parent_verdict",),
 )
 def _parent_verdict(s: ProcessState, now: float) -> str | None:
     return s.parent_verdict.verdict if s.parent_verdict is not None else None
 
 
-@_signal("parent_score", "number", "ancestry", "the parent's current score")
+@_signal(
+    "parent_score", "number", "ancestry", "the parent's current score", reads=("parent_verdict",)
+)
 def _parent_score(s: ProcessState, now: float) -> int | None:
     return s.parent_verdict.score if s.parent_verdict is not None else None

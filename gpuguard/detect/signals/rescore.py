@@ -1,26 +1,22 @@
-"""What each signal depends on: how long its value stays valid, and which changes rescore a process.
+"""What each signal depends on, derived from the inputs it declares: caching and rescoring.
 
-Kept apart from the signal table (:mod:`gpuguard.detect.signals.named`) so the table
-reads as a list of names and meanings.  A new signal that is derived from the
-facts (identity, command line, config, ancestry) needs nothing here; one read
-from the network or GPU device tables, a count, a rate or the clock must be
-listed below (``tests/test_incremental.py`` checks every signal against these).
+Each signal declares what it reads (``Signal.reads`` in :mod:`gpuguard.detect.signals.named`);
+:data:`INPUTS` says, once per ProcessState field, how long a value read from it stays valid
+and which change to it rescores a process.  Nothing here names a signal.
 
-* **validity**: FACTS values change only with new facts, which clear every
-  cache; NETWORK (endpoints, payloads) and DEVICES (GPU device classes,
-  paths, ioctl names) values are dropped by ProcessState (DERIVED_FROM_*) when
-  those change.  Anything else (GPU and CPU windows, counts, time, YARA, the
-  parent's verdict) is recomputed every time.
-* **rescoring**: the correlator rescores a process for an addition
-  (correlate.state NEW_* bits) or a repeated count only when some rule reads a
-  signal that depends on it.  A GPU sample rescores only when one of the
-  rules' tests of a GPU-window signal (GPU_SAMPLE_SIGNALS) answers differently,
-  looked at every GPU_CHECK_EVERY_S per process; ``age_s`` rescores a process
-  when its age crosses a number a rule compares it with (crossing_points);
-  the other clock signals rescore everything once per period.
+* **validity**: FACTS values change only with new facts, which clear every cache; NETWORK and
+  DEVICES values are dropped by ProcessState (DERIVED_FROM_*) when those change; a signal
+  reading anything else is recomputed every time.
+* **rescoring**: the correlator rescores a process for an addition (correlate.state NEW_*) or
+  a repeated count only when some rule reads a signal reading it.  A GPU sample rescores only
+  when a rule's test of a GPU-window signal answers differently (every GPU_CHECK_EVERY_S);
+  ``age_s`` when a process's age crosses a number a rule compares it with (crossing_points);
+  other clock signals rescore everything once per their declared period.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from gpuguard.correlate.state import (
     ANY_ADDITION,
@@ -37,33 +33,93 @@ from gpuguard.correlate.state import (
 from gpuguard.detect.signals.table import SIGNALS
 
 FACTS, NETWORK, DEVICES = "facts", "network", "devices"
-_KIND_OF_GROUP = {
-    "identity": FACTS,
-    "cmdline": FACTS,
-    "config": FACTS,
-    "ancestry": FACTS,
-    "network": NETWORK,
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """What a signal may read, and what reading it implies for caching and rescoring."""
+
+    kept: str | None  # FACTS/NETWORK/DEVICES: how long a value read from it is valid; None: not
+    addition: int = 0  # the correlate.state NEW_* bit of an addition to it
+    count: bool = False  # a repeated observation changes it (rescore on every one)
+    gpu_sample: bool = False  # a GPU sample changes it
+
+
+_PAYLOAD = Input(NETWORK, NEW_PAYLOAD)
+_VOLATILE = Input(None)
+INPUTS: dict[str, Input] = {
+    # identity and facts: fixed until new facts (exec), which drop every cache
+    **dict.fromkeys(("key", "facts", "comm", "exe", "cmdline"), Input(FACTS)),
+    # connections and payloads
+    "network.ports": Input(NETWORK, NEW_PORT),
+    "network.addresses": Input(NETWORK, NEW_ADDRESS),
+    **dict.fromkeys(
+        (
+            "payloads",
+            "payload_protocols",
+            "network.agents",
+            "network.methods",
+            "network.logins",
+            "network.payload_hosts",
+            "network.proxy_hosts",
+            "network.proxy_ports",
+        ),
+        _PAYLOAD,
+    ),
+    "connect_total": Input(None, count=True),
+    # GPU devices and ioctls
+    "gpu_device_classes": Input(DEVICES, NEW_DEVICE_CLASS),
+    "device_classes_written": Input(DEVICES, NEW_DEVICE_CLASS),
+    "gpu_paths": Input(DEVICES, NEW_GPU_PATH),
+    "ioctl_counts": Input(DEVICES, NEW_IOCTL_NAME),
+    "ioctl_categories": Input(DEVICES, NEW_IOCTL_CATEGORY),
+    **dict.fromkeys(("ioctl_total", "ioctl_rates", "ioctl_command_rates"), Input(None, count=True)),
+    # GPU samples
+    **dict.fromkeys(
+        (
+            "gpu_util",
+            "gpu_memory",
+            "gpu_memory_total",
+            "gpu_behaviour",
+            "gpu_lifetime",
+            "gpu_device_shared",
+        ),
+        Input(None, gpu_sample=True),
+    ),
+    # everything else moves without an addition: recomputed every time
+    **dict.fromkeys(
+        (
+            "now",
+            "exited_at",
+            "cpu",
+            "cpu_activity",
+            "huge_alloc_bytes",
+            "huge_page_size",
+            "huge_requests",
+            "yara_matches",
+            "yara_tags",
+            "sessions",
+            "parent_verdict",
+        ),
+        _VOLATILE,
+    ),
 }
-_DEVICE_SIGNALS = frozenset(
-    {
-        "gpu_device_classes",
-        "gpu_paths",
-        "ioctl_names",
-        "ioctl_categories",
-        "ioctl_query_only",
-        "device_classes_written",
-    }
-)
-_UNCACHED = frozenset({"parent_verdict", "parent_score", "connect_count"})
+for _signal in SIGNALS.values():
+    assert _signal.reads <= INPUTS.keys(), f"{_signal.name} reads {_signal.reads - INPUTS.keys()}"
+
+
+def _reads(name: str) -> list[Input]:
+    return [INPUTS[i] for i in SIGNALS[name].reads]
 
 
 def signal_kind(name: str) -> str | None:
     """What signal ``name`` is derived from: FACTS, NETWORK, DEVICES, or None (recompute every time)."""
-    if name in _UNCACHED:
+    kinds = {i.kept for i in _reads(name)}
+    if None in kinds:
         return None
-    if name in _DEVICE_SIGNALS:
-        return DEVICES
-    return _KIND_OF_GROUP.get(SIGNALS[name].group)
+    kinds.discard(FACTS)
+    assert len(kinds) <= 1, f"{name}: a value kept in one cache reads one kind of change"
+    return kinds.pop() if kinds else FACTS
 
 
 def rule_cache(signals: tuple[str, ...] | frozenset[str]) -> str | None:
@@ -95,50 +151,30 @@ assert set(KEPT_SIGNAL_CACHES) <= {"signals:facts", *DERIVED_FROM_NETWORK, *DERI
 # that read repeated counts: the correlator rescores a process for an addition or a count
 # only when a rule reads one of them.
 SIGNALS_READING: dict[int, frozenset[str]] = {
-    NEW_PORT: frozenset({"connect_ports", "connected_to_revealed_port"}),
-    NEW_ADDRESS: frozenset({"connect_addresses"}),
-    NEW_PAYLOAD: frozenset(
-        {
-            "payload_protocols",
-            "payload_agents",
-            "payload_methods",
-            "payload_logins",
-            "payload_hosts",
-            "proxy_target_hosts",
-            "proxy_target_ports",
-            "revealed_hosts",
-        }
-    ),
-    NEW_DEVICE_CLASS: frozenset({"gpu_device_classes", "device_classes_written"}),
-    NEW_GPU_PATH: frozenset({"gpu_paths"}),
-    NEW_IOCTL_NAME: frozenset({"ioctl_names"}),
-    NEW_IOCTL_CATEGORY: frozenset({"ioctl_categories", "ioctl_query_only"}),
+    bit: frozenset(name for name in SIGNALS if any(i.addition & bit for i in _reads(name)))
+    for bit in (
+        NEW_PORT,
+        NEW_ADDRESS,
+        NEW_PAYLOAD,
+        NEW_DEVICE_CLASS,
+        NEW_GPU_PATH,
+        NEW_IOCTL_NAME,
+        NEW_IOCTL_CATEGORY,
+    )
 }
-RATE_SIGNALS = frozenset(
-    {
-        "ioctl_rate_submit",
-        "ioctl_rate_memory",
-        "ioctl_rate_query",
-        "ioctl_rate_setup",
-        "ioctl_rate_other",
-        "ioctl_command_rate",
-    }
-)
-COUNT_SIGNALS = frozenset({"connect_count", "ioctl_total"}) | RATE_SIGNALS
-assert sum(SIGNALS_READING) == ANY_ADDITION and set().union(*SIGNALS_READING.values()) <= set(
-    SIGNALS
-)
-assert RATE_SIGNALS <= set(SIGNALS)
+COUNT_SIGNALS = frozenset(name for name in SIGNALS if any(i.count for i in _reads(name)))
+# Counts over a recent window (they also fall with the clock): their windows are kept only
+# when a rule reads one.
+RATE_SIGNALS = frozenset(name for name in COUNT_SIGNALS if "now" in SIGNALS[name].reads)
+assert sum(SIGNALS_READING) == ANY_ADDITION
 
 # Signals that change with the clock alone, and how often the detection engine re-evaluates
-# every process for them when a rule reads them (a rate falls within 10 s of a process going
-# quiet).  ``age_s`` is here only for rules that test it with something other than a comparison
-# with a number; for comparisons (all shipped rules) the engine rescores a process only when
-# its age crosses a number a rule compares it with, checked every AGE_CHECK_EVERY_S.
+# every process for them when a rule reads them (their declared period).  ``age_s`` is here
+# only for rules that test it with something other than a comparison with a number; for
+# comparisons (all shipped rules) the engine rescores a process only when its age crosses a
+# number a rule compares it with, checked every AGE_CHECK_EVERY_S.
 TIME_SIGNAL_PERIODS_S = {
-    "age_s": 60.0,
-    "hour_of_day": 3600.0,
-    **{name: 10.0 for name in RATE_SIGNALS},
+    name: signal.period_s for name, signal in SIGNALS.items() if signal.period_s is not None
 }
 AGE_CHECK_EVERY_S = 10.0
 _COMPARISONS = frozenset({"gt", "gte", "lt", "lte"})
@@ -146,23 +182,10 @@ _COMPARISONS = frozenset({"gt", "gte", "lt", "lte"})
 # Signals whose value a GPU sample can change: the GPU windows and behaviour figures.  A GPU
 # sample does not rescore a process by itself; the engine re-evaluates the rules' tests of these
 # signals (at most every GPU_CHECK_EVERY_S of sample time per process) and rescores the process
-# only when one of those tests changed its answer.  ``tests/test_rescore_gpu.py`` checks that a GPU
+# only when one of those tests changed its answer.  ``tests/test_rescore.py`` checks that a GPU
 # sample changes no other signal.
-GPU_SAMPLE_SIGNALS = frozenset(
-    {
-        "gpu_util_mean",
-        "gpu_util_variance",
-        "gpu_util_min",
-        "gpu_util_latest",
-        "gpu_util_samples",
-        "gpu_util_window_s",
-        "gpu_memory_bytes",
-        "gpu_memory_fraction",
-        *(name for name, signal in SIGNALS.items() if signal.group == "gpu-behaviour"),
-    }
-)
+GPU_SAMPLE_SIGNALS = frozenset(name for name in SIGNALS if any(i.gpu_sample for i in _reads(name)))
 GPU_CHECK_EVERY_S = 5.0
-assert GPU_SAMPLE_SIGNALS <= set(SIGNALS)
 
 
 def crossing_points(leaves, signal: str) -> tuple[tuple[float, bool], ...] | None:

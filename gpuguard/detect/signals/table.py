@@ -1,9 +1,10 @@
 """The rule signals, listed once: every function a rule condition can name, in one explicit table.
 
-A signal is defined where it is computed (``@_signal(name, type, group, description)`` in
-:mod:`.signals` or :mod:`.behaviour_signals`) and counts once it is listed here; nothing
-registers itself when its module is imported.  Adding a signal is its definition plus one
-line below (tests/test_layers.py fails on a defined signal missing from this list).
+A signal is defined where it is computed (``@_signal(name, type, group, description,
+reads=...)`` in :mod:`.named` or :mod:`.behaviour`, declaring the inputs it reads)
+and counts once it is listed here; nothing registers itself when its module is imported.
+Adding a signal is its definition plus one line below (tests/test_layers.py fails on a
+defined signal missing from this list, tests/test_signal_inputs.py on an undeclared read).
 
 The order is the order the signals are documented in (``gpuguard rules signals`` sorts by group).
 """

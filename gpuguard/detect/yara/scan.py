@@ -5,16 +5,7 @@ Each YARA rule says where it applies with a meta ``scope`` (comma-separated:
 a rule's scope are dropped.  Memory rules must not demand an ELF header
 (``uint32(0) == 0x464c457f``): memory regions start anywhere.
 
-* The executable is read through ``/proc/PID/exe``, so deleted binaries are
-  scanned too; results are cached by executable identity (dev, inode, size,
-  mtime) — a second process of the same binary costs a dictionary lookup.
-* Command lines and environments are matched once per distinct content (keyed by a
-  128-bit BLAKE2b digest, last ``cache_size`` kept): a thousand workers started alike
-  cost one match each way.
-* Memory is scanned only when some rule has ``scope = "memory"``: the
-  process's anonymous and executable mappings from ``/proc/PID/maps``, read
-  from ``/proc/PID/mem`` in overlapping chunks, capped in bytes per region,
-  bytes per process and seconds per process.
+Details: docs/internals.md, "yara_scan".
 """
 
 from __future__ import annotations

@@ -3,37 +3,13 @@
 The sensor captures the first writes (up to ``GG_PAYLOAD_LEN``, 512 bytes, each)
 on every new outbound socket.  :func:`recognise_payload` names the protocol in
 one buffer and :func:`recognise_stream` in a connection's first writes joined in
-order, and both return ``(protocol, detail)``:
-
-* ``stratum``, ``cryptonote``, ``ethproxy``: mining pool JSON-RPC (method, the
-  wallet/worker a miner logs in with, its user agent).  A line cut at the
-  capture limit is still recognised by its method string.
-* ``stratum-v2``: a plaintext SV2 ``SetupConnection`` frame.  SV2 normally runs
-  inside a Noise NX handshake whose first client message is a 64-byte
-  ElligatorSwift-encoded key, an encoding designed to be indistinguishable
-  from random bytes: nothing in it can be told from any other 64 random bytes,
-  so it is *not* claimed as SV2 (it comes out ``unknown``).  Rules that want
-  the weak hint can match a 64-byte ``unknown`` first write to a pool port.
-* ``tls`` (ClientHello: SNI, ALPN, version; later TLS records by ``record`` type), ``http`` (request line, Host,
-  User-Agent; ``CONNECT`` reveals the real destination behind an HTTP proxy),
-  ``socks5`` and ``socks4`` (the proxied destination).  What is tunnelled after
-  a SOCKS request or HTTP CONNECT is recognised in turn and reported as
-  ``inner_protocol`` plus the inner detail keys prefixed with ``inner_``.
-* ``unknown`` with ``{}`` for everything else.
-
-The bytes are chosen by whoever runs the process, so every decoder here treats
-them as hostile: any input gives a result, never an exception; detail values
-are plain JSON/msgpack-safe values (str, int, bool, lists of str), strings are
-cut to :data:`MAX_TEXT` characters and never carry lone surrogates.  Escaping
-for display happens at output, not here.  Passwords sent to pools or proxies
-are never copied into ``detail``.
-
-One module per protocol family around the shared reader (``reader``):
-``tls``, ``socks``, ``http``, ``mining`` (stratum, CryptoNote, ETHPROXY,
-Stratum V2); ``dispatch`` picks the decoder by the first byte.
+order, and both return ``(protocol, detail)``.  The bytes are hostile: any input gives a
+result, never an exception; details are bounded plain values; passwords are never copied.
 
 May import: ``gpuguard.errors``, ``gpuguard.escape`` and ``gpuguard.events``
 only (it is part of the events layer; tests/test_layers.py).
+
+Details (the protocols and their detail keys): docs/internals.md, "payload".
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """What NVML keeps of the past: per-process accounting and ~14 s of device samples.
 
-Measured on an H100 (driver 580, shared/traces/h100):
-
-* ``nvmlDeviceGetProcessUtilization`` returns only the latest sample per
-  process, whatever time it is asked from: there is no per-process history;
-* ``nvmlDeviceGetSamples`` keeps ~14 s of device GPU and memory utilisation
-  (about 70 samples, one per ~200 ms) and of power: attributable to a process
-  only while it is the device's only user (:func:`history_snapshots`);
-* accounting mode (off by default; ``nvidia-smi -am 1`` or
-  :func:`set_accounting_mode`, root) gives ``nvmlDeviceGetAccountingStats(pid)``
-  in ~33 µs: lifetime averages, peak memory, start and duration, also for
-  exited processes (:func:`read_accounting`).
-
-Every function takes the pynvml module and a device handle and raises only
-``NVMLError`` (the sampler classifies it).
+Details: docs/internals.md, "nvml_history".
 """
 
 from __future__ import annotations

@@ -2,20 +2,9 @@
 
 Measured on an H100 (driver 580): ``nvmlDeviceGetPcieThroughput`` samples the
 link for 20 ms inside every call, so TX + RX cost 41 of the 44 ms one
-``NvmlSampler.sample()`` took per GPU.  What this module does instead:
+``NvmlSampler.sample()`` took per GPU; this module reads it more cheaply.
 
-1. **byte counters** (preferred): ``nvmlDeviceGetFieldValues`` with
-   ``NVML_FI_DEV_PCIE_COUNT_TX_BYTES`` / ``..._RX_BYTES`` reads two
-   cumulative counters, each with the driver's timestamp; the rate is the
-   difference between two reads.  The first read gives no rate (``None``), a
-   counter that went backwards (reset) starts over.
-2. **slow cadence** (drivers or GPUs without those counters: the field's
-   ``nvmlReturn`` is not SUCCESS, or the call is missing / NOT_SUPPORTED):
-   ``nvmlDeviceGetPcieThroughput`` once every ``SLOW_EVERY_S`` seconds; the
-   samples in between carry ``None`` (not the old value: a window must not count
-   one reading thirty times).
-
-Rates are KB/s (1 KB = 1024 bytes), like ``nvmlDeviceGetPcieThroughput``.
+Details: docs/internals.md, "nvml_pcie".
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
 """One look at the live host, in the agent's event model: what ``gpuguard scan`` feeds the engine.
 
-Data flow (each step reads /proc once for every process):
-
-1. list /proc, start one CPU-time baseline for every process at once (one read of
-   /proc/PID/stat each);
-2. :func:`collect_process_facts` for each pid (ancestors filled from the same
-   table rather than re-read per process);
-3. GPU device holders from /proc/PID/fd -> ``GpuOpen`` events;
-4. one ``psutil.net_connections`` -> ``Connect`` events;
-5. GPU samplers (NVML, amdsmi, DRM fdinfo) sampled at both ends of the window
-   -> ``GpuSnapshot``; with ``gpu_window_s`` also once a second on a thread while
-   steps 2-4 run and until the window ends, plus what the driver remembers
-   (NVML's ~14 s device history, accounting records when accounting mode is on);
-   the same thread snapshots the TCP counters of the GPU holders' connections
-   once a second (:mod:`gpuguard.sources.net.session_window`) -> ``ConnActivity``;
-6. after ``cpu_sample_s`` has passed since step 1 (steps 2-5 run inside the
-   window), every process's CPU percent over that window;
-7. runnable threads over each thread's lifetime (schedstat) -> ``CpuActivity`` for the
-   processes with a thread that never sleeps: no window, so a miner at nice 19 on a busy
-   host shows at once what CPU % over half a second cannot.
-
-The GPU window is skipped when no GPU sampler works here and no process holds a GPU
-device: there is nothing to watch, so the scan does not wait for it.
-
-What could not be seen (other users' processes when not root, sockets without
-an owner, GPU sources that do not work here) is kept as counts and turned into
-the "could not see" lines by :func:`limitation_lines`.
+Details: docs/internals.md, "host_observation".
 """
 
 from __future__ import annotations

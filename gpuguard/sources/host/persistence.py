@@ -5,15 +5,7 @@ autostart files below -> :class:`AutostartFile` (path, kind, owner, text).
 ``gpuguard.detect.host.checks`` decides which lines launch a miner; this
 module only reads.
 
-Files are streamed line by line: comments and blank lines (:func:`is_comment`)
-are counted but not kept, so padding a cron file or ``~/.bashrc`` with
-megabytes of comments hides nothing.  Bounds, because the tree may be hostile:
-``MAX_FILE_BYTES`` read per file, ``MAX_KEPT_BYTES`` of meaningful lines kept
-per file (each cut at ``MAX_LINE_CHARS``), ``MAX_FILES_PER_DIR`` entries per
-directory, regular files only (a symlink is read only when it resolves inside
-``root``: a unit linked to /dev/zero or a FIFO must not hang the scan).  What a
-bound leaves unread is listed in :attr:`AutostartScan.partly_read`, a blind spot
-the scan reports with the path.
+Details: docs/internals.md, "persistence".
 """
 
 from __future__ import annotations

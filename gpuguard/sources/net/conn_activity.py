@@ -1,25 +1,6 @@
 """Per-connection activity of watched processes: the kernel's records, read on an interval.
 
-The probes keep, for every connection of a process in ``watched_tgids`` (every
-GPU holder from its first GPU open, plus processes user space adds with
-:meth:`ConnActivityReader.watch`), a bounded record: bytes and writes out, the
-times of its latest small writes, when it started (``probes/net.bpf.c``,
-``struct gg_conn_activity``).  The records live in an array: a connection
-(tgid, fd) sits in slot ``activity_index(tgid, fd)`` or the next one, whose
-``owner`` names it (0: a free slot); user space seeds and frees slots the same
-way the probes do.  This module turns those records into
-:class:`~gpuguard.events.model.ConnActivity` events every ``interval_s`` (a
-record that did not change is not reported again), seeds records for the
-connections a process already had when it became watched, and deletes the
-records and watch entries of processes that are gone.
-
-The kernel's records count writes only: bytes in would need a probe on every
-read(2) of the host, which the sensor does not pay.  The inbound side comes
-from the TCP stack's own counters instead (:mod:`gpuguard.sources.net.tcp_sessions`,
-one sock_diag request per connection per interval, a dump when one is new): bytes and data
-segments in, the stack's bytes and segments out as a cross-check, the time
-since the latest data in, and the peer's address.  A record whose stack
-counters changed is reported again even when no write happened.
+Details: docs/internals.md, "conn_activity".
 """
 
 from __future__ import annotations

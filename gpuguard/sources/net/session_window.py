@@ -6,23 +6,7 @@ TCP counters of the watched pids' sockets (:class:`~gpuguard.sources.net.tcp_ses
 the same :class:`~gpuguard.events.model.ConnActivity` the agent's kernel records
 give, so the same signals and rules apply.
 
-A snapshot in which a connection's ``data_segs_out`` grew marks a write at that
-snapshot's time (1 s resolution, ``time_resolution_s``); it is a small write when
-the bytes sent since the previous snapshot average <= 1 KiB a segment.  Three such
-times (two intervals) make a cadence for these records, so the default 3 s window
-cannot show a 15-60 s pool cadence and ``--gpu-window 60`` can.  ``bytes_out``/``writes_out``/
-``small_writes`` cover the window (the record is ``seeded``: its age is the window);
-the stack's own fields (bytes and segments each way, time since the latest data
-in) are totals since the connect.  Scan cannot see the connection's real age,
-writes between two snapshots apart, nor connections opened and closed between
-two snapshots.
-
-:func:`one_look` is the same evidence without a window, for every process that scored anything
-and holds an established TCP connection: one tcp_info read of its sockets, each turned into a
-record of totals since the connect (segments and bytes each way, time since the latest data
-in).  Its age is the process's, since the connect time is not kept by the stack: the
-connection cannot be older, so rates over it are lower bounds; whether records are small
-both ways comes from bytes per segment, which needs no age.
+Details: docs/internals.md, "session_window".
 """
 
 from __future__ import annotations

@@ -5,23 +5,7 @@ Data flow: pids -> their TCP socket fds (``socket:[INODE]`` links in
 /proc/PID/ns/net inode) -> sock_diag requests with ``INET_DIAG_INFO`` ->
 :class:`TcpSession` per (pid, fd).
 
-A dump walks the kernel's whole TCP hash table once per address family
-(~10 ms for 262,144 buckets on the test VM, whatever the number of sockets;
-GPU servers with more memory have larger tables), so :class:`TcpSessionReader`
-dumps only when a socket it has not seen appears, and otherwise asks for each
-known socket by its address tuple and cookie (a hash lookup in the kernel).
-
-The kernel counts bytes and data segments in and out of every TCP socket
-anyway, so the inbound side costs nothing per read(2): one dump per interval.
-A container's sockets are only listed by a netlink socket created inside its
-network namespace: for every other namespace a short-lived thread enters it
-with setns(2) (libc through ctypes; Python 3.11 has no ``os.setns``), creates
-the netlink socket, and switches back; the socket keeps its namespace.  That
-needs CAP_SYS_ADMIN; a namespace that cannot be entered is reported, not
-guessed.
-
-tcp_info grows with kernel versions: only the length the kernel returned is
-decoded, and a field beyond it is ``None`` (absent), never 0.
+Details: docs/internals.md, "tcp_sessions".
 """
 
 from __future__ import annotations

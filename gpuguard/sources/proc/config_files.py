@@ -12,9 +12,7 @@ the same text.  Bounded: at most ``MAX_FILES`` regular files of at most
 ``MAX_BYTES`` each; FIFOs and devices are never read.  Parsing the text is
 ``gpuguard.correlate.config_files``.
 
-``gpuguard scan`` passes a :class:`CwdWithoutConfigs` to look up each working directory
-without any of the usual names once per run rather than once per process (the agent does
-not: it keeps no such memory, so a miner's config written later is never hidden).
+Details: docs/internals.md, "config_files".
 """
 
 from __future__ import annotations

@@ -4,19 +4,9 @@ A preload rootkit (an LD_PRELOAD or /etc/ld.so.preload library hooking
 readdir) hides a miner by dropping its ``/proc/<pid>`` entry from directory
 listings; the kernel still answers ``/proc/<pid>/status`` for it.  Probing
 every pid up to ``pid_max`` (4 million on many hosts) is too slow for a
-one-shot scan, so the candidates come from views a readdir hook does not filter:
+one-shot scan, so the candidates come from views a readdir hook does not filter.
 
-* ``cgroup.procs`` of every cgroup (read(2), not readdir: the kernel's full
-  list of processes; bounded by ``MAX_CGROUP_DIRS``),
-* the ``PPid`` of every listed process (a hidden parent of a visible child),
-* pids that other sources report (NVML / amdsmi / DRM process lists, sockets),
-* the neighbourhood of the last pid the kernel handed out (``/proc/loadavg``),
-  where a freshly started miner lives (``RECENT_PID_WINDOW`` pids).
-
-A candidate is hidden when ``/proc/<n>/status`` exists, names ``n`` as its own
-Tgid (threads have their own /proc/<tid> too but are not listed by design),
-and ``n`` is absent from the listing taken before *and* after the probe (a
-process that merely started mid-scan appears in the second listing).
+Details: docs/internals.md, "hidden_pids".
 """
 
 from __future__ import annotations

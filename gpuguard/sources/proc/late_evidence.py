@@ -1,20 +1,6 @@
 """What a process first seen late still shows about its config, even after it was deleted.
 
-The files it holds open, and the config its command line names.
-
-A miner that reads ``config.json`` and deletes it at once leaves nothing for a reader who
-comes later (the agent's first sweep after a restart, a scan), unless it still holds the
-file open (then the text is readable through /proc/PID/fd/N, deleted or not) or its command
-line still names it (then the deletion itself is the fact).  Both go into
-``ProcessFacts.config_files`` so recordings and replay see them:
-
-* held open: ``"<path> (deleted; read through its open descriptor)"`` -> the text (or the
-  path itself when the file is still there);
-* named but gone: ``"<path> (deleted after start)"`` -> "" (nothing left to read).
-
-Only processes worth the look are examined (a config named in argv, hugetlb memory, a
-deleted or fileless executable), at most ``MAX_FDS`` descriptors each; only regular files
-are opened (never FIFOs or devices), at most ``MAX_BYTES`` read.
+Details: docs/internals.md, "late_evidence".
 """
 
 from __future__ import annotations

@@ -3,19 +3,9 @@
 The agent runs as root on the host; the process it inspects may be in a
 container and is possibly hostile.  A path it names (``-c ../../etc/shadow``,
 or a ``config.json`` that is a symlink to ``/etc/shadow``) must resolve inside
-*its* filesystem view, never the host's:
+*its* filesystem view, never the host's.
 
-* absolute paths are opened relative to ``/proc/PID/root`` with
-  ``openat2(RESOLVE_IN_ROOT)``: ``..`` and absolute symlinks stay inside the
-  process's root;
-* relative paths are opened relative to ``/proc/PID/cwd`` with
-  ``openat2(RESOLVE_BENEATH)``: nothing may leave the working directory;
-* magic links (``/proc/self/root`` and the like) are never followed.
-
-Kernels without openat2 (before 5.6, or a seccomp filter refusing it) get a
-stricter fallback: the path is walked one component at a time with
-``O_NOFOLLOW``, and any symlink or ``..`` refuses the file.  Only regular
-files up to the size cap are read; FIFOs and devices are never read.
+Details: docs/internals.md, "proc_files".
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ Data flow (each step reads /proc once for every process):
    table rather than re-read per process);
 3. GPU device holders from /proc/PID/fd -> ``GpuOpen`` events;
 4. one ``psutil.net_connections`` -> ``Connect`` events;
+   (every fd table is read once, before step 2, by :mod:`gpuguard.sources.fd_table`: steps 3,
+   4 and the DRM sampler's first sweep read that walk);
 5. GPU samplers (NVML, amdsmi, DRM fdinfo) sampled at both ends of the window
    -> ``GpuSnapshot``; with ``gpu_window_s`` also once a second on a thread while
    steps 2-4 run and until the window ends, plus what the driver remembers
@@ -45,6 +47,7 @@ from gpuguard.events.model import ConnActivity, CpuActivity, Event
 from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
 from gpuguard.sources.cpu_usage import cpu_activity, cpu_and_start, lifetime_runnable
 from gpuguard.sources.fd_holders import HolderScan, holder_event, scan_device_holders
+from gpuguard.sources.fd_table import read_fd_tables
 from gpuguard.sources.gpu.registry import SOURCE_NAMES
 from gpuguard.sources.hidden_pids import list_proc_pids
 from gpuguard.sources.net_connections import ConnectionTable, connect_event, read_connection_table
@@ -163,7 +166,7 @@ def _lifetime_cpu_activity(
     return out
 
 
-def _open_samplers(on_status: Callable[[str], None]) -> list:
+def _open_samplers(on_status: Callable[[str], None], fd_links: dict | None = None) -> list:
     try:
         from gpuguard.sources.gpu.sampler import open_samplers
     except ImportError as exc:
@@ -172,7 +175,7 @@ def _open_samplers(on_status: Callable[[str], None]) -> list:
     samplers = []
     for source in SOURCE_NAMES:
         try:
-            samplers.extend(open_samplers([source], on_status=on_status))
+            samplers.extend(open_samplers([source], on_status=on_status, fd_links=fd_links))
         except ImportError as exc:
             on_status(f"{source} not available: {exc}")
     return samplers
@@ -236,7 +239,14 @@ def observe_host(
             if first is not None:
                 cpu_baseline[pid] = first
 
-    samplers = _open_samplers(obs.gpu_status.append) if gpu else []
+    # one walk of every fd table: GPU device holders, the DRM sampler's first sweep and the
+    # socket owners of the connection table all read it
+    tables = read_fd_tables(sorted(listed), proc_root)
+    samplers = (
+        _open_samplers(obs.gpu_status.append, tables.device_links if proc_root == "/proc" else None)
+        if gpu
+        else []
+    )
     window: _WindowSampler | None = None
     live: list[GpuSnapshot] = []
     sessions = SessionWindow()
@@ -253,7 +263,7 @@ def observe_host(
                     facts_hook(facts)
                 obs.facts[pid] = facts
         _fill_ancestors(obs.facts, proc_root)
-        obs.holders = scan_device_holders(sorted(obs.facts), proc_root)
+        obs.holders = scan_device_holders(sorted(obs.facts), proc_root, tables)
         if window is None and gpu_window_s > 0 and obs.holders.holders:
             # no GPU sampler works here, yet processes hold GPU devices: watch their sessions
             window = _WindowSampler(samplers, live, sessions)
@@ -265,7 +275,9 @@ def observe_host(
             sessions.pids = set(obs.holders.by_pid()) | {
                 p.pid for snap in list(live) for p in snap.processes
             }
-        obs.connections = read_connection_table()
+        obs.connections = read_connection_table(
+            socket_owners=tables.socket_owners() if proc_root == "/proc" else None
+        )
         obs.cpu_activity = _lifetime_cpu_activity(obs.facts, obs.time, proc_root)
 
         remaining = cpu_sample_s - (time.monotonic() - window_start)

@@ -160,7 +160,9 @@ def _lifetime_cpu_activity(
     for pid, f in facts.items():
         if f.kernel_thread or not f.exe:
             continue
-        runnable = lifetime_runnable(pid, proc_root, f.start_time - boot if f.start_time else None)
+        runnable = lifetime_runnable(
+            pid, proc_root, f.start_time - boot if f.start_time else None, f.num_threads == 1
+        )
         if runnable is not None and runnable.spinning_threads:
             out[pid] = cpu_activity(now, pid, f.comm, runnable)
     return out

@@ -62,6 +62,7 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
+_READ_SIZE = 65536
 _boot = (0.0, -1.0)  # (when read, monotonic; boot time): /proc/stat read once a second at most
 
 
@@ -83,13 +84,24 @@ class _Denied(Exception):
 
 
 def _read(path: str) -> bytes:
+    """The whole file (a bare open and read: a Python file object costs more than the read)."""
     try:
-        with open(path, "rb", buffering=0) as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError):
         raise _Gone from None
     except PermissionError:
         raise _Denied from None
+    try:
+        chunks = []
+        while chunk := os.read(fd, _READ_SIZE):
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    except (FileNotFoundError, ProcessLookupError):
+        raise _Gone from None
+    except PermissionError:
+        raise _Denied from None
+    finally:
+        os.close(fd)
 
 
 def _text(raw: bytes) -> str:
@@ -109,11 +121,24 @@ def _split_cmdline(data: str) -> list[str]:
     return cmdline
 
 
+_users: tuple[float, dict[int, str]] = (-1.0, {})  # (when started, monotonic; uid -> name)
+
+
 def _username(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    """The user's name, looked up once a second at most per uid (a scan asks ~1,000 times)."""
+    global _users
+    now = time.monotonic()
+    if now - _users[0] >= 1.0 or _users[0] < 0:
+        _users = (now, {})
+    names = _users[1]
+    name = names.get(uid)
+    if name is None:
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+        names[uid] = name
+    return name
 
 
 def _ld_preload_of(pid: int, proc_root: str) -> tuple[str | None, bool]:

@@ -342,6 +342,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     limitations = limitation_lines(obs)
     hidden = _probe_hidden_pids(obs, limitations)
+    if scanner is not None:
+        scanner.environ_read = obs.environs  # read with the facts: not read again
 
     # config files read here, each working directory without any looked up once (not per process)
     correlator = Correlator(facts_provider=obs.facts.get, read_configs=False)

@@ -81,6 +81,8 @@ class HostObservation:
     # processes with a thread runnable >= 90 % of its life (schedstat: no window needed)
     cpu_activity: dict[int, CpuActivity] = field(default_factory=dict)
     gpu_window_skipped: bool = False  # asked for, but no GPU sampler and no GPU handle here
+    # the head of each environ read with the facts, {(pid, start time): bytes}, for YARA
+    environs: dict[tuple[int, float], bytes] = field(default_factory=dict)
 
     def events(self) -> list[Event]:
         """GpuOpen and Connect events for every process with facts, in pid order."""
@@ -259,7 +261,9 @@ def observe_host(
             window = _WindowSampler(samplers, live, sessions)
             window.start()
         for pid in sorted(listed):
-            facts = collect_process_facts(pid, proc_root, with_ancestors=False)
+            facts = collect_process_facts(
+                pid, proc_root, with_ancestors=False, environ_sink=obs.environs
+            )
             if facts is not None:
                 if facts_hook is not None:
                     facts_hook(facts)

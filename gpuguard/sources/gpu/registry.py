@@ -28,7 +28,7 @@ class GpuSource:
         """Open a sampler; raises ``SourceUnavailable`` (or ImportError) when it cannot work here.
 
         ``fd_links``: {pid: [(fd, target)]} of every process's /dev/ and /sys/ links, just read
-        (:mod:`gpuguard.sources.fd_table`), for a source that would otherwise read them again."""
+        (:mod:`gpuguard.sources.proc.fd_table`), for a source that would otherwise read them again."""
         module = importlib.import_module(f"{_PACKAGE}.{self.module}")
         if fd_links is not None and self.sweeps_fd_tables:
             return module.open_sampler(proc_root=proc_root, fd_links=fd_links)

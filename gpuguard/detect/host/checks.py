@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from gpuguard.detect.host.rules import HOST_RULES, HostRule
 from gpuguard.sources.host.host_gpu_stack import GPU_MODULES, DeviceNode, GpuStackFacts
@@ -71,10 +72,20 @@ _URL_SCHEME = re.compile(r"([a-z][a-z0-9+.\-]{1,30})://", re.I)
 _HOSTNAME = re.compile(r"[a-z0-9][a-z0-9\-]{0,62}(?:\.[a-z0-9\-]{1,63})+", re.I)
 
 
+@lru_cache(maxsize=8)
+def _could_match(vocabulary: MinerVocabulary) -> re.Pattern[str]:
+    """What every line with a reason contains (a miner name, ``://`` or a pool domain), so the
+    thousands of autostart lines without any are passed over with one search each."""
+    words = sorted({*vocabulary.miner_names, *vocabulary.pool_domains}, key=len, reverse=True)
+    return re.compile("|".join(["://", *(re.escape(w) for w in words)]))
+
+
 def miner_reasons(line: str, vocabulary: MinerVocabulary) -> list[str]:
     """Why ``line`` launches a miner: named miners, pool URL schemes, pool domains, miner flags."""
     reasons: list[str] = []
     lowered = line.lower()
+    if not _could_match(vocabulary).search(lowered):
+        return reasons
     tokens = [t for t in _TOKEN_SPLIT.split(lowered) if t]
     names = sorted({t for t in tokens if t in vocabulary.miner_names})
     if names:

@@ -21,7 +21,10 @@ from pathlib import Path
 
 import yara
 
+from gpuguard.sources.proc.process import ENVIRON_HEAD
+
 SCOPES = ("file", "cmdline", "environ", "memory")
+ENVIRON_BYTES = ENVIRON_HEAD  # the environ bytes matched (its head: where LD_* and pools sit)
 CHUNK = 4 << 20
 OVERLAP = 4096
 _MAPS_LINE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) \S+ \S+ \d+\s*(.*)$")
@@ -119,6 +122,9 @@ class YaraScanner:
         self.wants_memory = any("memory" in s for s in self._scopes.values())
         self._file_cache: OrderedDict[tuple, YaraResult] = OrderedDict()
         self._data_cache: OrderedDict[tuple[str, bytes], YaraResult] = OrderedDict()
+        # {(pid, start time): the first ENVIRON_BYTES of its environ} read with its facts just
+        # before (scan: gpuguard.sources.host.host_observation), so it is not read a second time
+        self.environ_read: dict[tuple[int, float], bytes] = {}
         self.stats = {
             "file_scans": 0,
             "file_cache_hits": 0,
@@ -254,11 +260,13 @@ class YaraScanner:
             )
             found.update(dict.fromkeys(cmd.rules, ()))
             tags |= set(cmd.tags)
-        try:
-            with open(f"{proc_root}/{pid}/environ", "rb") as handle:
-                env = handle.read(65536)
-        except OSError:
-            env = b""
+        env = self.environ_read.pop((pid, facts.start_time), None)
+        if env is None:
+            try:
+                with open(f"{proc_root}/{pid}/environ", "rb") as handle:
+                    env = handle.read(ENVIRON_BYTES)
+            except OSError:
+                env = b""
         if env:
             result = self.scan_data(env, "environ")
             found.update(dict.fromkeys(result.rules, ()))

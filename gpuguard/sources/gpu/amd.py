@@ -18,7 +18,11 @@ amdsmi at most every ``REINIT_INTERVAL_S`` if the library lost its state.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import importlib.util
 import io
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +47,38 @@ _LOST = {STATUS_NOT_FOUND, STATUS_NOT_INIT, STATUS_DRIVER_NOT_LOADED}
 _REINIT = {STATUS_NOT_INIT, STATUS_DRIVER_NOT_LOADED}
 
 
+_NO_LIBRARY = (
+    "libamd_smi.so not found",
+    "install ROCm's amd-smi-lib (it ships libamd_smi.so) or set ROCM_PATH",
+)
+
+
+def _library_absent() -> bool:
+    """True when no place the binding looks for libamd_smi.so holds it (amdsmi_wrapper's
+    find_smi_library: $ROCM_HOME or $ROCM_PATH/lib, the linker's search, the package's own
+    directory, /opt/rocm/lib): importing it (~25 ms) would only fail the same way."""
+    spec = importlib.util.find_spec("amdsmi")
+    if spec is None or not spec.submodule_search_locations:
+        return False  # not installed: the import says so
+    rocm = os.getenv("ROCM_HOME", os.getenv("ROCM_PATH"))
+    places = [os.path.join(rocm, "lib/libamd_smi.so")] if rocm else []
+    places += [
+        "libamd_smi.so",
+        os.path.join(os.path.realpath(spec.submodule_search_locations[0]), "libamd_smi.so"),
+        os.path.join(os.getenv("ROCM_PATH", "/opt/rocm"), "lib", "libamd_smi.so"),
+    ]
+    for place in places:
+        try:
+            ctypes.CDLL(place)
+        except OSError:
+            continue
+        return False
+    return True
+
+
 def load_library() -> ModuleType:
+    if "amdsmi" not in sys.modules and _library_absent():
+        raise SourceUnavailable(*_NO_LIBRARY)
     # Without ROCm the binding prints to stdout and raises KeyError('libamd_smi.so')
     # at import; stdout may be a JSON stream, so the message is swallowed here.
     with contextlib.redirect_stdout(io.StringIO()):
@@ -54,10 +89,7 @@ def load_library() -> ModuleType:
                 "the amdsmi Python package is not installed", "pip install amdsmi"
             ) from None
         except (KeyError, OSError):
-            raise SourceUnavailable(
-                "libamd_smi.so not found",
-                "install ROCm's amd-smi-lib (it ships libamd_smi.so) or set ROCM_PATH",
-            ) from None
+            raise SourceUnavailable(*_NO_LIBRARY) from None
     return amdsmi
 
 

@@ -28,7 +28,7 @@ from gpuguard.sources.gpu.drm_usage import (
     node_index,
     parse_fdinfo,
 )
-from gpuguard.sources.gpu.gpu_fds import DRM_CLASSES, list_gpu_fds, read_fdinfo
+from gpuguard.sources.gpu.gpu_fds import DRM_CLASSES, gpu_fds_of_links, list_gpu_fds, read_fdinfo
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
 from gpuguard.sources.proc.pidns import namespace_pid
 
@@ -69,11 +69,26 @@ class FdTableSweeper:
     ``sweep_every`` samples.
     """
 
-    def __init__(self, proc_root: str = "/proc", sweep_every: int = 1) -> None:
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        sweep_every: int = 1,
+        fd_links: dict[int, list[tuple[int, str]]] | None = None,
+    ) -> None:
         self.proc_root = proc_root
         self.sweep_every = max(1, sweep_every)
         self._tick = 0
         self._known: dict[int, list[tuple[str, str]]] = {}
+        # the first sweep takes the fd tables a caller has just read ({pid: [(fd, target)]} of
+        # its /dev/ and /sys/ links, gpuguard.sources.proc.fd_table) instead of reading them again
+        self._fresh = (
+            {
+                pid: [(str(f.fd), f.target) for f in gpu_fds_of_links(links, DRM_CLASSES)]
+                for pid, links in fd_links.items()
+            }
+            if fd_links is not None
+            else {}
+        )
 
     def drm_fds(self, result: ScanResult) -> dict[int, list[tuple[str, str]]]:
         self._tick += 1
@@ -82,9 +97,13 @@ class FdTableSweeper:
         except OSError:
             return {}
         known, self._known = self._known, {}
+        fresh, self._fresh = self._fresh, {}
         for pid in pids:
             fd_dir = f"{self.proc_root}/{pid}/fd"
             previous = known.get(pid)
+            if pid in fresh:
+                self._known[pid] = fresh[pid]
+                continue
             try:
                 if previous is None or (pid + self._tick) % self.sweep_every == 0:
                     found = _drm_fds(pid, self.proc_root)
@@ -184,13 +203,18 @@ def sysfs_devices(sys_root: str = "/sys") -> dict[int, _SysDevice]:
 
 
 def open_sampler(
-    proc_root: str = "/proc", sys_root: str = "/sys", sweep_every: int = SWEEP_EVERY
+    proc_root: str = "/proc",
+    sys_root: str = "/sys",
+    sweep_every: int = SWEEP_EVERY,
+    fd_links: dict[int, list[tuple[int, str]]] | None = None,
 ) -> DrmFdinfoSampler:
     if not os.path.isdir(f"{proc_root}/self/fdinfo"):
         raise SourceUnavailable(
             f"{proc_root}/self/fdinfo is missing", "mount procfs (Linux 2.6.22+)"
         )
-    sampler = DrmFdinfoSampler(proc_root=proc_root, sys_root=sys_root, sweep_every=sweep_every)
+    sampler = DrmFdinfoSampler(
+        proc_root=proc_root, sys_root=sys_root, sweep_every=sweep_every, fd_links=fd_links
+    )
     first = sampler.sample()
     if not first.devices:
         raise SourceUnavailable(
@@ -213,9 +237,10 @@ class DrmFdinfoSampler:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sweep_every: int = 1,
+        fd_links: dict[int, list[tuple[int, str]]] | None = None,
     ) -> None:
         self._proc_root = proc_root
-        self._sweeper = FdTableSweeper(proc_root, sweep_every)
+        self._sweeper = FdTableSweeper(proc_root, sweep_every, fd_links)
         self._sys_root = sys_root
         self._clock = clock
         self._monotonic = monotonic

@@ -21,10 +21,13 @@ from gpuguard.events.model import GpuOpen
 from gpuguard.sources.gpu.gpu_fds import (
     DRM_CLASSES,
     FdInfo,
+    GpuFd,
+    gpu_fds_of_links,
     list_gpu_fds,
     parse_fdinfo_fields,
     read_fdinfo,
 )
+from gpuguard.sources.proc.fd_table import FdTables
 
 
 @dataclass(slots=True)
@@ -61,6 +64,10 @@ def holders_of_pid(pid: int, proc_root: str = "/proc") -> list[DeviceHolder] | N
         return []
     except OSError:
         return None
+    return _holders(pid, fds, proc_root)
+
+
+def _holders(pid: int, fds: list[GpuFd], proc_root: str) -> list[DeviceHolder]:
     out: list[DeviceHolder] = []
     for gpu_fd in fds:
         text = read_fdinfo(pid, gpu_fd.fd, proc_root)
@@ -78,11 +85,20 @@ def holders_of_pid(pid: int, proc_root: str = "/proc") -> list[DeviceHolder] | N
     return out
 
 
-def scan_device_holders(pids: list[int], proc_root: str = "/proc") -> HolderScan:
-    """Scan the fd table of every pid once."""
+def scan_device_holders(
+    pids: list[int], proc_root: str = "/proc", tables: FdTables | None = None
+) -> HolderScan:
+    """Scan the fd table of every pid once (``tables``: the walk already made, covering ``pids``)."""
     scan = HolderScan()
+    unreadable = set(tables.unreadable) if tables is not None else set()
     for pid in pids:
-        found = holders_of_pid(pid, proc_root)
+        if tables is None:
+            found = holders_of_pid(pid, proc_root)
+        elif pid in unreadable:
+            found = None
+        else:
+            links = tables.device_links.get(pid, [])
+            found = _holders(pid, gpu_fds_of_links(links), proc_root) if links else []
         if found is None:
             scan.unreadable_pids.append(pid)
         else:

@@ -46,10 +46,10 @@ def list_gpu_fds(
     Raises PermissionError when the fd table is not ours to read and
     FileNotFoundError (an OSError) when the process is gone.
     """
-    prefixes = _DRM_PREFIXES if classes is not None and classes <= DRM_CLASSES else _GPU_PREFIXES
+    prefixes = _prefixes(classes)
     dir_fd = os.open(f"{proc_root}/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        found = []
+        links = []
         for name in os.listdir(dir_fd):
             try:
                 target = os.readlink(
@@ -57,14 +57,31 @@ def list_gpu_fds(
                 )  # relative to the open dir: no path walk per fd
             except OSError:
                 continue
-            if not target.startswith(prefixes):
-                continue
-            device_class = classify_device_path(target)
-            if device_class != DeviceClass.NONE and (classes is None or device_class in classes):
-                found.append(GpuFd(int(name), target, device_class))
-        return found
+            if target.startswith(prefixes):
+                links.append((int(name), target))
+        return gpu_fds_of_links(links, classes)
     finally:
         os.close(dir_fd)
+
+
+def _prefixes(classes: frozenset[DeviceClass] | None) -> tuple[str, ...]:
+    return _DRM_PREFIXES if classes is not None and classes <= DRM_CLASSES else _GPU_PREFIXES
+
+
+def gpu_fds_of_links(
+    links: list[tuple[int, str]], classes: frozenset[DeviceClass] | None = None
+) -> list[GpuFd]:
+    """The GPU files (of ``classes`` when given) among ``(fd, link target)`` pairs already read
+    (:mod:`gpuguard.sources.proc.fd_table` keeps every ``/dev/`` and ``/sys/`` target)."""
+    prefixes = _prefixes(classes)
+    found = []
+    for fd, target in links:
+        if not target.startswith(prefixes):
+            continue
+        device_class = classify_device_path(target)
+        if device_class != DeviceClass.NONE and (classes is None or device_class in classes):
+            found.append(GpuFd(fd, target, device_class))
+    return found
 
 
 def fd_is_gpu(pid: int, fd: int, proc_root: str = "/proc") -> tuple[bool, str | None]:

@@ -11,6 +11,9 @@ knowing".
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +70,16 @@ _PROCESS_LISTS = {
 
 
 def load_library() -> ModuleType:
+    if "pynvml" not in sys.modules:
+        if importlib.util.find_spec("pynvml") is None:
+            raise SourceUnavailable("pynvml is not installed", "pip install nvidia-ml-py")
+        # nvmlInit's own first step on Linux (pynvml's _LoadNvmlLibrary): without the library,
+        # importing the binding (~30 ms, a scan's whole budget on a host without GPUs) would
+        # only end in the same NVML_ERROR_LIBRARY_NOT_FOUND
+        try:
+            ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
+            raise SourceUnavailable(*_INIT_FAILURES["NVML_ERROR_LIBRARY_NOT_FOUND"]) from None
     try:
         import pynvml
     except ImportError:

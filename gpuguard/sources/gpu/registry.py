@@ -22,10 +22,16 @@ class GpuSource:
     module: str  # under gpuguard.sources.gpu; has open_sampler(proc_root=...)
     counters: bool  # engine busy time is a counter: a rate needs two reads
     doc: str
+    sweeps_fd_tables: bool = False  # its open_sampler takes ``fd_links`` (fd tables already read)
 
-    def open(self, proc_root: str = "/proc"):
-        """Open a sampler; raises ``SourceUnavailable`` (or ImportError) when it cannot work here."""
+    def open(self, proc_root: str = "/proc", fd_links: dict | None = None):
+        """Open a sampler; raises ``SourceUnavailable`` (or ImportError) when it cannot work here.
+
+        ``fd_links``: {pid: [(fd, target)]} of every process's /dev/ and /sys/ links, just read
+        (:mod:`gpuguard.sources.proc.fd_table`), for a source that would otherwise read them again."""
         module = importlib.import_module(f"{_PACKAGE}.{self.module}")
+        if fd_links is not None and self.sweeps_fd_tables:
+            return module.open_sampler(proc_root=proc_root, fd_links=fd_links)
         return module.open_sampler(proc_root=proc_root)
 
 
@@ -38,6 +44,7 @@ GPU_SOURCES: tuple[GpuSource, ...] = (
         "drm_fdinfo",
         counters=True,
         doc="any DRM driver, from /proc/PID/fdinfo (no vendor library)",
+        sweeps_fd_tables=True,
     ),
 )
 SOURCE_NAMES: tuple[str, ...] = tuple(s.name for s in GPU_SOURCES)

@@ -43,10 +43,12 @@ def open_samplers(
     sources: Iterable[str] = SOURCE_NAMES,
     proc_root: str = "/proc",
     on_status: Callable[[str], None] | None = None,
+    fd_links: dict | None = None,
 ) -> list[GpuSampler]:
     """Open every source (named in :mod:`~gpuguard.sources.gpu.registry`) that works here.
 
-    Each one that does not is reported once, through ``on_status``.
+    Each one that does not is reported once, through ``on_status``.  ``fd_links``: every
+    process's fd links just read (see ``GpuSource.open``).
     """
     samplers: list[GpuSampler] = []
     for name in sources:
@@ -56,7 +58,7 @@ def open_samplers(
             )
         source = BY_NAME[name]
         try:
-            samplers.append(source.open(proc_root))
+            samplers.append(source.open(proc_root, fd_links))
         except SourceUnavailable as exc:
             if on_status is not None:
                 on_status(status_line(source.label, exc))

@@ -27,6 +27,7 @@ from gpuguard.sources.net.net_connections import (
 )
 from gpuguard.sources.net.session_window import SessionWindow
 from gpuguard.sources.proc.cpu_usage import cpu_activity, cpu_and_start, lifetime_runnable
+from gpuguard.sources.proc.fd_table import read_fd_tables
 from gpuguard.sources.proc.hidden_pids import list_proc_pids
 from gpuguard.sources.proc.process import collect_process_facts
 
@@ -57,6 +58,8 @@ class HostObservation:
     # processes with a thread runnable >= 90 % of its life (schedstat: no window needed)
     cpu_activity: dict[int, CpuActivity] = field(default_factory=dict)
     gpu_window_skipped: bool = False  # asked for, but no GPU sampler and no GPU handle here
+    # the head of each environ read with the facts, {(pid, start time): bytes}, for YARA
+    environs: dict[tuple[int, float], bytes] = field(default_factory=dict)
 
     def events(self) -> list[Event]:
         """GpuOpen and Connect events for every process with facts, in pid order."""
@@ -136,13 +139,15 @@ def _lifetime_cpu_activity(
     for pid, f in facts.items():
         if f.kernel_thread or not f.exe:
             continue
-        runnable = lifetime_runnable(pid, proc_root, f.start_time - boot if f.start_time else None)
+        runnable = lifetime_runnable(
+            pid, proc_root, f.start_time - boot if f.start_time else None, f.num_threads == 1
+        )
         if runnable is not None and runnable.spinning_threads:
             out[pid] = cpu_activity(now, pid, f.comm, runnable)
     return out
 
 
-def _open_samplers(on_status: Callable[[str], None]) -> list:
+def _open_samplers(on_status: Callable[[str], None], fd_links: dict | None = None) -> list:
     try:
         from gpuguard.sources.gpu.sampler import open_samplers
     except ImportError as exc:
@@ -151,7 +156,7 @@ def _open_samplers(on_status: Callable[[str], None]) -> list:
     samplers = []
     for source in SOURCE_NAMES:
         try:
-            samplers.extend(open_samplers([source], on_status=on_status))
+            samplers.extend(open_samplers([source], on_status=on_status, fd_links=fd_links))
         except ImportError as exc:
             on_status(f"{source} not available: {exc}")
     return samplers
@@ -215,7 +220,14 @@ def observe_host(
             if first is not None:
                 cpu_baseline[pid] = first
 
-    samplers = _open_samplers(obs.gpu_status.append) if gpu else []
+    # one walk of every fd table: GPU device holders, the DRM sampler's first sweep and the
+    # socket owners of the connection table all read it
+    tables = read_fd_tables(sorted(listed), proc_root)
+    samplers = (
+        _open_samplers(obs.gpu_status.append, tables.device_links if proc_root == "/proc" else None)
+        if gpu
+        else []
+    )
     window: _WindowSampler | None = None
     live: list[GpuSnapshot] = []
     sessions = SessionWindow()
@@ -226,13 +238,15 @@ def observe_host(
             window = _WindowSampler(samplers, live, sessions)
             window.start()
         for pid in sorted(listed):
-            facts = collect_process_facts(pid, proc_root, with_ancestors=False)
+            facts = collect_process_facts(
+                pid, proc_root, with_ancestors=False, environ_sink=obs.environs
+            )
             if facts is not None:
                 if facts_hook is not None:
                     facts_hook(facts)
                 obs.facts[pid] = facts
         _fill_ancestors(obs.facts, proc_root)
-        obs.holders = scan_device_holders(sorted(obs.facts), proc_root)
+        obs.holders = scan_device_holders(sorted(obs.facts), proc_root, tables)
         if window is None and gpu_window_s > 0 and obs.holders.holders:
             # no GPU sampler works here, yet processes hold GPU devices: watch their sessions
             window = _WindowSampler(samplers, live, sessions)
@@ -244,7 +258,9 @@ def observe_host(
             sessions.pids = set(obs.holders.by_pid()) | {
                 p.pid for snap in list(live) for p in snap.processes
             }
-        obs.connections = read_connection_table()
+        obs.connections = read_connection_table(
+            socket_owners=tables.socket_owners() if proc_root == "/proc" else None
+        )
         obs.cpu_activity = _lifetime_cpu_activity(obs.facts, obs.time, proc_root)
 
         remaining = cpu_sample_s - (time.monotonic() - window_start)

@@ -51,12 +51,34 @@ class ConnectionTable:
     unavailable: str | None = None  # why no table could be read at all
 
 
-def read_connection_table(as_root: bool | None = None) -> ConnectionTable:
-    """Every inet socket with a remote address, by owning pid."""
+def _inet_connections(socket_owners: dict[str, list[tuple[int, int]]] | None) -> list:
+    """``psutil.net_connections(kind="inet")``; with ``socket_owners`` (inode -> [(pid, fd)],
+    :meth:`gpuguard.sources.proc.fd_table.FdTables.socket_owners`) psutil's own /proc/net parser maps
+    the sockets through them instead of walking every fd table again."""
+    if socket_owners is not None:
+        try:
+            from psutil._pslinux import NetConnections
+        except ImportError:  # another psutil layout: its public call walks the fd tables itself
+            return psutil.net_connections(kind="inet")
+        if hasattr(NetConnections, "get_all_inodes"):
+
+            class _Known(NetConnections):
+                def get_all_inodes(self):
+                    return socket_owners
+
+            return _Known().retrieve("inet")
+    return psutil.net_connections(kind="inet")
+
+
+def read_connection_table(
+    as_root: bool | None = None, socket_owners: dict[str, list[tuple[int, int]]] | None = None
+) -> ConnectionTable:
+    """Every inet socket with a remote address, by owning pid (``socket_owners``: the fd tables
+    already read, see :func:`_inet_connections`)."""
     as_root = os.geteuid() == 0 if as_root is None else as_root
     table = ConnectionTable()
     try:
-        conns = psutil.net_connections(kind="inet")
+        conns = _inet_connections(socket_owners)
     except (psutil.AccessDenied, OSError) as exc:
         table.unavailable = f"could not list network connections ({exc.__class__.__name__})"
         return table

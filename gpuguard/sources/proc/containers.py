@@ -7,8 +7,10 @@ systemd or cgroupfs drivers.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 _ID = r"([0-9a-f]{64})"
 _RUNTIMES = (
@@ -31,6 +33,7 @@ class ContainerRef:
 NO_CONTAINER = ContainerRef(None, None, None)
 
 
+@lru_cache(maxsize=4096)  # a pure function of the path; a host has few distinct cgroups
 def container_from_cgroup(cgroup_path: str) -> ContainerRef:
     """``/kubepods.slice/...pod<uid>.slice/cri-containerd-<id>.scope`` -> ids."""
     runtime = container_id = None
@@ -49,10 +52,18 @@ def container_from_cgroup(cgroup_path: str) -> ContainerRef:
 def read_cgroup_path(pid: int, proc_root: str = "/proc") -> str:
     """The v2 (unified) cgroup path, else the first v1 path that names a container."""
     try:
-        with open(f"{proc_root}/{pid}/cgroup", encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.read().splitlines()
+        fd = os.open(f"{proc_root}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        raw = b""
+        while chunk := os.read(fd, 65536):  # a bare read: a text file object costs more
+            raw += chunk
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    lines = raw.decode("utf-8", "surrogateescape").splitlines()
     unified = ""
     fallback = ""
     for line in lines:

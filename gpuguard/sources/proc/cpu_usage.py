@@ -99,24 +99,34 @@ def _thread_start_s(task_dir: str) -> float | None:
 
 
 def thread_totals(
-    pid: int, start_after_boot_s: float, proc_root: str = "/proc"
+    pid: int, start_after_boot_s: float, proc_root: str = "/proc", single_thread: bool = False
 ) -> dict[int, _ThreadTotals] | None:
     """Runnable and run nanoseconds of each thread so far, with its age; None if gone or unreadable.
+
+    ``single_thread``: the process had one thread when its facts were read, so its task listing
+    is skipped (a thread started since is younger than ``MIN_SPAN_S``: it would not be judged).
 
     ``start_after_boot_s`` is the process's start: a thread's own start is read only when the
     process's age would not already show it spinning (a thread started late, e.g. by a process
     that idled before it began to mine), so most threads cost one small read."""
     now = _boot_seconds()
-    try:
-        tids = os.listdir(f"{proc_root}/{pid}/task")
-    except OSError:
-        return None
+    if single_thread:
+        tids = [str(pid)]
+    else:
+        try:
+            tids = os.listdir(f"{proc_root}/{pid}/task")
+        except OSError:
+            return None
     out: dict[int, _ThreadTotals] = {}
     for name in tids[:MAX_THREADS]:
-        task_dir = f"{proc_root}/{pid}/task/{name}"
+        # a single thread's schedstat is its process's own (/proc/PID/schedstat: the leader's)
+        task_dir = f"{proc_root}/{pid}" if single_thread else f"{proc_root}/{pid}/task/{name}"
         try:
-            with open(f"{task_dir}/schedstat", "rb") as f:
-                fields = f.read().split()
+            fd = os.open(f"{task_dir}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fields = os.read(fd, 256).split()
+            finally:
+                os.close(fd)
             run_ns, wait_ns = int(fields[0]), int(fields[1])
         except (OSError, IndexError, ValueError):
             continue
@@ -127,7 +137,7 @@ def thread_totals(
             if started is not None and started > start_after_boot_s:
                 span = now - started
         out[int(name)] = _ThreadTotals(runnable_ns, run_ns, max(span, 0.0))
-    return out
+    return out if out or not single_thread else None  # its one thread gone: the process is
 
 
 def process_start_after_boot(pid: int, proc_root: str = "/proc") -> float | None:
@@ -182,16 +192,20 @@ def summarize(
 
 
 def lifetime_runnable(
-    pid: int, proc_root: str = "/proc", start_after_boot_s: float | None = None
+    pid: int,
+    proc_root: str = "/proc",
+    start_after_boot_s: float | None = None,
+    single_thread: bool = False,
 ) -> Runnable | None:
     """Spinning threads over each thread's lifetime (one read, no window: what scan uses);
-    ``start_after_boot_s``: the process's start when already known (else read)."""
+    ``start_after_boot_s``: the process's start when already known (else read);
+    ``single_thread``: see :func:`thread_totals`."""
     start = start_after_boot_s
     if start is None:
         start = process_start_after_boot(pid, proc_root)
     if start is None:
         return None
-    totals = thread_totals(pid, start, proc_root)
+    totals = thread_totals(pid, start, proc_root, single_thread)
     return summarize(totals) if totals is not None else None
 
 

@@ -62,6 +62,8 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
+_READ_SIZE = 65536
+ENVIRON_HEAD = 65536  # what a YARA match reads of an environ (gpuguard.detect.yara.scan)
 _boot = (0.0, -1.0)  # (when read, monotonic; boot time): /proc/stat read once a second at most
 
 
@@ -83,13 +85,24 @@ class _Denied(Exception):
 
 
 def _read(path: str) -> bytes:
+    """The whole file (a bare open and read: a Python file object costs more than the read)."""
     try:
-        with open(path, "rb", buffering=0) as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError):
         raise _Gone from None
     except PermissionError:
         raise _Denied from None
+    try:
+        chunks = []
+        while chunk := os.read(fd, _READ_SIZE):
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    except (FileNotFoundError, ProcessLookupError):
+        raise _Gone from None
+    except PermissionError:
+        raise _Denied from None
+    finally:
+        os.close(fd)
 
 
 def _text(raw: bytes) -> str:
@@ -109,20 +122,37 @@ def _split_cmdline(data: str) -> list[str]:
     return cmdline
 
 
+_users: tuple[float, dict[int, str]] = (-1.0, {})  # (when started, monotonic; uid -> name)
+
+
 def _username(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    """The user's name, looked up once a second at most per uid (a scan asks ~1,000 times)."""
+    global _users
+    now = time.monotonic()
+    if now - _users[0] >= 1.0 or _users[0] < 0:
+        _users = (now, {})
+    names = _users[1]
+    name = names.get(uid)
+    if name is None:
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+        names[uid] = name
+    return name
 
 
-def _ld_preload_of(pid: int, proc_root: str) -> tuple[str | None, bool]:
+def _ld_preload_of(
+    pid: int, proc_root: str, environ_sink: dict[tuple[int, float], bytes] | None, key
+) -> tuple[str | None, bool]:
     try:
         raw = _read(f"{proc_root}/{pid}/environ")
     except (_Gone, _Denied):
         return None, False
     except OSError:
         return None, False
+    if environ_sink is not None:
+        environ_sink[key] = raw[:ENVIRON_HEAD]
     value = None
     for entry in _text(raw).split("\x00"):
         if entry.startswith("LD_PRELOAD="):
@@ -131,9 +161,15 @@ def _ld_preload_of(pid: int, proc_root: str) -> tuple[str | None, bool]:
 
 
 def collect_process_facts(
-    pid: int, proc_root: str = "/proc", with_ancestors: bool = True
+    pid: int,
+    proc_root: str = "/proc",
+    with_ancestors: bool = True,
+    environ_sink: dict[tuple[int, float], bytes] | None = None,
 ) -> ProcessFacts | None:
-    """Facts about ``pid`` now, or ``None`` if it no longer exists."""
+    """Facts about ``pid`` now, or ``None`` if it no longer exists.
+
+    ``environ_sink``: gets ``{(pid, start time): the first ENVIRON_HEAD bytes of its environ}``
+    when it was read, for a YARA match that would read it again (scan)."""
     base = f"{proc_root}/{pid}"
     try:
         stat_raw = _read(f"{base}/stat")
@@ -172,7 +208,9 @@ def collect_process_facts(
     cgroup = read_cgroup_path(pid, proc_root)
     container = container_from_cgroup(cgroup)
     ld_preload, environ_readable = (
-        _ld_preload_of(pid, proc_root) if not kernel_thread else (None, False)
+        _ld_preload_of(pid, proc_root, environ_sink, (pid, start_time))
+        if not kernel_thread
+        else (None, False)
     )
     hugetlb_bytes, hugetlb_page_size, hugetlb_maps = (
         process_hugetlb(pid, proc_root, status_hugetlb_kib(status))

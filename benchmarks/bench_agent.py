@@ -27,13 +27,13 @@ The exec-flood mode (issue 20) measures, on one agent, with baselines taken in t
 
 * idle: the agent's CPU (fraction of a core) over ``--idle-s`` with the probes attached and
   nothing of ours running, and its RSS after start-up and at the end;
-* per flood rate (``tests/workloads/exec_flood.c``, fork+exec of /bin/true, split over
-  parallel flooders so the rate can be reached): the agent's CPU per exec above its idle
-  rate, the loss ratio (ring records lost + intake drops over execs done), the share of
-  execs the kernel kept (aggregated), and the detection latency of a miner started during
-  the flood (``sh -c`` running a python "miner" whose only tell is its command line: it
-  neither connects nor opens a GPU, so it is found only because it lives) against the same
-  miner's latency with no flood;
+* per flood rate (``tests/workloads/exec_flood.c``, vfork+execve of ``exit0.c``, a static
+  program without libc, split over parallel flooders so the rate can be reached): the
+  agent's CPU per exec above its idle rate, the loss ratio (ring records lost + intake
+  drops over execs done), the share of execs the kernel kept (aggregated), and the
+  detection latency of a miner started during the flood (``sh -c`` running a python
+  "miner" whose only tell is its command line: it neither connects nor opens a GPU, so it
+  is found only because it lives) against the same miner's latency with no flood;
 * stop and reload under a 5,000/s flood, ``--tries`` each: SIGTERM to exit (a fresh agent
   each try) and SIGHUP to the "reload" lifecycle line;
 * with ``--baseline-tree`` (another checkout, e.g. main before this change): that tree's
@@ -230,7 +230,7 @@ def sampler_cost(gpus: int = 8, seconds: float = 5.0) -> dict:
 
 
 EXEC_FLOOD = REPO / "tests" / "workloads" / "exec_flood.c"
-FLOODER_MAX_RATE = 2000  # execs/s one flooder is asked for; more rate, more flooders
+FLOODER_MAX_RATE = 2500  # execs/s one flooder is asked for; more rate, more flooders
 MINER_ARGS = [
     "-o",
     "stratum+tcp://pool.example.invalid:3333",
@@ -246,13 +246,13 @@ def load_average() -> float:
 
 
 def start_floods(rate: int, seconds: float, cgroup: Path | None = None) -> list[subprocess.Popen]:
-    """Flooders (fork+exec of /bin/true) together asking for ``rate`` execs/s for ``seconds``,
-    inside ``cgroup`` from their first instruction when given."""
-    from tests.support.workloads import build_c_program
+    """Flooders (vfork+execve of tests/workloads/exit0.c) together asking for ``rate`` execs/s
+    for ``seconds``, inside ``cgroup`` from their first instruction when given."""
+    from tests.support.workloads import build_c_program, build_exit0
 
-    binary = build_c_program(EXEC_FLOOD)
+    binary, program = build_c_program(EXEC_FLOOD), build_exit0()
     n = max(1, -(-rate // FLOODER_MAX_RATE))
-    argv = [str(binary), str(rate / n), str(seconds)]
+    argv = [str(binary), str(rate / n), str(seconds), str(program)]
     if cgroup is not None:
         argv = [
             "/bin/sh",
@@ -262,7 +262,10 @@ def start_floods(rate: int, seconds: float, cgroup: Path | None = None) -> list[
             str(cgroup),
             *argv,
         ]
-    return [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    return [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for _ in range(n)
+    ]
 
 
 def stop_floods(floods: list[subprocess.Popen]) -> int:

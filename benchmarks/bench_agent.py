@@ -421,12 +421,12 @@ def reload_times(agent: AgentProcess, rate: int, tries: int, cgroup: Path) -> li
     try:
         time.sleep(2.0)
         for _ in range(tries):
-            seen = len([r for r in agent.records() if _is_reload(r)])
+            seen = _reloads(agent)
             sent = time.monotonic()
             agent.signal(signal.SIGHUP)
             took = None
             while time.monotonic() - sent < 20:
-                if len([r for r in agent.records() if _is_reload(r)]) > seen:
+                if _reloads(agent) > seen:
                     took = round(time.monotonic() - sent, 3)
                     break
                 time.sleep(0.02)
@@ -435,6 +435,19 @@ def reload_times(agent: AgentProcess, rate: int, tries: int, cgroup: Path) -> li
     finally:
         stop_floods(floods)
     return out
+
+
+def _reloads(agent: AgentProcess) -> int:
+    """Reload lines in the agent's log so far (a line still being written is not read)."""
+    try:
+        text = agent.log.read_text()
+    except FileNotFoundError:
+        return 0
+    return sum(
+        1
+        for line in text.splitlines(keepends=True)
+        if line.endswith("\n") and _is_reload(json.loads(line))
+    )
 
 
 def _is_reload(record: dict) -> bool:
@@ -493,6 +506,9 @@ def exec_flood_suite(args: argparse.Namespace) -> dict:
                     lat = point["miner_latency_s"]
                     point["miner_latency_ratio"] = round(lat / base, 2) if lat and base else None
                     points.append(point)
+                    print(
+                        json.dumps(point), file=sys.stderr, flush=True
+                    )  # kept if a later step fails
                 result["flood"] = points
                 result["reload_s_at_5k"] = reload_times(agent, 5000, args.tries, cgroup[0])
                 result["rss_mb_end"] = round(rss_mb(agent.proc.pid), 1)

@@ -136,11 +136,26 @@ def _split_cmdline(data: str) -> list[str]:
     return cmdline
 
 
+_USERNAMES: dict[int, tuple[float, str]] = {}  # uid -> (when read, monotonic; name)
+_USERNAME_TTL_S = 60.0  # a user renamed or added is seen within this
+_USERNAMES_MAX = 4096
+
+
 def _username(uid: int) -> str:
+    """The user name of ``uid`` (the uid as text when it has none), from the password database
+    at most once a minute per uid: NSS reads /etc/passwd on every call (~12 us, every exec)."""
+    now = time.monotonic()
+    cached = _USERNAMES.get(uid)
+    if cached is not None and now - cached[0] < _USERNAME_TTL_S:
+        return cached[1]
     try:
-        return pwd.getpwuid(uid).pw_name
+        name = pwd.getpwuid(uid).pw_name
     except KeyError:
-        return str(uid)
+        name = str(uid)
+    if len(_USERNAMES) >= _USERNAMES_MAX:
+        _USERNAMES.clear()
+    _USERNAMES[uid] = (now, name)
+    return name
 
 
 def _ld_preload_of(pid: int, proc_root: str) -> tuple[str | None, bool]:

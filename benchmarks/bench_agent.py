@@ -48,6 +48,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -245,12 +246,14 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
-def start_floods(rate: int, seconds: float, cgroup: Path | None = None) -> list[subprocess.Popen]:
-    """Flooders (vfork+execve of tests/workloads/exit0.c) together asking for ``rate`` execs/s
-    for ``seconds``, inside ``cgroup`` from their first instruction when given."""
+def start_floods(
+    rate: int, seconds: float, cgroup: Path | None = None, program: Path | None = None
+) -> list[subprocess.Popen]:
+    """Flooders (vfork+execve of ``program``, by default tests/workloads/exit0.c) together asking
+    for ``rate`` execs/s for ``seconds``, inside ``cgroup`` from their first instruction when given."""
     from tests.support.workloads import build_c_program, build_exit0
 
-    binary, program = build_c_program(EXEC_FLOOD), build_exit0()
+    binary, program = build_c_program(EXEC_FLOOD), program or build_exit0()
     n = max(1, -(-rate // FLOODER_MAX_RATE))
     argv = [str(binary), str(rate / n), str(seconds), str(program)]
     if cgroup is not None:
@@ -335,8 +338,26 @@ def counters_now(agent: AgentProcess, cgroup_id: int = 0) -> dict:
     }
 
 
+def sent_up_program() -> Path:
+    """exit0 named ``lspci``: a name the rules list (raw_access_programs), so each of its execs is
+    sent up in full, yet harmless (it maps no BAR): the cost of one exec the agent reads."""
+    from tests.support.workloads import build_exit0
+
+    exit0 = build_exit0()
+    program = exit0.parent / f"up-{exit0.name}" / "lspci"
+    if not program.exists():
+        program.parent.mkdir(exist_ok=True)
+        shutil.copy(exit0, program)
+    return program
+
+
 def flood_point(
-    agent: AgentProcess, rate: int, window: float, cgroup: tuple[Path, int], rounds: int = 2
+    agent: AgentProcess,
+    rate: int,
+    window: float,
+    cgroup: tuple[Path, int],
+    rounds: int = 2,
+    program: Path | None = None,
 ) -> dict:
     """One flood rate, ``rounds`` pairs of an idle window and a flood window: the agent's CPU per
     exec above the idle window just before (paired: the shared host's load moves), the loss
@@ -349,12 +370,12 @@ def flood_point(
         idle = idle_cpu(agent, window)
         time.sleep(2.5)  # the state file is rewritten every 2 s while counters move
         before = counters_now(agent, cgroup_id)
-        floods = start_floods(rate, window + 3.0, directory)
+        floods = start_floods(rate, window + 3.0, directory, program)
         began = time.monotonic()
         time.sleep(1.0)  # past the flooders' start
         cpu0, mono0 = cpu_seconds(agent.proc.pid), time.monotonic()
         miner = None
-        if round_ == 0:
+        if round_ == 0 and program is None:
             miner = threading.Thread(target=lambda: latency.append(miner_latency(agent)))
             miner.start()
         time.sleep(window)
@@ -464,14 +485,21 @@ def idle_cpu(agent: AgentProcess, seconds: float) -> float:
     return (cpu_seconds(agent.proc.pid) - before) / (time.monotonic() - start)
 
 
-def baseline_tree_point(tree: Path, rate: int, window: float, cgroup: tuple[Path, int]) -> dict:
+def baseline_tree_point(
+    tree: Path, rate: int, window: float, cgroup: tuple[Path, int], up_rate: int = 0
+) -> dict:
     """Another checkout's agent (e.g. main before the exec filter) under the same flood."""
     with tempfile.TemporaryDirectory(prefix="gg-bench-base-") as tmp:
         agent = AgentProcess(Path(tmp), "--sensor", "ebpf", wrapper=("env", "-C", str(tree)))
         try:
             agent.wait_ready()
             time.sleep(3.0)
-            return flood_point(agent, rate, window, cgroup)
+            point = flood_point(agent, rate, window, cgroup)
+            if up_rate:
+                point["sent_up"] = flood_point(
+                    agent, up_rate, window, cgroup, program=sent_up_program()
+                )
+            return point
         finally:
             agent.stop()
 
@@ -483,7 +511,9 @@ def exec_flood_suite(args: argparse.Namespace) -> dict:
         if args.baseline_tree:
             result["baseline_tree"] = {
                 "tree": str(args.baseline_tree),
-                **baseline_tree_point(Path(args.baseline_tree), rates[0], args.window_s, cgroup),
+                **baseline_tree_point(
+                    Path(args.baseline_tree), rates[0], args.window_s, cgroup, args.up_rate
+                ),
             }
         with tempfile.TemporaryDirectory(prefix="gg-bench-flood-") as tmp:
             agent = AgentProcess(Path(tmp), "--sensor", "ebpf")
@@ -510,6 +540,11 @@ def exec_flood_suite(args: argparse.Namespace) -> dict:
                         json.dumps(point), file=sys.stderr, flush=True
                     )  # kept if a later step fails
                 result["flood"] = points
+                if args.up_rate:
+                    result["sent_up"] = flood_point(
+                        agent, args.up_rate, args.window_s, cgroup, program=sent_up_program()
+                    )
+                    print(json.dumps(result["sent_up"]), file=sys.stderr, flush=True)
                 result["reload_s_at_5k"] = reload_times(agent, 5000, args.tries, cgroup[0])
                 result["rss_mb_end"] = round(rss_mb(agent.proc.pid), 1)
                 result["execs"] = agent.status().get("counters", {}).get("execs", {})
@@ -558,6 +593,20 @@ def print_flood(result: dict) -> None:
             f"{base['us_per_exec_above_idle']} above its idle, loss ratio {base['loss_ratio']}, "
             f"miner {base['miner_latency_s']} s; this tree / baseline (raw us/exec): {ratio}"
         )
+    up = result.get("sent_up")
+    if up:
+        print(
+            f"execs sent up in full (a listed name), {up['rate_asked']}/s asked, {up['rate_done']}/s"
+            f" done, load {up['load_average']}: {up['us_per_exec_above_idle']} us/exec above idle "
+            f"{up['us_per_exec_above_idle_rounds']}, {up['us_per_exec_raw']} raw, loss {up['loss_ratio']}"
+        )
+        base_up = (base or {}).get("sent_up")
+        if base_up:
+            print(
+                f"  baseline tree, same: {base_up['us_per_exec_above_idle']} us/exec above idle "
+                f"{base_up['us_per_exec_above_idle_rounds']}, {base_up['us_per_exec_raw']} raw "
+                f"(load {base_up['load_average']})"
+            )
     print(f"stop (SIGTERM -> exit) under 5k/s, s: {result['stop_s_at_5k']} (target <= 2 s)")
     print(
         f"reload (SIGHUP -> reload line) under 5k/s, s: {result['reload_s_at_5k']} (target <= 2 s)"
@@ -585,6 +634,12 @@ def main() -> int:
     parser.add_argument("--idle-s", type=float, default=60.0)
     parser.add_argument("--tries", type=int, default=5)
     parser.add_argument("--baseline-tree", type=Path, default=None)
+    parser.add_argument(
+        "--up-rate",
+        type=int,
+        default=200,
+        help="execs/s of a listed name (each sent up in full) for the cost of one such exec; 0: skip",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (the agent loads eBPF probes)")

@@ -48,7 +48,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -341,14 +340,9 @@ def counters_now(agent: AgentProcess, cgroup_id: int = 0) -> dict:
 def sent_up_program() -> Path:
     """exit0 named ``lspci``: a name the rules list (raw_access_programs), so each of its execs is
     sent up in full, yet harmless (it maps no BAR): the cost of one exec the agent reads."""
-    from tests.support.workloads import build_exit0
+    from tests.support.workloads import exit0_named
 
-    exit0 = build_exit0()
-    program = exit0.parent / f"up-{exit0.name}" / "lspci"
-    if not program.exists():
-        program.parent.mkdir(exist_ok=True)
-        shutil.copy(exit0, program)
-    return program
+    return exit0_named("lspci")
 
 
 def flood_point(

@@ -68,6 +68,19 @@ def build_exit0() -> Path:
     return build_c_program(source, EXIT0_DIR, ("-static", "-nostdlib"))
 
 
+def exit0_named(name: str) -> Path:
+    """A copy of :func:`build_exit0` called ``name`` (e.g. a name the rules list, whose every
+    exec the exec filter sends up in full), in a directory of its own beside it."""
+    exit0 = build_exit0()
+    program = exit0.parent / f"{exit0.name}.named" / name
+    if not program.exists():
+        program.parent.mkdir(exist_ok=True)
+        tmp = program.with_name(f".{name}.{os.getpid()}.tmp")
+        shutil.copy(exit0, tmp)
+        tmp.rename(program)
+    return program
+
+
 def build_workload(directory: Path | None = None) -> Path:
     """Compile gpu_workload.c once per source version; return the binary."""
     return build_c_program(WORKLOAD_SOURCE, directory)

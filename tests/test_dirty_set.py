@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import gpuguard.detect.engine as engine_module
+import gpuguard.detect.scoring.engine as engine_module
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.events.model import Exit
 from gpuguard.events.process_facts import ProcessFacts
 

@@ -11,7 +11,7 @@ import time
 import psutil
 
 from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor
-from gpuguard.sources.process import collect_process_facts
+from gpuguard.sources.proc.process import collect_process_facts
 
 
 def psutil_ancestors(pid: int) -> list[Ancestor]:

@@ -27,13 +27,13 @@ The exec-flood mode (issue 20) measures, on one agent, with baselines taken in t
 
 * idle: the agent's CPU (fraction of a core) over ``--idle-s`` with the probes attached and
   nothing of ours running, and its RSS after start-up and at the end;
-* per flood rate (``tests/workloads/exec_flood.c``, fork+exec of /bin/true, split over
-  parallel flooders so the rate can be reached): the agent's CPU per exec above its idle
-  rate, the loss ratio (ring records lost + intake drops over execs done), the share of
-  execs the kernel kept (aggregated), and the detection latency of a miner started during
-  the flood (``sh -c`` running a python "miner" whose only tell is its command line: it
-  neither connects nor opens a GPU, so it is found only because it lives) against the same
-  miner's latency with no flood;
+* per flood rate (``tests/workloads/exec_flood.c``, vfork+execve of ``exit0.c``, a static
+  program without libc, split over parallel flooders so the rate can be reached): the
+  agent's CPU per exec above its idle rate, the loss ratio (ring records lost + intake
+  drops over execs done), the share of execs the kernel kept (aggregated), and the
+  detection latency of a miner started during the flood (``sh -c`` running a python
+  "miner" whose only tell is its command line: it neither connects nor opens a GPU, so it
+  is found only because it lives) against the same miner's latency with no flood;
 * stop and reload under a 5,000/s flood, ``--tries`` each: SIGTERM to exit (a fresh agent
   each try) and SIGHUP to the "reload" lifecycle line;
 * with ``--baseline-tree`` (another checkout, e.g. main before this change): that tree's
@@ -230,7 +230,7 @@ def sampler_cost(gpus: int = 8, seconds: float = 5.0) -> dict:
 
 
 EXEC_FLOOD = REPO / "tests" / "workloads" / "exec_flood.c"
-FLOODER_MAX_RATE = 2000  # execs/s one flooder is asked for; more rate, more flooders
+FLOODER_MAX_RATE = 2500  # execs/s one flooder is asked for; more rate, more flooders
 MINER_ARGS = [
     "-o",
     "stratum+tcp://pool.example.invalid:3333",
@@ -245,14 +245,16 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
-def start_floods(rate: int, seconds: float, cgroup: Path | None = None) -> list[subprocess.Popen]:
-    """Flooders (fork+exec of /bin/true) together asking for ``rate`` execs/s for ``seconds``,
-    inside ``cgroup`` from their first instruction when given."""
-    from tests.support.workloads import build_c_program
+def start_floods(
+    rate: int, seconds: float, cgroup: Path | None = None, program: Path | None = None
+) -> list[subprocess.Popen]:
+    """Flooders (vfork+execve of ``program``, by default tests/workloads/exit0.c) together asking
+    for ``rate`` execs/s for ``seconds``, inside ``cgroup`` from their first instruction when given."""
+    from tests.support.workloads import build_c_program, build_exit0
 
-    binary = build_c_program(EXEC_FLOOD)
+    binary, program = build_c_program(EXEC_FLOOD), program or build_exit0()
     n = max(1, -(-rate // FLOODER_MAX_RATE))
-    argv = [str(binary), str(rate / n), str(seconds)]
+    argv = [str(binary), str(rate / n), str(seconds), str(program)]
     if cgroup is not None:
         argv = [
             "/bin/sh",
@@ -262,7 +264,10 @@ def start_floods(rate: int, seconds: float, cgroup: Path | None = None) -> list[
             str(cgroup),
             *argv,
         ]
-    return [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    return [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for _ in range(n)
+    ]
 
 
 def stop_floods(floods: list[subprocess.Popen]) -> int:
@@ -332,8 +337,21 @@ def counters_now(agent: AgentProcess, cgroup_id: int = 0) -> dict:
     }
 
 
+def sent_up_program() -> Path:
+    """exit0 named ``lspci``: a name the rules list (raw_access_programs), so each of its execs is
+    sent up in full, yet harmless (it maps no BAR): the cost of one exec the agent reads."""
+    from tests.support.workloads import exit0_named
+
+    return exit0_named("lspci")
+
+
 def flood_point(
-    agent: AgentProcess, rate: int, window: float, cgroup: tuple[Path, int], rounds: int = 2
+    agent: AgentProcess,
+    rate: int,
+    window: float,
+    cgroup: tuple[Path, int],
+    rounds: int = 2,
+    program: Path | None = None,
 ) -> dict:
     """One flood rate, ``rounds`` pairs of an idle window and a flood window: the agent's CPU per
     exec above the idle window just before (paired: the shared host's load moves), the loss
@@ -346,12 +364,12 @@ def flood_point(
         idle = idle_cpu(agent, window)
         time.sleep(2.5)  # the state file is rewritten every 2 s while counters move
         before = counters_now(agent, cgroup_id)
-        floods = start_floods(rate, window + 3.0, directory)
+        floods = start_floods(rate, window + 3.0, directory, program)
         began = time.monotonic()
         time.sleep(1.0)  # past the flooders' start
         cpu0, mono0 = cpu_seconds(agent.proc.pid), time.monotonic()
         miner = None
-        if round_ == 0:
+        if round_ == 0 and program is None:
             miner = threading.Thread(target=lambda: latency.append(miner_latency(agent)))
             miner.start()
         time.sleep(window)
@@ -418,12 +436,12 @@ def reload_times(agent: AgentProcess, rate: int, tries: int, cgroup: Path) -> li
     try:
         time.sleep(2.0)
         for _ in range(tries):
-            seen = len([r for r in agent.records() if _is_reload(r)])
+            seen = _reloads(agent)
             sent = time.monotonic()
             agent.signal(signal.SIGHUP)
             took = None
             while time.monotonic() - sent < 20:
-                if len([r for r in agent.records() if _is_reload(r)]) > seen:
+                if _reloads(agent) > seen:
                     took = round(time.monotonic() - sent, 3)
                     break
                 time.sleep(0.02)
@@ -432,6 +450,19 @@ def reload_times(agent: AgentProcess, rate: int, tries: int, cgroup: Path) -> li
     finally:
         stop_floods(floods)
     return out
+
+
+def _reloads(agent: AgentProcess) -> int:
+    """Reload lines in the agent's log so far (a line still being written is not read)."""
+    try:
+        text = agent.log.read_text()
+    except FileNotFoundError:
+        return 0
+    return sum(
+        1
+        for line in text.splitlines(keepends=True)
+        if line.endswith("\n") and _is_reload(json.loads(line))
+    )
 
 
 def _is_reload(record: dict) -> bool:
@@ -448,14 +479,21 @@ def idle_cpu(agent: AgentProcess, seconds: float) -> float:
     return (cpu_seconds(agent.proc.pid) - before) / (time.monotonic() - start)
 
 
-def baseline_tree_point(tree: Path, rate: int, window: float, cgroup: tuple[Path, int]) -> dict:
+def baseline_tree_point(
+    tree: Path, rate: int, window: float, cgroup: tuple[Path, int], up_rate: int = 0
+) -> dict:
     """Another checkout's agent (e.g. main before the exec filter) under the same flood."""
     with tempfile.TemporaryDirectory(prefix="gg-bench-base-") as tmp:
         agent = AgentProcess(Path(tmp), "--sensor", "ebpf", wrapper=("env", "-C", str(tree)))
         try:
             agent.wait_ready()
             time.sleep(3.0)
-            return flood_point(agent, rate, window, cgroup)
+            point = flood_point(agent, rate, window, cgroup)
+            if up_rate:
+                point["sent_up"] = flood_point(
+                    agent, up_rate, window, cgroup, program=sent_up_program()
+                )
+            return point
         finally:
             agent.stop()
 
@@ -467,7 +505,9 @@ def exec_flood_suite(args: argparse.Namespace) -> dict:
         if args.baseline_tree:
             result["baseline_tree"] = {
                 "tree": str(args.baseline_tree),
-                **baseline_tree_point(Path(args.baseline_tree), rates[0], args.window_s, cgroup),
+                **baseline_tree_point(
+                    Path(args.baseline_tree), rates[0], args.window_s, cgroup, args.up_rate
+                ),
             }
         with tempfile.TemporaryDirectory(prefix="gg-bench-flood-") as tmp:
             agent = AgentProcess(Path(tmp), "--sensor", "ebpf")
@@ -490,7 +530,15 @@ def exec_flood_suite(args: argparse.Namespace) -> dict:
                     lat = point["miner_latency_s"]
                     point["miner_latency_ratio"] = round(lat / base, 2) if lat and base else None
                     points.append(point)
+                    print(
+                        json.dumps(point), file=sys.stderr, flush=True
+                    )  # kept if a later step fails
                 result["flood"] = points
+                if args.up_rate:
+                    result["sent_up"] = flood_point(
+                        agent, args.up_rate, args.window_s, cgroup, program=sent_up_program()
+                    )
+                    print(json.dumps(result["sent_up"]), file=sys.stderr, flush=True)
                 result["reload_s_at_5k"] = reload_times(agent, 5000, args.tries, cgroup[0])
                 result["rss_mb_end"] = round(rss_mb(agent.proc.pid), 1)
                 result["execs"] = agent.status().get("counters", {}).get("execs", {})
@@ -539,6 +587,20 @@ def print_flood(result: dict) -> None:
             f"{base['us_per_exec_above_idle']} above its idle, loss ratio {base['loss_ratio']}, "
             f"miner {base['miner_latency_s']} s; this tree / baseline (raw us/exec): {ratio}"
         )
+    up = result.get("sent_up")
+    if up:
+        print(
+            f"execs sent up in full (a listed name), {up['rate_asked']}/s asked, {up['rate_done']}/s"
+            f" done, load {up['load_average']}: {up['us_per_exec_above_idle']} us/exec above idle "
+            f"{up['us_per_exec_above_idle_rounds']}, {up['us_per_exec_raw']} raw, loss {up['loss_ratio']}"
+        )
+        base_up = (base or {}).get("sent_up")
+        if base_up:
+            print(
+                f"  baseline tree, same: {base_up['us_per_exec_above_idle']} us/exec above idle "
+                f"{base_up['us_per_exec_above_idle_rounds']}, {base_up['us_per_exec_raw']} raw "
+                f"(load {base_up['load_average']})"
+            )
     print(f"stop (SIGTERM -> exit) under 5k/s, s: {result['stop_s_at_5k']} (target <= 2 s)")
     print(
         f"reload (SIGHUP -> reload line) under 5k/s, s: {result['reload_s_at_5k']} (target <= 2 s)"
@@ -566,6 +628,12 @@ def main() -> int:
     parser.add_argument("--idle-s", type=float, default=60.0)
     parser.add_argument("--tries", type=int, default=5)
     parser.add_argument("--baseline-tree", type=Path, default=None)
+    parser.add_argument(
+        "--up-rate",
+        type=int,
+        default=200,
+        help="execs/s of a listed name (each sent up in full) for the cost of one such exec; 0: skip",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (the agent loads eBPF probes)")

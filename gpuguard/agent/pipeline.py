@@ -63,6 +63,7 @@ LOOP_WAIT_MAX_S = 2.0  # an idle loop sleeps until its next deadline, at most th
 COALESCE_S = 0.1  # a periodic task this close to its deadline runs now, with the others due
 BATCH_ITEMS = 2048  # items fed per pass of the loop (a stop waits for at most one batch)
 FINAL_FEED_S = 0.5  # at stop, what is queued is fed for this long; the rest is counted as dropped
+FEED_CHECK_ITEMS = 32  # a batch looks for a stop or reload this often (an exec sent up costs ~1 ms)
 STATUS_HEARTBEAT = 3  # an unchanged state file is rewritten every this many status intervals
 _STATUS_CLOCKS = frozenset(
     (
@@ -148,6 +149,7 @@ class Agent:
             config.host_check_interval_s, str(Path(proc_root).parent)
         )
         self._hup = False
+        self._unfed: list = []  # the rest of a batch cut short by a stop or reload, fed first
         self._status_due = 0.0
         self._status_soon = False
         self._status_content: Any = None  # what the state file last said, less its clocks
@@ -173,6 +175,9 @@ class Agent:
     def request_stop(self) -> None:
         self.stop.set()
         self.intake.wake()
+        stop_reading = getattr(self.sensor, "request_stop", None)
+        if stop_reading is not None:
+            stop_reading()  # ends the sensor's read of its ring now, not after the whole ring
 
     def request_reload(self) -> None:
         self._hup = True
@@ -436,10 +441,14 @@ class Agent:
             deadline = min(next_rules_check, next_guard_check, next_host_check, next_housekeeping)
             wait = min(deadline, self._status_due) - time.monotonic()
             # Bounded batches: under a flood a stop or reload waits for one batch, not the queue.
-            items = self.intake.take_all(max(0.0, min(wait, LOOP_WAIT_MAX_S)), BATCH_ITEMS)
+            unfed = self._unfed
+            idle_wait = max(0.0, min(wait, LOOP_WAIT_MAX_S))
+            items = unfed + self.intake.take_all(0 if unfed else idle_wait, BATCH_ITEMS - len(unfed))
             now = time.time()
             self.counters.intake_depth = len(self.intake)
-            self._feed(items)
+            self._unfed = self._feed(items, self._stop_or_reload)
+            if self.stop.is_set():
+                break  # the teardown feeds what is left, for a bounded time, and scores
             mono = time.monotonic()
             soon = mono + COALESCE_S
             if self._hup:
@@ -465,20 +474,30 @@ class Agent:
     def _final_feed(self) -> None:
         """At stop: feed what is queued for at most FINAL_FEED_S; count what is left (never silent)."""
         deadline = time.monotonic() + FINAL_FEED_S
-        while time.monotonic() < deadline:
+        past = lambda: time.monotonic() >= deadline  # noqa: E731 - a one-line stop test
+        left, self._unfed = self._feed(self._unfed, past), []
+        while not left and not past():
             items = self.intake.take_all(0, BATCH_ITEMS)
             if not items:
                 return
-            self._feed(items)
-        left = len(self.intake.take_all(0))
-        if left:
-            self._intake_dropped("shutdown", left)
+            left = self._feed(items, past)
+        dropped = len(left) + len(self.intake.take_all(0))
+        if dropped:
+            self._intake_dropped("shutdown", dropped)
 
-    def _feed(self, items: list) -> None:
+    def _stop_or_reload(self) -> bool:
+        return self._hup or self.stop.is_set()
+
+    def _feed(self, items: list, cut: Callable[[], bool] | None = None) -> list:
+        """Correlate ``items``; returns those left unfed when ``cut()`` said so (it is asked every
+        FEED_CHECK_ITEMS items: a batch of execs sent up takes seconds under a flood)."""
         feed = self.correlator.feed
         observe = self.telemetry.observe_item
         keep, host_inputs = self.host_findings.observe, self.host_findings.INPUTS
-        for item in items:
+        for n, item in enumerate(items):
+            if cut is not None and n and n % FEED_CHECK_ITEMS == 0 and cut():
+                self.counters.items_correlated += n
+                return items[n:]
             try:
                 feed(item)
             except Exception as exc:  # noqa: BLE001 - one malformed item must not stop detection
@@ -492,6 +511,7 @@ class Agent:
             ):  # GPU snapshots and accounting only: sensor events pass by cheaply
                 keep(item)
         self.counters.items_correlated += len(items)
+        return []
 
     def _score(self, now: float) -> None:
         started = time.perf_counter()

@@ -99,6 +99,7 @@ class Correlator:
         self.gpu_moved: set[ProcessState] = (
             set()
         )  # GPU windows changed since the engine last looked (gpu_checked)
+        self.dirty: set[ProcessState] = set()  # tracked states marked dirty (ProcessState.dirty)
         self._exit_sweep_due = 0.0
         self.clock = 0.0  # newest item time seen: when facts (which carry no time) were observed
         self.counters: dict[str, int] = {
@@ -245,6 +246,8 @@ class Correlator:
         state = self._states.pop(key, None)
         if state is not None:
             self.gpu_moved.discard(state)
+            self.dirty.discard(state)
+            state.dirty_set = None
             _close_pidfd(state)
         if state is not None and self._by_pid.get(key.pid) is state:
             del self._by_pid[key.pid]
@@ -263,6 +266,8 @@ class Correlator:
             # The pid was reused without us seeing the exit: the old process is gone.
             old_state.exited_at = time
         state = ProcessState(key=key, provisional=provisional, first_seen=time, last_seen=time)
+        state.dirty_set = self.dirty
+        self.dirty.add(state)  # new: dirty
         self._states[key] = state
         self._by_pid[key.pid] = state
         self.counters["processes_created"] += 1

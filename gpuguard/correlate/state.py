@@ -159,12 +159,29 @@ class ProcessState:
     exe_sha256: str | None = None
     # bookkeeping
     lost_events: int = 0
-    dirty: bool = True
+    _dirty: bool = True  # read and set through ``dirty``
     verdict: ScoredVerdict | None = None  # the latest verdict (detect's Verdict)
     parent_verdict: ScoredVerdict | None = None  # the parent's latest verdict, set before scoring
     derived: dict[str, Any] = field(
         default_factory=dict
     )  # signal caches, cleared on identity change
+    dirty_set: set[ProcessState] | None = field(default=None, repr=False)  # see ``dirty``
+
+    @property
+    def dirty(self) -> bool:
+        """Changed since it was last scored.  A tracked state is in its correlator's
+        ``dirty_set`` exactly while dirty, so scoring visits only those."""
+        return self._dirty
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        self._dirty = value
+        tracked = self.dirty_set
+        if tracked is not None:
+            if value:
+                tracked.add(self)
+            else:
+                tracked.discard(self)
 
     @property
     def pid(self) -> int:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 WORKLOAD_SOURCE = Path(__file__).resolve().parent.parent / "workloads" / "gpu_workload.c"
 
+EXIT0_DIR = Path("/var/cache/gpuguard-test-bin")  # not a temporary directory (see build_exit0)
+
 GPU_NODES = (
     "/dev/nvidiactl",
     "/dev/nvidia0",
@@ -42,17 +44,41 @@ exec "$@"
 """
 
 
-def build_c_program(source: Path, directory: Path | None = None) -> Path:
-    """Compile a C workload once per source version; return the binary."""
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+def build_c_program(
+    source: Path, directory: Path | None = None, flags: tuple[str, ...] = ()
+) -> Path:
+    """Compile a C workload once per source version (and extra ``flags``); return the binary."""
+    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
     directory = directory or Path(tempfile.gettempdir()) / "gpuguard-test-bin"
     directory.mkdir(parents=True, exist_ok=True)
     binary = directory / f"{source.stem}-{digest}"
     if not binary.exists():
         tmp = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
-        subprocess.run(["gcc", "-O2", "-Wall", "-o", str(tmp), str(source)], check=True)
+        subprocess.run(["gcc", "-O2", "-Wall", *flags, "-o", str(tmp), str(source)], check=True)
         tmp.rename(binary)
     return binary
+
+
+def build_exit0() -> Path:
+    """tests/workloads/exit0.c, static and without libc: the cheapest program to exec.
+
+    Built outside /tmp: the rules list temporary directories, and the exec filter sends up
+    in full every exec from one of them."""
+    source = WORKLOAD_SOURCE.parent / "exit0.c"
+    return build_c_program(source, EXIT0_DIR, ("-static", "-nostdlib"))
+
+
+def exit0_named(name: str) -> Path:
+    """A copy of :func:`build_exit0` called ``name`` (e.g. a name the rules list, whose every
+    exec the exec filter sends up in full), in a directory of its own beside it."""
+    exit0 = build_exit0()
+    program = exit0.parent / f"{exit0.name}.named" / name
+    if not program.exists():
+        program.parent.mkdir(exist_ok=True)
+        tmp = program.with_name(f".{name}.{os.getpid()}.tmp")
+        shutil.copy(exit0, tmp)
+        tmp.rename(program)
+    return program
 
 
 def build_workload(directory: Path | None = None) -> Path:

@@ -108,7 +108,7 @@ class DetectionEngine:
         for _ in range(
             _MAX_PARENT_PASSES
         ):  # parents first; a changed parent re-dirties its children
-            dirty = [s for s in states if s.dirty]
+            dirty = list(correlator.dirty)  # only the changed ones, not every tracked process
             if not dirty:
                 break
             dirty.sort(key=lambda s: (s.key.start_time, s.key.pid))

@@ -43,18 +43,45 @@ def _exe_identity(pid: int, proc_root: str) -> tuple[int, int, int, int] | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _ancestors(proc: psutil.Process, proc_root: str) -> list[Ancestor]:
-    out: list[Ancestor] = []
+def _stat_of(pid: int, proc_root: str) -> tuple[str, int, int] | None:
+    """(comm, ppid, start time in clock ticks) from /proc/PID/stat; None when gone or hidden."""
     try:
-        parent = proc.parent()
-        while parent is not None and len(out) < MAX_ANCESTORS:
-            exe, _, _ = _exe_of(parent.pid, proc_root)
-            out.append(Ancestor(parent.pid, parent.name(), exe))
-            if parent.pid <= 1:
-                break
-            parent = parent.parent()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        pass
+        raw = _read(f"{proc_root}/{pid}/stat")
+        close = raw.rindex(b")")
+        fields = raw[close + 2 :].split()
+        return _text(raw[raw.index(b"(") + 1 : close]), int(fields[1]), int(fields[19])
+    except (_Gone, _Denied, OSError, ValueError, IndexError):
+        return None
+
+
+def _extended_name(pid: int, comm: str, proc_root: str) -> str:
+    """psutil's name(): comm, extended from argv[0] when the kernel cut it at 15 characters."""
+    if len(comm) < 15:
+        return comm
+    try:
+        cmdline = _split_cmdline(_text(_read(f"{proc_root}/{pid}/cmdline")))
+    except (_Gone, _Denied, OSError):
+        return comm
+    extended = os.path.basename(cmdline[0]) if cmdline else ""
+    return extended if extended.startswith(comm) else comm
+
+
+def _ancestors(ppid: int, start_ticks: int, proc_root: str) -> list[Ancestor]:
+    """Parent, grandparent, ... of a process started at ``start_ticks``, as psutil's parent()
+    walks them (a parent younger than its child is a reused pid: the walk stops), one stat
+    read and one exe link each (psutil's objects cost ~4x that, for every exec sent up)."""
+    out: list[Ancestor] = []
+    child_start = start_ticks
+    while ppid > 0 and len(out) < MAX_ANCESTORS:
+        stat = _stat_of(ppid, proc_root)
+        if stat is None or stat[2] > child_start:
+            break
+        comm, grandparent, started = stat
+        exe, _, _ = _exe_of(ppid, proc_root)
+        out.append(Ancestor(ppid, _extended_name(ppid, comm, proc_root), exe))
+        if ppid <= 1:
+            break
+        ppid, child_start = grandparent, started
     return out
 
 
@@ -122,23 +149,25 @@ def _split_cmdline(data: str) -> list[str]:
     return cmdline
 
 
-_users: tuple[float, dict[int, str]] = (-1.0, {})  # (when started, monotonic; uid -> name)
+_USERNAMES: dict[int, tuple[float, str]] = {}  # uid -> (when read, monotonic; name)
+_USERNAME_TTL_S = 60.0  # a user renamed or added is seen within this
+_USERNAMES_MAX = 4096
 
 
 def _username(uid: int) -> str:
-    """The user's name, looked up once a second at most per uid (a scan asks ~1,000 times)."""
-    global _users
+    """The user name of ``uid`` (the uid as text when it has none), from the password database
+    at most once a minute per uid: NSS reads /etc/passwd on every call (~12 us, every exec)."""
     now = time.monotonic()
-    if now - _users[0] >= 1.0 or _users[0] < 0:
-        _users = (now, {})
-    names = _users[1]
-    name = names.get(uid)
-    if name is None:
-        try:
-            name = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            name = str(uid)
-        names[uid] = name
+    cached = _USERNAMES.get(uid)
+    if cached is not None and now - cached[0] < _USERNAME_TTL_S:
+        return cached[1]
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    if len(_USERNAMES) >= _USERNAMES_MAX:
+        _USERNAMES.clear()
+    _USERNAMES[uid] = (now, name)
     return name
 
 
@@ -177,7 +206,8 @@ def collect_process_facts(
         comm = _text(stat_raw[stat_raw.index(b"(") + 1 : close])
         fields = stat_raw[close + 2 :].split()
         ppid, threads = int(fields[1]), int(fields[17])
-        start_time = round(int(fields[19]) / _CLOCK_TICKS + _boot_time(), 2)
+        start_ticks = int(fields[19])
+        start_time = round(start_ticks / _CLOCK_TICKS + _boot_time(), 2)
         rss = int(fields[21]) * _PAGE_SIZE  # the kernel's rss count (psutil reads statm's)
         status = _read(f"{base}/status")
         at = status.find(b"\nUid:")
@@ -217,12 +247,7 @@ def collect_process_facts(
         if not kernel_thread
         else (None, None, [])
     )
-    ancestors: list[Ancestor] = []
-    if with_ancestors:
-        try:
-            ancestors = _ancestors(psutil.Process(pid), proc_root)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
+    ancestors = _ancestors(ppid, start_ticks, proc_root) if with_ancestors else []
     return ProcessFacts(
         pid=pid,
         start_time=start_time,

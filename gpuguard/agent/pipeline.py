@@ -443,7 +443,9 @@ class Agent:
             # Bounded batches: under a flood a stop or reload waits for one batch, not the queue.
             unfed = self._unfed
             idle_wait = max(0.0, min(wait, LOOP_WAIT_MAX_S))
-            items = unfed + self.intake.take_all(0 if unfed else idle_wait, BATCH_ITEMS - len(unfed))
+            items = unfed + self.intake.take_all(
+                0 if unfed else idle_wait, BATCH_ITEMS - len(unfed)
+            )
             now = time.time()
             self.counters.intake_depth = len(self.intake)
             self._unfed = self._feed(items, self._stop_or_reload)

@@ -56,14 +56,16 @@ class Agent:
         self.ctx = ctx = AgentContext(
             config, counters, self.telemetry, self.intake, self.stop, stderr, proc_root
         )
+        self.emit = ctx.emit  # queue a record for the log (any thread)
         self.produce = ProduceStage(ctx, sampler_openers)
         self.enrich = EnrichStage(ctx)
-        self.correlate = CorrelateStage(ctx)
-        self.score = ScoreStage(ctx)
         self.report = ReportStage(ctx)
+        self.host_findings = self.report.host_findings
+        self.correlate = CorrelateStage(ctx, self.host_findings.observe, self.host_findings.INPUTS)
+        self.score = ScoreStage(ctx)
         self.act = ActStage(ctx, self.report.findings)
         self.emit_stage = EmitStage(ctx)
-        self.findings, self.host_findings = self.report.findings, self.report.host_findings
+        self.findings = self.report.findings
         self.housekeeping = Housekeeping(ctx, self.produce, self.score, self.report, self.act)
         self.housekeeping_s = HOUSEKEEPING_S
         self.reloader = Reloader(
@@ -88,10 +90,6 @@ class Agent:
     def _record_outcomes(self, outcomes: list) -> None:  # outcomes counted by hand (tests)
         record_outcomes(self.counters, self.findings, self.emit, outcomes)
 
-    def emit(self, record: Any) -> None:
-        """Queue a record for the log (any thread)."""
-        self.telemetry.write(record)
-
     def request_stop(self) -> None:
         self.stop.set()
         self.intake.wake()
@@ -112,8 +110,9 @@ class Agent:
         return 0
 
     def feed(self, items: list) -> None:
-        """Enriched on first sight (facts, YARA) as the correlator takes each item."""
-        self.correlate.feed(items, self.host_findings.observe, self.host_findings.INPUTS)
+        """Enrich (every /proc read and YARA scan the batch needs), then correlate."""
+        with self.enrich.batch(items, self.correlate.correlator):
+            self.correlate.feed(items)
 
     def score_and_report(self, now: float) -> None:
         self.report.run(self.score.run(now), now)  # act: called by report for each alert

@@ -20,8 +20,9 @@ from gpuguard.sources.identity import first_sight, raise_fd_limit
 class CorrelateStage:
     """The correlator and the feeding of batches into it."""
 
-    def __init__(self, ctx: AgentContext) -> None:
+    def __init__(self, ctx: AgentContext, keep: Callable[[Any], None], host_inputs: tuple) -> None:
         self.ctx = ctx
+        self.keep, self.host_inputs = keep, host_inputs  # the GPU host checks' inputs
         self.correlator: Any = None
         self.counts = {"items": 0, "faults": 0}
 
@@ -32,6 +33,7 @@ class CorrelateStage:
             raise_fd_limit()  # a pidfd is held per tracked process (at most max_processes)
         self.correlator = Correlator(
             facts_provider=enrich.facts_of,
+            read_configs=False,  # the enrich stage attaches them, before correlation
             max_processes=self.ctx.config.max_processes,
             proc_root=self.ctx.proc_root,
             identify=first_sight(exit_generations),
@@ -45,9 +47,9 @@ class CorrelateStage:
         state = self.correlator.state_of(pid)
         return state.comm if state is not None else None
 
-    def feed(self, items: list, keep: Callable[[Any], None], host_inputs: tuple) -> int:
+    def feed(self, items: list) -> int:
         """Correlate ``items``; ``keep`` gets the GPU snapshots and accounting records too."""
-        feed = self.correlator.feed
+        feed, keep, host_inputs = self.correlator.feed, self.keep, self.host_inputs
         observe = self.ctx.telemetry.observe_item
         comm_of = self.comm_of
         for item in items:

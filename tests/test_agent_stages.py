@@ -14,9 +14,9 @@ import pytest
 
 from gpuguard.agent.stages.s2_enrich import EnrichStage
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.events.model import Connect, Exit
 
 

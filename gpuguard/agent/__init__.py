@@ -9,7 +9,7 @@ Data flow, one module per stage:
   and the /proc sweep (start-up seed; periodic in reduced mode);
 * :mod:`.pipeline` — builds the stages and orders them (start-up, the loop, teardown);
 * :mod:`.stages` — the flow, one module per stage in flow order: produce, enrich
-  (facts, YARA), correlate, score (:mod:`gpuguard.detect.engine`), report (findings,
+  (facts, YARA), correlate, score (:mod:`gpuguard.detect.scoring.engine`), report (findings,
   guard policies, GPU host checks), act (the responder), emit (log, state file);
 * :mod:`.context` — what the stages share; :mod:`.feedback` — the explicit queues that
   carry work back against the flow (sensor requests, the responder's later outcomes);

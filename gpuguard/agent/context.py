@@ -35,7 +35,7 @@ class AgentContext:
     stop: threading.Event
     stderr: Callable[[str], None]
     proc_root: str = "/proc"
-    rules: Any = None  # RuleSetHolder (gpuguard.detect.reload), set by the rules step
+    rules: Any = None  # RuleSetHolder (gpuguard.detect.ruleset.reload), set by the rules step
     status_soon: bool = False  # something the state file says changed: write it this turn
 
     def emit(self, record: Any) -> None:

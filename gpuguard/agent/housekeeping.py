@@ -18,7 +18,7 @@ from gpuguard.agent.stages.s1_produce import ProduceStage
 from gpuguard.agent.stages.s4_score import ScoreStage
 from gpuguard.agent.stages.s5_report import ReportStage
 from gpuguard.agent.stages.s6_act import ActStage
-from gpuguard.sources.cpu_usage import CpuActivitySampler, CpuSampler
+from gpuguard.sources.proc.cpu_usage import CpuActivitySampler, CpuSampler
 
 HOUSEKEEPING_S = 10.0  # expire old processes and report drops this often
 

@@ -1,6 +1,6 @@
 """Rules and config that change while the agent runs: rule files polled, SIGHUP reloads.
 
-A rule file changed on disk: the holder (:class:`~gpuguard.detect.reload.RuleSetHolder`)
+A rule file changed on disk: the holder (:class:`~gpuguard.detect.ruleset.reload.RuleSetHolder`)
 reloads it or keeps the last good set.  SIGHUP reads the config and the rules again; a broken
 file keeps the last good ones; settings that need a restart are named and kept.  A new rule
 set reaches the enrich stage (YARA), the engine (everything is rescored) and the sensor (the
@@ -66,7 +66,7 @@ class Reloader:
         self.counts = {"reloads": 0, "failed": 0}
 
     def load_rules(self) -> None:
-        from gpuguard.detect.reload import RuleSetHolder
+        from gpuguard.detect.ruleset.reload import RuleSetHolder
 
         self.ctx.rules = RuleSetHolder(self.ctx.config.rules, log=lambda line: None)
         self.note_rules()

@@ -45,8 +45,8 @@ class ProduceStage:
     # -- start-up ---------------------------------------------------------------------
     def start_sensor(self, ruleset: Any) -> None:
         """The eBPF sensor, or reduced mode (periodic /proc sweeps) with its blind spots said."""
-        from gpuguard.sources.probe_source import ProbeSettings
-        from gpuguard.sources.sensor import Sensor
+        from gpuguard.sources.ebpf.probe_source import ProbeSettings
+        from gpuguard.sources.ebpf.sensor import Sensor
 
         ctx, counters = self.ctx, self.ctx.counters
         reason = "--sensor proc was asked for"

@@ -32,8 +32,8 @@ from gpuguard.events.model import (
     NetPayload,
 )
 from gpuguard.events.process_facts import ProcessFacts
-from gpuguard.sources.config_files import attach_config_files
-from gpuguard.sources.process import collect_process_facts
+from gpuguard.sources.proc.config_files import attach_config_files
+from gpuguard.sources.proc.process import collect_process_facts
 
 # events whose process the correlator creates (facts read) on first sight
 _MEETS = frozenset((GpuOpen, GpuIoctl, Connect, NetPayload, ConnActivity, HugeAlloc, CpuActivity))
@@ -156,7 +156,7 @@ class EnrichStage:
         """YARA over each new executable, with the verdict cache ``scan`` keeps; None without YARA files."""
         if not ruleset.yara_files:
             return None
-        from gpuguard.detect.yara_persistent import PersistentYaraScanner
+        from gpuguard.detect.yara.persistent import PersistentYaraScanner
 
         try:
             scanner = PersistentYaraScanner.for_files(ruleset.yara_files)

@@ -14,7 +14,7 @@ from typing import Any
 from gpuguard.agent.context import AgentContext
 from gpuguard.agent.stages.s2_enrich import EnrichStage
 from gpuguard.correlate.state import ProcessKey
-from gpuguard.sources.identity import first_sight, raise_fd_limit
+from gpuguard.sources.proc.identity import first_sight, raise_fd_limit
 
 
 class CorrelateStage:

@@ -1,6 +1,6 @@
 """Stage 4, score: the detection engine's verdicts for the processes that changed.
 
-The engine (:class:`~gpuguard.detect.engine.DetectionEngine`) evaluates and returns a
+The engine (:class:`~gpuguard.detect.scoring.engine.DetectionEngine`) evaluates and returns a
 :class:`~gpuguard.correlate.correlator.Scoring`; the correlator keeps it (it owns its
 states); this stage hands the verdicts on: to the report stage (the caller) and, as
 feedback, to the sensor (activity records for a process scored at least
@@ -16,7 +16,7 @@ from typing import Any
 from gpuguard.agent.actions import ALERT_VERDICTS
 from gpuguard.agent.context import AgentContext
 from gpuguard.correlate.state import ProcessKey
-from gpuguard.detect.score import Verdict
+from gpuguard.detect.scoring.score import Verdict
 
 
 class ScoreStage:
@@ -32,7 +32,7 @@ class ScoreStage:
         self.counts = {"passes": 0, "verdicts": 0, "watch_requests": 0, "interest_requests": 0}
 
     def build(self, correlator: Any, ruleset: Any) -> Any:
-        from gpuguard.detect.engine import DetectionEngine
+        from gpuguard.detect.scoring.engine import DetectionEngine
 
         self.correlator = correlator
         self.engine = DetectionEngine(correlator, ruleset)

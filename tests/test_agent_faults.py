@@ -286,6 +286,8 @@ def test_outcomes_the_responder_reports_later_are_counted_and_kept(tmp_path):
         reporter = threading.Thread(target=agent.responder.emit, args=(later,))
         reporter.start()
         reporter.join()
+        # queued by the responder's thread, recorded by the loop thread on its next turn
+        until(lambda: agent.counters.actions[("hook", "done")] == 1)
         assert agent.counters.actions[("hook", "done")] == 1
         assert agent.counters.last_actions[-1]["pid"] == 4_000_001
         until(

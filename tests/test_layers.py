@@ -441,3 +441,92 @@ def test_the_docstring_check_catches_long_and_wrapped_first_lines(tmp_path):
     assert "second line" in found["wrapped.py"]
     assert found["none.py"] == "no module docstring"
     assert "17 lines" in found["essay.py"]
+
+
+# -- the agent's flow: stages in order, each owning its state ---------------------------------------
+
+STAGES = PACKAGE / "agent" / "stages"
+PIPELINE_MAX_LINES = 150
+# What correlation owns on a process's state: only correlate (and its Correlator.apply_scoring)
+# writes these; the engine returns them in a Scoring, stages read them.
+CORRELATION_OWNED = {"verdict", "dirty", "derived", "parent_verdict"}
+
+
+def test_the_pipeline_only_builds_and_orders_the_stages():
+    lines = (PACKAGE / "agent" / "pipeline.py").read_text().count("\n")
+    assert lines <= PIPELINE_MAX_LINES, f"agent/pipeline.py has {lines} lines (at most 150)"
+
+
+def stage_order(path: Path) -> int:
+    """s4_score.py -> 4: the stage's place in the flow."""
+    return int(path.name[1 : path.name.index("_")])
+
+
+def stage_imports_later_stage(path: Path) -> list[str]:
+    found = []
+    for line, module in imported_modules(path):
+        if module.startswith("gpuguard.agent.stages.s"):
+            other = STAGES / (module.rsplit(".", 1)[1] + ".py")
+            if stage_order(other) >= stage_order(path):
+                found.append(f"{path.name}:{line} imports {module} (a later stage)")
+    return found
+
+
+def writes_to_correlation_state(path: Path) -> list[str]:
+    """``x.verdict = ...``, ``x.dirty = ...``, ``x.derived[k] = ...`` on anything but ``self``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Subscript):
+                target = target.value
+            if (
+                isinstance(target, ast.Attribute)
+                and target.attr in CORRELATION_OWNED
+                and not (isinstance(target.value, ast.Name) and target.value.id == "self")
+            ):
+                found.append(f"{path.name}:{node.lineno} writes .{target.attr}")
+    return found
+
+
+STAGE_FILES = sorted(STAGES.glob("s[0-9]_*.py"))
+
+
+@pytest.mark.parametrize("path", STAGE_FILES, ids=[p.name for p in STAGE_FILES])
+def test_a_stage_imports_no_later_stage(path):
+    assert stage_imports_later_stage(path) == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        PACKAGE / "detect" / "scoring" / "engine.py",
+        *(p for p in STAGE_FILES if stage_order(p) != 3),
+    ],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_only_correlation_writes_its_verdicts_and_dirty_marks(path):
+    assert writes_to_correlation_state(path) == []
+
+
+def test_the_stage_checks_catch_a_backward_import_and_a_foreign_write(tmp_path, monkeypatch):
+    stages = tmp_path / "agent" / "stages"
+    stages.mkdir(parents=True)
+    (stages / "s2_enrich.py").write_text("from gpuguard.agent.stages.s5_report import X\n")
+    (stages / "s5_report.py").write_text(
+        "def f(state, v):\n    state.verdict = v\n    state.derived['k'] = 1\n    self.dirty = 1\n"
+    )
+    monkeypatch.setattr(__import__(__name__), "STAGES", stages)
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path)
+    assert stage_imports_later_stage(stages / "s2_enrich.py") == [
+        "s2_enrich.py:1 imports gpuguard.agent.stages.s5_report (a later stage)"
+    ]
+    assert writes_to_correlation_state(stages / "s5_report.py") == [
+        "s5_report.py:2 writes .verdict",
+        "s5_report.py:3 writes .derived",
+    ]

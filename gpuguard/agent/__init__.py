@@ -7,8 +7,15 @@ Data flow, one module per stage:
 * :mod:`.counters` — every counter, in one plain object (state file, metrics, summary);
 * :mod:`.producers` — the sensor thread, one sampler thread per GPU source,
   and the /proc sweep (start-up seed; periodic in reduced mode);
-* :mod:`.pipeline` — the detect loop: correlator and detection engine
-  (:mod:`gpuguard.detect.scoring.engine`), guard policies, findings, actions, block expiry;
+* :mod:`.pipeline` — builds the stages and orders them (start-up, the loop, teardown);
+* :mod:`.stages` — the flow, one module per stage in flow order: produce, enrich
+  (facts, YARA), correlate, score (:mod:`gpuguard.detect.scoring.engine`), report (findings,
+  guard policies, GPU host checks), act (the responder), emit (log, state file);
+* :mod:`.context` — what the stages share; :mod:`.feedback` — the explicit queues that
+  carry work back against the flow (sensor requests, the responder's later outcomes);
+* :mod:`.startup`, :mod:`.housekeeping`, :mod:`.reload`, :mod:`.status_writer`,
+  :mod:`.teardown` — start-up steps, periodic upkeep, rule/config reloads, the state
+  file's schedule, the always-run teardown;
 * :mod:`.telemetry` — the SIEM log (:mod:`gpuguard.outputs.log_writer`) and the
   Prometheus metrics (:mod:`gpuguard.outputs.metrics`), fed from the counters;
 * :mod:`.actions` — the action interface the responder plugs into;

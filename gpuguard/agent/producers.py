@@ -41,7 +41,8 @@ def _fault(emit: Emit, message: str, **detail: Any) -> None:
 
 
 class SensorThread(threading.Thread):
-    """Polls the sensor until ``stop`` is set, then drains it once more."""
+    """Polls the sensor until ``stop`` is set, then drains it once more; before each poll it
+    takes the feedback queue (watch and exec-interest requests)."""
 
     def __init__(
         self,
@@ -50,6 +51,7 @@ class SensorThread(threading.Thread):
         counters: AgentCounters,
         stop: threading.Event,
         emit: Emit,
+        feedback: Any = None,
     ) -> None:
         super().__init__(name="gpuguard-sensor", daemon=True)
         self.sensor, self.intake, self.counters, self.stop, self.emit = (
@@ -59,6 +61,8 @@ class SensorThread(threading.Thread):
             stop,
             emit,
         )
+        # FeedbackQueue of ("watch" | "interest", pid) from later stages (gpuguard.agent.feedback)
+        self.feedback = feedback
         self.polled_at: float | None = None  # monotonic time of the last completed poll (/healthz)
         self._exec_counts_read = 0  # the exec filter's counts last copied (they change each drain)
 
@@ -73,10 +77,20 @@ class SensorThread(threading.Thread):
             self._exec_counts_read = filt.counts_read
             self.counters.execs = filt.summary()
 
+    def _take_feedback(self) -> None:
+        """Carry out what later stages asked of the sensor (this thread alone touches it)."""
+        for kind, pid in self.feedback.drain():
+            if kind == "watch":
+                self.sensor.request_watch(pid)
+            else:
+                self.sensor.request_interest(pid)
+
     def run(self) -> None:
         last_fault = 0.0
         while not self.stop.is_set():
             try:
+                if self.feedback is not None and len(self.feedback):
+                    self._take_feedback()
                 self._queue(self.sensor.poll(POLL_MS))
                 self.polled_at = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - the sensor thread must outlive one bad poll

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuguard.correlate.gpu_behaviour import MONITOR_NAMES
 from gpuguard.correlate.state import ANY_ADDITION, ProcessKey, ProcessState
@@ -57,6 +57,20 @@ class RescorePolicy:
     # True: it only adds the process to ``Correlator.gpu_moved``; the detection engine
     # re-evaluates what its rules test of the GPU windows and rescores when an answer changed.
     gpu_checked: bool = False
+
+
+@dataclass(slots=True)
+class Scoring:
+    """One scoring pass's result, as the detection engine returns it: nothing in it has been
+    written into the states yet; :meth:`Correlator.apply_scoring` keeps it (the correlator owns
+    its states)."""
+
+    verdicts: list = field(default_factory=list)  # new verdicts, oldest process first
+    scored: dict = field(default_factory=dict)  # state -> (newest verdict, parent verdict read)
+    marked: set = field(default_factory=set)  # every state the pass looked at as dirty
+    still_dirty: set = field(default_factory=set)  # of those, what waits for the next pass
+    keep_derived: dict = field(default_factory=dict)  # state -> (derived key, value) to keep
+    gpu_looked: set = field(default_factory=set)  # states whose GPU windows were looked at
 
 
 class Correlator:
@@ -228,6 +242,20 @@ class Correlator:
             ):
                 self._drop(state.key)
                 self.counters["expired"] += 1
+
+    def apply_scoring(self, scoring: Scoring) -> None:
+        """Keep what a scoring pass found: each state's verdict (and the parent verdict it read),
+        its dirty mark, the GPU answers the engine looked at."""
+        for state, (verdict, parent_verdict) in scoring.scored.items():
+            state.verdict = verdict
+            state.parent_verdict = parent_verdict
+        still_dirty = scoring.still_dirty
+        for state in scoring.marked:
+            state.dirty = state in still_dirty
+        for state, (key, value) in scoring.keep_derived.items():
+            state.derived[key] = value
+        if scoring.gpu_looked:
+            self.gpu_moved.difference_update(scoring.gpu_looked)
 
     def _expired(self, state: ProcessState, now: float, parents: set[ProcessKey]) -> bool:
         exited_at = state.exited_at

@@ -5,21 +5,19 @@ Wiring (``scan``, golden cases and the agent)::
     correlator = Correlator(facts_provider=...)
     engine = DetectionEngine(correlator, ruleset, yara_scanner=scanner)
     correlator.feed(item) ...           # any number of items
-    verdicts = engine.score(now)        # the processes that changed
+    verdicts = engine.score(now)        # the processes that changed (evaluate + apply_scoring)
     engine.set_ruleset(new_ruleset)     # hot reload: everything is rescored next time
 
-The engine gives the correlator a :class:`~gpuguard.correlate.correlator.RescorePolicy`,
-enriches new facts through its ``on_new_facts`` hook (YARA, sha256 for pinned allowlist
-entries), and rescores only ``dirty`` processes, parents first.  GPU samples and age are
-checked here, so they cost a rescore only when they can change a verdict: see docs/rules.md,
-"When a process is evaluated again".
+:meth:`DetectionEngine.evaluate` writes nothing into the correlator's states: it returns a
+:class:`~gpuguard.correlate.correlator.Scoring` that the correlator applies.  Details:
+docs/internals.md, "engine".
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuguard.correlate.correlator import Correlator, RescorePolicy
+from gpuguard.correlate.correlator import Correlator, RescorePolicy, Scoring
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.ruleset.load import RuleSet
 from gpuguard.detect.scoring.score import Verdict, score_process
@@ -76,8 +74,16 @@ class DetectionEngine:
         self.correlator.set_policy(rescore_policy(ruleset))
 
     def score(self, now: float, *, everything: bool = False) -> list[Verdict]:
-        """Rescore processes whose state changed (all with ``everything``); returns their new
-        verdicts, oldest process first.
+        """:meth:`evaluate`, applied to the correlator's states (``scan``, golden cases, tests);
+        returns the new verdicts, oldest process first."""
+        scoring = self.evaluate(now, everything=everything)
+        self.correlator.apply_scoring(scoring)
+        return scoring.verdicts
+
+    def evaluate(self, now: float, *, everything: bool = False) -> Scoring:
+        """Rescore processes whose state changed (all with ``everything``); the new verdicts and
+        what the correlator is to keep of them (:class:`Scoring`).  Nothing is written to the
+        correlator's states: the caller hands the result to ``Correlator.apply_scoring``.
 
         When a rule reads a signal that moves with the clock alone (an ioctl rate,
         ``hour_of_day``), every process is also rescored once per period of that signal
@@ -91,39 +97,53 @@ class DetectionEngine:
             raise ValueError("DetectionEngine.score needs a rule set")
         correlator = self.correlator
         states = correlator.unordered_states()
+        scoring = Scoring()
         period = ruleset.time_rescore_period_s
         if period:
             bucket = int(now // period)
             if self._time_bucket is not None and bucket != self._time_bucket:
                 everything = True
             self._time_bucket = bucket
+        dirty = set(correlator.dirty)  # the correlator's marks (no walk of every state), then ours
         if everything:
-            for state in states:
-                state.dirty = True
+            dirty.update(states)
         elif ruleset.age_crossings:
-            self._mark_age_crossings(ruleset.age_crossings, now)
+            self._mark_age_crossings(ruleset.age_crossings, now, dirty)
         gpu_tests = ruleset.gpu_sample_tests
-        readers = self._check_gpu_moves(ruleset, gpu_tests, now) if correlator.gpu_moved else {}
+        readers = (
+            self._check_gpu_moves(ruleset, gpu_tests, now, dirty, scoring)
+            if correlator.gpu_moved
+            else {}
+        )
+        scoring.marked = set(dirty)
+        pending = scoring.scored  # state -> (its newest verdict, the parent verdict it read)
         out: list[Verdict] = []
         for _ in range(
             _MAX_PARENT_PASSES
         ):  # parents first; a changed parent re-dirties its children
-            dirty = list(correlator.dirty)  # only the changed ones, not every tracked process
             if not dirty:
                 break
-            dirty.sort(key=lambda s: (s.key.start_time, s.key.pid))
+            order = sorted(dirty, key=lambda s: (s.key.start_time, s.key.pid))
             changed: dict[ProcessKey, int] = {}  # key -> its place in this pass
             scored: dict[ProcessKey, int] = {}
-            for place, state in enumerate(dirty):
-                previous = state.verdict
+            for place, state in enumerate(order):
+                previous = pending[state][0] if state in pending else state.verdict
                 parent = correlator.parent_of(state)
-                state.parent_verdict = parent.verdict if parent else None
+                if parent is None:
+                    parent_verdict = None
+                else:
+                    parent_verdict = pending[parent][0] if parent in pending else parent.verdict
                 reader = readers.pop(state, None) or SignalReader(state, now)
+                reader["parent_verdict"] = _parent_value(parent_verdict, "verdict")
+                reader["parent_score"] = _parent_value(parent_verdict, "score")
                 verdict = score_process(state, ruleset, now, reader)
                 if gpu_tests and state.gpu_rescored_at is not None:
-                    state.derived[_GPU_ANSWERS] = (ruleset, now, _answers(gpu_tests, reader))
-                state.verdict = verdict
-                state.dirty = False
+                    scoring.keep_derived[state] = (
+                        _GPU_ANSWERS,
+                        (ruleset, now, _answers(gpu_tests, reader)),
+                    )
+                pending[state] = (verdict, parent_verdict)
+                dirty.discard(state)
                 scored[state.key] = place
                 out.append(verdict)
                 if previous is None or (previous.verdict, previous.score) != (
@@ -138,12 +158,18 @@ class DetectionEngine:
                 # every process is new, so this would otherwise score every child twice)
                 place = changed.get(state.parent_key)
                 if place is not None and scored.get(state.key, -1) < place:
-                    state.dirty = True
+                    dirty.add(state)
+                    scoring.marked.add(state)
+        scoring.still_dirty = dirty
         latest = {v.key: v for v in out}
-        return sorted(latest.values(), key=lambda v: (v.key.start_time, v.key.pid))
+        scoring.verdicts = sorted(latest.values(), key=lambda v: (v.key.start_time, v.key.pid))
+        return scoring
 
-    def _mark_age_crossings(self, crossings: tuple[tuple[float, bool], ...], now: float) -> None:
-        """Mark the processes whose age crossed one of ``crossings`` since the last look.
+    def _mark_age_crossings(
+        self, crossings: tuple[tuple[float, bool], ...], now: float, dirty: set[ProcessState]
+    ) -> None:
+        """Mark (add to ``dirty``) the processes whose age crossed one of ``crossings`` since the
+        last look.
 
         The looks split time into intervals (last, now]; an answer that changes as the age
         reaches a value (gte, lt) changes in exactly one of them, one that changes just after
@@ -159,7 +185,7 @@ class DetectionEngine:
         self._age_checked_at = now
         backwards = now < last  # a clock set back (or a caller scoring an earlier time)
         for state in self.correlator.unordered_states():
-            if state.dirty:
+            if state in dirty:
                 continue
             start = state.key.start_time
             before, after = last - start, now - start
@@ -169,36 +195,43 @@ class DetectionEngine:
                 else:
                     crossed = (before < point <= after) if at else (before <= point < after)
                 if crossed:
-                    state.dirty = True
+                    dirty.add(state)
                     break
 
     def _check_gpu_moves(
-        self, ruleset: RuleSet, tests: tuple, now: float
+        self,
+        ruleset: RuleSet,
+        tests: tuple,
+        now: float,
+        dirty: set[ProcessState],
+        scoring: Scoring,
     ) -> dict[ProcessState, SignalReader]:
         """Mark the processes whose GPU windows moved so that a rule's GPU test answers differently.
 
-        Returns the signal readers used for those, so scoring reads each signal once.
+        Returns the signal readers used for those, so scoring reads each signal once; the
+        processes looked at go to ``scoring.gpu_looked`` (the correlator takes them out of
+        ``gpu_moved``).
         """
         moved = self.correlator.gpu_moved
         readers: dict[ProcessState, SignalReader] = {}
         if not tests:
-            moved.clear()
+            scoring.gpu_looked.update(moved)
             return readers
         for state in list(moved):
-            if state.dirty:  # scored anyway (its answers are kept then)
-                moved.discard(state)
+            if state in dirty:  # scored anyway (its answers are kept then)
+                scoring.gpu_looked.add(state)
                 continue
             kept = state.derived.get(_GPU_ANSWERS)
             if kept is not None and kept[0] is ruleset and 0 <= now - kept[1] < GPU_CHECK_EVERY_S:
                 continue  # looked at less than GPU_CHECK_EVERY_S ago: stays in moved
-            moved.discard(state)
+            scoring.gpu_looked.add(state)
             reader = SignalReader(state, now)
             answers = _answers(tests, reader)
             if kept is None or kept[0] is not ruleset or kept[2] != answers:
-                state.dirty = True
+                dirty.add(state)
                 readers[state] = reader
             else:
-                state.derived[_GPU_ANSWERS] = (ruleset, now, answers)
+                scoring.keep_derived[state] = (_GPU_ANSWERS, (ruleset, now, answers))
         return readers
 
     def verdicts(self, now: float) -> list[Verdict]:
@@ -217,6 +250,11 @@ class DetectionEngine:
             state.exe_sha256 = self.ruleset.allowlist.exe_sha256_if_needed(
                 facts, correlator.proc_root
             )
+
+
+def _parent_value(verdict: Verdict | None, field: str) -> object:
+    """The parent's verdict or score as the ``parent_verdict`` / ``parent_score`` signals say it."""
+    return getattr(verdict, field) if verdict is not None else None
 
 
 def _answers(tests: tuple, reader: SignalReader) -> int:

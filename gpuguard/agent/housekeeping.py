@@ -1,0 +1,101 @@
+"""The agent's housekeeping, every few seconds: expiry, CPU samples, blocks, memory, drops.
+
+Old processes expire; the CPU-miner candidates (huge-page users, host tuners, and every
+process the FPU probe saw leave round-to-nearest) get CPU windows and runnable-thread
+records (the CPU-miner rules read them); the responder lifts expired blocks; freed heap goes
+back to the kernel; the stages forget processes no longer tracked; drops since the last look
+are reported as one lifecycle line.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gpuguard.agent.context import AgentContext
+from gpuguard.agent.memory import return_freed_memory
+from gpuguard.agent.stages.s1_produce import ProduceStage
+from gpuguard.agent.stages.s4_score import ScoreStage
+from gpuguard.agent.stages.s5_report import ReportStage
+from gpuguard.agent.stages.s6_act import ActStage
+from gpuguard.sources.proc.cpu_usage import CpuActivitySampler, CpuSampler
+
+HOUSEKEEPING_S = 10.0  # expire old processes and report drops this often
+
+
+class Housekeeping:
+    """One housekeeping pass (``run``); the CPU samplers and the drop count it keeps."""
+
+    def __init__(
+        self,
+        ctx: AgentContext,
+        produce: ProduceStage,
+        score: ScoreStage,
+        report: ReportStage,
+        act: ActStage,
+    ) -> None:
+        self.ctx, self.produce, self.score, self.report, self.act = (
+            ctx,
+            produce,
+            score,
+            report,
+            act,
+        )
+        self.correlator: Any = None
+        self.cpu_sampler = CpuSampler(ctx.proc_root)  # CPU windows of huge-page users and tuners
+        self.cpu_activity = CpuActivitySampler(ctx.proc_root)  # runnable threads, FPU rounding
+        self.drops_reported = 0
+        self.counts = {"passes": 0}
+
+    def run(self, now: float, period_s: float) -> None:
+        correlator = self.correlator
+        self.counts["passes"] += 1
+        correlator.expire(now)
+        # CPU windows for huge-page users and host tuners (the CPU-miner rules read them)
+        for key, percent in self.cpu_sampler.sample(correlator.cpu_candidates()).items():
+            correlator.add_cpu_sample(key, now, percent)
+        self._sample_cpu_activity(now)
+        self.act.sweep_blocks(now)
+        return_freed_memory()
+        self.report.prune()
+        self.score.prune()
+        self._report_drops(period_s)
+
+    def _sample_cpu_activity(self, now: float) -> None:
+        """Runnable threads of the CPU-miner candidates and of every process the FPU probe saw
+        leave round-to-nearest, as CpuActivity records (the CPU-miner rules read them)."""
+        correlator = self.correlator
+        sensor = self.produce.sensor
+        fpu_probe = sensor.fpu if sensor is not None else None
+        fpu = fpu_probe.counts() if fpu_probe is not None and fpu_probe.loaded else None
+        keys = set(correlator.cpu_candidates())
+        gone = []
+        for pid in fpu or ():
+            state = correlator.state_of(pid)
+            if state is None or state.exited:
+                gone.append(pid)
+            else:
+                keys.add(state.key)
+        if gone and fpu_probe is not None:
+            fpu_probe.forget([pid for pid in gone if not os.path.exists(f"/proc/{pid}")])
+        targets = {}
+        for key in keys:
+            state = correlator.get(key)
+            if state is not None:
+                targets[key] = (key.pid, state.comm)
+        for event in self.cpu_activity.sample(targets, now, fpu):
+            correlator.feed(event)
+
+    def _report_drops(self, period_s: float) -> None:
+        counters = self.ctx.counters
+        drops = counters.drops_total()
+        if drops > self.drops_reported:
+            self.ctx.lifecycle(
+                "drops",
+                f"{drops - self.drops_reported} events or lines could not be handled "
+                f"in the last {period_s:g} s (capacity exceeded)",
+                ring_lost=dict(counters.ring_lost),
+                intake_dropped=dict(counters.intake_dropped),
+                output_dropped=counters.output_dropped,
+            )
+            self.drops_reported = drops

@@ -1,0 +1,173 @@
+"""Rules and config that change while the agent runs: rule files polled, SIGHUP reloads.
+
+A rule file changed on disk: the holder (:class:`~gpuguard.detect.ruleset.reload.RuleSetHolder`)
+reloads it or keeps the last good set.  SIGHUP reads the config and the rules again; a broken
+file keeps the last good ones; settings that need a restart are named and kept.  A new rule
+set reaches the enrich stage (YARA), the engine (everything is rescored) and the sensor (the
+exec names it sends up in full).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from gpuguard.agent.config import load_config, with_overrides
+from gpuguard.agent.context import AgentContext
+from gpuguard.agent.stages.s1_produce import ProduceStage
+from gpuguard.agent.stages.s2_enrich import EnrichStage
+from gpuguard.agent.stages.s4_score import ScoreStage
+from gpuguard.agent.stages.s6_act import ActStage
+from gpuguard.errors import GpuguardError
+
+RULE_FILE_CHECK_S = 2.0  # look for changed rule files this often
+RESTART_SETTINGS = (
+    "sensor",
+    "log_path",
+    "log_format",
+    "log_max_bytes",
+    "log_keep",
+    "log_syslog_format",
+    "log_facility",
+    "log_limits",
+    "metrics_address",
+    "status_path",
+)
+
+
+def rules_version(ruleset: Any) -> str:
+    """A short digest of the rule files' contents: equal on every host with the same rules."""
+    digest = hashlib.sha256()
+    for path in list(ruleset.sources) + list(ruleset.yara_files):
+        try:
+            digest.update(Path(path).read_bytes())
+        except OSError:
+            digest.update(str(path).encode())
+    return digest.hexdigest()[:12]
+
+
+class Reloader:
+    """Loads the rules at start-up and applies every later change; see the module docstring."""
+
+    def __init__(
+        self,
+        ctx: AgentContext,
+        config_path: Path | None,
+        overrides: dict[str, Any],
+        produce: ProduceStage,
+        enrich: EnrichStage,
+        score: ScoreStage,
+        act: ActStage,
+    ) -> None:
+        self.ctx, self.config_path, self.overrides = ctx, config_path, overrides
+        self.produce, self.enrich, self.score, self.act = produce, enrich, score, act
+        self.hup = False  # SIGHUP seen: reload on the next loop turn
+        self.counts = {"reloads": 0, "failed": 0}
+
+    def load_rules(self) -> None:
+        from gpuguard.detect.ruleset.reload import RuleSetHolder
+
+        self.ctx.rules = RuleSetHolder(self.ctx.config.rules, log=lambda line: None)
+        self.note_rules()
+
+    def note_rules(self) -> None:
+        # The digest is taken when a set is loaded: the files on disk may already be newer (and broken).
+        rules, counters = self.ctx.rules, self.ctx.counters
+        if rules.generation != counters.rules_generation:
+            counters.rules_version = rules_version(rules.current)
+        counters.rules_generation = rules.generation
+        counters.rules_error = rules.last_error
+
+    def use_ruleset(self, ruleset: Any) -> None:
+        """A reloaded rule set: rescore everything; a changed YARA file list gets a new scanner."""
+        self.enrich.use_ruleset(ruleset)
+        self.score.engine.set_ruleset(ruleset)
+        self.produce.set_exec_names(ruleset)
+
+    def check_rule_files(self) -> None:
+        """A rule file changed on disk: the holder reloads it (or keeps the last good set); say which."""
+        ctx, rules = self.ctx, self.ctx.rules
+        generation, error = rules.generation, rules.last_error
+        rules.poll()
+        self.note_rules()
+        if rules.generation != generation:
+            self._count(True)
+            ctx.lifecycle(
+                "reload",
+                f"rules reloaded (rule files changed): version {ctx.counters.rules_version}",
+                generation=rules.generation,
+            )
+        elif rules.last_error and rules.last_error != error:
+            self._count(False)
+            ctx.lifecycle(
+                "reload-failed",
+                "rules not reloaded (rule files changed); keeping the previous rules: "
+                f"{rules.last_error}",
+            )
+            ctx.stderr(
+                f"gpuguard: rules not reloaded; keeping the previous rules: {rules.last_error}"
+            )
+
+    def reload(self, reason: str) -> None:
+        """SIGHUP: read the config and the rules again; a broken file keeps the last good ones."""
+        ctx = self.ctx
+        if self.config_path is not None or ctx.config.source:
+            self._reload_config(reason)
+        rules = ctx.rules
+        if rules.reload(reason):
+            self.note_rules()
+            self._count(True)
+            ctx.lifecycle(
+                "reload",
+                f"rules reloaded ({reason}): {len(rules.current.rules)} rules, "
+                f"version {ctx.counters.rules_version}",
+                generation=rules.generation,
+            )
+        else:
+            self.note_rules()
+            self._count(False)
+            ctx.lifecycle(
+                "reload-failed",
+                f"rules not reloaded ({reason}); keeping the previous rules "
+                f"(version {ctx.counters.rules_version}): {rules.last_error}",
+            )
+            ctx.stderr(
+                f"gpuguard: rules not reloaded; keeping the previous rules: {rules.last_error}"
+            )
+        ctx.status_soon = True
+
+    def _reload_config(self, reason: str) -> None:
+        ctx = self.ctx
+        try:
+            config = with_overrides(
+                load_config(self.config_path or Path(ctx.config.source)), **self.overrides
+            )
+        except GpuguardError as exc:
+            ctx.counters.config_error = exc.one_line()
+            self._count(False)
+            ctx.lifecycle(
+                "reload-failed",
+                f"config not reloaded ({reason}); keeping the previous settings: {exc.one_line()}",
+            )
+            ctx.stderr(
+                f"gpuguard: config not reloaded; keeping the previous settings: {exc.one_line()}"
+            )
+            return
+        ctx.counters.config_error = None
+        restart = [
+            name for name in RESTART_SETTINGS if getattr(config, name) != getattr(ctx.config, name)
+        ]
+        if restart:
+            ctx.lifecycle(
+                "reload", f"changed settings need a restart to apply: {', '.join(restart)}"
+            )
+            for name in restart:
+                setattr(config, name, getattr(ctx.config, name))
+        ctx.config = config
+        ctx.rules.paths = [Path(p) for p in config.rules] if config.rules is not None else None
+        self.act.build(self.produce.exit_generations)
+
+    def _count(self, ok: bool) -> None:
+        self.counts["reloads" if ok else "failed"] += 1
+        self.ctx.telemetry.count_reload(ok, self.ctx.config.mode)

@@ -1,0 +1,83 @@
+"""Stage 3, correlate: every queued item routed to one process's state (the correlator's).
+
+The correlator owns its states: the score stage reads them and hands the engine's result back
+through ``Correlator.apply_scoring``.  One malformed item is reported and skipped, never fatal.
+Each item is also shown to the telemetry (per-pod counts) and, for GPU snapshots and
+accounting records, to the GPU host checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpuguard.agent.context import AgentContext
+from gpuguard.agent.stages.s2_enrich import EnrichStage
+from gpuguard.correlate.state import ProcessKey
+from gpuguard.sources.proc.identity import first_sight, raise_fd_limit
+
+FEED_CHECK_ITEMS = 32  # a batch looks for a stop or reload this often (an exec sent up costs ~1 ms)
+
+
+class CorrelateStage:
+    """The correlator and the feeding of batches into it."""
+
+    def __init__(self, ctx: AgentContext, keep: Callable[[Any], None], host_inputs: tuple) -> None:
+        self.ctx = ctx
+        self.keep, self.host_inputs = keep, host_inputs  # the GPU host checks' inputs
+        self.correlator: Any = None
+        self.counts = {"items": 0, "faults": 0}
+
+    def build(self, enrich: EnrichStage, exit_generations: Any) -> Any:
+        from gpuguard.correlate.correlator import Correlator
+
+        if exit_generations is not None:
+            raise_fd_limit()  # a pidfd is held per tracked process (at most max_processes)
+        self.correlator = Correlator(
+            facts_provider=enrich.facts_of,
+            read_configs=False,  # the enrich stage attaches them, before correlation
+            max_processes=self.ctx.config.max_processes,
+            proc_root=self.ctx.proc_root,
+            identify=first_sight(exit_generations),
+        )
+        return self.correlator
+
+    def known(self, pid: int, start_time: float) -> bool:
+        return self.correlator.get(ProcessKey(pid, start_time)) is not None
+
+    def comm_of(self, pid: int) -> str | None:
+        state = self.correlator.state_of(pid)
+        return state.comm if state is not None else None
+
+    def feed(self, items: list, enrich: EnrichStage, cut: Callable[[], bool] | None = None) -> list:
+        """Enrich then correlate ``items``, FEED_CHECK_ITEMS at a time, asking ``cut()`` between
+        chunks (a batch of execs sent up takes seconds under a flood); returns what is left."""
+        for start in range(0, len(items), FEED_CHECK_ITEMS):
+            if start and cut is not None and cut():
+                return items[start:]
+            chunk = items[start : start + FEED_CHECK_ITEMS]
+            with enrich.batch(chunk, self.correlator):
+                self._correlate(chunk)
+        return []
+
+    def _correlate(self, items: list) -> None:
+        """Correlate ``items``; ``keep`` gets the GPU snapshots and accounting records too."""
+        feed, keep, host_inputs = self.correlator.feed, self.keep, self.host_inputs
+        observe = self.ctx.telemetry.observe_item
+        comm_of = self.comm_of
+        for item in items:
+            try:
+                feed(item)
+            except Exception as exc:  # noqa: BLE001 - one malformed item must not stop detection
+                self.counts["faults"] += 1
+                self.ctx.lifecycle(
+                    "fault",
+                    f"could not correlate a {type(item).__name__}: {type(exc).__name__}: {exc}",
+                )
+            observe(item, comm_of)  # after feed: the correlator names the pids
+            if (
+                type(item) in host_inputs
+            ):  # GPU snapshots and accounting only: sensor events pass by cheaply
+                keep(item)
+        self.ctx.counters.items_correlated += len(items)
+        self.counts["items"] += len(items)

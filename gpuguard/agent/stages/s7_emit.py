@@ -1,0 +1,26 @@
+"""Stage 7, emit: the log written out, the state file and the metrics refreshed when due.
+
+The state file's schedule is :mod:`gpuguard.agent.status_writer`'s.
+"""
+
+from __future__ import annotations
+
+from gpuguard.agent.context import AgentContext
+from gpuguard.agent.status_writer import StatusWriter
+
+
+class EmitStage:
+    """Once per loop turn: sync the log; write the state file when something changed or due."""
+
+    def __init__(self, ctx: AgentContext) -> None:
+        self.ctx = ctx
+        self.status = StatusWriter(ctx)
+        self.counts = {"log_syncs": 0}
+
+    def sync_log(self) -> None:
+        self.ctx.telemetry.sync_log()
+        self.counts["log_syncs"] += 1
+
+    def status_due(self, now: float, mono: float) -> None:
+        if self.status.due_now(mono):
+            self.status.write(now)

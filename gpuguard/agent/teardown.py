@@ -1,0 +1,56 @@
+"""The agent's teardown: always runs, whatever start-up step failed.
+
+Producers stop, what they queued is scored, pending updates and last closes are written, the
+responder closes (its later outcomes recorded), a summary line is written, the YARA cache is
+saved, the probes are detached, the log is flushed, the state file says the agent stopped and
+the metrics endpoint closes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuguard.agent.pipeline import Agent
+
+
+def teardown(agent: Agent) -> None:
+    ctx, produce = agent.ctx, agent.produce
+    ctx.stop.set()
+    ctx.intake.wake()
+    sensor_busy = produce.join()
+    if agent.correlate.correlator is not None:
+        try:
+            produce.final_feed(agent.feed, agent.unfed)
+            agent.score_and_report(time.time())
+            agent.report.write_lifecycle(time.time(), final=True)  # pending updates, last closes
+        except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
+            ctx.stderr(f"gpuguard: final scoring failed: {type(exc).__name__}: {exc}")
+    try:
+        agent.act.close()  # waits for pending kills; pinned blocks stay (gpuguard blocks)
+    except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
+        ctx.stderr(f"gpuguard: closing the responder failed: {type(exc).__name__}: {exc}")
+    c = ctx.counters
+    summary = (
+        f"agent stopped after {time.time() - c.started:.0f} s: {c.events_total()} events, "
+        f"{sum(c.findings.values())} findings, {sum(c.actions.values())} actions, "
+        f"drops: ring {sum(c.ring_lost.values())}, intake {sum(c.intake_dropped.values())}, "
+        f"log {c.output_dropped}"
+    )
+    ctx.lifecycle(
+        "stop",
+        summary,
+        events=c.events_total(),
+        findings=sum(c.findings.values()),
+        ring_lost=dict(c.ring_lost),
+        intake_dropped=dict(c.intake_dropped),
+    )
+    agent.enrich.save()
+    produce.close_sensor(sensor_busy)
+    ctx.telemetry.close_log()  # writes out what is queued (the stop line included)
+    if agent.ready.is_set():
+        agent.emit_stage.status.write(time.time(), running=False)
+    ctx.telemetry.close_metrics()
+    if agent.ready.is_set():  # a failed start-up says only its one error line
+        ctx.stderr(f"gpuguard: {summary}")

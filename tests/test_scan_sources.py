@@ -20,6 +20,7 @@ from gpuguard.sources.net_connections import read_connection_table
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_gpu_holders_seen_through_a_private_dev():
     with (
         tempfile.TemporaryDirectory(dir="/tmp") as tmp,

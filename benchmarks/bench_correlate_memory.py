@@ -35,12 +35,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuguard.correlate.correlator import Correlator  # noqa: E402
-from gpuguard.detect.engine import DetectionEngine  # noqa: E402
-from gpuguard.detect.rules import load_ruleset  # noqa: E402
-from gpuguard.detect.shipped import shipped_rules_file  # noqa: E402
+from gpuguard.detect.ruleset.load import load_ruleset  # noqa: E402
+from gpuguard.detect.ruleset.shipped import shipped_rules_file  # noqa: E402
+from gpuguard.detect.scoring.engine import DetectionEngine  # noqa: E402
 from gpuguard.events.gpu_snapshot import GpuSnapshot, ProcessGpuUsage  # noqa: E402
 from gpuguard.events.model import Connect, Exec, Exit, GpuOpen  # noqa: E402
-from gpuguard.sources.process import collect_process_facts  # noqa: E402
+from gpuguard.sources.proc.process import collect_process_facts  # noqa: E402
 
 T0 = 1_700_000_000.0
 LONG_LIVED = 20

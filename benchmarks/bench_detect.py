@@ -36,11 +36,11 @@ sys.path.insert(0, str(REPO))
 
 from gpuguard.correlate.correlator import Correlator  # noqa: E402
 from gpuguard.correlate.state import ProcessKey, ProcessState  # noqa: E402
-from gpuguard.detect.engine import DetectionEngine, rescore_policy  # noqa: E402
-from gpuguard.detect.rules import load_ruleset  # noqa: E402
-from gpuguard.detect.score import score_process  # noqa: E402
-from gpuguard.detect.shipped import shipped_rules_file  # noqa: E402
-from gpuguard.detect.signal_reader import SignalReader  # noqa: E402
+from gpuguard.detect.ruleset.load import load_ruleset  # noqa: E402
+from gpuguard.detect.ruleset.shipped import shipped_rules_file  # noqa: E402
+from gpuguard.detect.scoring.engine import DetectionEngine, rescore_policy  # noqa: E402
+from gpuguard.detect.scoring.score import score_process  # noqa: E402
+from gpuguard.detect.signals.reader import SignalReader  # noqa: E402
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
 from gpuguard.events.model import Connect, GpuIoctl, GpuOpen, NetPayload  # noqa: E402
 from gpuguard.events.process_facts import Ancestor, ProcessFacts  # noqa: E402

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuguard.sources.fpu_probe import FpuProbe  # noqa: E402
+from gpuguard.sources.ebpf.fpu_probe import FpuProbe  # noqa: E402
 
 
 def build() -> Path:

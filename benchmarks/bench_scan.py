@@ -39,7 +39,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuguard.sources.yara_verdict_cache import DEFAULT_CACHE_DIR  # noqa: E402
+from gpuguard.sources.host.yara_verdict_cache import DEFAULT_CACHE_DIR  # noqa: E402
 
 TARGET_COLD_S = 2.0
 TARGET_WARM_S = 1.0

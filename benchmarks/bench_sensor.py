@@ -154,8 +154,8 @@ class Attachable:
 @contextmanager
 def polled_sensor():
     """The default sensor, loaded, with a thread draining its events (probes detached by Attachable)."""
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     sensor = Sensor(ProbeSettings())
     sensor.start()
@@ -348,8 +348,8 @@ def main() -> int:
         return 2
     import bcc
 
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     binary = build_loop()
     SINK_PORT[0] = start_sink()

@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 
 
 def close_times(repeat: int) -> None:
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     for hook in ("tracepoint", "raw"):
         times: dict[str, list[float]] = {

@@ -4,7 +4,7 @@
 
 The agent reads the TCP stack's counters of its GPU holders' connections once per
 activity interval (10 s), scan once a second during its window
-(``gpuguard.sources.tcp_sessions.TcpSessionReader``: the holder's fd table, then
+(``gpuguard.sources.net.tcp_sessions.TcpSessionReader``: the holder's fd table, then
 a sock_diag dump of its namespace the first time, one lookup per known socket later).  The host gets ``--sockets``
 established loopback connection pairs held by this process; the "holder" is a
 child holding 4 connections.  Baselines measured in the same run, interleaved:
@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
 
-from gpuguard.sources.conn_activity import established_socket_inodes  # noqa: E402
-from gpuguard.sources.tcp_sessions import TcpSessionReader, read_sessions  # noqa: E402
+from gpuguard.sources.net.conn_activity import established_socket_inodes  # noqa: E402
+from gpuguard.sources.net.tcp_sessions import TcpSessionReader, read_sessions  # noqa: E402
 
 HOLDER = """
 import socket, time

@@ -161,7 +161,7 @@ struct gg_conn_activity {
  * which is before its pid can be handed out again.  An event carrying the generation it
  * saw lets user space prove that a pidfd it opens later names that same process: open
  * the pidfd, read the generation; unchanged means no process with that pid has exited
- * since (gpuguard/sources/identity.py).  Sized by GG_PID_MAX (the host's pid_max). */
+ * since (gpuguard/sources/proc/identity.py).  Sized by GG_PID_MAX (the host's pid_max). */
 #ifndef GG_PID_MAX
 #define GG_PID_MAX 4194304
 #endif

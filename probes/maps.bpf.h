@@ -1,6 +1,6 @@
 /* maps.bpf.h - the maps every probe part shares, and the event output.
  *
- * Sizes come from compiler defines set by gpuguard/sources/sensor.py, so an
+ * Sizes come from compiler defines set by gpuguard/sources/ebpf/sensor.py, so an
  * operator can tune them without editing C.
  */
 #ifndef GG_MAPS_BPF_H

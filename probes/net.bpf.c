@@ -7,7 +7,7 @@
  * Writes on any other fd cost one inlined array read (sock_fd_slots).
  * A process that holds a GPU (watched_tgids) also gets an activity record per
  * connection (conn_activity): bytes and writes out, the times of its latest small
- * writes, its age; user space reads it on an interval (sources/conn_activity.py).
+ * writes, its age; user space reads it on an interval (sources/net/conn_activity.py).
  */
 
 #define GG_AF_INET 2

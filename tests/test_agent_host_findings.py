@@ -24,7 +24,7 @@ import pytest
 from gpuguard.agent.config import AgentConfig
 from gpuguard.agent.pipeline import Agent
 from gpuguard.commands.status import render
-from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import MIB, FakeAccounting, FakeGpu, FakeNvml, FakeProcess
@@ -398,7 +398,7 @@ def test_a_holder_that_exits_after_the_sample_is_not_reported():
 
 
 def test_a_resolved_host_finding_in_cef():
-    from gpuguard.detect.host_checks import HostFinding
+    from gpuguard.detect.host.checks import HostFinding
     from gpuguard.outputs.finding import finding_from_host
     from gpuguard.outputs.records import render_record
 

@@ -19,9 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.model import Event, Lost
@@ -31,7 +31,7 @@ from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.outputs.log_writer import open_log
 from gpuguard.outputs.metrics import METRIC_NAMES, AgentMetrics, parse_address
 from gpuguard.sources.gpu import nvml
-from gpuguard.sources.pod_names import PodRef
+from gpuguard.sources.proc.pod_names import PodRef
 from tests.fakes.fake_pynvml import ERROR_CODES, MIB, FakeGpu, FakeNvml, FakeProcess
 
 REPO = Path(__file__).resolve().parent.parent

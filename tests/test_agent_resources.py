@@ -98,8 +98,8 @@ def test_compiler_mappings_are_read_from_the_maps_text():
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_the_compiler_pages_go_back_once_the_probes_are_loaded():
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     with Sensor(ProbeSettings(), drain_interval=0.5) as sensor:  # compiles with bcc's LLVM
         before = _compiler_rss_kib()

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuguard.sources.process import collect_process_facts
+from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.randomx import stop
 from tests.test_randomx_session import huge_pages
 from tests.test_scan_support import findings_for_pid, scan_json

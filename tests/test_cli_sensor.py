@@ -66,7 +66,7 @@ def test_sensor_commands_without_root_give_one_line_and_exit_2(command):
 @pytest.mark.self_contained
 def test_missing_kernel_headers_is_one_line(tmp_path, monkeypatch):
     code = (
-        "import os, gpuguard.sources.preflight as p\n"
+        "import os, gpuguard.sources.ebpf.preflight as p\n"
         "p.require_kernel_headers.__globals__['Path'] = lambda *_: __import__('pathlib').Path('/nonexistent')\n"
         "from gpuguard.cli import main\n"
         "raise SystemExit(main(['watch', '--duration', '1']))\n"

@@ -10,13 +10,13 @@ import pytest
 
 from gpuguard.correlate.correlator import Correlator
 from gpuguard.correlate.state import ProcessKey
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import Connect, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
-from gpuguard.sources.process import collect_process_facts
+from gpuguard.sources.proc.process import collect_process_facts
 
 T = 1_700_000_000.0
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuguard.detect.shipped import default_rule_paths
+from gpuguard.detect.ruleset.shipped import default_rule_paths
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.records import render_record
 
@@ -178,7 +178,7 @@ def test_install_refuses_unknown_options(tmp_path):
 
 def test_shipped_config_is_accepted_by_the_agent():
     from gpuguard.agent import config
-    from gpuguard.detect.yaml_marks import load_marked_file
+    from gpuguard.config.yaml_marks import load_marked_file
 
     loaded = config.parse_config(load_marked_file(PKG / "agent.yaml", config.MAX_CONFIG_BYTES))
     assert loaded.mode == "monitor" and loaded.log_path == "/var/log/gpuguard/events.json"
@@ -442,8 +442,8 @@ class ConfigMapVolume:
 
 
 def test_rules_configmap_layout_is_what_the_agent_reads_by_default(tmp_path):
-    from gpuguard.detect.rules import load_ruleset
-    from gpuguard.detect.shipped import default_rule_paths, shipped_rules_file
+    from gpuguard.detect.ruleset.load import load_ruleset
+    from gpuguard.detect.ruleset.shipped import default_rule_paths, shipped_rules_file
 
     docs = render("monitor")
     data = {}
@@ -474,7 +474,7 @@ def _rules_info(port: int) -> tuple[str, float]:
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_a_rules_configmap_update_reaches_the_running_agent_and_its_version_label(tmp_path):
-    from gpuguard.detect.shipped import shipped_rules_file
+    from gpuguard.detect.ruleset.shipped import shipped_rules_file
     from tests.support.agent_run import AgentProcess, until
 
     with socket.socket() as s:
@@ -577,8 +577,8 @@ def _matches(rule: dict, doc: dict) -> bool:
 
 def test_sigma_rules_match_real_agent_records_and_not_benign_ones():
     from gpuguard.detect.cases import replay
-    from gpuguard.detect.rules import load_ruleset
-    from gpuguard.detect.shipped import shipped_rules_file
+    from gpuguard.detect.ruleset.load import load_ruleset
+    from gpuguard.detect.ruleset.shipped import shipped_rules_file
     from gpuguard.outputs.finding import finding_from_verdict
 
     ruleset = load_ruleset([shipped_rules_file()])

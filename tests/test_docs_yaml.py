@@ -28,10 +28,10 @@ import pytest
 import yaml
 
 from gpuguard.agent.config import parse_config
+from gpuguard.config.yaml_marks import load_marked
 from gpuguard.detect.cases import _load_expected
-from gpuguard.detect.rules import validate_rules
-from gpuguard.detect.shipped import shipped_rules_dir, shipped_rules_file
-from gpuguard.detect.yaml_marks import load_marked
+from gpuguard.detect.ruleset.load import validate_rules
+from gpuguard.detect.ruleset.shipped import shipped_rules_dir, shipped_rules_file
 from gpuguard.errors import GpuguardError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,8 +28,8 @@ MINER_ARGS = ["-o", "stratum+tcp://pool.example.invalid:3333", "--donate-level",
 
 @pytest.fixture(scope="module")
 def sensor():
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     with Sensor(
         ProbeSettings(exec_filter=True), drain_interval=0.2, exec_names=(["xmrig"], ["/tmp"])
@@ -250,8 +250,8 @@ def test_a_short_exec_of_a_name_the_rules_list_goes_up_at_once(sensor):
 
 def test_the_kernel_hash_is_fnv1a_and_names_come_from_the_rules_lists():
     from gpuguard.agent.exec_interest import exec_interest
-    from gpuguard.detect.reload import RuleSetHolder
-    from gpuguard.sources.exec_filter import interest_keys, name_hash
+    from gpuguard.detect.ruleset.reload import RuleSetHolder
+    from gpuguard.sources.ebpf.exec_filter import interest_keys, name_hash
 
     assert name_hash(b"") == 0xCBF29CE484222325
     assert name_hash(b"a") == 0xAF63DC4C8601EC8C  # the published FNV-1a 64 test vector

@@ -13,11 +13,11 @@ import pytest
 from gpuguard.agent.config import AgentConfig, load_config
 from gpuguard.agent.findings import ProcessFindings, finding_id
 from gpuguard.correlate.state import ProcessKey, ProcessState
-from gpuguard.detect.score import Evidence, Verdict
+from gpuguard.detect.scoring.score import Evidence, Verdict
 from gpuguard.errors import GpuguardError
 from gpuguard.events.model import ConnActivity
 from gpuguard.outputs.finding import finding_from_verdict
-from gpuguard.sources.pod_names import PodNames
+from gpuguard.sources.proc.pod_names import PodNames
 
 KEY = ProcessKey(4242, 1_700_000_000.25)
 

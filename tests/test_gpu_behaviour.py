@@ -13,10 +13,10 @@ from gpuguard.correlate.gpu_behaviour import GpuBehaviour, profile
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.correlate.windows import SampleWindow
 from gpuguard.detect.cases import replay, run_case
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.detect.signal_reader import SignalReader
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
+from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import Exec, Exit
 from gpuguard.events.process_facts import ProcessFacts

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.events.abi import device_class_name
 from gpuguard.events.devices import classify_device_path
 from tests.support.workloads import GPU_NODES, build_workload, run_with_gpu_nodes
@@ -49,9 +49,9 @@ def test_user_space_classifies_the_tuning_files(path, name):
 
 
 def test_the_sensor_reports_tuning_opens_and_the_rules_name_them():
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.process import collect_process_facts
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
+    from gpuguard.sources.proc.process import collect_process_facts
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

@@ -324,7 +324,7 @@ def test_cli_main_has_no_return_in_finally():
 
 def test_a_routing_bug_is_counted_apart_from_malformed_records(monkeypatch):
     from gpuguard.events.model import Exit
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     sensor = Sensor()
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from gpuguard.detect.reload import RuleSetHolder
+from gpuguard.detect.ruleset.reload import RuleSetHolder
 from gpuguard.errors import GpuguardError
 
 GOOD = """\

@@ -20,12 +20,12 @@ import psutil
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.outputs.console import LiveView, format_event
-from gpuguard.sources.huge_pages import process_hugetlb, read_host_tuning
-from gpuguard.sources.process import collect_process_facts
+from gpuguard.sources.proc.huge_pages import process_hugetlb, read_host_tuning
+from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
 pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
@@ -95,8 +95,8 @@ def smaps_rollup_hugetlb(pid: int) -> int:
     ids=["tracepoint", "raw", "perf-buffer"],
 )
 def test_the_sensor_reports_huge_page_requests_and_proc_shows_the_mapping(settings):
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     sensor = Sensor(ProbeSettings(**settings), drain_interval=0.2, sweep_interval=3600)
     sensor.start()
@@ -194,8 +194,8 @@ def test_stringless_cpu_miner_is_suspicious_and_a_database_stays_clean():
     a 2 GiB dataset asked for in 1 GiB pages), spinning threads on every core, one loopback session.  Then a
     database-like server: 256 MiB of 2 MiB huge pages in shared memory, as busy, a listening
     socket and no outgoing connection.  Real sensor events and /proc facts go through the engine."""
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -265,8 +265,8 @@ def test_stringless_cpu_miner_is_suspicious_and_a_database_stays_clean():
 
 def test_modprobe_msr_allow_writes_exec_is_seen():
     """The sensor's exec event (with the command line read at once) makes the modprobe a finding."""
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     sensor = Sensor(ProbeSettings(), drain_interval=0.2, sweep_interval=3600)
     sensor.start()
@@ -299,7 +299,7 @@ def test_modprobe_msr_allow_writes_exec_is_seen():
 
 
 def test_a_real_reservation_is_a_host_finding_and_is_gone_after():
-    from gpuguard.detect.tuning_host_checks import host_tuning_findings
+    from gpuguard.detect.host.tuning_checks import host_tuning_findings
 
     with reserved_huge_pages(3):
         before_restore = read_host_tuning("/")
@@ -320,7 +320,7 @@ def test_the_agent_gives_huge_page_users_a_cpu_window():
     """The agent has no CPU figures otherwise: the correlator names the candidates (a huge-page
     request seen), the sampler measures them from /proc between housekeeping periods."""
     from gpuguard.events.model import HugeAlloc
-    from gpuguard.sources.cpu_usage import CpuSampler
+    from gpuguard.sources.proc.cpu_usage import CpuSampler
 
     with workload_in_opt("worker") as binary:
         busy, _ = start([str(binary), "spin:8", "ready"], preexec_fn=_favoured)

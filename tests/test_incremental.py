@@ -26,8 +26,12 @@ from gpuguard.correlate.state import (
     ProcessKey,
     ProcessState,
 )
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rescore import (
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
+from gpuguard.detect.scoring.score import score_process
+from gpuguard.detect.signals.reader import SignalReader
+from gpuguard.detect.signals.rescore import (
     COUNT_SIGNALS,
     DEVICES,
     GPU_CHECK_EVERY_S,
@@ -36,11 +40,7 @@ from gpuguard.detect.rescore import (
     SIGNALS_READING,
     signal_kind,
 )
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.score import score_process
-from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.detect.signal_reader import SignalReader
-from gpuguard.detect.signal_table import SIGNALS
+from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import Connect, Exec, GpuIoctl, GpuOpen, NetPayload
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
@@ -162,7 +162,7 @@ def from_scratch(state: ProcessState, ruleset, now: float):
 def essence(verdict, ruleset):
     """What a verdict says: score, verdict, the rules matched; and the evidence text of rules that
     read no GPU window (a GPU sample that changes no rule's answer does not rescore, so those
-    rules' evidence quotes the figures of the last scoring: gpuguard.detect.engine)."""
+    rules' evidence quotes the figures of the last scoring: gpuguard.detect.scoring.engine)."""
     gpu_rules = {rule.id for rule in ruleset.rules if set(rule.signals) & GPU_SAMPLE_SIGNALS}
     return (
         verdict.score,

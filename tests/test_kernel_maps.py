@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuguard.sources.kernel_maps import array_items
+from gpuguard.sources.ebpf.kernel_maps import array_items
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 

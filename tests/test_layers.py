@@ -133,7 +133,7 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path, monkeypatch):
     (fake / "__init__.py").write_text("")
     (fake / "correlate" / "bad.py").write_text(
         "from typing import TYPE_CHECKING\nfrom gpuguard.events import model\n"
-        "if TYPE_CHECKING:\n    from gpuguard.detect.score import Verdict\n"
+        "if TYPE_CHECKING:\n    from gpuguard.detect.scoring.score import Verdict\n"
         "def f():\n    from ..detect import rules\n    import gpuguard.commands.scan\n"
     )
     (fake / "outputs" / "side.py").write_text(
@@ -141,7 +141,7 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     assert [v.split(": ", 1)[1] for v in violations(fake / "correlate" / "bad.py")] == [
-        "correlate (layer 3) imports gpuguard.detect.score (detect, layer 4)",
+        "correlate (layer 3) imports gpuguard.detect.scoring.score (detect, layer 4)",
         "correlate (layer 3) imports gpuguard.detect (detect, layer 4)",
         "correlate (layer 3) imports gpuguard.commands.scan (commands, layer 8)",
     ]
@@ -385,10 +385,10 @@ def _listed_signals() -> list[tuple[str, str]]:
 
 def test_every_defined_signal_is_in_the_one_list():
     listed = _listed_signals()
-    assert len(listed) == len(set(listed)), "a signal listed twice in detect/signal_table.py"
+    assert len(listed) == len(set(listed)), "a signal listed twice in detect/signals/table.py"
     missing = sorted(_decorated_signals() - set(listed))
     assert not missing, (
-        f"defined but not listed in detect/signal_table.py SIGNAL_FUNCTIONS: {missing}"
+        f"defined but not listed in detect/signals/table.py SIGNAL_FUNCTIONS: {missing}"
     )
     assert set(listed) <= _decorated_signals()
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gpuguard.sources.net_connections import read_connection_table
+from gpuguard.sources.net.net_connections import read_connection_table
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,7 +46,7 @@ def test_time_wait_sockets_are_ownerless_not_unmapped_as_root():
 def test_time_wait_is_not_a_blind_spot_without_root_either():
     local = _time_wait_socket()
     code = (
-        "import json; from gpuguard.sources.net_connections import read_connection_table as r; "
+        "import json; from gpuguard.sources.net.net_connections import read_connection_table as r; "
         "import psutil; t = r(); "
         f"tw = [c for c in psutil.net_connections('inet') if c.laddr and c.laddr.port == {local[1]}]; "
         "print(json.dumps([t.unattributed, t.ownerless, [str(c.status) for c in tw]]))"

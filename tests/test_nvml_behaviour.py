@@ -6,7 +6,7 @@ import pynvml
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.signal_reader import SignalReader
+from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.sources.gpu import nvml
 from gpuguard.sources.gpu.nvml_pcie import COUNTERS, SLOW_EVERY_S, THROUGHPUT

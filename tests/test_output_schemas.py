@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-import gpuguard.detect.gpu_host_checks  # noqa: F401 - registers the GPU host rules
-from gpuguard.detect.host_checks import HostFinding, apply_thresholds
+import gpuguard.detect.host.gpu_checks  # noqa: F401 - registers the GPU host rules
+from gpuguard.detect.host.checks import HostFinding, apply_thresholds
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ACTION_STATUSES, ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits

@@ -86,9 +86,9 @@ def test_a_wheel_ships_probes_and_rules_and_works_outside_the_checkout(tmp_path)
         cwd=tmp_path,
     )
     check = (
-        "import gpuguard, gpuguard.detect.shipped as s, gpuguard.events.abi as a;"
-        "from gpuguard.sources.probe_source import probe_text;"
-        "from gpuguard.detect.rules import load_ruleset;"
+        "import gpuguard, gpuguard.detect.ruleset.shipped as s, gpuguard.events.abi as a;"
+        "from gpuguard.sources.ebpf.probe_source import probe_text;"
+        "from gpuguard.detect.ruleset.load import load_ruleset;"
         "print(gpuguard.__file__, s.shipped_rules_file(), a.probe_dir(),"
         " len(load_ruleset([s.shipped_rules_file()]).rules), 'GG_ABI_VERSION' in probe_text() "
         "and 'begin gpuguard.h' in probe_text())"

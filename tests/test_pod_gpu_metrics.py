@@ -28,7 +28,7 @@ from gpuguard.agent.pipeline import Agent
 from gpuguard.outputs.metrics import PER_PROCESS_METRIC_NAMES, AgentMetrics
 from gpuguard.respond.cgroup_blocks import cgroup2_mount
 from gpuguard.sources.gpu import nvml
-from gpuguard.sources.pod_names import PodNames, PodRef
+from gpuguard.sources.proc.pod_names import PodNames, PodRef
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess
 from tests.support.agent_run import until
 

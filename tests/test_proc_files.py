@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from gpuguard.sources import proc_files
-from gpuguard.sources.config_files import read_config_files
-from gpuguard.sources.proc_files import read_process_file
+from gpuguard.sources.proc import proc_files
+from gpuguard.sources.proc.config_files import read_config_files
+from gpuguard.sources.proc.proc_files import read_process_file
 
 PID = 4242
 
@@ -127,7 +127,7 @@ def test_a_working_directory_without_configs_is_looked_up_once_per_run(tmp_path,
     """Scan's memory of empty working directories: a process in the same directory skips the
     look-ups, one in another directory does not, and a config written there afterwards (the
     directory's mtime moves) is read."""
-    from gpuguard.sources.config_files import CwdWithoutConfigs
+    from gpuguard.sources.proc.config_files import CwdWithoutConfigs
 
     shared, other = tmp_path / "shared", tmp_path / "other"
     shared.mkdir()
@@ -153,7 +153,7 @@ def test_a_working_directory_without_configs_is_looked_up_once_per_run(tmp_path,
 def test_a_name_that_is_there_but_unreadable_is_not_remembered_as_absent(tmp_path, resolver):
     """Only names the directory lacks are remembered: a FIFO or a symlink out of it may be
     replaced by a file without the directory's mtime moving, so it is looked up every time."""
-    from gpuguard.sources.config_files import CwdWithoutConfigs
+    from gpuguard.sources.proc.config_files import CwdWithoutConfigs
 
     os.mkfifo(tmp_path / "config.json")
     proc = tmp_path / "proc"

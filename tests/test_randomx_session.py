@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpuguard.events.payload import recognise_payload
-from gpuguard.sources.process import collect_process_facts
-from gpuguard.sources.session_window import one_look
+from gpuguard.sources.net.session_window import one_look
+from gpuguard.sources.proc.process import collect_process_facts
 from tests.cases.make_cases import JA4_OPENSSL
 from tests.support.randomx import (
     INSTALL_DIR,

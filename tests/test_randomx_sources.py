@@ -14,13 +14,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.sources.btf import Btf, BtfError
-from gpuguard.sources.cpu_usage import lifetime_runnable
-from gpuguard.sources.fpu_probe import BLIND_PREFIX, FpuProbe
-from gpuguard.sources.process import collect_process_facts
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
+from gpuguard.sources.ebpf.btf import Btf, BtfError
+from gpuguard.sources.ebpf.fpu_probe import BLIND_PREFIX, FpuProbe
+from gpuguard.sources.proc.cpu_usage import lifetime_runnable
+from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, cpu_hog, start_standin, stop
 
 NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
@@ -168,7 +168,7 @@ def test_scan_sees_a_throttled_standin_with_huge_pages_from_its_lifetime():
     """Huge pages reserved for it, one worker at nice 19 beside two hogs, TLS to an IP: a
     scan with a 0.5 s CPU window finds the thread that never sleeps from its lifetime totals."""
     from gpuguard.correlate.correlator import Correlator
-    from gpuguard.sources.host_observation import observe_host
+    from gpuguard.sources.host.host_observation import observe_host
 
     before = int(Path(NR_HUGEPAGES).read_text())
     procs: list[subprocess.Popen] = []
@@ -208,7 +208,7 @@ def test_scan_sees_a_throttled_standin_with_huge_pages_from_its_lifetime():
 def test_scan_skips_the_gpu_window_when_there_is_nothing_to_watch(tmp_path):
     """No GPU sampler works on this machine; a /proc with no process holds no GPU device: the
     3 s window is skipped rather than waited out."""
-    from gpuguard.sources.host_observation import _open_samplers, observe_host
+    from gpuguard.sources.host.host_observation import _open_samplers, observe_host
 
     assert not _open_samplers(lambda line: None), "this test needs a host without GPU samplers"
     started = time.monotonic()
@@ -231,8 +231,8 @@ time.sleep(120)
 
 
 def _late_facts(pid: int):
-    from gpuguard.sources.config_files import attach_config_files
-    from gpuguard.sources.process import collect_process_facts
+    from gpuguard.sources.proc.config_files import attach_config_files
+    from gpuguard.sources.proc.process import collect_process_facts
 
     facts = collect_process_facts(pid)
     assert facts is not None

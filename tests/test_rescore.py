@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-import gpuguard.detect.engine as engine_module
+import gpuguard.detect.scoring.engine as engine_module
 from gpuguard.correlate.correlator import Correlator
 from gpuguard.correlate.state import ProcessKey, ProcessState
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rescore import AGE_CHECK_EVERY_S, GPU_CHECK_EVERY_S, GPU_SAMPLE_SIGNALS
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.score import score_process
-from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.detect.signal_reader import SignalReader
-from gpuguard.detect.signal_table import SIGNALS
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
+from gpuguard.detect.scoring.score import score_process
+from gpuguard.detect.signals.reader import SignalReader
+from gpuguard.detect.signals.rescore import AGE_CHECK_EVERY_S, GPU_CHECK_EVERY_S, GPU_SAMPLE_SIGNALS
+from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.events.wire import iter_recording

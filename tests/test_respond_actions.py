@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuguard.detect.rule_model import ACTIONS as RULE_ACTIONS
+from gpuguard.detect.ruleset.model import ACTIONS as RULE_ACTIONS
 from gpuguard.events.action_kinds import BY_NAME as KINDS
 from gpuguard.respond.actions import ACTIONS, BLOCK_KINDS, STEPS
 from gpuguard.respond.settings import ResponseSettings, parse_response_settings

@@ -242,8 +242,8 @@ def test_a_renamed_copy_of_a_native_offender_dies_at_exec_in_scope_and_lives_out
 @pytest.mark.self_contained
 def test_a_recycled_pid_is_never_signalled_nor_its_exe_blocked(tmp_path, scope):
     from gpuguard.events.model import Exec
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     cgroup, settings = scope
     settings = replace(settings, actions={"malicious": ("kill-on-touch", "kill")})
@@ -354,9 +354,9 @@ def test_a_pidfd_is_opened_at_the_exec_and_closed_at_the_exit(tmp_path):
     """The correlator's identity at first sight: a pidfd proven by the exec's exit generation."""
     from gpuguard.correlate.correlator import Correlator
     from gpuguard.events.model import Exec, Exit
-    from gpuguard.sources.identity import first_sight, pidfd_alive
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
+    from gpuguard.sources.proc.identity import first_sight, pidfd_alive
 
     with Sensor(ProbeSettings(), drain_interval=0.1) as sensor:
         correlator = Correlator(identify=first_sight(sensor.exit_generations))
@@ -404,8 +404,8 @@ int main(void) {
 def test_a_leader_that_calls_pthread_exit_is_still_reached(tmp_path, scope):
     """Only the group's death moves the exit generation: a miner cannot look exited to dodge a kill."""
     from gpuguard.events.model import Exec
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     cgroup, settings = scope
     settings = replace(settings, actions={"malicious": ("kill",)})

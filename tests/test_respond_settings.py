@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuguard.correlate.state import ProcessKey
-from gpuguard.detect.score import Evidence, Verdict
+from gpuguard.detect.scoring.score import Evidence, Verdict
 from gpuguard.errors import GpuguardError
 from gpuguard.respond import Responder, ResponseSettings, parse_response_settings
 

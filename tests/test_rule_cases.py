@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from gpuguard.detect.cases import replay, run_case, run_cases
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_file
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.errors import GpuguardError
 from gpuguard.events.wire import iter_recording
 

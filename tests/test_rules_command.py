@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuguard.detect.shipped import shipped_rules_dir, shipped_rules_file
+from gpuguard.detect.ruleset.shipped import shipped_rules_dir, shipped_rules_file
 
 REPO = Path(__file__).resolve().parent.parent
 CASES_DIR = REPO / "tests" / "cases"

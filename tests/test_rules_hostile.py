@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_scan_support import run_scan
 
+from gpuguard.config.yaml_marks import MAX_DEPTH, MAX_NODES
 from gpuguard.correlate.state import ProcessKey, ProcessState
-from gpuguard.detect.rules import MAX_RULES_FILE_BYTES, load_ruleset, validate_rules
-from gpuguard.detect.score import score_process
-from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.detect.yaml_marks import MAX_DEPTH, MAX_NODES
+from gpuguard.detect.ruleset.load import MAX_RULES_FILE_BYTES, load_ruleset, validate_rules
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.score import score_process
 from gpuguard.errors import GpuguardError
 from gpuguard.events.process_facts import ProcessFacts
 

@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import default_rule_paths, shipped_rules_dir, shipped_rules_file
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import (
+    default_rule_paths,
+    shipped_rules_dir,
+    shipped_rules_file,
+)
 from gpuguard.errors import GpuguardError
 
 REPO = Path(__file__).resolve().parent.parent

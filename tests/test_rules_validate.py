@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.detect.rules import Problem, validate_rules
-from gpuguard.detect.shipped import default_rule_paths, shipped_rules_file
+from gpuguard.detect.ruleset.load import Problem, validate_rules
+from gpuguard.detect.ruleset.shipped import default_rule_paths, shipped_rules_file
 
 HEAD = "version: 1\n"
 RULE = """\

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from gpuguard.commands import scan
-from gpuguard.detect.gpu_host_checks import check_gpu_memory, check_past_gpu_users
+from gpuguard.detect.host.gpu_checks import check_gpu_memory, check_past_gpu_users
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from tests.fakes.fake_pynvml import MIB, FakeAccounting, FakeGpu, FakeNvml, FakeProcess
@@ -353,7 +353,7 @@ def test_memory_held_by_a_real_zombie_is_reported():
             devices=[_device(9 * GIB)],
             processes=[ProcessGpuUsage(zombie.pid, "nvidia", 0, used_memory=8 * GIB)],
         )
-        from gpuguard.sources.host_observation import HostObservation
+        from gpuguard.sources.host.host_observation import HostObservation
 
         states = HostObservation(time=1.0, listed_pids=set(), snapshots=[snap]).gpu_pid_states()
         assert states == {zombie.pid: "zombie"}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_scan_support import HIDER_C, PYTHON, REPO, compile_c, scan_json, sleeper
 
-from gpuguard.detect.host_checks import (
+from gpuguard.detect.host.checks import (
     HOST_RULES,
     MinerVocabulary,
     apply_thresholds,
@@ -27,8 +27,8 @@ from gpuguard.detect.host_checks import (
     check_ld_so_preload,
     miner_reasons,
 )
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.sources.host_gpu_stack import (
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.sources.host.host_gpu_stack import (
     DeviceNode,
     GpuStackFacts,
     KernelModule,
@@ -37,7 +37,7 @@ from gpuguard.sources.host_gpu_stack import (
     read_driver_versions,
     read_modules,
 )
-from gpuguard.sources.persistence import MAX_FILE_BYTES, collect_autostart_files
+from gpuguard.sources.host.persistence import MAX_FILE_BYTES, collect_autostart_files
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def test_comment_padding_does_not_hide_a_miner_line(tmp_path: Path, vocabulary):
 def test_what_a_bound_leaves_unread_is_a_blind_spot_with_its_path(
     tmp_path: Path, monkeypatch, vocabulary
 ):
-    from gpuguard.sources import persistence
+    from gpuguard.sources.host import persistence
 
     monkeypatch.setattr(persistence, "MAX_FILE_BYTES", 4096)
     monkeypatch.setattr(persistence, "MAX_LINE_CHARS", 100)

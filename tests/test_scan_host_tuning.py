@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from test_scan_support import scan_json
 
-from gpuguard.detect.host_checks import apply_thresholds
-from gpuguard.detect.tuning_host_checks import check_host_tuning, host_tuning_findings
-from gpuguard.sources.huge_pages import read_host_tuning
+from gpuguard.detect.host.checks import apply_thresholds
+from gpuguard.detect.host.tuning_checks import check_host_tuning, host_tuning_findings
+from gpuguard.sources.proc.huge_pages import read_host_tuning
 
 GIB = 1 << 30
 

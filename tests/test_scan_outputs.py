@@ -13,7 +13,7 @@ from test_scan_support import (
     shape_errors,
 )
 
-from gpuguard.detect.host_checks import HostFinding, apply_thresholds
+from gpuguard.detect.host.checks import HostFinding, apply_thresholds
 from gpuguard.outputs.ecs import finding_to_ecs, threat_fields
 from gpuguard.outputs.finding import (
     EvidenceItem,
@@ -25,7 +25,7 @@ from gpuguard.outputs.finding import (
 from gpuguard.outputs.jsonl import dumps_line
 from gpuguard.outputs.ocsf import finding_to_ocsf, finding_uid
 from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
-from gpuguard.sources.host_gpu_stack import GpuStackFacts
+from gpuguard.sources.host.host_gpu_stack import GpuStackFacts
 
 EVIL_NAME = "\x1b]0;pwned\x07[bold red]x[/]"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.score import score_process
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.scoring.score import score_process
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
 
 T = 1_700_000_000.0
@@ -211,8 +211,8 @@ def test_allowlist_sha256_from_live_exe(tmp_path, ruleset):
     import sys
 
     from gpuguard.correlate.correlator import Correlator
-    from gpuguard.detect.engine import DetectionEngine
-    from gpuguard.sources.process import collect_process_facts
+    from gpuguard.detect.scoring.engine import DetectionEngine
+    from gpuguard.sources.proc.process import collect_process_facts
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

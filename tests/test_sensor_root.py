@@ -29,8 +29,8 @@ AMDGPU_CS = 0xC0186444
 def sensor(request):
     """Every test below runs with both syscall-entry hooks: the per-syscall
     tracepoints (default) and the one raw sys_enter program must agree exactly."""
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     s = Sensor(ProbeSettings(enter_hook=request.param), drain_interval=0.2, sweep_interval=3600)
     s.start()
@@ -337,8 +337,8 @@ def test_flood_of_ioctls_and_opens_is_counted_exactly(sensor, workload):
 
 def test_lost_events_are_counted_not_silent(workload):
     """A tiny ring buffer that nobody reads while 5,000 opens happen must count losses."""
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     with Sensor(
         ProbeSettings(ringbuf_pages=16, payload_capture=False), drain_interval=0.1
@@ -361,8 +361,8 @@ def test_lost_events_are_counted_not_silent(workload):
 
 
 def test_perf_buffer_fallback_delivers_the_same_events(workload):
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     with Sensor(ProbeSettings(perf_buffer=True), drain_interval=0.2) as perf:
         assert perf.stats.buffer == "perf"
@@ -383,8 +383,8 @@ def test_colliding_and_stale_fd_slots_lose_nothing(workload, enter_hook):
     stay exact.  Then a stale slot (left by an exited process, marked MULTI by
     user space) must not count a later process's ioctls on the same fd number
     when that fd is not a GPU file."""
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import SLOT_MULTI, Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import SLOT_MULTI, Sensor
 
     with Sensor(
         ProbeSettings(fd_slots=1, enter_hook=enter_hook), drain_interval=0.2, sweep_interval=3600
@@ -403,8 +403,8 @@ def test_slot_tags_follow_close_and_reopen(workload, enter_hook):
     """With many slots, a tracked fd's slot holds its tag and class; closing it
     and reopening the same number as another GPU device (or as /dev/null) must
     count under the new class (or not at all)."""
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     with Sensor(ProbeSettings(enter_hook=enter_hook), drain_interval=0.2, sweep_interval=3600) as s:
         proc = run(
@@ -476,8 +476,8 @@ def test_close_detaches_every_probe_concurrently_and_leaves_no_fd(enter_hook):
     """close() detaches the probes in parallel threads; bcc's tables end empty and
     every fd we opened is closed exactly once (a double close would take an fd
     of another sensor still open in this process and change the set)."""
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     before = _bpf_and_perf_fds()
     s = Sensor(ProbeSettings(enter_hook=enter_hook))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gpuguard.events.model import Exit
-from gpuguard.sources.bpf_decode import MalformedEvent
-from gpuguard.sources.sensor import Sensor
+from gpuguard.sources.ebpf.bpf_decode import MalformedEvent
+from gpuguard.sources.ebpf.sensor import Sensor
 
 
 class _Decoder:

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.detect.signal_reader import SignalReader
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
+from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import ConnActivity
 from gpuguard.events.process_facts import ProcessFacts
@@ -142,8 +142,8 @@ def test_sessions_are_bounded_keeping_the_longest_lived():
 def test_the_kernel_records_a_tls_pool_session_of_a_gpu_holder(tmp_path):
     from test_scan_behaviour import TlsPool
 
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     pool = TlsPool(tmp_path)
     sensor = Sensor(ProbeSettings(), drain_interval=0.2, sweep_interval=3600, activity_interval=0.5)
@@ -229,8 +229,8 @@ def test_activity_slots_are_bounded_counted_when_full_and_freed_on_close():
     """Two activity slots for the whole host: the third connection is counted lost, a close frees a slot."""
     import socket
 
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

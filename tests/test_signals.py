@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gpuguard.config.yaml_marks import Position
 from gpuguard.correlate.state import ProcessKey, ProcessState
-from gpuguard.detect.conditions import CompileContext, ListDef, compile_condition
-from gpuguard.detect.signal_reader import SignalReader
-from gpuguard.detect.signal_table import SIGNALS
-from gpuguard.detect.yaml_marks import Position
+from gpuguard.detect.ruleset.conditions import CompileContext, ListDef, compile_condition
+from gpuguard.detect.signals.reader import SignalReader
+from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.events.model import ConnActivity, CpuActivity
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
 from tests.test_gpu_behaviour import TESTED_SIGNALS as BEHAVIOUR_SIGNALS_TESTED
@@ -663,8 +663,8 @@ def test_hour_of_day_is_utc():
 def test_wallet_patterns_from_shipped_rules():
     import re
 
-    from gpuguard.detect.rules import load_ruleset
-    from gpuguard.detect.shipped import shipped_rules_file
+    from gpuguard.detect.ruleset.load import load_ruleset
+    from gpuguard.detect.ruleset.shipped import shipped_rules_file
 
     patterns = [
         re.compile(p) for p in load_ruleset([shipped_rules_file()]).lists["wallet_patterns"]

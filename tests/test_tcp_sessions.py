@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_file
-from gpuguard.detect.signal_reader import SignalReader
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
+from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.events.model import ConnActivity
 from gpuguard.events.process_facts import ProcessFacts
-from gpuguard.sources.session_window import _record
-from gpuguard.sources.tcp_sessions import (
+from gpuguard.sources.net.session_window import _record
+from gpuguard.sources.net.tcp_sessions import (
     TcpSession,
     TcpSessionReader,
     decode_tcp_info,
@@ -140,8 +140,8 @@ def test_the_reader_dumps_only_for_new_sockets_and_asks_for_known_ones_by_tuple(
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_a_tls_pool_session_shows_bytes_and_segments_each_way(tmp_path):
-    from gpuguard.sources.probe_source import ProbeSettings
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     pool = TlsPool(tmp_path, reply=REPLY)
     sensor = Sensor(ProbeSettings(), drain_interval=0.2, sweep_interval=3600, activity_interval=0.5)

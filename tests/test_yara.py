@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.rules import load_ruleset
-from gpuguard.detect.shipped import shipped_rules_dir, shipped_rules_file
-from gpuguard.detect.yara_scan import YaraScanner, compile_files
-from gpuguard.sources.process import collect_process_facts
+from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.shipped import shipped_rules_dir, shipped_rules_file
+from gpuguard.detect.scoring.engine import DetectionEngine
+from gpuguard.detect.yara.scan import YaraScanner, compile_files
+from gpuguard.sources.proc.process import collect_process_facts
 
 MARKER = "gpuguard-memory-marker mining.set_target"
 KEY = 0x5A

@@ -8,7 +8,7 @@ Data flow, one module per stage:
 * :mod:`.producers` — the sensor thread, one sampler thread per GPU source,
   and the /proc sweep (start-up seed; periodic in reduced mode);
 * :mod:`.pipeline` — the detect loop: correlator and detection engine
-  (:mod:`gpuguard.detect.engine`), guard policies, findings, actions, block expiry;
+  (:mod:`gpuguard.detect.scoring.engine`), guard policies, findings, actions, block expiry;
 * :mod:`.telemetry` — the SIEM log (:mod:`gpuguard.outputs.log_writer`) and the
   Prometheus metrics (:mod:`gpuguard.outputs.metrics`), fed from the counters;
 * :mod:`.actions` — the action interface the responder plugs into;

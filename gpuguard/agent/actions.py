@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import Responder, ResponseSettings
-from gpuguard.sources.identity import ExitGenerations
+from gpuguard.sources.proc.identity import ExitGenerations
 
 ALERT_VERDICTS = ("suspicious", "malicious")
 
@@ -30,5 +30,5 @@ def make_responder(
 ) -> Responder:
     """The responder for this agent; close the previous one before building another.
     ``generations``: the sensor's exit generations, so actions reach exactly the process
-    whose exec was seen (see gpuguard.sources.identity)."""
+    whose exec was seen (see gpuguard.sources.proc.identity)."""
     return Responder(settings, mode=mode, dry_run=dry_run, emit=emit, generations=generations)

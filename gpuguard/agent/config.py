@@ -1,9 +1,9 @@
 """The agent's configuration file (/etc/gpuguard/agent.yaml): schema, defaults and validation.
 
 Every setting has a default, so the agent runs with no file at all.  The file
-is read like the rules: positions are kept (:mod:`gpuguard.detect.yaml_marks`)
+is read like the rules: positions are kept (:mod:`gpuguard.config.yaml_marks`)
 so an unknown key or a wrong type is reported as ``file:line:col``, and a file
-writable by anyone but root is refused (:mod:`gpuguard.detect.filecheck`).
+writable by anyone but root is refused (:mod:`gpuguard.config.filecheck`).
 Command-line options override the file.  The ``response:`` and
 ``guard_policies:`` sections are checked here with their owners' parsers
 (:func:`gpuguard.respond.parse_response_settings`,
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuguard.detect.filecheck import untrusted_reason
+from gpuguard.config.filecheck import untrusted_reason
+from gpuguard.config.yaml_marks import MarkedDocument, load_marked_file, shown
 from gpuguard.detect.guard_policies import GuardPolicy, parse_guard_policies
-from gpuguard.detect.yaml_marks import MarkedDocument, load_marked_file, shown
 from gpuguard.errors import GpuguardError, Problems
 from gpuguard.outputs.log_sinks import DEFAULT_KEEP, DEFAULT_MAX_BYTES, FACILITIES
 from gpuguard.outputs.log_spool import DEFAULT_SPOOL_BYTES, DEFAULT_SPOOL_DIR

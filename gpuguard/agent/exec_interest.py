@@ -4,7 +4,7 @@ The rules' lists are read as they are: a plain entry ("xmrig", "nbminer") is a p
 an entry "/dir/*" (``temp_exec_paths``) a directory whose executables matter.  Globs and
 regular expressions cannot be hashed in the kernel; a process they would match still goes
 up once it lives past the filter's age, connects, opens a GPU or asks for huge pages
-(gpuguard/sources/exec_filter.py).  Shells are left out: a flood of ``sh -c`` is the very
+(gpuguard/sources/ebpf/exec_filter.py).  Shells are left out: a flood of ``sh -c`` is the very
 thing the filter keeps in the kernel, and what a shell runs is judged on its own exec.
 """
 

@@ -44,9 +44,9 @@ from typing import Any
 import psutil
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
-from gpuguard.detect.allowlist import sha256_of_file
+from gpuguard.detect.scoring.allowlist import sha256_of_file
 from gpuguard.outputs.finding import Finding
-from gpuguard.sources.pod_names import PodNames
+from gpuguard.sources.proc.pod_names import PodNames
 
 GPU_ABUSE_TAG = "gpu-abuse"
 DEFAULT_UPDATE_INTERVAL_S = 30.0

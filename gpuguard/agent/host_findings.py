@@ -3,8 +3,8 @@
 Data flow: the GPU snapshots and NVML accounting records the samplers queue
 (:meth:`GpuHostFindings.observe`, called as the detect loop feeds them) ->
 every ``sampling.host_check_interval_s`` the checks ``gpuguard scan`` runs
-(:func:`~gpuguard.detect.gpu_host_checks.check_gpu_memory`,
-:func:`~gpuguard.detect.gpu_host_checks.check_past_gpu_users`, one code path)
+(:func:`~gpuguard.detect.host.gpu_checks.check_gpu_memory`,
+:func:`~gpuguard.detect.host.gpu_checks.check_past_gpu_users`, one code path)
 -> :meth:`GpuHostFindings.check` returns what changed as
 :class:`~gpuguard.outputs.finding.Finding` records:
 
@@ -20,7 +20,7 @@ every ``sampling.host_check_interval_s`` the checks ``gpuguard scan`` runs
 A past heavy user (:data:`EVENT_RULES`) is history rather than a condition:
 it is written once, not listed as active and never resolved.
 
-The host-tuning checks (:func:`~gpuguard.detect.tuning_host_checks.host_tuning_findings`:
+The host-tuning checks (:func:`~gpuguard.detect.host.tuning_checks.host_tuning_findings`:
 MSR writes enabled, huge pages reserved) read the host's own state under
 ``tuning_root`` at the same interval, with or without GPU samples; their amount
 is the reserved huge-page memory, so a reservation that grows is reported again.
@@ -38,13 +38,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gpuguard.detect.gpu_host_checks import check_gpu_memory, check_past_gpu_users
-from gpuguard.detect.host_checks import HostFinding, apply_thresholds
-from gpuguard.detect.tuning_host_checks import host_tuning_findings
+from gpuguard.detect.host.checks import HostFinding, apply_thresholds
+from gpuguard.detect.host.gpu_checks import check_gpu_memory, check_past_gpu_users
+from gpuguard.detect.host.tuning_checks import host_tuning_findings
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import Finding, finding_from_host
-from gpuguard.sources.host_observation import gpu_pid_states
+from gpuguard.sources.host.host_observation import gpu_pid_states
 
 # Past heavy users are history, not a condition that ends: each is written once (while accounting
 # still remembers the pid it is not repeated), never listed as active and never resolved.

@@ -9,7 +9,7 @@ agent stopped and the metrics endpoint closes.
 
 The loop takes everything the producers queued (waiting on a condition, never
 spinning), feeds the correlator, rescores the changed processes
-(:class:`~gpuguard.detect.engine.DetectionEngine`), writes each process
+(:class:`~gpuguard.detect.scoring.engine.DetectionEngine`), writes each process
 finding's records as :class:`~gpuguard.agent.findings.ProcessFindings` decides
 (a create when a verdict first crosses a threshold or a ``gpu-abuse`` rule
 first matches, coalesced updates as the evidence grows, a close when the
@@ -52,8 +52,8 @@ from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.finding import finding_from_verdict
-from gpuguard.sources.cpu_usage import CpuActivitySampler, CpuSampler
-from gpuguard.sources.identity import first_sight, raise_fd_limit
+from gpuguard.sources.proc.cpu_usage import CpuActivitySampler, CpuSampler
+from gpuguard.sources.proc.identity import first_sight, raise_fd_limit
 
 HOUSEKEEPING_S = 10.0  # expire old processes and report drops this often
 RULE_FILE_CHECK_S = 2.0  # look for changed rule files this often
@@ -176,7 +176,7 @@ class Agent:
 
     # -- start-up steps, in order ----------------------------------------------------------
     def _step_rules(self) -> None:
-        from gpuguard.detect.reload import RuleSetHolder
+        from gpuguard.detect.ruleset.reload import RuleSetHolder
 
         self.rules = RuleSetHolder(self.config.rules, log=lambda line: None)
         self._note_rules()
@@ -192,8 +192,8 @@ class Agent:
         self.telemetry.open_log()
 
     def _step_sensor(self) -> None:
-        from gpuguard.sources.probe_source import ProbeSettings
-        from gpuguard.sources.sensor import Sensor
+        from gpuguard.sources.ebpf.probe_source import ProbeSettings
+        from gpuguard.sources.ebpf.sensor import Sensor
 
         reason = "--sensor proc was asked for"
         if self.config.sensor != "proc":
@@ -239,8 +239,8 @@ class Agent:
 
     def _step_correlator(self) -> None:
         from gpuguard.correlate.correlator import Correlator
-        from gpuguard.detect.engine import DetectionEngine
-        from gpuguard.sources.process import collect_process_facts
+        from gpuguard.detect.scoring.engine import DetectionEngine
+        from gpuguard.sources.proc.process import collect_process_facts
 
         def facts_of(pid: int) -> Any:
             return collect_process_facts(pid, self.proc_root)
@@ -264,7 +264,7 @@ class Agent:
         """YARA over each new executable, with the verdict cache ``scan`` keeps; None without YARA files."""
         if not ruleset.yara_files:
             return None
-        from gpuguard.detect.yara_persistent import PersistentYaraScanner
+        from gpuguard.detect.yara.persistent import PersistentYaraScanner
 
         try:
             scanner = PersistentYaraScanner.for_files(ruleset.yara_files)

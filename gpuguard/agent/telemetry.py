@@ -38,7 +38,7 @@ from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.log_writer import LogWriter, open_log
 from gpuguard.outputs.metrics import AgentHealth, AgentMetrics, MetricsServer
-from gpuguard.sources.pod_names import PodNames, PodRef
+from gpuguard.sources.proc.pod_names import PodNames, PodRef
 
 STALL_ENV = "GPUGUARD_FAULT_STALL_LOOP"
 STALL_MAX_S = 3600.0  # a forgotten stall file does not hold the loop for ever

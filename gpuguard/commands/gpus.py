@@ -20,7 +20,7 @@ from gpuguard.outputs.gpu_table import GpuView, ProcessLabel, render_view, view_
 from gpuguard.outputs.jsonl import dumps_line
 from gpuguard.sources.gpu.registry import BY_NAME, SOURCE_NAMES
 from gpuguard.sources.gpu.sampler import GpuSampler, open_samplers
-from gpuguard.sources.process import collect_process_facts
+from gpuguard.sources.proc.process import collect_process_facts
 
 HELP = "show GPUs and the processes using them (NVIDIA, AMD, any DRM driver)"
 SETTLE_S = 0.5  # between the two reads a counter source (GpuSource.counters) needs for a rate

@@ -72,12 +72,12 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     from gpuguard.events.wire import RecordingWriteFailed, RecordingWriter
-    from gpuguard.sources.config_files import collect_facts_with_configs
     from gpuguard.sources.gpu.sampler import open_samplers
+    from gpuguard.sources.proc.config_files import collect_facts_with_configs
 
     if printed_probes(args):
         return 0
-    from gpuguard.sources.preflight import check_sensor_prerequisites
+    from gpuguard.sources.ebpf.preflight import check_sensor_prerequisites
 
     check_sensor_prerequisites()  # no root, bcc or headers: say so before anything else
     writer = RecordingWriter(

@@ -14,10 +14,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuguard.detect.conditions import OPERATORS
-from gpuguard.detect.rules import load_ruleset, validate_rules
-from gpuguard.detect.shipped import default_rule_paths
-from gpuguard.detect.signal_table import SIGNALS
+from gpuguard.detect.ruleset.conditions import OPERATORS
+from gpuguard.detect.ruleset.load import load_ruleset, validate_rules
+from gpuguard.detect.ruleset.shipped import default_rule_paths
+from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.escape import escape_text
 
 HELP = "validate rule files, replay golden cases, list rules and signals"

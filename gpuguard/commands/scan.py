@@ -3,12 +3,12 @@
 Wiring only, in data-flow order (docs/scan.md explains each check):
 
 1. load the rule set (the agent's rules; ``--rules`` replaces the default set);
-2. observe every process once (:mod:`gpuguard.sources.host_observation`) and
+2. observe every process once (:mod:`gpuguard.sources.host.host_observation`) and
    feed its facts, synthesized ``GpuOpen``/``Connect`` events and GPU snapshots
    to the agent's :class:`Correlator`, scored by its :class:`DetectionEngine`; YARA scans executables through a cache
    that persists across runs; ``--deep`` adds a memory scan per process;
 3. score every process with the agent's scoring engine;
-4. run the host checks (:mod:`gpuguard.detect.host_checks`) on autostart files,
+4. run the host checks (:mod:`gpuguard.detect.host.checks`) on autostart files,
    the GPU stack, device nodes, /etc/ld.so.preload and hidden pids;
 5. render a table, or one JSON document (ECS or OCSF findings).
 
@@ -129,7 +129,7 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def _vocabulary(ruleset):
-    from gpuguard.detect.host_checks import MinerVocabulary
+    from gpuguard.detect.host.checks import MinerVocabulary
 
     def words(name: str) -> list[str]:
         return [str(v).lower() for v in ruleset.lists.get(name, [])]
@@ -145,7 +145,7 @@ def _vocabulary(ruleset):
 def _yara_scanner(ruleset, args: argparse.Namespace, notes: list[str]):
     if args.no_yara or not ruleset.yara_files:
         return None
-    from gpuguard.detect.yara_persistent import PersistentYaraScanner
+    from gpuguard.detect.yara.persistent import PersistentYaraScanner
 
     try:
         scanner = PersistentYaraScanner.for_files(ruleset.yara_files)
@@ -218,9 +218,9 @@ def _read_ld_so_preload(root: str) -> str | None:
 
 def _probe_hidden_pids(obs, limitations: list[str]):
     """Hidden pids, with their facts added to ``obs`` so the rules score them like any process."""
-    from gpuguard.sources.fd_holders import holders_of_pid
-    from gpuguard.sources.hidden_pids import find_hidden_pids
-    from gpuguard.sources.process import collect_process_facts
+    from gpuguard.sources.gpu.fd_holders import holders_of_pid
+    from gpuguard.sources.proc.hidden_pids import find_hidden_pids
+    from gpuguard.sources.proc.process import collect_process_facts
 
     hidden = find_hidden_pids(obs.listed_pids, {f.ppid for f in obs.facts.values()}, obs.gpu_pids())
     limitations.extend(hidden.unavailable)
@@ -233,9 +233,11 @@ def _probe_hidden_pids(obs, limitations: list[str]):
 
 
 def _host_findings(args, ruleset, obs, hidden, limitations: list[str], notes: list[str]):
-    from gpuguard.detect import gpu_host_checks, host_checks, tuning_host_checks
-    from gpuguard.sources.host_gpu_stack import collect_gpu_stack
-    from gpuguard.sources.persistence import collect_autostart_files
+    from gpuguard.detect.host import checks as host_checks
+    from gpuguard.detect.host import gpu_checks as gpu_host_checks
+    from gpuguard.detect.host import tuning_checks as tuning_host_checks
+    from gpuguard.sources.host.host_gpu_stack import collect_gpu_stack
+    from gpuguard.sources.host.persistence import collect_autostart_files
 
     stack = collect_gpu_stack(root=args.root)
     sampler_said_nvml = any(n.startswith("NVML") for n in notes)
@@ -272,7 +274,7 @@ def _look_at_sessions(obs, correlator, verdicts, limitations: list[str], now: fl
     """tcp_info of the established connections of every process that scored anything (one
     read, no window; GPU holders watched over the window already have theirs), fed to the
     correlator; returns how many records were fed (0: nothing to score again)."""
-    from gpuguard.sources.session_window import one_look
+    from gpuguard.sources.net.session_window import one_look
 
     watched = {s.pid for s in obs.sessions}
     pids = {
@@ -307,13 +309,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from gpuguard.correlate.correlator import Correlator
-    from gpuguard.detect.engine import DetectionEngine
-    from gpuguard.detect.rules import load_ruleset
+    from gpuguard.detect.ruleset.load import load_ruleset
+    from gpuguard.detect.scoring.engine import DetectionEngine
     from gpuguard.outputs.finding import finding_from_host, finding_from_verdict
     from gpuguard.outputs.jsonl import dumps_document
     from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
-    from gpuguard.sources.config_files import CwdWithoutConfigs, attach_config_files
-    from gpuguard.sources.host_observation import limitation_lines, observe_host
+    from gpuguard.sources.host.host_observation import limitation_lines, observe_host
+    from gpuguard.sources.proc.config_files import CwdWithoutConfigs, attach_config_files
 
     ruleset = load_ruleset(args.rules)
     started = time.time()

@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def probe_settings(args: argparse.Namespace):
-    from gpuguard.sources.probe_source import ProbeSettings
+    from gpuguard.sources.ebpf.probe_source import ProbeSettings
 
     return ProbeSettings(payload_capture=not args.no_payload, perf_buffer=args.perf_buffer)
 
@@ -65,14 +65,14 @@ def printed_probes(args: argparse.Namespace) -> bool:
     """Handle the hidden --print-probes: print the compiled C and say so."""
     if not args.print_probes:
         return False
-    from gpuguard.sources.probe_source import print_probes
+    from gpuguard.sources.ebpf.probe_source import print_probes
 
     sys.stdout.write(print_probes(probe_settings(args)))
     return True
 
 
 def start_sensor(args: argparse.Namespace):
-    from gpuguard.sources.sensor import Sensor
+    from gpuguard.sources.ebpf.sensor import Sensor
 
     sensor = Sensor(probe_settings(args), drain_interval=max(0.05, args.interval))
     sensor.start()

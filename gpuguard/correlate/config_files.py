@@ -1,7 +1,7 @@
 """Miner settings hidden in config files: pull pool URLs and setting names out of their text.
 
 The text comes from ``ProcessFacts.config_files``, filled live by
-:mod:`gpuguard.sources.config_files` (which does the reading, inside the
+:mod:`gpuguard.sources.proc.config_files` (which does the reading, inside the
 process's own filesystem view) and carried by recordings, so replay parses
 the same text.  :func:`parse_config_files` turns it into pool endpoints and
 key names, bounded like the reading (``MAX_FILES`` files, ``MAX_BYTES`` each).
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpuguard.correlate.endpoints import MAX_ENDPOINTS, Endpoint, parse_endpoint, urls_in_text
-from gpuguard.sources.config_files import MAX_BYTES, MAX_FILES
+from gpuguard.sources.proc.config_files import MAX_BYTES, MAX_FILES
 
 _INI_LINE = re.compile(r"^\s*([A-Za-z0-9_.\-]{1,64})\s*=\s*(.{0,512}?)\s*$", re.M)
 _MAX_KEYS = 64

@@ -34,8 +34,8 @@ from gpuguard.events.model import (
     NetPayload,
 )
 from gpuguard.events.process_facts import ProcessFacts
-from gpuguard.sources.config_files import attach_config_files
-from gpuguard.sources.process import collect_process_facts
+from gpuguard.sources.proc.config_files import attach_config_files
+from gpuguard.sources.proc.process import collect_process_facts
 
 FactsProvider = Callable[[int], "ProcessFacts | None"]
 NewFactsHook = Callable[[ProcessState, ProcessFacts], None]

@@ -4,7 +4,7 @@ A process is keyed by ``ProcessKey(pid, start_time)`` so a recycled pid never
 merges two processes.  :class:`ProcessState` holds bounded observations
 (GPU devices, ioctl counts and rates, connections, recognised payloads, GPU
 and CPU usage windows, YARA matches); the rule signals in
-``gpuguard.detect.signals`` read them.  ``dirty`` is set by every change so
+``gpuguard.detect.signals.named`` read them.  ``dirty`` is set by every change so
 scoring runs only for processes that changed.
 """
 
@@ -32,7 +32,7 @@ IOCTL_WINDOW_S = 60.0
 GPU_RESCORE_EVERY_S = 10.0  # GPU windows span minutes: a new sample rescores at most this often
 
 # What an observation added, as bits: the correlator rescores a process only for additions
-# that some rule reads (gpuguard.detect.rescore.SIGNALS_READING says which signals read which).
+# that some rule reads (gpuguard.detect.signals.rescore.SIGNALS_READING says which signals read which).
 NEW_PORT = 1  # a remote port not connected to before
 NEW_ADDRESS = 2  # a remote address not connected to before
 MAX_HUGE_REQUESTS = 16  # distinct (length, page size) huge-page requests kept per process
@@ -95,7 +95,7 @@ class ProcessState:
     last_seen: float = 0.0
     exited_at: float | None = None
     exit_code: int | None = None
-    # The pid's exit generation at its exec (gpuguard.sources.identity): the response opens a
+    # The pid's exit generation at its exec (gpuguard.sources.proc.identity): the response opens a
     # pidfd and acts only if it is unchanged, so it never reaches a process that reused the pid.
     exit_gen: int | None = None
     pidfd: int | None = (

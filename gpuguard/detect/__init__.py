@@ -8,7 +8,7 @@ rule conditions test, ``signal_table`` lists them once (``signal_reader`` reads
 them lazily, ``rescore`` says what each depends on);
 ``yara_scan`` and ``yara_persistent`` scan executables and memory,
 ``allowlist`` exempts known-good processes, ``score`` turns matched rules into
-a :class:`~gpuguard.detect.score.Verdict` and ``engine`` scores the
+a :class:`~gpuguard.detect.scoring.score.Verdict` and ``engine`` scores the
 correlator's processes, parents first.  ``reload`` swaps rule sets in
 long-running commands, ``cases`` replays golden cases for rule authors and
 ``host_checks`` (with ``gpu_host_checks`` and ``tuning_host_checks``) judges

@@ -15,11 +15,11 @@ from typing import Any
 
 import yaml
 
+from gpuguard.config.filecheck import read_regular_file
 from gpuguard.correlate.correlator import Correlator
-from gpuguard.detect.engine import DetectionEngine
-from gpuguard.detect.filecheck import read_regular_file
-from gpuguard.detect.rules import VERDICTS, RuleSet
-from gpuguard.detect.score import Verdict
+from gpuguard.detect.ruleset.load import VERDICTS, RuleSet
+from gpuguard.detect.scoring.engine import DetectionEngine
+from gpuguard.detect.scoring.score import Verdict
 from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.events.gpu_snapshot import GpuSnapshot

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.correlate.state import ProcessState
-from gpuguard.detect.rules import ACTIONS
-from gpuguard.detect.score import Evidence, Verdict
+from gpuguard.detect.ruleset.load import ACTIONS
+from gpuguard.detect.scoring.score import Evidence, Verdict
 from gpuguard.errors import Problems
 
 _KEYS = (

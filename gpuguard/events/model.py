@@ -1,7 +1,7 @@
 """The typed event model every stage after the sensor works with.
 
 Kernel structs (``probes/gpuguard.h``) are decoded into these dataclasses by
-``gpuguard.sources.sensor``; recordings store them (``events.wire``) and the JSON
+``gpuguard.sources.ebpf.sensor``; recordings store them (``events.wire``) and the JSON
 lines of ``watch --json`` / ``replay --json`` are their :meth:`Event.to_json`.
 
 ``pid`` is always the process id (the kernel's tgid); ``tid`` is the thread.
@@ -121,7 +121,7 @@ class ConnActivity(Event):
     Reported on an interval while the connection lives; ``small_write_times`` are the
     times (seconds since the epoch) of its latest small writes (<= 1 KiB), oldest first.
     ``gpuguard scan`` builds the same record from tcp_info snapshots taken once a second
-    (``gpuguard.sources.session_window``): there the first fields cover its window only.
+    (``gpuguard.sources.net.session_window``): there the first fields cover its window only.
     """
 
     kind: ClassVar[str] = "conn_activity"
@@ -162,7 +162,7 @@ class HugeAlloc(Event):
 
 @dataclass(slots=True)
 class CpuActivity(Event):
-    """How a process holds the CPU (``gpuguard.sources.cpu_usage``, /proc/PID/task/*/schedstat)
+    """How a process holds the CPU (``gpuguard.sources.proc.cpu_usage``, /proc/PID/task/*/schedstat)
     and, where the FPU probe runs, its SSE rounding modes at context switches (probes/fpu.bpf.c).
 
     A thread is *spinning* when it was runnable (on a CPU or waiting in the run queue for one)

@@ -1,7 +1,7 @@
 """What /proc says about a process, as a record: who it is and where it came from.
 
 :class:`ProcessFacts` is what the correlator and the rules know about a
-process beyond its kernel events.  ``gpuguard.sources.process`` fills it from
+process beyond its kernel events.  ``gpuguard.sources.proc.process`` fills it from
 /proc; it is recorded into captures (``kind: "process"`` in the wire format) so
 replay and golden cases need no live /proc.
 """
@@ -55,7 +55,7 @@ class ProcessFacts:
     # [mapping size, page size] in bytes of each mapping holding hugetlb pages (smaps, at most 16)
     hugetlb_mappings: list[list[int]] = field(default_factory=list)
     # Likely miner config files ({path as named: text}, bounded), filled live by
-    # gpuguard.sources.config_files.read_config_files; recorded so replay sees them.
+    # gpuguard.sources.proc.config_files.read_config_files; recorded so replay sees them.
     config_files: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -1,8 +1,8 @@
 """The one finding shape every scan output renders (table, ECS JSON, OCSF).
 
-Data flow: a process :class:`~gpuguard.detect.score.Verdict` (plus the
+Data flow: a process :class:`~gpuguard.detect.scoring.score.Verdict` (plus the
 process's :class:`~gpuguard.events.process_facts.ProcessFacts`) or a
-:class:`~gpuguard.detect.host_checks.HostFinding` -> :class:`Finding`.
+:class:`~gpuguard.detect.host.checks.HostFinding` -> :class:`Finding`.
 Renderers never reach back into the engine, so the agent can reuse them with
 the same two builders.  Strings here are raw (attacker-controlled where they
 come from a process); each renderer escapes what it prints.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.correlate.state import ProcessState
-from gpuguard.detect.host_checks import HostFinding
+from gpuguard.detect.host.checks import HostFinding
 from gpuguard.events.process_facts import ProcessFacts
 
 SEVERITY_BANDS = ((90, "critical"), (70, "high"), (40, "medium"), (1, "low"), (0, "informational"))
@@ -71,7 +71,7 @@ class ProcessInfo:
     ancestors: list[dict[str, Any]] = field(default_factory=list)
     exe_sha256: str | None = None
     exit_code: int | None = None  # a close record's, when the exit was seen
-    # Kubernetes names from the kubelet's log tree (sources/pod_names.py), when known
+    # Kubernetes names from the kubelet's log tree (sources/proc/pod_names.py), when known
     pod_name: str | None = None
     pod_namespace: str | None = None
     container_name: str | None = None
@@ -295,7 +295,7 @@ def gpu_use_of(state: ProcessState) -> GpuUse | None:
 def finding_from_verdict(
     verdict: Any, facts: ProcessFacts | None, ruleset: Any = None, state: ProcessState | None = None
 ) -> Finding:
-    """A process :class:`~gpuguard.detect.score.Verdict` as a finding.
+    """A process :class:`~gpuguard.detect.scoring.score.Verdict` as a finding.
 
     The rule carrying the most weight names the finding (``rule_id``); every
     contributing rule stays in ``evidence``.  ``ruleset`` (optional) supplies

@@ -12,7 +12,7 @@ import ipaddress
 import re
 
 from gpuguard.correlate.state import ProcessState
-from gpuguard.detect.score import Verdict
+from gpuguard.detect.scoring.score import Verdict
 
 
 def parse_addresses(values: list[str]) -> tuple[list[str], list[str]]:

@@ -20,7 +20,7 @@ import psutil
 
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.respond.cgroup_blocks import cgroup2_of
-from gpuguard.sources.containers import container_from_cgroup, read_cgroup_path
+from gpuguard.sources.proc.containers import container_from_cgroup, read_cgroup_path
 
 START_TIME_TOLERANCE_S = 0.015  # ProcessKey.start_time keeps 2 decimals
 

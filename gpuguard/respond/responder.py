@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.correlate.state import ProcessState
-from gpuguard.detect.score import Verdict
+from gpuguard.detect.scoring.score import Verdict
 from gpuguard.errors import GpuguardError
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import bpf_pins
@@ -42,7 +42,7 @@ from gpuguard.respond.process_control import (
 )
 from gpuguard.respond.settings import ResponseSettings
 from gpuguard.respond.touch import TouchBlocker, scope_cgroup_ids
-from gpuguard.sources.identity import (
+from gpuguard.sources.proc.identity import (
     ExitGenerations,
     OffenderExited,
     open_verified,
@@ -195,7 +195,7 @@ class Responder:
         """A pidfd for exactly the process the verdict is about (raises OffenderExited/RecycledPid).
 
         The pidfd the correlator opened at its exec (proven then by the exit generation), or
-        one opened now and proven by the generation (gpuguard.sources.identity); a process seen
+        one opened now and proven by the generation (gpuguard.sources.proc.identity); a process seen
         only through /proc falls back to the start-time check of :func:`open_process`.
         """
         if state.pidfd is not None:  # opened at its exec, proven then by the generation

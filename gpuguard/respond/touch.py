@@ -22,15 +22,15 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuguard.detect.allowlist import sha256_of_file
+from gpuguard.detect.scoring.allowlist import sha256_of_file
 from gpuguard.escape import decode_c_string, escape_text
 from gpuguard.events.abi import DEFINES, TouchReason
 from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, BlockKind, new_block_id
 from gpuguard.respond.cgroup_blocks import cgroup2_mount, cgroup2_of
 from gpuguard.respond.exec_match import BlockTarget, ExecIdentities, read_process
-from gpuguard.sources.containers import container_from_cgroup, read_cgroup_path
-from gpuguard.sources.identity import (
+from gpuguard.sources.proc.containers import container_from_cgroup, read_cgroup_path
+from gpuguard.sources.proc.identity import (
     ExitGenerations,
     OffenderExited,
     open_verified,

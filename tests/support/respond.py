@@ -17,12 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
-from gpuguard.detect.score import Evidence, Verdict
+from gpuguard.detect.scoring.score import Evidence, Verdict
 from gpuguard.respond.blocks import BlockStore
 from gpuguard.respond.cgroup_blocks import cgroup2_mount
 from gpuguard.respond.lift import lift_all
 from gpuguard.respond.settings import ResponseSettings
-from gpuguard.sources.process import collect_process_facts
+from gpuguard.sources.proc.process import collect_process_facts
 
 _COUNTER = itertools.count()
 

@@ -12,7 +12,7 @@ from gpuguard.respond.blocks import Block, BlockKind
 
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.detect.score import Verdict
+    from gpuguard.detect.scoring.score import Verdict
     from gpuguard.respond.responder import Responder
 
     Run = Callable[[Responder, Verdict, ProcessState, dict[str, Any]], ActionOutcome]

@@ -12,11 +12,11 @@ from gpuguard.respond.blocks import Block, BlockKind, new_block_id
 from gpuguard.respond.cgroup_blocks import EGRESS_BLOCK
 from gpuguard.respond.nft import NftError, NftSets, where
 from gpuguard.respond.pool_addresses import parse_addresses, pool_endpoints, split_host_wide
-from gpuguard.sources.identity import pidfd_alive
+from gpuguard.sources.proc.identity import pidfd_alive
 
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.detect.score import Verdict
+    from gpuguard.detect.scoring.score import Verdict
     from gpuguard.respond.responder import Responder
 
 

@@ -21,7 +21,7 @@ from gpuguard.respond.process_control import (
 
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.detect.score import Verdict
+    from gpuguard.detect.scoring.score import Verdict
     from gpuguard.respond.responder import Responder
 
 

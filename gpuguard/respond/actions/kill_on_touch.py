@@ -10,11 +10,11 @@ from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond.actions.action import Action, Option, name_block
 from gpuguard.respond.exec_match import block_target, descendants
 from gpuguard.respond.touch import BREAKER_WINDOW_S, TOUCH_BLOCK
-from gpuguard.sources.identity import read_while_alive
+from gpuguard.sources.proc.identity import read_while_alive
 
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.detect.score import Verdict
+    from gpuguard.detect.scoring.score import Verdict
     from gpuguard.respond.responder import Responder
 
 

@@ -8,11 +8,11 @@ from gpuguard.events.action_kinds import QUARANTINE
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond.actions.action import Action, Option, name_block, note_exit_during_move
 from gpuguard.respond.cgroup_blocks import QUARANTINE_BLOCK
-from gpuguard.sources.identity import pidfd_alive
+from gpuguard.sources.proc.identity import pidfd_alive
 
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
-    from gpuguard.detect.score import Verdict
+    from gpuguard.detect.scoring.score import Verdict
     from gpuguard.respond.responder import Responder
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
-from gpuguard.sources.pidns import namespace_pid
+from gpuguard.sources.proc.pidns import namespace_pid
 
 SOURCE = "amdsmi"
 REINIT_INTERVAL_S = 5.0

@@ -22,7 +22,7 @@ from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUs
 from gpuguard.sources.gpu import nvml_history
 from gpuguard.sources.gpu.nvml_pcie import PcieReader
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
-from gpuguard.sources.pidns import namespace_pid
+from gpuguard.sources.proc.pidns import namespace_pid
 
 SOURCE = "nvml"
 REINIT_INTERVAL_S = 5.0

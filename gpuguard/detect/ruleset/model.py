@@ -1,0 +1,205 @@
+"""The compiled rule set: rules, lists, allowlist, thresholds, actions, YARA files — and rule problems.
+
+What :mod:`gpuguard.detect.ruleset.load` produces and everything else in detect
+reads.  :class:`Problem` is one mistake in a rule file, with its position,
+its cause and (when there is one) its fix as fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuguard.config.yaml_marks import Position
+from gpuguard.detect.ruleset.conditions import Condition, Leaf
+from gpuguard.detect.scoring.allowlist import Allowlist
+from gpuguard.detect.signals.rescore import (
+    COUNT_SIGNALS,
+    GPU_SAMPLE_SIGNALS,
+    RATE_SIGNALS,
+    TIME_SIGNAL_PERIODS_S,
+    additions_read,
+    crossing_points,
+)
+from gpuguard.errors import with_fix
+from gpuguard.events.action_kinds import RULE_ACTIONS
+
+FORMAT_VERSION = 1
+SEVERITIES = ("info", "low", "medium", "high", "critical")
+VERDICTS = ("clean", "suspicious", "malicious")
+# What a rules file's ``actions:`` may name, weakest first (guard policies rank by it).
+ACTIONS = ("none", *RULE_ACTIONS)
+TOP_KEYS = (
+    "version",
+    "description",
+    "lists",
+    "rules",
+    "allowlist",
+    "thresholds",
+    "actions",
+    "yara",
+)
+RULE_KEYS = ("id", "description", "severity", "tags", "weight", "condition", "enabled")
+OVERRIDABLE = ("description", "severity", "tags", "weight", "condition", "enabled")
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One mistake in a rule file: where, what (``cause``), in which rule, and how to fix it."""
+
+    file: str
+    line: int
+    col: int
+    cause: str
+    rule_id: str | None = None
+    fix: str | None = None
+
+    @classmethod
+    def at(
+        cls, position: Position, cause: str, rule_id: str | None = None, fix: str | None = None
+    ) -> Problem:
+        return cls(position.file, position.line, position.col, cause, rule_id, fix)
+
+    @property
+    def position(self) -> Position:
+        return Position(self.file, self.line, self.col)
+
+    @property
+    def message(self) -> str:
+        """The cause, with the fix when there is one."""
+        return with_fix(self.cause, self.fix)
+
+    def __str__(self) -> str:
+        prefix = f"rule {self.rule_id}: " if self.rule_id else ""
+        return f"{self.file}:{self.line}:{self.col}: {prefix}{self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    suspicious: int = 40
+    malicious: int = 75
+
+
+@dataclass(slots=True)
+class Rule:
+    id: str
+    description: str
+    severity: str
+    tags: tuple[str, ...]
+    weight: int
+    enabled: bool
+    condition: Condition
+    signals: tuple[str, ...]  # signal names the condition reads, sorted
+    source: Position
+    outcome_cache: str | None = (
+        None  # the state.derived entry its outcome is kept in (rescore.rule_cache)
+    )
+    leaves: tuple[Leaf, ...] = ()  # its condition's signal tests (what the rescore policy reads)
+
+
+@dataclass(slots=True)
+class RuleSet:
+    rules: list[Rule]  # enabled, in file order
+    disabled: list[Rule]
+    lists: dict[str, list[Any]]
+    allowlist: Allowlist
+    thresholds: Thresholds
+    actions: dict[str, str]
+    yara_files: list[Path]
+    sources: list[Path]
+    _yara: Any = field(default=None, repr=False)
+    _groups: Any = field(default=None, repr=False)
+    _signals_used: frozenset[str] | None = field(default=None, repr=False)
+    _gpu_tests: tuple[Condition, ...] | None = field(default=None, repr=False)
+    _age_points: tuple[float, ...] | None | bool = field(default=False, repr=False)
+
+    @property
+    def evaluation_groups(self) -> tuple[tuple[str | None, tuple[Rule, ...]], ...]:
+        """The enabled rules grouped by where their outcome is kept (``Rule.outcome_cache``), None first."""
+        if self._groups is None:
+            names = sorted(
+                {rule.outcome_cache for rule in self.rules},
+                key=lambda name: (name is not None, name or ""),
+            )
+            self._groups = tuple(
+                (name, tuple(r for r in self.rules if r.outcome_cache == name)) for name in names
+            )
+        return self._groups
+
+    @property
+    def signals_used(self) -> frozenset[str]:
+        """Signals the enabled rules read (the correlator skips rescoring for changes to others)."""
+        if self._signals_used is None:
+            self._signals_used = frozenset(name for rule in self.rules for name in rule.signals)
+        return self._signals_used
+
+    @property
+    def rescore_on(self) -> int:
+        """The additions to a process state (correlate.state.NEW_* bits) some enabled rule reads."""
+        return additions_read(self.signals_used)
+
+    @property
+    def reads_counts(self) -> bool:
+        """Some rule reads a repeated count (connect_count, ioctl_total, an ioctl rate)."""
+        return bool(self.signals_used & COUNT_SIGNALS)
+
+    @property
+    def time_rescore_period_s(self) -> float | None:
+        """How often every process must be re-evaluated because a rule reads the clock (None: never).
+
+        ``age_s`` counts only when some rule tests it with something other than a comparison
+        with a number: otherwise the engine rescores each process as its age crosses one of
+        those numbers (:attr:`age_crossings`), not everyone once a minute.
+        """
+        used = self.signals_used
+        periods = [
+            period
+            for name, period in TIME_SIGNAL_PERIODS_S.items()
+            if name in used and not (name == "age_s" and self.age_crossings is not None)
+        ]
+        return min(periods) if periods else None
+
+    @property
+    def age_crossings(self) -> tuple[tuple[float, bool], ...] | None:
+        """The ages (s) at which some enabled rule's test of ``age_s`` can change its answer
+        (``rescore.crossing_points``): () when no rule reads it, None when a test is not a
+        comparison with a number."""
+        if self._age_points is False:
+            self._age_points = crossing_points(
+                [leaf for rule in self.rules for leaf in rule.leaves], "age_s"
+            )
+        return self._age_points  # type: ignore[return-value]
+
+    @property
+    def gpu_sample_tests(self) -> tuple[Condition, ...]:
+        """Every enabled rule's tests of a signal a GPU sample can change (rescore.GPU_SAMPLE_SIGNALS).
+
+        Rule outcomes are and/or/not of their tests, so while none of these tests changes
+        its answer, a GPU sample cannot change a verdict (the engine's GPU check).
+        """
+        if self._gpu_tests is None:
+            unique = {
+                (leaf.signal, leaf.op, repr(leaf.operand)): leaf.test
+                for rule in self.rules
+                for leaf in rule.leaves
+                if leaf.signal in GPU_SAMPLE_SIGNALS
+            }
+            self._gpu_tests = tuple(unique.values())
+        return self._gpu_tests
+
+    @property
+    def reads_rates(self) -> bool:
+        """Some rule reads an ioctl rate (the correlator keeps rate windows only then)."""
+        return bool(self.signals_used & RATE_SIGNALS)
+
+    def rule(self, rule_id: str) -> Rule | None:
+        return next((r for r in self.rules + self.disabled if r.id == rule_id), None)
+
+    def yara_scanner(self):
+        """The compiled YARA scanner for this rule set (None when it has no YARA files)."""
+        if self._yara is None and self.yara_files:
+            from gpuguard.detect.yara.scan import YaraScanner  # yara-python loads only when used
+
+            self._yara = YaraScanner.from_files(self.yara_files)
+        return self._yara

@@ -1,0 +1,63 @@
+"""Reading signals for one evaluation: each computed at most once, kept values reused.
+
+:class:`SignalReader` is what rule conditions index: ``reader[name]``
+computes signal ``name`` (from :mod:`gpuguard.detect.signals.named`) the first time
+and caches it for the rest of the evaluation; values derived from the facts,
+endpoints or devices are also kept on the state (``state.derived``, see
+:mod:`gpuguard.detect.signals.rescore`) until those change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuguard.correlate.state import ProcessState
+from gpuguard.detect.signals.rescore import KEPT_SIGNAL_CACHES, SIGNAL_CACHE
+from gpuguard.detect.signals.table import SIGNALS
+
+
+class SignalReader(dict):
+    """Signals of one process at one moment, each computed at most once.
+
+    A dict whose missing keys are computed on first use: ``reader[name]`` (or
+    ``reader.get(name)``) costs one dictionary lookup after the first time.
+    It starts with the values kept on the state from earlier evaluations.
+    """
+
+    __slots__ = ("state", "now")
+
+    def __init__(self, state: ProcessState, now: float) -> None:
+        super().__init__()
+        self.state = state
+        self.now = now
+        derived = state.derived
+        for cache_name in KEPT_SIGNAL_CACHES:
+            kept = derived.get(cache_name)
+            if kept:
+                self.update(kept)
+
+    def __missing__(self, name: str | tuple[str, str]) -> Any:
+        if type(name) is tuple:  # (signal, argument) for a signal with a parameter; never kept
+            signal_name, argument = name
+            value = self[name] = SIGNALS[signal_name].compute(self.state, self.now, argument)
+            return value
+        signal = SIGNALS[name]
+        cache_name = SIGNAL_CACHE[name]
+        if cache_name is None:
+            value = self[name] = signal.compute(self.state, self.now)
+            return value
+        # Values derived from the facts, endpoints or devices are kept on the state until
+        # those change (the state drops the cache then; see rescore.signal_kind).
+        derived = self.state.derived
+        cache = derived.get(cache_name)
+        if cache is None:
+            cache = derived[cache_name] = {}
+        try:
+            value = cache[name]
+        except KeyError:
+            value = cache[name] = signal.compute(self.state, self.now)
+        self[name] = value
+        return value
+
+    def get(self, name: str) -> Any:  # type: ignore[override]
+        return self[name]

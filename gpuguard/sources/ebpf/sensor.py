@@ -1,0 +1,636 @@
+"""The eBPF GPU sensor: loads the probes with bcc and yields typed events.
+
+One :class:`Sensor` owns the loaded program.  :meth:`Sensor.poll` returns the
+events that arrived since the last call: kernel events from the ring buffer
+(perf buffer on kernels without one), ioctl counters drained from the kernel
+every ``drain_interval`` seconds as ``gpu_ioctl`` deltas, and ``lost`` events
+whenever a kernel counter says something could not be delivered.
+
+The sensor also keeps the kernel maps honest: entries of processes that exit
+are removed after a final drain, and a periodic sweep drops descriptors that
+were closed without close(2) (close_range, close-on-exec, fd passing).
+Reassembly of captured first writes lives in ``payload_streams``, the
+per-connection activity records of GPU holders in ``conn_activity``.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import math
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field, replace
+
+from gpuguard.errors import GpuguardError
+from gpuguard.events.abi import (
+    DeviceClass,
+    EventKind,
+    ExecInterest,
+    LostSlot,
+    device_class_name,
+)
+from gpuguard.events.devices import classify_device_path
+from gpuguard.events.ioctl_names import ioctl_name
+from gpuguard.events.model import (
+    Connect,
+    Event,
+    Exec,
+    Exit,
+    GpuIoctl,
+    GpuOpen,
+    HugeAlloc,
+    Lost,
+    NetPayload,
+)
+from gpuguard.sources.ebpf import preflight
+from gpuguard.sources.ebpf.bpf_decode import EventDecoder, MalformedEvent
+from gpuguard.sources.ebpf.exec_filter import ExecFilter, parent_of
+from gpuguard.sources.ebpf.fpu_probe import FpuProbe
+from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps, slot_index  # noqa: F401 (SLOT_MULTI: tests read it here)
+from gpuguard.sources.ebpf.probe_source import ProbeSettings, probe_text
+from gpuguard.sources.gpu.gpu_fds import fd_is_gpu
+from gpuguard.sources.net.conn_activity import ConnActivityReader
+from gpuguard.sources.net.payload_streams import PayloadStreams
+from gpuguard.sources.proc.identity import ExitGenerations
+
+_SCHEMA_MAPS = {
+    EventKind.GPU_OPEN: "schema_gpu_open",
+    EventKind.CONNECT: "schema_connect",
+    EventKind.NET_PAYLOAD: "schema_net_payload",
+    EventKind.EXEC: "schema_exec",
+    EventKind.EXIT: "schema_exit",
+    EventKind.HUGE_ALLOC: "schema_huge_alloc",
+}
+_TABLES = (
+    "tracked_fds",
+    "ioctl_counts",
+    "fresh_sockets",
+    "lost_counts",
+    "gpu_fd_slots",
+    "sock_fd_slots",
+)
+CHAIN_CHECKED_MAX = 65536  # pids remembered as having their ancestors sent up
+DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the process stops
+
+
+def kernel_has_ringbuf(release: str | None = None) -> bool:
+    """BPF ring buffers exist from Linux 5.8."""
+    release = release or os.uname().release
+    try:
+        major, minor = (int(x) for x in release.split(".")[:2])
+    except ValueError:
+        return True
+    return (major, minor) >= (5, 8)
+
+
+@dataclass(slots=True)
+class SensorStats:
+    events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    lost: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    malformed: int = 0  # kernel records that did not decode
+    routing_errors: int = 0  # decoded records our own routing failed on (a gpuguard bug)
+    dropped_relative_opens: int = 0
+    swept_fds: int = 0
+    tcp_counters_unreadable: int = (
+        0  # network namespaces whose TCP counters (tcp_info) could not be read
+    )
+    watch_refused: int = 0  # request_watch calls the kernel's watched_tgids map had no room for
+    interest_refused: int = 0  # request_interest calls the kernel's exec_interest map refused
+    startup_seconds: float = 0.0
+    buffer: str = ""
+
+
+@dataclass(slots=True)
+class _ProcessHeader:
+    comm: str
+    uid: int
+    gid: int
+    cgroup_id: int
+
+
+class Sensor:
+    """Loads the probes, then turns kernel records into model events."""
+
+    def __init__(
+        self,
+        settings: ProbeSettings | None = None,
+        *,
+        drain_interval: float = 1.0,
+        sweep_interval: float = 10.0,
+        activity_interval: float = 10.0,
+        fpu: bool = False,
+        exec_names: tuple[list[str], list[str]] = ([], []),
+    ) -> None:
+        self.settings = settings or ProbeSettings()
+        self.drain_interval = drain_interval
+        self.sweep_interval = sweep_interval
+        self.stats = SensorStats()
+        self._bpf = None
+        self._bcc = None
+        self._detach: _ProbeDetach | None = None  # probes being detached (detach_probes)
+        self.tables: dict = {}
+        self.exit_generations: ExitGenerations | None = None  # the probes' exit_gens, once started
+        self.maps: KernelMaps | None = None  # stale-entry removal in the probes' maps
+        self._decoder: EventDecoder | None = None
+        self._pending: list[Event] = []
+        self._watch_requests: deque[int] = deque()  # request_watch, from other threads
+        self._ioctl_seen: dict[tuple[int, int, int], int] = {}
+        self._lost_seen: dict[int, int] = {}
+        self._headers: dict[int, _ProcessHeader] = {}
+        self._gpu_tgids: set[int] = set()
+        self.streams = PayloadStreams(self.settings.payload_writes)  # first writes per connection
+        self._next_drain = 0.0
+        self._next_sweep = 0.0
+        # The ring-buffer callback ends the current poll once this time passes:
+        # a stop request sets it to 0, the final drain to a short budget, so an
+        # event flood cannot keep a stopping process reading forever.
+        self._consume_until = math.inf
+        self.activity_interval = activity_interval
+        self.activity: ConnActivityReader | None = None  # per-connection records of GPU holders
+        self.fpu_wanted = fpu  # load the RandomX rounding-mode probe (the agent reads it)
+        self.fpu: FpuProbe | None = None  # RandomX rounding modes; .blind_spot when not loaded
+        # The exec filter (settings.exec_filter): names and directories whose execs go up in full
+        self.exec_names = exec_names
+        self.exec_filter: ExecFilter | None = None
+        self._interest_requests: deque[int] = deque()  # request_interest, from other threads
+        self._chain_checked: set[int] = set()  # pids whose pending ancestors were sent up
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        bcc = self._bcc = preflight.check_sensor_prerequisites()
+        if not self.settings.perf_buffer and not kernel_has_ringbuf():
+            self.settings = replace(self.settings, perf_buffer=True)
+        started = time.perf_counter()
+        try:
+            self._bpf = _deferred_attach_bpf(bcc)(
+                text=probe_text().encode(), cflags=self.settings.cflags()
+            )
+            # Every open hook tail-calls this one classifier: it must be in the
+            # program array before any hook is attached, or opens would be missed.
+            hook_type = (
+                bcc.BPF.RAW_TRACEPOINT if self.settings.enter_hook == "raw" else bcc.BPF.TRACEPOINT
+            )
+            classifier = self._bpf.load_func(b"classify_open", hook_type)
+            self._bpf[b"open_classifier"][ct.c_int(0)] = ct.c_int(classifier.fd)
+            self._bpf.attach_all()
+        except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load/attach errors
+            raise GpuguardError(
+                f"the probes failed to compile or load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                "check that kernel headers match or fall back cleanly (bash packaging/setup-host.sh setup) "
+                "and that the kernel allows BPF (lockdown 'confidentiality' forbids it)",
+            ) from None
+        self.tables = {name: self._bpf[name.encode()] for name in _TABLES}
+        self.exit_generations = ExitGenerations(self._bpf[b"exit_gens"])
+        self.maps = KernelMaps(self.tables, self.settings.fd_slots)
+        if self.settings.payload_capture:
+            self.activity = ConnActivityReader(
+                self._bpf,
+                lambda tgid, fd: slot_index(tgid, fd, self.settings.fd_slots),
+                self.settings.activity_slots,
+                self.activity_interval,
+            )
+        classes = {kind: self._bpf[name.encode()].Leaf for kind, name in _SCHEMA_MAPS.items()}
+        self._decoder = EventDecoder(classes, self._bpf[b"schema_header"].Leaf)
+        if self.settings.exec_filter:
+            self.exec_filter = ExecFilter(self._bpf, self._decoder.exec_record)
+            self.exec_filter.set_names(*self.exec_names)
+        events = self._bpf[b"events"]
+        if self.settings.perf_buffer:
+            events.open_perf_buffer(
+                self._on_perf,
+                page_cnt=max(8, self.settings.ringbuf_pages // 8),
+                lost_cb=self._on_perf_lost,
+            )
+            self.stats.buffer = "perf"
+        else:
+            events.open_ring_buffer(self._on_ring)
+            self.stats.buffer = "ring"
+        self.stats.startup_seconds = time.perf_counter() - started
+        if self.fpu_wanted:  # a separate program: one that cannot load blinds only itself
+            self.fpu = FpuProbe.open(bcc)
+        now = time.monotonic()
+        self._next_drain = now + self.drain_interval
+        self._next_sweep = now + self.sweep_interval
+
+    def detach_probes(self) -> None:
+        """Start detaching every probe and return at once: no new events arrive,
+        what is buffered and the counters stay readable (call before the final
+        drain, so the kernel's detach time overlaps it).  close() finishes it."""
+        if self._bpf is not None and self._detach is None:
+            self._detach = _ProbeDetach(self._bcc, self._bpf)
+
+    def close(self) -> None:
+        if self.fpu is not None:
+            self.fpu.close()
+        if self._bpf is not None:
+            self.detach_probes()
+            self._detach.wait()
+            failures, self._detach = self._detach.failures, None
+            self._bpf.cleanup()  # the rest: buffers, programs, maps
+            self._bpf = None
+            if failures:
+                raise OSError(f"closing {len(failures)} probe fds failed: {failures}")
+
+    def __enter__(self) -> Sensor:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- polling -------------------------------------------------------------------
+    def poll(self, timeout_ms: int = 100) -> list[Event]:
+        """Events since the last call; drains counters when their interval is due."""
+        if self._bpf is None:
+            raise GpuguardError("the sensor is not started", "call Sensor.start() first")
+        if self.settings.perf_buffer:
+            self._bpf.perf_buffer_poll(timeout=timeout_ms)
+        else:
+            self._bpf.ring_buffer_poll(timeout=timeout_ms)
+        while self._watch_requests:
+            tgid = self._watch_requests.popleft()
+            if os.path.exists(f"/proc/{tgid}"):
+                try:
+                    self.watch_process(tgid)
+                except Exception:  # noqa: BLE001 - bcc raises a bare Exception when the map is full
+                    self.stats.watch_refused += 1
+        now = time.monotonic()
+        if self.exec_filter is not None:
+            self._exec_filter_turn(now)
+        if now >= self._next_drain:
+            self._next_drain = now + self.drain_interval
+            self._consume_buffer()  # opens before counts, so counts know their process
+            self._drain_into(self._pending)
+        if self.activity is not None and self.activity.due(now):
+            self._pending.extend(self.activity.report(self._header_fields))
+            self.stats.tcp_counters_unreadable += len(self.activity.unreadable)
+        if now >= self._next_sweep:
+            self._next_sweep = now + self.sweep_interval
+            self.sweep()
+        out, self._pending = self._pending, []
+        return out
+
+    def _exec_filter_turn(self, now: float) -> None:
+        """Marks asked for, then the pending execs of processes that lived past the filter's age."""
+        filt = self.exec_filter
+        while self._interest_requests:
+            try:
+                filt.mark(self._interest_requests.popleft(), ExecInterest.USER)
+            except Exception:  # noqa: BLE001 - bcc raises a bare Exception on a failed update
+                self.stats.interest_refused += 1
+        if filt.due(now):
+            for event in filt.take_old():
+                self._route(event)
+
+    def set_exec_names(self, names: list[str], directories: list[str]) -> int:
+        """Replace the names and directories whose execs go up in full (a rule reload)."""
+        self.exec_names = (list(names), list(directories))
+        return self.exec_filter.set_names(names, directories) if self.exec_filter else 0
+
+    def request_interest(self, tgid: int) -> None:
+        """Ask, from any thread, for every later exec of ``tgid`` and its tree in full."""
+        if self.exec_filter is not None:
+            self._interest_requests.append(tgid)
+
+    def request_stop(self) -> None:
+        """End the current poll between two records (safe to call from a signal handler)."""
+        self._consume_until = 0.0
+
+    def watch_process(self, tgid: int) -> int:
+        """Give a process's connections activity records (GPU holders get them already); returns
+        how many existing connections were seeded.  For processes scored above a threshold.
+        From the thread that polls; other threads use :meth:`request_watch`."""
+        return self.activity.watch(tgid) if self.activity is not None else 0
+
+    def request_watch(self, tgid: int) -> None:
+        """Ask for :meth:`watch_process` from any thread; the next poll carries it out."""
+        self._watch_requests.append(tgid)
+
+    def _header_fields(self, tgid: int) -> tuple[str, int, int, int]:
+        header = self._headers.get(tgid)
+        if header is None:
+            return _comm_of(tgid), 0, 0, 0
+        return header.comm, header.uid, header.gid, header.cgroup_id
+
+    def drain(self) -> list[Event]:
+        """Read what is buffered (for at most DRAIN_BUDGET_S) and every counter now (e.g. before stopping)."""
+        stopping = self._consume_until
+        self._consume_until = time.monotonic() + DRAIN_BUDGET_S
+        try:
+            self._consume_buffer()
+        finally:
+            self._consume_until = stopping
+        self._drain_into(self._pending)
+        if self.activity is not None:
+            self._pending.extend(self.activity.report(self._header_fields))
+            self.stats.tcp_counters_unreadable += len(self.activity.unreadable)
+        out, self._pending = self._pending, []
+        return out
+
+    def _consume_buffer(self) -> None:
+        if self.settings.perf_buffer:
+            self._bpf.perf_buffer_poll(timeout=0)
+        else:
+            self._bpf.ring_buffer_consume()
+
+    # -- buffer callbacks (must never raise: ctypes would print and swallow) --------
+    def _on_ring(self, _ctx, data, size) -> int:
+        self._handle(data, size)
+        # A negative return makes libbpf stop consuming after this record.
+        return -1 if time.monotonic() >= self._consume_until else 0
+
+    def _on_perf(self, _cpu, data, size) -> None:
+        self._handle(data, size)
+
+    def _on_perf_lost(self, count) -> None:
+        self.stats.lost["perf-buffer"] += count
+        self._pending.append(Lost(time=time.time(), pid=0, what="perf-buffer", count=int(count)))
+
+    def _handle(self, data, size) -> None:
+        try:
+            event = self._decoder.decode(data, size)
+        except MalformedEvent:
+            self.stats.malformed += 1
+            return
+        try:
+            self._route(event)
+        except Exception:  # noqa: BLE001 - one bad record must not stop the sensor
+            self.stats.routing_errors += 1  # the record was fine; the bug is ours
+
+    def _route(self, event: Event) -> None:
+        if isinstance(event, GpuOpen):
+            if event.relative and not self._confirm_relative_open(event):
+                return
+            self._gpu_tgids.add(event.pid)
+            self._remember_header(event)
+            self._send_up_ancestors(event.pid, 0)
+        elif isinstance(event, NetPayload):
+            self.streams.recognise(event)
+        elif isinstance(event, HugeAlloc):
+            self._send_up_ancestors(event.pid, 0)
+        elif isinstance(event, Connect):
+            self._send_up_ancestors(event.pid, 0)
+            self.streams.connected(
+                event.pid,
+                event.fd,
+                self.settings.payload_capture
+                and (event.result == 0 or event.result == -errno.EINPROGRESS),
+            )
+        elif isinstance(event, Exec):
+            self._enrich_exec(event)
+            if event.pid in self._headers:
+                self._remember_header(event)
+            self._send_up_ancestors(event.pid, event.ppid)
+        elif isinstance(event, Exit):
+            self._process_gone(event.pid)
+            self._chain_checked.discard(event.pid)
+        self.stats.events[event.kind] += 1
+        self._pending.append(event)
+
+    def _send_up_ancestors(self, pid: int, ppid: int) -> None:
+        """Exec filter: the pending execs of ``pid``'s ancestors go up before its event, once per
+        process, so its tree is known (a GPU opener below a flood of short execs)."""
+        if self.exec_filter is None or pid in self._chain_checked:
+            return
+        if len(self._chain_checked) > CHAIN_CHECKED_MAX:
+            self._chain_checked.clear()  # exits not seen (shed): start over, at worst a re-check
+        self._chain_checked.add(pid)
+        for ancestor in self.exec_filter.promote_chain(ppid or parent_of(pid)):
+            self._route(ancestor)
+
+    # -- enrichment -----------------------------------------------------------------
+    def _remember_header(self, event: Event) -> None:
+        self._headers[event.pid] = _ProcessHeader(event.comm, event.uid, event.gid, event.cgroup_id)
+
+    def _confirm_relative_open(self, event: GpuOpen) -> bool:
+        """A relative open was classified by basename; keep it only if /proc agrees."""
+        is_gpu, target = fd_is_gpu(event.pid, event.fd)
+        if target is None:
+            return True  # already closed: the kernel's view is all there is
+        if not is_gpu:
+            self._forget_fd(event.pid, event.fd)
+            self.stats.dropped_relative_opens += 1
+            return False
+        if classify_device_path(target) != DeviceClass.NONE:
+            event.path = target
+        return True
+
+    def _enrich_exec(self, event: Exec) -> None:
+        try:
+            with open(f"/proc/{event.pid}/cmdline", "rb") as f:
+                raw = f.read(32768)
+            event.cmdline = (
+                [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\x00")[:-1]]
+                if raw
+                else []
+            )
+            with open(f"/proc/{event.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            ppid = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            return  # the process already exited: the kernel's fields stand
+        gens = self.exit_generations
+        if gens is not None and event.exit_gen is not None and gens.of(event.pid) != event.exit_gen:
+            event.cmdline = []  # it exited before the read: /proc named another process
+            return
+        event.ppid = ppid
+
+    # -- counters -------------------------------------------------------------------
+    def _drain_into(self, out: list[Event], only_tgid: int | None = None) -> None:
+        """Append ioctl deltas (all processes, or one that is exiting) and lost counts."""
+        now = time.time()
+        table = self.tables["ioctl_counts"]
+        for key, value in table.items():
+            if only_tgid is not None and key.tgid != only_tgid:
+                continue
+            ident = (key.tgid, key.device_class, key.command)
+            total = value.value
+            delta = total - self._ioctl_seen.get(ident, 0)
+            if delta <= 0:
+                continue
+            self._ioctl_seen[ident] = total
+            out.append(self._ioctl_event(now, key.tgid, key.device_class, key.command, delta))
+        if only_tgid is not None:
+            return
+        if self.exec_filter is not None:
+            self.exec_filter.read_counts()
+        lost = self.tables["lost_counts"]
+        for slot in LostSlot:
+            if slot == LostSlot.SLOTS:
+                continue
+            total = sum(lost.getvalue(lost.Key(slot)))
+            delta = total - self._lost_seen.get(slot, 0)
+            if delta > 0:
+                self._lost_seen[slot] = total
+                what = slot.name.lower().replace("_", "-")
+                self.stats.lost[what] += delta
+                out.append(Lost(time=now, pid=0, what=what, count=delta))
+
+    def _ioctl_event(
+        self, now: float, tgid: int, device_class: int, command: int, count: int
+    ) -> GpuIoctl:
+        header = self._headers.get(tgid)
+        class_name = device_class_name(device_class)
+        self.stats.events["gpu_ioctl"] += 1
+        return GpuIoctl(
+            time=now,
+            pid=tgid,
+            uid=header.uid if header else 0,
+            gid=header.gid if header else 0,
+            cgroup_id=header.cgroup_id if header else 0,
+            comm=header.comm if header else _comm_of(tgid),
+            device_class=class_name,
+            command=command,
+            command_name=ioctl_name(class_name, command),
+            count=count,
+        )
+
+    # -- map hygiene (gpuguard.sources.ebpf.kernel_maps does the map work) --------------------
+    def _forget_fd(self, tgid: int, fd: int) -> None:
+        self.maps.forget_fd(tgid, fd)
+
+    def _process_gone(self, tgid: int) -> None:
+        """A process exited: report its last counts, then remove its kernel entries."""
+        fresh = self.streams.process_gone(tgid)
+        if fresh:
+            self.maps.forget_fresh(tgid, fresh)
+        if self.activity is not None and (
+            tgid in self._gpu_tgids or tgid in self.activity.watched_by_user
+        ):
+            self.activity.forget({tgid}, scan=False)
+        if tgid in self._gpu_tgids:
+            self._drain_into(self._pending, only_tgid=tgid)
+            self._forget_processes({tgid})
+
+    def _forget_processes(self, tgids: set[int]) -> int:
+        """Remove dead processes' kernel entries and what the sensor kept about them; return tracked fds removed."""
+        removed = self.maps.forget_processes(tgids)
+        for ident in [i for i in self._ioctl_seen if i[0] in tgids]:
+            del self._ioctl_seen[ident]
+        for tgid in tgids:
+            self._gpu_tgids.discard(tgid)
+            self._headers.pop(tgid, None)
+        return removed
+
+    def sweep(self) -> None:
+        """Drop entries of processes that died unseen and fds closed without close(2)."""
+        dead, swept = self.maps.sweep(fd_is_gpu)
+        self.stats.swept_fds += swept
+        if dead:
+            self.stats.swept_fds += self._forget_processes(dead)
+        if self.activity is not None:
+            self.activity.sweep()
+
+    # -- debugging ------------------------------------------------------------------
+    def map_sizes(self) -> dict[str, int]:
+        return {
+            name: len(list(self.tables[name].keys()))
+            for name in ("tracked_fds", "ioctl_counts", "fresh_sockets")
+        }
+
+
+def _deferred_attach_bpf(bcc):
+    """bcc.BPF whose automatic attach of TRACEPOINT_PROBE/RAW_TRACEPOINT_PROBE
+    programs waits for ``attach_all()``, so set-up can finish first."""
+
+    class DeferredAttachBPF(bcc.BPF):
+        def _trace_autoload(self) -> None:
+            pass
+
+        def attach_all(self) -> None:
+            bcc.BPF._trace_autoload(self)
+
+    return DeferredAttachBPF
+
+
+class _ProbeDetach:
+    """Detaches every tracepoint and raw-tracepoint probe without making the caller wait for the kernel.
+
+    Releasing a tracepoint's perf event makes the kernel wait for an RCU grace
+    period: bcc's cleanup() does them one after another, 0.7 to 1.7 s for our
+    23 probes, and under an exec flood the kernel serializes them even when
+    they are closed concurrently (benchmarks/README-sensor.md).  So a keeper
+    process (``cat``, fixed argv, no shell) is given a second reference to
+    every probe fd: our own closes are then cheap (each perf event is disabled
+    first, so no new event fires), and the release is paid when the keeper
+    reads end-of-file on its stdin and exits, after we are gone.  A stopping
+    watch, record or agent thus exits within a second; the probes are released
+    by the kernel a moment later.  Without a keeper (no ``cat``, no process to
+    be had) the fds are closed concurrently, one thread each.
+
+    The fds are taken out of bcc's tables here, in the calling thread, so bcc's
+    cleanup() (ours, or its atexit hook) never sees them again: each fd is closed
+    exactly once, the way bcc's detach would close it.
+    """
+
+    def __init__(self, bcc, bpf) -> None:
+        closes = [(bcc.lib.bpf_close_perf_event_fd, fd) for fd in bpf.tracepoint_fds.values()]
+        closes += [(_os_close_status, fd) for fd in bpf.raw_tracepoint_fds.values()]
+        bpf.tracepoint_fds.clear()
+        bpf.raw_tracepoint_fds.clear()
+        self.failures: list[int] = []
+        self._threads: list[threading.Thread] = []
+        keeper = _start_keeper([fd for _, fd in closes])
+        if keeper is not None:
+            for close, fd in closes:
+                self._close(close, fd)
+            keeper.stdin.close()  # end-of-file: the keeper exits and releases the probes
+            return
+        for close, fd in closes:
+            thread = threading.Thread(
+                target=self._close, args=(close, fd), name="gpuguard-detach", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had: detach here, slowly but surely
+                self._close(close, fd)
+                continue
+            self._threads.append(thread)
+
+    def _close(self, close, fd: int) -> None:
+        if close(fd) < 0:
+            self.failures.append(fd)
+
+    def wait(self) -> None:
+        for thread in self._threads:
+            thread.join()
+
+
+def _start_keeper(fds: list[int]) -> subprocess.Popen | None:
+    """A process holding ``fds`` until its stdin closes (see _ProbeDetach); None if none can start."""
+    cat = shutil.which("cat")
+    if not fds or cat is None:
+        return None
+    try:
+        return subprocess.Popen(
+            [cat],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=fds,
+            close_fds=True,
+            env={},
+        )
+    except OSError:
+        return None
+
+
+def _os_close_status(fd: int) -> int:
+    try:
+        os.close(fd)
+    except OSError:
+        return -1
+    return 0
+
+
+def _comm_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().rstrip(b"\n").decode("utf-8", "surrogateescape")
+    except OSError:
+        return ""

@@ -129,8 +129,9 @@ case $job in
     run)   "$VENV/bin/gpuguard" selftest --own-agent \
                || say "the selftest failed (see the line above); starting the agent anyway"
            exec "$VENV/bin/gpuguard" agent "$@" ;;
-    # Two workers: the root tests one after another on one (tests/conftest.py groups them), the rest on the other.
+    # Four workers: the root tests that change or read host-wide state one after another on one
+    # (tests/conftest.py groups them), each file's self-contained root tests and the rest beside them.
     test)  cd "$ROOT" && GPUGUARD_LATEST=$latest exec "$VENV/bin/python" -m pytest --require-root-tests \
-               -n 2 --dist loadgroup "$@" ;;
+               -n 4 --dist loadgroup "$@" ;;
     *)     die "unknown job '$job' (fix: use run, test, setup or lock)" ;;
 esac

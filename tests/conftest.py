@@ -5,9 +5,23 @@ Tests marked ``root`` need root, a real kernel with eBPF and bcc.  Without
 it (CI and the README's test command) a missing prerequisite fails the test,
 so a CI run can never go green with the kernel tests silently skipped.
 
-Under pytest-xdist (``-n 2 --dist loadgroup``, as packaging/setup-host.sh runs
-the suite) the root tests form one group: they run one after another on one
-worker, as they would alone, while the other tests share the other worker.
+Every root test says how it shares the host, with exactly one of three markers
+(ROOT_CLASSES below; an unclassified root test stops the run with a message
+naming it and the choices):
+
+* ``host_mutator``: changes state every process on the host shares (vm.nr_hugepages
+  and huge-page reservations, the stand-in miners' install directory, miner-shaped
+  processes with CPU hogs beside them);
+* ``host_observer``: asserts about such host-wide state (the huge-page pool,
+  host findings, every client of a device);
+* ``self_contained``: asserts only about the processes, cgroups, namespaces,
+  pins and files it made itself, so anything may run beside it.
+
+Under pytest-xdist (``--dist loadgroup``, as packaging/setup-host.sh runs the
+suite) the mutators and observers form one group, run one after another on
+one worker, so neither ever overlaps the other; the self-contained root tests
+form one group per file (its module fixtures are made once) and run beside
+them on the other workers, as do the tests that are not root.
 """
 
 from __future__ import annotations
@@ -35,18 +49,57 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     # The tests start gpuguard hundreds of times; with PYTHONDONTWRITEBYTECODE set (as on the
     # project's machines) each start would compile every module again.  Once per run, not per worker.
+    for name, what in ROOT_CLASSES.items():
+        config.addinivalue_line("markers", f"{name}: a root test that {what}")
     if not hasattr(config, "workerinput"):
         compileall.compile_dir(str(REPO / "gpuguard"), quiet=1)
 
 
+# How a root test shares the host (the module docstring); each one carries exactly one.
+ROOT_CLASSES = {
+    "host_mutator": "changes state the whole host shares (sysctls, huge pages, miner-shaped "
+    "processes and CPU hogs, fixed paths): never beside a host_observer or another mutator",
+    "host_observer": "asserts about state the whole host shares (huge pages, host findings, "
+    "every client of a device): never beside a host_mutator",
+    "self_contained": "asserts only about what it made (its processes, cgroups, namespaces, "
+    "pins, files): may run beside anything",
+}
+HOST_GROUP = "root-host"  # mutators and observers, one after another
+
+
+def root_group(item: pytest.Item) -> str | None:
+    """The xdist group of a root test, or None when it is not classified exactly once."""
+    classes = [name for name in ROOT_CLASSES if item.get_closest_marker(name) is not None]
+    if len(classes) != 1:
+        return None
+    if classes[0] == "self_contained":
+        return f"root-{Path(str(item.path)).stem}"
+    return HOST_GROUP
+
+
+_unclassified: list[str] = []
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     # At collection, before any collection_modifyitems hook (xdist's reads the groups there).
-    if item.get_closest_marker("root") is not None:
-        item.add_marker(pytest.mark.xdist_group("root"))
+    if item.get_closest_marker("root") is None:
+        return
+    group = root_group(item)
+    if group is None:
+        _unclassified.append(item.nodeid)
+        group = HOST_GROUP  # (the run stops below; never side by side meanwhile)
+    item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _unclassified:
+        choices = "; ".join(f"@pytest.mark.{name}: {what}" for name, what in ROOT_CLASSES.items())
+        raise pytest.UsageError(
+            f"{len(_unclassified)} root tests do not say how they share the host "
+            f"({', '.join(_unclassified[:5])}{' ...' if len(_unclassified) > 5 else ''}) "
+            f"(fix: mark each with exactly one of: {choices}; see tests/conftest.py)"
+        )
     # xdist marks a grouped test by its node id; where that silently stops working
     # (pytest-dev/pytest-xdist#1386) root tests would run side by side: refuse instead.
     if getattr(config.option, "loadgroup", False):

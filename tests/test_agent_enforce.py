@@ -23,7 +23,7 @@ from gpuguard.respond.cgroup_blocks import cgroup2_mount
 from tests.support.agent_run import REPO, AgentProcess, finding_for
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 
 def _config(tmp_path: Path, text: str) -> Path:

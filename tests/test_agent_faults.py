@@ -23,7 +23,7 @@ from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
 from tests.support.agent_run import log_records, until
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from tests.support.randomx import LoopbackPool
 from tests.support.schemas import ecs_errors, ocsf_errors, strict_cef
 from tests.support.workloads import build_workload, private_dev_command
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 WALLET = "4" + "7" * 94  # Monero-shaped; no one's wallet
 INTERVAL_S = 8.0  # findings.update_interval_s of these agents

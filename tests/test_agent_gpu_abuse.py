@@ -27,7 +27,7 @@ from tests.fakes.fake_pynvml import MIB, FakeGpu, FakeNvml, FakeProcess
 from tests.support.agent_run import log_records, until
 from tests.support.workloads import run_with_gpu_nodes
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 GIB = 1024 * MIB
 

@@ -79,6 +79,7 @@ def agent_config(tmp_path: Path, port: int, stall_s: float) -> Path:
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_stalled_detect_loop_turns_healthz_to_503_and_back(tmp_path, monkeypatch):
     port = free_port()
     stall = tmp_path / "stall"
@@ -113,6 +114,7 @@ def test_a_stalled_detect_loop_turns_healthz_to_503_and_back(tmp_path, monkeypat
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_readyz_once_the_probes_are_attached(tmp_path):
     port = free_port()
     config = agent_config(tmp_path, port, 30)

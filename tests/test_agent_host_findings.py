@@ -30,7 +30,7 @@ from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import MIB, FakeAccounting, FakeGpu, FakeNvml, FakeProcess
 from tests.support.agent_run import log_records, until
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 GIB = 1024 * MIB
 IDLE_USED = 480 * MIB  # idle.gpus.json: memory_used 503316480 with no process

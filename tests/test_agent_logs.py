@@ -337,6 +337,7 @@ def test_a_file_renamed_away_by_logrotate_is_reopened(tmp_path):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_full_disk_is_a_reported_fault_and_recovers(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()

@@ -20,6 +20,7 @@ STOP_WITHIN_S = (
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_sigterm_during_an_exec_flood_stops_the_agent_and_accounts_for_the_queue(tmp_path):
     flooder = build_c_program(EXEC_FLOOD)
     agent = AgentProcess(tmp_path)
@@ -95,6 +96,7 @@ def test_compiler_mappings_are_read_from_the_maps_text():
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_the_compiler_pages_go_back_once_the_probes_are_loaded():
     from gpuguard.sources.ebpf.probe_source import ProbeSettings
     from gpuguard.sources.ebpf.sensor import Sensor

@@ -19,7 +19,7 @@ from tests.support.randomx import stop
 from tests.test_randomx_session import huge_pages
 from tests.test_scan_support import findings_for_pid, scan_json
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
 
 SPIN_JAVA = """
 import java.io.*; import java.net.*;

@@ -49,6 +49,7 @@ def test_print_probes_shows_the_compiled_c_without_root():
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 @pytest.mark.parametrize(
     "command",
     [["watch", "--duration", "1"], ["record", "--output", "/tmp/x.ggrec", "--duration", "1"]],
@@ -62,6 +63,7 @@ def test_sensor_commands_without_root_give_one_line_and_exit_2(command):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_missing_kernel_headers_is_one_line(tmp_path, monkeypatch):
     code = (
         "import os, gpuguard.sources.ebpf.preflight as p\n"
@@ -78,6 +80,7 @@ def test_missing_kernel_headers_is_one_line(tmp_path, monkeypatch):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_record_then_replay_reads_back_exactly(tmp_path):
     rec = tmp_path / "capture.ggrec"
     recorder = start_recorder(rec, "--duration", "6", "--interval", "0.2")
@@ -113,6 +116,7 @@ def test_record_then_replay_reads_back_exactly(tmp_path):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_record_keeps_the_pool_a_miner_hides_in_its_config_file(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(
@@ -133,6 +137,7 @@ def test_record_keeps_the_pool_a_miner_hides_in_its_config_file(tmp_path):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_replay_of_a_truncated_recording_shows_the_prefix_then_one_error(tmp_path):
     rec = tmp_path / "capture.ggrec"
     recorder = start_recorder(rec, "--duration", "4", "--gpu-interval", "0")

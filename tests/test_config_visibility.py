@@ -116,6 +116,7 @@ def test_config_validate_names_a_missing_file_or_a_fifo(tmp_path):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_failed_reload_shows_on_stderr_in_status_and_as_a_metric(tmp_path):
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir(mode=0o700)

@@ -64,6 +64,7 @@ def test_unit_hardening():
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_systemd_analyze_verify_and_security(tmp_path):
     analyze = shutil.which("systemd-analyze")
     assert analyze, (
@@ -471,6 +472,7 @@ def _rules_info(port: int) -> tuple[str, float]:
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_rules_configmap_update_reaches_the_running_agent_and_its_version_label(tmp_path):
     from gpuguard.detect.ruleset.shipped import shipped_rules_file
     from tests.support.agent_run import AgentProcess, until

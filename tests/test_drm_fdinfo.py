@@ -302,6 +302,7 @@ def test_open_samplers_on_this_gpu_less_machine_reports_one_line():
 
 
 @pytest.mark.root
+@pytest.mark.host_observer
 def test_real_proc_finds_a_drm_named_fd_with_no_data():
     # A private mount namespace with its own /dev where renderD128 is the null device
     # (platform.md): the fd link reads /dev/dri/renderD128 in the host's /proc.

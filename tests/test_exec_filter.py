@@ -75,6 +75,7 @@ def poll_until(sensor, seconds: float, done=lambda events: False) -> list:
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_short_execs_are_counted_per_cgroup_and_not_sent_up(sensor):
     with own_cgroup() as (cgroup, cgroup_id):
         proc = flood(500, 2, cgroup)
@@ -95,6 +96,7 @@ def test_short_execs_are_counted_per_cgroup_and_not_sent_up(sensor):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_short_exec_that_connects_is_sent_up_before_its_connect(sensor):
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -115,6 +117,7 @@ def test_a_short_exec_that_connects_is_sent_up_before_its_connect(sensor):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_plain_exec_that_lives_is_sent_up_with_its_command_line(sensor):
     proc = subprocess.Popen(["/bin/sleep", "6"])
     try:
@@ -130,6 +133,7 @@ def test_a_plain_exec_that_lives_is_sent_up_with_its_command_line(sensor):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_the_ancestry_of_a_gpu_opener_below_a_flood_of_short_execs_is_complete(sensor):
     # The opener runs from a directory the filter does not look for (not /tmp), below two
     # forking shells: none of the three is sent up at its exec; all three are at the GPU open.
@@ -180,6 +184,7 @@ def _quote(arg: str) -> str:
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_an_exec_flood_does_not_blind_the_agent_to_a_miner_started_during_it(tmp_path):
     agent = AgentProcess(tmp_path, "--sensor", "ebpf")
     miner = None
@@ -219,6 +224,7 @@ def test_an_exec_flood_does_not_blind_the_agent_to_a_miner_started_during_it(tmp
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_short_exec_of_a_name_the_rules_list_goes_up_at_once(sensor):
     place = Path(f"/run/gg-exec-filter-{os.getpid()}")
     place.mkdir()

@@ -26,7 +26,7 @@ from gpuguard.events.abi import device_class_name
 from gpuguard.events.devices import classify_device_path
 from tests.support.workloads import GPU_NODES, build_workload, run_with_gpu_nodes
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
 
 HUGEPAGES_2M = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"
 

@@ -109,6 +109,7 @@ def test_recording_to_special_files_is_refused_without_blocking(tmp_path):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 @pytest.mark.parametrize("target", ["/dev/null", "fifo"])
 def test_record_to_a_special_file_is_one_line(tmp_path, target):
     if target == "fifo":
@@ -136,12 +137,16 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def _exec_flood(stop: threading.Event) -> None:
+def _exec_flood(stop: threading.Event, flowing: threading.Event | None = None) -> None:
+    # ``flowing`` (when given) pauses the flood while it is clear.
     while not stop.is_set():
+        if flowing is not None and not flowing.wait(0.1):
+            continue
         subprocess.run(["/bin/true"], check=False)
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_record_on_a_disk_that_fills_reports_it_in_one_line(small_disk):
     output = small_disk / "rec.ggr"
     stop = threading.Event()
@@ -173,9 +178,11 @@ def test_record_on_a_disk_that_fills_reports_it_in_one_line(small_disk):
     assert "Traceback" not in replay.stderr
 
 
-def _connect_flood(stop: threading.Event) -> None:
+def _connect_flood(stop: threading.Event, flowing: threading.Event | None = None) -> None:
     # Refused connects on loopback: one connect event each, as fast as Python goes.
     while not stop.is_set():
+        if flowing is not None and not flowing.wait(0.1):
+            continue
         s = socket.socket()
         try:
             s.connect(("127.0.0.1", 9))
@@ -206,6 +213,7 @@ def _stderr_lines(proc: subprocess.Popen) -> list[tuple[float, str]]:
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 @pytest.mark.parametrize("command", ["watch", "record"])
 def test_sigterm_and_sigint_under_an_event_flood_stop_promptly(tmp_path, command):
     """The stop request is honoured, the final drain done and the summary written
@@ -217,16 +225,21 @@ def test_sigterm_and_sigint_under_an_event_flood_stop_promptly(tmp_path, command
     (benchmarks/README-sensor.md).  So the sensor hands a second reference to
     every probe fd to a keeper process, which pays for the release after we
     exit: the command itself exits within the issue's second.
+
+    The floods pause while each command compiles and loads its probes (a start-up under
+    the flood took several times as long, and is not what this test is about) and flow
+    again, through the callback, before the signal is sent.
     """
-    stop = threading.Event()
+    stop, flowing = threading.Event(), threading.Event()
     floods = [
-        threading.Thread(target=_connect_flood, args=(stop,), daemon=True),
-        threading.Thread(target=_exec_flood, args=(stop,), daemon=True),
+        threading.Thread(target=_connect_flood, args=(stop, flowing), daemon=True),
+        threading.Thread(target=_exec_flood, args=(stop, flowing), daemon=True),
     ]
     for t in floods:
         t.start()
     try:
         for attempt, sig in enumerate([signal.SIGTERM, signal.SIGINT] * 3):
+            flowing.clear()
             if command == "watch":
                 proc = subprocess.Popen(
                     [*GPUGUARD, "watch", "--json", "--all", "--stats"],
@@ -234,11 +247,16 @@ def test_sigterm_and_sigint_under_an_event_flood_stop_promptly(tmp_path, command
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                 )
+                for line in proc.stderr:  # the probes are attached once it says so
+                    if b"gpuguard: watching" in line:
+                        break
+                flowing.set()
                 first = proc.stdout.readline()  # the flood is flowing through the callback now
                 assert json.loads(first)["kind"]
                 threading.Thread(target=proc.stdout.read, daemon=True).start()
             else:
                 proc = start_recorder(tmp_path / f"r{attempt}.ggr", "--gpu-interval", "0")
+                flowing.set()
             lines = _stderr_lines(proc)
             time.sleep(0.5)
             sent = time.monotonic()

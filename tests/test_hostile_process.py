@@ -25,7 +25,7 @@ import pytest
 
 from tests.test_cli_sensor import GPUGUARD, REPO, start_recorder
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 NAME = b"\x1b]0;pwn\x07\n$(id)\xff"  # 15 bytes: the whole of comm
 ARGS = [

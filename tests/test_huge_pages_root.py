@@ -28,7 +28,7 @@ from gpuguard.sources.proc.huge_pages import process_hugetlb, read_host_tuning
 from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
 
 MIB = 1 << 20
 GIB = 1 << 30

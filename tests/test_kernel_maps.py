@@ -6,7 +6,7 @@ import pytest
 
 from gpuguard.sources.ebpf.kernel_maps import array_items
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 PROGRAM = """
 struct leaf { u64 owner; u32 small; u8 pad[12]; };

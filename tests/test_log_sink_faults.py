@@ -57,6 +57,7 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_full_disk_leaves_whole_records_and_exact_counts(small_disk):
     path = small_disk / "agent.log"
     writer = open_log(str(path), "ecs", queue_size=0, max_bytes=1 << 20, host=HOST)
@@ -83,6 +84,7 @@ def test_a_full_disk_leaves_whole_records_and_exact_counts(small_disk):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_fragment_left_in_the_file_is_never_glued_to_the_next_record(tmp_path):
     path = tmp_path / "agent.log"
     path.write_bytes(b'{"a crash mid-write": tru')  # an earlier run died inside a record
@@ -145,6 +147,7 @@ def test_a_udp_collector_that_comes_back_gets_one_recovery_note_naming_the_gap()
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_tcp_collector_away_gets_the_spooled_records_in_order_when_back(tmp_path):
     (tmp_path / "rsyslog").mkdir()
     daemon = Rsyslogd(tmp_path / "rsyslog", *free_ports())

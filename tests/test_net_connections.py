@@ -32,6 +32,7 @@ def _time_wait_socket() -> tuple[str, int]:
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_time_wait_sockets_are_ownerless_not_unmapped_as_root():
     local = _time_wait_socket()
     table = read_connection_table()
@@ -41,6 +42,7 @@ def test_time_wait_sockets_are_ownerless_not_unmapped_as_root():
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_time_wait_is_not_a_blind_spot_without_root_either():
     local = _time_wait_socket()
     code = (

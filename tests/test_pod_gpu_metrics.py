@@ -32,7 +32,7 @@ from gpuguard.sources.proc.pod_names import PodNames, PodRef
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess
 from tests.support.agent_run import until
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 TRACES = Path(__file__).resolve().parent / "traces" / "h100"
 CGROUP_ROOT = Path(cgroup2_mount())  # /sys/fs/cgroup/unified on this hybrid host

@@ -25,7 +25,7 @@ from tests.support.randomx import INSTALL_DIR, LoopbackPool, cpu_hog, start_stan
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE_S = 120.0
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
 
 
 def _python_with_numpy() -> str | None:

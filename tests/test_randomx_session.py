@@ -68,6 +68,7 @@ def test_the_standins_client_hello_is_openssls_default_without_sni_or_alpn():
 
 
 @pytest.mark.root
+@pytest.mark.host_mutator
 def test_the_standin_keeps_a_tls_session_with_job_pushes_and_small_submits():
     """Jobs pushed by the pool and submits at random moments, all small records: what tcp_info
     shows of it (scan's one look) is a quiet session with more segments in than out."""
@@ -95,6 +96,7 @@ def test_the_standin_keeps_a_tls_session_with_job_pushes_and_small_submits():
 
 
 @pytest.mark.root
+@pytest.mark.host_mutator
 def test_the_standins_fast_mode_maps_a_2_gib_dataset_in_huge_pages():
     """RandomX's fast mode: the 256 MiB cache and the 2080 MiB dataset built from it."""
     with tempfile.TemporaryDirectory(prefix="gg-rx-fast-") as tmp:
@@ -124,6 +126,7 @@ def _verdict(doc: dict, pid: int) -> tuple[str, set[str]]:
 
 
 @pytest.mark.root
+@pytest.mark.host_mutator
 def test_gpuguard_scan_flags_the_standin_on_a_quiet_host_and_on_a_loaded_one():
     """Its cache in huge pages, TLS to an IP with no SNI, settings on stdin: a 0.5 s scan finds
     it from lifetime evidence (a thread runnable all its life, the huge pages, its session

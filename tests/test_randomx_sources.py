@@ -107,6 +107,7 @@ def test_a_niced_spinner_on_a_busy_host_stays_runnable_while_a_sleeper_does_not(
 
 
 @pytest.mark.root
+@pytest.mark.host_mutator
 def test_fpu_probe_counts_rounding_switches_of_the_standin_only():
     probe = FpuProbe.open()
     assert probe.loaded, probe.blind_spot
@@ -150,6 +151,7 @@ def test_fpu_probe_counts_rounding_switches_of_the_standin_only():
 
 
 @pytest.mark.root
+@pytest.mark.host_mutator
 def test_fpu_probe_declares_its_blind_spot_without_btf():
     probe = FpuProbe.open(btf_path="/nonexistent/vmlinux")
     assert not probe.loaded and probe.counts() == {}
@@ -161,6 +163,7 @@ def test_fpu_probe_declares_its_blind_spot_without_btf():
 
 
 @pytest.mark.root
+@pytest.mark.host_mutator
 def test_scan_sees_a_throttled_standin_with_huge_pages_from_its_lifetime():
     """Huge pages reserved for it, one worker at nice 19 beside two hogs, TLS to an IP: a
     scan with a 0.5 s CPU window finds the thread that never sleeps from its lifetime totals."""

@@ -27,7 +27,7 @@ from tests.support.respond import (
 )
 from tests.support.workloads import build_workload
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 
 def test_blocks_and_unblock_round_trip(capsys):

@@ -114,6 +114,7 @@ def test_bad_policies_name_the_problem(section, words):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_responder_acts_on_a_policy_verdict():
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],

@@ -137,6 +137,7 @@ def _runs_and_connects(argv: list[str], cgroup: Path | None = None) -> tuple[int
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_scripted_offender_under_a_copied_interpreter_blocks_its_script_never_the_interpreter(
     tmp_path, scope, listener
 ):
@@ -198,6 +199,7 @@ def test_a_scripted_offender_under_a_copied_interpreter_blocks_its_script_never_
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_renamed_copy_of_a_native_offender_dies_at_exec_in_scope_and_lives_outside(
     tmp_path, scope, listener
 ):
@@ -237,6 +239,7 @@ def test_a_renamed_copy_of_a_native_offender_dies_at_exec_in_scope_and_lives_out
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_recycled_pid_is_never_signalled_nor_its_exe_blocked(tmp_path, scope):
     from gpuguard.events.model import Exec
     from gpuguard.sources.ebpf.probe_source import ProbeSettings
@@ -290,6 +293,7 @@ def test_a_recycled_pid_is_never_signalled_nor_its_exe_blocked(tmp_path, scope):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_exact_copies_are_the_offenders_own_and_other_files_at_its_path_trip_the_breaker(
     tmp_path, scope, listener
 ):
@@ -345,6 +349,7 @@ def test_python_stays_usable(listener):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_pidfd_is_opened_at_the_exec_and_closed_at_the_exit(tmp_path):
     """The correlator's identity at first sight: a pidfd proven by the exec's exit generation."""
     from gpuguard.correlate.correlator import Correlator
@@ -395,6 +400,7 @@ int main(void) {
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_leader_that_calls_pthread_exit_is_still_reached(tmp_path, scope):
     """Only the group's death moves the exit generation: a miner cannot look exited to dodge a kill."""
     from gpuguard.events.model import Exec
@@ -434,6 +440,7 @@ def test_a_leader_that_calls_pthread_exit_is_still_reached(tmp_path, scope):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_no_kernel_entry_outlives_the_process_it_was_put_in_for(tmp_path):
     """An entry that lands after its process exited would block the pid's next owner: none stays."""
     from gpuguard.respond.bpf_pins import ensure_pin_root

@@ -22,7 +22,7 @@ from gpuguard.respond.nft import NftSets
 from gpuguard.respond.settings import HookSettings
 from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 HOSTILE_NAMES = [
     "$(touch /tmp/gg-pwned-{pid})",

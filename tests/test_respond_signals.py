@@ -24,7 +24,7 @@ from tests.support.respond import (
     verdict_for,
 )
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 
 @pytest.fixture

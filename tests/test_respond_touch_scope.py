@@ -31,7 +31,7 @@ from tests.support.respond import cleanup, settings_for_test, state_of, verdict_
 from tests.support.touch_scope import run_in, scope_cgroup, start_in
 from tests.support.workloads import build_workload
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 
 @pytest.fixture

@@ -142,6 +142,7 @@ def test_fifo_yara_file_does_not_hang_validate(tmp_path):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_fifo_yara_file_does_not_hang_scan_even_with_no_yara(tmp_path):
     path = _rules_with_fifo_yara(tmp_path)
     done = run_scan("--rules", str(path), "--no-yara", "--cpu-sample", "0", timeout=60)
@@ -188,6 +189,7 @@ def test_catastrophic_regex_scores_an_attacker_command_line_in_linear_time(tmp_p
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_catastrophic_regex_does_not_hang_scan(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(CATASTROPHIC)

@@ -247,6 +247,7 @@ def _scan(capsys, *argv: str) -> tuple[int, dict]:
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_scan_gpu_window_flags_the_covert_miner_by_behaviour(covert_host, capsys):
     code, doc = _scan(capsys, "--gpu-window", "3")
     assert any(
@@ -285,6 +286,7 @@ def test_scan_gpu_window_flags_the_covert_miner_by_behaviour(covert_host, capsys
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_without_a_window_and_accounting_the_shape_is_not_enough(covert_host, capsys, monkeypatch):
     """Without accounting, 14 s of history + 0 s of window cannot show a minute of flat use: no verdict."""
     fake_module = sys.modules["pynvml"]

@@ -49,6 +49,7 @@ def test_world_writable_rules_file_refused(tmp_path: Path):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_non_root_scan_degrades_and_says_what_it_missed():
     with sleeper():  # at least one root-owned process the scan cannot look into
         result = run_scan("--json", "--no-yara", user="nobody")
@@ -68,6 +69,7 @@ def test_non_root_scan_degrades_and_says_what_it_missed():
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_non_root_table_lists_blind_spots():
     result = run_scan("--no-yara", "--cpu-sample", "0", user="nobody")
     assert "Traceback" not in result.stderr and result.returncode in (0, 1)
@@ -75,6 +77,7 @@ def test_non_root_table_lists_blind_spots():
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_deep_scan_reads_memory(tmp_path: Path):
     rc, doc, stderr = scan_json("--deep", "--cpu-sample", "0", "--root", str(tmp_path))
     assert doc["scanner"]["options"]["deep"] is True
@@ -95,6 +98,7 @@ def _facts_of_self():
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_yara_cache_persists_across_runs(tmp_path: Path, yara_paths):
     cache_dir = tmp_path / "cache"
     first = PersistentYaraScanner.for_files(yara_paths, cache_dir)
@@ -113,6 +117,7 @@ def test_yara_cache_persists_across_runs(tmp_path: Path, yara_paths):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_yara_cache_from_other_rules_is_discarded(tmp_path: Path, yara_paths):
     cache_dir = tmp_path / "cache"
     scanner = PersistentYaraScanner.for_files(yara_paths, cache_dir)
@@ -127,6 +132,7 @@ def test_yara_cache_from_other_rules_is_discarded(tmp_path: Path, yara_paths):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_yara_cache_not_trusted_when_others_can_write(tmp_path: Path, yara_paths):
     cache_dir = tmp_path / "cache"
     PersistentYaraScanner.for_files(yara_paths, cache_dir).scan_process(_facts_of_self())
@@ -148,6 +154,7 @@ def test_yara_cache_not_trusted_when_others_can_write(tmp_path: Path, yara_paths
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_yara_cache_key_changes_when_file_rewritten_in_place(tmp_path: Path, yara_paths):
     target = tmp_path / "binary"
     target.write_bytes(b"\x7fELF" + b"\0" * 100)

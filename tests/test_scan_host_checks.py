@@ -262,6 +262,7 @@ def test_world_writable_gpu_files_under_root(tmp_path: Path):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_world_writable_character_node_reported_by_cli(tmp_path: Path):
     root = tmp_path / "root"
     (root / "dev").mkdir(parents=True)
@@ -383,6 +384,7 @@ def test_pid_hidden_by_preload_hook_is_found(tmp_path: Path):
 
 
 @pytest.mark.root  # a pid namespace of its own
+@pytest.mark.self_contained
 def test_no_hidden_pids_without_a_hook(tmp_path: Path):
     # In a pid namespace of its own the scan's host is what this test started, so "nothing hidden"
     # is an assertion about those processes, not about whatever else the machine runs.  The two

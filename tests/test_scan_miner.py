@@ -28,7 +28,7 @@ from test_scan_support import (
     write_rules_override,
 )
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from gpuguard.sources.proc.hidden_pids import find_hidden_pids, list_proc_pids
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_gpu_holders_seen_through_a_private_dev():
     with (
         tempfile.TemporaryDirectory(dir="/tmp") as tmp,

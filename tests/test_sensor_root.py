@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 RM_CONTROL = 0xC020462A
 RM_ALLOC = 0xC030462B

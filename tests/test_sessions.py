@@ -138,6 +138,7 @@ def test_sessions_are_bounded_keeping_the_longest_lived():
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_the_kernel_records_a_tls_pool_session_of_a_gpu_holder(tmp_path):
     from test_scan_behaviour import TlsPool
 
@@ -223,6 +224,7 @@ sys.stdin.readline()
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_activity_slots_are_bounded_counted_when_full_and_freed_on_close():
     """Two activity slots for the whole host: the third connection is counted lost, a close frees a slot."""
     import socket
@@ -286,6 +288,7 @@ while True:
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_the_agent_watches_the_sessions_of_a_process_scored_above_the_threshold(tmp_path):
     """No GPU: a process whose command line names a stratum pool scores above ``sessions.watch_score``
     and the agent gives its connection an activity record; the same program with a

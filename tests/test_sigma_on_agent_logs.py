@@ -39,7 +39,7 @@ from tests.support import sigma_exec
 from tests.support.agent_run import REPO, finding_for, lifecycle, miner_simulator, running_agent
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 SIGMA = REPO / "packaging" / "sigma"
 NV_ESC_RM_ALLOC = (3 << 30) | (48 << 16) | (ord("F") << 8) | 0x2B

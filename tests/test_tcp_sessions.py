@@ -138,6 +138,7 @@ def test_the_reader_dumps_only_for_new_sockets_and_asks_for_known_ones_by_tuple(
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_tls_pool_session_shows_bytes_and_segments_each_way(tmp_path):
     from gpuguard.sources.ebpf.probe_source import ProbeSettings
     from gpuguard.sources.ebpf.sensor import Sensor
@@ -218,6 +219,7 @@ time.sleep(60)
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_a_socket_in_another_network_namespace_is_seen():
     name = f"gg-tcpinfo-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", name], check=True)
@@ -393,6 +395,7 @@ def test_a_scan_window_of_60_s_shows_a_15_s_cadence_from_three_writes(ruleset):
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_scan_reports_the_session_cadence_of_a_gpu_holder(covert_host, capsys, tmp_path):  # noqa: F811 - the fixture
     rules = tmp_path / "cadence.yaml"
     rules.write_text(

@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent.parent / "workloads" / "randomx_standin.c"
-INSTALL_DIR = Path("/opt/gg-test-randomx")  # an ordinary path: not a temporary directory
+# An ordinary path, not a temporary directory; one per test process, so a run beside this one
+# (another worker, another checkout) never removes the stand-ins this one installed.
+INSTALL_DIR = Path(f"/opt/gg-test-randomx-{os.getpid()}")
 
 
 def build_standin() -> Path:

@@ -44,6 +44,7 @@ def kept_in_kernel(doc: dict, cgroup_id: int) -> int:
 
 
 @pytest.mark.root
+@pytest.mark.host_mutator  # thousands of execs a second and a miner-shaped process: loads the whole host
 def test_a_miner_started_during_an_exec_flood_is_flagged_and_sigterm_stops_the_agent(tmp_path):
     agent = AgentProcess(tmp_path, "--sensor", "ebpf")
     miner = None
@@ -91,6 +92,7 @@ def test_a_miner_started_during_an_exec_flood_is_flagged_and_sigterm_stops_the_a
 
 
 @pytest.mark.root
+@pytest.mark.host_mutator  # thousands of execs a second and a miner-shaped process: loads the whole host
 def test_reload_and_sigterm_end_under_a_flood_of_execs_that_are_all_sent_up(tmp_path):
     """exit0 named lspci (a name the rules list): every exec goes up in full, more than the agent
     reads on this host; a reload and a stop still come through, and what was left is counted."""

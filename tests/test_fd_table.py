@@ -26,6 +26,7 @@ _CHILD = (
 
 
 @pytest.mark.root
+@pytest.mark.self_contained
 def test_one_walk_serves_holders_drm_clients_and_socket_owners():
     with pool_listener() as pool:
         child = subprocess.Popen(

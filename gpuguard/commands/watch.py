@@ -122,11 +122,12 @@ def run(args: argparse.Namespace) -> int:
     sensor = start_sensor(args)
     stop = StopRequest(sensor)
     view = None if args.json else LiveView(sys.stdout, show_all=args.all)
-    if view is not None:
-        print(
-            f"gpuguard: watching GPU devices (probes loaded in {sensor.stats.startup_seconds:.2f} s); Ctrl-C stops",
-            file=sys.stderr,
-        )
+    # Said in both modes, on stderr (stdout stays the events alone): whoever
+    # starts watch in a pipeline learns when the probes are attached.
+    print(
+        f"gpuguard: watching GPU devices (probes loaded in {sensor.stats.startup_seconds:.2f} s); Ctrl-C stops",
+        file=sys.stderr,
+    )
     deadline = time.monotonic() + args.duration if args.duration else None
     try:
         while not stop.requested and (deadline is None or time.monotonic() < deadline):

@@ -395,9 +395,6 @@ def test_every_defined_signal_is_in_the_one_list():
 
 
 MAX_DOCSTRING_LINES = 15
-# Modules whose docstrings are being rewritten on other branches of issue 19 (the pipeline split,
-# detect/ split by job): they get the line bound when those land.
-DOCSTRING_LENGTH_PENDING = {"agent/pipeline.py", "agent/__init__.py", "detect/__init__.py"}
 
 
 def summary_problem(path: Path) -> str | None:
@@ -412,10 +409,7 @@ def summary_problem(path: Path) -> str | None:
         return f"first line is {len(lines[0])} characters (at most 100)"
     if len(lines) > 1 and lines[1].strip():
         return "the first sentence runs onto a second line (one summary line, then a blank line)"
-    pending = path.is_relative_to(PACKAGE) and (
-        str(path.relative_to(PACKAGE)) in DOCSTRING_LENGTH_PENDING
-    )
-    if len(lines) > MAX_DOCSTRING_LINES and not pending:
+    if len(lines) > MAX_DOCSTRING_LINES:
         return f"{len(lines)} lines (at most {MAX_DOCSTRING_LINES}: move the essay to docs/)"
     return None
 

@@ -1,30 +1,13 @@
 """The agent: the daemon that runs sensor, samplers, correlator, scoring, actions and logs together.
 
-Data flow, one module per stage:
+The flow is its file layout: :mod:`.pipeline` builds the stages in :mod:`.stages`
+(s1_produce .. s7_emit) and orders them; :mod:`.startup`, :mod:`.housekeeping`,
+:mod:`.reload`, :mod:`.status_writer` and :mod:`.teardown` hold the rest of its life.
+What the stages share is in :mod:`.context`; work that goes back against the flow
+travels through the queues in :mod:`.feedback`.  The module map is in
+docs/internals.md ("agent"); selftest, simulator and enforce scope are in
+:mod:`gpuguard.proving`.
 
-* :mod:`.config` — agent.yaml and its defaults;
-* :mod:`.intake` — the bounded queue every producer feeds (drops are counted);
-* :mod:`.counters` — every counter, in one plain object (state file, metrics, summary);
-* :mod:`.producers` — the sensor thread, one sampler thread per GPU source,
-  and the /proc sweep (start-up seed; periodic in reduced mode);
-* :mod:`.pipeline` — builds the stages and orders them (start-up, the loop, teardown);
-* :mod:`.stages` — the flow, one module per stage in flow order: produce, enrich
-  (facts, YARA), correlate, score (:mod:`gpuguard.detect.scoring.engine`), report (findings,
-  guard policies, GPU host checks), act (the responder), emit (log, state file);
-* :mod:`.context` — what the stages share; :mod:`.feedback` — the explicit queues that
-  carry work back against the flow (sensor requests, the responder's later outcomes);
-* :mod:`.startup`, :mod:`.housekeeping`, :mod:`.reload`, :mod:`.status_writer`,
-  :mod:`.teardown` — start-up steps, periodic upkeep, rule/config reloads, the state
-  file's schedule, the always-run teardown;
-* :mod:`.telemetry` — the SIEM log (:mod:`gpuguard.outputs.log_writer`) and the
-  Prometheus metrics (:mod:`gpuguard.outputs.metrics`), fed from the counters;
-* :mod:`.actions` — the action interface the responder plugs into;
-* :mod:`.status_file` — the root-only state file ``gpuguard status`` reads.
-
-The tools that prove the agent works (selftest, simulator, enforce scope) live in
-:mod:`gpuguard.proving`, above this package.
-
-May import: every layer below it (errors, escape, events, sources,
-correlate, detect, respond, outputs); proving, commands and cli sit above
-it (tests/test_layers.py).
+May import: every layer below it (errors, escape, events, sources, correlate, detect,
+respond, outputs); proving, commands and cli sit above it (tests/test_layers.py).
 """

@@ -30,6 +30,7 @@ from gpuguard.detect.ruleset.load import load_ruleset
 from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.detect.scoring.score import score_process
+from gpuguard.detect.signals import memo
 from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.detect.signals.rescore import (
     COUNT_SIGNALS,
@@ -152,11 +153,8 @@ def random_event(rng: random.Random, pid: int, t: float):
 
 
 def from_scratch(state: ProcessState, ruleset, now: float):
-    kept, state.derived = state.derived, {}
-    try:
+    with memo.set_aside(state):
         return score_process(state, ruleset, now)
-    finally:
-        state.derived = kept
 
 
 def essence(verdict, ruleset):
@@ -223,7 +221,7 @@ def test_incremental_verdicts_equal_full_evaluation(ruleset, seed):
                 if state in c.gpu_moved:
                     # Its new GPU samples wait for the engine's next look (bounded delay): the
                     # last look, or scoring, was less than GPU_CHECK_EVERY_S ago.
-                    assert t - state.derived["gpu-answers"][1] < GPU_CHECK_EVERY_S
+                    assert t - memo.entries_of(state)["gpu-answers"][1][1] < GPU_CHECK_EVERY_S
                     pending += 1
                     continue
                 # At the verdict's own time: rates and windows are functions of the clock.
@@ -276,7 +274,7 @@ def test_kept_outcomes_are_not_reused_by_another_rule_set(tmp_path):
 
 
 def all_signals(state: ProcessState, now: float) -> dict:
-    state.derived.clear()
+    memo.forget(state)
     reader = SignalReader(state, now)
     return {
         name: copy.copy(reader[name]) for name in SIGNALS

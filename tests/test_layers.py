@@ -442,8 +442,16 @@ def test_the_docstring_check_catches_long_and_wrapped_first_lines(tmp_path):
 STAGES = PACKAGE / "agent" / "stages"
 PIPELINE_MAX_LINES = 150
 # What correlation owns on a process's state: only correlate (and its Correlator.apply_scoring)
-# writes these; the engine returns them in a Scoring, stages read them.
-CORRELATION_OWNED = {"verdict", "dirty", "derived", "parent_verdict"}
+# writes these; the engine returns them in a Scoring, stages read them.  What detect derives
+# from a state it keeps in its own memo (detect.signals.memo), stamped with the generations.
+CORRELATION_OWNED = {
+    "verdict",
+    "dirty",
+    "parent_verdict",
+    "facts_gen",
+    "network_gen",
+    "devices_gen",
+}
 
 
 def test_the_pipeline_only_builds_and_orders_the_stages():
@@ -467,7 +475,7 @@ def stage_imports_later_stage(path: Path) -> list[str]:
 
 
 def writes_to_correlation_state(path: Path) -> list[str]:
-    """``x.verdict = ...``, ``x.dirty = ...``, ``x.derived[k] = ...`` on anything but ``self``."""
+    """``x.verdict = ...``, ``x.dirty = ...``, ``x.facts_gen += 1`` on anything but ``self``."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Assign):
@@ -499,13 +507,21 @@ def test_a_stage_imports_no_later_stage(path):
 @pytest.mark.parametrize(
     "path",
     [
-        PACKAGE / "detect" / "scoring" / "engine.py",
+        *sorted((PACKAGE / "detect").rglob("*.py")),
         *(p for p in STAGE_FILES if stage_order(p) != 3),
     ],
     ids=lambda p: str(p.relative_to(PACKAGE)),
 )
 def test_only_correlation_writes_its_verdicts_and_dirty_marks(path):
-    assert writes_to_correlation_state(path) == []
+    found = writes_to_correlation_state(path)
+    assert [
+        w for w in found if (w.split(":", 1)[0], w.rsplit(".", 1)[1]) not in NOT_PROCESS_STATE
+    ] == []
+
+
+# Writes the name-based check takes for a process state's and that are not: a host finding's
+# verdict, which detect.host gives it from the rule set's thresholds.
+NOT_PROCESS_STATE = {("checks.py", "verdict")}
 
 
 def test_the_stage_checks_catch_a_backward_import_and_a_foreign_write(tmp_path, monkeypatch):
@@ -513,7 +529,7 @@ def test_the_stage_checks_catch_a_backward_import_and_a_foreign_write(tmp_path, 
     stages.mkdir(parents=True)
     (stages / "s2_enrich.py").write_text("from gpuguard.agent.stages.s5_report import X\n")
     (stages / "s5_report.py").write_text(
-        "def f(state, v):\n    state.verdict = v\n    state.derived['k'] = 1\n    self.dirty = 1\n"
+        "def f(state, v):\n    state.verdict = v\n    state.facts_gen += 1\n    self.dirty = 1\n"
     )
     monkeypatch.setattr(__import__(__name__), "STAGES", stages)
     monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path)
@@ -522,5 +538,5 @@ def test_the_stage_checks_catch_a_backward_import_and_a_foreign_write(tmp_path, 
     ]
     assert writes_to_correlation_state(stages / "s5_report.py") == [
         "s5_report.py:2 writes .verdict",
-        "s5_report.py:3 writes .derived",
+        "s5_report.py:3 writes .facts_gen",
     ]

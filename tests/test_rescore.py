@@ -26,6 +26,7 @@ from gpuguard.detect.ruleset.load import load_ruleset
 from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.detect.scoring.score import score_process
+from gpuguard.detect.signals import memo
 from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.detect.signals.rescore import AGE_CHECK_EVERY_S, GPU_CHECK_EVERY_S, GPU_SAMPLE_SIGNALS
 from gpuguard.detect.signals.table import SIGNALS
@@ -46,11 +47,8 @@ def ruleset():
 
 
 def _fresh(state: ProcessState, ruleset, now: float) -> tuple:
-    kept, state.derived = state.derived, {}
-    try:
+    with memo.set_aside(state):
         v = score_process(state, ruleset, now)
-    finally:
-        state.derived = kept
     return v.verdict, v.score, tuple(sorted(e.rule_id for e in v.evidence))
 
 
@@ -184,7 +182,7 @@ def test_a_gpu_sample_that_changes_no_answer_does_not_rescore(ruleset):
     assert len(rescored) == 2
     assert 10 <= rescored[0] <= 10 + DELAY_S and 60 <= rescored[1] <= 60 + DELAY_S
     # The look itself happened every GPU_CHECK_EVERY_S (not skipped for ever).
-    assert T + 119 - c.state_of(50).derived["gpu-answers"][1] < GPU_CHECK_EVERY_S
+    assert T + 119 - memo.entries_of(c.state_of(50))["gpu-answers"][1][1] < GPU_CHECK_EVERY_S
 
 
 def test_a_gpu_sample_changes_only_gpu_sample_signals():

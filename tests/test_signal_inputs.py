@@ -30,18 +30,19 @@ T = 1_700_002_800.0
 
 class StateRecorder:
     """A ProcessState that records which fields are read (``network.<field>`` for the
-    NetworkView's); ``derived`` (the caches) is empty, so every derivation reads its inputs."""
+    NetworkView's).  It is a new object to detect's memo, which holds nothing for it, so every
+    derivation reads its inputs; the generations the memo stamps its entries with are
+    bookkeeping, not inputs, and are not recorded."""
 
     def __init__(self, state: ProcessState, seen: set[str], prefix: str = "") -> None:
         object.__setattr__(self, "_state", state)
         object.__setattr__(self, "_seen", seen)
         object.__setattr__(self, "_prefix", prefix)
-        object.__setattr__(self, "_derived", {})
 
     def __getattr__(self, name: str):
-        if not self._prefix and name == "derived":
-            return self._derived
         value = getattr(self._state, name)
+        if not self._prefix and name in ("facts_gen", "network_gen", "devices_gen"):
+            return value
         if not self._prefix and name == "network":
             return StateRecorder(value, self._seen, "network.")
         self._seen.add(self._prefix + name)

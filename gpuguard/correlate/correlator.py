@@ -69,7 +69,6 @@ class Scoring:
     scored: dict = field(default_factory=dict)  # state -> (newest verdict, parent verdict read)
     marked: set = field(default_factory=set)  # every state the pass looked at as dirty
     still_dirty: set = field(default_factory=set)  # of those, what waits for the next pass
-    keep_derived: dict = field(default_factory=dict)  # state -> (derived key, value) to keep
     gpu_looked: set = field(default_factory=set)  # states whose GPU windows were looked at
 
 
@@ -252,8 +251,6 @@ class Correlator:
         still_dirty = scoring.still_dirty
         for state in scoring.marked:
             state.dirty = state in still_dirty
-        for state, (key, value) in scoring.keep_derived.items():
-            state.derived[key] = value
         if scoring.gpu_looked:
             self.gpu_moved.difference_update(scoring.gpu_looked)
 
@@ -447,7 +444,7 @@ class Correlator:
         if event.ppid:
             state.ppid = event.ppid
             state.parent_key = None
-        state.derived.clear()
+        state.facts_gen += 1  # a new image: everything derived from the old one is stale
         self._note_monitor(state)
         if self.facts_provider is not None and state.facts is not None:
             facts = self.facts_provider(event.pid)  # the new image: new exe, cmdline, identity

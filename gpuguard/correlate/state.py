@@ -43,13 +43,11 @@ NEW_IOCTL_NAME = 32  # a decoded GPU ioctl name not issued before
 NEW_IOCTL_CATEGORY = 64
 ANY_ADDITION = 127
 
-# ``ProcessState.derived`` holds what gpuguard.detect derives from a state (parsed command
-# line, signal values, rule outcomes).  All of it is dropped with new facts (set_facts, exec).
-# What was derived from connections and payloads is also dropped when a new endpoint or
-# payload comes; what was derived from the GPU devices, paths and ioctl names it used, when
-# one of those is new.
-DERIVED_FROM_NETWORK = ("signals:network", "rules:network", "rules:devices+network")
-DERIVED_FROM_DEVICES = ("signals:devices", "rules:devices", "rules:devices+network")
+# What gpuguard.detect derives from a state (parsed command line, signal values, rule
+# outcomes) it keeps in its own memo (detect.signals.memo), stamped with the state's
+# generations: ``facts_gen`` moves with new facts, an exec or new YARA matches (everything
+# derived is stale then), ``network_gen`` with a new endpoint or payload, ``devices_gen``
+# with a GPU device class, path or ioctl name not used before.
 
 
 class ProcessKey(NamedTuple):
@@ -79,7 +77,7 @@ class PayloadSeen:
     detail: dict[str, Any]
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class ProcessState:
     """Facts and bounded observations for one process (see module docstring)."""
 
@@ -162,9 +160,9 @@ class ProcessState:
     _dirty: bool = True  # read and set through ``dirty``
     verdict: ScoredVerdict | None = None  # the latest verdict (detect's Verdict)
     parent_verdict: ScoredVerdict | None = None  # the parent's latest verdict, set before scoring
-    derived: dict[str, Any] = field(
-        default_factory=dict
-    )  # signal caches, cleared on identity change
+    facts_gen: int = 0  # generations of its inputs (see above): detect's memo is stamped with them
+    network_gen: int = 0
+    devices_gen: int = 0
     dirty_set: set[ProcessState] | None = field(default=None, repr=False)  # see ``dirty``
 
     @property
@@ -234,7 +232,7 @@ class ProcessState:
             self.ppid = facts.ppid
         if facts.cpu_percent is not None:
             self.cpu.add(max(self.last_seen, self.first_seen), facts.cpu_percent)
-        self.derived.clear()
+        self.facts_gen += 1
         self.dirty = True
 
     def add_gpu_device(self, device_class: str, path: str = "", written: bool = False) -> int:
@@ -251,7 +249,7 @@ class ProcessState:
             self.gpu_paths.add(path)
             new |= NEW_GPU_PATH
         if new:
-            self._drop_derived(DERIVED_FROM_DEVICES)
+            self.devices_gen += 1
         return new
 
     def add_ioctl(
@@ -281,7 +279,7 @@ class ProcessState:
             if window is not None:
                 window.add(time, count)
         if new:
-            self._drop_derived(DERIVED_FROM_DEVICES)
+            self.devices_gen += 1
         return new
 
     def add_connection(self, address: str, port: int) -> int:
@@ -301,7 +299,7 @@ class ProcessState:
         )
         if new:
             network.add_endpoint(address, port)
-            self._drop_derived(DERIVED_FROM_NETWORK)
+            self.network_gen += 1
         return new
 
     def add_payload(self, time: float, protocol: str, detail: dict[str, Any]) -> int:
@@ -316,7 +314,7 @@ class ProcessState:
                 self.payloads.append(PayloadSeen(time, protocol, dict(detail)))
                 new = True
         if new:
-            self._drop_derived(DERIVED_FROM_NETWORK)
+            self.network_gen += 1
             return NEW_PAYLOAD
         return 0
 
@@ -337,7 +335,7 @@ class ProcessState:
         if rules:
             self.yara_matches |= set(rules)
             self.yara_tags |= set(tags)
-            self.derived.clear()
+            self.facts_gen += 1
             self.dirty = True
 
     def add_huge_alloc(self, length: int, page_size: int) -> bool:
@@ -365,12 +363,6 @@ class ProcessState:
                 return
             del sessions[youngest]
         sessions[record.fd] = record
-
-    def _drop_derived(self, names: tuple[str, ...]) -> None:
-        derived = self.derived
-        if derived:
-            for name in names:
-                derived.pop(name, None)
 
     def add_gpu_sample(
         self,

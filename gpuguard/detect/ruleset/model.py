@@ -139,9 +139,7 @@ class Rule:
     condition: Condition
     signals: tuple[str, ...]  # signal names the condition reads, sorted
     source: Position
-    outcome_cache: str | None = (
-        None  # the state.derived entry its outcome is kept in (rescore.rule_cache)
-    )
+    outcome_cache: str | None = None  # the memo entry its outcome is kept in (rescore.rule_cache)
     leaves: tuple[Leaf, ...] = ()  # its condition's signal tests (what the rescore policy reads)
     categories: tuple[str, ...] = ()  # its findings' categories (categories_of_tags)
 

@@ -21,6 +21,7 @@ from gpuguard.correlate.correlator import Correlator, RescorePolicy, Scoring
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.ruleset.load import RuleSet
 from gpuguard.detect.scoring.score import Verdict, score_process
+from gpuguard.detect.signals.memo import entries_of, keep, kept
 from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.detect.signals.rescore import AGE_CHECK_EVERY_S, GPU_CHECK_EVERY_S
 from gpuguard.events.process_facts import ProcessFacts
@@ -29,9 +30,7 @@ if TYPE_CHECKING:
     from gpuguard.detect.yara.scan import YaraScanner
 
 _MAX_PARENT_PASSES = 10  # a chain of changed parents deeper than this waits for the next score
-_GPU_ANSWERS = (
-    "gpu-answers"  # state.derived: (rule set, time, answers of its GPU tests) at the last look
-)
+_GPU_ANSWERS = "gpu-answers"  # in detect's memo: (rule set, time, answers of its GPU tests)
 
 
 def rescore_policy(ruleset: RuleSet | None) -> RescorePolicy:
@@ -138,7 +137,9 @@ class DetectionEngine:
                 reader["parent_score"] = _parent_value(parent_verdict, "score")
                 verdict = score_process(state, ruleset, now, reader)
                 if gpu_tests and state.gpu_rescored_at is not None:
-                    scoring.keep_derived[state] = (
+                    keep(
+                        reader.memo,
+                        state,
                         _GPU_ANSWERS,
                         (ruleset, now, _answers(gpu_tests, reader)),
                     )
@@ -221,17 +222,18 @@ class DetectionEngine:
             if state in dirty:  # scored anyway (its answers are kept then)
                 scoring.gpu_looked.add(state)
                 continue
-            kept = state.derived.get(_GPU_ANSWERS)
-            if kept is not None and kept[0] is ruleset and 0 <= now - kept[1] < GPU_CHECK_EVERY_S:
+            entries = entries_of(state)
+            last = kept(entries, state, _GPU_ANSWERS)
+            if last is not None and last[0] is ruleset and 0 <= now - last[1] < GPU_CHECK_EVERY_S:
                 continue  # looked at less than GPU_CHECK_EVERY_S ago: stays in moved
             scoring.gpu_looked.add(state)
             reader = SignalReader(state, now)
             answers = _answers(tests, reader)
-            if kept is None or kept[0] is not ruleset or kept[2] != answers:
+            if last is None or last[0] is not ruleset or last[2] != answers:
                 dirty.add(state)
                 readers[state] = reader
             else:
-                scoring.keep_derived[state] = (_GPU_ANSWERS, (ruleset, now, answers))
+                keep(entries, state, _GPU_ANSWERS, (ruleset, now, answers))
         return readers
 
     def verdicts(self, now: float) -> list[Verdict]:

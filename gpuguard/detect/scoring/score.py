@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.ruleset.load import Rule, RuleSet
+from gpuguard.detect.signals.memo import keep, kept
 from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.escape import escape_text
 
@@ -107,24 +108,24 @@ def score_process(
     ``reader``: the signals of ``state`` at ``now`` already read (the engine's GPU check).
 
     A rule that reads only signals derived from the facts, endpoints and GPU
-    devices is evaluated once and its outcome kept in ``state.derived`` until
+    devices is evaluated once and its outcome kept in detect's memo until
     one of those changes; rules reading GPU or CPU windows, counts, time, YARA
     or the parent's verdict are evaluated every time.
     """
     if reader is None:
         reader = SignalReader(state, now)
-    derived = state.derived
+    entries = reader.memo
     evidence: list[Evidence] = []
     for cache_name, rules in ruleset.evaluation_groups:
         if cache_name is None:
             evidence += _matched(rules, reader)
             continue
-        kept = derived.get(cache_name)
+        outcome = kept(entries, state, cache_name)
         if (
-            kept is None or kept[0] is not ruleset
+            outcome is None or outcome[0] is not ruleset
         ):  # not evaluated since the last change, or rules reloaded
-            kept = derived[cache_name] = (ruleset, _matched(rules, reader))
-        evidence += kept[1]
+            outcome = keep(entries, state, cache_name, (ruleset, _matched(rules, reader)))
+        evidence += outcome[1]
     total = sum(e.weight for e in evidence)
     evidence.sort(key=lambda e: (-e.weight, e.rule_id))
     score = max(0, min(100, total))

@@ -8,7 +8,7 @@ each row below defines one, by the name rules use, and
 evaluation is :mod:`gpuguard.detect.signals.reader`; what follows from the
 declared inputs (how long a value stays valid, which changes rescore a
 process) is :mod:`gpuguard.detect.signals.rescore`.  Costly derivations (parsing the command line,
-config files) are kept on the state in ``state.derived`` until its identity changes.
+config files) are kept in detect's memo (:mod:`.memo`) until its facts change.
 
 ``None`` means "not available" (no facts, no GPU samples...): a condition on
 an unavailable signal never matches.
@@ -25,6 +25,7 @@ from typing import Any
 from gpuguard.correlate.config_files import parse_config_files
 from gpuguard.correlate.endpoints import Endpoint, endpoints_in_argv
 from gpuguard.correlate.state import ProcessState
+from gpuguard.detect.signals.memo import entries_of, keep, kept
 from gpuguard.sources.proc.late_evidence import deleted_config_paths
 
 SIGNAL_TYPES = ("bool", "number", "text", "texts", "numbers")
@@ -74,7 +75,7 @@ def _signal(
     return mark
 
 
-# -- derived views (cached on the state) -------------------------------------
+# -- derived views (kept in the memo) ----------------------------------------
 
 
 def _basename(path: str) -> str:
@@ -90,7 +91,8 @@ class _Cmdline:
 
 
 def _cmdline(state: ProcessState) -> _Cmdline:
-    cached = state.derived.get("cmdline")
+    entries = entries_of(state)
+    cached = kept(entries, state, "cmdline")
     if cached is None:
         argv = state.cmdline[:256]
         flags: set[str] = set()
@@ -103,17 +105,21 @@ def _cmdline(state: ProcessState) -> _Cmdline:
                     value = inline if has_value else (argv[i + 1] if i + 1 < len(argv) else "")
                     if value:
                         algorithms.add(value.lower()[:64])
-        cached = state.derived["cmdline"] = _Cmdline(
-            " ".join(argv)[:_CMDLINE_MAX], endpoints_in_argv(argv), flags, algorithms
+        cached = keep(
+            entries,
+            state,
+            "cmdline",
+            _Cmdline(" ".join(argv)[:_CMDLINE_MAX], endpoints_in_argv(argv), flags, algorithms),
         )
     return cached
 
 
 def _config(state: ProcessState):
-    cached = state.derived.get("config")
+    entries = entries_of(state)
+    cached = kept(entries, state, "config")
     if cached is None:
         files = state.facts.config_files if state.facts is not None else {}
-        cached = state.derived["config"] = parse_config_files(files or {})
+        cached = keep(entries, state, "config", parse_config_files(files or {}))
     return cached
 
 

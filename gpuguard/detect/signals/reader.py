@@ -3,8 +3,8 @@
 :class:`SignalReader` is what rule conditions index: ``reader[name]``
 computes signal ``name`` (from :mod:`gpuguard.detect.signals.named`) the first time
 and caches it for the rest of the evaluation; values derived from the facts,
-endpoints or devices are also kept on the state (``state.derived``, see
-:mod:`gpuguard.detect.signals.rescore`) until those change.
+endpoints or devices are also kept in detect's memo (:mod:`gpuguard.detect.signals.memo`,
+see :mod:`gpuguard.detect.signals.rescore`) until those change.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.correlate.state import ProcessState
+from gpuguard.detect.signals.memo import STAMPS, entries_of, kept
 from gpuguard.detect.signals.rescore import KEPT_SIGNAL_CACHES, SIGNAL_CACHE
 from gpuguard.detect.signals.table import SIGNALS
 
@@ -21,20 +22,21 @@ class SignalReader(dict):
 
     A dict whose missing keys are computed on first use: ``reader[name]`` (or
     ``reader.get(name)``) costs one dictionary lookup after the first time.
-    It starts with the values kept on the state from earlier evaluations.
+    It starts with the values kept in the memo from earlier evaluations.
     """
 
-    __slots__ = ("state", "now")
+    __slots__ = ("state", "now", "memo")
 
     def __init__(self, state: ProcessState, now: float) -> None:
         super().__init__()
         self.state = state
         self.now = now
-        derived = state.derived
-        for cache_name in KEPT_SIGNAL_CACHES:
-            kept = derived.get(cache_name)
-            if kept:
-                self.update(kept)
+        self.memo = entries = entries_of(state)
+        if entries:
+            for cache_name in KEPT_SIGNAL_CACHES:
+                values = kept(entries, state, cache_name)
+                if values:
+                    self.update(values)
 
     def __missing__(self, name: str | tuple[str, str]) -> Any:
         if type(name) is tuple:  # (signal, argument) for a signal with a parameter; never kept
@@ -46,16 +48,21 @@ class SignalReader(dict):
         if cache_name is None:
             value = self[name] = signal.compute(self.state, self.now)
             return value
-        # Values derived from the facts, endpoints or devices are kept on the state until
-        # those change (the state drops the cache then; see rescore.signal_kind).
-        derived = self.state.derived
-        cache = derived.get(cache_name)
-        if cache is None:
-            cache = derived[cache_name] = {}
+        # Values derived from the facts, endpoints or devices are kept in the memo until
+        # those change (the state's generations move then; see rescore.signal_kind).
+        state = self.state
+        entries = self.memo
+        stamp = STAMPS[cache_name](state)
+        entry = entries.get(cache_name)
+        if entry is None or entry[0] != stamp:
+            cache: dict = {}
+            entries[cache_name] = (stamp, cache)
+        else:
+            cache = entry[1]
         try:
             value = cache[name]
         except KeyError:
-            value = cache[name] = signal.compute(self.state, self.now)
+            value = cache[name] = signal.compute(state, self.now)
         self[name] = value
         return value
 

@@ -4,9 +4,10 @@ Each signal declares what it reads (``Signal.reads`` in :mod:`gpuguard.detect.si
 :data:`INPUTS` says, once per ProcessState field, how long a value read from it stays valid
 and which change to it rescores a process.  Nothing here names a signal.
 
-* **validity**: FACTS values change only with new facts, which clear every cache; NETWORK and
-  DEVICES values are dropped by ProcessState (DERIVED_FROM_*) when those change; a signal
-  reading anything else is recomputed every time.
+* **validity**: FACTS values change only with new facts, which make every kept value stale;
+  NETWORK and DEVICES values are stale once the state's ``network_gen`` / ``devices_gen``
+  moved (detect's memo, :mod:`gpuguard.detect.signals.memo`); a signal reading anything else
+  is recomputed every time.
 * **rescoring**: the correlator rescores a process for an addition (correlate.state NEW_*) or
   a repeated count only when some rule reads a signal reading it.  A GPU sample rescores only
   when a rule's test of a GPU-window signal answers differently (every GPU_CHECK_EVERY_S);
@@ -20,8 +21,6 @@ from dataclasses import dataclass
 
 from gpuguard.correlate.state import (
     ANY_ADDITION,
-    DERIVED_FROM_DEVICES,
-    DERIVED_FROM_NETWORK,
     NEW_ADDRESS,
     NEW_DEVICE_CLASS,
     NEW_GPU_PATH,
@@ -30,6 +29,7 @@ from gpuguard.correlate.state import (
     NEW_PAYLOAD,
     NEW_PORT,
 )
+from gpuguard.detect.signals.memo import STAMPS
 from gpuguard.detect.signals.table import SIGNALS
 
 FACTS, NETWORK, DEVICES = "facts", "network", "devices"
@@ -123,29 +123,26 @@ def signal_kind(name: str) -> str | None:
 
 
 def rule_cache(signals: tuple[str, ...] | frozenset[str]) -> str | None:
-    """The ``state.derived`` entry a rule's outcome may be kept in (None: evaluate every time).
+    """The memo entry a rule's outcome may be kept in (None: evaluate every time).
 
     Named after what the outcome depends on besides the facts, e.g. ``rules:network``;
-    ProcessState drops it when one of those changes.
+    it is stale once one of those changes.
     """
     kinds = {signal_kind(name) for name in signals}
     if None in kinds:
         return None
     kinds.discard(FACTS)
     name = "rules:" + ("+".join(sorted(kinds)) if kinds else FACTS)
-    assert all(
-        name in (DERIVED_FROM_NETWORK if kind == NETWORK else DERIVED_FROM_DEVICES)
-        for kind in kinds
-    )
+    assert name in STAMPS, f"{name}: not an entry of detect's memo (signals.memo.STAMPS)"
     return name
 
 
-# Where each signal's value is kept on the state (None: nowhere).
+# Where each signal's value is kept in the memo (None: nowhere).
 SIGNAL_CACHE: dict[str, str | None] = {
     name: None if signal_kind(name) is None else f"signals:{signal_kind(name)}" for name in SIGNALS
 }
 KEPT_SIGNAL_CACHES = tuple(sorted({c for c in SIGNAL_CACHE.values() if c}))
-assert set(KEPT_SIGNAL_CACHES) <= {"signals:facts", *DERIVED_FROM_NETWORK, *DERIVED_FROM_DEVICES}
+assert set(KEPT_SIGNAL_CACHES) <= STAMPS.keys()
 
 # The signals that read each kind of addition to a state (correlate.state.NEW_*), and those
 # that read repeated counts: the correlator rescores a process for an addition or a count

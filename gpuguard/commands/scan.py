@@ -362,9 +362,12 @@ def _run(args: argparse.Namespace) -> int:
             notes.append(scanner.note)
 
     now = time.time()
-    verdicts = engine.score(now)
+    verdicts = engine.score(now)  # every process is new: all are scored
     if _look_at_sessions(obs, correlator, verdicts, limitations, now):
-        verdicts = engine.score(now)
+        # Only the processes whose sessions were read are scored again: their new verdicts
+        # replace their first ones, every other process keeps its own.
+        again = {v.key: v for v in engine.score(now)}
+        verdicts = [again.pop(v.key, v) for v in verdicts] + list(again.values())
     findings = []
     for verdict in verdicts:
         state = correlator.get(verdict.key)

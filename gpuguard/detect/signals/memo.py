@@ -39,11 +39,22 @@ STAMPS = {
 _MEMO: WeakKeyDictionary[ProcessState, dict[str, tuple[Any, Any]]] = WeakKeyDictionary()
 
 
+# The state asked for last and its entries: one evaluation asks for the same state several
+# times (the reader, the parsed command line, the config files).  One tuple, replaced whole, so
+# a reader in another thread sees a matching pair.
+_last: tuple[ProcessState | None, dict] = (None, {})
+
+
 def entries_of(state: ProcessState) -> dict[str, tuple[Any, Any]]:
     """The state's entries (name -> (generations, value)), for :func:`kept` and :func:`keep`."""
+    global _last
+    last = _last
+    if last[0] is state:
+        return last[1]
     entries = _MEMO.get(state)
     if entries is None:
         entries = _MEMO[state] = {}
+    _last = (state, entries)
     return entries
 
 
@@ -63,6 +74,8 @@ def keep(entries: dict, state: ProcessState, name: str, value: Any) -> Any:
 
 def forget(state: ProcessState) -> None:
     """Drop everything kept for ``state`` (the next evaluation derives it all again)."""
+    global _last
+    _last = (None, {})
     _MEMO.pop(state, None)
 
 
@@ -70,10 +83,13 @@ def forget(state: ProcessState) -> None:
 def set_aside(state: ProcessState) -> Iterator[None]:
     """Evaluate as if nothing were kept for ``state``, then put the kept entries back
     (tests compare the kept path with a fresh one)."""
+    global _last
+    _last = (None, {})
     saved = _MEMO.pop(state, None)
     try:
         yield
     finally:
+        _last = (None, {})
         _MEMO.pop(state, None)
         if saved is not None:
             _MEMO[state] = saved

@@ -12,9 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.correlate.state import ProcessState
-from gpuguard.detect.signals.memo import STAMPS, entries_of, kept
+from gpuguard.detect.signals.memo import STAMPS, entries_of
 from gpuguard.detect.signals.rescore import KEPT_SIGNAL_CACHES, SIGNAL_CACHE
 from gpuguard.detect.signals.table import SIGNALS
+
+# signal name -> (its compute function, the memo entry its value is kept in or None): one lookup
+_PLAN = {name: (signal.compute, SIGNAL_CACHE[name]) for name, signal in SIGNALS.items()}
 
 
 class SignalReader(dict):
@@ -25,44 +28,51 @@ class SignalReader(dict):
     It starts with the values kept in the memo from earlier evaluations.
     """
 
-    __slots__ = ("state", "now", "memo")
+    __slots__ = ("state", "now", "memo", "caches")
 
     def __init__(self, state: ProcessState, now: float) -> None:
         super().__init__()
         self.state = state
         self.now = now
         self.memo = entries = entries_of(state)
+        # the memo's value dicts found current for this evaluation, by cache name: each is
+        # checked against the state's generations once per evaluation, not once per signal
+        self.caches = caches = {}
         if entries:
             for cache_name in KEPT_SIGNAL_CACHES:
-                values = kept(entries, state, cache_name)
-                if values:
-                    self.update(values)
+                entry = entries.get(cache_name)
+                if entry is not None and entry[0] == STAMPS[cache_name](state):
+                    caches[cache_name] = values = entry[1]
+                    if values:
+                        self.update(values)
 
     def __missing__(self, name: str | tuple[str, str]) -> Any:
         if type(name) is tuple:  # (signal, argument) for a signal with a parameter; never kept
             signal_name, argument = name
             value = self[name] = SIGNALS[signal_name].compute(self.state, self.now, argument)
             return value
-        signal = SIGNALS[name]
-        cache_name = SIGNAL_CACHE[name]
+        compute, cache_name = _PLAN[name]
         if cache_name is None:
-            value = self[name] = signal.compute(self.state, self.now)
+            value = self[name] = compute(self.state, self.now)
             return value
         # Values derived from the facts, endpoints or devices are kept in the memo until
         # those change (the state's generations move then; see rescore.signal_kind).
-        state = self.state
-        entries = self.memo
-        stamp = STAMPS[cache_name](state)
-        entry = entries.get(cache_name)
-        if entry is None or entry[0] != stamp:
-            cache: dict = {}
-            entries[cache_name] = (stamp, cache)
-        else:
-            cache = entry[1]
+        cache = self.caches.get(cache_name)
+        if cache is None:
+            state = self.state
+            entries = self.memo
+            stamp = STAMPS[cache_name](state)
+            entry = entries.get(cache_name)
+            if entry is None or entry[0] != stamp:
+                cache = {}
+                entries[cache_name] = (stamp, cache)
+            else:
+                cache = entry[1]
+            self.caches[cache_name] = cache
         try:
             value = cache[name]
         except KeyError:
-            value = cache[name] = signal.compute(state, self.now)
+            value = cache[name] = compute(self.state, self.now)
         self[name] = value
         return value
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.ruleset.load import Rule, RuleSet
-from gpuguard.detect.signals.memo import STAMPS
+from gpuguard.detect.signals.memo import keep, kept
 from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.escape import escape_text
 
@@ -120,13 +120,11 @@ def score_process(
         if cache_name is None:
             evidence += _matched(rules, reader)
             continue
-        # memo.kept and memo.keep, inlined: this runs for every group of every evaluation
-        stamp = STAMPS[cache_name](state)
-        entry = entries.get(cache_name)
-        if entry is None or entry[0] != stamp or entry[1][0] is not ruleset:
+        outcome = kept(entries, state, cache_name)
+        if outcome is None or outcome[0] is not ruleset:
             # not evaluated since the last change, or rules reloaded
-            entry = entries[cache_name] = (stamp, (ruleset, _matched(rules, reader)))
-        evidence += entry[1][1]
+            outcome = keep(entries, state, cache_name, (ruleset, _matched(rules, reader)))
+        evidence += outcome[1]
     total = sum(e.weight for e in evidence)
     evidence.sort(key=lambda e: (-e.weight, e.rule_id))
     score = max(0, min(100, total))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.correlate.state import ProcessState
-from gpuguard.detect.signals.memo import STAMPS, entries_of
+from gpuguard.detect.signals.memo import entries_of, keep, kept
 from gpuguard.detect.signals.rescore import KEPT_SIGNAL_CACHES, SIGNAL_CACHE
 from gpuguard.detect.signals.table import SIGNALS
 
@@ -40,9 +40,9 @@ class SignalReader(dict):
         self.caches = caches = {}
         if entries:
             for cache_name in KEPT_SIGNAL_CACHES:
-                entry = entries.get(cache_name)
-                if entry is not None and entry[0] == STAMPS[cache_name](state):
-                    caches[cache_name] = values = entry[1]
+                values = kept(entries, state, cache_name)
+                if values is not None:
+                    caches[cache_name] = values
                     if values:
                         self.update(values)
 
@@ -59,15 +59,9 @@ class SignalReader(dict):
         # those change (the state's generations move then; see rescore.signal_kind).
         cache = self.caches.get(cache_name)
         if cache is None:
-            state = self.state
-            entries = self.memo
-            stamp = STAMPS[cache_name](state)
-            entry = entries.get(cache_name)
-            if entry is None or entry[0] != stamp:
-                cache = {}
-                entries[cache_name] = (stamp, cache)
-            else:
-                cache = entry[1]
+            cache = kept(self.memo, self.state, cache_name)
+            if cache is None:
+                cache = keep(self.memo, self.state, cache_name, {})
             self.caches[cache_name] = cache
         try:
             value = cache[name]

@@ -67,6 +67,28 @@ def test_create_then_one_coalesced_update_per_interval():
     assert [w.changes for w in _poll(tracker, state, clock, final=True)] == [["gpu"]]
 
 
+def test_updates_are_timed_at_their_write_so_their_times_keep_the_interval():
+    """The loop's ``now`` is its pass's start; a pass that enriched for long writes later than
+    that.  Record times are the writes', so two updates read an interval apart in the log."""
+    clock = Clock()
+    state = ProcessState(key=KEY, comm="xmrig", exe="/tmp/xmrig")
+    tracker = ProcessFindings(8.0, "gpu-node-7", "/nonexistent", clock, wall=clock)
+    tracker.scored(_verdict("suspicious", "a"), state, clock.now)
+    clock.now += 1.0
+    escalation = tracker.scored(_verdict("malicious", "a", "b"), state, clock.now - 0.05)
+    times = [tracker.stamp(_stamped(escalation, state), escalation).created]
+    state.add_gpu_device("nvidia", "/dev/nvidia0")
+    clock.now += 9.0
+    pass_start = clock.now - 0.3  # this pass spent 0.3 s on enrichment before it polled
+    (update,) = tracker.poll(lambda key: state, pass_start)
+    times.append(tracker.stamp(_stamped(update, state), update).created)
+    assert times[1] - times[0] == pytest.approx(9.0)  # not 8.75: the limit and the log agree
+
+
+def _stamped(write, state):
+    return finding_from_verdict(write.verdict, None, None, state)
+
+
 def test_an_escalation_is_written_at_once_and_acted_on_once():
     tracker, clock, state = _tracker(30.0)
     assert tracker.scored(_verdict("suspicious", "a"), state, clock.now).act
@@ -118,7 +140,7 @@ def test_a_stamped_record_names_the_image_it_runs_now():
     tracker, clock, state = _tracker()
     write = tracker.scored(_verdict("malicious", "a"), state, clock.now)
     state.comm, state.exe = "miner", "/opt/miner"  # an exec seen after the facts were read
-    finding = tracker.stamp(finding_from_verdict(write.verdict, None, None, state), write, 5.0)
+    finding = tracker.stamp(finding_from_verdict(write.verdict, None, None, state), write)
     assert (finding.process.name, finding.process.executable) == ("miner", "/opt/miner")
     assert finding.record_id == f"{write.finding.finding_id}-0"
     (update,) = _poll(tracker, state, Clock(), final=True)
@@ -164,6 +186,6 @@ def test_records_name_the_pod_and_container_the_kubelet_knows(tmp_path):
     write = tracker.scored(_verdict("malicious", "a"), state, clock.now)
     finding = finding_from_verdict(write.verdict, None, None, state)
     finding.process.pod_uid, finding.process.container_id = uid, cid
-    tracker.stamp(finding, write, clock.now)
+    tracker.stamp(finding, write)
     p = finding.process
     assert (p.pod_namespace, p.pod_name, p.container_name) == ("ml-team", "trainer-7", "worker")

@@ -121,6 +121,7 @@ class Write:
     changes: list[str] = field(default_factory=list)
     totals: dict[str, Any] | None = None
     exit_code: int | None = None
+    at: float = 0.0  # wall time of the write: an update's or close's record time
 
 
 class ProcessFindings:
@@ -133,11 +134,13 @@ class ProcessFindings:
         proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
         pod_names: PodNames | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.update_interval_s = update_interval_s
         self.hostname = hostname or socket.gethostname()
         self.proc_root = proc_root
-        self.clock = clock
+        self.clock = clock  # the rate limit's (monotonic)
+        self.wall = wall  # a record's time, read at the same moment as the rate limit's
         self.pod_names = pod_names or PodNames()  # the kubelet's names of pods and containers
         self._open: dict[ProcessKey, OpenFinding] = {}
         self._next_poll = 0.0
@@ -233,15 +236,19 @@ class ProcessFindings:
         if len(found.actions) < MAX_ACTIONS:
             found.actions.append({"action": action, "status": status, "time": round(when, 3)})
 
-    def stamp(self, finding: Finding, write: Write, now: float) -> Finding:
-        """Put the lifecycle on a record built from the verdict: id, number, activity, growth, totals."""
+    def stamp(self, finding: Finding, write: Write) -> Finding:
+        """Put the lifecycle on a record built from the verdict: id, number, activity, growth, totals.
+
+        An update or close is timed at its write, the moment the rate limit counts from: the
+        pass's start, which a slow enrichment makes earlier, would put two updates less than
+        an interval apart."""
         finding.finding_id = write.finding.finding_id
         finding.sequence = write.sequence
         finding.activity = write.activity
         finding.changes = list(write.changes)
         finding.totals = write.totals
         if write.activity != "create":
-            finding.created = now  # an update or close is about now, not the verdict's time
+            finding.created = write.at  # about now, not the verdict's time
         if finding.process is not None:
             finding.process.exe_sha256 = write.finding.exe_sha256 or finding.process.exe_sha256
             if write.exit_code is not None:
@@ -283,11 +290,11 @@ class ProcessFindings:
         counts: bool = False,
     ) -> Write:
         found.said = Evidence.of(verdict, state)
-        found.written_at = self.clock()
+        found.written_at, at = self.clock(), self.wall()
         found.sequence += 1
         if state is not None and not state.exited:
             self._hash(found, state)
-        return Write(found, verdict, activity, found.sequence, act, counts, changes or [])
+        return Write(found, verdict, activity, found.sequence, act, counts, changes or [], at=at)
 
     def _close(self, found: OpenFinding, state: ProcessState | None, now: float) -> Write:
         if state is not None:

@@ -70,7 +70,7 @@ class ReportStage:
         facts = state.facts if state is not None else None
         finding = finding_from_verdict(verdict, facts, ctx.rules.current, state)
         if write is not None:
-            self.findings.stamp(finding, write, now)
+            self.findings.stamp(finding, write)
         else:  # a guard-policy verdict (the only one reported without a lifecycle write)
             self.findings.stamp_guard(finding, verdict.key)
         ctx.emit(finding)

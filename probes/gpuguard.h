@@ -79,7 +79,9 @@ enum gg_exec_filter_count {
     GG_EXECF_PROMOTED = 0,       /* pending execs sent up by the kernel (a connect, GPU open, huge pages) */
     GG_EXECF_PENDING_FULL = 1,   /* exec_pending was full: sent up in full instead */
     GG_EXECF_CGROUPS_FULL = 2,   /* exec_aggregated had no room for a new cgroup: counted here only */
-    GG_EXECF_SLOTS = 3,
+    GG_EXECF_PENDING_ADDED = 3,  /* execs written to exec_pending (user space skips its walk while
+                                  * this stands still and its last walk left nothing there) */
+    GG_EXECF_SLOTS = 4,
 };
 
 /* Flags on a gpu_open event. */

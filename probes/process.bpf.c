@@ -74,6 +74,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     if (old)
         e->hdr.time_ns = old->hdr.time_ns;  /* a re-exec keeps its age: promoted as soon */
     if (exec_pending.update(&tgid, e) == 0) {
+        exec_filter_count(GG_EXECF_PENDING_ADDED);
         exec_aggregate(e->hdr.cgroup_id);
         return 0;
     }

@@ -3,6 +3,7 @@ yet every process that lives, connects or opens a GPU is seen in full, with its 
 
 from __future__ import annotations
 
+import ctypes as ct
 import os
 import shutil
 import socket
@@ -261,3 +262,69 @@ def test_the_kernel_hash_is_fnv1a_and_names_come_from_the_rules_lists():
     assert "/tmp" in directories and "/dev/shm" in directories
     keys = interest_keys(["XMRig", "a/b"], ["/tmp/", "/a/b/c/d"])
     assert keys == {name_hash(b"xmrig"), name_hash(b"/tmp")}  # hashed as the probe walks a path
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_the_kernel_counts_each_exec_it_keeps_pending(sensor):
+    """The count the sensor's idle skip relies on moves with every exec written to the map."""
+    filt = sensor.exec_filter
+    before = filt._added()
+    subprocess.run(["/bin/true"], check=True)  # short and unlisted: kept in the kernel
+    assert filt._added() >= before + 1
+
+
+# The exec filter's maps alone, as the probes declare them, in a program with no probe: only
+# this test writes them, so a busy host's execs cannot move the count under it.
+PENDING_MAPS = """
+#include "gpuguard.h"
+BPF_HASH(exec_pending, __u32, struct gg_exec, 64);
+BPF_TABLE("lru_hash", __u32, __u8, exec_interest, 64);
+BPF_HASH(exec_names, __u64, __u8, 64);
+BPF_HASH(exec_aggregated, __u64, __u64, 64);
+BPF_ARRAY(exec_filter_counts, __u64, GG_EXECF_SLOTS);
+"""
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_the_pending_walk_is_skipped_only_while_nothing_can_be_pending():
+    from bcc import BPF
+
+    from gpuguard.events.abi import ExecFilterCount, probe_dir
+    from gpuguard.sources.ebpf.exec_filter import ExecFilter
+
+    bpf = BPF(text=PENDING_MAPS.encode(), cflags=[f"-I{probe_dir()}"])
+    try:
+        filt = ExecFilter(bpf, decode=lambda value: (value.hdr.tgid, value.filename))
+        pending, counts = bpf[b"exec_pending"], bpf[b"exec_filter_counts"]
+        added = counts.Key(ExecFilterCount.PENDING_ADDED)
+        boot_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+        def keep(tgid: int, age_s: float) -> None:  # what the exec probe does
+            value = pending.Leaf()
+            value.hdr.tgid, value.hdr.time_ns = tgid, boot_ns - int(age_s * 1e9)
+            value.filename = f"/usr/bin/job{tgid}".encode()
+            pending[pending.Key(tgid)] = value
+            counts[added] = ct.c_uint64(counts[added].value + 1)
+
+        assert filt.take_old() == [] and filt.walks_skipped == 0  # the first turn walks
+        assert filt.take_old() == [] and filt.walks_skipped == 1  # empty, count still
+        keep(101, age_s=5.0)
+        assert filt.take_old() == [(101, b"/usr/bin/job101")]  # the count moved: walked
+        keep(102, age_s=0.0)  # young: stays pending after the next walk
+        assert filt.take_old() == [] and filt.walks_skipped == 1
+        pending[pending.Key(102)] = _aged(pending[pending.Key(102)], 5.0)  # no count change
+        assert filt.take_old() == [(102, b"/usr/bin/job102")]  # walked: the last one left some
+        assert filt.take_old() == [] and filt.walks_skipped == 2
+        keep(103, age_s=5.0)
+        filt.take(103)  # taken as an ancestor between two turns: the map is empty again
+        assert filt.take_old() == [] and filt.walks_skipped == 2  # but the count moved: walked
+        assert filt.take_old() == [] and filt.walks_skipped == 3
+    finally:
+        bpf.cleanup()
+
+
+def _aged(value, age_s: float):
+    value.hdr.time_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - int(age_s * 1e9)
+    return value

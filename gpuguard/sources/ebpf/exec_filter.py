@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 from gpuguard.events.abi import ExecFilterCount
 
-# enum gg_exec_filter_count, as counter names: promoted, pending_full, cgroups_full
+# enum gg_exec_filter_count, as counter names: promoted, pending_full, cgroups_full, pending_added
 COUNTS = {c.name.lower(): c.value for c in ExecFilterCount if c != ExecFilterCount.SLOTS}
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
@@ -77,6 +77,10 @@ class ExecFilter:
         # read_counts: the counts and this total are then of one moment (the metrics subtract)
         self.sent_up = 0
         self._next_promote = 0.0
+        # the kernel's count of writes to exec_pending when a walk left the map empty (None:
+        # something may be there); while that count stands still the walk is skipped
+        self._empty_at: int | None = None
+        self.walks_skipped = 0
 
     # -- what the kernel looks for ---------------------------------------------------
     def set_names(self, names: Iterable[str], directories: Iterable[str]) -> int:
@@ -120,17 +124,31 @@ class ExecFilter:
     def take_old(self, age_s: float = PROMOTE_AGE_S) -> list:
         """Pending execs older than ``age_s`` (model events, oldest first), taken out of the map.
 
-        One whose process exits meanwhile is left to the kernel (taken by its exit: counted)."""
+        One whose process exits meanwhile is left to the kernel (taken by its exit: counted).
+        Nothing is added to the map without the kernel's ``pending_added`` count moving, so
+        while it stands still since a walk that left the map empty the walk is skipped: on an
+        idle host that walk (every bucket of a 16,384-bucket map, 4 times a second) was most
+        of the sensor's idle cost.  The count is read before the walk, so an exec written
+        during the walk is either seen by it or moves the count for the next turn."""
+        added = self._added()
+        if added == self._empty_at:
+            self.walks_skipped += 1
+            return []
         boot_now = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         limit = boot_now - int(age_s * 1e9)
-        old = [(v.hdr.time_ns, k, v) for k, v in self._entries() if v.hdr.time_ns <= limit]
+        entries = self._entries()
+        old = [(v.hdr.time_ns, k, v) for k, v in entries if v.hdr.time_ns <= limit]
         old.sort(key=lambda item: item[0])
         out = []
         for _, key, value in old:
             if self._take(key):
                 out.append(self.decode(value))
         self.promoted_by_age += len(out)
+        self._empty_at = added if len(entries) == len(old) else None
         return out
+
+    def _added(self) -> int:
+        return self.counts_map[self.counts_map.Key(ExecFilterCount.PENDING_ADDED)].value
 
     def _take(self, tgid: int) -> bool:
         try:

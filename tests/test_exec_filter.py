@@ -328,3 +328,28 @@ def test_the_pending_walk_is_skipped_only_while_nothing_can_be_pending():
 def _aged(value, age_s: float):
     value.hdr.time_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - int(age_s * 1e9)
     return value
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_a_long_poll_ends_when_the_sensors_periodic_work_falls_due(sensor):
+    """The agent polls with a long timeout; the sensor shortens it to its next job, so a
+    quiet host wakes it seldom yet a kept exec that lives still goes up about as soon."""
+    sensor.request_watch(os.getpid())
+    assert sensor.wait_ms(5000) == 0  # a request from another thread: carried out at once
+    sensor.poll(0)
+    soon = time.monotonic() + 0.3
+    sensor._next_drain = min(sensor._next_drain, soon)
+    assert sensor.wait_ms(5000) <= 301
+    proc = subprocess.Popen(["/bin/sleep", "8"])  # plain: kept in the kernel, then promoted
+    try:
+        started = time.monotonic()
+        seen = None
+        while seen is None and time.monotonic() - started < 6:
+            for event in sensor.poll(5000):
+                if isinstance(event, Exec) and event.pid == proc.pid:
+                    seen = time.monotonic() - started
+    finally:
+        proc.kill()
+        proc.wait()
+    assert seen is not None and seen < 3.0  # age 0.5 s, then the next 0.25 s turn, not 5 s

@@ -31,9 +31,10 @@ Emit = Callable[[AgentLifecycle], None]
 FAULT_REPEAT_S = 60.0  # a fault that persists is reported again this often
 REOPEN_AFTER_FAILURES = 3  # consecutive raising samples before the sampler is reopened
 MAX_BACKOFF_S = 60.0
-# The sensor thread's wait in the ring buffer: a quiet host wakes it 4 times a second (the exec
-# filter looks at its pending execs every 0.25 s, so waiting longer would delay those).
-POLL_MS = 250
+# The sensor thread's longest wait in the ring buffer: records, and the sensor's periodic jobs
+# (Sensor.wait_ms: the exec filter's 0.25 s turn while execs are pending), end it sooner.  It
+# bounds how long a quiet agent takes to see a stop, and a watch request from a later stage.
+POLL_MS = 1000
 
 
 def _fault(emit: Emit, message: str, **detail: Any) -> None:

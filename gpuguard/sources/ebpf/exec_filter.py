@@ -110,6 +110,17 @@ class ExecFilter:
         self._next_promote = now + PROMOTE_EVERY_S
         return True
 
+    @property
+    def next_turn(self) -> float:
+        """The monotonic time of the next look at the pending execs."""
+        return self._next_promote
+
+    @property
+    def may_hold_execs(self) -> bool:
+        """False only while the last walk left the map empty (a new exec may have come since:
+        the next turn, whenever it comes, sees it by the kernel's count)."""
+        return self._empty_at is None
+
     def _entries(self) -> list:
         """(tgid, record) of every pending exec: few (the young processes), so one walk of the
         keys; bcc's batch lookup would allocate room for the whole map on every call."""

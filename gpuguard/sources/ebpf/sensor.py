@@ -82,6 +82,8 @@ DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the
 IOCTL_IDLE_WALK_S = 5.0
 # ...and the exec filter's counters (status and metrics only) are read this often.
 EXEC_COUNTS_EVERY_S = 2.0
+# With no GPU process known the drain has only the lost counts to read: this often at most.
+IDLE_DRAIN_S = 1.0
 
 
 def kernel_has_ringbuf(release: str | None = None) -> bool:
@@ -253,9 +255,13 @@ class Sensor:
 
     # -- polling -------------------------------------------------------------------
     def poll(self, timeout_ms: int = 100) -> list[Event]:
-        """Events since the last call; drains counters when their interval is due."""
+        """Events since the last call; drains counters when their interval is due.
+
+        ``timeout_ms`` is the longest wait for a record: the wait ends sooner when periodic
+        work falls due (:meth:`wait_ms`), so a caller may pass a long one on a quiet host."""
         if self._bpf is None:
             raise GpuguardError("the sensor is not started", "call Sensor.start() first")
+        timeout_ms = self.wait_ms(timeout_ms)
         if self.settings.perf_buffer:
             self._bpf.perf_buffer_poll(timeout=timeout_ms)
         else:
@@ -271,7 +277,10 @@ class Sensor:
         if self.exec_filter is not None:
             self._exec_filter_turn(now)
         if now >= self._next_drain:
-            self._next_drain = now + self.drain_interval
+            idle = not self._gpu_tgids and not self._ioctl_seen
+            self._next_drain = now + (
+                max(self.drain_interval, IDLE_DRAIN_S) if idle else self.drain_interval
+            )
             self._consume_buffer()  # opens before counts, so counts know their process
             self._drain_into(self._pending)
         if self.activity is not None and self.activity.due(now):
@@ -282,6 +291,21 @@ class Sensor:
             self.sweep()
         out, self._pending = self._pending, []
         return out
+
+    def wait_ms(self, most_ms: int) -> int:
+        """How long the next poll may wait for a record: until the first periodic job due
+        (the drain, the activity report, the sweep, and the exec filter's turn while execs may
+        be pending), at most ``most_ms``.  Each wake-up costs ~0.1 ms of CPU on a VM, so a quiet
+        host's sensor wakes about once a second, not four times."""
+        if self._watch_requests or self._interest_requests:
+            return 0
+        due = min(self._next_drain, self._next_sweep)
+        if self.activity is not None:
+            due = min(due, self.activity.next_due)
+        filt = self.exec_filter
+        if filt is not None and filt.may_hold_execs:
+            due = min(due, filt.next_turn)
+        return max(0, min(most_ms, math.ceil((due - time.monotonic()) * 1000)))
 
     def _exec_filter_turn(self, now: float) -> None:
         """Marks asked for, then the pending execs of processes that lived past the filter's age."""

@@ -81,6 +81,11 @@ class ConnActivityReader:
     def due(self, now: float) -> bool:
         return now >= self._next
 
+    @property
+    def next_due(self) -> float:
+        """The monotonic time of the next report."""
+        return self._next
+
     def report(self, header_of) -> list[ConnActivity]:
         """One event per record that changed since the last report; ``header_of(tgid)`` gives
         (comm, uid, gid, cgroup_id)."""

@@ -304,6 +304,19 @@ def test_served_over_http(fed):
     assert "gpuguard_findings_total{" in body and "gpuguard_scoring_latency_seconds_bucket" in body
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:0", "0.0.0.0:0"])
+def test_the_idle_server_thread_sleeps_long_yet_close_ends_it_at_once(fed, address):
+    """The serving thread does not wake twice a second to look for a shutdown: close wakes it
+    (its thread is gone when close returns, well inside the serve loop's 60 s wait)."""
+    metrics, _ = fed
+    server = metrics.serve(address)
+    urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5).read()
+    server.close()
+    assert not server._thread.is_alive()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+
+
 def test_bad_metrics_address_is_one_clear_error():
     assert parse_address("[::1]:9400") == ("::1", 9400)
     assert parse_address(":9400") == ("0.0.0.0", 9400)

@@ -579,7 +579,12 @@ class AgentMetrics:
             address_family = _family(host, port)
 
         httpd = make_server(host, port, app, Server, handler_class=_QuietHandler)
-        thread = threading.Thread(target=httpd.serve_forever, name="gpuguard-metrics", daemon=True)
+        thread = threading.Thread(
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": SERVE_POLL_S},
+            name="gpuguard-metrics",
+            daemon=True,
+        )
         thread.start()
         return MetricsServer(httpd, thread)
 
@@ -646,6 +651,11 @@ class AgentHealth:
         return (True, "ready") if reason is None else (False, reason)
 
 
+# The server thread waits this long for a connection before it looks at a shutdown request
+# (socketserver's default, 0.5 s, woke an idle agent twice a second); close() wakes it sooner.
+SERVE_POLL_S = 60.0
+
+
 class MetricsServer:
     """A running ``/metrics`` endpoint; :meth:`close` stops it."""
 
@@ -655,7 +665,18 @@ class MetricsServer:
         self.host, self.port = server.server_address[:2]
 
     def close(self) -> None:
-        self._server.shutdown()
+        """Stop serving: ask the loop to end, then wake its wait with a connection of our own
+        (an empty request, answered with nothing) so it ends now, not at its next poll."""
+        stopper = threading.Thread(target=self._server.shutdown, daemon=True)
+        stopper.start()
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        while stopper.is_alive():
+            try:
+                socket.create_connection((host, self.port), timeout=1.0).close()
+            except OSError:
+                break  # cannot reach it: the loop ends at its poll, within SERVE_POLL_S
+            stopper.join(0.05)
+        stopper.join(5.0)
         self._server.server_close()
         self._thread.join(5.0)
 

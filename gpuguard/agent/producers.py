@@ -25,7 +25,7 @@ from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.intake import BoundedQueue
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.events.gpu_snapshot import GpuSnapshot
-from gpuguard.events.model import Lost
+from gpuguard.events.model import GpuOpen, Lost
 
 Emit = Callable[[AgentLifecycle], None]
 FAULT_REPEAT_S = 60.0  # a fault that persists is reported again this often
@@ -53,8 +53,10 @@ class SensorThread(threading.Thread):
         stop: threading.Event,
         emit: Emit,
         feedback: Any = None,
+        on_gpu_open: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="gpuguard-sensor", daemon=True)
+        self.on_gpu_open = on_gpu_open  # called once per poll that saw a GPU device open
         self.sensor, self.intake, self.counters, self.stop, self.emit = (
             sensor,
             intake,
@@ -68,10 +70,15 @@ class SensorThread(threading.Thread):
         self._exec_counts_read = 0  # the exec filter's counts last copied (they change each drain)
 
     def _queue(self, events: list) -> None:
+        opened = False
         for event in events:
             self.counters.events_by_kind[event.kind] += 1
             if isinstance(event, Lost):
                 self.counters.ring_lost[event.what] += event.count
+            elif isinstance(event, GpuOpen):
+                opened = True
+        if opened and self.on_gpu_open is not None:
+            self.on_gpu_open()  # idle GPU samplers go back to their full rate
         self.intake.put_many(events, "sensor")
         filt = getattr(self.sensor, "exec_filter", None)
         if filt is not None and filt.counts_read != self._exec_counts_read:
@@ -115,8 +122,30 @@ class SensorThread(threading.Thread):
             )
 
 
+# A GPU source whose samples say the same about idle GPUs (no process, no utilisation, memory
+# as before) this many times in a row is sampled IDLE_FACTOR times less often, until a sample
+# differs or a GPU device open seen by the sensor (SamplerThread.nudge) wakes it.
+QUIET_SAMPLES = 3
+IDLE_FACTOR = 4
+
+
+def quiet_view(snapshot: GpuSnapshot) -> tuple | None:
+    """What two samples of idle GPUs share (None when a process uses one, or one is busy or
+    lost): equal views mean nothing happened in between.  The source's error lines are part
+    of it: a part that stays unavailable is no change, one that fails anew is."""
+    if snapshot.processes:
+        return None
+    view: list = []
+    for dev in snapshot.devices:
+        if dev.gpu_util or dev.extra.get("state") == "lost":
+            return None
+        view.append((dev.vendor, dev.index, dev.memory_used))
+    return (*view, *snapshot.errors)
+
+
 class SamplerThread(threading.Thread):
-    """Samples one GPU source every ``interval`` seconds; reopens it when it keeps raising."""
+    """Samples one GPU source every ``interval`` seconds (less often while its GPUs are idle
+    and unchanged: :data:`QUIET_SAMPLES`); reopens it when it keeps raising."""
 
     def __init__(
         self,
@@ -147,6 +176,30 @@ class SamplerThread(threading.Thread):
         self._accounting_fault = ""
         self.sampler: Any = None
         self.unavailable: str | None = None  # why the source cannot be opened here
+        self.wake = threading.Event()  # set by nudge(): sample now, at the full rate
+        self._quiet: tuple | None = None  # the last sample's quiet_view
+        self.quiet_samples = 0  # samples in a row with that same view
+
+    def nudge(self) -> None:
+        """A GPU device was opened: back to the full rate, and a sample now if the source was
+        being sampled at the idle rate (at the full rate the next tick is soon enough, and a
+        burst of opens must not become a burst of samples)."""
+        slow = self.quiet_samples >= QUIET_SAMPLES
+        self.quiet_samples = 0
+        if slow:
+            self.wake.set()
+
+    def _next_wait(self, snapshot: GpuSnapshot | None) -> float:
+        """The interval to the next sample: longer after QUIET_SAMPLES equal idle samples."""
+        view = quiet_view(snapshot) if snapshot is not None else None
+        if view is None or view != self._quiet:
+            self.quiet_samples = 0
+        else:
+            self.quiet_samples += 1
+        self._quiet = view
+        if self.quiet_samples >= QUIET_SAMPLES:
+            return self.interval * IDLE_FACTOR
+        return self.interval
 
     def open(self) -> bool:
         """Open the source; a source that cannot work here is reported once (not a fault)."""
@@ -298,12 +351,14 @@ class SamplerThread(threading.Thread):
                 if self._accounting_pending:
                     self._apply_accounting_mode()
                 self._read_accounting(now)
-            next_tick += self.interval
+            next_tick += self._next_wait(snapshot)
             wait = next_tick - time.monotonic()
             if wait < 0:  # a slow sample: skip the missed ticks instead of bursting
                 next_tick = time.monotonic()
                 wait = 0
-            self.stop.wait(wait)
+            if self.wake.wait(wait):  # a nudge: sample now, the ticks count from here
+                self.wake.clear()
+                next_tick = time.monotonic()
         self._close()
 
 

@@ -100,7 +100,13 @@ class ProduceStage:
         if self.sensor is not None:
             self.threads.append(
                 SensorThread(
-                    self.sensor, ctx.intake, ctx.counters, ctx.stop, ctx.emit, self.feedback
+                    self.sensor,
+                    ctx.intake,
+                    ctx.counters,
+                    ctx.stop,
+                    ctx.emit,
+                    self.feedback,
+                    on_gpu_open=self._nudge_samplers,
                 )
             )
         else:
@@ -175,6 +181,7 @@ class ProduceStage:
     # -- stop -------------------------------------------------------------------------
     def join(self) -> bool:
         """Wait for the producer threads; True when the sensor thread is still busy."""
+        self._wake_samplers()  # an idle sampler's wait is several seconds
         for thread in self.threads:
             thread.join(timeout=10)
         # The sensor's buffers are freed by its close: never while its thread may still be in
@@ -203,10 +210,22 @@ class ProduceStage:
             self.ctx.counters.intake_dropped["shutdown"] += dropped
 
     def stop_reading(self) -> None:
-        """Tell the sensor to end its read of the ring now (a flood's whole ring takes seconds)."""
+        """Tell the sensor to end its read of the ring now (a flood's whole ring takes seconds),
+        and the GPU samplers to end their wait."""
         stop_reading = getattr(self.sensor, "request_stop", None)
         if stop_reading is not None:
             stop_reading()
+        self._wake_samplers()
+
+    def _nudge_samplers(self) -> None:
+        for thread in self.threads:
+            if isinstance(thread, SamplerThread):
+                thread.nudge()
+
+    def _wake_samplers(self) -> None:
+        for thread in self.threads:
+            if isinstance(thread, SamplerThread):
+                thread.wake.set()
 
     def close_sensor(self, busy: bool) -> None:
         if self.sensor is not None and busy:

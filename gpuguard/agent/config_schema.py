@@ -226,7 +226,7 @@ SCHEMA = Section(
                 Key(
                     "interval_s",
                     "number",
-                    "GPU samples, per source, on its own thread",
+                    "GPU samples, per source, on its own thread (4x less often while its GPUs stay idle)",
                     field="sample_interval_s",
                     low=0.1,
                     high=3600,

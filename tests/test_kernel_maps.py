@@ -18,7 +18,7 @@ BPF_ARRAY(slots, struct leaf, 1000);
 def table():
     from bcc import BPF
 
-    bpf = BPF(text=PROGRAM)
+    bpf = BPF(text=PROGRAM.encode())
     try:
         yield bpf[b"slots"]
     finally:

@@ -116,7 +116,7 @@ def score_process(
         reader = SignalReader(state, now)
     entries = reader.memo
     evidence: list[Evidence] = []
-    for cache_name, rules in ruleset.evaluation_groups:
+    for cache_name, rules in ruleset.groups_for(state):
         if cache_name is None:
             evidence += _matched(rules, reader)
             continue

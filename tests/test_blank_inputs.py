@@ -269,7 +269,10 @@ def _given(state: ProcessState) -> set[str]:
 
 WRONGLY_BLANK = [
     "cmdline",
-    "facts",
+    "facts.ancestors",
+    "facts.config_files",
+    "facts.container_id",
+    "facts.exe_deleted",
     "network.ports",
     "network.methods",
     "payload_protocols",
@@ -282,6 +285,7 @@ WRONGLY_BLANK = [
     "gpu_device_shared",
     "cpu",
     "cpu_activity",
+    "huge_requests",
     "yara_tags",
     "sessions",
 ]

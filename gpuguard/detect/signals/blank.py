@@ -1,10 +1,10 @@
 """Blank inputs: what a state has not been given, and the signal values that follow from that alone.
 
 A signal is a function of the inputs it declares (``Signal.reads``, checked by
-tests/test_signal_inputs.py).  While every input it reads is as on a state nothing was fed
-("blank": no GPU device, no connection, no sample...), its value is its value on such a
-state, computed once.  Scoring judges rules with these values to leave out those that
-cannot match a process (``RuleSet.groups_for``).
+tests/test_signal_inputs.py).  While every input it reads is *blank*, as on a state that got
+empty facts and nothing else (no GPU device, connection, sample, YARA match...), its value
+is its value on that state, computed once.  Scoring judges rules with these values to leave
+out those that cannot match a process (``RuleSet.groups_for``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from typing import Any
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.signals.table import SIGNALS
+from gpuguard.events.process_facts import ProcessFacts
 
-# The key and the clock are always there; the engine supplies the parent's verdict to the reader.
-NEVER_BLANK = frozenset({"key", "now", "parent_verdict"})
+# The key, the clock and the facts as a whole are never blank (a state's facts are absent or
+# name their process); the engine supplies the parent's verdict to the reader.
+NEVER_BLANK = frozenset({"key", "now", "facts", "parent_verdict"})
+_FACTS = "facts."  # a field of the facts: blank when there are facts and it is its default
 
-_BLANK_STATE = ProcessState(ProcessKey(0, 0.0))
+_BLANK_STATE = ProcessState(ProcessKey(0, 0.0), facts=ProcessFacts(pid=0, start_time=0.0))
 _blank_values: dict[str, Any] = {}
 
 
@@ -60,10 +63,11 @@ class BlankProbe:
     name in ``probe.inputs``, usable as a dictionary key.
 
     A plain value is blank when it equals the blank state's and has its type (an empty set, 0,
-    None); a sample window or GPU behaviour when nothing was ever added to it.
+    None, False); a sample window or GPU behaviour when nothing was ever added to it; a field of
+    the facts only when there are facts.
     """
 
-    __slots__ = ("inputs", "_values", "_expected")
+    __slots__ = ("inputs", "_paths", "_values", "_expected")
 
     def __init__(self, inputs: tuple[str, ...]) -> None:
         self.inputs = inputs
@@ -75,18 +79,31 @@ class BlankProbe:
                 paths.append(f"{name}.untouched")
                 expected.append((True, bool))
             else:
-                assert blank is None or type(blank) in (int, str, set, frozenset, dict, list), name
+                assert blank is None or type(blank) in _PLAIN, name
                 paths.append(name)
                 expected.append((blank, type(blank)))
+        self._paths = tuple(paths)
         getter = attrgetter(*paths) if paths else (lambda state: ())
         # attrgetter of one name returns the value itself, not a tuple of one
         self._values = getter if len(paths) != 1 else (lambda state: (getter(state),))
         self._expected = tuple(expected)
 
     def __call__(self, state: ProcessState) -> tuple[bool, ...]:
+        if state.facts is None:  # none of their fields is blank
+            return tuple(
+                not path.startswith(_FACTS) and _blank(attrgetter(path)(state), *expected)
+                for path, expected in zip(self._paths, self._expected, strict=True)
+            )
         return tuple(
             [
                 type(value) is kind and value == blank
                 for value, (blank, kind) in zip(self._values(state), self._expected, strict=True)
             ]
         )
+
+
+_PLAIN = (int, float, bool, str, set, frozenset, dict, list)
+
+
+def _blank(value: Any, blank: Any, kind: type) -> bool:
+    return type(value) is kind and value == blank

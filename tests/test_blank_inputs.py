@@ -1,10 +1,12 @@
 """Scoring leaves out the rules that cannot match, and gives the same evidence as every rule.
 
 ``RuleSet.groups_for`` drops a rule when its condition is false with the values its signals
-have while the inputs they read are blank (detect.signals.blank).  Each state below is
-scored both ways: the rules left in, through ``score_process``, against every enabled rule
-evaluated on a fresh reader.  The states cover each input alone on a quiet process and on a
-miner, the golden cases' states and the built states of tests/test_signal_inputs.py.
+have while the inputs they read are blank (detect.signals.blank); in one pass, processes
+whose inputs to a group of kept rules are equal share one evaluation (``RuleGroup.alike``).
+Each state below is scored both ways: through ``score_process``, all in one pass, against
+every enabled rule evaluated on a fresh reader.  The states cover each input alone on a
+quiet process, a miner and a masquerader, the golden cases' states and the built states of
+tests/test_signal_inputs.py.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.cases import CAPTURE, replay
 from gpuguard.detect.ruleset.load import load_ruleset
-from gpuguard.detect.ruleset.model import RuleSet
+from gpuguard.detect.ruleset.model import RuleGroup, RuleSet
 from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.score import score_process
 from gpuguard.detect.signals import blank, memo
@@ -216,15 +218,16 @@ def _every_rule(state: ProcessState, ruleset: RuleSet, now: float) -> list[tuple
 
 def differences(ruleset: RuleSet, states: list[ProcessState]) -> list[str]:
     """Each state whose scored evidence differs from what every rule gives, or that had a rule
-    left out which matches it."""
+    left out which matches it (scored as one pass: outcomes shared between processes alike)."""
     wrong = []
+    alike: dict = {}
     for state in states:
         now = max(state.last_seen, T) + 30
         full = _every_rule(state, ruleset, now)
-        left_in = {r.id for _, rules in ruleset.groups_for(state) for r in rules}
+        left_in = {r.id for _, rules, _ in ruleset.groups_for(state) for r in rules}
         left_out = [rule for rule, _ in full if rule not in left_in]
         with memo.set_aside(state):
-            verdict = score_process(state, ruleset, now)
+            verdict = score_process(state, ruleset, now, None, alike)
         scored = sorted((e.rule_id, e.detail) for e in verdict.evidence)
         if scored != full or left_out:
             wrong.append(
@@ -258,7 +261,7 @@ def test_a_quiet_process_computes_no_signal_of_a_blank_input(ruleset):
         name for name in reader if blank.foldable(name) and not SIGNALS[name].reads & _given(state)
     }
     assert blank_only == set()
-    evaluated = sum(len(rules) for _, rules in ruleset.groups_for(state))
+    evaluated = sum(len(rules) for _, rules, _ in ruleset.groups_for(state))
     assert evaluated < len(ruleset.rules) / 2
 
 
@@ -311,6 +314,32 @@ def test_a_probe_that_calls_a_given_input_blank_is_caught(states, wrong):
     assert differences(fresh, states)
 
 
+def test_a_key_that_leaves_out_an_input_is_caught(states, monkeypatch):
+    """Processes share a kept outcome only when every input its rules read is equal: a key
+    that leaves one out (here: every input) gives one process another's evidence."""
+    monkeypatch.setattr(blank.InputValues, "__call__", lambda self, state: ())
+    assert differences(load_ruleset([shipped_rules_file()]), states)
+
+
+def test_processes_alike_share_one_evaluation(ruleset):
+    alike: dict = {}
+    evaluated = []
+    for pid in range(3):
+        state = _quiet(200 + pid)
+        reader = SignalReader(state, T + 30)
+        score_process(state, ruleset, T + 30, reader, alike)
+        evaluated.append(len(reader))
+    assert evaluated[1] < evaluated[0] / 2 and evaluated[2] == evaluated[1]
+    other = _quiet(210, cmdline=["sleep", "60"])  # another command line: evaluated again
+    reader = SignalReader(other, T + 30)
+    score_process(other, ruleset, T + 30, reader, alike)
+    assert len(reader) == evaluated[0]
+    again = _quiet(211)  # outside a pass: nothing shared
+    reader = SignalReader(again, T + 30)
+    score_process(again, ruleset, T + 30, reader)
+    assert len(reader) == evaluated[0]
+
+
 def test_every_golden_case_replays_to_the_same_verdicts_with_every_rule(ruleset, monkeypatch):
     def replayed() -> list[dict]:
         out = []
@@ -321,5 +350,9 @@ def test_every_golden_case_replays_to_the_same_verdicts_with_every_rule(ruleset,
         return out
 
     fast = replayed()
-    monkeypatch.setattr(RuleSet, "groups_for", lambda self, state: self.evaluation_groups)
+    monkeypatch.setattr(
+        RuleSet,
+        "groups_for",
+        lambda self, state: tuple(RuleGroup(c, rules, None) for c, rules in self.evaluation_groups),
+    )
     assert fast == replayed()

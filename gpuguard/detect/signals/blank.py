@@ -4,7 +4,8 @@ A signal is a function of the inputs it declares (``Signal.reads``, checked by
 tests/test_signal_inputs.py).  While every input it reads is *blank*, as on a state that got
 empty facts and nothing else (no GPU device, connection, sample, YARA match...), its value
 is its value on that state, computed once.  Scoring judges rules with these values to leave
-out those that cannot match a process (``RuleSet.groups_for``).
+out those that cannot match a process (``RuleSet.groups_for``), and gives processes whose
+inputs are equal the outcome computed for the first of them (:class:`InputValues`).
 """
 
 from __future__ import annotations
@@ -107,3 +108,37 @@ _PLAIN = (int, float, bool, str, set, frozenset, dict, list)
 
 def _blank(value: Any, blank: Any, kind: type) -> bool:
     return type(value) is kind and value == blank
+
+
+class InputValues:
+    """The values of some inputs on a state as one hashable key: every signal reading only those
+    inputs has the same value on two states with equal keys.  None when a value cannot be a key
+    (a list of records, no facts for a ``facts.<field>``)."""
+
+    __slots__ = ("inputs", "_values")
+
+    def __init__(self, inputs: tuple[str, ...]) -> None:
+        assert inputs and not set(inputs) & {"key", "now"}, inputs
+        self.inputs = inputs
+        getter = attrgetter(*inputs)
+        self._values = getter if len(inputs) != 1 else (lambda state: (getter(state),))
+
+    def __call__(self, state: ProcessState) -> tuple | None:
+        try:
+            key = tuple([_frozen(value) for value in self._values(state)])
+            hash(key)
+        except (TypeError, AttributeError):
+            return None
+        return key
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` as a dictionary key (a container's elements as they are)."""
+    kind = type(value)
+    if kind is list:
+        return tuple(value)
+    if kind is set:
+        return frozenset(value)
+    if kind is dict:
+        return frozenset(value.items())
+    return value

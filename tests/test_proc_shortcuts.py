@@ -1,8 +1,9 @@
-"""The /proc readers' short cuts answer as the full parse does.
+"""The host readers' short cuts answer as the full work does.
 
 ``LD_PRELOAD`` is looked for only in environments holding the bytes ``LD_PRELOAD=``; a cgroup
 file's text is parsed once per distinct text; ``-c``/``--config`` paths are looked for only
-in arguments starting like one of the options.
+in arguments starting like one of the options; an autostart link under the root ``/`` is
+followed by the kernel, not resolved component by component first.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.sources.host.persistence import _Reader
 from gpuguard.sources.proc.config_files import CONFIG_OPTIONS, config_paths_from_argv
 from gpuguard.sources.proc.containers import read_cgroup_path
 from gpuguard.sources.proc.process import _ld_preload_of
@@ -83,3 +85,27 @@ def test_one_cgroup_text_read_by_many_processes_gives_each_its_path(tmp_path: Pa
 def test_config_paths_from_argv(argv: list[str], paths: list[str]):
     assert config_paths_from_argv(argv) == paths
     assert all(option.startswith(("-c", "--c")) for option in CONFIG_OPTIONS)
+
+
+def test_autostart_links_under_the_root_slash_read_what_a_resolved_link_reads(tmp_path: Path):
+    unit = tmp_path / "lib" / "x.service"
+    unit.parent.mkdir()
+    unit.write_text("[Service]\nExecStart=/usr/bin/xmrig -o stratum+tcp://p:3333\n")
+    wants = tmp_path / "etc" / "multi-user.target.wants"
+    wants.mkdir(parents=True)
+    (wants / "x.service").symlink_to("../../lib/x.service")  # relative, through ..
+    (wants / "again.service").symlink_to(unit)  # the same file: read once
+    (wants / "dangling.service").symlink_to(tmp_path / "nowhere")
+    (wants / "loop.service").symlink_to(wants / "loop.service")
+    read = {}
+    for root in ("/", str(tmp_path.parent)):  # the short cut, and the resolving path
+        reader = _Reader(root)
+        reader.read_dir(str(wants), "systemd-unit")
+        read[root] = [(f.path.rsplit("/", 1)[-1], f.lines) for f in reader.scan.files]
+    assert read["/"] == read[str(tmp_path.parent)]
+    assert read["/"] == [
+        (
+            "again.service",
+            [(1, "[Service]"), (2, "ExecStart=/usr/bin/xmrig -o stratum+tcp://p:3333")],
+        )
+    ]

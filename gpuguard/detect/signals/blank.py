@@ -11,7 +11,7 @@ inputs are equal the outcome computed for the first of them (:class:`InputValues
 from __future__ import annotations
 
 from collections.abc import Iterable
-from operator import attrgetter
+from operator import and_, attrgetter, eq, is_
 from typing import Any
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
@@ -68,7 +68,7 @@ class BlankProbe:
     the facts only when there are facts.
     """
 
-    __slots__ = ("inputs", "_paths", "_values", "_expected")
+    __slots__ = ("inputs", "_paths", "_values", "_expected", "_blanks", "_kinds")
 
     def __init__(self, inputs: tuple[str, ...]) -> None:
         self.inputs = inputs
@@ -88,6 +88,8 @@ class BlankProbe:
         # attrgetter of one name returns the value itself, not a tuple of one
         self._values = getter if len(paths) != 1 else (lambda state: (getter(state),))
         self._expected = tuple(expected)
+        self._blanks = tuple(blank for blank, _ in expected)
+        self._kinds = tuple(kind for _, kind in expected)
 
     def __call__(self, state: ProcessState) -> tuple[bool, ...]:
         if state.facts is None:  # none of their fields is blank
@@ -95,12 +97,12 @@ class BlankProbe:
                 not path.startswith(_FACTS) and _blank(attrgetter(path)(state), *expected)
                 for path, expected in zip(self._paths, self._expected, strict=True)
             )
-        return tuple(
-            [
-                type(value) is kind and value == blank
-                for value, (blank, kind) in zip(self._values(state), self._expected, strict=True)
-            ]
-        )
+        values = self._values(state)
+        equal = tuple(map(eq, values, self._blanks))
+        kinds = tuple(map(type, values))
+        if kinds == self._kinds:
+            return equal
+        return tuple(map(and_, equal, map(is_, kinds, self._kinds)))
 
 
 _PLAIN = (int, float, bool, str, set, frozenset, dict, list)

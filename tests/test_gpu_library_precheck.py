@@ -71,3 +71,29 @@ def test_amdsmi_without_its_library_answers_as_its_import_does():
         assert not imported
     else:
         assert line is None and imported
+
+
+_STACK_EARLY = """
+import json, sys
+from gpuguard.sources.host.host_gpu_stack import read_nvml
+print(json.dumps([read_nvml()[2], "pynvml" in sys.modules]))
+"""
+_STACK_ITSELF = """
+import json, pynvml
+try:
+    pynvml.nvmlInit()
+    line = None
+except pynvml.NVMLError as exc:
+    line = f"NVML: {exc}" if exc.value == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND else None
+print(json.dumps(line))
+"""
+
+
+def test_the_gpu_stack_without_nvml_says_what_nvml_init_says_without_importing_it():
+    line, imported = _python(_STACK_EARLY)
+    itself = _python(_STACK_ITSELF)
+    if itself is not None:
+        assert line == itself == "NVML: NVML Shared Library Not Found"
+        assert not imported
+    else:
+        assert imported

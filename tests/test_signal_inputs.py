@@ -30,9 +30,10 @@ T = 1_700_002_800.0
 
 class StateRecorder:
     """A ProcessState that records which fields are read (``network.<field>`` for the
-    NetworkView's).  It is a new object to detect's memo, which holds nothing for it, so every
-    derivation reads its inputs; the generations the memo stamps its entries with are
-    bookkeeping, not inputs, and are not recorded."""
+    NetworkView's, ``facts.<field>`` for the facts': looking whether there are facts is part of
+    reading one of their fields).  It is a new object to detect's memo, which holds nothing for
+    it, so every derivation reads its inputs; the generations the memo stamps its entries with
+    are bookkeeping, not inputs, and are not recorded."""
 
     def __init__(self, state: ProcessState, seen: set[str], prefix: str = "") -> None:
         object.__setattr__(self, "_state", state)
@@ -45,6 +46,8 @@ class StateRecorder:
             return value
         if not self._prefix and name == "network":
             return StateRecorder(value, self._seen, "network.")
+        if not self._prefix and name == "facts":
+            return None if value is None else StateRecorder(value, self._seen, "facts.")
         self._seen.add(self._prefix + name)
         return value
 

@@ -15,7 +15,8 @@ from gpuguard.correlate.correlator import Correlator
 from gpuguard.detect.ruleset.load import load_ruleset
 from gpuguard.detect.ruleset.shipped import shipped_rules_dir, shipped_rules_file
 from gpuguard.detect.scoring.engine import DetectionEngine
-from gpuguard.detect.yara.scan import YaraScanner, compile_files
+from gpuguard.detect.yara import scan as yara_scan
+from gpuguard.detect.yara.scan import YaraScanner, compile_files, yara_problems
 from gpuguard.sources.proc.process import collect_process_facts
 
 MARKER = "gpuguard-memory-marker mining.set_target"
@@ -97,6 +98,25 @@ def test_shipped_yara_compiles_once(scanner):
         "stratum_client_strings",
         "stratum_url_in_cmdline",
     }
+
+
+def test_a_validated_file_is_not_compiled_again(tmp_path, monkeypatch):
+    """Loading rules validates the YARA file by compiling it; a scan's compile_files reuses that
+    (one file: compiled once per scan, not twice), and a file with problems is not kept."""
+    good = tmp_path / "one.yar"
+    good.write_text('rule one { strings: $a = "xmrig-marker" condition: $a }\n')
+    bad = tmp_path / "bad.yar"
+    bad.write_text('rule bad { meta: scope = "nowhere" strings: $a = "x" condition: $a }\n')
+    assert yara_problems([good]) == []
+    compiled = []
+    real = yara_scan.yara.compile
+    monkeypatch.setattr(yara_scan.yara, "compile", lambda **kw: compiled.append(kw) or real(**kw))
+    rules = compile_files([good])
+    assert compiled == []
+    assert [m.rule for m in rules.match(data=b"an xmrig-marker here")] == ["one"]
+    assert yara_problems([bad]) != [] and len(compiled) == 1
+    compile_files([bad])
+    assert len(compiled) == 2  # compiled for the scan: the one with problems was not kept
 
 
 def test_memory_rules_never_demand_an_elf_header():

@@ -111,6 +111,11 @@ class GpuBehaviour:
                 self.day_s += gap
                 self.day_active_s += gap if active else 0.0
 
+    @property
+    def untouched(self) -> bool:
+        """No sample was ever added (every one sets ``last_time``)."""
+        return self.last_time is None
+
     # -- derived figures (None: not available) -----------------------------------
 
     def allocation_stable_s(self) -> float | None:

@@ -80,6 +80,11 @@ class SampleWindow:
         return len(self._samples)
 
     @property
+    def untouched(self) -> bool:
+        """Nothing was ever added (an emptied window is not untouched)."""
+        return self._added == 0
+
+    @property
     def latest(self) -> float | None:
         return self._samples[-1][1] if self._samples else None
 

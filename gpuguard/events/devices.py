@@ -8,6 +8,7 @@ use this module so both sides agree on the same classes.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from gpuguard.events.abi import DeviceClass
 
@@ -36,6 +37,7 @@ _ABSOLUTE = (
 )
 
 
+@lru_cache(maxsize=4096)  # a pure function of the path; most fds are /dev/null or a tty
 def classify_device_path(path: str) -> DeviceClass:
     """Return the GPU device class of an absolute, resolved path (NONE if not a GPU file)."""
     for pattern, device_class in _ABSOLUTE:

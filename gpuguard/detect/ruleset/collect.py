@@ -491,6 +491,7 @@ def compile_collected(
             condition=condition,
             signals=signals,
             leaves=leaves,
+            shape=ctx.shape,
             source=id_field.doc.at(id_field.path),
             outcome_cache=rule_cache(signals),
             categories=categories_of_tags(tuple(fields["tags"].value) if "tags" in fields else ()),

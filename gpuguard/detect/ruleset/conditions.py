@@ -91,6 +91,34 @@ class Leaf:
     test: Condition
 
 
+@dataclass(frozen=True, slots=True)
+class Junction:
+    """``all``, ``any`` or ``not`` of compiled parts: with the leaves, a condition's tree, which
+    :func:`known_outcome` judges from some signals' values alone."""
+
+    kind: str
+    parts: tuple[Leaf | Junction, ...]
+
+
+Shape = Leaf | Junction
+
+
+def known_outcome(shape: Shape, known: dict[str, Any]) -> bool | None:
+    """Whether the condition of ``shape`` matches when the signals named in ``known`` have those
+    values: True or False, or None when that depends on a signal not in ``known``."""
+    if type(shape) is Leaf:
+        if shape.signal not in known or SIGNALS[shape.signal].parameter is not None:
+            return None
+        return shape.test(known) is not None
+    answers = [known_outcome(part, known) for part in shape.parts]
+    if shape.kind == "not":
+        return None if answers[0] is None else not answers[0]
+    decisive = shape.kind == "any"  # any: one True decides; all: one False decides
+    if decisive in answers:
+        return decisive
+    return None if None in answers else not decisive
+
+
 _SCALAR = ("bool", "number", "text")
 _SETS = ("texts", "numbers")
 OPERATORS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -140,6 +168,7 @@ class CompileContext:
     problems: list[Problem_] = field(default_factory=list)
     signals_used: set[str] = field(default_factory=set)
     leaves: list[Leaf] = field(default_factory=list)  # every signal test compiled, in order
+    shape: Shape | None = None  # the tree of the condition compiled last
     lists_used: set[str] = field(default_factory=set)
     _compiled_lists: dict[tuple[str, str], Any] = field(default_factory=dict)
 
@@ -395,7 +424,22 @@ def compile_condition(
     key_at: Callable[[tuple], Position],
     ctx: CompileContext,
 ) -> Condition | None:
-    """Compile ``node`` (found at ``path`` of a document); problems go to ``ctx.problems``."""
+    """Compile ``node`` (found at ``path`` of a document); problems go to ``ctx.problems``, its
+    tree to ``ctx.shape``."""
+    compiled = _compile(node, path, at, key_at, ctx)
+    if compiled is None:
+        return None
+    condition, ctx.shape = compiled
+    return condition
+
+
+def _compile(
+    node: Any,
+    path: tuple,
+    at: Callable[[tuple], Position],
+    key_at: Callable[[tuple], Position],
+    ctx: CompileContext,
+) -> tuple[Condition, Shape] | None:
     bad = ctx.problems.append
     if not isinstance(node, dict) or not node:
         bad(
@@ -418,24 +462,23 @@ def compile_condition(
                     )
                 )
             # its body is still checked, so every problem is listed at once
-            compile_condition({kind: node[kind]}, path, at, key_at, ctx)
+            _compile({kind: node[kind]}, path, at, key_at, ctx)
             return None
         body = node[kind]
         if kind == "not":
-            inner = compile_condition(body, path + ("not",), at, key_at, ctx)
-            if inner is None:
+            compiled = _compile(body, path + ("not",), at, key_at, ctx)
+            if compiled is None:
                 return None
-            return lambda r: [] if inner(r) is None else None
+            inner, shape = compiled
+            return (lambda r: [] if inner(r) is None else None), Junction("not", (shape,))
         if not isinstance(body, list) or not body:
             bad((at(path + (kind,)), f"{kind}: needs a non-empty list of conditions"))
             return None
-        parts = [
-            compile_condition(item, path + (kind, i), at, key_at, ctx)
-            for i, item in enumerate(body)
-        ]
+        parts = [_compile(item, path + (kind, i), at, key_at, ctx) for i, item in enumerate(body)]
         if any(p is None for p in parts):
             return None
-        parts_t = tuple(parts)
+        parts_t = tuple(p[0] for p in parts)
+        junction = Junction(kind, tuple(p[1] for p in parts))
         if kind == "all":
 
             def all_of(r: SignalReader) -> list[str] | None:
@@ -447,7 +490,7 @@ def compile_condition(
                     out += got
                 return out
 
-            return all_of
+            return all_of, junction
 
         def any_of(r: SignalReader) -> list[str] | None:
             for part in parts_t:
@@ -456,11 +499,13 @@ def compile_condition(
                     return got
             return None
 
-        return any_of
+        return any_of, junction
     return _compile_leaf(node, path, at, key_at, ctx)
 
 
-def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> Condition | None:
+def _compile_leaf(
+    node: dict, path: tuple, at, key_at, ctx: CompileContext
+) -> tuple[Condition, Leaf] | None:
     bad = ctx.problems.append
     if "signal" not in node:
         for key in node:
@@ -587,9 +632,10 @@ def _compile_leaf(node: dict, path: tuple, at, key_at, ctx: CompileContext) -> C
                 return None
     if len(ops) != 1:  # an unknown operator beside this one (reported above)
         return None
-    leaf = _leaf(key, label, type_, op, operand, compiled)
-    ctx.leaves.append(Leaf(name, op, operand, leaf))
-    return leaf
+    test = _leaf(key, label, type_, op, operand, compiled)
+    leaf = Leaf(name, op, operand, test)
+    ctx.leaves.append(leaf)
+    return test, leaf
 
 
 def _argument_problem(parameter: str, argument: str) -> str | None:

@@ -7,14 +7,22 @@ its cause and (when there is one) its fix as fields.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuguard.config.schema import Key, Section
 from gpuguard.config.yaml_marks import Position
-from gpuguard.detect.ruleset.conditions import Condition, Leaf
+from gpuguard.correlate.state import ProcessState
+from gpuguard.detect.ruleset.conditions import Condition, Leaf, Shape, known_outcome
 from gpuguard.detect.scoring.allowlist import Allowlist
+from gpuguard.detect.signals.blank import (
+    BlankProbe,
+    InputValues,
+    inputs_of,
+    values_while_blank,
+)
 from gpuguard.detect.signals.rescore import (
     COUNT_SIGNALS,
     GPU_SAMPLE_SIGNALS,
@@ -23,10 +31,12 @@ from gpuguard.detect.signals.rescore import (
     additions_read,
     crossing_points,
 )
+from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.errors import with_fix
 from gpuguard.events.action_kinds import RULE_ACTIONS
 
 FORMAT_VERSION = 1
+_MAX_BLANK_PROFILES = 256  # sets of blank inputs whose rule groups are kept (a handful on a host)
 SEVERITIES = ("info", "low", "medium", "high", "critical")
 VERDICTS = ("clean", "suspicious", "malicious")
 # What a rules file's ``actions:`` may name, weakest first (guard policies rank by it).
@@ -142,6 +152,40 @@ class Rule:
     outcome_cache: str | None = None  # the memo entry its outcome is kept in (rescore.rule_cache)
     leaves: tuple[Leaf, ...] = ()  # its condition's signal tests (what the rescore policy reads)
     categories: tuple[str, ...] = ()  # its findings' categories (categories_of_tags)
+    shape: Shape | None = None  # its condition's tree (judged with blank inputs: groups_for)
+
+
+class RuleGroup(NamedTuple):
+    """Rules whose outcome is kept in one memo entry (``cache``; None: evaluated every time),
+    those of them that can match a process with some inputs blank."""
+
+    cache: str | None
+    rules: tuple[Rule, ...]
+    # state -> (cache, blank inputs, the values of the others the rules read): the same outcome
+    # on every state with that key (signals read only what they declare; a kept outcome has no
+    # clock); None: not shared (evaluated every time, or reads the key)
+    alike: Callable[[ProcessState], tuple | None] | None
+
+
+def _group(cache: str | None, rules: tuple[Rule, ...], blank: set[str], blanks: tuple) -> RuleGroup:
+    reads = {read for rule in rules for name in rule.signals for read in SIGNALS[name].reads}
+    inputs = tuple(sorted(reads - blank))
+    if cache is None or not rules or "key" in reads:
+        return RuleGroup(cache, rules, None)
+    if not inputs:
+        return RuleGroup(cache, rules, lambda state, key=(cache, blanks): key)
+    values = InputValues(inputs)
+
+    def alike(state: ProcessState) -> tuple | None:
+        found = values(state)
+        return None if found is None else (cache, blanks, found)
+
+    return RuleGroup(cache, rules, alike)
+
+
+def _may_match(rule: Rule, known: dict[str, Any]) -> bool:
+    """Whether ``rule`` can match while the signals in ``known`` have those values."""
+    return rule.shape is None or known_outcome(rule.shape, known) is not False
 
 
 @dataclass(slots=True)
@@ -159,6 +203,8 @@ class RuleSet:
     _signals_used: frozenset[str] | None = field(default=None, repr=False)
     _gpu_tests: tuple[Condition, ...] | None = field(default=None, repr=False)
     _age_points: tuple[float, ...] | None | bool = field(default=False, repr=False)
+    _blank_probe: BlankProbe | None = field(default=None, repr=False)
+    _groups_by_blanks: dict[tuple[bool, ...], Any] = field(default_factory=dict, repr=False)
 
     @property
     def evaluation_groups(self) -> tuple[tuple[str | None, tuple[Rule, ...]], ...]:
@@ -172,6 +218,27 @@ class RuleSet:
                 (name, tuple(r for r in self.rules if r.outcome_cache == name)) for name in names
             )
         return self._groups
+
+    def groups_for(self, state: ProcessState) -> tuple[RuleGroup, ...]:
+        """:attr:`evaluation_groups` less the rules that cannot match ``state``: those whose
+        condition is false with the values its signals have while their inputs are blank, for
+        the inputs blank on ``state`` now (detect.signals.blank).  The other rules, evaluated,
+        give the same evidence as all of them."""
+        probe = self._blank_probe
+        if probe is None:
+            probe = self._blank_probe = BlankProbe(inputs_of(self.signals_used))
+        blanks = probe(state)
+        groups = self._groups_by_blanks.get(blanks)
+        if groups is None:
+            if len(self._groups_by_blanks) >= _MAX_BLANK_PROFILES:
+                self._groups_by_blanks.clear()
+            blank = {name for name, is_blank in zip(probe.inputs, blanks, strict=True) if is_blank}
+            known = values_while_blank(self.signals_used, blank)
+            groups = self._groups_by_blanks[blanks] = tuple(
+                _group(cache, tuple(r for r in rules if _may_match(r, known)), blank, blanks)
+                for cache, rules in self.evaluation_groups
+            )
+        return groups
 
     @property
     def signals_used(self) -> frozenset[str]:

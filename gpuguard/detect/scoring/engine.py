@@ -116,6 +116,7 @@ class DetectionEngine:
         )
         scoring.marked = set(dirty)
         pending = scoring.scored  # state -> (its newest verdict, the parent verdict it read)
+        alike: dict = {}  # outcomes shared by processes with equal inputs, for this pass only
         out: list[Verdict] = []
         for _ in range(
             _MAX_PARENT_PASSES
@@ -135,7 +136,7 @@ class DetectionEngine:
                 reader = readers.pop(state, None) or SignalReader(state, now)
                 reader["parent_verdict"] = _parent_value(parent_verdict, "verdict")
                 reader["parent_score"] = _parent_value(parent_verdict, "score")
-                verdict = score_process(state, ruleset, now, reader)
+                verdict = score_process(state, ruleset, now, reader, alike)
                 if gpu_tests and state.gpu_rescored_at is not None:
                     keep(
                         reader.memo,

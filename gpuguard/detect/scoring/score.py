@@ -101,11 +101,19 @@ def verdict_for(score: int, ruleset: RuleSet) -> str:
 
 
 def score_process(
-    state: ProcessState, ruleset: RuleSet, now: float, reader: SignalReader | None = None
+    state: ProcessState,
+    ruleset: RuleSet,
+    now: float,
+    reader: SignalReader | None = None,
+    alike: dict[tuple, list[Evidence]] | None = None,
 ) -> Verdict:
-    """Evaluate every enabled rule on ``state`` at ``now``; see the module docstring.
+    """Evaluate every enabled rule that can match ``state`` (``RuleSet.groups_for``) at ``now``;
+    see the module docstring.
 
     ``reader``: the signals of ``state`` at ``now`` already read (the engine's GPU check).
+    ``alike``: kept outcomes of the processes scored before in the same pass, by the values of
+    their inputs (``RuleGroup.alike``): a process whose inputs equal an earlier one's gets its
+    outcome without evaluating (the engine passes one per pass, so it holds nothing longer).
 
     A rule that reads only signals derived from the facts, endpoints and GPU
     devices is evaluated once and its outcome kept in detect's memo until
@@ -116,14 +124,21 @@ def score_process(
         reader = SignalReader(state, now)
     entries = reader.memo
     evidence: list[Evidence] = []
-    for cache_name, rules in ruleset.evaluation_groups:
+    for cache_name, rules, same_as in ruleset.groups_for(state):
         if cache_name is None:
             evidence += _matched(rules, reader)
             continue
         outcome = kept(entries, state, cache_name)
         if outcome is None or outcome[0] is not ruleset:
-            # not evaluated since the last change, or rules reloaded
-            outcome = keep(entries, state, cache_name, (ruleset, _matched(rules, reader)))
+            # not evaluated since the last change, or rules reloaded: the outcome of a process
+            # whose inputs to these rules are equal, else evaluated
+            key = same_as(state) if same_as is not None and alike is not None else None
+            matched = alike.get(key) if key is not None else None
+            if matched is None:
+                matched = _matched(rules, reader)
+                if key is not None:
+                    alike[key] = matched
+            outcome = keep(entries, state, cache_name, (ruleset, matched))
         evidence += outcome[1]
     total = sum(e.weight for e in evidence)
     evidence.sort(key=lambda e: (-e.weight, e.rule_id))

@@ -408,7 +408,13 @@ def _is_address(host: str) -> bool:
     "its quiet connection's peer was reached by address alone: the first bytes it sent named no "
     "host (no TLS SNI, no HTTP Host) and its command line and configs name only IP addresses; "
     "absent without a quiet connection or a captured payload",
-    reads=("cmdline", "facts", "network.payload_hosts", "payload_protocols", "sessions"),
+    reads=(
+        "cmdline",
+        "facts.config_files",
+        "network.payload_hosts",
+        "payload_protocols",
+        "sessions",
+    ),
 )
 def _quiet_session_by_address(s: ProcessState, now: float) -> bool | None:
     if _quiet_session(s) is None or not s.payload_protocols:

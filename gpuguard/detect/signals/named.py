@@ -194,7 +194,7 @@ def _comm_differs(s: ProcessState, now: float) -> bool | None:
     "bool",
     "identity",
     "a real kernel thread (no executable, child of kthreadd)",
-    reads=("facts",),
+    reads=("facts.kernel_thread",),
 )
 def _kernel_thread(s: ProcessState, now: float) -> bool | None:
     return s.facts.kernel_thread if s.facts is not None else None
@@ -224,7 +224,7 @@ def _cmdline_bracketed(s: ProcessState, now: float) -> bool:
     "bool",
     "identity",
     "the executable file was deleted after start",
-    reads=("facts",),
+    reads=("facts.exe_deleted",),
 )
 def _exe_deleted(s: ProcessState, now: float) -> bool | None:
     return s.facts.exe_deleted if s.facts is not None else None
@@ -235,7 +235,7 @@ def _exe_deleted(s: ProcessState, now: float) -> bool | None:
     "bool",
     "identity",
     "the executable is an anonymous memfd (fileless)",
-    reads=("exe", "facts"),
+    reads=("exe", "facts.exe_memfd"),
 )
 def _exe_memfd(s: ProcessState, now: float) -> bool:
     return (s.facts.exe_memfd if s.facts is not None else False) or s.exe.startswith("/memfd:")
@@ -252,17 +252,17 @@ def _exe_memfd_name(s: ProcessState, now: float) -> str | None:
     return s.exe[len("/memfd:") :] or None if s.exe.startswith("/memfd:") else None
 
 
-@_signal("user", "text", "identity", "user name of the real uid", reads=("facts",))
+@_signal("user", "text", "identity", "user name of the real uid", reads=("facts.username",))
 def _user(s: ProcessState, now: float) -> str | None:
     return (s.facts.username or None) if s.facts is not None else None
 
 
-@_signal("uid", "number", "identity", "real uid", reads=("facts",))
+@_signal("uid", "number", "identity", "real uid", reads=("facts.uid",))
 def _uid(s: ProcessState, now: float) -> int | None:
     return s.facts.uid if s.facts is not None and s.facts.uid >= 0 else None
 
 
-@_signal("cgroup", "text", "identity", "cgroup path", reads=("facts",))
+@_signal("cgroup", "text", "identity", "cgroup path", reads=("facts.cgroup",))
 def _cgroup(s: ProcessState, now: float) -> str | None:
     return (s.facts.cgroup or None) if s.facts is not None else None
 
@@ -272,18 +272,24 @@ def _cgroup(s: ProcessState, now: float) -> str | None:
     "text",
     "identity",
     "container id from the cgroup, if in a container",
-    reads=("facts",),
+    reads=("facts.container_id",),
 )
 def _container_id(s: ProcessState, now: float) -> str | None:
     return s.facts.container_id if s.facts is not None else None
 
 
-@_signal("in_container", "bool", "identity", "the process runs in a container", reads=("facts",))
+@_signal(
+    "in_container",
+    "bool",
+    "identity",
+    "the process runs in a container",
+    reads=("facts.container_id",),
+)
 def _in_container(s: ProcessState, now: float) -> bool | None:
     return s.facts.container_id is not None if s.facts is not None else None
 
 
-@_signal("ld_preload", "text", "identity", "LD_PRELOAD value", reads=("facts",))
+@_signal("ld_preload", "text", "identity", "LD_PRELOAD value", reads=("facts.ld_preload",))
 def _ld_preload(s: ProcessState, now: float) -> str | None:
     return s.facts.ld_preload if s.facts is not None else None
 
@@ -293,7 +299,7 @@ def _ld_preload(s: ProcessState, now: float) -> str | None:
     "bool",
     "identity",
     "LD_PRELOAD is set (library injection, /proc hiding)",
-    reads=("facts",),
+    reads=("facts.environ_readable", "facts.ld_preload"),
 )
 def _ld_preload_set(s: ProcessState, now: float) -> bool | None:
     if s.facts is None or not s.facts.environ_readable:
@@ -430,7 +436,7 @@ def _cmdline_ports(s: ProcessState, now: float) -> set[int]:
     "texts",
     "config",
     "setting names in config files beside/named by the process, lower-case",
-    reads=("facts",),
+    reads=("facts.config_files",),
 )
 def _config_keys(s: ProcessState, now: float) -> set[str]:
     return _config(s).keys
@@ -441,7 +447,7 @@ def _config_keys(s: ProcessState, now: float) -> set[str]:
     "texts",
     "config",
     "config files it named on its command line or held open that were deleted after start",
-    reads=("facts",),
+    reads=("facts.config_files",),
 )
 def _config_deleted(s: ProcessState, now: float) -> set[str]:
     files = s.facts.config_files if s.facts is not None else {}
@@ -449,7 +455,11 @@ def _config_deleted(s: ProcessState, now: float) -> set[str]:
 
 
 @_signal(
-    "config_url_schemes", "texts", "config", "URL schemes in its config files", reads=("facts",)
+    "config_url_schemes",
+    "texts",
+    "config",
+    "URL schemes in its config files",
+    reads=("facts.config_files",),
 )
 def _config_schemes(s: ProcessState, now: float) -> set[str]:
     return _schemes(_config(s).endpoints)
@@ -460,18 +470,26 @@ def _config_schemes(s: ProcessState, now: float) -> set[str]:
     "texts",
     "config",
     "URLs and host:port values in its config files",
-    reads=("facts",),
+    reads=("facts.config_files",),
 )
 def _config_endpoints(s: ProcessState, now: float) -> set[str]:
     return {str(e) for e in _config(s).endpoints}
 
 
-@_signal("config_hosts", "texts", "config", "host names in its config files", reads=("facts",))
+@_signal(
+    "config_hosts",
+    "texts",
+    "config",
+    "host names in its config files",
+    reads=("facts.config_files",),
+)
 def _config_hosts(s: ProcessState, now: float) -> set[str]:
     return _hosts(_config(s).endpoints)
 
 
-@_signal("config_ports", "numbers", "config", "ports in its config files", reads=("facts",))
+@_signal(
+    "config_ports", "numbers", "config", "ports in its config files", reads=("facts.config_files",)
+)
 def _config_ports(s: ProcessState, now: float) -> set[int]:
     return _ports(_config(s).endpoints)
 
@@ -507,7 +525,7 @@ def _connect_count(s: ProcessState, now: float) -> int:
     "bool",
     "network",
     "it connected to a port named in its own command line or config (the pool it was told to use)",
-    reads=("cmdline", "facts", "network.ports"),
+    reads=("cmdline", "facts.config_files", "network.ports"),
 )
 def _connected_revealed(s: ProcessState, now: float) -> bool:
     ports = s.network.ports
@@ -615,7 +633,7 @@ def _proxy_ports(s: ProcessState, now: float) -> set[int]:
     "texts",
     "network",
     "every host it named: command line, config files and payloads",
-    reads=("cmdline", "facts", "network.payload_hosts"),
+    reads=("cmdline", "facts.config_files", "network.payload_hosts"),
 )
 def _revealed_hosts(s: ProcessState, now: float) -> set[str]:
     return _hosts(_cmdline(s).endpoints) | _hosts(_config(s).endpoints) | s.network.payload_hosts
@@ -983,7 +1001,7 @@ def _fpu_rounding_s(s: ProcessState, now: float) -> float | None:
     "number",
     "memory",
     "largest hugetlb allocation: one request the sensor saw, or all it maps now (/proc); RandomX: 256 MiB, ~2 GiB",
-    reads=("facts", "huge_alloc_bytes"),
+    reads=("facts.hugetlb_bytes", "huge_alloc_bytes"),
 )
 def _huge_alloc_bytes(s: ProcessState, now: float) -> int | None:
     mapped = s.facts.hugetlb_bytes if s.facts is not None else None
@@ -996,7 +1014,7 @@ def _huge_alloc_bytes(s: ProcessState, now: float) -> int | None:
     "number",
     "memory",
     "largest huge page size (bytes) it asked for or maps (1 GiB: RandomX 1gb-pages)",
-    reads=("facts", "huge_page_size"),
+    reads=("facts.hugetlb_page_size", "huge_page_size"),
 )
 def _huge_page_size(s: ProcessState, now: float) -> int | None:
     mapped = s.facts.hugetlb_page_size if s.facts is not None else None
@@ -1024,7 +1042,7 @@ def _randomx_length(length: int, page_size: int) -> bool:
     "memory",
     "a huge-page request or mapping of exactly RandomX's size: the 256 MiB cache or the "
     "2080 MiB dataset (1 GiB pages: one or three of them)",
-    reads=("facts", "huge_requests"),
+    reads=("facts.hugetlb_mappings", "huge_requests"),
 )
 def _huge_alloc_randomx_shape(s: ProcessState, now: float) -> bool:
     if any(_randomx_length(length, page) for length, page in s.huge_requests):
@@ -1056,13 +1074,13 @@ def _ancestors(s: ProcessState) -> list:
     return s.facts.ancestors if s.facts is not None else []
 
 
-@_signal("parent_name", "text", "ancestry", "parent's comm, lower-case", reads=("facts",))
+@_signal("parent_name", "text", "ancestry", "parent's comm, lower-case", reads=("facts.ancestors",))
 def _parent_name(s: ProcessState, now: float) -> str | None:
     a = _ancestors(s)
     return a[0].comm.lower() if a else None
 
 
-@_signal("parent_exe", "text", "ancestry", "parent's executable", reads=("facts",))
+@_signal("parent_exe", "text", "ancestry", "parent's executable", reads=("facts.ancestors",))
 def _parent_exe(s: ProcessState, now: float) -> str | None:
     a = _ancestors(s)
     return (a[0].exe or None) if a else None
@@ -1073,7 +1091,7 @@ def _parent_exe(s: ProcessState, now: float) -> str | None:
     "texts",
     "ancestry",
     "comm and executable names of all ancestors (up to 8), lower-case",
-    reads=("facts",),
+    reads=("facts.ancestors",),
 )
 def _ancestor_names(s: ProcessState, now: float) -> set[str]:
     names = {a.comm.lower() for a in _ancestors(s)} | {
@@ -1083,7 +1101,9 @@ def _ancestor_names(s: ProcessState, now: float) -> set[str]:
     return names
 
 
-@_signal("ancestor_exes", "texts", "ancestry", "executables of all ancestors", reads=("facts",))
+@_signal(
+    "ancestor_exes", "texts", "ancestry", "executables of all ancestors", reads=("facts.ancestors",)
+)
 def _ancestor_exes(s: ProcessState, now: float) -> set[str]:
     return {a.exe for a in _ancestors(s) if a.exe}
 

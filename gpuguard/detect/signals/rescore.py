@@ -17,7 +17,7 @@ and which change to it rescores a process.  Nothing here names a signal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from gpuguard.correlate.state import (
     ANY_ADDITION,
@@ -31,6 +31,7 @@ from gpuguard.correlate.state import (
 )
 from gpuguard.detect.signals.memo import STAMPS
 from gpuguard.detect.signals.table import SIGNALS
+from gpuguard.events.process_facts import ProcessFacts
 
 FACTS, NETWORK, DEVICES = "facts", "network", "devices"
 
@@ -48,8 +49,10 @@ class Input:
 _PAYLOAD = Input(NETWORK, NEW_PAYLOAD)
 _VOLATILE = Input(None)
 INPUTS: dict[str, Input] = {
-    # identity and facts: fixed until new facts (exec), which drop every cache
+    # identity and facts: fixed until new facts (exec), which drop every cache; a signal names
+    # the fields of the facts it reads ("facts.<field>": the facts are there and the field is)
     **dict.fromkeys(("key", "facts", "comm", "exe", "cmdline"), Input(FACTS)),
+    **{f"facts.{f.name}": Input(FACTS) for f in fields(ProcessFacts)},
     # connections and payloads
     "network.ports": Input(NETWORK, NEW_PORT),
     "network.addresses": Input(NETWORK, NEW_ADDRESS),

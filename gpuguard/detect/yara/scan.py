@@ -64,11 +64,18 @@ _ERROR = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<message>.*)$")
 
 
 def yara_problems(paths: list[Path]) -> list[tuple[str, int, str]]:
-    """``(file, line, message)`` for each file that does not compile, or has a bad ``scope``."""
+    """``(file, line, message)`` for each file that does not compile, or has a bad ``scope``.
+
+    One file without problems is kept compiled as :func:`compile_files` would compile it (its
+    one namespace), so a scan loading the rules does not compile it a second time."""
     problems = []
     for path in paths:
         try:
-            rules = yara.compile(filepath=str(path))
+            key = _file_key([path]) if len(paths) == 1 else None  # taken first, as compile_files
+        except OSError:
+            key = None
+        try:
+            rules = yara.compile(filepaths={"ns0": str(path)})
         except yara.SyntaxError as exc:
             match = _ERROR.match(str(exc))
             if match:
@@ -90,6 +97,8 @@ def yara_problems(paths: list[Path]) -> list[tuple[str, int, str]]:
                         f"must list some of {', '.join(SCOPES)}",
                     )
                 )
+        if key is not None and not problems:
+            _COMPILED[key] = rules
     return problems
 
 

@@ -13,9 +13,12 @@ the filesystem tree for device nodes (``--root`` points it at a test tree).
 
 from __future__ import annotations
 
+import ctypes
 import glob
+import importlib.util
 import os
 import stat
+import sys
 from dataclasses import dataclass, field
 
 from gpuguard.events.abi import DeviceClass, device_class_name
@@ -35,6 +38,7 @@ GPU_MODULES = (
     "radeon",
 )
 MAX_SMALL_FILE = 65536
+NVML_LIBRARY_NOT_FOUND = "NVML Shared Library Not Found"  # pynvml's text for its error 12
 
 # Kernel taint bits (Documentation/admin-guide/tainted-kernels.rst).
 TAINT_FLAGS: tuple[tuple[int, str, str], ...] = (
@@ -211,6 +215,15 @@ def read_device_nodes(root: str = "/") -> list[DeviceNode]:
 
 def read_nvml() -> tuple[str | None, list[NvmlDevice], str | None]:
     """(driver version, devices, why unavailable) from NVML; never raises."""
+    if "pynvml" not in sys.modules:
+        if importlib.util.find_spec("pynvml") is None:
+            return None, [], "NVML: nvidia-ml-py is not installed"
+        # nvmlInit's own first step (as gpuguard.sources.gpu.nvml.load_library): without the
+        # library, importing the binding (~5-30 ms of a scan) would end in this same line
+        try:
+            ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
+            return None, [], f"NVML: {NVML_LIBRARY_NOT_FOUND}"
     try:
         import pynvml
     except ImportError:

@@ -25,6 +25,8 @@ from gpuguard.sources.proc.process import collect_process_facts
 MAX_FILES = 4
 MAX_BYTES = 65536
 CONFIG_OPTIONS = ("-c", "--config", "-config", "--config-file")
+_OPTION_STARTS = ("-c", "--c")  # what every one of CONFIG_OPTIONS starts with
+assert all(option.startswith(_OPTION_STARTS) for option in CONFIG_OPTIONS)
 CWD_CANDIDATES = ("config.json", "config.ini", "config.txt", "pools.txt")
 
 
@@ -32,6 +34,8 @@ def config_paths_from_argv(argv: list[str]) -> list[str]:
     """Paths named by -c/--config (``-c x``, ``--config=x``), in order."""
     paths: list[str] = []
     for i, arg in enumerate(argv[:256]):
+        if not arg.startswith(_OPTION_STARTS):
+            continue
         if arg in CONFIG_OPTIONS and i + 1 < len(argv):
             paths.append(argv[i + 1])
         else:
@@ -80,14 +84,16 @@ def read_config_files(
     argv: list[str],
     proc_root: str = "/proc",
     empty_cwds: CwdWithoutConfigs | None = None,
+    named: list[str] | None = None,
 ) -> dict[str, str]:
     """``{path as the process names it: text}`` for its likely config files.
 
     Each path resolves inside the process's own filesystem view and can never
     lead outside it: a hostile process cannot make us read a host file.
     ``empty_cwds``: working directories known to hold none of the usual names (scan only).
+    ``named``: :func:`config_paths_from_argv` of ``argv`` when the caller has it.
     """
-    names = config_paths_from_argv(argv)
+    names = list(named) if named is not None else config_paths_from_argv(argv)
     if empty_cwds is None or not (
         empty_cwds.known_empty(pid, proc_root) or empty_cwds.look(pid, proc_root)
     ):
@@ -111,9 +117,12 @@ def attach_config_files(
 
     ``empty_cwds``: see :class:`CwdWithoutConfigs` (scan only)."""
     if not facts.config_files and not facts.kernel_thread:
-        facts.config_files = read_config_files(facts.pid, facts.cmdline, proc_root, empty_cwds)
+        named = config_paths_from_argv(facts.cmdline)
+        facts.config_files = read_config_files(
+            facts.pid, facts.cmdline, proc_root, empty_cwds, named
+        )
         # first seen late: configs it holds open, or deleted after start (late_evidence)
-        add_late_config_evidence(facts, config_paths_from_argv(facts.cmdline), proc_root)
+        add_late_config_evidence(facts, named, proc_root)
     return facts
 
 

@@ -63,6 +63,13 @@ def read_cgroup_path(pid: int, proc_root: str = "/proc") -> str:
         return ""
     finally:
         os.close(fd)
+    return _cgroup_path(raw)
+
+
+@lru_cache(maxsize=1024)
+def _cgroup_path(raw: bytes) -> str:
+    """The path :func:`read_cgroup_path` takes from the text of a cgroup file (the processes of
+    one cgroup share it: parsed once)."""
     lines = raw.decode("utf-8", "surrogateescape").splitlines()
     unified = ""
     fallback = ""

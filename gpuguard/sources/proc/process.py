@@ -183,6 +183,8 @@ def _ld_preload_of(
     if environ_sink is not None:
         environ_sink[key] = raw[:ENVIRON_HEAD]
     value = None
+    if b"LD_PRELOAD=" not in raw:  # most environments: no entry can start with it
+        return value, True
     for entry in _text(raw).split("\x00"):
         if entry.startswith("LD_PRELOAD="):
             value = entry[len("LD_PRELOAD=") :]  # the last one wins, as in psutil's dict

@@ -35,6 +35,24 @@ def array_items(table, batch: int = 0) -> list[tuple]:
     loop without end.  Here they are separate; the kernel ends with ENOENT.  ``batch``
     caps the entries per call (0: as many as the map holds).
     """
+    keys, values, total = _lookup_batch(table, batch)
+    return [(keys[i], values[i]) for i in range(total)]
+
+
+def occupied_items(table, batch: int = 0) -> list[tuple]:
+    """The (key, value) pairs of an array map whose value starts with a non-zero u64 (a slot
+    in use, e.g. ``conn_activity``'s owner): one batch read, the owners scanned as integers,
+    ctypes objects made only for the slots in use (the whole map as objects cost ~8 ms)."""
+    keys, values, total = _lookup_batch(table, batch)
+    stride, rest = divmod(ct.sizeof(table.Leaf), 8)
+    if rest or total == 0:
+        return [(keys[i], values[i]) for i in range(total) if bytes(values[i])[:8] != bytes(8)]
+    owners = memoryview(values).cast("B").cast("Q")[: total * stride : stride].tolist()
+    return [(keys[i], values[i]) for i, owner in enumerate(owners) if owner]
+
+
+def _lookup_batch(table, batch: int) -> tuple:
+    """(keys, values, count read) of a whole array map (see :func:`array_items`)."""
     from bcc.libbcc import lib
 
     size = table.max_entries
@@ -61,7 +79,7 @@ def array_items(table, batch: int = 0) -> list[tuple]:
         if count.value == 0:
             break
         token_in.value = token_out.value
-    return [(keys[i], values[i]) for i in range(min(total, size))]
+    return keys, values, min(total, size)
 
 
 class KernelMaps:

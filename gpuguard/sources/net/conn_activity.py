@@ -10,7 +10,7 @@ import time
 
 from gpuguard.events.model import ConnActivity
 from gpuguard.sources.ebpf.bpf_decode import boot_to_epoch_offset
-from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, array_items, slot_index
+from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, occupied_items, slot_index
 from gpuguard.sources.net.tcp_sessions import TcpSession, TcpSessionReader, socket_fds
 
 ACTIVITY_TIMES = 8
@@ -142,7 +142,7 @@ class ConnActivityReader:
     def _records(self) -> list:
         """The occupied activity slots (copies), read in one batch where the kernel can."""
         try:
-            return [leaf for _, leaf in array_items(self._activity) if leaf.owner]
+            return [leaf for _, leaf in occupied_items(self._activity)]
         except OSError:  # kernels without batch ops on arrays (< 5.6)
             return [leaf for _, leaf in self._activity.items() if leaf.owner]
 

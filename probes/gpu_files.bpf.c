@@ -235,10 +235,12 @@ static __always_inline int open_exit(void *ctx, long ret)
     }
     struct gg_fd_key key = { .tgid = id >> 32, .fd = (__s32)ret };
     struct gg_tracked_fd val = { .device_class = po->device_class, .open_flags = po->open_flags };
-    if (tracked_fds.update(&key, &val) < 0)
+    if (tracked_fds.update(&key, &val) < 0) {
         count_lost(GG_LOST_TRACKED_FDS);
-    else
+    } else {
+        count_write(GG_WRITE_TRACKED_FDS);
         gpu_slot_publish(key.tgid, key.fd, val.device_class);
+    }
     if (val.device_class < GG_DEV_MSR) {    /* a GPU holder: its connections get activity records */
         __u8 one = 1;
         watched_tgids.update(&key.tgid, &one);
@@ -351,10 +353,12 @@ static __always_inline int dup_exit(long ret)
         return 0;
     struct gg_tracked_fd copy = *val;
     struct gg_fd_key newkey = { .tgid = id >> 32, .fd = (__s32)ret };
-    if (tracked_fds.update(&newkey, &copy) < 0)
+    if (tracked_fds.update(&newkey, &copy) < 0) {
         count_lost(GG_LOST_TRACKED_FDS);
-    else
+    } else {
+        count_write(GG_WRITE_TRACKED_FDS);
         gpu_slot_publish(newkey.tgid, newkey.fd, copy.device_class);
+    }
     return 0;
 }
 

@@ -59,7 +59,9 @@ static __always_inline int count_ioctl(__u32 tgid, __s32 fd, __u32 cmd, __u64 ar
         return 0;
     }
     __u64 one = 1;
-    if (ioctl_counts.insert(&key, &one) < 0) {
+    if (ioctl_counts.insert(&key, &one) == 0) {
+        count_write(GG_WRITE_IOCTL_KEYS);
+    } else {
         /* Lost a race with another thread inserting the same key, or full. */
         count = ioctl_counts.lookup(&key);
         if (count)

@@ -65,6 +65,15 @@ enum gg_lost_slot {
     GG_LOST_SLOTS = 10,
 };
 
+/* Writes that add an entry to a map user space walks (map_writes, by index): while a map's
+ * count stands still since a walk found it empty, it is still empty and the walk is skipped. */
+enum gg_map_write {
+    GG_WRITE_TRACKED_FDS = 0,    /* a GPU fd tracked */
+    GG_WRITE_IOCTL_KEYS = 1,     /* a new (tgid, class, command) counted */
+    GG_WRITE_ACTIVITY = 2,       /* a watched connection given an activity slot */
+    GG_WRITE_SLOTS = 3,
+};
+
 /* Why the exec filter (GG_EXEC_FILTER, the agent's sensor) sends a process's execs up in full:
  * exec_interest values, OR-ed.  The flags marked "inherited" pass to the children it forks. */
 enum gg_exec_interest {

@@ -57,6 +57,16 @@ BPF_ARRAY(sock_fd_slots, __u64, GG_FD_SLOTS);
 /* Lost-event counters by enum gg_lost_slot. */
 BPF_PERCPU_ARRAY(lost_counts, __u64, GG_LOST_SLOTS);
 
+/* Entries added to the maps user space walks, by enum gg_map_write. */
+BPF_ARRAY(map_writes, __u64, GG_WRITE_SLOTS);
+
+static __always_inline void count_write(__u32 slot)
+{
+    __u64 *n = map_writes.lookup(&slot);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+
 /* One-entry maps that exist only so user space gets each struct's layout
  * from bcc (table.Leaf) instead of redeclaring it. */
 BPF_ARRAY(schema_header, struct gg_header, 1);
@@ -390,6 +400,7 @@ static __always_inline void activity_claim(__u32 tgid, __s32 fd)
         count_lost(GG_LOST_ACTIVITY);
         return;
     }
+    count_write(GG_WRITE_ACTIVITY);
     a->start_ns = bpf_ktime_get_boot_ns();
     a->last_ns = 0;
     a->last_jiffies = 0;

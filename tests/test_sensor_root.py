@@ -143,6 +143,38 @@ def test_ioctl_counts_are_exact_per_command_and_decoded(sensor, workload):
     check_exact_ioctl_counts(sensor, workload)
 
 
+def test_the_kernel_counts_what_it_adds_to_the_maps_user_space_walks(sensor, workload):
+    """Idle walks of tracked_fds, ioctl_counts and the activity slots are skipped while the
+    kernel's count of additions stands still; it moves with every GPU fd tracked (a dup too)
+    and every new ioctl key, so a walk after them always happens."""
+    from gpuguard.events.abi import MapWrite
+    from gpuguard.sources.ebpf.kernel_maps import map_writes
+
+    table = sensor.tables["map_writes"]
+    fds, keys = map_writes(table, MapWrite.TRACKED_FDS), map_writes(table, MapWrite.IOCTL_KEYS)
+    before = fds(), keys()
+    proc = run(
+        workload,
+        "open:/dev/nvidiactl",
+        "open:/dev/kfd",
+        "dup:0",
+        f"ioctl:0:{RM_CONTROL:#x}:3",
+        f"ioctl:0:{RM_ALLOC:#x}:2",
+        f"ioctl:1:{KFD_CREATE_QUEUE:#x}:1",
+        "exit:0",
+    )
+    proc.wait(timeout=10)
+    collect(sensor, proc.pid, exited)
+    assert fds() >= before[0] + 3  # two opens and the dup
+    assert keys() >= before[1] + 3  # three (class, command) keys, each counted once when new
+    watch = sensor.maps.may_hold["ioctl_counts"]
+    count = watch.start()
+    assert count is not None  # the count moved: this walk is not skipped
+    watch.done(count, empty=True)
+    assert watch.start() is None or keys() != count  # unmoved since an empty walk: skipped
+    watch.invalidate()  # (the map was not really walked here: the module's sensor walks next)
+
+
 def check_exact_ioctl_counts(sensor, workload):
     proc = run(
         workload,

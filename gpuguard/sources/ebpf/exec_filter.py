@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from gpuguard.events.abi import ExecFilterCount
+from gpuguard.sources.ebpf.kernel_maps import EmptyWatch
 
 # enum gg_exec_filter_count, as counter names: promoted, pending_full, cgroups_full, pending_added
 COUNTS = {c.name.lower(): c.value for c in ExecFilterCount if c != ExecFilterCount.SLOTS}
@@ -77,10 +78,9 @@ class ExecFilter:
         # read_counts: the counts and this total are then of one moment (the metrics subtract)
         self.sent_up = 0
         self._next_promote = 0.0
-        # the kernel's count of writes to exec_pending when a walk left the map empty (None:
-        # something may be there); while that count stands still the walk is skipped
-        self._empty_at: int | None = None
-        self.walks_skipped = 0
+        # the walk of exec_pending is skipped while the kernel's count of its writes stands still
+        # since a walk that left it empty
+        self.pending_watch = EmptyWatch(self._added)
 
     # -- what the kernel looks for ---------------------------------------------------
     def set_names(self, names: Iterable[str], directories: Iterable[str]) -> int:
@@ -119,7 +119,7 @@ class ExecFilter:
     def may_hold_execs(self) -> bool:
         """False only while the last walk left the map empty (a new exec may have come since:
         the next turn, whenever it comes, sees it by the kernel's count)."""
-        return self._empty_at is None
+        return not self.pending_watch.known_empty
 
     def _entries(self) -> list:
         """(tgid, record) of every pending exec: few (the young processes), so one walk of the
@@ -141,9 +141,8 @@ class ExecFilter:
         idle host that walk (every bucket of a 16,384-bucket map, 4 times a second) was most
         of the sensor's idle cost.  The count is read before the walk, so an exec written
         during the walk is either seen by it or moves the count for the next turn."""
-        added = self._added()
-        if added == self._empty_at:
-            self.walks_skipped += 1
+        added = self.pending_watch.start()
+        if added is None:
             return []
         boot_now = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         limit = boot_now - int(age_s * 1e9)
@@ -155,8 +154,12 @@ class ExecFilter:
             if self._take(key):
                 out.append(self.decode(value))
         self.promoted_by_age += len(out)
-        self._empty_at = added if len(entries) == len(old) else None
+        self.pending_watch.done(added, empty=len(entries) == len(old))
         return out
+
+    @property
+    def walks_skipped(self) -> int:
+        return self.pending_watch.skipped
 
     def _added(self) -> int:
         return self.counts_map[self.counts_map.Key(ExecFilterCount.PENDING_ADDED)].value

@@ -16,10 +16,51 @@ import errno
 import os
 from collections.abc import Callable
 
-from gpuguard.events.abi import DEFINES
+from gpuguard.events.abi import DEFINES, MapWrite
 
 SLOT_MULTI = DEFINES["GG_SLOT_MULTI"]
 SLOT_HASH_MUL = DEFINES["GG_SLOT_HASH_MUL"]
+
+
+class EmptyWatch:
+    """Whether a walk of a kernel map can be skipped because the map is still empty.
+
+    The kernel counts every entry it adds to the map (``read()``: ``map_writes``, or the exec
+    filter's own counter); user space only removes.  A walk that finds the map empty notes the
+    count read just before it: while the count stays there, nothing was added since.  Reading
+    the count first means an entry added during the walk is either seen by it or moves the
+    count for the next one.  On an idle host the walks skipped this way (a hash map's walk
+    starts by looking through every bucket) were most of the sensor's own CPU."""
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self.read = read
+        self._empty_at: int | None = None
+        self.skipped = 0
+
+    def start(self) -> int | None:
+        """The count to hand to :meth:`done` after the walk, or None: skip it, still empty."""
+        count = self.read()
+        if count == self._empty_at:
+            self.skipped += 1
+            return None
+        return count
+
+    def done(self, count: int, empty: bool) -> None:
+        self._empty_at = count if empty else None
+
+    def invalidate(self) -> None:
+        """User space wrote an entry itself: the next walk happens."""
+        self._empty_at = None
+
+    @property
+    def known_empty(self) -> bool:
+        return self._empty_at is not None
+
+
+def map_writes(table, slot: MapWrite) -> Callable[[], int]:
+    """The reader of one ``map_writes`` counter, for :class:`EmptyWatch`."""
+    key = table.Key(slot)
+    return lambda: table[key].value
 
 
 def slot_index(tgid: int, fd: int, slots: int) -> int:
@@ -88,6 +129,11 @@ class KernelMaps:
     def __init__(self, tables: dict, fd_slots: int) -> None:
         self.tables = tables
         self.fd_slots = fd_slots
+        writes = tables["map_writes"]
+        self.may_hold = {
+            "tracked_fds": EmptyWatch(map_writes(writes, MapWrite.TRACKED_FDS)),
+            "ioctl_counts": EmptyWatch(map_writes(writes, MapWrite.IOCTL_KEYS)),
+        }
 
     def forget_fd(self, tgid: int, fd: int) -> None:
         table = self.tables["tracked_fds"]
@@ -118,7 +164,7 @@ class KernelMaps:
         removed = 0
         for name in ("tracked_fds", "ioctl_counts"):
             table = self.tables[name]
-            for key in [k for k in table.keys() if k.tgid in tgids]:
+            for key in [k for k in self.keys(name) if k.tgid in tgids]:
                 try:
                     del table[key]
                 except KeyError:
@@ -134,7 +180,7 @@ class KernelMaps:
         """Forget tracked fds that no longer refer to a GPU file; return (dead processes, fds forgotten)."""
         dead: set[int] = set()
         swept = 0
-        for key in list(self.tables["tracked_fds"].keys()):
+        for key in self.keys("tracked_fds"):
             if not os.path.exists(f"/proc/{key.tgid}"):
                 dead.add(key.tgid)
                 continue
@@ -142,7 +188,18 @@ class KernelMaps:
             if not is_gpu:
                 self.forget_fd(key.tgid, key.fd)
                 swept += 1
-        for key in list(self.tables["ioctl_counts"].keys()):
+        for key in self.keys("ioctl_counts"):
             if not os.path.exists(f"/proc/{key.tgid}"):
                 dead.add(key.tgid)
         return dead, swept
+
+    def keys(self, name: str) -> list:
+        """The keys of ``tracked_fds`` or ``ioctl_counts``; none, without a walk, while the
+        map is known to be empty (:class:`EmptyWatch`)."""
+        watch = self.may_hold[name]
+        count = watch.start()
+        if count is None:
+            return []
+        keys = list(self.tables[name].keys())
+        watch.done(count, empty=not keys)
+        return keys

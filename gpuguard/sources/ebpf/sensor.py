@@ -73,6 +73,7 @@ _TABLES = (
     "lost_counts",
     "gpu_fd_slots",
     "sock_fd_slots",
+    "map_writes",
 )
 CHAIN_CHECKED_MAX = 65536  # pids remembered as having their ancestors sent up
 DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the process stops
@@ -480,12 +481,18 @@ class Sensor:
         table = self.tables["ioctl_counts"]
         mono = time.monotonic()
         if only_tgid is None and not self._gpu_tgids and not self._ioctl_seen:
-            walk = mono >= self._next_ioctl_walk  # idle: counts need a tracked GPU fd
-            if walk:
+            # idle: counts need a tracked GPU fd; walked seldom, and not while still empty
+            watch = self.maps.may_hold["ioctl_counts"]
+            count = watch.start() if mono >= self._next_ioctl_walk else None
+            if count is not None:
                 self._next_ioctl_walk = mono + IOCTL_IDLE_WALK_S
+                items = table.items()
+                watch.done(count, empty=not items)
+            else:
+                items = []
         else:
-            walk = True
-        for key, value in table.items() if walk else ():
+            items = table.items()
+        for key, value in items:
             if only_tgid is not None and key.tgid != only_tgid:
                 continue
             ident = (key.tgid, key.device_class, key.command)

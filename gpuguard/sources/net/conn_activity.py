@@ -8,9 +8,16 @@ from __future__ import annotations
 import os
 import time
 
+from gpuguard.events.abi import MapWrite
 from gpuguard.events.model import ConnActivity
 from gpuguard.sources.ebpf.bpf_decode import boot_to_epoch_offset
-from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, occupied_items, slot_index
+from gpuguard.sources.ebpf.kernel_maps import (
+    SLOT_MULTI,
+    EmptyWatch,
+    map_writes,
+    occupied_items,
+    slot_index,
+)
 from gpuguard.sources.net.tcp_sessions import TcpSession, TcpSessionReader, socket_fds
 
 ACTIVITY_TIMES = 8
@@ -24,6 +31,8 @@ class ConnActivityReader:
         self, bpf, slot_index, activity_slots: int, interval_s: float = INTERVAL_S
     ) -> None:
         self._activity = bpf[b"conn_activity"]
+        # no slot is read while none was claimed since a read found them all free
+        self.in_use = EmptyWatch(map_writes(bpf[b"map_writes"], MapWrite.ACTIVITY))
         self._unswept = False  # a forget left slots for the sweep to read
         self._watched = bpf[b"watched_tgids"]
         self._sock_slots = bpf[b"sock_fd_slots"]
@@ -74,6 +83,7 @@ class ConnActivityReader:
                 self._sock_slots.Leaf(SLOT_MULTI)
             )
             self._seeded.add((tgid, fd))
+            self.in_use.invalidate()
             seeded += 1
         return seeded
 
@@ -140,11 +150,17 @@ class ConnActivityReader:
         return next(iter(self._watched.keys()), None) is None
 
     def _records(self) -> list:
-        """The occupied activity slots (copies), read in one batch where the kernel can."""
+        """The occupied activity slots (copies), read in one batch where the kernel can; none,
+        without a read, while no slot was claimed since a read found them all free."""
+        count = self.in_use.start()
+        if count is None:
+            return []
         try:
-            return [leaf for _, leaf in occupied_items(self._activity)]
+            records = [leaf for _, leaf in occupied_items(self._activity)]
         except OSError:  # kernels without batch ops on arrays (< 5.6)
-            return [leaf for _, leaf in self._activity.items() if leaf.owner]
+            records = [leaf for _, leaf in self._activity.items() if leaf.owner]
+        self.in_use.done(count, empty=not records)
+        return records
 
     # -- hygiene -----------------------------------------------------------------
     def forget(self, tgids: set[int], *, scan: bool = True, records: list | None = None) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -531,3 +532,24 @@ def test_close_detaches_every_probe_concurrently_and_leaves_no_fd(enter_hook):
     assert _bpf_and_perf_fds() == before
     s.close()  # a second close does nothing
     assert _bpf_and_perf_fds() == before
+
+
+def test_the_agents_own_opens_are_not_looked_at():
+    """The agent reads the huge-page settings every few seconds: with its tgid ignored it is
+    no GPU holder in its own eyes, while any other process opening them still is."""
+    from gpuguard.sources.ebpf.sensor import Sensor
+
+    with Sensor(drain_interval=0.2, ignore_tgid=os.getpid()) as sensor:
+        Path("/proc/sys/vm/nr_hugepages").read_text()  # this process: ignored
+        child = subprocess.run(["/bin/cat", "/proc/sys/vm/nr_hugepages"], capture_output=True)
+        assert child.returncode == 0
+        events: list = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+            e.kind == "gpu_open" and e.comm == "cat" for e in events
+        ):
+            events += sensor.poll(50)
+    opens = [e for e in events if e.kind == "gpu_open" and e.path == "/proc/sys/vm/nr_hugepages"]
+    assert any(e.comm == "cat" for e in opens)
+    assert [e for e in opens if e.pid == os.getpid()] == []
+    assert os.getpid() not in sensor._gpu_tgids

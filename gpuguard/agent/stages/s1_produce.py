@@ -8,6 +8,7 @@ sensor thread drains before each poll.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +59,7 @@ class ProduceStage:
                 drain_interval=0.5,
                 fpu=True,
                 exec_names=exec_interest(ruleset),
+                ignore_tgid=os.getpid(),  # its own reads of the huge-page settings
             )
             try:
                 sensor.start()

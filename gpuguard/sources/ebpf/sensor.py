@@ -134,8 +134,12 @@ class Sensor:
         activity_interval: float = 10.0,
         fpu: bool = False,
         exec_names: tuple[list[str], list[str]] = ([], []),
+        ignore_tgid: int | None = None,
     ) -> None:
         self.settings = settings or ProbeSettings()
+        self.ignore_tgid = (
+            ignore_tgid  # a process whose opens the probes do not look at (the agent)
+        )
         self.drain_interval = drain_interval
         self.sweep_interval = sweep_interval
         self.stats = SensorStats()
@@ -178,9 +182,7 @@ class Sensor:
             self.settings = replace(self.settings, perf_buffer=True)
         started = time.perf_counter()
         try:
-            self._bpf = _deferred_attach_bpf(bcc)(
-                text=probe_text().encode(), cflags=self.settings.cflags()
-            )
+            self._bpf = _deferred_attach_bpf(bcc)(text=probe_text().encode(), cflags=self._cflags())
             # Every open hook tail-calls this one classifier: it must be in the
             # program array before any hook is attached, or opens would be missed.
             hook_type = (
@@ -227,6 +229,12 @@ class Sensor:
         now = time.monotonic()
         self._next_drain = now + self.drain_interval
         self._next_sweep = now + self.sweep_interval
+
+    def _cflags(self) -> list[str]:
+        flags = self.settings.cflags()
+        if self.ignore_tgid is not None:
+            flags.append(f"-DGG_IGNORE_TGID={int(self.ignore_tgid)}")
+        return flags
 
     def detach_probes(self) -> None:
         """Start detaching every probe and return at once: no new events arrive,

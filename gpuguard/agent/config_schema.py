@@ -272,7 +272,7 @@ SCHEMA = Section(
                 Key(
                     "interval_s",
                     "number",
-                    "the status file is rewritten this often",
+                    "the status file is looked at this often (rewritten on change, else every 10th time)",
                     field="status_interval_s",
                     low=_TIMES[0],
                     high=_TIMES[1],

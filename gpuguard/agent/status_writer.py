@@ -24,6 +24,7 @@ _STATUS_CLOCKS = frozenset(
         "sampler_seconds",
         "scoring_runs",
         "scoring_seconds",
+        "items_correlated",  # moves with every GPU sample, as the sample counts do
         "sweeps",
         "sweep_seconds",
         "gpus",  # utilisation and power move with each sample: a new GPU shows at the heartbeat

@@ -219,15 +219,16 @@ class ProduceStage:
             stop_reading()
         self._wake_samplers()
 
+    def _samplers(self) -> list[SamplerThread]:
+        return [t for t in self.threads if isinstance(t, SamplerThread)]
+
     def _nudge_samplers(self) -> None:
-        for thread in self.threads:
-            if isinstance(thread, SamplerThread):
-                thread.nudge()
+        for sampler in self._samplers():
+            sampler.nudge()
 
     def _wake_samplers(self) -> None:
-        for thread in self.threads:
-            if isinstance(thread, SamplerThread):
-                thread.wake.set()
+        for sampler in self._samplers():
+            sampler.wake.set()
 
     def close_sensor(self, busy: bool) -> None:
         if self.sensor is not None and busy:

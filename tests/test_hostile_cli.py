@@ -212,6 +212,37 @@ def _stderr_lines(proc: subprocess.Popen) -> list[tuple[float, str]]:
     return lines
 
 
+def _where_it_waits(proc: subprocess.Popen, lines: list[tuple[float, str]]) -> str:
+    """Why a command has not exited: each thread's kernel state and stack, then its Python
+    stacks (it runs with PYTHONFAULTHANDLER, so SIGABRT prints them on stderr), for the
+    failure message."""
+    out = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{proc.pid}/task"), key=int)
+    except OSError:
+        tids = []
+    for tid in tids:
+        task = Path(f"/proc/{proc.pid}/task/{tid}")
+        try:
+            state = task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = task.joinpath("wchan").read_text()
+            stack = task.joinpath("stack").read_text()
+        except OSError as exc:
+            out.append(f"thread {tid}: {exc}")
+            continue
+        out.append(f"thread {tid} state {state} wchan {wchan}\n{stack}")
+    before = len(lines)
+    proc.send_signal(signal.SIGABRT)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    time.sleep(0.2)  # let the reader thread take the traceback
+    out.append("".join(line for _, line in lines[before:]))
+    return "\n".join(out)
+
+
 @pytest.mark.root
 @pytest.mark.self_contained
 @pytest.mark.parametrize("command", ["watch", "record"])
@@ -246,6 +277,7 @@ def test_sigterm_and_sigint_under_an_event_flood_stop_promptly(tmp_path, command
                     cwd=REPO,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
+                    env={**os.environ, "PYTHONFAULTHANDLER": "1"},
                 )
                 for line in proc.stderr:  # the probes are attached once it says so
                     if b"gpuguard: watching" in line:
@@ -262,10 +294,13 @@ def test_sigterm_and_sigint_under_an_event_flood_stop_promptly(tmp_path, command
             sent = time.monotonic()
             proc.send_signal(sig)
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=EXIT_WITHIN_S)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                pytest.fail(f"{command} ignored {sig.name} (attempt {attempt})")
+                waits = _where_it_waits(proc, lines)
+                pytest.fail(
+                    f"{command} had not exited {EXIT_WITHIN_S} s after {sig.name} "
+                    f"(attempt {attempt}); where it waited:\n{waits}"
+                )
             exited = time.monotonic()
             time.sleep(0.1)  # let the reader thread take the last lines
             err = "".join(line for _, line in lines)

@@ -10,23 +10,29 @@ Every root test says how it shares the host, with exactly one of three markers
 naming it and the choices):
 
 * ``host_mutator``: changes state every process on the host shares (vm.nr_hugepages
-  and huge-page reservations, the stand-in miners' install directory, miner-shaped
-  processes with CPU hogs beside them);
+  and huge-page reservations, miner-shaped processes with CPU hogs beside them);
 * ``host_observer``: asserts about such host-wide state (the huge-page pool,
   host findings, every client of a device);
 * ``self_contained``: asserts only about the processes, cgroups, namespaces,
   pins and files it made itself, so anything may run beside it.
 
+The classes are kept by a lock every run on the host shares (a file lock under
+/run, so two workers or two checkouts alike): a mutator holds it shared, an
+observer exclusively, for the whole test (set-up to teardown).  So mutators run
+beside each other and beside anything self-contained, but never beside an
+observer.  Mutators that change the same state compose: huge pages are reserved
+by count (tests/support/hugepages.py), stand-ins are installed under a path of
+their own process, and they assert only about the processes they started.
+
 Under pytest-xdist (``--dist loadgroup``, as packaging/setup-host.sh runs the
-suite) the mutators and observers form one group, run one after another on
-one worker, so neither ever overlaps the other; the self-contained root tests
-form one group per file (its module fixtures are made once) and run beside
-them on the other workers, as do the tests that are not root.
+suite) the root tests form one group per file (its module fixtures are made
+once), spread over the workers beside the tests that are not root.
 """
 
 from __future__ import annotations
 
 import compileall
+import fcntl
 import os
 import shutil
 import sys
@@ -64,17 +70,37 @@ ROOT_CLASSES = {
     "self_contained": "asserts only about what it made (its processes, cgroups, namespaces, "
     "pins, files): may run beside anything",
 }
-HOST_GROUP = "root-host"  # mutators and observers, one after another
+# mutators shared, observers exclusive (the variable: tests of the lock use one of their own)
+HOST_LOCK = Path(os.environ.get("GPUGUARD_TEST_HOST_LOCK", "/run/gpuguard-test-host.lock"))
+LOCK_MODES = {"host_mutator": fcntl.LOCK_SH, "host_observer": fcntl.LOCK_EX}
+
+
+def root_class(item: pytest.Item) -> str | None:
+    """The class of a root test, or None when it is not classified exactly once."""
+    classes = [name for name in ROOT_CLASSES if item.get_closest_marker(name) is not None]
+    return classes[0] if len(classes) == 1 else None
 
 
 def root_group(item: pytest.Item) -> str | None:
-    """The xdist group of a root test, or None when it is not classified exactly once."""
-    classes = [name for name in ROOT_CLASSES if item.get_closest_marker(name) is not None]
-    if len(classes) != 1:
+    """The xdist group of a root test (one per file), or None when it is not classified exactly once."""
+    if root_class(item) is None:
         return None
-    if classes[0] == "self_contained":
-        return f"root-{Path(str(item.path)).stem}"
-    return HOST_GROUP
+    return f"root-{Path(str(item.path)).stem}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A host mutator holds the host lock shared, an observer exclusively, set-up to teardown."""
+    mode = LOCK_MODES.get(root_class(item) or "") if item.get_closest_marker("root") else None
+    if mode is None or os.geteuid() != 0:  # (without root the test is skipped in its set-up)
+        yield
+        return
+    with open(HOST_LOCK, "a") as lock:
+        fcntl.flock(lock, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 _unclassified: list[str] = []
@@ -86,8 +112,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         return
     group = root_group(item)
     if group is None:
-        _unclassified.append(item.nodeid)
-        group = HOST_GROUP  # (the run stops below; never side by side meanwhile)
+        _unclassified.append(item.nodeid)  # the run stops below, before any test
+        return
     item.add_marker(pytest.mark.xdist_group(group))
 
 

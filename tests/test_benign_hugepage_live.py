@@ -15,8 +15,9 @@ import psutil
 import pytest
 
 from gpuguard.sources.proc.process import collect_process_facts
+from tests.support.hugepages import reserved_huge_pages
+from tests.support.load import in_load_group
 from tests.support.randomx import stop
-from tests.test_randomx_session import huge_pages
 from tests.test_scan_support import findings_for_pid, scan_json
 
 pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
@@ -64,9 +65,11 @@ def _start_postgres(workdir: Path, port: int) -> Path:
         f"-c huge_pages=on -c shared_buffers=300MB -c port={port} "
         f"-c listen_addresses=127.0.0.1 -c unix_socket_directories={workdir}"
     )
-    subprocess.run(
-        [*as_postgres, _program("pg_ctl"), "-D", str(data), "-w", "-o", options]
-        + ["-l", str(workdir / "pg.log"), "start"],
+    subprocess.run(  # the server and its backends in the load group
+        in_load_group(
+            [*as_postgres, _program("pg_ctl"), "-D", str(data), "-w", "-o", options]
+            + ["-l", str(workdir / "pg.log"), "start"]
+        ),
         check=True,
         capture_output=True,
         timeout=120,
@@ -101,11 +104,13 @@ def test_a_jvm_and_postgresql_with_huge_pages_at_full_cpu_stay_clean():
         (workdir / "Spin.java").write_text(SPIN_JAVA)
         data = None
         try:
-            with huge_pages(1400 + 200):
+            with reserved_huge_pages(1400 + 200):
                 try:
                     jvm = subprocess.Popen(
-                        [java, "-XX:+UseLargePages", "-Xms1g", "-Xmx1g", "Spin.java"]
-                        + [str(listener.getsockname()[1])],
+                        in_load_group(
+                            [java, "-XX:+UseLargePages", "-Xms1g", "-Xmx1g", "Spin.java"]
+                            + [str(listener.getsockname()[1])]
+                        ),
                         cwd=workdir,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL,

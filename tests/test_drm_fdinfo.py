@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from gpuguard.sources.gpu import drm_fdinfo
 from gpuguard.sources.gpu.drm_fdinfo import DrmFdinfoSampler, engine_utilization, parse_fdinfo
 from gpuguard.sources.gpu.sampler import SourceUnavailable, open_samplers
+
+REPO = Path(__file__).resolve().parent.parent
 
 KIB, MIB = 1024, 1024 * 1024
 
@@ -301,32 +306,51 @@ def test_open_samplers_on_this_gpu_less_machine_reports_one_line():
     ]
 
 
+# Run inside the namespaces below: the sampler on the real /sys and the namespace's own /proc.
+_SAMPLE_IN_NAMESPACE = """
+import json, os
+from gpuguard.sources.gpu import drm_fdinfo
+snap = drm_fdinfo.open_sampler().sample()
+print(json.dumps({
+    "me": os.getpid(),
+    "processes": [
+        [p.pid, p.vendor, p.device_index, p.sm_util, p.used_memory, p.engines, p.memory_regions]
+        for p in snap.processes
+    ],
+    "devices": [[d.index, d.gpu_util, d.extra.get("clients_with_data")] for d in snap.devices],
+    "errors": snap.errors,
+}))
+"""
+
+
 @pytest.mark.root
-@pytest.mark.host_observer
+@pytest.mark.self_contained
 def test_real_proc_finds_a_drm_named_fd_with_no_data():
-    # A private mount namespace with its own /dev where renderD128 is the null device
-    # (platform.md): the fd link reads /dev/dri/renderD128 in the host's /proc.
+    """A private mount namespace with its own /dev where renderD128 is the null device
+    (platform.md), and its own pid namespace and /proc: the sampler, run there on the real
+    /proc code path, sees the fd link /dev/dri/renderD128 of its own process, and no other
+    process of the host, so the device's whole client count is this test's."""
     script = (
         "mount --make-rprivate / && mount -t tmpfs tmpfs /dev && mkdir /dev/dri && "
-        "mknod /dev/dri/renderD128 c 1 3 && exec 7</dev/dri/renderD128 && echo ready && exec sleep 30"
+        "mknod /dev/dri/renderD128 c 1 3 && exec 7</dev/dri/renderD128 && "
+        'exec "$0" -c "$1"'
     )
-    child = subprocess.Popen(
-        ["unshare", "-m", "sh", "-c", script], stdout=subprocess.PIPE, text=True
+    out = subprocess.run(
+        ["unshare", "-m", "-p", "-f", "--mount-proc", "sh", "-c", script]
+        + [sys.executable, _SAMPLE_IN_NAMESPACE],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        sampler = drm_fdinfo.open_sampler()  # the real /proc and /sys
-        snap = sampler.sample()
-        (usage,) = [p for p in snap.processes if p.pid == child.pid]
-        assert usage.vendor == "drm" and usage.device_index == 0
-        assert usage.sm_util is None and usage.used_memory is None and usage.engines == {}
-        assert usage.memory_regions == {}
-        dev = next(d for d in snap.devices if d.index == 0)
-        assert dev.extra["clients_with_data"] == 0 and dev.gpu_util is None
-        assert snap.errors == []  # "no data" is not an error
-    finally:
-        child.kill()
-        child.wait()
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    (usage,) = [p for p in seen["processes"] if p[0] == seen["me"]]
+    assert usage[1:] == ["drm", 0, None, None, {}, {}]
+    assert len(seen["processes"]) == 1  # the namespace holds no other client
+    (dev,) = [d for d in seen["devices"] if d[0] == 0]
+    assert dev == [0, None, 0]  # one client, no utilisation, none with data
+    assert seen["errors"] == []  # "no data" is not an error
 
 
 def test_sweeper_finds_late_opens_within_the_sweep_period_and_drops_closed_fds(tmp_path):

@@ -26,29 +26,14 @@ from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.outputs.console import LiveView, format_event
 from gpuguard.sources.proc.huge_pages import process_hugetlb, read_host_tuning
 from gpuguard.sources.proc.process import collect_process_facts
+from tests.support.hugepages import pool_held, reserved_huge_pages
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
 pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
 
 MIB = 1 << 20
 GIB = 1 << 30
-NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
 RANDOMX_DATASET = 2181038080  # 2 GiB + 32 MiB, as RandomX allocates it
-
-
-@contextmanager
-def reserved_huge_pages(pages: int):
-    """Reserve ``pages`` more default-size (2 MiB) huge pages; put the count back after."""
-    before = int(Path(NR_HUGEPAGES).read_text())
-    Path(NR_HUGEPAGES).write_text(str(before + pages))
-    try:
-        granted = int(Path(NR_HUGEPAGES).read_text()) - before
-        assert granted >= pages, (
-            f"the kernel gave {granted} of {pages} huge pages (memory too fragmented?)"
-        )
-        yield
-    finally:
-        Path(NR_HUGEPAGES).write_text(str(before))
 
 
 @contextmanager
@@ -301,9 +286,11 @@ def test_modprobe_msr_allow_writes_exec_is_seen():
 def test_a_real_reservation_is_a_host_finding_and_is_gone_after():
     from gpuguard.detect.host.tuning_checks import host_tuning_findings
 
-    with reserved_huge_pages(3):
-        before_restore = read_host_tuning("/")
-        findings = host_tuning_findings("/")
+    with pool_held():  # no other test's reservation moves the count meanwhile
+        with reserved_huge_pages(3, pool_is_held=True):
+            before_restore = read_host_tuning("/")
+            findings = host_tuning_findings("/")
+        after = read_host_tuning("/").reserved.get(2 << 20, 0)
     reserved = before_restore.reserved.get(2 << 20, 0)
     assert reserved >= 3 and before_restore.nr_hugepages == reserved
     assert [f.rule_id for f in findings if f.rule_id == "host-hugepages-reserved"] == [
@@ -313,7 +300,7 @@ def test_a_real_reservation_is_a_host_finding_and_is_gone_after():
         f"/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages = {reserved}"
         in findings[-1].evidence
     )
-    assert read_host_tuning("/").reserved.get(2 << 20, 0) == reserved - 3
+    assert after == reserved - 3
 
 
 def test_the_agent_gives_huge_page_users_a_cpu_window():

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from gpuguard.events.payload import recognise_payload
 from gpuguard.sources.net.session_window import one_look
 from gpuguard.sources.proc.process import collect_process_facts
 from tests.cases.make_cases import JA4_OPENSSL
+from tests.support.hugepages import reserved_huge_pages
 from tests.support.randomx import (
     INSTALL_DIR,
     LoopbackPool,
@@ -27,21 +27,7 @@ from tests.support.randomx import (
 )
 from tests.test_scan_support import findings_for_pid, scan_json
 
-NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
 MIB = 1 << 20
-
-
-@contextmanager
-def huge_pages(extra: int):
-    """``extra`` more 2 MiB pages reserved for the test, the host's count restored after."""
-    before = int(Path(NR_HUGEPAGES).read_text())
-    try:
-        Path(NR_HUGEPAGES).write_text(str(before + extra))
-        got = int(Path(NR_HUGEPAGES).read_text()) - before
-        assert got >= extra, f"only {got} of {extra} huge pages could be reserved"
-        yield
-    finally:
-        Path(NR_HUGEPAGES).write_text(str(before))
 
 
 def test_the_standins_client_hello_is_openssls_default_without_sni_or_alpn():
@@ -103,7 +89,7 @@ def test_the_standins_fast_mode_maps_a_2_gib_dataset_in_huge_pages():
         pool = LoopbackPool(Path(tmp), tls=True)
         miner = None
         try:
-            with huge_pages((256 + 2080) // 2 + 2):
+            with reserved_huge_pages((256 + 2080) // 2 + 2):
                 try:
                     miner = start_standin(pool, "feedsyncd", threads=1, dataset=True)
                     facts = collect_process_facts(miner.pid)
@@ -136,7 +122,7 @@ def test_gpuguard_scan_flags_the_standin_on_a_quiet_host_and_on_a_loaded_one():
     with tempfile.TemporaryDirectory(prefix="gg-scan-rx-") as tmp:
         pool = LoopbackPool(Path(tmp), tls=True, push_s=(10.0, 40.0))
         try:
-            with huge_pages(2 * 128 + 4):
+            with reserved_huge_pages(2 * 128 + 4):
                 try:
                     quiet = start_standin(pool, "nodestatd", threads=1, submit_s=15)
                     procs.append(quiet)

@@ -21,10 +21,9 @@ from gpuguard.sources.ebpf.btf import Btf, BtfError
 from gpuguard.sources.ebpf.fpu_probe import BLIND_PREFIX, FpuProbe
 from gpuguard.sources.proc.cpu_usage import lifetime_runnable
 from gpuguard.sources.proc.process import collect_process_facts
+from tests.support.hugepages import reserved_huge_pages
+from tests.support.load import in_load_group
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, cpu_hog, start_standin, stop
-
-NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
-
 
 # -- BTF --------------------------------------------------------------------------
 
@@ -78,7 +77,9 @@ def test_kernel_btf_gives_the_architectural_mxcsr_offset():
 def test_a_niced_spinner_on_a_busy_host_stays_runnable_while_a_sleeper_does_not():
     # a shell loop, not Python: an interpreter's start-up reads files, and on a host busy with
     # disk I/O that wait (not runnable) would be part of an 8 s lifetime
-    spinner = subprocess.Popen(["nice", "-n", "19", "sh", "-c", "while :; do :; done"])
+    spinner = subprocess.Popen(
+        in_load_group(["nice", "-n", "19", "sh", "-c", "while :; do :; done"])
+    )  # with the hogs: the load group
     sleeper = subprocess.Popen(["sleep", "60"])
     hogs = [cpu_hog(60), cpu_hog(60)]
     try:
@@ -120,14 +121,20 @@ def test_fpu_probe_counts_rounding_switches_of_the_standin_only():
             procs += [rounding, steady]
             procs.append(
                 subprocess.Popen(
-                    ["openssl", "speed", "-seconds", "8", "sha256", "rsa2048"],
+                    in_load_group(["openssl", "speed", "-seconds", "8", "sha256", "rsa2048"]),
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
             )
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-c", "import math\nx=0.0\nwhile True: x = math.sin(x) + 1.1"]
+                    in_load_group(
+                        [
+                            sys.executable,
+                            "-c",
+                            "import math\nx=0.0\nwhile True: x = math.sin(x) + 1.1",
+                        ]
+                    )
                 )
             )
             # one worker at nice 19 is switched out about once a second on a busy host
@@ -170,23 +177,22 @@ def test_scan_sees_a_throttled_standin_with_huge_pages_from_its_lifetime():
     from gpuguard.correlate.correlator import Correlator
     from gpuguard.sources.host.host_observation import observe_host
 
-    before = int(Path(NR_HUGEPAGES).read_text())
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="gg-scan-rx-") as tmp:
         pool = LoopbackPool(Path(tmp), tls=True)
         try:
-            Path(NR_HUGEPAGES).write_text(str(before + 130))
-            assert int(Path(NR_HUGEPAGES).read_text()) >= before + 128, "no room for huge pages"
-            procs += [cpu_hog(120), cpu_hog(120)]
-            miner = start_standin(pool, "syncagent", threads=1, nice=19)
-            procs.append(miner)
-            time.sleep(65)  # cpu-hugepages-miner asks for a minute of spinning
-            obs = observe_host(cpu_sample_s=0.5, gpu=False)
+            with reserved_huge_pages(130):
+                try:
+                    procs += [cpu_hog(120), cpu_hog(120)]
+                    miner = start_standin(pool, "syncagent", threads=1, nice=19)
+                    procs.append(miner)
+                    time.sleep(65)  # cpu-hugepages-miner asks for a minute of spinning
+                    obs = observe_host(cpu_sample_s=0.5, gpu=False)
+                finally:
+                    for proc in procs:  # before the huge pages go back
+                        stop(proc)
         finally:
-            for proc in procs:
-                stop(proc)
             pool.close()
-            Path(NR_HUGEPAGES).write_text(str(before))
             shutil.rmtree(INSTALL_DIR, ignore_errors=True)
     facts = obs.facts[miner.pid]
     assert facts.hugetlb_bytes == 256 << 20, facts

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 # The project's conftest, as a directory of new tests would get it, plus a hook that prints
@@ -59,18 +61,90 @@ def _collect(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_mutators_and_observers_share_one_group_and_self_contained_ones_a_group_per_file(
-    tmp_path,
-):
+def test_root_tests_form_one_group_per_file(tmp_path):
     out = _collect(tmp_path, CLASSIFIED)
     assert out.returncode == 0, out.stdout + out.stderr
     groups = dict(line.split()[1:] for line in out.stdout.splitlines() if line.startswith("GROUP"))
     assert groups == {
-        "test_reserves": "root-host",
-        "test_reads": "root-host",
+        "test_reserves": "root-test_new",
+        "test_reads": "root-test_new",
         "test_alone": "root-test_new",
         "test_plain": "None",  # not a root test: xdist places it anywhere
     }
+
+
+# The test notes when it starts and ends in $TIMES; with $MEET set it waits (up to 60 s) for
+# that test to have started too, so two that may share the host must overlap.
+TIMED = """\
+import os, time
+import pytest
+
+
+@pytest.mark.root
+@pytest.mark.CLASS
+def test_timed():
+    times, name, meet = os.environ["TIMES"], os.environ["NAME"], os.environ.get("MEET")
+    with open(times, "a") as out:
+        out.write(f"{name} start {time.monotonic()}\\n")
+    deadline = time.monotonic() + 60
+    while meet and f"{meet} start" not in open(times).read() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    with open(times, "a") as out:
+        out.write(f"{name} end {time.monotonic()}\\n")
+"""
+
+
+@pytest.mark.root
+@pytest.mark.self_contained  # its lock file is its own (GPUGUARD_TEST_HOST_LOCK)
+def test_mutators_run_beside_each_other_and_an_observer_alone(tmp_path):
+    times = tmp_path / "times"
+    runs = []
+    tests = [
+        ("m1", "host_mutator", "m2"),
+        ("m2", "host_mutator", "m1"),
+        ("obs", "host_observer", ""),
+    ]
+    for name, cls, meet in tests:
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+        (directory / "test_timed.py").write_text(TIMED.replace("CLASS", cls))
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "GPUGUARD_TEST_HOST_LOCK": str(tmp_path / "host.lock"),
+            "TIMES": str(times),
+            "NAME": name,
+            "MEET": meet,
+        }
+        runs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+                + ["--require-root-tests", str(directory)],
+                cwd=directory,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    for run in runs:
+        output = run.communicate(timeout=120)[0]
+        assert run.returncode == 0, output
+    spans: dict[str, list[float]] = {}
+    for line in times.read_text().splitlines():
+        name, _, at = line.split()
+        spans.setdefault(name, []).append(float(at))
+    (m1_start, m1_end), (m2_start, m2_end), (obs_start, obs_end) = (
+        spans["m1"],
+        spans["m2"],
+        spans["obs"],
+    )
+    for start, end in [(m1_start, m1_end), (m2_start, m2_end)]:
+        assert end <= obs_start or start >= obs_end, spans  # never beside the observer
+    # each mutator waited for the other inside the lock: they shared the host
+    assert max(m1_start, m2_start) < min(m1_end, m2_end) - 0.4, spans
 
 
 def test_a_root_test_without_exactly_one_class_stops_the_run_naming_it_and_the_choices(tmp_path):

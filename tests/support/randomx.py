@@ -4,7 +4,8 @@
 every client at random intervals (10-120 s by default, as pools push new jobs) and answers
 each line a client sends with a ~40-byte result.  :func:`start_standin` builds the stand-in
 (stripped: no file names or symbols), installs it under an ordinary name and path and starts
-it with its settings on stdin, so its command line is its path alone.
+it with its settings on stdin, so its command line is its path alone.  Stand-ins and CPU hogs run
+in the load group (:mod:`tests.support.load`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from tests.support.load import in_load_group
 
 SOURCE = Path(__file__).resolve().parent.parent / "workloads" / "randomx_standin.c"
 # An ordinary path, not a temporary directory; one per test process, so a run beside this one
@@ -139,7 +142,10 @@ def start_standin(
     )
     # settings on stdin: the command line is the program's path alone
     proc = subprocess.Popen(
-        [str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        in_load_group([str(exe)]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     proc.stdin.write(settings.encode())
     proc.stdin.close()
@@ -160,11 +166,13 @@ def stop(proc: subprocess.Popen | None) -> None:
 
 
 def cpu_hog(seconds: float = 600.0) -> subprocess.Popen:
-    """One process spinning a core (the busy host beside the stand-in)."""
+    """One process spinning a core (the busy host beside the stand-in), in the load group."""
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"import time\nend=time.time()+{seconds}\nwhile time.time()<end: pass",
-        ]
+        in_load_group(
+            [
+                sys.executable,
+                "-c",
+                f"import time\nend=time.time()+{seconds}\nwhile time.time()<end: pass",
+            ]
+        )
     )

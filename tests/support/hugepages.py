@@ -1,0 +1,53 @@
+"""Huge pages reserved for a test, counted so that tests beside each other compose.
+
+Each reservation adds its pages to ``vm.nr_hugepages`` and takes the same number away when
+it ends, under one lock every test run on the host shares (a file lock: two workers, or two
+checkouts, never interleave a read and its write).  Restoring the count read before, as each
+test used to, gave back another test's pages if the two overlapped.
+
+:func:`pool_held` keeps the count from moving while a test reads it (a test that asserts the
+host's whole count).
+"""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+LOCK = Path("/run/gpuguard-test-hugepages.lock")
+
+
+@contextmanager
+def pool_held() -> Iterator[None]:
+    """No reservation starts or ends on this host while inside."""
+    with open(LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _change(pages: int, locked: bool) -> int:
+    """Add ``pages`` (negative: give back) to the count; return how many it moved by."""
+    with nullcontext() if locked else pool_held():
+        before = int(NR_HUGEPAGES.read_text())
+        NR_HUGEPAGES.write_text(str(max(0, before + pages)))
+        return int(NR_HUGEPAGES.read_text()) - before
+
+
+@contextmanager
+def reserved_huge_pages(pages: int, *, pool_is_held: bool = False) -> Iterator[None]:
+    """``pages`` more default-size (2 MiB) huge pages while inside; given back after (stop the
+    processes that map them first).  ``pool_is_held``: the caller is inside :func:`pool_held`."""
+    granted = _change(pages, locked=pool_is_held)
+    try:
+        assert granted >= pages, (
+            f"the kernel gave {granted} of {pages} huge pages (memory too fragmented?)"
+        )
+        yield
+    finally:
+        _change(-max(granted, 0), locked=pool_is_held)

@@ -28,9 +28,7 @@ CLASSIFIED = """\
 import pytest
 
 
-@pytest.mark.root
-@pytest.mark.host_mutator
-def test_reserves(): pass
+def test_plain(): pass
 
 
 @pytest.mark.root
@@ -43,7 +41,9 @@ def test_reads(): pass
 def test_alone(): pass
 
 
-def test_plain(): pass
+@pytest.mark.root
+@pytest.mark.host_mutator
+def test_reserves(): pass
 """
 
 
@@ -71,6 +71,9 @@ def test_root_tests_form_one_group_per_file(tmp_path):
         "test_alone": "root-test_new",
         "test_plain": "None",  # not a root test: xdist places it anywhere
     }
+    order = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("GROUP")]
+    # the mutators first (they hold the long windows), the rest in the file's order
+    assert order == ["test_reserves", "test_plain", "test_reads", "test_alone"]
 
 
 # The test notes when it starts and ends in $TIMES; with $MEET set it waits (up to 60 s) for

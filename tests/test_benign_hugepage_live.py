@@ -16,7 +16,7 @@ import pytest
 
 from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.hugepages import reserved_huge_pages
-from tests.support.load import in_load_group
+from tests.support.load import join_load_group, start_in_load_group
 from tests.support.randomx import stop
 from tests.test_scan_support import findings_for_pid, scan_json
 
@@ -65,15 +65,15 @@ def _start_postgres(workdir: Path, port: int) -> Path:
         f"-c huge_pages=on -c shared_buffers=300MB -c port={port} "
         f"-c listen_addresses=127.0.0.1 -c unix_socket_directories={workdir}"
     )
-    subprocess.run(  # the server and its backends in the load group
-        in_load_group(
-            [*as_postgres, _program("pg_ctl"), "-D", str(data), "-w", "-o", options]
-            + ["-l", str(workdir / "pg.log"), "start"]
-        ),
+    subprocess.run(
+        [*as_postgres, _program("pg_ctl"), "-D", str(data), "-w", "-o", options]
+        + ["-l", str(workdir / "pg.log"), "start"],
         check=True,
         capture_output=True,
         timeout=120,
     )
+    # the server (its backends are forked later, there too) in the load group
+    join_load_group(int((data / "postmaster.pid").read_text().split()[0]))
     return data
 
 
@@ -106,11 +106,9 @@ def test_a_jvm_and_postgresql_with_huge_pages_at_full_cpu_stay_clean():
         try:
             with reserved_huge_pages(1400 + 200):
                 try:
-                    jvm = subprocess.Popen(
-                        in_load_group(
-                            [java, "-XX:+UseLargePages", "-Xms1g", "-Xmx1g", "Spin.java"]
-                            + [str(listener.getsockname()[1])]
-                        ),
+                    jvm = start_in_load_group(
+                        [java, "-XX:+UseLargePages", "-Xms1g", "-Xmx1g", "Spin.java"]
+                        + [str(listener.getsockname()[1])],
                         cwd=workdir,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL,

@@ -1,43 +1,63 @@
 """tests/support/load.py: the host tests' busy workloads run in the low-weight load group, each
-still under its own pid, path and command line."""
+under its own pid, path and command line, and take no huge page their test did not reserve."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from gpuguard.sources.proc.process import collect_process_facts
 from tests.support import load
-from tests.support.randomx import cpu_hog, stop
+from tests.support.hugepages import reservation_open, reserved_huge_pages
+from tests.support.randomx import INSTALL_DIR, LoopbackPool, cpu_hog, start_standin, stop
+
+MIB = 1 << 20
 
 
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_a_hog_runs_in_the_load_group_as_itself():
-    procs = load.load_group()
-    assert procs is not None, "this machine has a CPU controller (platform.md)"
-    knob = "cpu.weight" if procs.parent.parent == Path("/sys/fs/cgroup") else "cpu.shares"
-    expected = load.V2_WEIGHT if knob == "cpu.weight" else load.V1_SHARES
-    assert (procs.parent / knob).read_text().strip() == expected
     hog = cpu_hog(30)
     try:
-        deadline = time.monotonic() + 10  # until the shell has joined the group and exec'd
-        while time.monotonic() < deadline and os.readlink(
-            f"/proc/{hog.pid}/exe"
-        ) != os.path.realpath(sys.executable):
-            time.sleep(0.01)
         assert os.readlink(f"/proc/{hog.pid}/exe") == os.path.realpath(sys.executable)
-        assert Path(f"/proc/{hog.pid}/cmdline").read_bytes().split(b"\0")[1] == b"-c"
-        assert load.pid_in_load_group(hog.pid)
-        assert str(hog.pid) in procs.read_text().split()
+        assert load.load_cgroups(hog.pid) == {"cpu", "no-pages"}  # (v1 cpu, v2 hugetlb here)
+        shares = Path("/sys/fs/cgroup/cpu", load.NAME, "cpu.shares").read_text()
+        assert shares.strip() == load.V1_SHARES
     finally:
         stop(hog)
-    assert not load.pid_in_load_group(os.getpid())  # the test itself is not in it
+    assert load.load_cgroups(os.getpid()) == set()  # the test itself is not in it
 
 
-def test_without_a_cpu_controller_the_command_runs_as_given(monkeypatch):
-    monkeypatch.setattr(load, "load_group", lambda: None)
-    assert load.in_load_group(["/bin/true", "x"]) == ["/bin/true", "x"]
+@pytest.mark.root
+@pytest.mark.host_mutator  # reserves huge pages
+def test_a_standin_gets_huge_pages_only_where_its_test_reserved_them():
+    """Free pages in the pool (here this test's own): a stand-in started as by a test without a
+    reservation is refused them, as on a host without a pool; one of the reserving test maps them."""
+    with tempfile.TemporaryDirectory(prefix="gg-load-") as tmp:
+        pool = LoopbackPool(Path(tmp), tls=False)
+        procs = []
+        try:
+            with reserved_huge_pages(8):
+                assert reservation_open()
+                refused = start_standin(pool, "metricsd", memory_mib=8, huge_pages=False)
+                granted = start_standin(pool, "nodestatd", memory_mib=8)
+                procs += [refused, granted]
+                facts = {p.pid: collect_process_facts(p.pid) for p in procs}
+                groups = {p.pid: load.load_cgroups(p.pid) for p in procs}
+                for proc in procs:
+                    stop(proc)
+            assert not reservation_open()
+        finally:
+            for proc in procs:
+                stop(proc)
+            pool.close()
+            shutil.rmtree(INSTALL_DIR, ignore_errors=True)
+    assert facts[refused.pid].hugetlb_bytes == 0, facts[refused.pid]
+    assert b"using ordinary pages" in refused.stderr.read()
+    assert facts[granted.pid].hugetlb_bytes == 8 * MIB, facts[granted.pid]
+    assert groups == {refused.pid: {"cpu", "no-pages"}, granted.pid: {"cpu", "pages"}}

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.agent_run import finding_for, running_agent
-from tests.support.load import in_load_group
+from tests.support.load import start_in_load_group
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, cpu_hog, start_standin, stop
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,24 +57,20 @@ def _benign_workloads(workdir: Path) -> dict[str, subprocess.Popen]:
     out = {}
     numpy_python = _python_with_numpy()
     if numpy_python is not None:
-        out["numpy"] = subprocess.Popen(in_load_group([numpy_python, "-c", numpy_loop]))
+        out["numpy"] = start_in_load_group([numpy_python, "-c", numpy_loop])
     return out | {
-        "openssl": subprocess.Popen(
-            in_load_group(
-                ["openssl", "speed", "-seconds", "100", "sha256", "aes-128-cbc", "rsa2048"]
-            ),
+        "openssl": start_in_load_group(
+            ["openssl", "speed", "-seconds", "100", "sha256", "aes-128-cbc", "rsa2048"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         ),
-        "compiler": subprocess.Popen(
-            in_load_group(
-                [
-                    "sh",
-                    "-c",
-                    'end=$(($(date +%s)+150)); while [ "$(date +%s)" -lt "$end" ]; do '
-                    f"gcc -O2 -c -o /dev/null {source}; done",
-                ]
-            )
+        "compiler": start_in_load_group(
+            [
+                "sh",
+                "-c",
+                'end=$(($(date +%s)+150)); while [ "$(date +%s)" -lt "$end" ]; do '
+                f"gcc -O2 -c -o /dev/null {source}; done",
+            ]
         ),
     }
 

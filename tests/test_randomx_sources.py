@@ -22,7 +22,7 @@ from gpuguard.sources.ebpf.fpu_probe import BLIND_PREFIX, FpuProbe
 from gpuguard.sources.proc.cpu_usage import lifetime_runnable
 from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.hugepages import reserved_huge_pages
-from tests.support.load import in_load_group
+from tests.support.load import start_in_load_group
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, cpu_hog, start_standin, stop
 
 # -- BTF --------------------------------------------------------------------------
@@ -77,8 +77,8 @@ def test_kernel_btf_gives_the_architectural_mxcsr_offset():
 def test_a_niced_spinner_on_a_busy_host_stays_runnable_while_a_sleeper_does_not():
     # a shell loop, not Python: an interpreter's start-up reads files, and on a host busy with
     # disk I/O that wait (not runnable) would be part of an 8 s lifetime
-    spinner = subprocess.Popen(
-        in_load_group(["nice", "-n", "19", "sh", "-c", "while :; do :; done"])
+    spinner = start_in_load_group(
+        ["nice", "-n", "19", "sh", "-c", "while :; do :; done"]
     )  # with the hogs: the load group
     sleeper = subprocess.Popen(["sleep", "60"])
     hogs = [cpu_hog(60), cpu_hog(60)]
@@ -120,21 +120,19 @@ def test_fpu_probe_counts_rounding_switches_of_the_standin_only():
             steady = start_standin(pool, "metricsd", threads=1, rounding=False)
             procs += [rounding, steady]
             procs.append(
-                subprocess.Popen(
-                    in_load_group(["openssl", "speed", "-seconds", "8", "sha256", "rsa2048"]),
+                start_in_load_group(
+                    ["openssl", "speed", "-seconds", "8", "sha256", "rsa2048"],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
             )
             procs.append(
-                subprocess.Popen(
-                    in_load_group(
-                        [
-                            sys.executable,
-                            "-c",
-                            "import math\nx=0.0\nwhile True: x = math.sin(x) + 1.1",
-                        ]
-                    )
+                start_in_load_group(
+                    [
+                        sys.executable,
+                        "-c",
+                        "import math\nx=0.0\nwhile True: x = math.sin(x) + 1.1",
+                    ]
                 )
             )
             # one worker at nice 19 is switched out about once a second on a busy host

@@ -39,15 +39,26 @@ def _change(pages: int, locked: bool) -> int:
         return int(NR_HUGEPAGES.read_text()) - before
 
 
+_open = [0]  # reservations open in this process (one test at a time per process)
+
+
+def reservation_open() -> bool:
+    """Whether the running test holds a reservation (its workloads may map huge pages)."""
+    return _open[0] > 0
+
+
 @contextmanager
 def reserved_huge_pages(pages: int, *, pool_is_held: bool = False) -> Iterator[None]:
     """``pages`` more default-size (2 MiB) huge pages while inside; given back after (stop the
-    processes that map them first).  ``pool_is_held``: the caller is inside :func:`pool_held`."""
+    processes that map them first).  ``pool_is_held``: the caller is inside :func:`pool_held`.
+    The workloads of a test map only what it reserved (tests/support/load.py)."""
     granted = _change(pages, locked=pool_is_held)
+    _open[0] += 1
     try:
         assert granted >= pages, (
             f"the kernel gave {granted} of {pages} huge pages (memory too fragmented?)"
         )
         yield
     finally:
+        _open[0] -= 1
         _change(-max(granted, 0), locked=pool_is_held)

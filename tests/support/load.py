@@ -1,21 +1,33 @@
-"""The busy workloads of the host tests (CPU hogs, miner stand-ins, a spinning JVM and database)
-run in one CPU cgroup of low weight, so they take the CPU the rest of the suite leaves.
+"""Where the busy workloads of the host tests run: one CPU cgroup of low weight, and no huge
+pages but those their own test reserved.
 
-Among themselves they still compete as before (a hog and a stand-in at nice 19 keep their
+CPU hogs, miner stand-ins, a spinning JVM and database take the CPU the rest of the suite
+leaves.  Among themselves they compete as before (a hog and a stand-in at nice 19 keep their
 relative weights inside the group), so a test's "loaded host" is as loaded for its own
-processes; only the other tests of the run no longer lose most of two cores to them.  The
-rules these tests exercise count runnable time (running plus waiting for a CPU), which a
-process of low weight accrues all the same.
+processes; the other tests of the run no longer lose most of two cores to them.  The rules
+these tests exercise count runnable time (running plus waiting for a CPU), which a process
+of low weight accrues all the same.
 
-:func:`in_load_group` wraps a command line: a shell joins the group and execs the command, so
-the workload's pid, parent, path and command line are its own and every thread or child it
-starts is in the group.  Without a CPU controller (or without root) the command runs as given.
+Host tests run beside each other, and the huge-page pool is one for the host: a stand-in
+whose test reserved nothing would take the pages another test reserved for its own (and its
+test would see a grant where it expects the refusal of a host without a pool).  So a
+workload started while its test holds no reservation (tests/support/hugepages.py) joins a
+hugetlb cgroup whose reservation limit
+is 0: its MAP_HUGETLB request is refused, as on a host with an empty pool.
+
+:func:`join_load_group` moves a started process (all its threads; what it starts later
+follows) from the test process: a move can wait for an RCU grace period, and that wait is
+then the test's, not a sleep in the workload's own lifetime.  Where a controller is missing
+(or without root) that part of the move is skipped.
 """
 
 from __future__ import annotations
 
 import functools
+import subprocess
 from pathlib import Path
+
+from tests.support.hugepages import reservation_open
 
 NAME = "gpuguard-test-load"
 # cgroup v2 weights run 1..10000 (default 100); v1 shares 2..262144 (default 1024): a quarter of
@@ -23,34 +35,93 @@ NAME = "gpuguard-test-load"
 # of hundreds of milliseconds per competitor), which real miners on a busy host do not see.
 V2_WEIGHT = "25"
 V1_SHARES = "256"
+V1_CPU = Path("/sys/fs/cgroup/cpu")
 
 
 @functools.cache
-def load_group() -> Path | None:
-    """The group's ``cgroup.procs`` (made once per host, shared by every run); None if unavailable."""
-    candidates = []
-    unified = Path("/sys/fs/cgroup")
-    if "cpu" in _read(unified / "cgroup.subtree_control").split():
-        candidates.append((unified / NAME, "cpu.weight", V2_WEIGHT))
-    if Path("/sys/fs/cgroup/cpu/cpu.shares").exists():
-        candidates.append((Path("/sys/fs/cgroup/cpu") / NAME, "cpu.shares", V1_SHARES))
-    for directory, knob, value in candidates:
-        try:
-            directory.mkdir(exist_ok=True)
-            (directory / knob).write_text(value)
-        except OSError:
-            continue
-        return directory / "cgroup.procs"
+def _v2_root() -> Path | None:
+    for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        if (root / "cgroup.controllers").exists():
+            return root
     return None
 
 
-def in_load_group(argv: list[str]) -> list[str]:
-    """``argv`` run from inside the load group (``argv`` itself where there is none)."""
-    procs = load_group()
-    if procs is None:
-        return list(argv)
-    script = f'echo $$ > {procs} 2>/dev/null; exec "$@"'
-    return ["/bin/sh", "-c", script, "sh", *argv]
+def _enable(directory: Path, controller: str) -> bool:
+    if controller not in _read(directory / "cgroup.controllers").split():
+        return False
+    if controller not in _read(directory / "cgroup.subtree_control").split():
+        (directory / "cgroup.subtree_control").write_text(f"+{controller}")
+    return True
+
+
+@functools.cache
+def _groups() -> dict[str, Path]:
+    """{"cpu": v1 cpu group's procs, "pages"/"no-pages": v2 leaves' procs}, what this host allows."""
+    out: dict[str, Path] = {}
+    if (V1_CPU / "cpu.shares").exists():
+        try:
+            (V1_CPU / NAME).mkdir(exist_ok=True)
+            (V1_CPU / NAME / "cpu.shares").write_text(V1_SHARES)
+            out["cpu"] = V1_CPU / NAME / "cgroup.procs"
+        except OSError:
+            pass
+    root = _v2_root()
+    if root is None:
+        return out
+    try:
+        parent = root / NAME
+        cpu = "cpu" not in out and _enable(root, "cpu")
+        hugetlb = _enable(root, "hugetlb")
+        parent.mkdir(exist_ok=True)
+        if cpu:
+            (parent / "cpu.weight").write_text(V2_WEIGHT)
+        if hugetlb:
+            _enable(parent, "hugetlb")
+        for leaf in ("pages", "no-pages"):
+            (parent / leaf).mkdir(exist_ok=True)
+        limits = sorted((parent / "no-pages").glob("hugetlb.*.rsvd.max")) if hugetlb else []
+        for limit in limits:
+            limit.write_text("0")
+        out["pages"] = parent / "pages" / "cgroup.procs"
+        if limits:
+            out["no-pages"] = parent / "no-pages" / "cgroup.procs"
+    except OSError:
+        pass
+    return out
+
+
+def join_load_group(pid: int, *, huge_pages: bool | None = None) -> None:
+    """Move ``pid`` (a process this test started) into the load group; where no huge page can
+    be reserved unless ``huge_pages`` (by default: whether this test holds a reservation)."""
+    if huge_pages is None:
+        huge_pages = reservation_open()
+    groups = _groups()
+    targets = [groups.get("cpu"), groups.get("pages" if huge_pages else "no-pages")]
+    for procs in targets:
+        if procs is None:
+            continue
+        try:
+            procs.write_text(str(pid))
+        except ProcessLookupError:
+            return  # already gone: nothing to move
+
+
+def start_in_load_group(argv: list[str], **popen_kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(argv, ...)``, moved into the load group at once."""
+    proc = subprocess.Popen(argv, **popen_kwargs)
+    join_load_group(proc.pid)
+    return proc
+
+
+def load_cgroups(pid: int) -> set[str]:
+    """The load groups ``pid`` is in ("cpu", "pages", "no-pages"), for the tests of this module."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return set()
+    paths = {line.split(":", 2)[2] for line in lines if line.count(":") >= 2}
+    names = {"cpu": f"/{NAME}", "pages": f"/{NAME}/pages", "no-pages": f"/{NAME}/no-pages"}
+    return {name for name, path in names.items() if path in paths}
 
 
 def _read(path: Path) -> str:
@@ -58,14 +129,3 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
-
-
-def pid_in_load_group(pid: int) -> bool:
-    """Whether ``pid`` runs in the load group (for the tests of this module)."""
-    try:
-        return any(
-            line.rsplit(":", 1)[-1].strip() == f"/{NAME}"
-            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-        )
-    except OSError:
-        return False

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.support.load import in_load_group
+from tests.support.load import join_load_group, start_in_load_group
 
 SOURCE = Path(__file__).resolve().parent.parent / "workloads" / "randomx_standin.c"
 # An ordinary path, not a temporary directory; one per test process, so a run beside this one
@@ -127,8 +127,10 @@ def start_standin(
     dataset: bool = False,
     rounding: bool = True,
     submit_s: float = 20.0,
+    huge_pages: bool | None = None,
 ) -> subprocess.Popen:
-    """Install the stand-in as INSTALL_DIR/name, start it on ``pool`` and wait for "ready"."""
+    """Install the stand-in as INSTALL_DIR/name, start it on ``pool`` and wait for "ready".
+    ``huge_pages``: whether it may get any (by default: whether this test reserved some)."""
     tls = pool.context is not None if tls is None else tls
     INSTALL_DIR.mkdir(parents=True, exist_ok=True)
     exe = INSTALL_DIR / name
@@ -142,11 +144,11 @@ def start_standin(
     )
     # settings on stdin: the command line is the program's path alone
     proc = subprocess.Popen(
-        in_load_group([str(exe)]),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        [str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
+    join_load_group(
+        proc.pid, huge_pages=huge_pages
+    )  # before its settings: it maps nothing till then
     proc.stdin.write(settings.encode())
     proc.stdin.close()
     line = proc.stdout.readline()
@@ -167,12 +169,10 @@ def stop(proc: subprocess.Popen | None) -> None:
 
 def cpu_hog(seconds: float = 600.0) -> subprocess.Popen:
     """One process spinning a core (the busy host beside the stand-in), in the load group."""
-    return subprocess.Popen(
-        in_load_group(
-            [
-                sys.executable,
-                "-c",
-                f"import time\nend=time.time()+{seconds}\nwhile time.time()<end: pass",
-            ]
-        )
+    return start_in_load_group(
+        [
+            sys.executable,
+            "-c",
+            f"import time\nend=time.time()+{seconds}\nwhile time.time()<end: pass",
+        ]
     )

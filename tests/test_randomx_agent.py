@@ -11,6 +11,7 @@ rounding-mode switching and threads that never sleep (tests/support/randomx.py).
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import tempfile
@@ -91,12 +92,15 @@ def test_randomx_standin_is_flagged_in_every_disguise_and_benign_work_stays_clea
                 benign = _benign_workloads(workdir)
                 procs += list(benign.values())
                 started = time.time()
+                # The stand-ins at an ordinary task's weight: this test times how soon the agent
+                # sees what they do, and in the load group, beside its own hogs and benign work,
+                # a busy host would leave them a few percent of a core (the run beside two busy
+                # loops started them 90 s late).  The hogs and benign work stay there.
+                standin = functools.partial(start_standin, submit_s=15, low_weight=False)
                 standins = {
-                    "plain": start_standin(plain_pool, "nodestatd", submit_s=15),
-                    "tls": start_standin(tls_pool, "metricsd", submit_s=15),
-                    "throttled": start_standin(
-                        tls_pool, "syncagent", nice=19, threads=1, submit_s=15
-                    ),
+                    "plain": standin(plain_pool, "nodestatd"),
+                    "tls": standin(tls_pool, "metricsd"),
+                    "throttled": standin(tls_pool, "syncagent", nice=19, threads=1),
                 }
                 procs += list(standins.values())
                 found = {}

@@ -90,13 +90,16 @@ def _groups() -> dict[str, Path]:
     return out
 
 
-def join_load_group(pid: int, *, huge_pages: bool | None = None) -> None:
+def join_load_group(pid: int, *, huge_pages: bool | None = None, low_weight: bool = True) -> None:
     """Move ``pid`` (a process this test started) into the load group; where no huge page can
-    be reserved unless ``huge_pages`` (by default: whether this test holds a reservation)."""
+    be reserved unless ``huge_pages`` (by default: whether this test holds a reservation).
+    ``low_weight`` False: the huge-page rule alone, its CPU weight stays an ordinary task's (for
+    a test that times how soon a workload's own progress is seen)."""
     if huge_pages is None:
         huge_pages = reservation_open()
     groups = _groups()
-    targets = [groups.get("cpu"), groups.get("pages" if huge_pages else "no-pages")]
+    targets = [groups.get("cpu") if low_weight else None]
+    targets.append(groups.get("pages" if huge_pages else "no-pages"))
     for procs in targets:
         if procs is None:
             continue

@@ -128,9 +128,11 @@ def start_standin(
     rounding: bool = True,
     submit_s: float = 20.0,
     huge_pages: bool | None = None,
+    low_weight: bool = True,
 ) -> subprocess.Popen:
     """Install the stand-in as INSTALL_DIR/name, start it on ``pool`` and wait for "ready".
-    ``huge_pages``: whether it may get any (by default: whether this test reserved some)."""
+    ``huge_pages``: whether it may get any (by default: whether this test reserved some);
+    ``low_weight``: in the load group's low CPU weight (tests/support/load.py)."""
     tls = pool.context is not None if tls is None else tls
     INSTALL_DIR.mkdir(parents=True, exist_ok=True)
     exe = INSTALL_DIR / name
@@ -146,9 +148,8 @@ def start_standin(
     proc = subprocess.Popen(
         [str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    join_load_group(
-        proc.pid, huge_pages=huge_pages
-    )  # before its settings: it maps nothing till then
+    # before its settings: it maps nothing till then
+    join_load_group(proc.pid, huge_pages=huge_pages, low_weight=low_weight)
     proc.stdin.write(settings.encode())
     proc.stdin.close()
     line = proc.stdout.readline()

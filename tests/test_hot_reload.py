@@ -132,3 +132,22 @@ def test_site_directory_changes_are_noticed(tmp_path):
     write(site / "local.yaml", GOOD.replace("{WEIGHT}", "5"))
     assert len(holder.poll().rules) == base + 1
     assert lines[0].startswith("gpuguard: rules reloaded (rule files changed)")
+
+
+def test_the_shipped_rules_are_found_once_not_at_every_look_for_changed_files(
+    tmp_path, monkeypatch
+):
+    from pathlib import Path
+
+    site = tmp_path / "etc"
+    site.mkdir()
+    holder = RuleSetHolder(None, site_dir=site, log=lambda line: None)
+
+    def no_resolve(self, strict=False):
+        raise AssertionError(f"the shipped rules' place was looked up again: {self}")
+
+    monkeypatch.setattr(Path, "resolve", no_resolve)  # each resolve is a walk of lstat calls
+    holder.poll()  # the agent's look every 2 s
+    write(site / "local.yaml", GOOD.replace("{WEIGHT}", "5"))
+    assert len(holder.poll().rules) == len(holder.current.rules)
+    assert holder.generation == 2  # a new site file is still picked up

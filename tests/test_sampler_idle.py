@@ -139,3 +139,57 @@ def test_what_counts_as_nothing_happened():
     assert quiet_view(snap(state="lost")) is None
     usage = ProcessGpuUsage(pid=4242, vendor="nvidia", device_index=0)
     assert quiet_view(snap(processes=[usage])) is None
+
+
+class _WakeLog(BoundedQueue):
+    """An intake that notes, per queued GPU sample, whether it woke the consumer."""
+
+    def __init__(self) -> None:
+        super().__init__(10_000)
+        self.wakes: list[bool] = []
+
+    def put_many(self, items: list, producer: str, wake: bool = True) -> int:
+        self.wakes.extend(wake for _ in items)
+        return super().put_many(items, producer, wake)
+
+
+def test_a_sample_that_says_what_the_last_one_said_does_not_wake_the_detect_loop():
+    fake = _two_idle_h100s()
+    intake = _WakeLog()
+    stop = threading.Event()
+    thread = SamplerThread(
+        "nvml",
+        lambda: nvml.open_sampler(library=fake.module),
+        intake,
+        AgentCounters(),
+        stop,
+        emit=lambda line: None,
+        interval=INTERVAL_S,
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(intake.wakes) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert intake.wakes[:3] == [True, False, False]  # the first is news, the same is not
+        fake.gpus[0].util_gpu = 97  # a kernel runs: news again, and each busy sample is news
+        seen = len(intake.wakes)
+        while len(intake.wakes) < seen + 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert intake.wakes[seen + 1 : seen + 3] == [True, True]
+    finally:
+        stop.set()
+        thread.wake.set()
+        thread.join(5)
+    assert len(intake) == len(intake.wakes)  # every sample was queued, woken or not
+
+
+def test_items_queued_without_a_wake_leave_a_waiting_consumer_asleep_and_wait_for_its_turn():
+    intake = BoundedQueue(10)
+    notified: list[int] = []
+    intake._cond.notify = lambda n=1: notified.append(n)  # the wake itself
+    intake.put("idle sample", "sampler", wake=False)
+    assert notified == []
+    assert intake.take_all(0) == ["idle sample"]  # taken at the consumer's next turn
+    intake.put("busy sample", "sampler")
+    assert notified == [1]

@@ -27,8 +27,9 @@ class BoundedQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put_many(self, items: list[Any], producer: str) -> int:
-        """Queue what fits; returns how many were dropped."""
+    def put_many(self, items: list[Any], producer: str, wake: bool = True) -> int:
+        """Queue what fits; returns how many were dropped.  ``wake=False``: items that are no
+        news wait for the consumer's next turn instead of waking it (each wake costs CPU)."""
         if not items:
             return 0
         with self._cond:
@@ -36,13 +37,14 @@ class BoundedQueue:
             kept = items if room >= len(items) else items[: max(room, 0)]
             self._items.extend(kept)
             dropped = len(items) - len(kept)
-            self._cond.notify()
+            if wake:
+                self._cond.notify()
         if dropped and self._on_drop is not None:
             self._on_drop(producer, dropped)
         return dropped
 
-    def put(self, item: Any, producer: str) -> bool:
-        return self.put_many([item], producer) == 0
+    def put(self, item: Any, producer: str, wake: bool = True) -> bool:
+        return self.put_many([item], producer, wake) == 0
 
     def take_all(self, timeout: float, limit: int | None = None) -> list[Any]:
         """Everything queued (at most ``limit`` items, oldest first), waiting up to ``timeout``

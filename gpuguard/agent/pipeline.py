@@ -120,20 +120,22 @@ class Agent:
     def _loop(self) -> None:
         produce, reloader, report, emit = self.produce, self.reloader, self.report, self.emit_stage
         plan = Schedule(
-            host=lambda: self.config.host_check_interval_s, housekeeping=lambda: self.housekeeping_s
+            host=lambda: self.config.host_check_interval_s,
+            housekeeping=lambda: self.housekeeping_s,
+            status=lambda: self.config.status_interval_s,
         )
         cut = lambda: reloader.hup or self.stop.is_set()  # noqa: E731 - a batch's stop test
         while not self.stop.is_set():
             self.telemetry.loop_turned()  # /healthz liveness (and its fault-injection stall)
             unfed = self.unfed  # a batch cut short by a stop or reload: fed first
-            wait = 0.0 if unfed else plan.wait_s(emit.status.due)
+            wait = 0.0 if unfed else plan.wait_s()
             items = unfed + produce.take(wait, BATCH_ITEMS - len(unfed))
             now = time.time()
             self.unfed = self.feed(items, cut)
             if self.stop.is_set():
                 break  # the teardown feeds what is left, for a bounded time, and scores
             self.act.take_later()  # outcomes the responder's threads reported
-            mono = plan.turn()
+            plan.turn()
             if reloader.hup:
                 reloader.hup = False
                 reloader.reload("SIGHUP")
@@ -147,4 +149,4 @@ class Agent:
             emit.sync_log()
             if plan.due("housekeeping"):
                 self.housekeeping.run(now, self.housekeeping_s)
-            emit.status_due(now, max(mono, plan.soon))
+            emit.status_due(now, plan.due("status"))

@@ -124,7 +124,10 @@ class SensorThread(threading.Thread):
 
 # A GPU source whose samples say the same about idle GPUs (no process, no utilisation, memory
 # as before) this many times in a row is sampled IDLE_FACTOR times less often, until a sample
-# differs or a GPU device open seen by the sensor (SamplerThread.nudge) wakes it.
+# differs or a GPU device open seen by the sensor (SamplerThread.nudge) wakes it.  A sample that
+# says the same as the one before is no news: it is queued without waking the detect loop, which
+# takes it on its next turn (at most schedule.LOOP_WAIT_MAX_S, 2 s, later; one that differs
+# wakes it).
 QUIET_SAMPLES = 3
 IDLE_FACTOR = 4
 
@@ -189,14 +192,17 @@ class SamplerThread(threading.Thread):
         if slow:
             self.wake.set()
 
-    def _next_wait(self, snapshot: GpuSnapshot | None) -> float:
-        """The interval to the next sample: longer after QUIET_SAMPLES equal idle samples."""
+    def _same_as_before(self, snapshot: GpuSnapshot | None) -> bool:
+        """Whether ``snapshot`` says about idle GPUs what the one before said (no news); counts
+        such samples in a row."""
         view = quiet_view(snapshot) if snapshot is not None else None
-        if view is None or view != self._quiet:
-            self.quiet_samples = 0
-        else:
-            self.quiet_samples += 1
+        same = view is not None and view == self._quiet
+        self.quiet_samples = self.quiet_samples + 1 if same else 0
         self._quiet = view
+        return same
+
+    def _next_wait(self) -> float:
+        """The interval to the next sample: longer after QUIET_SAMPLES equal idle samples."""
         if self.quiet_samples >= QUIET_SAMPLES:
             return self.interval * IDLE_FACTOR
         return self.interval
@@ -266,7 +272,7 @@ class SamplerThread(threading.Thread):
                 pass
             self.sampler = None
 
-    def _record(self, snapshot: GpuSnapshot) -> None:
+    def _record(self, snapshot: GpuSnapshot, news: bool = True) -> None:
         for line in snapshot.errors:
             _fault(self.emit, f"GPU source {self.source}: {line}", source=self.source)
         gpus = self.counters.gpus
@@ -279,7 +285,7 @@ class SamplerThread(threading.Thread):
                 "power_w": dev.power_w,
                 "lost": dev.extra.get("state") == "lost",
             }
-        self.intake.put(snapshot, "sampler")
+        self.intake.put(snapshot, "sampler", wake=news)
 
     def _read_accounting(self, now: float) -> None:
         """The driver's accounting records (running and exited pids; none when accounting mode is off)."""
@@ -345,13 +351,14 @@ class SamplerThread(threading.Thread):
                 failures, backoff = 0, self.interval
             finally:
                 self.counters.sampler_seconds[self.source] += time.thread_time() - cpu_before
+            same = self._same_as_before(snapshot)
             if snapshot is not None:
                 self.counters.samples[self.source] += 1
-                self._record(snapshot)
+                self._record(snapshot, news=not same)
                 if self._accounting_pending:
                     self._apply_accounting_mode()
                 self._read_accounting(now)
-            next_tick += self._next_wait(snapshot)
+            next_tick += self._next_wait()
             wait = next_tick - time.monotonic()
             if wait < 0:  # a slow sample: skip the missed ticks instead of bursting
                 next_tick = time.monotonic()

@@ -2,7 +2,9 @@
 
 An idle agent rewrites nothing but the heartbeat every STATUS_HEARTBEAT intervals (readers
 call an older file stale); a change worth saying (a finding, an action, a reload) is written
-within the loop turn (``AgentContext.status_soon``).
+within the loop turn (``AgentContext.status_soon``).  The periodic check is one of the detect
+loop's scheduled tasks (:mod:`.schedule`): a write out of turn does not move it, so it stays
+in the same wake-up as the rule-file check.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ class StatusWriter:
 
     def __init__(self, ctx: AgentContext) -> None:
         self.ctx = ctx
-        self.due = 0.0  # monotonic time of the next scheduled write
         self._content: Any = None  # what the state file last said, less its clocks
         self._heartbeat = 0.0
         self._events_at = (time.monotonic(), 0)
@@ -56,9 +57,6 @@ class StatusWriter:
             counters, ctx.config, sources, self.events_per_s, now, running
         )
 
-    def due_now(self, mono: float) -> bool:
-        return self.ctx.status_soon or mono >= self.due
-
     def write(self, now: float, running: bool = True) -> None:
         """Write the state file when what it says changed, or as a heartbeat every
         STATUS_HEARTBEAT intervals (readers call an older file stale): an idle agent rewrites
@@ -66,7 +64,6 @@ class StatusWriter:
         ctx, counters = self.ctx, self.ctx.counters
         ctx.status_soon = False
         mono = time.monotonic()
-        self.due = mono + ctx.config.status_interval_s
         ctx.telemetry.sync_metrics()
         document = self.document(now, running)
         content = _status_content(document)

@@ -21,6 +21,7 @@ class EmitStage:
         self.ctx.telemetry.sync_log()
         self.counts["log_syncs"] += 1
 
-    def status_due(self, now: float, mono: float) -> None:
-        if self.status.due_now(mono):
+    def status_due(self, now: float, periodic: bool) -> None:
+        """The state file's periodic check (the loop's schedule says when), or a change to say."""
+        if periodic or self.ctx.status_soon:
             self.status.write(now)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 SITE_RULES_DIR = Path("/etc/gpuguard")
@@ -10,6 +11,7 @@ SHIPPED_RULES_NAME = "miner-rules.yaml"
 NOT_RULES = frozenset({"agent.yaml"})
 
 
+@functools.cache  # the agent looks for changed rule files every 2 s: one resolve, not one each
 def shipped_rules_dir() -> Path:
     """``rules/`` of an installed package if present, else the source checkout's top-level ``rules/``."""
     packaged = Path(__file__).resolve().parents[2] / "rules"

@@ -1,0 +1,83 @@
+"""The detect loop's periodic tasks keep to one grid, so an idle loop wakes once per period."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gpuguard.agent import schedule
+from gpuguard.agent.config import AgentConfig
+from gpuguard.agent.pipeline import Agent
+from gpuguard.agent.schedule import Schedule
+from gpuguard.sources.gpu import nvml
+from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
+
+TASKS = ("rules", "guard", "status", "housekeeping")
+
+
+def test_a_late_wake_up_does_not_move_the_tasks_off_their_grid(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(schedule.time, "monotonic", lambda: clock[0])
+    plan = Schedule(first_in_s=1.0, status=lambda: 2.0, housekeeping=lambda: 10.0)
+    ran = {}
+    for now in (101.3, 103.25, 105.0, 107.4, 109.0, 111.05):  # woken late, by up to 0.4 s
+        clock[0] = now
+        plan.turn()
+        ran[now] = {name for name in TASKS if plan.due(name)}
+        assert plan.wait_s() == pytest.approx(2.0 - (now - 101.0) % 2.0)  # to the next 2 s mark
+    assert all(ran[now] >= {"rules", "guard", "status"} for now in ran)
+    assert [now for now in ran if "housekeeping" in ran[now]] == [101.3, 111.05]
+    clock[0] = 120.0  # a loop that fell a whole period behind starts again from now
+    plan.turn()
+    assert plan.due("rules")
+    assert plan.next["rules"] == pytest.approx(122.0)  # not 115, at once due again
+
+
+def test_the_state_file_check_shares_the_rule_check_wake_up_even_after_a_write_out_of_turn(
+    tmp_path, monkeypatch
+):
+    turn, due = Schedule.turn, Schedule.due
+    turns: list[set[str]] = []
+
+    def counted_turn(self):
+        turns.append(set())
+        return turn(self)
+
+    def noted_due(self, name):
+        ran = due(self, name)
+        if ran and turns:
+            turns[-1].add(name)
+        return ran
+
+    monkeypatch.setattr(Schedule, "turn", counted_turn)
+    monkeypatch.setattr(Schedule, "due", noted_due)
+    fake = FakeNvml([FakeGpu()])
+    config = AgentConfig(
+        sensor="proc",
+        log_path=str(tmp_path / "agent.log"),
+        status_path=tmp_path / "status.json",
+        sweep_interval_s=60.0,
+        status_interval_s=0.5,
+    )
+    agent = Agent(
+        config,
+        install_signals=False,
+        stderr=lambda line: None,
+        sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)},
+    )
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        assert agent.ready.wait(60), "the agent did not start"
+        time.sleep(1.7)
+        agent.ctx.status_soon = True  # a finding's write, between two checks
+        agent.intake.nudge()
+        time.sleep(1.6)
+    finally:
+        agent.request_stop()
+        thread.join(30)
+    checks = [names for names in turns if "rules" in names]
+    assert len(checks) >= 2, turns
+    assert all("status" in names for names in checks), turns  # one wake-up, not two

@@ -21,7 +21,7 @@ import pytest
 
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.findings import ProcessFindings
-from gpuguard.agent.pipeline import Agent
+from gpuguard.agent.stages.s6_act import record_outcomes
 from gpuguard.cli import main
 from gpuguard.outputs.metrics import AgentMetrics
 from gpuguard.respond import Responder
@@ -135,7 +135,7 @@ def test_outside_the_scope_a_blocked_program_lives_inside_it_or_a_child_cgroup_i
         agent = types.SimpleNamespace(
             counters=AgentCounters(), findings=ProcessFindings(), emit=lambda outcome: None
         )
-        Agent._record_outcomes(agent, outcomes)
+        record_outcomes(agent.counters, agent.findings, agent.emit, outcomes)
         metrics = AgentMetrics()
         metrics.sync_totals(agent.counters.snapshot())
         text = metrics.exposition().decode()

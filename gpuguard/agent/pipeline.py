@@ -25,7 +25,7 @@ from gpuguard.agent.stages.s2_enrich import EnrichStage
 from gpuguard.agent.stages.s3_correlate import CorrelateStage
 from gpuguard.agent.stages.s4_score import ScoreStage
 from gpuguard.agent.stages.s5_report import ReportStage
-from gpuguard.agent.stages.s6_act import ActStage, record_outcomes
+from gpuguard.agent.stages.s6_act import ActStage
 from gpuguard.agent.stages.s7_emit import EmitStage
 from gpuguard.agent.teardown import teardown
 from gpuguard.agent.telemetry import AgentTelemetry
@@ -86,9 +86,6 @@ class Agent:
 
     def _intake_dropped(self, producer: str, count: int) -> None:
         self.counters.intake_dropped[producer] += count
-
-    def _record_outcomes(self, outcomes: list) -> None:  # outcomes counted by hand (tests)
-        record_outcomes(self.counters, self.findings, self.emit, outcomes)
 
     def request_stop(self) -> None:
         self.stop.set()

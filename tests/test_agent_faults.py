@@ -21,7 +21,7 @@ from gpuguard.agent.pipeline import Agent
 from gpuguard.proving.enforce_scope import EnforceScope
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
-from tests.support.agent_run import log_records, until
+from tests.support.agent_run import agent_running, log_records, until
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
@@ -46,13 +46,8 @@ def agent_with_fake_nvml(tmp_path):
         sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)},
     )
     agent.housekeeping_s = 0.5
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    assert agent.ready.wait(60), "the agent did not start"
-    yield agent, fake, tmp_path / "agent.log"
-    agent.request_stop()
-    thread.join(30)
-    assert not thread.is_alive()
+    with agent_running(agent):
+        yield agent, fake, tmp_path / "agent.log"
 
 
 def test_a_sampler_that_raises_is_reported_and_retried(agent_with_fake_nvml):
@@ -221,14 +216,8 @@ def _log_of_a_short_agent_run(tmp_path, fake, **config):
         stderr=lambda line: None,
         sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)},
     )
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    try:
-        assert agent.ready.wait(60), "the agent did not start"
+    with agent_running(agent):
         until(lambda: agent.counters.samples["nvml"] >= 3)
-    finally:
-        agent.request_stop()
-        thread.join(30)
     return log_records(log)
 
 
@@ -276,10 +265,7 @@ def test_outcomes_the_responder_reports_later_are_counted_and_kept(tmp_path):
         install_signals=False,
         stderr=lambda line: None,
     )
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    try:
-        assert agent.ready.wait(60), "the agent did not start"
+    with agent_running(agent):
         later = ActionOutcome(
             time=1.0, action="hook", status="done", pid=4_000_001, comm="x", reason="hook ran"
         )
@@ -293,6 +279,3 @@ def test_outcomes_the_responder_reports_later_are_counted_and_kept(tmp_path):
         until(
             lambda: [r for r in log_records(log) if r.get("gpuguard", {}).get("action") == "hook"]
         )
-    finally:
-        agent.request_stop()
-        thread.join(30)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -13,6 +12,7 @@ from gpuguard.agent.pipeline import Agent
 from gpuguard.agent.schedule import Schedule
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
+from tests.support.agent_run import agent_running
 
 TASKS = ("rules", "guard", "status", "housekeeping")
 
@@ -67,17 +67,11 @@ def test_the_state_file_check_shares_the_rule_check_wake_up_even_after_a_write_o
         stderr=lambda line: None,
         sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)},
     )
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    try:
-        assert agent.ready.wait(60), "the agent did not start"
+    with agent_running(agent):
         time.sleep(1.7)
         agent.ctx.status_soon = True  # a finding's write, between two checks
         agent.intake.nudge()
         time.sleep(1.6)
-    finally:
-        agent.request_stop()
-        thread.join(30)
     checks = [names for names in turns if "rules" in names]
     assert len(checks) >= 2, turns
     assert all("status" in names for names in checks), turns  # one wake-up, not two

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 import urllib.request
 import uuid
@@ -30,7 +29,7 @@ from gpuguard.respond.cgroup_blocks import cgroup2_mount
 from gpuguard.sources.gpu import nvml
 from gpuguard.sources.proc.pod_names import PodNames, PodRef
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess
-from tests.support.agent_run import until
+from tests.support.agent_run import agent_running, until
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
@@ -238,10 +237,7 @@ def test_the_running_agent_exports_pod_gpu_use_over_http(two_pods, tmp_path):
         sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)},
     )
     agent.telemetry.pod_names = names
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    try:
-        assert agent.ready.wait(60)
+    with agent_running(agent):
         stamp = [int(time.time() * 1e6)]
 
         def scrape() -> str:
@@ -261,7 +257,3 @@ def test_the_running_agent_exports_pod_gpu_use_over_http(two_pods, tmp_path):
         assert until(lambda: want in scrape(), timeout=20)
         body = scrape()
         assert f'pid="{a}"' in body and "gpuguard_process_gpu_memory_bytes" in body
-    finally:
-        agent.request_stop()
-        thread.join(30)
-    assert not thread.is_alive()

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -176,3 +177,22 @@ def until(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
             return value
         time.sleep(0.05)
     raise AssertionError("condition never became true")
+
+
+@contextlib.contextmanager
+def agent_running(agent: Any, start_s: float = 120.0) -> Iterator[threading.Thread]:
+    """``agent.run()`` (an in-process :class:`~gpuguard.agent.pipeline.Agent`) in a thread,
+    ready before the block, stopped after it.  A start that fails ends the thread: that is
+    reported at once, not at the timeout."""
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + start_s
+        while not agent.ready.wait(0.05) and thread.is_alive() and time.monotonic() < deadline:
+            pass
+        assert agent.ready.is_set(), "the agent did not start"
+        yield thread
+    finally:
+        agent.request_stop()
+        thread.join(30)
+    assert not thread.is_alive(), "the agent did not stop within 30 s"

@@ -43,6 +43,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.support.locks import host_lock  # noqa: E402 - the path above first
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
@@ -91,16 +93,12 @@ def root_group(item: pytest.Item) -> str | None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """A host mutator holds the host lock shared, an observer exclusively, set-up to teardown."""
-    mode = LOCK_MODES.get(root_class(item) or "") if item.get_closest_marker("root") else None
+    mode = LOCK_MODES.get(root_class(item)) if item.get_closest_marker("root") else None
     if mode is None or os.geteuid() != 0:  # (without root the test is skipped in its set-up)
         yield
         return
-    with open(HOST_LOCK, "a") as lock:
-        fcntl.flock(lock, mode)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with host_lock(HOST_LOCK, mode):
+        yield
 
 
 _unclassified: list[str] = []

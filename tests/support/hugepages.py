@@ -11,24 +11,19 @@ host's whole count).
 
 from __future__ import annotations
 
-import fcntl
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+
+from tests.support.locks import host_lock
 
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 LOCK = Path("/run/gpuguard-test-hugepages.lock")
 
 
-@contextmanager
-def pool_held() -> Iterator[None]:
+def pool_held() -> AbstractContextManager[None]:
     """No reservation starts or ends on this host while inside."""
-    with open(LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    return host_lock(LOCK)
 
 
 def _change(pages: int, locked: bool) -> int:

@@ -12,8 +12,8 @@ Host tests run beside each other, and the huge-page pool is one for the host: a 
 whose test reserved nothing would take the pages another test reserved for its own (and its
 test would see a grant where it expects the refusal of a host without a pool).  So a
 workload started while its test holds no reservation (tests/support/hugepages.py) joins a
-hugetlb cgroup whose reservation limit
-is 0: its MAP_HUGETLB request is refused, as on a host with an empty pool.
+hugetlb cgroup whose reservation limit is 0: its MAP_HUGETLB request is refused, as on a host
+with an empty pool.
 
 :func:`join_load_group` moves a started process (all its threads; what it starts later
 follows) from the test process: a move can wait for an RCU grace period, and that wait is

@@ -177,7 +177,7 @@ def _round(value: float | None) -> float | None:
 
 
 class WorkloadWatch(threading.Thread):
-    """Twice a second: the agent's state of the workload; every 2 s its GPU series."""
+    """Twice a second: the agent's state of the workload; every second its GPU series."""
 
     def __init__(self, agent: CheckAgent, pid: int, pod: KubeletPod | None, started: float) -> None:
         super().__init__(daemon=True)
@@ -200,7 +200,7 @@ class WorkloadWatch(threading.Thread):
         while not self.stop.wait(0.5):
             self._guarded(self.look)
             if time.monotonic() >= next_scrape:
-                next_scrape = time.monotonic() + 2.0
+                next_scrape = time.monotonic() + 1.0
                 self._guarded(self.scrape)
         self._guarded(self.look)
         self._guarded(self.scrape)

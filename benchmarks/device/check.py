@@ -61,8 +61,8 @@ def plan(name: str) -> dict:
             "cost_samples": 40,
         }
     return {
-        "miner-like": Timing(6, 2, 3, 1, 2, 2, 1 / 256),
-        "training-like": Timing(5, 2, 3, 1, 2, 2, 1 / 256),
+        "miner-like": Timing(7, 2, 3, 1, 2, 2, 1 / 256),
+        "training-like": Timing(6, 2, 3, 1, 2, 2, 1 / 256),
         "tests_timeout_s": 90,
         "cost_samples": 15,
     }

@@ -59,6 +59,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # project's machines) each start would compile every module again.  Once per run, not per worker.
     for name, what in ROOT_CLASSES.items():
         config.addinivalue_line("markers", f"{name}: a root test that {what}")
+    config.addinivalue_line(
+        "markers",
+        "gpu: takes the fake NVML, or with GPUGUARD_REAL_NVML=1 on a GPU host the real one "
+        "(tests/support/nvml_choice.py; benchmarks/device_check.sh)",
+    )
     if not hasattr(config, "workerinput"):
         compileall.compile_dir(str(REPO / "gpuguard"), quiet=1)
 

@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from gpuguard.config.reference import doc_block, in_doc
+from gpuguard.config.reference import doc_block, in_doc, reference
+from gpuguard.config.schema import Key
 from gpuguard.detect.ruleset.model import ACTIONS as RULE_ACTIONS
+from gpuguard.errors import GpuguardError
 from gpuguard.events.action_kinds import BY_NAME as KINDS
+from gpuguard.events.action_kinds import ActionKind
+from gpuguard.events.agent_events import ActionOutcome
+from gpuguard.respond import Responder
 from gpuguard.respond.action_docs import action_table, default_plan, generated, markers
-from gpuguard.respond.actions import ACTIONS, BLOCK_KINDS, STEPS
-from gpuguard.respond.settings import ResponseSettings, parse_response_settings
+from gpuguard.respond.actions import ACTIONS, BLOCK_KINDS, STEPS, Action, alert
+from gpuguard.respond.blocks import Block, BlockKind, BlockStore, new_block_id
+from gpuguard.respond.lift import in_place
+from gpuguard.respond.settings import ResponseSettings, parse_response_settings, settings_for
+from tests.support.respond import SLEEPER, start_offender, state_of, stop_offender, verdict_for
 
 SAMPLE = {
     "number": 7.0,
@@ -151,3 +162,143 @@ def test_config_actions_prints_the_blocks_and_updates_a_doc(tmp_path):
         in_doc(doc, markers(n)) == doc_block(t, markers(n), fence="")
         for n, t in generated().items()
     )
+
+
+# -- a new action is its module and its registry entries ---------------------------------------
+# An action defined here, as its own module would define it: options with their model, a block
+# kind with its undo and check, and hooks that restore its blocks after a restart.  Its
+# "block" is a file naming the offender (nothing in the kernel), so the test runs anywhere.
+
+
+@dataclass(frozen=True, slots=True)
+class TagSettings:
+    tag_ttl_s: float = 60.0
+    tag_dir: str = ""
+
+
+class Tags:
+    """What the tag action keeps for a responder's life (as kill-on-touch keeps its program)."""
+
+    def __init__(self, ctx) -> None:
+        self.restored: list[str] = []
+        self.forgotten: list[str] = []
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _tag_file(block: Block) -> Path:
+    return Path(block.detail["dir"]) / block.id
+
+
+def _run_tag(ctx, verdict, state, base):
+    if ctx.dry_run:
+        return ActionOutcome(action=ctx.name, status="dry-run", reason="would tag", **base)
+    with ctx.open_offender(verdict, state) as handle:  # the pidfd of exactly that process
+        os.fstat(handle.pidfd)
+    now = time.time()
+    ttl = ctx.options.tag_ttl_s
+    block = Block(new_block_id(TAG_BLOCK), TAG_BLOCK.name, now, now + ttl, "tagged", verdict.pid)
+    block.detail["dir"] = ctx.options.tag_dir
+    _tag_file(block).write_text(str(verdict.pid))
+    ctx.part(Tags)
+    return ctx.placed(block, f"tagged for {ttl:g} s", base)
+
+
+def _restore_tags(ctx, live):
+    ctx.part(Tags).restored += [b.id for b in live if _tag_file(b).exists()]
+
+
+def _still_tagged(ctx, live, now):
+    return [
+        ActionOutcome(
+            time=now, action=ctx.name, status="done", reason="still tagged", block_id=b.id
+        )
+        for b in live
+    ]
+
+
+def _forget_tag(ctx, block):
+    ctx.loaded(Tags).forgotten.append(block.id)
+
+
+TAG_BLOCK = BlockKind(
+    "tag",
+    "g",
+    lambda block, root, others: _tag_file(block).unlink() or "untagged",
+    lambda block, root: "tagged" if _tag_file(block).exists() else "tag missing",
+)
+TAG = Action(
+    ActionKind("tag"),
+    _run_tag,
+    section="tag",
+    options=(
+        Key("ttl_s", "number", "tags expire after this long", field="tag_ttl_s", low=0),
+        Key("dir", "text", "where tags are written", field="tag_dir"),
+    ),
+    settings=TagSettings,
+    default_on=("malicious",),
+    blocks=(TAG_BLOCK,),
+    start=_restore_tags,
+    sweep=_still_tagged,
+    lifted=_forget_tag,
+    what="a file names the offender",
+    undone_by="`tag.ttl_s`, `unblock`",
+)
+REGISTRY = (alert.ACTION, TAG)
+
+
+def test_a_new_action_with_options_and_blocks_that_survive_a_restart_needs_nothing_else(tmp_path):
+    section = {
+        "tag": {"ttl_s": 30, "dir": str(tmp_path)},
+        "state_dir": str(tmp_path / "blocks"),
+        "pin_root": str(tmp_path / "pins"),
+    }
+    settings = parse_response_settings(section, source="agent.yaml", actions=REGISTRY)
+    assert (settings.tag_ttl_s, settings.tag_dir) == (30.0, str(tmp_path))
+    assert settings.actions["malicious"] == ("tag",)  # its default_on
+    assert parse_response_settings({}, source="a", actions=REGISTRY).tag_ttl_s == 60.0
+    with pytest.raises(GpuguardError) as bad:
+        parse_response_settings({"tag": {"ttl": 1}}, source="agent.yaml", actions=REGISTRY)
+    assert "unknown key 'ttl'" in bad.value.cause
+    with pytest.raises(GpuguardError) as other:  # the registry decides what may be named
+        parse_response_settings({"actions": {"malicious": "kill"}}, source="a", actions=REGISTRY)
+    assert "unknown action 'kill'" in other.value.cause
+    schema = settings_for(REGISTRY)[1]
+    assert "tag:" in reference(schema) and "ttl_s: 60.0" in reference(schema)
+    assert "| `tag` | a file names the offender |" in action_table(REGISTRY)
+
+    proc = start_offender(SLEEPER)
+    try:
+        state = state_of(proc.pid)
+        verdict = verdict_for(state)
+        watching = Responder(settings, mode="monitor", actions=REGISTRY)
+        (alerted,) = watching.respond(verdict, state, time.time())
+        assert alerted.reason.endswith("enforce mode would: tag")
+        first = Responder(settings, mode="enforce", actions=REGISTRY)
+        outcomes = first.respond(verdict, state, time.time())
+        assert [(o.action, o.status) for o in outcomes] == [("alert", "done"), ("tag", "done")]
+        (block,) = BlockStore(settings.state_dir).load()
+        assert block.id == outcomes[1].block_id and block.pid == proc.pid
+        assert _tag_file(block).read_text() == str(proc.pid)
+        assert in_place(block, Path(settings.pin_root), first.kinds) == "tagged"
+        tags = first.parts.loaded(Tags)
+        first.close()
+        assert tags.closed
+        # A restart: the new responder hands the action its live block.
+        second = Responder(settings, mode="enforce", actions=REGISTRY)
+        assert second.parts.loaded(Tags).restored == [block.id]
+        (swept,) = second.sweep(time.time())
+        assert (swept.action, swept.reason, swept.block_id) == ("tag", "still tagged", block.id)
+        (lifted,) = second.sweep(time.time() + 31)
+        assert (lifted.action, lifted.status, lifted.reason) == (
+            "unblock",
+            "done",
+            "expired: untagged",
+        )
+        assert not _tag_file(block).exists() and BlockStore(settings.state_dir).load() == []
+        assert second.parts.loaded(Tags).forgotten == [block.id]
+        second.close()
+    finally:
+        stop_offender(proc)

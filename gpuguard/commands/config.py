@@ -42,24 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help=f"the agent config (default {DEFAULT_CONFIG_PATH})",
     )
-    ref = sub.add_parser(
-        "reference", help="every agent.yaml key with its default and doc, from the schema"
-    )
-    ref.add_argument(
-        "--update",
-        type=Path,
-        metavar="DOC",
-        help="rewrite the generated block in DOC (docs/agent.md) instead of printing",
-    )
-    actions = sub.add_parser(
-        "actions", help="the response actions' table and lists (docs/respond.md), from ACTIONS"
-    )
-    actions.add_argument(
-        "--update",
-        type=Path,
-        metavar="DOC",
-        help="rewrite the generated blocks in DOC (docs/respond.md) instead of printing",
-    )
+    for name, what, doc in (
+        ("reference", "every agent.yaml key with its default and doc, from the schema", "agent"),
+        ("actions", "the response actions' table and lists, from ACTIONS", "respond"),
+    ):
+        sub.add_parser(name, help=what).add_argument(
+            "--update",
+            type=Path,
+            metavar="DOC",
+            help=f"rewrite the generated blocks in DOC (docs/{doc}.md) instead of printing",
+        )
 
 
 def _reference(args: argparse.Namespace) -> int:

@@ -114,14 +114,7 @@ def restore(ctx: ActionContext, live: list[Block]) -> None:
     try:
         touch = ctx.part(touch_program)
     except Exception as exc:  # noqa: BLE001 - reported, the agent keeps running
-        ctx.report(
-            ActionOutcome(
-                time=time.time(),
-                action=KILL_ON_TOUCH.name,
-                status="failed",
-                reason=f"cannot restore kill-on-touch blocks: {getattr(exc, 'cause', exc)}",
-            )
-        )
+        _later(ctx, "failed", f"cannot restore kill-on-touch blocks: {getattr(exc, 'cause', exc)}")
         return
     for block in live:
         touch.restore(block)
@@ -161,49 +154,34 @@ def on_touch_kill(ctx: ActionContext, report: dict[str, Any]) -> None:
     )
     kind = report.get("kind", "kill")
     if kind == "lost":
-        ctx.report(
-            ActionOutcome(
-                time=time.time(),
-                action=KILL_ON_TOUCH.name,
-                status="lost",
-                reason=f"{report['count']} kill-on-touch {report['what']} found no room in "
-                "the kernel's ring buffer: the kernel acted, this log has no record of it",
-                detail={"lost": report["count"], "what": report["what"]},
-            )
+        _later(
+            ctx,
+            "lost",
+            f"{report['count']} kill-on-touch {report['what']} found no room in "
+            "the kernel's ring buffer: the kernel acted, this log has no record of it",
+            detail={"lost": report["count"], "what": report["what"]},
         )
         return
     if kind == "error":
-        ctx.report(
-            ActionOutcome(
-                time=time.time(),
-                action=KILL_ON_TOUCH.name,
-                status="failed",
-                reason=f"a kill-on-touch report could not be handled: {report['error']}",
-            )
-        )
+        _later(ctx, "failed", f"a kill-on-touch report could not be handled: {report['error']}")
         return
     if kind == "breaker":
         victims = report["victims"]
         if block is not None:
             block.detail["suspended"] = True
             ctx.blocks.save(block)
-        ctx.report(
-            ActionOutcome(
-                time=time.time(),
-                action=KILL_ON_TOUCH.name,
-                status="suspended",
-                pid=block.pid if block else 0,
-                comm=block.comm if block else "",
-                exe=block.exe if block else "",
-                block_id=block.id if block else None,
-                reason=(
-                    f"circuit breaker: the block killed {len(victims)} processes that are not "
-                    f"the offender's own within {BREAKER_WINDOW_S:g} s (more than "
-                    f"{ctx.options.breaker_victims_per_minute}); it is suspended in the "
-                    "kernel and kills nothing until `gpuguard unblock`"
-                ),
-                detail={"victims": victims, "number": report["number"]},
-            )
+        _later(
+            ctx,
+            "suspended",
+            f"circuit breaker: the block killed {len(victims)} processes that are not "
+            f"the offender's own within {BREAKER_WINDOW_S:g} s (more than "
+            f"{ctx.options.breaker_victims_per_minute}); it is suspended in the "
+            "kernel and kills nothing until `gpuguard unblock`",
+            pid=block.pid if block else 0,
+            comm=block.comm if block else "",
+            exe=block.exe if block else "",
+            block_id=block.id if block else None,
+            detail={"victims": victims, "number": report["number"]},
         )
         return
     what = {
@@ -211,32 +189,38 @@ def on_touch_kill(ctx: ActionContext, report: dict[str, Any]) -> None:
         "connect": "at its connect",
         "exec": f"at exec: {report.get('matched') or report['path']}",
     }.get(report["reason"], report["reason"])
+    _later(
+        ctx,
+        "done",
+        f"killed {what}"
+        + (
+            ""
+            if report.get("tree")
+            else " (not the offender's own tree or an exact copy: counted by the breaker)"
+        ),
+        pid=report["tgid"],
+        comm=report["comm"],
+        exe=report.get("exe") or (block.exe if block else ""),
+        block_id=block.id if block else None,
+        detail={
+            "victim": {
+                "pid": report["tgid"],
+                "exe": report.get("exe", ""),
+                "cmdline": report.get("cmdline", ""),
+            },
+            "touch": report["reason"],
+            "number": report["number"],
+            "offenders_own": report.get("tree", False),
+            "path": report["path"],
+        },
+    )
+
+
+def _later(ctx: ActionContext, status: str, reason: str, **fields: Any) -> None:
+    """Report an outcome of this action that came later (from the program's thread)."""
     ctx.report(
         ActionOutcome(
-            time=time.time(),
-            action=KILL_ON_TOUCH.name,
-            status="done",
-            pid=report["tgid"],
-            comm=report["comm"],
-            exe=report.get("exe") or (block.exe if block else ""),
-            reason=f"killed {what}"
-            + (
-                ""
-                if report.get("tree")
-                else " (not the offender's own tree or an exact copy: counted by the breaker)"
-            ),
-            block_id=block.id if block else None,
-            detail={
-                "victim": {
-                    "pid": report["tgid"],
-                    "exe": report.get("exe", ""),
-                    "cmdline": report.get("cmdline", ""),
-                },
-                "touch": report["reason"],
-                "number": report["number"],
-                "offenders_own": report.get("tree", False),
-                "path": report["path"],
-            },
+            time=time.time(), action=KILL_ON_TOUCH.name, status=status, reason=reason, **fields
         )
     )
 

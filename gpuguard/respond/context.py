@@ -85,7 +85,8 @@ class ActionContext:
         self.blocks = blocks  # the block registry: records that outlive the agent
         self.pin_root = Path(settings.pin_root)  # where kernel objects are pinned
         self.report = report  # an outcome known later (any thread): logged by the agent
-        self.later = later  # later(target, *args): work in the background (the agent waits)
+        # later(target, *args, within_s=S): work in a thread; closing waits S seconds for it
+        self.later = later
         self._guard = guard
         self._generations = generations
         self._parts = parts

@@ -104,9 +104,10 @@ class Responder:
             steps.add(verdict.action)
         for evidence in verdict.evidence:
             steps.update(self.settings.rule_actions.get(evidence.rule_id, ()))
+        planned = [s for s in self.actions if s in steps]
         if verdict.allowlisted:  # at most alerted on: no step that acts
-            steps = {s for s in steps if self.actions[s].run is None}
-        return [s for s in self.actions if s in steps]
+            planned = [s for s in planned if self.actions[s].run is None]
+        return planned
 
     # -- responding ------------------------------------------------------------------------------
     def respond(
@@ -272,7 +273,7 @@ class Responder:
         for worker in list(self._workers):
             worker.join(max(0.0, deadline - time.monotonic()))
 
-    # -- the actions' hooks ------------------------------------------------------------------------
+    # -- each action's start, sweep and lifted ----------------------------------------------------
     def _live(self, action: Action, blocks: list[Block], now: float) -> list[Block]:
         kinds = {kind.name for kind in action.blocks}
         return [b for b in blocks if b.kind in kinds and not b.expired(now)]

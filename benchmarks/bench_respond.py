@@ -377,8 +377,8 @@ def bench_exec_match(execs: int) -> None:
     """
     from gpuguard.respond.bpf_pins import ensure_pin_root
     from gpuguard.respond.cgroup_blocks import cgroup2_mount
-    from gpuguard.respond.exec_match import BlockTarget, Script
-    from gpuguard.respond.touch import TouchBlocker
+    from gpuguard.respond.touch.blocker import TouchBlocker
+    from gpuguard.respond.touch.target import BlockTarget, Script
     from tests.support.workloads import build_c_program
 
     flood = build_c_program(REPO / "tests" / "workloads" / "exec_flood.c")

@@ -62,25 +62,18 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
-            if (
-                base == "gpuguard"
-            ):  # from gpuguard import events: a submodule, or a name of gpuguard/__init__
-                found += [
-                    (
-                        node.lineno,
-                        f"gpuguard.{alias.name}" if _is_submodule(alias.name) else "gpuguard",
-                    )
-                    for alias in node.names
-                ]
-            else:
-                found.append((node.lineno, base))
+            # from gpuguard import events, from gpuguard.respond import bpf_pins: a submodule;
+            # any other name is one of the package's own (its __init__)
+            found += [(node.lineno, _submodule_or(base, alias.name)) for alias in node.names]
     return [
         (line, name) for line, name in found if name == "gpuguard" or name.startswith("gpuguard.")
     ]
 
 
-def _is_submodule(name: str) -> bool:
-    return (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").is_file()
+def _submodule_or(base: str, name: str) -> str:
+    """``base.name`` when that is a module of the tree, else ``base``."""
+    sub = f"{base}.{name}"
+    return sub if base.startswith("gpuguard") and _module_path(sub) is not None else base
 
 
 def layer_of(module: str) -> int:
@@ -148,6 +141,88 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path, monkeypatch):
     ]
     assert len(violations(fake / "outputs" / "side.py")) == 1
     assert violations(fake / "events" / "__init__.py") == []
+
+
+# -- no import circle inside a package -------------------------------------------------------------
+
+# Packages whose modules import each other one way only: every import counts (lazy ones and
+# ``if TYPE_CHECKING:`` ones too), as written; the parent packages Python runs first do not.
+NO_CIRCLES = ("respond",)
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """``{module: the modules of gpuguard.<package> it imports}``."""
+    prefix = f"gpuguard.{package}"
+    graph = {}
+    for path in sorted((PACKAGE / package).rglob("*.py")):
+        own = module_name(path)
+        graph[own] = {
+            target
+            for _, target in imported_modules(path)
+            if (target == prefix or target.startswith(prefix + ".")) and target != own
+        }
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each set of modules that import each other round in a circle (Tarjan's strongly
+    connected components of two or more), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+@pytest.mark.parametrize("package", NO_CIRCLES)
+def test_no_import_circle_in_the_package(package):
+    assert circles(import_graph(package)) == []
+
+
+def test_the_circle_check_catches_a_type_checking_and_a_submodule_circle(tmp_path, monkeypatch):
+    fake = tmp_path / "gpuguard"
+    (fake / "respond" / "actions").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "respond" / "__init__.py").write_text('"""x"""\n')
+    (fake / "respond" / "actions" / "__init__.py").write_text(
+        "from gpuguard.respond.actions import kill\n"
+    )
+    (fake / "respond" / "actions" / "kill.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from gpuguard.respond.responder import Responder\n"
+    )
+    (fake / "respond" / "responder.py").write_text("from gpuguard.respond import actions, blocks\n")
+    (fake / "respond" / "blocks.py").write_text("from gpuguard.respond import lift\n")
+    (fake / "respond" / "lift.py").write_text("def f():\n    from . import blocks\n")
+    (fake / "respond" / "alone.py").write_text("from gpuguard.respond import blocks\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
+    assert circles(import_graph("respond")) == [
+        ["gpuguard.respond.actions", "gpuguard.respond.actions.kill", "gpuguard.respond.responder"],
+        ["gpuguard.respond.blocks", "gpuguard.respond.lift"],
+    ]
 
 
 PACKAGES = sorted(PACKAGE.rglob("__init__.py"))

@@ -21,7 +21,7 @@ import pytest
 
 from gpuguard.respond import Responder
 from gpuguard.respond.cgroup_blocks import cgroup2_mount
-from gpuguard.respond.exec_match import Script, interpreter_family, script_of
+from gpuguard.respond.touch.target import Script, interpreter_family, script_of
 from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
 from tests.support.workloads import build_workload
 
@@ -444,7 +444,7 @@ def test_a_leader_that_calls_pthread_exit_is_still_reached(tmp_path, scope):
 def test_no_kernel_entry_outlives_the_process_it_was_put_in_for(tmp_path):
     """An entry that lands after its process exited would block the pid's next owner: none stays."""
     from gpuguard.respond.bpf_pins import ensure_pin_root
-    from gpuguard.respond.touch import TouchBlocker
+    from gpuguard.respond.touch.blocker import TouchBlocker
 
     settings = settings_for_test()
     touch = TouchBlocker(ensure_pin_root(settings.pin_root), lambda report: None)

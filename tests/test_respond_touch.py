@@ -19,7 +19,7 @@ import pytest
 from gpuguard.respond import Responder
 from gpuguard.respond.blocks import BlockStore
 from gpuguard.respond.bpf_pins import PinnedMap
-from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
+from tests.support.respond import cleanup, settings_for_test, state_of, touch_of, verdict_for
 from tests.support.touch_scope import run_in, scope_cgroup, start_in
 from tests.support.workloads import build_workload
 
@@ -119,8 +119,9 @@ def test_blocks_survive_a_new_responder_and_lift(scope, miner):
         # The offender and the respawn are dead: exits cleared their pid entries.  A live blocked process:
         sleeper = subprocess.Popen(["sleep", "600"])
         try:
-            tgids = second._touch._tgids
-            tgids[tgids.Key(sleeper.pid)] = second._touch._entry(block.detail["number"], 0)
+            touch = touch_of(second)
+            tgids = touch._tgids
+            tgids[tgids.Key(sleeper.pid)] = touch._entry(block.detail["number"], 0)
             assert len(carrying_block()) == 1
             assert second.lift(block, time.time()).status == "done"
             assert carrying_block() == []
@@ -194,7 +195,7 @@ def test_shared_executable_blocks_only_the_offender_and_its_children(scope):
 
 def test_a_blocked_pid_never_blocks_the_process_that_gets_the_number_next(scope):
     from gpuguard.respond.bpf_pins import ensure_pin_root
-    from gpuguard.respond.touch import TouchBlocker
+    from gpuguard.respond.touch.blocker import TouchBlocker
 
     _, settings = scope
     root = ensure_pin_root(settings.pin_root)

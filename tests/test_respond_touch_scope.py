@@ -26,8 +26,8 @@ from gpuguard.cli import main
 from gpuguard.outputs.metrics import AgentMetrics
 from gpuguard.respond import Responder
 from gpuguard.respond.cgroup_blocks import cgroup2_mount, cgroup2_of
-from gpuguard.respond.touch import FLAG_SUSPENDED
-from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
+from gpuguard.respond.touch.maps import FLAG_SUSPENDED
+from tests.support.respond import cleanup, settings_for_test, state_of, touch_of, verdict_for
 from tests.support.touch_scope import run_in, scope_cgroup, start_in
 from tests.support.workloads import build_workload
 
@@ -178,16 +178,16 @@ def test_the_breaker_suspends_a_block_that_kills_others_in_the_kernel_until_rear
         assert [v["pid"] for v in tripped.detail["victims"]] == killed and len(killed) == 3
         assert all(v["exe"] == str(miner) for v in tripped.detail["victims"])
         # The kernel holds it (every entry of the block reads this state), and so does the record.
-        assert responder._touch.state_of(number) == FLAG_SUSPENDED
+        assert touch_of(responder).state_of(number) == FLAG_SUSPENDED
         assert [b.detail.get("suspended") for b in responder.store.load()] == [True]
         # Re-armed: it kills again, and counts afresh.
         assert main(["unblock", "--rearm", placed.block_id, *where]) == 0
-        assert responder._touch.state_of(number) == 0
+        assert touch_of(responder).state_of(number) == 0
         assert run_inside() == -signal.SIGKILL
         assert [o.status for o in outcomes].count("suspended") == 1
         # Lifted: nothing of the block acts any more, and the user-space match stops at once too.
         assert main(["unblock", placed.block_id, *where]) == 0
-        assert responder._touch.state_of(number) is None
+        assert touch_of(responder).state_of(number) is None
         assert run_inside() == 0
     finally:
         responder.close()

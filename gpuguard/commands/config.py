@@ -1,4 +1,4 @@
-"""`gpuguard config validate [FILE]` and `gpuguard config reference`: check and document agent.yaml.
+"""`gpuguard config validate [FILE]`, `reference` and `actions`: check and document agent.yaml.
 
 Like Falco's ``-V``: each problem as ``file:line:col: message`` on stdout (the ``response:``
 and ``guard_policies:`` sections included), a count on stderr, exit 2 when there is any and
@@ -7,7 +7,8 @@ file, too large) is refused here the same way, in one line.
 
 ``reference`` prints every key of agent.yaml with its default and doc, generated from the
 schema (:data:`gpuguard.agent.config.SCHEMA`); ``--update DOC`` rewrites the generated block
-in DOC (docs/agent.md), which a test keeps equal to the schema.
+in DOC (docs/agent.md), which a test keeps equal to the schema.  ``actions`` does the same
+for the response actions' table and lists (docs/respond.md), from ``ACTIONS``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ from gpuguard.agent.config import DEFAULT_CONFIG_PATH, SCHEMA, config_problems, 
 from gpuguard.config.reference import reference, update_doc
 from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
+from gpuguard.respond.action_docs import generated, markers
 
-HELP = "check the agent config file (validate), or print every key it takes (reference)"
+HELP = (
+    "check the agent config file (validate), or print every key it takes (reference) "
+    "and the response actions (actions)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,26 +42,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help=f"the agent config (default {DEFAULT_CONFIG_PATH})",
     )
-    ref = sub.add_parser(
-        "reference", help="every agent.yaml key with its default and doc, from the schema"
-    )
-    ref.add_argument(
-        "--update",
-        type=Path,
-        metavar="DOC",
-        help="rewrite the generated block in DOC (docs/agent.md) instead of printing",
-    )
+    for name, what, doc in (
+        ("reference", "every agent.yaml key with its default and doc, from the schema", "agent"),
+        ("actions", "the response actions' table and lists, from ACTIONS", "respond"),
+    ):
+        sub.add_parser(name, help=what).add_argument(
+            "--update",
+            type=Path,
+            metavar="DOC",
+            help=f"rewrite the generated blocks in DOC (docs/{doc}.md) instead of printing",
+        )
 
 
 def _reference(args: argparse.Namespace) -> int:
     text = reference(SCHEMA)
     if args.update is None:
         print(text, end="")
-    elif update_doc(args.update, text):
-        print(f"updated {escape_text(str(args.update))}")
     else:
-        print(f"up to date: {escape_text(str(args.update))}")
+        _said(args.update, update_doc(args.update, text))
     return 0
+
+
+def _actions(args: argparse.Namespace) -> int:
+    blocks = generated()
+    if args.update is None:
+        print("\n".join(blocks.values()), end="")
+        return 0
+    changed = [
+        update_doc(args.update, text, markers(name), fence="") for name, text in blocks.items()
+    ]
+    _said(args.update, any(changed))
+    return 0
+
+
+def _said(path: Path, changed: bool) -> None:
+    print(f"{'updated' if changed else 'up to date:'} {escape_text(str(path))}")
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -79,9 +99,12 @@ def run(args: argparse.Namespace) -> int:
     command = getattr(args, "config_command", None)
     if command == "reference":
         return _reference(args)
+    if command == "actions":
+        return _actions(args)
     if command != "validate":
         print(
             "usage: gpuguard config validate [FILE] | reference [--update DOC] "
+            "| actions [--update DOC] "
             "(see gpuguard config --help)",
             file=sys.stderr,
         )

@@ -13,8 +13,7 @@ from gpuguard.commands.blocks import add_block_location_arguments
 from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
 from gpuguard.respond.blocks import BlockStore
-from gpuguard.respond.lift import lift_all, lift_block
-from gpuguard.respond.touch import rearm_touch_block
+from gpuguard.respond.lift import lift_all, lift_block, rearm_block
 
 HELP = (
     "lift blocks by id, or all of them (--all then removes table inet gpuguard where a block "
@@ -56,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             try:
                 said = (
-                    rearm_touch_block(block, store, root)
+                    rearm_block(block, store, root)
                     if args.rearm
                     else lift_block(block, store, root)
                 )

@@ -2,7 +2,8 @@
 
 ``gpuguard config reference`` prints it; docs/agent.md holds it between
 :data:`BEGIN` and :data:`END` (``--update`` rewrites that part), and a test
-fails when the two disagree.  The YAML is a valid config: every key at its
+fails when the two disagree.  Other generated blocks (the action table) use the
+same functions with their own markers.  The YAML is a valid config: every key at its
 default.  A list of mappings (hooks, guard policies) is shown empty, its entry's
 keys as comments below it.
 """
@@ -103,29 +104,33 @@ def reference(section: Section) -> str:
     return "\n".join(render(section)) + "\n"
 
 
-def doc_block(text: str) -> str:
-    """The Markdown the docs hold: the markers around a ```yaml fence of ``text``."""
-    return f"{BEGIN}\n```yaml\n{text}```\n{END}"
+def doc_block(text: str, markers: tuple[str, str] = (BEGIN, END), fence: str = "yaml") -> str:
+    """The Markdown the docs hold: the markers around a ```yaml fence of ``text`` (no fence: as is)."""
+    body = f"```{fence}\n{text}```" if fence else text.rstrip("\n")
+    return f"{markers[0]}\n{body}\n{markers[1]}"
 
 
-def in_doc(path: Path) -> str | None:
+def in_doc(path: Path, markers: tuple[str, str] = (BEGIN, END)) -> str | None:
     """The generated block in ``path`` (markers included), or None when it has none."""
+    begin, end = markers
     text = path.read_text()
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
         return None
-    return text[start : end + len(END)]
+    return text[start : stop + len(end)]
 
 
-def update_doc(path: Path, text: str) -> bool:
+def update_doc(
+    path: Path, text: str, markers: tuple[str, str] = (BEGIN, END), fence: str = "yaml"
+) -> bool:
     """Put ``text`` in ``path`` between the markers; True when the file changed."""
-    current = in_doc(path)
+    current = in_doc(path, markers)
     if current is None:
         raise GpuguardError(
-            f"{path} has no generated config reference block",
-            f"add the two lines {BEGIN!r} and {END!r} where it goes",
+            f"{path} has no block between the markers of this generated text",
+            f"add the two lines {markers[0]!r} and {markers[1]!r} where it goes",
         )
-    block = doc_block(text)
+    block = doc_block(text, markers, fence)
     if current == block:
         return False
     path.write_text(path.read_text().replace(current, block, 1))

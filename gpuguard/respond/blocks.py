@@ -32,6 +32,11 @@ class BlockKind:
     prefix: str  # starts its ids
     lift: Callable[[Block, Path, list[Block]], str]  # (block, pin root, the other blocks) -> said
     in_place: Callable[[Block, Path], str]  # what the kernel, nftables or /proc shows of it now
+    # `gpuguard unblock --rearm`: (block, store, pin root) -> said; None: it cannot be re-armed
+    rearm: Callable[[Block, BlockStore, Path], str] | None = None
+    # `gpuguard unblock --all`, after every block: remove what the kind's blocks shared
+    # (its blocks lifted, the network namespaces the caller saw used) -> (what, said) lines
+    lift_shared: Callable[[list[Block], set[str]], list[tuple[str, str]]] | None = None
 
 
 @dataclass(slots=True)

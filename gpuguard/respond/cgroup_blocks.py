@@ -279,24 +279,33 @@ def _detach(attached: list[dict[str, Any]], cgroup_dir: str) -> int:
     return done
 
 
-def lift_cgroup_block(block: Block, root: Path, others: list[Block]) -> str:
-    """Detach the block's programs (and for egress, delete its addresses no other block holds)."""
+def lift_quarantine_block(block: Block, root: Path, others: list[Block]) -> str:
+    """Detach the block's programs; release the cgroup gpuguard made when no other block uses it."""
+    detached = _detach(block.detail.get("programs", []), block.detail.get("cgroup", ""))
+    return _release(block, root, others, detached)
+
+
+def lift_egress_block(block: Block, root: Path, others: list[Block]) -> str:
+    """Detach the block's programs and delete its addresses no other egress block holds."""
     detail = block.detail
-    cgroup_dir = detail.get("cgroup", "")
-    detached = _detach(detail.get("programs", []), cgroup_dir)
-    if block.kind == "block-egress":
-        held = {k for b in others if b.kind == "block-egress" for k in b.detail.get("map_keys", [])}
-        try:
-            with bpf_pins.PinnedMap(root / "maps" / "pool_addresses") as table:
-                for key in detail.get("map_keys", []):
-                    if key not in held:
-                        table.delete(bytes.fromhex(key))
-        except FileNotFoundError:
-            pass
-    if detail.get("created_cgroup") and not any(
+    detached = _detach(detail.get("programs", []), detail.get("cgroup", ""))
+    held = {k for b in others if b.kind == block.kind for k in b.detail.get("map_keys", [])}
+    try:
+        with bpf_pins.PinnedMap(root / "maps" / "pool_addresses") as table:
+            for key in detail.get("map_keys", []):
+                if key not in held:
+                    table.delete(bytes.fromhex(key))
+    except FileNotFoundError:
+        pass
+    return _release(block, root, others, detached)
+
+
+def _release(block: Block, root: Path, others: list[Block], detached: int) -> str:
+    cgroup_dir = block.detail.get("cgroup", "")
+    if block.detail.get("created_cgroup") and not any(
         b.detail.get("cgroup") == cgroup_dir for b in others
     ):
-        _release_cgroup(cgroup_dir, detail.get("original_cgroup", ""))
+        _release_cgroup(cgroup_dir, block.detail.get("original_cgroup", ""))
     bpf_pins.remove_pins(root / "blocks" / block.id)
     return f"detached {detached} program(s) from {cgroup_dir}"
 
@@ -324,5 +333,5 @@ def cgroup_block_in_place(block: Block, root: Path) -> str:
     return "attached" if pins and all(pins) else "programs missing"
 
 
-QUARANTINE_BLOCK = BlockKind("quarantine", "q", lift_cgroup_block, cgroup_block_in_place)
-EGRESS_BLOCK = BlockKind("block-egress", "e", lift_cgroup_block, cgroup_block_in_place)
+QUARANTINE_BLOCK = BlockKind("quarantine", "q", lift_quarantine_block, cgroup_block_in_place)
+EGRESS_BLOCK = BlockKind("block-egress", "e", lift_egress_block, cgroup_block_in_place)

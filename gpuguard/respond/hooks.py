@@ -25,6 +25,13 @@ CLEAN_ENV = {
     "LANG": "C.UTF-8",
 }
 MAX_OUTPUT = 4096
+# Their row in docs/respond.md's action table (gpuguard.respond.action_docs).
+WHAT = (
+    "operator programs (a site's firewall, ticketing, cluster scheduler) run with the finding as "
+    "JSON on stdin: `finding` (the finding the log records, every field: "
+    "`gpuguard/outputs/finding_document.py`), and `verdict`, `actions`, `process`, `connections` "
+    "as before"
+)
 
 
 def run_hook(hook: HookSettings, finding: dict[str, Any]) -> dict[str, Any]:

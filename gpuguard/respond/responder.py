@@ -14,8 +14,6 @@ never acts: it emits one alert naming what enforce mode would do.
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from collections import deque
@@ -26,33 +24,28 @@ from typing import Any
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.scoring.score import Verdict
 from gpuguard.errors import GpuguardError
+from gpuguard.events.action_kinds import ALERT, HOOK, UNBLOCK
 from gpuguard.events.agent_events import ActionOutcome
-from gpuguard.respond import bpf_pins
-from gpuguard.respond.actions import BY_NAME, STEPS
-from gpuguard.respond.actions.kill_on_touch import on_touch_kill
+from gpuguard.respond.actions import ACTIONS, Action
 from gpuguard.respond.blocks import Block, BlockStore
-from gpuguard.respond.cgroup_blocks import CgroupBlocker
+from gpuguard.respond.context import ActionContext, Parts
 from gpuguard.respond.hooks import run_hook
 from gpuguard.respond.lift import lift_block
-from gpuguard.respond.process_control import (
-    Guard,
-    ProcessHandle,
-    RecycledPid,
-    open_process,
-)
-from gpuguard.respond.settings import ResponseSettings
-from gpuguard.respond.touch import TouchBlocker, scope_cgroup_ids
-from gpuguard.sources.proc.identity import (
-    ExitGenerations,
-    OffenderExited,
-    open_verified,
-    pidfd_alive,
-)
+from gpuguard.respond.process_control import Guard, RecycledPid
+from gpuguard.respond.settings import ResponseSettings, options_of
+from gpuguard.sources.proc.identity import ExitGenerations, OffenderExited
 
 MODES = ("monitor", "enforce")
 
 
 class Responder:
+    """Plans and runs the actions for a verdict; never branches on an action's name.
+
+    Each action runs with its own :class:`ActionContext` (never this object), and its hooks
+    (start, sweep, lifted) run here; ``actions`` is the registry (``ACTIONS`` unless a test
+    brings its own).
+    """
+
     def __init__(
         self,
         settings: ResponseSettings,
@@ -61,6 +54,7 @@ class Responder:
         dry_run: bool = False,
         emit: Callable[[ActionOutcome], None] | None = None,
         generations: ExitGenerations | None = None,
+        actions: tuple[Action, ...] = ACTIONS,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
@@ -68,20 +62,36 @@ class Responder:
         self.mode = mode
         self.dry_run = dry_run
         self.emit = emit or (lambda outcome: None)
-        self.generations = generations  # the sensor's exit generations (exact identities)
+        self.actions = {action.name: action for action in actions}  # in the order they run
+        self.kinds = {kind.name: kind for action in actions for kind in action.blocks}
+        self._owners = {kind.name: action for action in actions for kind in action.blocks}
         self.guard = Guard(
             scope=settings.scope, cgroups=settings.cgroups, protect_exes=settings.protect_exes
         )
         self.store = BlockStore(settings.state_dir)
         self.root = Path(settings.pin_root)
+        self.parts = Parts()  # what the actions keep loaded (kernel programs)
         self._recent: deque[float] = deque()
         self._workers: list[threading.Thread] = []
-        self._touch: TouchBlocker | None = None
-        self._cgroups: CgroupBlocker | None = None
+        self._until = 0.0  # (monotonic) when the background work started so far should be done
         self._lock = threading.Lock()
+        self._contexts = {
+            action.name: ActionContext(
+                action.name,
+                options_of(action, settings),
+                settings,
+                dry_run=dry_run,
+                blocks=self.store,
+                guard=self.guard,
+                generations=generations,
+                report=lambda outcome: self.emit(outcome),
+                later=self.background,
+                parts=self.parts,
+            )
+            for action in actions
+        }
         if self.acting:
-            self._restore()
-            self._prepare()
+            self._start()
 
     @property
     def acting(self) -> bool:
@@ -90,13 +100,14 @@ class Responder:
     # -- planning --------------------------------------------------------------------------------
     def plan(self, verdict: Verdict) -> list[str]:
         steps = set(self.settings.actions.get(verdict.verdict, ()))
-        if verdict.action in STEPS:
+        if verdict.action in self.actions:
             steps.add(verdict.action)
         for evidence in verdict.evidence:
             steps.update(self.settings.rule_actions.get(evidence.rule_id, ()))
-        if verdict.allowlisted:
-            steps &= {"alert"}
-        return [s for s in STEPS if s in steps]
+        planned = [s for s in self.actions if s in steps]
+        if verdict.allowlisted:  # at most alerted on: no step that acts
+            planned = [s for s in planned if self.actions[s].run is None]
+        return planned
 
     # -- responding ------------------------------------------------------------------------------
     def respond(
@@ -116,12 +127,12 @@ class Responder:
             score=verdict.score,
             rule_ids=[e.rule_id for e in verdict.evidence],
         )
-        acts = [s for s in steps if s != "alert"]
+        acts = [s for s in steps if self.actions[s].run is not None]
         if self.mode == "monitor" or not acts:
             would = f"; enforce mode would: {', '.join(acts)}" if acts else ""
             outcomes = [
                 ActionOutcome(
-                    action="alert",
+                    action=ALERT.name,
                     status="done",
                     reason=f"{verdict.verdict} verdict{would}",
                     detail={"planned": steps},
@@ -137,7 +148,7 @@ class Responder:
         if not self.dry_run and not self._spend(now):
             return [
                 ActionOutcome(
-                    action="alert",
+                    action=ALERT.name,
                     status="rate-limited",
                     detail={"planned": steps},
                     reason=f"action budget of {self.settings.max_actions_per_minute}/min spent: degraded to an alert",
@@ -146,7 +157,7 @@ class Responder:
             ]
         outcomes = [
             ActionOutcome(
-                action="alert", status="done", reason=f"{verdict.verdict} verdict", **base
+                action=ALERT.name, status="done", reason=f"{verdict.verdict} verdict", **base
             )
         ]
         for step in acts:
@@ -172,9 +183,9 @@ class Responder:
     def _step(
         self, step: str, verdict: Verdict, state: ProcessState, base: dict[str, Any]
     ) -> ActionOutcome:
-        run = BY_NAME[step].run
+        run = self.actions[step].run
         try:
-            return run(self, verdict, state, base)
+            return run(self._contexts[step], verdict, state, base)
         except (RecycledPid, OffenderExited) as exc:
             return ActionOutcome(
                 action=step,
@@ -195,46 +206,6 @@ class Responder:
             else:
                 text = str(exc) or type(exc).__name__
             return ActionOutcome(action=step, status="failed", reason=text, **base)
-
-    def open_offender(self, verdict: Verdict, state: ProcessState) -> ProcessHandle:
-        """A pidfd for exactly the process the verdict is about (raises OffenderExited/RecycledPid).
-
-        The pidfd the correlator opened at its exec (proven then by the exit generation), or
-        one opened now and proven by the generation (gpuguard.sources.proc.identity); a process seen
-        only through /proc falls back to the start-time check of :func:`open_process`.
-        """
-        if state.pidfd is not None:  # opened at its exec, proven then by the generation
-            try:
-                handle = ProcessHandle(verdict.pid, os.dup(state.pidfd))
-            except OSError:
-                handle = None
-            if handle is not None:
-                if pidfd_alive(handle.pidfd):
-                    return handle
-                handle.close()
-                raise OffenderExited(f"pid {verdict.pid} has exited")
-        if self.generations is not None and state.exit_gen is not None:
-            return ProcessHandle(
-                verdict.pid, open_verified(verdict.pid, state.exit_gen, self.generations)
-            )
-        return open_process(verdict.pid, verdict.key.start_time)
-
-    # -- the actions -----------------------------------------------------------------------------
-    def scope_ids(self) -> set[int] | None:
-        """The cgroup ids the kernel may act in (with their descendants); None: everywhere."""
-        return scope_cgroup_ids(self.settings.scope, self.settings.cgroups)
-
-    def placed(self, block: Block, action: str, reason: str, base: dict[str, Any]) -> ActionOutcome:
-        self.store.save(block)
-        return ActionOutcome(
-            action=action,
-            status="done",
-            reason=reason,
-            block_id=block.id,
-            expires=block.expires,
-            detail=dict(block.detail),
-            **base,
-        )
 
     # -- hooks and background work ---------------------------------------------------------------
     def _hooks(
@@ -265,7 +236,7 @@ class Responder:
             if self.dry_run:
                 described.append(
                     ActionOutcome(
-                        action="hook",
+                        action=HOOK.name,
                         status="dry-run",
                         detail={"hook": hook.name, "argv": list(hook.argv)},
                         reason=f"would run {hook.name} with the finding on stdin",
@@ -273,7 +244,7 @@ class Responder:
                     )
                 )
                 continue
-            self.background(self._run_hook, hook, finding, base)
+            self.background(self._run_hook, hook, finding, base, within_s=hook.timeout_s)
         return described
 
     def _run_hook(self, hook, finding: dict[str, Any], base: dict[str, Any]) -> None:
@@ -281,18 +252,20 @@ class Responder:
         self.emit(
             ActionOutcome(
                 **{**base, "time": time.time()},
-                action="hook",
+                action=HOOK.name,
                 status="done" if detail["ok"] else "failed",
                 reason=detail.get("error", f"exit {detail.get('exit_code')}"),
                 detail=detail,
             )
         )
 
-    def background(self, target: Callable, *args: Any) -> None:
+    def background(self, target: Callable, *args: Any, within_s: float = 0.0) -> None:
+        """Run ``target(*args)`` in a thread that ends within ``within_s`` (close waits that long)."""
         worker = threading.Thread(target=target, args=args, daemon=True, name="gpuguard-respond")
         worker.start()
         with self._lock:
             self._workers = [w for w in self._workers if w.is_alive()] + [worker]
+            self._until = max(self._until, time.monotonic() + within_s)
 
     def wait(self, timeout_s: float = 30.0) -> None:
         """Let delayed kills and hooks finish (the agent calls this at shutdown)."""
@@ -300,118 +273,48 @@ class Responder:
         for worker in list(self._workers):
             worker.join(max(0.0, deadline - time.monotonic()))
 
-    # -- kernel parts ----------------------------------------------------------------------------
-    def touch_blocker(self) -> TouchBlocker:
-        if self._touch is None:
-            bpf_pins.ensure_pin_root(str(self.root))
-            self._touch = TouchBlocker(
-                self.root,
-                lambda report: on_touch_kill(self, report),
-                in_scope=lambda pid: self.guard.outside_scope(pid) is None,
-                breaker_limit=self.settings.breaker_victims_per_minute,
-            )
-            self._touch.set_scope(self.scope_ids())
-        return self._touch
+    # -- each action's start, sweep and lifted ----------------------------------------------------
+    def _live(self, action: Action, blocks: list[Block], now: float) -> list[Block]:
+        kinds = {kind.name for kind in action.blocks}
+        return [b for b in blocks if b.kind in kinds and not b.expired(now)]
 
-    def cgroup_blocker(self) -> CgroupBlocker:
-        if self._cgroups is None:
-            bpf_pins.ensure_pin_root(str(self.root))
-            self._cgroups = CgroupBlocker(self.root, self.store, self.settings.quarantine_parent)
-        return self._cgroups
-
-    def _prepare(self) -> None:
-        """Compile the cgroup programs now (~0.3 s) so the first quarantine is not slowed by it.
-
-        kill-on-touch stays unloaded until the first block: its syscall tracepoints tax every
-        process on the host.  A failure here is reported when an action needs the programs.
-        """
-        try:
-            self.cgroup_blocker().load()
-        except Exception:  # noqa: BLE001 - reported by the action that needs it
-            self._cgroups = None
-
-    def _restore(self) -> None:
-        """After a restart: re-attach kill-on-touch for live blocks (their map entries are pinned)."""
+    def _start(self) -> None:
+        """Each action's start hook, with its live blocks: a restart restores them here."""
         now = time.time()
-        live = [b for b in self.store.load() if b.kind == "kill-on-touch" and not b.expired(now)]
-        if not live:
-            return
-        try:
-            touch = self.touch_blocker()
-        except Exception as exc:  # noqa: BLE001 - reported, the agent keeps running
-            self.emit(
-                ActionOutcome(
-                    time=now,
-                    action="kill-on-touch",
-                    status="failed",
-                    reason=f"cannot restore kill-on-touch blocks: {getattr(exc, 'cause', exc)}",
-                )
-            )
-            return
-        for block in live:
-            touch.restore(block)
+        blocks = self.store.load()
+        for action in self.actions.values():
+            if action.start is not None:
+                action.start(self._contexts[action.name], self._live(action, blocks, now))
 
     def sweep(self, now: float) -> list[ActionOutcome]:
-        """Lift expired blocks, and stop again a suspended process something has resumed.
+        """Each action's sweep hook with its live blocks (an acting responder), then lift expired ones.
 
         The kernel already ignores expired map entries; this removes them and their records.
-        A SIGCONT from the offender's parent must not undo a suspend: only `unblock` does.
         """
         outcomes = []
-        if self._touch is not None and self.settings.scope == "containers":
-            self._touch.set_scope(self.scope_ids())  # containers started since are in scope now
-        for block in self.store.load():
+        blocks = self.store.load()
+        if self.acting:
+            for action in self.actions.values():
+                if action.sweep is not None:
+                    live = self._live(action, blocks, now)
+                    outcomes += action.sweep(self._contexts[action.name], live, now)
+        for block in blocks:
             if block.expired(now):
                 outcomes.append(self.lift(block, now, reason="expired"))
-            elif block.kind == "suspend" and self.acting:
-                outcome = self._keep_stopped(block, now)
-                if outcome is not None:
-                    outcomes.append(outcome)
         return outcomes
-
-    def _keep_stopped(self, block: Block, now: float) -> ActionOutcome | None:
-        try:
-            with open(f"/proc/{block.pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            state = "gone"
-        if state in ("T", "t"):
-            return None
-        common = dict(
-            time=now,
-            pid=block.pid,
-            start_time=block.start_time,
-            comm=block.comm,
-            exe=block.exe,
-            block_id=block.id,
-        )
-        try:
-            with open_process(block.pid, block.start_time) as handle:
-                handle.send(signal.SIGSTOP)
-        except (RecycledPid, ProcessLookupError):
-            self.store.remove(block.id)
-            return ActionOutcome(
-                action="unblock", status="done", reason="the suspended process has exited", **common
-            )
-        return ActionOutcome(
-            action="suspend",
-            status="done",
-            reason="it had been resumed by something else: stopped again",
-            detail={"signal": "SIGSTOP"},
-            **common,
-        )
 
     def lift(self, block: Block, now: float, reason: str = "unblocked") -> ActionOutcome:
         try:
-            said = lift_block(block, self.store, self.root)
+            said = lift_block(block, self.store, self.root, self.kinds)
             status = "done"
         except OSError as exc:
             said, status = str(exc), "failed"
-        if self._touch is not None and block.kind == "kill-on-touch":
-            self._touch.forget(block.detail.get("number", 0))
+        owner = self._owners.get(block.kind)
+        if owner is not None and owner.lifted is not None:
+            owner.lifted(self._contexts[owner.name], block)
         return ActionOutcome(
             time=now,
-            action="unblock",
+            action=UNBLOCK.name,
             status=status,
             pid=block.pid,
             comm=block.comm,
@@ -421,10 +324,6 @@ class Responder:
         )
 
     def close(self) -> None:
-        self.wait(timeout_s=self.settings.kill_grace_s + 2.0)
-        if self._touch is not None:
-            self._touch.close()
-            self._touch = None
-        if self._cgroups is not None:
-            self._cgroups.close()
-            self._cgroups = None
+        """Wait for delayed kills and hooks, then unload what the actions loaded (blocks stay)."""
+        self.wait(timeout_s=max(0.0, self._until - time.monotonic()) + 2.0)
+        self.parts.close()

@@ -2,36 +2,29 @@
 
 :func:`parse_response_settings` checks the section against ``RESPONSE_SCHEMA``
 (:mod:`gpuguard.config.schema`; an unknown key or bad value is a problem at
-``file:line:col``) and leaves every other setting at its default, declared once
-in :class:`ResponseSettings` (the actions per verdict: each action's ``default_on``),
-so the agent runs with no section at all.
+``file:line:col``) and leaves every other setting at its default, so the agent runs
+with no section at all.  :data:`ResponseSettings` is made from the actions: the
+response's own settings (:class:`SharedSettings`), then each action's options, whose
+fields and defaults its own model declares (``Action.settings``); the actions per
+verdict default to each action's ``default_on``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.config.schema import Key, Section, check
 from gpuguard.errors import Problems
-from gpuguard.respond.actions import ACTIONS, STEPS
+from gpuguard.respond.actions import ACTIONS, Action
 
 VERDICTS = ("clean", "suspicious", "malicious")
-DEFAULT_ACTIONS = {v: tuple(a.name for a in ACTIONS if v in a.default_on) for v in VERDICTS}
 SCOPES = ("all", "containers")
 DEFAULT_PIN_ROOT = "/sys/fs/bpf/gpuguard"
 DEFAULT_STATE_DIR = "/run/gpuguard/blocks"
-SHARED_EXE_PREFIXES = (
-    "/usr/",
-    "/bin/",
-    "/sbin/",
-    "/lib/",
-    "/lib64/",
-    "/opt/",
-    "/snap/",
-    "/nix/store/",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,28 +38,12 @@ class HookSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class ResponseSettings:
-    actions: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_ACTIONS))
+class SharedSettings:
+    """The response's own settings, beside the actions per verdict and each action's options."""
+
     rule_actions: Mapping[str, tuple[str, ...]] = field(
         default_factory=dict
     )  # rule id -> extra steps
-    kill_grace_s: float = 2.0
-    kill_target: str = "process"  # process | group | cgroup
-    touch_ttl_s: float = 86400.0  # kill-on-touch entries expire (0: never)
-    # Executables under these prefixes are shared (interpreters, system tools): kill-on-touch
-    # blocks only the offender's pids for them, never every process running the same file.
-    shared_exe_prefixes: tuple[str, ...] = SHARED_EXE_PREFIXES
-    # A block that kills more than this many processes a minute outside the offender's own
-    # tree suspends itself (its circuit breaker): a block that wide is hitting the innocent.
-    breaker_victims_per_minute: int = 3
-    quarantine_ttl_s: float = 0.0  # 0: until `gpuguard unblock`
-    quarantine_parent: str = (
-        ""  # cgroup v2 dir for cgroups gpuguard creates ("": <cgroup2>/gpuguard)
-    )
-    egress_ttl_s: float = 3600.0
-    nftables: bool = True  # host-wide sets besides the cgroup program
-    nftables_netns: str = ""  # manage this named network namespace's firewall instead
-    never_block_host_wide: tuple[str, ...] = ()  # networks (CIDR) never put in the host-wide sets
     hooks: tuple[HookSettings, ...] = ()
     scope: str = "all"  # all | containers
     cgroups: tuple[str, ...] = ()  # when set, act only inside these cgroup v2 paths
@@ -86,58 +63,110 @@ HOOK_SCHEMA = Section(
     ),
     model=HookSettings,
 )
-RESPONSE_SCHEMA = Section(
-    "response",
-    (
-        Key(
-            "actions", "mapping", "per verdict (clean, suspicious, malicious): an action or a list"
+
+
+def default_actions(actions: tuple[Action, ...]) -> dict[str, tuple[str, ...]]:
+    """The actions each verdict gets when ``response.actions`` does not say (their default_on)."""
+    return {v: tuple(a.name for a in actions if v in a.default_on) for v in VERDICTS}
+
+
+def _same_default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return field(default_factory=f.default_factory)
+    return field(default=f.default)
+
+
+@functools.cache
+def settings_for(actions: tuple[Action, ...]) -> tuple[type, Section]:
+    """The settings model and the ``response:`` schema for a registry of actions."""
+    defaults = default_actions(actions)
+    fields: list[tuple[str, Any, Any]] = [
+        ("actions", "Mapping[str, tuple[str, ...]]", field(default_factory=lambda: dict(defaults)))
+    ]
+    for model in (SharedSettings, *(a.settings for a in actions if a.settings)):
+        fields += [(f.name, f.type, _same_default(f)) for f in dataclasses.fields(model)]
+    made = dataclasses.make_dataclass("ResponseSettings", fields, frozen=True, slots=True)
+    made.__module__ = __name__
+    made.__doc__ = "Every ``response:`` setting with its default (see the module docstring)."
+    return made, _schema(actions, made)
+
+
+def _schema(actions: tuple[Action, ...], model: type) -> Section:
+    return Section(
+        "response",
+        (
+            Key(
+                "actions",
+                "mapping",
+                "per verdict (clean, suspicious, malicious): an action or a list",
+            ),
+            Key("rule_actions", "mapping", "rule id -> extra actions when that rule matched"),
+            *(
+                Section(action.section, action.options, f"the {action.name} action")
+                for action in actions
+                if action.section
+            ),
+            Key("hooks", "list", "programs run with the finding as JSON on stdin", ref=HOOK_SCHEMA),
+            Key("scope", "choice", "all | containers", choices=SCOPES),
+            Key("cgroups", "texts", "when set, act only inside these cgroup v2 paths"),
+            Key("protect_exes", "texts", "executables never acted on"),
+            Key(
+                "max_actions_per_minute", "count", "actions past this rate are rate-limited", low=0
+            ),
+            Key("pin_root", "text", "where blocks' BPF objects are pinned"),
+            Key("state_dir", "text", "where blocks are recorded"),
         ),
-        Key("rule_actions", "mapping", "rule id -> extra actions when that rule matched"),
-        *(
-            Section(action.section, action.options, f"the {action.name} action")
-            for action in ACTIONS
-            if action.section
-        ),
-        Key("hooks", "list", "programs run with the finding as JSON on stdin", ref=HOOK_SCHEMA),
-        Key("scope", "choice", "all | containers", choices=SCOPES),
-        Key("cgroups", "texts", "when set, act only inside these cgroup v2 paths"),
-        Key("protect_exes", "texts", "executables never acted on"),
-        Key("max_actions_per_minute", "count", "actions past this rate are rate-limited", low=0),
-        Key("pin_root", "text", "where blocks' BPF objects are pinned"),
-        Key("state_dir", "text", "where blocks are recorded"),
-    ),
-    model=ResponseSettings,
-)
+        model=model,
+    )
+
+
+ResponseSettings, RESPONSE_SCHEMA = settings_for(ACTIONS)
+
+
+def options_of(action: Action, settings: Any) -> Any:
+    """The action's own settings (an instance of its model) out of the response's."""
+    if action.settings is None:
+        return None
+    return action.settings(
+        **{f.name: getattr(settings, f.name) for f in dataclasses.fields(action.settings)}
+    )
 
 
 def parse_response_settings(
-    section: Mapping | None, *, source: str, problems: Problems | None = None
-) -> ResponseSettings:
+    section: Mapping | None,
+    *,
+    source: str,
+    problems: Problems | None = None,
+    actions: tuple[Action, ...] = ACTIONS,
+) -> Any:
     """Validate the ``response:`` section read from ``source`` (a file name, for messages).
 
     With ``problems`` collecting (``gpuguard config validate``), every problem is recorded there
-    and a default stands in for each bad value; otherwise the first one is raised.
+    and a default stands in for each bad value; otherwise the first one is raised.  The result
+    is a :data:`ResponseSettings` (``actions``: another registry's settings model).
     """
+    model, schema = settings_for(actions)
     if section is None:
-        return ResponseSettings()
+        return model()
     p = problems or Problems(source)
     at: tuple = ("response",)
     if not isinstance(section, Mapping):
         p.add(at, "expected a mapping")
-        return ResponseSettings()
-    values = check(section, RESPONSE_SCHEMA, at, p.add)
-    actions = dict(DEFAULT_ACTIONS)
+        return model()
+    values = check(section, schema, at, p.add)
+    steps_known = tuple(a.name for a in actions)
+    per_verdict = default_actions(actions)
     given = values.get("actions", {})
     for verdict, steps in _mapping(given, at + ("actions",), VERDICTS, p).items():
-        actions[verdict] = _steps(steps, at + ("actions", verdict), p)
-    values["actions"] = actions
+        per_verdict[verdict] = _steps(steps, steps_known, at + ("actions", verdict), p)
+    values["actions"] = per_verdict
     values["rule_actions"] = {
-        str(rule): _steps(steps, at + ("rule_actions", rule), p)
+        str(rule): _steps(steps, steps_known, at + ("rule_actions", rule), p)
         for rule, steps in values.get("rule_actions", {}).items()
     }
     hooks = (_hook(h, at + ("hooks", i), p) for i, h in enumerate(values.get("hooks", [])))
     values["hooks"] = tuple(h for h in hooks if h is not None)
-    return ResponseSettings(**values)
+    return model(**values)
 
 
 def _mapping(value: Any, at: tuple, keys: tuple[str, ...] | None, p: Problems) -> dict:
@@ -157,16 +186,16 @@ def _mapping(value: Any, at: tuple, keys: tuple[str, ...] | None, p: Problems) -
     return out
 
 
-def _steps(value: Any, at: tuple, p: Problems) -> tuple[str, ...]:
+def _steps(value: Any, known: tuple[str, ...], at: tuple, p: Problems) -> tuple[str, ...]:
     steps = [value] if isinstance(value, str) else value
     if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
         p.add(at, "expected an action or a list of actions")
         return ()
     for i, step in enumerate(steps):
-        if step not in (*STEPS, "none"):
+        if step not in (*known, "none"):
             where = at + (i,) if isinstance(value, list) else at
-            p.add(where, f"unknown action {step!r} (expected one of none, {', '.join(STEPS)})")
-    return tuple(s for s in steps if s in STEPS)
+            p.add(where, f"unknown action {step!r} (expected one of none, {', '.join(known)})")
+    return tuple(s for s in steps if s in known)
 
 
 def _hook(value: Any, at: tuple, p: Problems) -> HookSettings | None:

@@ -18,10 +18,13 @@ from pathlib import Path
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.scoring.score import Evidence, Verdict
+from gpuguard.respond.actions.kill_on_touch import touch_program
 from gpuguard.respond.blocks import BlockStore
 from gpuguard.respond.cgroup_blocks import cgroup2_mount
 from gpuguard.respond.lift import lift_all
+from gpuguard.respond.responder import Responder
 from gpuguard.respond.settings import ResponseSettings
+from gpuguard.respond.touch.blocker import TouchBlocker
 from gpuguard.sources.proc.process import collect_process_facts
 
 _COUNTER = itertools.count()
@@ -103,6 +106,11 @@ def settings_for_test(**changes) -> ResponseSettings:
         nftables=False,
     )
     return replace(base, **changes)
+
+
+def touch_of(responder: Responder) -> TouchBlocker | None:
+    """The kill-on-touch program the responder has loaded (None: no block needed it yet)."""
+    return responder.parts.loaded(touch_program)
 
 
 def cleanup(settings: ResponseSettings) -> None:

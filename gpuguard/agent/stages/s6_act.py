@@ -20,6 +20,7 @@ from gpuguard.agent.feedback import FeedbackQueue
 from gpuguard.agent.findings import ProcessFindings
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome
+from gpuguard.respond.actions import touch_kill_of
 
 
 def record_outcomes(
@@ -35,9 +36,9 @@ def record_outcomes(
             findings.note_action(
                 outcome.pid, outcome.start_time, outcome.action, outcome.status, outcome.time
             )
-        if outcome.action == "kill-on-touch" and outcome.status == "done" and outcome.detail:
-            if "touch" in outcome.detail:  # a kill (not a placement): by reason
-                counters.touch_kills[str(outcome.detail["touch"])] += 1
+        touch = touch_kill_of(outcome)
+        if touch is not None:  # a kill the kernel made (not a placement): by reason
+            counters.touch_kills[touch] += 1
         counters.last_actions.append(
             {
                 "time": outcome.time,

@@ -3,4 +3,9 @@
 from gpuguard.events.action_kinds import ALERT
 from gpuguard.respond.actions.action import Action
 
-ACTION = Action(ALERT, None, default_on=("suspicious",))
+ACTION = Action(
+    ALERT,
+    None,
+    default_on=("suspicious",),
+    what="an outcome in the log, nothing else",
+)

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuguard.config.schema import Key
 from gpuguard.events.action_kinds import BLOCK_EGRESS
 from gpuguard.events.agent_events import ActionOutcome
-from gpuguard.respond.actions.action import Action, name_block, note_exit_during_move
+from gpuguard.respond.actions.action import (
+    Action,
+    cgroup_programs,
+    load_cgroup_programs,
+    name_block,
+    note_exit_during_move,
+)
 from gpuguard.respond.blocks import Block, BlockKind, new_block_id
 from gpuguard.respond.cgroup_blocks import EGRESS_BLOCK
 from gpuguard.respond.nft import NftError, NftSets, where
@@ -18,10 +25,22 @@ from gpuguard.sources.proc.identity import pidfd_alive
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
     from gpuguard.detect.scoring.score import Verdict
-    from gpuguard.respond.responder import Responder
+    from gpuguard.respond.context import ActionContext
 
 
-def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
+@dataclass(frozen=True, slots=True)
+class EgressSettings:
+    """``response.block_egress``: how long, and whether (and where) host-wide nftables sets too."""
+
+    egress_ttl_s: float = 3600.0
+    nftables: bool = True  # host-wide sets besides the cgroup program
+    nftables_netns: str = ""  # manage this named network namespace's firewall instead
+    never_block_host_wide: tuple[str, ...] = ()  # networks (CIDR) never put in the host-wide sets
+
+
+def run(
+    ctx: ActionContext, verdict: Verdict, state: ProcessState, base: dict[str, Any]
+) -> ActionOutcome:
     addresses, rejected = parse_addresses(pool_endpoints(verdict, state))
     if not addresses:
         return ActionOutcome(
@@ -31,40 +50,39 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
             **base,
             reason="the evidence names no pool address",
         )
-    ttl = r.settings.egress_ttl_s
-    if r.dry_run:
+    ttl = ctx.options.egress_ttl_s
+    if ctx.dry_run:
         return ActionOutcome(
             action=BLOCK_EGRESS.name,
             status="dry-run",
             **base,
-            detail={"addresses": addresses, "nftables": r.settings.nftables},
+            detail={"addresses": addresses, "nftables": ctx.options.nftables},
             reason=f"would refuse connects to {', '.join(addresses)} for {ttl:g} s",
         )
     container = bool(state.facts and state.facts.container_id)
-    with r.open_offender(verdict, state) as handle:
-        block = r.cgroup_blocker().block_egress(
+    with ctx.open_offender(verdict, state) as handle:
+        block = ctx.part(cgroup_programs).block_egress(
             verdict.pid, container, addresses, ttl, f"{verdict.verdict} verdict"
         )
         moved_alive = pidfd_alive(handle.pidfd)
     name_block(block, verdict)
     outcome = note_exit_during_move(
-        r.placed(
+        ctx.placed(
             block,
-            BLOCK_EGRESS.name,
             f"connects to {', '.join(addresses)} refused in its cgroup",
             base,
         ),
         moved_alive,
     )
-    host_wide, kept_local = split_host_wide(addresses, r.settings.never_block_host_wide)
+    host_wide, kept_local = split_host_wide(addresses, ctx.options.never_block_host_wide)
     if kept_local:
         outcome.detail["not_host_wide"] = kept_local
         outcome.reason += (
             f"; not host-wide: {', '.join(kept_local)} (loopback, local or "
             "response.block_egress.never_block)"
         )
-    if r.settings.nftables and host_wide:
-        netns = r.settings.nftables_netns
+    if ctx.options.nftables and host_wide:
+        netns = ctx.options.nftables_netns
         try:
             NftSets(netns).add(host_wide, ttl)
             host = Block(
@@ -79,7 +97,7 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
                 verdict.exe,
                 {"addresses": host_wide, "netns": netns},
             )
-            r.store.save(host)
+            ctx.blocks.save(host)
             outcome.detail["nftables_block_id"] = host.id
             outcome.reason += "; host-wide in table inet gpuguard"
         except (NftError, OSError, ValueError) as exc:
@@ -91,7 +109,7 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
 def lift_nftables_block(block: Block, root: Path, others: list[Block]) -> str:
     """Remove the block's addresses no other block in its namespace holds; the last one, the table."""
     netns = block.detail.get("netns", "")
-    same_table = [b for b in others if b.kind == "nftables" and b.detail.get("netns") == netns]
+    same_table = [b for b in others if b.kind == block.kind and b.detail.get("netns") == netns]
     held = {a for b in same_table for a in b.detail.get("addresses", [])}
     gone = [a for a in block.detail.get("addresses", []) if a not in held]
     nft = NftSets(netns)
@@ -122,7 +140,22 @@ def nftables_in_place(block: Block, root: Path) -> str:
     return f"{found}/{len(wanted)} addresses in sets"
 
 
-NFTABLES_BLOCK = BlockKind("nftables", "n", lift_nftables_block, nftables_in_place)
+def remove_tables(lifted: list[Block], netns_seen: set[str]) -> list[tuple[str, str]]:
+    """After every block is lifted: ``table inet gpuguard`` in each namespace a block used (or
+    ``netns_seen`` names); no other table is touched."""
+    done = []
+    for netns in sorted(netns_seen | {b.detail.get("netns", "") for b in lifted}):
+        try:
+            if NftSets(netns).delete_table():
+                done.append(("nftables", f"removed table inet gpuguard ({where(netns)})"))
+        except NftError as exc:
+            done.append(("nftables", f"failed: table inet gpuguard ({where(netns)}): {exc}"))
+    return done
+
+
+NFTABLES_BLOCK = BlockKind(
+    "nftables", "n", lift_nftables_block, nftables_in_place, lift_shared=remove_tables
+)
 
 
 ACTION = Action(
@@ -140,6 +173,17 @@ ACTION = Action(
             field="never_block_host_wide",
         ),
     ),
+    settings=EgressSettings,
     default_on=("malicious",),
     blocks=(EGRESS_BLOCK, NFTABLES_BLOCK),
+    start=load_cgroup_programs,
+    what="the pool addresses the evidence names (IP literals in it, such as a pool URL on the "
+    "command line, and its connections whose address or port a rule matched; all of its "
+    "connections if none is named; host names are never resolved) are refused to the "
+    "offender's cgroup by cgroup connect4/connect6 programs, and host-wide through nftables: "
+    "`table inet gpuguard`, sets `pool4`/`pool6` with timeouts, a drop rule on `output` and "
+    "`forward` (loopback, unspecified, link-local and multicast addresses and the networks in "
+    "`block_egress.never_block` stay out of the host-wide sets: dropping them would cut the "
+    "host off from itself or its own services)",
+    undone_by="`block_egress.ttl_s` (1 h), `unblock`",
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +24,22 @@ from gpuguard.respond.process_control import (
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
     from gpuguard.detect.scoring.score import Verdict
-    from gpuguard.respond.responder import Responder
+    from gpuguard.respond.context import ActionContext
 
 
-def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
-    grace = r.settings.kill_grace_s
-    target = r.settings.kill_target
+@dataclass(frozen=True, slots=True)
+class KillSettings:
+    """``response.kill``: the grace between SIGTERM and SIGKILL, and what is signalled."""
+
+    kill_grace_s: float = 2.0
+    kill_target: str = "process"  # process | group | cgroup
+
+
+def run(
+    ctx: ActionContext, verdict: Verdict, state: ProcessState, base: dict[str, Any]
+) -> ActionOutcome:
+    grace = ctx.options.kill_grace_s
+    target = ctx.options.kill_target
     facts = state.facts
     if target == "cgroup" and not (facts and facts.container_id):
         target = "process"  # only a container's cgroup is ever killed whole
@@ -36,7 +47,7 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
     if target == "cgroup":
         cgroup_dir = os.path.join(cgroup2_mount(), cgroup2_of(verdict.pid).lstrip("/"))
         detail.update(signal="cgroup.kill", cgroup=cgroup_dir)
-        if r.dry_run:
+        if ctx.dry_run:
             return ActionOutcome(
                 action=KILL.name,
                 status="dry-run",
@@ -44,7 +55,7 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
                 detail=detail,
                 **base,
             )
-        with r.open_offender(verdict, state):
+        with ctx.open_offender(verdict, state):
             Path(cgroup_dir, "cgroup.kill").write_text("1")
         return ActionOutcome(
             action=KILL.name,
@@ -58,11 +69,9 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
         pgid = os.getpgid(verdict.pid)
         detail["pgid"] = pgid
         pids += [
-            p
-            for p in process_group_members(pgid)
-            if p != verdict.pid and not r.guard.refusal(p, facts)
+            p for p in process_group_members(pgid) if p != verdict.pid and not ctx.refusal(p, facts)
         ]
-    if r.dry_run:
+    if ctx.dry_run:
         return ActionOutcome(
             action=KILL.name,
             status="dry-run",
@@ -70,7 +79,7 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
             **base,
             reason=f"would send SIGTERM to pid(s) {pids} (start time checked), SIGKILL after {grace:g} s",
         )
-    handle = r.open_offender(verdict, state)
+    handle = ctx.open_offender(verdict, state)
     handle.send(signal.SIGTERM)
     others = []
     for pid in pids[1:]:
@@ -80,7 +89,7 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
             others.append(other)
         except (RecycledPid, OSError):
             continue
-    r.background(finish_kill, r, [handle, *others], grace, base)
+    ctx.later(finish_kill, ctx, [handle, *others], grace, base, within_s=grace)
     return ActionOutcome(
         action=KILL.name,
         status="done",
@@ -90,14 +99,14 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
     )
 
 
-def finish_kill(r: Responder, handles: list, grace: float, base: dict[str, Any]) -> None:
+def finish_kill(ctx: ActionContext, handles: list, grace: float, base: dict[str, Any]) -> None:
     deadline = time.monotonic() + grace
     for handle in handles:
         try:
             if not handle.wait_exit(deadline - time.monotonic()):
                 handle.send(signal.SIGKILL)
                 handle.wait_exit(1.0)
-                r.emit(
+                ctx.report(
                     ActionOutcome(
                         **{**base, "time": time.time()},
                         action=KILL.name,
@@ -132,5 +141,9 @@ ACTION = Action(
             choices=("process", "group", "cgroup"),
         ),
     ),
+    settings=KillSettings,
     default_on=("malicious",),
+    what="SIGTERM, SIGKILL after `kill.grace_s` (2 s) unless it exits; `kill.target: group` "
+    "signals its process group, `cgroup` writes `cgroup.kill` of its **container's** cgroup "
+    "(a process outside a container is killed alone)",
 )

@@ -2,24 +2,42 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuguard.config.schema import Key
 from gpuguard.events.action_kinds import QUARANTINE
 from gpuguard.events.agent_events import ActionOutcome
-from gpuguard.respond.actions.action import Action, name_block, note_exit_during_move
+from gpuguard.respond.actions.action import (
+    Action,
+    cgroup_programs,
+    load_cgroup_programs,
+    name_block,
+    note_exit_during_move,
+)
 from gpuguard.respond.cgroup_blocks import QUARANTINE_BLOCK
 from gpuguard.sources.proc.identity import pidfd_alive
 
 if TYPE_CHECKING:
     from gpuguard.correlate.state import ProcessState
     from gpuguard.detect.scoring.score import Verdict
-    from gpuguard.respond.responder import Responder
+    from gpuguard.respond.context import ActionContext
 
 
-def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any]) -> ActionOutcome:
+@dataclass(frozen=True, slots=True)
+class QuarantineSettings:
+    """``response.quarantine``: how long, and where gpuguard makes the cgroups it moves into."""
+
+    quarantine_ttl_s: float = 0.0  # 0: until `gpuguard unblock`
+    # cgroup v2 dir for the cgroups gpuguard creates ("": <cgroup2>/gpuguard); block-egress's too
+    quarantine_parent: str = ""
+
+
+def run(
+    ctx: ActionContext, verdict: Verdict, state: ProcessState, base: dict[str, Any]
+) -> ActionOutcome:
     container = bool(state.facts and state.facts.container_id)
-    if r.dry_run:
+    if ctx.dry_run:
         return ActionOutcome(
             action=QUARANTINE.name,
             status="dry-run",
@@ -28,16 +46,15 @@ def run(r: Responder, verdict: Verdict, state: ProcessState, base: dict[str, Any
             reason="would deny GPU device majors to "
             + ("its container's cgroup" if container else "a gpuguard cgroup it is moved into"),
         )
-    with r.open_offender(verdict, state) as handle:
-        block = r.cgroup_blocker().quarantine(
-            verdict.pid, container, r.settings.quarantine_ttl_s, f"{verdict.verdict} verdict"
+    with ctx.open_offender(verdict, state) as handle:
+        block = ctx.part(cgroup_programs).quarantine(
+            verdict.pid, container, ctx.options.quarantine_ttl_s, f"{verdict.verdict} verdict"
         )
         moved_alive = pidfd_alive(handle.pidfd)
     name_block(block, verdict)
     remain = block.detail["open_gpu_fds"]
-    outcome = r.placed(
+    outcome = ctx.placed(
         block,
-        QUARANTINE.name,
         f"GPU opens now fail with EPERM; {remain} GPU fd(s) it already holds "
         "remain open (pair with suspend or kill)",
         base,
@@ -58,5 +75,13 @@ ACTION = Action(
             field="quarantine_parent",
         ),
     ),
+    settings=QuarantineSettings,
     blocks=(QUARANTINE_BLOCK,),
+    start=load_cgroup_programs,
+    what="a cgroup device program on the offender's container cgroup (or on a cgroup of its own "
+    "that gpuguard creates under `quarantine.cgroup_parent` and moves it into) denies the GPU "
+    "device majors: NVIDIA 195, DRM 226 and the dynamic majors of nvidia-uvm, nvidia-caps and "
+    "kfd from /proc/devices. Opens fail with EPERM; the process keeps running. **GPU fds it "
+    "already holds stay open**: the outcome says how many; pair it with `suspend` or `kill`",
+    undone_by="`quarantine.ttl_s` (0: never), `unblock`",
 )

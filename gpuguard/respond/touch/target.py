@@ -3,7 +3,7 @@
 :func:`block_target` decides, for a verified offender, what its block may name: the script
 an interpreter or shell runs (never the interpreter, known from the ELF, not its name),
 the offender's tree only (a shared executable), or the executable (path, device+inode,
-size+sha256).  :class:`ExecIdentities` matches exec reports against the blocks in place.
+size+sha256).  :mod:`gpuguard.respond.touch.match` matches exec reports against them.
 The table of cases: docs/respond.md, "What a block names".
 """
 
@@ -313,99 +313,3 @@ def block_target(pid: int, shared_prefixes: tuple[str, ...]) -> BlockTarget:
         why="any process of this executable (same path, inode or bytes) dies at its first GPU "
         "open or connect",
     )
-
-
-# -- matching exec reports --------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Entry:
-    number: int
-    deadline: int  # monotonic ns, 0: never
-
-
-class ExecIdentities:
-    """The identities of the blocks in place, matched against exec reports (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        # (dev, ino, size, mtime_ns): an inode number alone is handed out again after a delete
-        self._inodes: dict[tuple[int, int, int, int], _Entry] = {}
-        self._hashes: dict[int, dict[str, _Entry]] = {}  # exe size -> sha256 -> entry
-        self._scripts: dict[str, _Entry] = {}  # script or inline-code sha256 -> entry
-
-    def __bool__(self) -> bool:
-        return bool(self._inodes or self._hashes or self._scripts)
-
-    def add(self, number: int, deadline: int, target: BlockTarget) -> None:
-        entry = _Entry(number, deadline)
-        with self._lock:
-            if target.kind == "executable" and target.identity:
-                self._inodes[tuple(target.identity)] = entry
-                if target.sha256:
-                    self._hashes.setdefault(target.identity[2], {})[target.sha256] = entry
-            elif target.kind == "script" and target.script and target.script.sha256:
-                self._scripts[target.script.sha256] = entry
-
-    def restore(self, number: int, deadline: int, detail: dict) -> None:
-        """Re-add a block's identities from its stored detail (after a restart)."""
-        target = detail.get("target") or {}
-        script = target.get("script") or {}
-        identity = detail.get("identity")
-        self.add(
-            number,
-            deadline,
-            BlockTarget(
-                target.get("kind", "executable" if identity else "tree-only"),
-                detail.get("exe", ""),
-                tuple(identity) if identity else None,
-                detail.get("sha256"),
-                script=Script(script.get("kind", ""), script.get("path", ""), script.get("sha256"))
-                if script
-                else None,
-            ),
-        )
-
-    def forget(self, number: int) -> None:
-        with self._lock:
-            self._inodes = {k: v for k, v in self._inodes.items() if v.number != number}
-            self._hashes = {
-                size: kept
-                for size, by_hash in self._hashes.items()
-                if (kept := {h: v for h, v in by_hash.items() if v.number != number})
-            }
-            self._scripts = {k: v for k, v in self._scripts.items() if v.number != number}
-
-    def match(self, pid: int, now_ns: int) -> tuple[int, str] | None:
-        """(block number, what matched) for the process ``pid`` that just exec'd, or None."""
-        exe, st, argv = read_process(pid)
-        with self._lock:
-            entry = self._inodes.get((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-            by_size = self._hashes.get(st.st_size)
-            scripts = bool(self._scripts)
-        if entry is not None and _live(entry, now_ns):
-            return entry.number, f"the blocked executable {exe} (same file)"
-        if by_size:
-            digest = sha256_of_file(f"/proc/{pid}/exe")
-            entry = by_size.get(digest) if digest else None
-            if entry is not None and _live(entry, now_ns):
-                if interpreter_family(f"/proc/{pid}/exe") is not None:
-                    return None  # an interpreter is never blocked, whatever its bytes
-                if users_of((st.st_dev, st.st_ino), descendants(pid)):
-                    return None  # a file others run: identical bytes alone do not make it ours
-                return entry.number, f"a copy of a blocked executable ({exe}, same sha256)"
-        if scripts:
-            family = interpreter_family(f"/proc/{pid}/exe")
-            if family is not None:
-                script = script_of(family, argv, f"/proc/{pid}")
-                if script.sha256:
-                    with self._lock:
-                        entry = self._scripts.get(script.sha256)
-                    if entry is not None and _live(entry, now_ns):
-                        what = script.path or "inline code"
-                        return entry.number, f"a blocked script ({what}) run by {exe}"
-        return None
-
-
-def _live(entry: _Entry, now_ns: int) -> bool:
-    return entry.deadline == 0 or now_ns < entry.deadline

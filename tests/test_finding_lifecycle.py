@@ -189,3 +189,19 @@ def test_records_name_the_pod_and_container_the_kubelet_knows(tmp_path):
     tracker.stamp(finding, write)
     p = finding.process
     assert (p.pod_namespace, p.pod_name, p.container_name) == ("ml-team", "trainer-7", "worker")
+
+
+def test_a_closed_finding_is_never_opened_again_while_its_process_is_held():
+    """An ended process's finding is closed once; a later verdict about it (a reload, a parent's
+    change) writes nothing and acts on nothing, until the correlator forgets the process."""
+    tracker, clock, state = _tracker()
+    tracker.scored(_verdict("malicious", "miner-cmdline-stratum"), state, clock.now)
+    state.exited_at = clock.now
+    (close,) = _poll(tracker, state, clock)
+    assert close.activity == "close" and len(tracker) == 0
+    assert tracker.scored(_verdict("malicious", "miner-cmdline-stratum"), state, clock.now) is None
+    assert _poll(tracker, state, clock) == []
+    tracker.forget_closed(lambda key: state)  # still held: still closed
+    assert tracker.scored(_verdict("malicious", "a", "b"), state, clock.now) is None
+    tracker.forget_closed(lambda key: None)  # forgotten: the bookkeeping goes with it
+    assert tracker._closed == set()

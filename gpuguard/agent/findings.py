@@ -143,6 +143,9 @@ class ProcessFindings:
         self.wall = wall  # a record's time, read at the same moment as the rate limit's
         self.pod_names = pod_names or PodNames()  # the kubelet's names of pods and containers
         self._open: dict[ProcessKey, OpenFinding] = {}
+        # closed while the correlator still holds the process: a later verdict (a reload, a
+        # parent's change) never opens its finding again (forget_closed prunes it)
+        self._closed: set[ProcessKey] = set()
         self._next_poll = 0.0
         self._hashes: OrderedDict[tuple, str | None] = OrderedDict()
         self._guard_records: OrderedDict[ProcessKey, int] = OrderedDict()  # records written
@@ -158,6 +161,8 @@ class ProcessFindings:
         rank = VERDICT_RANK.get(verdict.verdict, 0)
         found = self._open.get(verdict.key)
         if found is None:
+            if verdict.key in self._closed:
+                return None  # ended and closed: the dead are not judged again
             abuse = any(GPU_ABUSE_TAG in e.tags for e in verdict.evidence)
             if rank == 0 and not abuse:
                 return None
@@ -201,6 +206,8 @@ class ProcessFindings:
                     continue
             if state is None or state.exited:
                 del self._open[key]
+                if state is not None:
+                    self._closed.add(key)
                 out.append(self._close(found, state, now))
                 continue
             self._observe(found, state, now)
@@ -224,6 +231,10 @@ class ProcessFindings:
                     self._write(found, found.verdict, "update", state, changes, counts=counts)
                 )
         return out
+
+    def forget_closed(self, state_of: Callable[[ProcessKey], ProcessState | None]) -> None:
+        """Forget the closed findings of processes the correlator no longer holds (housekeeping)."""
+        self._closed = {key for key in self._closed if state_of(key) is not None}
 
     def note_action(
         self, pid: int, start_time: float, action: str, status: str, when: float

@@ -128,7 +128,9 @@ class ReportStage:
             ctx.status_soon = True
 
     def prune(self) -> None:
-        """Forget the guard bookkeeping of processes the correlator no longer tracks."""
+        """Forget the guard bookkeeping and closed findings of processes the correlator no longer
+        tracks."""
         get = self.correlator.get
         for key in [k for k in self.guard_reported if get(k) is None]:
             del self.guard_reported[key]
+        self.findings.forget_closed(get)

@@ -205,3 +205,65 @@ def test_a_closed_finding_is_never_opened_again_while_its_process_is_held():
     assert tracker.scored(_verdict("malicious", "a", "b"), state, clock.now) is None
     tracker.forget_closed(lambda key: None)  # forgotten: the bookkeeping goes with it
     assert tracker._closed == set()
+
+
+def _own_key() -> ProcessKey:
+    """This test process: a key that is running (carried findings must be)."""
+    import os
+
+    return ProcessKey(os.getpid(), round(psutil.Process().create_time(), 2))
+
+
+def test_a_finding_an_earlier_run_left_open_is_continued_numbered_on_and_marked():
+    from gpuguard.agent.findings import Carried
+
+    key = _own_key()
+    gone = ProcessKey(key.pid, key.start_time - 100.0)  # that pid, an earlier process: ended
+    clock = Clock()
+    tracker = ProcessFindings(30.0, "gpu-node-7", "/nonexistent", clock, run_id="0a1b2c3d4e5f")
+    fid = finding_id("gpu-node-7", key.pid, key.start_time)
+    old = finding_id("gpu-node-7", gone.pid, gone.start_time)
+    tracker.carry({fid: Carried(key, 3), old: Carried(gone, 7)})
+    assert set(tracker.ledger()) == {fid}  # the ended one is not carried on
+    state = ProcessState(key=key, comm="xmrig", exe="/tmp/xmrig")
+    verdict = Verdict(key, key.pid, "xmrig", "/tmp/xmrig", 90, "malicious", [], time=1.0)
+    create = tracker.scored(verdict, state, clock.now)
+    assert (create.activity, create.sequence, create.continued, create.act) == (
+        "create", 4, True, True,
+    )  # fmt: skip
+    stamped = tracker.stamp(finding_from_verdict(verdict, None, None, state), create)
+    assert stamped.record_id == f"{fid}-0a1b2c3d4e5f-4" and stamped.continued
+    assert tracker.ledger() == {fid: Carried(key, 4)} and not tracker.changed
+    state.add_connection("203.0.113.7", 3333)
+    clock.now += 31.0
+    (update,) = tracker.poll(lambda k: state, clock.now)
+    assert (update.sequence, update.continued) == (5, False)  # only the pick-up is marked
+    assert tracker.changed and tracker.ledger()[fid].sequence == 5
+
+
+def test_a_new_finding_is_not_marked_continued_and_the_ledger_follows_the_open_set():
+    tracker, clock, state = _tracker()
+    create = tracker.scored(_verdict("malicious", "a"), state, clock.now)
+    assert (create.sequence, create.continued) == (0, False)
+    assert list(tracker.ledger()) == [create.finding.finding_id]
+    state.exited_at = clock.now
+    _poll(tracker, state, clock)
+    assert tracker.changed and tracker.ledger() == {}
+
+
+def test_the_ledger_file_round_trips_and_a_damaged_one_is_one_line_not_a_crash(tmp_path):
+    from gpuguard.agent.finding_ledger import ledger_path, load_ledger, save_ledger
+    from gpuguard.agent.findings import Carried
+
+    path = ledger_path(tmp_path / "status.json")
+    assert path == tmp_path / "status.findings.json"
+    assert load_ledger(path) == ({}, None)  # first run: nothing to continue
+    carried = {"gpuguard-" + "b" * 31: Carried(ProcessKey(42, 1_700_000_000.25), 6)}
+    save_ledger(path, "0a1b2c3d4e5f", carried)
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert load_ledger(path) == (carried, None)
+    path.write_text('{"version": 1, "findings": [{"id": "x", "pid": "not a pid"}]')
+    found, problem = load_ledger(path)
+    assert found == {} and problem.startswith("cannot read the open findings of the last run")
+    path.write_text('{"version": 1, "findings": [{"id": "x", "pid": "nan?"}, 5]}')
+    assert load_ledger(path) == ({}, None)  # damaged rows cost their own continuation only

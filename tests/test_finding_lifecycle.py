@@ -267,3 +267,29 @@ def test_the_ledger_file_round_trips_and_a_damaged_one_is_one_line_not_a_crash(t
     assert found == {} and problem.startswith("cannot read the open findings of the last run")
     path.write_text('{"version": 1, "findings": [{"id": "x", "pid": "nan?"}, 5]}')
     assert load_ledger(path) == ({}, None)  # damaged rows cost their own continuation only
+
+
+def test_a_continued_finding_is_picked_up_whatever_its_verdict_now_and_closed_at_the_end():
+    """A restarted agent may not see again what convicted a process (a pool login happens
+    once): the finding is still continued, not acted on while clean, and closed when it ends."""
+    from gpuguard.agent.findings import Carried
+
+    key = _own_key()
+    clock = Clock()
+    tracker = ProcessFindings(30.0, "gpu-node-7", "/nonexistent", clock, run_id="0a1b2c3d4e5f")
+    fid = finding_id("gpu-node-7", key.pid, key.start_time)
+    tracker.carry({fid: Carried(key, 2)})
+    state = ProcessState(key=key, comm="xmrig", exe="/tmp/xmrig")
+    clean = Verdict(key, key.pid, "xmrig", "/tmp/xmrig", 0, "clean", [], time=1.0)
+    other = ProcessKey(key.pid + 100_000, key.start_time)  # clean and carried by no one
+    assert (
+        tracker.scored(Verdict(other, other.pid, "x", "/x", 0, "clean", [], time=1.0), None, 1)
+        is None
+    )
+    create = tracker.scored(clean, state, clock.now)
+    assert (create.activity, create.sequence, create.continued, create.act) == (
+        "create", 3, True, False,
+    )  # fmt: skip
+    state.exited_at = clock.now
+    (close,) = tracker.poll(lambda k: state, clock.now + 1.0)
+    assert (close.activity, close.sequence) == ("close", 4) and tracker.ledger() == {}

@@ -164,6 +164,7 @@ class ProcessFindings:
         self._hashes: OrderedDict[tuple, str | None] = OrderedDict()
         self._guard_records: OrderedDict[ProcessKey, int] = OrderedDict()  # records written
         self.carried: dict[str, Carried] = {}  # findings an earlier run left open, not picked up
+        self._carried_keys: set[ProcessKey] = set()  # their processes (a cheap test per verdict)
         self.changed = False  # the open set or a record number moved since the ledger was saved
 
     def __len__(self) -> int:
@@ -180,7 +181,9 @@ class ProcessFindings:
             if verdict.key in self._closed:
                 return None  # ended and closed: the dead are not judged again
             abuse = any(GPU_ABUSE_TAG in e.tags for e in verdict.evidence)
-            if rank == 0 and not abuse:
+            # a finding an earlier run left open continues whatever the verdict now (a restarted
+            # agent may not see again what convicted it, e.g. a pool login): it gets its close
+            if rank == 0 and not abuse and verdict.key not in self._carried_keys:
                 return None
             found = OpenFinding(
                 finding_id(self.hostname, verdict.key.pid, verdict.key.start_time),
@@ -194,6 +197,7 @@ class ProcessFindings:
             carried = self.carried.pop(found.finding_id, None)
             if carried is not None and carried.key == verdict.key:
                 found.sequence, found.continued = carried.sequence, True  # numbered on
+                self._carried_keys.discard(carried.key)
             self._open[verdict.key] = found
             self._observe(found, state, now)
             return self._write(found, verdict, "create", state, act=rank > 0, counts=True)
@@ -258,11 +262,13 @@ class ProcessFindings:
         for fid, carried in list(self.carried.items()):
             if not _running(carried.key):
                 del self.carried[fid]
+                self._carried_keys.discard(carried.key)
                 self.changed = True
 
     def carry(self, carried: dict[str, Carried]) -> None:
         """Findings an earlier run left open (its ledger): one picked up here is continued."""
         self.carried = {f: c for f, c in carried.items() if _running(c.key)}
+        self._carried_keys = {c.key for c in self.carried.values()}
         self.changed = True
 
     def ledger(self) -> dict[str, Carried]:

@@ -226,7 +226,16 @@ class LogWriter:
             },
         )
         try:
-            self.sink.send(self.renderer.line(note), syslog_severity(note))
+            rendered = self.renderer.line(note)
+        # A renderer bug must not stop the log for good (no note, no record): reported; the
+        # records stay counted in errors.
+        except Exception as exc:  # noqa: BLE001
+            with self._lock:
+                self._lost_in_gap -= lost
+            self._fault(f"could not render a gap note: {exc}", {"error": repr(exc)})
+            return True
+        try:
+            self.sink.send(rendered, syslog_severity(note))
         except Spooled:
             pass  # in the spool, in order: the collector gets it before what follows
         except (OSError, ValueError) as exc:

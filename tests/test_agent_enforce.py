@@ -161,7 +161,11 @@ def test_guard_policy_breach_is_one_finding_per_breach(tmp_path):
 
             found = agent.wait_record(guard, timeout=20)
             assert "user root is not allowed on GPU [0]" in json.dumps(found)
-            assert found["event"]["id"] == found["gpuguard"]["finding"]["id"] + "-0"  # its own id
+            run = agent.status()["run_id"]  # this agent run's: record ids differ across restarts
+            assert found["gpuguard"]["finding"]["run_id"] == run
+            assert (
+                found["event"]["id"] == f"{found['gpuguard']['finding']['id']}-{run}-0"
+            )  # its own
             time.sleep(5)  # two more evaluations: no new line while the breach is unchanged
             assert len([r for r in agent.records() if guard(r)]) == 1
             # monitor mode: the alert is the only action, and it names the policy

@@ -129,7 +129,8 @@ def test_a_miner_gets_one_finding_id_an_update_with_pool_and_gpu_and_a_close(tmp
 
         update = agent.wait_record(with_pool_and_gpu, timeout=40)
         assert update["gpuguard"]["finding"]["id"] == fid
-        assert update["event"]["type"] == ["change"] and update["event"]["id"] == f"{fid}-1"
+        run = agent.status()["run_id"]  # this agent run's: record ids differ across restarts
+        assert update["event"]["type"] == ["change"] and update["event"]["id"] == f"{fid}-{run}-1"
         assert update["destination"]["ip"] == "127.0.0.1"
         assert {"gpu", "destination", "rules"} <= set(update["gpuguard"]["finding"]["changes"])
         assert "net-pool-protocol" in update["gpuguard"]["rule_ids"]
@@ -157,7 +158,7 @@ def test_a_miner_gets_one_finding_id_an_update_with_pool_and_gpu_and_a_close(tmp
     assert totals["destination"] == f"127.0.0.1:{pool.port}"
     assert [a["action"] for a in totals["actions"]] == ["alert"]  # monitor mode: the alert alone
     records = _records(agent, pid)
-    assert [r["event"]["id"] for r in records] == [f"{fid}-{n}" for n in range(len(records))]
+    assert [r["event"]["id"] for r in records] == [f"{fid}-{run}-{n}" for n in range(len(records))]
     assert records[0] == create and records[-1] == close
     # the GPU opens and the login, a second apart, gave one update: none carries only the GPU
     first_gpu = next(r for r in records if "gpu" in r["gpuguard"]["finding"].get("changes", []))

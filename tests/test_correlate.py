@@ -495,6 +495,30 @@ def test_set_ruleset_rescores_everything(ruleset, tmp_path):
     assert (v.score, v.verdict) == (80, "malicious")
 
 
+def test_set_ruleset_rejudges_the_living_never_the_ended(ruleset, tmp_path):
+    """A reload rescores the processes that live; one that ended and was judged since is not
+    judged again (a reload must not re-report history), one that ended unjudged still is."""
+    c = Correlator(facts_provider=None)
+    engine = DetectionEngine(c, ruleset)
+    for pid in (96, 97):
+        c.feed(facts(pid, T, comm="xmrig", exe="/usr/bin/xmrig"))
+    c.feed(facts(98, T + 1, comm="helper", exe="/usr/bin/helper", ppid=97))
+    assert {v.pid for v in engine.score(T + 1)} == {96, 97, 98}
+    c.feed(Exit(time=T + 2, pid=96, exit_code=0))
+    c.feed(Exit(time=T + 2, pid=98, exit_code=0))
+    assert {v.pid for v in engine.score(T + 2)} == {96, 98}  # judged once more, at their end
+    c.feed(facts(99, T + 3, comm="xmrig", exe="/usr/bin/xmrig"))
+    c.feed(Exit(time=T + 3, pid=99, exit_code=0))  # ends before its first judgment
+    site = tmp_path / "site.yaml"
+    site.write_text("version: 1\nrules:\n  - id: miner-binary-name\n    override: {weight: 80}\n")
+    engine.set_ruleset(load_ruleset([shipped_rules_file(), site]))
+    rescored = {v.pid: v for v in engine.score(T + 4)}
+    # 97 lives (and turns malicious); 96 and 98 (its child, whose parent changed) ended judged
+    assert set(rescored) == {97, 99} and rescored[97].verdict == "malicious"
+    engine.set_ruleset(load_ruleset([shipped_rules_file()]))
+    assert {v.pid for v in engine.score(T + 5)} == {97}
+
+
 def test_unknown_items_are_counted_not_fatal():
     c = Correlator(facts_provider=None)
     c.feed("not an item")  # type: ignore[arg-type]

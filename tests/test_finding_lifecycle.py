@@ -189,3 +189,107 @@ def test_records_name_the_pod_and_container_the_kubelet_knows(tmp_path):
     tracker.stamp(finding, write)
     p = finding.process
     assert (p.pod_namespace, p.pod_name, p.container_name) == ("ml-team", "trainer-7", "worker")
+
+
+def test_a_closed_finding_is_never_opened_again_while_its_process_is_held():
+    """An ended process's finding is closed once; a later verdict about it (a reload, a parent's
+    change) writes nothing and acts on nothing, until the correlator forgets the process."""
+    tracker, clock, state = _tracker()
+    tracker.scored(_verdict("malicious", "miner-cmdline-stratum"), state, clock.now)
+    state.exited_at = clock.now
+    (close,) = _poll(tracker, state, clock)
+    assert close.activity == "close" and len(tracker) == 0
+    assert tracker.scored(_verdict("malicious", "miner-cmdline-stratum"), state, clock.now) is None
+    assert _poll(tracker, state, clock) == []
+    tracker.forget_closed(lambda key: state)  # still held: still closed
+    assert tracker.scored(_verdict("malicious", "a", "b"), state, clock.now) is None
+    tracker.forget_closed(lambda key: None)  # forgotten: the bookkeeping goes with it
+    assert tracker._closed == set()
+
+
+def _own_key() -> ProcessKey:
+    """This test process: a key that is running (carried findings must be)."""
+    import os
+
+    return ProcessKey(os.getpid(), round(psutil.Process().create_time(), 2))
+
+
+def test_a_finding_an_earlier_run_left_open_is_continued_numbered_on_and_marked():
+    from gpuguard.agent.findings import Carried
+
+    key = _own_key()
+    gone = ProcessKey(key.pid, key.start_time - 100.0)  # that pid, an earlier process: ended
+    clock = Clock()
+    tracker = ProcessFindings(30.0, "gpu-node-7", "/nonexistent", clock, run_id="0a1b2c3d4e5f")
+    fid = finding_id("gpu-node-7", key.pid, key.start_time)
+    old = finding_id("gpu-node-7", gone.pid, gone.start_time)
+    tracker.carry({fid: Carried(key, 3), old: Carried(gone, 7)})
+    assert set(tracker.ledger()) == {fid}  # the ended one is not carried on
+    state = ProcessState(key=key, comm="xmrig", exe="/tmp/xmrig")
+    verdict = Verdict(key, key.pid, "xmrig", "/tmp/xmrig", 90, "malicious", [], time=1.0)
+    create = tracker.scored(verdict, state, clock.now)
+    assert (create.activity, create.sequence, create.continued, create.act) == (
+        "create", 4, True, True,
+    )  # fmt: skip
+    stamped = tracker.stamp(finding_from_verdict(verdict, None, None, state), create)
+    assert stamped.record_id == f"{fid}-0a1b2c3d4e5f-4" and stamped.continued
+    assert tracker.ledger() == {fid: Carried(key, 4)} and not tracker.changed
+    state.add_connection("203.0.113.7", 3333)
+    clock.now += 31.0
+    (update,) = tracker.poll(lambda k: state, clock.now)
+    assert (update.sequence, update.continued) == (5, False)  # only the pick-up is marked
+    assert tracker.changed and tracker.ledger()[fid].sequence == 5
+
+
+def test_a_new_finding_is_not_marked_continued_and_the_ledger_follows_the_open_set():
+    tracker, clock, state = _tracker()
+    create = tracker.scored(_verdict("malicious", "a"), state, clock.now)
+    assert (create.sequence, create.continued) == (0, False)
+    assert list(tracker.ledger()) == [create.finding.finding_id]
+    state.exited_at = clock.now
+    _poll(tracker, state, clock)
+    assert tracker.changed and tracker.ledger() == {}
+
+
+def test_the_ledger_file_round_trips_and_a_damaged_one_is_one_line_not_a_crash(tmp_path):
+    from gpuguard.agent.finding_ledger import ledger_path, load_ledger, save_ledger
+    from gpuguard.agent.findings import Carried
+
+    path = ledger_path(tmp_path / "status.json")
+    assert path == tmp_path / "status.findings.json"
+    assert load_ledger(path) == ({}, None)  # first run: nothing to continue
+    carried = {"gpuguard-" + "b" * 31: Carried(ProcessKey(42, 1_700_000_000.25), 6)}
+    save_ledger(path, "0a1b2c3d4e5f", carried)
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert load_ledger(path) == (carried, None)
+    path.write_text('{"version": 1, "findings": [{"id": "x", "pid": "not a pid"}]')
+    found, problem = load_ledger(path)
+    assert found == {} and problem.startswith("cannot read the open findings of the last run")
+    path.write_text('{"version": 1, "findings": [{"id": "x", "pid": "nan?"}, 5]}')
+    assert load_ledger(path) == ({}, None)  # damaged rows cost their own continuation only
+
+
+def test_a_continued_finding_is_picked_up_whatever_its_verdict_now_and_closed_at_the_end():
+    """A restarted agent may not see again what convicted a process (a pool login happens
+    once): the finding is still continued, not acted on while clean, and closed when it ends."""
+    from gpuguard.agent.findings import Carried
+
+    key = _own_key()
+    clock = Clock()
+    tracker = ProcessFindings(30.0, "gpu-node-7", "/nonexistent", clock, run_id="0a1b2c3d4e5f")
+    fid = finding_id("gpu-node-7", key.pid, key.start_time)
+    tracker.carry({fid: Carried(key, 2)})
+    state = ProcessState(key=key, comm="xmrig", exe="/tmp/xmrig")
+    clean = Verdict(key, key.pid, "xmrig", "/tmp/xmrig", 0, "clean", [], time=1.0)
+    other = ProcessKey(key.pid + 100_000, key.start_time)  # clean and carried by no one
+    assert (
+        tracker.scored(Verdict(other, other.pid, "x", "/x", 0, "clean", [], time=1.0), None, 1)
+        is None
+    )
+    create = tracker.scored(clean, state, clock.now)
+    assert (create.activity, create.sequence, create.continued, create.act) == (
+        "create", 3, True, False,
+    )  # fmt: skip
+    state.exited_at = clock.now
+    (close,) = tracker.poll(lambda k: state, clock.now + 1.0)
+    assert (close.activity, close.sequence) == ("close", 4) and tracker.ledger() == {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import time
 
 import pytest
@@ -20,7 +19,9 @@ from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.telemetry import AgentTelemetry
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.log_writer import open_log
+from gpuguard.outputs.records import render_record
 from tests.support.rsyslog import Rsyslogd, free_ports
+from tests.support.tmpfs import fill, small_tmpfs
 from tests.test_agent_logs import HOST, hostile_finding
 
 
@@ -46,14 +47,8 @@ def _records(n: int, start: int = 0) -> list[AgentLifecycle]:
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16k", f"gg-enospc-{os.getpid()}", str(mnt)],
-        check=True,
-    )
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    with small_tmpfs(tmp_path / "small", "16k", "gg-enospc") as mnt:
+        yield mnt
 
 
 @pytest.mark.root
@@ -66,20 +61,24 @@ def test_a_full_disk_leaves_whole_records_and_exact_counts(small_disk):
     assert writer.errors > 0 and writer.written > 0 and _balanced(writer)
     text = path.read_bytes()
     assert text.endswith(b"\n"), "the file must end on a record boundary"
-    lines = text.decode().splitlines()
-    assert len(lines) == writer.written  # every record counted as written is there, whole
-    for line in lines:
-        json.loads(line)
+    lines = [json.loads(line) for line in text.decode().splitlines()]  # every one whole
+    notes = [x for x in lines if x["event"]["action"] == "fault"]
+    # every record counted as written is there; a gap note that fitted (a full disk's last
+    # page) names the records lost before it, and the rest wait for the next note
+    assert len(lines) - len(notes) == writer.written and len(notes) == writer.gap_notes
+    marked = sum(x["gpuguard"]["detail"]["lost"] for x in notes)
+    assert marked + writer.stats()["unmarked"] == writer.errors
     os.truncate(path, 0)  # space again
     for record in _records(3):
         assert writer.write(record)
     writer.close()
-    lines = path.read_text().splitlines()
-    assert [json.loads(x)["message"] for x in lines] == [
-        "record-00000",
-        "record-00001",
-        "record-00002",
-    ]
+    gap, *lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [x["message"] for x in lines] == ["record-00000", "record-00001", "record-00002"]
+    # the first line the disk took again names the rest of the gap: every record not written
+    # is in a note
+    assert gap["event"]["action"] == "fault" and gap["gpuguard"]["detail"]["recovered"] is True
+    assert marked + gap["gpuguard"]["detail"]["lost"] == writer.errors
+    assert writer.stats()["unmarked"] == 0
     assert _balanced(writer)
 
 
@@ -138,8 +137,12 @@ def test_a_udp_collector_that_comes_back_gets_one_recovery_note_naming_the_gap()
         collector.settimeout(5)
         for record in _records(3, start=5):
             writer.write(record)
-        got = [collector.recv(65536).decode() for _ in range(3)]
+        gap, *got = [collector.recv(65536).decode() for _ in range(4)]
     assert [g.split("record-")[1][:5] for g in got] == ["00005", "00006", "00007"]
+    note = json.loads(gap[gap.index("{") :])  # the first datagram taken names the gap
+    assert (
+        note["gpuguard"]["detail"]["recovered"] is True and note["gpuguard"]["detail"]["lost"] == 5
+    )
     failed, recovered = writer.take_faults()
     assert recovered.detail == {**recovered.detail, "recovered": True, "lost": 5}
     assert (writer.written, writer.errors) == (3, 5) and _balanced(writer)
@@ -207,3 +210,117 @@ def test_a_full_spool_counts_what_overflowed(tmp_path):
     (spool_file,) = list(spooled)
     assert spool_file.stat().st_size <= 4096 and spool_file.read_bytes().endswith(b"\n")
     writer.close()
+
+
+# -- gaps marked in-band --------------------------------------------------------------------
+
+
+def _notes(lines: list[dict]) -> list[dict]:
+    """The gap notes among parsed ECS lines (a ``fault`` lifecycle with ``recovered: true``)."""
+    return [
+        x
+        for x in lines
+        if x["event"]["action"] == "fault" and x["gpuguard"].get("detail", {}).get("recovered")
+    ]
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_a_small_record_in_a_full_disks_last_page_does_not_end_the_gap(small_disk):
+    """The issue's first trap: a full disk still takes a record small enough for the slack of
+    the file's last page.  The gap's note comes first and is bigger, so that record is lost too
+    and counted; the note is written once a record of its size really fits, naming them all."""
+    path = small_disk / "agent.log"
+    tiny = AgentLifecycle(time=5.0, action="drops", message="t")
+    tiny_bytes = len(render_record(tiny, "ecs", HOST).encode()) + 1
+    slack = tiny_bytes + 40  # room for the tiny record, not for a note naming a gap
+    path.write_bytes(b'{"pad": "' + b"p" * (4096 - slack - 12) + b'"}\n')
+    assert path.stat().st_size == 4096 - slack
+    filler = fill(small_disk)
+    writer = open_log(str(path), "ecs", queue_size=0, max_bytes=1 << 20, host=HOST)
+    writer.write(hostile_finding())  # far bigger than the slack: lost
+    writer.write(tiny)  # would fit, but its gap's note goes first and does not
+    assert (writer.written, writer.errors, writer.gap_notes) == (0, 2, 0)
+    assert path.stat().st_size == 4096 - slack  # nothing written, no fragment left
+    filler.unlink()  # space again
+    writer.write(tiny)
+    writer.close()
+    _pad, note, last = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(json.dumps(note, separators=(",", ":"))) + 1 > slack  # the note never fitted
+    assert note["gpuguard"]["detail"]["lost"] == 2 and last["message"] == "t"
+    assert note["gpuguard"]["detail"]["lost_since"] <= note["gpuguard"]["detail"]["lost_until"]
+    # written + counted in the note = produced
+    assert writer.written + note["gpuguard"]["detail"]["lost"] == writer.produced == 3
+    assert _balanced(writer)
+
+
+def test_every_run_of_failures_is_marked_in_band_whatever_the_rate_limit_on_notes():
+    """Two outages of a UDP collector within a minute: stderr hears of the first only (at most
+    one fault note a minute), but the collector gets a note naming each gap before anything
+    else, and the counts add up: received records + the notes' counts = produced."""
+    port = _dead_port()
+    writer = open_log(f"syslog:udp:127.0.0.1:{port}", "ecs", queue_size=0, host=HOST)
+    received: list[str] = []
+    for outage, (lost, kept) in enumerate(((4, 3), (6, 2))):
+        for record in _records(lost, start=100 * outage):
+            writer.write(record)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as collector:
+            collector.bind(("127.0.0.1", port))
+            collector.settimeout(5)
+            for record in _records(kept, start=100 * outage + 50):
+                writer.write(record)
+            received += [collector.recv(65536).decode() for _ in range(kept + 1)]
+    docs = [json.loads(line[line.index("{") :]) for line in received]
+    assert [d["message"] if not _notes([d]) else "note" for d in docs] == [
+        "note", "record-00050", "record-00051", "record-00052",
+        "note", "record-00150", "record-00151",
+    ]  # fmt: skip
+    assert [d["gpuguard"]["detail"]["lost"] for d in _notes(docs)] == [4, 6]
+    assert writer.written + 4 + 6 == writer.produced == 15 and _balanced(writer)
+    faults = writer.take_faults()
+    assert [bool(f.detail.get("recovered")) for f in faults] == [False, True]  # the first run's
+    writer.close()
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_a_full_spool_is_marked_in_band_after_what_it_kept(tmp_path):
+    """TCP syslog: the collector away, the spool full, the rest lost.  When it is back it gets
+    what the spool kept, in order, then the note naming what overflowed, then the new records."""
+    (tmp_path / "rsyslog").mkdir()
+    daemon = Rsyslogd(tmp_path / "rsyslog", *free_ports())
+    daemon.start()
+    writer = open_log(
+        f"syslog:tcp:127.0.0.1:{daemon.tcp}",
+        "ecs",
+        host=HOST,
+        spool_dir=str(tmp_path / "spool"),
+        spool_max_bytes=8192,
+    )
+    try:
+        writer.write(_records(1)[0])
+        assert writer.flush(5)
+        daemon.lines(1)
+        daemon.stop()
+        for record in _records(60, start=1):
+            writer.write(record)
+        assert writer.flush(5)
+        kept, lost = writer.spooled, writer.errors
+        assert kept > 0 and lost > 0 and kept + lost == 60
+        daemon.start()  # the idle writer sends the spool, then the note, without a new record
+        deadline = time.monotonic() + 15
+        while (writer.spooled or writer.gap_notes < 1) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for record in _records(3, start=61):
+            writer.write(record)
+        assert writer.flush(5)
+        lines = daemon.lines(1 + kept + 1 + 3)
+    finally:
+        writer.close()
+        daemon.stop()
+    docs = [json.loads(line[line.index("{") :]) for line in lines]
+    notes = _notes(docs)
+    assert len(notes) == 1 and notes[0]["gpuguard"]["detail"]["lost"] == lost
+    numbers = [int(d["message"].split("-")[1]) if d not in notes else "note" for d in docs]
+    assert numbers == [*range(0, 1 + kept), "note", 61, 62, 63]
+    assert writer.written + lost == writer.produced == 64 and _balanced(writer)

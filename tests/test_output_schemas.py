@@ -38,6 +38,7 @@ def lifecycle_findings() -> list[Finding]:
         finding = hostile_finding()
         finding.activity, finding.sequence = activity, sequence
         finding.finding_id = "gpuguard-" + "a" * 31
+        finding.run_id = "3f2a9c1b7e44"  # the agent run's
         finding.process.ppid = 40
         finding.process.parent_name = HOSTILE
         finding.process.ancestors = [
@@ -274,9 +275,12 @@ def test_a_finding_keeps_its_id_and_each_record_has_its_own():
     ecs = [json.loads(render_record(f, "ecs", HOST)) for f in (create, update, close)]
     ocsf = [json.loads(render_record(f, "ocsf", HOST)) for f in (create, update, close)]
     cef = [strict_cef(render_record(f, "cef", HOST))[1] for f in (create, update, close)]
-    fid = create.finding_id
+    fid, run = create.finding_id, create.run_id
     assert [d["gpuguard"]["finding"]["id"] for d in ecs] == [fid] * 3
-    assert [d["event"]["id"] for d in ecs] == [f"{fid}-0", f"{fid}-1", f"{fid}-2"]
+    assert [d["event"]["id"] for d in ecs] == [f"{fid}-{run}-0", f"{fid}-{run}-1", f"{fid}-{run}-2"]
+    assert [d["metadata"]["uid"] for d in ocsf] == [d["event"]["id"] for d in ecs]
+    assert [json.loads(e["cs6"])["record_id"] for e in cef] == [d["event"]["id"] for d in ecs]
+    assert [d["gpuguard"]["finding"]["run_id"] for d in ecs] == [run] * 3
     assert [d["finding_info"]["uid"] for d in ocsf] == [fid] * 3
     assert [e["externalId"] for e in cef] == [fid] * 3
     assert [d["event"]["type"] for d in ecs] == [["info"], ["change"], ["end"]]
@@ -341,3 +345,25 @@ def test_the_finding_id_survives_the_smallest_budget():
         assert ecs["event"]["id"] == finding.record_id
         assert ocsf["finding_info"]["uid"] == finding.finding_id
         assert ocsf["activity_id"] == {"create": 1, "update": 2, "close": 3}[finding.activity]
+
+
+def test_a_continued_finding_says_so_in_every_format_and_validates():
+    """The record that picks up a finding an earlier agent run left open (docs/siem.md,
+    "Restarts"): the same finding id, its own record id, ``continued`` in each format."""
+    create = lifecycle_findings()[0]
+    create.sequence, create.continued = 4, True
+    ecs = json.loads(render_record(create, "ecs", HOST))
+    ocsf = json.loads(render_record(create, "ocsf", HOST))
+    _, cef = strict_cef(render_record(create, "cef", HOST))
+    assert ecs_errors(ecs) == [] and ocsf_errors(ocsf) == []
+    record_id = f"{create.finding_id}-{create.run_id}-4"
+    assert ecs["event"]["id"] == ocsf["metadata"]["uid"] == record_id
+    assert ecs["gpuguard"]["finding"]["continued"] is True
+    assert ocsf["unmapped"]["gpuguard"]["finding"]["continued"] is True
+    assert json.loads(cef["cs6"])["continued"] is True and cef["externalId"] == create.finding_id
+    plain = lifecycle_findings()[0]  # a new finding carries no mark
+    assert "continued" not in json.loads(render_record(plain, "ecs", HOST))["gpuguard"]["finding"]
+    create.process.command_line = ["x" * 100_000]  # the smallest budget keeps id and mark
+    create.process.ancestors = [{"pid": 9, "name": "n" * 5000, "executable": "/" + "e" * 5000}]
+    small = json.loads(render_record(create, "ecs", HOST, OutputLimits(record=1024)))
+    assert small["event"]["id"] == record_id and small["gpuguard"]["finding"]["continued"] is True

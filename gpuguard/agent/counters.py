@@ -7,6 +7,7 @@ atomic enough for counters).  Readers take :meth:`AgentCounters.snapshot`.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -21,11 +22,18 @@ def _counts() -> defaultdict:
     return defaultdict(int)
 
 
+def new_run_id() -> str:
+    """This agent run's id (48 random bits): in every record id, so no two runs on a host
+    write the same one."""
+    return secrets.token_hex(6)
+
+
 @dataclass
 class AgentCounters:
     """Everything the agent counts.  Field meanings are in docs/agent.md ("Counters")."""
 
     started: float = field(default_factory=time.time)
+    run_id: str = field(default_factory=new_run_id)
     mode: str = "monitor"
     sensor_mode: str = ""  # "ebpf" or "proc" (reduced)
     blind_spots: list[str] = field(default_factory=list)

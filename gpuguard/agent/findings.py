@@ -2,6 +2,8 @@
 
 The policy (create, coalesced updates, escalation, close with totals) is what the detect
 loop asks of :class:`ProcessFindings`; guard-policy records get their own id (:meth:`ProcessFindings.stamp_guard`).
+Findings an earlier run left open (:mod:`gpuguard.agent.finding_ledger`) are continued: same
+id, numbered on, the record that picks one up marked ``continued``.
 
 Details: docs/internals.md, "findings".
 """
@@ -84,6 +86,14 @@ class Evidence:
         return changes
 
 
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """A finding an earlier agent run left open: its process and the last record's number."""
+
+    key: ProcessKey
+    sequence: int
+
+
 @dataclass(slots=True)
 class OpenFinding:
     """One process finding not yet closed."""
@@ -106,6 +116,7 @@ class OpenFinding:
     glance: tuple = ()  # what poll last compared (see ProcessFindings.poll)
     verdicts: int = 0  # verdicts seen (a new one may hold new rule ids)
     alive_checked: float = float("-inf")  # when a process the correlator forgot was last looked up
+    continued: bool = False  # an earlier run left it open: this run picked it up
 
 
 @dataclass(slots=True)
@@ -122,6 +133,7 @@ class Write:
     totals: dict[str, Any] | None = None
     exit_code: int | None = None
     at: float = 0.0  # wall time of the write: an update's or close's record time
+    continued: bool = False  # the record that picks up a finding an earlier run left open
 
 
 class ProcessFindings:
@@ -135,17 +147,25 @@ class ProcessFindings:
         clock: Callable[[], float] = time.monotonic,
         pod_names: PodNames | None = None,
         wall: Callable[[], float] = time.time,
+        run_id: str | None = None,
     ) -> None:
         self.update_interval_s = update_interval_s
+        self.run_id = run_id  # the agent run's id: in every record id (unique across restarts)
         self.hostname = hostname or socket.gethostname()
         self.proc_root = proc_root
         self.clock = clock  # the rate limit's (monotonic)
         self.wall = wall  # a record's time, read at the same moment as the rate limit's
         self.pod_names = pod_names or PodNames()  # the kubelet's names of pods and containers
         self._open: dict[ProcessKey, OpenFinding] = {}
+        # closed while the correlator still holds the process: a later verdict (a reload, a
+        # parent's change) never opens its finding again (forget_closed prunes it)
+        self._closed: set[ProcessKey] = set()
         self._next_poll = 0.0
         self._hashes: OrderedDict[tuple, str | None] = OrderedDict()
         self._guard_records: OrderedDict[ProcessKey, int] = OrderedDict()  # records written
+        self.carried: dict[str, Carried] = {}  # findings an earlier run left open, not picked up
+        self._carried_keys: set[ProcessKey] = set()  # their processes (a cheap test per verdict)
+        self.changed = False  # the open set or a record number moved since the ledger was saved
 
     def __len__(self) -> int:
         return len(self._open)
@@ -158,8 +178,12 @@ class ProcessFindings:
         rank = VERDICT_RANK.get(verdict.verdict, 0)
         found = self._open.get(verdict.key)
         if found is None:
+            if verdict.key in self._closed:
+                return None  # ended and closed: the dead are not judged again
             abuse = any(GPU_ABUSE_TAG in e.tags for e in verdict.evidence)
-            if rank == 0 and not abuse:
+            # a finding an earlier run left open continues whatever the verdict now (a restarted
+            # agent may not see again what convicted it, e.g. a pool login): it gets its close
+            if rank == 0 and not abuse and verdict.key not in self._carried_keys:
                 return None
             found = OpenFinding(
                 finding_id(self.hostname, verdict.key.pid, verdict.key.start_time),
@@ -170,6 +194,10 @@ class ProcessFindings:
                 rank,
                 opened=now,
             )
+            carried = self.carried.pop(found.finding_id, None)
+            if carried is not None and carried.key == verdict.key:
+                found.sequence, found.continued = carried.sequence, True  # numbered on
+                self._carried_keys.discard(carried.key)
             self._open[verdict.key] = found
             self._observe(found, state, now)
             return self._write(found, verdict, "create", state, act=rank > 0, counts=True)
@@ -201,6 +229,8 @@ class ProcessFindings:
                     continue
             if state is None or state.exited:
                 del self._open[key]
+                if state is not None:
+                    self._closed.add(key)
                 out.append(self._close(found, state, now))
                 continue
             self._observe(found, state, now)
@@ -225,6 +255,31 @@ class ProcessFindings:
                 )
         return out
 
+    def forget_closed(self, state_of: Callable[[ProcessKey], ProcessState | None]) -> None:
+        """Forget the closed findings of processes the correlator no longer holds, and the
+        carried ones whose process ended before this run picked them up (housekeeping)."""
+        self._closed = {key for key in self._closed if state_of(key) is not None}
+        for fid, carried in list(self.carried.items()):
+            if not _running(carried.key):
+                del self.carried[fid]
+                self._carried_keys.discard(carried.key)
+                self.changed = True
+
+    def carry(self, carried: dict[str, Carried]) -> None:
+        """Findings an earlier run left open (its ledger): one picked up here is continued."""
+        self.carried = {f: c for f, c in carried.items() if _running(c.key)}
+        self._carried_keys = {c.key for c in self.carried.values()}
+        self.changed = True
+
+    def ledger(self) -> dict[str, Carried]:
+        """What a later run needs to continue the open findings: this run's, and the carried
+        ones not picked up yet (a second restart soon after the first loses none)."""
+        self.changed = False
+        out = dict(self.carried)
+        for found in self._open.values():
+            out[found.finding_id] = Carried(found.key, found.sequence)
+        return out
+
     def note_action(
         self, pid: int, start_time: float, action: str, status: str, when: float
     ) -> None:
@@ -243,6 +298,8 @@ class ProcessFindings:
         pass's start, which a slow enrichment makes earlier, would put two updates less than
         an interval apart."""
         finding.finding_id = write.finding.finding_id
+        finding.run_id = self.run_id
+        finding.continued = write.continued
         finding.sequence = write.sequence
         finding.activity = write.activity
         finding.changes = list(write.changes)
@@ -263,6 +320,7 @@ class ProcessFindings:
         if len(self._guard_records) > GUARD_KEYS:
             self._guard_records.popitem(last=False)
         finding.finding_id = finding_id(self.hostname, key.pid, key.start_time, "guard")
+        finding.run_id = self.run_id
         finding.sequence = sequence
         return finding
 
@@ -292,9 +350,21 @@ class ProcessFindings:
         found.said = Evidence.of(verdict, state)
         found.written_at, at = self.clock(), self.wall()
         found.sequence += 1
+        self.changed = True
         if state is not None and not state.exited:
             self._hash(found, state)
-        return Write(found, verdict, activity, found.sequence, act, counts, changes or [], at=at)
+        continued = found.continued and activity == "create"
+        return Write(
+            found,
+            verdict,
+            activity,
+            found.sequence,
+            act,
+            counts,
+            changes or [],
+            at=at,
+            continued=continued,
+        )
 
     def _close(self, found: OpenFinding, state: ProcessState | None, now: float) -> Write:
         if state is not None:

@@ -1,7 +1,8 @@
 """The agent's start-up steps, each a function of the agent, run in the order pipeline.py lists.
 
 signals, rules, log, metrics, sensor (or reduced mode), correlator and detection engine,
-seed sweep, producers, started (the start line, the first state file, ready).
+findings the last run left open, seed sweep, producers, started (the start line, the first
+state file, ready).
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def correlator(agent: Agent) -> None:
     agent.act.build(generations)
 
 
+def findings(agent: Agent) -> None:
+    """The findings the last run left open, before the first scoring: continued, not new."""
+    agent.report.resume()
+
+
 def seed(agent: Agent) -> None:
     """One /proc sweep before the loop: a miner that started before the agent is scored at once."""
     agent.feed(agent.produce.seed(agent.correlate.known))
@@ -78,6 +84,7 @@ def started(agent: Agent) -> None:
         mode=config.mode,
         sensor=counters.sensor_mode,
         pid=os.getpid(),
+        run_id=counters.run_id,
         rules=[str(p) for p in ruleset.sources],
         blind_spots=counters.blind_spots,
         config=config.source or None,
@@ -88,4 +95,4 @@ def started(agent: Agent) -> None:
     ctx.telemetry.watch(agent.ready, agent.produce.threads)  # /readyz, /healthz
 
 
-STEPS = (signals, rules, log, metrics, sensor, correlator, seed, producers, started)
+STEPS = (signals, rules, log, metrics, sensor, correlator, findings, seed, producers, started)

@@ -33,6 +33,7 @@ def status_document(
         "running": running,
         "pid": os.getpid(),
         "started": c.started,
+        "run_id": c.run_id,
         "updated": now,
         "interval_s": config.status_interval_s,
         "mode": config.mode,

@@ -11,8 +11,24 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from gpuguard.agent.counters import AgentCounters
+
 if TYPE_CHECKING:
     from gpuguard.agent.pipeline import Agent
+
+LOG_FLUSH_S = 1.0  # what is queued for the log gets this long before the summary counts it
+
+
+def summary_line(c: AgentCounters) -> str:
+    """The stop summary: what the agent saw and did, and what it lost (the log's records lost
+    include those the destination failed to take, not only those the full queue turned away)."""
+    return (
+        f"agent stopped after {time.time() - c.started:.0f} s: {c.events_total()} events, "
+        f"{sum(c.findings.values())} findings, {sum(c.actions.values())} actions, "
+        f"drops: ring {sum(c.ring_lost.values())}, intake {sum(c.intake_dropped.values())}, "
+        f"log {c.output_dropped + c.output_errors} (queue full {c.output_dropped}, "
+        f"not written {c.output_errors})"
+    )
 
 
 def teardown(agent: Agent) -> None:
@@ -32,19 +48,17 @@ def teardown(agent: Agent) -> None:
     except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
         ctx.stderr(f"gpuguard: closing the responder failed: {type(exc).__name__}: {exc}")
     c = ctx.counters
-    summary = (
-        f"agent stopped after {time.time() - c.started:.0f} s: {c.events_total()} events, "
-        f"{sum(c.findings.values())} findings, {sum(c.actions.values())} actions, "
-        f"drops: ring {sum(c.ring_lost.values())}, intake {sum(c.intake_dropped.values())}, "
-        f"log {c.output_dropped}"
-    )
+    ctx.telemetry.flush_log(LOG_FLUSH_S)  # the counts below include the records just written
     ctx.lifecycle(
         "stop",
-        summary,
+        summary_line(c),
         events=c.events_total(),
         findings=sum(c.findings.values()),
         ring_lost=dict(c.ring_lost),
         intake_dropped=dict(c.intake_dropped),
+        log_lost=c.output_dropped + c.output_errors,
+        log_dropped=c.output_dropped,
+        log_errors=c.output_errors,
     )
     agent.enrich.save()
     produce.close_sensor(sensor_busy)
@@ -52,5 +66,5 @@ def teardown(agent: Agent) -> None:
     if agent.ready.is_set():
         agent.emit_stage.status.write(time.time(), running=False)
     ctx.telemetry.close_metrics()
-    if agent.ready.is_set():  # a failed start-up says only its one error line
-        ctx.stderr(f"gpuguard: {summary}")
+    if agent.ready.is_set():  # a failed start-up says only its one error line; the counts are
+        ctx.stderr(f"gpuguard: {summary_line(c)}")  # final here (the stop record's own included)

@@ -164,10 +164,10 @@ class AgentTelemetry:
         if self.writer is not None:
             self.writer.write(record)
 
-    def sync_log(self, into_log: bool = True) -> None:
-        """The writer's counts into the counters; its faults on stderr, counted.  Only the note
-        that a destination works again is written to the log (it names the gap's losses): a
-        failure note sent to the destination that failed would feed the failure."""
+    def sync_log(self) -> None:
+        """The writer's counts into the counters; its faults on stderr, counted.  None goes to the
+        log: a failure note sent to the destination that failed would feed the failure, and the
+        writer marks a gap in the log itself (the first record the destination takes again)."""
         writer = self.writer
         if writer is None:
             return
@@ -181,8 +181,12 @@ class AgentTelemetry:
                 c.log_faults += 1
                 c.last_output_error = line
             self.stderr(f"gpuguard: {line}")
-            if into_log and fault.detail.get("recovered"):
-                writer.write(fault)
+
+    def flush_log(self, timeout: float) -> None:
+        """Let the writer take what is queued (at most ``timeout`` s), then sync its counts."""
+        if self.writer is not None:
+            self.writer.flush(timeout)
+        self.sync_log()
 
     def observe_item(self, item: Any, comm_of: Callable[[int], str | None]) -> None:
         """A GPU snapshot just fed to the correlator (which names its pids) into the GPU gauges."""
@@ -240,7 +244,7 @@ class AgentTelemetry:
         """Write out what is queued (the stop line included) and close the destination."""
         if self.writer is not None:
             self.writer.close()
-            self.sync_log(into_log=False)
+            self.sync_log()
 
     def close_metrics(self) -> None:
         if self.server is not None:

@@ -195,7 +195,10 @@ class Correlator:
             state.dirty = True
 
     def set_policy(self, policy: RescorePolicy) -> None:
-        """Use a new rescore policy (new rules): every process is marked for rescoring."""
+        """Use a new rescore policy (new rules): every living process is marked for rescoring.
+
+        An ended process judged since its end is not: a reload re-judges the living, never the
+        dead (one that ended unjudged is still marked from its exit)."""
         self.policy = policy
         self._rescore_on, self._track_rates, self._counts_matter = (
             policy.additions,
@@ -205,7 +208,8 @@ class Correlator:
         self._gpu_checked = policy.gpu_checked
         self.gpu_moved.clear()
         for state in self._states.values():
-            state.dirty = True
+            if not state.exited:
+                state.dirty = True
 
     def expire(self, now: float) -> None:
         """Forget processes that exited more than ``exit_grace_s`` ago (``clean_exit_grace_s``

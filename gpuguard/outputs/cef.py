@@ -129,6 +129,10 @@ def _finding_detail(finding: Finding) -> str | None:
     if not finding.finding_id:
         return None
     detail: dict[str, Any] = {"sequence": finding.sequence, "activity": finding.activity}
+    if finding.run_id:
+        detail["record_id"] = finding.record_id
+    if finding.continued:
+        detail["continued"] = True
     if finding.changes:
         detail["changes"] = finding.changes
     if finding.totals:

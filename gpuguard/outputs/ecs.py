@@ -188,6 +188,8 @@ def finding_fields(finding: Finding) -> dict[str, Any] | None:
             "id": finding.finding_id,
             "sequence": finding.sequence,
             "activity": finding.activity,
+            "run_id": finding.run_id,
+            "continued": finding.continued or None,
             "changes": list(finding.changes),
             "totals": finding.totals,
         }
@@ -382,7 +384,7 @@ _ECS_SKELETON = (
     "event.dataset", "event.created", "rule.id", "rule.ruleset", "host.hostname", "host.name",
     "process.pid", "process.entity_id", "gpuguard.kind", "gpuguard.action", "gpuguard.status",
     "gpuguard.verdict", "gpuguard.score", "event.id", "event.sequence", "gpuguard.finding.id",
-    "gpuguard.finding.sequence", "gpuguard.finding.activity",
+    "gpuguard.finding.sequence", "gpuguard.finding.activity", "gpuguard.finding.continued",
 )  # fmt: skip
 
 FORMAT = OutputFormat(

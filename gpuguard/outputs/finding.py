@@ -211,16 +211,24 @@ class Finding:
     # The agent's process findings (gpuguard/agent/findings.py): one id for the life of the
     # finding, the record's number in it (0 = create), what grew since the previous record,
     # and on close the lifetime totals (age_s, gpu_s, gpu_memory_peak, bytes_out, bytes_in,
-    # actions, started, ended).
+    # actions, started, ended).  ``run_id``: the agent run that wrote the record; ``continued``:
+    # this record picks up a finding an earlier run left open (docs/siem.md, "Restarts").
     finding_id: str | None = None
     sequence: int = 0
     changes: list[str] = field(default_factory=list)
     totals: dict[str, Any] | None = None
+    run_id: str | None = None
+    continued: bool = False
 
     @property
     def record_id(self) -> str | None:
-        """Unique per record (ECS ``event.id``): the finding id and the record's number."""
-        return f"{self.finding_id}-{self.sequence}" if self.finding_id else None
+        """Unique per record (ECS ``event.id``): the finding id, the agent run's id (unique
+        across restarts) and the record's number."""
+        if not self.finding_id:
+            return None
+        if self.run_id:
+            return f"{self.finding_id}-{self.run_id}-{self.sequence}"
+        return f"{self.finding_id}-{self.sequence}"
 
     @property
     def severity(self) -> str:

@@ -21,6 +21,8 @@ def finding_document(finding: Finding) -> dict[str, Any]:
         "kind": finding.kind,
         "finding_id": finding.finding_id,
         "record_id": finding.record_id,
+        "run_id": finding.run_id,
+        "continued": finding.continued,
         "sequence": finding.sequence,
         "activity": finding.activity,
         "created": finding.created,

@@ -5,6 +5,8 @@ Data flow: ``LogWriter.write(record)`` renders the record
 and puts the line on a bounded queue; one writer thread takes lines off and
 hands them to the sink (:mod:`gpuguard.outputs.log_sinks`).  So a slow
 destination (a stalled syslog server, an NFS file) never stalls scoring.
+Records the destination lost leave a gap that is marked in-band: the first
+record it takes again is a ``recovered`` note naming how many were lost and when.
 
 Details: docs/internals.md, "log_writer".
 """
@@ -20,6 +22,7 @@ from typing import Any
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits
+from gpuguard.outputs.ecs import iso_time
 from gpuguard.outputs.finding import Finding
 from gpuguard.outputs.log_sinks import (
     DEFAULT_KEEP,
@@ -37,6 +40,7 @@ from gpuguard.outputs.records import FORMATS, Record, RecordRenderer
 DEFAULT_QUEUE_SIZE = 4096
 MAX_PENDING_FAULTS = 64
 FAULT_INTERVAL_S = 60.0  # a flapping destination: at most one fault note per this long
+GAP_RETRY_S = 1.0  # an idle writer with an unmarked gap tries its note this often
 _STOP = object()
 
 
@@ -74,7 +78,11 @@ class LogWriter:
         self._failing = False
         self._fault_reported_at: float | None = None  # when a run of failures was last reported
         self._run_reported = False  # the current run of failures was reported (so its end is too)
-        self._lost_in_gap = 0
+        self._lost_in_run = 0  # records lost in the current run of failures (its stderr note)
+        self._lost_in_gap = 0  # records lost since the last note the destination took
+        self._gap_since = 0.0  # when the first of those was lost (epoch seconds)
+        self._gap_until = 0.0  # when the latest was
+        self.gap_notes = 0  # recovered notes the destination took (not records given to write)
         self._late_seen = 0
         self._faults: list[AgentLifecycle] = []
         self._lock = threading.Lock()
@@ -141,10 +149,13 @@ class LogWriter:
         assert self._queue is not None
         poll = getattr(self.sink, "poll", None)
         while True:
+            idle_work = poll is not None or self._lost_in_gap
             try:
-                item = self._queue.get(timeout=1.0 if poll else None)
+                item = self._queue.get(timeout=GAP_RETRY_S if idle_work else None)
             except queue.Empty:
                 self._poll_spool()  # idle: a spool waiting for its collector is retried
+                if self._lost_in_gap:  # the gap marked as soon as it fits, not at the next record
+                    self._mark_gap()  # ("works again" waits for a record after it: _recovered)
                 continue
             try:
                 if item is _STOP:
@@ -159,6 +170,8 @@ class LogWriter:
             self._recovered()
 
     def _send(self, line: str, severity: int) -> None:
+        if self._lost_in_gap and not self._mark_gap(line):
+            return  # the gap's note did not fit: this record is lost too, the count carries on
         try:
             self.sink.send(line, severity)
         except Spooled as exc:
@@ -169,19 +182,78 @@ class LogWriter:
             with self._lock:
                 self._sent += 1
             self._recovered()
+        self._late_losses()
+
+    def _late_losses(self) -> None:
         late = getattr(self.sink, "late_losses", 0)
         if late != self._late_seen:  # datagrams counted as sent that a refusal showed were lost
             with self._lock:
                 delta, self._late_seen = late - self._late_seen, late
                 self._sent -= delta
                 self.errors += delta
-                self._lost_in_gap += delta
+                self._lost(delta)
+
+    def _lost(self, count: int) -> None:
+        """``count`` records the destination did not take: a gap the next note names (locked)."""
+        now = time.time()
+        if not self._lost_in_gap:
+            self._gap_since = now
+        self._gap_until = now
+        self._lost_in_gap += count
+        self._lost_in_run += count
+
+    def _mark_gap(self, line: str | None = None) -> bool:
+        """Write the note naming the gap before anything else; True once the destination took it
+        (sent, or kept in order in a spool).  When it did not, ``line`` is lost too and the gap's
+        count carries over to the next try: the note is written only where a record of its size
+        really fits (a small record in a full disk's last page proves nothing)."""
+        with self._lock:
+            lost, since, until = self._lost_in_gap, self._gap_since, self._gap_until
+        note = AgentLifecycle(
+            time=time.time(),
+            action="fault",
+            message=escape_text(
+                f"log destination {self.destination} works again; {lost} records were lost "
+                f"from {iso_time(since)} to {iso_time(until)}"
+            ),
+            detail={
+                "destination": self.destination,
+                "format": self.fmt,
+                "recovered": True,
+                "lost": lost,
+                "lost_since": iso_time(since),
+                "lost_until": iso_time(until),
+            },
+        )
+        try:
+            rendered = self.renderer.line(note)
+        # A renderer bug must not stop the log for good (no note, no record): reported; the
+        # records stay counted in errors.
+        except Exception as exc:  # noqa: BLE001
+            with self._lock:
+                self._lost_in_gap -= lost
+            self._fault(f"could not render a gap note: {exc}", {"error": repr(exc)})
+            return True
+        try:
+            self.sink.send(rendered, syslog_severity(note))
+        except Spooled:
+            pass  # in the spool, in order: the collector gets it before what follows
+        except (OSError, ValueError) as exc:
+            if line is not None:
+                self._failed(exc, lost=True)
+            self._late_losses()
+            return False
+        with self._lock:
+            self._lost_in_gap -= lost  # a late loss counted meanwhile stays for the next note
+            self.gap_notes += 1
+        self._late_losses()
+        return True
 
     def _failed(self, exc: Exception, *, lost: bool) -> None:
         with self._lock:
             if lost:
                 self.errors += 1
-                self._lost_in_gap += 1
+                self._lost(1)
             first = not self._failing
             self._failing = True
             now = time.monotonic()
@@ -206,16 +278,18 @@ class LogWriter:
             )
 
     def _recovered(self) -> None:
+        """A run of failures is over: its stderr note, when its start had one (the gap itself
+        is marked in the log by :meth:`_mark_gap`, whatever the rate limit on notes)."""
         sink = self.sink
         if isinstance(sink, SpoolingSink) and sink.spooled:
             return  # still sending from the spool: not back yet
         with self._lock:
-            if not self._failing:
+            if not self._failing or self._lost_in_gap:
                 return
             self._failing = False
-            lost, self._lost_in_gap = self._lost_in_gap, 0
+            lost, self._lost_in_run = self._lost_in_run, 0
             noted, self._run_reported = self._run_reported, False
-        if noted:  # a failure that was reported gets its recovery note, with the gap's losses
+        if noted:  # a failure that was reported gets its recovery note, with the run's losses
             self._fault(
                 f"log destination {self.destination} works again; {lost} records were lost "
                 f"while it failed ({self.errors} in all)",
@@ -277,6 +351,8 @@ class LogWriter:
             "errors": self.errors,
             "render_errors": self.render_errors,
             "queue_depth": self.queue_depth,
+            "gap_notes": self.gap_notes,
+            "unmarked": self._lost_in_gap,
         }
 
 

@@ -286,7 +286,11 @@ def finding_to_ocsf(
         "evidences": evidences,
         "resources": resources,
         "device": {"hostname": hostname, "type_id": 0},
-        "metadata": metadata(container is not None),
+        # metadata.uid: the record's own id (ECS event.id), unique across agent restarts
+        "metadata": {
+            **metadata(container is not None),
+            **({"uid": finding.record_id} if finding.record_id else {}),
+        },
         "unmapped": {
             "gpuguard": {
                 "score": round(float(finding.score), 1),
@@ -319,6 +323,8 @@ def _lifecycle_fields(finding: Finding) -> dict[str, Any]:
                 ("id", finding.finding_id),
                 ("sequence", finding.sequence),
                 ("activity", finding.activity),
+                ("run_id", finding.run_id),
+                ("continued", finding.continued or None),
                 ("changes", list(finding.changes)),
                 ("totals", finding.totals),
             )
@@ -436,12 +442,35 @@ def lifecycle_to_ocsf(record: AgentLifecycle, hostname: str) -> dict[str, Any]:
 
 
 _OCSF_SKELETON = (
-    "class_uid", "class_name", "category_uid", "category_name", "activity_id", "activity_name",
-    "type_uid", "type_name", "command_uid", "time", "severity_id", "severity", "status_id",
-    "status", "message", "risk_score", "finding_info.uid", "finding_info.title",
-    "finding_info.analytic", "finding_info.created_time", "process.pid", "process.uid", "app",
-    "connection_info", "device", "metadata",
-)  # fmt: skip
+    "class_uid",
+    "class_name",
+    "category_uid",
+    "category_name",
+    "activity_id",
+    "activity_name",
+    "type_uid",
+    "type_name",
+    "command_uid",
+    "time",
+    "severity_id",
+    "severity",
+    "status_id",
+    "status",
+    "message",
+    "risk_score",
+    "finding_info.uid",
+    "finding_info.title",
+    "finding_info.analytic",
+    "finding_info.created_time",
+    "process.pid",
+    "process.uid",
+    "app",
+    "connection_info",
+    "device",
+    "metadata.version",
+    "metadata.profiles",
+    "metadata.product",
+)  # fmt: skip  (metadata.uid, the record id, does not fit the smallest budget: finding_info.uid does)
 
 FORMAT = OutputFormat(
     name="ocsf",

@@ -18,6 +18,7 @@ from typing import Any
 
 from gpuguard.agent.actions import ALERT_VERDICTS
 from gpuguard.agent.context import AgentContext
+from gpuguard.agent.finding_ledger import ledger_path, load_ledger, save_ledger
 from gpuguard.agent.findings import ProcessFindings, Write
 from gpuguard.agent.host_findings import GpuHostFindings
 from gpuguard.correlate.state import ProcessKey
@@ -38,13 +39,21 @@ class ReportStage:
         self.correlator: Any = None
         self.act: Act | None = None
         # process findings: create, coalesced updates, close (gpuguard/agent/findings.py)
-        self.findings = ProcessFindings(config.finding_update_interval_s, proc_root=ctx.proc_root)
+        self.findings = ProcessFindings(
+            config.finding_update_interval_s, proc_root=ctx.proc_root, run_id=ctx.counters.run_id
+        )
         # orphaned GPU memory, past GPU users, host tuning (read under the root that holds proc_root)
         self.host_findings = GpuHostFindings(
             config.host_check_interval_s, str(Path(ctx.proc_root).parent)
         )
         self.guard_reported: dict[ProcessKey, tuple] = {}  # guard verdict and policies last written
-        self.counts = {"written": 0, "counted": 0, "guard_checks": 0, "host_checks": 0}
+        self.counts = {
+            "written": 0,
+            "counted": 0,
+            "guard_checks": 0,
+            "host_checks": 0,
+            "ledger_saves": 0,
+        }
 
     def run(self, verdicts: list, now: float) -> None:
         """The verdicts of one scoring pass, then the coalesced updates and closes now due."""
@@ -61,6 +70,30 @@ class ReportStage:
         self.findings.update_interval_s = self.ctx.config.finding_update_interval_s  # SIGHUP-able
         for write in self.findings.poll(self.correlator.get, now, final):
             self.report(write.verdict, now, act=False, write=write)
+        if self.findings.changed:
+            self.save_ledger()
+
+    def resume(self) -> None:
+        """The findings the last run left open (the ledger beside the state file): a process
+        still running under one of them is continued, not reported as new."""
+        carried, problem = load_ledger(ledger_path(self.ctx.config.status_path))
+        if problem:
+            self.ctx.stderr(f"gpuguard: {problem}; its findings are reported as new")
+        self.findings.carry(carried)
+
+    def save_ledger(self) -> None:
+        """Rewrite the ledger; a failure is counted with the state file's (the next change
+        tries again)."""
+        counters = self.ctx.counters
+        try:
+            save_ledger(
+                ledger_path(self.ctx.config.status_path), counters.run_id, self.findings.ledger()
+            )
+        except OSError as exc:
+            counters.status_errors += 1
+            counters.last_status_error = exc.strerror or str(exc)
+            return
+        self.counts["ledger_saves"] += 1
 
     def report(
         self, verdict: Any, now: float, act: bool = True, write: Write | None = None
@@ -128,7 +161,9 @@ class ReportStage:
             ctx.status_soon = True
 
     def prune(self) -> None:
-        """Forget the guard bookkeeping of processes the correlator no longer tracks."""
+        """Forget the guard bookkeeping and closed findings of processes the correlator no longer
+        tracks."""
         get = self.correlator.get
         for key in [k for k in self.guard_reported if get(k) is None]:
             del self.guard_reported[key]
+        self.findings.forget_closed(get)

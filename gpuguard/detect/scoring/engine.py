@@ -6,7 +6,7 @@ Wiring (``scan``, golden cases and the agent)::
     engine = DetectionEngine(correlator, ruleset, yara_scanner=scanner)
     correlator.feed(item) ...           # any number of items
     verdicts = engine.score(now)        # the processes that changed (evaluate + apply_scoring)
-    engine.set_ruleset(new_ruleset)     # hot reload: everything is rescored next time
+    engine.set_ruleset(new_ruleset)     # hot reload: every living process is rescored next time
 
 :meth:`DetectionEngine.evaluate` writes nothing into the correlator's states: it returns a
 :class:`~gpuguard.correlate.correlator.Scoring` that the correlator applies.  Details:
@@ -67,7 +67,8 @@ class DetectionEngine:
         self.set_ruleset(ruleset)
 
     def set_ruleset(self, ruleset: RuleSet | None) -> None:
-        """Use a new rule set (hot reload): every process is rescored on the next :meth:`score`."""
+        """Use a new rule set (hot reload): every living process is rescored on the next
+        :meth:`score`; an ended one judged since its end is never judged again."""
         self.ruleset = ruleset
         self._age_checked_at = None
         self.correlator.set_policy(rescore_policy(ruleset))
@@ -80,12 +81,13 @@ class DetectionEngine:
         return scoring.verdicts
 
     def evaluate(self, now: float, *, everything: bool = False) -> Scoring:
-        """Rescore processes whose state changed (all with ``everything``); the new verdicts and
-        what the correlator is to keep of them (:class:`Scoring`).  Nothing is written to the
-        correlator's states: the caller hands the result to ``Correlator.apply_scoring``.
+        """Rescore processes whose state changed (every living one with ``everything``); the new
+        verdicts and what the correlator is to keep of them (:class:`Scoring`).  Nothing is
+        written to the correlator's states: the caller hands the result to
+        ``Correlator.apply_scoring``.
 
         When a rule reads a signal that moves with the clock alone (an ioctl rate,
-        ``hour_of_day``), every process is also rescored once per period of that signal
+        ``hour_of_day``), every living process is also rescored once per period of that signal
         (10 s, an hour), so such a verdict does not wait for the process's next event;
         ``age_s`` rescores the processes whose age crossed a number a rule compares it
         with, and GPU samples those whose rules' GPU tests answer differently (see the
@@ -104,8 +106,8 @@ class DetectionEngine:
                 everything = True
             self._time_bucket = bucket
         dirty = set(correlator.dirty)  # the correlator's marks (no walk of every state), then ours
-        if everything:
-            dirty.update(states)
+        if everything:  # the living: an ended process judged since its end is not judged again
+            dirty.update(s for s in states if not s.exited)
         elif ruleset.age_crossings:
             self._mark_age_crossings(ruleset.age_crossings, now, dirty)
         gpu_tests = ruleset.gpu_sample_tests
@@ -159,7 +161,11 @@ class DetectionEngine:
                 # a child scored after its parent changed read the new verdict already (scan:
                 # every process is new, so this would otherwise score every child twice)
                 place = changed.get(state.parent_key)
-                if place is not None and scored.get(state.key, -1) < place:
+                if (
+                    place is not None
+                    and scored.get(state.key, -1) < place
+                    and (not state.exited or state in scoring.marked)  # the dead stay judged
+                ):
                     dirty.add(state)
                     scoring.marked.add(state)
         scoring.still_dirty = dirty
@@ -187,7 +193,7 @@ class DetectionEngine:
         self._age_checked_at = now
         backwards = now < last  # a clock set back (or a caller scoring an earlier time)
         for state in self.correlator.unordered_states():
-            if state in dirty:
+            if state in dirty or state.exited:  # an ended process's age no longer matters
                 continue
             start = state.key.start_time
             before, after = last - start, now - start

@@ -361,14 +361,15 @@ def test_metrics_bind_the_pod_ip_and_the_probes_read_health():
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     args = container["args"]
     address = args[args.index("--metrics-address") + 1]
-    assert address == "[$(POD_IP)]:9479"
-    from gpuguard.outputs.metrics import DEFAULT_METRICS_PORT, parse_address
+    from gpuguard.outputs.metrics_http import DEFAULT_METRICS_PORT, parse_address
 
+    port = DEFAULT_METRICS_PORT
+    assert address == f"[$(POD_IP)]:{port}"
     # what the kubelet substitutes parses for IPv4 and IPv6 pod IPs alike
-    assert parse_address(address.replace("$(POD_IP)", "10.0.3.7")) == ("10.0.3.7", 9479)
-    assert parse_address(address.replace("$(POD_IP)", "fd00::7")) == ("fd00::7", 9479)
-    (port,) = container["ports"]
-    assert port == {"name": "metrics", "containerPort": DEFAULT_METRICS_PORT, "protocol": "TCP"}
+    assert parse_address(address.replace("$(POD_IP)", "10.0.3.7")) == ("10.0.3.7", port)
+    assert parse_address(address.replace("$(POD_IP)", "fd00::7")) == ("fd00::7", port)
+    (declared,) = container["ports"]
+    assert declared == {"name": "metrics", "containerPort": port, "protocol": "TCP"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
 
@@ -734,9 +735,125 @@ def test_promtool_check_metrics_passes_on_the_agents_exposition(tmp_path):
     run = subprocess.run(
         [_promtool(), "check", "metrics"], input=body, capture_output=True, timeout=60
     )
-    assert run.returncode == 0, run.stdout + run.stderr
+    # Its one complaint is by design: the GPU series carry dcgm-exporter's label names
+    # (modelName, Hostname) so DCGM_FI_DEV_* joins them without label_replace.  Every other
+    # lint rule holds, and a family without those labels draws no complaint.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuguard.outputs.gpu_metrics import GPU_LABELS
+
+    dcgm_named = {
+        fam.name
+        for fam in text_string_to_metric_families(body.decode())
+        if any(set(GPU_LABELS) <= set(sample.labels) for sample in fam.samples)
+    }
+    assert dcgm_named and "gpuguard_findings" not in dcgm_named
+    lines = (run.stdout + run.stderr).decode().splitlines()
+    camel = " label names should be written in 'snake_case' not 'camelCase'"
+    assert lines and all(line.endswith(camel) for line in lines), lines
+    complained = {line.removesuffix(camel) for line in lines}
+    assert complained == dcgm_named, complained
     # promtool does complain about what it should: a counter without _total
     bad = b"# HELP x_bad a\n# TYPE x_bad counter\nx_bad 1\n"
     assert subprocess.run(
         [_promtool(), "check", "metrics"], input=bad, capture_output=True
     ).returncode
+
+
+def _documented_dcgm_joins() -> list[str]:
+    text = (REPO / "docs/deploy.md").read_text()
+    section = text[text.index("### Joining DCGM") : text.index("## Fleet view")]
+    return re.findall(r"```promql\n(.*?)```", section, re.S)
+
+
+def _promtool_series(name: str, labels: dict[str, str], value: float) -> dict[str, str]:
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return {"series": f"{name}{{{inner}}}", "values": f"{value:.6f}x5"}
+
+
+def test_the_documented_dcgm_joins_work_on_series_as_both_exporters_write_them(tmp_path):
+    """The PromQL in docs/deploy.md, "Joining DCGM", run by promtool over gpuguard's own
+    exposition (the fake H100s of tests/test_agent_metrics.py) and dcgm-exporter series labelled
+    as its metric template writes them (gpu index, UUID, pci_bus_id, device, modelName, Hostname)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuguard.outputs.metrics import AgentMetrics
+    from tests.test_agent_metrics import Pipeline
+
+    metrics = AgentMetrics(hostname="gpu-1")
+    pipeline = Pipeline(metrics, tmp_path)
+    try:
+        pipeline.run_once()
+    finally:
+        pipeline.close()
+    target = {"instance": "gpu-1", "job": "gpuguard-metrics"}
+    ours = [
+        (s.name, {**s.labels, **target}, s.value)
+        for fam in text_string_to_metric_families(metrics.exposition().decode())
+        for s in fam.samples
+        if s.name in ("gpuguard_pod_gpu_sm_percent", "gpuguard_pod_gpu_memory_bytes")
+    ]
+    gpus = {labels["UUID"] for _, labels, _ in ours} | {
+        s.labels["UUID"]
+        for fam in text_string_to_metric_families(metrics.exposition().decode())
+        for s in fam.samples
+        if s.name == "gpuguard_gpu_utilization_percent"
+    }
+    busy, idle = sorted(gpus)  # the H100 with two pods on it, and one gpuguard sees no pod on
+    dcgm = {"job": "dcgm-exporter", "instance": "10.0.0.1:9400", "Hostname": "gpu-1"}
+    model = "NVIDIA H100 80GB HBM3"
+    theirs = []
+    for index, uuid in enumerate((busy, idle)):
+        labels = {
+            **dcgm,
+            "gpu": str(index),
+            "UUID": uuid,
+            "pci_bus_id": f"00000000:{0x18 + index:02X}:00.0",
+            "device": f"nvidia{index}",
+            "modelName": model,
+        }
+        theirs.append(("DCGM_FI_DEV_FB_USED", labels, 76210.0 if uuid == busy else 0.0))
+        theirs.append(("DCGM_FI_DEV_GPU_UTIL", labels, 98.0 if uuid == busy else 97.0))
+    share, unattributed = _documented_dcgm_joins()
+    memory = [(labels, v) for name, labels, v in ours if name == "gpuguard_pod_gpu_memory_bytes"]
+    assert len(memory) == 2
+    doc = {
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [_promtool_series(*s) for s in ours + theirs],
+                "promql_expr_test": [
+                    {
+                        "expr": share.strip(),
+                        "eval_time": "2m",
+                        "exp_samples": [
+                            {
+                                "labels": "{"
+                                + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                                + "}",
+                                "value": float(f"{v:.6f}") / (76210.0 * 1048576),
+                            }
+                            for labels, v in memory
+                        ],
+                    },
+                    {
+                        "expr": unattributed.strip(),
+                        "eval_time": "2m",
+                        "exp_samples": [
+                            {
+                                "labels": f'{{Hostname="gpu-1",UUID="{idle}",modelName="{model}"}}',
+                                "value": 97,
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "dcgm-join.test.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
+    tested = subprocess.run(
+        [_promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert tested.returncode == 0 and "SUCCESS" in tested.stdout, tested.stdout + tested.stderr

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gpuguard.agent.memory import release_compiler_pages
+from gpuguard.agent.telemetry import finding_rules
 
 if TYPE_CHECKING:
     from gpuguard.agent.pipeline import Agent
@@ -34,7 +35,8 @@ def log(agent: Agent) -> None:
 
 
 def metrics(agent: Agent) -> None:
-    agent.ctx.telemetry.serve_metrics()
+    ctx = agent.ctx
+    ctx.telemetry.serve_metrics(finding_rules(ctx.rules.current, ctx.config))
 
 
 def sensor(agent: Agent) -> None:

@@ -30,12 +30,13 @@ ISOLATE, EVICT, RESTORE = (1, "Isolate"), (2, "Evict"), (3, "Restore")
 ALERT = ActionKind("alert", in_rules=True)
 SUSPEND = ActionKind("suspend", True, "change", ocsf_class=7003, ocsf_activity=ISOLATE)
 KILL = ActionKind("kill", True, "end", ocsf_class=7003, ocsf_activity=EVICT)
-QUARANTINE = ActionKind("quarantine", True, "denied", ocsf_class=7003, ocsf_activity=ISOLATE)
+# ECS expects denied/allowed under intrusion_detection (an IPS's verdict), not under process.
+QUARANTINE = ActionKind("quarantine", True, "denied", "intrusion_detection", 7003, ISOLATE)
 BLOCK_EGRESS = ActionKind("block-egress", True, "denied", "network", 7004, ISOLATE)
-KILL_ON_TOUCH = ActionKind("kill-on-touch", False, "denied", ocsf_class=7003, ocsf_activity=EVICT)
+KILL_ON_TOUCH = ActionKind("kill-on-touch", False, "denied", "intrusion_detection", 7003, EVICT)
 # Outcomes that are not steps of a response: a hook's result, a block lifted.
 HOOK = ActionKind("hook")
-UNBLOCK = ActionKind("unblock", ecs_type="allowed", ocsf_activity=RESTORE)
+UNBLOCK = ActionKind("unblock", False, "allowed", "intrusion_detection", ocsf_activity=RESTORE)
 
 ACTION_KINDS = (ALERT, SUSPEND, KILL, QUARANTINE, BLOCK_EGRESS, KILL_ON_TOUCH, HOOK, UNBLOCK)
 BY_NAME = {kind.name: kind for kind in ACTION_KINDS}

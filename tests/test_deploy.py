@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuguard.agent.capabilities import ENFORCE_CAPABILITIES, MONITOR_CAPABILITIES
 from gpuguard.detect.ruleset.shipped import default_rule_paths
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.records import render_record
@@ -24,16 +25,9 @@ from gpuguard.outputs.records import render_record
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "packaging"
 UNIT = PKG / "gpuguard.service"
-CAPS = {
-    "CAP_BPF",
-    "CAP_PERFMON",
-    "CAP_SYS_ADMIN",
-    "CAP_SYS_RESOURCE",
-    "CAP_KILL",
-    "CAP_NET_ADMIN",
-    "CAP_DAC_READ_SEARCH",
-    "CAP_SYS_PTRACE",
-}
+ENFORCE_DROP_IN = PKG / "gpuguard-enforce.conf"
+CAPS = set(MONITOR_CAPABILITIES)  # monitor mode's: the unit and the DaemonSet's base
+ENFORCE_CAPS = set(ENFORCE_CAPABILITIES)
 
 
 def unit_settings() -> dict[str, str]:
@@ -51,6 +45,14 @@ def test_unit_hardening():
     assert set(s["CapabilityBoundingSet"].split()) == CAPS
     for cap in CAPS:  # every capability is explained in the unit
         assert re.search(rf"^#\s+{cap}\s+\S", UNIT.read_text(), re.M), f"say why {cap} is needed"
+    # the enforce drop-in adds exactly enforce mode's two, each explained
+    parser = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    parser.optionxform = str
+    parser.read_string(ENFORCE_DROP_IN.read_text())
+    added = set(parser["Service"]["CapabilityBoundingSet"].split())
+    assert added == ENFORCE_CAPS - CAPS == {"CAP_KILL", "CAP_NET_ADMIN"}
+    for cap in added:
+        assert re.search(rf"^#\s+{cap}\s+\S", ENFORCE_DROP_IN.read_text(), re.M), cap
     assert (
         s["ProtectSystem"] == "strict"
         and s["NoNewPrivileges"] == "yes"
@@ -73,10 +75,18 @@ def test_systemd_analyze_verify_and_security(tmp_path):
     entry = REPO / ".venv" / "bin" / "gpuguard"
     assert entry.exists()
     # /opt/gpuguard/bin/gpuguard must exist for verify: give it one in a private mount namespace only.
+    # /etc/systemd/system of the private namespace holds the unit, then its enforce drop-in:
+    # systemd itself merges the two bounding sets
+    units = "/etc/systemd/system"
+    security = f"{analyze} security --offline=yes --no-pager {units}/gpuguard.service"
     script = (
         f"mount -t tmpfs gg-opt-{os.getpid()} /opt && mkdir -p /opt/gpuguard/bin && "
         f"ln -s {entry} /opt/gpuguard/bin/gpuguard && "
-        f"{analyze} verify {UNIT} && {analyze} security --offline=yes --no-pager {UNIT}"
+        f"{analyze} verify {UNIT} && {analyze} security --offline=yes --no-pager {UNIT} && "
+        f"mount -t tmpfs gg-units-{os.getpid()} {units} && cp {UNIT} {units}/ && "
+        f"echo ==monitor && {security} && mkdir {units}/gpuguard.service.d && "
+        f"cp {ENFORCE_DROP_IN} {units}/gpuguard.service.d/enforce.conf && "
+        f"echo ==enforce && {analyze} verify {units}/gpuguard.service && {security}"
     )
     result = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
@@ -88,6 +98,11 @@ def test_systemd_analyze_verify_and_security(tmp_path):
     assert "gpuguard.service" not in result.stderr, result.stderr  # verify printed no warning
     exposure = re.search(r"Overall exposure level for gpuguard.service: ([\d.]+)", result.stdout)
     assert exposure and float(exposure.group(1)) < 7.0, result.stdout[-400:]
+    monitor, enforce = result.stdout.split("==monitor")[1].split("==enforce")
+    for cap in ("CAP_KILL", "CAP_NET_ADMIN"):  # granted only with the drop-in
+        assert re.search(rf"✓ CapabilityBoundingSet=~{cap}\b", monitor), monitor[-2000:]
+        assert re.search(rf"✗ CapabilityBoundingSet=~{cap}\b", enforce), enforce[-2000:]
+    assert re.search(r"✗ CapabilityBoundingSet=~CAP_SYS_ADMIN\b", monitor)
 
 
 # -- install.sh -------------------------------------------------------------------------------
@@ -169,6 +184,18 @@ def test_install_lays_out_the_tree_idempotently_and_uninstalls(tmp_path):
     ).is_dir()
     assert _install(dest, "--uninstall", "--purge").returncode == 0
     assert not (etc / "gpuguard").exists() and not (dest / "var/log/gpuguard").exists()
+
+
+def test_install_enforce_adds_the_capability_drop_in_and_uninstall_removes_it(tmp_path):
+    dest = tmp_path / "root"
+    drop_in = dest / "etc/systemd/system/gpuguard.service.d/enforce.conf"
+    assert _install(dest).returncode == 0 and not drop_in.exists()  # monitor: the unit alone
+    assert (dest / "opt/gpuguard/share/gpuguard-enforce.conf").exists()  # for a manual install
+    done = _install(dest, "--enforce")
+    assert done.returncode == 0, done.stderr
+    assert drop_in.read_bytes() == ENFORCE_DROP_IN.read_bytes()
+    assert _install(dest, "--uninstall").returncode == 0
+    assert not drop_in.parent.exists()
 
 
 def test_install_refuses_unknown_options(tmp_path):
@@ -316,6 +343,10 @@ def test_daemonset_security_fields():
         == CAPS
         == set(unit_settings()["CapabilityBoundingSet"].split())
     )
+    (enforcing,) = by_kind(render("enforce"))["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    enforce_sc = enforcing["securityContext"]
+    assert {f"CAP_{c}" for c in enforce_sc["capabilities"]["add"]} == ENFORCE_CAPS
+    assert enforce_sc["capabilities"]["drop"] == ["ALL"] and enforce_sc["privileged"] is False
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {v["mountPath"]: v for v in container["volumeMounts"]}
     assert volumes[mounts["/var/log/gpuguard"]["name"]]["hostPath"]["path"] == "/var/log/gpuguard"
@@ -392,6 +423,11 @@ def test_overlays_differ_only_where_they_say():
     assert "--mode" not in m["args"] and e["args"][-2:] == ["--mode", "enforce"]
     assert e["args"][:-2] == m["args"]
     e["args"] = m["args"]
+    added = set(e["securityContext"]["capabilities"]["add"]) - set(
+        m["securityContext"]["capabilities"]["add"]
+    )
+    assert added == {"KILL", "NET_ADMIN"}
+    e["securityContext"]["capabilities"]["add"] = m["securityContext"]["capabilities"]["add"]
     assert enforce == monitor
 
     scraped = render("metrics")

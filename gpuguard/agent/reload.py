@@ -13,6 +13,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from gpuguard.agent.capabilities import check_enforce_capabilities
 from gpuguard.agent.config import load_config, with_overrides
 from gpuguard.agent.context import AgentContext
 from gpuguard.agent.stages.s1_produce import ProduceStage
@@ -145,6 +146,7 @@ class Reloader:
             config = with_overrides(
                 load_config(self.config_path or Path(ctx.config.source)), **self.overrides
             )
+            check_enforce_capabilities(config)  # a switch to enforce this agent cannot carry out
         except GpuguardError as exc:
             ctx.counters.config_error = exc.one_line()
             self._count(False)

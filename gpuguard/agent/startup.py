@@ -1,7 +1,8 @@
 """The agent's start-up steps, each a function of the agent, run in the order pipeline.py lists.
 
-signals, rules, log, metrics, sensor (or reduced mode), correlator and detection engine,
-seed sweep, producers, started (the start line, the first state file, ready).
+signals, capabilities (enforce mode's), rules, log, metrics, sensor (or reduced mode),
+correlator and detection engine, seed sweep, producers, started (the start line, the first
+state file, ready).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from gpuguard.agent.capabilities import check_enforce_capabilities
 from gpuguard.agent.memory import release_compiler_pages
 from gpuguard.agent.telemetry import finding_rules
 
@@ -24,6 +26,11 @@ def signals(agent: Agent) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: agent.request_stop())
     signal.signal(signal.SIGINT, lambda signum, frame: agent.request_stop())
     signal.signal(signal.SIGHUP, lambda signum, frame: agent.request_reload())
+
+
+def capabilities(agent: Agent) -> None:
+    """Enforce mode without a capability its actions need: one line, before anything starts."""
+    check_enforce_capabilities(agent.ctx.config)
 
 
 def rules(agent: Agent) -> None:
@@ -90,4 +97,4 @@ def started(agent: Agent) -> None:
     ctx.telemetry.watch(agent.ready, agent.produce.threads)  # /readyz, /healthz
 
 
-STEPS = (signals, rules, log, metrics, sensor, correlator, seed, producers, started)
+STEPS = (signals, capabilities, rules, log, metrics, sensor, correlator, seed, producers, started)

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import signal
 import socket
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -34,6 +31,7 @@ from gpuguard.outputs.metrics_http import parse_address
 from gpuguard.sources.gpu import nvml
 from gpuguard.sources.proc.pod_names import PodRef
 from tests.fakes.fake_pynvml import ERROR_CODES, MIB, FakeGpu, FakeNvml, FakeProcess
+from tests.support.prometheus import prometheus
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "packaging" / "grafana-dashboard.json"
@@ -333,12 +331,6 @@ def test_bad_metrics_address_is_one_clear_error():
             parse_address(bad)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _query(port: int, expr: str) -> list:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     body = json.loads(urllib.request.urlopen(url, timeout=5).read())
@@ -347,8 +339,6 @@ def _query(port: int, expr: str) -> list:
 
 
 def test_real_prometheus_scrapes_the_exporter_and_every_dashboard_query_returns_data(tmp_path):
-    binary = shutil.which("prometheus")
-    assert binary, "Debian's prometheus is not installed (fix: bash packaging/setup-host.sh setup)"
     metrics = AgentMetrics()
     pipeline = Pipeline(metrics, tmp_path)
     exporter = metrics.serve("127.0.0.1:0")
@@ -361,57 +351,36 @@ def test_real_prometheus_scrapes_the_exporter_and_every_dashboard_query_returns_
 
     feeder = threading.Thread(target=keep_feeding, daemon=True)
     feeder.start()
-    port = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
+    config = (
         f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         f"scrape_configs:\n  - job_name: gpuguard\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{exporter.port}']\n"
-    )
-    log = open(tmp_path / "prometheus.log", "w")
-    server = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1h",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=tmp_path,
     )
     pending = {
         expr.replace("$__rate_interval", "15s").replace("$instance", ".*")
         for expr in dashboard_exprs()
     }
     try:
-        deadline = time.monotonic() + 25
-        while pending and time.monotonic() < deadline:
-            assert server.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
-            for expr in sorted(pending):
-                try:
-                    if _query(port, expr):
-                        pending.discard(expr)
-                except OSError:
-                    break  # not listening yet
-            time.sleep(0.5)
-        assert not pending, f"dashboard queries without data from Prometheus: {sorted(pending)}"
-        # the variable the dashboard's host picker uses
-        url = f"http://127.0.0.1:{port}/api/v1/label/instance/values"
-        assert (
-            f"127.0.0.1:{exporter.port}"
-            in json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]
-        )
+        with prometheus(tmp_path, config) as server:
+            deadline = time.monotonic() + 25
+            while pending and time.monotonic() < deadline:
+                server.check_alive()
+                for expr in sorted(pending):
+                    try:
+                        if _query(server.port, expr):
+                            pending.discard(expr)
+                    except OSError:
+                        break  # not listening yet
+                time.sleep(0.5)
+            assert not pending, f"dashboard queries without data from Prometheus: {sorted(pending)}"
+            # the variable the dashboard's host picker uses
+            url = f"{server.api}/label/instance/values"
+            assert (
+                f"127.0.0.1:{exporter.port}"
+                in json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]
+            )
     finally:
         stop.set()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
         feeder.join(5)
         exporter.close()
         pipeline.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -29,19 +28,9 @@ from gpuguard.agent.capabilities import (
 from gpuguard.proving.enforce_scope import EnforceScope
 from tests.support.agent_run import REPO, AgentProcess, finding_for
 from tests.support.workloads import build_workload
+from tests.test_sigma_on_agent_logs import LOGIN  # a Monero wallet, an XMRig agent
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
-LOGIN = (
-    json.dumps(
-        {
-            "id": 1,
-            "jsonrpc": "2.0",
-            "method": "login",
-            "params": {"login": "4" + "7" * 94, "pass": "x", "agent": "XMRig/6.21.0"},
-        }
-    )
-    + "\n"
-).encode()
 NOBODY = 65534
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -25,6 +23,7 @@ from gpuguard.errors import GpuguardError
 from gpuguard.outputs.metrics import AgentMetrics
 from gpuguard.outputs.metrics_http import PATHS
 from gpuguard.outputs.web_config import load_web_config
+from tests.support.prometheus import PrometheusServer
 
 REPO = Path(__file__).resolve().parent.parent
 PASSWORD = "s3cret scrape"
@@ -269,15 +268,7 @@ def test_a_web_config_others_could_write_is_refused_and_the_agent_says_so_in_one
 # -- a real Prometheus scrapes over TLS with basic auth -----------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_real_prometheus_scrapes_over_tls_with_basic_auth_and_a_wrong_password_is_refused(tmp_path):
-    binary = shutil.which("prometheus")
-    assert binary, "Debian's prometheus is not installed (fix: bash packaging/setup-host.sh setup)"
     pki = make_pki(tmp_path / "pki")
     config = web_config(
         tmp_path,
@@ -297,28 +288,14 @@ def test_real_prometheus_scrapes_over_tls_with_basic_auth_and_a_wrong_password_i
             f"    basic_auth: {{username: prometheus, password_file: {tmp_path / password_file}}}\n"
             f"    static_configs: [{{targets: ['127.0.0.1:{exporter.port}']}}]\n"
         )
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n" + jobs
-    )
-    port = _free_port()
-    log = open(tmp_path / "prometheus.log", "w")
-    server = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=tmp_path,
-    )
-    api = f"http://127.0.0.1:{port}/api/v1"
+    config_text = "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n" + jobs
+    server = PrometheusServer(tmp_path, config_text)
+    api = server.api
     try:
         targets: dict[str, dict] = {}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            assert server.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+            server.check_alive()
             try:
                 doc = json.loads(urllib.request.urlopen(f"{api}/targets", timeout=5).read())
             except OSError:
@@ -338,11 +315,5 @@ def test_real_prometheus_scrapes_over_tls_with_basic_auth_and_a_wrong_password_i
         (sample,) = result["data"]["result"]
         assert sample["metric"]["rule"] == "miner-cmdline-stratum" and sample["value"][1] == "0"
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+        server.stop()
         exporter.close()

@@ -317,3 +317,14 @@ def test_real_prometheus_scrapes_over_tls_with_basic_auth_and_a_wrong_password_i
     finally:
         server.stop()
         exporter.close()
+
+
+def test_the_agent_config_names_the_web_config_relative_to_itself(tmp_path):
+    from gpuguard.agent.config import load_config
+
+    config = tmp_path / "agent.yaml"
+    config.write_text("metrics: {address: '127.0.0.1:0', web_config_file: web.yml}\n")
+    config.chmod(0o600)
+    assert load_config(config).metrics_web_config == str(tmp_path / "web.yml")
+    config.write_text("metrics: {web_config_file: /etc/gpuguard/web.yml}\n")
+    assert load_config(config).metrics_web_config == "/etc/gpuguard/web.yml"

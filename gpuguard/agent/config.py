@@ -67,6 +67,8 @@ def config_problems(doc: MarkedDocument) -> tuple[AgentConfig | None, list[str]]
         ]
     if "status_path" in values:
         values["status_path"] = Path(values["status_path"])
+    if values.get("metrics_web_config"):  # like the rules: relative to this file
+        values["metrics_web_config"] = str(base / values["metrics_web_config"])
     if values.get("metrics_address"):
         from gpuguard.outputs.metrics_http import parse_address
 

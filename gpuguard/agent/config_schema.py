@@ -205,7 +205,7 @@ SCHEMA = Section(
                     "web_config_file",
                     "text",
                     "TLS and basic auth for the metrics port, in the Prometheus exporter-toolkit's "
-                    "web config format; empty: plain HTTP, no auth",
+                    "web config format (relative to this file); empty: plain HTTP, no auth",
                     field="metrics_web_config",
                 ),
                 Key(

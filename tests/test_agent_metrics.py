@@ -473,3 +473,46 @@ def test_findings_are_exported_at_zero_for_every_rule_and_verdict_before_any_is_
         value("gpuguard_findings_total", {"rule": "miner-cmdline-stratum", "verdict": "malicious"})
         == 1
     )
+
+
+def test_a_running_agent_exports_every_rule_at_zero_and_a_reloaded_rule_too(tmp_path):
+    """In-process agent (reduced mode): its /metrics has each rule's finding counters at 0 from
+    the start, and a rule a SIGHUP reload brings joins them."""
+    from gpuguard.agent.config import AgentConfig
+    from gpuguard.agent.pipeline import Agent
+    from tests.support.agent_run import agent_running, until
+
+    site = tmp_path / "site.yaml"
+    site.write_text("version: 1\n")
+    config = AgentConfig(
+        sensor="proc",
+        rules=[shipped_rules_file(), site],
+        log_path=str(tmp_path / "agent.log"),
+        status_path=tmp_path / "status.json",
+        metrics_address="127.0.0.1:0",
+        gpu_sources=[],
+    )
+    agent = Agent(config, install_signals=False, stderr=lambda line: None)
+
+    def counters() -> set[tuple[str, str]]:
+        body = urllib.request.urlopen(
+            f"http://127.0.0.1:{agent.telemetry.server.port}/metrics", timeout=5
+        ).read()
+        return {
+            (s.labels["rule"], s.labels["verdict"])
+            for fam in text_string_to_metric_families(body.decode())
+            for s in fam.samples
+            if s.name == "gpuguard_findings_total" and s.value == 0
+        }
+
+    with agent_running(agent):
+        rules = {r.id for r in agent.ctx.rules.current.rules}
+        assert {(r, v) for r in rules for v in ("clean", "suspicious", "malicious")} <= counters()
+        assert ("host-gpu-memory-orphaned", "malicious") in counters()  # an agent host check
+        assert ("site-launcher-rule", "malicious") not in counters()
+        site.write_text(
+            "version: 1\nrules:\n  - id: site-launcher-rule\n    description: a site rule\n"
+            "    severity: low\n    weight: 5\n    condition: {signal: parent_name, is: xmrig-launcher}\n"
+        )
+        agent.request_reload()
+        assert until(lambda: ("site-launcher-rule", "malicious") in counters(), timeout=20)

@@ -1,8 +1,8 @@
 """The agent's start-up steps, each a function of the agent, run in the order pipeline.py lists.
 
-signals, rules, log, metrics, sensor (or reduced mode), correlator and detection engine,
-findings the last run left open, seed sweep, producers, started (the start line, the first
-state file, ready).
+signals, capabilities (enforce mode's), rules, log, metrics, sensor (or reduced mode),
+correlator and detection engine, findings the last run left open, seed sweep, producers,
+started (the start line, the first state file, ready).
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from gpuguard.agent.capabilities import check_enforce_capabilities
 from gpuguard.agent.memory import release_compiler_pages
+from gpuguard.agent.telemetry import finding_rules
 
 if TYPE_CHECKING:
     from gpuguard.agent.pipeline import Agent
@@ -26,6 +28,11 @@ def signals(agent: Agent) -> None:
     signal.signal(signal.SIGHUP, lambda signum, frame: agent.request_reload())
 
 
+def capabilities(agent: Agent) -> None:
+    """Enforce mode without a capability its actions need: one line, before anything starts."""
+    check_enforce_capabilities(agent.ctx.config)
+
+
 def rules(agent: Agent) -> None:
     agent.reloader.load_rules()
 
@@ -35,7 +42,8 @@ def log(agent: Agent) -> None:
 
 
 def metrics(agent: Agent) -> None:
-    agent.ctx.telemetry.serve_metrics()
+    ctx = agent.ctx
+    ctx.telemetry.serve_metrics(finding_rules(ctx.rules.current, ctx.config))
 
 
 def sensor(agent: Agent) -> None:
@@ -95,4 +103,16 @@ def started(agent: Agent) -> None:
     ctx.telemetry.watch(agent.ready, agent.produce.threads)  # /readyz, /healthz
 
 
-STEPS = (signals, rules, log, metrics, sensor, correlator, findings, seed, producers, started)
+STEPS = (
+    signals,
+    capabilities,
+    rules,
+    log,
+    metrics,
+    sensor,
+    correlator,
+    findings,
+    seed,
+    producers,
+    started,
+)

@@ -143,19 +143,18 @@ class ProduceStage:
     def _sampler_openers(self) -> dict[str, Callable[[], Any]]:
         if self.sampler_openers is not None:
             return self.sampler_openers
-        from gpuguard.sources.gpu.sampler import SourceUnavailable, open_samplers
+        from gpuguard.sources.gpu.registry import BY_NAME
+        from gpuguard.sources.gpu.sampler import SourceUnavailable, status_line
 
         proc_root = self.ctx.proc_root
 
         def opener(source: str) -> Callable[[], Any]:
             def open_one() -> Any:
-                statuses: list[str] = []
-                samplers = open_samplers([source], proc_root=proc_root, on_status=statuses.append)
-                if not samplers:
-                    raise SourceUnavailable(
-                        statuses[0] if statuses else f"{source} is not available"
-                    )
-                return samplers[0]
+                try:
+                    return BY_NAME[source].open(proc_root)
+                except SourceUnavailable as exc:  # the status line, and whether GPUs are absent
+                    line = status_line(BY_NAME[source].label, exc)
+                    raise SourceUnavailable(line, absent=exc.absent) from None
 
             return open_one
 

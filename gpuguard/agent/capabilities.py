@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuguard.errors import GpuguardError
-from gpuguard.events.action_kinds import kind_of
+from gpuguard.respond.actions import BY_NAME
+from gpuguard.respond.settings import options_of
 
 # linux/capability.h numbers of the capabilities gpuguard names
 CAPABILITY_BITS = {
@@ -32,8 +33,8 @@ MONITOR_CAPABILITIES = (
     "CAP_DAC_READ_SEARCH",
     "CAP_SYS_PTRACE",
 )
-NFTABLES_CAPABILITY = "CAP_NET_ADMIN"
-ENFORCE_CAPABILITIES = (*MONITOR_CAPABILITIES, "CAP_KILL", NFTABLES_CAPABILITY)
+# what the actions need (each Action's ``capabilities``): signals, host-wide nftables sets
+ENFORCE_CAPABILITIES = (*MONITOR_CAPABILITIES, "CAP_KILL", "CAP_NET_ADMIN")
 
 
 def effective_capabilities(status: Path = Path("/proc/self/status")) -> set[str]:
@@ -51,10 +52,9 @@ def needed_by_actions(response) -> dict[str, list[str]]:
     names |= {a for steps in response.rule_actions.values() for a in steps}
     needs: dict[str, list[str]] = {}
     for name in sorted(names):
-        for cap in kind_of(name).capabilities:
+        action = BY_NAME[name]
+        for cap in action.capabilities(options_of(action, response)):
             needs.setdefault(cap, []).append(name)
-    if "block-egress" in names and response.nftables:
-        needs.setdefault(NFTABLES_CAPABILITY, []).append("block-egress (host-wide nftables)")
     return needs
 
 

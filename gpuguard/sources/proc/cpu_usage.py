@@ -258,6 +258,11 @@ def cpu_activity(
         fpu_round_nondefault=(fpu.nondefault if fpu else 0) if fpu_watched else None,
         fpu_round_changes=(fpu.changes if fpu else 0) if fpu_watched else None,
         fpu_span_s=round(fpu.span_s, 1) if fpu else 0.0,
+        fpu_modes=list(fpu.modes) if fpu else [],
+        fpu_transitions=list(fpu.transitions) if fpu else [],
+        fpu_sleeps=fpu.sleeps if fpu else 0,
+        fpu_stops=fpu.stopped if fpu else 0,
+        fpu_threads=fpu.threads if fpu else 0,
     )
 
 

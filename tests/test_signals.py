@@ -82,6 +82,7 @@ def _rounding(modes, transitions, sleeps=4):
         s.cpu_activity.fpu_transitions = list(transitions)
         s.cpu_activity.fpu_samples = sum(modes)
         s.cpu_activity.fpu_sleeps = sleeps
+        s.cpu_activity.fpu_sleepless_threads = int(sleeps <= 0.05 * sum(modes))
 
     return apply
 
@@ -495,7 +496,12 @@ SIGNAL_CASES = [
     ("a cycle", with_(make(), _rounding(_INTERVAL, _CYCLE)), "fpu_rounding_dependence", 1.0),
     ("random", with_(make(), _rounding(_EVEN, _INDEPENDENT)), "fpu_rounding_random", True),
     ("not random", with_(make(), _rounding(_INTERVAL, _CYCLE)), "fpu_rounding_random", False),
-    ("sleeps", with_(make(), _rounding(_EVEN, _INDEPENDENT)), "fpu_rounding_sleep_share", 0.05),
+    (
+        "sleepless",
+        with_(make(), _rounding(_EVEN, _INDEPENDENT)),
+        "fpu_rounding_sleepless_threads",
+        1,
+    ),
     # 40 looks: too few to judge
     (
         "few looks",
@@ -504,9 +510,9 @@ SIGNAL_CASES = [
         None,
     ),
     (
-        "few looks: no share",
-        with_(make(), _rounding([10, 10, 10, 10], [3] * 13)),
-        "fpu_rounding_sleep_share",
+        "not watched",
+        with_(make(), lambda s: setattr(s, "cpu_activity", CpuActivity(time=T, pid=100))),
+        "fpu_rounding_sleepless_threads",
         None,
     ),
     ("no cpu look", make(), "cpu_spinning_threads", None),

@@ -187,6 +187,7 @@ class CpuActivity(Event):
     fpu_sleeps: int = 0  # looks at a switch-out because the thread blocked
     fpu_stops: int = 0  # ... because it was stopped from outside (SIGSTOP, ptrace, freezer)
     fpu_threads: int = 0  # threads seen leaving round-to-nearest
+    fpu_sleepless_threads: int = 0  # ... never found asleep over enough looks (fpu_probe.py)
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

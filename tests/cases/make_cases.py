@@ -1086,6 +1086,7 @@ def fpu_totals(pattern: str, looks: int, threads: int = 1, sleeps: int = 0) -> d
         "fpu_transitions": transitions,
         "fpu_sleeps": sleeps,
         "fpu_threads": threads,
+        "fpu_sleepless_threads": threads if looks >= 32 * threads and sleeps <= looks // 20 else 0,
     }
 
 

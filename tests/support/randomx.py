@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import random
 import select
 import shutil
@@ -129,10 +130,12 @@ def start_standin(
     submit_s: float = 20.0,
     huge_pages: bool | None = None,
     low_weight: bool = True,
+    user: str | None = None,
 ) -> subprocess.Popen:
     """Install the stand-in as INSTALL_DIR/name, start it on ``pool`` and wait for "ready".
     ``huge_pages``: whether it may get any (by default: whether this test reserved some);
-    ``low_weight``: in the load group's low CPU weight (tests/support/load.py)."""
+    ``low_weight``: in the load group's low CPU weight (tests/support/load.py); ``user``: run
+    as that user (e.g. nobody) rather than root."""
     tls = pool.context is not None if tls is None else tls
     INSTALL_DIR.mkdir(parents=True, exist_ok=True)
     exe = INSTALL_DIR / name
@@ -146,7 +149,13 @@ def start_standin(
     )
     # settings on stdin: the command line is the program's path alone
     proc = subprocess.Popen(
-        [str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [str(exe)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        user=user,
+        group=pwd.getpwnam(user).pw_gid if user else None,
+        extra_groups=[] if user else None,
     )
     # before its settings: it maps nothing till then
     join_load_group(proc.pid, huge_pages=huge_pages, low_weight=low_weight)

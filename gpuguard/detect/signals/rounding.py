@@ -185,16 +185,14 @@ def _fpu_rounding_random(s: ProcessState, now: float) -> bool | None:
 
 
 @_signal(
-    "fpu_rounding_sleep_share",
+    "fpu_rounding_sleepless_threads",
     "number",
     "cpu",
-    "of its rounding threads' switch-outs, the share where the thread blocked (0: it never "
-    "sleeps; preempted, throttled by a CPU quota or stopped from outside; absent below "
-    f"{MIN_LOOKS} looks)",
+    "threads that left round-to-nearest and were never found asleep over 32 or more looks: "
+    "switched out only because they were preempted, throttled by a CPU quota or stopped from "
+    "outside (a worker that never sleeps, even under a SIGSTOP/SIGCONT duty cycle)",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_sleep_share(s: ProcessState, now: float) -> float | None:
+def _fpu_rounding_sleepless_threads(s: ProcessState, now: float) -> int | None:
     a = _activity(s)
-    if a is None or not a.fpu_samples or a.fpu_samples < MIN_LOOKS:
-        return None
-    return round(a.fpu_sleeps / a.fpu_samples, 3)
+    return a.fpu_sleepless_threads if a is not None and a.fpu_samples is not None else None

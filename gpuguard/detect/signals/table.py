@@ -106,7 +106,7 @@ SIGNAL_FUNCTIONS: tuple[Callable[..., Any], ...] = (
     rounding._fpu_rounding_independent_p,
     rounding._fpu_rounding_dependence,
     rounding._fpu_rounding_random,
-    rounding._fpu_rounding_sleep_share,
+    rounding._fpu_rounding_sleepless_threads,
     process._huge_alloc_bytes,
     process._huge_page_size,
     process._huge_alloc_randomx_shape,

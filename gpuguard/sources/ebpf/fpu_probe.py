@@ -25,6 +25,11 @@ SOURCE = "fpu.bpf.c"
 TRACEPOINT = "x86_fpu/x86_fpu_regs_deactivated"
 _TRACEFS = ("/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events")
 BLIND_PREFIX = "SSE rounding-mode switching (RandomX) unseen"
+# A thread "never sleeps" by the probe's own looks when at least SLEEPLESS_MIN_LOOKS of its
+# switch-outs were seen and at most SLEEPLESS_SHARE of them were because it blocked: a worker
+# throttled by a CPU quota or paused by SIGSTOP is switched out runnable or stopped.
+SLEEPLESS_MIN_LOOKS = 32
+SLEEPLESS_SHARE = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,7 @@ class FpuCounts:
     stopped: int  # ... while stopped from outside (SIGSTOP, ptrace, freezer)
     threads: int  # threads seen leaving round-to-nearest
     span_s: float  # first to latest counted look
+    sleepless: int = 0  # of those threads, ones never found asleep (see SLEEPLESS_*)
 
     @property
     def samples(self) -> int:
@@ -122,6 +128,8 @@ class FpuProbe:
         started = time.perf_counter()
         if os.uname().machine not in ("x86_64", "i686", "i386"):
             return cls(blind_spot=f"{BLIND_PREFIX}: not an x86 CPU")
+        if os.geteuid() != 0:
+            return cls(blind_spot=f"{BLIND_PREFIX}: loading the probe needs root (run as root)")
         if not _tracepoint_present():
             return cls(blind_spot=f"{BLIND_PREFIX}: this kernel has no {TRACEPOINT} tracepoint")
         try:
@@ -168,7 +176,7 @@ class FpuProbe:
         for _key, v in items:
             acc = sums.get(v.tgid)
             if acc is None:
-                acc = sums[v.tgid] = [[0] * 4, [0] * 16, 0, 0, 0, v.first_ns, v.last_ns]
+                acc = sums[v.tgid] = [[0] * 4, [0] * 16, 0, 0, 0, v.first_ns, v.last_ns, 0]
             for i in range(4):
                 acc[0][i] += v.modes[i]
             for i in range(16):
@@ -178,9 +186,12 @@ class FpuProbe:
             acc[4] += 1
             acc[5] = min(acc[5], v.first_ns)
             acc[6] = max(acc[6], v.last_ns)
+            looks = sum(v.modes)
+            if looks >= SLEEPLESS_MIN_LOOKS:
+                acc[7] += looks - v.preempted - v.stopped <= SLEEPLESS_SHARE * looks
         return {
             tgid: FpuCounts(
-                tuple(a[0]), tuple(a[1]), a[2], a[3], a[4], max(0.0, (a[6] - a[5]) / 1e9)
+                tuple(a[0]), tuple(a[1]), a[2], a[3], a[4], max(0.0, (a[6] - a[5]) / 1e9), a[7]
             )
             for tgid, a in sums.items()
         }

@@ -458,6 +458,7 @@ def _run(args: argparse.Namespace) -> int:
             "gpu_window_skipped": obs.gpu_window_skipped,
             "cpu_window_s": args.cpu_window,
             "cpu_window_observed_s": round(obs.rounding.observed_s, 1),
+            "cpu_window_load_s": round(obs.rounding.load_s, 2),
             "rules": [str(p) for p in ruleset.sources],
         },
     )

@@ -11,10 +11,16 @@ counted only samples, non-nearest looks and changes per process, built from that
 probes/fpu.bpf.c and gpuguard.h) and today's (per thread: looks per mode, pairs of
 consecutive looks, the task state), in two flavours: the common path (tasks in
 round-to-nearest: two kernel reads and a map lookup that misses) and the entry path (tasks in
-another rounding mode: an entry found, at most one look counted per ms).  Reports the median
+another rounding mode: an entry found, at most one look counted per ms; and, compiled with
+no gap, every firing counted: the cost of one counted look).  Reports the median
 nanoseconds per round trip of each, the probe's own run time per firing (kernel BPF
 statistics) and the ratios to the no-probe runs taken in the same session (this VM is
 shared: only the ratios mean something).  Without git history the "before" runs are skipped.
+
+``--look-rates S`` measures instead how many looks (counted context switches) one thread
+spinning through all four rounding modes gets per second over S seconds: alone, in a cgroup
+limited to 0.3 of a core, and under a 50 % SIGSTOP/SIGCONT duty cycle (100 ms each, as
+cpulimit throttles): what scan's window (docs/scan.md) and the pattern's 64 looks depend on.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,23 +64,100 @@ def round_trip_ns(binary: Path, rounds: int, rounding: bool) -> float:
     return float(result.stdout)
 
 
-def open_before(revision: str, workdir: Path) -> FpuProbe | None:
-    """The probe as revision ``revision`` had it, loaded (None: no such revision here)."""
+def probe_sources(revision: str, workdir: Path) -> Path | None:
+    """probes/fpu.bpf.c and gpuguard.h as revision ``revision`` had them, in a directory of
+    ``workdir`` (None: no such revision here)."""
+    directory = workdir / revision
+    directory.mkdir(exist_ok=True)
     for name in ("fpu.bpf.c", "gpuguard.h"):
         shown = subprocess.run(
             ["git", "-C", str(REPO), "show", f"{revision}:probes/{name}"], capture_output=True
         )
         if shown.returncode != 0:
             return None
-        (workdir / name).write_bytes(shown.stdout)
+        (directory / name).write_bytes(shown.stdout)
+    return directory
+
+
+def load_probe(directory: Path, every_look: bool) -> FpuProbe:
+    """The probe compiled from ``directory``; ``every_look``: no 1 ms gap between counted
+    looks, so every firing of a task in another mode takes the counting path."""
     import bcc
 
-    defines = fpu_offsets(Btf.load())
+    defines = fpu_offsets(Btf.load()) | ({"GG_FPU_MIN_GAP_NS": 0} if every_look else {})
     bpf = bcc.BPF(
-        src_file=str(workdir / "fpu.bpf.c").encode(),
-        cflags=[f"-I{workdir}", "-Wno-comment"] + [f"-D{k}={v}" for k, v in defines.items()],
+        src_file=str(directory / "fpu.bpf.c").encode(),
+        cflags=[f"-I{directory}", "-Wno-comment"] + [f"-D{k}={v}" for k, v in defines.items()],
     )
     return FpuProbe(bpf, defines=defines)
+
+
+_SPINNER = r"""
+#include <stdint.h>
+#include <xmmintrin.h>
+int main(void)
+{
+    uint64_t x = 88172645463325252ULL;
+    unsigned csr = _mm_getcsr();
+    volatile double f = 1.1;
+    for (uint64_t s = 0;; s++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        f = f * 1.0000001 + 1e-9;
+        if ((s & 255) == 0)
+            _mm_setcsr((csr & ~0x6000u) | (unsigned)((x & 3) << 13));
+    }
+}
+"""
+
+
+def look_rates(seconds: float) -> int:
+    """Looks per second of a lone RandomX-like thread alone, at 0.3 core, and stop-cycled."""
+    workdir = Path(tempfile.mkdtemp(prefix="gg-look-rates-"))
+    (workdir / "spin.c").write_text(_SPINNER)
+    subprocess.run(["gcc", "-O2", "-o", str(workdir / "spin"), str(workdir / "spin.c")], check=True)
+    quota = Path(f"/sys/fs/cgroup/cpu/gg-bench-quota-{os.getpid()}")
+    probe = FpuProbe.open()
+    if not probe.loaded:
+        print(f"bench_fpu_probe: {probe.blind_spot}", file=sys.stderr)
+        return 2
+    try:
+        quota.mkdir()
+        (quota / "cpu.cfs_period_us").write_text("100000")
+        (quota / "cpu.cfs_quota_us").write_text("30000")
+        for label in ("alone", "in a 0.3-core cgroup", "stopped 100 ms of every 200 ms"):
+            spinner = subprocess.Popen([str(workdir / "spin")])
+            try:
+                if "cgroup" in label:
+                    (quota / "cgroup.procs").write_text(str(spinner.pid))
+                time.sleep(1.0)
+                first = probe.counts().get(spinner.pid)
+                started = time.monotonic()
+                while time.monotonic() - started < seconds:
+                    if "stopped" in label:
+                        time.sleep(0.1)
+                        spinner.send_signal(signal.SIGSTOP)
+                        time.sleep(0.1)
+                        spinner.send_signal(signal.SIGCONT)
+                    else:
+                        time.sleep(0.2)
+                last = probe.counts().get(spinner.pid)
+                elapsed = time.monotonic() - started
+            finally:
+                spinner.kill()
+                spinner.wait()
+            looks = (last.samples if last else 0) - (first.samples if first else 0)
+            print(
+                f"{label}: {looks / elapsed:.1f} looks/s over {elapsed:.0f} s "
+                f"(64 looks in {64 * elapsed / max(looks, 1):.1f} s); load {os.getloadavg()[0]:.1f}"
+            )
+    finally:
+        probe.close()
+        try:
+            quota.rmdir()
+        except OSError:
+            pass
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
 
 
 def main() -> int:
@@ -80,19 +165,31 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=100000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--before", default=BEFORE, metavar="REV")
+    parser.add_argument("--look-rates", type=float, default=0.0, metavar="SECONDS")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench_fpu_probe: run as root (BPF)", file=sys.stderr)
         return 2
+    if args.look_rates:
+        return look_rates(args.look_rates)
     binary = build()
     runs: dict[tuple[str, bool], list[float]] = {}
     own: dict[tuple[str, bool], list[float]] = {}
     stats_flag = Path("/proc/sys/kernel/bpf_stats_enabled")
     stats_before = stats_flag.read_text().strip()
     workdir = Path(tempfile.mkdtemp(prefix="gg-fpu-before-"))
-    flavours = {"now": FpuProbe.open}
-    if open_before(args.before, workdir) is not None:  # compiles: then it is measured too
-        flavours = {"before": lambda: open_before(args.before, workdir), **flavours}
+    now = REPO / "probes"
+    before_dir = probe_sources(args.before, workdir)
+    flavours = {
+        "now": lambda: load_probe(now, False),
+        "now, every look": lambda: load_probe(now, True),
+    }
+    if before_dir is not None:  # the revision is here: measured too
+        flavours = {
+            "before": lambda: load_probe(before_dir, False),
+            "before, every look": lambda: load_probe(before_dir, True),
+            **flavours,
+        }
     try:
         stats_flag.write_text("1")  # the probe's own run time, as the kernel counts it
         for _ in range(args.repeats):
@@ -133,7 +230,7 @@ def main() -> int:
             found = own.get((name, rounding))
             probe_ns = statistics.median(found) if found else float("nan")
             print(
-                f"  probe {name:6s}: {probe_ns:.0f} ns per firing (kernel BPF stats), "
+                f"  probe {name:18s}: {probe_ns:.0f} ns per firing (kernel BPF stats), "
                 f"{probe_ns / per_switch:.3f} of a switch; round trip {loaded:.0f} ns, wall "
                 f"ratio {loaded / base:.3f} (median of {args.repeats})"
             )

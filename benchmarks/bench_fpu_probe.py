@@ -92,29 +92,13 @@ def load_probe(directory: Path, every_look: bool) -> FpuProbe:
     return FpuProbe(bpf, defines=defines)
 
 
-_SPINNER = r"""
-#include <stdint.h>
-#include <xmmintrin.h>
-int main(void)
-{
-    uint64_t x = 88172645463325252ULL;
-    unsigned csr = _mm_getcsr();
-    volatile double f = 1.1;
-    for (uint64_t s = 0;; s++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        f = f * 1.0000001 + 1e-9;
-        if ((s & 255) == 0)
-            _mm_setcsr((csr & ~0x6000u) | (unsigned)((x & 3) << 13));
-    }
-}
-"""
+SPINNER = REPO / "tests" / "workloads" / "rounding_spinner.c"
 
 
 def look_rates(seconds: float) -> int:
     """Looks per second of a lone RandomX-like thread alone, at 0.3 core, and stop-cycled."""
     workdir = Path(tempfile.mkdtemp(prefix="gg-look-rates-"))
-    (workdir / "spin.c").write_text(_SPINNER)
-    subprocess.run(["gcc", "-O2", "-o", str(workdir / "spin"), str(workdir / "spin.c")], check=True)
+    subprocess.run(["gcc", "-O2", "-o", str(workdir / "spin"), str(SPINNER)], check=True)
     quota = Path(f"/sys/fs/cgroup/cpu/gg-bench-quota-{os.getpid()}")
     probe = FpuProbe.open()
     if not probe.loaded:
@@ -125,7 +109,7 @@ def look_rates(seconds: float) -> int:
         (quota / "cpu.cfs_period_us").write_text("100000")
         (quota / "cpu.cfs_quota_us").write_text("30000")
         for label in ("alone", "in a 0.3-core cgroup", "stopped 100 ms of every 200 ms"):
-            spinner = subprocess.Popen([str(workdir / "spin")])
+            spinner = subprocess.Popen([str(workdir / "spin")], stdout=subprocess.DEVNULL)
             try:
                 if "cgroup" in label:
                     (quota / "cgroup.procs").write_text(str(spinner.pid))

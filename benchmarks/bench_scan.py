@@ -76,30 +76,14 @@ def timed_scan(*extra: str, tree: Path = REPO) -> tuple[float, dict]:
     return elapsed, json.loads(result.stdout)
 
 
-_SPINNER = r"""
-#include <stdint.h>
-#include <xmmintrin.h>
-int main(void)
-{
-    uint64_t x = 88172645463325252ULL;
-    unsigned csr = _mm_getcsr();
-    volatile double f = 1.1;
-    for (uint64_t s = 0;; s++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        f = f * 1.0000001 + 1e-9;
-        if ((s & 255) == 0)
-            _mm_setcsr((csr & ~0x6000u) | (unsigned)((x & 3) << 13));
-    }
-}
-"""
+SPINNER = REPO / "tests" / "workloads" / "rounding_spinner.c"
 
 
 def rounding_window_rounds(runs: int, spinners: int) -> list[str]:
     """Scan with no window, with the default window on the host as it is, and with
     ``spinners`` RandomX-like threads, in alternation; one line each (medians)."""
     workdir = Path(tempfile.mkdtemp(prefix="gg-bench-spin-"))
-    (workdir / "spin.c").write_text(_SPINNER)
-    subprocess.run(["gcc", "-O2", "-o", str(workdir / "spin"), str(workdir / "spin.c")], check=True)
+    subprocess.run(["gcc", "-O2", "-o", str(workdir / "spin"), str(SPINNER)], check=True)
     common = ("--no-yara", "--gpu-window", "0")
     rows: dict[str, list[tuple[float, float, dict]]] = {}
     procs: list[subprocess.Popen] = []
@@ -111,7 +95,10 @@ def rounding_window_rounds(runs: int, spinners: int) -> list[str]:
                 (f"default window, {spinners} RandomX-like spinners", (), True),
             ):
                 if spin and not procs:
-                    procs = [subprocess.Popen([str(workdir / "spin")]) for _ in range(spinners)]
+                    procs = [
+                        subprocess.Popen([str(workdir / "spin")], stdout=subprocess.DEVNULL)
+                        for _ in range(spinners)
+                    ]
                     time.sleep(6)  # a thread is judged from 5 s of life on
                 if not spin and procs:
                     for proc in procs:

@@ -143,43 +143,23 @@ def test_too_few_looks_are_not_judged():
 
 # -- scan's window on the real kernel ---------------------------------------------------
 
-_SPINNER = r"""
-#include <stdint.h>
-#include <stdio.h>
-#include <xmmintrin.h>
-int main(void)
-{
-    uint64_t x = 88172645463325252ULL;
-    unsigned csr = _mm_getcsr();
-    volatile double f = 1.1;
-    printf("ready\n");
-    fflush(stdout);
-    for (uint64_t s = 0;; s++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        f = f * 1.0000001 + 1e-9;
-        if ((s & 255) == 0)
-            _mm_setcsr((csr & ~0x6000u) | (unsigned)((x & 3) << 13));
-    }
-}
-"""
+SPINNER = Path(__file__).resolve().parent / "workloads" / "rounding_spinner.c"
 
 
-def _spinner(tmp_path: Path) -> subprocess.Popen:
-    source = tmp_path / "spinner.c"
-    source.write_text(_SPINNER)
-    proc = subprocess.Popen([str(build_c_program(source))], stdout=subprocess.PIPE)
+def _spinner() -> subprocess.Popen:
+    proc = subprocess.Popen([str(build_c_program(SPINNER))], stdout=subprocess.PIPE)
     assert proc.stdout.readline().strip() == b"ready"
     return proc
 
 
 @pytest.mark.root
 @pytest.mark.self_contained
-def test_the_window_waits_past_its_length_for_a_thread_switched_out_rarely(tmp_path):
+def test_the_window_waits_past_its_length_for_a_thread_switched_out_rarely():
     """A RandomX-like thread held to 0.05 of a core is switched out ~10 times a second (once
     per quota period): a 2 s window holds too few looks, so it runs on until the thread has
     enough, and no longer than three times its length."""
     with cpu_quota_group(0.05, name="gg-test-window") as procs:
-        spinner = _spinner(tmp_path)
+        spinner = _spinner()
         try:
             procs.write_text(str(spinner.pid))
             candidate = CpuActivity(time=time.time(), pid=spinner.pid, spinning_threads=1)
@@ -203,13 +183,10 @@ def test_no_candidate_no_probe():
 
 @pytest.mark.root
 @pytest.mark.self_contained
-def test_a_scan_that_cannot_load_the_probe_says_so_and_goes_on(tmp_path):
+def test_a_scan_that_cannot_load_the_probe_says_so_and_goes_on():
     """As nobody, scan sees the spinner it may look at (nobody's own) but cannot load the probe:
     one line in what it could not see, the rest of the report as usual."""
-    tmp_path.chmod(0o755)
-    source = tmp_path / "spinner.c"
-    source.write_text(_SPINNER)
-    binary = build_c_program(source)
+    binary = build_c_program(SPINNER)
     spinner = subprocess.Popen(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(binary)],
         stdout=subprocess.PIPE,

@@ -50,7 +50,38 @@ def build_standin() -> Path:
     return binary
 
 
-class LoopbackPool:
+class LoopbackServer:
+    """A TCP listener on 127.0.0.1 serving each client on a thread of its own (``_session``);
+    :meth:`start` once the subclass is ready."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _session(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+
+class LoopbackPool(LoopbackServer):
     """A pool on 127.0.0.1 that pushes jobs and answers submits (TLS with ``tls``)."""
 
     def __init__(
@@ -67,25 +98,12 @@ class LoopbackPool:
             )
             self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self.context.load_cert_chain(cert, key)
+        super().__init__()
         self.push_s = push_s
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
         self.lines_in = 0
         self.pushes = 0
-        self._stop = threading.Event()
         self._rng = random.Random(22)
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+        self.start()
 
     def _session(self, conn: socket.socket) -> None:
         try:
@@ -111,10 +129,6 @@ class LoopbackPool:
             return
         finally:
             conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
 
 
 def start_standin(

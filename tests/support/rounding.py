@@ -23,32 +23,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support.load import V1_CPU, join_load_group
-from tests.support.randomx import INSTALL_DIR
+from tests.support.randomx import INSTALL_DIR, LoopbackServer
 from tests.support.workloads import build_c_program
 
 SOURCE = Path(__file__).resolve().parent.parent / "workloads" / "rounding_benign.c"
 
 
-class JobQueue:
+class JobQueue(LoopbackServer):
     """A job queue on 127.0.0.1: one short reply per line (work on NEXT, OK otherwise)."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
+        super().__init__()
         self.lines: dict[str, int] = {}  # first word -> lines received (DONE, BEAT, NEXT)
-        self._stop = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+        self.start()
 
     def _session(self, conn: socket.socket) -> None:
         jobs = 0
@@ -70,10 +57,6 @@ class JobQueue:
                     conn.sendall(
                         b"JOB %d seed=%d\n" % (jobs, jobs * 7919) if word == "NEXT" else b"OK\n"
                     )
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
 
 
 def start_benign(

@@ -184,11 +184,13 @@ def start_standin(
 
 
 def stop(proc: subprocess.Popen | None) -> None:
-    """Kill a started process (by its Popen: no pid reuse) and reap it."""
+    """Kill a started process (by its Popen: no pid reuse) and reap it.  A killed process still
+    has to run to exit: a stand-in's nice-19 workers in the load group's low weight, beside
+    busy loops of ordinary weight, were seen to need more than 10 s of wall time for it."""
     if proc is not None and proc.poll() is None:
         proc.kill()
     if proc is not None:
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)
 
 
 def cpu_hog(seconds: float = 600.0) -> subprocess.Popen:

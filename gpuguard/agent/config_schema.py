@@ -67,8 +67,9 @@ class AgentConfig:
     max_processes: int = 8192
     # A process scored at least this gets per-connection activity records like a GPU holder
     # (session cadence, bytes each way, tcp_info): by default every process that scores
-    # anything (the lightest rule weighs 5), so a miner whose only other trace is its huge
-    # pages (+10) still has its pool session measured.  0: GPU holders only.
+    # anything (the lightest weighed rule is 5; rules of weight 0 only record evidence), so a
+    # miner whose only other trace is its huge pages (+10) still has its pool session
+    # measured.  0: GPU holders only.
     session_watch_score: float = 1.0
     # A process finding's coalesced updates: at most one per this many seconds (0: no limit).
     finding_update_interval_s: float = 30.0

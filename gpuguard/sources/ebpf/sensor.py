@@ -11,7 +11,7 @@ are removed after a final drain, and a periodic sweep drops descriptors that
 were closed without close(2) (close_range, close-on-exec, fd passing).
 Compiling and attaching live in ``probe_load``, the counter drains in ``counter_drain``,
 reassembly of captured first writes in ``payload_streams``, the per-connection activity
-records of GPU holders in ``conn_activity``.
+records of GPU holders in ``conn_activity`` (their kernel side in ``activity_map``).
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ from gpuguard.events.model import (
     NetPayload,
 )
 from gpuguard.sources.ebpf import preflight
+from gpuguard.sources.ebpf.activity_map import ActivityMap
 from gpuguard.sources.ebpf.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.ebpf.counter_drain import CounterDrain
 from gpuguard.sources.ebpf.exec_filter import ExecFilter, parent_of
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
-from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps, slot_index  # noqa: F401 (SLOT_MULTI: tests read it here)
+from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps  # noqa: F401 (SLOT_MULTI: tests read it here)
 from gpuguard.sources.ebpf.probe_load import (
     ProbeDetach,
     attach_probes,
@@ -169,9 +170,7 @@ class Sensor:
         self.maps = KernelMaps(self.tables, self.settings.fd_slots)
         if self.settings.payload_capture:
             self.activity = ConnActivityReader(
-                self._bpf,
-                lambda tgid, fd: slot_index(tgid, fd, self.settings.fd_slots),
-                self.settings.activity_slots,
+                ActivityMap(self._bpf, self.settings.fd_slots, self.settings.activity_slots),
                 self.activity_interval,
             )
         classes = {kind: self._bpf[name.encode()].Leaf for kind, name in _SCHEMA_MAPS.items()}

@@ -151,7 +151,7 @@ class NvmlSampler:
         """The driver's ~14 s of device samples, one snapshot per second, oldest first
         (:func:`nvml_history.history_snapshots`)."""
         return nvml_history.history_snapshots(
-            self._nvml, self._live_devices(), self._driver_version, self._users
+            self._nvml, self._live_devices(), self._device_sample, self._users
         )
 
     def _users(self, dev: _Device, errors: list[str]) -> set[int]:
@@ -290,7 +290,8 @@ class NvmlSampler:
         self._once.clear(dev.index, "state")
         return sample, processes
 
-    def _lost_sample(self, dev: _Device) -> DeviceSample:
+    def _device_sample(self, dev: _Device, **fields: Any) -> DeviceSample:
+        """A sample of ``dev``: its identity and the driver's version, then ``fields``."""
         return DeviceSample(
             vendor="nvidia",
             index=dev.index,
@@ -299,8 +300,11 @@ class NvmlSampler:
             pci_bus_id=dev.pci_bus_id,
             driver="nvidia",
             driver_version=self._driver_version,
-            extra={"state": "lost"},
+            **fields,
         )
+
+    def _lost_sample(self, dev: _Device) -> DeviceSample:
+        return self._device_sample(dev, extra={"state": "lost"})
 
     def _device_metrics(self, dev: _Device, now: float, errors: list[str]) -> DeviceSample:
         nvml = self._nvml
@@ -316,14 +320,8 @@ class NvmlSampler:
         extra: dict[str, Any] = {"state": "ok"}
         if dev.sm_clock_max_mhz is not None:
             extra["sm_clock_max_mhz"] = dev.sm_clock_max_mhz
-        return DeviceSample(
-            vendor="nvidia",
-            index=dev.index,
-            name=dev.name,
-            uuid=dev.uuid,
-            pci_bus_id=dev.pci_bus_id,
-            driver="nvidia",
-            driver_version=self._driver_version,
+        return self._device_sample(
+            dev,
             gpu_util=float(util.gpu) if util is not None else None,
             mem_util=float(util.memory) if util is not None else None,
             memory_used=memory.used if memory is not None else None,

@@ -147,14 +147,15 @@ def set_accounting(nvml: ModuleType, devices: list, on: bool) -> list[tuple[str,
 def history_snapshots(
     nvml: ModuleType,
     devices: list,
-    driver_version: str | None,
+    device_sample: Callable[..., DeviceSample],
     users_of: Callable[[Any, list[str]], set[int]],
 ) -> list[GpuSnapshot]:
     """The driver's ~14 s of device samples, one snapshot per second, oldest first.
 
     A device's only user (by the current process lists) is credited with the device's
     GPU and memory utilisation; a shared device's samples carry no process.  Memory and
-    PCIe are not in the driver's history: they stay None.
+    PCIe are not in the driver's history: they stay None.  ``device_sample(dev, **fields)``
+    gives a device's sample with its identity, ``users_of(dev, errors)`` the pids using it.
     """
     kinds = (
         ("gpu_util", "NVML_GPU_UTILIZATION_SAMPLES"),
@@ -180,14 +181,8 @@ def history_snapshots(
             gpu, mem, power = (series[n].get(second) for n, _ in kinds)
             snap = by_second.setdefault(second, GpuSnapshot(time=float(second), source=SOURCE))
             snap.devices.append(
-                DeviceSample(
-                    vendor="nvidia",
-                    index=dev.index,
-                    name=dev.name,
-                    uuid=dev.uuid,
-                    pci_bus_id=dev.pci_bus_id,
-                    driver="nvidia",
-                    driver_version=driver_version,
+                device_sample(
+                    dev,
                     gpu_util=gpu,
                     mem_util=mem,
                     power_w=power / 1000.0 if power is not None else None,

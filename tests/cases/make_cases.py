@@ -38,7 +38,7 @@ from gpuguard.events.model import (  # noqa: E402
     NetPayload,
 )
 from gpuguard.events.process_facts import Ancestor, ProcessFacts  # noqa: E402
-from gpuguard.events.wire import RecordingWriter  # noqa: E402
+from gpuguard.events.wire_write import RecordingWriter  # noqa: E402
 
 CASES_DIR = Path(__file__).resolve().parent
 T0 = 1_700_000_000.0

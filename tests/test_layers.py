@@ -434,12 +434,12 @@ def test_the_check_catches_registration_at_import(tmp_path, monkeypatch):
 
 
 def _decorated_signals() -> set[tuple[str, str]]:
-    """``(module, function)`` of every function defined as a rule signal (``@_signal(...)``)."""
+    """``(module, function)`` of every function defined as a rule signal (``@signal(...)``)."""
     found = set()
     for path in MODULES:
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.FunctionDef) and any(
-                isinstance(d, ast.Call) and getattr(d.func, "id", None) == "_signal"
+                isinstance(d, ast.Call) and getattr(d.func, "id", None) == "signal"
                 for d in node.decorator_list
             ):
                 found.add((module_name(path), node.name))

@@ -28,7 +28,9 @@ def config_keys(s: ProcessState, now: float) -> set[str]:
     "config_deleted",
     "texts",
     "config",
-    "config files it named on its command line or held open that were deleted after start",
+    "config files it named on its command line (-c/--config, a config suffix) or held open that "
+    "were deleted after start; a held-open one is read through /proc/PID/fd, so the config "
+    "rules see its text too",
     reads=("facts.config_files",),
 )
 def config_deleted(s: ProcessState, now: float) -> set[str]:

@@ -30,7 +30,8 @@ def cpu_window_s(s: ProcessState, now: float) -> float:
     "cpu_spinning_threads",
     "number",
     "cpu",
-    "threads runnable (on a CPU or queued for one) >= 90 % of their life or of the latest "
+    "threads runnable (on a CPU or queued for one, /proc/PID/task/*/schedstat) >= 90 % of their "
+    "life or of the latest "
     "sampling interval; nice 19, a thread cap or a busy host do not lower it",
     reads=("cpu_activity",),
 )

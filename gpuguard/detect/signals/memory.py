@@ -13,7 +13,9 @@ from gpuguard.detect.signals.definition import signal
     "huge_alloc_bytes",
     "number",
     "memory",
-    "largest hugetlb allocation: one request the sensor saw, or all it maps now (/proc); RandomX: 256 MiB, ~2 GiB",
+    "largest hugetlb allocation: one request the sensor saw (mmap MAP_HUGETLB / shmget "
+    "SHM_HUGETLB), or all it maps now (HugetlbPages in /proc/PID/status); RandomX: 256 MiB, "
+    "~2 GiB; transparent huge pages do not count",
     reads=("facts.hugetlb_bytes", "huge_alloc_bytes"),
 )
 def huge_alloc_bytes(s: ProcessState, now: float) -> int | None:
@@ -26,7 +28,7 @@ def huge_alloc_bytes(s: ProcessState, now: float) -> int | None:
     "huge_page_size",
     "number",
     "memory",
-    "largest huge page size (bytes) it asked for or maps (1 GiB: RandomX 1gb-pages)",
+    "largest huge page size (bytes) it asked for or maps (1 GiB: RandomX's 1gb-pages)",
     reads=("facts.hugetlb_page_size", "huge_page_size"),
 )
 def huge_page_size(s: ProcessState, now: float) -> int | None:
@@ -53,8 +55,9 @@ def _randomx_length(length: int, page_size: int) -> bool:
     "huge_alloc_randomx_shape",
     "bool",
     "memory",
-    "a huge-page request or mapping of exactly RandomX's size: the 256 MiB cache or the "
-    "2080 MiB dataset (1 GiB pages: one or three of them)",
+    "a huge-page request (sensor) or mapping (/proc/PID/smaps) of exactly RandomX's size: the "
+    "256 MiB cache or the dataset (2 GiB + 33554368 bytes, or 2080 MiB in 2 MiB pages; with "
+    "1 GiB pages: one or three of them)",
     reads=("facts.hugetlb_mappings", "huge_requests"),
 )
 def huge_alloc_randomx_shape(s: ProcessState, now: float) -> bool:

@@ -103,8 +103,9 @@ def payload_hosts(s: ProcessState, now: float) -> set[str]:
     "tls_ja4",
     "texts",
     "network",
-    "JA4 fingerprints of the TLS ClientHellos it sent (its TLS library and settings, e.g. "
-    "'t13i310900_e8f1e7e78f70_1f22a2ca17c4': TLS 1.3, no SNI, 31 suites, 9 extensions, no ALPN)",
+    "JA4 fingerprints of the TLS ClientHellos it sent (docs/event-decoding.md): its TLS library "
+    "and settings, e.g. "
+    "'t13i310900_e8f1e7e78f70_1f22a2ca17c4': TLS 1.3, no SNI, 31 suites, 9 extensions, no ALPN",
     reads=("payloads",),
 )
 def tls_ja4(s: ProcessState, now: float) -> set[str]:

@@ -33,7 +33,7 @@ def _pattern(s: ProcessState) -> RoundingPattern | None:
     "fpu_watched",
     "bool",
     "cpu",
-    "the FPU rounding-mode probe was running for it (false: blind spot, see status)",
+    "the FPU rounding-mode probe was running for it (false: a blind spot, named in the status file)",
     reads=("cpu_activity",),
 )
 def fpu_watched(s: ProcessState, now: float) -> bool | None:
@@ -176,7 +176,7 @@ def fpu_rounding_dependence(s: ProcessState, now: float) -> float | None:
     "cpu",
     "RandomX's pattern: all four rounding modes in even shares (each >= 10 %), each look "
     "independent of the thread's previous one, over at least "
-    f"{MIN_LOOKS} looks (docs/rules.md)",
+    f'{MIN_LOOKS} looks (docs/rules.md, "The rounding-mode pattern")',
     reads=("cpu_activity",),
 )
 def fpu_rounding_random(s: ProcessState, now: float) -> bool | None:

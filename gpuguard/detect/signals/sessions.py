@@ -174,8 +174,9 @@ def _quiet_session(s: ProcessState) -> ConnActivity | None:
     "number",
     "session",
     "age (s) of its longest-lived watched connection carrying only small records both ways, "
-    f"<= {QUIET_BYTES_PER_S:g} B/s each way, at any rhythm (a CPU miner's pool session); "
-    "a lower bound when watching began later",
+    f"<= {QUIET_BYTES_PER_S:g} B/s each way and <= {QUIET_SEGMENT_IN} B per data segment in on "
+    "average, at any rhythm (a CPU miner's pool session); a lower bound when watching began "
+    "later (scan's one look: the process's age, an upper bound)",
     reads=("sessions",),
 )
 def quiet_session_age_s(s: ProcessState, now: float) -> float | None:
@@ -282,7 +283,9 @@ def quiet_session_by_address(s: ProcessState, now: float) -> bool | None:
     "number",
     "session",
     "bytes both ways on its quiet connection per CPU second its spinning threads ran over the "
-    "same span (a pool session beside hashing threads: tens; absent without a spinning thread)",
+    "same span (a pool session beside hashing threads: tens; absent without a spinning thread); "
+    "no shipped rule reads it: pools keep a share every ~30 s whatever the hashrate, so a miner "
+    "throttled to 3 % of a core shows hundreds, as much as a chatty benign job",
     reads=("cpu_activity", "sessions"),
 )
 def quiet_session_bytes_per_cpu_s(s: ProcessState, now: float) -> float | None:

@@ -9,6 +9,9 @@ from gpuguard.detect.signals.definition import signal
 from gpuguard.detect.signals.parsed import endpoint_hosts, named_endpoints
 from gpuguard.events.model import ConnActivity
 
+# Per-connection activity: the kernel's conn_activity records, or scan's tcp_info snapshots; the
+# inbound side from the TCP stack's counters.
+
 STEADY_SPREAD = 0.25  # every interval within 25 % of the median: a timer, not a person
 MIN_CADENCE_WRITES = 4  # the agent can wait for a fourth write
 MIN_WINDOW_CADENCE_WRITES = (

@@ -434,12 +434,12 @@ def test_the_check_catches_registration_at_import(tmp_path, monkeypatch):
 
 
 def _decorated_signals() -> set[tuple[str, str]]:
-    """``(module, function)`` of every function defined as a rule signal (``@_signal(...)``)."""
+    """``(module, function)`` of every function defined as a rule signal (``@signal(...)``)."""
     found = set()
     for path in MODULES:
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.FunctionDef) and any(
-                isinstance(d, ast.Call) and getattr(d.func, "id", None) == "_signal"
+                isinstance(d, ast.Call) and getattr(d.func, "id", None) == "signal"
                 for d in node.decorator_list
             ):
                 found.add((module_name(path), node.name))
@@ -684,19 +684,13 @@ def test_the_kernel_map_check_catches_an_import_and_a_table_read(tmp_path, monke
 MAX_MODULE_LINES = 600
 # Long because of what they list, not of what they do.
 DATA_TABLES = {"events/ioctl_names.py"}
-# Over the limit, each waiting for its own split (issue 31); strike a module from here when it is.
-PENDING_SPLIT = {
-    "detect/signals/named.py",  # by what its signals read
-}
 
 
 def module_lines(path: Path) -> int:
     return len(path.read_text().splitlines())
 
 
-SIZED_MODULES = [
-    p for p in MODULES if str(p.relative_to(PACKAGE)) not in DATA_TABLES | PENDING_SPLIT
-]
+SIZED_MODULES = [p for p in MODULES if str(p.relative_to(PACKAGE)) not in DATA_TABLES]
 
 
 @pytest.mark.parametrize(
@@ -711,10 +705,6 @@ def test_each_module_is_under_the_size_limit(path):
 
 
 def test_the_size_exceptions_are_still_needed():
-    for name in sorted(DATA_TABLES | PENDING_SPLIT):
+    for name in sorted(DATA_TABLES):
         path = PACKAGE / name
         assert path.is_file(), f"{name} is gone: strike it from the size exceptions"
-        if name in PENDING_SPLIT:
-            assert module_lines(path) > MAX_MODULE_LINES, (
-                f"{name} is split ({module_lines(path)} lines): strike it from PENDING_SPLIT"
-            )

@@ -18,7 +18,7 @@ from gpuguard.detect.cases import CAPTURE, replay
 from gpuguard.detect.ruleset.load import load_ruleset
 from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.score import score_process
-from gpuguard.detect.signals.named import Signal
+from gpuguard.detect.signals.definition import Signal
 from gpuguard.detect.signals.rescore import INPUTS
 from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.events.model import CpuActivity

@@ -5,7 +5,9 @@
   decode → correlate → score; pass/fail per case, evidence diff on failure;
   exit 0 all pass, 1 any fail.
 * ``list`` — the compiled rules with weights and the signals they read.
-* ``signals`` — every signal a condition can use, with its type.
+* ``signals [--update DOC]`` — every signal a condition can use, with its type; ``--update``
+  rewrites the generated signal table in DOC (docs/rules.md), which a test keeps equal to the
+  registry.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpuguard.config.reference import update_doc
 from gpuguard.detect.ruleset.load import load_ruleset, validate_rules
 from gpuguard.detect.ruleset.operators import OPERATORS
 from gpuguard.detect.ruleset.shipped import default_rule_paths
+from gpuguard.detect.signals.docs import MARKERS, signal_table
 from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.escape import escape_text
 
@@ -63,7 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     listing = sub.add_parser("list", help="list the compiled rules")
     listing.add_argument("--rules", type=Path, action="append", default=None, metavar="PATH")
-    sub.add_parser("signals", help="list the signals conditions can test, and the operators")
+    sub.add_parser(
+        "signals", help="list the signals conditions can test, and the operators"
+    ).add_argument(
+        "--update",
+        type=Path,
+        metavar="DOC",
+        help="rewrite the generated signal table in DOC (docs/rules.md) instead of printing",
+    )
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -100,6 +111,10 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _signals(args: argparse.Namespace) -> int:
+    if args.update is not None:
+        changed = update_doc(args.update, signal_table(), MARKERS, fence="")
+        print(f"{'updated' if changed else 'up to date:'} {escape_text(str(args.update))}")
+        return 0
     for signal in sorted(SIGNALS.values(), key=lambda s: (s.group, s.name)):
         name = f"{signal.name} ({signal.parameter}: ...)" if signal.parameter else signal.name
         print(f"{signal.group:9} {name:28} {signal.type:8} {signal.description}")

@@ -3,7 +3,7 @@
 :class:`GpuBehaviour` keeps, per process and bounded, the memory-controller load, power and
 PCIe rate (device figures only while the process is the device's only user, ``solo``),
 allocation stability and the duty-cycle shape (while watched or not, day or night).
-:func:`profile` classifies them; ``gpuguard.detect.signals.behaviour`` reads it.  A figure no
+:func:`profile` classifies them; ``gpuguard.detect.signals.gpu_behaviour`` reads it.  A figure no
 vendor gave is ``None``, never 0.  What each window means and why: docs/gpus.md,
 "Behaviour fingerprints"; cost: benchmarks/bench_behaviour.py.
 """

@@ -4,7 +4,7 @@ A process is keyed by ``ProcessKey(pid, start_time)`` so a recycled pid never
 merges two processes.  :class:`ProcessState` holds bounded observations
 (GPU devices, ioctl counts and rates, connections, recognised payloads, GPU
 and CPU usage windows, YARA matches); the rule signals in
-``gpuguard.detect.signals.named`` read them.  ``dirty`` is set by every change so
+``gpuguard.detect.signals`` read them.  ``dirty`` is set by every change so
 scoring runs only for processes that changed.
 """
 

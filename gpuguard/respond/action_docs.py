@@ -7,6 +7,7 @@ blocks between their markers, and a test fails when the docs and the actions dif
 
 from __future__ import annotations
 
+from gpuguard.config.reference import markdown_cell
 from gpuguard.respond import hooks
 from gpuguard.respond.actions import ACTIONS, Action
 from gpuguard.respond.settings import VERDICTS, default_actions
@@ -20,17 +21,16 @@ def markers(name: str) -> tuple[str, str]:
     )
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def action_table(actions: tuple[Action, ...] = ACTIONS) -> str:
     """The table of actions (in the order they run) and the hooks, then that order in words."""
     rows = [
         "| action | what happens | undone by |",
         "|---|---|---|",
-        *(f"| `{a.name}` | {_cell(a.what)} | {_cell(a.undone_by)} |" for a in actions),
-        f"| hooks | {_cell(hooks.WHAT)} | — |",
+        *(
+            f"| `{a.name}` | {markdown_cell(a.what)} | {markdown_cell(a.undone_by)} |"
+            for a in actions
+        ),
+        f"| hooks | {markdown_cell(hooks.WHAT)} | — |",
     ]
     order = ", ".join(a.name for a in actions)
     return (

@@ -24,8 +24,8 @@ _ALL = attrgetter("facts_gen", "network_gen", "devices_gen")
 
 # Every entry name, with the generations an entry's value depends on.
 STAMPS = {
-    "cmdline": _FACTS,  # the parsed command line (signals.named)
-    "config": _FACTS,  # the parsed config files (signals.named)
+    "cmdline": _FACTS,  # the parsed command line (signals.parsed)
+    "config": _FACTS,  # the parsed config files (signals.parsed)
     "gpu-answers": _FACTS,  # (rule set, time, answers of its GPU tests) at the engine's last look
     "signals:facts": _FACTS,  # signal values (signals.reader, rescore.SIGNAL_CACHE)
     "signals:network": _NETWORK,

@@ -1,7 +1,7 @@
 """Reading signals for one evaluation: each computed at most once, kept values reused.
 
 :class:`SignalReader` is what rule conditions index: ``reader[name]``
-computes signal ``name`` (from :mod:`gpuguard.detect.signals.named`) the first time
+computes signal ``name`` (listed in :mod:`gpuguard.detect.signals.table`) the first time
 and caches it for the rest of the evaluation; values derived from the facts,
 endpoints or devices are also kept in detect's memo (:mod:`gpuguard.detect.signals.memo`,
 see :mod:`gpuguard.detect.signals.rescore`) until those change.

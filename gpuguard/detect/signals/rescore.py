@@ -1,6 +1,6 @@
 """What each signal depends on, derived from the inputs it declares: caching and rescoring.
 
-Each signal declares what it reads (``Signal.reads`` in :mod:`gpuguard.detect.signals.named`);
+Each signal declares what it reads (``Signal.reads``, :mod:`gpuguard.detect.signals.definition`);
 :data:`INPUTS` says, once per ProcessState field, how long a value read from it stays valid
 and which change to it rescores a process.  Nothing here names a signal.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 
 from gpuguard.correlate.state import ProcessState
-from gpuguard.detect.signals.named import _activity, _signal
+from gpuguard.detect.signals.definition import signal
 from gpuguard.events.rounding_modes import MIN_LOOKS, RoundingPattern, rounding_pattern
 
 
@@ -23,25 +23,25 @@ def _pattern_of(modes: tuple[int, ...], transitions: tuple[int, ...]) -> Roundin
 
 
 def _pattern(s: ProcessState) -> RoundingPattern | None:
-    a = _activity(s)
+    a = s.cpu_activity
     if a is None or not a.fpu_modes:
         return None
     return _pattern_of(tuple(a.fpu_modes), tuple(a.fpu_transitions))
 
 
-@_signal(
+@signal(
     "fpu_watched",
     "bool",
     "cpu",
-    "the FPU rounding-mode probe was running for it (false: blind spot, see status)",
+    "the FPU rounding-mode probe was running for it (false: a blind spot, named in the status file)",
     reads=("cpu_activity",),
 )
-def _fpu_watched(s: ProcessState, now: float) -> bool | None:
-    a = _activity(s)
+def fpu_watched(s: ProcessState, now: float) -> bool | None:
+    a = s.cpu_activity
     return a.fpu_samples is not None if a is not None else None
 
 
-@_signal(
+@signal(
     "fpu_rounding_changes",
     "number",
     "cpu",
@@ -49,48 +49,48 @@ def _fpu_watched(s: ProcessState, now: float) -> bool | None:
     "since the thread's previous one; ordinary programs: 0",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_changes(s: ProcessState, now: float) -> int | None:
-    a = _activity(s)
+def fpu_rounding_changes(s: ProcessState, now: float) -> int | None:
+    a = s.cpu_activity
     return a.fpu_round_changes if a is not None else None
 
 
-@_signal(
+@signal(
     "fpu_rounding_nondefault",
     "number",
     "cpu",
     "context switches (at most one per ms per thread) that found a rounding mode other than nearest",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_nondefault(s: ProcessState, now: float) -> int | None:
-    a = _activity(s)
+def fpu_rounding_nondefault(s: ProcessState, now: float) -> int | None:
+    a = s.cpu_activity
     return a.fpu_round_nondefault if a is not None else None
 
 
-@_signal(
+@signal(
     "fpu_rounding_s",
     "number",
     "cpu",
     "seconds from the first to the latest look at a thread that left round-to-nearest",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_s(s: ProcessState, now: float) -> float | None:
-    a = _activity(s)
+def fpu_rounding_s(s: ProcessState, now: float) -> float | None:
+    a = s.cpu_activity
     return a.fpu_span_s if a is not None and a.fpu_round_nondefault else None
 
 
-@_signal(
+@signal(
     "fpu_rounding_looks",
     "number",
     "cpu",
     "context switches looked at, of its threads that left round-to-nearest",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_looks(s: ProcessState, now: float) -> int | None:
-    a = _activity(s)
+def fpu_rounding_looks(s: ProcessState, now: float) -> int | None:
+    a = s.cpu_activity
     return a.fpu_samples if a is not None else None
 
 
-@_signal(
+@signal(
     "fpu_rounding_modes",
     "number",
     "cpu",
@@ -98,14 +98,14 @@ def _fpu_rounding_looks(s: ProcessState, now: float) -> int | None:
     "set-once code: 2)",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_modes(s: ProcessState, now: float) -> int | None:
-    a = _activity(s)
+def fpu_rounding_modes(s: ProcessState, now: float) -> int | None:
+    a = s.cpu_activity
     if a is None or not a.fpu_modes:
         return None
     return sum(1 for count in a.fpu_modes if count)
 
 
-@_signal(
+@signal(
     "fpu_rounding_min_share",
     "number",
     "cpu",
@@ -113,12 +113,12 @@ def _fpu_rounding_modes(s: ProcessState, now: float) -> int | None:
     f"below {MIN_LOOKS} looks)",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_min_share(s: ProcessState, now: float) -> float | None:
+def fpu_rounding_min_share(s: ProcessState, now: float) -> float | None:
     p = _pattern(s)
     return p.min_share if p is not None else None
 
 
-@_signal(
+@signal(
     "fpu_rounding_uniform_p",
     "number",
     "cpu",
@@ -126,12 +126,12 @@ def _fpu_rounding_min_share(s: ProcessState, now: float) -> float | None:
     f"(absent below {MIN_LOOKS} looks)",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_uniform_p(s: ProcessState, now: float) -> float | None:
+def fpu_rounding_uniform_p(s: ProcessState, now: float) -> float | None:
     p = _pattern(s)
     return p.uniform_p if p is not None else None
 
 
-@_signal(
+@signal(
     "fpu_rounding_uniform_distance",
     "number",
     "cpu",
@@ -139,12 +139,12 @@ def _fpu_rounding_uniform_p(s: ProcessState, now: float) -> float | None:
     f"interval arithmetic ~0.7, one mode held ~1; absent below {MIN_LOOKS} looks)",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_uniform_distance(s: ProcessState, now: float) -> float | None:
+def fpu_rounding_uniform_distance(s: ProcessState, now: float) -> float | None:
     p = _pattern(s)
     return p.uniform_distance if p is not None else None
 
 
-@_signal(
+@signal(
     "fpu_rounding_independent_p",
     "number",
     "cpu",
@@ -152,12 +152,12 @@ def _fpu_rounding_uniform_distance(s: ProcessState, now: float) -> float | None:
     f"{MIN_LOOKS} looks or with fewer than two modes)",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_independent_p(s: ProcessState, now: float) -> float | None:
+def fpu_rounding_independent_p(s: ProcessState, now: float) -> float | None:
     p = _pattern(s)
     return p.independent_p if p is not None else None
 
 
-@_signal(
+@signal(
     "fpu_rounding_dependence",
     "number",
     "cpu",
@@ -165,26 +165,26 @@ def _fpu_rounding_independent_p(s: ProcessState, now: float) -> float | None:
     "fixed cycle; runs of one mode or a stepping order show 0.3-1)",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_dependence(s: ProcessState, now: float) -> float | None:
+def fpu_rounding_dependence(s: ProcessState, now: float) -> float | None:
     p = _pattern(s)
     return p.dependence if p is not None else None
 
 
-@_signal(
+@signal(
     "fpu_rounding_random",
     "bool",
     "cpu",
     "RandomX's pattern: all four rounding modes in even shares (each >= 10 %), each look "
     "independent of the thread's previous one, over at least "
-    f"{MIN_LOOKS} looks (docs/rules.md)",
+    f'{MIN_LOOKS} looks (docs/rules.md, "The rounding-mode pattern")',
     reads=("cpu_activity",),
 )
-def _fpu_rounding_random(s: ProcessState, now: float) -> bool | None:
+def fpu_rounding_random(s: ProcessState, now: float) -> bool | None:
     p = _pattern(s)
     return p.random if p is not None else None
 
 
-@_signal(
+@signal(
     "fpu_rounding_sleepless_threads",
     "number",
     "cpu",
@@ -193,6 +193,6 @@ def _fpu_rounding_random(s: ProcessState, now: float) -> bool | None:
     "outside (a worker that never sleeps, even under a SIGSTOP/SIGCONT duty cycle)",
     reads=("cpu_activity",),
 )
-def _fpu_rounding_sleepless_threads(s: ProcessState, now: float) -> int | None:
-    a = _activity(s)
+def fpu_rounding_sleepless_threads(s: ProcessState, now: float) -> int | None:
+    a = s.cpu_activity
     return a.fpu_sleepless_threads if a is not None and a.fpu_samples is not None else None

@@ -1,160 +1,16 @@
-"""Rule signals of GPU behaviour (``gpuguard.correlate.gpu_behaviour``) and of GPU holders' sessions.
-
-Listed in the one signal table (``gpuguard.detect.signals.table.SIGNALS``) under
-the names the rules use.  Every value here moves with each GPU sample, so none is cached on the
-state.  A figure the vendor did not give (no memory-controller load from
-fdinfo, no power while the device is shared) is ``None``: a condition on it
-never matches.
-"""
+"""Rule signals of long-lived connections' activity: steady and quiet sessions (docs/sessions.md)."""
 
 from __future__ import annotations
 
 import ipaddress
 
-from gpuguard.correlate.gpu_behaviour import profile
 from gpuguard.correlate.state import ProcessState
-from gpuguard.detect.signals.named import _activity, _cmdline, _config, _signal
+from gpuguard.detect.signals.definition import signal
+from gpuguard.detect.signals.parsed import endpoint_hosts, named_endpoints
 from gpuguard.events.model import ConnActivity
 
-
-@_signal(
-    "gpu_profile",
-    "text",
-    "gpu-behaviour",
-    "GPU behaviour profile and its figures: 'compute-bound: SM 99 ± 0.7% for 74 s, memory-controller 0%, ...' "
-    "(kinds: compute-bound, memory-hard, flat, varying, idle)",
-    reads=("gpu_behaviour", "gpu_util"),
-)
-def _gpu_profile(s: ProcessState, now: float) -> str | None:
-    return profile(s.gpu_util, s.gpu_behaviour)
-
-
-@_signal(
-    "gpu_memory_controller_mean",
-    "number",
-    "gpu-behaviour",
-    "mean memory-controller load % (the device's while it is the only user, else its own NVML share), last 5 minutes",
-    reads=("gpu_behaviour",),
-)
-def _memctl_mean(s: ProcessState, now: float) -> float | None:
-    return s.gpu_behaviour.memctl.mean
-
-
-@_signal(
-    "gpu_power_variation",
-    "number",
-    "gpu-behaviour",
-    "device power standard deviation / mean while it was the device's only user (hashing loop on an H100: 0.02)",
-    reads=("gpu_behaviour",),
-)
-def _power_variation(s: ProcessState, now: float) -> float | None:
-    return s.gpu_behaviour.power_variation()
-
-
-@_signal(
-    "gpu_pcie_mb_s",
-    "number",
-    "gpu-behaviour",
-    "device PCIe TX+RX MB/s while it was the device's only user, last 5 minutes (training: ~1,800; hashing: ~3)",
-    reads=("gpu_behaviour",),
-)
-def _pcie(s: ProcessState, now: float) -> float | None:
-    return s.gpu_behaviour.pcie_mb_s()
-
-
-@_signal(
-    "gpu_allocation_stable_s",
-    "number",
-    "gpu-behaviour",
-    "seconds its GPU memory has not changed",
-    reads=("gpu_behaviour",),
-)
-def _allocation_stable(s: ProcessState, now: float) -> float | None:
-    return s.gpu_behaviour.allocation_stable_s()
-
-
-@_signal(
-    "gpu_memory_growth_fraction",
-    "number",
-    "gpu-behaviour",
-    "growth of its GPU memory over the last 5 minutes, as a fraction of its GPUs' total memory",
-    reads=("gpu_memory", "gpu_memory_total"),
-)
-def _memory_growth(s: ProcessState, now: float) -> float | None:
-    latest, lowest = s.gpu_memory.latest, s.gpu_memory.minimum
-    if latest is None or lowest is None or not s.gpu_memory_total:
-        return None
-    return max(0.0, latest - lowest) / s.gpu_memory_total
-
-
-@_signal(
-    "gpu_device_shared",
-    "bool",
-    "gpu-behaviour",
-    "another process used one of its GPUs in the latest sample",
-    reads=("gpu_device_shared",),
-)
-def _device_shared(s: ProcessState, now: float) -> bool | None:
-    return s.gpu_device_shared
-
-
-@_signal(
-    "gpu_duty_cycle",
-    "number",
-    "gpu-behaviour",
-    "fraction of its GPU samples with SM >= 50 % (0-1)",
-    reads=("gpu_behaviour",),
-)
-def _duty_cycle(s: ProcessState, now: float) -> float | None:
-    return s.gpu_behaviour.duty_cycle()
-
-
-@_signal(
-    "gpu_pauses_when_watched",
-    "bool",
-    "gpu-behaviour",
-    "busy while no monitor runs, idle while nvidia-smi/top/nvtop... run (at least 3 samples of each)",
-    reads=("gpu_behaviour",),
-)
-def _pauses_when_watched(s: ProcessState, now: float) -> bool | None:
-    return s.gpu_behaviour.pauses_when_watched()
-
-
-@_signal(
-    "gpu_night_only",
-    "bool",
-    "gpu-behaviour",
-    "busy most of the observed night (22-06 UTC), idle by day (at least 30 min observed of each)",
-    reads=("gpu_behaviour",),
-)
-def _night_only(s: ProcessState, now: float) -> bool | None:
-    return s.gpu_behaviour.night_only()
-
-
-@_signal(
-    "gpu_lifetime_util_mean",
-    "number",
-    "gpu-behaviour",
-    "lifetime average GPU utilisation % from NVML accounting mode (start-up included); absent when accounting is off",
-    reads=("gpu_lifetime",),
-)
-def _lifetime_util(s: ProcessState, now: float) -> float | None:
-    return s.gpu_lifetime.gpu_util if s.gpu_lifetime is not None else None
-
-
-@_signal(
-    "gpu_lifetime_s",
-    "number",
-    "gpu-behaviour",
-    "seconds it has used the GPU, from NVML accounting mode",
-    reads=("gpu_lifetime",),
-)
-def _lifetime_s(s: ProcessState, now: float) -> float | None:
-    return s.gpu_lifetime.duration_s if s.gpu_lifetime is not None else None
-
-
-# -- sessions: per-connection activity of GPU holders (the kernel's conn_activity records, or scan's
-#    tcp_info snapshots; the inbound side from the TCP stack's counters) --
+# Per-connection activity: the kernel's conn_activity records, or scan's tcp_info snapshots; the
+# inbound side from the TCP stack's counters.
 
 STEADY_SPREAD = 0.25  # every interval within 25 % of the median: a timer, not a person
 MIN_CADENCE_WRITES = 4  # the agent can wait for a fourth write
@@ -185,7 +41,7 @@ def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None
     return best
 
 
-@_signal(
+@signal(
     "session_cadence_s",
     "number",
     "session",
@@ -193,50 +49,50 @@ def _steady_session(s: ProcessState) -> tuple[ConnActivity, float, float] | None
     "(pools: 15-60 s; XMRig keepalive 60 s); GPU holders only, absent when no connection is steady",
     reads=("sessions",),
 )
-def _session_cadence(s: ProcessState, now: float) -> float | None:
+def session_cadence_s(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
     return round(steady[1], 3) if steady else None
 
 
-@_signal(
+@signal(
     "session_age_s",
     "number",
     "session",
     "age of that steady connection, seconds (a lower bound when watching began later; scan: its window)",
     reads=("sessions",),
 )
-def _session_age(s: ProcessState, now: float) -> float | None:
+def session_age_s(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
     return steady[0].age_s if steady else None
 
 
-@_signal(
+@signal(
     "session_bytes_per_s",
     "number",
     "session",
     "bytes it sent per second over that steady connection's life",
     reads=("sessions",),
 )
-def _session_rate(s: ProcessState, now: float) -> float | None:
+def session_bytes_per_s(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
     if not steady or steady[0].age_s <= 0:
         return None
     return round(steady[0].bytes_out / steady[0].age_s, 2)
 
 
-@_signal(
+@signal(
     "session_segments_out",
     "number",
     "session",
     "data segments that steady connection sent since its connect (TCP stack counter; absent without tcp_info)",
     reads=("sessions",),
 )
-def _session_segments_out(s: ProcessState, now: float) -> float | None:
+def session_segments_out(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
     return steady[0].data_segs_out if steady else None
 
 
-@_signal(
+@signal(
     "session_bytes_in_per_write",
     "number",
     "session",
@@ -244,7 +100,7 @@ def _session_segments_out(s: ProcessState, now: float) -> float | None:
     "and a job or two per share, well under 16 KiB; a download or stream: far more); absent without tcp_info",
     reads=("sessions",),
 )
-def _session_bytes_in_per_write(s: ProcessState, now: float) -> float | None:
+def session_bytes_in_per_write(s: ProcessState, now: float) -> float | None:
     steady = _steady_session(s)
     if not steady or steady[0].bytes_in is None or not steady[0].data_segs_out:
         return None
@@ -255,7 +111,7 @@ def _kib(n: int) -> str:
     return f"{n / 1024:.1f} KiB" if n < 10 * 1024 else f"{n / 1024:.0f} KiB"
 
 
-@_signal(
+@signal(
     "session_summary",
     "text",
     "session",
@@ -263,7 +119,7 @@ def _kib(n: int) -> str:
     "12 KiB in, small writes every 15.0 ± 0.4 s, open 310 s'",
     reads=("sessions",),
 )
-def _session_summary(s: ProcessState, now: float) -> str | None:
+def session_summary(s: ProcessState, now: float) -> str | None:
     steady = _steady_session(s)
     if not steady:
         return None
@@ -316,21 +172,22 @@ def _quiet_session(s: ProcessState) -> ConnActivity | None:
     return best
 
 
-@_signal(
+@signal(
     "quiet_session_age_s",
     "number",
     "session",
     "age (s) of its longest-lived watched connection carrying only small records both ways, "
-    f"<= {QUIET_BYTES_PER_S:g} B/s each way, at any rhythm (a CPU miner's pool session); "
-    "a lower bound when watching began later",
+    f"<= {QUIET_BYTES_PER_S:g} B/s each way and <= {QUIET_SEGMENT_IN} B per data segment in on "
+    "average, at any rhythm (a CPU miner's pool session); a lower bound when watching began "
+    "later (scan's one look: the process's age, an upper bound)",
     reads=("sessions",),
 )
-def _quiet_session_age(s: ProcessState, now: float) -> float | None:
+def quiet_session_age_s(s: ProcessState, now: float) -> float | None:
     record = _quiet_session(s)
     return record.age_s if record is not None else None
 
 
-@_signal(
+@signal(
     "quiet_session_summary",
     "text",
     "session",
@@ -338,7 +195,7 @@ def _quiet_session_age(s: ProcessState, now: float) -> float | None:
     "20 segments in, 1.4 KiB out / 3.1 KiB in over 310 s (4.6 B/s out)'",
     reads=("sessions",),
 )
-def _quiet_session_summary(s: ProcessState, now: float) -> str | None:
+def quiet_session_summary(s: ProcessState, now: float) -> str | None:
     record = _quiet_session(s)
     if record is None:
         return None
@@ -362,7 +219,7 @@ def _segments_out(record: ConnActivity) -> int:
     return record.data_segs_out if record.data_segs_out is not None else record.writes_out
 
 
-@_signal(
+@signal(
     "quiet_session_pushes",
     "number",
     "session",
@@ -370,14 +227,14 @@ def _segments_out(record: ConnActivity) -> int:
     "pushing jobs; a heartbeat or request/reply client: about 0); absent without tcp_info",
     reads=("sessions",),
 )
-def _quiet_session_pushes(s: ProcessState, now: float) -> int | None:
+def quiet_session_pushes(s: ProcessState, now: float) -> int | None:
     record = _quiet_session(s)
     if record is None or record.data_segs_in is None:
         return None
     return max(0, record.data_segs_in - _segments_out(record))
 
 
-@_signal(
+@signal(
     "quiet_session_push_s",
     "number",
     "session",
@@ -385,9 +242,9 @@ def _quiet_session_pushes(s: ProcessState, now: float) -> int | None:
     "job every 10-120 s); absent with fewer than two",
     reads=("sessions",),
 )
-def _quiet_session_push_s(s: ProcessState, now: float) -> float | None:
+def quiet_session_push_s(s: ProcessState, now: float) -> float | None:
     record = _quiet_session(s)
-    pushes = _quiet_session_pushes(s, now)
+    pushes = quiet_session_pushes(s, now)
     if record is None or not pushes or pushes < 2:
         return None
     return round(record.age_s / pushes, 1)
@@ -401,7 +258,7 @@ def _is_address(host: str) -> bool:
     return True
 
 
-@_signal(
+@signal(
     "quiet_session_by_address",
     "bool",
     "session",
@@ -416,26 +273,27 @@ def _is_address(host: str) -> bool:
         "sessions",
     ),
 )
-def _quiet_session_by_address(s: ProcessState, now: float) -> bool | None:
+def quiet_session_by_address(s: ProcessState, now: float) -> bool | None:
     if _quiet_session(s) is None or not s.payload_protocols:
         return None
     if s.network.payload_hosts:
         return False
-    named = {e.host for e in _cmdline(s).endpoints} | {e.host for e in _config(s).endpoints}
-    return all(_is_address(host) for host in named)
+    return all(_is_address(host) for host in endpoint_hosts(named_endpoints(s)))
 
 
-@_signal(
+@signal(
     "quiet_session_bytes_per_cpu_s",
     "number",
     "session",
     "bytes both ways on its quiet connection per CPU second its spinning threads ran over the "
-    "same span (a pool session beside hashing threads: tens; absent without a spinning thread)",
+    "same span (a pool session beside hashing threads: tens; absent without a spinning thread); "
+    "no shipped rule reads it: pools keep a share every ~30 s whatever the hashrate, so a miner "
+    "throttled to 3 % of a core shows hundreds, as much as a chatty benign job",
     reads=("cpu_activity", "sessions"),
 )
-def _quiet_session_bytes_per_cpu_s(s: ProcessState, now: float) -> float | None:
+def quiet_session_bytes_per_cpu_s(s: ProcessState, now: float) -> float | None:
     record = _quiet_session(s)
-    activity = _activity(s)
+    activity = s.cpu_activity
     if record is None or activity is None or not activity.spinning_threads:
         return None
     span = min(activity.spin_span_s, record.age_s)

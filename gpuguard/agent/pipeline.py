@@ -1,7 +1,7 @@
 """The agent: builds its stages (:mod:`gpuguard.agent.stages`) and orders them.
 
 produce -> enrich -> correlate -> score -> report -> act -> emit; start-up (:mod:`.startup`),
-housekeeping, reload, the state file (:mod:`.status_writer`) and teardown have their modules.
+housekeeping, reload, the state file (:mod:`.stages.s7_emit.status_writer`) and teardown have their modules.
 """
 
 from __future__ import annotations

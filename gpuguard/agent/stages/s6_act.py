@@ -17,7 +17,7 @@ from gpuguard.agent.actions import make_responder
 from gpuguard.agent.context import AgentContext
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.feedback import FeedbackQueue
-from gpuguard.agent.findings import ProcessFindings
+from gpuguard.agent.stages.s5_report.findings import ProcessFindings
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond.actions import touch_kill_of

@@ -1,9 +1,12 @@
 """Stage 1, produce: the eBPF sensor (or reduced mode), the GPU samplers and the /proc sweeps.
 
 Each producer runs on its own thread and feeds the intake queue
-(:mod:`gpuguard.agent.producers`); the loop takes bounded batches.  Feedback to the
+(:mod:`gpuguard.agent.stages.s1_produce.producers`); the loop takes bounded batches.  Feedback to the
 sensor (``watch`` and ``interest`` requests from later stages) is an explicit queue the
 sensor thread drains before each poll.
+
+May import: the agent's shared modules and the layers below the agent; never a later stage nor
+the pipeline.
 """
 
 from __future__ import annotations
@@ -14,10 +17,15 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuguard.agent.context import AgentContext
-from gpuguard.agent.exec_interest import exec_interest
 from gpuguard.agent.feedback import FeedbackQueue
 from gpuguard.agent.memory import return_freed_memory
-from gpuguard.agent.producers import SamplerThread, SensorThread, SweepThread, sweep_once
+from gpuguard.agent.stages.s1_produce.exec_interest import exec_interest
+from gpuguard.agent.stages.s1_produce.producers import (
+    SamplerThread,
+    SensorThread,
+    SweepThread,
+    sweep_once,
+)
 from gpuguard.errors import GpuguardError
 
 BATCH_ITEMS = 2048  # items fed per pass of the loop (a stop waits for at most one batch)

@@ -1,12 +1,15 @@
 """Stage 5, report: findings from verdicts, written as the finding lifecycle says.
 
-Process findings (:class:`~gpuguard.agent.findings.ProcessFindings`): a create when a verdict
+Process findings (:class:`~gpuguard.agent.stages.s5_report.findings.ProcessFindings`): a create when a verdict
 first crosses a threshold or a ``gpu-abuse`` rule first matches, coalesced updates as the
 evidence grows, a close when the process ends; creates and escalations go on to the act
 stage.  Every few seconds the config's guard policies are checked over the live processes
 (reported on first breach or when the verdict or the broken policies change, with their own
 bookkeeping so rule and guard verdicts of one process do not flap), and the GPU host checks
-run (:class:`~gpuguard.agent.host_findings.GpuHostFindings`, never acted on).
+run (:class:`~gpuguard.agent.stages.s5_report.host_findings.GpuHostFindings`, never acted on).
+
+May import: the agent's shared modules and the layers below the agent; never a later stage nor
+the pipeline.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from typing import Any
 
 from gpuguard.agent.actions import ALERT_VERDICTS
 from gpuguard.agent.context import AgentContext
-from gpuguard.agent.finding_ledger import ledger_path, load_ledger, save_ledger
-from gpuguard.agent.findings import ProcessFindings, Write
-from gpuguard.agent.host_findings import GpuHostFindings
+from gpuguard.agent.stages.s5_report.finding_ledger import ledger_path, load_ledger, save_ledger
+from gpuguard.agent.stages.s5_report.findings import ProcessFindings, Write
+from gpuguard.agent.stages.s5_report.host_findings import GpuHostFindings
 from gpuguard.correlate.state import ProcessKey
 from gpuguard.detect.guard_policies import evaluate_guard_policies
 from gpuguard.escape import escape_text
@@ -38,7 +41,7 @@ class ReportStage:
         config = ctx.config
         self.correlator: Any = None
         self.act: Act | None = None
-        # process findings: create, coalesced updates, close (gpuguard/agent/findings.py)
+        # process findings: create, coalesced updates, close (gpuguard/agent/stages/s5_report/findings.py)
         self.findings = ProcessFindings(
             config.finding_update_interval_s, proc_root=ctx.proc_root, run_id=ctx.counters.run_id
         )

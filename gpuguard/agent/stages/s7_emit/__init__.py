@@ -1,12 +1,14 @@
 """Stage 7, emit: the log written out, the state file and the metrics refreshed when due.
 
-The state file's schedule is :mod:`gpuguard.agent.status_writer`'s.
+The state file's schedule is :mod:`gpuguard.agent.stages.s7_emit.status_writer`'s.
+
+May import: the agent's shared modules and the layers below the agent; never the pipeline.
 """
 
 from __future__ import annotations
 
 from gpuguard.agent.context import AgentContext
-from gpuguard.agent.status_writer import StatusWriter
+from gpuguard.agent.stages.s7_emit.status_writer import StatusWriter
 
 
 class EmitStage:

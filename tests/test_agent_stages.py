@@ -40,7 +40,7 @@ def _enrich_and_correlator(ruleset):
     ctx = types.SimpleNamespace(proc_root="/proc", lifecycle=lambda *a, **k: None)
     enrich = EnrichStage(ctx)  # type: ignore[arg-type]
     enrich.use_ruleset(ruleset)
-    correlator = Correlator(facts_provider=enrich.facts_of, read_configs=False)
+    correlator = Correlator(facts_provider=enrich.facts_of)
     correlator.on_new_facts = enrich.on_new_facts
     return enrich, correlator
 

@@ -35,7 +35,6 @@ class CorrelateStage:
             raise_fd_limit()  # a pidfd is held per tracked process (at most max_processes)
         self.correlator = Correlator(
             facts_provider=enrich.facts_of,
-            read_configs=False,  # the enrich stage attaches them, before correlation
             max_processes=self.ctx.config.max_processes,
             proc_root=self.ctx.proc_root,
             identify=first_sight(exit_generations),

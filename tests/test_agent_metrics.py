@@ -142,6 +142,7 @@ class Pipeline:
         m.set_blocks({"kill-on-touch": 1}, ("kill-on-touch", "quarantine"))
         m.observe_log(self.log)
         m.observe_log(self.broken_log)
+        m.sync_totals({"stages": {"enrich": {"facts_read": 2, "yara_scans": 0}}})
 
     def close(self) -> None:
         self.log.close()

@@ -45,7 +45,8 @@ from gpuguard.detect.signals.reader import SignalReader  # noqa: E402
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
 from gpuguard.events.model import Connect, GpuIoctl, GpuOpen, NetPayload  # noqa: E402
 from gpuguard.events.process_facts import Ancestor, ProcessFacts  # noqa: E402
-from gpuguard.events.wire import RecordingWriter, iter_recording  # noqa: E402
+from gpuguard.events.wire import iter_recording  # noqa: E402
+from gpuguard.events.wire_write import RecordingWriter  # noqa: E402
 
 T0 = 1_700_000_000.0
 # CPU time of this process, not wall time: the development VM is shared (other benchmarks and

@@ -16,7 +16,13 @@ and imports, as a user sees them.  Targets: cold <= 2 s, warm <= 1 s.  All
 sleepers are killed at the end, whatever happens.
 
 Scan's own work (``summary.duration_s`` with ``--cpu-sample 0 --gpu-window 0``) is
-given as a ratio to a bare walk measured just before each run.  ``--tree DIR``
+given as a ratio to a bare walk measured just before each run.
+
+The rounding-mode window (``--cpu-window``, docs/scan.md): scans with ``--cpu-window 0``
+(the probe never loaded), with the default window on the host as it is (a host with no
+thread that never sleeps loads nothing), and with ``--spinners`` RandomX-like threads
+started for it (all four rounding modes at random), alternating in every round, each
+against the bare walk just before it.  ``--tree DIR``
 (repeatable) also runs the scan of another checkout (e.g. ``git worktree add``
 of main), alternating with this one in every round, so the two ratios come from
 the same host load.
@@ -31,6 +37,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,10 +76,65 @@ def timed_scan(*extra: str, tree: Path = REPO) -> tuple[float, dict]:
     return elapsed, json.loads(result.stdout)
 
 
+SPINNER = REPO / "tests" / "workloads" / "rounding_spinner.c"
+
+
+def rounding_window_rounds(runs: int, spinners: int) -> list[str]:
+    """Scan with no window, with the default window on the host as it is, and with
+    ``spinners`` RandomX-like threads, in alternation; one line each (medians)."""
+    workdir = Path(tempfile.mkdtemp(prefix="gg-bench-spin-"))
+    subprocess.run(["gcc", "-O2", "-o", str(workdir / "spin"), str(SPINNER)], check=True)
+    common = ("--no-yara", "--gpu-window", "0")
+    rows: dict[str, list[tuple[float, float, dict]]] = {}
+    procs: list[subprocess.Popen] = []
+    try:
+        for _ in range(runs):
+            for label, extra, spin in (
+                ("--cpu-window 0", ("--cpu-window", "0"), False),
+                ("default window, host as it is", (), False),
+                (f"default window, {spinners} RandomX-like spinners", (), True),
+            ):
+                if spin and not procs:
+                    procs = [
+                        subprocess.Popen([str(workdir / "spin")], stdout=subprocess.DEVNULL)
+                        for _ in range(spinners)
+                    ]
+                    time.sleep(6)  # a thread is judged from 5 s of life on
+                if not spin and procs:
+                    for proc in procs:
+                        proc.kill()
+                        proc.wait()
+                    procs = []
+                bare = statistics.median(bare_process_iter()[0] for _ in range(3))
+                wall, doc = timed_scan(*common, *extra)
+                rows.setdefault(label, []).append((wall, bare, doc))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+    lines = []
+    for label, taken in rows.items():
+        wall = statistics.median(w for w, _, _ in taken)
+        bare = statistics.median(b for _, b, _ in taken)
+        options = taken[-1][2]["scanner"]["options"]
+        found = [d["summary"]["counters"].get("cpu_window_candidates", 0) for _, _, d in taken]
+        loads = [d["scanner"]["options"].get("cpu_window_load_s", 0) for _, _, d in taken]
+        lines.append(
+            f"{label}: median wall {wall:.2f} s (bare walk {bare:.3f} s); candidates {found}; "
+            f"probe load {statistics.median(loads):.2f} s, window observed "
+            f"{options.get('cpu_window_observed_s', 0)} s (last run)"
+        )
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3, help="warm runs to take the median of")
+    parser.add_argument(
+        "--spinners", type=int, default=2, help="RandomX-like threads for the window runs"
+    )
     parser.add_argument(
         "--tree",
         type=Path,
@@ -98,8 +160,10 @@ def main() -> int:
         processes = baselines[-1][1]
 
         shutil.rmtree(DEFAULT_CACHE_DIR, ignore_errors=True)
-        cold, cold_doc = timed_scan()
-        warm_runs = [timed_scan() for _ in range(args.runs)]
+        # --cpu-window 0: the walk's cost, as on a host with no thread that never sleeps (this
+        # shared VM has other people's busy loops; the window is measured on its own below)
+        cold, cold_doc = timed_scan("--cpu-window", "0")
+        warm_runs = [timed_scan("--cpu-window", "0") for _ in range(args.runs)]
         warm = statistics.median(w[0] for w in warm_runs)
         warm_doc = warm_runs[-1][1]
         # scan's own work (inside the command) without the CPU window, against the bare walk
@@ -110,10 +174,13 @@ def main() -> int:
         loads = []
         for round_ in range(args.runs):
             for tree in trees[round_ % len(trees) :] + trees[: round_ % len(trees)]:
+                no_windows = ("--cpu-sample", "0", "--gpu-window", "0")
+                if tree == REPO:
+                    no_windows += ("--cpu-window", "0")  # an older tree has no such option
                 if len(trees) > 1:  # the YARA cache is keyed by the rule files' paths: warm it
-                    timed_scan("--cpu-sample", "0", "--gpu-window", "0", tree=tree)
+                    timed_scan(*no_windows, tree=tree)
                 bare = statistics.median(bare_process_iter()[0] for _ in range(3))
-                _, doc = timed_scan("--cpu-sample", "0", "--gpu-window", "0", tree=tree)
+                _, doc = timed_scan(*no_windows, tree=tree)
                 ratios[tree].append((doc["summary"]["duration_s"], bare))
             loads.append(os.getloadavg()[0])
     finally:
@@ -122,6 +189,7 @@ def main() -> int:
         for proc in sleepers:
             proc.wait()
 
+    window_lines = rounding_window_rounds(args.runs, args.spinners)
     counters = warm_doc["summary"]["counters"]
     cold_counters = cold_doc["summary"]["counters"]
     print(f"processes on the host during the runs: {processes} ({args.processes} extra sleepers)")
@@ -154,7 +222,7 @@ def main() -> int:
         own = statistics.median(d / b for d, b in runs)
         label = "this tree" if tree == REPO else str(tree)
         print(
-            f"scan's own work, --cpu-sample 0 --gpu-window 0 ({label}): median {own:.1f}x the "
+            f"scan's own work, --cpu-sample 0 --gpu-window 0 --cpu-window 0 ({label}): median {own:.1f}x the "
             f"bare walk measured just before; runs "
             + ", ".join(f"{d:.3f} s / {b:.3f} s = {d / b:.1f}x" for d, b in runs)
             + (
@@ -163,6 +231,9 @@ def main() -> int:
                 else ""
             )
         )
+    print("rounding-mode window (--no-yara --gpu-window 0):")
+    for line in window_lines:
+        print(f"  {line}")
     return 0 if cold <= TARGET_COLD_S and warm <= TARGET_WARM_S else 1
 
 

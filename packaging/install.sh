@@ -3,6 +3,7 @@
 #
 #   sudo bash packaging/install.sh                 # install or upgrade from this checkout
 #   sudo bash packaging/install.sh --enable        # ... and enable + (re)start the service
+#   sudo bash packaging/install.sh --enforce       # ... with enforce mode's capabilities (drop-in)
 #   sudo bash packaging/install.sh --uninstall     # remove program, unit, logrotate; keep config and logs
 #   sudo bash packaging/install.sh --uninstall --purge   # ... and /etc/gpuguard, /var/log/gpuguard too
 #   bash packaging/install.sh --destdir DIR --no-venv    # lay the files out under DIR (packaging, tests)
@@ -14,6 +15,7 @@
 #   /etc/gpuguard/agent.yaml      config, 0600 root; never overwritten: a newer default lands beside
 #                                 it as agent.yaml.dist
 #   /etc/systemd/system/gpuguard.service, /etc/logrotate.d/gpuguard
+#   /etc/systemd/system/gpuguard.service.d/enforce.conf   with --enforce: CAP_KILL, CAP_NET_ADMIN
 #   /var/log/gpuguard             the agent's log (0750)
 set -euo pipefail
 
@@ -25,6 +27,7 @@ action=install
 venv=1
 enable=0
 purge=0
+enforce=0
 
 say() { printf 'gpuguard-install: %s\n' "$*" >&2; }
 die() { printf 'gpuguard-install: %s\n' "$*" >&2; exit 2; }
@@ -34,10 +37,11 @@ while [ $# -gt 0 ]; do
         --uninstall) action=uninstall ;;
         --purge) purge=1 ;;
         --enable) enable=1 ;;
+        --enforce) enforce=1 ;;
         --no-venv) venv=0 ;;
         --destdir) [ $# -ge 2 ] || die "--destdir needs a directory"; DESTDIR=$2; shift ;;
         --destdir=*) DESTDIR=${1#--destdir=} ;;
-        -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) die "unknown option $1 (fix: see --help)" ;;
     esac
     shift
@@ -95,6 +99,10 @@ install_files() {
         put 600 "$PKG/agent.yaml" "$etc/gpuguard/agent.yaml.dist"
     fi
     put 644 "$PKG/gpuguard.service" "$etc/systemd/system/gpuguard.service"
+    put 644 "$PKG/gpuguard-enforce.conf" "$opt/share/gpuguard-enforce.conf"
+    if [ "$enforce" -eq 1 ]; then
+        put 644 "$PKG/gpuguard-enforce.conf" "$etc/systemd/system/gpuguard.service.d/enforce.conf"
+    fi
     put 644 "$PKG/gpuguard.logrotate" "$etc/logrotate.d/gpuguard"
     install -d -m 750 "$DESTDIR/var/log/gpuguard"
 
@@ -123,6 +131,8 @@ uninstall_files() {
         "$opt/bin/gpuguard" unblock --all || say "could not lift every block (see: gpuguard blocks)"
     fi
     rm -f "$etc/systemd/system/gpuguard.service" "$etc/logrotate.d/gpuguard"
+    rm -f "$etc/systemd/system/gpuguard.service.d/enforce.conf"
+    rmdir "$etc/systemd/system/gpuguard.service.d" 2>/dev/null || true
     if [ -L "$DESTDIR/usr/local/sbin/gpuguard" ]; then rm -f "$DESTDIR/usr/local/sbin/gpuguard"; fi
     rm -rf "$opt"
     if [ "$purge" -eq 1 ]; then

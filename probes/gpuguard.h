@@ -12,7 +12,7 @@
 #ifndef GPUGUARD_H
 #define GPUGUARD_H
 
-#define GG_ABI_VERSION 3
+#define GG_ABI_VERSION 4
 
 #define GG_COMM_LEN 16
 #define GG_PATH_LEN 128
@@ -311,18 +311,31 @@ struct gg_major_key {
 /* ==== end respond ==== */
 
 /* ==== fpu (probes/fpu.bpf.c) ==== */
-/* Per process (map value, keyed by tgid): the SSE rounding mode (MXCSR.RC) its threads
- * left the FPU in at context switches.  An entry exists only once a look found a mode other
- * than round-to-nearest; RandomX switches modes all the time (CFROUND), nearly nothing else
- * ever leaves nearest. */
+/* Per thread (map value, keyed by the thread's id): the SSE rounding mode (MXCSR.RC) it left
+ * the FPU in at context switches, counted per mode and per pair of consecutive looks, and why
+ * it was switched out.  An entry exists only once a look found a mode other than
+ * round-to-nearest.  RandomX (CFROUND) is found in all four modes in even shares, each look
+ * independent of the one before; interval arithmetic, set-once code and numeric test suites
+ * switch modes in fixed patterns (docs/rules.md).  Kept per thread so that one thread's fixed
+ * cycle is not blurred by the interleaving of its siblings' looks; user space sums a process's
+ * threads. */
+enum gg_fpu_mode {
+    GG_FPU_NEAREST = 0,          /* MXCSR.RC 00: round to nearest, ties to even (the default) */
+    GG_FPU_DOWN = 1,             /* 01: toward -infinity */
+    GG_FPU_UP = 2,               /* 10: toward +infinity */
+    GG_FPU_TOWARD_ZERO = 3,      /* 11: truncate */
+};
 struct gg_fpu_rounding {
     __u64 first_ns;              /* bpf_ktime_get_boot_ns() of the first counted look */
     __u64 last_ns;               /* ... of the latest */
-    __u64 samples;               /* looks counted (at most one per GG_FPU_MIN_GAP_NS) */
-    __u64 nondefault;            /* looks with RC != round-to-nearest */
-    __u64 changes;               /* looks with RC unlike the previous look */
-    __u32 last_rc;
-    __u32 _pad;
+    __u64 modes[4];              /* looks (at most one per GG_FPU_MIN_GAP_NS) per gg_fpu_mode */
+    __u64 next[16];              /* consecutive looks: [mode of the previous look * 4 + mode] */
+    __u64 preempted;             /* looks at a switch-out while runnable: preempted, throttled
+                                    by a CPU quota, yielded */
+    __u64 stopped;               /* ... while stopped from outside (SIGSTOP, ptrace, freezer);
+                                    the rest of the looks were sleeps (it blocked) */
+    __u32 tgid;                  /* the process the thread belongs to */
+    __u32 last_mode;
 };
 /* ==== end fpu ==== */
 

@@ -130,7 +130,11 @@ def test_a_miner_gets_one_finding_id_an_update_with_pool_and_gpu_and_a_close(tmp
         update = agent.wait_record(with_pool_and_gpu, timeout=40)
         assert update["gpuguard"]["finding"]["id"] == fid
         run = agent.status()["run_id"]  # this agent run's: record ids differ across restarts
-        assert update["event"]["type"] == ["change"] and update["event"]["id"] == f"{fid}-{run}-1"
+        # ECS expects no `change` under intrusion_detection: the update is `info`, and says
+        # what it is in gpuguard.finding.activity (tests/test_output_schemas.py checks the pairs)
+        assert update["event"]["type"] == ["info"] and update["event"]["id"] == f"{fid}-{run}-1"
+        assert update["gpuguard"]["finding"]["activity"] == "update"
+        assert "intrusion_detection" in update["event"]["category"]
         assert update["destination"]["ip"] == "127.0.0.1"
         assert {"gpu", "destination", "rules"} <= set(update["gpuguard"]["finding"]["changes"])
         assert "net-pool-protocol" in update["gpuguard"]["rule_ids"]
@@ -151,7 +155,8 @@ def test_a_miner_gets_one_finding_id_an_update_with_pool_and_gpu_and_a_close(tmp
         assert agent.stop() == 0, agent.stderr()
         pool.close()
     assert close["gpuguard"]["finding"]["id"] == fid
-    assert close["event"]["type"] == ["end"] and close["event"]["action"] == "process-ended"
+    assert close["event"]["type"] == ["info"] and close["event"]["action"] == "process-ended"
+    assert close["gpuguard"]["finding"]["activity"] == "close"
     assert close["process"]["exit_code"] == 0
     totals = close["gpuguard"]["finding"]["totals"]
     assert 0 < totals["gpu_s"] <= totals["age_s"]

@@ -4,6 +4,7 @@ turns /healthz to 503 (fault injection: GPUGUARD_FAULT_STALL_LOOP), and the defa
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from gpuguard.agent.telemetry import STALL_ENV
-from gpuguard.outputs.metrics import DEFAULT_METRICS_PORT, AgentHealth, AgentMetrics
+from gpuguard.outputs.metrics import AgentMetrics
+from gpuguard.outputs.metrics_http import DEFAULT_METRICS_PORT, AgentHealth
 from tests.support.agent_run import AgentProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,7 +42,35 @@ TAKEN_ON_GPU_NODES = {
     8080: "kube-state-metrics / cAdvisor",
     5000: "AMD device-metrics-exporter",
     5555: "DCGM host engine",
+    9479: "Prometheus beat exporter (beside Filebeat, which ships gpuguard's log)",
+    10248: "kubelet health",
+    10255: "kubelet read-only",
+    10257: "kube-controller-manager",
+    10259: "kube-scheduler",
+    2379: "etcd",
+    9253: "NodeLocal DNSCache metrics",
+    20256: "node-problem-detector health",
+    20257: "node-problem-detector metrics",
+    29400: "torchrun rendezvous (c10d)",
+    29500: "PyTorch distributed MASTER_PORT",
+    6379: "Ray GCS",
+    8265: "Ray dashboard",
+    10001: "Ray client server",
+    8000: "Triton / vLLM HTTP",
+    8001: "Triton gRPC",
+    8002: "Triton metrics",
+    6817: "slurmctld",
+    6818: "slurmd",
+    4317: "OpenTelemetry collector OTLP",
+    2020: "Fluent Bit metrics",
+    9598: "Vector metrics",
+    5066: "Filebeat HTTP monitoring",
+    12345: "Grafana Alloy",
+    15020: "Istio agent metrics",
 }
+# The Prometheus wiki's default port allocations: every port of this range was allocated by
+# June 2023 (docs/deploy.md names the list and when it was checked).
+EXPORTER_RANGE = range(9100, 10000)
 
 
 def free_port() -> int:
@@ -185,6 +215,7 @@ def test_health_endpoints_served_beside_metrics():
 
 def test_default_port_collides_with_nothing_gpu_nodes_run():
     assert DEFAULT_METRICS_PORT not in TAKEN_ON_GPU_NODES
+    assert DEFAULT_METRICS_PORT not in EXPORTER_RANGE and DEFAULT_METRICS_PORT != 9090
     assert not 30000 <= DEFAULT_METRICS_PORT <= 32767  # Kubernetes NodePorts (hostNetwork)
     low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     assert not low <= DEFAULT_METRICS_PORT <= high  # never an ephemeral port
@@ -247,3 +278,23 @@ def test_blocks_in_place_are_exported_by_kind(tmp_path):
         assert 'gpuguard_blocks_active{kind="nftables"} 0.0' in body
     finally:
         telemetry.close_metrics()
+
+
+def test_every_file_that_names_the_metrics_port_names_the_one_default():
+    """The port is defined once (metrics_http.DEFAULT_METRICS_PORT); the YAML, the image and the
+    docs cannot import it, so this finds every port number they give the agent's endpoint."""
+    port = str(DEFAULT_METRICS_PORT)
+    named = {
+        "packaging/agent.yaml": r"address: 127\.0\.0\.1:(\d+)",
+        "packaging/Containerfile": r"EXPOSE (\d+)/tcp",
+        "packaging/kubernetes/base/daemonset.yaml": r"\[\$\(POD_IP\)\]:(\d+)|containerPort: (\d+)",
+        "packaging/kubernetes/overlays/enforce/enforce.yaml": r"\[\$\(POD_IP\)\]:(\d+)",
+        "packaging/kubernetes/overlays/metrics/service.yaml": r"port: (\d+)",
+        "docs/deploy.md": r"metrics port (\d+)|127\.0\.0\.1:(\d+)|\[\$\(POD_IP\)\]:(\d+)",
+        "docs/agent.md": r"127\.0\.0\.1:(\d+)",
+    }
+    for path, pattern in named.items():
+        found = {
+            g for m in re.finditer(pattern, (REPO / path).read_text()) for g in m.groups() if g
+        }
+        assert found == {port}, (path, found)

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import signal
 import socket
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -29,10 +26,12 @@ from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.events.wire import iter_recording
 from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.outputs.log_writer import open_log
-from gpuguard.outputs.metrics import EXEC_SENT_UP, METRIC_NAMES, AgentMetrics, parse_address
+from gpuguard.outputs.metrics import EXEC_SENT_UP, METRIC_NAMES, AgentMetrics
+from gpuguard.outputs.metrics_http import parse_address
 from gpuguard.sources.gpu import nvml
 from gpuguard.sources.proc.pod_names import PodRef
 from tests.fakes.fake_pynvml import ERROR_CODES, MIB, FakeGpu, FakeNvml, FakeProcess
+from tests.support.prometheus import prometheus
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "packaging" / "grafana-dashboard.json"
@@ -43,6 +42,15 @@ HOSTILE = 'x\n\x1b]0;pwned\x07"} evil{a="1'
 def dashboard_exprs() -> list[str]:
     doc = json.loads(DASHBOARD.read_text())
     return [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+
+
+# the busy GPU of _fake_gpus, labelled as dcgm-exporter labels it (sorted label pairs)
+H100 = (
+    ("Hostname", "gpu-node-7"),
+    ("UUID", "GPU-5c5f5a8e-3b0c-8c0e-2a42-6f1e6d7b1c01"),
+    ("gpu", "nvidia0"),
+    ("modelName", "NVIDIA H100 80GB HBM3"),
+)
 
 
 def exported_names(metrics: AgentMetrics) -> set[str]:
@@ -151,7 +159,7 @@ class Pipeline:
 
 @pytest.fixture
 def fed(tmp_path):
-    metrics = AgentMetrics()
+    metrics = AgentMetrics(hostname="gpu-node-7")
     pipeline = Pipeline(metrics, tmp_path)
     pipeline.run_once()
     yield metrics, pipeline
@@ -196,19 +204,17 @@ def test_pipeline_values_land_in_the_right_series(fed):
         samples[
             (
                 "gpuguard_gpu_utilization_percent",
-                (("gpu", "nvidia0"), ("name", "NVIDIA H100 80GB HBM3")),
+                H100,
             )
         ]
         == 98
     )
-    assert samples[
-        ("gpuguard_gpu_power_watts", (("gpu", "nvidia0"), ("name", "NVIDIA H100 80GB HBM3")))
-    ] == pytest.approx(688.512)
+    assert samples[("gpuguard_gpu_power_watts", H100)] == pytest.approx(688.512)
     assert (
         samples[
             (
                 "gpuguard_gpu_process_utilization_percent",
-                (("comm", "xmrig"), ("gpu", "nvidia0"), ("pid", "4242")),
+                tuple(sorted((*H100, ("comm", "xmrig"), ("pid", "4242")))),
             )
         ]
         == 97
@@ -250,9 +256,9 @@ def test_top_processes_are_bounded_and_replaced():
         )
 
     metrics.observe_snapshot(snap([1, 2, 3, 4]))
-    assert {s.labels["pid"] for s in metrics.proc_util.collect()[0].samples} == {"3", "4"}
+    assert {s.labels["pid"] for s in metrics.gpus.proc_util.collect()[0].samples} == {"3", "4"}
     metrics.observe_snapshot(snap([7]))
-    assert {s.labels["pid"] for s in metrics.proc_util.collect()[0].samples} == {"7"}
+    assert {s.labels["pid"] for s in metrics.gpus.proc_util.collect()[0].samples} == {"7"}
 
 
 def test_the_agents_running_totals_become_counters_that_only_move_forward():
@@ -326,12 +332,6 @@ def test_bad_metrics_address_is_one_clear_error():
             parse_address(bad)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _query(port: int, expr: str) -> list:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     body = json.loads(urllib.request.urlopen(url, timeout=5).read())
@@ -340,8 +340,6 @@ def _query(port: int, expr: str) -> list:
 
 
 def test_real_prometheus_scrapes_the_exporter_and_every_dashboard_query_returns_data(tmp_path):
-    binary = shutil.which("prometheus")
-    assert binary, "Debian's prometheus is not installed (fix: bash packaging/setup-host.sh setup)"
     metrics = AgentMetrics()
     pipeline = Pipeline(metrics, tmp_path)
     exporter = metrics.serve("127.0.0.1:0")
@@ -354,57 +352,36 @@ def test_real_prometheus_scrapes_the_exporter_and_every_dashboard_query_returns_
 
     feeder = threading.Thread(target=keep_feeding, daemon=True)
     feeder.start()
-    port = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
+    config = (
         f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         f"scrape_configs:\n  - job_name: gpuguard\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{exporter.port}']\n"
-    )
-    log = open(tmp_path / "prometheus.log", "w")
-    server = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1h",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=tmp_path,
     )
     pending = {
         expr.replace("$__rate_interval", "15s").replace("$instance", ".*")
         for expr in dashboard_exprs()
     }
     try:
-        deadline = time.monotonic() + 25
-        while pending and time.monotonic() < deadline:
-            assert server.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
-            for expr in sorted(pending):
-                try:
-                    if _query(port, expr):
-                        pending.discard(expr)
-                except OSError:
-                    break  # not listening yet
-            time.sleep(0.5)
-        assert not pending, f"dashboard queries without data from Prometheus: {sorted(pending)}"
-        # the variable the dashboard's host picker uses
-        url = f"http://127.0.0.1:{port}/api/v1/label/instance/values"
-        assert (
-            f"127.0.0.1:{exporter.port}"
-            in json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]
-        )
+        with prometheus(tmp_path, config) as server:
+            deadline = time.monotonic() + 25
+            while pending and time.monotonic() < deadline:
+                server.check_alive()
+                for expr in sorted(pending):
+                    try:
+                        if _query(server.port, expr):
+                            pending.discard(expr)
+                    except OSError:
+                        break  # not listening yet
+                time.sleep(0.5)
+            assert not pending, f"dashboard queries without data from Prometheus: {sorted(pending)}"
+            # the variable the dashboard's host picker uses
+            url = f"{server.api}/label/instance/values"
+            assert (
+                f"127.0.0.1:{exporter.port}"
+                in json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]
+            )
     finally:
         stop.set()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
         feeder.join(5)
         exporter.close()
         pipeline.close()
@@ -437,3 +414,113 @@ def test_exec_filter_counts_become_counters_that_never_step_back():
     assert got[("gpuguard_execs_seen_total", ())] == 104
     metrics.sync_totals({"execs": execs | {"sent_up": 14, "promoted_by_kernel": 4}})
     assert samples()[("gpuguard_execs_sent_up_total", (("when", "exec"),))] == 6
+
+
+def test_every_per_gpu_and_per_pod_series_carries_dcgm_exporters_labels(tmp_path):
+    """UUID, modelName and Hostname (dcgm-exporter's names) beside gpu on every series that names
+    a GPU, and beside namespace, pod and container on the per-pod ones; the values are the
+    GPU's own (the fake NVML's H100s) and the node's."""
+    metrics = AgentMetrics(per_process_gpu=True, hostname="gpu-node-7")
+    pipeline = Pipeline(metrics, tmp_path)
+    try:
+        pipeline.run_once()
+    finally:
+        pipeline.close()
+    by_gpu: dict[str, set] = {}
+    families = set()
+    for fam in text_string_to_metric_families(metrics.exposition().decode()):
+        for s in fam.samples:
+            if "gpu" not in s.labels:
+                continue
+            families.add(fam.name)
+            assert {"UUID", "modelName", "Hostname"} <= set(s.labels), (s.name, s.labels)
+            assert s.labels["Hostname"] == "gpu-node-7"
+            by_gpu.setdefault(s.labels["gpu"], set()).add((s.labels["UUID"], s.labels["modelName"]))
+            if fam.name.startswith(("gpuguard_pod_", "gpuguard_process_gpu_")):
+                assert {"namespace", "pod", "container"} <= set(s.labels), s.name
+    assert by_gpu == {
+        "nvidia0": {("GPU-5c5f5a8e-3b0c-8c0e-2a42-6f1e6d7b1c01", "NVIDIA H100 80GB HBM3")},
+        "nvidia1": {("GPU-5c5f5a8e-3b0c-8c0e-2a42-6f1e6d7b1c02", "NVIDIA H100 80GB HBM3")},
+    }
+    # every GPU family: devices, top processes, pods, processes with their pod
+    assert families == {
+        "gpuguard_gpu_utilization_percent",
+        "gpuguard_gpu_memory_used_bytes",
+        "gpuguard_gpu_memory_total_bytes",
+        "gpuguard_gpu_power_watts",
+        "gpuguard_gpu_process_utilization_percent",
+        "gpuguard_gpu_process_memory_bytes",
+        "gpuguard_pod_gpu_sm_percent",
+        "gpuguard_pod_gpu_memory_bytes",
+        "gpuguard_process_gpu_sm_percent",
+        "gpuguard_process_gpu_memory_bytes",
+    }, families
+
+
+def test_findings_are_exported_at_zero_for_every_rule_and_verdict_before_any_is_found():
+    metrics = AgentMetrics()
+    metrics.declare_findings(["miner-cmdline-stratum", "guard.fair-share"])
+    value = metrics.registry.get_sample_value
+    for rule in ("miner-cmdline-stratum", "guard.fair-share"):
+        for verdict in ("clean", "suspicious", "malicious"):
+            assert value("gpuguard_findings_total", {"rule": rule, "verdict": verdict}) == 0
+    metrics.sync_totals({"findings": {"miner-cmdline-stratum/malicious": 1}})
+    assert (
+        value("gpuguard_findings_total", {"rule": "miner-cmdline-stratum", "verdict": "malicious"})
+        == 1
+    )
+    metrics.declare_findings(["miner-cmdline-stratum"])  # a reload declares again: no reset
+    assert (
+        value("gpuguard_findings_total", {"rule": "miner-cmdline-stratum", "verdict": "malicious"})
+        == 1
+    )
+
+
+def test_a_running_agent_exports_every_rule_at_zero_and_a_reloaded_rule_too(tmp_path):
+    """In-process agent (reduced mode): its /metrics has each rule's finding counters at 0 from
+    the start, and a rule a SIGHUP reload brings joins them."""
+    from gpuguard.agent.config import AgentConfig
+    from gpuguard.agent.pipeline import Agent
+    from tests.support.agent_run import agent_running, until
+
+    site = tmp_path / "site.yaml"
+    site.write_text("version: 1\n")
+    config = AgentConfig(
+        sensor="proc",
+        rules=[shipped_rules_file(), site],
+        log_path=str(tmp_path / "agent.log"),
+        status_path=tmp_path / "status.json",
+        metrics_address="127.0.0.1:0",
+        gpu_sources=[],
+    )
+    agent = Agent(config, install_signals=False, stderr=lambda line: None)
+
+    def counters() -> dict[tuple[str, str], float]:
+        """Every exported finding counter, by (rule, verdict).  An agent in reduced mode sweeps
+        the whole host, so on a busy one another test's miner stand-in may already have moved
+        one of them above 0: what is asserted is that each series exists from the start."""
+        body = urllib.request.urlopen(
+            f"http://127.0.0.1:{agent.telemetry.server.port}/metrics", timeout=5
+        ).read()
+        return {
+            (s.labels["rule"], s.labels["verdict"]): s.value
+            for fam in text_string_to_metric_families(body.decode())
+            for s in fam.samples
+            if s.name == "gpuguard_findings_total"
+        }
+
+    with agent_running(agent):
+        rules = {r.id for r in agent.opened.rules.current.rules}
+        assert {(r, v) for r in rules for v in ("clean", "suspicious", "malicious")} <= set(
+            counters()
+        )
+        assert ("host-gpu-memory-orphaned", "malicious") in counters()  # an agent host check
+        assert ("site-launcher-rule", "malicious") not in counters()
+        site.write_text(
+            "version: 1\nrules:\n  - id: site-launcher-rule\n    description: a site rule\n"
+            "    severity: low\n    weight: 5\n    condition: {signal: parent_name, is: xmrig-launcher}\n"
+        )
+        agent.request_reload()
+        assert until(lambda: ("site-launcher-rule", "malicious") in counters(), timeout=20)
+        # no process here has a parent named xmrig-launcher: a counter that starts, and stays, at 0
+        assert counters()[("site-launcher-rule", "malicious")] == 0

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuguard.agent.capabilities import ENFORCE_CAPABILITIES, MONITOR_CAPABILITIES
 from gpuguard.detect.ruleset.shipped import default_rule_paths
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.records import render_record
@@ -24,16 +25,9 @@ from gpuguard.outputs.records import render_record
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "packaging"
 UNIT = PKG / "gpuguard.service"
-CAPS = {
-    "CAP_BPF",
-    "CAP_PERFMON",
-    "CAP_SYS_ADMIN",
-    "CAP_SYS_RESOURCE",
-    "CAP_KILL",
-    "CAP_NET_ADMIN",
-    "CAP_DAC_READ_SEARCH",
-    "CAP_SYS_PTRACE",
-}
+ENFORCE_DROP_IN = PKG / "gpuguard-enforce.conf"
+CAPS = set(MONITOR_CAPABILITIES)  # monitor mode's: the unit and the DaemonSet's base
+ENFORCE_CAPS = set(ENFORCE_CAPABILITIES)
 
 
 def unit_settings() -> dict[str, str]:
@@ -51,6 +45,14 @@ def test_unit_hardening():
     assert set(s["CapabilityBoundingSet"].split()) == CAPS
     for cap in CAPS:  # every capability is explained in the unit
         assert re.search(rf"^#\s+{cap}\s+\S", UNIT.read_text(), re.M), f"say why {cap} is needed"
+    # the enforce drop-in adds exactly enforce mode's two, each explained
+    parser = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    parser.optionxform = str
+    parser.read_string(ENFORCE_DROP_IN.read_text())
+    added = set(parser["Service"]["CapabilityBoundingSet"].split())
+    assert added == ENFORCE_CAPS - CAPS == {"CAP_KILL", "CAP_NET_ADMIN"}
+    for cap in added:
+        assert re.search(rf"^#\s+{cap}\s+\S", ENFORCE_DROP_IN.read_text(), re.M), cap
     assert (
         s["ProtectSystem"] == "strict"
         and s["NoNewPrivileges"] == "yes"
@@ -73,10 +75,18 @@ def test_systemd_analyze_verify_and_security(tmp_path):
     entry = REPO / ".venv" / "bin" / "gpuguard"
     assert entry.exists()
     # /opt/gpuguard/bin/gpuguard must exist for verify: give it one in a private mount namespace only.
+    # /etc/systemd/system of the private namespace holds the unit, then its enforce drop-in:
+    # systemd itself merges the two bounding sets
+    units = "/etc/systemd/system"
+    security = f"{analyze} security --offline=yes --no-pager {units}/gpuguard.service"
     script = (
         f"mount -t tmpfs gg-opt-{os.getpid()} /opt && mkdir -p /opt/gpuguard/bin && "
         f"ln -s {entry} /opt/gpuguard/bin/gpuguard && "
-        f"{analyze} verify {UNIT} && {analyze} security --offline=yes --no-pager {UNIT}"
+        f"{analyze} verify {UNIT} && {analyze} security --offline=yes --no-pager {UNIT} && "
+        f"mount -t tmpfs gg-units-{os.getpid()} {units} && cp {UNIT} {units}/ && "
+        f"echo ==monitor && {security} && mkdir {units}/gpuguard.service.d && "
+        f"cp {ENFORCE_DROP_IN} {units}/gpuguard.service.d/enforce.conf && "
+        f"echo ==enforce && {analyze} verify {units}/gpuguard.service && {security}"
     )
     result = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
@@ -88,6 +98,11 @@ def test_systemd_analyze_verify_and_security(tmp_path):
     assert "gpuguard.service" not in result.stderr, result.stderr  # verify printed no warning
     exposure = re.search(r"Overall exposure level for gpuguard.service: ([\d.]+)", result.stdout)
     assert exposure and float(exposure.group(1)) < 7.0, result.stdout[-400:]
+    monitor, enforce = result.stdout.split("==monitor")[1].split("==enforce")
+    for cap in ("CAP_KILL", "CAP_NET_ADMIN"):  # granted only with the drop-in
+        assert re.search(rf"✓ CapabilityBoundingSet=~{cap}\b", monitor), monitor[-2000:]
+        assert re.search(rf"✗ CapabilityBoundingSet=~{cap}\b", enforce), enforce[-2000:]
+    assert re.search(r"✗ CapabilityBoundingSet=~CAP_SYS_ADMIN\b", monitor)
 
 
 # -- install.sh -------------------------------------------------------------------------------
@@ -169,6 +184,18 @@ def test_install_lays_out_the_tree_idempotently_and_uninstalls(tmp_path):
     ).is_dir()
     assert _install(dest, "--uninstall", "--purge").returncode == 0
     assert not (etc / "gpuguard").exists() and not (dest / "var/log/gpuguard").exists()
+
+
+def test_install_enforce_adds_the_capability_drop_in_and_uninstall_removes_it(tmp_path):
+    dest = tmp_path / "root"
+    drop_in = dest / "etc/systemd/system/gpuguard.service.d/enforce.conf"
+    assert _install(dest).returncode == 0 and not drop_in.exists()  # monitor: the unit alone
+    assert (dest / "opt/gpuguard/share/gpuguard-enforce.conf").exists()  # for a manual install
+    done = _install(dest, "--enforce")
+    assert done.returncode == 0, done.stderr
+    assert drop_in.read_bytes() == ENFORCE_DROP_IN.read_bytes()
+    assert _install(dest, "--uninstall").returncode == 0
+    assert not drop_in.parent.exists()
 
 
 def test_install_refuses_unknown_options(tmp_path):
@@ -316,6 +343,10 @@ def test_daemonset_security_fields():
         == CAPS
         == set(unit_settings()["CapabilityBoundingSet"].split())
     )
+    (enforcing,) = by_kind(render("enforce"))["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    enforce_sc = enforcing["securityContext"]
+    assert {f"CAP_{c}" for c in enforce_sc["capabilities"]["add"]} == ENFORCE_CAPS
+    assert enforce_sc["capabilities"]["drop"] == ["ALL"] and enforce_sc["privileged"] is False
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {v["mountPath"]: v for v in container["volumeMounts"]}
     assert volumes[mounts["/var/log/gpuguard"]["name"]]["hostPath"]["path"] == "/var/log/gpuguard"
@@ -361,14 +392,15 @@ def test_metrics_bind_the_pod_ip_and_the_probes_read_health():
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     args = container["args"]
     address = args[args.index("--metrics-address") + 1]
-    assert address == "[$(POD_IP)]:9479"
-    from gpuguard.outputs.metrics import DEFAULT_METRICS_PORT, parse_address
+    from gpuguard.outputs.metrics_http import DEFAULT_METRICS_PORT, parse_address
 
+    port = DEFAULT_METRICS_PORT
+    assert address == f"[$(POD_IP)]:{port}"
     # what the kubelet substitutes parses for IPv4 and IPv6 pod IPs alike
-    assert parse_address(address.replace("$(POD_IP)", "10.0.3.7")) == ("10.0.3.7", 9479)
-    assert parse_address(address.replace("$(POD_IP)", "fd00::7")) == ("fd00::7", 9479)
-    (port,) = container["ports"]
-    assert port == {"name": "metrics", "containerPort": DEFAULT_METRICS_PORT, "protocol": "TCP"}
+    assert parse_address(address.replace("$(POD_IP)", "10.0.3.7")) == ("10.0.3.7", port)
+    assert parse_address(address.replace("$(POD_IP)", "fd00::7")) == ("fd00::7", port)
+    (declared,) = container["ports"]
+    assert declared == {"name": "metrics", "containerPort": port, "protocol": "TCP"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
 
@@ -391,6 +423,11 @@ def test_overlays_differ_only_where_they_say():
     assert "--mode" not in m["args"] and e["args"][-2:] == ["--mode", "enforce"]
     assert e["args"][:-2] == m["args"]
     e["args"] = m["args"]
+    added = set(e["securityContext"]["capabilities"]["add"]) - set(
+        m["securityContext"]["capabilities"]["add"]
+    )
+    assert added == {"KILL", "NET_ADMIN"}
+    e["securityContext"]["capabilities"]["add"] = m["securityContext"]["capabilities"]["add"]
     assert enforce == monitor
 
     scraped = render("metrics")
@@ -734,9 +771,125 @@ def test_promtool_check_metrics_passes_on_the_agents_exposition(tmp_path):
     run = subprocess.run(
         [_promtool(), "check", "metrics"], input=body, capture_output=True, timeout=60
     )
-    assert run.returncode == 0, run.stdout + run.stderr
+    # Its one complaint is by design: the GPU series carry dcgm-exporter's label names
+    # (modelName, Hostname) so DCGM_FI_DEV_* joins them without label_replace.  Every other
+    # lint rule holds, and a family without those labels draws no complaint.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuguard.outputs.gpu_metrics import GPU_LABELS
+
+    dcgm_named = {
+        fam.name
+        for fam in text_string_to_metric_families(body.decode())
+        if any(set(GPU_LABELS) <= set(sample.labels) for sample in fam.samples)
+    }
+    assert dcgm_named and "gpuguard_findings" not in dcgm_named
+    lines = (run.stdout + run.stderr).decode().splitlines()
+    camel = " label names should be written in 'snake_case' not 'camelCase'"
+    assert lines and all(line.endswith(camel) for line in lines), lines
+    complained = {line.removesuffix(camel) for line in lines}
+    assert complained == dcgm_named, complained
     # promtool does complain about what it should: a counter without _total
     bad = b"# HELP x_bad a\n# TYPE x_bad counter\nx_bad 1\n"
     assert subprocess.run(
         [_promtool(), "check", "metrics"], input=bad, capture_output=True
     ).returncode
+
+
+def _documented_dcgm_joins() -> list[str]:
+    text = (REPO / "docs/deploy.md").read_text()
+    section = text[text.index("### Joining DCGM") : text.index("## Fleet view")]
+    return re.findall(r"```promql\n(.*?)```", section, re.S)
+
+
+def _promtool_series(name: str, labels: dict[str, str], value: float) -> dict[str, str]:
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return {"series": f"{name}{{{inner}}}", "values": f"{value:.6f}x5"}
+
+
+def test_the_documented_dcgm_joins_work_on_series_as_both_exporters_write_them(tmp_path):
+    """The PromQL in docs/deploy.md, "Joining DCGM", run by promtool over gpuguard's own
+    exposition (the fake H100s of tests/test_agent_metrics.py) and dcgm-exporter series labelled
+    as its metric template writes them (gpu index, UUID, pci_bus_id, device, modelName, Hostname)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuguard.outputs.metrics import AgentMetrics
+    from tests.test_agent_metrics import Pipeline
+
+    metrics = AgentMetrics(hostname="gpu-1")
+    pipeline = Pipeline(metrics, tmp_path)
+    try:
+        pipeline.run_once()
+    finally:
+        pipeline.close()
+    target = {"instance": "gpu-1", "job": "gpuguard-metrics"}
+    ours = [
+        (s.name, {**s.labels, **target}, s.value)
+        for fam in text_string_to_metric_families(metrics.exposition().decode())
+        for s in fam.samples
+        if s.name in ("gpuguard_pod_gpu_sm_percent", "gpuguard_pod_gpu_memory_bytes")
+    ]
+    gpus = {labels["UUID"] for _, labels, _ in ours} | {
+        s.labels["UUID"]
+        for fam in text_string_to_metric_families(metrics.exposition().decode())
+        for s in fam.samples
+        if s.name == "gpuguard_gpu_utilization_percent"
+    }
+    busy, idle = sorted(gpus)  # the H100 with two pods on it, and one gpuguard sees no pod on
+    dcgm = {"job": "dcgm-exporter", "instance": "10.0.0.1:9400", "Hostname": "gpu-1"}
+    model = "NVIDIA H100 80GB HBM3"
+    theirs = []
+    for index, uuid in enumerate((busy, idle)):
+        labels = {
+            **dcgm,
+            "gpu": str(index),
+            "UUID": uuid,
+            "pci_bus_id": f"00000000:{0x18 + index:02X}:00.0",
+            "device": f"nvidia{index}",
+            "modelName": model,
+        }
+        theirs.append(("DCGM_FI_DEV_FB_USED", labels, 76210.0 if uuid == busy else 0.0))
+        theirs.append(("DCGM_FI_DEV_GPU_UTIL", labels, 98.0 if uuid == busy else 97.0))
+    share, unattributed = _documented_dcgm_joins()
+    memory = [(labels, v) for name, labels, v in ours if name == "gpuguard_pod_gpu_memory_bytes"]
+    assert len(memory) == 2
+    doc = {
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [_promtool_series(*s) for s in ours + theirs],
+                "promql_expr_test": [
+                    {
+                        "expr": share.strip(),
+                        "eval_time": "2m",
+                        "exp_samples": [
+                            {
+                                "labels": "{"
+                                + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                                + "}",
+                                "value": float(f"{v:.6f}") / (76210.0 * 1048576),
+                            }
+                            for labels, v in memory
+                        ],
+                    },
+                    {
+                        "expr": unattributed.strip(),
+                        "eval_time": "2m",
+                        "exp_samples": [
+                            {
+                                "labels": f'{{Hostname="gpu-1",UUID="{idle}",modelName="{model}"}}',
+                                "value": 97,
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "dcgm-join.test.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
+    tested = subprocess.run(
+        [_promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert tested.returncode == 0 and "SUCCESS" in tested.stdout, tested.stdout + tested.stderr

@@ -4,7 +4,8 @@ A ```yaml block is sent to a loader chosen by its top-level keys: an agent confi
 (``mode``, ``response``, ``guard_policies``, ...) to the agent config parser (which checks
 ``response:`` with the response settings parser), a rules file (``version``) as a layer over
 the shipped rules, a rule condition (``signal``, ``all``, ``any``, ``not``) or ``condition:``
-as a rule in such a layer, a golden case's ``expected.yaml`` to its reader.  A block the test
+as a rule in such a layer, a golden case's ``expected.yaml`` to its reader, a metrics web
+config (``tls_server_config``, ``basic_auth_users``) to its loader.  A block the test
 cannot place fails.  A block that is deliberately partial says so in an HTML comment on the
 line before it, which the test honours:
 
@@ -20,6 +21,7 @@ through ``yaml.safe_load``.
 from __future__ import annotations
 
 import re
+import subprocess
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ from gpuguard.detect.cases import _load_expected
 from gpuguard.detect.ruleset.load import validate_rules
 from gpuguard.detect.ruleset.shipped import shipped_rules_dir, shipped_rules_file
 from gpuguard.errors import GpuguardError
+from gpuguard.outputs.web_config import load_web_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "packaging"
@@ -57,6 +60,7 @@ AGENT_KEYS = {
     "guard_policies",
 }
 CONDITION_KEYS = {"signal", "all", "any", "not"}
+WEB_CONFIG_KEYS = {"tls_server_config", "basic_auth_users"}
 CASE_KEYS = {"description", "others", "processes"}
 
 
@@ -98,6 +102,26 @@ def _agent_config(text: str, name: str) -> None:
     doc = load_marked(text, name)
     assert not doc.problems, doc.problems
     parse_config(doc)  # raises GpuguardError naming file:line:col
+
+
+def _web_config(text: str, name: str, tmp_path: Path) -> None:
+    """A metrics web config, loaded beside the certificate and key it names (made by openssl)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    tls = yaml.safe_load(text).get("tls_server_config") or {}
+    if tls.get("cert_file") and tls.get("key_file"):
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]
+            + ["-nodes", "-keyout", tls["key_file"], "-out", tls["cert_file"], "-days", "1"]
+            + ["-subj", "/CN=docs-example"],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    path = tmp_path / "web-config.yaml"
+    path.write_text(text)
+    path.chmod(0o600)
+    load_web_config(path)  # raises GpuguardError naming file:line:col
 
 
 def _rules_file(text: str, name: str, tmp_path: Path, layered: bool = True) -> None:
@@ -153,6 +177,8 @@ def check_block(block: Block, tmp_path: Path) -> None:
         _rules_layer(_as_rule(yaml.safe_dump(data["condition"])), name, tmp_path)
     elif keys <= AGENT_KEYS:
         _agent_config(text, name)
+    elif keys <= WEB_CONFIG_KEYS:
+        _web_config(text, name, tmp_path)
     elif keys <= CASE_KEYS and "processes" in keys:
         expected = tmp_path / "expected.yaml"
         expected.write_text(text)

@@ -7,6 +7,7 @@ facts are collected from /proc and scored with the shipped rules.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -129,3 +130,41 @@ def test_a_miner_calling_itself_pt_data_worker_is_still_a_mismatch(ruleset):
     )
     verdict, _ = _verdict(ruleset, facts)
     assert [e.rule_id for e in verdict.evidence] == ["masquerade-name-mismatch"]
+
+
+# Facts ordinary programs show on their own every day, and the rules reading them (each tagged
+# `generic` in rules/miner-rules.yaml): a busy thread, a long quiet session and one whose peer
+# pushes work, a deleted config or binary, a renamed or preloaded process, a port some service
+# shares with pools, huge pages, flat or growing GPU use, a program run from /tmp, rounding-mode
+# switching (interval arithmetic, numeric tests).
+COMMONLY_BENIGN = {
+    "cpu-sustained-full",
+    "net-quiet-session-cpu-spinning",
+    "net-pool-session-shape",
+    "config-deleted-after-start",
+    "exe-deleted",
+    "exe-in-temp-dir",
+    "masquerade-name-mismatch",
+    "ld-preload-set",
+    "net-pool-port",
+    "cpu-hugepages-randomx-size",
+    "gpu-sustained-flat-load",
+    "gpu-memory-growing",
+    "cpu-fpu-rounding-switching",
+}
+
+
+def test_no_two_generic_facts_add_up_to_suspicious(ruleset):
+    """Every pair of generic rules (those tagged so in the shipped file, at least the ones
+    above) stays below the suspicious threshold: a verdict needs a fact that is not common,
+    or three of them at once."""
+    generic = [r for r in ruleset.rules if "generic" in r.tags and r.enabled]
+    assert COMMONLY_BENIGN <= {r.id for r in generic}, COMMONLY_BENIGN - {r.id for r in generic}
+    too_much = [
+        (a.id, b.id, a.weight + b.weight)
+        for a, b in itertools.combinations(generic, 2)
+        if a.weight + b.weight >= ruleset.thresholds.suspicious
+    ]
+    assert not too_much, too_much
+    # switching rounding modes without RandomX's pattern adds nothing to anything
+    assert {r.weight for r in generic if r.id == "cpu-fpu-rounding-switching"} == {0}

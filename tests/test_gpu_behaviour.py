@@ -20,7 +20,8 @@ from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import Exec, Exit
 from gpuguard.events.process_facts import ProcessFacts
-from gpuguard.events.wire import item_record, iter_recording
+from gpuguard.events.wire import iter_recording
+from gpuguard.events.wire_format import item_record
 
 TRACES = Path(__file__).resolve().parent / "traces"
 CASES = sorted(p for p in (TRACES / "cases").iterdir() if (p / "expected.yaml").is_file())

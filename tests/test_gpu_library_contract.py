@@ -1,6 +1,6 @@
 """Contract: every pynvml/amdsmi name the adapters use exists in the real installed packages and in the fakes.
 
-The adapters (gpuguard/sources/gpu/nvml.py, amd.py) are tested against fakes
+The adapters (gpuguard/sources/gpu/nvml*.py, amd.py) are tested against fakes
 (tests/fakes); this test keeps the fakes and the adapters honest against the
 real bindings.  pynvml imports without a driver; amdsmi raises at import
 without ROCm, so its source files are read (ast), never imported.
@@ -17,14 +17,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 ADAPTERS = {
-    "pynvml": REPO / "gpuguard/sources/gpu/nvml.py",
-    "amdsmi": REPO / "gpuguard/sources/gpu/amd.py",
+    "pynvml": sorted((REPO / "gpuguard/sources/gpu").glob("nvml*.py")),
+    "amdsmi": [REPO / "gpuguard/sources/gpu/amd.py"],
 }
 # How each adapter refers to its library: a local/parameter name or a `self.` attribute.
 ALIASES = {"pynvml": {"nvml", "pynvml", "_nvml"}, "amdsmi": {"smi", "amdsmi", "_smi"}}
 # Tables of names the adapters look up with getattr/hasattr (module constants holding library names).
 NAME_TABLES = {
-    "pynvml": ("_INIT_FAILURES", "_LOST_CODES", "_REINIT_CODES", "_PROCESS_LISTS"),
+    "pynvml": ("INIT_FAILURES", "LOST_CODES", "REINIT_CODES", "PROCESS_LISTS"),
     "amdsmi": (),
 }
 # Names of older library versions only, looked up with getattr(..., None) and skipped when absent.
@@ -51,8 +51,11 @@ def _strings(node: ast.AST) -> set[str]:
 
 
 def names_used(library: str) -> set[str]:
-    """'name' or 'Class.member' for every library attribute the adapter touches."""
-    tree = ast.parse(ADAPTERS[library].read_text())
+    """'name' or 'Class.member' for every library attribute the adapter's modules touch."""
+    tree = ast.Module(
+        body=[node for path in ADAPTERS[library] for node in ast.parse(path.read_text()).body],
+        type_ignores=[],
+    )
     aliases = ALIASES[library]
     used: set[str] = set()
     for node in ast.walk(tree):
@@ -79,7 +82,7 @@ def names_used(library: str) -> set[str]:
             isinstance(t, ast.Name) and t.id in NAME_TABLES[library] for t in node.targets
         ):
             value, table = node.value, node.targets[0].id
-            if table == "_PROCESS_LISTS":  # {kind: (function names, newest first)}
+            if table == "PROCESS_LISTS":  # {kind: (function names, newest first)}
                 used |= set().union(*(_strings(v) for v in value.values))
             elif isinstance(value, ast.Dict):  # {error code name: (cause, fix)}
                 used |= {k.value for k in value.keys if isinstance(k, ast.Constant)}

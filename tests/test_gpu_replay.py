@@ -12,7 +12,7 @@ from gpuguard.errors import GpuguardError
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import GpuOpen
 from gpuguard.events.process_facts import ProcessFacts
-from gpuguard.events.wire import RecordingWriter
+from gpuguard.events.wire_write import RecordingWriter
 from gpuguard.sources.gpu.replay import EndOfRecording, ReplaySampler
 
 MIB = 1024 * 1024

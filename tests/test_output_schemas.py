@@ -9,15 +9,16 @@ import pytest
 
 import gpuguard.detect.host.gpu_checks  # noqa: F401 - registers the GPU host rules
 from gpuguard.detect.host.checks import HostFinding, apply_thresholds
+from gpuguard.detect.host.rules import HOST_RULES
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ACTION_STATUSES, ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits
-from gpuguard.outputs.ecs import _ACTION_ECS_TYPE
+from gpuguard.outputs.ecs import _ACTION_ECS_TYPE, EXPECTED_EVENT_TYPES
 from gpuguard.outputs.finding import Destination, EvidenceItem, Finding, GpuUse, finding_from_host
 from gpuguard.outputs.ocsf import OCSF_VERSION
 from gpuguard.outputs.records import FORMATS, render_record
 from gpuguard.outputs.scan_report import scan_document
-from tests.support.schemas import ecs_errors, ocsf_errors, strict_cef
+from tests.support.schemas import ecs_errors, ecs_fields, ecs_pair_errors, ocsf_errors, strict_cef
 from tests.test_agent_logs import (  # noqa: F401 - miner_finding is a fixture
     HOST,
     HOSTILE,
@@ -28,7 +29,18 @@ from tests.test_agent_logs import (  # noqa: F401 - miner_finding is a fixture
 from tests.test_output_bounds import huge_finding
 from tests.test_scan_outputs import _process_finding, _report
 
-LIFECYCLE = ("start", "reload", "reload-failed", "stop", "drops", "degraded", "fault", "recovered")
+LIFECYCLE = (
+    "start",
+    "reload",
+    "reload-failed",
+    "stop",
+    "drops",
+    "degraded",
+    "fault",
+    "recovered",
+    "host-change",
+    "source-absent",
+)
 
 
 def lifecycle_findings() -> list[Finding]:
@@ -195,6 +207,42 @@ def test_the_ecs_check_can_fail():
     doc["event"]["type"] = ["blocked"]
     doc["event"]["kind"] = ["alert"]
     assert len(ecs_errors(doc)) == 4
+
+
+def test_every_record_kind_pairs_category_and_type_as_ecs_expects(corpus):
+    """Each ECS record's event.category and event.type follow expected_event_types of Elastic's
+    ECS package (@elastic/ecs 8.11.5, tests/data/ecs_flat_8.11.json): process findings' creates,
+    updates and closes, every GPU host rule's, every action and every lifecycle event."""
+    expected = ecs_fields()["event.category"]["expected_event_types"]
+    assert {c: tuple(expected[c]) for c in EXPECTED_EVENT_TYPES} == EXPECTED_EVENT_TYPES
+    checks = [HostFinding(rule, "x", "y") for rule in HOST_RULES]
+    apply_thresholds(checks, 40, 75)
+    hosts = [finding_from_host(h, a) for h in checks for a in ("create", "update", "close")]
+    seen: dict[str, set] = {"finding": set(), "action": set(), "lifecycle": set()}
+    for record in [*corpus, *hosts]:
+        doc = json.loads(render_record(record, "ecs", HOST))
+        assert ecs_pair_errors(doc) == [], (type(record).__name__, doc["event"])
+        kind = {Finding: "finding", ActionOutcome: "action", AgentLifecycle: "lifecycle"}
+        seen[kind[type(record)]].add(doc["event"]["action"])
+        # every category gpuguard writes is one whose expected types it knows
+        assert set(doc["event"]["category"]) <= set(EXPECTED_EVENT_TYPES), doc["event"]
+    assert {"process-ended", "host-resolved"} <= seen["finding"]
+    assert set(_ACTION_ECS_TYPE) <= seen["action"] and set(LIFECYCLE) <= seen["lifecycle"]
+    # the pairs the SIEM engineer found, as the records had them: refused
+    finding = lifecycle_findings()[1]
+    finding.categories = ["process", "intrusion_detection"]  # as finding_from_verdict sets them
+    update = json.loads(render_record(finding, "ecs", HOST))
+    assert update["event"]["type"] == ["info"] and finding.activity == "update"
+    update["event"]["type"] = ["change"]  # what it was
+    assert ecs_pair_errors(update) == [
+        "event.type 'change' is not expected under event.category 'intrusion_detection'"
+    ]
+    # a category that expects none of the record's types is left out: ld.so.preload's rule is
+    # in configuration and library, and library expects only `start`
+    preload = next(h for h in hosts if h.rule_id == "host-ld-so-preload")
+    doc = json.loads(render_record(preload, "ecs", HOST))
+    assert preload.categories == ["configuration", "library"]
+    assert (doc["event"]["category"], doc["event"]["type"]) == (["configuration"], ["info"])
 
 
 def test_every_ecs_record_uses_only_ecs_fields_of_the_right_type(corpus):

@@ -36,6 +36,8 @@ pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 TRACES = Path(__file__).resolve().parent / "traces" / "h100"
 CGROUP_ROOT = Path(cgroup2_mount())  # /sys/fs/cgroup/unified on this hybrid host
 GPU_UUID = "GPU-f6b4f902-6004-f273-fbc9-c583b04ad97f"  # the H100 of the traces
+MODEL = "NVIDIA H100 80GB HBM3"  # its name in the traces
+NODE = "gpu-node-7"  # the Kubernetes node name the DaemonSet hands the agent in NODE_NAME
 SLICE = 0.5  # two pods time-slicing one GPU: each context gets half the time
 
 
@@ -110,7 +112,13 @@ def pod_series(metrics: AgentMetrics, name: str) -> dict[tuple[str, str, str], f
     for (n, labels), value in samples(metrics).items():
         if n == name:
             d = dict(labels)
-            assert (d["gpu"], d["uuid"]) == ("nvidia0", GPU_UUID)
+            # dcgm-exporter's names for the GPU and the node: its DCGM_FI_DEV_* join on UUID
+            assert (d["gpu"], d["UUID"], d["modelName"], d["Hostname"]) == (
+                "nvidia0",
+                GPU_UUID,
+                MODEL,
+                NODE,
+            )
             out[(d["namespace"], d["pod"], d["container"])] = value
     return out
 
@@ -119,10 +127,10 @@ def test_two_pods_time_slicing_one_gpu_each_get_their_own_share(two_pods):
     (hasher, trainer), names = two_pods
     a, b1, b2 = hasher.procs["hasher"].pid, trainer.procs["train"].pid, trainer.procs["serve"].pid
     hashing, cnn, serving = trace("hashing-loop"), trace("cnn-training"), trace("inference-server")
-    gpu = FakeGpu(uuid=GPU_UUID, name="NVIDIA H100 80GB HBM3")
+    gpu = FakeGpu(uuid=GPU_UUID, name=MODEL)
     fake = FakeNvml([gpu])
     sampler = nvml.open_sampler(proc_root="/proc", library=fake.module)
-    metrics = AgentMetrics(per_process_gpu=True)
+    metrics = AgentMetrics(per_process_gpu=True, hostname=NODE)
     steps = min(len(hashing), len(cnn), len(serving), 20)
     base_us = int(time.time() * 1e6)
     differs = 0  # samples where pod A's share is not the whole GPU's busy percent
@@ -180,10 +188,12 @@ def test_two_pods_time_slicing_one_gpu_each_get_their_own_share(two_pods):
 def test_the_cap_bounds_the_series_and_counts_what_it_dropped(two_pods):
     (hasher, trainer), names = two_pods
     a, b1, b2 = hasher.procs["hasher"].pid, trainer.procs["train"].pid, trainer.procs["serve"].pid
-    gpu = FakeGpu(uuid=GPU_UUID)
+    gpu = FakeGpu(uuid=GPU_UUID, name=MODEL)
     fake = FakeNvml([gpu])
     sampler = nvml.open_sampler(proc_root="/proc", library=fake.module)
-    metrics = AgentMetrics(max_pod_series=1)  # per-process off: no process families at all
+    metrics = AgentMetrics(
+        max_pod_series=1, hostname=NODE
+    )  # per-process off: no process families at all
     now = int(time.time() * 1e6)
     gpu.compute = [FakeProcess(a, 500 << 20), FakeProcess(b1, 4 << 30), FakeProcess(b2, 700 << 20)]
     gpu.util_samples = [(a, now, 60, 0, 0, 0), (b1, now, 30, 0, 0, 0), (b2, now, 1, 0, 0, 0)]
@@ -216,10 +226,11 @@ def test_unknown_ids_keep_their_ids_and_host_processes_have_empty_labels(tmp_pat
     assert names.name(None, "a" * 64) == PodRef("", "", "a" * 12)
 
 
-def test_the_running_agent_exports_pod_gpu_use_over_http(two_pods, tmp_path):
+def test_the_running_agent_exports_pod_gpu_use_over_http(two_pods, tmp_path, monkeypatch):
     (hasher, trainer), names = two_pods
     a = hasher.procs["hasher"].pid
-    gpu = FakeGpu(uuid=GPU_UUID, compute=[FakeProcess(a, 545_259_520)])
+    monkeypatch.setenv("NODE_NAME", NODE)  # the DaemonSet's, from spec.nodeName
+    gpu = FakeGpu(uuid=GPU_UUID, name=MODEL, compute=[FakeProcess(a, 545_259_520)])
     fake = FakeNvml([gpu])
     config = AgentConfig(
         sensor="proc",
@@ -250,9 +261,9 @@ def test_the_running_agent_exports_pod_gpu_use_over_http(two_pods, tmp_path):
                 .decode()
             )
 
-        want = (
-            'gpuguard_pod_gpu_sm_percent{container="hasher",gpu="nvidia0",namespace="mining",'
-            f'pod="hasher-7d9f",uuid="{GPU_UUID}"}} 99.0'
+        want = (  # the exposition sorts label names
+            f'gpuguard_pod_gpu_sm_percent{{Hostname="{NODE}",UUID="{GPU_UUID}",container="hasher",'
+            f'gpu="nvidia0",modelName="{MODEL}",namespace="mining",pod="hasher-7d9f"}} 99.0'
         )
         assert until(lambda: want in scrape(), timeout=20)
         body = scrape()

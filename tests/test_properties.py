@@ -35,7 +35,8 @@ from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.model import EVENT_TYPES, Event, Exec, NetPayload
 from gpuguard.events.payload import recognise_payload, recognise_stream
 from gpuguard.events.process_facts import ProcessFacts
-from gpuguard.events.wire import PROCESS_KIND, SNAPSHOT_KIND, iter_recording
+from gpuguard.events.wire import iter_recording
+from gpuguard.events.wire_format import PROCESS_KIND, SNAPSHOT_KIND
 from gpuguard.outputs.console import LiveView
 from gpuguard.outputs.gpu_table import GpuView, render_view
 from gpuguard.outputs.jsonl import dumps_line

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import ssl
@@ -268,10 +269,12 @@ def test_scan_gpu_window_flags_the_covert_miner_by_behaviour(covert_host, capsys
         finding["gpuguard"]["rule_ids"]
     )
     shape = next(e for e in finding["gpuguard"]["evidence"] if e["rule_id"] == "gpu-hashing-shape")
+    # the spread depends on which of the recorded H100 seconds the window caught (a loaded host
+    # samples later): flat is under 1 % either way
     assert (
-        "compute-bound: SM 100 ± 0.4%" in shape["detail"]
+        re.search(r"compute-bound: SM 100 ± 0\.\d%", shape["detail"])
         and "memory-controller 0%" in shape["detail"]
-    )
+    ), shape["detail"]
     assert "gpu_lifetime_util_mean=99" in shape["detail"]
     # the HTTPS keepalive client uses no GPU: nothing to report
     assert not [

@@ -16,6 +16,7 @@ from sigma.backends.splunk import SplunkBackend
 from sigma.collection import SigmaCollection
 
 from gpuguard.events.abi import DEVICE_CLASS_NAMES
+from gpuguard.events.devices import GPU_NODE_CLASS_NAMES
 from gpuguard.outputs.finding import GpuUse
 from gpuguard.outputs.records import render_record
 from tests.test_agent_logs import HOST, hostile_finding
@@ -64,18 +65,70 @@ def test_every_rule_converts(backend):
     assert "destination.ip" in correlation and re.search(r"1h|hours: 1", correlation), correlation
 
 
-def test_the_gpu_rule_names_the_device_classes_the_agent_emits():
+def test_the_gpu_rule_matches_every_gpu_device_class_the_agent_emits_and_no_other():
     rule = yaml.safe_load((SIGMA / "gpuguard_malicious_on_gpu_node.yml").read_text())
-    classes = rule["detection"]["gpu"]["gpuguard.gpu.device_classes"]
-    assert set(classes) == set(DEVICE_CLASS_NAMES) - set(NOT_GPU), classes
-    for device_class in ("drm-render", "drm-card", "kfd", "nvidia"):
+    assert rule["detection"]["gpu"] == {"gpuguard.gpu.node_opened": True}
+    assert set(GPU_NODE_CLASS_NAMES) == set(DEVICE_CLASS_NAMES) - set(NOT_GPU)
+    for device_class in DEVICE_CLASS_NAMES:
         finding = hostile_finding()
         finding.gpu = GpuUse([device_class], ["/dev/dri/renderD128"], 97.0, 1 << 30, 12)
         doc = json.loads(render_record(finding, "ecs", HOST))
-        assert _matches(rule, doc), device_class
+        assert _matches(rule, doc) == (device_class not in NOT_GPU), device_class
     finding = hostile_finding()
-    finding.gpu = GpuUse(["hugepages-config"], [], None, None, 0)
-    assert not _matches(rule, json.loads(render_record(finding, "ecs", HOST)))
+    finding.gpu = GpuUse(
+        ["hugepages-config", "nvidia"], [], None, None, 0
+    )  # one GPU node is enough
+    assert _matches(rule, json.loads(render_record(finding, "ecs", HOST)))
+
+
+def list_valued_fields(docs: list[dict]) -> set[str]:
+    """Dotted names of the fields that hold a list in any of ``docs`` (ECS or ours), and of
+    every field ECS declares an array (a backend may store it as one whatever a record holds)."""
+    found: set[str] = set()
+
+    def walk(value, path: str) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(inner, f"{path}.{key}" if path else key)
+        elif isinstance(value, list):
+            found.add(path)
+
+    for doc in docs:
+        walk(doc, "")
+    fields = json.loads((REPO / "tests" / "data" / "ecs_flat_8.11.json").read_text())["fields"]
+    return found | {name for name, spec in fields.items() if spec.get("array")}
+
+
+def rule_fields(rule: dict) -> set[str]:
+    return {
+        re.sub(r"\|.*$", "", key)
+        for name, selection in (rule.get("detection") or {}).items()
+        if name != "condition"
+        for key in selection
+    }
+
+
+def test_no_rule_selects_on_a_field_the_agent_writes_as_a_list():
+    """ES|QL compares a multi-valued field with == (or IN) to null, so a rule on event.category
+    never matches in Elasticsearch; every rule selects on single-valued fields only."""
+    from tests.test_output_schemas import record_corpus
+
+    finding = hostile_finding()
+    finding.gpu = GpuUse(["nvidia", "nvidia-uvm"], ["/dev/nvidia0"], 97.0, 1 << 30, 12)
+    docs = [json.loads(render_record(r, "ecs", HOST)) for r in record_corpus(finding)]
+    listed = list_valued_fields(docs)
+    assert {
+        "event.category",
+        "event.type",
+        "gpuguard.gpu.device_classes",
+        "gpuguard.rule_ids",
+    } <= listed
+    for path in SIGMA.glob("*.yml"):
+        rule = yaml.safe_load(path.read_text())
+        assert not rule_fields(rule) & listed, (path.name, rule_fields(rule) & listed)
+    # the check catches what it is for: the rule as it was, on event.category
+    old = {"detection": {"selection": {"event.category": "network"}, "condition": "selection"}}
+    assert rule_fields(old) & listed == {"event.category"}
 
 
 def test_no_rule_names_a_field_outside_the_records():

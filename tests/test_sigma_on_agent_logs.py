@@ -126,7 +126,9 @@ def agent_run(
     ports = [pool.address[1], DEFAULT_POOL_PORT]  # the simulator's pool is on its own loopback
     site.write_text(f"version: 1\nlists: {{pool_ports: {{extend: {ports}}}}}\n")
     config = workdir / "agent.yaml"
-    config.write_text("sampling: {sources: []}\n")  # no GPU library here: no `degraded` lines
+    # every GPU source on, as shipped: this host has no GPU, so each is `source-absent`
+    # (information), and the agent-blind rule must not take a healthy start for blindness
+    config.write_text("mode: monitor\n")
     os.chmod(config, 0o600)
     hostname = ("unshare", "-u", "sh", "-c", 'hostname "$0" && exec "$@"', host)
     with running_agent(

@@ -66,6 +66,27 @@ def _cpu_look(s: ProcessState) -> None:
     )
 
 
+# 80 looks of one thread: 20 per mode, each followed by every mode 5 times (independent) but
+# for the thread's last look; 4 of its switch-outs were sleeps
+_EVEN = [20, 20, 20, 20]
+_INDEPENDENT = [5] * 15 + [4]
+# interval arithmetic: nearest, down, up in turn, never toward zero
+_INTERVAL = [40, 20, 20, 0]
+_CYCLE = [0, 20, 0, 0, 0, 0, 20, 0, 19, 0, 0, 0, 0, 0, 0, 0]  # nearest -> down -> up -> nearest
+
+
+def _rounding(modes, transitions, sleeps=4):
+    def apply(s: ProcessState) -> None:
+        _cpu_look(s)
+        s.cpu_activity.fpu_modes = list(modes)
+        s.cpu_activity.fpu_transitions = list(transitions)
+        s.cpu_activity.fpu_samples = sum(modes)
+        s.cpu_activity.fpu_sleeps = sleeps
+        s.cpu_activity.fpu_sleepless_threads = int(sleeps <= 0.05 * sum(modes))
+
+    return apply
+
+
 def _quiet(bytes_in: int):
     def apply(s: ProcessState) -> None:
         s.add_session(
@@ -440,6 +461,60 @@ SIGNAL_CASES = [
     ("fpu changes", with_(make(), _cpu_look), "fpu_rounding_changes", 40),
     ("fpu nondefault", with_(make(), _cpu_look), "fpu_rounding_nondefault", 55),
     ("fpu span", with_(make(), _cpu_look), "fpu_rounding_s", 90.0),
+    ("fpu looks", with_(make(), _rounding(_EVEN, _INDEPENDENT)), "fpu_rounding_looks", 80),
+    ("fpu modes", with_(make(), _rounding(_INTERVAL, _CYCLE)), "fpu_rounding_modes", 3),
+    ("even shares", with_(make(), _rounding(_EVEN, _INDEPENDENT)), "fpu_rounding_min_share", 0.25),
+    ("no toward zero", with_(make(), _rounding(_INTERVAL, _CYCLE)), "fpu_rounding_min_share", 0.0),
+    ("even: p 1", with_(make(), _rounding(_EVEN, _INDEPENDENT)), "fpu_rounding_uniform_p", 1.0),
+    (
+        "even: w 0",
+        with_(make(), _rounding(_EVEN, _INDEPENDENT)),
+        "fpu_rounding_uniform_distance",
+        0.0,
+    ),
+    # (40-20)^2/20 + 2 * 0 + 20 = 40; sqrt(40 / 80)
+    (
+        "interval: w",
+        with_(make(), _rounding(_INTERVAL, _CYCLE)),
+        "fpu_rounding_uniform_distance",
+        0.707,
+    ),
+    (
+        "independent",
+        with_(make(), _rounding(_EVEN, _INDEPENDENT)),
+        "fpu_rounding_dependence",
+        0.023,
+    ),
+    (
+        "independent: p",
+        with_(make(), _rounding(_EVEN, _INDEPENDENT)),
+        "fpu_rounding_independent_p",
+        1.0,
+    ),
+    # every pair follows the 3-cycle: p ~1e-24
+    ("a cycle: p", with_(make(), _rounding(_INTERVAL, _CYCLE)), "fpu_rounding_independent_p", 0.0),
+    ("a cycle", with_(make(), _rounding(_INTERVAL, _CYCLE)), "fpu_rounding_dependence", 1.0),
+    ("random", with_(make(), _rounding(_EVEN, _INDEPENDENT)), "fpu_rounding_random", True),
+    ("not random", with_(make(), _rounding(_INTERVAL, _CYCLE)), "fpu_rounding_random", False),
+    (
+        "sleepless",
+        with_(make(), _rounding(_EVEN, _INDEPENDENT)),
+        "fpu_rounding_sleepless_threads",
+        1,
+    ),
+    # 40 looks: too few to judge
+    (
+        "few looks",
+        with_(make(), _rounding([10, 10, 10, 10], [3] * 13)),
+        "fpu_rounding_random",
+        None,
+    ),
+    (
+        "not watched",
+        with_(make(), lambda s: setattr(s, "cpu_activity", CpuActivity(time=T, pid=100))),
+        "fpu_rounding_sleepless_threads",
+        None,
+    ),
     ("no cpu look", make(), "cpu_spinning_threads", None),
     ("quiet session", with_(make(), _quiet(3600)), "quiet_session_age_s", 300.0),
     (

@@ -28,13 +28,9 @@ from gpuguard.events.model import (
     NetPayload,
 )
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
-from gpuguard.events.wire import (
-    RecordingDamaged,
-    RecordingWriter,
-    item_from_record,
-    iter_recording,
-    read_header,
-)
+from gpuguard.events.wire import RecordingDamaged, iter_recording, read_header
+from gpuguard.events.wire_format import item_from_record
+from gpuguard.events.wire_write import RecordingWriter
 
 T0 = 1_718_000_000.25
 

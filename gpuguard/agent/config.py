@@ -67,8 +67,10 @@ def config_problems(doc: MarkedDocument) -> tuple[AgentConfig | None, list[str]]
         ]
     if "status_path" in values:
         values["status_path"] = Path(values["status_path"])
+    if values.get("metrics_web_config"):  # like the rules: relative to this file
+        values["metrics_web_config"] = str(base / values["metrics_web_config"])
     if values.get("metrics_address"):
-        from gpuguard.outputs.metrics import parse_address
+        from gpuguard.outputs.metrics_http import parse_address
 
         try:
             parse_address(values["metrics_address"])
@@ -117,10 +119,9 @@ def parse_config(doc: MarkedDocument) -> AgentConfig:
 
 def read_config_file(path: Path) -> MarkedDocument:
     """Parse ``path`` once it is known to be root's own regular file; raises GpuguardError."""
-    reason = untrusted_reason(path)
+    reason = untrusted_reason(path, "agent config")
     if reason is not None:
-        cause, fix = reason
-        raise GpuguardError(cause.replace("rules file", "agent config"), fix)
+        raise GpuguardError(*reason)
     try:
         return load_marked_file(path, MAX_CONFIG_BYTES)
     except OSError as exc:

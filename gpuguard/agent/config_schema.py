@@ -17,6 +17,7 @@ from gpuguard.detect.guard_policies import GUARD_POLICY_SCHEMA, GuardPolicy
 from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.log_sinks import DEFAULT_KEEP, DEFAULT_MAX_BYTES, FACILITIES
 from gpuguard.outputs.log_spool import DEFAULT_SPOOL_BYTES, DEFAULT_SPOOL_DIR
+from gpuguard.outputs.metrics_http import DEFAULT_METRICS_PORT
 from gpuguard.outputs.records import FORMATS
 from gpuguard.respond import ResponseSettings
 from gpuguard.respond.settings import RESPONSE_SCHEMA
@@ -49,7 +50,8 @@ class AgentConfig:
     log_spool_dir: str = DEFAULT_SPOOL_DIR
     log_spool_max_bytes: int = DEFAULT_SPOOL_BYTES  # 0: no spool, lines are lost (and counted)
     log_limits: dict[str, int] = field(default_factory=dict)  # log.limits: OutputLimits overrides
-    metrics_address: str = ""  # HOST:PORT; empty: no metrics endpoint (packaging: 127.0.0.1:9479)
+    metrics_address: str = ""  # HOST:PORT; empty: no endpoint (packaging: DEFAULT_METRICS_PORT)
+    metrics_web_config: str = ""  # exporter-toolkit web config (TLS, basic auth); "": plain HTTP
     health_stall_s: float = 30.0  # /healthz answers 503 after this long without a detect-loop cycle
     per_process_gpu: bool = False  # also export GPU use per process with pod labels
     max_pod_series: int = 2000  # cap on per-pod (and per-process) GPU series; the rest is counted
@@ -65,8 +67,9 @@ class AgentConfig:
     max_processes: int = 8192
     # A process scored at least this gets per-connection activity records like a GPU holder
     # (session cadence, bytes each way, tcp_info): by default every process that scores
-    # anything (the lightest rule weighs 5), so a miner whose only other trace is its huge
-    # pages (+10) still has its pool session measured.  0: GPU holders only.
+    # anything (the lightest weighed rule is 5; rules of weight 0 only record evidence), so a
+    # miner whose only other trace is its huge pages (+10) still has its pool session
+    # measured.  0: GPU holders only.
     session_watch_score: float = 1.0
     # A process finding's coalesced updates: at most one per this many seconds (0: no limit).
     finding_update_interval_s: float = 30.0
@@ -196,8 +199,15 @@ SCHEMA = Section(
                     "address",
                     "text",
                     "HOST:PORT of /metrics, /healthz, /readyz; empty: none "
-                    "(packaging: 127.0.0.1:9479)",
+                    f"(packaging: 127.0.0.1:{DEFAULT_METRICS_PORT})",
                     field="metrics_address",
+                ),
+                Key(
+                    "web_config_file",
+                    "text",
+                    "TLS and basic auth for the metrics port, in the Prometheus exporter-toolkit's "
+                    "web config format (relative to this file); empty: plain HTTP, no auth",
+                    field="metrics_web_config",
                 ),
                 Key(
                     "health_stall_s",

@@ -13,6 +13,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from gpuguard.agent.capabilities import check_enforce_capabilities
 from gpuguard.agent.config import load_config, with_overrides
 from gpuguard.agent.context import AgentContext
 from gpuguard.agent.counters import AgentCounters
@@ -20,6 +21,7 @@ from gpuguard.agent.stages.s1_produce import ProduceStage
 from gpuguard.agent.stages.s2_enrich import EnrichStage
 from gpuguard.agent.stages.s4_score import ScoreStage
 from gpuguard.agent.stages.s6_act import ActStage
+from gpuguard.agent.telemetry import finding_rules
 from gpuguard.detect.ruleset.reload import RuleSetHolder
 from gpuguard.errors import GpuguardError
 
@@ -34,6 +36,7 @@ RESTART_SETTINGS = (
     "log_facility",
     "log_limits",
     "metrics_address",
+    "metrics_web_config",
     "status_path",
 )
 
@@ -152,6 +155,7 @@ class Reloader:
             config = with_overrides(
                 load_config(self.config_path or Path(ctx.config.source)), **self.overrides
             )
+            check_enforce_capabilities(config)  # a switch to enforce this agent cannot carry out
         except GpuguardError as exc:
             ctx.counters.config_error = exc.one_line()
             self._count(False)
@@ -179,3 +183,5 @@ class Reloader:
 
     def _count(self, ok: bool) -> None:
         self.ctx.telemetry.count_reload(ok, self.ctx.config.mode)
+        # rules and guard policies a reload brought are exported at 0 (an alert sees the first)
+        self.ctx.telemetry.declare_findings(finding_rules(self.rules.current, self.ctx.config))

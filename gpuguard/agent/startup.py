@@ -1,9 +1,9 @@
 """The agent's start-up: small steps, each a function of the agent (:class:`.host.AgentHost`).
 
-signals, rules, log, metrics, sensor (or reduced mode), stages (built once, with what the
-steps before opened), findings the last run left open, seed sweep, producers, started (the
-start line, the first state file, ready).  The pipeline runs them in order; the teardown
-always runs after them, however far they got.
+signals, capabilities (enforce mode's), rules, log, metrics, sensor (or reduced mode), stages
+(built once, with what the steps before opened), findings the last run left open, seed sweep,
+producers, started (the start line, the first state file, ready).  The pipeline runs them in
+order; the teardown always runs after them, however far they got.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from gpuguard.agent.capabilities import check_enforce_capabilities
 from gpuguard.agent.memory import release_compiler_pages
 from gpuguard.agent.reload import load_rules
 from gpuguard.agent.stages.s1_produce.opening import start_sensor
+from gpuguard.agent.telemetry import finding_rules
 from gpuguard.agent.wiring import Wired, wire
 
 if TYPE_CHECKING:
@@ -31,6 +33,11 @@ def signals(agent: AgentHost) -> None:
     signal.signal(signal.SIGHUP, lambda signum, frame: agent.request_reload())
 
 
+def capabilities(agent: AgentHost) -> None:
+    """Enforce mode without a capability its actions need: one line, before anything starts."""
+    check_enforce_capabilities(agent.ctx.config)
+
+
 def rules(agent: AgentHost) -> None:
     agent.opened.rules = load_rules(agent.ctx)
 
@@ -40,7 +47,8 @@ def log(agent: AgentHost) -> None:
 
 
 def metrics(agent: AgentHost) -> None:
-    agent.ctx.telemetry.serve_metrics()
+    ctx = agent.ctx
+    ctx.telemetry.serve_metrics(finding_rules(_rules(agent).current, ctx.config))
 
 
 def sensor(agent: AgentHost) -> None:
@@ -92,7 +100,19 @@ def started(agent: AgentHost) -> None:
     ctx.telemetry.watch(agent.ready, s.produce.threads)  # /readyz, /healthz
 
 
-STEPS = (signals, rules, log, metrics, sensor, stages, findings, seed, producers, started)
+STEPS = (
+    signals,
+    capabilities,
+    rules,
+    log,
+    metrics,
+    sensor,
+    stages,
+    findings,
+    seed,
+    producers,
+    started,
+)
 
 
 def _rules(agent: AgentHost) -> RuleSetHolder:

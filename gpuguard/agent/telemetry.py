@@ -13,7 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from gpuguard.agent.config import AgentConfig
@@ -24,13 +25,25 @@ from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.log_writer import LogWriter, open_log
-from gpuguard.outputs.metrics import AgentHealth, AgentMetrics, MetricsServer
+from gpuguard.outputs.metrics import AgentMetrics
+from gpuguard.outputs.metrics_http import AgentHealth, MetricsServer
+from gpuguard.outputs.web_config import load_web_config
 from gpuguard.sources.proc.pod_names import PodNames, PodRef
 
 STALL_ENV = "GPUGUARD_FAULT_STALL_LOOP"
 STALL_MAX_S = 3600.0  # a forgotten stall file does not hold the loop for ever
 
 _DESTINATIONS = "a file path, - (stdout), or syslog[:unix:PATH|udp:HOST:PORT|tcp:HOST:PORT]"
+
+
+def finding_rules(ruleset: Any, config: AgentConfig) -> list[str]:
+    """Every rule id an agent finding can be named after: the enabled rules, the config's guard
+    policies (``guard.ID``) and the GPU host checks the agent runs."""
+    from gpuguard.detect.host.check_list import AGENT, HOST_CHECKS
+
+    host = [rule for check in HOST_CHECKS if AGENT in check.runs_in for rule in check.rules]
+    guards = [f"guard.{policy.id}" for policy in config.guard_policies]
+    return [rule.id for rule in ruleset.rules] + guards + host
 
 
 def log_fault_line(fault: AgentLifecycle, destination: str) -> str:
@@ -86,15 +99,20 @@ class AgentTelemetry:
             ) from None
         self.counters.output_capacity = c.output_queue
 
-    def serve_metrics(self) -> None:
-        """Serve /metrics at the configured address (none configured: nothing to do)."""
+    def serve_metrics(self, finding_rules: Iterable[str] = ()) -> None:
+        """Serve /metrics at the configured address (none configured: nothing to do), with every
+        (rule, verdict) of ``finding_rules`` exported at 0 from the start."""
         address = self.config.metrics_address
         if not address:
             return
         c = self.config
+        web = load_web_config(Path(c.metrics_web_config)) if c.metrics_web_config else None
         metrics = AgentMetrics(per_process_gpu=c.per_process_gpu, max_pod_series=c.max_pod_series)
+        metrics.declare_findings(finding_rules)
         try:
-            self.server = metrics.serve(address, self.health)
+            self.server = metrics.serve(
+                address, self.health, web, on_problem=lambda line: self.stderr(f"gpuguard: {line}")
+            )
         except ValueError as exc:
             raise GpuguardError(
                 str(exc), "give --metrics-address (or metrics.address) as HOST:PORT"
@@ -114,6 +132,11 @@ class AgentTelemetry:
             ) from None
         self.metrics = metrics
         metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
+
+    def declare_findings(self, finding_rules: Iterable[str]) -> None:
+        """Rules a reload brought: their finding counters start at 0 (an alert sees the first)."""
+        if self.metrics is not None:
+            self.metrics.declare_findings(finding_rules)
 
     def started(self, mode: str) -> None:
         """Start-up is done: the sensor mode and reduced mode's blind spots are known."""

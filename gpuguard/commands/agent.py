@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-address", default=None, metavar="HOST:PORT", help="serve Prometheus metrics here"
     )
     parser.add_argument(
+        "--web-config-file",
+        dest="metrics_web_config",
+        default=None,
+        metavar="PATH",
+        help="TLS and basic auth for the metrics port (Prometheus exporter-toolkit web config)",
+    )
+    parser.add_argument(
         "--sensor",
         choices=SENSORS,
         default=None,
@@ -85,6 +92,7 @@ def config_from_args(args: argparse.Namespace):
             "log_path",
             "log_format",
             "metrics_address",
+            "metrics_web_config",
             "sensor",
             "rules",
             "status_path",

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _json_of(item) -> dict:
-    from gpuguard.events.wire import item_record
+    from gpuguard.events.wire_format import item_record
 
     return item.to_json() if isinstance(item, Event) else item_record(item)
 

@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuguard.detect.ruleset.conditions import OPERATORS
 from gpuguard.detect.ruleset.load import load_ruleset, validate_rules
+from gpuguard.detect.ruleset.operators import OPERATORS
 from gpuguard.detect.ruleset.shipped import default_rule_paths
 from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.escape import escape_text

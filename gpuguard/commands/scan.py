@@ -22,6 +22,8 @@ FORMATS = ("table", *SCAN_FORMATS)  # table: the console report; the rest: one J
 MAX_CPU_SAMPLE_S = 10.0
 MAX_GPU_WINDOW_S = 600.0
 DEFAULT_GPU_WINDOW_S = 3.0
+MAX_CPU_WINDOW_S = 60.0
+DEFAULT_CPU_WINDOW_S = 3.0
 
 
 def _choices_help(choices: list[str]) -> str:
@@ -77,6 +79,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cadence; docs/gpus.md, docs/scan.md)",
     )
     parser.add_argument(
+        "--cpu-window",
+        type=float,
+        default=DEFAULT_CPU_WINDOW_S,
+        metavar="SECONDS",
+        help="when a process has a thread that never sleeps (or one paused from outside), watch "
+        "the SSE rounding modes its threads are switched out in for this long with the FPU "
+        f"probe, for RandomX's pattern (default {DEFAULT_CPU_WINDOW_S:g}; longer, up to 3x, while "
+        "one has too few context switches to judge; 0: off; needs root; docs/scan.md)",
+    )
+    parser.add_argument(
         "--no-yara", action="store_true", help="skip YARA scanning of executables and memory"
     )
 
@@ -102,6 +114,11 @@ def _check_options(args: argparse.Namespace) -> None:
         raise GpuguardError(
             f"--gpu-window {args.gpu_window} is outside 0-{MAX_GPU_WINDOW_S:g} seconds",
             "give a window such as --gpu-window 60",
+        )
+    if not 0 <= args.cpu_window <= MAX_CPU_WINDOW_S:
+        raise GpuguardError(
+            f"--cpu-window {args.cpu_window} is outside 0-{MAX_CPU_WINDOW_S:g} seconds",
+            "give a window such as --cpu-window 3",
         )
     if not os.path.isdir(args.root):
         raise GpuguardError(
@@ -290,6 +307,34 @@ def _look_at_sessions(obs, correlator, verdicts, limitations: list[str], now: fl
     return len(records)
 
 
+def _rounding_lines(obs, window_s: float, limitations: list[str], notes: list[str]) -> None:
+    """What the FPU window could not do: not loaded where candidates were, or cut short."""
+    from gpuguard.events.rounding_modes import MIN_LOOKS
+
+    candidates = len(set(obs.cpu_activity) | set(obs.paused))
+    window = obs.rounding
+    if not candidates or window_s <= 0:
+        return
+    if window.blind_spot:
+        limitations.append(
+            f"{window.blind_spot}: {candidates} processes with a thread that never sleeps were "
+            "not checked for RandomX's rounding-mode pattern"
+        )
+    elif window.short:
+        notes.append(
+            f"the CPU window ran {window.observed_s:.1f} s (of {window_s:g} s asked, at most "
+            f"{window_s * 3:g}): {window.short} processes that left round-to-nearest still had "
+            f"fewer than {MIN_LOOKS} context switches to judge their rounding-mode pattern (a "
+            "lone thread on an idle core is switched out only a few times a second); a longer "
+            "--cpu-window, e.g. 30, or the agent judges them"
+        )
+    elif window.extended:
+        notes.append(
+            f"the CPU window ran {window.observed_s:.1f} s (of {window_s:g} s asked) until "
+            f"every process that left round-to-nearest had {MIN_LOOKS} context switches"
+        )
+
+
 # ---- the command -----------------------------------------------------------------
 
 
@@ -324,7 +369,9 @@ def _run(args: argparse.Namespace) -> int:
     notes: list[str] = []
     scanner = _yara_scanner(ruleset, args, notes)
 
-    obs = observe_host(cpu_sample_s=args.cpu_sample, gpu_window_s=args.gpu_window)
+    obs = observe_host(
+        cpu_sample_s=args.cpu_sample, gpu_window_s=args.gpu_window, fpu_window_s=args.cpu_window
+    )
     notes.extend(obs.gpu_status)
     if obs.gpu_window_skipped:
         notes.append(
@@ -332,6 +379,7 @@ def _run(args: argparse.Namespace) -> int:
             "no process holds a GPU device, so there was nothing to watch"
         )
     limitations = limitation_lines(obs)
+    _rounding_lines(obs, args.cpu_window, limitations, notes)
     hidden = _probe_hidden_pids(obs, limitations)
     if scanner is not None:
         scanner.environ_read = obs.environs  # read with the facts: not read again
@@ -386,6 +434,7 @@ def _run(args: argparse.Namespace) -> int:
         "gpu_snapshots": len(obs.snapshots),
         "gpu_sessions": len(obs.sessions),
         "gpu_accounting_records": len(obs.accounting),
+        "cpu_window_candidates": len(obs.rounding.activity),
         **host_counters,
     }
     if scanner is not None:
@@ -409,6 +458,9 @@ def _run(args: argparse.Namespace) -> int:
             "gpu_window_s": args.gpu_window,
             "gpu_window_observed_s": round(obs.gpu_window_s, 1),
             "gpu_window_skipped": obs.gpu_window_skipped,
+            "cpu_window_s": args.cpu_window,
+            "cpu_window_observed_s": round(obs.rounding.observed_s, 1),
+            "cpu_window_load_s": round(obs.rounding.load_s, 2),
             "rules": [str(p) for p in ruleset.sources],
         },
     )

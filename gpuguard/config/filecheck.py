@@ -21,8 +21,10 @@ from pathlib import Path
 from gpuguard.errors import GpuguardError
 
 
-def untrusted_reason(path: Path) -> tuple[str, str] | None:
-    """``(cause, fix)`` when ``path`` is not safe to trust, else None (missing files are not judged here)."""
+def untrusted_reason(path: Path, what: str = "rules file") -> tuple[str, str] | None:
+    """``(cause, fix)`` when ``path`` is not safe to trust, else None (missing files are not judged here).
+
+    ``what`` names the file in the cause ("rules file", "agent config", "metrics web config")."""
     try:
         st = os.stat(path)
     except OSError:
@@ -30,12 +32,12 @@ def untrusted_reason(path: Path) -> tuple[str, str] | None:
     mode = stat.S_IMODE(st.st_mode)
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
         return (
-            f"refusing rules file {path}: it is writable by group/others (mode {mode:04o})",
+            f"refusing {what} {path}: it is writable by group/others (mode {mode:04o})",
             f"chmod go-w {path}",
         )
     if os.geteuid() == 0 and st.st_uid != 0:
         return (
-            f"refusing rules file {path}: it is owned by uid {st.st_uid}, not root, and gpuguard runs as root",
+            f"refusing {what} {path}: it is owned by uid {st.st_uid}, not root, and gpuguard runs as root",
             f"chown root: {path}",
         )
     try:
@@ -45,7 +47,7 @@ def untrusted_reason(path: Path) -> tuple[str, str] | None:
     parent_mode = stat.S_IMODE(parent.st_mode)
     if parent_mode & (stat.S_IWGRP | stat.S_IWOTH) and not parent_mode & stat.S_ISVTX:
         return (
-            f"refusing rules file {path}: its directory {path.parent} is writable by group/others "
+            f"refusing {what} {path}: its directory {path.parent} is writable by group/others "
             f"(mode {parent_mode:04o}), so the file can be replaced",
             f"chmod go-w {path.parent}",
         )
@@ -128,8 +130,8 @@ def read_regular_file(path: Path, max_bytes: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
-def check_trusted_file(path: Path) -> None:
+def check_trusted_file(path: Path, what: str = "rules file") -> None:
     """Raise :class:`GpuguardError` when ``path`` could have been written by a non-root user."""
-    reason = untrusted_reason(path)
+    reason = untrusted_reason(path, what)
     if reason is not None:
         raise GpuguardError(*reason)

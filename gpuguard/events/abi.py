@@ -54,6 +54,7 @@ HugeSource = _make_enum("gg_huge_source", "GG_HUGE_", "HugeSource")
 ExecInterest = _make_enum("gg_exec_interest", "GG_INTEREST_", "ExecInterest")  # exec filter
 ExecFilterCount = _make_enum("gg_exec_filter_count", "GG_EXECF_", "ExecFilterCount")
 MapWrite = _make_enum("gg_map_write", "GG_WRITE_", "MapWrite")  # sources.ebpf.kernel_maps
+FpuMode = _make_enum("gg_fpu_mode", "GG_FPU_", "FpuMode")  # SSE rounding modes (MXCSR.RC)
 
 ABI_VERSION = DEFINES["GG_ABI_VERSION"]
 NV_XFER_FLAG = DEFINES["GG_NV_XFER_FLAG"]

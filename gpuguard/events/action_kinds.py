@@ -22,20 +22,28 @@ class ActionKind:
     ecs_category: str = "process"  # ECS event.category
     ocsf_class: int = 7001  # OCSF Remediation class: 7001 Activity, 7003 Process, 7004 Network
     ocsf_activity: tuple[int, str] = (99, "Other")  # D3FEND: 1 Isolate, 2 Evict, 3 Restore
+    # Capabilities beyond monitor mode's that it needs (docs/deploy.md, "Capabilities")
+    capabilities: tuple[str, ...] = ()
 
 
 ISOLATE, EVICT, RESTORE = (1, "Isolate"), (2, "Evict"), (3, "Restore")
 
 # In the order of strength a rules file and a guard policy rank them (weakest first).
 ALERT = ActionKind("alert", in_rules=True)
-SUSPEND = ActionKind("suspend", True, "change", ocsf_class=7003, ocsf_activity=ISOLATE)
-KILL = ActionKind("kill", True, "end", ocsf_class=7003, ocsf_activity=EVICT)
-QUARANTINE = ActionKind("quarantine", True, "denied", ocsf_class=7003, ocsf_activity=ISOLATE)
+# Signals to another user's process need CAP_KILL (the eBPF programs of kill-on-touch do not).
+SUSPEND = ActionKind(
+    "suspend", True, "change", ocsf_class=7003, ocsf_activity=ISOLATE, capabilities=("CAP_KILL",)
+)
+KILL = ActionKind(
+    "kill", True, "end", ocsf_class=7003, ocsf_activity=EVICT, capabilities=("CAP_KILL",)
+)
+# ECS expects denied/allowed under intrusion_detection (an IPS's verdict), not under process.
+QUARANTINE = ActionKind("quarantine", True, "denied", "intrusion_detection", 7003, ISOLATE)
 BLOCK_EGRESS = ActionKind("block-egress", True, "denied", "network", 7004, ISOLATE)
-KILL_ON_TOUCH = ActionKind("kill-on-touch", False, "denied", ocsf_class=7003, ocsf_activity=EVICT)
+KILL_ON_TOUCH = ActionKind("kill-on-touch", False, "denied", "intrusion_detection", 7003, EVICT)
 # Outcomes that are not steps of a response: a hook's result, a block lifted.
 HOOK = ActionKind("hook")
-UNBLOCK = ActionKind("unblock", ecs_type="allowed", ocsf_activity=RESTORE)
+UNBLOCK = ActionKind("unblock", False, "allowed", "intrusion_detection", ocsf_activity=RESTORE)
 
 ACTION_KINDS = (ALERT, SUSPEND, KILL, QUARANTINE, BLOCK_EGRESS, KILL_ON_TOUCH, HOOK, UNBLOCK)
 BY_NAME = {kind.name: kind for kind in ACTION_KINDS}

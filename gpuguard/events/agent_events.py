@@ -53,6 +53,7 @@ class AgentLifecycle:
     time: float
     action: str  # start | reload | reload-failed | stop | drops | degraded | fault
     # | recovered | host-change (the agent changed host state, by config)
+    # | source-absent (a GPU source with no GPU of its kind on the host: information)
     message: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
 

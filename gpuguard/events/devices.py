@@ -10,7 +10,24 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from gpuguard.events.abi import DeviceClass
+from gpuguard.events.abi import DeviceClass, device_class_name
+
+# A GPU's own device nodes, the driver interfaces a GPU job opens; the other classes are raw
+# memory (PCI BARs, /dev/mem) and the host-tuning files CPU miners write.
+GPU_NODE_CLASSES = frozenset(
+    {
+        DeviceClass.NVIDIA,
+        DeviceClass.NVIDIA_CTL,
+        DeviceClass.NVIDIA_UVM,
+        DeviceClass.NVIDIA_UVM_TOOLS,
+        DeviceClass.NVIDIA_MODESET,
+        DeviceClass.NVIDIA_CAPS,
+        DeviceClass.KFD,
+        DeviceClass.DRM_CARD,
+        DeviceClass.DRM_RENDER,
+    }
+)
+GPU_NODE_CLASS_NAMES = frozenset(device_class_name(c) for c in GPU_NODE_CLASSES)
 
 # Ordered: the first match wins (nvidiactl before nvidia<N>).
 _ABSOLUTE = (

@@ -176,11 +176,18 @@ class CpuActivity(Event):
     spin_span_s: float = 0.0  # the longest span over which one of them was measured spinning
     runnable_max: float = 0.0  # the highest runnable fraction of one thread (0-1)
     ran_share: float | None = None  # of the spinning threads' runnable time, the share on a CPU
-    # FPU probe (None: not watched here); totals since the probe first saw the process
-    fpu_samples: int | None = None  # context switches looked at (rate-limited)
+    # FPU probe (None: not watched here); totals since the probe first saw one of its threads
+    # leave round-to-nearest (gpuguard/events/rounding_modes.py reads the pattern)
+    fpu_samples: int | None = None  # context switches looked at (at most one per ms per thread)
     fpu_round_nondefault: int | None = None  # ... with a rounding mode other than nearest
-    fpu_round_changes: int | None = None  # ... with a rounding mode unlike the previous look
+    fpu_round_changes: int | None = None  # ... with a mode unlike the thread's previous look
     fpu_span_s: float = 0.0  # first to latest look
+    fpu_modes: list[int] = field(default_factory=list)  # looks per mode: nearest, down, up, zero
+    fpu_transitions: list[int] = field(default_factory=list)  # 16: previous mode * 4 + next
+    fpu_sleeps: int = 0  # looks at a switch-out because the thread blocked
+    fpu_stops: int = 0  # ... because it was stopped from outside (SIGSTOP, ptrace, freezer)
+    fpu_threads: int = 0  # threads seen leaving round-to-nearest
+    fpu_sleepless_threads: int = 0  # ... never found asleep over enough looks (fpu_probe.py)
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

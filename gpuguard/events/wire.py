@@ -1,49 +1,34 @@
-"""The recording format: events, GPU snapshots and process facts as a msgpack stream.
+"""Reading a recording: every intact item in order, then what is damaged, where and why.
 
-``gpuguard record --output FILE`` writes it; ``gpuguard replay FILE``, the replay GPU
-sampler and the golden test cases read it.  A file is a header map, one map per item
-(dispatched on ``"kind"``: an event kind from :data:`gpuguard.events.model.EVENT_TYPES`,
-``"gpu_snapshot"`` or ``"process"``) and an end marker with the item count and a CRC-32.
-Reading yields every intact item, then raises :class:`RecordingDamaged` saying where and what.
-The format, and why the marker and checksum: docs/event-decoding.md, "Recordings".
+``gpuguard replay FILE``, the replay GPU sampler and the golden test cases read recordings
+(``wire_format`` says what they hold, ``wire_write`` writes them).  Reading yields every
+intact item, then raises :class:`RecordingDamaged` saying where and what.  The format, and
+why the marker and checksum: docs/event-decoding.md, "Recordings".
 """
 
 from __future__ import annotations
 
-import dataclasses
-import errno
-import itertools
-import operator
 import os
-import socket
-import stat
-import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import msgpack
 
-from gpuguard import __version__
 from gpuguard.errors import GpuguardError
-from gpuguard.events.abi import ABI_VERSION
-from gpuguard.events.gpu_snapshot import GpuSnapshot
-from gpuguard.events.model import EVENT_TYPES, Event
-from gpuguard.events.process_facts import ProcessFacts
-from gpuguard.events.record_types import RecordTypeError, record_checker
-
-FORMAT_NAME = "gpuguard-recording"
-FORMAT_VERSION = 1
-SNAPSHOT_KIND = "gpu_snapshot"
-PROCESS_KIND = "process"
-END_KIND = "recording_end"
-
-Item = Event | GpuSnapshot | ProcessFacts
+from gpuguard.events.wire_format import (
+    DECODERS,
+    END_KIND,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    UNICODE_ERRORS,
+    BadItem,
+    Item,
+    decode_item,
+)
 
 MAX_ITEM_BYTES = 16 << 20  # a larger item can only be a corrupt length field
 _READ_BLOCK = 1 << 20
-_FLUSH_BYTES = 256 << 10
-_UNICODE_ERRORS = "surrogateescape"
 _NO_FIX = "the items before the damage were read; record again for a complete file"
 _MAGIC = msgpack.packb("format") + msgpack.packb(FORMAT_NAME)
 _MAP_HEADERS = frozenset(bytes([b]) for b in [*range(0x80, 0x90), 0xDE])  # fixmap, map16
@@ -61,317 +46,6 @@ class RecordingDamaged(GpuguardError):
         self.offset = offset
 
 
-# --- writing ---------------------------------------------------------------------------
-
-
-def _header(meta: dict[str, Any] | None) -> dict[str, Any]:
-    return {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "abi": ABI_VERSION,
-        "created": time.time(),
-        "host": socket.gethostname(),
-        "gpuguard": __version__,
-        "meta": dict(meta or {}),
-    }
-
-
-def item_kind(item: Item) -> str:
-    """The ``kind`` an item is stored (and shown in ``replay --json``) under: the one place that decides."""
-    if isinstance(item, Event):
-        return item.kind
-    if isinstance(item, GpuSnapshot):
-        return SNAPSHOT_KIND
-    if isinstance(item, ProcessFacts):
-        return PROCESS_KIND
-    raise TypeError(
-        f"cannot record a {type(item).__name__}: expected an Event, GpuSnapshot or ProcessFacts"
-    )
-
-
-def item_record(item: Item) -> dict[str, Any]:
-    """The map an item is stored as."""
-    if isinstance(item, Event):
-        return item.to_record()
-    return {"kind": item_kind(item), **item.to_record()}
-
-
-class RecordingWriteFailed(GpuguardError):
-    """The disk refused a write (full, quota, I/O error): what reached it is a readable prefix."""
-
-    def __init__(self, path: str, items: int, size: int, strerror: str) -> None:
-        super().__init__(
-            f"{path}: {strerror} after {items} items ({size} bytes) were written; the recording stops there, "
-            "without its end marker",
-            "free space on that disk or record to another one; `gpuguard replay` reads the items written",
-        )
-        self.items = items
-        self.size = size
-
-
-def _open_for_recording(path: str, overwrite: bool) -> int:
-    """A new (or, on purpose, truncated) regular file; never blocks on a FIFO, never writes a device."""
-    flags = (
-        os.O_WRONLY
-        | os.O_CREAT
-        | os.O_CLOEXEC
-        | os.O_NONBLOCK
-        | (os.O_TRUNC if overwrite else os.O_EXCL)
-    )
-    try:
-        fd = os.open(path, flags, 0o644)
-    except FileExistsError:
-        raise GpuguardError(
-            f"{path} already exists; a recording is never overwritten by default",
-            "choose another output file, or overwrite it on purpose (`gpuguard record --force`)",
-        ) from None
-    except OSError as exc:
-        if (
-            exc.errno == errno.ENXIO
-        ):  # a FIFO nobody reads: O_NONBLOCK made open() fail instead of hang
-            raise _not_regular(path, "a FIFO") from None
-        raise GpuguardError(
-            f"cannot create {path}: {exc.strerror}", "check the directory and its permissions"
-        ) from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        what = {
-            stat.S_IFIFO: "a FIFO",
-            stat.S_IFCHR: "a character device",
-            stat.S_IFBLK: "a block device",
-            stat.S_IFSOCK: "a socket",
-        }.get(stat.S_IFMT(mode), "not a regular file")
-        raise _not_regular(path, what)
-    os.set_blocking(fd, True)
-    return fd
-
-
-def _not_regular(path: str, what: str) -> GpuguardError:
-    return GpuguardError(
-        f"{path} is {what}; a recording is written to a regular file only (it is checksummed "
-        "and synced to disk)",
-        "choose a file on a disk",
-    )
-
-
-class RecordingWriter:
-    """Appends items to a new recording; a crash or a full disk leaves a readable prefix.
-
-    Items are packed into a buffer that goes to the file whole, so the file only
-    ever ends inside the last write; :meth:`flush` bounds what a crash can lose.
-    A write the disk refuses raises :class:`RecordingWriteFailed` (once) and
-    closes the file.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        meta: dict[str, Any] | None = None,
-        overwrite: bool = False,
-    ) -> None:
-        self.path = os.fspath(path)
-        self._fd: int | None = _open_for_recording(self.path, overwrite)
-        self._packer = msgpack.Packer(use_bin_type=True, unicode_errors=_UNICODE_ERRORS)
-        self._buffer = bytearray()
-        self._crc = 0
-        self.items_written = 0
-        self.items_on_disk = 0  # items whose bytes all reached the file
-        self.bytes_on_disk = 0
-        self._append(self._packer.pack(_header(meta)))
-        self.flush()
-
-    def _append(self, packed: bytes) -> None:
-        self._crc = zlib.crc32(packed, self._crc)
-        self._buffer += packed
-
-    def write(self, item: Item) -> None:
-        if self._fd is None:
-            raise ValueError(f"{self.path}: recording already closed")
-        self._append(self._packer.pack(item_record(item)))
-        self.items_written += 1
-        if len(self._buffer) >= _FLUSH_BYTES:
-            self.flush()
-
-    def flush(self) -> None:
-        """Hand every item written so far to the operating system."""
-        if self._fd is None or not self._buffer:
-            return
-        view = memoryview(self._buffer)
-        try:
-            while view:
-                done = os.write(self._fd, view)
-                self.bytes_on_disk += done
-                view = view[done:]
-        except OSError as exc:
-            view.release()
-            self._failed(exc)
-        view.release()
-        self._buffer.clear()
-        self.items_on_disk = self.items_written
-
-    def _failed(self, exc: OSError) -> None:
-        self.abandon()
-        raise RecordingWriteFailed(
-            self.path, self.items_on_disk, self.bytes_on_disk, exc.strerror or str(exc)
-        ) from None
-
-    def close(self) -> None:
-        """Write the end marker and close; a closed recording reads without damage."""
-        if self._fd is None:
-            return
-        end = {"kind": END_KIND, "items": self.items_written, "crc32": self._crc}
-        self._buffer += self._packer.pack(end)
-        self.flush()
-        try:
-            os.fsync(self._fd)
-        except OSError as exc:
-            self._failed(exc)
-        self.abandon()
-
-    def abandon(self) -> None:
-        """Close the file as it is (no end marker); nothing more is written."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            self._buffer.clear()
-            os.close(fd)
-
-    def __enter__(self) -> RecordingWriter:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        # Items written before an exception are complete, so the file is closed
-        # normally and stays readable to the end.
-        self.close()
-
-
-# --- decoding items ----------------------------------------------------------------
-
-
-class _BadItem(Exception):
-    """An item that unpacked but is not a valid record."""
-
-
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "float": (float, int),
-    "int": (int,),
-    "str": (str,),
-    "bytes": (bytes,),
-    "bool": (bool,),
-}
-
-
-def _field_checks(cls: type[Event]) -> list[tuple[str, tuple[type, ...], tuple[type, ...] | None]]:
-    """(field, allowed types, allowed element types) from the dataclass annotations."""
-    checks = []
-    for f in dataclasses.fields(cls):
-        annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-        if annotation in _FIELD_TYPES:
-            checks.append((f.name, _FIELD_TYPES[annotation], None))
-        elif annotation.startswith("dict"):
-            checks.append((f.name, (dict,), None))
-        elif annotation.startswith("list["):
-            element = _FIELD_TYPES.get(annotation[5:-1])
-            checks.append((f.name, (list,), element))
-    return checks
-
-
-def _event_decoder(cls: type[Event]) -> Callable[[dict[str, Any]], Event]:
-    names = frozenset(f.name for f in dataclasses.fields(cls))
-    checks = _field_checks(cls)
-    kind = cls.kind
-    # The common case in one C-level step: the tuple of the field value types
-    # must be one of the allowed combinations (only float fields allow two).
-    values_of = operator.attrgetter(*(name for name, _, _ in checks))
-    allowed_types = frozenset(itertools.product(*(allowed for _, allowed, _ in checks)))
-    element_checks = [(name, element) for name, _, element in checks if element is not None]
-
-    def decode(record: dict[str, Any]) -> Event:
-        del record["kind"]
-        try:
-            event = cls(**record)
-        except TypeError:
-            # Fields this version does not know (a newer recorder) are dropped;
-            # a missing required field is damage.
-            try:
-                event = cls(**{k: v for k, v in record.items() if k in names})
-            except TypeError as exc:
-                raise _BadItem(f"{kind} record with bad fields ({exc})") from None
-        if tuple(map(type, values_of(event))) not in allowed_types:
-            for name, allowed, _ in checks:
-                value = getattr(event, name)
-                if type(value) not in allowed:
-                    raise _BadItem(f"{kind} field {name!r} holds {type(value).__name__}")
-        for name, element in element_checks:
-            if any(type(v) not in element for v in getattr(event, name)):
-                raise _BadItem(f"{kind} field {name!r} holds a non-{element[0].__name__} entry")
-        return event
-
-    return decode
-
-
-_SNAPSHOT_CHECK = record_checker(GpuSnapshot)
-_PROCESS_CHECK = record_checker(ProcessFacts)
-
-
-def _checked(check: Callable[[Any], None], record: dict[str, Any], kind: str) -> None:
-    try:
-        check(record)
-    except RecordTypeError as exc:
-        raise _BadItem(f"{kind} record with bad fields ({exc})") from None
-
-
-def _require_number(record: dict[str, Any], key: str, kind: str) -> None:
-    if type(record.get(key)) not in (float, int):
-        raise _BadItem(f"{kind} record without a numeric {key!r}")
-
-
-def _decode_snapshot(record: dict[str, Any]) -> GpuSnapshot:
-    _require_number(record, "time", SNAPSHOT_KIND)
-    _checked(_SNAPSHOT_CHECK, record, SNAPSHOT_KIND)
-    try:
-        return GpuSnapshot.from_record(record)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise _BadItem(f"{SNAPSHOT_KIND} record with bad fields ({exc})") from None
-
-
-def _decode_process(record: dict[str, Any]) -> ProcessFacts:
-    _require_number(record, "start_time", PROCESS_KIND)
-    if type(record.get("pid")) is not int:
-        raise _BadItem(f"{PROCESS_KIND} record without an integer 'pid'")
-    _checked(_PROCESS_CHECK, record, PROCESS_KIND)
-    try:
-        return ProcessFacts.from_record(record)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise _BadItem(f"{PROCESS_KIND} record with bad fields ({exc})") from None
-
-
-_DECODERS: dict[str, Callable[[dict[str, Any]], Item]] = {
-    kind: _event_decoder(cls) for kind, cls in EVENT_TYPES.items()
-}
-_DECODERS[SNAPSHOT_KIND] = _decode_snapshot
-_DECODERS[PROCESS_KIND] = _decode_process
-
-
-def item_from_record(record: object) -> Item:
-    """Rebuild an item from its stored map; raises ValueError for anything else."""
-    try:
-        return _decode_item(record)
-    except _BadItem as exc:
-        raise ValueError(str(exc)) from None
-
-
-def _decode_item(record: object) -> Item:
-    if type(record) is not dict:
-        raise _BadItem(f"a {type(record).__name__} where a record map belongs")
-    kind = record.get("kind")
-    decoder = _DECODERS.get(kind) if type(kind) is str else None
-    if decoder is None:
-        shown = repr(kind)[:60] if kind is not None else "none"
-        raise _BadItem(f"unknown record kind {shown}")
-    return decoder(record)
-
-
 # --- reading -------------------------------------------------------------------------
 
 
@@ -379,7 +53,7 @@ def _new_unpacker() -> msgpack.Unpacker:
     return msgpack.Unpacker(
         raw=False,
         strict_map_key=False,
-        unicode_errors=_UNICODE_ERRORS,
+        unicode_errors=UNICODE_ERRORS,
         max_buffer_size=MAX_ITEM_BYTES + _READ_BLOCK,
     )
 
@@ -483,7 +157,7 @@ class _Reader:
         """Every record after the header so far, good or bad (what the end marker counts)."""
         return self.items + len(self.bad)
 
-    def _skip(self, offset: int, exc: _BadItem) -> None:
+    def _skip(self, offset: int, exc: BadItem) -> None:
         """A record that unpacked but is not valid: remember it with its index, go on with the next."""
         self.bad.append(f"item {self.records + 1} at byte {offset} is not a valid record ({exc})")
 
@@ -493,11 +167,11 @@ class _Reader:
             self._end_marker(offset, record)
             return
         try:
-            _decode_item(record)
-        except _BadItem as exc:
+            decode_item(record)
+        except BadItem as exc:
             self._skip(offset, exc)
             return
-        self._skip(offset, _BadItem("record the reader could not dispatch"))
+        self._skip(offset, BadItem("record the reader could not dispatch"))
 
     def _bad_items(self) -> RecordingDamaged:
         shown = "; ".join(self.bad[:3]) + (
@@ -572,7 +246,7 @@ class _Reader:
 
     def items_iter(self) -> Iterator[Item]:
         self.read_header()
-        decoders = _DECODERS
+        decoders = DECODERS
         unpack, tell = self.unpacker.unpack, self.unpacker.tell
         # The hot loop of every replay: kept to one unpack, one lookup and one
         # decode per item; anything unusual goes to _unusual_record.
@@ -597,7 +271,7 @@ class _Reader:
                     continue
                 try:
                     item = decoder(record)
-                except _BadItem as exc:
+                except BadItem as exc:
                     self._skip(offset, exc)
                     continue
                 self.items += 1

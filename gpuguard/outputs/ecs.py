@@ -35,6 +35,20 @@ from gpuguard.outputs.output_format import (
 ECS_VERSION = "8.11.0"
 ECS_SEVERITY = {"informational": 0, "low": 21, "medium": 47, "high": 73, "critical": 99}
 _ECS_ACTIVITY_TYPE = {"create": "info", "update": "change", "close": "end"}
+# ECS 8.11's expected_event_types of the categories gpuguard writes (tests compare it with
+# @elastic/ecs): Kibana's views and Elastic's integration checks want every event.type of a
+# record expected under every one of its event.category values.
+EXPECTED_EVENT_TYPES = {
+    "configuration": ("access", "change", "creation", "deletion", "info"),
+    "driver": ("change", "end", "info", "start"),
+    "file": ("access", "change", "creation", "deletion", "info"),
+    "host": ("access", "change", "end", "info", "start"),
+    "intrusion_detection": ("allowed", "denied", "info"),
+    "library": ("start",),
+    "malware": ("info",),
+    "network": ("access", "allowed", "connection", "denied", "end", "info", "protocol", "start"),
+    "process": ("access", "change", "end", "info", "start"),
+}
 ATTACK_URL = "https://attack.mitre.org/techniques/{}/"
 # What each action does, in ECS event.type terms (each action's ActionKind says).
 _ACTION_ECS_TYPE = {kind.name: kind.ecs_type for kind in ACTION_KINDS}
@@ -64,6 +78,17 @@ TECHNIQUE_TACTICS: dict[str, tuple[tuple[str, str], ...]] = {
     "T1190": (("TA0001", "Initial Access"),),
     "T1610": (("TA0002", "Execution"), ("TA0005", "Defense Evasion")),
 }
+
+
+def categorization(categories: list[str], wanted: str) -> dict[str, list[str]]:
+    """``event.category`` and ``event.type`` that ECS allows together: ``wanted`` when every
+    category expects it, else ``info`` (an update or close of a finding whose categories do not
+    all know change/end says so in event.action and gpuguard.finding); a category that expects
+    neither is left out (its rule still names it in gpuguard.*)."""
+    known = [c for c in dict.fromkeys(categories) if c in EXPECTED_EVENT_TYPES]
+    kind = wanted if all(wanted in EXPECTED_EVENT_TYPES[c] for c in known) else "info"
+    kept = [c for c in known if kind in EXPECTED_EVENT_TYPES[c]]
+    return {"category": kept or (["host"] if known else []), "type": [kind]}
 
 
 def iso_time(epoch: float) -> str:
@@ -205,8 +230,8 @@ def finding_to_ecs(
     """One ECS document for ``finding``: an alert when its verdict is suspicious or malicious.
 
     A finding the agent closes (its condition went away) is an ``event`` with
-    ``event.type: ["end"]`` and ``event.action`` ``KIND-resolved``; one it
-    updates has ``event.type: ["change"]``.
+    ``event.action`` ``KIND-resolved`` (``process-ended``) and ``event.type`` ``end`` where its
+    categories allow it; an update has ``change`` where they allow it (:func:`categorization`).
     """
     closed = finding.activity == "close"
     ended = closed and finding.kind == "process"  # a process finding closes when the process ends
@@ -218,8 +243,7 @@ def finding_to_ecs(
         "event": {
             "kind": "alert" if finding.is_alert and not closed else "event",
             "action": f"{finding.kind}-{end_word if closed else finding.verdict}",  # e.g. "process-malicious"
-            "category": list(finding.categories),
-            "type": [_ECS_ACTIVITY_TYPE.get(finding.activity, "info")],
+            **categorization(finding.categories, _ECS_ACTIVITY_TYPE.get(finding.activity, "info")),
             "risk_score": round(float(finding.score), 1),
             "severity": ECS_SEVERITY[finding.severity],
             "module": "gpuguard",
@@ -260,6 +284,8 @@ def finding_to_ecs(
             "explanation": finding.explanation,
             "subject": finding.subject,
             "rule_ids": finding.rule_ids,
+            # event.category is a list (ES|QL compares a list to null): one value to select on
+            "network_evidence": "network" in finding.categories,
             "evidence": [e.to_json() for e in finding.evidence],
             "allowlisted": finding.allowlisted or None,
             "action": finding.action,
@@ -308,8 +334,7 @@ def action_to_ecs(outcome: ActionOutcome, host: dict[str, Any]) -> dict[str, Any
         ),
         "event": {
             "kind": "event",
-            "category": [kind.ecs_category],
-            "type": [kind.ecs_type],
+            **categorization([kind.ecs_category], kind.ecs_type),
             "action": outcome.action,
             "outcome": _ACTION_OUTCOME.get(outcome.status, "unknown"),
             "module": "gpuguard",
@@ -358,8 +383,7 @@ def lifecycle_to_ecs(record: AgentLifecycle, host: dict[str, Any]) -> dict[str, 
         "message": record.message or record.action,
         "event": {
             "kind": "event",
-            "category": category,
-            "type": [event_type],
+            **categorization(category, event_type),
             "action": record.action,
             "outcome": outcome,
             "module": "gpuguard",

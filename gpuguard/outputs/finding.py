@@ -18,6 +18,7 @@ from typing import Any
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.host.checks import HostFinding
 from gpuguard.detect.ruleset.model import CATEGORY_OF_TAG
+from gpuguard.events.devices import GPU_NODE_CLASS_NAMES
 from gpuguard.events.process_facts import ProcessFacts
 
 SEVERITY_BANDS = ((90, "critical"), (70, "high"), (40, "medium"), (1, "low"), (0, "informational"))
@@ -169,6 +170,8 @@ class GpuUse:
     def to_json(self) -> dict[str, Any]:
         out = {
             "device_classes": self.device_classes,
+            # one value a SIEM rule can select on (device_classes is a list: docs/siem.md)
+            "node_opened": any(c in GPU_NODE_CLASS_NAMES for c in self.device_classes),
             "device_paths": self.device_paths,
             "util_mean": None if self.util_mean is None else round(self.util_mean, 1),
             "memory_used": self.memory_used,

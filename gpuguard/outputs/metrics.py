@@ -13,32 +13,30 @@ Details: docs/internals.md, "metrics".
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, make_wsgi_app
+from prometheus_client.exposition import generate_latest, make_wsgi_app
 
 from gpuguard import __version__
-from gpuguard.escape import escape_text
+from gpuguard.detect.ruleset.model import VERDICTS
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import Finding
+from gpuguard.outputs.gpu_metrics import (
+    DEFAULT_MAX_POD_SERIES,
+    DEFAULT_TOP_PROCESSES,
+    GpuSeries,
+    label,
+)
+from gpuguard.outputs.metrics_http import AgentHealth, MetricsServer, serve
+from gpuguard.outputs.web_config import WebConfig
 
-DEFAULT_TOP_PROCESSES = 5
-# Outside what GPU nodes run: DCGM exporter 9400, node_exporter 9100, Falco 8765, Tetragon 2112,
-# Prometheus 9090 (docs/deploy.md has the list and why).
-DEFAULT_METRICS_PORT = 9479
-DEFAULT_MAX_POD_SERIES = 2000
-POD_LABELS = ["namespace", "pod", "container", "gpu", "uuid"]
-POD_PROCESS_LABELS = [*POD_LABELS, "pid", "comm"]
 # Scoring one dirty process takes tens of microseconds; a full rescore of thousands a few ms.
 SCORING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-_NAME_MAX = 64
 # gpuguard_execs_sent_up_total's "when", from the status file's ``execs`` keys
 EXEC_SENT_UP = {
     "exec": None,  # at exec: the exec records sent up ("sent_up") less those promoted later
@@ -46,10 +44,6 @@ EXEC_SENT_UP = {
     "age": "promoted_by_age",
     "ancestor": "promoted_as_ancestors",
 }
-
-
-def _gpu_label(vendor: str, index: int) -> str:
-    return f"{vendor}{index}"
 
 
 class AgentMetrics:
@@ -60,15 +54,19 @@ class AgentMetrics:
         top_processes: int = DEFAULT_TOP_PROCESSES,
         per_process_gpu: bool = False,
         max_pod_series: int = DEFAULT_MAX_POD_SERIES,
+        hostname: str | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.top_processes = top_processes
-        self.per_process_gpu = per_process_gpu
-        self.max_pod_series = max_pod_series
         r = self.registry
         self.info = Info(
             "gpuguard_agent", "The running agent: version, mode and sensor", registry=r
         )
+        # An alert counts every malicious finding of an agent this young as new: its first
+        # scrape may come after findings made at start (packaging/prometheus/gpuguard-alerts.yaml).
+        self.started = Gauge(
+            "gpuguard_agent_start_time_seconds", "When this agent started (Unix time)", registry=r
+        )
+        self.started.set(time.time())
         self.events = Counter(
             "gpuguard_events", "Sensor and sampler events taken in, by kind", ["kind"], registry=r
         )
@@ -101,64 +99,12 @@ class AgentMetrics:
         self.processes = Gauge(
             "gpuguard_processes_tracked", "Processes the correlator holds state for", registry=r
         )
-        self.gpu_util = Gauge(
-            "gpuguard_gpu_utilization_percent", "GPU busy percent", ["gpu", "name"], registry=r
-        )
-        self.gpu_mem_used = Gauge(
-            "gpuguard_gpu_memory_used_bytes", "GPU memory in use", ["gpu", "name"], registry=r
-        )
-        self.gpu_mem_total = Gauge(
-            "gpuguard_gpu_memory_total_bytes", "GPU memory size", ["gpu", "name"], registry=r
-        )
-        self.gpu_power = Gauge(
-            "gpuguard_gpu_power_watts", "GPU power draw", ["gpu", "name"], registry=r
-        )
-        self.proc_util = Gauge(
-            "gpuguard_gpu_process_utilization_percent",
-            "Top GPU users: SM busy percent per process",
-            ["gpu", "pid", "comm"],
-            registry=r,
-        )
-        self.proc_mem = Gauge(
-            "gpuguard_gpu_process_memory_bytes",
-            "Top GPU users: GPU memory per process",
-            ["gpu", "pid", "comm"],
-            registry=r,
-        )
-        self.pod_sm = Gauge(
-            "gpuguard_pod_gpu_sm_percent",
-            "SM busy percent per pod container and GPU: the sum of its processes' own samples",
-            POD_LABELS,
-            registry=r,
-        )
-        self.pod_mem = Gauge(
-            "gpuguard_pod_gpu_memory_bytes",
-            "GPU memory per pod container and GPU: the sum of its processes' allocations",
-            POD_LABELS,
-            registry=r,
-        )
-        self.pod_proc_sm = self.pod_proc_mem = None
-        if per_process_gpu:
-            self.pod_proc_sm = Gauge(
-                "gpuguard_process_gpu_sm_percent",
-                "SM busy percent per process and GPU, with its pod (metrics.per_process_gpu)",
-                POD_PROCESS_LABELS,
-                registry=r,
-            )
-            self.pod_proc_mem = Gauge(
-                "gpuguard_process_gpu_memory_bytes",
-                "GPU memory per process and GPU, with its pod (metrics.per_process_gpu)",
-                POD_PROCESS_LABELS,
-                registry=r,
-            )
-        self.pod_series_dropped = Counter(
-            "gpuguard_pod_gpu_series_dropped",
-            "Per-pod or per-process GPU series left out of one sample by metrics.max_pod_series",
-            ["family"],
-            registry=r,
-        )
         self.sampler_errors = Counter(
             "gpuguard_sampler_errors", "Sampler failures, by source", ["source"], registry=r
+        )
+        # per GPU, per top process and per pod (gpu_metrics.py)
+        self.gpus = GpuSeries(
+            r, self.count_sampler_error, top_processes, per_process_gpu, max_pod_series, hostname
         )
         self.scoring_latency = Histogram(
             "gpuguard_scoring_latency_seconds",
@@ -270,8 +216,6 @@ class AgentMetrics:
         for name in ("pending", "cgroups"):
             self.exec_filter_full.labels(name)
         self._lock = threading.Lock()
-        self._proc_labels: set[tuple[str, str, str]] = set()
-        self._pod_series: dict[tuple[str, str], set[tuple[str, ...]]] = {}  # (family, source) ->
         self._log_seen: dict[str, tuple[int, int, int]] = {}
         self._blind: set[str] = set()
         self._host_rules: set[str] = set()
@@ -299,7 +243,7 @@ class AgentMetrics:
 
     def set_blind_spots(self, spots: Iterable[str]) -> None:
         """Reduced mode's blind spots (empty: full eBPF sensing)."""
-        spots = {escape_text(s)[:_NAME_MAX] for s in spots}
+        spots = {label(s) for s in spots}
         with self._lock:
             for gone in self._blind - spots:
                 self.blind_spots.remove(gone)
@@ -328,6 +272,14 @@ class AgentMetrics:
 
     def observe_scoring(self, seconds: float) -> None:
         self.scoring_latency.observe(seconds)
+
+    def declare_findings(self, rules: Iterable[str]) -> None:
+        """gpuguard_findings_total at 0 for each verdict of each rule that can name a finding: a
+        counter that first appears at 1 gives increase() no step to see, so an alert on it would
+        miss the first finding of each rule after every start (docs/deploy.md, "Alerts")."""
+        for rule in rules:
+            for verdict in VERDICTS:
+                self.findings.labels(rule, verdict)
 
     def count_finding(self, finding: Finding) -> None:
         self.findings.labels(finding.rule_id, finding.verdict).inc()
@@ -364,110 +316,8 @@ class AgentMetrics:
     def observe_snapshot(
         self, snapshot: GpuSnapshot, comm_of: Any = None, pod_of: Any = None
     ) -> None:
-        """Per-GPU gauges, the top per-process users and the per-pod use from one sampler snapshot.
-
-        ``comm_of(pid) -> str | None`` names a pid (the correlator knows); without it
-        the label is empty.  ``pod_of(pid) -> PodRef | None`` gives its pod (None: the
-        process is gone); without it there are no per-pod series.  A snapshot's
-        ``errors`` count as sampler errors.
-        """
-        if pod_of is not None:
-            self._observe_pods(snapshot, comm_of, pod_of)
-        if snapshot.errors:
-            self.count_sampler_error(snapshot.source, len(snapshot.errors))
-        for device in snapshot.devices:
-            labels = (
-                _gpu_label(device.vendor, device.index),
-                escape_text(device.name or "")[:_NAME_MAX],
-            )
-            for metric, value in (
-                (self.gpu_util, device.gpu_util),
-                (self.gpu_mem_used, device.memory_used),
-                (self.gpu_mem_total, device.memory_total),
-                (self.gpu_power, device.power_w),
-            ):
-                if value is not None:
-                    metric.labels(*labels).set(value)
-        by_gpu: dict[str, list[Any]] = {}
-        for usage in snapshot.processes:
-            by_gpu.setdefault(_gpu_label(usage.vendor, usage.device_index), []).append(usage)
-        fresh: set[tuple[str, str, str]] = set()
-        for gpu, users in by_gpu.items():
-            users.sort(key=lambda u: (-(u.sm_util or 0.0), -(u.used_memory or 0), u.pid))
-            for usage in users[: self.top_processes]:
-                comm = comm_of(usage.pid) if comm_of is not None else None
-                labels = (gpu, str(usage.pid), escape_text(comm or "")[:_NAME_MAX])
-                fresh.add(labels)
-                self.proc_util.labels(*labels).set(usage.sm_util or 0.0)
-                self.proc_mem.labels(*labels).set(usage.used_memory or 0)
-        with self._lock:
-            stale = self._proc_labels - fresh if snapshot.processes or snapshot.devices else set()
-            for labels in stale:
-                for metric in (self.proc_util, self.proc_mem):
-                    try:
-                        metric.remove(*labels)
-                    except KeyError:
-                        pass
-            self._proc_labels = (self._proc_labels - stale) | fresh
-
-    def _observe_pods(self, snapshot: GpuSnapshot, comm_of: Any, pod_of: Any) -> None:
-        """Each pod's own share of each GPU: its processes' samples summed (under time-slicing or
-        MPS every process has its own sample, so pods sharing a GPU are told apart).  The series
-        of a sample replace those of the same source's previous one: a pod that is gone goes."""
-        uuids = {(d.vendor, d.index): d.uuid or "" for d in snapshot.devices}
-        pods: dict[tuple[str, ...], list[float]] = {}
-        procs: dict[tuple[str, ...], list[float]] = {}
-        for usage in snapshot.processes:
-            ref = pod_of(usage.pid)
-            if ref is None:
-                continue  # exited since the sample
-            gpu = _gpu_label(usage.vendor, usage.device_index)
-            uuid = usage.device_uuid or uuids.get((usage.vendor, usage.device_index), "")
-            key = tuple(
-                escape_text(v)[:_NAME_MAX]
-                for v in (ref.namespace, ref.pod, ref.container, gpu, uuid)
-            )
-            total = pods.setdefault(key, [0.0, 0.0])
-            total[0] += usage.sm_util or 0.0
-            total[1] += usage.used_memory or 0
-            if self.per_process_gpu:
-                comm = comm_of(usage.pid) if comm_of is not None else None
-                pkey = (*key, str(usage.pid), escape_text(comm or "")[:_NAME_MAX])
-                procs[pkey] = [usage.sm_util or 0.0, float(usage.used_memory or 0)]
-        self._replace_series("pod", snapshot.source, pods, (self.pod_sm, self.pod_mem))
-        if self.per_process_gpu:
-            self._replace_series(
-                "process", snapshot.source, procs, (self.pod_proc_sm, self.pod_proc_mem)
-            )
-
-    def _replace_series(
-        self, family: str, source: str, values: dict[tuple[str, ...], list[float]], gauges: tuple
-    ) -> None:
-        """Set ``values`` (the largest ``max_pod_series`` by SM then memory; the rest counted)
-        and remove this family's series of ``source`` that are not among them."""
-        keep = sorted(values, key=lambda k: (-values[k][0], -values[k][1], k))
-        if len(keep) > self.max_pod_series:
-            self.pod_series_dropped.labels(family).inc(len(keep) - self.max_pod_series)
-            keep = keep[: self.max_pod_series]
-        else:
-            self.pod_series_dropped.labels(family)  # present at 0: an alert can watch it
-        sm, mem = gauges
-        for key in keep:
-            sm.labels(*key).set(values[key][0])
-            mem.labels(*key).set(values[key][1])
-        fresh = set(keep)
-        with self._lock:
-            before = self._pod_series.get((family, source), set())
-            self._pod_series[(family, source)] = fresh
-            others = set().union(
-                *(v for (f, src), v in self._pod_series.items() if f == family and src != source)
-            )
-        for key in before - fresh - others:
-            for gauge in gauges:
-                try:
-                    gauge.remove(*key)
-                except KeyError:
-                    pass
+        """One sampler snapshot into the GPU series (:meth:`GpuSeries.observe`)."""
+        self.gpus.observe(snapshot, comm_of, pod_of)
 
     # -- cumulative totals ---------------------------------------------------------------
     def _advance(self, metric: Any, labels: tuple[str, ...], total: float) -> None:
@@ -551,7 +401,7 @@ class AgentMetrics:
     def set_blocks(self, by_kind: dict[str, int], kinds: Iterable[str] = ()) -> None:
         """Blocks in place by kind; every kind in ``kinds`` reads 0 when it has none."""
         for kind in set(kinds) | set(by_kind):
-            self.blocks.labels(escape_text(kind)[:_NAME_MAX]).set(by_kind.get(kind, 0))
+            self.blocks.labels(label(kind)).set(by_kind.get(kind, 0))
 
     def set_host_findings(self, active: dict[str, int]) -> None:
         """Active host findings by rule; a rule with none left reads 0 (not absent: alerts see it drop)."""
@@ -566,146 +416,22 @@ class AgentMetrics:
         """The text format Prometheus scrapes."""
         return generate_latest(self.registry)
 
-    def serve(self, address: str, health: AgentHealth | None = None) -> MetricsServer:
-        """Serve ``/metrics`` (and ``/healthz``, ``/readyz`` from ``health``) on ``HOST:PORT``
-        (``[::1]:9479`` for IPv6; port 0 picks a free one)."""
-        host, port = parse_address(address)
-        metrics_app = make_wsgi_app(self.registry)
-        health = health or AgentHealth()
-
-        def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
-            path = environ.get("PATH_INFO", "")
-            if path in ("/healthz", "/readyz"):
-                ok, reason = health.live() if path == "/healthz" else health.ready()
-                body = (reason + "\n").encode("utf-8", "backslashreplace")
-                start_response(
-                    "200 OK" if ok else "503 Service Unavailable",
-                    [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")],
-                )
-                return [body]
-            return metrics_app(environ, start_response)
-
-        class Server(ThreadingWSGIServer):
-            address_family = _family(host, port)
-
-        httpd = make_server(host, port, app, Server, handler_class=_QuietHandler)
-        thread = threading.Thread(
-            target=httpd.serve_forever,
-            kwargs={"poll_interval": SERVE_POLL_S},
-            name="gpuguard-metrics",
-            daemon=True,
-        )
-        thread.start()
-        return MetricsServer(httpd, thread)
-
-
-class _QuietHandler(WSGIRequestHandler):
-    """No access log on stderr (a scrape every few seconds would fill the journal)."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-def _family(host: str, port: int) -> socket.AddressFamily:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    return infos[0][0]
-
-
-DEFAULT_STALL_S = 30.0
-
-
-class AgentHealth:
-    """What ``/healthz`` and ``/readyz`` answer.
-
-    Liveness: the detect loop calls :meth:`loop_turned` on every cycle (at least four a
-    second); no turn for ``stall_after_s`` is a stall.  With probes attached, the sensor
-    thread's last completed poll (``sensor_polled() -> monotonic seconds``) must be as
-    recent, and the thread alive (``sensor_alive()``).  Before the first turn (start-up
-    compiles the probes, tens of seconds) the answer is 200 "starting".
-    Readiness: ``ready_reason()`` returns None once probes are attached or reduced mode is
-    declared, the GPU samplers tried to open and the first sweep is done, else why not.
-    """
-
-    def __init__(self, stall_after_s: float = DEFAULT_STALL_S, clock: Callable = time.monotonic):
-        self.stall_after_s = stall_after_s
-        self.clock = clock
-        self.loop_at: float | None = None
-        self.sensor_polled: Callable[[], float | None] | None = None
-        self.sensor_alive: Callable[[], bool] | None = None
-        self.ready_reason: Callable[[], str | None] | None = None
-        self.stopping = False
-
-    def loop_turned(self) -> None:
-        self.loop_at = self.clock()
-
-    def live(self) -> tuple[bool, str]:
-        now = self.clock()
-        if self.loop_at is None:
-            return True, "starting"
-        if self.stopping:
-            return True, "stopping"
-        stalled = now - self.loop_at
-        if stalled > self.stall_after_s:
-            return False, f"detect loop stalled: no cycle for {stalled:.0f} s"
-        if self.sensor_alive is not None and not self.sensor_alive():
-            return False, "sensor thread ended while probes are attached"
-        polled = self.sensor_polled() if self.sensor_polled is not None else None
-        if polled is not None and now - polled > self.stall_after_s:
-            return False, f"sensor stopped delivering: no poll for {now - polled:.0f} s"
-        return True, "ok"
-
-    def ready(self) -> tuple[bool, str]:
-        if self.ready_reason is None:
-            return False, "starting"
-        reason = self.ready_reason()
-        return (True, "ready") if reason is None else (False, reason)
-
-
-# The server thread waits this long for a connection before it looks at a shutdown request
-# (socketserver's default, 0.5 s, woke an idle agent twice a second); close() wakes it sooner.
-SERVE_POLL_S = 60.0
-
-
-class MetricsServer:
-    """A running ``/metrics`` endpoint; :meth:`close` stops it."""
-
-    def __init__(self, server: Any, thread: threading.Thread) -> None:
-        self._server = server
-        self._thread = thread
-        self.host, self.port = server.server_address[:2]
-
-    def close(self) -> None:
-        """Stop serving: ask the loop to end, then wake its wait with a connection of our own
-        (an empty request, answered with nothing) so it ends now, not at its next poll."""
-        stopper = threading.Thread(target=self._server.shutdown, daemon=True)
-        stopper.start()
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
-        while stopper.is_alive():
-            try:
-                socket.create_connection((host, self.port), timeout=1.0).close()
-            except OSError:
-                break  # cannot reach it: the loop ends at its poll, within SERVE_POLL_S
-            stopper.join(0.05)
-        stopper.join(5.0)
-        self._server.server_close()
-        self._thread.join(5.0)
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` -> (host, port); ``:PORT`` means every interface."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(
-            f"bad metrics address {address!r} (expected HOST:PORT, e.g. 127.0.0.1:{DEFAULT_METRICS_PORT})"
-        )
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    return host or "0.0.0.0", int(port)
+    def serve(
+        self,
+        address: str,
+        health: AgentHealth | None = None,
+        web: WebConfig | None = None,
+        on_problem: Any = None,
+    ) -> MetricsServer:
+        """Serve these metrics on ``HOST:PORT`` (:func:`gpuguard.outputs.metrics_http.serve`)."""
+        return serve(address, make_wsgi_app(self.registry), health, web, on_problem)
 
 
 # What the exporter serves (the sample names Prometheus stores).
 METRIC_NAMES = frozenset(
     {
         "gpuguard_agent_info",
+        "gpuguard_agent_start_time_seconds",
         "gpuguard_events_total",
         "gpuguard_ring_lost_events_total",
         "gpuguard_queue_depth",

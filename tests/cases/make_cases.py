@@ -38,7 +38,7 @@ from gpuguard.events.model import (  # noqa: E402
     NetPayload,
 )
 from gpuguard.events.process_facts import Ancestor, ProcessFacts  # noqa: E402
-from gpuguard.events.wire import RecordingWriter  # noqa: E402
+from gpuguard.events.wire_write import RecordingWriter  # noqa: E402
 
 CASES_DIR = Path(__file__).resolve().parent
 T0 = 1_700_000_000.0
@@ -1040,9 +1040,54 @@ def cpu_miner_stringless() -> list:
             small_write_times=[T0 + DURATION_S - 15.0 * i for i in range(8, 0, -1)],
             idle_s=3.0,
         ),
-        *cpu_looks(pid, comm, threads=5, spinning=4, ran_share=0.98, fpu_per_s=8.0),
+        *cpu_looks(pid, comm, threads=5, spinning=4, ran_share=0.98, fpu="randomx"),
     ]
     return items
+
+
+# How each kind of program's looks spread over the rounding modes (nearest, down, up, toward
+# zero) and how a thread's next look follows its last: RandomX as miners run it (the mode is
+# reset to nearest per hash: nearest ~30 %), independent looks; interval arithmetic switching
+# down/up/back around each operation faster than the probe looks (toward zero never); set-once
+# code holding down for long stretches; a test suite stepping through the four modes in order,
+# a run of looks in each (tests/workloads/rounding_benign.c measures the real ones).
+FPU_SHARES = {
+    "randomx": (0.30, 0.2333, 0.2333, 0.2334),
+    "interval": (0.5, 0.25, 0.25, 0.0),
+    "set-once": (0.2, 0.8, 0.0, 0.0),
+    "stepping": (0.25, 0.25, 0.25, 0.25),
+}
+
+
+def _next_mode(pattern: str, last: int, shares: tuple[float, ...]) -> list[float]:
+    if pattern in ("randomx", "interval"):
+        return list(shares)  # independent of the last look
+    if pattern == "set-once":
+        return [0.98, 0.02, 0, 0] if last == 0 else [0.005, 0.995, 0, 0]
+    return [0.85 if m == last else 0.15 if m == (last + 1) % 4 else 0.0 for m in range(4)]
+
+
+def fpu_totals(pattern: str, looks: int, threads: int = 1, sleeps: int = 0) -> dict:
+    """CpuActivity's FPU fields after ``looks`` looks of ``threads`` threads in ``pattern``."""
+    shares = FPU_SHARES[pattern]
+    modes = [int(looks * share) for share in shares]
+    modes[0] += looks - sum(modes)
+    pairs = looks - threads
+    transitions = [
+        int(pairs * shares[a] * p) for a in range(4) for p in _next_mode(pattern, a, shares)
+    ]
+    transitions[0] += pairs - sum(transitions)
+    same = sum(transitions[i * 5] for i in range(4))
+    return {
+        "fpu_samples": looks,
+        "fpu_round_nondefault": looks - modes[0],
+        "fpu_round_changes": pairs - same + threads,
+        "fpu_modes": modes,
+        "fpu_transitions": transitions,
+        "fpu_sleeps": sleeps,
+        "fpu_threads": threads,
+        "fpu_sleepless_threads": threads if looks >= 32 * threads and sleeps <= looks // 20 else 0,
+    }
 
 
 def cpu_looks(
@@ -1052,18 +1097,26 @@ def cpu_looks(
     threads: int,
     spinning: int,
     ran_share: float | None,
-    fpu_per_s: float | None = 0.0,
+    fpu: str | None = "",
+    looks_per_s: float = 40.0,
     start: float = 0.0,
     every_s: float = 10.0,
 ) -> list:
     """The agent's CpuActivity look every housekeeping period (10 s) from ``start`` on:
-    ``spinning`` threads runnable over their whole life; ``fpu_per_s`` rounding-mode changes
-    per second the FPU probe counts (None: the probe is not loaded, 0: never left nearest)."""
+    ``spinning`` threads runnable over their whole life; ``fpu`` the rounding-mode pattern of
+    :data:`FPU_SHARES` the FPU probe counts, ``looks_per_s`` looks a second (None: the probe is
+    not loaded, "": never left nearest)."""
     looks = []
     t = start + every_s
     while t <= DURATION_S:
         age = t - start
-        changes = int(fpu_per_s * age) if fpu_per_s else 0
+        if fpu is None:
+            counted = {}
+        elif fpu:
+            counted = fpu_totals(fpu, int(age * looks_per_s), threads=max(spinning, 1))
+            counted["fpu_span_s"] = round(age - 1, 1)
+        else:
+            counted = {"fpu_samples": 0, "fpu_round_nondefault": 0, "fpu_round_changes": 0}
         looks.append(
             CpuActivity(
                 time=T0 + t,
@@ -1074,10 +1127,7 @@ def cpu_looks(
                 spin_span_s=round(age, 1) if spinning else 0.0,
                 runnable_max=0.99 if spinning else 0.05,
                 ran_share=ran_share if spinning else None,
-                fpu_samples=None if fpu_per_s is None else int(age * 40) if changes else 0,
-                fpu_round_nondefault=None if fpu_per_s is None else int(changes * 1.3),
-                fpu_round_changes=None if fpu_per_s is None else changes,
-                fpu_span_s=round(age - 1, 1) if changes else 0.0,
+                **counted,
             )
         )
         t += every_s
@@ -1173,7 +1223,9 @@ def randomx_throttled_tls() -> list:
         ),
         # TLS by address: no SNI, no ALPN
         client_hello(pid, comm, 3, 1.2, JA4_OPENSSL),
-        *cpu_looks(pid, comm, threads=2, spinning=1, ran_share=0.03, fpu_per_s=2.0),
+        *cpu_looks(
+            pid, comm, threads=2, spinning=1, ran_share=0.03, fpu="randomx", looks_per_s=3.0
+        ),
         # watched from its first suspicious score on (~40 s): shares at random moments, jobs
         # pushed every 10-120 s, a few bytes a second each way
         *quiet_session(pid, comm, fd=3, remote="203.0.113.40:443", watched_from=40.0),
@@ -1208,7 +1260,7 @@ def randomx_throttled_tls() -> list:
             fd=3,
             result=-115,
         ),
-        *cpu_looks(pid + 1, comm, threads=3, spinning=2, ran_share=0.7, fpu_per_s=6.0, start=5.0),
+        *cpu_looks(pid + 1, comm, threads=3, spinning=2, ran_share=0.7, fpu="randomx", start=5.0),
     ]
 
 
@@ -1216,11 +1268,40 @@ def benign_rounding_and_busy() -> list:
     """Floating-point and busy programs that must stay clean: an interval-arithmetic solver
     (CGAL-like: switches rounding modes all the time, spins, talks to no one); numpy training
     a model on two threads with a connection to its data store; a compiler (cc1) spinning;
-    openssl speed; a spinning DPDK-like poller with a control connection."""
+    openssl speed; a spinning DPDK-like poller with a control connection.  And rounding-mode
+    users that hold a session while a thread spins, each session as quiet as a pool's (the
+    worst case: watched as if another rule had scored them): interval arithmetic working a job
+    queue with a heartbeat every 30 s (request/reply), set-once code holding round-down for
+    long computations, and a test suite stepping through the four modes in order with a
+    connection to its test database."""
     cgal, numpy_job, cc1, openssl, poller = 7510, 7520, 7530, 7540, 7550
-    return [
+    interval_job, set_once, stepping = 7560, 7570, 7580
+    rounding_sessions = []
+    for pid, comm, pattern, port in (
+        (interval_job, "bound_solver", "interval", 5672),
+        (set_once, "lower_bounds", "set-once", 6379),
+        (stepping, "fenv_tests", "stepping", 5432),
+    ):
+        rounding_sessions += [
+            facts(pid, comm, f"/opt/numerics/bin/{comm}", [comm, "--jobs", "queue"]),
+            Connect(
+                time=T0 + 2,
+                pid=pid,
+                comm=comm,
+                family="ipv4",
+                address="10.0.7.4",
+                port=port,
+                fd=5,
+                result=-115,
+            ),
+            *cpu_looks(pid, comm, threads=2, spinning=1, ran_share=0.95, fpu=pattern),
+            *quiet_session(
+                pid, comm, fd=5, remote=f"10.0.7.4:{port}", watched_from=3.0, push_every_s=None
+            ),
+        ]
+    return rounding_sessions + [
         facts(cgal, "mesh_refine", "/usr/local/bin/mesh_refine", ["mesh_refine", "in.off"]),
-        *cpu_looks(cgal, "mesh_refine", threads=1, spinning=1, ran_share=0.9, fpu_per_s=40.0),
+        *cpu_looks(cgal, "mesh_refine", threads=1, spinning=1, ran_share=0.9, fpu="interval"),
         facts(numpy_job, "python3", "/usr/bin/python3.11", ["python3", "fit.py"]),
         Connect(
             time=T0 + 2,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import random
 import select
 import shutil
@@ -49,7 +50,38 @@ def build_standin() -> Path:
     return binary
 
 
-class LoopbackPool:
+class LoopbackServer:
+    """A TCP listener on 127.0.0.1 serving each client on a thread of its own (``_session``);
+    :meth:`start` once the subclass is ready."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _session(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+
+class LoopbackPool(LoopbackServer):
     """A pool on 127.0.0.1 that pushes jobs and answers submits (TLS with ``tls``)."""
 
     def __init__(
@@ -66,25 +98,12 @@ class LoopbackPool:
             )
             self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self.context.load_cert_chain(cert, key)
+        super().__init__()
         self.push_s = push_s
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
         self.lines_in = 0
         self.pushes = 0
-        self._stop = threading.Event()
         self._rng = random.Random(22)
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+        self.start()
 
     def _session(self, conn: socket.socket) -> None:
         try:
@@ -111,10 +130,6 @@ class LoopbackPool:
         finally:
             conn.close()
 
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
-
 
 def start_standin(
     pool: LoopbackPool,
@@ -129,10 +144,12 @@ def start_standin(
     submit_s: float = 20.0,
     huge_pages: bool | None = None,
     low_weight: bool = True,
+    user: str | None = None,
 ) -> subprocess.Popen:
     """Install the stand-in as INSTALL_DIR/name, start it on ``pool`` and wait for "ready".
     ``huge_pages``: whether it may get any (by default: whether this test reserved some);
-    ``low_weight``: in the load group's low CPU weight (tests/support/load.py)."""
+    ``low_weight``: in the load group's low CPU weight (tests/support/load.py); ``user``: run
+    as that user (e.g. nobody) rather than root."""
     tls = pool.context is not None if tls is None else tls
     INSTALL_DIR.mkdir(parents=True, exist_ok=True)
     exe = INSTALL_DIR / name
@@ -146,7 +163,13 @@ def start_standin(
     )
     # settings on stdin: the command line is the program's path alone
     proc = subprocess.Popen(
-        [str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [str(exe)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        user=user,
+        group=pwd.getpwnam(user).pw_gid if user else None,
+        extra_groups=[] if user else None,
     )
     # before its settings: it maps nothing till then
     join_load_group(proc.pid, huge_pages=huge_pages, low_weight=low_weight)
@@ -161,11 +184,13 @@ def start_standin(
 
 
 def stop(proc: subprocess.Popen | None) -> None:
-    """Kill a started process (by its Popen: no pid reuse) and reap it."""
+    """Kill a started process (by its Popen: no pid reuse) and reap it.  A killed process still
+    has to run to exit: a stand-in's nice-19 workers in the load group's low weight, beside
+    busy loops of ordinary weight, were seen to need more than 10 s of wall time for it."""
     if proc is not None and proc.poll() is None:
         proc.kill()
     if proc is not None:
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)
 
 
 def cpu_hog(seconds: float = 600.0) -> subprocess.Popen:

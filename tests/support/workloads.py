@@ -45,16 +45,22 @@ exec "$@"
 
 
 def build_c_program(
-    source: Path, directory: Path | None = None, flags: tuple[str, ...] = ()
+    source: Path,
+    directory: Path | None = None,
+    flags: tuple[str, ...] = (),
+    libs: tuple[str, ...] = (),
 ) -> Path:
-    """Compile a C workload once per source version (and extra ``flags``); return the binary."""
-    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
+    """Compile a C workload once per source version (and extra ``flags``, and ``libs`` to link,
+    given after the source); return the binary."""
+    digest = hashlib.sha256(source.read_bytes() + " ".join(flags + libs).encode()).hexdigest()[:12]
     directory = directory or Path(tempfile.gettempdir()) / "gpuguard-test-bin"
     directory.mkdir(parents=True, exist_ok=True)
     binary = directory / f"{source.stem}-{digest}"
     if not binary.exists():
         tmp = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
-        subprocess.run(["gcc", "-O2", "-Wall", *flags, "-o", str(tmp), str(source)], check=True)
+        subprocess.run(
+            ["gcc", "-O2", "-Wall", *flags, "-o", str(tmp), str(source), *libs], check=True
+        )
         tmp.rename(binary)
     return binary
 

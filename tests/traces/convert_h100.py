@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage  # noqa: E402
 from gpuguard.events.model import Exec, Exit  # noqa: E402
 from gpuguard.events.process_facts import Ancestor, ProcessFacts  # noqa: E402
-from gpuguard.events.wire import RecordingWriter  # noqa: E402
+from gpuguard.events.wire_write import RecordingWriter  # noqa: E402
 
 TRACES = HERE / "h100"
 CASES = HERE / "cases"

@@ -884,8 +884,8 @@ def _cpu_window(s: ProcessState, now: float) -> float:
     return s.cpu.duration_s
 
 
-# Runnable threads (schedstat) and SSE rounding modes (FPU probe), from the latest CpuActivity:
-# the agent's look every housekeeping period, or scan's one lifetime read.
+# Runnable threads (schedstat), from the latest CpuActivity: the agent's look every housekeeping
+# period, or scan's one lifetime read (its SSE rounding modes: detect.signals.rounding).
 
 
 def _activity(s: ProcessState):
@@ -940,55 +940,6 @@ def _cpu_runnable_max(s: ProcessState, now: float) -> float | None:
 def _cpu_ran_share(s: ProcessState, now: float) -> float | None:
     a = _activity(s)
     return a.ran_share if a is not None else None
-
-
-@_signal(
-    "fpu_watched",
-    "bool",
-    "cpu",
-    "the FPU rounding-mode probe was running for it (false: blind spot, see status)",
-    reads=("cpu_activity",),
-)
-def _fpu_watched(s: ProcessState, now: float) -> bool | None:
-    a = _activity(s)
-    return a.fpu_samples is not None if a is not None else None
-
-
-@_signal(
-    "fpu_rounding_changes",
-    "number",
-    "cpu",
-    "context switches (at most one per ms) that found its SSE rounding mode changed since the "
-    "previous one (RandomX's CFROUND); ordinary programs: 0",
-    reads=("cpu_activity",),
-)
-def _fpu_rounding_changes(s: ProcessState, now: float) -> int | None:
-    a = _activity(s)
-    return a.fpu_round_changes if a is not None else None
-
-
-@_signal(
-    "fpu_rounding_nondefault",
-    "number",
-    "cpu",
-    "context switches (at most one per ms) that found a rounding mode other than nearest",
-    reads=("cpu_activity",),
-)
-def _fpu_rounding_nondefault(s: ProcessState, now: float) -> int | None:
-    a = _activity(s)
-    return a.fpu_round_nondefault if a is not None else None
-
-
-@_signal(
-    "fpu_rounding_s",
-    "number",
-    "cpu",
-    "seconds from the first to the latest non-nearest rounding mode seen",
-    reads=("cpu_activity",),
-)
-def _fpu_rounding_s(s: ProcessState, now: float) -> float | None:
-    a = _activity(s)
-    return a.fpu_span_s if a is not None and a.fpu_round_nondefault else None
 
 
 # -- huge pages ------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The rule signals, listed once: every function a rule condition can name, in one explicit table.
 
 A signal is defined where it is computed (``@_signal(name, type, group, description,
-reads=...)`` in :mod:`.named` or :mod:`.behaviour`, declaring the inputs it reads)
+reads=...)`` in :mod:`.named`, :mod:`.rounding` or :mod:`.behaviour`, declaring the inputs it reads)
 and counts once it is listed here; nothing registers itself when its module is imported.
 Adding a signal is its definition plus one line below (tests/test_layers.py fails on a
 defined signal missing from this list, tests/test_signal_inputs.py on an undeclared read).
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpuguard.detect.signals import behaviour
+from gpuguard.detect.signals import behaviour, rounding
 from gpuguard.detect.signals import named as process
 from gpuguard.detect.signals.named import Signal
 
@@ -94,10 +94,19 @@ SIGNAL_FUNCTIONS: tuple[Callable[..., Any], ...] = (
     process._cpu_spin_s,
     process._cpu_runnable_max,
     process._cpu_ran_share,
-    process._fpu_watched,
-    process._fpu_rounding_changes,
-    process._fpu_rounding_nondefault,
-    process._fpu_rounding_s,
+    rounding._fpu_watched,
+    rounding._fpu_rounding_changes,
+    rounding._fpu_rounding_nondefault,
+    rounding._fpu_rounding_s,
+    rounding._fpu_rounding_looks,
+    rounding._fpu_rounding_modes,
+    rounding._fpu_rounding_min_share,
+    rounding._fpu_rounding_uniform_p,
+    rounding._fpu_rounding_uniform_distance,
+    rounding._fpu_rounding_independent_p,
+    rounding._fpu_rounding_dependence,
+    rounding._fpu_rounding_random,
+    rounding._fpu_rounding_sleepless_threads,
     process._huge_alloc_bytes,
     process._huge_page_size,
     process._huge_alloc_randomx_shape,

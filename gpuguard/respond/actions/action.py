@@ -49,12 +49,19 @@ class Action:
     # the touch (gpu-open, connect, exec) of an outcome that reports a kill the kernel made, or
     # None: the agent counts those in gpuguard_touch_kills_total{reason}
     touch_kill: Callable[[ActionOutcome], str | None] | None = None
+    # the capabilities its options add to its kind's (e.g. host-wide nftables: CAP_NET_ADMIN)
+    extra_capabilities: Callable[[Any], tuple[str, ...]] | None = None
     what: str = ""  # what happens, one Markdown paragraph (docs/respond.md's action table)
     undone_by: str = "—"  # what lifts it (the same table)
 
     @property
     def name(self) -> str:
         return self.kind.name
+
+    def capabilities(self, options: Any) -> tuple[str, ...]:
+        """The capabilities it needs to act with ``options`` (its settings instance)."""
+        extra = self.extra_capabilities(options) if self.extra_capabilities else ()
+        return (*self.kind.capabilities, *extra)
 
 
 def name_block(block: Block, verdict: Verdict) -> None:

@@ -177,6 +177,7 @@ ACTION = Action(
     default_on=("malicious",),
     blocks=(EGRESS_BLOCK, NFTABLES_BLOCK),
     start=load_cgroup_programs,
+    extra_capabilities=lambda options: ("CAP_NET_ADMIN",) if options.nftables else (),
     what="the pool addresses the evidence names (IP literals in it, such as a pool URL on the "
     "command line, and its connections whose address or port a rule matched; all of its "
     "connections if none is named; host names are never resolved) are refused to the "

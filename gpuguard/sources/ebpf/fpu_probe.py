@@ -1,11 +1,13 @@
 """The FPU rounding-mode probe (probes/fpu.bpf.c): loads it where this kernel allows, reads its counts.
 
-:meth:`FpuProbe.open` compiles the probe with the offsets of ``struct fpu.fpstate`` and
-``struct fpstate.regs.xsave.i387.mxcsr`` read from the running kernel's BTF
-(:mod:`gpuguard.sources.ebpf.btf`).  Where BTF, the tracepoint or BPF is missing it loads nothing
-and says so in :attr:`FpuProbe.blind_spot` (one line, for the log and the status file):
-RandomX's rounding-mode switching then goes unseen and the CPU-miner rules rely on the
-rest.  :meth:`FpuProbe.counts` returns {tgid: :class:`FpuCounts`}, the totals so far.
+:meth:`FpuProbe.open` compiles the probe with the offsets of ``struct fpu.fpstate``,
+``struct fpstate.regs.xsave.i387.mxcsr`` and ``struct task_struct.__state`` read from the
+running kernel's BTF (:mod:`gpuguard.sources.ebpf.btf`).  Where BTF, the tracepoint or BPF is
+missing it loads nothing and says so in :attr:`FpuProbe.blind_spot` (one line, for the log,
+the status file and scan's report): RandomX's rounding modes then go unseen and the CPU-miner
+rules rely on the rest.  The kernel keeps one entry per thread; :meth:`FpuProbe.counts` sums
+them into {tgid: :class:`FpuCounts`}, the totals so far (gpuguard/events/rounding_modes.py
+reads the pattern in them).
 """
 
 from __future__ import annotations
@@ -23,24 +25,69 @@ SOURCE = "fpu.bpf.c"
 TRACEPOINT = "x86_fpu/x86_fpu_regs_deactivated"
 _TRACEFS = ("/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events")
 BLIND_PREFIX = "SSE rounding-mode switching (RandomX) unseen"
+# A thread "never sleeps" by the probe's own looks when at least SLEEPLESS_MIN_LOOKS of its
+# switch-outs were seen and at most SLEEPLESS_SHARE of them were because it blocked: a worker
+# throttled by a CPU quota or paused by SIGSTOP is switched out runnable or stopped.
+SLEEPLESS_MIN_LOOKS = 32
+SLEEPLESS_SHARE = 0.05
 
 
 @dataclass(frozen=True, slots=True)
 class FpuCounts:
-    """One process's totals (``struct gg_fpu_rounding``)."""
+    """One process's totals over its threads (``struct gg_fpu_rounding``, summed)."""
 
-    samples: int
-    nondefault: int
-    changes: int
+    modes: tuple[int, ...]  # looks per mode: nearest, down, up, toward zero
+    transitions: tuple[int, ...]  # 16: consecutive looks of one thread, previous * 4 + next
+    preempted: int  # looks at a switch-out while runnable (preempted, throttled, yielded)
+    stopped: int  # ... while stopped from outside (SIGSTOP, ptrace, freezer)
+    threads: int  # threads seen leaving round-to-nearest
     span_s: float  # first to latest counted look
+    sleepless: int = 0  # of those threads, ones never found asleep (see SLEEPLESS_*)
+
+    @property
+    def samples(self) -> int:
+        return sum(self.modes)
+
+    @property
+    def nondefault(self) -> int:
+        return self.samples - self.modes[0]
+
+    @property
+    def changes(self) -> int:
+        """Looks unlike the previous look of the same thread; each thread's first look counts
+        as one (it left the round-to-nearest every thread starts in)."""
+        same = sum(self.transitions[i * 5] for i in range(4))
+        return sum(self.transitions) - same + self.threads
+
+    @property
+    def sleeps(self) -> int:
+        """Looks at a switch-out because the thread blocked (slept, waited)."""
+        return self.samples - self.preempted - self.stopped
 
 
 def fpu_offsets(btf: Btf) -> dict[str, int]:
     """The compiler defines the probe needs, from BTF."""
+    try:
+        state = btf.path_offset("task_struct", "__state")
+    except BtfError:
+        state = btf.path_offset("task_struct", "state")  # named so before Linux 5.14
     return {
         "GG_FPU_FPSTATE_OFF": btf.path_offset("fpu", "fpstate"),
         "GG_FPSTATE_MXCSR_OFF": btf.path_offset("fpstate", "regs", "xsave", "i387", "mxcsr"),
+        "GG_TASK_STATE_OFF": state,
     }
+
+
+def _layout_problem(leaf) -> str:
+    """What is wrong with bcc's class of ``struct gg_fpu_rounding`` for this reader ('' if
+    nothing): the one definition is the header's, this only checks that it is the one read."""
+    fields = dict(getattr(leaf, "_fields_", ()))
+    for name, length in (("modes", 4), ("next", 16)):
+        kind = fields.get(name)
+        if kind is None or getattr(kind, "_length_", None) != length:
+            return f"struct gg_fpu_rounding has no {name}[{length}]"
+    missing = {"first_ns", "last_ns", "preempted", "stopped", "tgid"} - set(fields)
+    return f"struct gg_fpu_rounding lacks {sorted(missing)}" if missing else ""
 
 
 _NR_BPF = 321  # x86_64
@@ -81,6 +128,8 @@ class FpuProbe:
         started = time.perf_counter()
         if os.uname().machine not in ("x86_64", "i686", "i386"):
             return cls(blind_spot=f"{BLIND_PREFIX}: not an x86 CPU")
+        if os.geteuid() != 0:
+            return cls(blind_spot=f"{BLIND_PREFIX}: loading the probe needs root (run as root)")
         if not _tracepoint_present():
             return cls(blind_spot=f"{BLIND_PREFIX}: this kernel has no {TRACEPOINT} tracepoint")
         try:
@@ -106,36 +155,60 @@ class FpuProbe:
         except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load/attach errors
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return cls(blind_spot=f"{BLIND_PREFIX}: the probe did not load ({first})")
+        problem = _layout_problem(bpf[b"schema_fpu_rounding"].Leaf)
+        if problem:
+            bpf.cleanup()
+            return cls(blind_spot=f"{BLIND_PREFIX}: {problem} (a stale probes/gpuguard.h?)")
         probe = cls(bpf, defines=defines)
         probe.load_seconds = time.perf_counter() - started
         return probe
 
     def counts(self) -> dict[int, FpuCounts]:
-        """{tgid: totals} of every process seen leaving round-to-nearest (live or recently gone)."""
+        """{tgid: totals} of every process with a thread seen leaving round-to-nearest (live or
+        recently gone)."""
         if self._bpf is None:
             return {}
-        out: dict[int, FpuCounts] = {}
         try:
             items = list(self._bpf[b"fpu_rounding"].items())
         except Exception:  # noqa: BLE001 - bcc raises bare Exception when a map read fails
-            return out
-        for key, value in items:
-            out[key.value] = FpuCounts(
-                value.samples,
-                value.nondefault,
-                value.changes,
-                max(0.0, (value.last_ns - value.first_ns) / 1e9),
+            return {}
+        sums: dict[int, list] = {}
+        for _key, v in items:
+            acc = sums.get(v.tgid)
+            if acc is None:
+                acc = sums[v.tgid] = [[0] * 4, [0] * 16, 0, 0, 0, v.first_ns, v.last_ns, 0]
+            for i in range(4):
+                acc[0][i] += v.modes[i]
+            for i in range(16):
+                acc[1][i] += v.next[i]
+            acc[2] += v.preempted
+            acc[3] += v.stopped
+            acc[4] += 1
+            acc[5] = min(acc[5], v.first_ns)
+            acc[6] = max(acc[6], v.last_ns)
+            looks = sum(v.modes)
+            if looks >= SLEEPLESS_MIN_LOOKS:
+                acc[7] += looks - v.preempted - v.stopped <= SLEEPLESS_SHARE * looks
+        return {
+            tgid: FpuCounts(
+                tuple(a[0]), tuple(a[1]), a[2], a[3], a[4], max(0.0, (a[6] - a[5]) / 1e9), a[7]
             )
-        return out
+            for tgid, a in sums.items()
+        }
 
     def forget(self, tgids: list[int]) -> None:
         """Drop the entries of processes that are gone (the map is LRU too: this keeps it lean)."""
-        if self._bpf is None:
+        if self._bpf is None or not tgids:
             return
+        gone = set(tgids)
         table = self._bpf[b"fpu_rounding"]
-        for tgid in tgids:
+        try:
+            keys = [key for key, value in table.items() if value.tgid in gone]
+        except Exception:  # noqa: BLE001 - bcc raises bare Exception when a map read fails
+            return
+        for key in keys:
             try:
-                del table[table.Key(tgid)]
+                del table[key]
             except KeyError:
                 pass
 

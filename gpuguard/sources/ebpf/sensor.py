@@ -9,50 +9,48 @@ whenever a kernel counter says something could not be delivered.
 The sensor also keeps the kernel maps honest: entries of processes that exit
 are removed after a final drain, and a periodic sweep drops descriptors that
 were closed without close(2) (close_range, close-on-exec, fd passing).
-Reassembly of captured first writes lives in ``payload_streams``, the
-per-connection activity records of GPU holders in ``conn_activity``.
+Compiling and attaching live in ``probe_load``, the counter drains in ``counter_drain``,
+reassembly of captured first writes in ``payload_streams``, the per-connection activity
+records of GPU holders in ``conn_activity`` (their kernel side in ``activity_map``).
 """
 
 from __future__ import annotations
 
-import ctypes as ct
 import errno
 import math
 import os
-import shutil
-import subprocess
-import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 
 from gpuguard.errors import GpuguardError
-from gpuguard.events.abi import (
-    DeviceClass,
-    EventKind,
-    ExecInterest,
-    LostSlot,
-    device_class_name,
-)
+from gpuguard.events.abi import DeviceClass, EventKind, ExecInterest
 from gpuguard.events.devices import classify_device_path
-from gpuguard.events.ioctl_names import ioctl_name
 from gpuguard.events.model import (
     Connect,
     Event,
     Exec,
     Exit,
-    GpuIoctl,
     GpuOpen,
     HugeAlloc,
     Lost,
     NetPayload,
 )
 from gpuguard.sources.ebpf import preflight
+from gpuguard.sources.ebpf.activity_map import ActivityMap
 from gpuguard.sources.ebpf.bpf_decode import EventDecoder, MalformedEvent
+from gpuguard.sources.ebpf.counter_drain import CounterDrain
 from gpuguard.sources.ebpf.exec_filter import ExecFilter, parent_of
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
-from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps, slot_index  # noqa: F401 (SLOT_MULTI: tests read it here)
-from gpuguard.sources.ebpf.probe_source import ProbeSettings, probe_text
+from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps  # noqa: F401 (SLOT_MULTI: tests read it here)
+from gpuguard.sources.ebpf.probe_load import (
+    ProbeDetach,
+    attach_probes,
+    compile_probes,
+    kernel_has_ringbuf,
+    load_failure,
+)
+from gpuguard.sources.ebpf.probe_source import ProbeSettings
 from gpuguard.sources.gpu.gpu_fds import fd_is_gpu
 from gpuguard.sources.net.conn_activity import ConnActivityReader
 from gpuguard.sources.net.payload_streams import PayloadStreams
@@ -77,24 +75,8 @@ _TABLES = (
 )
 CHAIN_CHECKED_MAX = 65536  # pids remembered as having their ancestors sent up
 DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the process stops
-# Walking a hash map starts with a look through all its buckets (~90 us for ioctl_counts' 65,536,
-# however empty): with no GPU process known and nothing counted, ioctl_counts is walked this
-# seldom (a GPU open whose event the ring lost still has its counts reported, this late)...
-IOCTL_IDLE_WALK_S = 5.0
-# ...and the exec filter's counters (status and metrics only) are read this often.
-EXEC_COUNTS_EVERY_S = 2.0
 # With no GPU process known the drain has only the lost counts to read: this often at most.
 IDLE_DRAIN_S = 1.0
-
-
-def kernel_has_ringbuf(release: str | None = None) -> bool:
-    """BPF ring buffers exist from Linux 5.8."""
-    release = release or os.uname().release
-    try:
-        major, minor = (int(x) for x in release.split(".")[:2])
-    except ValueError:
-        return True
-    return (major, minor) >= (5, 8)
 
 
 @dataclass(slots=True)
@@ -145,22 +127,19 @@ class Sensor:
         self.stats = SensorStats()
         self._bpf = None
         self._bcc = None
-        self._detach: _ProbeDetach | None = None  # probes being detached (detach_probes)
+        self._detach: ProbeDetach | None = None  # probes being detached (detach_probes)
         self.tables: dict = {}
         self.exit_generations: ExitGenerations | None = None  # the probes' exit_gens, once started
         self.maps: KernelMaps | None = None  # stale-entry removal in the probes' maps
         self._decoder: EventDecoder | None = None
+        self.counters: CounterDrain | None = None  # ioctl and lost counters, once started
         self._pending: list[Event] = []
         self._watch_requests: deque[int] = deque()  # request_watch, from other threads
-        self._ioctl_seen: dict[tuple[int, int, int], int] = {}
-        self._lost_seen: dict[int, int] = {}
         self._headers: dict[int, _ProcessHeader] = {}
         self._gpu_tgids: set[int] = set()
         self.streams = PayloadStreams(self.settings.payload_writes)  # first writes per connection
         self._next_drain = 0.0
         self._next_sweep = 0.0
-        self._next_ioctl_walk = 0.0  # the next walk of ioctl_counts while no GPU process is known
-        self._next_exec_counts = 0.0
         # The ring-buffer callback ends the current poll once this time passes:
         # a stop request sets it to 0, the final drain to a short budget, so an
         # event flood cannot keep a stopping process reading forever.
@@ -182,29 +161,16 @@ class Sensor:
             self.settings = replace(self.settings, perf_buffer=True)
         started = time.perf_counter()
         try:
-            self._bpf = _deferred_attach_bpf(bcc)(text=probe_text().encode(), cflags=self._cflags())
-            # Every open hook tail-calls this one classifier: it must be in the
-            # program array before any hook is attached, or opens would be missed.
-            hook_type = (
-                bcc.BPF.RAW_TRACEPOINT if self.settings.enter_hook == "raw" else bcc.BPF.TRACEPOINT
-            )
-            classifier = self._bpf.load_func(b"classify_open", hook_type)
-            self._bpf[b"open_classifier"][ct.c_int(0)] = ct.c_int(classifier.fd)
-            self._bpf.attach_all()
+            self._bpf = compile_probes(bcc, self._cflags())
+            attach_probes(bcc, self._bpf, self.settings.enter_hook)
         except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load/attach errors
-            raise GpuguardError(
-                f"the probes failed to compile or load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-                "check that kernel headers match or fall back cleanly (bash packaging/setup-host.sh setup) "
-                "and that the kernel allows BPF (lockdown 'confidentiality' forbids it)",
-            ) from None
+            raise load_failure(exc) from None
         self.tables = {name: self._bpf[name.encode()] for name in _TABLES}
         self.exit_generations = ExitGenerations(self._bpf[b"exit_gens"])
         self.maps = KernelMaps(self.tables, self.settings.fd_slots)
         if self.settings.payload_capture:
             self.activity = ConnActivityReader(
-                self._bpf,
-                lambda tgid, fd: slot_index(tgid, fd, self.settings.fd_slots),
-                self.settings.activity_slots,
+                ActivityMap(self._bpf, self.settings.fd_slots, self.settings.activity_slots),
                 self.activity_interval,
             )
         classes = {kind: self._bpf[name.encode()].Leaf for kind, name in _SCHEMA_MAPS.items()}
@@ -212,6 +178,14 @@ class Sensor:
         if self.settings.exec_filter:
             self.exec_filter = ExecFilter(self._bpf, self._decoder.exec_record)
             self.exec_filter.set_names(*self.exec_names)
+        self.counters = CounterDrain(
+            self.tables,
+            self.maps,
+            self.stats,
+            self._gpu_tgids,
+            self._header_fields,
+            self.exec_filter,
+        )
         events = self._bpf[b"events"]
         if self.settings.perf_buffer:
             events.open_perf_buffer(
@@ -241,7 +215,7 @@ class Sensor:
         what is buffered and the counters stay readable (call before the final
         drain, so the kernel's detach time overlaps it).  close() finishes it."""
         if self._bpf is not None and self._detach is None:
-            self._detach = _ProbeDetach(self._bcc, self._bpf)
+            self._detach = ProbeDetach(self._bcc, self._bpf)
 
     def close(self) -> None:
         if self.fpu is not None:
@@ -286,12 +260,12 @@ class Sensor:
         if self.exec_filter is not None:
             self._exec_filter_turn(now)
         if now >= self._next_drain:
-            idle = not self._gpu_tgids and not self._ioctl_seen
+            idle = self.counters.idle
             self._next_drain = now + (
                 max(self.drain_interval, IDLE_DRAIN_S) if idle else self.drain_interval
             )
             self._consume_buffer()  # opens before counts, so counts know their process
-            self._drain_into(self._pending)
+            self.counters.drain_into(self._pending)
         if self.activity is not None and self.activity.due(now):
             self._pending.extend(self.activity.report(self._header_fields))
             self.stats.tcp_counters_unreadable += len(self.activity.unreadable)
@@ -366,8 +340,8 @@ class Sensor:
             self._consume_buffer()
         finally:
             self._consume_until = stopping
-        self._next_ioctl_walk = self._next_exec_counts = 0.0  # every counter, now
-        self._drain_into(self._pending)
+        self.counters.every_counter_now()
+        self.counters.drain_into(self._pending)
         if self.activity is not None:
             self._pending.extend(self.activity.report(self._header_fields))
             self.stats.tcp_counters_unreadable += len(self.activity.unreadable)
@@ -482,71 +456,6 @@ class Sensor:
             return
         event.ppid = ppid
 
-    # -- counters -------------------------------------------------------------------
-    def _drain_into(self, out: list[Event], only_tgid: int | None = None) -> None:
-        """Append ioctl deltas (all processes, or one that is exiting) and lost counts."""
-        now = time.time()
-        table = self.tables["ioctl_counts"]
-        mono = time.monotonic()
-        if only_tgid is None and not self._gpu_tgids and not self._ioctl_seen:
-            # idle: counts need a tracked GPU fd; walked seldom, and not while still empty
-            watch = self.maps.may_hold["ioctl_counts"]
-            count = watch.start() if mono >= self._next_ioctl_walk else None
-            if count is not None:
-                self._next_ioctl_walk = mono + IOCTL_IDLE_WALK_S
-                items = table.items()
-                watch.done(count, empty=not items)
-            else:
-                items = []
-        else:
-            items = table.items()
-        for key, value in items:
-            if only_tgid is not None and key.tgid != only_tgid:
-                continue
-            ident = (key.tgid, key.device_class, key.command)
-            total = value.value
-            delta = total - self._ioctl_seen.get(ident, 0)
-            if delta <= 0:
-                continue
-            self._ioctl_seen[ident] = total
-            out.append(self._ioctl_event(now, key.tgid, key.device_class, key.command, delta))
-        if only_tgid is not None:
-            return
-        if self.exec_filter is not None and mono >= self._next_exec_counts:
-            self._next_exec_counts = mono + EXEC_COUNTS_EVERY_S
-            self.exec_filter.sent_up = self.stats.events["exec"]
-            self.exec_filter.read_counts()
-        lost = self.tables["lost_counts"]
-        for slot in LostSlot:
-            if slot == LostSlot.SLOTS:
-                continue
-            total = sum(lost.getvalue(lost.Key(slot)))
-            delta = total - self._lost_seen.get(slot, 0)
-            if delta > 0:
-                self._lost_seen[slot] = total
-                what = slot.name.lower().replace("_", "-")
-                self.stats.lost[what] += delta
-                out.append(Lost(time=now, pid=0, what=what, count=delta))
-
-    def _ioctl_event(
-        self, now: float, tgid: int, device_class: int, command: int, count: int
-    ) -> GpuIoctl:
-        header = self._headers.get(tgid)
-        class_name = device_class_name(device_class)
-        self.stats.events["gpu_ioctl"] += 1
-        return GpuIoctl(
-            time=now,
-            pid=tgid,
-            uid=header.uid if header else 0,
-            gid=header.gid if header else 0,
-            cgroup_id=header.cgroup_id if header else 0,
-            comm=header.comm if header else _comm_of(tgid),
-            device_class=class_name,
-            command=command,
-            command_name=ioctl_name(class_name, command),
-            count=count,
-        )
-
     # -- map hygiene (gpuguard.sources.ebpf.kernel_maps does the map work) --------------------
     def _forget_fd(self, tgid: int, fd: int) -> None:
         self.maps.forget_fd(tgid, fd)
@@ -561,14 +470,13 @@ class Sensor:
         ):
             self.activity.forget({tgid}, scan=False)
         if tgid in self._gpu_tgids:
-            self._drain_into(self._pending, only_tgid=tgid)
+            self.counters.drain_into(self._pending, only_tgid=tgid)
             self._forget_processes({tgid})
 
     def _forget_processes(self, tgids: set[int]) -> int:
         """Remove dead processes' kernel entries and what the sensor kept about them; return tracked fds removed."""
         removed = self.maps.forget_processes(tgids)
-        for ident in [i for i in self._ioctl_seen if i[0] in tgids]:
-            del self._ioctl_seen[ident]
+        self.counters.forget(tgids)
         for tgid in tgids:
             self._gpu_tgids.discard(tgid)
             self._headers.pop(tgid, None)
@@ -589,100 +497,6 @@ class Sensor:
             name: len(list(self.tables[name].keys()))
             for name in ("tracked_fds", "ioctl_counts", "fresh_sockets")
         }
-
-
-def _deferred_attach_bpf(bcc):
-    """bcc.BPF whose automatic attach of TRACEPOINT_PROBE/RAW_TRACEPOINT_PROBE
-    programs waits for ``attach_all()``, so set-up can finish first."""
-
-    class DeferredAttachBPF(bcc.BPF):
-        def _trace_autoload(self) -> None:
-            pass
-
-        def attach_all(self) -> None:
-            bcc.BPF._trace_autoload(self)
-
-    return DeferredAttachBPF
-
-
-class _ProbeDetach:
-    """Detaches every tracepoint and raw-tracepoint probe without making the caller wait for the kernel.
-
-    Releasing a tracepoint's perf event makes the kernel wait for an RCU grace
-    period: bcc's cleanup() does them one after another, 0.7 to 1.7 s for our
-    23 probes, and under an exec flood the kernel serializes them even when
-    they are closed concurrently (benchmarks/README-sensor.md).  So a keeper
-    process (``cat``, fixed argv, no shell) is given a second reference to
-    every probe fd: our own closes are then cheap (each perf event is disabled
-    first, so no new event fires), and the release is paid when the keeper
-    reads end-of-file on its stdin and exits, after we are gone.  A stopping
-    watch, record or agent thus exits within a second; the probes are released
-    by the kernel a moment later.  Without a keeper (no ``cat``, no process to
-    be had) the fds are closed concurrently, one thread each.
-
-    The fds are taken out of bcc's tables here, in the calling thread, so bcc's
-    cleanup() (ours, or its atexit hook) never sees them again: each fd is closed
-    exactly once, the way bcc's detach would close it.
-    """
-
-    def __init__(self, bcc, bpf) -> None:
-        closes = [(bcc.lib.bpf_close_perf_event_fd, fd) for fd in bpf.tracepoint_fds.values()]
-        closes += [(_os_close_status, fd) for fd in bpf.raw_tracepoint_fds.values()]
-        bpf.tracepoint_fds.clear()
-        bpf.raw_tracepoint_fds.clear()
-        self.failures: list[int] = []
-        self._threads: list[threading.Thread] = []
-        keeper = _start_keeper([fd for _, fd in closes])
-        if keeper is not None:
-            for close, fd in closes:
-                self._close(close, fd)
-            keeper.stdin.close()  # end-of-file: the keeper exits and releases the probes
-            return
-        for close, fd in closes:
-            thread = threading.Thread(
-                target=self._close, args=(close, fd), name="gpuguard-detach", daemon=True
-            )
-            try:
-                thread.start()
-            except RuntimeError:  # no thread to be had: detach here, slowly but surely
-                self._close(close, fd)
-                continue
-            self._threads.append(thread)
-
-    def _close(self, close, fd: int) -> None:
-        if close(fd) < 0:
-            self.failures.append(fd)
-
-    def wait(self) -> None:
-        for thread in self._threads:
-            thread.join()
-
-
-def _start_keeper(fds: list[int]) -> subprocess.Popen | None:
-    """A process holding ``fds`` until its stdin closes (see _ProbeDetach); None if none can start."""
-    cat = shutil.which("cat")
-    if not fds or cat is None:
-        return None
-    try:
-        return subprocess.Popen(
-            [cat],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            pass_fds=fds,
-            close_fds=True,
-            env={},
-        )
-    except OSError:
-        return None
-
-
-def _os_close_status(fd: int) -> int:
-    try:
-        os.close(fd)
-    except OSError:
-        return -1
-    return 0
 
 
 def _comm_of(pid: int) -> str:

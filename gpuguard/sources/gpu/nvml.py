@@ -6,14 +6,12 @@ this adapter against a faithful fake of ``pynvml``.
 A field NVML cannot give is ``None`` (one error line the first time), a lost GPU stays
 listed and is retried, per-process utilisation is never counted twice and goes ``None`` when
 stale, and PCIe comes from byte counters.  The reasons: docs/gpus.md, "NVML: choices worth
-knowing".
+knowing".  Loading the library and classifying its errors live in ``nvml_library``, what NVML
+keeps of the past in ``nvml_history``, PCIe in ``nvml_pcie``.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,68 +21,22 @@ from typing import Any
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.sources.gpu import nvml_history
+from gpuguard.sources.gpu.nvml_library import (
+    LOST_CODES,
+    PROCESS_LISTS,
+    REINIT_CODES,
+    SOURCE,
+    DeviceLost,
+    init_failure,
+    load_library,
+    shutdown,
+)
 from gpuguard.sources.gpu.nvml_pcie import PcieReader
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
 from gpuguard.sources.proc.pidns import namespace_pid
 
-SOURCE = "nvml"
 REINIT_INTERVAL_S = 5.0
 UTIL_STALE_AFTER_S = 5.0
-
-# NVML error code name -> (cause, fix) when nvmlInit fails.
-_INIT_FAILURES = {
-    "NVML_ERROR_LIBRARY_NOT_FOUND": (
-        "library not found",
-        "install the NVIDIA driver (it ships libnvidia-ml.so.1)",
-    ),
-    "NVML_ERROR_DRIVER_NOT_LOADED": (
-        "driver not loaded",
-        "load the NVIDIA kernel module: modprobe nvidia",
-    ),
-    "NVML_ERROR_NO_PERMISSION": (
-        "no permission to open the NVIDIA devices",
-        "run as root or fix /dev/nvidia* permissions",
-    ),
-    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": (
-        "NVML library and kernel driver versions differ",
-        "reboot or reload the nvidia module after a driver upgrade",
-    ),
-}
-# Codes that mean the device (or the driver under it) is gone, not one field.
-_LOST_CODES = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_GPU_NOT_FOUND", "NVML_ERROR_RESET_REQUIRED")
-# Codes that mean NVML itself must be initialised again.
-_REINIT_CODES = ("NVML_ERROR_UNINITIALIZED", "NVML_ERROR_DRIVER_NOT_LOADED")
-# Versions newest first; a missing function or FUNCTION_NOT_FOUND moves to the next.
-_PROCESS_LISTS = {
-    "compute": (
-        "nvmlDeviceGetComputeRunningProcesses_v3",
-        "nvmlDeviceGetComputeRunningProcesses_v2",
-        "nvmlDeviceGetComputeRunningProcesses",
-    ),
-    "graphics": (
-        "nvmlDeviceGetGraphicsRunningProcesses_v3",
-        "nvmlDeviceGetGraphicsRunningProcesses_v2",
-        "nvmlDeviceGetGraphicsRunningProcesses",
-    ),
-}
-
-
-def load_library() -> ModuleType:
-    if "pynvml" not in sys.modules:
-        if importlib.util.find_spec("pynvml") is None:
-            raise SourceUnavailable("pynvml is not installed", "pip install nvidia-ml-py")
-        # nvmlInit's own first step on Linux (pynvml's _LoadNvmlLibrary): without the library,
-        # importing the binding (~30 ms, a scan's whole budget on a host without GPUs) would
-        # only end in the same NVML_ERROR_LIBRARY_NOT_FOUND
-        try:
-            ctypes.CDLL("libnvidia-ml.so.1")
-        except OSError:
-            raise SourceUnavailable(*_INIT_FAILURES["NVML_ERROR_LIBRARY_NOT_FOUND"]) from None
-    try:
-        import pynvml
-    except ImportError:
-        raise SourceUnavailable("pynvml is not installed", "pip install nvidia-ml-py") from None
-    return pynvml
 
 
 def open_sampler(
@@ -97,42 +49,21 @@ def open_sampler(
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        cause, fix = _init_failure(nvml, exc)
+        cause, fix = init_failure(nvml, exc)
         raise SourceUnavailable(cause, fix) from None
     try:
         count = nvml.nvmlDeviceGetCount()
     except nvml.NVMLError as exc:
-        _shutdown(nvml)
+        shutdown(nvml)
         raise SourceUnavailable(
             f"cannot count GPUs: {exc}", "check `nvidia-smi` and the driver logs (dmesg)"
         ) from None
     if count == 0:
-        _shutdown(nvml)
+        shutdown(nvml)
         raise SourceUnavailable(
             "no NVIDIA GPU found", "check `nvidia-smi -L` and that the GPUs are passed to this host"
         )
     return NvmlSampler(nvml, count, proc_root=proc_root, clock=clock)
-
-
-def _init_failure(nvml: ModuleType, exc: Exception) -> tuple[str, str]:
-    code = getattr(exc, "value", None)
-    for name, cause_fix in _INIT_FAILURES.items():
-        if code is not None and code == getattr(nvml, name, object()):
-            return cause_fix
-    return f"nvmlInit failed: {exc}", "check the NVIDIA driver installation (nvidia-smi)"
-
-
-def _shutdown(nvml: ModuleType) -> None:
-    try:
-        nvml.nvmlShutdown()
-    except nvml.NVMLError:
-        pass
-
-
-class _DeviceLost(Exception):
-    def __init__(self, reason: str, reinit: bool) -> None:
-        super().__init__(reason)
-        self.reinit = reinit
 
 
 @dataclass(slots=True)
@@ -174,8 +105,8 @@ class NvmlSampler:
         self._proc_root = proc_root
         self._clock = clock
         self._once = OnceErrors()
-        self._lost_codes = {getattr(nvml, n) for n in _LOST_CODES if hasattr(nvml, n)}
-        self._reinit_codes = {getattr(nvml, n) for n in _REINIT_CODES if hasattr(nvml, n)}
+        self._lost_codes = {getattr(nvml, n) for n in LOST_CODES if hasattr(nvml, n)}
+        self._reinit_codes = {getattr(nvml, n) for n in REINIT_CODES if hasattr(nvml, n)}
         self._mismatch = getattr(nvml, "NVMLLibraryMismatchError", ())
         self._list_fn: dict[str, str] = {}
         self._need_reinit = False
@@ -205,121 +136,31 @@ class NvmlSampler:
 
     def accounting(self) -> tuple[list[GpuAccounting], list[str]]:
         """NVML accounting records of every GPU where accounting mode is on, and one line per GPU that failed."""
-        records: list[GpuAccounting] = []
-        errors: list[str] = []
-        for dev in self._live_devices():
-            try:
-                records += nvml_history.read_accounting(self._nvml, dev.handle, dev.index, dev.uuid)
-            except self._nvml.NVMLError as exc:
-                errors.append(f"nvml gpu{dev.index} accounting: {exc}")
-        return records, errors
+        return nvml_history.accounting(self._nvml, self._live_devices())
 
     def accounting_status(self) -> dict[int, bool | None]:
         """Whether accounting mode is on, per GPU index (None: NVML could not say)."""
-        status: dict[int, bool | None] = {}
-        for dev in self._live_devices():
-            try:
-                status[dev.index] = nvml_history.accounting_enabled(self._nvml, dev.handle)
-            except self._nvml.NVMLError:
-                status[dev.index] = None
-        return status
+        return nvml_history.accounting_status(self._nvml, self._live_devices())
 
     def set_accounting(self, on: bool) -> list[tuple[str, str]]:
-        """Turn accounting mode on/off on every GPU (opt-in: it changes host state).
-
-        One ``(outcome, line)`` per GPU: outcome ``changed``, ``unchanged`` or ``failed``, the line
-        saying what happened."""
-        results = []
-        for dev in self._live_devices():
-            try:
-                before = nvml_history.accounting_enabled(self._nvml, dev.handle)
-                if before != on:
-                    nvml_history.set_accounting_mode(self._nvml, dev.handle, on)
-                results.append(
-                    (
-                        "unchanged" if before == on else "changed",
-                        f"nvml gpu{dev.index}: accounting mode {'on' if on else 'off'}"
-                        + (
-                            " (was already)"
-                            if before == on
-                            else f" (was {'on' if before else 'off'})"
-                        ),
-                    )
-                )
-            except self._nvml.NVMLError as exc:
-                results.append(
-                    (
-                        "failed",
-                        f"nvml gpu{dev.index}: cannot turn accounting mode {'on' if on else 'off'}: {exc}",
-                    )
-                )
-        return results
+        """Turn accounting mode on/off on every GPU (opt-in: it changes host state); one
+        ``(outcome, line)`` per GPU (:func:`nvml_history.set_accounting`)."""
+        return nvml_history.set_accounting(self._nvml, self._live_devices(), on)
 
     def history(self) -> list[GpuSnapshot]:
-        """The driver's ~14 s of device samples, one snapshot per second, oldest first.
-
-        A device's only user (by the current process lists) is credited with the device's
-        GPU and memory utilisation; a shared device's samples carry no process.  Memory and
-        PCIe are not in the driver's history: they stay None.
-        """
-        nvml = self._nvml
-        kinds = (
-            ("gpu_util", "NVML_GPU_UTILIZATION_SAMPLES"),
-            ("mem_util", "NVML_MEMORY_UTILIZATION_SAMPLES"),
-            ("power_mw", "NVML_TOTAL_POWER_SAMPLES"),
+        """The driver's ~14 s of device samples, one snapshot per second, oldest first
+        (:func:`nvml_history.history_snapshots`)."""
+        return nvml_history.history_snapshots(
+            self._nvml, self._live_devices(), self._device_sample, self._users
         )
-        by_second: dict[int, GpuSnapshot] = {}
-        errors: list[str] = []
-        for dev in self._live_devices():
-            series: dict[str, dict[int, float]] = {}
-            for name, constant in kinds:
-                try:
-                    series[name] = nvml_history.per_second(
-                        nvml_history.read_device_samples(nvml, dev.handle, getattr(nvml, constant))
-                    )
-                except nvml.NVMLError as exc:
-                    if exc.value != nvml.NVML_ERROR_NOT_SUPPORTED:
-                        errors.append(f"nvml gpu{dev.index} sample history ({name}): {exc}")
-                    series[name] = {}
-            users = {
-                info.pid
-                for kind in ("compute", "graphics")
-                for info in self._process_list(dev, kind, errors) or ()
-            }
-            sole = next(iter(users)) if len(users) == 1 else None
-            for second in sorted(set().union(*series.values())):
-                gpu, mem, power = (series[n].get(second) for n, _ in kinds)
-                snap = by_second.setdefault(second, GpuSnapshot(time=float(second), source=SOURCE))
-                snap.devices.append(
-                    DeviceSample(
-                        vendor="nvidia",
-                        index=dev.index,
-                        name=dev.name,
-                        uuid=dev.uuid,
-                        pci_bus_id=dev.pci_bus_id,
-                        driver="nvidia",
-                        driver_version=self._driver_version,
-                        gpu_util=gpu,
-                        mem_util=mem,
-                        power_w=power / 1000.0 if power is not None else None,
-                        extra={"state": "ok", "history": True},
-                    )
-                )
-                if sole is not None and gpu is not None:
-                    snap.processes.append(
-                        ProcessGpuUsage(
-                            pid=sole,
-                            vendor="nvidia",
-                            device_index=dev.index,
-                            device_uuid=dev.uuid,
-                            sm_util=gpu,
-                            mem_util=mem,
-                        )
-                    )
-        snapshots = [by_second[s] for s in sorted(by_second)]
-        if snapshots and errors:
-            snapshots[-1].errors.extend(errors)
-        return snapshots
+
+    def _users(self, dev: _Device, errors: list[str]) -> set[int]:
+        """The pids on a device's compute and graphics lists."""
+        return {
+            info.pid
+            for kind in ("compute", "graphics")
+            for info in self._process_list(dev, kind, errors) or ()
+        }
 
     def _live_devices(self) -> list[_Device]:
         return [d for d in self._devices if d.handle is not None and not d.lost]
@@ -327,7 +168,7 @@ class NvmlSampler:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            _shutdown(self._nvml)
+            shutdown(self._nvml)
 
     # -- NVML state ---------------------------------------------------------
 
@@ -343,7 +184,7 @@ class NvmlSampler:
         if now - self._last_reinit < REINIT_INTERVAL_S:
             return
         self._last_reinit = now
-        _shutdown(self._nvml)
+        shutdown(self._nvml)
         try:
             self._nvml.nvmlInit()
         except self._nvml.NVMLError as exc:
@@ -422,7 +263,7 @@ class NvmlSampler:
             value = fn(dev.handle, *args)
         except self._nvml.NVMLError as exc:
             if exc.value in self._lost_codes or exc.value in self._reinit_codes:
-                raise _DeviceLost(str(exc), exc.value in self._reinit_codes) from None
+                raise DeviceLost(str(exc), exc.value in self._reinit_codes) from None
             self._once.report(errors, dev.index, name, f"nvml gpu{dev.index} {name}: {exc}")
             return None
         self._once.clear(dev.index, name)
@@ -437,7 +278,7 @@ class NvmlSampler:
                     return self._lost_sample(dev), []
             sample = self._device_metrics(dev, now, errors)
             processes = self._processes(dev, now, errors)
-        except _DeviceLost as lost:
+        except DeviceLost as lost:
             dev.lost, dev.handle = True, None
             if lost.reinit:
                 self._need_reinit = True
@@ -449,7 +290,8 @@ class NvmlSampler:
         self._once.clear(dev.index, "state")
         return sample, processes
 
-    def _lost_sample(self, dev: _Device) -> DeviceSample:
+    def _device_sample(self, dev: _Device, **fields: Any) -> DeviceSample:
+        """A sample of ``dev``: its identity and the driver's version, then ``fields``."""
         return DeviceSample(
             vendor="nvidia",
             index=dev.index,
@@ -458,8 +300,11 @@ class NvmlSampler:
             pci_bus_id=dev.pci_bus_id,
             driver="nvidia",
             driver_version=self._driver_version,
-            extra={"state": "lost"},
+            **fields,
         )
+
+    def _lost_sample(self, dev: _Device) -> DeviceSample:
+        return self._device_sample(dev, extra={"state": "lost"})
 
     def _device_metrics(self, dev: _Device, now: float, errors: list[str]) -> DeviceSample:
         nvml = self._nvml
@@ -475,14 +320,8 @@ class NvmlSampler:
         extra: dict[str, Any] = {"state": "ok"}
         if dev.sm_clock_max_mhz is not None:
             extra["sm_clock_max_mhz"] = dev.sm_clock_max_mhz
-        return DeviceSample(
-            vendor="nvidia",
-            index=dev.index,
-            name=dev.name,
-            uuid=dev.uuid,
-            pci_bus_id=dev.pci_bus_id,
-            driver="nvidia",
-            driver_version=self._driver_version,
+        return self._device_sample(
+            dev,
             gpu_util=float(util.gpu) if util is not None else None,
             mem_util=float(util.memory) if util is not None else None,
             memory_used=memory.used if memory is not None else None,
@@ -513,7 +352,7 @@ class NvmlSampler:
     def _process_list(self, dev: _Device, kind: str, errors: list[str]) -> list[Any] | None:
         """Newest list function the library and driver both have; cached once found."""
         nvml = self._nvml
-        names = _PROCESS_LISTS[kind]
+        names = PROCESS_LISTS[kind]
         if kind in self._list_fn:
             names = (self._list_fn[kind],)
         for name in names:
@@ -528,7 +367,7 @@ class NvmlSampler:
                 if exc.value == nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
                     continue
                 if exc.value in self._lost_codes or exc.value in self._reinit_codes:
-                    raise _DeviceLost(str(exc), exc.value in self._reinit_codes) from None
+                    raise DeviceLost(str(exc), exc.value in self._reinit_codes) from None
                 self._once.report(
                     errors,
                     dev.index,
@@ -557,7 +396,7 @@ class NvmlSampler:
             if exc.value == nvml.NVML_ERROR_NOT_FOUND:
                 samples = []  # nothing newer than last_seen_us
             elif exc.value in self._lost_codes or exc.value in self._reinit_codes:
-                raise _DeviceLost(str(exc), exc.value in self._reinit_codes) from None
+                raise DeviceLost(str(exc), exc.value in self._reinit_codes) from None
             else:
                 self._once.report(
                     errors,

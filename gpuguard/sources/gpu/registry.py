@@ -7,10 +7,15 @@ list is read, so a config check never loads a vendor's module.
 
 from __future__ import annotations
 
+import glob
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 
 _PACKAGE = "gpuguard.sources.gpu"
+# PCI base classes of GPUs: display controller, processing accelerator (AMD Instinct, some
+# data-centre NVIDIA parts); a vendor's other functions (NVSwitch bridges, HDMI audio) are not.
+GPU_PCI_CLASSES = ("0x03", "0x12")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,21 +28,60 @@ class GpuSource:
     counters: bool  # engine busy time is a counter: a rate needs two reads
     doc: str
     sweeps_fd_tables: bool = False  # its open_sampler takes ``fd_links`` (fd tables already read)
+    # The PCI vendor id of its GPUs ("0x10de"); None: any DRM device (/sys/class/drm/card*)
+    pci_vendor: str | None = None
 
     def open(self, proc_root: str = "/proc", fd_links: dict | None = None):
-        """Open a sampler; raises ``SourceUnavailable`` (or ImportError) when it cannot work here.
+        """Open a sampler; raises ``SourceUnavailable`` (or ImportError) when it cannot work here,
+        with ``absent`` set when the host has no GPU this source reads (information, not a fault).
 
         ``fd_links``: {pid: [(fd, target)]} of every process's /dev/ and /sys/ links, just read
         (:mod:`gpuguard.sources.proc.fd_table`), for a source that would otherwise read them again."""
-        module = importlib.import_module(f"{_PACKAGE}.{self.module}")
-        if fd_links is not None and self.sweeps_fd_tables:
-            return module.open_sampler(proc_root=proc_root, fd_links=fd_links)
-        return module.open_sampler(proc_root=proc_root)
+        from gpuguard.sources.gpu.sampler import SourceUnavailable
+
+        try:
+            module = importlib.import_module(f"{_PACKAGE}.{self.module}")
+            if fd_links is not None and self.sweeps_fd_tables:
+                return module.open_sampler(proc_root=proc_root, fd_links=fd_links)
+            return module.open_sampler(proc_root=proc_root)
+        except SourceUnavailable as exc:
+            exc.absent = exc.absent or not self.has_gpus(str(Path(proc_root).parent / "sys"))
+            raise
+
+    def has_gpus(self, sys_root: str = "/sys") -> bool:
+        """Whether the host has a GPU this source reads: a PCI display controller or processing
+        accelerator of its vendor, or for DRM fdinfo any DRM card (read from sysfs, which a
+        container sees as the host's)."""
+        if self.pci_vendor is None:
+            return bool(glob.glob(f"{sys_root}/class/drm/card[0-9]*"))
+        for device in glob.glob(f"{sys_root}/bus/pci/devices/*"):
+            try:
+                vendor = Path(device, "vendor").read_text().strip()
+                klass = Path(device, "class").read_text().strip()
+            except OSError:
+                continue
+            if vendor == self.pci_vendor and klass[:4] in GPU_PCI_CLASSES:
+                return True
+        return False
 
 
 GPU_SOURCES: tuple[GpuSource, ...] = (
-    GpuSource("nvml", "NVML", "nvml", counters=False, doc="NVIDIA GPUs through NVML (pynvml)"),
-    GpuSource("amdsmi", "amdsmi", "amd", counters=True, doc="AMD GPUs through ROCm's amdsmi"),
+    GpuSource(
+        "nvml",
+        "NVML",
+        "nvml",
+        counters=False,
+        doc="NVIDIA GPUs through NVML (pynvml)",
+        pci_vendor="0x10de",
+    ),
+    GpuSource(
+        "amdsmi",
+        "amdsmi",
+        "amd",
+        counters=True,
+        doc="AMD GPUs through ROCm's amdsmi",
+        pci_vendor="0x1002",
+    ),
     GpuSource(
         "drm-fdinfo",
         "DRM fdinfo",

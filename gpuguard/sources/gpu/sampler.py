@@ -31,7 +31,12 @@ class GpuSampler(Protocol):
 
 
 class SourceUnavailable(GpuguardError):
-    """This telemetry source cannot work on this machine (cause + fix)."""
+    """This telemetry source cannot work on this machine (cause + fix); ``absent``: the host has
+    no GPU it reads (a missing NVIDIA library on a host without NVIDIA GPUs is no fault)."""
+
+    def __init__(self, cause: str, fix: str = "", absent: bool = False) -> None:
+        super().__init__(cause, fix)
+        self.absent = absent
 
 
 def status_line(label: str, exc: SourceUnavailable) -> str:

@@ -20,13 +20,22 @@ from gpuguard.events.model import ConnActivity, CpuActivity, Event
 from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
 from gpuguard.sources.gpu.fd_holders import HolderScan, holder_event, scan_device_holders
 from gpuguard.sources.gpu.registry import SOURCE_NAMES
+from gpuguard.sources.host.rounding_window import RoundingWindow, watch_rounding
 from gpuguard.sources.net.net_connections import (
     ConnectionTable,
     connect_event,
     read_connection_table,
 )
 from gpuguard.sources.net.session_window import SessionWindow
-from gpuguard.sources.proc.cpu_usage import cpu_activity, cpu_and_start, lifetime_runnable
+from gpuguard.sources.proc.cpu_usage import (
+    PAUSED_RUNNABLE,
+    cpu_activity,
+    cpu_and_start,
+    paused_threads,
+    process_start_after_boot,
+    summarize,
+    thread_totals,
+)
 from gpuguard.sources.proc.fd_table import read_fd_tables
 from gpuguard.sources.proc.hidden_pids import list_proc_pids
 from gpuguard.sources.proc.process import collect_process_facts
@@ -58,6 +67,9 @@ class HostObservation:
     # processes with a thread runnable >= 90 % of its life (schedstat: no window needed)
     cpu_activity: dict[int, CpuActivity] = field(default_factory=dict)
     gpu_window_skipped: bool = False  # asked for, but no GPU sampler and no GPU handle here
+    # processes with a thread paused from outside (SIGSTOP duty cycle): rounding-mode candidates
+    paused: dict[int, CpuActivity] = field(default_factory=dict)
+    rounding: RoundingWindow = field(default_factory=RoundingWindow)  # the FPU probe's window
     # the head of each environ read with the facts, {(pid, start time): bytes}, for YARA
     environs: dict[tuple[int, float], bytes] = field(default_factory=dict)
 
@@ -129,22 +141,33 @@ def _fill_ancestors(facts: dict[int, ProcessFacts], proc_root: str) -> None:
 
 def _lifetime_cpu_activity(
     facts: dict[int, ProcessFacts], now: float, proc_root: str
-) -> dict[int, CpuActivity]:
-    """Lifetime runnable threads of every user-space process; kept for those with one spinning.
+) -> tuple[dict[int, CpuActivity], dict[int, CpuActivity]]:
+    """Lifetime runnable threads of every user-space process: ({pid: activity} of those with a
+    thread spinning, {pid: activity} of those with one paused from outside instead).
 
     One listing of its tasks and one schedstat read per thread (the kernel's totals since
     each thread started), so a scan sees a throttled miner at once, with no window."""
-    out: dict[int, CpuActivity] = {}
+    spinning: dict[int, CpuActivity] = {}
+    paused: dict[int, CpuActivity] = {}
     boot = psutil.boot_time()  # the facts' start times are psutil's: boot time + ticks
     for pid, f in facts.items():
         if f.kernel_thread or not f.exe:
             continue
-        runnable = lifetime_runnable(
-            pid, proc_root, f.start_time - boot if f.start_time else None, f.num_threads == 1
-        )
-        if runnable is not None and runnable.spinning_threads:
-            out[pid] = cpu_activity(now, pid, f.comm, runnable)
-    return out
+        start = f.start_time - boot if f.start_time else process_start_after_boot(pid, proc_root)
+        if start is None:
+            continue
+        single = f.num_threads == 1
+        totals = thread_totals(pid, start, proc_root, single)
+        if totals is None:
+            continue
+        runnable = summarize(totals)
+        if runnable.spinning_threads:
+            spinning[pid] = cpu_activity(now, pid, f.comm, runnable)
+        elif runnable.runnable_max >= PAUSED_RUNNABLE and paused_threads(
+            pid, totals, proc_root, single
+        ):
+            paused[pid] = cpu_activity(now, pid, f.comm, runnable)
+    return spinning, paused
 
 
 def _open_samplers(on_status: Callable[[str], None], fd_links: dict | None = None) -> list:
@@ -201,6 +224,7 @@ def observe_host(
     gpu: bool = True,
     facts_hook: Callable[[ProcessFacts], None] | None = None,
     gpu_window_s: float = 0.0,
+    fpu_window_s: float = 0.0,
 ) -> HostObservation:
     """Observe every process once (see the module docstring for the steps)."""
     try:
@@ -261,7 +285,11 @@ def observe_host(
         obs.connections = read_connection_table(
             socket_owners=tables.socket_owners() if proc_root == "/proc" else None
         )
-        obs.cpu_activity = _lifetime_cpu_activity(obs.facts, obs.time, proc_root)
+        obs.cpu_activity, obs.paused = _lifetime_cpu_activity(obs.facts, obs.time, proc_root)
+        if fpu_window_s > 0 and proc_root == "/proc":
+            # the GPU window's thread samples meanwhile
+            obs.rounding = watch_rounding(obs.cpu_activity | obs.paused, fpu_window_s)
+            obs.cpu_activity.update(obs.rounding.activity)
 
         remaining = cpu_sample_s - (time.monotonic() - window_start)
         if remaining > 0:

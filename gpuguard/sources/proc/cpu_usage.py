@@ -8,6 +8,7 @@ the cost is one small /proc read per candidate per period.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Hashable, Iterable
@@ -76,6 +77,13 @@ class CpuSampler:
 SPINNING = 0.9  # runnable fraction from which a thread counts as spinning
 MIN_SPAN_S = 5.0  # a thread younger than this is not judged (start-up noise)
 MAX_THREADS = 512  # threads read per process: a miner uses one per core
+# A thread stopped from outside (SIGSTOP/SIGCONT throttlers such as cpulimit) is neither
+# runnable nor asleep while stopped, so its runnable fraction falls to its duty cycle; each stop
+# is one voluntary switch.  One runnable >= PAUSED_RUNNABLE of its life that switched out
+# voluntarily at most PAUSED_SWITCHES_PER_S times a second looks paused, not waiting for work
+# (a server or an interactive program blocks hundreds of times a second).
+PAUSED_RUNNABLE = 0.25
+PAUSED_SWITCHES_PER_S = 20.0
 
 
 @dataclass(slots=True)
@@ -138,6 +146,40 @@ def thread_totals(
                 span = now - started
         out[int(name)] = _ThreadTotals(runnable_ns, run_ns, max(span, 0.0))
     return out if out or not single_thread else None  # its one thread gone: the process is
+
+
+def _voluntary_switches(task_dir: str) -> int | None:
+    try:
+        with open(f"{task_dir}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
+def paused_threads(
+    pid: int,
+    totals: dict[int, _ThreadTotals],
+    proc_root: str = "/proc",
+    single_thread: bool = False,
+) -> int:
+    """Threads of ``totals`` (:func:`thread_totals`) that look paused from outside rather than
+    asleep: runnable between PAUSED_RUNNABLE and SPINNING of a life of MIN_SPAN_S or more, with
+    few voluntary switches (one /proc read per such thread only)."""
+    found = 0
+    for tid, t in totals.items():
+        if (
+            t.span_s < MIN_SPAN_S
+            or not PAUSED_RUNNABLE <= t.runnable_ns / (t.span_s * 1e9) < SPINNING
+        ):
+            continue
+        task_dir = f"{proc_root}/{pid}" if single_thread else f"{proc_root}/{pid}/task/{tid}"
+        switches = _voluntary_switches(task_dir)
+        if switches is not None and switches <= PAUSED_SWITCHES_PER_S * t.span_s:
+            found += 1
+    return found
 
 
 def process_start_after_boot(pid: int, proc_root: str = "/proc") -> float | None:
@@ -235,6 +277,27 @@ class RunnableSampler:
         return out
 
 
+def _fpu_fields(fpu: FpuCounts | None, watched: bool) -> dict:
+    """CpuActivity's FPU fields from the probe's totals (``watched`` False: the probe is not
+    loaded; ``fpu`` None: loaded, and the process never left round-to-nearest)."""
+    if not watched:
+        return {}
+    if fpu is None:
+        return {"fpu_samples": 0, "fpu_round_nondefault": 0, "fpu_round_changes": 0}
+    return {
+        "fpu_samples": fpu.samples,
+        "fpu_round_nondefault": fpu.nondefault,
+        "fpu_round_changes": fpu.changes,
+        "fpu_span_s": round(fpu.span_s, 1),
+        "fpu_modes": list(fpu.modes),
+        "fpu_transitions": list(fpu.transitions),
+        "fpu_sleeps": fpu.sleeps,
+        "fpu_stops": fpu.stopped,
+        "fpu_threads": fpu.threads,
+        "fpu_sleepless_threads": fpu.sleepless,
+    }
+
+
 def cpu_activity(
     time_s: float,
     pid: int,
@@ -254,11 +317,13 @@ def cpu_activity(
         spin_span_s=r.spin_span_s,
         runnable_max=r.runnable_max,
         ran_share=r.ran_share,
-        fpu_samples=(fpu.samples if fpu else 0) if fpu_watched else None,
-        fpu_round_nondefault=(fpu.nondefault if fpu else 0) if fpu_watched else None,
-        fpu_round_changes=(fpu.changes if fpu else 0) if fpu_watched else None,
-        fpu_span_s=round(fpu.span_s, 1) if fpu else 0.0,
+        **_fpu_fields(fpu, fpu_watched or fpu is not None),
     )
+
+
+def cpu_activity_with_fpu(activity: CpuActivity, fpu: FpuCounts | None) -> CpuActivity:
+    """``activity`` (a runnable look) with the FPU probe's totals of a window that watched it."""
+    return dataclasses.replace(activity, **_fpu_fields(fpu, True))
 
 
 class CpuActivitySampler:

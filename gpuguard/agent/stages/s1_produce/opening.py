@@ -90,16 +90,17 @@ def close_sensor(ctx: AgentContext, sensor: Sensor | None, busy: bool) -> None:
 
 def gpu_openers(sources: list[str], proc_root: str) -> dict[str, Callable[[], Any]]:
     """One opener per configured GPU source; an opener raises ``SourceUnavailable`` with the
-    source's own reason when it cannot work here."""
-    from gpuguard.sources.gpu.sampler import SourceUnavailable, open_samplers
+    source's status line, and whether the host has no GPU it reads, when it cannot work here."""
+    from gpuguard.sources.gpu.registry import BY_NAME
+    from gpuguard.sources.gpu.sampler import SourceUnavailable, status_line
 
     def opener(source: str) -> Callable[[], Any]:
         def open_one() -> Any:
-            statuses: list[str] = []
-            samplers = open_samplers([source], proc_root=proc_root, on_status=statuses.append)
-            if not samplers:
-                raise SourceUnavailable(statuses[0] if statuses else f"{source} is not available")
-            return samplers[0]
+            try:
+                return BY_NAME[source].open(proc_root)
+            except SourceUnavailable as exc:  # the status line, and whether GPUs are absent
+                line = status_line(BY_NAME[source].label, exc)
+                raise SourceUnavailable(line, absent=exc.absent) from None
 
         return open_one
 

@@ -208,7 +208,9 @@ class SamplerThread(threading.Thread):
         return self.interval
 
     def open(self) -> bool:
-        """Open the source; a source that cannot work here is reported once (not a fault)."""
+        """Open the source; a source that cannot work here is reported once (not a fault):
+        ``source-absent`` when the host has no GPU it reads (information: every NVIDIA node lacks
+        amdsmi), ``degraded`` when it has and the source still fails (the agent is blind there)."""
         from gpuguard.sources.gpu.sampler import SourceUnavailable
 
         try:
@@ -219,9 +221,9 @@ class SamplerThread(threading.Thread):
                 self.emit(
                     AgentLifecycle(
                         time=time.time(),
-                        action="degraded",
+                        action="source-absent" if exc.absent else "degraded",
                         message=f"GPU source {self.source}: {line}",
-                        detail={"source": self.source},
+                        detail={"source": self.source, "gpus_present": not exc.absent},
                     )
                 )
             self.unavailable = line

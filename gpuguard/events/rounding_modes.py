@@ -1,0 +1,130 @@
+"""What the FPU probe's counts say about how a process uses the SSE rounding modes.
+
+The probe (probes/fpu.bpf.c) counts, per thread, its looks per mode and per pair of consecutive
+looks.  RandomX's CFROUND picks a mode from random register bits, so a miner's looks spread
+evenly over all four modes, each independent of the one before; interval arithmetic, set-once
+code and test suites switch modes in fixed patterns (docs/rules.md, "The rounding-mode
+pattern").  :func:`rounding_pattern` measures both properties, each with a chi-square test (is
+the departure real?) and an effect size (is it large?: Cohen's w from even shares, Cramér's V
+between consecutive looks), since a test alone rejects the slightest departure once a miner has
+been watched for hours, and an effect size alone is noise over a few looks.  ``random`` is the
+RandomX pattern.  The chi-square survival function is computed here (closed form for integer
+degrees of freedom).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuguard.events.abi import FpuMode
+
+MODE_NAMES = tuple(m.name.lower().replace("_", " ") for m in FpuMode)  # nearest, down, up, ...
+
+MIN_LOOKS = 64  # fewer: too few to judge (a throttled miner gets ~3 looks/s on a busy host)
+MIN_MODE_SHARE = 0.1  # each of the four modes (RandomX: 0.23-0.30 each)
+ALPHA = 0.001  # a departure counts only if a chi-square test gives p below this ...
+MAX_UNIFORM_DISTANCE = 0.3  # ... and Cohen's w from even shares exceeds this
+MAX_DEPENDENCE = 0.2  # ... and Cramér's V between consecutive looks exceeds this
+MIN_TRANSITIONS = 32  # fewer pairs of consecutive looks: independence is not tested
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(X >= x) for a chi-square variable with ``df`` (a positive integer) degrees of freedom.
+
+    Even df: e^(-x/2) * sum (x/2)^i / i! for i < df/2.  Odd df: erfc(sqrt(x/2)) plus
+    e^(-x/2) * sum (x/2)^(i - 1/2) / Gamma(i + 1/2) for i = 1 .. (df-1)/2."""
+    if df < 1:
+        raise ValueError("degrees of freedom must be a positive integer")
+    if x <= 0:
+        return 1.0
+    half = x / 2.0
+    if df % 2 == 0:
+        term = total = 1.0
+        for i in range(1, df // 2):
+            term *= half / i
+            total += term
+        return min(1.0, math.exp(-half) * total)
+    total = math.erfc(math.sqrt(half))
+    term = math.sqrt(half) / math.gamma(1.5)  # i = 1
+    for i in range(1, (df - 1) // 2 + 1):
+        if i > 1:
+            term *= half / (i - 0.5)
+        total += math.exp(-half) * term
+    return min(1.0, total)
+
+
+def uniform_test(counts: Sequence[int]) -> tuple[float, float]:
+    """(p-value, Cohen's w) of ``counts`` against an even spread over all of them."""
+    n = sum(counts)
+    if n == 0:
+        return 1.0, 0.0
+    expected = n / len(counts)
+    x2 = sum((c - expected) ** 2 for c in counts) / expected
+    return chi2_sf(x2, len(counts) - 1), math.sqrt(x2 / n)
+
+
+def independence_test(table: Sequence[int], size: int = 4) -> tuple[float, float] | None:
+    """(p-value, Cramér's V) of a ``size`` x ``size`` table (row-major: previous look, next
+    look) against independence; None when fewer than two rows or columns were seen."""
+    rows = [sum(table[r * size : (r + 1) * size]) for r in range(size)]
+    cols = [sum(table[c::size]) for c in range(size)]
+    n = sum(rows)
+    live_rows = [r for r in range(size) if rows[r]]
+    live_cols = [c for c in range(size) if cols[c]]
+    if n == 0 or len(live_rows) < 2 or len(live_cols) < 2:
+        return None
+    x2 = 0.0
+    for r in live_rows:
+        for c in live_cols:
+            expected = rows[r] * cols[c] / n
+            x2 += (table[r * size + c] - expected) ** 2 / expected
+    df = (len(live_rows) - 1) * (len(live_cols) - 1)
+    return chi2_sf(x2, df), math.sqrt(x2 / (n * (min(len(live_rows), len(live_cols)) - 1)))
+
+
+@dataclass(frozen=True, slots=True)
+class RoundingPattern:
+    """How one process's looks spread over the modes (``random``: the RandomX pattern)."""
+
+    looks: int
+    modes_seen: int  # modes with at least one look
+    min_share: float  # the least-seen mode's share of the looks (0-0.25)
+    uniform_p: float  # chi-square p-value of the per-mode counts against even shares
+    uniform_distance: float  # Cohen's w from even shares (0: even)
+    transitions: int  # pairs of consecutive looks of one thread
+    independent_p: float | None  # chi-square p-value of consecutive looks being independent
+    dependence: float | None  # Cramér's V between consecutive looks (0: independent)
+    random: bool
+
+
+def rounding_pattern(modes: Sequence[int], transitions: Sequence[int]) -> RoundingPattern | None:
+    """The pattern of ``modes`` (looks per mode, :data:`MODE_NAMES` order) and ``transitions``
+    (16 counts, previous mode * 4 + next mode); None below :data:`MIN_LOOKS` looks."""
+    looks = sum(modes)
+    if len(modes) != 4 or looks < MIN_LOOKS:
+        return None
+    uniform_p, distance = uniform_test(modes)
+    pairs = sum(transitions) if len(transitions) == 16 else 0
+    tested = independence_test(transitions) if pairs >= MIN_TRANSITIONS else None
+    independent_p, dependence = tested if tested is not None else (None, None)
+    min_share = min(modes) / looks
+    random = (
+        min_share >= MIN_MODE_SHARE
+        and not (uniform_p < ALPHA and distance > MAX_UNIFORM_DISTANCE)
+        and not (
+            independent_p is not None and independent_p < ALPHA and dependence > MAX_DEPENDENCE
+        )
+    )
+    return RoundingPattern(
+        looks=looks,
+        modes_seen=sum(1 for c in modes if c),
+        min_share=round(min_share, 3),
+        uniform_p=round(uniform_p, 6),
+        uniform_distance=round(distance, 3),
+        transitions=pairs,
+        independent_p=round(independent_p, 6) if independent_p is not None else None,
+        dependence=round(dependence, 3) if dependence is not None else None,
+        random=random,
+    )

@@ -1,0 +1,61 @@
+"""Debian's real Prometheus server for tests: started on a free loopback port, stopped after."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class PrometheusServer:
+    """A running ``prometheus`` with ``config`` (prometheus.yml text) in ``workdir``."""
+
+    def __init__(self, workdir: Path, config: str) -> None:
+        binary = shutil.which("prometheus")
+        assert binary, (
+            "Debian's prometheus is not installed (fix: bash packaging/setup-host.sh setup)"
+        )
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.api = f"http://127.0.0.1:{self.port}/api/v1"
+        self.log_path = workdir / "prometheus.log"
+        (workdir / "prometheus.yml").write_text(config)
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+        )
+
+    def check_alive(self) -> None:
+        assert self.proc.poll() is None, self.log_path.read_text()[-2000:]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@contextlib.contextmanager
+def prometheus(workdir: Path, config: str) -> Iterator[PrometheusServer]:
+    server = PrometheusServer(workdir, config)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -200,7 +200,7 @@ def sampler_cost(gpus: int = 8, seconds: float = 5.0) -> dict:
     """The sampler thread's CPU per GPU per sample over the fake NVML library."""
     from gpuguard.agent.counters import AgentCounters
     from gpuguard.agent.intake import BoundedQueue
-    from gpuguard.agent.producers import SamplerThread
+    from gpuguard.agent.stages.s1_produce.producers import SamplerThread
     from gpuguard.sources.gpu import nvml
     from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
 

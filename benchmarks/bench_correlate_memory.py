@@ -124,7 +124,7 @@ def run(items, rules, rate: int, **correlator_options) -> dict:
     gc.collect()
     tracemalloc.start(1)
     before = tracemalloc.take_snapshot()
-    correlator = Correlator(facts_provider=facts_of, read_configs=False, **correlator_options)
+    correlator = Correlator(facts_provider=facts_of, **correlator_options)
     engine = DetectionEngine(correlator, rules)
     verdicts: dict = {}
     next_score, next_expiry = T0, T0 + 10

@@ -321,7 +321,7 @@ def _exited(pid: int, peak: int, util: float = 40.0, duration_s: float = 120.0):
 
 
 def test_tracker_reports_growth_beyond_a_quarter_and_a_new_owner_only():
-    from gpuguard.agent.host_findings import MATERIAL_GROWTH, GpuHostFindings
+    from gpuguard.agent.stages.s5_report.host_findings import MATERIAL_GROWTH, GpuHostFindings
 
     tracker = GpuHostFindings(10.0)
 
@@ -354,7 +354,7 @@ def test_tracker_reports_growth_beyond_a_quarter_and_a_new_owner_only():
 
 
 def test_tracker_past_heavy_user_is_written_once_and_never_active():
-    from gpuguard.agent.host_findings import GpuHostFindings
+    from gpuguard.agent.stages.s5_report.host_findings import GpuHostFindings
 
     tracker = GpuHostFindings(10.0)
     heavy = _exited(3_999_003, 520 * MIB, util=98.0, duration_s=3600.0)
@@ -381,7 +381,7 @@ def test_tracker_past_heavy_user_is_written_once_and_never_active():
 def test_a_holder_that_exits_after_the_sample_is_not_reported():
     """A real process listed by the last sample exits before the check: it looks vanished until a
     newer sample (without it) arrives, so nothing is reported."""
-    from gpuguard.agent.host_findings import GpuHostFindings
+    from gpuguard.agent.stages.s5_report.host_findings import GpuHostFindings
     from gpuguard.events.gpu_snapshot import ProcessGpuUsage
 
     tracker = GpuHostFindings(10.0)
@@ -418,7 +418,7 @@ def test_a_resolved_host_finding_in_cef():
 def test_tracker_reports_host_tuning_without_gpu_samples_and_resolves_it(tmp_path):
     """MSR writes enabled and huge pages reserved, read from a host tree: written when they appear
     (no sample race to confirm), again when the reservation grows, resolved when undone."""
-    from gpuguard.agent.host_findings import GpuHostFindings
+    from gpuguard.agent.stages.s5_report.host_findings import GpuHostFindings
 
     msr = tmp_path / "sys/module/msr/parameters/allow_writes"
     pages = tmp_path / "sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"

@@ -150,6 +150,7 @@ class Pipeline:
         m.set_blocks({"kill-on-touch": 1}, ("kill-on-touch", "quarantine"))
         m.observe_log(self.log)
         m.observe_log(self.broken_log)
+        m.sync_totals({"stages": {"enrich": {"facts_read": 2, "yara_scans": 0}}})
 
     def close(self) -> None:
         self.log.close()
@@ -509,7 +510,7 @@ def test_a_running_agent_exports_every_rule_at_zero_and_a_reloaded_rule_too(tmp_
         }
 
     with agent_running(agent):
-        rules = {r.id for r in agent.ctx.rules.current.rules}
+        rules = {r.id for r in agent.opened.rules.current.rules}
         assert {(r, v) for r in rules for v in ("clean", "suspicious", "malicious")} <= set(
             counters()
         )

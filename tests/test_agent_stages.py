@@ -38,10 +38,8 @@ def ruleset():
 
 def _enrich_and_correlator(ruleset):
     ctx = types.SimpleNamespace(proc_root="/proc", lifecycle=lambda *a, **k: None)
-    enrich = EnrichStage(ctx)  # type: ignore[arg-type]
-    enrich.use_ruleset(ruleset)
-    correlator = Correlator(facts_provider=enrich.facts_of, read_configs=False)
-    correlator.on_new_facts = enrich.on_new_facts
+    enrich = EnrichStage(ctx, ruleset)  # type: ignore[arg-type]
+    correlator = Correlator(facts_provider=enrich.facts_of, on_new_facts=enrich.on_new_facts)
     return enrich, correlator
 
 

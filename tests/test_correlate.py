@@ -16,6 +16,7 @@ from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import Connect, Exec, Exit, GpuIoctl, GpuOpen, Lost, NetPayload
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
+from gpuguard.sources.proc.config_files import attach_config_files
 from gpuguard.sources.proc.process import collect_process_facts
 
 T = 1_700_000_000.0
@@ -73,7 +74,7 @@ def test_events_before_facts_are_rekeyed_to_the_same_process():
 def test_live_facts_provider_with_a_real_process():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        c = Correlator(facts_provider=collect_process_facts)
+        c = Correlator(facts_provider=collect_process_facts, config_reader=attach_config_files)
         c.feed(Connect(time=T, pid=child.pid, address="127.0.0.1", port=9))
         state = c.state_of(child.pid)
         assert not state.provisional
@@ -81,6 +82,26 @@ def test_live_facts_provider_with_a_real_process():
         assert state.key.start_time == state.facts.start_time > 0
         assert state.facts.ancestors[0].pid == os.getpid()
         assert state.facts.config_files == {}  # read, but no config beside it
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_correlator_reads_nothing_unless_given_its_readers(tmp_path):
+    """No /proc reader by default: a process it meets is provisional until facts come in."""
+    (tmp_path / "config.json").write_text('{"pools": [{"url": "pool.example:3333"}]}')
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], cwd=tmp_path)
+    try:
+        alone = Correlator()
+        alone.feed(Connect(time=T, pid=child.pid, address="127.0.0.1", port=9))
+        state = alone.state_of(child.pid)
+        assert state.provisional and state.facts is None
+        facts_only = Correlator(facts_provider=collect_process_facts)
+        facts_only.feed(Connect(time=T, pid=child.pid, address="127.0.0.1", port=9))
+        assert facts_only.state_of(child.pid).facts.config_files == {}  # not read: no reader
+        both = Correlator(facts_provider=collect_process_facts, config_reader=attach_config_files)
+        both.feed(Connect(time=T, pid=child.pid, address="127.0.0.1", port=9))
+        assert list(both.state_of(child.pid).facts.config_files) == ["config.json"]
     finally:
         child.kill()
         child.wait()
@@ -96,7 +117,7 @@ def test_live_reads_config_files_in_cwd(tmp_path):
         [sys.executable, "-c", "import time; time.sleep(30)", "-c", "cfg.json"], cwd=tmp_path
     )
     try:
-        c = Correlator(facts_provider=collect_process_facts)
+        c = Correlator(facts_provider=collect_process_facts, config_reader=attach_config_files)
         c.feed(GpuOpen(time=T, pid=child.pid, path="/dev/nvidia0", device_class="nvidia"))
         assert list(c.state_of(child.pid).facts.config_files) == ["config.json"]
     finally:
@@ -252,7 +273,6 @@ def test_a_process_first_seen_at_its_exec_reads_proc_once():
 
     c = Correlator(
         facts_provider=provider,
-        read_configs=False,
         on_new_facts=lambda state, f: enriched.append(f.exe),
     )
     c.feed(
@@ -292,9 +312,7 @@ def test_a_process_first_seen_at_its_exec_reads_proc_once():
 
 
 def test_a_process_first_seen_at_its_exec_keeps_the_events_identity_where_proc_is_silent():
-    c = Correlator(
-        facts_provider=lambda pid: facts(71, T, comm="", exe="", cmdline=[]), read_configs=False
-    )
+    c = Correlator(facts_provider=lambda pid: facts(71, T, comm="", exe="", cmdline=[]))
     c.feed(
         Exec(
             time=T + 0.01,

@@ -250,7 +250,7 @@ def test_a_short_exec_of_a_name_the_rules_list_goes_up_at_once(sensor):
 
 
 def test_the_kernel_hash_is_fnv1a_and_names_come_from_the_rules_lists():
-    from gpuguard.agent.exec_interest import exec_interest
+    from gpuguard.agent.stages.s1_produce.exec_interest import exec_interest
     from gpuguard.detect.ruleset.reload import RuleSetHolder
     from gpuguard.sources.ebpf.exec_filter import interest_keys, name_hash
 

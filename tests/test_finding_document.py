@@ -76,7 +76,7 @@ def test_the_state_file_row_is_rendered_from_the_finding(tmp_path):
 
 
 def test_guard_policy_findings_have_their_own_id_and_numbered_records():
-    from gpuguard.agent.findings import ProcessFindings, finding_id
+    from gpuguard.agent.stages.s5_report.findings import ProcessFindings, finding_id
 
     tracker = ProcessFindings(hostname="node-1")
     key = ProcessKey(7, T)

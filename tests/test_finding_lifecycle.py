@@ -1,4 +1,4 @@
-"""The process-finding lifecycle policy (gpuguard/agent/findings.py) over real correlator states.
+"""The process-finding lifecycle policy (gpuguard/agent/stages/s5_report/findings.py) over real correlator states.
 
 The end-to-end run on the real kernel is tests/test_agent_finding_lifecycle.py; here the
 policy's edges are walked with a clock the test moves: the rate limit, coalescing,
@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from gpuguard.agent.config import AgentConfig, load_config
-from gpuguard.agent.findings import ProcessFindings, finding_id
+from gpuguard.agent.stages.s5_report.findings import ProcessFindings, finding_id
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.scoring.score import Evidence, Verdict
 from gpuguard.errors import GpuguardError
@@ -215,7 +215,7 @@ def _own_key() -> ProcessKey:
 
 
 def test_a_finding_an_earlier_run_left_open_is_continued_numbered_on_and_marked():
-    from gpuguard.agent.findings import Carried
+    from gpuguard.agent.stages.s5_report.findings import Carried
 
     key = _own_key()
     gone = ProcessKey(key.pid, key.start_time - 100.0)  # that pid, an earlier process: ended
@@ -252,8 +252,8 @@ def test_a_new_finding_is_not_marked_continued_and_the_ledger_follows_the_open_s
 
 
 def test_the_ledger_file_round_trips_and_a_damaged_one_is_one_line_not_a_crash(tmp_path):
-    from gpuguard.agent.finding_ledger import ledger_path, load_ledger, save_ledger
-    from gpuguard.agent.findings import Carried
+    from gpuguard.agent.stages.s5_report.finding_ledger import ledger_path, load_ledger, save_ledger
+    from gpuguard.agent.stages.s5_report.findings import Carried
 
     path = ledger_path(tmp_path / "status.json")
     assert path == tmp_path / "status.findings.json"
@@ -272,7 +272,7 @@ def test_the_ledger_file_round_trips_and_a_damaged_one_is_one_line_not_a_crash(t
 def test_a_continued_finding_is_picked_up_whatever_its_verdict_now_and_closed_at_the_end():
     """A restarted agent may not see again what convicted a process (a pool login happens
     once): the finding is still continued, not acted on while clean, and closed when it ends."""
-    from gpuguard.agent.findings import Carried
+    from gpuguard.agent.stages.s5_report.findings import Carried
 
     key = _own_key()
     clock = Clock()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuguard.detect.host.check_list import AGENT, HOST_CHECKS, SCAN, HostInputs, run_host_checks
 from gpuguard.detect.host.rules import HOST_RULES
 
-# What the agent gathers for its host checks (gpuguard/agent/host_findings.py).
+# What the agent gathers for its host checks (gpuguard/agent/stages/s5_report/host_findings.py).
 AGENT_INPUTS = {"snapshots", "pid_states", "accounting", "tuning_root"}
 
 

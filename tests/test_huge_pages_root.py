@@ -24,6 +24,7 @@ from gpuguard.detect.ruleset.load import load_ruleset
 from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.outputs.console import LiveView, format_event
+from gpuguard.sources.proc.config_files import attach_config_files
 from gpuguard.sources.proc.huge_pages import process_hugetlb, read_host_tuning
 from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.hugepages import pool_held, reserved_huge_pages
@@ -313,7 +314,9 @@ def test_the_agent_gives_huge_page_users_a_cpu_window():
         busy, _ = start([str(binary), "spin:8", "ready"], preexec_fn=_favoured)
         idle, _ = start([str(binary), "ready"])
         try:
-            correlator = Correlator(facts_provider=collect_process_facts)
+            correlator = Correlator(
+                facts_provider=collect_process_facts, config_reader=attach_config_files
+            )
             now = time.time()
             for proc in (busy, idle):
                 correlator.feed(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -147,7 +148,7 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path, monkeypatch):
 
 # Packages whose modules import each other one way only: every import counts (lazy ones and
 # ``if TYPE_CHECKING:`` ones too), as written; the parent packages Python runs first do not.
-NO_CIRCLES = ("respond",)
+NO_CIRCLES = ("respond", "agent")
 
 
 def import_graph(package: str) -> dict[str, set[str]]:
@@ -535,16 +536,17 @@ def test_the_pipeline_only_builds_and_orders_the_stages():
 
 
 def stage_order(path: Path) -> int:
-    """s4_score.py -> 4: the stage's place in the flow."""
-    return int(path.name[1 : path.name.index("_")])
+    """s4_score.py -> 4, s5_report/findings.py -> 5: the stage's place in the flow."""
+    part = next(p for p in path.relative_to(STAGES).parts if re.match(r"s[0-9]_", p))
+    return int(part[1 : part.index("_")])
 
 
 def stage_imports_later_stage(path: Path) -> list[str]:
+    """Imports of a later stage (a stage's folder may import its own helpers)."""
     found = []
     for line, module in imported_modules(path):
         if module.startswith("gpuguard.agent.stages.s"):
-            other = STAGES / (module.rsplit(".", 1)[1] + ".py")
-            if stage_order(other) >= stage_order(path):
+            if stage_order(STAGES / module.split(".")[3]) > stage_order(path):
                 found.append(f"{path.name}:{line} imports {module} (a later stage)")
     return found
 
@@ -571,10 +573,10 @@ def writes_to_correlation_state(path: Path) -> list[str]:
     return found
 
 
-STAGE_FILES = sorted(STAGES.glob("s[0-9]_*.py"))
+STAGE_FILES = sorted([*STAGES.glob("s[0-9]_*.py"), *STAGES.glob("s[0-9]_*/*.py")])
 
 
-@pytest.mark.parametrize("path", STAGE_FILES, ids=[p.name for p in STAGE_FILES])
+@pytest.mark.parametrize("path", STAGE_FILES, ids=[str(p.relative_to(STAGES)) for p in STAGE_FILES])
 def test_a_stage_imports_no_later_stage(path):
     assert stage_imports_later_stage(path) == []
 
@@ -595,8 +597,9 @@ def test_only_correlation_writes_its_verdicts_and_dirty_marks(path):
 
 
 # Writes the name-based check takes for a process state's and that are not: a host finding's
-# verdict, which detect.host gives it from the rule set's thresholds.
-NOT_PROCESS_STATE = {("checks.py", "verdict")}
+# verdict, which detect.host gives it from the rule set's thresholds; an open finding's latest
+# verdict (the report stage's own bookkeeping, agent/stages/s5_report/findings.py).
+NOT_PROCESS_STATE = {("checks.py", "verdict"), ("findings.py", "verdict")}
 
 
 def test_the_stage_checks_catch_a_backward_import_and_a_foreign_write(tmp_path, monkeypatch):
@@ -606,10 +609,24 @@ def test_the_stage_checks_catch_a_backward_import_and_a_foreign_write(tmp_path, 
     (stages / "s5_report.py").write_text(
         "def f(state, v):\n    state.verdict = v\n    state.facts_gen += 1\n    self.dirty = 1\n"
     )
+    (stages / "s4_score").mkdir()
+    (stages / "s4_score" / "__init__.py").write_text(
+        "from gpuguard.agent.stages.s4_score.memo import M\n"
+        "from gpuguard.agent.stages.s1_produce import P\n"
+    )
+    (stages / "s4_score" / "memo.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from gpuguard.agent.stages.s6_act.outcomes import record\n"
+    )
     monkeypatch.setattr(__import__(__name__), "STAGES", stages)
     monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path)
     assert stage_imports_later_stage(stages / "s2_enrich.py") == [
         "s2_enrich.py:1 imports gpuguard.agent.stages.s5_report (a later stage)"
+    ]
+    # a stage's folder imports its own helpers and earlier stages; its helpers no later stage
+    assert stage_imports_later_stage(stages / "s4_score" / "__init__.py") == []
+    assert stage_imports_later_stage(stages / "s4_score" / "memo.py") == [
+        "memo.py:3 imports gpuguard.agent.stages.s6_act.outcomes (a later stage)"
     ]
     assert writes_to_correlation_state(stages / "s5_report.py") == [
         "s5_report.py:2 writes .verdict",

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from gpuguard.agent.producers import quiet_view
+from gpuguard.agent.stages.s1_produce.producers import quiet_view
 from gpuguard.sources.gpu import nvml
 from tests.support.nvml_choice import (
     NvmlUnderTest,

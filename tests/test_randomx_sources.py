@@ -19,6 +19,7 @@ from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.sources.ebpf.btf import Btf, BtfError
 from gpuguard.sources.ebpf.fpu_probe import BLIND_PREFIX, FpuProbe
+from gpuguard.sources.proc.config_files import attach_config_files
 from gpuguard.sources.proc.cpu_usage import lifetime_runnable
 from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.hugepages import reserved_huge_pages
@@ -197,7 +198,7 @@ def test_scan_sees_a_throttled_standin_with_huge_pages_from_its_lifetime():
     assert facts.cpu_percent is not None and facts.cpu_percent < 50  # what CPU % saw
     activity = obs.cpu_activity[miner.pid]
     assert activity.spinning_threads >= 1 and activity.spin_span_s >= 60, activity
-    correlator = Correlator(facts_provider=obs.facts.get, read_configs=True)
+    correlator = Correlator(facts_provider=obs.facts.get, config_reader=attach_config_files)
     engine = DetectionEngine(correlator, load_ruleset([shipped_rules_file()]))
     correlator.feed(facts)
     for event in obs.events():

@@ -356,10 +356,16 @@ def test_a_pidfd_is_opened_at_the_exec_and_closed_at_the_exit(tmp_path):
     from gpuguard.events.model import Exec, Exit
     from gpuguard.sources.ebpf.probe_source import ProbeSettings
     from gpuguard.sources.ebpf.sensor import Sensor
+    from gpuguard.sources.proc.config_files import attach_config_files
     from gpuguard.sources.proc.identity import first_sight, pidfd_alive
+    from gpuguard.sources.proc.process import collect_process_facts
 
     with Sensor(ProbeSettings(), drain_interval=0.1) as sensor:
-        correlator = Correlator(identify=first_sight(sensor.exit_generations))
+        correlator = Correlator(
+            facts_provider=collect_process_facts,
+            config_reader=attach_config_files,
+            identify=first_sight(sensor.exit_generations),
+        )
         proc = _start([str(build_workload()), "ready", "exit:0"])
         assert proc.stdout.readline().strip() == "ready"
         seen: list = []

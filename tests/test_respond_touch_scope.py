@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuguard.agent.counters import AgentCounters
-from gpuguard.agent.findings import ProcessFindings
+from gpuguard.agent.stages.s5_report.findings import ProcessFindings
 from gpuguard.agent.stages.s6_act import record_outcomes
 from gpuguard.cli import main
 from gpuguard.outputs.metrics import AgentMetrics

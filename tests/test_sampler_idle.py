@@ -12,7 +12,12 @@ import time
 
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.intake import BoundedQueue
-from gpuguard.agent.producers import IDLE_FACTOR, QUIET_SAMPLES, SamplerThread, SensorThread
+from gpuguard.agent.stages.s1_produce.producers import (
+    IDLE_FACTOR,
+    QUIET_SAMPLES,
+    SamplerThread,
+    SensorThread,
+)
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import Exit, GpuOpen
 from gpuguard.sources.gpu import nvml
@@ -120,7 +125,7 @@ def test_a_nudge_at_the_full_rate_is_no_extra_sample():
 
 
 def test_what_counts_as_nothing_happened():
-    from gpuguard.agent.producers import quiet_view
+    from gpuguard.agent.stages.s1_produce.producers import quiet_view
 
     def snap(util=0, memory=0, processes=(), errors=(), state=None):
         dev = DeviceSample(vendor="nvidia", index=0, name="H100", gpu_util=util, memory_used=memory)

@@ -212,6 +212,7 @@ def test_allowlist_sha256_from_live_exe(tmp_path, ruleset):
 
     from gpuguard.correlate.correlator import Correlator
     from gpuguard.detect.scoring.engine import DetectionEngine
+    from gpuguard.sources.proc.config_files import attach_config_files
     from gpuguard.sources.proc.process import collect_process_facts
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -226,7 +227,9 @@ def test_allowlist_sha256_from_live_exe(tmp_path, ruleset):
             f"  - id: py\n    exe: {facts.exe}\n    sha256: '{digest}'\n"
         )
         rs = load_ruleset([rules])
-        correlator = Correlator(facts_provider=collect_process_facts)
+        correlator = Correlator(
+            facts_provider=collect_process_facts, config_reader=attach_config_files
+        )
         DetectionEngine(correlator, rs)
         correlator.feed(facts)
         st = correlator.state_of(sleeper.pid)

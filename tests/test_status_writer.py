@@ -1,9 +1,9 @@
-"""What counts as a change of the agent's state file (gpuguard/agent/status_writer.py): an idle
+"""What counts as a change of the agent's state file (gpuguard/agent/stages/s7_emit/status_writer.py): an idle
 agent rewrites it only as a heartbeat, not for counters that move with the clock."""
 
 from __future__ import annotations
 
-from gpuguard.agent.status_writer import _status_content
+from gpuguard.agent.stages.s7_emit.status_writer import _status_content
 
 
 def test_counters_that_move_with_every_gpu_sample_are_no_change():

@@ -17,6 +17,7 @@ from gpuguard.detect.ruleset.shipped import shipped_rules_dir, shipped_rules_fil
 from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.detect.yara import scan as yara_scan
 from gpuguard.detect.yara.scan import YaraScanner, compile_files, yara_problems
+from gpuguard.sources.proc.config_files import attach_config_files
 from gpuguard.sources.proc.process import collect_process_facts
 
 MARKER = "gpuguard-memory-marker mining.set_target"
@@ -218,7 +219,9 @@ def test_correlator_scans_new_processes_and_the_rule_fires(miner_binary):
     ruleset = load_ruleset([shipped_rules_file()])
     proc = start(miner_binary)
     try:
-        correlator = Correlator(facts_provider=collect_process_facts)
+        correlator = Correlator(
+            facts_provider=collect_process_facts, config_reader=attach_config_files
+        )
         engine = DetectionEngine(correlator, ruleset, yara_scanner=ruleset.yara_scanner())
         correlator.feed(collect_process_facts(proc.pid))
         state = correlator.state_of(proc.pid)

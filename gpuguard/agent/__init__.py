@@ -1,10 +1,10 @@
 """The agent: the daemon that runs sensor, samplers, correlator, scoring, actions and logs together.
 
-The flow is its file layout: :mod:`.pipeline` builds the stages in :mod:`.stages`
-(s1_produce .. s7_emit) and orders them; :mod:`.startup`, :mod:`.housekeeping`,
-:mod:`.reload`, :mod:`.status_writer` and :mod:`.teardown` hold the rest of its life.
-What the stages share is in :mod:`.context`; work that goes back against the flow
-travels through the queues in :mod:`.feedback`.  The module map is in
+The flow is its file layout: :mod:`.pipeline` runs the start-up steps (:mod:`.startup`), which
+build the stages in :mod:`.stages` (s1_produce .. s7_emit) once (:mod:`.wiring`), then orders
+them each loop turn; :mod:`.housekeeping`, :mod:`.reload` and :mod:`.teardown` hold the rest
+of its life.  What the stages share is in :mod:`.context`; work that goes back against the
+flow travels through the queues in :mod:`.feedback`.  The module map is in
 docs/internals.md ("agent"); selftest, simulator and enforce scope are in
 :mod:`gpuguard.proving`.
 

@@ -26,7 +26,7 @@ def stderr_line(line: str) -> None:
 
 @dataclass(eq=False)
 class AgentContext:
-    """Cross-cutting parts; ``config`` is replaced on a SIGHUP reload, ``rules`` at start-up."""
+    """Cross-cutting parts; ``config`` is replaced on a SIGHUP reload."""
 
     config: AgentConfig
     counters: AgentCounters
@@ -35,7 +35,6 @@ class AgentContext:
     stop: threading.Event
     stderr: Callable[[str], None]
     proc_root: str = "/proc"
-    rules: Any = None  # RuleSetHolder (gpuguard.detect.ruleset.reload), set by the rules step
     status_soon: bool = False  # something the state file says changed: write it this turn
 
     def emit(self, record: Any) -> None:

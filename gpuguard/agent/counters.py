@@ -86,6 +86,8 @@ class AgentCounters:
     last_output_error: str = ""  # the last of those, as reported on stderr
     status_errors: int = 0  # state file writes that failed
     last_status_error: str = ""
+    # each stage's own work counts (its ``counts``), by stage name, as the stages were built
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)
     # latest GPU view for metrics: (vendor, index) -> {"util":, "memory_used":, "memory_total":, "power_w":}
     gpus: dict = field(default_factory=dict)
 
@@ -139,4 +141,5 @@ class AgentCounters:
             "actions": {f"{action}/{status}": n for (action, status), n in self.actions.items()},
             "touch_kills": dict(self.touch_kills),
             "host_findings_active": dict(self.host_findings_active),
+            "stages": {name: dict(counts) for name, counts in self.stages.items()},
         }

@@ -10,15 +10,18 @@ are reported as one lifecycle line.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpuguard.agent.context import AgentContext
 from gpuguard.agent.memory import return_freed_memory
-from gpuguard.agent.stages.s1_produce import ProduceStage
 from gpuguard.agent.stages.s4_score import ScoreStage
 from gpuguard.agent.stages.s5_report import ReportStage
 from gpuguard.agent.stages.s6_act import ActStage
+from gpuguard.correlate.correlator import Correlator
 from gpuguard.sources.proc.cpu_usage import CpuActivitySampler, CpuSampler
+
+if TYPE_CHECKING:
+    from gpuguard.sources.ebpf.sensor import Sensor
 
 HOUSEKEEPING_S = 10.0  # expire old processes and report drops this often
 
@@ -29,27 +32,20 @@ class Housekeeping:
     def __init__(
         self,
         ctx: AgentContext,
-        produce: ProduceStage,
+        correlator: Correlator,
+        sensor: Sensor | None,
         score: ScoreStage,
         report: ReportStage,
         act: ActStage,
     ) -> None:
-        self.ctx, self.produce, self.score, self.report, self.act = (
-            ctx,
-            produce,
-            score,
-            report,
-            act,
-        )
-        self.correlator: Any = None
+        self.ctx, self.correlator, self.sensor = ctx, correlator, sensor  # sensor: its FPU probe
+        self.score, self.report, self.act = score, report, act
         self.cpu_sampler = CpuSampler(ctx.proc_root)  # CPU windows of huge-page users and tuners
         self.cpu_activity = CpuActivitySampler(ctx.proc_root)  # runnable threads, FPU rounding
         self.drops_reported = 0
-        self.counts = {"passes": 0}
 
     def run(self, now: float, period_s: float) -> None:
         correlator = self.correlator
-        self.counts["passes"] += 1
         correlator.expire(now)
         # CPU windows for huge-page users and host tuners (the CPU-miner rules read them)
         for key, percent in self.cpu_sampler.sample(correlator.cpu_candidates()).items():
@@ -65,7 +61,7 @@ class Housekeeping:
         """Runnable threads of the CPU-miner candidates and of every process the FPU probe saw
         leave round-to-nearest, as CpuActivity records (the CPU-miner rules read them)."""
         correlator = self.correlator
-        sensor = self.produce.sensor
+        sensor = self.sensor
         fpu_probe = sensor.fpu if sensor is not None else None
         fpu = fpu_probe.counts() if fpu_probe is not None and fpu_probe.loaded else None
         keys = set(correlator.cpu_candidates())

@@ -1,7 +1,8 @@
-"""The agent: builds its stages (:mod:`gpuguard.agent.stages`) and orders them.
+"""The agent: runs its start-up, then the seven stages in flow order each loop turn, then teardown.
 
-produce -> enrich -> correlate -> score -> report -> act -> emit; start-up (:mod:`.startup`),
-housekeeping, reload, the state file (:mod:`.status_writer`) and teardown have their modules.
+produce -> enrich -> correlate -> score -> report -> act -> emit.  Start-up (:mod:`.startup`)
+builds the stages once (:mod:`.wiring`); housekeeping, reload, the state file and teardown
+have their modules.
 """
 
 from __future__ import annotations
@@ -16,19 +17,14 @@ from gpuguard.agent import startup
 from gpuguard.agent.config import AgentConfig
 from gpuguard.agent.context import AgentContext, stderr_line
 from gpuguard.agent.counters import AgentCounters
-from gpuguard.agent.housekeeping import HOUSEKEEPING_S, Housekeeping
+from gpuguard.agent.housekeeping import HOUSEKEEPING_S
 from gpuguard.agent.intake import BoundedQueue
-from gpuguard.agent.reload import Reloader
 from gpuguard.agent.schedule import Schedule
-from gpuguard.agent.stages.s1_produce import BATCH_ITEMS, ProduceStage
-from gpuguard.agent.stages.s2_enrich import EnrichStage
-from gpuguard.agent.stages.s3_correlate import CorrelateStage
-from gpuguard.agent.stages.s4_score import ScoreStage
-from gpuguard.agent.stages.s5_report import ReportStage
-from gpuguard.agent.stages.s6_act import ActStage
-from gpuguard.agent.stages.s7_emit import EmitStage
+from gpuguard.agent.stages import Stages
+from gpuguard.agent.stages.s1_produce import BATCH_ITEMS
 from gpuguard.agent.teardown import teardown
 from gpuguard.agent.telemetry import AgentTelemetry
+from gpuguard.agent.wiring import Opened, Wired, agent_parts
 
 
 class Agent:
@@ -56,21 +52,12 @@ class Agent:
             config, counters, self.telemetry, self.intake, self.stop, stderr, proc_root
         )
         self.emit = ctx.emit  # queue a record for the log (any thread)
-        self.produce = ProduceStage(ctx, sampler_openers)
-        self.enrich = EnrichStage(ctx)
-        self.report = ReportStage(ctx)
-        self.host_findings = self.report.host_findings
-        self.correlate = CorrelateStage(ctx, self.host_findings.observe, self.host_findings.INPUTS)
-        self.score = ScoreStage(ctx)
-        self.act = ActStage(ctx, self.report.findings)
-        self.emit_stage = EmitStage(ctx)
-        self.findings = self.report.findings
-        self.housekeeping = Housekeeping(ctx, self.produce, self.score, self.report, self.act)
+        self.parts = agent_parts(ctx, sampler_openers, config_path, overrides or {})
+        self.findings, self.host_findings = self.parts.findings, self.parts.host_findings
+        self.opened = Opened()  # what start-up opened: the rules, the sensor, the stages
         self.housekeeping_s = HOUSEKEEPING_S
+        self.hup = False  # SIGHUP seen: reload on the next loop turn
         self.unfed: list = []  # the rest of a batch cut short by a stop or reload
-        self.reloader = Reloader(
-            ctx, config_path, overrides or {}, self.produce, self.enrich, self.score, self.act
-        )
 
     @property
     def config(self) -> AgentConfig:
@@ -78,11 +65,13 @@ class Agent:
 
     @property
     def correlator(self) -> Any:
-        return self.correlate.correlator
+        wired = self.opened.wired
+        return wired.stages.correlate.correlator if wired is not None else None
 
     @property
     def responder(self) -> Any:
-        return self.act.responder
+        wired = self.opened.wired
+        return wired.stages.act.responder if wired is not None else None
 
     def _intake_dropped(self, producer: str, count: int) -> None:
         self.counters.intake_dropped[producer] += count
@@ -90,10 +79,11 @@ class Agent:
     def request_stop(self) -> None:
         self.stop.set()
         self.intake.wake()
-        self.produce.stop_reading()  # the sensor ends its read of the ring now, not at its end
+        if self.opened.wired is not None:  # the sensor ends its read of the ring now
+            self.opened.wired.stages.produce.stop_reading()
 
     def request_reload(self) -> None:
-        self.reloader.hup = True
+        self.hup = True
         self.intake.nudge()  # the idle loop may be asleep until its next deadline
 
     def run(self) -> int:
@@ -102,48 +92,58 @@ class Agent:
                 if self.stop.is_set():
                     break
                 step(self)
-            self._loop()
+            if self.opened.wired is not None:
+                self._loop(self.opened.wired)
         finally:
             teardown(self)
         return 0
 
     def feed(self, items: list, cut: Callable[[], bool] | None = None) -> list:
         """Enrich (every /proc read and YARA scan) then correlate; what ``cut()`` left unfed."""
-        return self.correlate.feed(items, self.enrich, cut)
+        s = self._stages()
+        return s.correlate.feed(items, s.enrich, cut)
 
     def score_and_report(self, now: float) -> None:
-        self.report.run(self.score.run(now), now)  # act: called by report for each alert
+        """Score, report, act on the alerts; then the updates and closes due (listing the acts)."""
+        s = self._stages()
+        s.act.run(s.report.run(s.score.run(now), now), now)
+        s.report.write_lifecycle(now)
 
-    def _loop(self) -> None:
-        produce, reloader, report, emit = self.produce, self.reloader, self.report, self.emit_stage
+    def _stages(self) -> Stages:
+        if self.opened.wired is None:
+            raise RuntimeError("the stages are built by start-up's stages step")
+        return self.opened.wired.stages
+
+    def _loop(self, wired: Wired) -> None:
+        s, reloader, housekeeping = wired.stages, wired.reloader, wired.housekeeping
         plan = Schedule(
             host=lambda: self.config.host_check_interval_s,
             housekeeping=lambda: self.housekeeping_s,
             status=lambda: self.config.status_interval_s,
         )
-        cut = lambda: reloader.hup or self.stop.is_set()  # noqa: E731 - a batch's stop test
+        cut = lambda: self.hup or self.stop.is_set()  # noqa: E731 - a batch's stop test
         while not self.stop.is_set():
             self.telemetry.loop_turned()  # /healthz liveness (and its fault-injection stall)
             unfed = self.unfed  # a batch cut short by a stop or reload: fed first
             wait = 0.0 if unfed else plan.wait_s()
-            items = unfed + produce.take(wait, BATCH_ITEMS - len(unfed))
+            items = unfed + s.produce.take(wait, BATCH_ITEMS - len(unfed))  # 1 produce
             now = time.time()
-            self.unfed = self.feed(items, cut)
+            self.unfed = s.correlate.feed(items, s.enrich, cut)  # 2 enrich, 3 correlate
             if self.stop.is_set():
                 break  # the teardown feeds what is left, for a bounded time, and scores
-            self.act.take_later()  # outcomes the responder's threads reported
+            s.act.take_later()  # outcomes the responder's threads reported
             plan.turn()
-            if reloader.hup:
-                reloader.hup = False
+            if self.hup:
+                self.hup = False
                 reloader.reload("SIGHUP")
             elif plan.due("rules"):
                 reloader.check_rule_files()
-            self.score_and_report(now)
+            self.score_and_report(now)  # 4 score, 5 report, 6 act
             if plan.due("guard"):
-                report.check_guard_policies(now)
+                s.act.run(s.report.check_guard_policies(now), now)
             if plan.due("host"):
-                report.check_host_findings(now)
-            emit.sync_log()
+                s.report.check_host_findings(now)
+            s.emit.sync_log()  # 7 emit
             if plan.due("housekeeping"):
-                self.housekeeping.run(now, self.housekeeping_s)
-            emit.status_due(now, plan.due("status"))
+                housekeeping.run(now, self.housekeeping_s)
+            s.emit.status_due(now, plan.due("status"))

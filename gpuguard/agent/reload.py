@@ -16,11 +16,13 @@ from typing import Any
 from gpuguard.agent.capabilities import check_enforce_capabilities
 from gpuguard.agent.config import load_config, with_overrides
 from gpuguard.agent.context import AgentContext
+from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.stages.s1_produce import ProduceStage
 from gpuguard.agent.stages.s2_enrich import EnrichStage
 from gpuguard.agent.stages.s4_score import ScoreStage
 from gpuguard.agent.stages.s6_act import ActStage
 from gpuguard.agent.telemetry import finding_rules
+from gpuguard.detect.ruleset.reload import RuleSetHolder
 from gpuguard.errors import GpuguardError
 
 RULE_FILE_CHECK_S = 2.0  # look for changed rule files this often
@@ -50,12 +52,29 @@ def rules_version(ruleset: Any) -> str:
     return digest.hexdigest()[:12]
 
 
+def load_rules(ctx: AgentContext) -> RuleSetHolder:
+    """The rules the config names (a start-up step): the first load must succeed."""
+    rules = RuleSetHolder(ctx.config.rules, log=lambda line: None)
+    note_rules(rules, ctx.counters)
+    return rules
+
+
+def note_rules(rules: RuleSetHolder, counters: AgentCounters) -> None:
+    """The rule set's version, generation and last error, for the state file and metrics."""
+    # The digest is taken when a set is loaded: the files on disk may already be newer (and broken).
+    if rules.generation != counters.rules_generation:
+        counters.rules_version = rules_version(rules.current)
+    counters.rules_generation = rules.generation
+    counters.rules_error = rules.last_error
+
+
 class Reloader:
-    """Loads the rules at start-up and applies every later change; see the module docstring."""
+    """Applies every change of the rules or config after start-up; see the module docstring."""
 
     def __init__(
         self,
         ctx: AgentContext,
+        rules: RuleSetHolder,
         config_path: Path | None,
         overrides: dict[str, Any],
         produce: ProduceStage,
@@ -63,24 +82,11 @@ class Reloader:
         score: ScoreStage,
         act: ActStage,
     ) -> None:
-        self.ctx, self.config_path, self.overrides = ctx, config_path, overrides
+        self.ctx, self.rules, self.config_path, self.overrides = ctx, rules, config_path, overrides
         self.produce, self.enrich, self.score, self.act = produce, enrich, score, act
-        self.hup = False  # SIGHUP seen: reload on the next loop turn
-        self.counts = {"reloads": 0, "failed": 0}
-
-    def load_rules(self) -> None:
-        from gpuguard.detect.ruleset.reload import RuleSetHolder
-
-        self.ctx.rules = RuleSetHolder(self.ctx.config.rules, log=lambda line: None)
-        self.note_rules()
 
     def note_rules(self) -> None:
-        # The digest is taken when a set is loaded: the files on disk may already be newer (and broken).
-        rules, counters = self.ctx.rules, self.ctx.counters
-        if rules.generation != counters.rules_generation:
-            counters.rules_version = rules_version(rules.current)
-        counters.rules_generation = rules.generation
-        counters.rules_error = rules.last_error
+        note_rules(self.rules, self.ctx.counters)
 
     def use_ruleset(self, ruleset: Any) -> None:
         """A reloaded rule set: rescore everything; a changed YARA file list gets a new scanner."""
@@ -90,9 +96,11 @@ class Reloader:
 
     def check_rule_files(self) -> None:
         """A rule file changed on disk: the holder reloads it (or keeps the last good set); say which."""
-        ctx, rules = self.ctx, self.ctx.rules
+        ctx, rules = self.ctx, self.rules
         generation, error = rules.generation, rules.last_error
         rules.poll()
+        if rules.generation != generation:
+            self.use_ruleset(rules.current)
         self.note_rules()
         if rules.generation != generation:
             self._count(True)
@@ -117,8 +125,9 @@ class Reloader:
         ctx = self.ctx
         if self.config_path is not None or ctx.config.source:
             self._reload_config(reason)
-        rules = ctx.rules
+        rules = self.rules
         if rules.reload(reason):
+            self.use_ruleset(rules.current)
             self.note_rules()
             self._count(True)
             ctx.lifecycle(
@@ -169,11 +178,10 @@ class Reloader:
             for name in restart:
                 setattr(config, name, getattr(ctx.config, name))
         ctx.config = config
-        ctx.rules.paths = [Path(p) for p in config.rules] if config.rules is not None else None
-        self.act.build(self.produce.exit_generations)
+        self.rules.paths = [Path(p) for p in config.rules] if config.rules is not None else None
+        self.act.rebuild()
 
     def _count(self, ok: bool) -> None:
-        self.counts["reloads" if ok else "failed"] += 1
         self.ctx.telemetry.count_reload(ok, self.ctx.config.mode)
         # rules and guard policies a reload brought are exported at 0 (an alert sees the first)
-        self.ctx.telemetry.declare_findings(finding_rules(self.ctx.rules.current, self.ctx.config))
+        self.ctx.telemetry.declare_findings(finding_rules(self.rules.current, self.ctx.config))

@@ -1,8 +1,9 @@
-"""The agent's start-up steps, each a function of the agent, run in the order pipeline.py lists.
+"""The agent's start-up: small steps, each a function of the agent (:class:`.host.AgentHost`).
 
-signals, capabilities (enforce mode's), rules, log, metrics, sensor (or reduced mode),
-correlator and detection engine, findings the last run left open, seed sweep, producers,
-started (the start line, the first state file, ready).
+signals, capabilities (enforce mode's), rules, log, metrics, sensor (or reduced mode), stages
+(built once, with what the steps before opened), findings the last run left open, seed sweep,
+producers, started (the start line, the first state file, ready).  The pipeline runs them in
+order; the teardown always runs after them, however far they got.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ from typing import TYPE_CHECKING
 
 from gpuguard.agent.capabilities import check_enforce_capabilities
 from gpuguard.agent.memory import release_compiler_pages
+from gpuguard.agent.reload import load_rules
+from gpuguard.agent.stages.s1_produce.opening import start_sensor
 from gpuguard.agent.telemetry import finding_rules
+from gpuguard.agent.wiring import Wired, wire
 
 if TYPE_CHECKING:
-    from gpuguard.agent.pipeline import Agent
+    from gpuguard.agent.host import AgentHost
+    from gpuguard.detect.ruleset.reload import RuleSetHolder
 
 
-def signals(agent: Agent) -> None:
+def signals(agent: AgentHost) -> None:
     if not agent.install_signals:
         return
     signal.signal(signal.SIGTERM, lambda signum, frame: agent.request_stop())
@@ -28,67 +33,59 @@ def signals(agent: Agent) -> None:
     signal.signal(signal.SIGHUP, lambda signum, frame: agent.request_reload())
 
 
-def capabilities(agent: Agent) -> None:
+def capabilities(agent: AgentHost) -> None:
     """Enforce mode without a capability its actions need: one line, before anything starts."""
     check_enforce_capabilities(agent.ctx.config)
 
 
-def rules(agent: Agent) -> None:
-    agent.reloader.load_rules()
+def rules(agent: AgentHost) -> None:
+    agent.opened.rules = load_rules(agent.ctx)
 
 
-def log(agent: Agent) -> None:
+def log(agent: AgentHost) -> None:
     agent.ctx.telemetry.open_log()
 
 
-def metrics(agent: Agent) -> None:
+def metrics(agent: AgentHost) -> None:
     ctx = agent.ctx
-    ctx.telemetry.serve_metrics(finding_rules(ctx.rules.current, ctx.config))
+    ctx.telemetry.serve_metrics(finding_rules(_rules(agent).current, ctx.config))
 
 
-def sensor(agent: Agent) -> None:
-    agent.produce.start_sensor(agent.ctx.rules.current)
+def sensor(agent: AgentHost) -> None:
+    agent.opened.sensor = start_sensor(agent.ctx, _rules(agent).current)
 
 
-def correlator(agent: Agent) -> None:
-    """Correlator (facts and YARA from the enrich stage), engine, responder, and their wiring."""
-    ctx, produce, enrich, score = agent.ctx, agent.produce, agent.enrich, agent.score
-    generations = produce.exit_generations
-    correlator = agent.correlate.build(enrich, generations)
-    score.build(correlator, ctx.rules.current)
-    enrich.use_ruleset(ctx.rules.current)
-    correlator.on_new_facts = enrich.on_new_facts  # the enrich stage's YARA and exe hashes
-    score.request = produce.request if produce.sensor is not None else None
-    agent.report.correlator = agent.housekeeping.correlator = correlator
-    agent.report.act = agent.act.act
-    ctx.rules.on_change = agent.reloader.use_ruleset
-    agent.act.build(generations)
+def stages(agent: AgentHost) -> None:
+    """The stages, built once: correlator, engine, YARA, responder and what they feed back."""
+    agent.opened.wired = wire(agent.parts, _rules(agent), agent.opened.sensor)
 
 
-def findings(agent: Agent) -> None:
+def findings(agent: AgentHost) -> None:
     """The findings the last run left open, before the first scoring: continued, not new."""
-    agent.report.resume()
+    _wired(agent).stages.report.resume()
 
 
-def seed(agent: Agent) -> None:
+def seed(agent: AgentHost) -> None:
     """One /proc sweep before the loop: a miner that started before the agent is scored at once."""
-    agent.feed(agent.produce.seed(agent.correlate.known))
+    s = _wired(agent).stages
+    agent.feed(s.produce.seed(s.correlate.known))
     agent.score_and_report(time.time())
 
 
-def producers(agent: Agent) -> None:
-    agent.produce.start_threads(agent.correlate.known)
+def producers(agent: AgentHost) -> None:
+    s = _wired(agent).stages
+    s.produce.start_threads(s.correlate.known)
 
 
-def started(agent: Agent) -> None:
-    ctx = agent.ctx
-    ruleset, config, counters = ctx.rules.current, ctx.config, ctx.counters
+def started(agent: AgentHost) -> None:
+    ctx, s = agent.ctx, _wired(agent).stages
+    ruleset, config, counters = _rules(agent).current, ctx.config, ctx.counters
     ctx.telemetry.started(config.mode)
     ctx.lifecycle(
         "start",
         f"agent started: mode {config.mode}{' (dry run)' if config.dry_run else ''}, "
         f"sensor {counters.sensor_mode}, {len(ruleset.rules)} rules "
-        f"(version {counters.rules_version}), {len(agent.correlate.correlator)} processes seeded",
+        f"(version {counters.rules_version}), {len(s.correlate.correlator)} processes seeded",
         mode=config.mode,
         sensor=counters.sensor_mode,
         pid=os.getpid(),
@@ -98,9 +95,9 @@ def started(agent: Agent) -> None:
         config=config.source or None,
     )
     release_compiler_pages()  # the probes are compiled: LLVM's ~80 MB of code can go
-    agent.emit_stage.status.write(time.time())
+    s.emit.status.write(time.time())
     agent.ready.set()
-    ctx.telemetry.watch(agent.ready, agent.produce.threads)  # /readyz, /healthz
+    ctx.telemetry.watch(agent.ready, s.produce.threads)  # /readyz, /healthz
 
 
 STEPS = (
@@ -110,9 +107,23 @@ STEPS = (
     log,
     metrics,
     sensor,
-    correlator,
+    stages,
     findings,
     seed,
     producers,
     started,
 )
+
+
+def _rules(agent: AgentHost) -> RuleSetHolder:
+    rules = agent.opened.rules
+    if rules is None:
+        raise RuntimeError("start-up steps out of order: the rules step comes first")
+    return rules
+
+
+def _wired(agent: AgentHost) -> Wired:
+    wired = agent.opened.wired
+    if wired is None:
+        raise RuntimeError("start-up steps out of order: the stages step comes first")
+    return wired

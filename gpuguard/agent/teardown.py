@@ -1,9 +1,9 @@
-"""The agent's teardown: always runs, whatever start-up step failed.
+"""The agent's teardown: always runs, however far start-up got (:class:`.host.AgentHost`).
 
 Producers stop, what they queued is scored, pending updates and last closes are written, the
 responder closes (its later outcomes recorded), a summary line is written, the YARA cache is
 saved, the probes are detached, the log is flushed, the state file says the agent stopped and
-the metrics endpoint closes.
+the metrics endpoint closes.  What start-up never opened is skipped.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import time
 from typing import TYPE_CHECKING
 
 from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.stages.s1_produce.opening import close_sensor
 
 if TYPE_CHECKING:
-    from gpuguard.agent.pipeline import Agent
+    from gpuguard.agent.host import AgentHost
 
 LOG_FLUSH_S = 1.0  # what is queued for the log gets this long before the summary counts it
 
@@ -31,22 +32,23 @@ def summary_line(c: AgentCounters) -> str:
     )
 
 
-def teardown(agent: Agent) -> None:
-    ctx, produce = agent.ctx, agent.produce
+def teardown(agent: AgentHost) -> None:
+    ctx, opened = agent.ctx, agent.opened
+    stages = opened.wired.stages if opened.wired is not None else None
     ctx.stop.set()
     ctx.intake.wake()
-    sensor_busy = produce.join()
-    if agent.correlate.correlator is not None:
+    sensor_busy = stages.produce.join() if stages is not None else False
+    if stages is not None:
         try:
-            produce.final_feed(agent.feed, agent.unfed)
+            stages.produce.final_feed(agent.feed, agent.unfed)
             agent.score_and_report(time.time())
-            agent.report.write_lifecycle(time.time(), final=True)  # pending updates, last closes
+            stages.report.write_lifecycle(time.time(), final=True)  # pending updates, last closes
         except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
             ctx.stderr(f"gpuguard: final scoring failed: {type(exc).__name__}: {exc}")
-    try:
-        agent.act.close()  # waits for pending kills; pinned blocks stay (gpuguard blocks)
-    except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
-        ctx.stderr(f"gpuguard: closing the responder failed: {type(exc).__name__}: {exc}")
+        try:
+            stages.act.close()  # waits for pending kills; pinned blocks stay (gpuguard blocks)
+        except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
+            ctx.stderr(f"gpuguard: closing the responder failed: {type(exc).__name__}: {exc}")
     c = ctx.counters
     ctx.telemetry.flush_log(LOG_FLUSH_S)  # the counts below include the records just written
     ctx.lifecycle(
@@ -60,11 +62,12 @@ def teardown(agent: Agent) -> None:
         log_dropped=c.output_dropped,
         log_errors=c.output_errors,
     )
-    agent.enrich.save()
-    produce.close_sensor(sensor_busy)
+    if stages is not None:
+        stages.enrich.save()
+    close_sensor(ctx, opened.sensor, sensor_busy)
     ctx.telemetry.close_log()  # writes out what is queued (the stop line included)
-    if agent.ready.is_set():
-        agent.emit_stage.status.write(time.time(), running=False)
+    if stages is not None and agent.ready.is_set():
+        stages.emit.status.write(time.time(), running=False)
     ctx.telemetry.close_metrics()
     if agent.ready.is_set():  # a failed start-up says only its one error line; the counts are
         ctx.stderr(f"gpuguard: {summary_line(c)}")  # final here (the stop record's own included)

@@ -385,7 +385,7 @@ def _run(args: argparse.Namespace) -> int:
         scanner.environ_read = obs.environs  # read with the facts: not read again
 
     # config files read here, each working directory without any looked up once (not per process)
-    correlator = Correlator(facts_provider=obs.facts.get, read_configs=False)
+    correlator = Correlator(facts_provider=obs.facts.get)
     engine = DetectionEngine(correlator, ruleset, yara_scanner=scanner)
     empty_cwds = CwdWithoutConfigs()
     for facts in sorted(obs.facts.values(), key=lambda f: (f.start_time, f.pid)):

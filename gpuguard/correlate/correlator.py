@@ -1,7 +1,8 @@
 """The correlator: routes every event, snapshot and facts record to one process's state.
 
 It works the same from the live sensor, a recording and a /proc walk (``gpuguard scan``).
-Live, a ``facts_provider`` fills in who a process is on first sight.  State is bounded
+Live, a ``facts_provider`` fills in who a process is on first sight (the caller passes the
+/proc readers: the correlator itself reads nothing).  State is bounded
 (``max_processes``) and expires; every change marks the process ``dirty`` as the detection
 engine's :class:`RescorePolicy` says.  It knows nothing of rules, verdicts or YARA (new facts
 go to the ``on_new_facts`` hook).  How long a process is kept, and why: docs/rules.md,
@@ -34,10 +35,9 @@ from gpuguard.events.model import (
     NetPayload,
 )
 from gpuguard.events.process_facts import ProcessFacts
-from gpuguard.sources.proc.config_files import attach_config_files
-from gpuguard.sources.proc.process import collect_process_facts
 
 FactsProvider = Callable[[int], "ProcessFacts | None"]
+ConfigReader = Callable[[ProcessFacts], object]  # fills ``facts.config_files`` in place
 NewFactsHook = Callable[[ProcessState, ProcessFacts], None]
 _SAME_PROCESS_SLACK_S = 1.0  # start times are rounded; an event's time is after the start
 _EXIT_SWEEP_EVERY_S = 1.0  # look for clean exited processes to forget this often (event time)
@@ -83,8 +83,8 @@ class Correlator:
         idle_expiry_s: float = 900.0,
         exit_grace_s: float = 30.0,
         clean_exit_grace_s: float = 2.0,
-        facts_provider: FactsProvider | None = collect_process_facts,
-        read_configs: bool | None = None,
+        facts_provider: FactsProvider | None = None,
+        config_reader: ConfigReader | None = None,
         on_new_facts: NewFactsHook | None = None,
         proc_root: str = "/proc",
         identify: Callable[[int, int | None], int | None] | None = None,
@@ -93,12 +93,14 @@ class Correlator:
         self.idle_expiry_s = idle_expiry_s
         self.exit_grace_s = exit_grace_s
         self.clean_exit_grace_s = clean_exit_grace_s
+        # the /proc readers (gpuguard.sources.proc): who a pid is, and its config files; None
+        # reads nothing (a recording or a scan hands the facts in, config files included)
         self.facts_provider = facts_provider
-        self.read_configs = facts_provider is not None if read_configs is None else read_configs
+        self.config_reader = config_reader
         self.on_new_facts = (
             on_new_facts  # enrichment (YARA, exe hash) on first sight and after exec
         )
-        self.proc_root = proc_root
+        self.proc_root = proc_root  # where the readers read (the engine's YARA and hashes too)
         # identity at first sight: a pidfd for a process seen at its exec (the wiring supplies it)
         self.identify = identify
         self._states: dict[ProcessKey, ProcessState] = {}
@@ -344,8 +346,8 @@ class Correlator:
                 state.parent_key = parent.key
 
     def _adopt_facts(self, state: ProcessState, facts: ProcessFacts) -> None:
-        if self.read_configs:
-            attach_config_files(facts, self.proc_root)
+        if self.config_reader is not None:
+            self.config_reader(facts)
         state.set_facts(facts)
         self._note_monitor(state)
         if self.on_new_facts is not None:

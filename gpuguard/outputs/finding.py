@@ -211,7 +211,7 @@ class Finding:
         None  # GPU host findings: device, memory_bytes, owner_pid, status
     )
     evidence_omitted: int = 0  # pieces of evidence a log record left out (outputs/bounds.py)
-    # The agent's process findings (gpuguard/agent/findings.py): one id for the life of the
+    # The agent's process findings (gpuguard/agent/stages/s5_report/findings.py): one id for the life of the
     # finding, the record's number in it (0 = create), what grew since the previous record,
     # and on close the lifetime totals (age_s, gpu_s, gpu_memory_peak, bytes_out, bytes_in,
     # actions, started, ended).  ``run_id``: the agent run that wrote the record; ``continued``:

@@ -156,6 +156,12 @@ class AgentMetrics:
         )
         for reason in ("exec", "gpu-open", "connect"):
             self.touch_kills.labels(reason)  # exported at 0: an alert sees the first kill
+        self.stage_work = Counter(
+            "gpuguard_stage_work",
+            "What each agent stage did, by stage and kind of work (status: counters.stages)",
+            ["stage", "work"],
+            registry=r,
+        )
         self.blocks = Gauge(
             "gpuguard_blocks_active",
             "Blocks the response left in place (gpuguard blocks), by kind",
@@ -332,8 +338,8 @@ class AgentMetrics:
         ``output`` {depth, lines, dropped, errors}, ``sampler_errors`` {source: n},
         ``processes_tracked``, ``findings`` {"RULE/VERDICT": n}, ``actions``
         {"ACTION/STATUS": n}, ``touch_kills`` {reason: n}, ``host_findings_active`` {rule: n},
-        ``execs`` (the exec filter's counts, :meth:`_sync_execs`).
-        Missing keys are left alone.
+        ``execs`` (the exec filter's counts, :meth:`_sync_execs`), ``stages`` {stage: {work: n}}
+        (each stage's own counts, named by the stage).  Missing keys are left alone.
         """
         for kind, n in (totals.get("events_by_kind") or {}).items():
             self._advance(self.events, (str(kind),), n)
@@ -370,6 +376,10 @@ class AgentMetrics:
             self.set_host_findings(totals["host_findings_active"] or {})
         if totals.get("execs"):
             self._sync_execs(totals["execs"])
+        for stage, counts in (totals.get("stages") or {}).items():
+            for work, n in counts.items():
+                self.stage_work.labels(str(stage), str(work))  # exported at 0 too
+                self._advance(self.stage_work, (str(stage), str(work)), n)
 
     def _sync_execs(self, execs: dict[str, Any]) -> None:
         """The exec filter's counts (the status file's ``execs``: ``aggregated``, ``sent_up``,
@@ -457,6 +467,7 @@ METRIC_NAMES = frozenset(
         "gpuguard_execs_kept_in_kernel_total",
         "gpuguard_execs_sent_up_total",
         "gpuguard_exec_filter_full_total",
+        "gpuguard_stage_work_total",
     }
 )
 # Exported only with metrics.per_process_gpu: true.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuguard.agent.context import AgentContext
 from gpuguard.correlate.state import ProcessKey, ProcessState
@@ -35,6 +35,9 @@ from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.sources.proc.config_files import attach_config_files
 from gpuguard.sources.proc.process import collect_process_facts
 
+if TYPE_CHECKING:
+    from gpuguard.detect.ruleset.load import RuleSet
+
 # events whose process the correlator creates (facts read) on first sight
 _MEETS = frozenset((GpuOpen, GpuIoctl, Connect, NetPayload, ConnActivity, HugeAlloc, CpuActivity))
 _NOT_READ = object()
@@ -43,10 +46,10 @@ _NOT_READ = object()
 class EnrichStage:
     """Facts, YARA and exe hashes for new processes and new images."""
 
-    def __init__(self, ctx: AgentContext) -> None:
+    def __init__(self, ctx: AgentContext, ruleset: RuleSet) -> None:
         self.ctx = ctx
-        self.ruleset: Any = None
-        self.yara_scanner: Any = None
+        self.ruleset = ruleset  # the rule set in force (its allowlist pins exe hashes)
+        self.yara_scanner = self._yara_scanner(ruleset)  # None without YARA files
         self._facts: dict[int, ProcessFacts | None] = {}  # pid -> facts read for this batch
         self._yara: dict[int, tuple[ProcessFacts, Any]] = {}  # id(facts) -> (facts, result)
         self._sha: dict[int, tuple[ProcessFacts, str | None]] = {}  # id(facts) -> (facts, hash)
@@ -109,9 +112,8 @@ class EnrichStage:
                 if state is None or not state.yara_scanned:
                     self._yara[id(facts)] = (facts, scanner.scan_process(facts, proc_root))
                     self.counts["yara_scans"] += 1
-            if self.ruleset is not None:
-                digest = self.ruleset.allowlist.exe_sha256_if_needed(facts, proc_root)
-                self._sha[id(facts)] = (facts, digest)
+            digest = self.ruleset.allowlist.exe_sha256_if_needed(facts, proc_root)
+            self._sha[id(facts)] = (facts, digest)
         except Exception:  # noqa: BLE001 - done again inside correlation, which reports it
             return
 
@@ -135,24 +137,21 @@ class EnrichStage:
                 result = self.yara_scanner.scan_process(facts, proc_root)
                 self.counts["yara_scans"] += 1
             state.add_yara_result(result.rules, result.tags, scanned=True)
-        if self.ruleset is not None:
-            kept_sha = self._sha.pop(id(facts), None)
-            if kept_sha is not None and kept_sha[0] is facts:
-                state.exe_sha256 = kept_sha[1]
-            else:
-                state.exe_sha256 = self.ruleset.allowlist.exe_sha256_if_needed(facts, proc_root)
+        kept_sha = self._sha.pop(id(facts), None)
+        if kept_sha is not None and kept_sha[0] is facts:
+            state.exe_sha256 = kept_sha[1]
+        else:
+            state.exe_sha256 = self.ruleset.allowlist.exe_sha256_if_needed(facts, proc_root)
 
-    def use_ruleset(self, ruleset: Any) -> None:
-        """The rule set in force; a changed YARA file list gets a new scanner."""
-        if self.ruleset is None or [str(p) for p in ruleset.yara_files] != [
-            str(p) for p in self.ruleset.yara_files
-        ]:
+    def use_ruleset(self, ruleset: RuleSet) -> None:
+        """A reloaded rule set; a changed YARA file list gets a new scanner."""
+        if [str(p) for p in ruleset.yara_files] != [str(p) for p in self.ruleset.yara_files]:
             if self.yara_scanner is not None:
                 self.yara_scanner.save()
             self.yara_scanner = self._yara_scanner(ruleset)
         self.ruleset = ruleset
 
-    def _yara_scanner(self, ruleset: Any) -> Any:
+    def _yara_scanner(self, ruleset: RuleSet) -> Any:
         """YARA over each new executable, with the verdict cache ``scan`` keeps; None without YARA files."""
         if not ruleset.yara_files:
             return None

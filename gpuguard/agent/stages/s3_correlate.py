@@ -13,34 +13,44 @@ from typing import Any
 
 from gpuguard.agent.context import AgentContext
 from gpuguard.agent.stages.s2_enrich import EnrichStage
+from gpuguard.correlate.correlator import Correlator
 from gpuguard.correlate.state import ProcessKey
-from gpuguard.sources.proc.identity import first_sight, raise_fd_limit
+from gpuguard.sources.proc.identity import ExitGenerations, first_sight, raise_fd_limit
 
 FEED_CHECK_ITEMS = 32  # a batch looks for a stop or reload this often (an exec sent up costs ~1 ms)
+
+
+def live_correlator(
+    ctx: AgentContext, enrich: EnrichStage, exit_generations: ExitGenerations | None
+) -> Correlator:
+    """The agent's correlator: the enrich stage is its /proc reader (facts with their config
+    files, read before the batch) and its enrichment (YARA, exe hash); a process seen at its
+    exec is held by a pidfd (``exit_generations``: the sensor's; none in reduced mode)."""
+    if exit_generations is not None:
+        raise_fd_limit()  # a pidfd is held per tracked process (at most max_processes)
+    return Correlator(
+        facts_provider=enrich.facts_of,
+        on_new_facts=enrich.on_new_facts,
+        max_processes=ctx.config.max_processes,
+        proc_root=ctx.proc_root,
+        identify=first_sight(exit_generations),
+    )
 
 
 class CorrelateStage:
     """The correlator and the feeding of batches into it."""
 
-    def __init__(self, ctx: AgentContext, keep: Callable[[Any], None], host_inputs: tuple) -> None:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        correlator: Correlator,
+        keep: Callable[[Any], None],
+        host_inputs: tuple,
+    ) -> None:
         self.ctx = ctx
+        self.correlator = correlator
         self.keep, self.host_inputs = keep, host_inputs  # the GPU host checks' inputs
-        self.correlator: Any = None
-        self.counts = {"items": 0, "faults": 0}
-
-    def build(self, enrich: EnrichStage, exit_generations: Any) -> Any:
-        from gpuguard.correlate.correlator import Correlator
-
-        if exit_generations is not None:
-            raise_fd_limit()  # a pidfd is held per tracked process (at most max_processes)
-        self.correlator = Correlator(
-            facts_provider=enrich.facts_of,
-            read_configs=False,  # the enrich stage attaches them, before correlation
-            max_processes=self.ctx.config.max_processes,
-            proc_root=self.ctx.proc_root,
-            identify=first_sight(exit_generations),
-        )
-        return self.correlator
+        self.counts = {"faults": 0}  # items that could not be correlated (each also logged)
 
     def known(self, pid: int, start_time: float) -> bool:
         return self.correlator.get(ProcessKey(pid, start_time)) is not None
@@ -80,4 +90,3 @@ class CorrelateStage:
             ):  # GPU snapshots and accounting only: sensor events pass by cheaply
                 keep(item)
         self.ctx.counters.items_correlated += len(items)
-        self.counts["items"] += len(items)

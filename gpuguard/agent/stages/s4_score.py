@@ -11,32 +11,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from gpuguard.agent.actions import ALERT_VERDICTS
 from gpuguard.agent.context import AgentContext
+from gpuguard.correlate.correlator import Correlator
 from gpuguard.correlate.state import ProcessKey
+from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.detect.scoring.score import Verdict
 
 
 class ScoreStage:
     """Rescoring passes, timed; sensor feedback once per process."""
 
-    def __init__(self, ctx: AgentContext) -> None:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        correlator: Correlator,
+        engine: DetectionEngine,
+        request: Callable[[str, int], None] | None,
+    ) -> None:
         self.ctx = ctx
-        self.engine: Any = None
-        self.correlator: Any = None
-        self.request: Callable[[str, int], None] | None = None  # sensor feedback (None: no sensor)
+        self.correlator, self.engine = correlator, engine
+        self.request = request  # feedback for the sensor (None: no sensor, reduced mode)
         self.session_watched: set[ProcessKey] = set()  # given activity records for their score
         self.exec_marked: set[ProcessKey] = set()  # execs in full for their score (exec filter)
-        self.counts = {"passes": 0, "verdicts": 0, "watch_requests": 0, "interest_requests": 0}
-
-    def build(self, correlator: Any, ruleset: Any) -> Any:
-        from gpuguard.detect.scoring.engine import DetectionEngine
-
-        self.correlator = correlator
-        self.engine = DetectionEngine(correlator, ruleset)
-        return self.engine
+        self.counts = {"verdicts": 0, "watch_requests": 0, "interest_requests": 0}
 
     def run(self, now: float) -> list[Verdict]:
         """Evaluate, let the correlator keep the result, send the sensor its feedback."""
@@ -49,7 +48,6 @@ class ScoreStage:
         counters.observe_scoring(elapsed)
         self.ctx.telemetry.observe_scoring(elapsed)
         counters.processes_tracked = len(self.correlator)
-        self.counts["passes"] += 1
         self.counts["verdicts"] += len(verdicts)
         if self.request is not None and verdicts:
             self._watch_sessions(verdicts)

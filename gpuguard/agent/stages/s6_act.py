@@ -1,6 +1,7 @@
-"""Stage 6, act: the responder (:mod:`gpuguard.agent.actions`) and what it reports.
+"""Stage 6, act: the alerts the report stage returned, handed to the responder; its outcomes.
 
-Outcomes known at once are recorded as the responder returns them; outcomes that come later
+The responder (:mod:`gpuguard.agent.actions`) is built with the stage and again on a config
+reload.  Outcomes known at once are recorded as the responder returns them; outcomes that come later
 from the responder's own threads (SIGKILL after the grace, hook results, kill-on-touch kills)
 go into an explicit queue (:class:`~gpuguard.agent.feedback.FeedbackQueue`) the loop drains
 each turn, so only the loop thread touches the counters and findings.  Each outcome is
@@ -13,14 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpuguard.agent.actions import make_responder
+from gpuguard.agent.actions import Alert, make_responder
 from gpuguard.agent.context import AgentContext
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.feedback import FeedbackQueue
-from gpuguard.agent.findings import ProcessFindings
+from gpuguard.agent.stages.s5_report.findings import ProcessFindings
 from gpuguard.escape import escape_text
 from gpuguard.events.agent_events import ActionOutcome
+from gpuguard.respond import Responder
 from gpuguard.respond.actions import touch_kill_of
+from gpuguard.sources.proc.identity import ExitGenerations
 
 
 def record_outcomes(
@@ -54,22 +57,38 @@ def record_outcomes(
 class ActStage:
     """The responder for the current config, and the record of every outcome."""
 
-    def __init__(self, ctx: AgentContext, findings: ProcessFindings) -> None:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        findings: ProcessFindings,
+        exit_generations: ExitGenerations | None,
+    ) -> None:
         self.ctx = ctx
         self.findings = findings
-        self.responder: Any = None
+        self.exit_generations = exit_generations  # the sensor's (None in reduced mode)
         self.later = FeedbackQueue()  # outcomes from the responder's threads
-        self.counts = {"acted": 0, "outcomes": 0, "failed": 0}
+        # alerts handed to the responder; those where it raised (each an outcome "failed")
+        self.counts = {"acted": 0, "failed": 0}
+        self.responder: Responder | None = self._responder()  # None once closed
 
-    def build(self, exit_generations: Any) -> None:
-        """A responder for the current config; the previous one is closed first (its pinned
-        blocks stay) and what it reported later is recorded."""
+    def _responder(self) -> Responder:
         config = self.ctx.config
-        self.close()
-        self.responder = make_responder(
-            config.response, config.mode, config.dry_run, self.later.put, exit_generations
+        responder = make_responder(
+            config.response, config.mode, config.dry_run, self.later.put, self.exit_generations
         )
-        self.ctx.counters.mode = config.mode
+        self.ctx.counters.mode = config.mode  # once the responder for it is there
+        return responder
+
+    def rebuild(self) -> None:
+        """A responder for a reloaded config; the previous one is closed first (its pinned
+        blocks stay) and what it reported later is recorded."""
+        self.close()
+        self.responder = self._responder()
+
+    def run(self, alerts: list[Alert], now: float) -> None:
+        """Act on the alerts the report stage returned, in order."""
+        for alert in alerts:
+            self.act(alert.verdict, alert.state, now, alert.finding)
 
     def act(self, verdict: Any, state: Any, now: float, finding: dict | None = None) -> None:
         """Hand an alert (and its finding document, for hooks) to the responder; a failing action
@@ -94,7 +113,6 @@ class ActStage:
         self.record(outcomes)
 
     def record(self, outcomes: list[ActionOutcome]) -> None:
-        self.counts["outcomes"] += len(outcomes)
         record_outcomes(self.ctx.counters, self.findings, self.ctx.emit, outcomes)
 
     def take_later(self) -> None:

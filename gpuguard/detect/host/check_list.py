@@ -1,6 +1,6 @@
 """The host checks, listed once: what each reads, and whether `scan`, the agent or both run it.
 
-``gpuguard scan`` and the agent (:mod:`gpuguard.agent.host_findings`) gather the inputs they
+``gpuguard scan`` and the agent (:mod:`gpuguard.agent.stages.s5_report.host_findings`) gather the inputs they
 have into :class:`HostInputs` and call :func:`run_host_checks` with their place; a check runs
 where it is listed and when every input it reads was gathered.  Adding a host check is its
 function (in :mod:`.checks`, :mod:`.gpu_checks` or :mod:`.tuning_checks`), its rule rows

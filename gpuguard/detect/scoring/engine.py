@@ -63,7 +63,8 @@ class DetectionEngine:
             None  # when ages were last looked at (see _mark_age_crossings)
         )
         self.ruleset: RuleSet | None = None
-        correlator.on_new_facts = self._enrich
+        if correlator.on_new_facts is None:  # the agent's enrich stage comes with its own
+            correlator.on_new_facts = self._enrich
         self.set_ruleset(ruleset)
 
     def set_ruleset(self, ruleset: RuleSet | None) -> None:

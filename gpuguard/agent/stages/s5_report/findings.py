@@ -2,7 +2,7 @@
 
 The policy (create, coalesced updates, escalation, close with totals) is what the detect
 loop asks of :class:`ProcessFindings`; guard-policy records get their own id (:meth:`ProcessFindings.stamp_guard`).
-Findings an earlier run left open (:mod:`gpuguard.agent.finding_ledger`) are continued: same
+Findings an earlier run left open (:mod:`gpuguard.agent.stages.s5_report.finding_ledger`) are continued: same
 id, numbered on, the record that picks one up marked ``continued``.
 
 Details: docs/internals.md, "findings".

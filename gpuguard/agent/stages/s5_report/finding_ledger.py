@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpuguard.agent.findings import Carried
+from gpuguard.agent.stages.s5_report.findings import Carried
 from gpuguard.agent.status_file import write_status
 from gpuguard.correlate.state import ProcessKey
 from gpuguard.escape import escape_text

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.feedback import FeedbackQueue
 from gpuguard.agent.intake import BoundedQueue
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.events.gpu_snapshot import GpuSnapshot
@@ -52,7 +53,7 @@ class SensorThread(threading.Thread):
         counters: AgentCounters,
         stop: threading.Event,
         emit: Emit,
-        feedback: Any = None,
+        feedback: FeedbackQueue | None = None,  # none: no later stage asks anything of it
         on_gpu_open: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="gpuguard-sensor", daemon=True)

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuguard.agent import status_file
 from gpuguard.agent.context import AgentContext
+from gpuguard.detect.ruleset.reload import RuleSetHolder
 
 # An unchanged state file is rewritten every this many status intervals (20 s by default): each
 # rewrite cost an idle agent ~1 ms of CPU, a third of its detect loop's idle time at 3.
@@ -30,6 +31,7 @@ _STATUS_CLOCKS = frozenset(
         "sweeps",
         "sweep_seconds",
         "gpus",  # utilisation and power move with each sample: a new GPU shows at the heartbeat
+        "stages",  # each stage's work counts move with the items, as items_correlated does
     )
 )
 
@@ -37,13 +39,12 @@ _STATUS_CLOCKS = frozenset(
 class StatusWriter:
     """The state file's document and its rewrite schedule."""
 
-    def __init__(self, ctx: AgentContext) -> None:
-        self.ctx = ctx
+    def __init__(self, ctx: AgentContext, rules: RuleSetHolder) -> None:
+        self.ctx, self.rules = ctx, rules
         self._content: Any = None  # what the state file last said, less its clocks
         self._heartbeat = 0.0
         self._events_at = (time.monotonic(), 0)
         self.events_per_s = 0.0
-        self.counts = {"written": 0, "skipped": 0, "errors": 0}
 
     def document(self, now: float, running: bool = True) -> dict[str, Any]:
         ctx, counters = self.ctx, self.ctx.counters
@@ -52,7 +53,7 @@ class StatusWriter:
         if mono - then >= 1.0:
             self.events_per_s = (counters.events_total() - events_then) / (mono - then)
             self._events_at = (mono, counters.events_total())
-        sources = [str(p) for p in ctx.rules.current.sources] if ctx.rules else []
+        sources = [str(p) for p in self.rules.current.sources]
         return status_file.status_document(
             counters, ctx.config, sources, self.events_per_s, now, running
         )
@@ -68,15 +69,12 @@ class StatusWriter:
         document = self.document(now, running)
         content = _status_content(document)
         if running and content == self._content and mono < self._heartbeat:
-            self.counts["skipped"] += 1
             return
         self._content = content
         self._heartbeat = mono + STATUS_HEARTBEAT * ctx.config.status_interval_s
         try:
             status_file.write_status(ctx.config.status_path, document)
-            self.counts["written"] += 1
         except OSError as exc:
-            self.counts["errors"] += 1
             counters.status_errors += 1
             if counters.last_status_error != exc.strerror:
                 counters.last_status_error = exc.strerror or str(exc)

@@ -1,94 +1,53 @@
 """Stage 1, produce: the eBPF sensor (or reduced mode), the GPU samplers and the /proc sweeps.
 
-Each producer runs on its own thread and feeds the intake queue
-(:mod:`gpuguard.agent.producers`); the loop takes bounded batches.  Feedback to the
-sensor (``watch`` and ``interest`` requests from later stages) is an explicit queue the
-sensor thread drains before each poll.
+Each producer runs on its own thread and feeds the intake queue (:mod:`.producers`); the loop
+takes bounded batches.  The sensor is opened by a start-up step (:mod:`.opening`) and handed
+in; feedback to it (``watch`` and ``interest`` requests from later stages) is an explicit
+queue the sensor thread drains before each poll.
+
+May import: the agent's shared modules (context, feedback, intake, memory, counters) and the
+layers below the agent; never a later stage nor the pipeline.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuguard.agent.context import AgentContext
-from gpuguard.agent.exec_interest import exec_interest
 from gpuguard.agent.feedback import FeedbackQueue
-from gpuguard.agent.memory import return_freed_memory
-from gpuguard.agent.producers import SamplerThread, SensorThread, SweepThread, sweep_once
-from gpuguard.errors import GpuguardError
+from gpuguard.agent.stages.s1_produce.exec_interest import exec_interest
+from gpuguard.agent.stages.s1_produce.producers import (
+    SamplerThread,
+    SensorThread,
+    SweepThread,
+    sweep_once,
+)
+
+if TYPE_CHECKING:
+    from gpuguard.sources.ebpf.sensor import Sensor
 
 BATCH_ITEMS = 2048  # items fed per pass of the loop (a stop waits for at most one batch)
 FINAL_FEED_S = 0.5  # at stop, what is queued is fed for this long; the rest is counted as dropped
-REDUCED_MODE_BLIND_SPOTS = (
-    "processes that start and exit between two /proc sweeps (every {sweep:g} s) are not seen",
-    "GPU ioctl counts and rates are not seen (rules on ioctl commands cannot match)",
-    "network payloads (stratum logins, pool methods on the wire) are not seen",
-    "connections that open and close between sweeps, or live in another network namespace, are not seen",
-)
 
 
 class ProduceStage:
     """Starts the producers; ``take`` hands the loop one batch of queued items."""
 
     def __init__(
-        self, ctx: AgentContext, sampler_openers: dict[str, Callable[[], Any]] | None
+        self,
+        ctx: AgentContext,
+        sensor: Sensor | None,
+        sampler_openers: dict[str, Callable[[], Any]],
     ) -> None:
         self.ctx = ctx
-        self.sampler_openers = sampler_openers
-        self.sensor: Any = None
+        self.sensor = sensor  # None: reduced mode (periodic /proc sweeps)
+        self.sampler_openers = sampler_openers  # one per GPU source
         self.threads: list[Any] = []
         self.feedback = FeedbackQueue()  # ("watch" | "interest", pid) for the sensor thread
-        self.counts = {"batches": 0, "items": 0}
 
     # -- start-up ---------------------------------------------------------------------
-    def start_sensor(self, ruleset: Any) -> None:
-        """The eBPF sensor, or reduced mode (periodic /proc sweeps) with its blind spots said."""
-        from gpuguard.sources.ebpf.probe_source import ProbeSettings
-        from gpuguard.sources.ebpf.sensor import Sensor
-
-        ctx, counters = self.ctx, self.ctx.counters
-        reason = "--sensor proc was asked for"
-        if ctx.config.sensor != "proc":
-            # The exec filter: plain short-lived execs stay in the kernel (counted per cgroup);
-            # the names and directories the rules score at exec go up in full.
-            sensor = Sensor(
-                ProbeSettings(exec_filter=True),
-                drain_interval=0.5,
-                fpu=True,
-                exec_names=exec_interest(ruleset),
-                ignore_tgid=os.getpid(),  # its own reads of the huge-page settings
-            )
-            try:
-                sensor.start()
-            except GpuguardError as exc:
-                sensor.close()
-                if ctx.config.sensor == "ebpf":
-                    raise
-                reason = f"eBPF sensor unavailable: {exc.one_line()}"
-            else:
-                self.sensor = sensor
-                return_freed_memory()  # compiling left ~25 MB of LLVM heap free but mapped
-                counters.sensor_mode = "ebpf"
-                counters.probes_attached = _probes_attached(sensor)
-                if sensor.fpu is not None and sensor.fpu.blind_spot:
-                    counters.blind_spots = [sensor.fpu.blind_spot]
-                    ctx.stderr(f"gpuguard: blind spot: {sensor.fpu.blind_spot}")
-                return
-        counters.sensor_mode = "proc"
-        counters.blind_spots = [
-            line.format(sweep=ctx.config.sweep_interval_s) for line in REDUCED_MODE_BLIND_SPOTS
-        ]
-        ctx.lifecycle(
-            "degraded",
-            f"reduced mode (/proc sweeps every {ctx.config.sweep_interval_s:g} s): {reason}",
-            blind_spots=counters.blind_spots,
-        )
-        for line in counters.blind_spots:
-            ctx.stderr(f"gpuguard: reduced mode blind spot: {line}")
-
     @property
     def exit_generations(self) -> Any:
         return self.sensor.exit_generations if self.sensor is not None else None
@@ -123,7 +82,7 @@ class ProduceStage:
                     ctx.proc_root,
                 )
             )
-        for source, opener in self._sampler_openers().items():
+        for source, opener in self.sampler_openers.items():
             self.threads.append(
                 SamplerThread(
                     source,
@@ -140,33 +99,11 @@ class ProduceStage:
         for thread in self.threads:
             thread.start()
 
-    def _sampler_openers(self) -> dict[str, Callable[[], Any]]:
-        if self.sampler_openers is not None:
-            return self.sampler_openers
-        from gpuguard.sources.gpu.registry import BY_NAME
-        from gpuguard.sources.gpu.sampler import SourceUnavailable, status_line
-
-        proc_root = self.ctx.proc_root
-
-        def opener(source: str) -> Callable[[], Any]:
-            def open_one() -> Any:
-                try:
-                    return BY_NAME[source].open(proc_root)
-                except SourceUnavailable as exc:  # the status line, and whether GPUs are absent
-                    line = status_line(BY_NAME[source].label, exc)
-                    raise SourceUnavailable(line, absent=exc.absent) from None
-
-            return open_one
-
-        return {source: opener(source) for source in self.ctx.config.gpu_sources}
-
     # -- the loop ---------------------------------------------------------------------
     def take(self, timeout: float, most: int = BATCH_ITEMS) -> list:
         """One bounded batch (under a flood a stop or reload waits for one batch, not the queue)."""
         items = self.ctx.intake.take_all(timeout, most)
         self.ctx.counters.intake_depth = len(self.ctx.intake)
-        self.counts["batches"] += 1
-        self.counts["items"] += len(items)
         return items
 
     def set_exec_names(self, ruleset: Any) -> None:
@@ -228,25 +165,3 @@ class ProduceStage:
     def _wake_samplers(self) -> None:
         for sampler in self._samplers():
             sampler.wake.set()
-
-    def close_sensor(self, busy: bool) -> None:
-        if self.sensor is not None and busy:
-            self.ctx.stderr(
-                "gpuguard: the sensor thread did not stop; the probes go with the process"
-            )
-            self.sensor = None
-        if self.sensor is not None:
-            try:
-                self.sensor.close()  # detaches every probe
-            except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
-                self.ctx.stderr(
-                    f"gpuguard: detaching the probes failed: {type(exc).__name__}: {exc}"
-                )
-            self.sensor = None
-
-
-def _probes_attached(sensor: Any) -> int:
-    bpf = getattr(sensor, "_bpf", None)
-    if bpf is None:
-        return 0
-    return len(getattr(bpf, "tracepoint_fds", {})) + len(getattr(bpf, "raw_tracepoint_fds", {}))

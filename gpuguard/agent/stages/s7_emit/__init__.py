@@ -1,25 +1,27 @@
 """Stage 7, emit: the log written out, the state file and the metrics refreshed when due.
 
-The state file's schedule is :mod:`gpuguard.agent.status_writer`'s.
+The state file's schedule is :mod:`.status_writer`'s.
+
+May import: the agent's shared modules (context, status_file) and the layers below the agent;
+never the pipeline.
 """
 
 from __future__ import annotations
 
 from gpuguard.agent.context import AgentContext
-from gpuguard.agent.status_writer import StatusWriter
+from gpuguard.agent.stages.s7_emit.status_writer import StatusWriter
+from gpuguard.detect.ruleset.reload import RuleSetHolder
 
 
 class EmitStage:
     """Once per loop turn: sync the log; write the state file when something changed or due."""
 
-    def __init__(self, ctx: AgentContext) -> None:
+    def __init__(self, ctx: AgentContext, rules: RuleSetHolder) -> None:
         self.ctx = ctx
-        self.status = StatusWriter(ctx)
-        self.counts = {"log_syncs": 0}
+        self.status = StatusWriter(ctx, rules)
 
     def sync_log(self) -> None:
         self.ctx.telemetry.sync_log()
-        self.counts["log_syncs"] += 1
 
     def status_due(self, now: float, periodic: bool) -> None:
         """The state file's periodic check (the loop's schedule says when), or a change to say."""

@@ -216,7 +216,7 @@ def finding_to_ocsf(
                 "signal": item.signal,
                 "description": item.description,
                 "detail": item.detail,
-                "weight": item.weight,
+                "weight": float(item.weight),  # as evidence_json writes it (40.0)
             }
         }
         if process is not None:

@@ -18,8 +18,6 @@ from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import Responder, ResponseSettings
 from gpuguard.sources.proc.identity import ExitGenerations
 
-ALERT_VERDICTS = ("suspicious", "malicious")
-
 
 def make_responder(
     settings: ResponseSettings,

@@ -21,13 +21,13 @@ from typing import Any
 import psutil
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
+from gpuguard.detect.ruleset.model import VERDICT_RANK
 from gpuguard.detect.scoring.allowlist import sha256_of_file
 from gpuguard.outputs.finding import Finding
 from gpuguard.sources.proc.pod_names import PodNames
 
 GPU_ABUSE_TAG = "gpu-abuse"
 DEFAULT_UPDATE_INTERVAL_S = 30.0
-VERDICT_RANK = {"clean": 0, "suspicious": 1, "malicious": 2}
 POLL_S = 0.5  # open findings are checked for growth and exits this often
 FORGOTTEN_CHECK_S = 10.0  # a process the correlator forgot (idle, evicted) is looked up this often
 MAX_ACTIONS = 16  # actions a close record lists (the count is kept beyond)

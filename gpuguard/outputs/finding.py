@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.host.checks import HostFinding
-from gpuguard.detect.ruleset.model import CATEGORY_OF_TAG
+from gpuguard.detect.ruleset.model import ALERT_VERDICTS, CATEGORY_OF_TAG
 from gpuguard.detect.scoring.score import Evidence
 from gpuguard.events.devices import GPU_NODE_CLASS_NAMES
 from gpuguard.events.process_facts import ProcessFacts
@@ -38,7 +38,6 @@ TECHNIQUE_NAMES = {
 }
 _TECHNIQUE_TAG = re.compile(r"^T\d{4}(\.\d{3})?$")
 SEVERITY_ORDER = {"informational": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
-ALERT_VERDICTS = ("suspicious", "malicious")  # the verdicts a SIEM should page on
 MAX_DESTINATIONS = 8
 PARENT_CHAIN = 3  # ancestors a record names (parent, grandparent, great-grandparent)
 

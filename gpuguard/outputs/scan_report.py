@@ -67,7 +67,7 @@ class ScanReport:
     @property
     def alerting(self) -> bool:
         """Something reached the suspicious threshold (exit code 1)."""
-        return any(f.verdict in ("suspicious", "malicious") for f in self.findings)
+        return any(f.is_alert for f in self.findings)
 
     @property
     def exit_code(self) -> int:

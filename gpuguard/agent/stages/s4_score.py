@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuguard.agent.actions import ALERT_VERDICTS
 from gpuguard.agent.context import AgentContext
 from gpuguard.correlate.state import ProcessKey
+from gpuguard.detect.ruleset.model import ALERT_VERDICTS
 from gpuguard.detect.scoring.score import Verdict
 
 

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuguard.agent.actions import ALERT_VERDICTS
 from gpuguard.agent.context import AgentContext
 from gpuguard.agent.finding_ledger import ledger_path, load_ledger, save_ledger
 from gpuguard.agent.findings import ProcessFindings, Write
 from gpuguard.agent.host_findings import GpuHostFindings
 from gpuguard.correlate.state import ProcessKey
 from gpuguard.detect.guard_policies import evaluate_guard_policies
+from gpuguard.detect.ruleset.model import ALERT_VERDICTS
 from gpuguard.escape import escape_text
 from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.outputs.finding_document import finding_document, status_row

@@ -69,8 +69,4 @@ def device_class_name(value: int) -> str:
         return f"unknown-{value}"
 
 
-def device_class_from_name(name: str) -> int:
-    return DeviceClass[name.upper().replace("-", "_")]
-
-
 DEVICE_CLASS_NAMES = tuple(device_class_name(c) for c in DeviceClass if c != DeviceClass.NONE)

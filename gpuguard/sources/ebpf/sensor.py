@@ -583,13 +583,6 @@ class Sensor:
         if self.activity is not None:
             self.activity.sweep()
 
-    # -- debugging ------------------------------------------------------------------
-    def map_sizes(self) -> dict[str, int]:
-        return {
-            name: len(list(self.tables[name].keys()))
-            for name in ("tracked_fds", "ioctl_counts", "fresh_sockets")
-        }
-
 
 def _deferred_attach_bpf(bcc):
     """bcc.BPF whose automatic attach of TRACEPOINT_PROBE/RAW_TRACEPOINT_PROBE

@@ -14,7 +14,7 @@ from gpuguard.errors import GpuguardError
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits, cap_text
 from gpuguard.outputs.finding import Finding, ProcessInfo
-from gpuguard.outputs.records import render_record
+from tests.support.records import render_record
 from tests.test_agent_logs import HOST, hostile_records, parse_cef
 
 CMDLINE = ["/opt/m/" + "A" * 100_000] + [f"--opt{i}=\x1b\udcff" for i in range(10_000)]

@@ -17,8 +17,9 @@ from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.ecs import _ACTION_ECS_TYPE, EXPECTED_EVENT_TYPES
 from gpuguard.outputs.finding import Destination, Finding, GpuUse, finding_from_host
 from gpuguard.outputs.ocsf import OCSF_VERSION
-from gpuguard.outputs.records import FORMATS, render_record
+from gpuguard.outputs.records import FORMATS
 from gpuguard.outputs.scan_report import scan_document
+from tests.support.records import render_record
 from tests.support.schemas import ecs_errors, ecs_fields, ecs_pair_errors, ocsf_errors, strict_cef
 from tests.test_agent_logs import (  # noqa: F401 - miner_finding is a fixture
     HOST,

@@ -19,11 +19,11 @@ from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.sources.ebpf.btf import Btf, BtfError
 from gpuguard.sources.ebpf.fpu_probe import BLIND_PREFIX, FpuProbe
-from gpuguard.sources.proc.cpu_usage import lifetime_runnable
 from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.hugepages import reserved_huge_pages
 from tests.support.load import start_in_load_group
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, cpu_hog, start_standin, stop
+from tests.support.runnable import lifetime_runnable
 
 # -- BTF --------------------------------------------------------------------------
 

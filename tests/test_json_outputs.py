@@ -23,7 +23,7 @@ from gpuguard.outputs.gpu_table import GpuView, ProcessLabel, view_to_json
 from gpuguard.outputs.jsonl import dumps_document, dumps_line
 from gpuguard.outputs.ocsf import finding_to_ocsf
 from gpuguard.outputs.scan_report import ScanReport, scan_document
-from gpuguard.sources.host.host_gpu_stack import GpuStackFacts
+from gpuguard.sources.host.gpu_stack import GpuStackFacts
 
 ALL_BYTES = bytes(range(256)).decode("utf-8", "surrogateescape")
 HOSTILE = "\x1b]0;pwned\x07$(id)\n" + ALL_BYTES + "\ud800"  # and one surrogate no decoder makes

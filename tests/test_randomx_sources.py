@@ -173,7 +173,7 @@ def test_scan_sees_a_throttled_standin_with_huge_pages_from_its_lifetime():
     """Huge pages reserved for it, one worker at nice 19 beside two hogs, TLS to an IP: a
     scan with a 0.5 s CPU window finds the thread that never sleeps from its lifetime totals."""
     from gpuguard.correlate.correlator import Correlator
-    from gpuguard.sources.host.host_observation import observe_host
+    from gpuguard.sources.host.observation import observe_host
 
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="gg-scan-rx-") as tmp:
@@ -212,7 +212,7 @@ def test_scan_sees_a_throttled_standin_with_huge_pages_from_its_lifetime():
 def test_scan_skips_the_gpu_window_when_there_is_nothing_to_watch(tmp_path):
     """No GPU sampler works on this machine; a /proc with no process holds no GPU device: the
     3 s window is skipped rather than waited out."""
-    from gpuguard.sources.host.host_observation import _open_samplers, observe_host
+    from gpuguard.sources.host.observation import _open_samplers, observe_host
 
     assert not _open_samplers(lambda line: None), "this test needs a host without GPU samplers"
     started = time.monotonic()

@@ -25,7 +25,7 @@ from gpuguard.outputs.finding import (
 from gpuguard.outputs.jsonl import dumps_line
 from gpuguard.outputs.ocsf import finding_to_ocsf, finding_uid
 from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
-from gpuguard.sources.host.host_gpu_stack import GpuStackFacts
+from gpuguard.sources.host.gpu_stack import GpuStackFacts
 
 EVIL_NAME = "\x1b]0;pwned\x07[bold red]x[/]"
 

@@ -241,7 +241,7 @@ def _probe_hidden_pids(obs, limitations: list[str]):
 def _host_findings(args, ruleset, obs, hidden, limitations: list[str], notes: list[str]):
     from gpuguard.detect.host import checks as host_checks
     from gpuguard.detect.host.check_list import SCAN, HostInputs, run_host_checks
-    from gpuguard.sources.host.host_gpu_stack import collect_gpu_stack
+    from gpuguard.sources.host.gpu_stack import collect_gpu_stack
     from gpuguard.sources.host.persistence import collect_autostart_files
 
     stack = collect_gpu_stack(root=args.root)
@@ -361,7 +361,7 @@ def _run(args: argparse.Namespace) -> int:
     from gpuguard.outputs.finding import finding_from_host, finding_from_verdict
     from gpuguard.outputs.jsonl import dumps_document
     from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
-    from gpuguard.sources.host.host_observation import limitation_lines, observe_host
+    from gpuguard.sources.host.observation import limitation_lines, observe_host
     from gpuguard.sources.proc.config_files import CwdWithoutConfigs, attach_config_files
 
     ruleset = load_ruleset(args.rules)

@@ -29,7 +29,7 @@ from gpuguard.outputs.ecs import host_fields, iso_time
 from gpuguard.outputs.finding import Finding
 from gpuguard.outputs.output_format import SCAN_DATASET, Target
 from gpuguard.outputs.records import SCAN_FORMATS
-from gpuguard.sources.host.host_gpu_stack import GpuStackFacts
+from gpuguard.sources.host.gpu_stack import GpuStackFacts
 
 VERDICT_STYLE = {"malicious": "bold red", "suspicious": "yellow", "clean": "green"}
 MAX_EXPLANATION = 400

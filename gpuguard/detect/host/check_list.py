@@ -28,7 +28,7 @@ class HostInputs:
     autostart_files: Iterable[Any] | None = None  # sources.persistence.AutostartFile
     vocabulary: host_checks.MinerVocabulary | None = None
     ld_so_preload: str | None = None  # its content; "" when absent
-    gpu_stack: Any | None = None  # sources.host_gpu_stack.GpuStackFacts
+    gpu_stack: Any | None = None  # sources.host.gpu_stack.GpuStackFacts
     hidden_pids: Iterable[Any] | None = None  # sources.hidden_pids.HiddenPid
     snapshots: list[Any] | None = None  # events.gpu_snapshot.GpuSnapshot
     pid_states: dict[int, str] | None = None  # the GPU holders' /proc states

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from gpuguard.detect.host.rules import HOST_RULES, HostRule
-from gpuguard.sources.host.host_gpu_stack import GPU_MODULES, DeviceNode, GpuStackFacts
+from gpuguard.sources.host.gpu_stack import GPU_MODULES, DeviceNode, GpuStackFacts
 from gpuguard.sources.host.persistence import AutostartFile
 from gpuguard.sources.proc.hidden_pids import HiddenPid
 

@@ -53,7 +53,7 @@ from gpuguard.sources.ebpf.exec_filter import ExecFilter, parent_of
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
 from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps, slot_index  # noqa: F401 (SLOT_MULTI: tests read it here)
 from gpuguard.sources.ebpf.probe_source import ProbeSettings, probe_text
-from gpuguard.sources.gpu.gpu_fds import fd_is_gpu
+from gpuguard.sources.gpu.fds import fd_is_gpu
 from gpuguard.sources.net.conn_activity import ConnActivityReader
 from gpuguard.sources.net.payload_streams import PayloadStreams
 from gpuguard.sources.proc.identity import ExitGenerations

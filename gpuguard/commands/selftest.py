@@ -2,7 +2,7 @@
 
 Uses the running agent (found through its state file) or starts one for the
 test; prints PASS or FAIL with the time from the simulator's start to the
-finding; exit 0 on PASS, 1 on FAIL (docs/agent.md, "Self-test").
+finding; exit 0 on PASS, 1 on FAIL (docs/agent.md, "`gpuguard selftest`").
 """
 
 from __future__ import annotations

@@ -115,7 +115,8 @@ def check_autostart_files(
     for f in files:
         matches: list[str] = []
         reasons_seen: list[str] = []
-        for number, line in f.lines:  # comments were left out by the reader (sources.persistence)
+        # comments were left out by the reader (sources.host.persistence)
+        for number, line in f.lines:
             reasons = miner_reasons(line, vocabulary)
             if reasons:
                 snippet = line.strip()[:MAX_LINE_CHARS]

@@ -12,8 +12,8 @@ import gc
 import os
 import sys
 import time
-from pathlib import Path
 
+from gpuguard.commands.options import add_rules_option
 from gpuguard.errors import GpuguardError
 from gpuguard.outputs.records import SCAN_FORMATS
 
@@ -46,13 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also scan process memory with the YARA rules (slower; progress on a terminal)",
     )
-    parser.add_argument(
-        "--rules",
-        type=Path,
-        action="append",
-        default=None,
-        metavar="PATH",
-        help="rules file to use instead of the default set; repeat to layer files "
+    add_rules_option(
+        parser,
+        "rules file to use instead of the default set; repeat to layer files "
         "(list rules/miner-rules.yaml first to extend the shipped rules)",
     )
     parser.add_argument(

@@ -37,7 +37,6 @@ TECHNIQUE_NAMES = {
     "T1070.004": "Indicator Removal: File Deletion",
 }
 _TECHNIQUE_TAG = re.compile(r"^T\d{4}(\.\d{3})?$")
-SEVERITY_ORDER = {"informational": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 MAX_DESTINATIONS = 8
 PARENT_CHAIN = 3  # ancestors a record names (parent, grandparent, great-grandparent)
 

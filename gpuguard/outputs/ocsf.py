@@ -31,7 +31,6 @@ CLASS_UID = 2004
 CLASS_NAME = "Detection Finding"
 CATEGORY_UID = 2
 CATEGORY_NAME = "Findings"
-ACTIVITY_CREATE = 1
 # The agent's host findings: (activity_id, activity_name, status_id, status) for create, update, close.
 ACTIVITIES = {
     "create": (1, "Create", 1, "New"),

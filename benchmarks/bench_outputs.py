@@ -9,7 +9,8 @@ agent writes).  Measured:
 * rendering one finding as an ECS / OCSF / CEF line (``RecordRenderer.line``);
 * ``LogWriter.write`` as the caller sees it (render + enqueue; the disk write is on the
   writer's thread) and end to end to a file (write + flush);
-* ``AgentMetrics.count_finding`` and ``observe_snapshot`` (8 GPUs, 64 GPU processes).
+* ``AgentMetrics.sync_totals`` (one more finding counted) and ``observe_snapshot`` (8 GPUs,
+  64 GPU processes).
 """
 
 from __future__ import annotations
@@ -98,10 +99,19 @@ def main() -> None:
         writer.close()
 
     metrics = AgentMetrics()
+    # The agent counts a finding in its own totals and hands them to the metrics whole
+    # (AgentMetrics.sync_totals): here each call syncs totals with one more finding.
+    findings = {f"{finding.rule_id}/{finding.verdict}": 0}
+
+    def one_more_finding() -> None:
+        for key in findings:
+            findings[key] += 1
+        metrics.sync_totals({"findings": findings})
+
     rows.append(
         (
-            "AgentMetrics.count_finding",
-            per_call_us(lambda: metrics.count_finding(finding), n, rounds),
+            "AgentMetrics.sync_totals, one more finding",
+            per_call_us(one_more_finding, n, rounds),
         )
     )
     snapshot = GpuSnapshot(

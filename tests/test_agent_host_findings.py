@@ -29,6 +29,7 @@ from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import MIB, FakeAccounting, FakeGpu, FakeNvml, FakeProcess
 from tests.support.agent_run import log_records, until
+from tests.support.prometheus import exposition
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
@@ -131,7 +132,7 @@ class AgentRun:
         time.sleep(n * CHECK_S + 0.2)
 
     def gauge(self, rule: str) -> float:
-        body = self.agent.telemetry.metrics.exposition().decode()
+        body = exposition(self.agent.telemetry.metrics).decode()
         for line in body.splitlines():
             if line.startswith(f'gpuguard_host_findings_active{{rule="{rule}"}}'):
                 return float(line.split()[-1])
@@ -400,7 +401,7 @@ def test_a_holder_that_exits_after_the_sample_is_not_reported():
 def test_a_resolved_host_finding_in_cef():
     from gpuguard.detect.host.checks import HostFinding
     from gpuguard.outputs.finding import finding_from_host
-    from gpuguard.outputs.records import render_record
+    from tests.support.records import render_record
 
     host = HostFinding(
         "host-gpu-memory-orphaned",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -17,10 +18,9 @@ from gpuguard.detect.ruleset.load import load_ruleset
 from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
-from gpuguard.outputs.cef import cef_line
 from gpuguard.outputs.finding import Finding, ProcessInfo, finding_from_verdict
 from gpuguard.outputs.log_writer import open_log
-from gpuguard.outputs.records import render_record
+from tests.support.records import render_record
 from tests.test_scan_support import ECS_FINDING_SHAPE, shape_errors
 
 REPO = Path(__file__).resolve().parent.parent
@@ -249,7 +249,8 @@ def parse_cef(line: str) -> tuple[list[str], dict[str, str]]:
 
 
 def test_cef_header_and_extension(miner_finding):
-    header, ext = parse_cef(cef_line(miner_finding, "gpu-node-7", 1_700_000_000.0))
+    made = dataclasses.replace(miner_finding, created=1_700_000_000.0)
+    header, ext = parse_cef(render_record(made, "cef", HOST))
     assert header == [
         "CEF:0",
         "gpuguard",

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuguard.agent.counters import AgentCounters
 from gpuguard.correlate.correlator import Correlator
 from gpuguard.detect.ruleset.load import load_ruleset
 from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.engine import DetectionEngine
-from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.model import Event, Lost
 from gpuguard.events.process_facts import ProcessFacts
@@ -31,7 +31,7 @@ from gpuguard.outputs.metrics_http import parse_address
 from gpuguard.sources.gpu import nvml
 from gpuguard.sources.proc.pod_names import PodRef
 from tests.fakes.fake_pynvml import ERROR_CODES, MIB, FakeGpu, FakeNvml, FakeProcess
-from tests.support.prometheus import prometheus
+from tests.support.prometheus import exposition, prometheus
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "packaging" / "grafana-dashboard.json"
@@ -56,7 +56,7 @@ H100 = (
 def exported_names(metrics: AgentMetrics) -> set[str]:
     return {
         s.name
-        for fam in text_string_to_metric_families(metrics.exposition().decode())
+        for fam in text_string_to_metric_families(exposition(metrics).decode())
         for s in fam.samples
     }
 
@@ -99,6 +99,7 @@ class Pipeline:
 
     def run_once(self) -> None:
         m = self.metrics
+        counters = AgentCounters()  # what the agent's stages count, synced as the agent does
         correlator = Correlator(facts_provider=None)
         engine = DetectionEngine(correlator, self.ruleset)
         now = 0.0
@@ -107,7 +108,7 @@ class Pipeline:
             if isinstance(item, Event):
                 m.count_event(item.kind)
                 if isinstance(item, Lost):
-                    m.add_ring_lost(item.count)
+                    counters.ring_lost[item.what] += item.count
             elif isinstance(item, GpuSnapshot):
                 m.count_event("gpu_snapshot")
             elif isinstance(item, ProcessFacts):
@@ -116,27 +117,17 @@ class Pipeline:
         started = time.perf_counter()
         verdicts = engine.verdicts(now)
         m.observe_scoring(time.perf_counter() - started)
-        m.set_processes(len(list(correlator.states())))
+        counters.processes_tracked = len(list(correlator.states()))
         for verdict in verdicts:
             state = correlator.get(verdict.key)
             finding = finding_from_verdict(
                 verdict, state.facts if state else None, self.ruleset, state
             )
-            m.count_finding(finding)
+            counters.findings[(finding.rule_id, finding.verdict)] += 1
             self.log.write(finding)
             self.broken_log.write(finding)
             if verdict.verdict == "malicious":
-                m.count_action(
-                    ActionOutcome(
-                        time=time.time(),
-                        action="alert",
-                        status="done",
-                        pid=verdict.pid,
-                        comm=verdict.comm,
-                        verdict=verdict.verdict,
-                        score=verdict.score,
-                    )
-                )
+                counters.actions[("alert", "done")] += 1
         snapshot = self.sampler.sample()
         m.observe_snapshot(
             snapshot,
@@ -144,7 +135,8 @@ class Pipeline:
             pod_of=lambda pid: PodRef("ml", f"trainer-{pid}", "main"),
         )
         m.set_queue("sensor", 3)
-        m.count_drop("sensor", 1)
+        counters.intake_dropped["sensor"] += 1
+        m.sync_totals(counters.snapshot())
         m.count_reload(True)
         m.set_host_findings({"host-gpu-memory-orphaned": 1})
         m.set_blocks({"kill-on-touch": 1}, ("kill-on-touch", "quarantine"))
@@ -189,7 +181,7 @@ def test_pipeline_values_land_in_the_right_series(fed):
     metrics, _ = fed
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(metrics.exposition().decode())
+        for fam in text_string_to_metric_families(exposition(metrics).decode())
         for s in fam.samples
     }
     assert (
@@ -234,7 +226,7 @@ def test_pipeline_values_land_in_the_right_series(fed):
 
 def test_hostile_process_name_is_one_escaped_label(fed):
     metrics, _ = fed
-    text = metrics.exposition().decode()
+    text = exposition(metrics).decode()
     lines = [line for line in text.splitlines() if 'pid="4343"' in line]
     assert len(lines) == 2  # utilisation and memory, one line each: no forged series
     assert all("\x1b" not in line and "evil{" not in line.split("}")[-1] for line in lines)
@@ -393,7 +385,7 @@ def test_exec_filter_counts_become_counters_that_never_step_back():
     def samples() -> dict:
         return {
             (s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(metrics.exposition().decode())
+            for fam in text_string_to_metric_families(exposition(metrics).decode())
             for s in fam.samples
         }
 
@@ -428,7 +420,7 @@ def test_every_per_gpu_and_per_pod_series_carries_dcgm_exporters_labels(tmp_path
         pipeline.close()
     by_gpu: dict[str, set] = {}
     families = set()
-    for fam in text_string_to_metric_families(metrics.exposition().decode()):
+    for fam in text_string_to_metric_families(exposition(metrics).decode()):
         for s in fam.samples:
             if "gpu" not in s.labels:
                 continue

@@ -21,13 +21,14 @@ from gpuguard.detect.ruleset.load import load_ruleset
 from gpuguard.detect.ruleset.model import RuleGroup, RuleSet
 from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.score import score_process
-from gpuguard.detect.signals import blank, memo
+from gpuguard.detect.signals import blank
 from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import DeviceSample
 from gpuguard.events.model import ConnActivity, CpuActivity
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
+from tests.support.memo import set_aside
 from tests.test_signal_inputs import built_states
 
 CASES = Path(__file__).parent / "cases"
@@ -206,7 +207,7 @@ def golden_states(ruleset: RuleSet) -> list[ProcessState]:
 
 def _every_rule(state: ProcessState, ruleset: RuleSet, now: float) -> list[tuple[str, str]]:
     """(rule, witnesses) of every enabled rule that matches, each evaluated on a fresh reader."""
-    with memo.set_aside(state):
+    with set_aside(state):
         reader = SignalReader(state, now)
         out = []
         for rule in ruleset.rules:
@@ -226,7 +227,7 @@ def differences(ruleset: RuleSet, states: list[ProcessState]) -> list[str]:
         full = _every_rule(state, ruleset, now)
         left_in = {r.id for _, rules, _ in ruleset.groups_for(state) for r in rules}
         left_out = [rule for rule, _ in full if rule not in left_in]
-        with memo.set_aside(state):
+        with set_aside(state):
             verdict = score_process(state, ruleset, now, None, alike)
         scored = sorted((e.rule_id, e.detail) for e in verdict.evidence)
         if scored != full or left_out:

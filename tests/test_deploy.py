@@ -20,7 +20,8 @@ import yaml
 from gpuguard.agent.capabilities import ENFORCE_CAPABILITIES, MONITOR_CAPABILITIES
 from gpuguard.detect.ruleset.shipped import default_rule_paths
 from gpuguard.events.agent_events import AgentLifecycle
-from gpuguard.outputs.records import render_record
+from tests.support.prometheus import exposition
+from tests.support.records import render_record
 
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "packaging"
@@ -766,7 +767,7 @@ def test_promtool_check_metrics_passes_on_the_agents_exposition(tmp_path):
         pipeline.run_once()
     finally:
         pipeline.close()
-    body = metrics.exposition()
+    body = exposition(metrics)
     assert b"gpuguard_pod_gpu_sm_percent{" in body and b"gpuguard_process_gpu_sm_percent{" in body
     run = subprocess.run(
         [_promtool(), "check", "metrics"], input=body, capture_output=True, timeout=60
@@ -825,13 +826,13 @@ def test_the_documented_dcgm_joins_work_on_series_as_both_exporters_write_them(t
     target = {"instance": "gpu-1", "job": "gpuguard-metrics"}
     ours = [
         (s.name, {**s.labels, **target}, s.value)
-        for fam in text_string_to_metric_families(metrics.exposition().decode())
+        for fam in text_string_to_metric_families(exposition(metrics).decode())
         for s in fam.samples
         if s.name in ("gpuguard_pod_gpu_sm_percent", "gpuguard_pod_gpu_memory_bytes")
     ]
     gpus = {labels["UUID"] for _, labels, _ in ours} | {
         s.labels["UUID"]
-        for fam in text_string_to_metric_families(metrics.exposition().decode())
+        for fam in text_string_to_metric_families(exposition(metrics).decode())
         for s in fam.samples
         if s.name == "gpuguard_gpu_utilization_percent"
     }

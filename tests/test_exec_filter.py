@@ -308,19 +308,21 @@ def test_the_pending_walk_is_skipped_only_while_nothing_can_be_pending():
             pending[pending.Key(tgid)] = value
             counts[added] = ct.c_uint64(counts[added].value + 1)
 
-        assert filt.take_old() == [] and filt.walks_skipped == 0  # the first turn walks
-        assert filt.take_old() == [] and filt.walks_skipped == 1  # empty, count still
+        assert filt.take_old() == [] and filt.pending_watch.skipped == 0  # the first turn walks
+        assert filt.take_old() == [] and filt.pending_watch.skipped == 1  # empty, count still
         keep(101, age_s=5.0)
         assert filt.take_old() == [(101, b"/usr/bin/job101")]  # the count moved: walked
         keep(102, age_s=0.0)  # young: stays pending after the next walk
-        assert filt.take_old() == [] and filt.walks_skipped == 1
+        assert filt.take_old() == [] and filt.pending_watch.skipped == 1
         pending[pending.Key(102)] = _aged(pending[pending.Key(102)], 5.0)  # no count change
         assert filt.take_old() == [(102, b"/usr/bin/job102")]  # walked: the last one left some
-        assert filt.take_old() == [] and filt.walks_skipped == 2
+        assert filt.take_old() == [] and filt.pending_watch.skipped == 2
         keep(103, age_s=5.0)
         filt.take(103)  # taken as an ancestor between two turns: the map is empty again
-        assert filt.take_old() == [] and filt.walks_skipped == 2  # but the count moved: walked
-        assert filt.take_old() == [] and filt.walks_skipped == 3
+        assert (
+            filt.take_old() == [] and filt.pending_watch.skipped == 2
+        )  # but the count moved: walked
+        assert filt.take_old() == [] and filt.pending_watch.skipped == 3
     finally:
         bpf.cleanup()
 

@@ -11,7 +11,7 @@ from test_scan_support import pool_listener, stop
 
 from gpuguard.sources.gpu import drm_fdinfo
 from gpuguard.sources.gpu.fd_holders import holders_of_pid, scan_device_holders
-from gpuguard.sources.net.net_connections import read_connection_table
+from gpuguard.sources.net.connections import read_connection_table
 from gpuguard.sources.proc.fd_table import read_fd_tables
 from gpuguard.sources.proc.hidden_pids import list_proc_pids
 

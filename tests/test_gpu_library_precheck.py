@@ -75,7 +75,7 @@ def test_amdsmi_without_its_library_answers_as_its_import_does():
 
 _STACK_EARLY = """
 import json, sys
-from gpuguard.sources.host.host_gpu_stack import read_nvml
+from gpuguard.sources.host.gpu_stack import read_nvml
 print(json.dumps([read_nvml()[2], "pynvml" in sys.modules]))
 """
 _STACK_ITSELF = """

@@ -45,6 +45,7 @@ from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import Connect, Exec, GpuIoctl, GpuOpen, NetPayload
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
+from tests.support.memo import set_aside
 
 HOUR = 1_700_002_800.0  # the start of an hour: hour_of_day stays the same for the whole stream
 TIME_SIGNALS = frozenset(name for name, s in SIGNALS.items() if s.group == "time")
@@ -153,7 +154,7 @@ def random_event(rng: random.Random, pid: int, t: float):
 
 
 def from_scratch(state: ProcessState, ruleset, now: float):
-    with memo.set_aside(state):
+    with set_aside(state):
         return score_process(state, ruleset, now)
 
 

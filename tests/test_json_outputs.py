@@ -13,16 +13,17 @@ import typing
 
 import pytest
 
+from gpuguard.detect.scoring.score import Evidence
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import EVENT_TYPES, Exec, NetPayload
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
 from gpuguard.outputs.ecs import finding_to_ecs
-from gpuguard.outputs.finding import EvidenceItem, Finding, ProcessInfo
+from gpuguard.outputs.finding import Finding, ProcessInfo
 from gpuguard.outputs.gpu_table import GpuView, ProcessLabel, view_to_json
 from gpuguard.outputs.jsonl import dumps_document, dumps_line
 from gpuguard.outputs.ocsf import finding_to_ocsf
 from gpuguard.outputs.scan_report import ScanReport, scan_document
-from gpuguard.sources.host.host_gpu_stack import GpuStackFacts
+from gpuguard.sources.host.gpu_stack import GpuStackFacts
 
 ALL_BYTES = bytes(range(256)).decode("utf-8", "surrogateescape")
 HOSTILE = "\x1b]0;pwned\x07$(id)\n" + ALL_BYTES + "\ud800"  # and one surrogate no decoder makes
@@ -93,7 +94,7 @@ def _finding() -> Finding:
         score=80,
         verdict="malicious",
         explanation=f"pid 4 {HOSTILE}",
-        evidence=[EvidenceItem("r", HOSTILE, 40, "comm", "high", ["T1036"], HOSTILE)],
+        evidence=[Evidence("r", "comm", HOSTILE, 40, "high", ("T1036",), HOSTILE)],
         categories=["process"],
         techniques=[("T1036", "Masquerading")],
         process=ProcessInfo(

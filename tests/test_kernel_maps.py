@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuguard.sources.ebpf.kernel_maps import array_items, occupied_items
+from gpuguard.sources.ebpf.kernel_maps import occupied_items
+from tests.support.kernel_maps import array_items
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 

@@ -6,6 +6,7 @@ import gc
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.signals import memo
+from tests.support.memo import set_aside
 
 
 def _state(pid: int = 7) -> ProcessState:
@@ -29,7 +30,7 @@ def test_an_entry_is_kept_until_a_generation_it_depends_on_moves():
 def test_set_aside_gives_an_empty_memo_and_puts_the_entries_back():
     state = _state()
     memo.keep(memo.entries_of(state), state, "cmdline", "parsed")
-    with memo.set_aside(state):
+    with set_aside(state):
         inside = memo.entries_of(state)  # also right after the state was the last one asked for
         assert memo.kept(inside, state, "cmdline") is None
         memo.keep(inside, state, "cmdline", "fresh")

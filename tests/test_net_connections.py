@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gpuguard.sources.net.net_connections import read_connection_table
+from gpuguard.sources.net.connections import read_connection_table
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,7 +48,7 @@ def test_time_wait_is_not_a_blind_spot_without_root_either():
     # As nobody, the real listing of this host's sockets, narrowed to ours (other sockets come
     # and go on a busy host), classified by gpuguard's table.
     code = (
-        "import json, gpuguard.sources.net.net_connections as n; "
+        "import json, gpuguard.sources.net.connections as n; "
         "real = n._inet_connections; "
         f"n._inet_connections = lambda owners: [c for c in real(owners) if c.laddr and c.laddr.port == {local[1]}]; "
         "t = n.read_connection_table(); "

@@ -9,11 +9,12 @@ import re
 import pytest
 
 from gpuguard.agent.config import load_config
+from gpuguard.detect.scoring.score import Evidence
 from gpuguard.errors import GpuguardError
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits, cap_text
-from gpuguard.outputs.finding import EvidenceItem, Finding, ProcessInfo
-from gpuguard.outputs.records import render_record
+from gpuguard.outputs.finding import Finding, ProcessInfo
+from tests.support.records import render_record
 from tests.test_agent_logs import HOST, hostile_records, parse_cef
 
 CMDLINE = ["/opt/m/" + "A" * 100_000] + [f"--opt{i}=\x1b\udcff" for i in range(10_000)]
@@ -39,7 +40,7 @@ def huge_finding() -> Finding:
         verdict="malicious",
         explanation="pid 66 xmrig score 95 malicious",
         evidence=[
-            EvidenceItem(f"rule-{i:03d}", f"detail {i} " + "d" * 300, float(i % 50), "sig")
+            Evidence(f"rule-{i:03d}", "sig", f"detail {i} " + "d" * 300, i % 50, "")
             for i in range(500)
         ],
         process=ProcessInfo(

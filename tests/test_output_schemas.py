@@ -10,14 +10,16 @@ import pytest
 import gpuguard.detect.host.gpu_checks  # noqa: F401 - registers the GPU host rules
 from gpuguard.detect.host.checks import HostFinding, apply_thresholds
 from gpuguard.detect.host.rules import HOST_RULES
+from gpuguard.detect.scoring.score import Evidence
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ACTION_STATUSES, ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.ecs import _ACTION_ECS_TYPE, EXPECTED_EVENT_TYPES
-from gpuguard.outputs.finding import Destination, EvidenceItem, Finding, GpuUse, finding_from_host
+from gpuguard.outputs.finding import Destination, Finding, GpuUse, finding_from_host
 from gpuguard.outputs.ocsf import OCSF_VERSION
-from gpuguard.outputs.records import FORMATS, render_record
+from gpuguard.outputs.records import FORMATS
 from gpuguard.outputs.scan_report import scan_document
+from tests.support.records import render_record
 from tests.support.schemas import ecs_errors, ecs_fields, ecs_pair_errors, ocsf_errors, strict_cef
 from tests.test_agent_logs import (  # noqa: F401 - miner_finding is a fixture
     HOST,
@@ -63,8 +65,8 @@ def lifecycle_findings() -> list[Finding]:
         finding.process.container_name = "worker"
         finding.destinations = [Destination("127.0.0.1", 3333, 2, "pool.example.org")]
         finding.evidence = [
-            EvidenceItem("miner-cmdline-stratum", HOSTILE, 40.0, "cmdline", "critical", ["T1496"]),
-            EvidenceItem("net-pool-protocol", "stratum", 50.0, "payload", "critical", ["T1496"]),
+            Evidence("miner-cmdline-stratum", "cmdline", HOSTILE, 40, "critical", ("T1496",)),
+            Evidence("net-pool-protocol", "payload", "stratum", 50, "critical", ("T1496",)),
         ]
         if activity != "create":
             finding.changes = ["gpu", "destination", "rules"]

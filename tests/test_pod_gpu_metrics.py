@@ -30,6 +30,7 @@ from gpuguard.sources.gpu import nvml
 from gpuguard.sources.proc.pod_names import PodNames, PodRef
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess
 from tests.support.agent_run import agent_running, until
+from tests.support.prometheus import exposition
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
@@ -102,7 +103,7 @@ def two_pods(tmp_path):
 def samples(metrics: AgentMetrics) -> dict[tuple[str, tuple], float]:
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(metrics.exposition().decode())
+        for fam in text_string_to_metric_families(exposition(metrics).decode())
         for s in fam.samples
     }
 

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from gpuguard.sources.proc import proc_files
+from gpuguard.sources.proc import files as proc_files
 from gpuguard.sources.proc.config_files import read_config_files
-from gpuguard.sources.proc.proc_files import read_process_file
+from gpuguard.sources.proc.files import read_process_file
 
 PID = 4242
 

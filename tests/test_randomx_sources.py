@@ -20,11 +20,11 @@ from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.sources.ebpf.btf import Btf, BtfError
 from gpuguard.sources.ebpf.fpu_probe import BLIND_PREFIX, FpuProbe
 from gpuguard.sources.proc.config_files import attach_config_files
-from gpuguard.sources.proc.cpu_usage import lifetime_runnable
 from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.hugepages import reserved_huge_pages
 from tests.support.load import start_in_load_group
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, cpu_hog, start_standin, stop
+from tests.support.runnable import lifetime_runnable
 
 # -- BTF --------------------------------------------------------------------------
 
@@ -174,7 +174,7 @@ def test_scan_sees_a_throttled_standin_with_huge_pages_from_its_lifetime():
     """Huge pages reserved for it, one worker at nice 19 beside two hogs, TLS to an IP: a
     scan with a 0.5 s CPU window finds the thread that never sleeps from its lifetime totals."""
     from gpuguard.correlate.correlator import Correlator
-    from gpuguard.sources.host.host_observation import observe_host
+    from gpuguard.sources.host.observation import observe_host
 
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="gg-scan-rx-") as tmp:
@@ -213,7 +213,7 @@ def test_scan_sees_a_throttled_standin_with_huge_pages_from_its_lifetime():
 def test_scan_skips_the_gpu_window_when_there_is_nothing_to_watch(tmp_path):
     """No GPU sampler works on this machine; a /proc with no process holds no GPU device: the
     3 s window is skipped rather than waited out."""
-    from gpuguard.sources.host.host_observation import _open_samplers, observe_host
+    from gpuguard.sources.host.observation import _open_samplers, observe_host
 
     assert not _open_samplers(lambda line: None), "this test needs a host without GPU samplers"
     started = time.monotonic()

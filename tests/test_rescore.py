@@ -33,6 +33,7 @@ from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.events.wire import iter_recording
+from tests.support.memo import set_aside
 
 CASES = Path(__file__).resolve().parent / "traces" / "cases"
 SCORE_EVERY_S = 1.0  # as the agent scores
@@ -47,7 +48,7 @@ def ruleset():
 
 
 def _fresh(state: ProcessState, ruleset, now: float) -> tuple:
-    with memo.set_aside(state):
+    with set_aside(state):
         v = score_process(state, ruleset, now)
     return v.verdict, v.score, tuple(sorted(e.rule_id for e in v.evidence))
 

@@ -27,6 +27,7 @@ from gpuguard.outputs.metrics import AgentMetrics
 from gpuguard.respond import Responder
 from gpuguard.respond.cgroup_blocks import cgroup2_mount, cgroup2_of
 from gpuguard.respond.touch.maps import FLAG_SUSPENDED
+from tests.support.prometheus import exposition
 from tests.support.respond import cleanup, settings_for_test, state_of, touch_of, verdict_for
 from tests.support.touch_scope import run_in, scope_cgroup, start_in
 from tests.support.workloads import build_workload
@@ -138,7 +139,7 @@ def test_outside_the_scope_a_blocked_program_lives_inside_it_or_a_child_cgroup_i
         record_outcomes(agent.counters, agent.findings, agent.emit, outcomes)
         metrics = AgentMetrics()
         metrics.sync_totals(agent.counters.snapshot())
-        text = metrics.exposition().decode()
+        text = exposition(metrics).decode()
         for reason in ("exec", "gpu-open", "connect"):
             assert f'gpuguard_touch_kills_total{{reason="{reason}"}} 1.0' in text
     finally:

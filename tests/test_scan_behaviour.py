@@ -356,7 +356,7 @@ def test_memory_held_by_a_real_zombie_is_reported():
             devices=[_device(9 * GIB)],
             processes=[ProcessGpuUsage(zombie.pid, "nvidia", 0, used_memory=8 * GIB)],
         )
-        from gpuguard.sources.host.host_observation import HostObservation
+        from gpuguard.sources.host.observation import HostObservation
 
         states = HostObservation(time=1.0, listed_pids=set(), snapshots=[snap]).gpu_pid_states()
         assert states == {zombie.pid: "zombie"}

@@ -28,7 +28,7 @@ from gpuguard.detect.host.checks import (
     miner_reasons,
 )
 from gpuguard.detect.ruleset.load import load_ruleset
-from gpuguard.sources.host.host_gpu_stack import (
+from gpuguard.sources.host.gpu_stack import (
     DeviceNode,
     GpuStackFacts,
     KernelModule,

@@ -14,9 +14,9 @@ from test_scan_support import (
 )
 
 from gpuguard.detect.host.checks import HostFinding, apply_thresholds
+from gpuguard.detect.scoring.score import Evidence
 from gpuguard.outputs.ecs import finding_to_ecs, threat_fields
 from gpuguard.outputs.finding import (
-    EvidenceItem,
     Finding,
     ProcessInfo,
     finding_from_host,
@@ -25,7 +25,7 @@ from gpuguard.outputs.finding import (
 from gpuguard.outputs.jsonl import dumps_line
 from gpuguard.outputs.ocsf import finding_to_ocsf, finding_uid
 from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
-from gpuguard.sources.host.host_gpu_stack import GpuStackFacts
+from gpuguard.sources.host.gpu_stack import GpuStackFacts
 
 EVIL_NAME = "\x1b]0;pwned\x07[bold red]x[/]"
 
@@ -40,22 +40,22 @@ def _process_finding(score: float = 80, verdict: str = "malicious") -> Finding:
         verdict=verdict,
         explanation=f"pid 4242 {EVIL_NAME} score {score:.0f} {verdict}",
         evidence=[
-            EvidenceItem(
+            Evidence(
                 "miner-cmdline-stratum",
+                "cmdline_url_schemes",
                 "cmdline_url_schemes=stratum+tcp",
                 40,
-                "cmdline_url_schemes",
                 "critical",
-                ["T1496"],
+                ("T1496",),
                 "stratum URL in cmdline",
             ),
-            EvidenceItem(
+            Evidence(
                 "masquerade-kernel-thread",
+                "comm",
                 f"comm={EVIL_NAME}",
                 40,
-                "comm",
                 "high",
-                ["T1036"],
+                ("T1036",),
                 "kernel-thread name on a user-space program",
             ),
         ],

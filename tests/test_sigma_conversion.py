@@ -18,7 +18,7 @@ from sigma.collection import SigmaCollection
 from gpuguard.events.abi import DEVICE_CLASS_NAMES
 from gpuguard.events.devices import GPU_NODE_CLASS_NAMES
 from gpuguard.outputs.finding import GpuUse
-from gpuguard.outputs.records import render_record
+from tests.support.records import render_record
 from tests.test_agent_logs import HOST, hostile_finding
 from tests.test_deploy import _matches
 

@@ -22,8 +22,6 @@ from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import Responder, ResponseSettings
 from gpuguard.sources.proc.identity import ExitGenerations
 
-ALERT_VERDICTS = ("suspicious", "malicious")
-
 
 @dataclass(frozen=True, slots=True)
 class Alert:

@@ -20,13 +20,13 @@ from gpuguard.outputs.log_spool import DEFAULT_SPOOL_BYTES, DEFAULT_SPOOL_DIR
 from gpuguard.outputs.metrics_http import DEFAULT_METRICS_PORT
 from gpuguard.outputs.records import FORMATS
 from gpuguard.respond import ResponseSettings
+from gpuguard.respond.responder import MODES
 from gpuguard.respond.settings import RESPONSE_SCHEMA
 from gpuguard.sources.gpu.registry import SOURCE_NAMES
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuguard/agent.yaml")
 DEFAULT_STATUS_PATH = Path("/run/gpuguard/status.json")
 MAX_CONFIG_BYTES = 1 << 20  # an agent.yaml is a few KiB; refuse anything absurd before parsing
-MODES = ("monitor", "enforce")
 SENSORS = ("auto", "ebpf", "proc")
 LOG_FORMATS = FORMATS
 SYSLOG_FORMATS = ("rfc5424", "rfc3164")
@@ -84,7 +84,7 @@ _TIMES = (0.2, 3600)
 SCHEMA = Section(
     "",
     (
-        Key("mode", "choice", "monitor | enforce", choices=MODES),
+        Key("mode", "choice", " | ".join(MODES), choices=MODES),
         Key("dry_run", "flag", "enforce mode: log what would be done, do nothing"),
         Key("sensor", "choice", "auto | ebpf | proc", choices=SENSORS),
         Key(

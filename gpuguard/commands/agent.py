@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from gpuguard.agent.config import LOG_FORMATS, MODES, SENSORS
+from gpuguard.commands.options import add_rules_option
 
 HELP = "run the agent: detect continuously, log findings (ECS/OCSF/CEF), respond in enforce mode"
 
@@ -62,14 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="auto (default: eBPF when it works, else reduced mode), ebpf, or proc (reduced mode)",
     )
-    parser.add_argument(
-        "--rules",
-        type=Path,
-        action="append",
-        default=None,
-        metavar="PATH",
-        help="rules file instead of the default set (repeat to layer files)",
-    )
+    add_rules_option(parser, "rules file instead of the default set (repeat to layer files)")
     parser.add_argument(
         "--state-file",
         dest="status_path",

@@ -1,4 +1,4 @@
-"""Argument types shared by the commands: every numeric option is checked once, here.
+"""Options and argument types the commands share: each declared, each number checked, once.
 
 A bad value (``--duration -5``, ``--interval nan``, ``gpus --watch -1``) is a
 :class:`GpuguardError` naming the option, so the CLI prints one line and exits 2.
@@ -6,9 +6,12 @@ A bad value (``--duration -5``, ``--interval nan``, ``gpus --watch -1``) is a
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 
+from gpuguard.agent.config import DEFAULT_STATUS_PATH
 from gpuguard.errors import GpuguardError
 
 DAY_S = 86_400.0
@@ -43,3 +46,17 @@ def seconds(
 
     parse.__name__ = "seconds"  # argparse names the type in its own messages
     return parse
+
+
+def add_rules_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--rules PATH``, repeatable: rule files layered in order instead of the default set."""
+    parser.add_argument(
+        "--rules", type=Path, action="append", default=None, metavar="PATH", help=help
+    )
+
+
+def add_state_file_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--state-file PATH``: the agent's state file a command reads (``help`` names how)."""
+    parser.add_argument(
+        "--state-file", type=Path, default=DEFAULT_STATUS_PATH, metavar="PATH", help=help
+    )

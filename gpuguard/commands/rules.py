@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpuguard.commands.options import add_rules_option
 from gpuguard.config.reference import update_doc
 from gpuguard.detect.ruleset.load import load_ruleset, validate_rules
 from gpuguard.detect.ruleset.operators import OPERATORS
@@ -54,19 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a directory of cases (each NAME/capture.ggrec + NAME/expected.yaml) or one case "
         f"(default: {DEFAULT_CASES_DIR} under the current directory, as in a checkout)",
     )
-    test.add_argument(
-        "--rules",
-        type=Path,
-        action="append",
-        default=None,
-        metavar="PATH",
-        help="rule files to use instead of the defaults (repeatable, layered in order)",
+    add_rules_option(
+        test, "rule files to use instead of the defaults (repeatable, layered in order)"
     )
     test.add_argument(
         "-v", "--verbose", action="store_true", help="print every process's verdict line"
     )
     listing = sub.add_parser("list", help="list the compiled rules")
-    listing.add_argument("--rules", type=Path, action="append", default=None, metavar="PATH")
+    add_rules_option(listing)
     sub.add_parser(
         "signals", help="list the signals conditions can test, and the operators"
     ).add_argument(

@@ -12,8 +12,8 @@ import gc
 import os
 import sys
 import time
-from pathlib import Path
 
+from gpuguard.commands.options import add_rules_option
 from gpuguard.errors import GpuguardError
 from gpuguard.outputs.records import SCAN_FORMATS
 
@@ -46,13 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also scan process memory with the YARA rules (slower; progress on a terminal)",
     )
-    parser.add_argument(
-        "--rules",
-        type=Path,
-        action="append",
-        default=None,
-        metavar="PATH",
-        help="rules file to use instead of the default set; repeat to layer files "
+    add_rules_option(
+        parser,
+        "rules file to use instead of the default set; repeat to layer files "
         "(list rules/miner-rules.yaml first to extend the shipped rules)",
     )
     parser.add_argument(
@@ -241,7 +237,7 @@ def _probe_hidden_pids(obs, limitations: list[str]):
 def _host_findings(args, ruleset, obs, hidden, limitations: list[str], notes: list[str]):
     from gpuguard.detect.host import checks as host_checks
     from gpuguard.detect.host.check_list import SCAN, HostInputs, run_host_checks
-    from gpuguard.sources.host.host_gpu_stack import collect_gpu_stack
+    from gpuguard.sources.host.gpu_stack import collect_gpu_stack
     from gpuguard.sources.host.persistence import collect_autostart_files
 
     stack = collect_gpu_stack(root=args.root)
@@ -361,7 +357,7 @@ def _run(args: argparse.Namespace) -> int:
     from gpuguard.outputs.finding import finding_from_host, finding_from_verdict
     from gpuguard.outputs.jsonl import dumps_document
     from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
-    from gpuguard.sources.host.host_observation import limitation_lines, observe_host
+    from gpuguard.sources.host.observation import limitation_lines, observe_host
     from gpuguard.sources.proc.config_files import CwdWithoutConfigs, attach_config_files
 
     ruleset = load_ruleset(args.rules)

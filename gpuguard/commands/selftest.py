@@ -2,27 +2,21 @@
 
 Uses the running agent (found through its state file) or starts one for the
 test; prints PASS or FAIL with the time from the simulator's start to the
-finding; exit 0 on PASS, 1 on FAIL (docs/agent.md, "Self-test").
+finding; exit 0 on PASS, 1 on FAIL (docs/agent.md, "`gpuguard selftest`").
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from gpuguard.agent.config import DEFAULT_STATUS_PATH, MODES, SENSORS
+from gpuguard.commands.options import add_state_file_option
 
 HELP = "check that the agent catches a harmless miner simulator (PASS/FAIL with the time to detect)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--state-file",
-        type=Path,
-        default=DEFAULT_STATUS_PATH,
-        metavar="PATH",
-        help=f"the running agent's state file (default {DEFAULT_STATUS_PATH})",
-    )
+    add_state_file_option(parser, f"the running agent's state file (default {DEFAULT_STATUS_PATH})")
     parser.add_argument(
         "--mode",
         choices=MODES,

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 from gpuguard.agent.config import DEFAULT_STATUS_PATH
+from gpuguard.commands.options import add_state_file_option
 
 HELP = (
     "show whether the agent runs, its mode, rules, probes, event rate, drops, last findings "
@@ -17,13 +17,7 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--state-file",
-        type=Path,
-        default=DEFAULT_STATUS_PATH,
-        metavar="PATH",
-        help=f"the agent's state file (default {DEFAULT_STATUS_PATH})",
-    )
+    add_state_file_option(parser, f"the agent's state file (default {DEFAULT_STATUS_PATH})")
     parser.add_argument("--json", action="store_true", help="print the state document as JSON")
 
 

@@ -128,10 +128,3 @@ def read_regular_file(path: Path, max_bytes: int, what: str) -> bytes:
     if size > max_bytes:
         raise too_big
     return b"".join(chunks)
-
-
-def check_trusted_file(path: Path, what: str = "rules file") -> None:
-    """Raise :class:`GpuguardError` when ``path`` could have been written by a non-root user."""
-    reason = untrusted_reason(path, what)
-    if reason is not None:
-        raise GpuguardError(*reason)

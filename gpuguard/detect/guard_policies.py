@@ -27,6 +27,7 @@ from typing import Any
 from gpuguard.config.schema import Key, Section, check, field_default
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.ruleset.load import ACTIONS
+from gpuguard.detect.ruleset.model import ALERT_VERDICTS, VERDICT_RANK
 from gpuguard.detect.scoring.score import Evidence, Verdict
 from gpuguard.errors import Problems
 
@@ -58,7 +59,7 @@ GUARD_POLICY_SCHEMA = Section(
         Key("max_gpus_per_user", "whole", "GPUs one user may hold", low=0),
         Key("max_gpu_memory_per_user", "size", "GPU memory one user may hold (40GiB, 20000MiB)"),
         Key("allowed_hours", "hours", 'local hours "08-20" [start, end); may wrap past midnight'),
-        Key("verdict", "choice", "suspicious | malicious", choices=("suspicious", "malicious")),
+        Key("verdict", "choice", " | ".join(ALERT_VERDICTS), choices=ALERT_VERDICTS),
         Key("action", "choice", "any action of the rules file", choices=ACTIONS, noun="action"),
         Key("weight", "whole", "the score a breach adds", low=0),
     ),
@@ -230,9 +231,8 @@ def evaluate_guard_policies(
 
 
 def _stronger(a: GuardPolicy, b: GuardPolicy) -> bool:
-    rank = ("suspicious", "malicious")
-    return (rank.index(a.verdict), ACTIONS.index(a.action)) > (
-        rank.index(b.verdict),
+    return (VERDICT_RANK[a.verdict], ACTIONS.index(a.action)) > (
+        VERDICT_RANK[b.verdict],
         ACTIONS.index(b.action),
     )
 

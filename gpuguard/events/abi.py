@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 PROBES_DIR = Path(__file__).resolve().parent.parent.parent / "probes"
-HEADER_PATH = PROBES_DIR / "gpuguard.h"
 
 _ENUM_BLOCK = re.compile(r"enum\s+(\w+)\s*\{(.*?)\};", re.S)
 _ENUM_ITEM = re.compile(r"^\s*(\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*,", re.M)
@@ -67,10 +66,6 @@ def device_class_name(value: int) -> str:
         return DeviceClass(value).name.lower().replace("_", "-")
     except ValueError:
         return f"unknown-{value}"
-
-
-def device_class_from_name(name: str) -> int:
-    return DeviceClass[name.upper().replace("-", "_")]
 
 
 DEVICE_CLASS_NAMES = tuple(device_class_name(c) for c in DeviceClass if c != DeviceClass.NONE)

@@ -205,19 +205,3 @@ EVENT_TYPES: dict[str, type[Event]] = {
         CpuActivity,
     )
 }
-
-
-def event_from_record(record: dict[str, Any]) -> Event:
-    """Rebuild an event from :meth:`Event.to_record` output; raises ValueError."""
-    try:
-        cls = EVENT_TYPES[record["kind"]]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown event kind {record.get('kind') if isinstance(record, dict) else record!r}"
-        ) from None
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in record.items() if k in names}
-    try:
-        return cls(**values)
-    except TypeError as exc:
-        raise ValueError(f"bad {cls.kind} record: {exc}") from None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import time
 from typing import Any
 
 from gpuguard import __version__
@@ -235,21 +234,6 @@ def bounded_line(parts: Parts, limits: OutputLimits) -> str:
     mark_doc = {"record": text_mark(line.encode("utf-8")), "shed": ["strings", "fields"]}
     keep += _custom(MARK_KEY, "truncated", json.dumps(mark_doc, separators=(",", ":")))
     return f"{header}|{_extension(keep)}"
-
-
-def cef_line(
-    record: Any, hostname: str, created: float | None = None, limits: OutputLimits | None = None
-) -> str:
-    """One CEF line (no newline) for a Finding, ActionOutcome or AgentLifecycle."""
-    if isinstance(record, Finding):
-        parts = finding_cef(record, hostname, created if created is not None else time.time())
-    elif isinstance(record, ActionOutcome):
-        parts = action_cef(record, hostname)
-    elif isinstance(record, AgentLifecycle):
-        parts = lifecycle_cef(record, hostname)
-    else:
-        raise TypeError(f"not a log record: {type(record).__name__}")
-    return bounded_line(parts, limits or OutputLimits())
 
 
 FORMAT = OutputFormat(

@@ -22,7 +22,7 @@ from typing import Any
 from gpuguard import __version__
 from gpuguard.events.action_kinds import ACTION_KINDS, kind_of
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
-from gpuguard.outputs.finding import Finding, process_entity_id
+from gpuguard.outputs.finding import Finding, evidence_json, process_entity_id
 from gpuguard.outputs.output_format import (
     AGENT_DATASET,
     LIFECYCLE_FAILURES,
@@ -286,7 +286,7 @@ def finding_to_ecs(
             "rule_ids": finding.rule_ids,
             # event.category is a list (ES|QL compares a list to null): one value to select on
             "network_evidence": "network" in finding.categories,
-            "evidence": [e.to_json() for e in finding.evidence],
+            "evidence": [evidence_json(e) for e in finding.evidence],
             "allowlisted": finding.allowlisted or None,
             "action": finding.action,
             "executable_deleted": finding.process.executable_deleted

@@ -17,7 +17,8 @@ from typing import Any
 
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.host.checks import HostFinding
-from gpuguard.detect.ruleset.model import CATEGORY_OF_TAG
+from gpuguard.detect.ruleset.model import ALERT_VERDICTS, CATEGORY_OF_TAG
+from gpuguard.detect.scoring.score import Evidence
 from gpuguard.events.devices import GPU_NODE_CLASS_NAMES
 from gpuguard.events.process_facts import ProcessFacts
 
@@ -36,8 +37,6 @@ TECHNIQUE_NAMES = {
     "T1070.004": "Indicator Removal: File Deletion",
 }
 _TECHNIQUE_TAG = re.compile(r"^T\d{4}(\.\d{3})?$")
-SEVERITY_ORDER = {"informational": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
-ALERT_VERDICTS = ("suspicious", "malicious")  # the verdicts a SIEM should page on
 MAX_DESTINATIONS = 8
 PARENT_CHAIN = 3  # ancestors a record names (parent, grandparent, great-grandparent)
 
@@ -48,6 +47,12 @@ def severity_for_score(score: float) -> str:
         if score >= floor:
             return name
     return "informational"
+
+
+def evidence_json(evidence: Evidence) -> dict[str, Any]:
+    """A piece of a finding's evidence as a record writes it: the weight as a float (40.0), as
+    finding records always have, so the field's type in a SIEM's index stays the same."""
+    return {**evidence.to_json(), "weight": float(evidence.weight)}
 
 
 @dataclass(slots=True)
@@ -102,28 +107,6 @@ class ProcessInfo:
                 for a in facts.ancestors[:PARENT_CHAIN]
             ],
         )
-
-
-@dataclass(slots=True)
-class EvidenceItem:
-    rule_id: str
-    detail: str
-    weight: float = 0.0
-    signal: str = ""
-    severity: str = ""
-    tags: list[str] = field(default_factory=list)
-    description: str = ""  # what the rule means, e.g. "executable deleted after start"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rule_id": self.rule_id,
-            "description": self.description,
-            "signal": self.signal,
-            "detail": self.detail,
-            "weight": self.weight,
-            "severity": self.severity,
-            "tags": list(self.tags),
-        }
 
 
 @dataclass(slots=True)
@@ -194,7 +177,7 @@ class Finding:
     score: float  # 0-100
     verdict: str  # "clean" | "suspicious" | "malicious"
     explanation: str  # one line
-    evidence: list[EvidenceItem] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
     categories: list[str] = field(default_factory=list)  # ECS event.category values
     techniques: list[tuple[str, str]] = field(default_factory=lambda: list(DEFAULT_TECHNIQUES))
     process: ProcessInfo | None = None
@@ -346,18 +329,7 @@ def finding_from_verdict(
         score=float(verdict.score),
         verdict=verdict.verdict,
         explanation=verdict.explain(),
-        evidence=[
-            EvidenceItem(
-                e.rule_id,
-                e.detail,
-                float(e.weight),
-                e.signal,
-                e.severity,
-                list(e.tags),
-                e.description,
-            )
-            for e in verdict.evidence
-        ],
+        evidence=list(verdict.evidence),
         categories=categories,
         techniques=techniques_from_tags([t for e in verdict.evidence for t in e.tags]),
         process=process,
@@ -392,7 +364,7 @@ def finding_from_host(host: HostFinding, activity: str = "create", created: floa
         verdict=host.verdict,
         explanation=host.explain(),
         evidence=[
-            EvidenceItem(rule.id, line, 0.0, "host-check", severity_for_score(rule.score))
+            Evidence(rule.id, "host-check", line, 0, severity_for_score(rule.score))
             for line in host.evidence
         ],
         categories=list(rule.category),

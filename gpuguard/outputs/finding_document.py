@@ -12,7 +12,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gpuguard.escape import escape_text
-from gpuguard.outputs.finding import Finding
+from gpuguard.outputs.finding import Finding, evidence_json
 
 
 def finding_document(finding: Finding) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def finding_document(finding: Finding) -> dict[str, Any]:
         "categories": list(finding.categories),
         "techniques": [{"id": t, "name": name} for t, name in finding.techniques],
         "explanation": finding.explanation,
-        "evidence": [e.to_json() for e in finding.evidence],
+        "evidence": [evidence_json(e) for e in finding.evidence],
         "process": asdict(finding.process) if finding.process is not None else None,
         "subject": finding.subject,
         "allowlisted": finding.allowlisted,

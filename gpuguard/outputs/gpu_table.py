@@ -9,6 +9,7 @@ that is ``None`` is shown as ``N/A`` ("not available"), never as 0.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,44 +73,40 @@ def _mib(value: int | None) -> str:
     return NA if value is None else f"{value / (1024 * 1024):,.0f} MiB"
 
 
-def _memory(dev: DeviceSample) -> str:
-    if dev.memory_used is None and dev.memory_total is None:
+def _watts(value: float | None) -> str:
+    return NA if value is None else f"{value:.0f} W"
+
+
+def _shown(value: object) -> str:
+    return NA if value is None else f"{value}"
+
+
+def _pair(a: object, b: object, show: Callable[[Any], str] = _pct, unit: str = "") -> str:
+    """``a / b``, each as ``show`` writes it (n/a when unknown), then ``unit``; n/a alone when
+    both are unknown."""
+    if a is None and b is None:
         return NA
-    return f"{_mib(dev.memory_used)} / {_mib(dev.memory_total)}"
+    return f"{show(a)} / {show(b)}" + (f" {unit}" if unit else "")
+
+
+def _memory(dev: DeviceSample) -> str:
+    return _pair(dev.memory_used, dev.memory_total, _mib)
 
 
 def _power(dev: DeviceSample) -> str:
-    if dev.power_w is None and dev.power_limit_w is None:
-        return NA
-    used = NA if dev.power_w is None else f"{dev.power_w:.0f} W"
-    limit = NA if dev.power_limit_w is None else f"{dev.power_limit_w:.0f} W"
-    return f"{used} / {limit}"
+    return _pair(dev.power_w, dev.power_limit_w, _watts)
 
 
 def _clocks(dev: DeviceSample) -> str:
-    if dev.sm_clock_mhz is None and dev.mem_clock_mhz is None:
-        return NA
-    return (
-        f"{dev.sm_clock_mhz if dev.sm_clock_mhz is not None else NA} / "
-        f"{dev.mem_clock_mhz if dev.mem_clock_mhz is not None else NA} MHz"
-    )
+    return _pair(dev.sm_clock_mhz, dev.mem_clock_mhz, _shown, "MHz")
 
 
 def _pcie(dev: DeviceSample) -> str:
-    if dev.pcie_tx_kbs is None and dev.pcie_rx_kbs is None:
-        return NA
-    return (
-        f"{dev.pcie_tx_kbs if dev.pcie_tx_kbs is not None else NA} / "
-        f"{dev.pcie_rx_kbs if dev.pcie_rx_kbs is not None else NA} KB/s"
-    )
+    return _pair(dev.pcie_tx_kbs, dev.pcie_rx_kbs, _shown, "KB/s")
 
 
 def _cell(value: object) -> Text:
     return Text(escape_text(value))
-
-
-def _pair(a: float | None, b: float | None) -> str:
-    return NA if a is None and b is None else f"{_pct(a)} / {_pct(b)}"
 
 
 def device_table(view: GpuView) -> Table:

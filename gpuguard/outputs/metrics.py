@@ -19,13 +19,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.exposition import generate_latest, make_wsgi_app
+from prometheus_client.exposition import make_wsgi_app
 
 from gpuguard import __version__
 from gpuguard.detect.ruleset.model import VERDICTS
-from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.events.gpu_snapshot import GpuSnapshot
-from gpuguard.outputs.finding import Finding
 from gpuguard.outputs.gpu_metrics import (
     DEFAULT_MAX_POD_SERIES,
     DEFAULT_TOP_PROCESSES,
@@ -256,16 +254,8 @@ class AgentMetrics:
     def count_event(self, kind: str, n: int = 1) -> None:
         self.events.labels(kind).inc(n)
 
-    def add_ring_lost(self, n: int) -> None:
-        if n > 0:
-            self.ring_lost.inc(n)
-
     def set_queue(self, stage: str, depth: int) -> None:
         self.queue_depth.labels(stage).set(depth)
-
-    def count_drop(self, stage: str, n: int = 1) -> None:
-        if n > 0:
-            self.queue_dropped.labels(stage).inc(n)
 
     def set_processes(self, n: int) -> None:
         self.processes.set(n)
@@ -280,12 +270,6 @@ class AgentMetrics:
         for rule in rules:
             for verdict in VERDICTS:
                 self.findings.labels(rule, verdict)
-
-    def count_finding(self, finding: Finding) -> None:
-        self.findings.labels(finding.rule_id, finding.verdict).inc()
-
-    def count_action(self, outcome: ActionOutcome) -> None:
-        self.actions.labels(outcome.action, outcome.status).inc()
 
     def count_sampler_error(self, source: str, n: int = 1) -> None:
         self.sampler_errors.labels(source).inc(n)
@@ -412,10 +396,6 @@ class AgentMetrics:
             self.host_findings.labels(rule).set(active.get(rule, 0))
 
     # -- export ------------------------------------------------------------------------
-    def exposition(self) -> bytes:
-        """The text format Prometheus scrapes."""
-        return generate_latest(self.registry)
-
     def serve(
         self,
         address: str,

@@ -28,7 +28,7 @@ from gpuguard.outputs.web_config import TlsFiles, WebConfig
 # The one definition of the default port: the packaging, docs and tests read it from here
 # (tests/test_deploy.py checks).  The Prometheus wiki's default-port list has every port of
 # 9100-9999 taken, so it lies outside that range, below Kubernetes' NodePort range and Linux's
-# ephemeral ports, clear of what GPU nodes run (docs/deploy.md, "The metrics port").
+# ephemeral ports, clear of what GPU nodes run (docs/deploy.md, "Metrics port").
 DEFAULT_METRICS_PORT = 19479
 PATHS = ("/metrics", "/healthz", "/readyz")
 # A connection that sends nothing (or never finishes its TLS handshake) is dropped after this.

@@ -31,7 +31,6 @@ CLASS_UID = 2004
 CLASS_NAME = "Detection Finding"
 CATEGORY_UID = 2
 CATEGORY_NAME = "Findings"
-ACTIVITY_CREATE = 1
 # The agent's host findings: (activity_id, activity_name, status_id, status) for create, update, close.
 ACTIVITIES = {
     "create": (1, "Create", 1, "New"),
@@ -73,6 +72,11 @@ def _ms(epoch: float) -> int:
     return int(round(epoch * 1000))
 
 
+def _file_object(path: str, type_id: int = 1) -> dict[str, Any]:
+    """An OCSF File for ``path`` (``type_id`` 1: a regular file, an executable; 0: unknown)."""
+    return {"path": path, "name": path.rsplit("/", 1)[-1], "type_id": type_id}
+
+
 def finding_uid(finding: Finding, hostname: str) -> str:
     """Stable id: the agent's finding id (one per process finding, through its updates and close);
     otherwise the same process (pid + start time) or subject and rule on the same host."""
@@ -99,11 +103,7 @@ def process_object(finding: Finding, hostname: str | None = None) -> dict[str, A
     if hostname:
         process["uid"] = process_entity_id(hostname, p.pid, p.start_time)  # = ECS process.entity_id
     if p.executable:
-        process["file"] = {
-            "path": p.executable,
-            "name": p.executable.rsplit("/", 1)[-1],
-            "type_id": 1,
-        }
+        process["file"] = _file_object(p.executable)
     if p.command_line:
         process["cmd_line"] = " ".join(p.command_line)
     if p.start_time:
@@ -147,7 +147,7 @@ def _ancestor_object(ancestor: dict[str, Any]) -> dict[str, Any]:
         parent["name"] = ancestor["name"]
     path = ancestor.get("executable")
     if path:
-        parent["file"] = {"path": path, "name": path.rsplit("/", 1)[-1], "type_id": 1}
+        parent["file"] = _file_object(path)
     return parent
 
 
@@ -216,7 +216,7 @@ def finding_to_ocsf(
                 "signal": item.signal,
                 "description": item.description,
                 "detail": item.detail,
-                "weight": item.weight,
+                "weight": float(item.weight),  # as evidence_json writes it (40.0)
             }
         }
         if process is not None:
@@ -226,11 +226,7 @@ def finding_to_ocsf(
         if endpoint is not None and (item.rule_id.startswith("net-") or not evidences):
             evidence["dst_endpoint"] = endpoint  # the first item names it too: every record does
         if finding.kind == "host" and finding.subject and finding.subject.startswith("/"):
-            evidence["file"] = {
-                "path": finding.subject,
-                "name": finding.subject.rsplit("/", 1)[-1],
-                "type_id": 0,
-            }
+            evidence["file"] = _file_object(finding.subject, type_id=0)
         evidences.append(evidence)
     if not evidences:
         evidences.append(
@@ -387,11 +383,7 @@ def action_to_ocsf(outcome: ActionOutcome, hostname: str) -> dict[str, Any]:
             "uid": process_entity_id(hostname, outcome.pid, outcome.start_time),
         }
         if outcome.exe:
-            process["file"] = {
-                "path": outcome.exe,
-                "name": outcome.exe.rsplit("/", 1)[-1],
-                "type_id": 1,
-            }
+            process["file"] = _file_object(outcome.exe)
         if outcome.start_time:
             process["created_time"] = _ms(outcome.start_time)
     if class_uid == 7003:

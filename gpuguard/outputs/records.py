@@ -73,13 +73,3 @@ class RecordRenderer:
 def _finding_time(finding: Finding) -> float:
     """When the finding was made (the verdict's time); a finding without one is "now"."""
     return finding.created if finding.created else time.time()
-
-
-def render_record(
-    record: Record,
-    fmt: str = "ecs",
-    host: dict[str, Any] | None = None,
-    limits: OutputLimits | None = None,
-) -> str:
-    """One log line for ``record`` in ``fmt`` (``ecs``, ``ocsf`` or ``cef``), within ``limits``."""
-    return RecordRenderer(fmt, host, limits).line(record)

@@ -29,7 +29,7 @@ from gpuguard.outputs.ecs import host_fields, iso_time
 from gpuguard.outputs.finding import Finding
 from gpuguard.outputs.output_format import SCAN_DATASET, Target
 from gpuguard.outputs.records import SCAN_FORMATS
-from gpuguard.sources.host.host_gpu_stack import GpuStackFacts
+from gpuguard.sources.host.gpu_stack import GpuStackFacts
 
 VERDICT_STYLE = {"malicious": "bold red", "suspicious": "yellow", "clean": "green"}
 MAX_EXPLANATION = 400
@@ -67,7 +67,7 @@ class ScanReport:
     @property
     def alerting(self) -> bool:
         """Something reached the suspicious threshold (exit code 1)."""
-        return any(f.verdict in ("suspicious", "malicious") for f in self.findings)
+        return any(f.is_alert for f in self.findings)
 
     @property
     def exit_code(self) -> int:

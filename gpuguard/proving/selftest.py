@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.agent.status_file import agent_alive, read_status
+from gpuguard.detect.ruleset.model import ALERT_VERDICTS
 from gpuguard.errors import GpuguardError
 from gpuguard.proving.enforce_scope import EnforceScope
 from gpuguard.proving.simulator import (
@@ -85,7 +86,7 @@ def _finding_for(doc: dict, pid: int, start: float) -> dict | None:
     for finding in doc.get("last_findings", []):
         if (
             finding.get("pid") == pid
-            and finding.get("verdict") in ("suspicious", "malicious")
+            and finding.get("verdict") in ALERT_VERDICTS
             and float(finding.get("time", 0)) >= start - 1
         ):
             return finding

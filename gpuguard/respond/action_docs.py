@@ -8,9 +8,10 @@ blocks between their markers, and a test fails when the docs and the actions dif
 from __future__ import annotations
 
 from gpuguard.config.reference import markdown_cell
+from gpuguard.detect.ruleset.model import VERDICTS
 from gpuguard.respond import hooks
 from gpuguard.respond.actions import ACTIONS, Action
-from gpuguard.respond.settings import VERDICTS, default_actions
+from gpuguard.respond.settings import default_actions
 
 
 def markers(name: str) -> tuple[str, str]:

@@ -253,11 +253,6 @@ class PinnedMap:
         _, lib = _bcc()
         return lib.bpf_delete_elem(self.fd, ct.create_string_buffer(key, len(key))) == 0
 
-    def contains(self, key: bytes, value_size: int) -> bool:
-        _, lib = _bcc()
-        value = ct.create_string_buffer(value_size)
-        return lib.bpf_lookup_elem(self.fd, ct.create_string_buffer(key, len(key)), value) == 0
-
     def items(self, key_size: int, value_size: int) -> list[tuple[bytes, bytes]]:
         _, lib = _bcc()
         out = []

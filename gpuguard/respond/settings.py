@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.config.schema import Key, Section, check
+from gpuguard.detect.ruleset.model import VERDICTS
 from gpuguard.errors import Problems
 from gpuguard.respond.actions import ACTIONS, Action
 
-VERDICTS = ("clean", "suspicious", "malicious")
 SCOPES = ("all", "containers")
 DEFAULT_PIN_ROOT = "/sys/fs/bpf/gpuguard"
 DEFAULT_STATE_DIR = "/run/gpuguard/blocks"

@@ -9,6 +9,9 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+from prometheus_client.exposition import generate_latest
 
 
 class PrometheusServer:
@@ -59,3 +62,9 @@ def prometheus(workdir: Path, config: str) -> Iterator[PrometheusServer]:
         yield server
     finally:
         server.stop()
+
+
+def exposition(metrics: Any) -> bytes:
+    """The text an :class:`~gpuguard.outputs.metrics.AgentMetrics` serves on /metrics (the same
+    registry its HTTP endpoint renders)."""
+    return generate_latest(metrics.registry)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gpuguard.agent.actions import ALERT_VERDICTS
 from gpuguard.agent.context import AgentContext
 from gpuguard.correlate.correlator import Correlator
 from gpuguard.correlate.state import ProcessKey
+from gpuguard.detect.ruleset.model import ALERT_VERDICTS
 from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.detect.scoring.score import Verdict
 

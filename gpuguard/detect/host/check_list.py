@@ -25,11 +25,11 @@ SCAN, AGENT = "scan", "agent"
 class HostInputs:
     """What the host checks read; None: not gathered by this caller (checks reading it skip)."""
 
-    autostart_files: Iterable[Any] | None = None  # sources.persistence.AutostartFile
+    autostart_files: Iterable[Any] | None = None  # sources.host.persistence.AutostartFile
     vocabulary: host_checks.MinerVocabulary | None = None
     ld_so_preload: str | None = None  # its content; "" when absent
-    gpu_stack: Any | None = None  # sources.host_gpu_stack.GpuStackFacts
-    hidden_pids: Iterable[Any] | None = None  # sources.hidden_pids.HiddenPid
+    gpu_stack: Any | None = None  # sources.host.gpu_stack.GpuStackFacts
+    hidden_pids: Iterable[Any] | None = None  # sources.proc.hidden_pids.HiddenPid
     snapshots: list[Any] | None = None  # events.gpu_snapshot.GpuSnapshot
     pid_states: dict[int, str] | None = None  # the GPU holders' /proc states
     accounting: list[Any] | None = None  # events.gpu_accounting.GpuAccounting

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from gpuguard.detect.host.rules import HOST_RULES, HostRule
-from gpuguard.sources.host.host_gpu_stack import GPU_MODULES, DeviceNode, GpuStackFacts
+from gpuguard.sources.host.gpu_stack import GPU_MODULES, DeviceNode, GpuStackFacts
 from gpuguard.sources.host.persistence import AutostartFile
 from gpuguard.sources.proc.hidden_pids import HiddenPid
 
@@ -115,7 +115,8 @@ def check_autostart_files(
     for f in files:
         matches: list[str] = []
         reasons_seen: list[str] = []
-        for number, line in f.lines:  # comments were left out by the reader (sources.persistence)
+        # comments were left out by the reader (sources.host.persistence)
+        for number, line in f.lines:
             reasons = miner_reasons(line, vocabulary)
             if reasons:
                 snippet = line.strip()[:MAX_LINE_CHARS]

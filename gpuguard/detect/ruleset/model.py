@@ -38,7 +38,9 @@ from gpuguard.events.action_kinds import RULE_ACTIONS
 FORMAT_VERSION = 1
 _MAX_BLANK_PROFILES = 256  # sets of blank inputs whose rule groups are kept (a handful on a host)
 SEVERITIES = ("info", "low", "medium", "high", "critical")
-VERDICTS = ("clean", "suspicious", "malicious")
+VERDICTS = ("clean", "suspicious", "malicious")  # the one list, weakest first
+ALERT_VERDICTS = VERDICTS[1:]  # each has a threshold; a SIEM pages on them, the responder acts
+VERDICT_RANK = {verdict: rank for rank, verdict in enumerate(VERDICTS)}
 # What a rules file's ``actions:`` may name, weakest first (guard policies rank by it).
 ACTIONS = ("none", *RULE_ACTIONS)
 # The rules file's ``actions:`` when no file names one: declared once (rule_collect starts here).
@@ -117,7 +119,7 @@ RULES_FILE_SCHEMA = Section(
                     low=THRESHOLD_RANGE[0],
                     high=THRESHOLD_RANGE[1],
                 )
-                for name in ("suspicious", "malicious")
+                for name in ALERT_VERDICTS
             ),
             "score >= threshold; suspicious below malicious",
             model=Thresholds,

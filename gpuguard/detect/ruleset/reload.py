@@ -11,7 +11,6 @@ reload itself runs in ``poll()``, never inside the handler.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -65,10 +64,6 @@ class RuleSetHolder:
     def request_reload(self) -> None:
         """Ask for a reload at the next :meth:`poll` (safe to call from a signal handler)."""
         self._requested = True
-
-    def install_sighup(self) -> None:
-        """Reload on SIGHUP (main thread only)."""
-        signal.signal(signal.SIGHUP, lambda signum, frame: self.request_reload())
 
     def poll(self) -> RuleSet:
         """Reload if asked to or if a file changed; return the rule set to use now."""

@@ -24,6 +24,9 @@ from gpuguard.escape import escape_text
 
 @dataclass(slots=True)
 class Evidence:
+    """One matched rule: what it saw and what it weighs (the one evidence type: verdicts,
+    findings and every output carry it)."""
+
     rule_id: str
     signal: str  # the signals the rule's condition reads, comma-separated
     detail: str  # what matched, e.g. "connect_ports=3333 (in_list pool_ports)"

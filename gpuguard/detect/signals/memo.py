@@ -9,8 +9,6 @@ memo holds its states weakly, so an entry goes with its process.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from operator import attrgetter
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -77,19 +75,3 @@ def forget(state: ProcessState) -> None:
     global _last
     _last = (None, {})
     _MEMO.pop(state, None)
-
-
-@contextmanager
-def set_aside(state: ProcessState) -> Iterator[None]:
-    """Evaluate as if nothing were kept for ``state``, then put the kept entries back
-    (tests compare the kept path with a fresh one)."""
-    global _last
-    _last = (None, {})
-    saved = _MEMO.pop(state, None)
-    try:
-        yield
-    finally:
-        _last = (None, {})
-        _MEMO.pop(state, None)
-        if saved is not None:
-            _MEMO[state] = saved

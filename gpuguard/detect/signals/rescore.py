@@ -189,7 +189,7 @@ GPU_CHECK_EVERY_S = 5.0
 
 
 def crossing_points(leaves, signal: str) -> tuple[tuple[float, bool], ...] | None:
-    """Where the tests in ``leaves`` (detect.conditions.Leaf) of a signal that only grows, such as
+    """Where the tests in ``leaves`` (detect.ruleset.conditions.Leaf) of a signal that only grows, such as
     ``age_s``, can change their answer: ``(value, at)`` sorted, ``at`` True when the answer changes
     as the signal reaches the value (gte, lt) and False when it changes just after (gt, lte);
     () when no test reads ``signal``, None when one is not a comparison with a number."""

@@ -132,7 +132,7 @@ class YaraScanner:
         self._file_cache: OrderedDict[tuple, YaraResult] = OrderedDict()
         self._data_cache: OrderedDict[tuple[str, bytes], YaraResult] = OrderedDict()
         # {(pid, start time): the first ENVIRON_BYTES of its environ} read with its facts just
-        # before (scan: gpuguard.sources.host.host_observation), so it is not read a second time
+        # before (scan: gpuguard.sources.host.observation), so it is not read a second time
         self.environ_read: dict[tuple[int, float], bytes] = {}
         self.stats = {
             "file_scans": 0,

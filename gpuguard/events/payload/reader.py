@@ -78,9 +78,6 @@ class Reader:
     def u16le(self) -> int:
         return int.from_bytes(self.take(2), "little")
 
-    def u24(self) -> int:
-        return int.from_bytes(self.take(3), "big")
-
     def u32le(self) -> int:
         return int.from_bytes(self.take(4), "little")
 

@@ -8,8 +8,8 @@ compiler defines.  This reads the format (linux/btf.h, docs: Documentation/bpf/b
 with ``struct`` alone: types are numbered in file order, so one pass records where each
 type starts and the few lookups walk from there.
 
-``member_offset(btf, "fpu", "fpstate")`` gives a byte offset; :func:`path_offset` follows a
-chain of members through nested structs, unions, typedefs and qualifiers.
+``Btf.load().path_offset("fpu", "fpstate")`` gives a byte offset, following a chain of
+members through nested structs, unions, typedefs and qualifiers.
 """
 
 from __future__ import annotations
@@ -156,8 +156,3 @@ class Btf:
 
     def size_of(self, struct_name: str) -> int:
         return self._type(self.struct_id(struct_name)).size_or_type
-
-
-def member_offset(btf: Btf, struct_name: str, *members: str) -> int:
-    """Byte offset of a member chain in ``struct struct_name`` (see :meth:`Btf.path_offset`)."""
-    return btf.path_offset(struct_name, *members)

@@ -157,10 +157,6 @@ class ExecFilter:
         self.pending_watch.done(added, empty=len(entries) == len(old))
         return out
 
-    @property
-    def walks_skipped(self) -> int:
-        return self.pending_watch.skipped
-
     def _added(self) -> int:
         return self.counts_map[self.counts_map.Key(ExecFilterCount.PENDING_ADDED)].value
 

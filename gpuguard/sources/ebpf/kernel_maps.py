@@ -68,23 +68,11 @@ def slot_index(tgid: int, fd: int, slots: int) -> int:
     return ((tgid * SLOT_HASH_MUL) + (fd & 0xFFFFFFFF)) & 0xFFFFFFFF & (slots - 1)
 
 
-def array_items(table, batch: int = 0) -> list[tuple]:
-    """Every (key, value) of a bcc array map, read with BPF_MAP_LOOKUP_BATCH.
-
-    bcc's own ``items_lookup_batch`` (0.26) passes one variable as both the batch
-    token and the count, so the kernel's reply to one overwrites the other: it can
-    loop without end.  Here they are separate; the kernel ends with ENOENT.  ``batch``
-    caps the entries per call (0: as many as the map holds).
-    """
-    keys, values, total = _lookup_batch(table, batch)
-    return [(keys[i], values[i]) for i in range(total)]
-
-
 def occupied_items(table, batch: int = 0) -> list[tuple]:
     """The (key, value) pairs of an array map whose value starts with a non-zero u64 (a slot
     in use, e.g. ``conn_activity``'s owner): one batch read, the owners scanned as integers,
     ctypes objects made only for the slots in use (the whole map as objects cost ~8 ms)."""
-    keys, values, total = _lookup_batch(table, batch)
+    keys, values, total = lookup_batch(table, batch)
     stride, rest = divmod(ct.sizeof(table.Leaf), 8)
     if rest or total == 0:
         return [(keys[i], values[i]) for i in range(total) if bytes(values[i])[:8] != bytes(8)]
@@ -92,8 +80,13 @@ def occupied_items(table, batch: int = 0) -> list[tuple]:
     return [(keys[i], values[i]) for i, owner in enumerate(owners) if owner]
 
 
-def _lookup_batch(table, batch: int) -> tuple:
-    """(keys, values, count read) of a whole array map (see :func:`array_items`)."""
+def lookup_batch(table, batch: int) -> tuple:
+    """(keys, values, count read) of a whole bcc array map, read with BPF_MAP_LOOKUP_BATCH.
+
+    bcc's own ``items_lookup_batch`` (0.26) passes one variable as both the batch token and
+    the count, so the kernel's reply to one overwrites the other: it can loop without end.
+    Here they are separate; the kernel ends with ENOENT.  ``batch`` caps the entries per
+    call (0: as many as the map holds)."""
     from bcc.libbcc import lib
 
     size = table.max_entries

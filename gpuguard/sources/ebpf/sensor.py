@@ -51,7 +51,7 @@ from gpuguard.sources.ebpf.probe_load import (
     load_failure,
 )
 from gpuguard.sources.ebpf.probe_source import ProbeSettings
-from gpuguard.sources.gpu.gpu_fds import fd_is_gpu
+from gpuguard.sources.gpu.fds import fd_is_gpu
 from gpuguard.sources.net.conn_activity import ConnActivityReader
 from gpuguard.sources.net.payload_streams import PayloadStreams
 from gpuguard.sources.proc.identity import ExitGenerations
@@ -490,13 +490,6 @@ class Sensor:
             self.stats.swept_fds += self._forget_processes(dead)
         if self.activity is not None:
             self.activity.sweep()
-
-    # -- debugging ------------------------------------------------------------------
-    def map_sizes(self) -> dict[str, int]:
-        return {
-            name: len(list(self.tables[name].keys()))
-            for name in ("tracked_fds", "ioctl_counts", "fresh_sockets")
-        }
 
 
 def _comm_of(pid: int) -> str:

@@ -167,6 +167,19 @@ class _Device:
     # pid -> (monotonic seconds, gfx ns, enc ns) at the previous sample
     engine_ns: dict[int, tuple[float, int, int]] = field(default_factory=dict)
 
+    def sample(self, **measured: Any) -> DeviceSample:
+        """A sample of this device: its identity, and what was ``measured`` (or its state)."""
+        return DeviceSample(
+            vendor="amd",
+            index=self.index,
+            name=self.name,
+            uuid=self.uuid,
+            pci_bus_id=self.bdf,
+            driver=self.driver,
+            driver_version=self.driver_version,
+            **measured,
+        )
+
 
 class AmdSmiSampler:
     """Samples every AMD GPU amdsmi can see."""
@@ -314,16 +327,7 @@ class AmdSmiSampler:
         return f"amdsmi {who} unavailable: {reason}; retrying each sample"
 
     def _lost_sample(self, dev: _Device) -> DeviceSample:
-        return DeviceSample(
-            vendor="amd",
-            index=dev.index,
-            name=dev.name,
-            uuid=dev.uuid,
-            pci_bus_id=dev.bdf,
-            driver=dev.driver,
-            driver_version=dev.driver_version,
-            extra={"state": "lost"},
-        )
+        return dev.sample(extra={"state": "lost"})
 
     # -- metrics ------------------------------------------------------------
 
@@ -367,14 +371,7 @@ class AmdSmiSampler:
         mm = _number(activity.get("mm_activity"))
         if mm is not None:
             extra["mm_util"] = mm
-        return DeviceSample(
-            vendor="amd",
-            index=dev.index,
-            name=dev.name,
-            uuid=dev.uuid,
-            pci_bus_id=dev.bdf,
-            driver=dev.driver,
-            driver_version=dev.driver_version,
+        return dev.sample(
             gpu_util=_number(activity.get("gfx_activity")),
             mem_util=_number(activity.get("umc_activity")),
             memory_used=int(vram_used) * MB if vram_used is not None else None,

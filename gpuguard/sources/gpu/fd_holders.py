@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from gpuguard.events.abi import device_class_name
 from gpuguard.events.model import GpuOpen
-from gpuguard.sources.gpu.gpu_fds import (
+from gpuguard.sources.gpu.fds import (
     DRM_CLASSES,
     FdInfo,
     GpuFd,

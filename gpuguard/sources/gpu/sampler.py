@@ -88,7 +88,3 @@ class OnceErrors:
 
     def clear(self, device: object, field: str) -> None:
         self._active.pop((device, field), None)
-
-    def clear_device(self, device: object) -> None:
-        for key in [k for k in self._active if k[0] == device]:
-            del self._active[key]

@@ -4,7 +4,7 @@ A miner started as ``./x`` with ``config.json`` beside it shows nothing on its
 command line.  :func:`read_config_files` reads the small files it names with
 ``-c``/``--config`` and the usual names in its working directory, each
 resolved inside the process's own root or working directory
-(:mod:`gpuguard.sources.proc.proc_files`: never a host file, whatever symlinks or
+(:mod:`gpuguard.sources.proc.files`: never a host file, whatever symlinks or
 ``..`` it uses).  :func:`collect_facts_with_configs` is the one way to get a
 process's facts with those files attached (the correlator's live provider and
 ``gpuguard record`` both use it); recordings carry the field, so replay sees
@@ -18,8 +18,8 @@ Details: docs/internals.md, "config_files".
 from __future__ import annotations
 
 from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.sources.proc.files import cwd_identity, names_absent_in_cwd, read_process_file
 from gpuguard.sources.proc.late_evidence import add_late_config_evidence
-from gpuguard.sources.proc.proc_files import cwd_identity, names_absent_in_cwd, read_process_file
 from gpuguard.sources.proc.process import collect_process_facts
 
 MAX_FILES = 4

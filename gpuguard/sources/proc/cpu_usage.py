@@ -233,24 +233,6 @@ def summarize(
     return out
 
 
-def lifetime_runnable(
-    pid: int,
-    proc_root: str = "/proc",
-    start_after_boot_s: float | None = None,
-    single_thread: bool = False,
-) -> Runnable | None:
-    """Spinning threads over each thread's lifetime (one read, no window: what scan uses);
-    ``start_after_boot_s``: the process's start when already known (else read);
-    ``single_thread``: see :func:`thread_totals`."""
-    start = start_after_boot_s
-    if start is None:
-        start = process_start_after_boot(pid, proc_root)
-    if start is None:
-        return None
-    totals = thread_totals(pid, start, proc_root, single_thread)
-    return summarize(totals) if totals is not None else None
-
-
 class RunnableSampler:
     """Spinning threads of chosen processes over their lifetime and since the previous look."""
 

@@ -3,7 +3,7 @@
 A scan used to walk every /proc/PID/fd three times (GPU device holders, the DRM sampler's
 first sweep, ``psutil.net_connections``' inode map).  :func:`read_fd_tables` does one
 ``readlink`` per fd and keeps only what those users read: device-like targets (``/dev/...``,
-``/sys/...``, classified later by :mod:`gpuguard.sources.gpu.gpu_fds`) and socket inodes.
+``/sys/...``, classified later by :mod:`gpuguard.sources.gpu.fds`) and socket inodes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-_DEVICE_PREFIXES = ("/dev/", "/sys/")  # the only targets a GPU class can match (gpu_fds)
+_DEVICE_PREFIXES = ("/dev/", "/sys/")  # the only targets a GPU class can match (gpu/fds.py)
 _SOCKET = "socket:["
 
 
@@ -42,35 +42,35 @@ def read_fd_tables(pids: Iterable[int], proc_root: str = "/proc") -> FdTables:
     tables = FdTables()
     for pid in pids:
         try:
-            dir_fd = os.open(f"{proc_root}/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            links, sockets = _fd_links(f"{proc_root}/{pid}/fd")
         except FileNotFoundError:
             tables.gone.append(pid)
             continue
         except OSError:
             tables.unreadable.append(pid)
             continue
-        links: list[tuple[int, str]] = []
-        sockets: list[tuple[str, int]] = []
-        try:
-            names = os.listdir(dir_fd)
-            for name in names:
-                try:
-                    target = os.readlink(name, dir_fd=dir_fd)  # relative: no path walk per fd
-                except OSError:
-                    continue
-                if target.startswith(_SOCKET):
-                    sockets.append((target[8:-1], int(name)))
-                elif target.startswith(_DEVICE_PREFIXES):
-                    links.append((int(name), target))
-        except FileNotFoundError:
-            tables.gone.append(pid)
-            continue
-        except OSError:
-            tables.unreadable.append(pid)
-            continue
-        finally:
-            os.close(dir_fd)
         tables.device_links[pid] = links
         if sockets:
             tables.sockets[pid] = sockets
     return tables
+
+
+def _fd_links(fd_dir: str) -> tuple[list[tuple[int, str]], list[tuple[str, int]]]:
+    """(fd, device or /sys target) and (socket inode, fd) of one process's fd table; raises
+    FileNotFoundError for a process gone, another OSError for one not readable."""
+    dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    links: list[tuple[int, str]] = []
+    sockets: list[tuple[str, int]] = []
+    try:
+        for name in os.listdir(dir_fd):
+            try:
+                target = os.readlink(name, dir_fd=dir_fd)  # relative: no path walk per fd
+            except OSError:
+                continue
+            if target.startswith(_SOCKET):
+                sockets.append((target[8:-1], int(name)))
+            elif target.startswith(_DEVICE_PREFIXES):
+                links.append((int(name), target))
+    finally:
+        os.close(dir_fd)
+    return links, sockets

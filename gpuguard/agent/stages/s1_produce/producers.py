@@ -421,7 +421,7 @@ def sweep_once(
     counters: AgentCounters, known: Callable[[int, float], bool], proc_root: str = "/proc"
 ) -> list:
     """One /proc walk (no CPU window, no GPU sampling: the samplers run on their own)."""
-    from gpuguard.sources.host.host_observation import observe_host
+    from gpuguard.sources.host.observation import observe_host
 
     started = time.perf_counter()
     obs = observe_host(cpu_sample_s=0.0, proc_root=proc_root, gpu=False)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuguard.agent.actions import ALERT_VERDICTS, Alert
+from gpuguard.agent.actions import Alert
 from gpuguard.agent.context import AgentContext
 from gpuguard.agent.stages.s5_report.finding_ledger import ledger_path, load_ledger, save_ledger
 from gpuguard.agent.stages.s5_report.findings import ProcessFindings, Write
@@ -26,6 +26,7 @@ from gpuguard.agent.stages.s5_report.host_findings import GpuHostFindings
 from gpuguard.correlate.correlator import Correlator
 from gpuguard.correlate.state import ProcessKey
 from gpuguard.detect.guard_policies import evaluate_guard_policies
+from gpuguard.detect.ruleset.model import ALERT_VERDICTS
 from gpuguard.detect.ruleset.reload import RuleSetHolder
 from gpuguard.escape import escape_text
 from gpuguard.outputs.finding import finding_from_verdict

@@ -21,13 +21,13 @@ from typing import Any
 import psutil
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
+from gpuguard.detect.ruleset.model import VERDICT_RANK
 from gpuguard.detect.scoring.allowlist import sha256_of_file
 from gpuguard.outputs.finding import Finding
 from gpuguard.sources.proc.pod_names import PodNames
 
 GPU_ABUSE_TAG = "gpu-abuse"
 DEFAULT_UPDATE_INTERVAL_S = 30.0
-VERDICT_RANK = {"clean": 0, "suspicious": 1, "malicious": 2}
 POLL_S = 0.5  # open findings are checked for growth and exits this often
 FORGOTTEN_CHECK_S = 10.0  # a process the correlator forgot (idle, evicted) is looked up this often
 MAX_ACTIONS = 16  # actions a close record lists (the count is kept beyond)
@@ -48,7 +48,7 @@ def finding_id(hostname: str, pid: int, start_time: float, kind: str = "process"
 
 
 @dataclass(frozen=True, slots=True)
-class Evidence:
+class Said:
     """What one record said about a process, to compare with what is known now."""
 
     verdict: str
@@ -58,7 +58,7 @@ class Evidence:
     exe: str
 
     @classmethod
-    def of(cls, verdict: Any, state: ProcessState | None) -> Evidence:
+    def of(cls, verdict: Any, state: ProcessState | None) -> Said:
         rules = frozenset(e.rule_id for e in verdict.evidence)
         if state is None:
             return cls(verdict.verdict, rules, frozenset(), frozenset(), verdict.exe or "")
@@ -70,7 +70,7 @@ class Evidence:
             state.exe,
         )
 
-    def growth(self, now: Evidence) -> list[str]:
+    def growth(self, now: Said) -> list[str]:
         """What grew materially since this record: "verdict", "rules", "destination", "gpu", "exec"."""
         changes = []
         if now.verdict != self.verdict:
@@ -101,7 +101,7 @@ class OpenFinding:
     finding_id: str
     key: ProcessKey
     verdict: Any  # the latest verdict
-    said: Evidence  # what the latest record said
+    said: Said  # what the latest record said
     written_at: float  # monotonic time of the latest record
     rank: int  # the highest verdict rank it has had (acted on once each)
     sequence: int = -1  # the latest record's number
@@ -189,7 +189,7 @@ class ProcessFindings:
                 finding_id(self.hostname, verdict.key.pid, verdict.key.start_time),
                 verdict.key,
                 verdict,
-                Evidence.of(verdict, state),
+                Said.of(verdict, state),
                 self.clock(),
                 rank,
                 opened=now,
@@ -206,7 +206,7 @@ class ProcessFindings:
         if rank <= found.rank:
             return None
         found.rank = rank
-        grown = found.said.growth(Evidence.of(verdict, state))
+        grown = found.said.growth(Said.of(verdict, state))
         changes = ["escalation", *(c for c in grown if c != "verdict")]
         return self._write(found, verdict, "update", state, changes, act=True, counts=True)
 
@@ -247,7 +247,7 @@ class ProcessFindings:
             if glance == found.glance:
                 continue
             found.glance = glance
-            changes = found.said.growth(Evidence.of(found.verdict, state))
+            changes = found.said.growth(Said.of(found.verdict, state))
             if changes:
                 counts = "verdict" in changes
                 out.append(
@@ -347,7 +347,7 @@ class ProcessFindings:
         act: bool = False,
         counts: bool = False,
     ) -> Write:
-        found.said = Evidence.of(verdict, state)
+        found.said = Said.of(verdict, state)
         found.written_at, at = self.clock(), self.wall()
         found.sequence += 1
         self.changed = True

@@ -20,7 +20,7 @@ from gpuguard.detect.host.checks import HostFinding, apply_thresholds
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import Finding, finding_from_host
-from gpuguard.sources.host.host_observation import gpu_pid_states
+from gpuguard.sources.host.observation import gpu_pid_states
 
 # Past heavy users are history, not a condition that ends: each is written once (while accounting
 # still remembers the pid it is not repeated), never listed as active and never resolved.

@@ -21,7 +21,7 @@ from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
 from gpuguard.sources.gpu.fd_holders import HolderScan, holder_event, scan_device_holders
 from gpuguard.sources.gpu.registry import SOURCE_NAMES
 from gpuguard.sources.host.rounding_window import RoundingWindow, watch_rounding
-from gpuguard.sources.net.net_connections import (
+from gpuguard.sources.net.connections import (
     ConnectionTable,
     connect_event,
     read_connection_table,

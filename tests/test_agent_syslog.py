@@ -49,6 +49,8 @@ def test_cef_over_udp_and_tcp_reaches_rsyslog_one_record_per_line(rsyslog, miner
     )
     over_udp.write(miner_finding)
     over_udp.close()
+    # rsyslog reads its UDP and TCP inputs in threads of their own: let the datagram land first
+    _received(received, 1)
     over_tcp = open_log(
         f"syslog:tcp:127.0.0.1:{tcp}", "cef", facility="auth", syslog_format="rfc3164", host=HOST
     )

@@ -2,7 +2,7 @@
  *
  * Compiled by bcc at start-up with -I<probes> and the GG_* defines chosen in
  * gpuguard/sources/ebpf/probe_source.py (ProbeSettings.cflags: GG_PAYLOAD_CAPTURE,
- * GG_PERF_BUFFER, map sizes; GG_PID_MAX from sources/proc/identity.py).  The
+ * GG_PERF_BUFFER, map sizes; GG_PID_MAX from sources/ebpf/exit_gens.py).  The
  * constants user space shares with it live in gpuguard.h, which
  * gpuguard/events/abi.py reads (DEFINES).
  * Reads only tracepoint arguments, user memory and UAPI-stable layouts, so it

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpuguard.errors import GpuguardError
 from gpuguard.events.abi import probe_dir
-from gpuguard.sources.proc.identity import identity_cflags
+from gpuguard.sources.ebpf.exit_gens import identity_cflags
 
 BPF_FS_MAGIC = 0xCAFE4A11
 BPF_F_ALLOW_MULTI = 2

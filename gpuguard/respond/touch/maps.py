@@ -19,7 +19,8 @@ from gpuguard.events.abi import DEFINES
 from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, BlockKind, BlockStore
 from gpuguard.respond.touch.names import raw_cmdline
-from gpuguard.sources.proc.identity import ExitGenerations, pidfd_exited
+from gpuguard.sources.ebpf.exit_gens import ExitGenTable
+from gpuguard.sources.proc.identity import pidfd_exited
 
 PROGRAM_SOURCE = "respond_touch.bpf.c"
 PATH_LEN = DEFINES["GG_PATH_LEN"]
@@ -50,7 +51,7 @@ class TouchMaps:
         self._scope = self._bpf[b"touch_scope"]
         self._blocks = self._bpf[b"touch_blocks"]
         self._procs = self._bpf[b"touch_procs"]
-        self.generations = ExitGenerations(self._bpf[b"touch_exit_gens"])
+        self.generations = ExitGenTable(self._bpf[b"touch_exit_gens"])
         self.drop_recycled()
 
     # -- scope -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuguard.events.abi import probe_dir
-from gpuguard.sources.proc.identity import identity_cflags
+from gpuguard.sources.ebpf.exit_gens import identity_cflags
 
 ENTRY = "sensor.bpf.c"
 _LOCAL_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$')

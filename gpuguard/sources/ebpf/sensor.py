@@ -41,6 +41,7 @@ from gpuguard.sources.ebpf.activity_map import ActivityMap
 from gpuguard.sources.ebpf.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.ebpf.counter_drain import CounterDrain
 from gpuguard.sources.ebpf.exec_filter import ExecFilter, parent_of
+from gpuguard.sources.ebpf.exit_gens import ExitGenTable
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
 from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps  # noqa: F401 (SLOT_MULTI: tests read it here)
 from gpuguard.sources.ebpf.probe_load import (
@@ -54,7 +55,6 @@ from gpuguard.sources.ebpf.probe_source import ProbeSettings
 from gpuguard.sources.gpu.fds import fd_is_gpu
 from gpuguard.sources.net.conn_activity import ConnActivityReader
 from gpuguard.sources.net.payload_streams import PayloadStreams
-from gpuguard.sources.proc.identity import ExitGenerations
 
 _SCHEMA_MAPS = {
     EventKind.GPU_OPEN: "schema_gpu_open",
@@ -129,7 +129,7 @@ class Sensor:
         self._bcc = None
         self._detach: ProbeDetach | None = None  # probes being detached (detach_probes)
         self.tables: dict = {}
-        self.exit_generations: ExitGenerations | None = None  # the probes' exit_gens, once started
+        self.exit_generations: ExitGenTable | None = None  # the probes' exit_gens, once started
         self.maps: KernelMaps | None = None  # stale-entry removal in the probes' maps
         self._decoder: EventDecoder | None = None
         self.counters: CounterDrain | None = None  # ioctl and lost counters, once started
@@ -166,7 +166,7 @@ class Sensor:
         except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load/attach errors
             raise load_failure(exc) from None
         self.tables = {name: self._bpf[name.encode()] for name in _TABLES}
-        self.exit_generations = ExitGenerations(self._bpf[b"exit_gens"])
+        self.exit_generations = ExitGenTable(self._bpf[b"exit_gens"])
         self.maps = KernelMaps(self.tables, self.settings.fd_slots)
         if self.settings.payload_capture:
             self.activity = ConnActivityReader(

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, BlockKind, BlockStore, new_block_id
+from gpuguard.sources.gpu.fds import list_gpu_fds
 
 STATIC_GPU_MAJORS = {195: "nvidia", 226: "drm"}
 DYNAMIC_GPU_DEVICES = (
@@ -71,18 +72,10 @@ def cgroup2_of(pid: int) -> str:
 
 def gpu_fds_open(pid: int) -> int:
     """How many GPU device fds the process holds now (quarantine does not close them)."""
-    count = 0
     try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith(("/dev/nvidia", "/dev/dri/", "/dev/kfd")):
-                count += 1
-    except OSError:
-        pass
-    return count
+        return len(list_gpu_fds(pid))
+    except (OSError, ValueError):
+        return 0
 
 
 class CgroupBlocker:

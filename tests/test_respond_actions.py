@@ -140,6 +140,15 @@ def test_the_table_has_a_row_per_action_in_the_order_they_run_and_each_default()
         assert f"`{verdict}` → {' + '.join(steps) or 'nothing'}" in plan
 
 
+def test_the_blocks_command_and_the_readme_name_every_block_kind():
+    from gpuguard.commands.blocks import HELP
+
+    readme = (PACKAGE.parent / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if line.startswith("| `gpuguard blocks")]
+    listed = f"({', '.join(BLOCK_KINDS)})"
+    assert listed in HELP and listed in row, (listed, row)
+
+
 def test_config_actions_prints_the_blocks_and_updates_a_doc(tmp_path):
     printed = subprocess.run(
         [sys.executable, "-m", "gpuguard", "config", "actions"],

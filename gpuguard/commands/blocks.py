@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 from gpuguard.escape import escape_text
+from gpuguard.respond.actions import BLOCK_KINDS
 from gpuguard.respond.blocks import BlockStore
 from gpuguard.respond.lift import in_place
 from gpuguard.respond.settings import DEFAULT_PIN_ROOT, DEFAULT_STATE_DIR
 
-HELP = "list the blocks in place (kill-on-touch, quarantine, egress, nftables, suspended) with reason and expiry"
+HELP = f"list the blocks in place ({', '.join(BLOCK_KINDS)}) with reason and expiry"
 
 
 def add_block_location_arguments(parser: argparse.ArgumentParser) -> None:

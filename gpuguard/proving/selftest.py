@@ -37,6 +37,7 @@ from gpuguard.proving.simulator import (
     start_simulator,
     stop_simulator,
 )
+from gpuguard.respond.actions import BY_NAME as ACTIONS_BY_NAME
 
 POLL_S = 0.02
 ENFORCED = ("done", "dry-run")
@@ -97,7 +98,8 @@ def _action_for(doc: dict, pid: int) -> dict | None:
     for action in doc.get("last_actions", []):
         if (
             action.get("pid") == pid
-            and action.get("action") != "alert"
+            # a step that acts (the alert itself runs nothing)
+            and getattr(ACTIONS_BY_NAME.get(action.get("action")), "run", None) is not None
             and action.get("status") in ENFORCED
         ):
             return action

@@ -31,6 +31,7 @@ from tests.support.agent_run import (
     lifecycle,
     miner_simulator,
     running_agent,
+    simulator_rules,
 )
 from tests.test_agent_logs import parse_cef
 
@@ -43,18 +44,15 @@ FOUND_WITHIN_S = 15.0
 @pytest.fixture(scope="module")
 def ebpf_agent():
     with tempfile.TemporaryDirectory(prefix="gg-agent-") as tmp:
-        rules_dir = Path(tmp) / "rules"
-        rules_dir.mkdir(mode=0o700)
-        shutil.copytree(REPO / "rules", rules_dir, dirs_exist_ok=True)
-        site = rules_dir / "site.yaml"
-        site.write_text("version: 1\nlists: {pool_ports: {extend: [3333]}}\n")
+        rules, site = simulator_rules(Path(tmp))
+        rules_dir = rules.parent
         port = free_port()
         with running_agent(
             Path(tmp),
             "--sensor",
             "ebpf",
             "--rules",
-            str(rules_dir / "miner-rules.yaml"),
+            str(rules),
             "--rules",
             str(site),
             "--metrics-address",

@@ -16,7 +16,13 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuguard.detect.ruleset.model import VERDICTS
-from tests.support.agent_run import REPO, finding_for, miner_simulator, running_agent
+from tests.support.agent_run import (
+    REPO,
+    finding_for,
+    miner_simulator,
+    running_agent,
+    simulator_rules,
+)
 from tests.test_agent import free_port
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
@@ -108,18 +114,14 @@ def promtool_test(tmp_path: Path, name: str, series: list, cases: list) -> str:
 
 
 def test_the_first_malicious_finding_of_a_real_agent_pages(tmp_path):
-    rules_dir = tmp_path / "rules"
-    rules_dir.mkdir(mode=0o700)
-    shutil.copytree(REPO / "rules", rules_dir, dirs_exist_ok=True)
-    site = rules_dir / "site.yaml"
-    site.write_text("version: 1\nlists: {pool_ports: {extend: [3333]}}\n")  # the simulator's pool
+    rules, site = simulator_rules(tmp_path)
     port = free_port()
     with running_agent(
         tmp_path,
         "--sensor",
         "ebpf",
         "--rules",
-        str(rules_dir / "miner-rules.yaml"),
+        str(rules),
         "--rules",
         str(site),
         "--metrics-address",

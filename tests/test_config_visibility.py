@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.agent_run import REPO, lifecycle, running_agent
+from tests.support.agent_run import REPO, lifecycle, running_agent, simulator_rules
 from tests.test_agent import free_port, scrape, series
 
 BROKEN = """\
@@ -118,10 +117,7 @@ def test_config_validate_names_a_missing_file_or_a_fifo(tmp_path):
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_a_failed_reload_shows_on_stderr_in_status_and_as_a_metric(tmp_path):
-    rules_dir = tmp_path / "rules"
-    rules_dir.mkdir(mode=0o700)
-    shutil.copytree(REPO / "rules", rules_dir, dirs_exist_ok=True)
-    site = write(rules_dir / "site.yaml", "version: 1\nlists: {pool_ports: {extend: [3333]}}\n")
+    rules, site = simulator_rules(tmp_path)
     good_site = site.read_text()
     config = write(tmp_path / "agent.yaml", "mode: monitor\nsampling: {sources: []}\n")
     good_config = config.read_text()
@@ -133,7 +129,7 @@ def test_a_failed_reload_shows_on_stderr_in_status_and_as_a_metric(tmp_path):
         "--sensor",
         "proc",
         "--rules",
-        str(rules_dir / "miner-rules.yaml"),
+        str(rules),
         "--rules",
         str(site),
         "--metrics-address",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuguard.proving.simulator import parse_ready, start_simulator, stop_simulator
+from gpuguard.proving.simulator import (
+    DEFAULT_POOL_PORT,
+    parse_ready,
+    start_simulator,
+    stop_simulator,
+)
 from tests.support.schemas import log_errors
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -132,6 +138,17 @@ def running_agent(workdir: Path, *args: str, **kwargs: Any) -> Iterator[AgentPro
         yield agent
     finally:
         agent.stop()
+
+
+def simulator_rules(workdir: Path) -> tuple[Path, Path]:
+    """The shipped rules copied to ``workdir/rules`` (root-only, as the agent demands) and a site
+    file that lists the simulator's pool port: (miner-rules.yaml, site.yaml)."""
+    rules_dir = workdir / "rules"
+    rules_dir.mkdir(mode=0o700)
+    shutil.copytree(REPO / "rules", rules_dir, dirs_exist_ok=True)
+    site = rules_dir / "site.yaml"
+    site.write_text(f"version: 1\nlists: {{pool_ports: {{extend: [{DEFAULT_POOL_PORT}]}}}}\n")
+    return rules_dir / "miner-rules.yaml", site
 
 
 @contextlib.contextmanager

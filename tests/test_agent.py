@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.agent_run import (
     REPO,
     AgentProcess,
+    actions_on,
     finding_for,
     lifecycle,
     miner_simulator,
@@ -85,11 +86,7 @@ def test_miner_is_found_while_it_runs_with_its_evidence(ebpf_agent):
     assert [r["gpuguard"]["finding"]["activity"] for r in mine][:1] == ["create"]
     assert sum(1 for r in mine if r["gpuguard"]["finding"]["activity"] == "create") == 1
     assert len(mine) <= 3, [r["gpuguard"]["finding"] for r in mine]
-    alert = [
-        r
-        for r in records
-        if r["gpuguard"].get("kind") == "action" and r["process"]["pid"] == miner["pid"]
-    ]
+    alert = actions_on(records, miner["pid"])
     assert [a["gpuguard"]["action"] for a in alert] == ["alert"]
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from gpuguard.proving.enforce_scope import EnforceScope
-from tests.support.agent_run import AgentProcess
+from tests.support.agent_run import AgentProcess, actions_on
 from tests.support.randomx import LoopbackPool
 from tests.support.schemas import ecs_errors, ocsf_errors, strict_cef
 from tests.support.workloads import build_workload, private_dev_command
@@ -238,11 +238,7 @@ def test_enforce_acts_once_per_escalation_not_on_every_update(tmp_path):
     ]
     assert [r["gpuguard"]["verdict"] for r in escalations] == ["malicious"]
     assert len(records) >= 4  # create, escalation, the second GPU, close
-    actions = [
-        r
-        for r in agent.records()
-        if r.get("gpuguard", {}).get("kind") == "action" and r.get("process", {}).get("pid") == pid
-    ]
+    actions = actions_on(agent.records(), pid)
     # one alert for the create (suspicious), one for the escalation (malicious), none for updates
     assert [(a["gpuguard"]["action"], a["gpuguard"]["verdict"]) for a in actions] == [
         ("alert", "suspicious"),

@@ -149,8 +149,12 @@ def test_the_first_malicious_finding_of_a_real_agent_pages(tmp_path):
         assert {v for _, v in counted} == set(VERDICTS) and len(counted) == 3 * len(quiet)
         with miner_simulator() as miner:
             found = agent.wait_record(finding_for(miner["pid"]), timeout=20)
-            deadline = time.monotonic() + 20  # the totals reach /metrics on a state-file tick
-            while time.monotonic() < deadline and not any(malicious(scrape(port)).values()):
+            # the totals reach /metrics on a state-file tick: wait for the miner's own rule to
+            # count it (another rule may already count other tests' stand-ins)
+            rule, deadline = found["rule"]["id"], time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if malicious(scrape(port)).get(rule, 0) > quiet.get(rule, 0):
+                    break
                 time.sleep(0.25)
             after = scrape(port)
     assert found["gpuguard"]["verdict"] == "malicious"

@@ -26,7 +26,7 @@ from gpuguard.agent.capabilities import (
     MONITOR_CAPABILITIES,
 )
 from gpuguard.proving.enforce_scope import EnforceScope
-from tests.support.agent_run import REPO, AgentProcess, finding_for
+from tests.support.agent_run import REPO, AgentProcess, actions_on, finding_for, simulator_rules
 from tests.support.workloads import build_workload
 from tests.test_sigma_on_agent_logs import LOGIN  # a Monero wallet, an XMRig agent
 
@@ -69,11 +69,7 @@ class Pool:
 @contextlib.contextmanager
 def agent(tmp: Path, caps, *args: str, config: str = "", pool: Pool | None = None) -> Iterator:
     tmp.mkdir(parents=True, exist_ok=True)
-    rules = tmp / "rules"
-    rules.mkdir(mode=0o700)
-    shutil.copytree(REPO / "rules", rules, dirs_exist_ok=True)
-    ports = [3333] + ([pool.port] if pool is not None else [])
-    (rules / "site.yaml").write_text(f"version: 1\nlists: {{pool_ports: {{extend: {ports}}}}}\n")
+    rules, site = simulator_rules(tmp, *([pool.port] if pool is not None else []))
     extra: tuple[str, ...] = ()
     if config:
         (tmp / "agent.yaml").write_text(config)
@@ -83,9 +79,9 @@ def agent(tmp: Path, caps, *args: str, config: str = "", pool: Pool | None = Non
         tmp,
         *extra,
         "--rules",
-        str(rules / "miner-rules.yaml"),
+        str(rules),
         "--rules",
-        str(rules / "site.yaml"),
+        str(site),
         *args,
         wrapper=only(caps),
     )
@@ -284,8 +280,7 @@ def test_enforce_capabilities_carry_out_the_response_on_another_users_miner(tmp_
                 killed = miner.poll() is not None
             outcomes = {
                 r["gpuguard"]["action"]: r["gpuguard"]["status"]
-                for r in running.records()
-                if r.get("gpuguard", {}).get("kind") == "action"
+                for r in actions_on(running.records(), miner.pid)
             }
         assert killed and outcomes.get("kill") == "done", outcomes
         # quarantine and kill-on-touch are eBPF and cgroup programs: the monitor set suffices

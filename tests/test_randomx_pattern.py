@@ -30,7 +30,7 @@ import pytest
 from gpuguard.events.rounding_modes import MIN_LOOKS, rounding_pattern
 from gpuguard.proving.enforce_scope import EnforceScope
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
-from tests.support.agent_run import REPO, AgentProcess, finding_for
+from tests.support.agent_run import REPO, AgentProcess, actions_on, finding_for
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, start_standin, stop
 from tests.support.rounding import (
     DutyCycle,
@@ -50,14 +50,6 @@ pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
 
 def _verdicts(records: list[dict], pid: int) -> list[str]:
     return [r["gpuguard"]["verdict"] for r in records if finding_for(pid)(r)]
-
-
-def _actions_on(records: list[dict], pid: int) -> list[dict]:
-    return [
-        r
-        for r in records
-        if r.get("gpuguard", {}).get("kind") == "action" and r.get("process", {}).get("pid") == pid
-    ]
 
 
 def _scan() -> dict:
@@ -190,12 +182,12 @@ def test_only_randomx_is_convicted_in_the_agent_in_scan_and_in_enforce_mode():
         print(f"scan: {variant} {verdict} {score}", sorted(scan_rules))
         assert verdict in ALERT and "cpu-fpu-rounding-random" in scan_rules, (variant, scan_rules)
         # outside the response scope: found, never acted on, still running
-        actions = _actions_on(records, proc.pid)
+        actions = actions_on(records, proc.pid)
         assert all(a["gpuguard"]["status"] == "refused" for a in actions), actions
         assert alive[variant], f"{variant} did not survive outside the scope"
     for name, proc in benign.items():
         assert not [v for v in _verdicts(records, proc.pid) if v in ALERT], name
-        assert not _actions_on(records, proc.pid), name
+        assert not actions_on(records, proc.pid), name
         verdict, score, scan_rules = _scan_verdict(scan, proc.pid)
         print(f"scan: {name} {verdict} {score}", sorted(scan_rules))
         assert verdict == "clean", (name, score, scan_rules)

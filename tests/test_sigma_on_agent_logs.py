@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import tempfile
@@ -34,9 +33,15 @@ from pathlib import Path
 import pytest
 from sigma.collection import SigmaCollection
 
-from gpuguard.proving.simulator import DEFAULT_POOL_PORT
 from tests.support import sigma_exec
-from tests.support.agent_run import REPO, finding_for, lifecycle, miner_simulator, running_agent
+from tests.support.agent_run import (
+    REPO,
+    finding_for,
+    lifecycle,
+    miner_simulator,
+    running_agent,
+    simulator_rules,
+)
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
@@ -119,12 +124,8 @@ def agent_run(
 ) -> Run:
     """One agent named ``host`` watching ``jobs`` (name -> workload steps) one after another."""
     run = Run(host)
-    rules = workdir / "rules"
-    rules.mkdir(mode=0o700)
-    shutil.copytree(REPO / "rules", rules, dirs_exist_ok=True)  # the rules and their YARA files
-    site = rules / "site.yaml"
-    ports = [pool.address[1], DEFAULT_POOL_PORT]  # the simulator's pool is on its own loopback
-    site.write_text(f"version: 1\nlists: {{pool_ports: {{extend: {ports}}}}}\n")
+    # the simulator's pool is on its own loopback, the jobs' pool on ours
+    rules, site = simulator_rules(workdir, pool.address[1])
     config = workdir / "agent.yaml"
     # every GPU source on, as shipped: this host has no GPU, so each is `source-absent`
     # (information), and the agent-blind rule must not take a healthy start for blindness
@@ -138,7 +139,7 @@ def agent_run(
         "--sensor",
         "ebpf",
         "--rules",
-        str(rules / "miner-rules.yaml"),
+        str(rules),
         "--rules",
         str(site),
         wrapper=hostname,

@@ -140,14 +140,16 @@ def running_agent(workdir: Path, *args: str, **kwargs: Any) -> Iterator[AgentPro
         agent.stop()
 
 
-def simulator_rules(workdir: Path) -> tuple[Path, Path]:
-    """The shipped rules copied to ``workdir/rules`` (root-only, as the agent demands) and a site
-    file that lists the simulator's pool port: (miner-rules.yaml, site.yaml)."""
+def simulator_rules(workdir: Path, *pool_ports: int) -> tuple[Path, Path]:
+    """The shipped rules (and their YARA files) copied to ``workdir/rules``, root-only as the agent
+    demands, and a site file that lists the simulator's pool port and ``pool_ports``:
+    (miner-rules.yaml, site.yaml)."""
     rules_dir = workdir / "rules"
     rules_dir.mkdir(mode=0o700)
     shutil.copytree(REPO / "rules", rules_dir, dirs_exist_ok=True)
     site = rules_dir / "site.yaml"
-    site.write_text(f"version: 1\nlists: {{pool_ports: {{extend: [{DEFAULT_POOL_PORT}]}}}}\n")
+    ports = [DEFAULT_POOL_PORT, *pool_ports]
+    site.write_text(f"version: 1\nlists: {{pool_ports: {{extend: {ports}}}}}\n")
     return rules_dir / "miner-rules.yaml", site
 
 
@@ -168,6 +170,15 @@ def finding_for(pid: int) -> Callable[[dict], bool]:
     return lambda r: (
         r.get("gpuguard", {}).get("kind") == "process" and r.get("process", {}).get("pid") == pid
     )
+
+
+def actions_on(records: list[dict], pid: int) -> list[dict]:
+    """The action records about ``pid`` among ``records`` (in log order)."""
+    return [
+        r
+        for r in records
+        if r.get("gpuguard", {}).get("kind") == "action" and r.get("process", {}).get("pid") == pid
+    ]
 
 
 def lifecycle(action: str) -> Callable[[dict], bool]:

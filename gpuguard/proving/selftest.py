@@ -98,8 +98,7 @@ def _action_for(doc: dict, pid: int) -> dict | None:
     for action in doc.get("last_actions", []):
         if (
             action.get("pid") == pid
-            # a step that acts (the alert itself runs nothing)
-            and getattr(ACTIONS_BY_NAME.get(action.get("action")), "run", None) is not None
+            and getattr(ACTIONS_BY_NAME.get(action.get("action")), "acts", False)
             and action.get("status") in ENFORCED
         ):
             return action

@@ -106,7 +106,7 @@ class Responder:
             steps.update(self.settings.rule_actions.get(evidence.rule_id, ()))
         planned = [s for s in self.actions if s in steps]
         if verdict.allowlisted:  # at most alerted on: no step that acts
-            planned = [s for s in planned if self.actions[s].run is None]
+            planned = [s for s in planned if not self.actions[s].acts]
         return planned
 
     # -- responding ------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class Responder:
             score=verdict.score,
             rule_ids=[e.rule_id for e in verdict.evidence],
         )
-        acts = [s for s in steps if self.actions[s].run is not None]
+        acts = [s for s in steps if self.actions[s].acts]
         if self.mode == "monitor" or not acts:
             would = f"; enforce mode would: {', '.join(acts)}" if acts else ""
             outcomes = [

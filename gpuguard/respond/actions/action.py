@@ -58,6 +58,11 @@ class Action:
     def name(self) -> str:
         return self.kind.name
 
+    @property
+    def acts(self) -> bool:
+        """It does something to the offender or the host (the alert itself only logs)."""
+        return self.run is not None
+
     def capabilities(self, options: Any) -> tuple[str, ...]:
         """The capabilities it needs to act with ``options`` (its settings instance)."""
         extra = self.extra_capabilities(options) if self.extra_capabilities else ()

@@ -123,7 +123,7 @@ def read_config_file(path: Path) -> MarkedDocument:
     if reason is not None:
         raise GpuguardError(*reason)
     try:
-        return load_marked_file(path, MAX_CONFIG_BYTES)
+        return load_marked_file(path, MAX_CONFIG_BYTES, f"agent config {path}")
     except OSError as exc:
         raise GpuguardError(
             f"cannot read agent config {path}: {exc.strerror}", "check the path and permissions"

@@ -194,7 +194,8 @@ def load_marked(text: str, file: str) -> MarkedDocument:
     return converter.doc
 
 
-def load_marked_file(path: Path, max_bytes: int) -> MarkedDocument:
-    """Read (a regular file of at most ``max_bytes``: ``filecheck``) and parse; raises GpuguardError."""
-    data = read_regular_file(path, max_bytes, "rules file")
+def load_marked_file(path: Path, max_bytes: int, what: str = "rules file") -> MarkedDocument:
+    """Read (a regular file of at most ``max_bytes``: ``filecheck``) and parse; raises GpuguardError
+    naming the file as ``what``."""
+    data = read_regular_file(path, max_bytes, what)
     return load_marked(data.decode("utf-8", errors="replace"), str(path))

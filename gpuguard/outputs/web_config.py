@@ -130,7 +130,7 @@ def load_web_config(path: Path) -> WebConfig:
     if reason is not None:
         raise GpuguardError(*reason)
     try:
-        doc = load_marked_file(path, MAX_WEB_CONFIG_BYTES)
+        doc = load_marked_file(path, MAX_WEB_CONFIG_BYTES, f"{what} {path}")
     except OSError as exc:
         raise GpuguardError(
             f"cannot read {what} {path}: {exc.strerror}", "check the path"

@@ -16,7 +16,7 @@ import ctypes
 import os
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuguard.sources.ebpf.btf import Btf, BtfError
 from gpuguard.sources.ebpf.probe_source import probe_dir
@@ -109,6 +109,46 @@ def _tracepoint_present() -> bool:
     return any(os.path.isdir(f"{root}/{TRACEPOINT}") for root in _TRACEFS)
 
 
+@dataclass(slots=True)
+class _ProcessSum:
+    """The running totals of one process's threads while :meth:`FpuProbe.counts` walks the map."""
+
+    first_ns: int
+    last_ns: int
+    modes: list[int] = field(default_factory=lambda: [0] * 4)
+    transitions: list[int] = field(default_factory=lambda: [0] * 16)
+    preempted: int = 0
+    stopped: int = 0
+    sleepless: int = 0
+    keys: list = field(default_factory=list)
+
+    def add(self, key, thread) -> None:
+        """One thread's entry (``struct gg_fpu_rounding``) under map key ``key``."""
+        self.keys.append(key)
+        for i in range(4):
+            self.modes[i] += thread.modes[i]
+        for i in range(16):
+            self.transitions[i] += thread.next[i]
+        self.preempted += thread.preempted
+        self.stopped += thread.stopped
+        self.first_ns = min(self.first_ns, thread.first_ns)
+        self.last_ns = max(self.last_ns, thread.last_ns)
+        looks = sum(thread.modes)
+        if looks >= SLEEPLESS_MIN_LOOKS:
+            self.sleepless += looks - thread.preempted - thread.stopped <= SLEEPLESS_SHARE * looks
+
+    def counts(self) -> FpuCounts:
+        return FpuCounts(
+            tuple(self.modes),
+            tuple(self.transitions),
+            self.preempted,
+            self.stopped,
+            len(self.keys),
+            max(0.0, (self.last_ns - self.first_ns) / 1e9),
+            self.sleepless,
+        )
+
+
 class FpuProbe:
     """The loaded probe, or the reason it is not (``blind_spot``)."""
 
@@ -117,6 +157,7 @@ class FpuProbe:
         self.blind_spot = blind_spot
         self.defines = defines or {}
         self.load_seconds = 0.0
+        self._keys_of: dict[int, list] = {}  # tgid -> its threads' map keys, at the last walk
 
     @property
     def loaded(self) -> bool:
@@ -165,52 +206,34 @@ class FpuProbe:
 
     def counts(self) -> dict[int, FpuCounts]:
         """{tgid: totals} of every process with a thread seen leaving round-to-nearest (live or
-        recently gone)."""
+        recently gone).  The walk's keys are kept for :meth:`forget`."""
         if self._bpf is None:
             return {}
         try:
             items = list(self._bpf[b"fpu_rounding"].items())
         except Exception:  # noqa: BLE001 - bcc raises bare Exception when a map read fails
             return {}
-        sums: dict[int, list] = {}
-        for _key, v in items:
+        sums: dict[int, _ProcessSum] = {}
+        for key, v in items:
             acc = sums.get(v.tgid)
             if acc is None:
-                acc = sums[v.tgid] = [[0] * 4, [0] * 16, 0, 0, 0, v.first_ns, v.last_ns, 0]
-            for i in range(4):
-                acc[0][i] += v.modes[i]
-            for i in range(16):
-                acc[1][i] += v.next[i]
-            acc[2] += v.preempted
-            acc[3] += v.stopped
-            acc[4] += 1
-            acc[5] = min(acc[5], v.first_ns)
-            acc[6] = max(acc[6], v.last_ns)
-            looks = sum(v.modes)
-            if looks >= SLEEPLESS_MIN_LOOKS:
-                acc[7] += looks - v.preempted - v.stopped <= SLEEPLESS_SHARE * looks
-        return {
-            tgid: FpuCounts(
-                tuple(a[0]), tuple(a[1]), a[2], a[3], a[4], max(0.0, (a[6] - a[5]) / 1e9), a[7]
-            )
-            for tgid, a in sums.items()
-        }
+                acc = sums[v.tgid] = _ProcessSum(first_ns=v.first_ns, last_ns=v.last_ns)
+            acc.add(key, v)
+        self._keys_of = {tgid: acc.keys for tgid, acc in sums.items()}
+        return {tgid: acc.counts() for tgid, acc in sums.items()}
 
     def forget(self, tgids: list[int]) -> None:
-        """Drop the entries of processes that are gone (the map is LRU too: this keeps it lean)."""
+        """Drop the entries of processes that are gone, as the last :meth:`counts` found them (the
+        map is LRU too: this keeps it lean)."""
         if self._bpf is None or not tgids:
             return
-        gone = set(tgids)
         table = self._bpf[b"fpu_rounding"]
-        try:
-            keys = [key for key, value in table.items() if value.tgid in gone]
-        except Exception:  # noqa: BLE001 - bcc raises bare Exception when a map read fails
-            return
-        for key in keys:
-            try:
-                del table[key]
-            except KeyError:
-                pass
+        for tgid in tgids:
+            for key in self._keys_of.pop(tgid, ()):
+                try:
+                    del table[key]
+                except KeyError:
+                    pass
 
     def run_stats(self) -> tuple[int, int] | None:
         """(runs, nanoseconds spent) of the probe program since load, from the kernel's BPF

@@ -18,10 +18,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuguard.events.abi import FpuMode
-
-MODE_NAMES = tuple(m.name.lower().replace("_", " ") for m in FpuMode)  # nearest, down, up, ...
-
 MIN_LOOKS = 64  # fewer: too few to judge (a throttled miner gets ~3 looks/s on a busy host)
 MIN_MODE_SHARE = 0.1  # each of the four modes (RandomX: 0.23-0.30 each)
 ALPHA = 0.001  # a departure counts only if a chi-square test gives p below this ...
@@ -100,8 +96,9 @@ class RoundingPattern:
 
 
 def rounding_pattern(modes: Sequence[int], transitions: Sequence[int]) -> RoundingPattern | None:
-    """The pattern of ``modes`` (looks per mode, :data:`MODE_NAMES` order) and ``transitions``
-    (16 counts, previous mode * 4 + next mode); None below :data:`MIN_LOOKS` looks."""
+    """The pattern of ``modes`` (looks per mode in ``events.abi.FpuMode`` order: nearest, down,
+    up, toward zero) and ``transitions`` (16 counts, previous mode * 4 + next mode); None below
+    :data:`MIN_LOOKS` looks."""
     looks = sum(modes)
     if len(modes) != 4 or looks < MIN_LOOKS:
         return None

@@ -127,11 +127,11 @@ class GpuSeries:
         process is gone); without it there are no per-pod series.  A snapshot's
         ``errors`` count as sampler errors.
         """
+        gpu_labels = self._gpu_labels(snapshot)
         if pod_of is not None:
-            self._observe_pods(snapshot, comm_of, pod_of)
+            self._observe_pods(snapshot, gpu_labels, comm_of, pod_of)
         if snapshot.errors:
             self.count_errors(snapshot.source, len(snapshot.errors))
-        gpu_labels = self._gpu_labels(snapshot)
         for device in snapshot.devices:
             labels = gpu_labels(device.vendor, device.index, None)
             for metric, value in (
@@ -178,11 +178,12 @@ class GpuSeries:
 
         return labels
 
-    def _observe_pods(self, snapshot: GpuSnapshot, comm_of: Any, pod_of: Any) -> None:
+    def _observe_pods(
+        self, snapshot: GpuSnapshot, gpu_labels: Any, comm_of: Any, pod_of: Any
+    ) -> None:
         """Each pod's own share of each GPU: its processes' samples summed (under time-slicing or
         MPS every process has its own sample, so pods sharing a GPU are told apart).  The series
         of a sample replace those of the same source's previous one: a pod that is gone goes."""
-        gpu_labels = self._gpu_labels(snapshot)
         pods: dict[tuple[str, ...], list[float]] = {}
         procs: dict[tuple[str, ...], list[float]] = {}
         for usage in snapshot.processes:

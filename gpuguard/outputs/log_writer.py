@@ -209,16 +209,10 @@ class LogWriter:
         really fits (a small record in a full disk's last page proves nothing)."""
         with self._lock:
             lost, since, until = self._lost_in_gap, self._gap_since, self._gap_until
-        note = AgentLifecycle(
-            time=time.time(),
-            action="fault",
-            message=escape_text(
-                f"log destination {self.destination} works again; {lost} records were lost "
-                f"from {iso_time(since)} to {iso_time(until)}"
-            ),
-            detail={
-                "destination": self.destination,
-                "format": self.fmt,
+        note = self._fault_record(
+            f"log destination {self.destination} works again; {lost} records were lost "
+            f"from {iso_time(since)} to {iso_time(until)}",
+            {
                 "recovered": True,
                 "lost": lost,
                 "lost_since": iso_time(since),
@@ -296,13 +290,17 @@ class LogWriter:
                 {"recovered": True, "lost": lost},
             )
 
-    def _fault(self, message: str, detail: dict[str, Any]) -> None:
-        fault = AgentLifecycle(
+    def _fault_record(self, message: str, detail: dict[str, Any]) -> AgentLifecycle:
+        """A ``fault`` record about this destination (``message`` escaped)."""
+        return AgentLifecycle(
             time=time.time(),
             action="fault",
             message=escape_text(message),
             detail={"destination": self.destination, "format": self.fmt, **detail},
         )
+
+    def _fault(self, message: str, detail: dict[str, Any]) -> None:
+        fault = self._fault_record(message, detail)
         with self._lock:
             if len(self._faults) < MAX_PENDING_FAULTS:
                 self._faults.append(fault)

@@ -69,7 +69,6 @@ class RuleRegexes:
         )
 
 
-_SCALAR = ("bool", "number", "text")
 _SETS = ("texts", "numbers")
 OPERATORS: dict[str, tuple[tuple[str, ...], str]] = {
     # name: (signal types it applies to, what it means)

@@ -66,7 +66,7 @@ class CounterDrain:
         now = time.time()
         table = self.tables["ioctl_counts"]
         mono = time.monotonic()
-        if only_tgid is None and not self._gpu_tgids and not self._ioctl_seen:
+        if only_tgid is None and self.idle:
             # idle: counts need a tracked GPU fd; walked seldom, and not while still empty
             watch = self.maps.may_hold["ioctl_counts"]
             count = watch.start() if mono >= self._next_ioctl_walk else None

@@ -48,10 +48,6 @@ class ProduceStage:
         self.feedback = FeedbackQueue()  # ("watch" | "interest", pid) for the sensor thread
 
     # -- start-up ---------------------------------------------------------------------
-    @property
-    def exit_generations(self) -> Any:
-        return self.sensor.exit_generations if self.sensor is not None else None
-
     def seed(self, known: Callable[[int, float], bool]) -> list:
         """One /proc sweep before the loop: a miner that started before the agent is scored at once."""
         return sweep_once(self.ctx.counters, known, self.ctx.proc_root)

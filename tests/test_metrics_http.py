@@ -228,6 +228,14 @@ def test_a_bad_web_config_is_one_line_naming_the_place_and_the_fix(tmp_path, tex
     assert says in line and "\n" not in line and "(fix: " in line, line
 
 
+def test_an_oversized_web_config_is_named_as_itself(tmp_path):
+    config = web_config(tmp_path, "# " + "x" * 70_000 + "\n")
+    with pytest.raises(GpuguardError) as refused:
+        load_web_config(config)
+    line = refused.value.one_line()
+    assert line.startswith(f"metrics web config {config} is larger than the 64 KiB limit"), line
+
+
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_a_web_config_others_could_write_is_refused_and_the_agent_says_so_in_one_line(tmp_path):

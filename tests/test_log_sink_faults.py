@@ -106,6 +106,60 @@ def test_udp_with_nothing_listening_counts_every_record_lost_and_reports_once():
     writer.close()
 
 
+class RemoteRefusals:
+    """A connected UDP socket to a collector on another host, as the kernel reports it: a datagram
+    the collector's host refuses (ICMP port unreachable) fails the *next* send with
+    ECONNREFUSED (which clears it), and SO_ERROR reads 0 before the refusal arrives.  The only
+    fake here stands for a remote host's timing, which loopback cannot show (and this kernel has
+    no netem qdisc to delay it)."""
+
+    def __init__(self) -> None:
+        self.listening = False
+        self.delivered: list[bytes] = []
+        self._refusal_pending = False
+
+    def send(self, data: bytes) -> int:
+        if self._refusal_pending:
+            self._refusal_pending = False
+            raise ConnectionRefusedError(111, "Connection refused")
+        if self.listening:
+            self.delivered.append(data)
+        else:
+            self._refusal_pending = True
+        return len(data)
+
+    def getsockopt(self, level: int, option: int) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def test_late_refusals_charge_a_gap_note_to_its_gap_not_to_the_records():
+    writer = open_log("syslog:udp:192.0.2.1:514", "ecs", queue_size=0, host=HOST)
+    remote = RemoteRefusals()
+    writer.sink._sock = remote  # the socket the sink would have connected
+    for record in _records(5):  # the collector is down
+        writer.write(record)
+    remote.listening = True
+    for record in _records(3, start=5):
+        writer.write(record)
+    delivered = [json.loads(d[d.index(b"{") :]) for d in remote.delivered]
+    notes = [
+        d
+        for d in delivered
+        if d["gpuguard"]["kind"] == "lifecycle" and d["gpuguard"]["action"] == "fault"
+    ]
+    records = [d["message"] for d in delivered if d not in notes]
+    # every record the collector refused is counted once, as lost, and named by a note that
+    # reached it; the notes it refused were not taken for records
+    assert records == ["record-00005", "record-00006", "record-00007"]
+    assert (writer.written, writer.errors) == (3, 5)
+    assert sum(n["gpuguard"]["detail"]["lost"] for n in notes) == 5
+    assert writer.gap_notes == len(notes) and _balanced(writer)
+    writer.close()
+
+
 def test_a_failing_sink_never_carries_its_own_failure_notes(tmp_path):
     """The agent's view: faults go to stderr, rate-limited; none is written to the failed log."""
     port = _dead_port()

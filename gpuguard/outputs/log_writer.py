@@ -84,6 +84,9 @@ class LogWriter:
         self._gap_until = 0.0  # when the latest was
         self.gap_notes = 0  # recovered notes the destination took (not records given to write)
         self._late_seen = 0
+        # the gap the last datagram handed to the sink named, when it was a note: a refusal
+        # reported on the next send is that note's, and reopens its gap (not a record's loss)
+        self._note_in_flight: tuple[int, float, float] | None = None
         self._faults: list[AgentLifecycle] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -172,6 +175,7 @@ class LogWriter:
     def _send(self, line: str, severity: int) -> None:
         if self._lost_in_gap and not self._mark_gap(line):
             return  # the gap's note did not fit: this record is lost too, the count carries on
+        previous, self._note_in_flight = self._note_in_flight, None
         try:
             self.sink.send(line, severity)
         except Spooled as exc:
@@ -182,13 +186,25 @@ class LogWriter:
             with self._lock:
                 self._sent += 1
             self._recovered()
-        self._late_losses()
+        self._late_losses(previous)
 
-    def _late_losses(self) -> None:
+    def _late_losses(self, previous_note: tuple[int, float, float] | None) -> None:
+        """Datagrams counted as sent that a refusal reported since showed were lost.  A refusal is
+        reported on the send after its datagram's: when that datagram was a gap note
+        (``previous_note``), the note is what was lost, and its gap is open again."""
         late = getattr(self.sink, "late_losses", 0)
-        if late != self._late_seen:  # datagrams counted as sent that a refusal showed were lost
-            with self._lock:
-                delta, self._late_seen = late - self._late_seen, late
+        if late == self._late_seen:
+            return
+        with self._lock:
+            delta, self._late_seen = late - self._late_seen, late
+            if previous_note is not None:
+                lost, since, until = previous_note
+                self.gap_notes -= 1
+                self._gap_since = min(since, self._gap_since) if self._lost_in_gap else since
+                self._gap_until = max(until, self._gap_until)
+                self._lost_in_gap += lost
+                delta -= 1
+            if delta > 0:
                 self._sent -= delta
                 self.errors += delta
                 self._lost(delta)
@@ -228,6 +244,7 @@ class LogWriter:
                 self._lost_in_gap -= lost
             self._fault(f"could not render a gap note: {exc}", {"error": repr(exc)})
             return True
+        previous, self._note_in_flight = self._note_in_flight, None
         try:
             self.sink.send(rendered, syslog_severity(note))
         except Spooled:
@@ -235,12 +252,13 @@ class LogWriter:
         except (OSError, ValueError) as exc:
             if line is not None:
                 self._failed(exc, lost=True)
-            self._late_losses()
+            self._late_losses(previous)
             return False
         with self._lock:
             self._lost_in_gap -= lost  # a late loss counted meanwhile stays for the next note
             self.gap_notes += 1
-        self._late_losses()
+        self._late_losses(previous)
+        self._note_in_flight = (lost, since, until)
         return True
 
     def _failed(self, exc: Exception, *, lost: bool) -> None:

@@ -16,6 +16,7 @@ Details: docs/internals.md, "producers".
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,20 @@ POLL_MS = 1000
 
 def _fault(emit: Emit, message: str, **detail: Any) -> None:
     emit(AgentLifecycle(time=time.time(), action="fault", message=message, detail=detail))
+
+
+class _RepeatedFault:
+    """A fault that may persist, said when first seen (or when ``first``) and then at most
+    once per :data:`FAULT_REPEAT_S`."""
+
+    def __init__(self, emit: Emit) -> None:
+        self.emit = emit
+        self._said_at = -math.inf
+
+    def report(self, now: float, message: str, *, first: bool = False, **detail: Any) -> None:
+        if first or now - self._said_at >= FAULT_REPEAT_S:
+            self._said_at = now
+            _fault(self.emit, message, **detail)
 
 
 class SensorThread(threading.Thread):
@@ -95,7 +110,7 @@ class SensorThread(threading.Thread):
                 self.sensor.request_interest(pid)
 
     def run(self) -> None:
-        last_fault = 0.0
+        fault = _RepeatedFault(self.emit)
         while not self.stop.is_set():
             try:
                 if self.feedback is not None and len(self.feedback):
@@ -103,14 +118,11 @@ class SensorThread(threading.Thread):
                 self._queue(self.sensor.poll(POLL_MS))
                 self.polled_at = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - the sensor thread must outlive one bad poll
-                now = time.monotonic()
-                if now - last_fault > FAULT_REPEAT_S:
-                    last_fault = now
-                    _fault(
-                        self.emit,
-                        f"sensor poll failed: {type(exc).__name__}: {exc}; retrying",
-                        source="sensor",
-                    )
+                fault.report(
+                    time.monotonic(),
+                    f"sensor poll failed: {type(exc).__name__}: {exc}; retrying",
+                    source="sensor",
+                )
                 self.stop.wait(1.0)
         try:
             self.sensor.detach_probes()  # the kernel's detach time overlaps the final drain
@@ -309,7 +321,7 @@ class SamplerThread(threading.Thread):
 
     def run(self) -> None:
         failures = 0
-        last_fault = 0.0
+        fault = _RepeatedFault(self.emit)
         backoff = self.interval
         next_open = 0.0
         next_tick = time.monotonic()
@@ -327,15 +339,14 @@ class SamplerThread(threading.Thread):
             except Exception as exc:  # noqa: BLE001 - reported and retried, never fatal
                 failures += 1
                 self.counters.sampler_errors[self.source] += 1
-                if now - last_fault >= FAULT_REPEAT_S or failures == 1:
-                    last_fault = now
-                    _fault(
-                        self.emit,
-                        f"GPU source {self.source} raised {type(exc).__name__}: {exc}; "
-                        f"retrying (failure {failures})",
-                        source=self.source,
-                        failures=failures,
-                    )
+                fault.report(
+                    now,
+                    f"GPU source {self.source} raised {type(exc).__name__}: {exc}; "
+                    f"retrying (failure {failures})",
+                    first=failures == 1,
+                    source=self.source,
+                    failures=failures,
+                )
                 if failures % REOPEN_AFTER_FAILURES == 0:
                     self._close()
                     backoff = min(backoff * 2, MAX_BACKOFF_S)
@@ -402,19 +413,16 @@ class SweepThread(threading.Thread):
         self.known, self.interval, self.proc_root = known, interval, proc_root
 
     def run(self) -> None:
-        last_fault = 0.0
+        fault = _RepeatedFault(self.emit)
         while not self.stop.wait(self.interval):
             try:
                 self.intake.put_many(sweep_once(self.counters, self.known, self.proc_root), "sweep")
             except Exception as exc:  # noqa: BLE001 - the next sweep may work
-                now = time.monotonic()
-                if now - last_fault > FAULT_REPEAT_S:
-                    last_fault = now
-                    _fault(
-                        self.emit,
-                        f"/proc sweep failed: {type(exc).__name__}: {exc}; retrying",
-                        source="sweep",
-                    )
+                fault.report(
+                    time.monotonic(),
+                    f"/proc sweep failed: {type(exc).__name__}: {exc}; retrying",
+                    source="sweep",
+                )
 
 
 def sweep_once(

@@ -34,6 +34,7 @@ from tests.support.agent_run import (
     running_agent,
     simulator_rules,
 )
+from tests.support.ports import free_port
 from tests.test_agent_logs import parse_cef
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
@@ -88,12 +89,6 @@ def test_miner_is_found_while_it_runs_with_its_evidence(ebpf_agent):
     assert len(mine) <= 3, [r["gpuguard"]["finding"] for r in mine]
     alert = actions_on(records, miner["pid"])
     assert [a["gpuguard"]["action"] for a in alert] == ["alert"]
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:

@@ -19,6 +19,7 @@ from gpuguard.agent.telemetry import STALL_ENV
 from gpuguard.outputs.metrics import AgentMetrics
 from gpuguard.outputs.metrics_http import DEFAULT_METRICS_PORT, AgentHealth
 from tests.support.agent_run import AgentProcess
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 # What GPU nodes commonly run, by port: the default must not be one of them.
@@ -71,12 +72,6 @@ TAKEN_ON_GPU_NODES = {
 # The Prometheus wiki's default port allocations: every port of this range was allocated by
 # June 2023 (docs/deploy.md names the list and when it was checked).
 EXPORTER_RANGE = range(9100, 10000)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(port: int, path: str) -> tuple[int, str]:

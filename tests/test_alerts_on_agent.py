@@ -23,7 +23,7 @@ from tests.support.agent_run import (
     running_agent,
     simulator_rules,
 )
-from tests.test_agent import free_port
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 ALERTS = REPO / "packaging" / "prometheus" / "gpuguard-alerts.yaml"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from gpuguard.proving.simulator import (
     start_simulator,
     stop_simulator,
 )
+from tests.support.processes import terminate
 from tests.support.schemas import log_errors
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -117,12 +117,7 @@ class AgentProcess:
         schema of its format (tests/support/schemas.py): a test that ends well also proves that
         its records validate."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            terminate(self.proc, timeout)
         if sys.exc_info()[0] is None and not self._checked and isinstance(self.log, Path):
             self._checked = True
             problems = log_errors(self.log)

@@ -25,6 +25,7 @@ import pytest
 
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
 from tests.fakes.h100_replay import TraceFeed, driver_version, idle_gpu
+from tests.support.processes import terminate
 
 REAL_NVML = "GPUGUARD_REAL_NVML"
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -120,9 +121,4 @@ def start_gpu_process(nvml: NvmlUnderTest) -> GpuProcess:
 
 
 def stop_gpu_process(process: GpuProcess) -> None:
-    process.proc.terminate()
-    try:
-        process.proc.wait(10)
-    except subprocess.TimeoutExpired:
-        process.proc.kill()
-        process.proc.wait()
+    terminate(process.proc)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.exposition import generate_latest
+
+from tests.support.ports import free_port
+from tests.support.processes import terminate
 
 
 class PrometheusServer:
@@ -22,9 +23,7 @@ class PrometheusServer:
         assert binary, (
             "Debian's prometheus is not installed (fix: bash packaging/setup-host.sh setup)"
         )
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.api = f"http://127.0.0.1:{self.port}/api/v1"
         self.log_path = workdir / "prometheus.log"
         (workdir / "prometheus.yml").write_text(config)
@@ -46,12 +45,7 @@ class PrometheusServer:
         assert self.proc.poll() is None, self.log_path.read_text()[-2000:]
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc)
         self._log.close()
 
 

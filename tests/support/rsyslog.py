@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from tests.support.processes import terminate
 
 CONFIG = """\
 global(workDirectory="{tmp}" maxMessageSize="{max_message_size}")
@@ -68,12 +69,7 @@ class Rsyslogd:
     def stop(self) -> None:
         if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc)
         self.proc = None
 
     def lines(self, count: int, timeout: float = 10.0) -> list[str]:

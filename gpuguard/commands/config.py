@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from gpuguard.agent.config import DEFAULT_CONFIG_PATH, SCHEMA, config_problems, read_config_file
+from gpuguard.commands.options import add_update_option, print_problems, say_updated
 from gpuguard.config.reference import reference, update_doc
 from gpuguard.errors import GpuguardError
 from gpuguard.escape import escape_text
@@ -46,12 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("reference", "every agent.yaml key with its default and doc, from the schema", "agent"),
         ("actions", "the response actions' table and lists, from ACTIONS", "respond"),
     ):
-        sub.add_parser(name, help=what).add_argument(
-            "--update",
-            type=Path,
-            metavar="DOC",
-            help=f"rewrite the generated blocks in DOC (docs/{doc}.md) instead of printing",
-        )
+        add_update_option(sub.add_parser(name, help=what), doc)
 
 
 def _reference(args: argparse.Namespace) -> int:
@@ -59,7 +55,7 @@ def _reference(args: argparse.Namespace) -> int:
     if args.update is None:
         print(text, end="")
     else:
-        _said(args.update, update_doc(args.update, text))
+        say_updated(args.update, update_doc(args.update, text))
     return 0
 
 
@@ -71,12 +67,8 @@ def _actions(args: argparse.Namespace) -> int:
     changed = [
         update_doc(args.update, text, markers(name), fence="") for name, text in blocks.items()
     ]
-    _said(args.update, any(changed))
+    say_updated(args.update, any(changed))
     return 0
-
-
-def _said(path: Path, changed: bool) -> None:
-    print(f"{'updated' if changed else 'up to date:'} {escape_text(str(path))}")
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -86,10 +78,7 @@ def _validate(args: argparse.Namespace) -> int:
             f"agent config {path} does not exist", "name an existing file (or create it)"
         )
     _, problems = config_problems(read_config_file(path))
-    for problem in problems:
-        print(escape_text(problem))
-    if problems:
-        print(f"{len(problems)} problem{'s' if len(problems) != 1 else ''}", file=sys.stderr)
+    if print_problems(problems):
         return 2
     print(f"ok: {escape_text(str(path))}")
     return 0

@@ -1,4 +1,5 @@
-"""Options and argument types the commands share: each declared, each number checked, once.
+"""Options and argument types the commands share: each declared, each number checked, once;
+and the lines their checks and doc updates end with.
 
 A bad value (``--duration -5``, ``--interval nan``, ``gpus --watch -1``) is a
 :class:`GpuguardError` naming the option, so the CLI prints one line and exits 2.
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuguard.agent.config import DEFAULT_STATUS_PATH
 from gpuguard.errors import GpuguardError
+from gpuguard.escape import escape_text
 
 DAY_S = 86_400.0
 YEAR_S = 365 * DAY_S
@@ -60,3 +63,29 @@ def add_state_file_option(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument(
         "--state-file", type=Path, default=DEFAULT_STATUS_PATH, metavar="PATH", help=help
     )
+
+
+def add_update_option(
+    parser: argparse.ArgumentParser, doc: str, what: str = "the generated blocks"
+) -> None:
+    """``--update DOC``: rewrite ``what`` in DOC (docs/``doc``.md) instead of printing it."""
+    parser.add_argument(
+        "--update",
+        type=Path,
+        metavar="DOC",
+        help=f"rewrite {what} in DOC (docs/{doc}.md) instead of printing",
+    )
+
+
+def say_updated(path: Path, changed: bool) -> None:
+    """The line an ``--update`` ends with: whether ``path`` was rewritten."""
+    print(f"{'updated' if changed else 'up to date:'} {escape_text(str(path))}")
+
+
+def print_problems(problems: Sequence[object]) -> bool:
+    """Each problem on its line (escaped), then how many on stderr; whether there were any."""
+    for problem in problems:
+        print(escape_text(str(problem)))
+    if problems:
+        print(f"{len(problems)} problem{'s' if len(problems) != 1 else ''}", file=sys.stderr)
+    return bool(problems)

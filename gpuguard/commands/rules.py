@@ -16,7 +16,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuguard.commands.options import add_rules_option
+from gpuguard.commands.options import (
+    add_rules_option,
+    add_update_option,
+    print_problems,
+    say_updated,
+)
 from gpuguard.config.reference import update_doc
 from gpuguard.detect.ruleset.load import load_ruleset, validate_rules
 from gpuguard.detect.ruleset.operators import OPERATORS
@@ -63,13 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     listing = sub.add_parser("list", help="list the compiled rules")
     add_rules_option(listing)
-    sub.add_parser(
-        "signals", help="list the signals conditions can test, and the operators"
-    ).add_argument(
-        "--update",
-        type=Path,
-        metavar="DOC",
-        help="rewrite the generated signal table in DOC (docs/rules.md) instead of printing",
+    add_update_option(
+        sub.add_parser("signals", help="list the signals conditions can test, and the operators"),
+        "rules",
+        "the generated signal table",
     )
 
 
@@ -82,10 +84,7 @@ def _validate(args: argparse.Namespace) -> int:
     for problem in problems:
         files.setdefault(problem.file, len(files))
     problems.sort(key=lambda p: (files[p.file], p.line, p.col))
-    for problem in problems:
-        print(escape_text(str(problem)))
-    if problems:
-        print(f"{len(problems)} problem{'s' if len(problems) != 1 else ''}", file=sys.stderr)
+    if print_problems(problems):
         return 2
     shown = ", ".join(str(p) for p in (paths or default_rule_paths()))
     print(f"ok: {escape_text(shown)}")
@@ -108,8 +107,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _signals(args: argparse.Namespace) -> int:
     if args.update is not None:
-        changed = update_doc(args.update, signal_table(), MARKERS, fence="")
-        print(f"{'updated' if changed else 'up to date:'} {escape_text(str(args.update))}")
+        say_updated(args.update, update_doc(args.update, signal_table(), MARKERS, fence=""))
         return 0
     for signal in sorted(SIGNALS.values(), key=lambda s: (s.group, s.name)):
         name = f"{signal.name} ({signal.parameter}: ...)" if signal.parameter else signal.name

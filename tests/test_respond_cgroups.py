@@ -213,3 +213,23 @@ def test_process_group_kill_reaches_every_member(settings):
         responder.close()
     finally:
         _stop(leader, bystander)
+
+
+def test_a_failed_compile_of_the_cgroup_programs_is_tried_once_at_start(settings, monkeypatch):
+    # quarantine and block_egress both start by compiling the programs they share; a compile
+    # that failed is retried by the first block that needs it, not by the second start hook
+    from gpuguard.respond import bpf_pins
+
+    tries = []
+
+    def failing_compile(*args, **kwargs):
+        tries.append(args)
+        raise OSError("the compiler is missing")
+
+    monkeypatch.setattr(bpf_pins, "compile_program", failing_compile)
+    settings = replace(settings, actions={"malicious": ("quarantine", "block_egress")})
+    responder = Responder(settings, mode="enforce")
+    try:
+        assert len(tries) == 1
+    finally:
+        responder.close()

@@ -96,8 +96,12 @@ def cgroup_programs(ctx: ActionContext) -> CgroupBlocker:
 def load_cgroup_programs(ctx: ActionContext, live: list[Block]) -> None:
     """Compile the cgroup programs at start (~0.3 s), so the first block is not slowed by it.
 
-    A failure here is reported by the action that needs the programs.
+    Once per responder: quarantine and block_egress both start with it, and a compile that
+    failed for one is not tried again for the other.  A failure here is reported by the action
+    that needs the programs (which tries again then).
     """
+    if ctx.loaded(cgroup_programs) is not None:
+        return
     try:
         ctx.part(cgroup_programs).load()
     except Exception:  # noqa: BLE001 - reported by the action that needs it

@@ -15,7 +15,7 @@ from typing import Any
 from gpuguard import __version__
 from gpuguard.events.action_kinds import kind_of
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
-from gpuguard.outputs.ecs import TECHNIQUE_TACTICS
+from gpuguard.outputs.ecs import TECHNIQUE_TACTICS, finding_fields
 from gpuguard.outputs.finding import Finding, process_entity_id
 from gpuguard.outputs.output_format import (
     LIFECYCLE_FAILURES,
@@ -312,20 +312,9 @@ def _lifecycle_fields(finding: Finding) -> dict[str, Any]:
     """The agent's process-finding view OCSF 1.3 has no place for: record number, what grew,
     lifetime totals, every destination, the GPU use and the parent chain."""
     out: dict[str, Any] = {}
-    if finding.finding_id:
-        out["finding"] = {
-            k: v
-            for k, v in (
-                ("id", finding.finding_id),
-                ("sequence", finding.sequence),
-                ("activity", finding.activity),
-                ("run_id", finding.run_id),
-                ("continued", finding.continued or None),
-                ("changes", list(finding.changes)),
-                ("totals", finding.totals),
-            )
-            if v not in (None, [], {})
-        }
+    fields = finding_fields(finding)
+    if fields:
+        out["finding"] = fields
     if finding.destinations:
         out["destinations"] = [d.to_json() for d in finding.destinations]
     if finding.gpu is not None:

@@ -31,9 +31,8 @@ from gpuguard.agent.config_schema import (  # noqa: F401  (re-exported: the conf
     SYSLOG_FORMATS,
     AgentConfig,
 )
-from gpuguard.config.filecheck import untrusted_reason
 from gpuguard.config.schema import check
-from gpuguard.config.yaml_marks import MarkedDocument, load_marked_file
+from gpuguard.config.yaml_marks import MarkedDocument, load_trusted_file
 from gpuguard.detect.guard_policies import parse_guard_policies
 from gpuguard.errors import GpuguardError, Problems
 from gpuguard.respond import parse_response_settings
@@ -119,15 +118,7 @@ def parse_config(doc: MarkedDocument) -> AgentConfig:
 
 def read_config_file(path: Path) -> MarkedDocument:
     """Parse ``path`` once it is known to be root's own regular file; raises GpuguardError."""
-    reason = untrusted_reason(path, "agent config")
-    if reason is not None:
-        raise GpuguardError(*reason)
-    try:
-        return load_marked_file(path, MAX_CONFIG_BYTES, f"agent config {path}")
-    except OSError as exc:
-        raise GpuguardError(
-            f"cannot read agent config {path}: {exc.strerror}", "check the path and permissions"
-        ) from None
+    return load_trusted_file(path, MAX_CONFIG_BYTES, "agent config")
 
 
 def load_config(path: Path | None) -> AgentConfig:

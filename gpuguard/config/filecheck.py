@@ -128,3 +128,10 @@ def read_regular_file(path: Path, max_bytes: int, what: str) -> bytes:
     if size > max_bytes:
         raise too_big
     return b"".join(chunks)
+
+
+def refusal_reason(path: Path, what: str, named: str | None = None) -> tuple[str, str] | None:
+    """``(cause, fix)`` when ``path`` is not a regular file (called ``named``, by default
+    ``what``: a FIFO or a device is named as such, never opened blocking) or not one root can
+    trust (called ``what``), else None."""
+    return not_regular_reason(path, named or what) or untrusted_reason(path, what)

@@ -23,7 +23,8 @@ from typing import Any
 
 import yaml
 
-from gpuguard.config.filecheck import read_regular_file
+from gpuguard.config.filecheck import read_regular_file, refusal_reason
+from gpuguard.errors import GpuguardError
 
 Path_ = tuple[Any, ...]
 MAX_DEPTH = 64  # nesting levels (rule conditions need a handful)
@@ -199,3 +200,12 @@ def load_marked_file(path: Path, max_bytes: int, what: str = "rules file") -> Ma
     naming the file as ``what``."""
     data = read_regular_file(path, max_bytes, what)
     return load_marked(data.decode("utf-8", errors="replace"), str(path))
+
+
+def load_trusted_file(path: Path, max_bytes: int, what: str) -> MarkedDocument:
+    """:func:`load_marked_file` of a file root can trust (``filecheck.refusal_reason``), named
+    as ``what`` and its path; raises GpuguardError naming the cause and the fix otherwise."""
+    reason = refusal_reason(path, what, f"{what} {path}")
+    if reason is not None:
+        raise GpuguardError(*reason)
+    return load_marked_file(path, max_bytes, f"{what} {path}")

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuguard.config.filecheck import not_regular_reason, untrusted_reason
+from gpuguard.config.filecheck import refusal_reason
 from gpuguard.config.schema import Key, Section, check
-from gpuguard.config.yaml_marks import load_marked_file
+from gpuguard.config.yaml_marks import load_trusted_file
 from gpuguard.errors import GpuguardError
 
 MAX_WEB_CONFIG_BYTES = 1 << 16
@@ -125,16 +125,7 @@ WEB_CONFIG_SCHEMA = Section(
 
 def load_web_config(path: Path) -> WebConfig:
     """The web config in ``path``, checked; raises :class:`GpuguardError` (one line) otherwise."""
-    what = "metrics web config"
-    reason = not_regular_reason(path, f"{what} {path}") or untrusted_reason(path, what)
-    if reason is not None:
-        raise GpuguardError(*reason)
-    try:
-        doc = load_marked_file(path, MAX_WEB_CONFIG_BYTES, f"{what} {path}")
-    except OSError as exc:
-        raise GpuguardError(
-            f"cannot read {what} {path}: {exc.strerror}", "check the path"
-        ) from None
+    doc = load_trusted_file(path, MAX_WEB_CONFIG_BYTES, "metrics web config")
     if doc.problems:
         position, message = doc.problems[0]
         raise GpuguardError(f"{position}: {message}", _FIX)
@@ -201,9 +192,7 @@ def _check_tls(tls: TlsFiles, add: Any) -> None:
     for name in ("cert_file", "key_file", "client_ca_file"):
         path = getattr(tls, name)
         if path:
-            reason = not_regular_reason(Path(path), f"{name} {path}") or untrusted_reason(
-                Path(path), f"{name}"
-            )
+            reason = refusal_reason(Path(path), name, f"{name} {path}")
             if reason is not None:
                 add(at + (name,), f"{reason[0]} (fix: {reason[1]})")
     if tls.cert_file and tls.key_file:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuguard.config.filecheck import not_regular_reason, untrusted_reason
+from gpuguard.config.filecheck import refusal_reason
 from gpuguard.config.yaml_marks import MarkedDocument, Position, shown
 from gpuguard.detect.ruleset.conditions import CompileContext, ListDef, compile_condition
 from gpuguard.detect.ruleset.model import (
@@ -538,7 +538,7 @@ def compile_collected(
         readable = []
         for path in yara_files:
             # A FIFO or device would block YARA's compiler forever: say what it is instead.
-            reason = not_regular_reason(path, "YARA file") or untrusted_reason(path)
+            reason = refusal_reason(path, "YARA file")
             if reason:
                 problems.append(Problem(str(path), 1, 1, reason[0], fix=reason[1]))
             else:

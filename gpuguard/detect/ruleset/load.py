@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuguard.config.filecheck import not_regular_reason, untrusted_reason
+from gpuguard.config.filecheck import refusal_reason
 from gpuguard.config.yaml_marks import MarkedDocument, load_marked_file
 from gpuguard.detect.ruleset.collect import Collector, compile_collected
 from gpuguard.detect.ruleset.model import (  # noqa: F401  (the model, re-exported for callers of the loader)
@@ -44,7 +44,7 @@ def _check_and_read(paths: Sequence[Path]) -> tuple[list[MarkedDocument], list[P
         path = Path(path)
         # What it is first (a FIFO, a device, a directory: named as such, never opened blocking),
         # then whether root can trust it.
-        reason = not_regular_reason(path, "rules file") or untrusted_reason(path)
+        reason = refusal_reason(path, "rules file")
         if reason:
             problems.append(Problem(str(path), 1, 1, reason[0], fix=reason[1]))
             continue

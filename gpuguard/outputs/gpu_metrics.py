@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -50,13 +49,11 @@ class GpuSeries:
     def __init__(
         self,
         r: CollectorRegistry,
-        count_errors: Callable[[str, int], None],
         top_processes: int = DEFAULT_TOP_PROCESSES,
         per_process_gpu: bool = False,
         max_pod_series: int = DEFAULT_MAX_POD_SERIES,
         hostname: str | None = None,
     ) -> None:
-        self.count_errors = count_errors
         self.hostname = label(hostname if hostname is not None else node_name())
         self.top_processes = top_processes
         self.per_process_gpu = per_process_gpu
@@ -124,14 +121,11 @@ class GpuSeries:
 
         ``comm_of(pid) -> str | None`` names a pid (the correlator knows); without it
         the label is empty.  ``pod_of(pid) -> PodRef | None`` gives its pod (None: the
-        process is gone); without it there are no per-pod series.  A snapshot's
-        ``errors`` count as sampler errors.
+        process is gone); without it there are no per-pod series.
         """
         gpu_labels = self._gpu_labels(snapshot)
         if pod_of is not None:
             self._observe_pods(snapshot, gpu_labels, comm_of, pod_of)
-        if snapshot.errors:
-            self.count_errors(snapshot.source, len(snapshot.errors))
         for device in snapshot.devices:
             labels = gpu_labels(device.vendor, device.index, None)
             for metric, value in (

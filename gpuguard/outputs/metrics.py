@@ -101,9 +101,7 @@ class AgentMetrics:
             "gpuguard_sampler_errors", "Sampler failures, by source", ["source"], registry=r
         )
         # per GPU, per top process and per pod (gpu_metrics.py)
-        self.gpus = GpuSeries(
-            r, self.count_sampler_error, top_processes, per_process_gpu, max_pod_series, hostname
-        )
+        self.gpus = GpuSeries(r, top_processes, per_process_gpu, max_pod_series, hostname)
         self.scoring_latency = Histogram(
             "gpuguard_scoring_latency_seconds",
             "Time to score one batch of processes",
@@ -300,7 +298,10 @@ class AgentMetrics:
     def observe_snapshot(
         self, snapshot: GpuSnapshot, comm_of: Any = None, pod_of: Any = None
     ) -> None:
-        """One sampler snapshot into the GPU series (:meth:`GpuSeries.observe`)."""
+        """One sampler snapshot into the GPU series (:meth:`GpuSeries.observe`); its ``errors``
+        count as sampler errors."""
+        if snapshot.errors:
+            self.count_sampler_error(snapshot.source, len(snapshot.errors))
         self.gpus.observe(snapshot, comm_of, pod_of)
 
     # -- cumulative totals ---------------------------------------------------------------

@@ -1,5 +1,7 @@
-"""Options and argument types the commands share: each declared, each number checked, once;
-and the lines their checks and doc updates end with.
+"""Options, argument types and closing lines the commands share, each written once.
+
+Each number is checked where it is parsed; ``--update DOC`` and a validator's problem list end
+with the same lines in every command.
 
 A bad value (``--duration -5``, ``--interval nan``, ``gpus --watch -1``) is a
 :class:`GpuguardError` naming the option, so the CLI prints one line and exits 2.

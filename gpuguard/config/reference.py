@@ -126,8 +126,11 @@ def _read_doc(path: Path) -> str:
 
 def in_doc(path: Path, markers: tuple[str, str] = (BEGIN, END)) -> str | None:
     """The generated block in ``path`` (markers included), or None when it has none."""
+    return _block_in(_read_doc(path), markers)
+
+
+def _block_in(text: str, markers: tuple[str, str]) -> str | None:
     begin, end = markers
-    text = _read_doc(path)
     start, stop = text.find(begin), text.find(end)
     if start < 0 or stop < start:
         return None
@@ -138,7 +141,8 @@ def update_doc(
     path: Path, text: str, markers: tuple[str, str] = (BEGIN, END), fence: str = "yaml"
 ) -> bool:
     """Put ``text`` in ``path`` between the markers; True when the file changed."""
-    current = in_doc(path, markers)
+    doc = _read_doc(path)
+    current = _block_in(doc, markers)
     if current is None:
         raise GpuguardError(
             f"{path} has no block between the markers of this generated text",
@@ -147,7 +151,7 @@ def update_doc(
     block = doc_block(text, markers, fence)
     if current == block:
         return False
-    updated = _read_doc(path).replace(current, block, 1)
+    updated = doc.replace(current, block, 1)
     try:
         path.write_text(updated)
     except OSError as exc:

@@ -148,8 +148,9 @@ class ConnActivityReader:
 
     def sweep(self) -> set[int]:
         """Dead watched processes (their entries removed); the caller may forget them elsewhere too."""
-        dead = {tgid for tgid in self._kernel.watched() if not os.path.exists(f"/proc/{tgid}")}
-        if not dead and not self._reported and not self._unswept and self._kernel.nobody_watched():
+        watched = self._kernel.watched()
+        dead = {tgid for tgid in watched if not os.path.exists(f"/proc/{tgid}")}
+        if not watched and not self._reported and not self._unswept:
             return set()  # idle: no slot to look at
         self._unswept = False
         # all slots: read once (~8 ms), not again to free the dead's

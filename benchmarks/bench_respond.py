@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuguard.respond import Responder  # noqa: E402
+from tests.support.processes import terminate  # noqa: E402
 from tests.support.respond import (  # noqa: E402
     SLEEPER,
     STUBBORN,
@@ -240,12 +241,7 @@ def bench_e2e(runs: int) -> None:
                 os.close(pidfd)
             stop_simulator(sim)
     finally:
-        agent.terminate()
-        try:
-            agent.wait(20)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait()
+        terminate(agent, 20)
         scope.close()  # lifts every block, removes the pin root and the cgroup
     killed = []
     for line in log.read_text().splitlines():

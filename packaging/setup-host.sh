@@ -30,6 +30,8 @@ if [ "$job" = test ] && [ "${1:-}" = --latest ]; then latest=1; shift; fi
 
 say() { printf 'gpuguard-setup: %s\n' "$*" >&2; }
 die() { printf 'gpuguard-setup: %s\n' "$*" >&2; exit 2; }
+# shellcheck source=packaging/debian-packages.sh
+. "$ROOT/packaging/debian-packages.sh"
 
 [ "$(id -u)" -eq 0 ] || die "must run as root (fix: sudo bash packaging/setup-host.sh $job)"
 command -v apt-get >/dev/null || die "apt-get not found: this script sets up Debian/Ubuntu hosts (fix: install bcc, kernel headers and python3-venv by hand, then pip install -e .)"
@@ -42,32 +44,23 @@ DEBS=(python3-bpfcc python3-venv python3-pip python3-nftables nftables iproute2 
 # kubectl renders the Kustomize overlays in the tests: Debian's kubernetes-client, unless a
 # kubectl is already there (another package, e.g. the Cloud SDK's, may own /usr/bin/kubectl).
 [ "$job" = run ] || command -v kubectl >/dev/null || DEBS+=(kubernetes-client)
-missing=()
-for p in "${DEBS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+headers=()  # kernel headers, when this kernel has none yet
 
 KREL=$(uname -r)
 KBUILD=/lib/modules/$KREL/build
 if [ ! -e "$KBUILD/include" ]; then
     # Prefer the exact headers; fall back to Debian's generic ones.
     if apt-cache show "linux-headers-$KREL" >/dev/null 2>&1; then
-        missing+=("linux-headers-$KREL")
+        headers+=("linux-headers-$KREL")
     elif ! ls -d /usr/src/linux-headers-*-amd64 >/dev/null 2>&1 && ! ls -d /usr/src/linux-headers-*-arm64 >/dev/null 2>&1; then
         case $(uname -m) in
-            x86_64) missing+=(linux-headers-amd64) ;;
-            aarch64) missing+=(linux-headers-arm64) ;;
+            x86_64) headers+=(linux-headers-amd64) ;;
+            aarch64) headers+=(linux-headers-arm64) ;;
         esac
     fi
 fi
 
-if [ ${#missing[@]} -gt 0 ]; then
-    say "installing Debian packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q >/dev/null || die "apt-get update failed (fix: check the network / apt sources)"
-    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
-        || die "apt-get install ${missing[*]} failed (fix: run it by hand to see why)"
-fi
+need_debs "${DEBS[@]}" ${headers[@]+"${headers[@]}"}
 
 if [ ! -e "$KBUILD/include" ]; then
     # No headers for this exact kernel: link the newest Debian headers.  Probes

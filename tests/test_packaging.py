@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -108,37 +109,31 @@ def test_a_wheel_ships_probes_and_rules_and_works_outside_the_checkout(tmp_path)
 # ---- the lock (requirements.lock) --------------------------------------------------
 
 LOCK = REPO / "requirements.lock"
-TOP_LEVEL = "gpuguard (pyproject.toml)"
 
 
 def _name(name: str) -> str:
     return canonicalize_name(name)
 
 
+def _load_lockfile():
+    """packaging/lockfile.py (a script build-image.sh runs; ``packaging`` is PyPI's name here)."""
+    spec = importlib.util.spec_from_file_location("gg_lockfile", REPO / "packaging/lockfile.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclass looks itself up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+lockfile = _load_lockfile()
+TOP_LEVEL = lockfile.TOP_LEVEL
+
+
 def _lock_entries(text: str) -> dict[str, tuple[Requirement, list[str], list[str]]]:
     """name -> (the pin with its marker, its hashes, what it is there for), as uv writes the lock."""
-    entries: dict[str, tuple[Requirement, list[str], list[str]]] = {}
-    current: str | None = None
-    logical = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("#"):
-            via = line.lstrip("#").strip()
-            if current is not None and via.startswith("via"):
-                via = via[3:].strip()
-            if current is not None and via:
-                entries[current][2].append(via)
-            continue
-        logical += " " + line.rstrip("\\")
-        if line.endswith("\\") or not logical.strip():
-            continue
-        spec, *hashes = logical.split(" --hash=")
-        logical = ""
-        req = Requirement(spec.strip())
-        current = _name(req.name)
-        assert current not in entries, f"{req.name} is in the lock twice"
-        entries[current] = (req, [h.strip() for h in hashes], [])
-    return entries
+    return {
+        _name(Requirement(e.spec).name): (Requirement(e.spec), e.hashes, e.via)
+        for e in lockfile.entries(text).values()
+    }
 
 
 def _pin(req: Requirement) -> str:
@@ -231,3 +226,24 @@ def test_the_venv_holds_exactly_the_locked_versions():
         assert stamp.read_text().split() == ["locked", digest], (
             f"{sys.prefix} was not built from this lock (fix: bash packaging/setup-host.sh setup)"
         )
+
+
+def test_the_image_gets_the_runtime_pins_and_everything_they_need_and_no_extra():
+    text = lockfile.runtime_lock(LOCK, REPO / "pyproject.toml")
+    runtime = _lock_entries(text)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    direct = {_name(Requirement(r).name) for r in project["dependencies"]}
+    assert direct <= set(runtime)
+    extras = {
+        _name(Requirement(r).name) for e in project["optional-dependencies"].values() for r in e
+    }
+    assert not (extras - direct) & set(runtime), sorted((extras - direct) & set(runtime))
+    locked = _lock_entries(LOCK.read_text())
+    for name, (req, hashes, _) in runtime.items():  # each pin as locked, with its hashes
+        assert str(req) == str(locked[name][0]) and hashes == locked[name][1] and hashes
+    # closed under what the installed distributions themselves require (their metadata)
+    for name in runtime:
+        for dep in metadata.requires(name) or []:
+            dep = Requirement(dep)
+            if dep.marker is None or dep.marker.evaluate({"extra": ""}):
+                assert _name(dep.name) in runtime, f"{name} needs {dep.name}, not in the image"

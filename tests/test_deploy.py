@@ -354,17 +354,17 @@ def test_daemonset_security_fields():
     for path in (
         "/sys/fs/bpf",
         "/sys/kernel/tracing",
-        "/lib/modules",
-        "/usr/src",
         "/sys/fs/cgroup",
         "/var/log/containers",
         "/var/log/pods",
     ):
         assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
+    # the image carries bcc's kernel headers: nothing of the node's is mounted
+    host_paths = {v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v}
+    for path in ("/lib/modules", "/usr/src"):
+        assert path not in mounts and not any(h.startswith(path) for h in host_paths), path
     for path in (
         "/sys/kernel/tracing",
-        "/lib/modules",
-        "/usr/src",
         "/etc/gpuguard",
         "/var/log/containers",
         "/var/log/pods",
@@ -548,12 +548,33 @@ def test_a_rules_configmap_update_reaches_the_running_agent_and_its_version_labe
         assert agent.stop() == 0, agent.stderr()
 
 
+NUMBER_WORDS = {5: "five", 7: "seven"}
+
+
 def test_containerfile_installs_offline_and_runs_the_agent():
     text = (PKG / "Containerfile").read_text()
-    assert "--no-index --find-links /tmp/wheels" in text and "python3-bpfcc" in text
+    assert "--find-links /tmp/wheels --require-hashes" in text and "--no-index" in text
+    assert "python3-bpfcc" in text
     entry = json.loads(re.search(r"^ENTRYPOINT (.*)$", text, re.M).group(1))
     assert entry == ["/opt/gpuguard/bin/gpuguard"]
     assert json.loads(re.search(r"^CMD (.*)$", text, re.M).group(1))[0] == "agent"
+
+
+def test_the_image_and_docs_name_the_capabilities_the_daemonset_grants():
+    """The Containerfile's comment and docs/deploy.md say what the overlays grant (they drifted once)."""
+    (monitor,) = by_kind(render("monitor"))["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    (enforce,) = by_kind(render("enforce"))["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    granted = monitor["securityContext"]["capabilities"]["add"]
+    added = [c for c in enforce["securityContext"]["capabilities"]["add"] if c not in granted]
+    text = (PKG / "Containerfile").read_text()
+    listed = re.search(r"^#\s+capabilities: (.*)$", text, re.M).group(1).split()
+    assert listed == granted, f"the Containerfile lists {listed}; the DaemonSet grants {granted}"
+    assert f"overlays/enforce adds {' and '.join(added)}" in text
+    assert not re.search(r"\b(six|eight|nine|ten)\b capabilities", text)
+    deploy = (REPO / "docs/deploy.md").read_text()
+    total = len(granted) + len(added)
+    assert f"monitor mode's {NUMBER_WORDS[len(granted)]} capabilities" in deploy
+    assert f"{len(granted)} capabilities monitoring, {total} enforcing" in deploy
 
 
 # -- Sigma and log shipping ----------------------------------------------------------------------

@@ -43,6 +43,7 @@ from gpuguard.sources.ebpf.counter_drain import CounterDrain
 from gpuguard.sources.ebpf.exec_filter import ExecFilter, parent_of
 from gpuguard.sources.ebpf.exit_gens import ExitGenTable
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
+from gpuguard.sources.ebpf.kernel_headers import compile_with_headers
 from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps  # noqa: F401 (SLOT_MULTI: tests read it here)
 from gpuguard.sources.ebpf.probe_load import (
     ProbeDetach,
@@ -161,7 +162,7 @@ class Sensor:
             self.settings = replace(self.settings, perf_buffer=True)
         started = time.perf_counter()
         try:
-            self._bpf = compile_probes(bcc, self._cflags())
+            self._bpf = compile_with_headers(lambda: compile_probes(bcc, self._cflags()))
             attach_probes(bcc, self._bpf, self.settings.enter_hook)
         except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load/attach errors
             raise load_failure(exc) from None

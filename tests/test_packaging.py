@@ -68,7 +68,9 @@ def test_a_wheel_ships_probes_and_rules_and_works_outside_the_checkout(tmp_path)
         if p.suffix in (".yaml", ".yar")
     }
     # The kernel header set the probes compile against on nodes without headers.
-    shipped |= {f"gpuguard/probes/headers/{p.name}" for p in (REPO / "probes" / "headers").iterdir()}
+    shipped |= {
+        f"gpuguard/probes/headers/{p.name}" for p in (REPO / "probes" / "headers").iterdir()
+    }
     assert shipped and shipped <= names, sorted(shipped - names)
 
     subprocess.run(

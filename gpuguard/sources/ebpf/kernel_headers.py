@@ -43,6 +43,13 @@ NEEDED = (
     "include/uapi/linux/bpf.h",
 )
 _LOCK = ".lock"
+# The probes' own includes (probes/*.c), compiled alone to try a tree made for another kernel.
+HEADER_TEST = """
+#include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf.h>
+#include <asm/unistd.h>
+int gg_header_test(void *ctx) { return 0; }
+"""
 
 T = TypeVar("T")
 
@@ -137,6 +144,35 @@ def _unpack(data: bytes, into: Path, arch: str) -> None:
                     shutil.copyfileobj(src, out)
 
 
+def _host_problem(build: Path) -> str:
+    """Why the host's tree cannot be trusted, or "".  A tree made for this very kernel is
+    trusted; another (a distribution's closest headers linked in, a leftover) must first
+    compile a program holding the probes' includes: bcc 0.26 can crash the process when the
+    probes themselves fail to compile, so a broken tree is found with a small one."""
+    try:
+        uts = (build / "include" / "generated" / "utsrelease.h").read_text()
+    except OSError:
+        uts = ""
+    if f'"{os.uname().release}"' in uts:
+        return ""
+    try:
+        import bcc
+    except ImportError:
+        return ""  # preflight says so
+    saved = os.dup(2)  # clang writes its diagnostics to fd 2: the reason is said in one line
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        bcc.BPF(text=HEADER_TEST.encode()).cleanup()
+    except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile errors
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"the host headers at {build} are for another kernel and do not compile ({first})"
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return ""
+
+
 def _arch_dir(machine: str) -> str:
     return {"x86_64": "x86", "i686": "x86", "aarch64": "arm64"}.get(machine, machine)
 
@@ -181,9 +217,17 @@ class Headers:
         for source in offered:
             if source.kind == "none":
                 break
-            if source.kind in ("env", "host"):
-                os.environ["BCC_KERNEL_SOURCE"] = source.path
+            if source.kind == "env":
                 return source
+            if source.kind == "host":
+                # bcc finds the host's tree itself, the split build/ and source/ of Debian too
+                os.environ.pop("BCC_KERNEL_SOURCE", None)
+                problem = _host_problem(Path(source.path))
+                if not problem:
+                    return source
+                problems.append(problem)
+                after = after or problem
+                continue
             try:
                 tree = self._unpacked(Path(source.path), source.kind)
             except (OSError, ValueError, lzma.LZMAError, tarfile.TarError) as exc:

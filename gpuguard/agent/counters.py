@@ -38,6 +38,8 @@ class AgentCounters:
     sensor_mode: str = ""  # "ebpf" or "proc" (reduced)
     blind_spots: list[str] = field(default_factory=list)
     probes_attached: int = 0
+    headers: str = ""  # the kernel headers the probes compiled against: kind
+    headers_why: str = ""  # where they are and why those (kernel_headers.HeaderSource)
     rules_version: str = ""
     rules_generation: int = 0
     rules_error: str | None = None  # the last reload that failed, until one succeeds

@@ -84,10 +84,13 @@ def started(agent: AgentHost) -> None:
     ctx.lifecycle(
         "start",
         f"agent started: mode {config.mode}{' (dry run)' if config.dry_run else ''}, "
-        f"sensor {counters.sensor_mode}, {len(ruleset.rules)} rules "
+        f"sensor {counters.sensor_mode}"
+        f"{f' (kernel headers: {counters.headers_why})' if counters.headers else ''}, "
+        f"{len(ruleset.rules)} rules "
         f"(version {counters.rules_version}), {len(s.correlate.correlator)} processes seeded",
         mode=config.mode,
         sensor=counters.sensor_mode,
+        headers=counters.headers or None,
         pid=os.getpid(),
         run_id=counters.run_id,
         rules=[str(p) for p in ruleset.sources],

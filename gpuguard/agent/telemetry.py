@@ -141,7 +141,7 @@ class AgentTelemetry:
     def started(self, mode: str) -> None:
         """Start-up is done: the sensor mode and reduced mode's blind spots are known."""
         if self.metrics is not None:
-            self.metrics.set_agent(mode, self.counters.sensor_mode)
+            self.metrics.set_agent(mode, self.counters.sensor_mode, self.counters.headers)
             self.metrics.set_blind_spots(self.counters.blind_spots)
 
     def watch(self, ready: Any, threads: list) -> None:
@@ -260,7 +260,7 @@ class AgentTelemetry:
             )
             if ok:
                 self.metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
-            self.metrics.set_agent(mode, self.counters.sensor_mode)
+            self.metrics.set_agent(mode, self.counters.sensor_mode, self.counters.headers)
 
     # -- teardown -----------------------------------------------------------------------
     def close_log(self) -> None:

@@ -217,12 +217,16 @@ class AgentMetrics:
         self._host_rules: set[str] = set()
         self._totals: dict[tuple[int, tuple[str, ...]], float] = {}
         self._execs_at_exec = 0
-        self.info.info({"version": __version__, "mode": "monitor", "sensor": "unknown"})
+        self.info.info(
+            {"version": __version__, "mode": "monitor", "sensor": "unknown", "headers": "none"}
+        )
         self.reduced_mode.set(0)
 
     # -- agent state -----------------------------------------------------------------
-    def set_agent(self, mode: str, sensor: str) -> None:
-        self.info.info({"version": __version__, "mode": mode, "sensor": sensor})
+    def set_agent(self, mode: str, sensor: str, headers: str = "") -> None:
+        """``headers``: the kernel-header source the probes compiled against ("none" in reduced mode)."""
+        labels = {"version": __version__, "mode": mode, "sensor": sensor}
+        self.info.info({**labels, "headers": headers or "none"})
 
     def set_rules(self, version: str, digest: str = "", loaded_at: float | None = None) -> None:
         self.rules.info({"version": str(version), "digest": digest})

@@ -18,7 +18,9 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from gpuguard.errors import GpuguardError
 from gpuguard.sources.ebpf.btf import Btf, BtfError
+from gpuguard.sources.ebpf.kernel_headers import compile_with_headers
 from gpuguard.sources.ebpf.probe_source import probe_dir
 
 SOURCE = "fpu.bpf.c"
@@ -187,12 +189,13 @@ class FpuProbe:
             except ImportError:
                 return cls(blind_spot=f"{BLIND_PREFIX}: bcc is not installed")
         probes = probe_dir()
+        cflags = [f"-I{probes}", "-Wno-comment"] + [f"-D{k}={v}" for k, v in defines.items()]
         try:
-            bpf = bcc.BPF(
-                src_file=str(probes / SOURCE).encode(),
-                cflags=[f"-I{probes}", "-Wno-comment"]
-                + [f"-D{name}={value}" for name, value in defines.items()],
+            bpf = compile_with_headers(
+                lambda: bcc.BPF(src_file=str(probes / SOURCE).encode(), cflags=cflags)
             )
+        except GpuguardError as exc:  # no header source at all
+            return cls(blind_spot=f"{BLIND_PREFIX}: {exc.one_line()}")
         except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load/attach errors
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return cls(blind_spot=f"{BLIND_PREFIX}: the probe did not load ({first})")

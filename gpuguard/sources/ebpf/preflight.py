@@ -37,13 +37,11 @@ def import_bcc():
     return bcc
 
 
-def require_kernel_headers() -> None:
-    build = Path(f"/lib/modules/{os.uname().release}/build")
-    if not (build / "include").exists():
-        raise GpuguardError(
-            f"no kernel headers at {build} (bcc compiles the probes at start-up)",
-            f"install linux-headers-{os.uname().release}, or run {SETUP_HINT} to link the closest Debian headers",
-        )
+def require_kernel_headers():
+    """The header source bcc will compile against (kernel_headers); raises when there is none."""
+    from gpuguard.sources.ebpf.kernel_headers import HEADERS
+
+    return HEADERS.use()
 
 
 def require_tracefs() -> None:

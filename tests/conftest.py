@@ -52,6 +52,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="fail (instead of skip) tests marked root when root/BPF/bcc are missing",
     )
+    parser.addoption(
+        "--image-dir",
+        type=Path,
+        nargs="?",
+        const=Path("/var/cache/gpuguard-image"),
+        default=None,
+        help="run the tests marked image against the rootfs packaging/build-image.sh exported "
+        "there (alone: /var/cache/gpuguard-image, build-image.sh's default); without it they "
+        "are deselected",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -122,6 +132,12 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Building the image takes minutes: its tests run where one was built and --image-dir says so.
+    if config.getoption("--image-dir") is None:
+        image = [i for i in items if i.get_closest_marker("image") is not None]
+        if image:
+            config.hook.pytest_deselected(items=image)
+            items[:] = [i for i in items if i.get_closest_marker("image") is None]
     if _unclassified:
         choices = "; ".join(f"@pytest.mark.{name}: {what}" for name, what in ROOT_CLASSES.items())
         raise pytest.UsageError(

@@ -79,15 +79,18 @@ cleanup() {
 trap cleanup EXIT
 
 # Debian's packages the agent runs on: bcc's Python binding (the interpreter the wheels are for),
-# nftables (block-egress), iproute2; python3-wheel lets the venv's setuptools build gpuguard's
-# wheel offline.  util-linux (setpriv) is essential, so always there.
-BASE_DEBS=python3,python3-venv,python3-wheel,python3-bpfcc,nftables,iproute2,ca-certificates
+# nftables and its Python binding (block-egress), iproute2; python3-wheel lets the venv's
+# setuptools build gpuguard's wheel offline.  util-linux (setpriv) is essential, so always there.
+BASE_DEBS=python3,python3-venv,python3-wheel,python3-bpfcc,python3-nftables,nftables,iproute2,ca-certificates,usr-is-merged
+# mmdebstrap merges /usr with usrmerge, which pulls in perl (46 MB); once merged, usr-is-merged
+# stands in for it (dpkg refuses the purge, failing the build, should anything still need them).
+PURGE="usrmerge libfile-find-rule-perl libnumber-compare-perl libtext-glob-perl perl libperl5.36 perl-modules-5.36"
 # Man pages, docs (but their copyright files) and translations are left out of the base.
 DPKG_EXCLUDES=(--dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*'
                --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*'
                --dpkgopt='path-exclude=/usr/share/info/*')
 if [ "$make_base" -eq 1 ]; then
-    want=$(printf '%s\n' "$BASE_DEBS" "${DPKG_EXCLUDES[@]}" ${MIRRORS[@]+"${MIRRORS[@]}"} | sha256sum | cut -c1-16)
+    want=$(printf '%s\n' "$BASE_DEBS" "$PURGE" "${DPKG_EXCLUDES[@]}" ${MIRRORS[@]+"${MIRRORS[@]}"} | sha256sum | cut -c1-16)
     have=$(podman image inspect -f '{{index .Labels "gpuguard.base"}}' "$BASE" 2>/dev/null || true)
     if [ "$have" = "$want" ] && [ "$rebuild_base" -eq 0 ]; then
         progress "base: $BASE is up to date (--rebuild-base makes it again from the archive)"
@@ -96,7 +99,8 @@ if [ "$make_base" -eq 1 ]; then
         # Reproducible for the same mirror content: file times from the commit being built.
         epoch=$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null || date +%s)
         SOURCE_DATE_EPOCH=$epoch mmdebstrap --quiet --variant=apt --include="$BASE_DEBS" \
-            "${DPKG_EXCLUDES[@]}" bookworm "$ctx/base.tar" ${MIRRORS[@]+"${MIRRORS[@]}"} </dev/null \
+            "${DPKG_EXCLUDES[@]}" --customize-hook="chroot \"\$1\" dpkg --purge $PURGE >/dev/null" \
+            bookworm "$ctx/base.tar" ${MIRRORS[@]+"${MIRRORS[@]}"} </dev/null \
             || die "mmdebstrap failed (fix: check access to the Debian archive, or pass --mirror)"
         old=$(podman image inspect -f '{{.Id}}' "$BASE" 2>/dev/null || true)
         podman import --quiet --change "LABEL gpuguard.base=$want" --change 'CMD ["/bin/bash"]' \

@@ -345,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
         help="start to ready this many times (the median is reported)",
     )
     parser.add_argument(
+        "--doctor",
+        action="store_true",
+        help="then `gpuguard doctor` in the container, with its capabilities (as kubectl exec)",
+    )
+    parser.add_argument(
         "--selftest",
         action="store_true",
         help="then `gpuguard selftest` in the container (as kubectl exec)",
@@ -385,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
                 status = json.loads(state.stdout) if state.returncode == 0 else {}
                 summary["sensor"] = status.get("sensor")
                 summary["headers"] = (status.get("headers") or {}).get("source")
+                if args.doctor:  # `kubectl exec ds/gpuguard -- gpuguard doctor`: the pod's own view
+                    doctor = run.exec("/opt/gpuguard/bin/gpuguard", "doctor")
+                    summary["doctor"] = {"rc": doctor.returncode, "out": doctor.stdout.strip()}
+                    print(doctor.stdout.strip(), file=sys.stderr)
                 if args.selftest:
                     # The simulator makes its own namespaces, GPU device nodes and loopback
                     # (CAP_MKNOD, CAP_NET_ADMIN), which the monitor pod does not hold: the image's
@@ -406,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(run.scratch, ignore_errors=True)
     summary["ready_median_s"] = statistics.median(summary["ready_s"])
     print(json.dumps(summary))
-    return 0 if summary["exit"] == 0 and summary.get("selftest", {}).get("rc", 0) == 0 else 1
+    checks = [summary.get(k, {}).get("rc", 0) for k in ("doctor", "selftest")]
+    return 0 if summary["exit"] == 0 and not any(checks) else 1
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +94,7 @@ def test_the_image_loads_every_probe_without_node_headers_and_catches_the_selfte
     node, port = tmp_path / "node", free_port()
     run = subprocess.run(
         [sys.executable, str(RUNNER), "--image-dir", str(image_dir), "--node-dirs", str(node),
-         "--hide-host-headers", "--metrics-port", str(port), "--selftest",
+         "--hide-host-headers", "--metrics-port", str(port), "--doctor", "--selftest",
          "--scratch-parent", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -103,6 +104,10 @@ def test_the_image_loads_every_probe_without_node_headers_and_catches_the_selfte
     assert summary["bounding"] == summary["effective"] == granted, summary
     assert summary["no_new_privs"] and summary["root_read_only"], summary
     assert (summary["sensor"], summary["headers"]) == ("ebpf", "bundled"), summary
+    # the pod's own preflight, with its capabilities: the full sensor loads, block-egress could run
+    doctor = summary["doctor"]["out"]
+    assert summary["doctor"]["rc"] == 0 and "the full eBPF sensor will load" in doctor, doctor
+    assert re.search(r"^✔ nftables ", doctor, re.M), doctor
     assert summary["selftest"]["rc"] == 0 and "PASS" in summary["selftest"]["out"], summary
     assert "sensor ebpf" in summary["selftest"]["out"], summary
     assert summary["exit"] == 0, summary

@@ -63,7 +63,7 @@ if [ -z "$ISOLATION" ]; then
     ISOLATION=oci
     [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] || ISOLATION=chroot
 fi
-case $ISOLATION in chroot | oci) ;; *) die "--isolation is chroot or oci, not $ISOLATION" ;; esac
+case $ISOLATION in chroot | oci) ;; *) die "--isolation is chroot or oci, not $ISOLATION (fix: leave it out to choose by the cgroup hierarchy)" ;; esac
 
 progress "tools: podman, mmdebstrap"
 tools=(podman)
@@ -177,4 +177,4 @@ else
     fi
 fi
 size=$(podman image inspect -f '{{.Size}}' "$TAG")
-say "built $TAG ($((size / 1000000)) MB uncompressed)${OUT:+; rootfs in $OUT/rootfs (.venv/bin/python packaging/run-image-rootfs.py runs it)}"
+say "image $TAG ($((size / 1000000)) MB uncompressed)${OUT:+; rootfs in $OUT/rootfs (.venv/bin/python packaging/run-image-rootfs.py runs it)}"

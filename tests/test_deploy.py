@@ -548,7 +548,7 @@ def test_a_rules_configmap_update_reaches_the_running_agent_and_its_version_labe
         assert agent.stop() == 0, agent.stderr()
 
 
-NUMBER_WORDS = {5: "five", 7: "seven"}
+NUMBER_WORDS = {2: "two", 5: "five", 7: "seven"}
 
 
 def test_containerfile_installs_offline_and_runs_the_agent():
@@ -570,6 +570,9 @@ def test_the_image_and_docs_name_the_capabilities_the_daemonset_grants():
     listed = re.search(r"^#\s+capabilities: (.*)$", text, re.M).group(1).split()
     assert listed == granted, f"the Containerfile lists {listed}; the DaemonSet grants {granted}"
     assert f"overlays/enforce adds {' and '.join(added)}" in text
+    patch = (K8S / "overlays/enforce/enforce.yaml").read_text()
+    assert f"Monitor mode's {NUMBER_WORDS[len(granted)]}" in patch
+    assert f"the response's {NUMBER_WORDS[len(added)]}" in patch
     assert not re.search(r"\b(six|eight|nine|ten)\b capabilities", text)
     deploy = (REPO / "docs/deploy.md").read_text()
     total = len(granted) + len(added)

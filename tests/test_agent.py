@@ -435,8 +435,10 @@ def test_selftest_starts_its_own_agent_when_none_runs(tmp_path):
         timeout=120,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+    # A pass without eBPF says so in its verdict.
     assert run.stdout.startswith(
-        "PASS: agent started for the test (sensor proc): found the miner simulator"
+        "PASS (reduced mode, sensor proc: kernel events unseen; see gpuguard doctor): "
+        "agent started for the test (sensor proc): found the miner simulator"
     )
 
 

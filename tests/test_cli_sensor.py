@@ -65,9 +65,12 @@ def test_sensor_commands_without_root_give_one_line_and_exit_2(command):
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_missing_kernel_headers_is_one_line(tmp_path, monkeypatch):
+    # No host tree, no kheaders, and gpuguard's own set gone (a damaged install).
     code = (
-        "import os, gpuguard.sources.ebpf.preflight as p\n"
-        "p.require_kernel_headers.__globals__['Path'] = lambda *_: __import__('pathlib').Path('/nonexistent')\n"
+        "import pathlib, gpuguard.sources.ebpf.kernel_headers as k\n"
+        "k.MODULES = pathlib.Path('/nonexistent')\n"
+        "k.KHEADERS = pathlib.Path('/nonexistent/kheaders.tar.xz')\n"
+        'k.bundled_archive = lambda: (None, {}, "gpuguard\'s header set is missing (test)")\n'
         "from gpuguard.cli import main\n"
         "raise SystemExit(main(['watch', '--duration', '1']))\n"
     )
@@ -75,8 +78,10 @@ def test_missing_kernel_headers_is_one_line(tmp_path, monkeypatch):
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 2
-    assert out.stderr.startswith("gpuguard: no kernel headers at /nonexistent")
-    assert "setup-host.sh" in out.stderr and out.stderr.count("\n") == 1
+    assert out.stderr.startswith("gpuguard: no kernel headers for bcc to compile the probes ")
+    assert "no kernel headers at /nonexistent/" in out.stderr
+    assert "header set is missing" in out.stderr and "gpuguard doctor" in out.stderr
+    assert out.stderr.count("\n") == 1
 
 
 @pytest.mark.root

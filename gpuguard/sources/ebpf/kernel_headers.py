@@ -71,9 +71,10 @@ def _missing(roots: list[Path]) -> list[str]:
     return [rel for rel in NEEDED if not any((root / rel).is_file() for root in roots)]
 
 
-def host_tree(release: str | None = None, modules: Path = MODULES) -> tuple[Path | None, str]:
+def host_tree(release: str | None = None, modules: Path | None = None) -> tuple[Path | None, str]:
     """The host's header tree when it holds what the probes need, else (None, what is wrong)."""
     release = release or os.uname().release
+    modules = modules or MODULES
     build = modules / release / "build"
     source = modules / release / "source"  # Debian and SUSE split the tree in two
     if not (build / "include").is_dir() and not (source / "include").is_dir():
@@ -213,7 +214,10 @@ class Headers:
             return self.source
 
     def _choose(self, offered: list[HeaderSource], after: str = "") -> HeaderSource:
-        problems = []
+        """The first of ``offered`` that works, its ``why`` saying why the ones before did not
+        (``after``: why the source in use before this choice failed)."""
+        problems = [after] if after else []
+        host_offered = any(s.kind == "host" for s in offered)
         for source in offered:
             if source.kind == "none":
                 break
@@ -226,7 +230,6 @@ class Headers:
                 if not problem:
                     return source
                 problems.append(problem)
-                after = after or problem
                 continue
             try:
                 tree = self._unpacked(Path(source.path), source.kind)
@@ -234,15 +237,11 @@ class Headers:
                 problems.append(f"the {source.kind} headers are unusable ({exc})")
                 continue
             os.environ["BCC_KERNEL_SOURCE"] = str(tree)
-            why_not_host = after or host_tree()[1]
-            return HeaderSource(
-                source.kind,
-                str(tree),
-                "; ".join([f"{source.why} from {source.path}", why_not_host, *problems]),
-            )
-        reasons = (
-            [s.why for s in offered if s.kind == "none"] + ([after] if after else []) + problems
-        )
+            if not problems and not host_offered:
+                problems.append(host_tree()[1])  # why not the host's
+            why = "; ".join([f"{source.why} from {source.path}", *problems])
+            return HeaderSource(source.kind, str(tree), why)
+        reasons = [s.why for s in offered if s.kind == "none"] + problems
         raise GpuguardError(
             f"no kernel headers for bcc to compile the probes ({'; '.join(reasons)})",
             "install the kernel's headers (linux-headers-$(uname -r)), load the kheaders module, "

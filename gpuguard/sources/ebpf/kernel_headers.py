@@ -18,6 +18,7 @@ import io
 import json
 import lzma
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -82,6 +83,9 @@ def host_tree(release: str | None = None, modules: Path | None = None) -> tuple[
     missing = _missing([build, source])
     if missing:
         return None, f"the headers at {build} lack {', '.join(missing)}"
+    made_for = _made_for(build)
+    if made_for and made_for != release:
+        return build, f"the host's headers, made for {made_for} (not this kernel: tried first)"
     return build, f"the host's headers for {release}"
 
 
@@ -145,16 +149,22 @@ def _unpack(data: bytes, into: Path, arch: str) -> None:
                     shutil.copyfileobj(src, out)
 
 
+def _made_for(build: Path) -> str:
+    """The kernel release a header tree was made for ("" when it does not say)."""
+    try:
+        text = (build / "include" / "generated" / "utsrelease.h").read_text()
+    except OSError:
+        return ""
+    match = re.search(r'UTS_RELEASE\s+"([^"]+)"', text)
+    return match.group(1) if match else ""
+
+
 def _host_problem(build: Path) -> str:
     """Why the host's tree cannot be trusted, or "".  A tree made for this very kernel is
     trusted; another (a distribution's closest headers linked in, a leftover) must first
     compile a program holding the probes' includes: bcc 0.26 can crash the process when the
     probes themselves fail to compile, so a broken tree is found with a small one."""
-    try:
-        uts = (build / "include" / "generated" / "utsrelease.h").read_text()
-    except OSError:
-        uts = ""
-    if f'"{os.uname().release}"' in uts:
+    if _made_for(build) == os.uname().release:
         return ""
     try:
         import bcc

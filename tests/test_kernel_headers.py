@@ -259,3 +259,26 @@ def test_doctor_text_has_one_line_per_check_with_a_mark():
     assert all(line[0] in "✔✗" for line in lines[:-1]), lines
     assert any("kernel headers" in line for line in lines)
     assert out.returncode in (0, 1)
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_the_response_programs_compile_with_its_own_headers():
+    # kill-on-touch and the cgroup programs (quarantine, block-egress), pinned under a root of
+    # the test's own on bpffs, then removed.
+    code = (
+        "import os, shutil\n"
+        "from gpuguard.respond import bpf_pins\n"
+        "from gpuguard.sources.ebpf.kernel_headers import HEADERS\n"
+        "root = f'/sys/fs/bpf/gg-test-headers-{os.getpid()}'\n"
+        "try:\n"
+        "    bpf_pins.ensure_pin_root(root)  # mounts bpffs where the host has not\n"
+        "    for name in ('respond_cgroup.bpf.c', 'respond_touch.bpf.c'):\n"
+        "        bpf_pins.compile_program(name, bpf_pins.Path(root)).cleanup()\n"
+        "    print(HEADERS.source.kind)\n"
+        "finally:\n"
+        "    shutil.rmtree(root, ignore_errors=True)\n"
+    )
+    out = run([*without_headers(), sys.executable, "-c", code])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["bundled"]

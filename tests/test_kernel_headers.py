@@ -9,6 +9,7 @@ import lzma
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,19 @@ def test_the_response_programs_compile_with_its_own_headers():
     out = run([*without_headers(), sys.executable, "-c", code])
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["bundled"]
+
+
+def test_a_read_only_runtime_dir_unpacks_under_the_temporary_dir(tmp_path, monkeypatch):
+    # The runtime dir's parent is a file: it cannot be made (as on a read-only root).
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    headers = kernel_headers.Headers(runtime_dir=blocked / "headers")
+    try:
+        tree = headers._unpacked(kernel_headers.bundled_archive()[0], "bundled")
+        assert tree.parent == tmp_path / "tmp" / "gpuguard-headers"
+        assert (tree / kernel_headers.KCONFIG).is_file()
+    finally:
+        headers.close()
+    assert not tree.exists()

@@ -264,9 +264,7 @@ class Headers:
             expected = bundled_archive()[1].get("tarball_sha256")
             if hashlib.sha256(data).hexdigest() != expected:
                 raise ValueError(f"{archive} does not match its manifest's sha256")
-        self.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _sweep_stale(self.runtime_dir)
-        tree = Path(tempfile.mkdtemp(prefix="tree-", dir=self.runtime_dir))
+        tree = self._new_tree()
         lock = os.open(tree / _LOCK, os.O_CREAT | os.O_RDWR, 0o600)
         fcntl.flock(lock, fcntl.LOCK_EX)
         self._tree, self._lock_fd = tree, lock
@@ -275,6 +273,19 @@ class Headers:
         if not (tree / KCONFIG).is_file():
             raise ValueError(f"{archive} holds no {KCONFIG}")
         return tree
+
+    def _new_tree(self) -> Path:
+        """A fresh directory under the runtime dir, or under the temporary dir where the runtime
+        dir cannot be written (a read-only root without /run/gpuguard mounted)."""
+        problems = []
+        for base in (self.runtime_dir, Path(tempfile.gettempdir()) / "gpuguard-headers"):
+            try:
+                base.mkdir(mode=0o700, parents=True, exist_ok=True)
+                _sweep_stale(base)
+                return Path(tempfile.mkdtemp(prefix="tree-", dir=base))
+            except OSError as exc:
+                problems.append(f"{base}: {exc.strerror or exc}")
+        raise OSError(f"nowhere to unpack them ({'; '.join(problems)})")
 
     def fall_back(self, exc: BaseException) -> HeaderSource | None:
         """After a compile failed with the host's headers: the next source, once; else None."""

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from tests.support.no_headers import (
     HIDE_TRACEFS,
     without_headers,
 )
+from tests.support.ports import free_port
 from tests.support.processes import terminate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,7 +118,15 @@ def test_the_plan_puts_the_host_first_then_the_kernels_then_ours(tmp_path, monke
 @pytest.mark.self_contained
 def test_the_agent_loads_every_probe_with_its_own_headers_and_selftest_passes_with_ebpf(tmp_path):
     before = trees()
-    agent = AgentProcess(tmp_path, "--sensor", "ebpf", wrapper=without_headers())
+    port = free_port()
+    agent = AgentProcess(
+        tmp_path,
+        "--sensor",
+        "ebpf",
+        "--metrics-address",
+        f"127.0.0.1:{port}",
+        wrapper=without_headers(),
+    )
     try:
         doc = agent.wait_ready(timeout=120)
         assert doc["sensor"] == "ebpf", agent.stderr()
@@ -126,6 +136,13 @@ def test_the_agent_loads_every_probe_with_its_own_headers_and_selftest_passes_wi
         assert doc["probes_attached"] >= 20
         start = agent.wait_record(lambda r: r.get("event", {}).get("action") == "start")
         assert "kernel headers: bundled" in start["message"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+            info = [
+                line
+                for line in page.read().decode().splitlines()
+                if line.startswith("gpuguard_agent_info{")
+            ]
+        assert len(info) == 1 and 'headers="bundled"' in info[0], info
         selftest = run([*GG, "selftest", "--state-file", str(agent.state), "--require-ebpf"])
         assert selftest.returncode == 0, selftest.stdout + selftest.stderr
         assert selftest.stdout.startswith("PASS: running agent"), selftest.stdout
@@ -299,3 +316,15 @@ def test_a_read_only_runtime_dir_unpacks_under_the_temporary_dir(tmp_path, monke
     finally:
         headers.close()
     assert not tree.exists()
+
+
+def test_a_pass_in_reduced_mode_says_so_and_fails_when_ebpf_is_required():
+    from gpuguard.commands.selftest import verdict
+    from gpuguard.proving.selftest import SelftestResult
+
+    full = SelftestResult(True, "found", sensor="ebpf")
+    reduced = SelftestResult(True, "found", sensor="proc")
+    assert verdict(full, require_ebpf=True) == "PASS"
+    assert verdict(reduced, require_ebpf=False).startswith("PASS (reduced mode, sensor proc")
+    assert verdict(reduced, require_ebpf=True).startswith("FAIL (eBPF required; reduced mode")
+    assert verdict(SelftestResult(False, "not found", sensor="ebpf"), require_ebpf=False) == "FAIL"

@@ -707,6 +707,28 @@ def test_alerting_rules_pass_promtool_check_and_their_unit_tests():
     assert covered == alerts  # every alert has a test
 
 
+def test_the_gpu_node_alert_is_tested_over_both_dcgm_exporter_spellings_of_the_node():
+    """dcgm-exporter renamed Hostname to hostname after 4.8.2: the alert joins on UUID, and the
+    promtool tests above hold it to both spellings, each naming its nodes by its own label."""
+    rule = next(
+        r
+        for g in yaml.safe_load((PROM / "gpuguard-alerts.yaml").read_text())["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "GpuguardMissingOnGpuNode"
+    )
+    assert "on (UUID)" in rule["expr"] and "on (Hostname)" not in rule["expr"]
+    spellings = set()
+    for case in yaml.safe_load((PROM / "gpuguard-alerts.test.yaml").read_text())["tests"]:
+        for check in case["alert_rule_test"]:
+            if check["alertname"] != "GpuguardMissingOnGpuNode" or not check["exp_alerts"]:
+                continue
+            dcgm = [s["series"] for s in case["input_series"] if s["series"].startswith("DCGM_")]
+            (label,) = {re.search(r"\b([Hh]ostname)=", s).group(1) for s in dcgm}
+            assert all(label in a["exp_labels"] for a in check["exp_alerts"])
+            spellings.add(label)
+    assert spellings == {"Hostname", "hostname"}
+
+
 def test_alerting_rules_read_only_metrics_the_agent_exports():
     from gpuguard.outputs.metrics import METRIC_NAMES, PER_PROCESS_METRIC_NAMES
 

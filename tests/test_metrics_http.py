@@ -114,6 +114,47 @@ def test_only_the_three_paths_answer_and_nothing_else_shows_the_metrics():
         server.close()
 
 
+def raw_request(port: int, method: str, path: str, headers: str = "") -> tuple[int, dict, bytes]:
+    """One HTTP/1.0 request on a plain socket: status, headers and every byte after them (what a
+    HEAD answer must not have)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(f"{method} {path} HTTP/1.0\r\nHost: x\r\n{headers}\r\n".encode())
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    fields = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), fields, body
+
+
+@pytest.mark.parametrize("users", [False, True], ids=["open", "basic-auth"])
+def test_head_answers_wherever_get_does_with_its_headers_and_no_body(tmp_path, users):
+    """HEAD is what GET is, less the body: same status, type and length, on every path."""
+    web = None
+    if users:
+        web = load_web_config(web_config(tmp_path, f"basic_auth_users:\n  p: {password_hash()}\n"))
+    metrics = AgentMetrics()
+    server = metrics.serve("127.0.0.1:0", web=web)
+    token = base64.b64encode(f"p:{PASSWORD}".encode()).decode()
+    try:
+        for path in (*PATHS, "/nope"):
+            for auth in ("", f"Authorization: Basic {token}\r\n"):
+                code, fields, body = raw_request(server.port, "GET", path, auth)
+                h_code, h_fields, h_body = raw_request(server.port, "HEAD", path, auth)
+                assert (h_code, h_body) == (code, b""), (path, auth)
+                assert h_fields["content-type"] == fields["content-type"], path
+                scrape = path == "/metrics" and code == 200
+                if not scrape:
+                    assert int(h_fields["content-length"]) == len(body), path
+                else:  # the metrics body moves between two scrapes
+                    assert int(h_fields["content-length"]) > 1000
+                if path == "/metrics":
+                    assert code == (401 if users and not auth else 200)
+    finally:
+        server.close()
+
+
 # -- the web config file ---------------------------------------------------------------------
 
 

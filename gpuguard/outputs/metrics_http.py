@@ -96,7 +96,7 @@ def serve(
         def handle_error(self, request: Any, client_address: Any) -> None:
             pass  # a client that went away mid-answer: no traceback on the agent's stderr
 
-    httpd = make_server(host, port, app, Server, handler_class=_QuietHandler)
+    httpd = make_server(host, port, _with_head(app), Server, handler_class=_QuietHandler)
     thread = threading.Thread(
         target=httpd.serve_forever,
         kwargs={"poll_interval": SERVE_POLL_S},
@@ -105,6 +105,32 @@ def serve(
     )
     thread.start()
     return MetricsServer(httpd, thread)
+
+
+def _with_head(app: Callable) -> Callable:
+    """HEAD answers as GET does, without the body (RFC 9110, 9.3.2): the same status and headers,
+    the GET body's Content-Length.  prometheus_client's app answers HEAD with 405 itself."""
+
+    def head_or_get(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return app(environ, start_response)
+        answered: list = []
+
+        def capture(status: str, headers: list, exc_info: Any = None) -> Callable:
+            answered[:] = [status, headers]
+            return lambda data: None
+
+        chunks = app({**environ, "REQUEST_METHOD": "GET"}, capture)
+        try:
+            size = sum(len(chunk) for chunk in chunks)
+        finally:
+            getattr(chunks, "close", lambda: None)()
+        status, headers = answered
+        kept = [(k, v) for k, v in headers if k.lower() != "content-length"]
+        start_response(status, [*kept, ("Content-Length", str(size))])
+        return []
+
+    return head_or_get
 
 
 def _answer(start_response: Callable, status: str, body: str, *headers: tuple[str, str]) -> list:

@@ -17,6 +17,7 @@ from gpuguard.agent import startup
 from gpuguard.agent.config import AgentConfig
 from gpuguard.agent.context import AgentContext, stderr_line
 from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.host import StartRefused
 from gpuguard.agent.housekeeping import HOUSEKEEPING_S
 from gpuguard.agent.intake import BoundedQueue
 from gpuguard.agent.schedule import Schedule
@@ -58,6 +59,7 @@ class Agent:
         self.housekeeping_s = HOUSEKEEPING_S
         self.hup = False  # SIGHUP seen: reload on the next loop turn
         self.unfed: list = []  # the rest of a batch cut short by a stop or reload
+        self.refused: StartRefused | None = None  # the step start-up failed in, and why
 
     @property
     def config(self) -> AgentConfig:
@@ -91,7 +93,11 @@ class Agent:
             for step in startup.STEPS:
                 if self.stop.is_set():
                     break
-                step(self)
+                try:
+                    step(self)
+                except Exception as exc:
+                    self.refused = StartRefused(step.__name__, exc)  # the teardown logs it
+                    raise
             if self.opened.wired is not None:
                 self._loop(self.opened.wired)
         finally:

@@ -1,9 +1,11 @@
 """The agent's start-up: small steps, each a function of the agent (:class:`.host.AgentHost`).
 
-signals, capabilities (enforce mode's), rules, log, metrics, sensor (or reduced mode), stages
-(built once, with what the steps before opened), findings the last run left open, seed sweep,
-producers, started (the start line, the first state file, ready).  The pipeline runs them in
-order; the teardown always runs after them, however far they got.
+signals, log (first, so a refused start is logged), capabilities (enforce mode's), rules,
+metrics, sensor (or reduced mode), stages (built once, with what the steps before opened),
+findings the last run left open, seed sweep, producers, started (the start record, stamped
+with the agent's start time and written before what start-up logged, the first state file,
+ready).  The pipeline runs them in order; the teardown always runs after them, however far
+they got, and logs a refused start as ``start-failed``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from gpuguard.agent.reload import load_rules
 from gpuguard.agent.stages.s1_produce.opening import start_sensor
 from gpuguard.agent.telemetry import finding_rules
 from gpuguard.agent.wiring import Wired, wire
+from gpuguard.events.agent_events import AgentLifecycle
 
 if TYPE_CHECKING:
     from gpuguard.agent.host import AgentHost
@@ -81,19 +84,23 @@ def started(agent: AgentHost) -> None:
     ctx, s = agent.ctx, _wired(agent).stages
     ruleset, config, counters = _rules(agent).current, ctx.config, ctx.counters
     ctx.telemetry.started(config.mode)
-    ctx.lifecycle(
-        "start",
-        f"agent started: mode {config.mode}{' (dry run)' if config.dry_run else ''}, "
+    start = AgentLifecycle(
+        time=counters.started,  # the run's first record, also on a timeline sorted by time
+        action="start",
+        message=f"agent started: mode {config.mode}{' (dry run)' if config.dry_run else ''}, "
         f"sensor {counters.sensor_mode}, {len(ruleset.rules)} rules "
         f"(version {counters.rules_version}), {len(s.correlate.correlator)} processes seeded",
-        mode=config.mode,
-        sensor=counters.sensor_mode,
-        pid=os.getpid(),
-        run_id=counters.run_id,
-        rules=[str(p) for p in ruleset.sources],
-        blind_spots=counters.blind_spots,
-        config=config.source or None,
+        detail=dict(
+            mode=config.mode,
+            sensor=counters.sensor_mode,
+            pid=os.getpid(),
+            run_id=counters.run_id,
+            rules=[str(p) for p in ruleset.sources],
+            blind_spots=counters.blind_spots,
+            config=config.source or None,
+        ),
     )
+    ctx.telemetry.release(start)  # then what start-up logged before it (degraded, findings)
     release_compiler_pages()  # the probes are compiled: LLVM's ~80 MB of code can go
     s.emit.status.write(time.time())
     agent.ready.set()
@@ -102,9 +109,9 @@ def started(agent: AgentHost) -> None:
 
 STEPS = (
     signals,
+    log,
     capabilities,
     rules,
-    log,
     metrics,
     sensor,
     stages,

@@ -5,6 +5,7 @@ the log-shipping examples."""
 from __future__ import annotations
 
 import configparser
+import hashlib
 import json
 import os
 import re
@@ -495,23 +496,30 @@ def test_rules_configmap_layout_is_what_the_agent_reads_by_default(tmp_path):
     assert len(load_ruleset(paths).rules) == len(load_ruleset([shipped_rules_file()]).rules)
 
 
-def _rules_info(port: int) -> tuple[str, float]:
+def _rules_info(port: int) -> tuple[str, float, str]:
+    """gpuguard_rules_info's version, the failed reloads, and its digest."""
     from prometheus_client.parser import text_string_to_metric_families
 
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    version, failed = "", 0.0
+    version, failed, digest = "", 0.0, ""
     for family in text_string_to_metric_families(body):
         for sample in family.samples:
             if sample.name == "gpuguard_rules_info":
-                version = sample.labels["version"]
+                version, digest = sample.labels["version"], sample.labels["digest"]
             if sample.name == "gpuguard_reloads_total" and sample.labels["result"] == "failed":
                 failed = sample.value
-    return version, failed
+    return version, failed, digest
+
+
+def _digest_of(*paths: Path) -> str:
+    """SHA-256 of the files' contents, one after another (the agent's rules digest)."""
+    return hashlib.sha256(b"".join(path.read_bytes() for path in paths)).hexdigest()
 
 
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_a_rules_configmap_update_reaches_the_running_agent_and_its_version_label(tmp_path):
+    from gpuguard.detect.ruleset.load import load_ruleset
     from gpuguard.detect.ruleset.shipped import shipped_rules_file
     from tests.support.agent_run import AgentProcess, until
 
@@ -527,22 +535,27 @@ def test_a_rules_configmap_update_reaches_the_running_agent_and_its_version_labe
     agent = AgentProcess(tmp_path, "--sensor", "proc", "--config", str(volume.path / "agent.yaml"))
     try:
         agent.wait_ready()
-        first, _ = until(lambda: _rules_info(port)[0] and _rules_info(port), timeout=20)
+        first, _, digest = until(lambda: _rules_info(port)[0] and _rules_info(port), timeout=20)
+        rule_files = [shipped_rules_file(), volume.path / "site-rules.yaml"]
+        files = (*rule_files, *map(Path, load_ruleset(rule_files).yara_files))
+        assert digest == _digest_of(*files) and first == digest[:12]  # the whole digest, too
         volume.update(
             {
                 "agent.yaml": agent_yaml,
                 "site-rules.yaml": "version: 1\nlists: {pool_ports: {extend: [3333]}}\n",
             }
         )
-        second, failed = until(lambda: (r := _rules_info(port))[0] != first and r, timeout=30)
-        assert failed == 0
+        second, failed, digest = until(
+            lambda: (r := _rules_info(port))[0] != first and r, timeout=30
+        )
+        assert failed == 0 and digest == _digest_of(*files) and second == digest[:12]
         assert any(
             r.get("event", {}).get("action") == "reload" and second in r.get("message", "")
             for r in agent.records()
         )
         # a broken update keeps the last good rules, counts the failure, and says why
         volume.update({"agent.yaml": agent_yaml, "site-rules.yaml": "version: 1\nrules: [\n"})
-        version, failed = until(lambda: (r := _rules_info(port))[1] >= 1 and r, timeout=30)
+        version, failed, _ = until(lambda: (r := _rules_info(port))[1] >= 1 and r, timeout=30)
         assert version == second
     finally:
         assert agent.stop() == 0, agent.stderr()

@@ -41,15 +41,18 @@ RESTART_SETTINGS = (
 )
 
 
-def rules_version(ruleset: Any) -> str:
-    """A short digest of the rule files' contents: equal on every host with the same rules."""
+RULES_VERSION_CHARS = 12  # the version is the digest's first characters
+
+
+def rules_digest(ruleset: Any) -> str:
+    """SHA-256 of the rule files' contents (hex): equal on every host with the same rules."""
     digest = hashlib.sha256()
     for path in list(ruleset.sources) + list(ruleset.yara_files):
         try:
             digest.update(Path(path).read_bytes())
         except OSError:
             digest.update(str(path).encode())
-    return digest.hexdigest()[:12]
+    return digest.hexdigest()
 
 
 def load_rules(ctx: AgentContext) -> RuleSetHolder:
@@ -63,7 +66,8 @@ def note_rules(rules: RuleSetHolder, counters: AgentCounters) -> None:
     """The rule set's version, generation and last error, for the state file and metrics."""
     # The digest is taken when a set is loaded: the files on disk may already be newer (and broken).
     if rules.generation != counters.rules_generation:
-        counters.rules_version = rules_version(rules.current)
+        counters.rules_digest = rules_digest(rules.current)
+        counters.rules_version = counters.rules_digest[:RULES_VERSION_CHARS]
     counters.rules_generation = rules.generation
     counters.rules_error = rules.last_error
 

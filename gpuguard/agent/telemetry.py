@@ -138,7 +138,8 @@ class AgentTelemetry:
                 "choose another address for metrics.address (or --metrics-address)",
             ) from None
         self.metrics = metrics
-        metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
+        counters = self.counters
+        metrics.set_rules(counters.rules_version, counters.rules_digest, loaded_at=time.time())
 
     def declare_findings(self, finding_rules: Iterable[str]) -> None:
         """Rules a reload brought: their finding counters start at 0 (an alert sees the first)."""
@@ -282,7 +283,8 @@ class AgentTelemetry:
                 rules_ok=self.counters.rules_error is None,
             )
             if ok:
-                self.metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
+                c = self.counters
+                self.metrics.set_rules(c.rules_version, c.rules_digest, loaded_at=time.time())
             self.metrics.set_agent(mode, self.counters.sensor_mode)
 
     # -- teardown -----------------------------------------------------------------------

@@ -224,7 +224,8 @@ class AgentMetrics:
     def set_agent(self, mode: str, sensor: str) -> None:
         self.info.info({"version": __version__, "mode": mode, "sensor": sensor})
 
-    def set_rules(self, version: str, digest: str = "", loaded_at: float | None = None) -> None:
+    def set_rules(self, version: str, digest: str, loaded_at: float | None = None) -> None:
+        """The rules in use: ``version`` (short, for dashboards) and the full ``digest``."""
         self.rules.info({"version": str(version), "digest": digest})
         if loaded_at is not None:
             self.rules_loaded.set(loaded_at)

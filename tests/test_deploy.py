@@ -742,6 +742,30 @@ def test_the_gpu_node_alert_is_tested_over_both_dcgm_exporter_spellings_of_the_n
     assert spellings == {"Hostname", "hostname"}
 
 
+def test_the_zero_series_deploy_md_counts_are_the_ones_the_shipped_agent_declares():
+    """docs/deploy.md's count of gpuguard_findings_total series at start, from the code: every
+    rule a finding can name under the shipped rules and config, once per verdict."""
+    from gpuguard.agent.config import load_config
+    from gpuguard.agent.telemetry import finding_rules
+    from gpuguard.detect.ruleset.load import load_ruleset
+    from gpuguard.detect.ruleset.model import VERDICTS
+    from gpuguard.detect.ruleset.shipped import shipped_rules_file
+
+    rules = finding_rules(load_ruleset([shipped_rules_file()]), load_config(PKG / "agent.yaml"))
+    text = " ".join((REPO / "docs" / "deploy.md").read_text().split())
+    said = re.search(
+        r"That is (\d+) series per node with the shipped rules and config \((\d+) rules and "
+        r"host checks, (\d+) verdicts each",
+        text,
+    )
+    assert said, "docs/deploy.md no longer states the zero series count"
+    assert tuple(map(int, said.groups())) == (
+        len(rules) * len(VERDICTS),
+        len(rules),
+        len(VERDICTS),
+    ), 'fix the count in docs/deploy.md, "Alerts"'
+
+
 def test_alerting_rules_read_only_metrics_the_agent_exports():
     from gpuguard.outputs.metrics import METRIC_NAMES, PER_PROCESS_METRIC_NAMES
 

@@ -193,8 +193,57 @@ def test_tls_with_basic_auth_and_client_certificates(tmp_path):
     try:
         url = f"https://127.0.0.1:{server.port}/metrics"
         assert get(url, client_context(pki, with_cert=True))[0] == 200
+        # no client certificate: /metrics refuses, the health paths answer (kubelet probes)
+        assert get(url, client_context(pki)) == (403, "client certificate required\n")
+        assert get(url.replace("/metrics", "/healthz"), client_context(pki))[0] == 200
+        stranger = make_pki(tmp_path / "other")  # a certificate another CA signed
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
-            get(url, client_context(pki))  # no client certificate: the handshake fails
+            get(url, client_context(stranger, with_cert=True))  # the handshake refuses it
+    finally:
+        server.close()
+
+
+def kubelet_probe(port: int, path: str) -> int:
+    """What an httpGet probe with ``scheme: HTTPS`` does: no server verification, no client
+    certificate, no password; the status it gets."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    return get(f"https://127.0.0.1:{port}{path}", ctx)[0]
+
+
+@pytest.mark.parametrize(
+    "tls_extra",
+    [
+        "",
+        "  client_ca_file: pki/ca.crt\n  client_auth_type: VerifyClientCertIfGiven\n",
+        "  client_ca_file: pki/ca.crt\n  client_auth_type: RequireAndVerifyClientCert\n",
+        "  min_version: TLS13\n",
+    ],
+    ids=["tls", "client-cert-if-given", "client-cert-required", "tls13"],
+)
+def test_kubelet_probes_reach_the_health_paths_under_every_documented_web_config(
+    tmp_path, tls_extra
+):
+    """Every option docs/deploy.md offers, with basic auth on: /healthz answers 200 and /readyz
+    answers (503 while starting) to a probe that sends no certificate and no password, while
+    /metrics stays closed to it."""
+    pki = make_pki(tmp_path / "pki")
+    config = web_config(
+        tmp_path,
+        "tls_server_config:\n  cert_file: pki/server.crt\n  key_file: pki/server.key\n"
+        + tls_extra
+        + f"basic_auth_users:\n  prometheus: '{password_hash()}'\n",
+    )
+    server = AgentMetrics().serve("127.0.0.1:0", web=load_web_config(config))
+    try:
+        assert kubelet_probe(server.port, "/healthz") == 200
+        assert kubelet_probe(server.port, "/readyz") == 503  # starting: an answer, not a failure
+        assert kubelet_probe(server.port, "/metrics") in (401, 403)
+        scraper = client_context(pki, with_cert=True)
+        code, body = get(
+            f"https://127.0.0.1:{server.port}/metrics", scraper, ("prometheus", PASSWORD)
+        )
+        assert code == 200 and "gpuguard_agent_info" in body
     finally:
         server.close()
 

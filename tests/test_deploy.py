@@ -105,6 +105,14 @@ def test_systemd_analyze_verify_and_security(tmp_path):
         assert re.search(rf"✓ CapabilityBoundingSet=~{cap}\b", monitor), monitor[-2000:]
         assert re.search(rf"✗ CapabilityBoundingSet=~{cap}\b", enforce), enforce[-2000:]
     assert re.search(r"✗ CapabilityBoundingSet=~CAP_SYS_ADMIN\b", monitor)
+    # docs/deploy.md states both ratings: they are these
+    rated = [
+        re.search(r"Overall exposure level for gpuguard.service: ([\d.]+)", part).group(1)
+        for part in (monitor, enforce)
+    ]
+    text = " ".join((REPO / "docs" / "deploy.md").read_text().split())
+    said = re.search(r"rates it ([\d.]+) \(MEDIUM\) in monitor mode and ([\d.]+) with", text)
+    assert said and list(said.groups()) == rated, (rated, "fix docs/deploy.md's ratings")
 
 
 # -- install.sh -------------------------------------------------------------------------------

@@ -4,14 +4,17 @@ the reason, outcome failure, and nothing after it) when start-up was refused."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.support.agent_run import AgentProcess, finding_for, lifecycle, miner_simulator
+from tests.support.agent_run import AgentProcess, finding_for, lifecycle, miner_simulator, until
+from tests.support.ports import free_port
 from tests.support.schemas import log_errors
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,6 +41,37 @@ def test_the_start_record_is_the_runs_first_before_start_up_findings_and_degrade
     degraded = [r for r in records if lifecycle("degraded")(r) and "reduced mode" in r["message"]]
     found = [r for r in records if finding_for(miner["pid"])(r)]
     assert degraded and found  # made during start-up (sensor step, first sweep), logged after
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_a_stop_during_start_up_still_opens_the_log_with_the_start(tmp_path):
+    """SIGTERM while the probes compile: the start record (marked interrupted) comes first, with
+    what start-up had learnt, and the stop last."""
+    port = free_port()
+    agent = AgentProcess(tmp_path, "--sensor", "ebpf", "--metrics-address", f"127.0.0.1:{port}")
+    try:  # the metrics port opens before the sensor step: start-up is under way
+        until(lambda: _answers(port), timeout=60)
+        assert agent.status().get("running") is not True  # not ready yet
+        agent.signal(signal.SIGTERM)
+        assert agent.proc.wait(timeout=120) == 0, agent.stderr()
+    finally:
+        agent.stop()
+    records = agent.records()
+    actions = [r["event"]["action"] for r in records]
+    assert actions[0] == "start" and actions[-1] == "stop" and actions.count("start") == 1, actions
+    start = records[0]
+    assert start["gpuguard"]["detail"]["interrupted"] is True
+    assert "stopped during start-up" in start["message"]
+    assert all(r["@timestamp"] >= start["@timestamp"] for r in records)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
 
 
 def _refused(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:

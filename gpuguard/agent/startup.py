@@ -80,27 +80,42 @@ def producers(agent: AgentHost) -> None:
     s.produce.start_threads(s.correlate.known)
 
 
-def started(agent: AgentHost) -> None:
-    ctx, s = agent.ctx, _wired(agent).stages
-    ruleset, config, counters = _rules(agent).current, ctx.config, ctx.counters
-    ctx.telemetry.started(config.mode)
-    start = AgentLifecycle(
-        time=counters.started,  # the run's first record, also on a timeline sorted by time
+def start_record(agent: AgentHost, interrupted: bool = False) -> AgentLifecycle:
+    """The run's first record, stamped with the agent's start time (also first on a timeline
+    sorted by time); ``interrupted``: a stop came during start-up, and what start-up had not
+    learnt yet is left out."""
+    ctx, opened = agent.ctx, agent.opened
+    config, counters = ctx.config, ctx.counters
+    ruleset = opened.rules.current if opened.rules is not None else None
+    said = [f"mode {config.mode}{' (dry run)' if config.dry_run else ''}"]
+    if counters.sensor_mode:
+        said.append(f"sensor {counters.sensor_mode}")
+    if ruleset is not None:
+        said.append(f"{len(ruleset.rules)} rules (version {counters.rules_version})")
+    if opened.wired is not None and not interrupted:
+        said.append(f"{len(opened.wired.stages.correlate.correlator)} processes seeded")
+    lead = "agent started, and stopped during start-up" if interrupted else "agent started"
+    return AgentLifecycle(
+        time=counters.started,
         action="start",
-        message=f"agent started: mode {config.mode}{' (dry run)' if config.dry_run else ''}, "
-        f"sensor {counters.sensor_mode}, {len(ruleset.rules)} rules "
-        f"(version {counters.rules_version}), {len(s.correlate.correlator)} processes seeded",
+        message=f"{lead}: {', '.join(said)}",
         detail=dict(
             mode=config.mode,
-            sensor=counters.sensor_mode,
+            sensor=counters.sensor_mode or None,
             pid=os.getpid(),
             run_id=counters.run_id,
-            rules=[str(p) for p in ruleset.sources],
+            rules=[str(p) for p in ruleset.sources] if ruleset is not None else None,
             blind_spots=counters.blind_spots,
             config=config.source or None,
+            interrupted=interrupted or None,
         ),
     )
-    ctx.telemetry.release(start)  # then what start-up logged before it (degraded, findings)
+
+
+def started(agent: AgentHost) -> None:
+    ctx, s = agent.ctx, _wired(agent).stages
+    ctx.telemetry.started(ctx.config.mode)
+    ctx.telemetry.release(start_record(agent))  # then what start-up logged before it
     release_compiler_pages()  # the probes are compiled: LLVM's ~80 MB of code can go
     s.emit.status.write(time.time())
     agent.ready.set()

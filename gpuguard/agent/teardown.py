@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.stages.s1_produce.opening import close_sensor
+from gpuguard.agent.startup import start_record
 from gpuguard.errors import GpuguardError
 from gpuguard.events.agent_events import AgentLifecycle
 
@@ -72,10 +73,11 @@ def teardown(agent: AgentHost) -> None:
         except Exception as exc:  # noqa: BLE001 - the summary and cleanup still run
             ctx.stderr(f"gpuguard: closing the responder failed: {type(exc).__name__}: {exc}")
     c = ctx.counters
-    if agent.refused is not None:
+    if agent.refused is not None and ctx.telemetry.holding:  # the run's first and last record
         ctx.telemetry.release(start_failed(agent.refused, c, ctx.config.mode))
     else:
-        ctx.telemetry.release()  # a stop during start-up: what it logged, with no start before it
+        if ctx.telemetry.holding:  # a stop during start-up
+            ctx.telemetry.release(start_record(agent, interrupted=True))
         _stop_record(agent)
     if stages is not None:
         stages.enrich.save()

@@ -200,6 +200,11 @@ class AgentTelemetry:
         if self.writer is not None:
             self.writer.write(record)
 
+    @property
+    def holding(self) -> bool:
+        """Whether records still wait for the run's start record."""
+        return self._held is not None
+
     def release(self, first: Any = None) -> None:
         """Write ``first`` (the run's start or start-failed record), then the records start-up
         made before it, in their order; from now on records go straight to the log."""

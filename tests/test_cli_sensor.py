@@ -63,6 +63,7 @@ def test_sensor_commands_without_root_give_one_line_and_exit_2(command):
         in out.stderr
     )
     assert "fix:" in out.stderr and "Traceback" not in out.stderr
+    assert out.stderr in (REPO / "README.md").read_text(), "README.md's example is not this line"
 
 
 def _with_capabilities(*caps: str) -> list[str]:

@@ -59,7 +59,7 @@ class Agent:
         self.housekeeping_s = HOUSEKEEPING_S
         self.hup = False  # SIGHUP seen: reload on the next loop turn
         self.unfed: list = []  # the rest of a batch cut short by a stop or reload
-        self.refused: StartRefused | None = None  # the step start-up failed in, and why
+        self.refused: StartRefused | None = None  # start-up failed: the step, and why
 
     @property
     def config(self) -> AgentConfig:
@@ -90,14 +90,7 @@ class Agent:
 
     def run(self) -> int:
         try:
-            for step in startup.STEPS:
-                if self.stop.is_set():
-                    break
-                try:
-                    step(self)
-                except Exception as exc:
-                    self.refused = StartRefused(step.__name__, exc)  # the teardown logs it
-                    raise
+            startup.run(self)
             if self.opened.wired is not None:
                 self._loop(self.opened.wired)
         finally:

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gpuguard.agent.capabilities import check_enforce_capabilities
+from gpuguard.agent.host import StartRefused
 from gpuguard.agent.memory import release_compiler_pages
 from gpuguard.agent.reload import load_rules
 from gpuguard.agent.stages.s1_produce.opening import start_sensor
@@ -135,6 +136,19 @@ STEPS = (
     producers,
     started,
 )
+
+
+def run(agent: AgentHost) -> None:
+    """The steps in order, until a stop is asked for; a step that raises is noted on the agent
+    (``refused``: the teardown logs it as ``start-failed``) and the error goes on."""
+    for step in STEPS:
+        if agent.ctx.stop.is_set():
+            return
+        try:
+            step(agent)
+        except Exception as exc:
+            agent.refused = StartRefused(step.__name__, exc)
+            raise
 
 
 def _rules(agent: AgentHost) -> RuleSetHolder:

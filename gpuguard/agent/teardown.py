@@ -2,7 +2,8 @@
 
 Producers stop, what they queued is scored, pending updates and last closes are written, the
 responder closes (its later outcomes recorded), a summary line is written (a refused start
-writes ``start-failed`` with the reason instead, and nothing after it), the YARA cache is saved,
+writes ``start-failed`` with the reason instead, and nothing after it; a stop during start-up
+writes the start record first), the YARA cache is saved,
 the probes are detached, the log is flushed, the state file says the agent stopped and the
 metrics endpoint closes.  What start-up never opened is skipped.
 """

@@ -14,14 +14,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpuguard.agent.capabilities import (
-    ENFORCE_CAPABILITIES,
-    MONITOR_CAPABILITIES,
-    effective_capabilities,
-)
+from gpuguard.agent.capabilities import ENFORCE_CAPABILITIES, MONITOR_CAPABILITIES
 from gpuguard.errors import GpuguardError
 from gpuguard.events.abi import probe_dir
 from gpuguard.sources.ebpf import kernel_headers, preflight
+from gpuguard.sources.proc.capabilities import effective_capabilities
 
 BTF = Path("/sys/kernel/btf/vmlinux")
 LOCKDOWN = Path("/sys/kernel/security/lockdown")

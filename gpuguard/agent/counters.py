@@ -40,7 +40,8 @@ class AgentCounters:
     probes_attached: int = 0
     headers: str = ""  # the kernel headers the probes compiled against: kind
     headers_why: str = ""  # where they are and why those (kernel_headers.HeaderSource)
-    rules_version: str = ""
+    rules_version: str = ""  # the first characters of rules_digest
+    rules_digest: str = ""  # SHA-256 of the rule files as loaded
     rules_generation: int = 0
     rules_error: str | None = None  # the last reload that failed, until one succeeds
     config_error: str | None = None  # the agent config's last failed reload, until one succeeds

@@ -1,4 +1,4 @@
-"""`gpuguard doctor`: the preflight an operator runs first; exit 0 only when the full eBPF sensor loads.
+"""`gpuguard doctor`: the preflight an operator runs first; exit 0 only when the eBPF sensor loads.
 
 One line per prerequisite (✔ or ✗, what a missing one costs, the fix), or --json; the last
 check loads the agent's probes and detaches them (docs/doctor.md).

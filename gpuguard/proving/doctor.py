@@ -1,4 +1,4 @@
-"""The preflight: each prerequisite of the eBPF sensor and the response, what its absence costs, the fix.
+"""The preflight: each prerequisite of the sensor and the response, its cost when missing, the fix.
 
 Reads the host and changes nothing, except the last check, which loads the agent's probes
 (and detaches them) to prove they load.  ``ready`` holds when every required check passed:
@@ -14,22 +14,18 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpuguard.agent.capabilities import (
-    ENFORCE_CAPABILITIES,
-    MONITOR_CAPABILITIES,
-    effective_capabilities,
-)
+from gpuguard.agent.capabilities import ENFORCE_CAPABILITIES, MONITOR_CAPABILITIES
 from gpuguard.errors import GpuguardError
 from gpuguard.events.abi import probe_dir
 from gpuguard.sources.ebpf import kernel_headers, preflight
+from gpuguard.sources.proc.capabilities import effective_capabilities
 
 BTF = Path("/sys/kernel/btf/vmlinux")
 LOCKDOWN = Path("/sys/kernel/security/lockdown")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-# The oldest kernel whose BPF runs every probe: raw tracepoints and cgroup connect programs
-# (4.17); below 5.8 events go through a perf buffer instead of the ring buffer.
-OLDEST = (4, 17)
-RINGBUF = (5, 8)
+# The oldest kernel that runs every probe: bpf_ktime_get_boot_ns, the ring buffer (5.8);
+# docs/doctor.md lists each feature and its kernel.
+OLDEST = (5, 8)
 _TRACEPOINT = re.compile(r"^\s*TRACEPOINT_PROBE\((\w+),\s*(\w+)\)", re.M)
 # What a missing tracepoint costs, by category (the rest cost the sensor its load).
 _TRACEPOINT_COST = {
@@ -64,14 +60,12 @@ def _release_tuple(release: str) -> tuple[int, int]:
 
 def kernel() -> Check:
     uname = os.uname()
-    version = _release_tuple(uname.release)
-    buffer = "ring buffer" if version >= RINGBUF else "perf buffer (ring buffer from 5.8)"
     return Check(
         "kernel",
-        version >= OLDEST,
-        f"{uname.release} {uname.machine}, events through the {buffer}",
-        "the probes need raw tracepoints and cgroup connect programs (Linux 4.17)",
-        "run a kernel of 4.17 or later (5.8 or later for the ring buffer)",
+        _release_tuple(uname.release) >= OLDEST,
+        f"{uname.release} {uname.machine}",
+        "the probes use BPF helpers and the ring buffer of Linux 5.8: they do not load",
+        "run Linux 5.8 or later",
     )
 
 

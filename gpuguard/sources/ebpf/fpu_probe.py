@@ -22,6 +22,7 @@ from gpuguard.errors import GpuguardError
 from gpuguard.sources.ebpf.btf import Btf, BtfError
 from gpuguard.sources.ebpf.kernel_headers import compile_with_headers
 from gpuguard.sources.ebpf.probe_source import probe_dir
+from gpuguard.sources.proc.capabilities import can_load_bpf, effective_capabilities
 
 SOURCE = "fpu.bpf.c"
 TRACEPOINT = "x86_fpu/x86_fpu_regs_deactivated"
@@ -171,8 +172,11 @@ class FpuProbe:
         started = time.perf_counter()
         if os.uname().machine not in ("x86_64", "i686", "i386"):
             return cls(blind_spot=f"{BLIND_PREFIX}: not an x86 CPU")
-        if os.geteuid() != 0:
-            return cls(blind_spot=f"{BLIND_PREFIX}: loading the probe needs root (run as root)")
+        if not can_load_bpf(effective_capabilities()):
+            return cls(
+                blind_spot=f"{BLIND_PREFIX}: loading the probe needs CAP_BPF and CAP_PERFMON "
+                "(or CAP_SYS_ADMIN)"
+            )
         if not _tracepoint_present():
             return cls(blind_spot=f"{BLIND_PREFIX}: this kernel has no {TRACEPOINT} tracepoint")
         try:

@@ -18,6 +18,7 @@ import io
 import json
 import lzma
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -71,9 +72,10 @@ def _missing(roots: list[Path]) -> list[str]:
     return [rel for rel in NEEDED if not any((root / rel).is_file() for root in roots)]
 
 
-def host_tree(release: str | None = None, modules: Path = MODULES) -> tuple[Path | None, str]:
+def host_tree(release: str | None = None, modules: Path | None = None) -> tuple[Path | None, str]:
     """The host's header tree when it holds what the probes need, else (None, what is wrong)."""
     release = release or os.uname().release
+    modules = modules or MODULES
     build = modules / release / "build"
     source = modules / release / "source"  # Debian and SUSE split the tree in two
     if not (build / "include").is_dir() and not (source / "include").is_dir():
@@ -81,6 +83,9 @@ def host_tree(release: str | None = None, modules: Path = MODULES) -> tuple[Path
     missing = _missing([build, source])
     if missing:
         return None, f"the headers at {build} lack {', '.join(missing)}"
+    made_for = _made_for(build)
+    if made_for and made_for != release:
+        return build, f"the host's headers, made for {made_for} (not this kernel: tried first)"
     return build, f"the host's headers for {release}"
 
 
@@ -144,16 +149,22 @@ def _unpack(data: bytes, into: Path, arch: str) -> None:
                     shutil.copyfileobj(src, out)
 
 
+def _made_for(build: Path) -> str:
+    """The kernel release a header tree was made for ("" when it does not say)."""
+    try:
+        text = (build / "include" / "generated" / "utsrelease.h").read_text()
+    except OSError:
+        return ""
+    match = re.search(r'UTS_RELEASE\s+"([^"]+)"', text)
+    return match.group(1) if match else ""
+
+
 def _host_problem(build: Path) -> str:
     """Why the host's tree cannot be trusted, or "".  A tree made for this very kernel is
     trusted; another (a distribution's closest headers linked in, a leftover) must first
     compile a program holding the probes' includes: bcc 0.26 can crash the process when the
     probes themselves fail to compile, so a broken tree is found with a small one."""
-    try:
-        uts = (build / "include" / "generated" / "utsrelease.h").read_text()
-    except OSError:
-        uts = ""
-    if f'"{os.uname().release}"' in uts:
+    if _made_for(build) == os.uname().release:
         return ""
     try:
         import bcc
@@ -213,7 +224,10 @@ class Headers:
             return self.source
 
     def _choose(self, offered: list[HeaderSource], after: str = "") -> HeaderSource:
-        problems = []
+        """The first of ``offered`` that works, its ``why`` saying why the ones before did not
+        (``after``: why the source in use before this choice failed)."""
+        problems = [after] if after else []
+        host_offered = any(s.kind == "host" for s in offered)
         for source in offered:
             if source.kind == "none":
                 break
@@ -226,7 +240,6 @@ class Headers:
                 if not problem:
                     return source
                 problems.append(problem)
-                after = after or problem
                 continue
             try:
                 tree = self._unpacked(Path(source.path), source.kind)
@@ -234,15 +247,11 @@ class Headers:
                 problems.append(f"the {source.kind} headers are unusable ({exc})")
                 continue
             os.environ["BCC_KERNEL_SOURCE"] = str(tree)
-            why_not_host = after or host_tree()[1]
-            return HeaderSource(
-                source.kind,
-                str(tree),
-                "; ".join([f"{source.why} from {source.path}", why_not_host, *problems]),
-            )
-        reasons = (
-            [s.why for s in offered if s.kind == "none"] + ([after] if after else []) + problems
-        )
+            if not problems and not host_offered:
+                problems.append(host_tree()[1])  # why not the host's
+            why = "; ".join([f"{source.why} from {source.path}", *problems])
+            return HeaderSource(source.kind, str(tree), why)
+        reasons = [s.why for s in offered if s.kind == "none"] + problems
         raise GpuguardError(
             f"no kernel headers for bcc to compile the probes ({'; '.join(reasons)})",
             "install the kernel's headers (linux-headers-$(uname -r)), load the kheaders module, "
@@ -255,9 +264,7 @@ class Headers:
             expected = bundled_archive()[1].get("tarball_sha256")
             if hashlib.sha256(data).hexdigest() != expected:
                 raise ValueError(f"{archive} does not match its manifest's sha256")
-        self.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _sweep_stale(self.runtime_dir)
-        tree = Path(tempfile.mkdtemp(prefix="tree-", dir=self.runtime_dir))
+        tree = self._new_tree()
         lock = os.open(tree / _LOCK, os.O_CREAT | os.O_RDWR, 0o600)
         fcntl.flock(lock, fcntl.LOCK_EX)
         self._tree, self._lock_fd = tree, lock
@@ -266,6 +273,19 @@ class Headers:
         if not (tree / KCONFIG).is_file():
             raise ValueError(f"{archive} holds no {KCONFIG}")
         return tree
+
+    def _new_tree(self) -> Path:
+        """A fresh directory under the runtime dir, or under the temporary dir where the runtime
+        dir cannot be written (a read-only root without /run/gpuguard mounted)."""
+        problems = []
+        for base in (self.runtime_dir, Path(tempfile.gettempdir()) / "gpuguard-headers"):
+            try:
+                base.mkdir(mode=0o700, parents=True, exist_ok=True)
+                _sweep_stale(base)
+                return Path(tempfile.mkdtemp(prefix="tree-", dir=base))
+            except OSError as exc:
+                problems.append(f"{base}: {exc.strerror or exc}")
+        raise OSError(f"nowhere to unpack them ({'; '.join(problems)})")
 
     def fall_back(self, exc: BaseException) -> HeaderSource | None:
         """After a compile failed with the host's headers: the next source, once; else None."""

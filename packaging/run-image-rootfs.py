@@ -36,7 +36,7 @@ except ImportError:  # the host's python3 without PyYAML
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from gpuguard.agent.capabilities import CAPABILITY_BITS  # noqa: E402 - the checkout first
+from gpuguard.sources.proc.capabilities import CAPABILITY_BITS  # noqa: E402 - the checkout first
 
 KUBE = ROOT / "packaging" / "kubernetes"
 IMAGE_DIR = Path("/var/cache/gpuguard-image")  # where build-image.sh exports the rootfs

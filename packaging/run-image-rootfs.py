@@ -1,12 +1,9 @@
-"""Runs the image's exported rootfs the way packaging/kubernetes/base/daemonset.yaml runs the image.
+"""Runs the image's exported rootfs as packaging/kubernetes/base/daemonset.yaml runs the image.
 
-Where no container runtime can start (hybrid cgroups: crun refuses), this is the container:
-the host's PID and network namespaces (hostPID, hostNetwork), a private mount namespace with
-an overlay "container layer" over the rootfs, remounted read-only (readOnlyRootFilesystem),
-/proc of the host PID namespace, a tmpfs /dev, a read-only sysfs, every volume of the DaemonSet
-(hostPaths, the ConfigMaps as files in the kubelet's layout, emptyDirs), its env and args, and
-the capability set it adds as the bounding set of a root process with no_new_privs.  Everything
-is read from the DaemonSet file, so the run cannot drift from it.  docs/deploy.md shows a run.
+For hosts where no container runtime can start (hybrid cgroups): the host's PID and network
+namespaces, a read-only overlay root pivoted into a private mount namespace, and every volume,
+env var, arg and capability read from the DaemonSet file, so the run cannot drift from it
+(docs/deploy.md, "Running the image where no container runtime can").
 """
 
 from __future__ import annotations
@@ -53,6 +50,20 @@ MASKED = [
     "/sys/firmware",
 ]
 READ_ONLY = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+# The container's root becomes its mount namespace's root, as runc does it (pivot_root(".", ".")
+# then a lazy unmount of the old root): paths the agent reads in /proc are the pod's, not the
+# host's.  Python, because the image has no umount(8); all it needs is loaded before the pivot.
+PIVOT = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir(sys.argv[1])
+if libc.syscall({"x86_64": 155, "aarch64": 41}[os.uname().machine], b".", b".") != 0:
+    sys.exit(f"pivot_root: {os.strerror(ctypes.get_errno())}")
+if libc.umount2(b".", 2) != 0:  # MNT_DETACH
+    sys.exit(f"umount the old root: {os.strerror(ctypes.get_errno())}")
+os.chdir("/")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 DEV_NODES = {
     "null": (1, 3),
     "zero": (1, 5),
@@ -162,7 +173,7 @@ def mount_script(args, pod: dict, container: dict, configmaps: list[dict], scrat
         )
     if container["securityContext"].get("readOnlyRootFilesystem"):
         lines.append("mount -o remount,bind,ro $new")  # the overlay mount itself, not its submounts
-    lines.append('cd $new && exec chroot . "$@"')
+    lines.append(f'exec {q(sys.executable)} -I -S -c {q(PIVOT)} $new "$@"')
     return "\n".join(lines)
 
 

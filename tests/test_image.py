@@ -48,7 +48,7 @@ def test_the_runner_grants_the_daemonsets_capabilities_and_mounts_its_volumes(tm
         target = f"$new{mount['mountPath']}"
         assert f" {target}\n" in script + "\n" or f" {target};" in script, mount
         assert (f"remount,bind,ro {target}\n" in script) == bool(mount.get("readOnly")), mount
-    assert script.rstrip().endswith('exec chroot . "$@"')
+    assert script.rstrip().endswith('$new "$@"') and runner.PIVOT in script
     assert "\nmount -o remount,bind,ro $new\n" in script  # readOnlyRootFilesystem
     assert (tmp_path / "scratch/volumes/config/agent.yaml").is_symlink()  # the kubelet's layout
     bounding = next(a for a in runner.capability_argv(container) if a.startswith("--bounding"))

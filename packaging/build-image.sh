@@ -15,9 +15,8 @@
 #     packaging/run-image-rootfs.py (default /var/cache/gpuguard-image; kept as a cache)
 #
 # --base IMAGE     use a Debian bookworm image you already have instead of step 2
-# --mirror MIRROR  mmdebstrap's MIRROR (repeatable): a URL or a "deb ..." line, e.g. a
-#                  snapshot.debian.org archive for a reproducible base; default deb.debian.org
-#                  with bookworm-updates and bookworm-security
+# --mirror MIRROR  mmdebstrap's MIRROR (repeatable): a URL or a "deb ..." line, e.g. your own
+#                  Debian mirror; default deb.debian.org with bookworm-updates and bookworm-security
 # --isolation      how the build runs its RUN steps; default: oci where the cgroup hierarchy is
 #                  v2 only, else chroot (crun refuses hybrid hierarchies)
 set -euo pipefail

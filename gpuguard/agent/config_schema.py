@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpuguard.config.schema import Key, Section
 from gpuguard.detect.guard_policies import GUARD_POLICY_SCHEMA, GuardPolicy
+from gpuguard.detect.ruleset.model import DEFAULT_MATURITY, MATURITIES
 from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.log_sinks import DEFAULT_KEEP, DEFAULT_MAX_BYTES, FACILITIES
 from gpuguard.outputs.log_spool import DEFAULT_SPOOL_BYTES, DEFAULT_SPOOL_DIR
@@ -40,6 +41,7 @@ class AgentConfig:
     dry_run: bool = False
     sensor: str = "auto"
     rules: list[Path] | None = None  # None: shipped rules + /etc/gpuguard/*.yaml
+    maturity: str = DEFAULT_MATURITY  # the lowest rule tier that counts toward a verdict
     log_path: str = "-"  # "-" is stdout
     log_format: str = "ecs"
     log_max_bytes: int = DEFAULT_MAX_BYTES  # a log file is rotated past this size
@@ -92,6 +94,14 @@ SCHEMA = Section(
             "list",
             "rule files (relative to this file); default: shipped + /etc/gpuguard/*.yaml",
             shows="[]",
+        ),
+        Key(
+            "maturity",
+            "choice",
+            "the lowest rule tier that counts toward a verdict: "
+            + " | ".join(MATURITIES)
+            + " (docs/rules.md, Maturity)",
+            choices=MATURITIES,
         ),
         Section(
             "log",

@@ -54,7 +54,7 @@ def rules_version(ruleset: Any) -> str:
 
 def load_rules(ctx: AgentContext) -> RuleSetHolder:
     """The rules the config names (a start-up step): the first load must succeed."""
-    rules = RuleSetHolder(ctx.config.rules, log=lambda line: None)
+    rules = RuleSetHolder(ctx.config.rules, log=lambda line: None, maturity=ctx.config.maturity)
     note_rules(rules, ctx.counters)
     return rules
 
@@ -179,6 +179,7 @@ class Reloader:
                 setattr(config, name, getattr(ctx.config, name))
         ctx.config = config
         self.rules.paths = [Path(p) for p in config.rules] if config.rules is not None else None
+        self.rules.maturity = config.maturity  # the rules reloaded next count from this tier
         self.act.rebuild()
 
     def _count(self, ok: bool) -> None:

@@ -47,6 +47,7 @@ AGENT_KEYS = {
     "dry_run",
     "sensor",
     "rules",
+    "maturity",
     "log",
     "metrics",
     "sampling",

@@ -141,6 +141,8 @@ def _finding_detail(finding: Finding) -> str | None:
         detail["gpu"] = {
             k: gpu[k] for k in ("device_paths", "memory_used", "memory_share") if k in gpu
         }
+    if finding.response:
+        detail["response"] = finding.response
     if finding.process is not None and finding.process.pod_name:
         detail["pod"] = f"{finding.process.pod_namespace or ''}/{finding.process.pod_name}"
     if finding.process is not None and finding.process.ancestors:

@@ -303,6 +303,7 @@ def finding_to_ecs(
             else None,
             "evidence_omitted": finding.evidence_omitted or None,
             "finding": finding_fields(finding),
+            "response": finding.response,
             "ancestors": finding.process.ancestors if finding.process else None,
         }
     )

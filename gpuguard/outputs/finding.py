@@ -205,6 +205,9 @@ class Finding:
     totals: dict[str, Any] | None = None
     run_id: str | None = None
     continued: bool = False
+    # What enforce mode does or would do with it, rule by rule, and why not (respond.intent):
+    # on the records of an alert the agent hands its responder; None when nothing would act.
+    response: dict[str, Any] | None = None
 
     @property
     def record_id(self) -> str | None:

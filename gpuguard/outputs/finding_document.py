@@ -46,6 +46,7 @@ def finding_document(finding: Finding) -> dict[str, Any]:
         "host_gpu": finding.host_gpu,
         "changes": list(finding.changes),
         "totals": finding.totals,
+        "response": finding.response,
     }
 
 

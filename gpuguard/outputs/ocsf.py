@@ -297,6 +297,7 @@ def finding_to_ocsf(
                 # OCSF 1.4's is_alert, kept here while the records declare 1.3
                 "is_alert": finding.is_alert and finding.activity != "close",
                 **({"host_gpu": finding.host_gpu} if finding.host_gpu is not None else {}),
+                **({"response": finding.response} if finding.response else {}),
                 **_lifecycle_fields(finding),
                 **(
                     {"evidence_omitted": finding.evidence_omitted}

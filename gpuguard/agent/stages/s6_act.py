@@ -95,6 +95,7 @@ class ActStage:
         is an outcome, not a crash."""
         self.counts["acted"] += 1
         try:
+            intent = self.responder.intent(verdict)
             outcomes = self.responder(verdict, state, now, finding)
         except Exception as exc:  # noqa: BLE001 - a failing action is an outcome, not a crash
             self.counts["failed"] += 1
@@ -110,7 +111,18 @@ class ActStage:
                     reason=f"{type(exc).__name__}: {exc}",
                 )
             ]
+            intent = None
+        if intent is not None:
+            taken = {o.action for o in outcomes if o.status == "done"}
+            name = f"{escape_text(verdict.comm)}({verdict.pid})"
+            self.ctx.counters.count_intent(intent.per_rule, taken, intent.enforcing, name)
         self.record(outcomes)
+
+    def intent_json(self, verdict: Any) -> dict | None:
+        """The record's ``response``: what enforce would do, rule by rule, and why not."""
+        if self.responder is None:
+            return None
+        return self.responder.intent(verdict).to_json()
 
     def record(self, outcomes: list[ActionOutcome]) -> None:
         record_outcomes(self.ctx.counters, self.findings, self.ctx.emit, outcomes)

@@ -24,6 +24,8 @@ from gpuguard.respond import ResponseSettings
 from gpuguard.respond.responder import MODES
 from gpuguard.respond.settings import RESPONSE_SCHEMA
 from gpuguard.sources.gpu.registry import SOURCE_NAMES
+from gpuguard.sources.proc.container_images import TASK_ROOT
+from gpuguard.sources.proc.pod_names import LOG_ROOT
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuguard/agent.yaml")
 DEFAULT_STATUS_PATH = Path("/run/gpuguard/status.json")
@@ -42,6 +44,8 @@ class AgentConfig:
     sensor: str = "auto"
     rules: list[Path] | None = None  # None: shipped rules + /etc/gpuguard/*.yaml
     maturity: str = DEFAULT_MATURITY  # the lowest rule tier that counts toward a verdict
+    kubernetes_log_root: str = LOG_ROOT  # the kubelet's log tree (pods/, containers/)
+    containerd_root: str = TASK_ROOT  # containerd's running containers (OCI bundles)
     log_path: str = "-"  # "-" is stdout
     log_format: str = "ecs"
     log_max_bytes: int = DEFAULT_MAX_BYTES  # a log file is rotated past this size
@@ -343,6 +347,24 @@ SCHEMA = Section(
                     field="session_watch_score",
                     low=0,
                     high=100,
+                ),
+            ),
+        ),
+        Section(
+            "kubernetes",
+            (
+                Key(
+                    "log_root",
+                    "text",
+                    "the kubelet's log tree: pods/ and containers/ name namespaces, pods and "
+                    "containers",
+                    field="kubernetes_log_root",
+                ),
+                Key(
+                    "containerd_root",
+                    "text",
+                    "containerd's running containers (OCI bundles): images and names",
+                    field="containerd_root",
                 ),
             ),
         ),

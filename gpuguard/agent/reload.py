@@ -38,6 +38,8 @@ RESTART_SETTINGS = (
     "metrics_address",
     "metrics_web_config",
     "status_path",
+    "kubernetes_log_root",
+    "containerd_root",
 )
 
 

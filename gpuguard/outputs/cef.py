@@ -145,6 +145,10 @@ def _finding_detail(finding: Finding) -> str | None:
         detail["response"] = finding.response
     if finding.process is not None and finding.process.pod_name:
         detail["pod"] = f"{finding.process.pod_namespace or ''}/{finding.process.pod_name}"
+    if finding.process is not None and finding.process.container_image:
+        detail["image"] = finding.process.container_image
+    if finding.process is not None and finding.process.kubernetes_unknown:
+        detail["kubernetes_unknown"] = finding.process.kubernetes_unknown
     if finding.process is not None and finding.process.ancestors:
         detail["parents"] = [
             [a.get("pid"), a.get("name"), a.get("executable")] for a in finding.process.ancestors

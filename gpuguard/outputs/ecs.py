@@ -176,7 +176,12 @@ def process_fields(finding: Finding, hostname: str | None = None) -> dict[str, A
         out["user"] = user
     if p.container_id:
         out["container"] = drop_empty(
-            {"id": p.container_id, "runtime": p.container_runtime, "name": p.container_name}
+            {
+                "id": p.container_id,
+                "runtime": p.container_runtime,
+                "name": p.container_name,
+                "image": {"name": p.container_image} if p.container_image else None,
+            }
         )
     if p.pod_uid:
         out["orchestrator"] = drop_empty(
@@ -305,6 +310,7 @@ def finding_to_ecs(
             "finding": finding_fields(finding),
             "response": finding.response,
             "ancestors": finding.process.ancestors if finding.process else None,
+            "kubernetes_unknown": finding.process.kubernetes_unknown if finding.process else None,
         }
     )
     return doc

@@ -82,6 +82,10 @@ class ProcessInfo:
     pod_name: str | None = None
     pod_namespace: str | None = None
     container_name: str | None = None
+    container_image: str | None = None  # from the container runtime's state on the node
+    # of a process in a pod or container: the names the node did not know (namespace, pod,
+    # container, image), so a record says a field is unknown rather than leaving it out
+    kubernetes_unknown: list[str] = field(default_factory=list)
 
     @classmethod
     def from_facts(cls, facts: ProcessFacts) -> ProcessInfo:
@@ -101,6 +105,10 @@ class ProcessInfo:
             container_id=facts.container_id,
             container_runtime=facts.container_runtime,
             pod_uid=facts.pod_uid,
+            pod_name=facts.pod_name,
+            pod_namespace=facts.pod_namespace,
+            container_name=facts.container_name,
+            container_image=facts.container_image,
             cpu_percent=facts.cpu_percent,
             ancestors=[
                 {"pid": a.pid, "name": a.comm, "executable": a.exe}

@@ -158,6 +158,8 @@ def container_object(finding: Finding) -> dict[str, Any] | None:
     container: dict[str, Any] = {"uid": p.container_id}
     if p.container_name:
         container["name"] = p.container_name
+    if p.container_image:
+        container["image"] = {"name": p.container_image}
     if p.container_runtime:
         container["runtime"] = p.container_runtime
     if p.pod_uid:
@@ -298,6 +300,11 @@ def finding_to_ocsf(
                 "is_alert": finding.is_alert and finding.activity != "close",
                 **({"host_gpu": finding.host_gpu} if finding.host_gpu is not None else {}),
                 **({"response": finding.response} if finding.response else {}),
+                **(
+                    {"kubernetes_unknown": finding.process.kubernetes_unknown}
+                    if finding.process is not None and finding.process.kubernetes_unknown
+                    else {}
+                ),
                 **_lifecycle_fields(finding),
                 **(
                     {"evidence_omitted": finding.evidence_omitted}

@@ -35,6 +35,7 @@ from gpuguard.respond.lift import lift_block
 from gpuguard.respond.process_control import Guard, RecycledPid
 from gpuguard.respond.settings import ResponseSettings, options_of
 from gpuguard.sources.proc.identity import ExitGenerations, OffenderExited
+from gpuguard.sources.proc.pod_names import PodNames
 
 MODES = ("monitor", "enforce")
 
@@ -56,6 +57,7 @@ class Responder:
         emit: Callable[[ActionOutcome], None] | None = None,
         generations: ExitGenerations | None = None,
         actions: tuple[Action, ...] = ACTIONS,
+        pod_names: PodNames | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
@@ -67,7 +69,12 @@ class Responder:
         self.kinds = {kind.name: kind for action in actions for kind in action.blocks}
         self._owners = {kind.name: action for action in actions for kind in action.blocks}
         self.guard = Guard(
-            scope=settings.scope, cgroups=settings.cgroups, protect_exes=settings.protect_exes
+            scope=settings.scope,
+            cgroups=settings.cgroups,
+            protect_exes=settings.protect_exes,
+            never_namespaces=settings.never_act_namespaces,
+            only_namespaces=settings.only_act_namespaces,
+            pod_names=pod_names,
         )
         self.store = BlockStore(settings.state_dir)
         self.root = Path(settings.pin_root)

@@ -51,6 +51,8 @@ class SharedSettings:
     hooks: tuple[HookSettings, ...] = ()
     scope: str = "all"  # all | containers
     cgroups: tuple[str, ...] = ()  # when set, act only inside these cgroup v2 paths
+    never_act_namespaces: tuple[str, ...] = ()  # Kubernetes namespaces never acted in
+    only_act_namespaces: tuple[str, ...] = ()  # when set, act only in these namespaces
     protect_exes: tuple[str, ...] = ()  # executables never acted on
     max_actions_per_minute: int = 30
     pin_root: str = DEFAULT_PIN_ROOT
@@ -124,6 +126,16 @@ def _schema(actions: tuple[Action, ...], model: type) -> Section:
             Key("hooks", "list", "programs run with the finding as JSON on stdin", ref=HOOK_SCHEMA),
             Key("scope", "choice", "all | containers", choices=SCOPES),
             Key("cgroups", "texts", "when set, act only inside these cgroup v2 paths"),
+            Key(
+                "never_act_namespaces",
+                "texts",
+                "Kubernetes namespaces never acted in (nor a pod whose namespace is unknown)",
+            ),
+            Key(
+                "only_act_namespaces",
+                "texts",
+                "when set, act only in these Kubernetes namespaces (named by the node)",
+            ),
             Key("protect_exes", "texts", "executables never acted on"),
             Key(
                 "max_actions_per_minute", "count", "actions past this rate are rate-limited", low=0

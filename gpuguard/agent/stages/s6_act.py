@@ -24,6 +24,7 @@ from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import Responder
 from gpuguard.respond.actions import touch_kill_of
 from gpuguard.sources.proc.identity import ExitGenerations
+from gpuguard.sources.proc.pod_names import pod_names_for
 
 
 def record_outcomes(
@@ -74,7 +75,12 @@ class ActStage:
     def _responder(self) -> Responder:
         config = self.ctx.config
         responder = make_responder(
-            config.response, config.mode, config.dry_run, self.later.put, self.exit_generations
+            config.response,
+            config.mode,
+            config.dry_run,
+            self.later.put,
+            self.exit_generations,
+            pod_names_for(config.kubernetes_log_root, config.containerd_root),
         )
         self.ctx.counters.mode = config.mode  # once the responder for it is there
         return responder

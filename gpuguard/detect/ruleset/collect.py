@@ -364,10 +364,11 @@ class Collector:
                     ok = False
             if not ok:
                 continue
-            if not any(k in entry for k in ("exe", "user", "cgroup", "container_id", "parent_exe")):
+            named = ("exe", "user", "cgroup", "container_id", "parent_exe", "namespace", "image")
+            if not any(k in entry for k in named):
                 self.bad(
                     doc.at(path),
-                    "an allowlist entry must name at least one of exe, user, cgroup, container_id, parent_exe",
+                    f"an allowlist entry must name at least one of {', '.join(named)}",
                 )
                 continue
             if "sha256" in entry and ("exe" not in entry or not _SHA256.match(entry["sha256"])):

@@ -32,6 +32,7 @@ from gpuguard.detect.ruleset.reload import RuleSetHolder
 from gpuguard.escape import escape_text
 from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.outputs.finding_document import finding_document, status_row
+from gpuguard.sources.proc.pod_names import pod_names_for
 
 
 def report_parts(ctx: AgentContext) -> tuple[ProcessFindings, GpuHostFindings]:
@@ -41,7 +42,10 @@ def report_parts(ctx: AgentContext) -> tuple[ProcessFindings, GpuHostFindings]:
     config = ctx.config
     return (
         ProcessFindings(
-            config.finding_update_interval_s, proc_root=ctx.proc_root, run_id=ctx.counters.run_id
+            config.finding_update_interval_s,
+            proc_root=ctx.proc_root,
+            run_id=ctx.counters.run_id,
+            pod_names=pod_names_for(config.kubernetes_log_root, config.containerd_root),
         ),
         GpuHostFindings(config.host_check_interval_s, str(Path(ctx.proc_root).parent)),
     )

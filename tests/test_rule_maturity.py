@@ -68,6 +68,12 @@ def test_every_shipped_rule_names_its_tier_and_its_content():
     rules = yaml.safe_load(shipped_rules_file().read_text())["rules"]
     for rule in rules:
         assert rule.get("maturity") in MATURITIES, rule["id"]
+        assert rule["false_positives"] and rule["runbook"].strip(), rule["id"]
+        assert any(str(r).startswith("T") for r in rule["references"]), rule["id"]  # ATT&CK
+    compiled = load_ruleset([shipped_rules_file()])
+    for rule in compiled.rules + compiled.disabled:
+        commands = [line for line in rule.content.runbook.splitlines() if line[:1] not in "#"]
+        assert commands, rule.id  # commands to run on the node
     tiers = {r["id"]: r["maturity"] for r in rules}
     assert tiers["cpu-fpu-rounding-switching"] == "experimental"  # weight 0: recorded only
     assert tiers["miner-cmdline-stratum"] == "stable"
@@ -171,3 +177,77 @@ def test_the_rules_reference_is_generated_from_the_shipped_rules():
         "docs/rules-reference.md differs from the shipped rules "
         "(fix: .venv/bin/python -m gpuguard rules reference --update docs/rules-reference.md)"
     )
+
+
+def _miner_finding(**k8s):
+    """The shipped rules' finding on a miner in a pod, with what enforce would do."""
+    from gpuguard.outputs.finding import finding_from_verdict
+
+    ruleset = load_ruleset([shipped_rules_file()])
+    state = ProcessState(ProcessKey(4242, T), first_seen=T, last_seen=T)
+    argv = ["./xmrig", "-o", "stratum+tcp://pool.supportxmr.com:3333", "--donate-level=1"]
+    state.set_facts(
+        ProcessFacts(
+            pid=4242,
+            start_time=T,
+            comm="xmrig",
+            exe="/tmp/.x/xmrig",
+            cmdline=argv,
+            container_id="c" * 64,
+            pod_uid="0f4c5e0a-1b2c-4d3e-8f9a-0123456789ab",
+            **k8s,
+        )
+    )
+    verdict = score_process(state, ruleset, T + 1)
+    finding = finding_from_verdict(verdict, state.facts, ruleset, state)
+    finding.finding_id = "gpuguard-" + "b" * 31
+    finding.response = {
+        "would_act": ["kill"],
+        "acts": [],
+        "rules": {e.rule_id: "monitor: not in response.act_rules" for e in verdict.evidence},
+        "why_not": "no matched rule is in enforce mode",
+    }
+    finding.process.kubernetes_unknown = ["image"] if "container_image" not in k8s else []
+    return finding
+
+
+def test_records_carry_the_rule_content_the_response_and_the_pod_schema_valid_within_8_kib():
+    from tests.support.records import render_record
+    from tests.support.schemas import record_errors
+
+    finding = _miner_finding(
+        pod_namespace="team-b", pod_name="job-7", container_name="main", container_image="r.ex/b:3"
+    )
+    top = finding.rule_id
+    rule = load_ruleset([shipped_rules_file()]).rule(top)
+    host = {"hostname": "gpu-node-7", "name": "gpu-node-7"}
+    for fmt in ("ecs", "ocsf", "cef"):
+        line = render_record(finding, fmt, host)
+        assert not record_errors(line), (fmt, record_errors(line))
+        assert len(line.encode()) <= 8192, (fmt, len(line.encode()))
+    ecs = yaml.safe_load(render_record(finding, "ecs", host))
+    assert ecs["rule"]["id"] == top and ecs["rule"]["reference"].startswith("https://")
+    assert ecs["gpuguard"]["rule"]["maturity"] == "stable"
+    assert ecs["gpuguard"]["rule"]["false_positives"] == list(rule.content.false_positives)
+    assert ecs["gpuguard"]["rule"]["runbook"] == rule.content.runbook
+    assert ecs["gpuguard"]["response"]["would_act"] == ["kill"]
+    assert ecs["container"]["image"]["name"] == "r.ex/b:3"
+    assert ecs["orchestrator"]["namespace"] == "team-b"
+    ocsf = yaml.safe_load(render_record(finding, "ocsf", host))
+    assert ocsf["finding_info"]["analytic"]["category"] == "stable"
+    assert ocsf["remediation"]["desc"] == rule.content.runbook
+    assert ocsf["remediation"]["references"] == [r.link for r in rule.content.references]
+    assert ocsf["unmapped"]["gpuguard"]["response"]["acts"] == []
+    cef = render_record(finding, "cef", host)
+    assert "flexString2Label=rule flexString2=" in cef and '"maturity":"stable"' in cef
+
+
+def test_a_pod_the_node_cannot_name_says_so_in_the_record():
+    from tests.support.records import render_record
+
+    finding = _miner_finding(pod_namespace="team-b", pod_name="job-7", container_name="main")
+    ecs = yaml.safe_load(
+        render_record(finding, "ecs", {"hostname": "gpu-node-7", "name": "gpu-node-7"})
+    )
+    assert ecs["gpuguard"]["kubernetes_unknown"] == ["image"]
+    assert "image" not in ecs["container"]

@@ -39,7 +39,10 @@ class AgentCounters:
     sensor_mode: str = ""  # "ebpf" or "proc" (reduced)
     blind_spots: list[str] = field(default_factory=list)
     probes_attached: int = 0
-    rules_version: str = ""
+    headers: str = ""  # the kernel headers the probes compiled against: kind
+    headers_why: str = ""  # where they are and why those (kernel_headers.HeaderSource)
+    rules_version: str = ""  # the first characters of rules_digest
+    rules_digest: str = ""  # SHA-256 of the rule files as loaded
     rules_generation: int = 0
     rules_error: str | None = None  # the last reload that failed, until one succeeds
     config_error: str | None = None  # the agent config's last failed reload, until one succeeds

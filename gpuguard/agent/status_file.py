@@ -41,6 +41,7 @@ def status_document(
         "sensor": c.sensor_mode,
         "blind_spots": c.blind_spots,
         "probes_attached": c.probes_attached,
+        "headers": {"source": c.headers, "detail": c.headers_why} if c.headers else None,
         "config": {"path": config.source or None, "error": c.config_error},
         "rules": {
             "version": c.rules_version,

@@ -31,6 +31,7 @@ def render(doc: dict, alive: bool, why: str, now: float) -> list[str]:
         f"up {now - float(doc.get('started', now)):.0f} s",
         f"mode:       {doc.get('mode')}{' (dry run)' if doc.get('dry_run') else ''}",
         f"sensor:     {doc.get('sensor')}, {doc.get('probes_attached', 0)} probes attached",
+        f"headers:    {escape_text((doc.get('headers') or {}).get('detail') or 'none (no probes compiled)')}",
         f"rules:      version {rules.get('version')} (generation {rules.get('generation')})"
         + (f"; last reload FAILED: {escape_text(rules['error'])}" if rules.get("error") else ""),
         f"events:     {doc.get('events_per_s', 0)}/s, {doc.get('events_total', 0)} in all; "

@@ -16,11 +16,11 @@ from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits, cap_text, raw_bytes, text_mark
 from gpuguard.outputs.finding import Finding, rule_content_json
-from gpuguard.outputs.output_format import OutputFormat
+from gpuguard.outputs.output_format import LIFECYCLE_FAILURES, OutputFormat
 
 VENDOR = "gpuguard"
 PRODUCT = "gpuguard"
-_LIFECYCLE_SEVERITY = {"fault": 7, "reload-failed": 6, "drops": 5, "degraded": 5}
+_LIFECYCLE_SEVERITY = {"start-failed": 7, "fault": 7, "reload-failed": 6, "drops": 5, "degraded": 5}
 # Lengths the CEF dictionary gives its keys (characters); a value is never capped above these.
 _SPEC_LENGTH = {
     "msg": 1023, "sproc": 1023, "filePath": 1023, "suser": 1023, "dhost": 1023, "cat": 1023,
@@ -189,6 +189,7 @@ def lifecycle_cef(record: AgentLifecycle, hostname: str) -> Parts:
         ("rt", int(record.time * 1000)),
         ("dvchost", hostname),
         ("act", record.action),
+        ("outcome", "failure" if record.action in LIFECYCLE_FAILURES else "success"),
         ("msg", record.message),
         *_custom(
             "cs6",

@@ -390,6 +390,7 @@ def lifecycle_to_ecs(record: AgentLifecycle, host: dict[str, Any]) -> dict[str, 
     category = ["configuration"] if record.action.startswith("reload") else ["process"]
     event_type = {
         "start": "start",
+        "start-failed": "start",
         "stop": "end",
         "reload": "change",
         "reload-failed": "change",

@@ -49,6 +49,7 @@ _OCSF_CLASS_NAME = {
 }
 _LIFECYCLE_OCSF = {
     "start": (3, "Start"),
+    "start-failed": (3, "Start"),
     "stop": (4, "Stop"),
     "reload": (8, "Update"),
     "reload-failed": (8, "Update"),

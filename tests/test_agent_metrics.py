@@ -128,6 +128,11 @@ class Pipeline:
             self.broken_log.write(finding)
             if verdict.verdict == "malicious":
                 counters.actions[("alert", "done")] += 1
+                # as the act stage counts a verdict rule by rule: the top rule in enforce mode
+                # killed it, the others' kill was held back (respond.intent)
+                per_rule = {e.rule_id: ("kill",) for e in verdict.evidence}
+                top = (verdict.evidence[0].rule_id,)
+                counters.count_intent(per_rule, {"kill"}, top, verdict.comm)
         snapshot = self.sampler.sample()
         m.observe_snapshot(
             snapshot,

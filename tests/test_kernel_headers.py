@@ -22,6 +22,7 @@ from tests.support.no_headers import (
     BROKEN_HOST_TREE,
     HIDE_FPU,
     HIDE_TRACEFS,
+    own_runtime_dir,
     without_headers,
 )
 from tests.support.ports import free_port
@@ -35,9 +36,8 @@ def run(argv, timeout=120, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def trees() -> set[str]:
-    base = kernel_headers.RUNTIME_DIR
-    return {p.name for p in base.glob("tree-*")} if base.is_dir() else set()
+def trees(base: Path) -> list[str]:
+    return sorted(p.name for p in base.glob("tree-*"))
 
 
 # ---- the bundled set ------------------------------------------------------------
@@ -117,7 +117,8 @@ def test_the_plan_puts_the_host_first_then_the_kernels_then_ours(tmp_path, monke
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_the_agent_loads_every_probe_with_its_own_headers_and_selftest_passes_with_ebpf(tmp_path):
-    before = trees()
+    runtime = tmp_path / "headers"
+    runtime.mkdir()
     port = free_port()
     agent = AgentProcess(
         tmp_path,
@@ -125,7 +126,7 @@ def test_the_agent_loads_every_probe_with_its_own_headers_and_selftest_passes_wi
         "ebpf",
         "--metrics-address",
         f"127.0.0.1:{port}",
-        wrapper=without_headers(),
+        wrapper=without_headers(own_runtime_dir(str(runtime))),
     )
     try:
         doc = agent.wait_ready(timeout=120)
@@ -147,21 +148,20 @@ def test_the_agent_loads_every_probe_with_its_own_headers_and_selftest_passes_wi
         assert selftest.returncode == 0, selftest.stdout + selftest.stderr
         assert selftest.stdout.startswith("PASS: running agent"), selftest.stdout
         assert "sensor ebpf" in selftest.stdout
-        (tree,) = trees() - before  # the agent's own, while it runs
+        assert len(trees(runtime)) == 1  # the agent's own, while it runs
     finally:
         assert agent.stop() == 0, agent.stderr()
-    assert tree not in trees()  # removed at stop
+    assert trees(runtime) == []  # removed at stop
 
 
 @pytest.mark.root
 @pytest.mark.self_contained
-def test_watch_loads_with_its_own_headers_and_leaves_nothing_behind():
-    before = trees()
-    out = run([*without_headers(), *GG, "watch", "--duration", "1"])
+def test_watch_loads_with_its_own_headers_and_leaves_nothing_behind(tmp_path):
+    out = run([*without_headers(own_runtime_dir(str(tmp_path))), *GG, "watch", "--duration", "1"])
     assert out.returncode == 0, out.stderr
     assert "with bundled kernel headers" in out.stderr
     assert "Traceback" not in out.stderr
-    assert trees() <= before
+    assert trees(tmp_path) == []
 
 
 @pytest.mark.root

@@ -39,13 +39,14 @@ def _fields(section: Section) -> tuple[str, ...]:
 
 
 # Read once at start (the sensor, the log writer, the metrics server and its health, the state
-# file): a reload keeps them and says they need a restart.  Every log.* and metrics.* key, from
-# the schema, so a new one cannot be left out.
+# file, where the pods' names are read): a reload keeps them and says they need a restart.
+# Every log.*, metrics.* and kubernetes.* key, from the schema, so a new one cannot be left out.
 RESTART_SETTINGS = (
     "sensor",
     *_fields(SCHEMA.get("log")),
     *_fields(SCHEMA.get("metrics")),
     "status_path",
+    *_fields(SCHEMA.get("kubernetes")),  # the pod names' sources, built with the stages
 )
 
 
@@ -65,7 +66,7 @@ def rules_digest(ruleset: Any) -> str:
 
 def load_rules(ctx: AgentContext) -> RuleSetHolder:
     """The rules the config names (a start-up step): the first load must succeed."""
-    rules = RuleSetHolder(ctx.config.rules, log=lambda line: None)
+    rules = RuleSetHolder(ctx.config.rules, log=lambda line: None, maturity=ctx.config.maturity)
     note_rules(rules, ctx.counters)
     return rules
 
@@ -191,6 +192,7 @@ class Reloader:
                 setattr(config, name, getattr(ctx.config, name))
         ctx.config = config
         self.rules.paths = [Path(p) for p in config.rules] if config.rules is not None else None
+        self.rules.maturity = config.maturity  # the rules reloaded next count from this tier
         self.act.rebuild()
 
     def _count(self, ok: bool) -> None:

@@ -15,7 +15,7 @@ from gpuguard import __version__
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits, cap_text, raw_bytes, text_mark
-from gpuguard.outputs.finding import Finding
+from gpuguard.outputs.finding import Finding, rule_content_json
 from gpuguard.outputs.output_format import LIFECYCLE_FAILURES, OutputFormat
 
 VENDOR = "gpuguard"
@@ -119,6 +119,10 @@ def finding_cef(finding: Finding, hostname: str, created: float) -> Parts:
         if top.domain and _endpoint(top.address)[0] == "dst":
             pairs.append(("dhost", top.domain))
     pairs += _custom("cs6", "finding", _finding_detail(finding))
+    content = rule_content_json(finding)
+    if content is not None:  # the top rule's tier, false positives, references and runbook
+        text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        pairs += _custom("flexString2", "rule", text)
     name = finding.rule_description or finding.rule_name
     return finding.rule_id, name, round(finding.score / 10), pairs
 
@@ -141,8 +145,14 @@ def _finding_detail(finding: Finding) -> str | None:
         detail["gpu"] = {
             k: gpu[k] for k in ("device_paths", "memory_used", "memory_share") if k in gpu
         }
+    if finding.response:
+        detail["response"] = finding.response
     if finding.process is not None and finding.process.pod_name:
         detail["pod"] = f"{finding.process.pod_namespace or ''}/{finding.process.pod_name}"
+    if finding.process is not None and finding.process.container_image:
+        detail["image"] = finding.process.container_image
+    if finding.process is not None and finding.process.kubernetes_unknown:
+        detail["kubernetes_unknown"] = finding.process.kubernetes_unknown
     if finding.process is not None and finding.process.ancestors:
         detail["parents"] = [
             [a.get("pid"), a.get("name"), a.get("executable")] for a in finding.process.ancestors

@@ -165,6 +165,20 @@ class AgentMetrics:
         )
         for reason in ("exec", "gpu-open", "connect"):
             self.touch_kills.labels(reason)  # exported at 0: an alert sees the first kill
+        # rule by rule (respond.intent): what a rule's matches would have had enforce do (held
+        # back: monitor mode, the rule in monitor mode, refused, a dry run), and what they did
+        self.rule_would_act = Counter(
+            "gpuguard_rule_would_act",
+            "Acting steps a rule's matches planned and enforce did not take, by rule and action",
+            ["rule", "action"],
+            registry=r,
+        )
+        self.rule_acted = Counter(
+            "gpuguard_rule_acted",
+            "Acting steps enforce took through a rule in enforce mode, by rule and action",
+            ["rule", "action"],
+            registry=r,
+        )
         self.stage_work = Counter(
             "gpuguard_stage_work",
             "What each agent stage did, by stage and kind of work (status: counters.stages)",
@@ -340,7 +354,8 @@ class AgentMetrics:
         {kind: n}, ``ring_lost`` {what: n}, ``intake`` {depth, dropped {producer: n}},
         ``output`` {depth, lines, dropped, errors}, ``sampler_errors`` {source: n},
         ``processes_tracked``, ``findings`` {"RULE/VERDICT": n}, ``actions``
-        {"ACTION/STATUS": n}, ``touch_kills`` {reason: n}, ``host_findings_active`` {rule: n},
+        {"ACTION/STATUS": n}, ``touch_kills`` {reason: n}, ``rule_would_act`` / ``rule_acted`` {"RULE/ACTION": n},
+        ``host_findings_active`` {rule: n},
         ``execs`` (the exec filter's counts, :meth:`_sync_execs`), ``stages`` {stage: {work: n}}
         (each stage's own counts, named by the stage).  Missing keys are left alone.
         """
@@ -375,6 +390,13 @@ class AgentMetrics:
             self._advance(self.actions, (action, status), n)
         for reason, n in (totals.get("touch_kills") or {}).items():
             self._advance(self.touch_kills, (str(reason),), n)
+        for name, metric in (
+            ("rule_would_act", self.rule_would_act),
+            ("rule_acted", self.rule_acted),
+        ):
+            for key, n in (totals.get(name) or {}).items():
+                rule, _, action = str(key).rpartition("/")
+                self._advance(metric, (rule, action), n)
         if "host_findings_active" in totals:
             self.set_host_findings(totals["host_findings_active"] or {})
         if totals.get("execs"):
@@ -455,6 +477,8 @@ METRIC_NAMES = frozenset(
         "gpuguard_blind_spot",
         "gpuguard_actions_total",
         "gpuguard_touch_kills_total",
+        "gpuguard_rule_would_act_total",
+        "gpuguard_rule_acted_total",
         "gpuguard_log_records_total",
         "gpuguard_log_dropped_total",
         "gpuguard_host_findings_active",

@@ -24,6 +24,12 @@ BROKEN_HOST_TREE = (
 )
 
 
+def own_runtime_dir(path: str) -> str:
+    """A step giving the namespace's processes ``path`` as their header runtime dir, so a test
+    sees the trees of its own processes only (others on the host use /run/gpuguard/headers)."""
+    return f"mkdir -p /run/gpuguard/headers && mount --bind {path} /run/gpuguard/headers"
+
+
 def without_headers(*also: str) -> tuple[str, ...]:
     """A wrapper (argv prefix) running the rest of the argv with the headers out of sight."""
     steps = " && ".join(["mount --make-rprivate /", HIDE_HEADERS, *also, 'exec "$@"'])

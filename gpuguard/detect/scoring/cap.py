@@ -75,10 +75,11 @@ def escapes_the_cap(ruleset: RuleSet, shipped: RuleSet) -> list[tuple[Rule, str]
             partners.append(f"{other.id} {other.weight:+d}")
         if total < threshold:
             continue
+        changed = "" if was is None else "as a later file changed it, "
         found.append(
             (
                 rule,
-                f"not tagged {GENERIC_TAG} but reads only facts generic rules read "
+                f"{changed}not tagged {GENERIC_TAG} but reads only facts generic rules read "
                 f"({', '.join(rule.signals)}): with {', '.join(partners)} it reaches "
                 f"{total} >= suspicious {threshold} and no specific fact is needed",
             )

@@ -209,6 +209,9 @@ def main() -> int:
                 print(
                     f"| {name}{gone} | {kind} | {a_verdict} | {a_rules} | {s_verdict} | {s_rules} |"
                 )
+            summary = scans[label].get("summary", {})
+            for line in summary.get("could_not_see", []):
+                print(f"scan could not see: {line}")
             for kind, word in (("miner", "detection"), ("benign", "false-positive")):
                 rate = rates[kind]
                 print(

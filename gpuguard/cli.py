@@ -25,6 +25,7 @@ COMMANDS = (
     "agent",
     "status",
     "selftest",
+    "doctor",
     "blocks",
     "unblock",
     "config",

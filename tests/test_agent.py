@@ -402,7 +402,7 @@ def _unprivileged_agent(workdir: Path) -> None:
         timeout=60,
     )
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
-    assert "the eBPF sensor needs root" in refused.stderr
+    assert "the eBPF sensor needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)" in refused.stderr
     agent = AgentProcess(workdir, wrapper=tuple(unprivileged))
     try:
         doc = agent.wait_ready()
@@ -411,7 +411,8 @@ def _unprivileged_agent(workdir: Path) -> None:
             lambda r: lifecycle("degraded")(r) and "reduced mode" in r["message"]
         )
         assert (
-            "eBPF sensor unavailable" in degraded["message"] and "needs root" in degraded["message"]
+            "eBPF sensor unavailable" in degraded["message"]
+            and "needs CAP_BPF" in degraded["message"]
         )
     finally:
         assert agent.stop() == 0, agent.stderr()
@@ -435,8 +436,10 @@ def test_selftest_starts_its_own_agent_when_none_runs(tmp_path):
         timeout=120,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+    # A pass without eBPF says so in its verdict.
     assert run.stdout.startswith(
-        "PASS: agent started for the test (sensor proc): found the miner simulator"
+        "PASS (reduced mode, sensor proc: kernel events unseen; see gpuguard doctor): "
+        "agent started for the test (sensor proc): found the miner simulator"
     )
 
 

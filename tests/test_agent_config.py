@@ -242,3 +242,27 @@ def test_cli_refuses_a_bad_log_destination_or_metrics_address_in_one_line(tmp_pa
             )
     finally:
         taken.close()
+
+
+def test_a_reload_says_which_changed_log_and_metrics_keys_need_a_restart(tmp_path):
+    """Every log.* and metrics.* key is read once at start; a SIGHUP that changes some keeps
+    them and names each in the reload record (docs/agent.md, "Signals")."""
+    import signal
+
+    from tests.support.agent_run import AgentProcess, lifecycle
+
+    before = "metrics:\n  health_stall_s: 30\n  max_pod_series: 100\n"
+    path = write(tmp_path, before)
+    agent = AgentProcess(tmp_path, "--sensor", "proc", "--config", str(path))
+    try:
+        agent.wait_ready()
+        path.write_text(
+            "metrics:\n  health_stall_s: 45\n  max_pod_series: 50\n  per_process_gpu: true\n"
+            "sampling:\n  interval_s: 2\n"
+        )
+        agent.signal(signal.SIGHUP)
+        said = agent.wait_record(lambda r: lifecycle("reload")(r) and "restart" in r["message"])
+    finally:
+        agent.stop()
+    named = said["message"].split("need a restart to apply: ", 1)[1].split(", ")
+    assert sorted(named) == ["health_stall_s", "max_pod_series", "per_process_gpu"], said

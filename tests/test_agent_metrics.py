@@ -128,6 +128,11 @@ class Pipeline:
             self.broken_log.write(finding)
             if verdict.verdict == "malicious":
                 counters.actions[("alert", "done")] += 1
+                # as the act stage counts a verdict rule by rule: the top rule in enforce mode
+                # killed it, the others' kill was held back (respond.intent)
+                per_rule = {e.rule_id: ("kill",) for e in verdict.evidence}
+                top = (verdict.evidence[0].rule_id,)
+                counters.count_intent(per_rule, {"kill"}, top, verdict.comm)
         snapshot = self.sampler.sample()
         m.observe_snapshot(
             snapshot,
@@ -160,8 +165,24 @@ def fed(tmp_path):
 
 def test_metric_names_list_matches_what_is_exported(fed):
     metrics, _ = fed
-    names = {n for n in exported_names(metrics) if not n.endswith("_created")}
-    assert names == METRIC_NAMES
+    assert exported_names(metrics) == METRIC_NAMES  # no *_created beside them
+
+
+@pytest.mark.parametrize("accept", ["text/plain", "application/openmetrics-text; version=1.0.0"])
+def test_no_created_series_in_either_exposition_format(fed, accept):
+    """Prometheus would store each *_created sample as a series of its own: none is served."""
+    metrics, _ = fed
+    server = metrics.serve("127.0.0.1:0")
+    try:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/metrics", headers={"Accept": accept}
+        )
+        body = urllib.request.urlopen(request, timeout=10).read().decode()
+    finally:
+        server.close()
+    samples = [line.split("{")[0].split(" ")[0] for line in body.splitlines() if line[:1] != "#"]
+    assert "gpuguard_findings_total" in samples and "gpuguard_events_total" in samples
+    assert not [s for s in samples if s.endswith("_created")]
 
 
 def test_every_metric_the_dashboard_queries_is_exported(fed):

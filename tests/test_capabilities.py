@@ -20,12 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.agent.capabilities import (
-    CAPABILITY_BITS,
-    ENFORCE_CAPABILITIES,
-    MONITOR_CAPABILITIES,
-)
+from gpuguard.agent.capabilities import ENFORCE_CAPABILITIES, MONITOR_CAPABILITIES
 from gpuguard.proving.enforce_scope import EnforceScope
+from gpuguard.sources.proc.capabilities import CAPABILITY_BITS
 from tests.support.agent_run import REPO, AgentProcess, actions_on, finding_for, simulator_rules
 from tests.support.workloads import build_workload
 from tests.test_sigma_on_agent_logs import LOGIN  # a Monero wallet, an XMRig agent

@@ -5,6 +5,7 @@ the log-shipping examples."""
 from __future__ import annotations
 
 import configparser
+import hashlib
 import json
 import os
 import re
@@ -104,6 +105,14 @@ def test_systemd_analyze_verify_and_security(tmp_path):
         assert re.search(rf"✓ CapabilityBoundingSet=~{cap}\b", monitor), monitor[-2000:]
         assert re.search(rf"✗ CapabilityBoundingSet=~{cap}\b", enforce), enforce[-2000:]
     assert re.search(r"✗ CapabilityBoundingSet=~CAP_SYS_ADMIN\b", monitor)
+    # docs/deploy.md states both ratings: they are these
+    rated = [
+        re.search(r"Overall exposure level for gpuguard.service: ([\d.]+)", part).group(1)
+        for part in (monitor, enforce)
+    ]
+    text = " ".join((REPO / "docs" / "deploy.md").read_text().split())
+    said = re.search(r"rates it ([\d.]+) \(MEDIUM\) in monitor mode and ([\d.]+) with", text)
+    assert said and list(said.groups()) == rated, (rated, "fix docs/deploy.md's ratings")
 
 
 # -- install.sh -------------------------------------------------------------------------------
@@ -495,23 +504,30 @@ def test_rules_configmap_layout_is_what_the_agent_reads_by_default(tmp_path):
     assert len(load_ruleset(paths).rules) == len(load_ruleset([shipped_rules_file()]).rules)
 
 
-def _rules_info(port: int) -> tuple[str, float]:
+def _rules_info(port: int) -> tuple[str, float, str]:
+    """gpuguard_rules_info's version, the failed reloads, and its digest."""
     from prometheus_client.parser import text_string_to_metric_families
 
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    version, failed = "", 0.0
+    version, failed, digest = "", 0.0, ""
     for family in text_string_to_metric_families(body):
         for sample in family.samples:
             if sample.name == "gpuguard_rules_info":
-                version = sample.labels["version"]
+                version, digest = sample.labels["version"], sample.labels["digest"]
             if sample.name == "gpuguard_reloads_total" and sample.labels["result"] == "failed":
                 failed = sample.value
-    return version, failed
+    return version, failed, digest
+
+
+def _digest_of(*paths: Path) -> str:
+    """SHA-256 of the files' contents, one after another (the agent's rules digest)."""
+    return hashlib.sha256(b"".join(path.read_bytes() for path in paths)).hexdigest()
 
 
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_a_rules_configmap_update_reaches_the_running_agent_and_its_version_label(tmp_path):
+    from gpuguard.detect.ruleset.load import load_ruleset
     from gpuguard.detect.ruleset.shipped import shipped_rules_file
     from tests.support.agent_run import AgentProcess, until
 
@@ -527,22 +543,27 @@ def test_a_rules_configmap_update_reaches_the_running_agent_and_its_version_labe
     agent = AgentProcess(tmp_path, "--sensor", "proc", "--config", str(volume.path / "agent.yaml"))
     try:
         agent.wait_ready()
-        first, _ = until(lambda: _rules_info(port)[0] and _rules_info(port), timeout=20)
+        first, _, digest = until(lambda: _rules_info(port)[0] and _rules_info(port), timeout=20)
+        rule_files = [shipped_rules_file(), volume.path / "site-rules.yaml"]
+        files = (*rule_files, *map(Path, load_ruleset(rule_files).yara_files))
+        assert digest == _digest_of(*files) and first == digest[:12]  # the whole digest, too
         volume.update(
             {
                 "agent.yaml": agent_yaml,
                 "site-rules.yaml": "version: 1\nlists: {pool_ports: {extend: [3333]}}\n",
             }
         )
-        second, failed = until(lambda: (r := _rules_info(port))[0] != first and r, timeout=30)
-        assert failed == 0
+        second, failed, digest = until(
+            lambda: (r := _rules_info(port))[0] != first and r, timeout=30
+        )
+        assert failed == 0 and digest == _digest_of(*files) and second == digest[:12]
         assert any(
             r.get("event", {}).get("action") == "reload" and second in r.get("message", "")
             for r in agent.records()
         )
         # a broken update keeps the last good rules, counts the failure, and says why
         volume.update({"agent.yaml": agent_yaml, "site-rules.yaml": "version: 1\nrules: [\n"})
-        version, failed = until(lambda: (r := _rules_info(port))[1] >= 1 and r, timeout=30)
+        version, failed, _ = until(lambda: (r := _rules_info(port))[1] >= 1 and r, timeout=30)
         assert version == second
     finally:
         assert agent.stop() == 0, agent.stderr()
@@ -571,9 +592,10 @@ def test_sigma_rules_convert_with_pysigma():
     assert not collection.errors and len(collection.rules) == len(_sigma_rules())
     lucene = LuceneBackend()
     queries = {}
-    for rule in collection.rules:
-        if type(rule).__name__ == "SigmaRule":
-            (queries[rule.name],) = lucene.convert_rule(rule)
+    for name, rule in _sigma_rules().items():  # each alone: the folder folds the pool rule in
+        if "correlation" not in rule:
+            single = SigmaCollection.from_yaml((PKG / "sigma" / f"{name}.yml").read_text())
+            (queries[rule["name"]],) = lucene.convert(single)
     assert "gpuguard.verdict:malicious" in queries["gpuguard_malicious_on_gpu_node"]
     assert "_exists_:destination.ip" in queries["gpuguard_pool_connection"]
     esql = "\n".join(ESQLBackend().convert(collection))
@@ -705,6 +727,52 @@ def test_alerting_rules_pass_promtool_check_and_their_unit_tests():
     tests = yaml.safe_load((PROM / "gpuguard-alerts.test.yaml").read_text())["tests"]
     covered = {t["alertname"] for case in tests for t in case["alert_rule_test"]}
     assert covered == alerts  # every alert has a test
+
+
+def test_the_gpu_node_alert_is_tested_over_both_dcgm_exporter_spellings_of_the_node():
+    """dcgm-exporter renamed Hostname to hostname after 4.8.2: the alert joins on UUID, and the
+    promtool tests above hold it to both spellings, each naming its nodes by its own label."""
+    rule = next(
+        r
+        for g in yaml.safe_load((PROM / "gpuguard-alerts.yaml").read_text())["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "GpuguardMissingOnGpuNode"
+    )
+    assert "on (UUID)" in rule["expr"] and "on (Hostname)" not in rule["expr"]
+    spellings = set()
+    for case in yaml.safe_load((PROM / "gpuguard-alerts.test.yaml").read_text())["tests"]:
+        for check in case["alert_rule_test"]:
+            if check["alertname"] != "GpuguardMissingOnGpuNode" or not check["exp_alerts"]:
+                continue
+            dcgm = [s["series"] for s in case["input_series"] if s["series"].startswith("DCGM_")]
+            (label,) = {re.search(r"\b([Hh]ostname)=", s).group(1) for s in dcgm}
+            assert all(label in a["exp_labels"] for a in check["exp_alerts"])
+            spellings.add(label)
+    assert spellings == {"Hostname", "hostname"}
+
+
+def test_the_zero_series_deploy_md_counts_are_the_ones_the_shipped_agent_declares():
+    """docs/deploy.md's count of gpuguard_findings_total series at start, from the code: every
+    rule a finding can name under the shipped rules and config, once per verdict."""
+    from gpuguard.agent.config import load_config
+    from gpuguard.agent.telemetry import finding_rules
+    from gpuguard.detect.ruleset.load import load_ruleset
+    from gpuguard.detect.ruleset.model import VERDICTS
+    from gpuguard.detect.ruleset.shipped import shipped_rules_file
+
+    rules = finding_rules(load_ruleset([shipped_rules_file()]), load_config(PKG / "agent.yaml"))
+    text = " ".join((REPO / "docs" / "deploy.md").read_text().split())
+    said = re.search(
+        r"That is (\d+) series per node with the shipped rules and config \((\d+) rules and "
+        r"host checks, (\d+) verdicts each",
+        text,
+    )
+    assert said, "docs/deploy.md no longer states the zero series count"
+    assert tuple(map(int, said.groups())) == (
+        len(rules) * len(VERDICTS),
+        len(rules),
+        len(VERDICTS),
+    ), 'fix the count in docs/deploy.md, "Alerts"'
 
 
 def test_alerting_rules_read_only_metrics_the_agent_exports():

@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from gpuguard.agent.config import parse_config
+from gpuguard.agent.config_schema import SCHEMA as AGENT_SCHEMA
 from gpuguard.config.yaml_marks import load_marked
 from gpuguard.detect.cases import _load_expected
 from gpuguard.detect.ruleset.load import validate_rules
@@ -42,23 +43,7 @@ PKG = ROOT / "packaging"
 DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 MARKER = re.compile(r"^<!--\s*yaml:\s*(.*?)\s*-->$")
 
-AGENT_KEYS = {
-    "mode",
-    "dry_run",
-    "sensor",
-    "rules",
-    "log",
-    "metrics",
-    "sampling",
-    "sweep",
-    "status",
-    "queues",
-    "correlator",
-    "sessions",
-    "findings",
-    "response",
-    "guard_policies",
-}
+AGENT_KEYS = set(AGENT_SCHEMA.names)  # every top-level key of agent.yaml
 CONDITION_KEYS = {"signal", "all", "any", "not"}
 WEB_CONFIG_KEYS = {"tls_server_config", "basic_auth_users"}
 CASE_KEYS = {"description", "others", "processes"}

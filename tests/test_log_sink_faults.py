@@ -162,6 +162,7 @@ def test_a_failing_sink_never_carries_its_own_failure_notes(tmp_path):
     lines: list[str] = []
     telemetry = AgentTelemetry(config, counters, lines.append)
     telemetry.open_log()
+    telemetry.release()  # start-up is done: records go straight to the log
     writer = telemetry.writer
     for _round in range(20):  # the agent's loop: records, then sync_log
         for record in _records(10):

@@ -114,6 +114,47 @@ def test_only_the_three_paths_answer_and_nothing_else_shows_the_metrics():
         server.close()
 
 
+def raw_request(port: int, method: str, path: str, headers: str = "") -> tuple[int, dict, bytes]:
+    """One HTTP/1.0 request on a plain socket: status, headers and every byte after them (what a
+    HEAD answer must not have)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(f"{method} {path} HTTP/1.0\r\nHost: x\r\n{headers}\r\n".encode())
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    fields = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), fields, body
+
+
+@pytest.mark.parametrize("users", [False, True], ids=["open", "basic-auth"])
+def test_head_answers_wherever_get_does_with_its_headers_and_no_body(tmp_path, users):
+    """HEAD is what GET is, less the body: same status, type and length, on every path."""
+    web = None
+    if users:
+        web = load_web_config(web_config(tmp_path, f"basic_auth_users:\n  p: {password_hash()}\n"))
+    metrics = AgentMetrics()
+    server = metrics.serve("127.0.0.1:0", web=web)
+    token = base64.b64encode(f"p:{PASSWORD}".encode()).decode()
+    try:
+        for path in (*PATHS, "/nope"):
+            for auth in ("", f"Authorization: Basic {token}\r\n"):
+                code, fields, body = raw_request(server.port, "GET", path, auth)
+                h_code, h_fields, h_body = raw_request(server.port, "HEAD", path, auth)
+                assert (h_code, h_body) == (code, b""), (path, auth)
+                assert h_fields["content-type"] == fields["content-type"], path
+                scrape = path == "/metrics" and code == 200
+                if not scrape:
+                    assert int(h_fields["content-length"]) == len(body), path
+                else:  # the metrics body moves between two scrapes
+                    assert int(h_fields["content-length"]) > 1000
+                if path == "/metrics":
+                    assert code == (401 if users and not auth else 200)
+    finally:
+        server.close()
+
+
 # -- the web config file ---------------------------------------------------------------------
 
 
@@ -152,8 +193,57 @@ def test_tls_with_basic_auth_and_client_certificates(tmp_path):
     try:
         url = f"https://127.0.0.1:{server.port}/metrics"
         assert get(url, client_context(pki, with_cert=True))[0] == 200
+        # no client certificate: /metrics refuses, the health paths answer (kubelet probes)
+        assert get(url, client_context(pki)) == (403, "client certificate required\n")
+        assert get(url.replace("/metrics", "/healthz"), client_context(pki))[0] == 200
+        stranger = make_pki(tmp_path / "other")  # a certificate another CA signed
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
-            get(url, client_context(pki))  # no client certificate: the handshake fails
+            get(url, client_context(stranger, with_cert=True))  # the handshake refuses it
+    finally:
+        server.close()
+
+
+def kubelet_probe(port: int, path: str) -> int:
+    """What an httpGet probe with ``scheme: HTTPS`` does: no server verification, no client
+    certificate, no password; the status it gets."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    return get(f"https://127.0.0.1:{port}{path}", ctx)[0]
+
+
+@pytest.mark.parametrize(
+    "tls_extra",
+    [
+        "",
+        "  client_ca_file: pki/ca.crt\n  client_auth_type: VerifyClientCertIfGiven\n",
+        "  client_ca_file: pki/ca.crt\n  client_auth_type: RequireAndVerifyClientCert\n",
+        "  min_version: TLS13\n",
+    ],
+    ids=["tls", "client-cert-if-given", "client-cert-required", "tls13"],
+)
+def test_kubelet_probes_reach_the_health_paths_under_every_documented_web_config(
+    tmp_path, tls_extra
+):
+    """Every option docs/deploy.md offers, with basic auth on: /healthz answers 200 and /readyz
+    answers (503 while starting) to a probe that sends no certificate and no password, while
+    /metrics stays closed to it."""
+    pki = make_pki(tmp_path / "pki")
+    config = web_config(
+        tmp_path,
+        "tls_server_config:\n  cert_file: pki/server.crt\n  key_file: pki/server.key\n"
+        + tls_extra
+        + f"basic_auth_users:\n  prometheus: '{password_hash()}'\n",
+    )
+    server = AgentMetrics().serve("127.0.0.1:0", web=load_web_config(config))
+    try:
+        assert kubelet_probe(server.port, "/healthz") == 200
+        assert kubelet_probe(server.port, "/readyz") == 503  # starting: an answer, not a failure
+        assert kubelet_probe(server.port, "/metrics") in (401, 403)
+        scraper = client_context(pki, with_cert=True)
+        code, body = get(
+            f"https://127.0.0.1:{server.port}/metrics", scraper, ("prometheus", PASSWORD)
+        )
+        assert code == 200 and "gpuguard_agent_info" in body
     finally:
         server.close()
 

@@ -13,7 +13,12 @@ from gpuguard.detect.host.rules import HOST_RULES
 from gpuguard.detect.scoring.cap import ScoreCap
 from gpuguard.detect.scoring.score import Evidence
 from gpuguard.escape import visible_text
-from gpuguard.events.agent_events import ACTION_STATUSES, ActionOutcome, AgentLifecycle
+from gpuguard.events.agent_events import (
+    ACTION_STATUSES,
+    LIFECYCLE_ACTIONS,
+    ActionOutcome,
+    AgentLifecycle,
+)
 from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.ecs import _ACTION_ECS_TYPE, EXPECTED_EVENT_TYPES
 from gpuguard.outputs.finding import Destination, Finding, GpuUse, finding_from_host
@@ -31,19 +36,6 @@ from tests.test_agent_logs import (  # noqa: F401 - miner_finding is a fixture
 )
 from tests.test_output_bounds import huge_finding
 from tests.test_scan_outputs import _process_finding, _report
-
-LIFECYCLE = (
-    "start",
-    "reload",
-    "reload-failed",
-    "stop",
-    "drops",
-    "degraded",
-    "fault",
-    "recovered",
-    "host-change",
-    "source-absent",
-)
 
 
 def lifecycle_findings() -> list[Finding]:
@@ -141,7 +133,8 @@ def record_corpus(miner: Finding) -> list[Any]:
             )
         records.append(ActionOutcome(time=3.0, action=action, status="failed"))  # no target
     records += [
-        AgentLifecycle(time=4.0, action=a, message=HOSTILE, detail={"n": 1}) for a in LIFECYCLE
+        AgentLifecycle(time=4.0, action=a, message=HOSTILE, detail={"n": 1})
+        for a in LIFECYCLE_ACTIONS
     ]
     return records
 
@@ -238,7 +231,7 @@ def test_every_record_kind_pairs_category_and_type_as_ecs_expects(corpus):
         # every category gpuguard writes is one whose expected types it knows
         assert set(doc["event"]["category"]) <= set(EXPECTED_EVENT_TYPES), doc["event"]
     assert {"process-ended", "host-resolved"} <= seen["finding"]
-    assert set(_ACTION_ECS_TYPE) <= seen["action"] and set(LIFECYCLE) <= seen["lifecycle"]
+    assert set(_ACTION_ECS_TYPE) <= seen["action"] and set(LIFECYCLE_ACTIONS) <= seen["lifecycle"]
     # the pairs the SIEM engineer found, as the records had them: refused
     finding = lifecycle_findings()[1]
     finding.categories = ["process", "intrusion_detection"]  # as finding_from_verdict sets them

@@ -200,6 +200,6 @@ def test_a_scan_that_cannot_load_the_probe_says_so_and_goes_on():
     assert "Traceback" not in result.stderr and result.returncode in (0, 1), result.stderr
     doc = json.loads(result.stdout)
     lines = [line for line in doc["summary"]["could_not_see"] if line.startswith(BLIND_PREFIX)]
-    assert len(lines) == 1 and "needs root" in lines[0], doc["summary"]["could_not_see"]
+    assert len(lines) == 1 and "needs CAP_BPF" in lines[0], doc["summary"]["could_not_see"]
     assert "not checked for RandomX's rounding-mode pattern" in lines[0]
     assert doc["scanner"]["options"]["cpu_window_observed_s"] == 0.0

@@ -134,7 +134,7 @@ def probes() -> dict:
     """Whether the eBPF sensor could load here: every blocker, as gpuguard states it."""
     blockers = []
     for check in (
-        preflight.require_root,
+        preflight.require_bpf_capabilities,
         preflight.import_bcc,
         preflight.require_kernel_headers,
         preflight.require_tracefs,

@@ -21,6 +21,7 @@ from gpuguard.correlate.state import ProcessState
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import Responder, ResponseSettings
 from gpuguard.sources.proc.identity import ExitGenerations
+from gpuguard.sources.proc.pod_names import PodNames
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +39,16 @@ def make_responder(
     dry_run: bool,
     emit: Callable[[ActionOutcome], None],
     generations: ExitGenerations | None = None,
+    pod_names: PodNames | None = None,
 ) -> Responder:
     """The responder for this agent; close the previous one before building another.
     ``generations``: the sensor's exit generations, so actions reach exactly the process
     whose exec was seen (see gpuguard.sources.proc.identity)."""
-    return Responder(settings, mode=mode, dry_run=dry_run, emit=emit, generations=generations)
+    return Responder(
+        settings,
+        mode=mode,
+        dry_run=dry_run,
+        emit=emit,
+        generations=generations,
+        pod_names=pod_names,
+    )

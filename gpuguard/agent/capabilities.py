@@ -9,23 +9,11 @@ these sets; tests/test_deploy.py compares them.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gpuguard.errors import GpuguardError
 from gpuguard.respond.actions import BY_NAME
 from gpuguard.respond.settings import options_of
+from gpuguard.sources.proc.capabilities import effective_capabilities
 
-# linux/capability.h numbers of the capabilities gpuguard names
-CAPABILITY_BITS = {
-    "CAP_DAC_READ_SEARCH": 2,
-    "CAP_KILL": 5,
-    "CAP_NET_ADMIN": 12,
-    "CAP_SYS_PTRACE": 19,
-    "CAP_SYS_ADMIN": 21,
-    "CAP_SYS_RESOURCE": 24,
-    "CAP_PERFMON": 38,
-    "CAP_BPF": 39,
-}
 MONITOR_CAPABILITIES = (
     "CAP_BPF",
     "CAP_PERFMON",
@@ -35,15 +23,6 @@ MONITOR_CAPABILITIES = (
 )
 # what the actions need (each Action's ``capabilities``): signals, host-wide nftables sets
 ENFORCE_CAPABILITIES = (*MONITOR_CAPABILITIES, "CAP_KILL", "CAP_NET_ADMIN")
-
-
-def effective_capabilities(status: Path = Path("/proc/self/status")) -> set[str]:
-    """The named capabilities in this process's effective set."""
-    for line in status.read_text().splitlines():
-        if line.startswith("CapEff:"):
-            bits = int(line.split()[1], 16)
-            return {name for name, bit in CAPABILITY_BITS.items() if bits >> bit & 1}
-    return set()
 
 
 def needed_by_actions(response) -> dict[str, list[str]]:

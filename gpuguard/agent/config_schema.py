@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpuguard.config.schema import Key, Section
 from gpuguard.detect.guard_policies import GUARD_POLICY_SCHEMA, GuardPolicy
+from gpuguard.detect.ruleset.model import DEFAULT_MATURITY, MATURITIES
 from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.log_sinks import DEFAULT_KEEP, DEFAULT_MAX_BYTES, FACILITIES
 from gpuguard.outputs.log_spool import DEFAULT_SPOOL_BYTES, DEFAULT_SPOOL_DIR
@@ -23,6 +24,8 @@ from gpuguard.respond import ResponseSettings
 from gpuguard.respond.responder import MODES
 from gpuguard.respond.settings import RESPONSE_SCHEMA
 from gpuguard.sources.gpu.registry import SOURCE_NAMES
+from gpuguard.sources.proc.container_images import TASK_ROOT
+from gpuguard.sources.proc.pod_names import LOG_ROOT
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuguard/agent.yaml")
 DEFAULT_STATUS_PATH = Path("/run/gpuguard/status.json")
@@ -40,6 +43,9 @@ class AgentConfig:
     dry_run: bool = False
     sensor: str = "auto"
     rules: list[Path] | None = None  # None: shipped rules + /etc/gpuguard/*.yaml
+    maturity: str = DEFAULT_MATURITY  # the lowest rule tier that counts toward a verdict
+    kubernetes_log_root: str = LOG_ROOT  # the kubelet's log tree (pods/, containers/)
+    containerd_root: str = TASK_ROOT  # containerd's running containers (OCI bundles)
     log_path: str = "-"  # "-" is stdout
     log_format: str = "ecs"
     log_max_bytes: int = DEFAULT_MAX_BYTES  # a log file is rotated past this size
@@ -92,6 +98,14 @@ SCHEMA = Section(
             "list",
             "rule files (relative to this file); default: shipped + /etc/gpuguard/*.yaml",
             shows="[]",
+        ),
+        Key(
+            "maturity",
+            "choice",
+            "the lowest rule tier that counts toward a verdict: "
+            + " | ".join(MATURITIES)
+            + " (docs/rules.md, Maturity)",
+            choices=MATURITIES,
         ),
         Section(
             "log",
@@ -333,6 +347,24 @@ SCHEMA = Section(
                     field="session_watch_score",
                     low=0,
                     high=100,
+                ),
+            ),
+        ),
+        Section(
+            "kubernetes",
+            (
+                Key(
+                    "log_root",
+                    "text",
+                    "the kubelet's log tree: pods/ and containers/ name namespaces, pods and "
+                    "containers",
+                    field="kubernetes_log_root",
+                ),
+                Key(
+                    "containerd_root",
+                    "text",
+                    "containerd's running containers (OCI bundles): images and names",
+                    field="containerd_root",
                 ),
             ),
         ),

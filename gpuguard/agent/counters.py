@@ -16,6 +16,7 @@ from typing import Any
 # Scoring latency histogram bucket upper bounds, seconds (Prometheus-style, cumulative on export).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 LAST_FINDINGS = 20
+RULE_PROCESSES = 3  # process names the status listing keeps per rule
 
 
 def _counts() -> defaultdict:
@@ -38,7 +39,10 @@ class AgentCounters:
     sensor_mode: str = ""  # "ebpf" or "proc" (reduced)
     blind_spots: list[str] = field(default_factory=list)
     probes_attached: int = 0
-    rules_version: str = ""
+    headers: str = ""  # the kernel headers the probes compiled against: kind
+    headers_why: str = ""  # where they are and why those (kernel_headers.HeaderSource)
+    rules_version: str = ""  # the first characters of rules_digest
+    rules_digest: str = ""  # SHA-256 of the rule files as loaded
     rules_generation: int = 0
     rules_error: str | None = None  # the last reload that failed, until one succeeds
     config_error: str | None = None  # the agent config's last failed reload, until one succeeds
@@ -71,6 +75,11 @@ class AgentCounters:
     findings: defaultdict = field(default_factory=_counts)  # by (rule_id, verdict)
     actions: defaultdict = field(default_factory=_counts)  # by (action, status)
     touch_kills: defaultdict = field(default_factory=_counts)  # kill-on-touch kills by reason
+    # rule by rule (respond.intent): acting steps a rule's matches planned, by (rule, action):
+    # held back (monitor mode, the rule in monitor mode, refused, a dry run) or taken
+    rule_would_act: defaultdict = field(default_factory=_counts)
+    rule_acted: defaultdict = field(default_factory=_counts)
+    rule_processes: dict = field(default_factory=dict)  # rule -> the latest process names (3)
     last_findings: deque = field(default_factory=lambda: deque(maxlen=LAST_FINDINGS))
     last_actions: deque = field(default_factory=lambda: deque(maxlen=LAST_FINDINGS))
     host_findings: list = field(default_factory=list)  # active GPU host findings (rows for status)
@@ -99,6 +108,20 @@ class AgentCounters:
                 self.scoring_latency_buckets[i] += 1
                 return
         self.scoring_latency_buckets[-1] += 1
+
+    def count_intent(self, per_rule: dict, taken: set[str], enforcing: tuple, name: str) -> None:
+        """One verdict's acting steps by rule: ``taken`` (done, through a rule in ``enforcing``)
+        or held back; ``name``: the process, for the status listing."""
+        for rule, steps in per_rule.items():
+            for step in steps:
+                if step in taken and rule in enforcing:
+                    self.rule_acted[(rule, step)] += 1
+                else:
+                    self.rule_would_act[(rule, step)] += 1
+            if steps:
+                names = self.rule_processes.setdefault(rule, deque(maxlen=RULE_PROCESSES))
+                if name not in names:
+                    names.append(name)
 
     def events_total(self) -> int:
         return sum(self.events_by_kind.values())
@@ -140,6 +163,8 @@ class AgentCounters:
             "findings": {f"{rule}/{verdict}": n for (rule, verdict), n in self.findings.items()},
             "actions": {f"{action}/{status}": n for (action, status), n in self.actions.items()},
             "touch_kills": dict(self.touch_kills),
+            "rule_would_act": {f"{r}/{a}": n for (r, a), n in self.rule_would_act.items()},
+            "rule_acted": {f"{r}/{a}": n for (r, a), n in self.rule_acted.items()},
             "host_findings_active": dict(self.host_findings_active),
             "stages": {name: dict(counts) for name, counts in self.stages.items()},
         }

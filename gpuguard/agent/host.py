@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from gpuguard.agent.context import AgentContext
 from gpuguard.agent.wiring import AgentParts, Opened
+
+
+@dataclass(frozen=True)
+class StartRefused:
+    """Start-up stopped: the step that raised, and what it raised (logged as ``start-failed``)."""
+
+    step: str
+    error: BaseException
 
 
 class AgentHost(Protocol):
@@ -23,6 +32,7 @@ class AgentHost(Protocol):
     ready: threading.Event  # set once start-up finished
     install_signals: bool
     unfed: list  # the rest of a batch a stop cut short
+    refused: StartRefused | None  # start-up failed: in which step, and why
 
     def request_stop(self) -> None: ...
 

@@ -17,6 +17,7 @@ from gpuguard.agent import startup
 from gpuguard.agent.config import AgentConfig
 from gpuguard.agent.context import AgentContext, stderr_line
 from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.host import StartRefused
 from gpuguard.agent.housekeeping import HOUSEKEEPING_S
 from gpuguard.agent.intake import BoundedQueue
 from gpuguard.agent.schedule import Schedule
@@ -58,6 +59,7 @@ class Agent:
         self.housekeeping_s = HOUSEKEEPING_S
         self.hup = False  # SIGHUP seen: reload on the next loop turn
         self.unfed: list = []  # the rest of a batch cut short by a stop or reload
+        self.refused: StartRefused | None = None  # start-up failed: the step, and why
 
     @property
     def config(self) -> AgentConfig:
@@ -88,10 +90,7 @@ class Agent:
 
     def run(self) -> int:
         try:
-            for step in startup.STEPS:
-                if self.stop.is_set():
-                    break
-                step(self)
+            startup.run(self)
             if self.opened.wired is not None:
                 self._loop(self.opened.wired)
         finally:

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuguard.agent.capabilities import check_enforce_capabilities
 from gpuguard.agent.config import load_config, with_overrides
+from gpuguard.agent.config_schema import SCHEMA
 from gpuguard.agent.context import AgentContext
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.stages.s1_produce import ProduceStage
@@ -22,39 +23,50 @@ from gpuguard.agent.stages.s2_enrich import EnrichStage
 from gpuguard.agent.stages.s4_score import ScoreStage
 from gpuguard.agent.stages.s6_act import ActStage
 from gpuguard.agent.telemetry import finding_rules
+from gpuguard.config.schema import Section
 from gpuguard.detect.ruleset.reload import RuleSetHolder
 from gpuguard.errors import GpuguardError
 
 RULE_FILE_CHECK_S = 2.0  # look for changed rule files this often
+
+
+def _fields(section: Section) -> tuple[str, ...]:
+    """The config fields a schema section fills (a section collected into one field: that one)."""
+    out: list[str] = []
+    for item in section.keys:
+        out += _fields(item) if isinstance(item, Section) and not item.field else [item.field]
+    return tuple(out)
+
+
+# Read once at start (the sensor, the log writer, the metrics server and its health, the state
+# file, where the pods' names are read): a reload keeps them and says they need a restart.
+# Every log.*, metrics.* and kubernetes.* key, from the schema, so a new one cannot be left out.
 RESTART_SETTINGS = (
     "sensor",
-    "log_path",
-    "log_format",
-    "log_max_bytes",
-    "log_keep",
-    "log_syslog_format",
-    "log_facility",
-    "log_limits",
-    "metrics_address",
-    "metrics_web_config",
+    *_fields(SCHEMA.get("log")),
+    *_fields(SCHEMA.get("metrics")),
     "status_path",
+    *_fields(SCHEMA.get("kubernetes")),  # the pod names' sources, built with the stages
 )
 
 
-def rules_version(ruleset: Any) -> str:
-    """A short digest of the rule files' contents: equal on every host with the same rules."""
+RULES_VERSION_CHARS = 12  # the version is the digest's first characters
+
+
+def rules_digest(ruleset: Any) -> str:
+    """SHA-256 of the rule files' contents (hex): equal on every host with the same rules."""
     digest = hashlib.sha256()
     for path in list(ruleset.sources) + list(ruleset.yara_files):
         try:
             digest.update(Path(path).read_bytes())
         except OSError:
             digest.update(str(path).encode())
-    return digest.hexdigest()[:12]
+    return digest.hexdigest()
 
 
 def load_rules(ctx: AgentContext) -> RuleSetHolder:
     """The rules the config names (a start-up step): the first load must succeed."""
-    rules = RuleSetHolder(ctx.config.rules, log=lambda line: None)
+    rules = RuleSetHolder(ctx.config.rules, log=lambda line: None, maturity=ctx.config.maturity)
     note_rules(rules, ctx.counters)
     return rules
 
@@ -63,7 +75,8 @@ def note_rules(rules: RuleSetHolder, counters: AgentCounters) -> None:
     """The rule set's version, generation and last error, for the state file and metrics."""
     # The digest is taken when a set is loaded: the files on disk may already be newer (and broken).
     if rules.generation != counters.rules_generation:
-        counters.rules_version = rules_version(rules.current)
+        counters.rules_digest = rules_digest(rules.current)
+        counters.rules_version = counters.rules_digest[:RULES_VERSION_CHARS]
     counters.rules_generation = rules.generation
     counters.rules_error = rules.last_error
 
@@ -179,6 +192,7 @@ class Reloader:
                 setattr(config, name, getattr(ctx.config, name))
         ctx.config = config
         self.rules.paths = [Path(p) for p in config.rules] if config.rules is not None else None
+        self.rules.maturity = config.maturity  # the rules reloaded next count from this tier
         self.act.rebuild()
 
     def _count(self, ok: bool) -> None:

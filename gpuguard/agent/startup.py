@@ -1,9 +1,11 @@
 """The agent's start-up: small steps, each a function of the agent (:class:`.host.AgentHost`).
 
-signals, capabilities (enforce mode's), rules, log, metrics, sensor (or reduced mode), stages
-(built once, with what the steps before opened), findings the last run left open, seed sweep,
-producers, started (the start line, the first state file, ready).  The pipeline runs them in
-order; the teardown always runs after them, however far they got.
+signals, log (first, so a refused start is logged), capabilities (enforce mode's), rules,
+metrics, sensor (or reduced mode), stages (built once, with what the steps before opened),
+findings the last run left open, seed sweep, producers, started (the start record, stamped
+with the agent's start time and written before what start-up logged, the first state file,
+ready).  The pipeline runs them in order; the teardown always runs after them, however far
+they got, and logs a refused start as ``start-failed``.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import time
 from typing import TYPE_CHECKING
 
 from gpuguard.agent.capabilities import check_enforce_capabilities
+from gpuguard.agent.host import StartRefused
 from gpuguard.agent.memory import release_compiler_pages
 from gpuguard.agent.reload import load_rules
 from gpuguard.agent.stages.s1_produce.opening import start_sensor
 from gpuguard.agent.telemetry import finding_rules
 from gpuguard.agent.wiring import Wired, wire
+from gpuguard.events.agent_events import AgentLifecycle
 
 if TYPE_CHECKING:
     from gpuguard.agent.host import AgentHost
@@ -77,23 +81,44 @@ def producers(agent: AgentHost) -> None:
     s.produce.start_threads(s.correlate.known)
 
 
+def start_record(agent: AgentHost, interrupted: bool = False) -> AgentLifecycle:
+    """The run's first record, stamped with the agent's start time (also first on a timeline
+    sorted by time); ``interrupted``: a stop came during start-up, and what start-up had not
+    learnt yet is left out."""
+    ctx, opened = agent.ctx, agent.opened
+    config, counters = ctx.config, ctx.counters
+    ruleset = opened.rules.current if opened.rules is not None else None
+    said = [f"mode {config.mode}{' (dry run)' if config.dry_run else ''}"]
+    if counters.sensor_mode:
+        headers = f" (kernel headers: {counters.headers_why})" if counters.headers else ""
+        said.append(f"sensor {counters.sensor_mode}{headers}")
+    if ruleset is not None:
+        said.append(f"{len(ruleset.rules)} rules (version {counters.rules_version})")
+    if opened.wired is not None and not interrupted:
+        said.append(f"{len(opened.wired.stages.correlate.correlator)} processes seeded")
+    lead = "agent started, and stopped during start-up" if interrupted else "agent started"
+    return AgentLifecycle(
+        time=counters.started,
+        action="start",
+        message=f"{lead}: {', '.join(said)}",
+        detail=dict(
+            mode=config.mode,
+            sensor=counters.sensor_mode or None,
+            headers=counters.headers or None,
+            pid=os.getpid(),
+            run_id=counters.run_id,
+            rules=[str(p) for p in ruleset.sources] if ruleset is not None else None,
+            blind_spots=counters.blind_spots,
+            config=config.source or None,
+            interrupted=interrupted or None,
+        ),
+    )
+
+
 def started(agent: AgentHost) -> None:
     ctx, s = agent.ctx, _wired(agent).stages
-    ruleset, config, counters = _rules(agent).current, ctx.config, ctx.counters
-    ctx.telemetry.started(config.mode)
-    ctx.lifecycle(
-        "start",
-        f"agent started: mode {config.mode}{' (dry run)' if config.dry_run else ''}, "
-        f"sensor {counters.sensor_mode}, {len(ruleset.rules)} rules "
-        f"(version {counters.rules_version}), {len(s.correlate.correlator)} processes seeded",
-        mode=config.mode,
-        sensor=counters.sensor_mode,
-        pid=os.getpid(),
-        run_id=counters.run_id,
-        rules=[str(p) for p in ruleset.sources],
-        blind_spots=counters.blind_spots,
-        config=config.source or None,
-    )
+    ctx.telemetry.started(ctx.config.mode)
+    ctx.telemetry.release(start_record(agent))  # then what start-up logged before it
     release_compiler_pages()  # the probes are compiled: LLVM's ~80 MB of code can go
     s.emit.status.write(time.time())
     agent.ready.set()
@@ -102,9 +127,9 @@ def started(agent: AgentHost) -> None:
 
 STEPS = (
     signals,
+    log,
     capabilities,
     rules,
-    log,
     metrics,
     sensor,
     stages,
@@ -113,6 +138,19 @@ STEPS = (
     producers,
     started,
 )
+
+
+def run(agent: AgentHost) -> None:
+    """The steps in order, until a stop is asked for; a step that raises is noted on the agent
+    (``refused``: the teardown logs it as ``start-failed``) and the error goes on."""
+    for step in STEPS:
+        if agent.ctx.stop.is_set():
+            return
+        try:
+            step(agent)
+        except Exception as exc:
+            agent.refused = StartRefused(step.__name__, exc)
+            raise
 
 
 def _rules(agent: AgentHost) -> RuleSetHolder:

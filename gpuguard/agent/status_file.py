@@ -41,6 +41,7 @@ def status_document(
         "sensor": c.sensor_mode,
         "blind_spots": c.blind_spots,
         "probes_attached": c.probes_attached,
+        "headers": {"source": c.headers, "detail": c.headers_why} if c.headers else None,
         "config": {"path": config.source or None, "error": c.config_error},
         "rules": {
             "version": c.rules_version,
@@ -66,10 +67,26 @@ def status_document(
         "processes_tracked": c.processes_tracked,
         "last_findings": list(c.last_findings),
         "last_actions": list(c.last_actions),
+        "rules_acting": rules_acting(c),
         "host_findings": list(c.host_findings),
         "gpus": [{"vendor": v, "index": i, **info} for (v, i), info in sorted(c.gpus.items())],
         "counters": c.snapshot(),
     }
+
+
+def rules_acting(c: Any) -> list[dict[str, Any]]:
+    """Per rule: the acting steps its matches would have taken and those taken, by action, and
+    the latest processes' names (escaped): what enforce would cost, rule by rule."""
+    rules = sorted({r for r, _ in c.rule_would_act} | {r for r, _ in c.rule_acted})
+    return [
+        {
+            "rule": rule,
+            "would_act": {a: n for (r, a), n in sorted(c.rule_would_act.items()) if r == rule},
+            "acted": {a: n for (r, a), n in sorted(c.rule_acted.items()) if r == rule},
+            "processes": list(c.rule_processes.get(rule, ())),
+        }
+        for rule in rules
+    ]
 
 
 def write_status(path: Path, document: dict[str, Any]) -> None:

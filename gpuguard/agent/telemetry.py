@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -75,6 +76,11 @@ class AgentTelemetry:
         self._stall_file = os.environ.get(STALL_ENV) or None
         self.pod_names = PodNames()  # pod and container names from the kubelet's log links
         self.proc_root = "/proc"
+        # Records start-up makes before the start record (a degraded line, the first sweep's
+        # findings): held so the start record is the run's first; at most one per process the
+        # first sweep finds, for the seconds start-up takes.
+        self._held: list | None = []
+        self._held_lock = threading.Lock()
 
     # -- start-up -----------------------------------------------------------------------
     def open_log(self) -> None:
@@ -108,6 +114,7 @@ class AgentTelemetry:
         c = self.config
         web = load_web_config(Path(c.metrics_web_config)) if c.metrics_web_config else None
         metrics = AgentMetrics(per_process_gpu=c.per_process_gpu, max_pod_series=c.max_pod_series)
+        metrics.started.set(self.counters.started)  # the start record's time too
         metrics.declare_findings(finding_rules)
         try:
             self.server = metrics.serve(
@@ -131,7 +138,8 @@ class AgentTelemetry:
                 "choose another address for metrics.address (or --metrics-address)",
             ) from None
         self.metrics = metrics
-        metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
+        counters = self.counters
+        metrics.set_rules(counters.rules_version, counters.rules_digest, loaded_at=time.time())
 
     def declare_findings(self, finding_rules: Iterable[str]) -> None:
         """Rules a reload brought: their finding counters start at 0 (an alert sees the first)."""
@@ -141,7 +149,7 @@ class AgentTelemetry:
     def started(self, mode: str) -> None:
         """Start-up is done: the sensor mode and reduced mode's blind spots are known."""
         if self.metrics is not None:
-            self.metrics.set_agent(mode, self.counters.sensor_mode)
+            self.metrics.set_agent(mode, self.counters.sensor_mode, self.counters.headers)
             self.metrics.set_blind_spots(self.counters.blind_spots)
 
     def watch(self, ready: Any, threads: list) -> None:
@@ -184,8 +192,29 @@ class AgentTelemetry:
                 time.sleep(0.1)
 
     def write(self, record: Any) -> None:
+        if self._held is not None:
+            with self._held_lock:
+                if self._held is not None:
+                    self._held.append(record)
+                    return
         if self.writer is not None:
             self.writer.write(record)
+
+    @property
+    def holding(self) -> bool:
+        """Whether records still wait for the run's start record."""
+        return self._held is not None
+
+    def release(self, first: Any = None) -> None:
+        """Write ``first`` (the run's start or start-failed record), then the records start-up
+        made before it, in their order; from now on records go straight to the log."""
+        with self._held_lock:
+            held, self._held = self._held, None
+            if self.writer is not None:
+                for record in [first] if first is not None else []:
+                    self.writer.write(record)
+                for record in held or []:
+                    self.writer.write(record)
 
     def sync_log(self) -> None:
         """The writer's counts into the counters; its faults on stderr, counted.  None goes to the
@@ -259,8 +288,9 @@ class AgentTelemetry:
                 rules_ok=self.counters.rules_error is None,
             )
             if ok:
-                self.metrics.set_rules(self.counters.rules_version, loaded_at=time.time())
-            self.metrics.set_agent(mode, self.counters.sensor_mode)
+                c = self.counters
+                self.metrics.set_rules(c.rules_version, c.rules_digest, loaded_at=time.time())
+            self.metrics.set_agent(mode, self.counters.sensor_mode, self.counters.headers)
 
     # -- teardown -----------------------------------------------------------------------
     def close_log(self) -> None:

@@ -91,8 +91,8 @@ def wire(parts: AgentParts, rules: RuleSetHolder, sensor: Sensor | None) -> Wire
     correlate = CorrelateStage(ctx, correlator, host_findings.observe, host_findings.INPUTS)
     request = produce.request if sensor is not None else None
     score = ScoreStage(ctx, correlator, DetectionEngine(correlator, ruleset), request)
-    report = ReportStage(ctx, rules, correlator, parts.findings, host_findings)
     act = ActStage(ctx, parts.findings, generations)
+    report = ReportStage(ctx, rules, correlator, parts.findings, host_findings, act.intent_json)
     stages = Stages(produce, enrich, correlate, score, report, act, EmitStage(ctx, rules))
     ctx.counters.stages = dict(stages.counts())  # the state file and the metrics show them
     return Wired(

@@ -96,8 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     stop = StopRequest(sensor)
     print(
-        f"gpuguard: recording to {args.output} (probes loaded in {sensor.stats.startup_seconds:.2f} s); "
-        "Ctrl-C stops",
+        f"gpuguard: recording to {args.output} ({sensor.loaded()}); Ctrl-C stops",
         file=sys.stderr,
         flush=True,
     )

@@ -6,7 +6,9 @@
 * ``test [--cases DIR] [--rules PATH]`` — replay ``DIR/*`` (default ``tests/cases``) through
   decode → correlate → score; pass/fail per case, evidence diff on failure;
   exit 0 all pass, 1 any fail.
-* ``list`` — the compiled rules with weights and the signals they read.
+* ``list [--maturity TIER]`` — the compiled rules with tiers, weights and the signals they read.
+* ``reference [--update DOC]`` — the shipped rules with their tiers, false positives,
+  references and runbooks as Markdown (docs/rules-reference.md holds it).
 * ``signals [--update DOC]`` — every signal a condition can use, with its type; ``--update``
   rewrites the generated signal table in DOC (docs/rules.md), which a test keeps equal to the
   registry.
@@ -25,8 +27,10 @@ from gpuguard.commands.options import (
     say_updated,
 )
 from gpuguard.config.reference import update_doc
-from gpuguard.detect.ruleset.load import load_ruleset, validate_rules
+from gpuguard.detect.ruleset.load import MATURITIES, load_ruleset, validate_rules
 from gpuguard.detect.ruleset.operators import OPERATORS
+from gpuguard.detect.ruleset.reference import MARKERS as REFERENCE_MARKERS
+from gpuguard.detect.ruleset.reference import rules_reference
 from gpuguard.detect.ruleset.shipped import default_rule_paths, shipped_rules_file
 from gpuguard.detect.scoring.cap import escapes_the_cap
 from gpuguard.detect.signals.docs import MARKERS, signal_table
@@ -71,6 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     listing = sub.add_parser("list", help="list the compiled rules")
     add_rules_option(listing)
+    listing.add_argument(
+        "--maturity",
+        choices=MATURITIES,
+        default=MATURITIES[-1],
+        help="the lowest tier that counts, as the agent's `maturity:` setting (default: all)",
+    )
+    add_update_option(
+        sub.add_parser(
+            "reference", help="the shipped rules' tiers, false positives, references, runbooks"
+        ),
+        "rules-reference",
+        "the generated rules reference",
+    )
     add_update_option(
         sub.add_parser("signals", help="list the signals conditions can test, and the operators"),
         "rules",
@@ -105,11 +122,16 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    ruleset = load_ruleset(args.rules)
+    ruleset = load_ruleset(args.rules, args.maturity)
     for rule in ruleset.rules + ruleset.disabled:
-        state = "" if rule.enabled else " (disabled)"
+        state = ""
+        if not rule.enabled:
+            state = " (disabled)"
+        elif not ruleset.counted(rule):
+            state = f" (not counted: below {ruleset.counting})"
         print(
-            f"{rule.id:36} {rule.weight:+4d} {rule.severity:8} {rule.description}{state}  [{', '.join(rule.signals)}]"
+            f"{rule.id:36} {rule.maturity:12} {rule.weight:+4d} {rule.severity:8} "
+            f"{rule.description}{state}  [{', '.join(rule.signals)}]"
         )
     print(
         f"thresholds: suspicious {ruleset.thresholds.suspicious}, malicious {ruleset.thresholds.malicious}; "
@@ -131,6 +153,15 @@ def _signals(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reference(args: argparse.Namespace) -> int:
+    text = rules_reference(load_ruleset([shipped_rules_file()]))
+    if args.update is not None:
+        say_updated(args.update, update_doc(args.update, text, REFERENCE_MARKERS, fence=""))
+        return 0
+    print(text, end="")
+    return 0
+
+
 def _test(args: argparse.Namespace) -> int:
     from gpuguard.detect.cases import run_cases
 
@@ -149,10 +180,16 @@ def _test(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     action = getattr(args, "rules_command", None)
-    handlers = {"validate": _validate, "test": _test, "list": _list, "signals": _signals}
+    handlers = {
+        "validate": _validate,
+        "test": _test,
+        "list": _list,
+        "signals": _signals,
+        "reference": _reference,
+    }
     if action not in handlers:
         print(
-            "usage: gpuguard rules {validate,test,list,signals} (see gpuguard rules --help)",
+            "usage: gpuguard rules {validate,test,list,signals,reference} (see gpuguard rules --help)",
             file=sys.stderr,
         )
         return 2

@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="when a process has a thread that never sleeps (or one paused from outside), watch "
         "the SSE rounding modes its threads are switched out in for this long with the FPU "
         f"probe, for RandomX's pattern (default {DEFAULT_CPU_WINDOW_S:g}; longer, up to 3x, while "
-        "one has too few context switches to judge; 0: off; needs root; docs/scan.md)",
+        "one has too few context switches to judge; 0: off; needs CAP_BPF and CAP_PERFMON; docs/scan.md)",
     )
     parser.add_argument(
         "--no-yara", action="store_true", help="skip YARA scanning of executables and memory"

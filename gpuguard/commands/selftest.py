@@ -2,7 +2,8 @@
 
 Uses the running agent (found through its state file) or starts one for the
 test; prints PASS or FAIL with the time from the simulator's start to the
-finding; exit 0 on PASS, 1 on FAIL (docs/agent.md, "`gpuguard selftest`").
+finding (a pass in reduced mode says so); exit 0 on PASS, 1 on FAIL, and with
+--require-ebpf on a reduced-mode pass too (docs/agent.md, "`gpuguard selftest`").
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sensor", choices=SENSORS, default="auto", help="sensor of an agent started for the test"
     )
     parser.add_argument(
+        "--require-ebpf",
+        action="store_true",
+        help="fail when the agent runs in reduced mode (no eBPF sensor), even if it caught the simulator",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=15.0,
@@ -46,5 +52,15 @@ def run(args: argparse.Namespace) -> int:
     result = run_selftest(
         args.state_file, args.mode, args.timeout, sensor=args.sensor, own_agent=args.own_agent
     )
-    print(f"{'PASS' if result.passed else 'FAIL'}: {result.message}", flush=True)
-    return 0 if result.passed else 1
+    print(f"{verdict(result, args.require_ebpf)}: {result.message}", flush=True)
+    return 0 if result.passed and (result.sensor == "ebpf" or not args.require_ebpf) else 1
+
+
+def verdict(result, require_ebpf: bool) -> str:
+    """PASS only for a full agent; a reduced-mode pass says so (and fails when eBPF is required)."""
+    if not result.passed:
+        return "FAIL"
+    if result.sensor == "ebpf":
+        return "PASS"
+    reduced = f"reduced mode, sensor {result.sensor or 'unknown'}: kernel events unseen; see gpuguard doctor"
+    return f"FAIL (eBPF required; {reduced})" if require_ebpf else f"PASS ({reduced})"

@@ -31,6 +31,7 @@ def render(doc: dict, alive: bool, why: str, now: float) -> list[str]:
         f"up {now - float(doc.get('started', now)):.0f} s",
         f"mode:       {doc.get('mode')}{' (dry run)' if doc.get('dry_run') else ''}",
         f"sensor:     {doc.get('sensor')}, {doc.get('probes_attached', 0)} probes attached",
+        f"headers:    {escape_text((doc.get('headers') or {}).get('detail') or 'none (no probes compiled)')}",
         f"rules:      version {rules.get('version')} (generation {rules.get('generation')})"
         + (f"; last reload FAILED: {escape_text(rules['error'])}" if rules.get("error") else ""),
         f"events:     {doc.get('events_per_s', 0)}/s, {doc.get('events_total', 0)} in all; "
@@ -53,6 +54,20 @@ def render(doc: dict, alive: bool, why: str, now: float) -> list[str]:
         lines.append(
             f"  {when} pid {f.get('pid')} {escape_text(f.get('comm', ''))}: {f.get('verdict')} "
             f"score {f.get('score')} ({', '.join(escape_text(r) for r in f.get('rule_ids', [])[:4])})"
+        )
+    acting = doc.get("rules_acting", [])
+    lines.append(
+        "rule by rule, enforce would act / acted:" if acting else "rule by rule: nothing to act on"
+    )
+    for row in acting:
+
+        def steps(counts: dict) -> str:
+            return ", ".join(f"{escape_text(a)} {n}" for a, n in counts.items()) or "-"
+
+        names = ", ".join(escape_text(n) for n in row.get("processes", []))
+        lines.append(
+            f"  {escape_text(row.get('rule', '')):34} would act: {steps(row.get('would_act', {}))}; "
+            f"acted: {steps(row.get('acted', {}))}" + (f" ({names})" if names else "")
         )
     hosts = doc.get("host_findings", [])
     lines.append(f"active host findings ({len(hosts)}):" if hosts else "active host findings: none")

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     # Said in both modes, on stderr (stdout stays the events alone): whoever
     # starts watch in a pipeline learns when the probes are attached.
     print(
-        f"gpuguard: watching GPU devices (probes loaded in {sensor.stats.startup_seconds:.2f} s); Ctrl-C stops",
+        f"gpuguard: watching GPU devices ({sensor.loaded()}); Ctrl-C stops",
         file=sys.stderr,
     )
     deadline = time.monotonic() + args.duration if args.duration else None

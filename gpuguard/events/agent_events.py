@@ -46,14 +46,30 @@ class ActionOutcome:
         return {"kind": "action", **dataclasses.asdict(self)}
 
 
+# What an AgentLifecycle says happened, in the order docs/siem.md ("Lifecycle vocabulary")
+# explains them.  "start-failed": start-up was refused (a bad config, the port in use); it
+# stands where the start would, and no stop follows it.
+LIFECYCLE_ACTIONS = (
+    "start",
+    "start-failed",
+    "reload",
+    "reload-failed",
+    "stop",
+    "drops",
+    "degraded",
+    "fault",
+    "recovered",
+    "host-change",
+    "source-absent",
+)
+
+
 @dataclass(slots=True)
 class AgentLifecycle:
     """Something that happened to the agent itself: start, reload, stop, drops, faults."""
 
     time: float
-    action: str  # start | reload | reload-failed | stop | drops | degraded | fault
-    # | recovered | host-change (the agent changed host state, by config)
-    # | source-absent (a GPU source with no GPU of its kind on the host: information)
+    action: str  # one of LIFECYCLE_ACTIONS
     message: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
 

@@ -39,6 +39,12 @@ class ProcessFacts:
     container_runtime: str | None = None
     container_id: str | None = None
     pod_uid: str | None = None
+    # Kubernetes names and the image, from the node (sources.proc.pod_names.PodNames.fill):
+    # None when unknown (or not in a pod / container)
+    pod_namespace: str | None = None
+    pod_name: str | None = None
+    container_name: str | None = None
+    container_image: str | None = None
     kernel_thread: bool = False
     ld_preload: str | None = None  # LD_PRELOAD from the environment, if readable and set
     environ_readable: bool = False

@@ -15,12 +15,12 @@ from gpuguard import __version__
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits, cap_text, raw_bytes, text_mark
-from gpuguard.outputs.finding import Finding
-from gpuguard.outputs.output_format import OutputFormat
+from gpuguard.outputs.finding import Finding, rule_content_json
+from gpuguard.outputs.output_format import LIFECYCLE_FAILURES, OutputFormat
 
 VENDOR = "gpuguard"
 PRODUCT = "gpuguard"
-_LIFECYCLE_SEVERITY = {"fault": 7, "reload-failed": 6, "drops": 5, "degraded": 5}
+_LIFECYCLE_SEVERITY = {"start-failed": 7, "fault": 7, "reload-failed": 6, "drops": 5, "degraded": 5}
 # Lengths the CEF dictionary gives its keys (characters); a value is never capped above these.
 _SPEC_LENGTH = {
     "msg": 1023, "sproc": 1023, "filePath": 1023, "suser": 1023, "dhost": 1023, "cat": 1023,
@@ -120,6 +120,10 @@ def finding_cef(finding: Finding, hostname: str, created: float) -> Parts:
         if top.domain and _endpoint(top.address)[0] == "dst":
             pairs.append(("dhost", top.domain))
     pairs += _custom("cs6", "finding", _finding_detail(finding))
+    content = rule_content_json(finding)
+    if content is not None:  # the top rule's tier, false positives, references and runbook
+        text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        pairs += _custom("flexString2", "rule", text)
     name = finding.rule_description or finding.rule_name
     return finding.rule_id, name, round(finding.score / 10), pairs
 
@@ -155,8 +159,14 @@ def _finding_detail(finding: Finding) -> str | None:
         detail["gpu"] = {
             k: gpu[k] for k in ("device_paths", "memory_used", "memory_share") if k in gpu
         }
+    if finding.response:
+        detail["response"] = finding.response
     if finding.process is not None and finding.process.pod_name:
         detail["pod"] = f"{finding.process.pod_namespace or ''}/{finding.process.pod_name}"
+    if finding.process is not None and finding.process.container_image:
+        detail["image"] = finding.process.container_image
+    if finding.process is not None and finding.process.kubernetes_unknown:
+        detail["kubernetes_unknown"] = finding.process.kubernetes_unknown
     if finding.process is not None and finding.process.ancestors:
         detail["parents"] = [
             [a.get("pid"), a.get("name"), a.get("executable")] for a in finding.process.ancestors
@@ -193,6 +203,7 @@ def lifecycle_cef(record: AgentLifecycle, hostname: str) -> Parts:
         ("rt", int(record.time * 1000)),
         ("dvchost", hostname),
         ("act", record.action),
+        ("outcome", "failure" if record.action in LIFECYCLE_FAILURES else "success"),
         ("msg", record.message),
         *_custom(
             "cs6",

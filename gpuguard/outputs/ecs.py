@@ -22,7 +22,13 @@ from typing import Any
 from gpuguard import __version__
 from gpuguard.events.action_kinds import ACTION_KINDS, kind_of
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
-from gpuguard.outputs.finding import Finding, evidence_json, process_entity_id
+from gpuguard.outputs.finding import (
+    Finding,
+    evidence_json,
+    process_entity_id,
+    rule_content_json,
+    rule_reference,
+)
 from gpuguard.outputs.output_format import (
     AGENT_DATASET,
     LIFECYCLE_FAILURES,
@@ -176,7 +182,12 @@ def process_fields(finding: Finding, hostname: str | None = None) -> dict[str, A
         out["user"] = user
     if p.container_id:
         out["container"] = drop_empty(
-            {"id": p.container_id, "runtime": p.container_runtime, "name": p.container_name}
+            {
+                "id": p.container_id,
+                "runtime": p.container_runtime,
+                "name": p.container_name,
+                "image": {"name": p.container_image} if p.container_image else None,
+            }
         )
     if p.pod_uid:
         out["orchestrator"] = drop_empty(
@@ -259,6 +270,9 @@ def finding_to_ecs(
         },
         "threat": threat_fields(finding.techniques),
     }
+    reference = rule_reference(finding)
+    if reference:
+        doc["rule"]["reference"] = reference
     if finding.finding_id:
         doc["event"]["id"] = finding.record_id
         doc["event"]["sequence"] = finding.sequence
@@ -304,7 +318,11 @@ def finding_to_ecs(
             else None,
             "evidence_omitted": finding.evidence_omitted or None,
             "finding": finding_fields(finding),
+            "response": finding.response,
+            # the top rule's tier, false positives, references and runbook (ECS has no field)
+            "rule": rule_content_json(finding),
             "ancestors": finding.process.ancestors if finding.process else None,
+            "kubernetes_unknown": finding.process.kubernetes_unknown if finding.process else None,
         }
     )
     return doc
@@ -373,6 +391,7 @@ def lifecycle_to_ecs(record: AgentLifecycle, host: dict[str, Any]) -> dict[str, 
     category = ["configuration"] if record.action.startswith("reload") else ["process"]
     event_type = {
         "start": "start",
+        "start-failed": "start",
         "stop": "end",
         "reload": "change",
         "reload-failed": "change",

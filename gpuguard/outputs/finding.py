@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.host.checks import HostFinding
-from gpuguard.detect.ruleset.model import ALERT_VERDICTS, CATEGORY_OF_TAG
+from gpuguard.detect.ruleset.model import ALERT_VERDICTS, CATEGORY_OF_TAG, RuleContent
 from gpuguard.detect.scoring.cap import ScoreCap
 from gpuguard.detect.scoring.score import Evidence
 from gpuguard.events.devices import GPU_NODE_CLASS_NAMES
@@ -83,6 +83,10 @@ class ProcessInfo:
     pod_name: str | None = None
     pod_namespace: str | None = None
     container_name: str | None = None
+    container_image: str | None = None  # from the container runtime's state on the node
+    # of a process in a pod or container: the names the node did not know (namespace, pod,
+    # container, image), so a record says a field is unknown rather than leaving it out
+    kubernetes_unknown: list[str] = field(default_factory=list)
 
     @classmethod
     def from_facts(cls, facts: ProcessFacts) -> ProcessInfo:
@@ -102,6 +106,10 @@ class ProcessInfo:
             container_id=facts.container_id,
             container_runtime=facts.container_runtime,
             pod_uid=facts.pod_uid,
+            pod_name=facts.pod_name,
+            pod_namespace=facts.pod_namespace,
+            container_name=facts.container_name,
+            container_image=facts.container_image,
             cpu_percent=facts.cpu_percent,
             ancestors=[
                 {"pid": a.pid, "name": a.comm, "executable": a.exe}
@@ -208,6 +216,12 @@ class Finding:
     totals: dict[str, Any] | None = None
     run_id: str | None = None
     continued: bool = False
+    # What enforce mode does or would do with it, rule by rule, and why not (respond.intent):
+    # on the records of an alert the agent hands its responder; None when nothing would act.
+    response: dict[str, Any] | None = None
+    # The top rule's tier and what it tells operators (false positives, references, runbook)
+    rule_maturity: str | None = None
+    rule_content: RuleContent | None = None
 
     def score_cap_fields(self) -> dict[str, Any]:
         """Whether a process finding's score was capped, and why (every output's record says)."""
@@ -352,7 +366,35 @@ def finding_from_verdict(
         destinations=destinations_of(state) if state is not None else [],
         gpu=gpu_use_of(state) if state is not None else None,
         created=float(getattr(verdict, "time", 0.0) or 0.0),
+        rule_maturity=rule.maturity if rule is not None else None,
+        rule_content=rule.content if rule is not None else None,
     )
+
+
+def rule_content_json(finding: Finding) -> dict[str, Any] | None:
+    """The top rule's tier and operator content as a record carries it (None: none known)."""
+    content = finding.rule_content
+    if finding.rule_maturity is None and content is None:
+        return None
+    out: dict[str, Any] = {"maturity": finding.rule_maturity}
+    if content is not None:
+        if content.false_positives:
+            out["false_positives"] = list(content.false_positives)
+        if content.references:
+            out["references"] = [r.link for r in content.references]
+        if content.runbook:
+            out["runbook"] = content.runbook
+    return out
+
+
+def rule_reference(finding: Finding) -> str | None:
+    """The top rule's first reference that is not an ATT&CK page (those are in threat.*), else
+    its first."""
+    content = finding.rule_content
+    if content is None or not content.references:
+        return None
+    links = [r for r in content.references if r.url] or list(content.references)
+    return links[0].link
 
 
 def finding_from_host(host: HostFinding, activity: str = "create", created: float = 0.0) -> Finding:

@@ -12,11 +12,12 @@ from dataclasses import asdict
 from typing import Any
 
 from gpuguard.escape import escape_text
-from gpuguard.outputs.finding import Finding, evidence_json
+from gpuguard.outputs.finding import Finding, evidence_json, rule_content_json
 
 
 def finding_document(finding: Finding) -> dict[str, Any]:
     """Every field of ``finding`` as JSON values (the ``finding`` key of a hook's document)."""
+    content = rule_content_json(finding)
     return {
         "kind": finding.kind,
         "finding_id": finding.finding_id,
@@ -48,6 +49,9 @@ def finding_document(finding: Finding) -> dict[str, Any]:
         "host_gpu": finding.host_gpu,
         "changes": list(finding.changes),
         "totals": finding.totals,
+        "response": finding.response,
+        "rule_maturity": finding.rule_maturity,
+        "rule_content": {k: v for k, v in content.items() if k != "maturity"} if content else None,
     }
 
 

@@ -18,7 +18,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+)
 from prometheus_client.exposition import make_wsgi_app
 
 from gpuguard import __version__
@@ -54,6 +61,12 @@ class AgentMetrics:
         max_pod_series: int = DEFAULT_MAX_POD_SERIES,
         hostname: str | None = None,
     ) -> None:
+        # No *_created samples: Prometheus stores each as a series of its own, which doubled the
+        # counters' series (193 of 408 samples), and nothing reads them: a counter's zero from the
+        # start and gpuguard_agent_start_time_seconds give alerts what a created time would
+        # (docs/deploy.md, "Metrics port").  prometheus_client keeps this switch process-wide;
+        # the agent is its one user in the process.
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.info = Info(
@@ -152,6 +165,20 @@ class AgentMetrics:
         )
         for reason in ("exec", "gpu-open", "connect"):
             self.touch_kills.labels(reason)  # exported at 0: an alert sees the first kill
+        # rule by rule (respond.intent): what a rule's matches would have had enforce do (held
+        # back: monitor mode, the rule in monitor mode, refused, a dry run), and what they did
+        self.rule_would_act = Counter(
+            "gpuguard_rule_would_act",
+            "Acting steps a rule's matches planned and enforce did not take, by rule and action",
+            ["rule", "action"],
+            registry=r,
+        )
+        self.rule_acted = Counter(
+            "gpuguard_rule_acted",
+            "Acting steps enforce took through a rule in enforce mode, by rule and action",
+            ["rule", "action"],
+            registry=r,
+        )
         self.stage_work = Counter(
             "gpuguard_stage_work",
             "What each agent stage did, by stage and kind of work (status: counters.stages)",
@@ -217,14 +244,19 @@ class AgentMetrics:
         self._host_rules: set[str] = set()
         self._totals: dict[tuple[int, tuple[str, ...]], float] = {}
         self._execs_at_exec = 0
-        self.info.info({"version": __version__, "mode": "monitor", "sensor": "unknown"})
+        self.info.info(
+            {"version": __version__, "mode": "monitor", "sensor": "unknown", "headers": "none"}
+        )
         self.reduced_mode.set(0)
 
     # -- agent state -----------------------------------------------------------------
-    def set_agent(self, mode: str, sensor: str) -> None:
-        self.info.info({"version": __version__, "mode": mode, "sensor": sensor})
+    def set_agent(self, mode: str, sensor: str, headers: str = "") -> None:
+        """``headers``: the kernel-header source the probes compiled against ("none" in reduced mode)."""
+        labels = {"version": __version__, "mode": mode, "sensor": sensor}
+        self.info.info({**labels, "headers": headers or "none"})
 
-    def set_rules(self, version: str, digest: str = "", loaded_at: float | None = None) -> None:
+    def set_rules(self, version: str, digest: str, loaded_at: float | None = None) -> None:
+        """The rules in use: ``version`` (short, for dashboards) and the full ``digest``."""
         self.rules.info({"version": str(version), "digest": digest})
         if loaded_at is not None:
             self.rules_loaded.set(loaded_at)
@@ -322,7 +354,8 @@ class AgentMetrics:
         {kind: n}, ``ring_lost`` {what: n}, ``intake`` {depth, dropped {producer: n}},
         ``output`` {depth, lines, dropped, errors}, ``sampler_errors`` {source: n},
         ``processes_tracked``, ``findings`` {"RULE/VERDICT": n}, ``actions``
-        {"ACTION/STATUS": n}, ``touch_kills`` {reason: n}, ``host_findings_active`` {rule: n},
+        {"ACTION/STATUS": n}, ``touch_kills`` {reason: n}, ``rule_would_act`` / ``rule_acted`` {"RULE/ACTION": n},
+        ``host_findings_active`` {rule: n},
         ``execs`` (the exec filter's counts, :meth:`_sync_execs`), ``stages`` {stage: {work: n}}
         (each stage's own counts, named by the stage).  Missing keys are left alone.
         """
@@ -357,6 +390,13 @@ class AgentMetrics:
             self._advance(self.actions, (action, status), n)
         for reason, n in (totals.get("touch_kills") or {}).items():
             self._advance(self.touch_kills, (str(reason),), n)
+        for name, metric in (
+            ("rule_would_act", self.rule_would_act),
+            ("rule_acted", self.rule_acted),
+        ):
+            for key, n in (totals.get(name) or {}).items():
+                rule, _, action = str(key).rpartition("/")
+                self._advance(metric, (rule, action), n)
         if "host_findings_active" in totals:
             self.set_host_findings(totals["host_findings_active"] or {})
         if totals.get("execs"):
@@ -437,6 +477,8 @@ METRIC_NAMES = frozenset(
         "gpuguard_blind_spot",
         "gpuguard_actions_total",
         "gpuguard_touch_kills_total",
+        "gpuguard_rule_would_act_total",
+        "gpuguard_rule_acted_total",
         "gpuguard_log_records_total",
         "gpuguard_log_dropped_total",
         "gpuguard_host_findings_active",

@@ -4,8 +4,8 @@
 registry.  Only the three paths answer, and only GET and HEAD; any other path is 404 and says
 nothing else.  A :class:`~gpuguard.outputs.web_config.WebConfig` adds TLS (its certificate and
 key are read again when they change on disk, so a rotated certificate needs no restart) and
-basic auth on ``/metrics``; the health paths stay open to the kubelet's probes, which cannot
-send a password without writing it into the pod spec.  Details: docs/deploy.md, "Metrics".
+basic auth and a required client certificate on ``/metrics``; the health paths stay open to
+the kubelet's probes, which send neither.  Details: docs/deploy.md, "Metrics".
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ AUTH_CACHE_SIZE = 256
 # hash of a random string nobody knows).
 _NO_USER_HASH = b"$2b$10$OXRmKSAp08K6kzNfAqNJQeGRtCr2bImZrd3EOS4BLmoWtaNmAnq3m"
 _TEXT = [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")]
+CLIENT_CERT_KEY = "gpuguard.client_cert_verified"  # WSGI environ: a verified client certificate
 
 
 def serve(
@@ -56,6 +57,7 @@ def serve(
     web = web or WebConfig()
     auth = BasicAuth(web.users) if web.users else None
     tls = TlsReloader(web.tls, on_problem) if web.tls is not None else None
+    needs_cert = web.tls is not None and web.tls.requires_client_cert
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -66,6 +68,8 @@ def serve(
                 start_response, "405 Method Not Allowed", "GET or HEAD\n", ("Allow", "GET, HEAD")
             )
         if path == "/metrics":
+            if needs_cert and not environ.get(CLIENT_CERT_KEY):
+                return _answer(start_response, "403 Forbidden", "client certificate required\n")
             if auth is not None and not auth.allows(environ.get("HTTP_AUTHORIZATION", "")):
                 challenge = ("WWW-Authenticate", 'Basic realm="gpuguard", charset="UTF-8"')
                 return _answer(start_response, "401 Unauthorized", "unauthorized\n", challenge)
@@ -96,7 +100,7 @@ def serve(
         def handle_error(self, request: Any, client_address: Any) -> None:
             pass  # a client that went away mid-answer: no traceback on the agent's stderr
 
-    httpd = make_server(host, port, app, Server, handler_class=_QuietHandler)
+    httpd = make_server(host, port, _with_head(app), Server, handler_class=_QuietHandler)
     thread = threading.Thread(
         target=httpd.serve_forever,
         kwargs={"poll_interval": SERVE_POLL_S},
@@ -105,6 +109,32 @@ def serve(
     )
     thread.start()
     return MetricsServer(httpd, thread)
+
+
+def _with_head(app: Callable) -> Callable:
+    """HEAD answers as GET does, without the body (RFC 9110, 9.3.2): the same status and headers,
+    the GET body's Content-Length.  prometheus_client's app answers HEAD with 405 itself."""
+
+    def head_or_get(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return app(environ, start_response)
+        answered: list = []
+
+        def capture(status: str, headers: list, exc_info: Any = None) -> Callable:
+            answered[:] = [status, headers]
+            return lambda data: None
+
+        chunks = app({**environ, "REQUEST_METHOD": "GET"}, capture)
+        try:
+            size = sum(len(chunk) for chunk in chunks)
+        finally:
+            getattr(chunks, "close", lambda: None)()
+        status, headers = answered
+        kept = [(k, v) for k, v in headers if k.lower() != "content-length"]
+        start_response(status, [*kept, ("Content-Length", str(size))])
+        return []
+
+    return head_or_get
 
 
 def _answer(start_response: Callable, status: str, body: str, *headers: tuple[str, str]) -> list:
@@ -198,9 +228,16 @@ class TlsReloader:
 
 
 class _QuietHandler(WSGIRequestHandler):
-    """No access log on stderr (a scrape every few seconds would fill the journal)."""
+    """No access log on stderr (a scrape every few seconds would fill the journal); tells the
+    app whether the client gave a certificate the handshake verified."""
 
     timeout = REQUEST_TIMEOUT_S
+
+    def get_environ(self) -> dict:
+        environ = super().get_environ()
+        conn = self.connection
+        environ[CLIENT_CERT_KEY] = isinstance(conn, ssl.SSLSocket) and bool(conn.getpeercert())
+        return environ
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -49,6 +49,7 @@ _OCSF_CLASS_NAME = {
 }
 _LIFECYCLE_OCSF = {
     "start": (3, "Start"),
+    "start-failed": (3, "Start"),
     "stop": (4, "Stop"),
     "reload": (8, "Update"),
     "reload-failed": (8, "Update"),
@@ -275,10 +276,12 @@ def finding_to_ocsf(
                 "name": finding.rule_name,
                 "type_id": ANALYTIC_RULE,
                 "type": "Rule",
+                **({"category": finding.rule_maturity} if finding.rule_maturity else {}),
             },
             "attacks": attacks(finding),
             "created_time": _ms(created),
         },
+        **_remediation(finding),
         "evidences": evidences,
         "resources": resources,
         "device": {"hostname": hostname, "type_id": 0},
@@ -298,6 +301,23 @@ def finding_to_ocsf(
                 # OCSF 1.4's is_alert, kept here while the records declare 1.3
                 "is_alert": finding.is_alert and finding.activity != "close",
                 **({"host_gpu": finding.host_gpu} if finding.host_gpu is not None else {}),
+                **({"response": finding.response} if finding.response else {}),
+                **(
+                    {"false_positives": list(finding.rule_content.false_positives)}
+                    if finding.rule_content is not None and finding.rule_content.false_positives
+                    else {}
+                ),
+                # OCSF's container.image needs the image's id, which the node's state does not give
+                **(
+                    {"container_image": finding.process.container_image}
+                    if finding.process is not None and finding.process.container_image
+                    else {}
+                ),
+                **(
+                    {"kubernetes_unknown": finding.process.kubernetes_unknown}
+                    if finding.process is not None and finding.process.kubernetes_unknown
+                    else {}
+                ),
                 **_lifecycle_fields(finding),
                 **(
                     {"evidence_omitted": finding.evidence_omitted}
@@ -307,6 +327,17 @@ def finding_to_ocsf(
             }
         },
     }
+
+
+def _remediation(finding: Finding) -> dict[str, Any]:
+    """OCSF ``remediation`` of a finding: its top rule's runbook and references."""
+    content = finding.rule_content
+    if content is None or not (content.runbook or content.references):
+        return {}
+    remediation: dict[str, Any] = {"desc": content.runbook or finding.rule_description}
+    if content.references:
+        remediation["references"] = [r.link for r in content.references]
+    return {"remediation": remediation}
 
 
 def _lifecycle_fields(finding: Finding) -> dict[str, Any]:

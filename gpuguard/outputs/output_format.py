@@ -17,7 +17,7 @@ from gpuguard.outputs.jsonl import dumps_line
 
 AGENT_DATASET = "gpuguard.agent"
 SCAN_DATASET = "gpuguard.scan"
-LIFECYCLE_FAILURES = ("reload-failed", "fault")
+LIFECYCLE_FAILURES = ("start-failed", "reload-failed", "fault")
 LIFECYCLE_WARNINGS = ("drops", "degraded")
 
 

@@ -25,12 +25,16 @@ from gpuguard.errors import GpuguardError
 
 MAX_WEB_CONFIG_BYTES = 1 << 16
 # The client_auth_type values Python's TLS can honour: it cannot ask for a certificate without
-# verifying it, so the toolkit's RequestClientCert and RequireAnyClientCert are refused.
+# verifying it, so the toolkit's RequestClientCert and RequireAnyClientCert are refused.  A
+# required certificate is asked for and verified in the handshake like one given at will, and
+# required by /metrics (403 without): the kubelet's probes never send one, and must still reach
+# the health paths (docs/deploy.md, "Metrics over TLS with basic auth").
 CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+    "RequireAndVerifyClientCert": ssl.CERT_OPTIONAL,
 }
+REQUIRED_CLIENT_AUTH = "RequireAndVerifyClientCert"
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
     "TLS11": ssl.TLSVersion.TLSv1_1,
@@ -63,6 +67,11 @@ class TlsFiles:
     client_auth_type: str = "NoClientCert"
     min_version: str = "TLS12"
     max_version: str = "TLS13"
+
+    @property
+    def requires_client_cert(self) -> bool:
+        """Whether /metrics answers only a client whose certificate the CA verified."""
+        return self.client_auth_type == REQUIRED_CLIENT_AUTH
 
     @property
     def paths(self) -> tuple[str, ...]:

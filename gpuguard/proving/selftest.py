@@ -49,6 +49,7 @@ class SelftestResult:
     message: str
     detect_s: float | None = None
     miner_pid: int = 0
+    sensor: str = ""  # the agent's: "ebpf", or "proc" in reduced mode
 
 
 def _try_status(path: Path) -> dict[str, Any] | None:
@@ -224,6 +225,7 @@ def run_selftest(
                 "run `gpuguard selftest --mode monitor`, or --own-agent to start an enforce agent",
             )
         result = check_detection(state_path, mode or agent_mode, timeout)
+        result.sensor = str(doc.get("sensor") or "")
         result.message = (
             f"running agent (pid {doc.get('pid')}, sensor {doc.get('sensor')}): {result.message}"
         )
@@ -244,6 +246,7 @@ def run_selftest(
                     cgroup=scope.cgroup if scope is not None else None,
                 )
                 where = f", acting only in cgroup {scope.scope}" if scope is not None else ""
+                result.sensor = str(started.get("sensor") or "")
                 result.message = f"agent started for the test (sensor {started.get('sensor')}{where}): {result.message}"
                 return result
             finally:

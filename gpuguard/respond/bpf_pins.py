@@ -19,6 +19,7 @@ from pathlib import Path
 from gpuguard.errors import GpuguardError
 from gpuguard.events.abi import probe_dir
 from gpuguard.sources.ebpf.exit_gens import identity_cflags
+from gpuguard.sources.ebpf.kernel_headers import compile_with_headers
 
 BPF_FS_MAGIC = 0xCAFE4A11
 BPF_F_ALLOW_MULTI = 2
@@ -80,16 +81,13 @@ def compile_program(source_name: str, root: Path):
     """Compile ``probes/<source_name>`` with its maps pinned under ``root``/maps (tracepoints attach at once)."""
     bcc, _ = _bcc()
     probes = probe_dir()
+    cflags = [f"-I{probes}", f'-DGG_PIN_ROOT="{root}"', *identity_cflags(), "-Wno-comment"]
     try:
-        return bcc.BPF(
-            src_file=str(probes / source_name).encode(),
-            cflags=[
-                f"-I{probes}",
-                f'-DGG_PIN_ROOT="{root}"',
-                *identity_cflags(),
-                "-Wno-comment",
-            ],
+        return compile_with_headers(
+            lambda: bcc.BPF(src_file=str(probes / source_name).encode(), cflags=cflags)
         )
+    except GpuguardError:
+        raise
     except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load errors
         raise GpuguardError(
             f"the response probe {source_name} failed to compile or load: {str(exc).splitlines()[0]}",

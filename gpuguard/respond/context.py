@@ -125,12 +125,21 @@ class ActionContext:
 
     def scope_ids(self) -> set[int] | None:
         """The cgroup ids the kernel may act in (with their descendants); None: everywhere."""
-        return scope_cgroup_ids(self.settings.scope, self.settings.cgroups)
+        guard = self._guard
+        namespaced = bool(guard.never_namespaces or guard.only_namespaces)
+        return scope_cgroup_ids(
+            self.settings.scope,
+            self.settings.cgroups,
+            guard.namespace_refusal if namespaced else None,
+        )
 
     @property
     def scope_changes(self) -> bool:
-        """The scope is the containers running now: refresh ``scope_ids`` as they come and go."""
-        return self.settings.scope == "containers"
+        """The scope is the containers running now (``scope: containers``, or namespaces):
+        refresh ``scope_ids`` as they come and go."""
+        return self.settings.scope == "containers" or bool(
+            self.settings.never_act_namespaces or self.settings.only_act_namespaces
+        )
 
     # -- blocks ----------------------------------------------------------------------------------
     def placed(self, block: Block, reason: str, base: dict[str, Any]) -> ActionOutcome:

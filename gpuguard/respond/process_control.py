@@ -21,6 +21,7 @@ import psutil
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.respond.cgroup_blocks import cgroup2_of
 from gpuguard.sources.proc.containers import container_from_cgroup, read_cgroup_path
+from gpuguard.sources.proc.pod_names import PodNames
 
 START_TIME_TOLERANCE_S = 0.015  # ProcessKey.start_time keeps 2 decimals
 
@@ -113,10 +114,16 @@ class Guard:
         scope: str = "all",
         cgroups: tuple[str, ...] = (),
         protect_exes: tuple[str, ...] = (),
+        never_namespaces: tuple[str, ...] = (),
+        only_namespaces: tuple[str, ...] = (),
+        pod_names: PodNames | None = None,
     ) -> None:
         self.scope = scope
         self.cgroups = tuple(c.rstrip("/") or "/" for c in cgroups)
         self.protect_exes = frozenset(protect_exes)
+        self.never_namespaces = frozenset(never_namespaces)
+        self.only_namespaces = frozenset(only_namespaces)
+        self.pod_names = pod_names or PodNames()  # a live process's namespace, from the node
         self.lineage = own_lineage()
 
     def refusal(
@@ -137,10 +144,39 @@ class Guard:
             return "its executable is in response.protect_exes"
         if self.scope == "containers" and not facts.container_id:
             return "outside the response scope (containers only)"
-        return self.outside_scope(pid, facts.cgroup)
+        return self.namespace_refusal(pid, facts.pod_namespace) or self._outside_cgroups(
+            pid, facts.cgroup
+        )
+
+    def namespace_refusal(self, pid: int, namespace: str | None = None) -> str | None:
+        """Why ``pid``'s Kubernetes namespace keeps it out of the response, or None.
+
+        ``never_act_namespaces``: a process in one is never acted on, nor one in a pod whose
+        namespace the node cannot name.  ``only_act_namespaces``: only a process whose
+        namespace the node names, and is listed, is acted on.  Unknown errs towards not acting.
+        """
+        if not (self.never_namespaces or self.only_namespaces):
+            return None
+        in_pod = True
+        if namespace is None:
+            ref = container_from_cgroup(read_cgroup_path(pid))
+            in_pod = ref.pod_uid is not None or ref.container_id is not None
+            namespace = self.pod_names.lookup(ref.pod_uid, ref.container_id).namespace or None
+        if namespace in self.never_namespaces:
+            return f"in namespace {namespace}, which response.never_act_namespaces names"
+        if self.only_namespaces and namespace not in self.only_namespaces:
+            where = f"in namespace {namespace}" if namespace else "its namespace is unknown"
+            return f"outside the response scope ({where}; response.only_act_namespaces)"
+        if self.never_namespaces and namespace is None and in_pod:
+            return "its pod's namespace is unknown (response.never_act_namespaces is set)"
+        return None
 
     def outside_scope(self, pid: int, fallback_cgroup: str = "") -> str | None:
-        """Why ``pid`` is outside ``response.cgroups`` / ``scope: containers`` now, or None."""
+        """Why ``pid`` is outside ``response.cgroups`` / ``scope: containers`` / the namespaces
+        now, or None."""
+        return self.namespace_refusal(pid) or self._outside_cgroups(pid, fallback_cgroup)
+
+    def _outside_cgroups(self, pid: int, fallback_cgroup: str = "") -> str | None:
         if (
             self.scope == "containers"
             and not container_from_cgroup(read_cgroup_path(pid)).container_id

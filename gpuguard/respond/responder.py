@@ -30,10 +30,12 @@ from gpuguard.respond.actions import ACTIONS, Action
 from gpuguard.respond.blocks import Block, BlockStore
 from gpuguard.respond.context import ActionContext, Parts
 from gpuguard.respond.hooks import run_hook
+from gpuguard.respond.intent import Intent, intent_of
 from gpuguard.respond.lift import lift_block
 from gpuguard.respond.process_control import Guard, RecycledPid
 from gpuguard.respond.settings import ResponseSettings, options_of
 from gpuguard.sources.proc.identity import ExitGenerations, OffenderExited
+from gpuguard.sources.proc.pod_names import PodNames
 
 MODES = ("monitor", "enforce")
 
@@ -55,6 +57,7 @@ class Responder:
         emit: Callable[[ActionOutcome], None] | None = None,
         generations: ExitGenerations | None = None,
         actions: tuple[Action, ...] = ACTIONS,
+        pod_names: PodNames | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
@@ -66,7 +69,12 @@ class Responder:
         self.kinds = {kind.name: kind for action in actions for kind in action.blocks}
         self._owners = {kind.name: action for action in actions for kind in action.blocks}
         self.guard = Guard(
-            scope=settings.scope, cgroups=settings.cgroups, protect_exes=settings.protect_exes
+            scope=settings.scope,
+            cgroups=settings.cgroups,
+            protect_exes=settings.protect_exes,
+            never_namespaces=settings.never_act_namespaces,
+            only_namespaces=settings.only_act_namespaces,
+            pod_names=pod_names,
         )
         self.store = BlockStore(settings.state_dir)
         self.root = Path(settings.pin_root)
@@ -98,22 +106,21 @@ class Responder:
         return self.mode == "enforce" and not self.dry_run
 
     # -- planning --------------------------------------------------------------------------------
+    def intent(self, verdict: Verdict) -> Intent:
+        """What ``verdict`` plans rule by rule, what runs now and why not (respond.intent)."""
+        acts = {name: action.acts for name, action in self.actions.items()}
+        return intent_of(verdict, self.settings, tuple(self.actions), acts, self.mode)
+
     def plan(self, verdict: Verdict) -> list[str]:
-        steps = set(self.settings.actions.get(verdict.verdict, ()))
-        if verdict.action in self.actions:
-            steps.add(verdict.action)
-        for evidence in verdict.evidence:
-            steps.update(self.settings.rule_actions.get(evidence.rule_id, ()))
-        planned = [s for s in self.actions if s in steps]
-        if verdict.allowlisted:  # at most alerted on: no step that acts
-            planned = [s for s in planned if not self.actions[s].acts]
-        return planned
+        """Every step the verdict plans through any of its rules (what enforce would do)."""
+        return list(self.intent(verdict).planned)
 
     # -- responding ------------------------------------------------------------------------------
     def respond(
         self, verdict: Verdict, state: ProcessState, now: float, finding: dict | None = None
     ) -> list[ActionOutcome]:
-        steps = self.plan(verdict)
+        intent = self.intent(verdict)
+        steps = list(intent.planned)
         if not steps:
             return []
         facts = state.facts
@@ -127,15 +134,22 @@ class Responder:
             score=verdict.score,
             rule_ids=[e.rule_id for e in verdict.evidence],
         )
-        acts = [s for s in steps if self.actions[s].acts]
+        acts = [s for s in intent.steps if self.actions[s].acts]
         if self.mode == "monitor" or not acts:
-            would = f"; enforce mode would: {', '.join(acts)}" if acts else ""
+            would = ""
+            if intent.acting:
+                would = f"; enforce mode would: {', '.join(intent.acting)}"
+                if self.mode == "enforce":
+                    would += f"; not acted: {intent.why_not}"
+            detail: dict[str, Any] = {"planned": steps}
+            if intent.acting:
+                detail["response"] = intent.to_json()
             outcomes = [
                 ActionOutcome(
                     action=ALERT.name,
                     status="done",
                     reason=f"{verdict.verdict} verdict{would}",
-                    detail={"planned": steps},
+                    detail=detail,
                     **base,
                 )
             ]

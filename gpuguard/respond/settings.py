@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.config.schema import Key, Section, check
-from gpuguard.detect.ruleset.model import VERDICTS
+from gpuguard.detect.ruleset.model import DEFAULT_MATURITY, MATURITIES, VERDICTS
 from gpuguard.errors import Problems
 from gpuguard.respond.actions import ACTIONS, Action
 
@@ -44,9 +44,15 @@ class SharedSettings:
     rule_actions: Mapping[str, tuple[str, ...]] = field(
         default_factory=dict
     )  # rule id -> extra steps
+    # Rule by rule (respond.intent): the lowest tier whose rules may act, and when set, the only
+    # rules (and guard.<policy> ids) that may; every other rule stays alert-only.
+    act_maturity: str = DEFAULT_MATURITY
+    act_rules: tuple[str, ...] = ()
     hooks: tuple[HookSettings, ...] = ()
     scope: str = "all"  # all | containers
     cgroups: tuple[str, ...] = ()  # when set, act only inside these cgroup v2 paths
+    never_act_namespaces: tuple[str, ...] = ()  # Kubernetes namespaces never acted in
+    only_act_namespaces: tuple[str, ...] = ()  # when set, act only in these namespaces
     protect_exes: tuple[str, ...] = ()  # executables never acted on
     max_actions_per_minute: int = 30
     pin_root: str = DEFAULT_PIN_ROOT
@@ -101,6 +107,17 @@ def _schema(actions: tuple[Action, ...], model: type) -> Section:
                 "per verdict (clean, suspicious, malicious): an action or a list",
             ),
             Key("rule_actions", "mapping", "rule id -> extra actions when that rule matched"),
+            Key(
+                "act_maturity",
+                "choice",
+                "the lowest rule tier enforce mode acts through: " + " | ".join(MATURITIES),
+                choices=MATURITIES,
+            ),
+            Key(
+                "act_rules",
+                "texts",
+                "when set, only these rules (and guard.<policy> ids) act; the rest alert only",
+            ),
             *(
                 Section(action.section, action.options, f"the {action.name} action")
                 for action in actions
@@ -109,6 +126,16 @@ def _schema(actions: tuple[Action, ...], model: type) -> Section:
             Key("hooks", "list", "programs run with the finding as JSON on stdin", ref=HOOK_SCHEMA),
             Key("scope", "choice", "all | containers", choices=SCOPES),
             Key("cgroups", "texts", "when set, act only inside these cgroup v2 paths"),
+            Key(
+                "never_act_namespaces",
+                "texts",
+                "Kubernetes namespaces never acted in (nor a pod whose namespace is unknown)",
+            ),
+            Key(
+                "only_act_namespaces",
+                "texts",
+                "when set, act only in these Kubernetes namespaces (named by the node)",
+            ),
             Key("protect_exes", "texts", "executables never acted on"),
             Key(
                 "max_actions_per_minute", "count", "actions past this rate are rate-limited", low=0

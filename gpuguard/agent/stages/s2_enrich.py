@@ -33,6 +33,7 @@ from gpuguard.events.model import (
 )
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.sources.proc.config_files import attach_config_files
+from gpuguard.sources.proc.pod_names import PodNames, pod_names_for
 from gpuguard.sources.proc.process import collect_process_facts
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ class EnrichStage:
         self.ctx = ctx
         self.ruleset = ruleset  # the rule set in force (its allowlist pins exe hashes)
         self.yara_scanner = self._yara_scanner(ruleset)  # None without YARA files
+        # the pod's names and the image, from the node (kubelet log tree, runtime state)
+        config = ctx.config
+        self.pod_names: PodNames = pod_names_for(config.kubernetes_log_root, config.containerd_root)
         self._facts: dict[int, ProcessFacts | None] = {}  # pid -> facts read for this batch
         self._yara: dict[int, tuple[ProcessFacts, Any]] = {}  # id(facts) -> (facts, result)
         self._sha: dict[int, tuple[ProcessFacts, str | None]] = {}  # id(facts) -> (facts, hash)
@@ -78,7 +82,10 @@ class EnrichStage:
             elif kind is Exec:
                 wanted[item.pid] = None  # first sight, or a new image: its facts are read again
             elif kind is ProcessFacts:
-                self._prepare(attach_config_files(item, self.ctx.proc_root), correlator)
+                facts = attach_config_files(item, self.ctx.proc_root)
+                if facts.pod_namespace is None:  # a live sweep's record (a replayed one has them)
+                    self.pod_names.fill(facts)
+                self._prepare(facts, correlator)
             elif kind is GpuSnapshot:
                 for usage in item.processes:
                     if usage.pid not in wanted and state_of(usage.pid) is None:
@@ -95,7 +102,9 @@ class EnrichStage:
     def _read(self, pid: int) -> ProcessFacts | None:
         self.counts["facts_read"] += 1
         facts = collect_process_facts(pid, self.ctx.proc_root)
-        return attach_config_files(facts, self.ctx.proc_root) if facts is not None else None
+        if facts is None:
+            return None
+        return attach_config_files(self.pod_names.fill(facts), self.ctx.proc_root)
 
     def _prepare(self, facts: ProcessFacts, correlator: Any) -> None:
         """YARA and exe hash for facts the correlator will adopt (``correlator``: a facts

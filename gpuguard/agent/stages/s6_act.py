@@ -24,6 +24,7 @@ from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond import Responder
 from gpuguard.respond.actions import touch_kill_of
 from gpuguard.sources.proc.identity import ExitGenerations
+from gpuguard.sources.proc.pod_names import pod_names_for
 
 
 def record_outcomes(
@@ -74,7 +75,12 @@ class ActStage:
     def _responder(self) -> Responder:
         config = self.ctx.config
         responder = make_responder(
-            config.response, config.mode, config.dry_run, self.later.put, self.exit_generations
+            config.response,
+            config.mode,
+            config.dry_run,
+            self.later.put,
+            self.exit_generations,
+            pod_names_for(config.kubernetes_log_root, config.containerd_root),
         )
         self.ctx.counters.mode = config.mode  # once the responder for it is there
         return responder
@@ -95,6 +101,7 @@ class ActStage:
         is an outcome, not a crash."""
         self.counts["acted"] += 1
         try:
+            intent = self.responder.intent(verdict)
             outcomes = self.responder(verdict, state, now, finding)
         except Exception as exc:  # noqa: BLE001 - a failing action is an outcome, not a crash
             self.counts["failed"] += 1
@@ -110,7 +117,18 @@ class ActStage:
                     reason=f"{type(exc).__name__}: {exc}",
                 )
             ]
+            intent = None
+        if intent is not None:
+            taken = {o.action for o in outcomes if o.status == "done"}
+            name = f"{escape_text(verdict.comm)}({verdict.pid})"
+            self.ctx.counters.count_intent(intent.per_rule, taken, intent.enforcing, name)
         self.record(outcomes)
+
+    def intent_json(self, verdict: Any) -> dict | None:
+        """The record's ``response``: what enforce would do, rule by rule, and why not."""
+        if self.responder is None:
+            return None
+        return self.responder.intent(verdict).to_json()
 
     def record(self, outcomes: list[ActionOutcome]) -> None:
         record_outcomes(self.ctx.counters, self.findings, self.ctx.emit, outcomes)

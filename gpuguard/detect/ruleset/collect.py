@@ -23,6 +23,7 @@ from typing import Any
 from gpuguard.config.filecheck import refusal_reason
 from gpuguard.config.yaml_marks import MarkedDocument, Position, shown
 from gpuguard.detect.ruleset.conditions import CompileContext, ListDef, compile_condition
+from gpuguard.detect.ruleset.content import check_content, content_of, maturity_of
 from gpuguard.detect.ruleset.model import (
     ACTIONS,
     FORMAT_VERSION,
@@ -38,6 +39,7 @@ from gpuguard.detect.ruleset.model import (
     Rule,
     RuleSet,
     Thresholds,
+    at_least,
     categories_of_tags,
 )
 from gpuguard.detect.scoring.allowlist import ENTRY_FIELDS, AllowEntry, Allowlist
@@ -328,6 +330,7 @@ class Collector:
             tags = fields["tags"].value
             if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
                 bad(fields["tags"], "tags must be a list of text")
+        check_content(fields, bad)
         return ok
 
     def _allowlist(self, doc: MarkedDocument, entries: Any) -> None:
@@ -361,10 +364,11 @@ class Collector:
                     ok = False
             if not ok:
                 continue
-            if not any(k in entry for k in ("exe", "user", "cgroup", "container_id", "parent_exe")):
+            named = ("exe", "user", "cgroup", "container_id", "parent_exe", "namespace", "image")
+            if not any(k in entry for k in named):
                 self.bad(
                     doc.at(path),
-                    "an allowlist entry must name at least one of exe, user, cgroup, container_id, parent_exe",
+                    f"an allowlist entry must name at least one of {', '.join(named)}",
                 )
                 continue
             if "sha256" in entry and ("exe" not in entry or not _SHA256.match(entry["sha256"])):
@@ -457,8 +461,10 @@ class Collector:
 
 
 def compile_collected(
-    collected: _Collected, sources: list[Path], check_files: bool
+    collected: _Collected, sources: list[Path], check_files: bool, counting: str = "experimental"
 ) -> tuple[RuleSet | None, list[Problem]]:
+    """The rule set (None with problems); ``counting``: the lowest maturity whose enabled rules
+    are evaluated (the others are kept with the disabled ones)."""
     problems = list(collected.problems)
     ctx = CompileContext(collected.lists)
     rules: list[Rule] = []
@@ -495,8 +501,11 @@ def compile_collected(
             source=id_field.doc.at(id_field.path),
             outcome_cache=rule_cache(signals),
             categories=categories_of_tags(tuple(fields["tags"].value) if "tags" in fields else ()),
+            maturity=maturity_of(fields),
+            content=content_of(fields),
         )
-        (rules if rule.enabled else disabled).append(rule)
+        counted = rule.enabled and at_least(rule.maturity, counting)
+        (rules if counted else disabled).append(rule)
     for (
         rule_id,
         cond_field,
@@ -559,4 +568,5 @@ def compile_collected(
         dict(collected.actions),
         yara_files,
         sources,
+        counting,
     ), []

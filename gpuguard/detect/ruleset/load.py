@@ -25,6 +25,7 @@ from gpuguard.detect.ruleset.collect import Collector, compile_collected
 from gpuguard.detect.ruleset.model import (  # noqa: F401  (the model, re-exported for callers of the loader)
     ACTIONS,
     FORMAT_VERSION,
+    MATURITIES,
     SEVERITIES,
     VERDICTS,
     Problem,
@@ -55,7 +56,9 @@ def _check_and_read(paths: Sequence[Path]) -> tuple[list[MarkedDocument], list[P
     return docs, problems
 
 
-def _build(paths: Sequence[Path] | None) -> tuple[RuleSet | None, list[Problem]]:
+def _build(
+    paths: Sequence[Path] | None, counting: str = MATURITIES[-1]
+) -> tuple[RuleSet | None, list[Problem]]:
     paths = [Path(p) for p in (default_rule_paths() if paths is None else paths)]
     if not paths:
         return None, [Problem("-", 1, 1, "no rules files given")]
@@ -65,7 +68,7 @@ def _build(paths: Sequence[Path] | None) -> tuple[RuleSet | None, list[Problem]]
     collector = Collector()
     for doc in docs:
         collector.add(doc)
-    ruleset, problems = compile_collected(collector.out, paths, check_files=True)
+    ruleset, problems = compile_collected(collector.out, paths, True, counting)
     order = {str(p): i for i, p in enumerate(paths)}
     problems.sort(key=lambda p: (order.get(p.file, len(order)), p.file, p.line, p.col))
     return ruleset, problems
@@ -76,9 +79,13 @@ def validate_rules(paths: Sequence[Path] | None = None) -> list[Problem]:
     return _build(paths)[1]
 
 
-def load_ruleset(paths: Sequence[Path] | None = None) -> RuleSet:
-    """Load and compile rule files (``None``: shipped + /etc/gpuguard/*.yaml); raises GpuguardError."""
-    ruleset, problems = _build(paths)
+def load_ruleset(paths: Sequence[Path] | None = None, maturity: str = MATURITIES[-1]) -> RuleSet:
+    """Load and compile rule files (``None``: shipped + /etc/gpuguard/*.yaml); raises GpuguardError.
+
+    ``maturity``: the lowest tier whose rules are evaluated (the agent's setting; every tier by
+    default, as ``rules test`` and ``scan`` judge).
+    """
+    ruleset, problems = _build(paths, maturity)
     if ruleset is None:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         first = problems[0]

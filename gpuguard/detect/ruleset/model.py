@@ -45,8 +45,38 @@ VERDICT_RANK = {verdict: rank for rank, verdict in enumerate(VERDICTS)}
 ACTIONS = ("none", *RULE_ACTIONS)
 # The rules file's ``actions:`` when no file names one: declared once (rule_collect starts here).
 VERDICT_ACTIONS = {"clean": "none", "suspicious": "alert", "malicious": "alert"}
-RULE_KEYS = ("id", "description", "severity", "tags", "weight", "condition", "enabled")
-OVERRIDABLE = ("description", "severity", "tags", "weight", "condition", "enabled")
+# Rule maturity, most trusted first: what earns each tier is in docs/rules.md ("Maturity").
+MATURITIES = ("stable", "incubating", "experimental")
+MATURITY_RANK = {tier: rank for rank, tier in enumerate(MATURITIES)}
+DEFAULT_MATURITY = "stable"  # a rule that does not say: a site's own rule is meant
+# What a rule carries for the people who run it (ruleset.content checks and renders them).
+CONTENT_KEYS = ("false_positives", "references", "runbook")
+RULE_KEYS = (
+    "id",
+    "description",
+    "severity",
+    "tags",
+    "weight",
+    "condition",
+    "enabled",
+    "maturity",
+    *CONTENT_KEYS,
+)
+OVERRIDABLE = (
+    "description",
+    "severity",
+    "tags",
+    "weight",
+    "condition",
+    "enabled",
+    "maturity",
+    *CONTENT_KEYS,
+)
+
+
+def at_least(tier: str, floor: str) -> bool:
+    """Whether a rule of maturity ``tier`` is at ``floor`` or more trusted."""
+    return MATURITY_RANK[tier] <= MATURITY_RANK[floor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +170,36 @@ RULES_FILE_SCHEMA = Section(
 TOP_KEYS = RULES_FILE_SCHEMA.names
 
 
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """A rule's reference: an ATT&CK technique id (``attack``) or a link (``url``), and its title."""
+
+    attack: str | None = None
+    url: str | None = None
+    title: str = ""
+
+    @property
+    def link(self) -> str:
+        """Where it is read: the URL, or the technique's page on attack.mitre.org."""
+        if self.url:
+            return self.url
+        return "https://attack.mitre.org/techniques/" + (self.attack or "").replace(".", "/") + "/"
+
+
+@dataclass(frozen=True, slots=True)
+class RuleContent:
+    """What a rule tells the people who run it: benign software that shows it, references, and
+    what to check on the node (``runbook``, commands included)."""
+
+    false_positives: tuple[str, ...] = ()
+    references: tuple[Reference, ...] = ()
+    runbook: str = ""
+
+    @property
+    def techniques(self) -> tuple[str, ...]:
+        return tuple(r.attack for r in self.references if r.attack)
+
+
 @dataclass(slots=True)
 class Rule:
     id: str
@@ -155,6 +215,8 @@ class Rule:
     leaves: tuple[Leaf, ...] = ()  # its condition's signal tests (what the rescore policy reads)
     categories: tuple[str, ...] = ()  # its findings' categories (categories_of_tags)
     shape: Shape | None = None  # its condition's tree (judged with blank inputs: groups_for)
+    maturity: str = DEFAULT_MATURITY  # MATURITIES
+    content: RuleContent | None = None  # false positives, references, runbook (ruleset.content)
 
 
 class RuleGroup(NamedTuple):
@@ -192,14 +254,15 @@ def _may_match(rule: Rule, known: dict[str, Any]) -> bool:
 
 @dataclass(slots=True)
 class RuleSet:
-    rules: list[Rule]  # enabled, in file order
-    disabled: list[Rule]
+    rules: list[Rule]  # enabled and counted (at the counting tier or above), in file order
+    disabled: list[Rule]  # enabled: false, or below the counting tier
     lists: dict[str, list[Any]]
     allowlist: Allowlist
     thresholds: Thresholds
     actions: dict[str, str]
     yara_files: list[Path]
     sources: list[Path]
+    counting: str = MATURITIES[-1]  # the lowest tier whose rules are evaluated (agent: maturity)
     _yara: Any = field(default=None, repr=False)
     _groups: Any = field(default=None, repr=False)
     _signals_used: frozenset[str] | None = field(default=None, repr=False)
@@ -307,6 +370,10 @@ class RuleSet:
     def reads_rates(self) -> bool:
         """Some rule reads an ioctl rate (the correlator keeps rate windows only then)."""
         return bool(self.signals_used & RATE_SIGNALS)
+
+    def counted(self, rule: Rule) -> bool:
+        """Whether ``rule`` (enabled) is at the counting tier or above."""
+        return at_least(rule.maturity, self.counting)
 
     def rule(self, rule_id: str) -> Rule | None:
         return next((r for r in self.rules + self.disabled if r.id == rule_id), None)

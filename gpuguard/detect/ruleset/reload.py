@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gpuguard.detect.ruleset.load import RuleSet, load_ruleset
+from gpuguard.detect.ruleset.load import MATURITIES, RuleSet, load_ruleset
 from gpuguard.detect.ruleset.shipped import SITE_RULES_DIR, default_rule_paths
 from gpuguard.errors import GpuguardError
 
@@ -34,12 +34,14 @@ class RuleSetHolder:
         site_dir: Path = SITE_RULES_DIR,
         log: Callable[[str], None] = _default_log,
         on_change: Callable[[RuleSet], None] | None = None,
+        maturity: str = MATURITIES[-1],
     ) -> None:
         self.paths = [Path(p) for p in paths] if paths is not None else None
+        self.maturity = maturity  # the lowest tier whose rules count (the agent's setting)
         self.site_dir = site_dir
         self.log = log
         self.on_change = on_change
-        self.current: RuleSet = load_ruleset(self._paths())  # the first load must succeed
+        self.current: RuleSet = load_ruleset(self._paths(), maturity)  # the first load must succeed
         self.generation = 1
         self.last_error: str | None = None
         self._requested = False
@@ -78,7 +80,7 @@ class RuleSetHolder:
     def reload(self, reason: str = "reload requested") -> bool:
         """Load the rule files again; keep the current set (and say why) if they are invalid."""
         try:
-            ruleset = load_ruleset(self._paths())
+            ruleset = load_ruleset(self._paths(), self.maturity)
         except GpuguardError as exc:
             self.last_error = exc.one_line()
             self.log(

@@ -2,7 +2,8 @@
 
 An entry matches when every field it names matches: executable path (glob)
 and optionally its sha256, user, cgroup (glob), container id, parent
-executable (glob).  Safety rules: a deleted or memfd executable never
+executable (glob), the pod's Kubernetes namespace and the container's image (globs, as the
+node names them: an unknown one never matches).  Safety rules: a deleted or memfd executable never
 matches an ``exe`` entry; an entry that names neither a container nor a
 cgroup only matches processes outside containers (an image can put anything
 at ``/usr/bin/nvidia-smi``) unless it says ``any_container: true``; a
@@ -29,6 +30,8 @@ ENTRY_FIELDS = (
     "cgroup",
     "container_id",
     "parent_exe",
+    "namespace",
+    "image",
     "any_container",
     "comment",
 )
@@ -46,6 +49,8 @@ class AllowEntry:
     cgroup: str | None = None
     container_id: str | None = None
     parent_exe: str | None = None
+    namespace: str | None = None  # the pod's Kubernetes namespace (glob)
+    image: str | None = None  # the container's image as pulled (glob)
     any_container: bool = False
     comment: str = ""
 
@@ -56,8 +61,19 @@ class AllowEntry:
         if (
             self.container_id is None
             and self.cgroup is None
+            and self.namespace is None
+            and self.image is None
             and not self.any_container
             and facts.container_id is not None
+        ):
+            return False
+        # an unknown namespace or image never matches: the node must name it
+        if self.namespace is not None and not (
+            facts.pod_namespace and fnmatch.fnmatchcase(facts.pod_namespace, self.namespace)
+        ):
+            return False
+        if self.image is not None and not (
+            facts.container_image and fnmatch.fnmatchcase(facts.container_image, self.image)
         ):
             return False
         if self.exe is not None:

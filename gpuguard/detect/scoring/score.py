@@ -37,6 +37,7 @@ class Evidence:
     tags: tuple[str, ...] = ()
     description: str = ""
     categories: tuple[str, ...] = ()  # the rule's (Rule.categories): where the finding is filed
+    maturity: str = "stable"  # the rule's tier (respond.intent: which tiers may act)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -196,6 +197,7 @@ def _matched(rules: tuple[Rule, ...], reader: SignalReader) -> list[Evidence]:
                     rule.tags,
                     rule.description,
                     rule.categories,
+                    rule.maturity,
                 )
             )
     return found

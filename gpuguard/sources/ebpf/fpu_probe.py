@@ -18,8 +18,11 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from gpuguard.errors import GpuguardError
 from gpuguard.sources.ebpf.btf import Btf, BtfError
+from gpuguard.sources.ebpf.kernel_headers import compile_with_headers
 from gpuguard.sources.ebpf.probe_source import probe_dir
+from gpuguard.sources.proc.capabilities import can_load_bpf, effective_capabilities
 
 SOURCE = "fpu.bpf.c"
 TRACEPOINT = "x86_fpu/x86_fpu_regs_deactivated"
@@ -169,8 +172,11 @@ class FpuProbe:
         started = time.perf_counter()
         if os.uname().machine not in ("x86_64", "i686", "i386"):
             return cls(blind_spot=f"{BLIND_PREFIX}: not an x86 CPU")
-        if os.geteuid() != 0:
-            return cls(blind_spot=f"{BLIND_PREFIX}: loading the probe needs root (run as root)")
+        if not can_load_bpf(effective_capabilities()):
+            return cls(
+                blind_spot=f"{BLIND_PREFIX}: loading the probe needs CAP_BPF and CAP_PERFMON "
+                "(or CAP_SYS_ADMIN)"
+            )
         if not _tracepoint_present():
             return cls(blind_spot=f"{BLIND_PREFIX}: this kernel has no {TRACEPOINT} tracepoint")
         try:
@@ -187,12 +193,13 @@ class FpuProbe:
             except ImportError:
                 return cls(blind_spot=f"{BLIND_PREFIX}: bcc is not installed")
         probes = probe_dir()
+        cflags = [f"-I{probes}", "-Wno-comment"] + [f"-D{k}={v}" for k, v in defines.items()]
         try:
-            bpf = bcc.BPF(
-                src_file=str(probes / SOURCE).encode(),
-                cflags=[f"-I{probes}", "-Wno-comment"]
-                + [f"-D{name}={value}" for name, value in defines.items()],
+            bpf = compile_with_headers(
+                lambda: bcc.BPF(src_file=str(probes / SOURCE).encode(), cflags=cflags)
             )
+        except GpuguardError as exc:  # no header source at all
+            return cls(blind_spot=f"{BLIND_PREFIX}: {exc.one_line()}")
         except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load/attach errors
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return cls(blind_spot=f"{BLIND_PREFIX}: the probe did not load ({first})")

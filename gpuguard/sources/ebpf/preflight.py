@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from gpuguard.errors import GpuguardError
+from gpuguard.sources.proc.capabilities import can_load_bpf, effective_capabilities
 
 SETUP_HINT = "bash packaging/setup-host.sh setup"
 TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 
 
-def require_root() -> None:
-    if os.geteuid() != 0:
-        raise GpuguardError(
-            "the eBPF sensor needs root (CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)",
-            "run it as root, e.g. sudo gpuguard watch",
-        )
+def require_bpf_capabilities(have: set[str] | None = None) -> None:
+    """The capabilities that load the probes, whoever holds them: root without them fails, a
+    user granted them (setpriv, AmbientCapabilities=) passes."""
+    have = effective_capabilities() if have is None else have
+    if can_load_bpf(have):
+        return
+    raise GpuguardError(
+        "the eBPF sensor needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN), and this process "
+        f"holds {' '.join(sorted(have & {'CAP_BPF', 'CAP_PERFMON', 'CAP_SYS_ADMIN'})) or 'none of them'}",
+        "run it as root, e.g. sudo gpuguard watch, or grant those capabilities "
+        '(docs/deploy.md, "Capabilities")',
+    )
 
 
 def import_bcc():
@@ -37,19 +43,24 @@ def import_bcc():
     return bcc
 
 
-def require_kernel_headers() -> None:
-    build = Path(f"/lib/modules/{os.uname().release}/build")
-    if not (build / "include").exists():
-        raise GpuguardError(
-            f"no kernel headers at {build} (bcc compiles the probes at start-up)",
-            f"install linux-headers-{os.uname().release}, or run {SETUP_HINT} to link the closest Debian headers",
-        )
+def require_kernel_headers():
+    """The header source bcc will compile against (kernel_headers); raises when there is none."""
+    from gpuguard.sources.ebpf.kernel_headers import HEADERS
+
+    return HEADERS.use()
 
 
 def require_tracefs() -> None:
     for base in TRACEFS_DIRS:
-        if (base / "events" / "syscalls").is_dir():
-            return
+        try:
+            if (base / "events" / "syscalls").is_dir():
+                return
+        except PermissionError:  # tracefs is root's 0700: a user needs CAP_DAC_READ_SEARCH
+            raise GpuguardError(
+                f"tracefs at {base} is not readable by this process (the probes attach through it)",
+                "run it as root, or grant CAP_DAC_READ_SEARCH with the probes' capabilities "
+                '(docs/deploy.md, "Capabilities")',
+            ) from None
     raise GpuguardError(
         "tracefs is not mounted (syscall tracepoints are not visible)",
         "mount -t tracefs tracefs /sys/kernel/tracing",
@@ -58,7 +69,7 @@ def require_tracefs() -> None:
 
 def check_sensor_prerequisites():
     """Run every check in order; return the bcc module when all pass."""
-    require_root()
+    require_bpf_capabilities()
     bcc = import_bcc()
     require_kernel_headers()
     require_tracefs()

@@ -43,6 +43,7 @@ from gpuguard.sources.ebpf.counter_drain import CounterDrain
 from gpuguard.sources.ebpf.exec_filter import ExecFilter, parent_of
 from gpuguard.sources.ebpf.exit_gens import ExitGenTable
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
+from gpuguard.sources.ebpf.kernel_headers import HEADERS, HeaderSource, compile_with_headers
 from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps  # noqa: F401 (SLOT_MULTI: tests read it here)
 from gpuguard.sources.ebpf.probe_load import (
     ProbeDetach,
@@ -147,6 +148,7 @@ class Sensor:
         self.activity_interval = activity_interval
         self.activity: ConnActivityReader | None = None  # per-connection records of GPU holders
         self.fpu_wanted = fpu  # load the RandomX rounding-mode probe (the agent reads it)
+        self.headers: HeaderSource | None = None  # what the probes compiled against, once started
         self.fpu: FpuProbe | None = None  # RandomX rounding modes; .blind_spot when not loaded
         # The exec filter (settings.exec_filter): names and directories whose execs go up in full
         self.exec_names = exec_names
@@ -161,7 +163,8 @@ class Sensor:
             self.settings = replace(self.settings, perf_buffer=True)
         started = time.perf_counter()
         try:
-            self._bpf = compile_probes(bcc, self._cflags())
+            self._bpf = compile_with_headers(lambda: compile_probes(bcc, self._cflags()))
+            self.headers = HEADERS.source
             attach_probes(bcc, self._bpf, self.settings.enter_hook)
         except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load/attach errors
             raise load_failure(exc) from None
@@ -209,6 +212,11 @@ class Sensor:
         if self.ignore_tgid is not None:
             flags.append(f"-DGG_IGNORE_TGID={int(self.ignore_tgid)}")
         return flags
+
+    def loaded(self) -> str:
+        """How the probes were loaded, for a start-up line: the time and the kernel headers."""
+        kind = self.headers.kind if self.headers is not None else "no"
+        return f"probes loaded in {self.stats.startup_seconds:.2f} s with {kind} kernel headers"
 
     def detach_probes(self) -> None:
         """Start detaching every probe and return at once: no new events arrive,

@@ -38,6 +38,7 @@ from gpuguard.sources.proc.cpu_usage import (
 )
 from gpuguard.sources.proc.fd_table import read_fd_tables
 from gpuguard.sources.proc.hidden_pids import list_proc_pids
+from gpuguard.sources.proc.pod_names import PodNames
 from gpuguard.sources.proc.process import collect_process_facts
 
 GPU_STEP_S = 1.0  # the agent's sampling rate: windows hold the same shape in scan and agent
@@ -261,11 +262,13 @@ def observe_host(
         if gpu_window_s > 0 and samplers:
             window = _WindowSampler(samplers, live, sessions)
             window.start()
+        pod_names = PodNames()  # the pod's names and image, from the node (rules read them)
         for pid in sorted(listed):
             facts = collect_process_facts(
                 pid, proc_root, with_ancestors=False, environ_sink=obs.environs
             )
             if facts is not None:
+                pod_names.fill(facts)
                 if facts_hook is not None:
                     facts_hook(facts)
                 obs.facts[pid] = facts

@@ -56,6 +56,8 @@ def start_sensor(ctx: AgentContext, ruleset: RuleSet) -> Sensor | None:
             return_freed_memory()  # compiling left ~25 MB of LLVM heap free but mapped
             counters.sensor_mode = "ebpf"
             counters.probes_attached = _probes_attached(sensor)
+            if sensor.headers is not None:
+                counters.headers, counters.headers_why = sensor.headers.kind, sensor.headers.line()
             if sensor.fpu is not None and sensor.fpu.blind_spot:
                 counters.blind_spots = [sensor.fpu.blind_spot]
                 ctx.stderr(f"gpuguard: blind spot: {sensor.fpu.blind_spot}")

@@ -15,6 +15,7 @@ never a later stage nor the pipeline.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from gpuguard.detect.ruleset.reload import RuleSetHolder
 from gpuguard.escape import escape_text
 from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.outputs.finding_document import finding_document, status_row
+from gpuguard.sources.proc.pod_names import pod_names_for
 
 
 def report_parts(ctx: AgentContext) -> tuple[ProcessFindings, GpuHostFindings]:
@@ -40,7 +42,10 @@ def report_parts(ctx: AgentContext) -> tuple[ProcessFindings, GpuHostFindings]:
     config = ctx.config
     return (
         ProcessFindings(
-            config.finding_update_interval_s, proc_root=ctx.proc_root, run_id=ctx.counters.run_id
+            config.finding_update_interval_s,
+            proc_root=ctx.proc_root,
+            run_id=ctx.counters.run_id,
+            pod_names=pod_names_for(config.kubernetes_log_root, config.containerd_root),
         ),
         GpuHostFindings(config.host_check_interval_s, str(Path(ctx.proc_root).parent)),
     )
@@ -56,8 +61,10 @@ class ReportStage:
         correlator: Correlator,
         findings: ProcessFindings,
         host_findings: GpuHostFindings,
+        intent: Callable[[Any], dict | None] = lambda verdict: None,
     ) -> None:
         self.ctx, self.rules, self.correlator = ctx, rules, correlator
+        self.intent = intent  # the act stage's: what enforce would do with a verdict, and why not
         self.findings, self.host_findings = findings, host_findings
         self.guard_reported: dict[ProcessKey, tuple] = {}  # guard verdict and policies last written
         self.counts = {"written": 0, "ledger_saves": 0}  # records written; ledger rewrites
@@ -115,6 +122,8 @@ class ReportStage:
             self.findings.stamp(finding, write)
         else:  # a guard-policy verdict (the only one reported without a lifecycle write)
             self.findings.stamp_guard(finding, verdict.key)
+        if alerts is not None and verdict.verdict in ALERT_VERDICTS:
+            finding.response = self.intent(verdict)  # the record says what enforce would do
         ctx.emit(finding)
         self.counts["written"] += 1
         if write is not None and not write.counts:

@@ -326,15 +326,24 @@ class ProcessFindings:
 
     # -- inside ------------------------------------------------------------------------
     def _name_pod(self, finding: Finding) -> None:
-        """The pod's and container's names, when the kubelet's log tree knows their ids."""
+        """The pod's and container's names and the image (those the facts lack, when the node
+        knows them now), and the ones still unknown."""
         p = finding.process
         if p is None or not (p.pod_uid or p.container_id):
             return
-        ref = self.pod_names.name(p.pod_uid, p.container_id)
-        if ref.pod and ref.pod != p.pod_uid:
-            p.pod_name, p.pod_namespace = ref.pod, ref.namespace or None
-        if p.container_id and ref.container and ref.container != p.container_id[:12]:
-            p.container_name = ref.container
+        if not (p.pod_namespace and p.pod_name and p.container_image):
+            ref = self.pod_names.lookup(p.pod_uid, p.container_id)
+            p.pod_namespace = p.pod_namespace or ref.namespace or None
+            p.pod_name = p.pod_name or ref.pod or None
+            p.container_name = p.container_name or ref.container or None
+            p.container_image = p.container_image or ref.image or None
+        known = {
+            "namespace": p.pod_namespace,
+            "pod": p.pod_name,
+            "container": p.container_name,
+            "image": p.container_image,
+        }
+        p.kubernetes_unknown = [name for name, value in known.items() if not value]
 
     def _write(
         self,

@@ -41,6 +41,10 @@ DEBS=(python3-bpfcc python3-venv python3-pip python3-nftables nftables iproute2 
 # Real parts the tests talk to (a Prometheus server scraping the agent, rsyslog
 # receiving CEF, openssl making a TLS pool's certificate): not needed to run the agent, so `run` does not install them.
 [ "$job" = run ] || DEBS+=(prometheus rsyslog openssl)
+# The busy workers' servers and client libraries (tests/test_busy_workers.py: a cache, a job queue,
+# a key-value store and a database from Debian, clients in Python and C), test-only as well.
+[ "$job" = run ] || DEBS+=(memcached beanstalkd redis-server postgresql libmemcached-dev libhiredis-dev
+                           zlib1g-dev libssl-dev python3-redis python3-psycopg2 python3-pymemcache)
 # kubectl renders the Kustomize overlays in the tests: Debian's kubernetes-client, unless a
 # kubectl is already there (another package, e.g. the Cloud SDK's, may own /usr/bin/kubectl).
 [ "$job" = run ] || command -v kubectl >/dev/null || DEBS+=(kubernetes-client)

@@ -10,6 +10,7 @@ import pytest
 import gpuguard.detect.host.gpu_checks  # noqa: F401 - registers the GPU host rules
 from gpuguard.detect.host.checks import HostFinding, apply_thresholds
 from gpuguard.detect.host.rules import HOST_RULES
+from gpuguard.detect.scoring.cap import ScoreCap
 from gpuguard.detect.scoring.score import Evidence
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import (
@@ -75,6 +76,13 @@ def lifecycle_findings() -> list[Finding]:
     return out
 
 
+def capped_finding() -> Finding:
+    """A busy worker's finding: three generic facts, 45, held at 39."""
+    finding = hostile_finding(39, "clean")
+    finding.score_cap = ScoreCap(39 + 6, 39, f"generic evidence only ({HOSTILE}, net-pool-port)")
+    return finding
+
+
 def record_corpus(miner: Finding) -> list[Any]:
     """Every kind of record the output tests render: findings, each action and lifecycle step."""
     host_gpu = HostFinding(
@@ -97,6 +105,7 @@ def record_corpus(miner: Finding) -> list[Any]:
         *hostile_records(),
         hostile_finding(10, "clean"),
         hostile_finding(50, "suspicious"),
+        capped_finding(),
         dialled,
         huge_finding(),
         _process_finding(),
@@ -410,3 +419,29 @@ def test_a_continued_finding_says_so_in_every_format_and_validates():
     create.process.ancestors = [{"pid": 9, "name": "n" * 5000, "executable": "/" + "e" * 5000}]
     small = json.loads(render_record(create, "ecs", HOST, OutputLimits(record=1024)))
     assert small["event"]["id"] == record_id and small["gpuguard"]["finding"]["continued"] is True
+
+
+def test_every_format_says_whether_a_score_was_capped_and_why():
+    capped, plain = capped_finding(), hostile_finding(50, "suspicious")
+    ecs = json.loads(render_record(capped, "ecs", HOST))["gpuguard"]
+    assert ecs["score_capped"] is True and ecs["score_cap"]["uncapped_score"] == 45
+    assert "generic evidence only" in ecs["score_cap"]["reason"]
+    assert json.loads(render_record(plain, "ecs", HOST))["gpuguard"]["score_capped"] is False
+    ocsf = json.loads(render_record(capped, "ocsf", HOST))["unmapped"]["gpuguard"]
+    assert ocsf["score_capped"] is True and ocsf["score_cap"]["limit"] == 39
+    plain_ocsf = json.loads(render_record(plain, "ocsf", HOST))["unmapped"]["gpuguard"]
+    assert plain_ocsf["score_capped"] is False and "score_cap" not in plain_ocsf
+    _, cef = strict_cef(render_record(capped, "cef", HOST))
+    assert (cef["cn2Label"], cef["cn2"], cef["cn3Label"], cef["cn3"]) == (
+        "scoreCapped",
+        "1",
+        "uncappedScore",
+        "45",
+    )
+    _, plain_cef = strict_cef(render_record(plain, "cef", HOST))
+    assert plain_cef["cn2"] == "0" and "cn3" not in plain_cef
+    # a host finding has no process score to cap: nothing is said
+    host = finding_from_host(
+        HostFinding("host-persistence-miner", "/etc/cron.d/x", "x", ["x"]), "create", 5.0
+    )
+    assert "score_capped" not in json.loads(render_record(host, "ecs", HOST))["gpuguard"]

@@ -353,3 +353,57 @@ def test_rules_validate_reports_every_error_of_every_rule(tmp_path):
     for line, (where, rule, words) in zip(lines, EVERY_PROBLEM, strict=True):
         prefix = f"{path}:{where}: " + (f"rule {rule}: " if rule else "")
         assert line.startswith(prefix) and words in line, (line, prefix, words)
+
+
+# A site rule that reads only what generic rules read (a pool-like port, a busy thread) and is
+# not tagged generic escapes the cap; one tagged generic, or one reading a specific fact, does not.
+SITE_RULES = """\
+version: 1
+rules:
+  - id: site-cache-port
+    description: our cache port
+    severity: low
+    weight: 25
+    condition: {signal: connect_ports, contains: 11211}
+  - id: site-cache-port-generic
+    description: our cache port, tagged generic
+    severity: low
+    tags: [generic]
+    weight: 25
+    condition: {signal: connect_ports, contains: 11212}
+  - id: site-stratum
+    description: a specific fact
+    severity: high
+    weight: 25
+    condition: {signal: cmdline, matches: stratum}
+  - id: net-pool-port
+    override: {tags: [T1496, network], weight: 30}
+"""
+
+
+def _validate(*paths: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuguard", "rules", "validate", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_validate_warns_when_a_site_rule_lets_generic_facts_reach_suspicious(tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text(SITE_RULES)
+    site.chmod(0o600)
+    run = _validate(shipped_rules_file(), site)
+    assert run.returncode == 0, run
+    warnings = [line for line in run.stdout.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2 and run.stderr.startswith("2 warnings: "), run
+    new, changed = sorted(warnings, key=lambda w: "net-pool-port" in w)
+    assert new.startswith(f"warning: {site}:3:9: rule site-cache-port: not tagged generic")
+    assert "(connect_ports)" in new and ">= suspicious 40" in new
+    # an override that drops the tag from a shipped generic rule is named too
+    assert "rule net-pool-port: as a later file changed it, not tagged generic" in changed
+    assert "rule site-cache-port-generic:" not in run.stdout and "site-stratum" not in run.stdout
+    # the shipped rules alone warn of nothing
+    alone = _validate(shipped_rules_file())
+    assert alone.returncode == 0 and "warning" not in alone.stdout + alone.stderr, alone

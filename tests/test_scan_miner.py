@@ -169,6 +169,7 @@ def test_ocsf_detection_finding(live_host):
         "name": "yara-miner",
         "type_id": 1,
         "type": "Rule",
+        "category": "stable",  # the rule's tier (issue 39)
     }
     assert miner["evidences"][0]["process"]["file"]["path"] == live_host["miner"]["exe"]
     rules = {e["data"]["rule_id"] for e in miner["evidences"]}

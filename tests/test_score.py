@@ -136,6 +136,8 @@ def test_json_is_complete_and_deterministic(ruleset):
         "exe",
         "exe_deleted",
         "score",
+        "score_capped",
+        "score_cap",
         "verdict",
         "allowlisted",
         "allowlist_entry",
@@ -247,3 +249,63 @@ def test_same_state_same_verdict_across_rule_reloads(tmp_path, ruleset):
     path = tmp_path / "again.yaml"
     path.write_text(RULES.replace("{SHA}", "a" * 64).replace("{CID}", CID))
     assert score_process(s, load_ruleset([path]), T).to_json() == first
+
+
+GENERIC_RULES = """\
+version: 1
+thresholds: {suspicious: 40, malicious: 75}
+rules:
+  - {id: busy, description: busy thread, severity: low, tags: [cpu, generic], weight: 20,
+     condition: {signal: uid, is: 1000}}
+  - {id: port, description: port a cache shares, severity: low, tags: [generic], weight: 15,
+     condition: {signal: comm, is: worker}}
+  - {id: quiet, description: quiet session, severity: low, tags: [generic], weight: 10,
+     condition: {signal: exe, glob: /usr/*}}
+  - {id: odd-parent, description: a generic fact of weight 30, severity: low, tags: [generic],
+     weight: 30, condition: {signal: exe, glob: /usr/local/*}}
+  - {id: vendor, description: signed vendor tool, severity: info, weight: -5,
+     condition: {signal: exe, glob: /usr/local/vendor/*}}
+  - {id: pool-protocol, description: pool protocol, severity: critical, tags: [T1496], weight: 5,
+     condition: {signal: uid, is: 1000}}
+"""
+
+
+@pytest.fixture
+def generic_ruleset(tmp_path):
+    path = tmp_path / "generic.yaml"
+    path.write_text(GENERIC_RULES)
+    return load_ruleset([path])
+
+
+def test_three_generic_facts_alone_are_capped_below_suspicious(generic_ruleset):
+    """busy (20) + port (15) + quiet (10) = 45 with nothing specific: held at 39, clean, and the
+    verdict says so.  This fails if generic facts alone can reach suspicious again."""
+    without_specific = [r for r in generic_ruleset.rules if r.id != "pool-protocol"]
+    generic_ruleset.rules[:] = without_specific
+    v = score_process(state("worker", "/usr/bin/worker", uid=1000), generic_ruleset, T)
+    assert [e.rule_id for e in v.evidence] == ["busy", "port", "quiet"]
+    assert (v.score, v.verdict, v.action) == (39, "clean", "none")
+    assert v.cap is not None and (v.cap.uncapped, v.cap.limit) == (45, 39)
+    assert "busy, port, quiet" in v.cap.reason
+    doc = v.to_json()
+    assert doc["score_capped"] is True and doc["score_cap"]["uncapped_score"] == 45
+    assert "score 39 (capped from 45: generic evidence only) clean" in v.explain()
+    # four generic facts (75 uncapped, the malicious threshold) are held there too
+    v = score_process(state("worker", "/usr/local/worker", uid=1000), generic_ruleset, T)
+    assert (v.score, v.verdict, v.cap.uncapped) == (39, "clean", 75)
+    # benign evidence (a negative weight) is no specific fact: still capped
+    v = score_process(state("worker", "/usr/local/vendor/w", uid=1000), generic_ruleset, T)
+    assert "vendor" in {e.rule_id for e in v.evidence} and (v.score, v.cap.uncapped) == (39, 70)
+
+
+def test_one_specific_fact_lifts_the_cap(generic_ruleset):
+    v = score_process(state("worker", "/usr/bin/worker", uid=1000), generic_ruleset, T)
+    assert "pool-protocol" in {e.rule_id for e in v.evidence}
+    assert (v.score, v.verdict, v.cap) == (50, "suspicious", None)
+    assert v.to_json()["score_capped"] is False and v.to_json()["score_cap"] is None
+    assert "capped" not in v.explain()
+
+
+def test_a_score_below_the_threshold_is_not_capped(generic_ruleset):
+    v = score_process(state("worker", "/opt/worker", uid=0), generic_ruleset, T)
+    assert (v.score, v.cap) == (15, None)

@@ -1,6 +1,8 @@
 """`gpuguard rules`: check rule files, replay golden cases, list rules and signals.
 
 * ``validate [PATH...]`` — every problem as ``file:line:col: message``; exit 0 valid, 2 invalid.
+  A valid set warns (``warning: ...``, still exit 0) of each site rule that lets generic facts
+  reach ``suspicious`` without a specific one (scoring/cap.py).
 * ``test [--cases DIR] [--rules PATH]`` — replay ``DIR/*`` (default ``tests/cases``) through
   decode → correlate → score; pass/fail per case, evidence diff on failure;
   exit 0 all pass, 1 any fail.
@@ -30,6 +32,7 @@ from gpuguard.detect.ruleset.operators import OPERATORS
 from gpuguard.detect.ruleset.reference import MARKERS as REFERENCE_MARKERS
 from gpuguard.detect.ruleset.reference import rules_reference
 from gpuguard.detect.ruleset.shipped import default_rule_paths, shipped_rules_file
+from gpuguard.detect.scoring.cap import escapes_the_cap
 from gpuguard.detect.signals.docs import MARKERS, signal_table
 from gpuguard.detect.signals.table import SIGNALS
 from gpuguard.escape import escape_text
@@ -103,6 +106,16 @@ def _validate(args: argparse.Namespace) -> int:
     problems.sort(key=lambda p: (files[p.file], p.line, p.col))
     if print_problems(problems):
         return 2
+    escapes = escapes_the_cap(load_ruleset(paths), load_ruleset([shipped_rules_file()]))
+    for rule, why in escapes:
+        print(escape_text(f"warning: {rule.source}: rule {rule.id}: {why}"))
+    if escapes:
+        print(
+            f"{len(escapes)} warning{'s' if len(escapes) != 1 else ''}: tag such a rule "
+            "`generic` if benign programs show its fact (docs/rules.md, "
+            '"A verdict needs a specific fact")',
+            file=sys.stderr,
+        )
     shown = ", ".join(str(p) for p in (paths or default_rule_paths()))
     print(f"ok: {escape_text(shown)}")
     return 0

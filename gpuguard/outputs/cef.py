@@ -99,6 +99,7 @@ def finding_cef(finding: Finding, hostname: str, created: float) -> Parts:
         *_custom("cs2", "rules", ",".join(finding.rule_ids)),
         *_custom("cs3", "techniques", ",".join(t for t, _ in finding.techniques)),
         *_custom("cn1", "score", int(round(finding.score))),
+        *_score_cap(finding),
     ]
     if p is not None:
         pairs += [
@@ -125,6 +126,19 @@ def finding_cef(finding: Finding, hostname: str, created: float) -> Parts:
         pairs += _custom("flexString2", "rule", text)
     name = finding.rule_description or finding.rule_name
     return finding.rule_id, name, round(finding.score / 10), pairs
+
+
+def _score_cap(finding: Finding) -> list[tuple[str, object]]:
+    """cn2 (process findings): whether the score was capped; cn3: the sum before the cap (the
+    reason is in ``msg``, the explanation)."""
+    fields = finding.score_cap_fields()
+    if not fields:
+        return []
+    cap = finding.score_cap
+    return [
+        *_custom("cn2", "scoreCapped", int(fields["score_capped"])),
+        *(_custom("cn3", "uncappedScore", cap.uncapped) if cap is not None else []),
+    ]
 
 
 def _finding_detail(finding: Finding) -> str | None:

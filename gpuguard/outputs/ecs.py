@@ -293,6 +293,7 @@ def finding_to_ecs(
         {
             "kind": finding.kind,
             "score": round(float(finding.score), 1),
+            **finding.score_cap_fields(),
             "verdict": finding.verdict,
             "severity": finding.severity,
             "explanation": finding.explanation,

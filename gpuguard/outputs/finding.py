@@ -18,6 +18,7 @@ from typing import Any
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.host.checks import HostFinding
 from gpuguard.detect.ruleset.model import ALERT_VERDICTS, CATEGORY_OF_TAG, RuleContent
+from gpuguard.detect.scoring.cap import ScoreCap
 from gpuguard.detect.scoring.score import Evidence
 from gpuguard.events.devices import GPU_NODE_CLASS_NAMES
 from gpuguard.events.process_facts import ProcessFacts
@@ -201,6 +202,8 @@ class Finding:
     host_gpu: dict[str, Any] | None = (
         None  # GPU host findings: device, memory_bytes, owner_pid, status
     )
+    # a process score held below suspicious because only generic rules matched (None: not capped)
+    score_cap: ScoreCap | None = None
     evidence_omitted: int = 0  # pieces of evidence a log record left out (outputs/bounds.py)
     # The agent's process findings (gpuguard/agent/stages/s5_report/findings.py): one id for the life of the
     # finding, the record's number in it (0 = create), what grew since the previous record,
@@ -219,6 +222,16 @@ class Finding:
     # The top rule's tier and what it tells operators (false positives, references, runbook)
     rule_maturity: str | None = None
     rule_content: RuleContent | None = None
+
+    def score_cap_fields(self) -> dict[str, Any]:
+        """Whether a process finding's score was capped, and why (every output's record says)."""
+        if self.kind != "process":
+            return {}
+        cap = self.score_cap
+        return {
+            "score_capped": cap is not None,
+            **({"score_cap": cap.to_json()} if cap is not None else {}),
+        }
 
     @property
     def record_id(self) -> str | None:
@@ -348,6 +361,7 @@ def finding_from_verdict(
         techniques=techniques_from_tags([t for e in verdict.evidence for t in e.tags]),
         process=process,
         allowlisted=verdict.allowlisted,
+        score_cap=verdict.cap,
         action=verdict.action if verdict.action != "none" else None,
         destinations=destinations_of(state) if state is not None else [],
         gpu=gpu_use_of(state) if state is not None else None,

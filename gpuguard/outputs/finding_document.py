@@ -32,6 +32,8 @@ def finding_document(finding: Finding) -> dict[str, Any]:
         "rule_name": finding.rule_name,
         "rule_description": finding.rule_description,
         "score": finding.score,
+        "score_capped": finding.score_cap is not None,
+        "score_cap": finding.score_cap.to_json() if finding.score_cap is not None else None,
         "severity": finding.severity,
         "verdict": finding.verdict,
         "categories": list(finding.categories),

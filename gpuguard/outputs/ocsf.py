@@ -293,6 +293,7 @@ def finding_to_ocsf(
         "unmapped": {
             "gpuguard": {
                 "score": round(float(finding.score), 1),
+                **finding.score_cap_fields(),
                 "verdict": finding.verdict,
                 "kind": finding.kind,
                 "rule_ids": finding.rule_ids,

@@ -1,7 +1,8 @@
 """Scoring: matched rules become evidence, evidence becomes a 0-100 score and a verdict.
 
 The score is the sum of the weights of the matched rules, clamped to 0-100
-(negative weights record benign evidence).  A plain sum keeps every finding
+(negative weights record benign evidence), and held below ``suspicious`` when
+only rules tagged ``generic`` added weight (:mod:`.cap`).  A plain sum keeps every finding
 explainable ("+40 stratum URL"): the reader can add the numbers in the line.
 The verdict compares the score with the rule set's thresholds
 (``malicious`` >= its threshold, else ``suspicious`` >= its threshold, else
@@ -17,6 +18,7 @@ from typing import Any
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.ruleset.load import Rule, RuleSet
+from gpuguard.detect.scoring.cap import ScoreCap, generic_cap
 from gpuguard.detect.signals.memo import keep, kept
 from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.escape import escape_text
@@ -63,13 +65,17 @@ class Verdict:
     allowlist_entry: str | None = None
     exe_deleted: bool = False
     time: float = 0.0
+    cap: ScoreCap | None = None  # the score was held below suspicious (generic evidence only)
 
     def explain(self) -> str:
         """One escaped line: who, score, verdict and each piece of evidence with its weight and rule."""
         where = escape_text(self.exe) if self.exe else "no executable"
         if self.exe_deleted:
             where += ", deleted"
-        head = f"pid {self.pid} {escape_text(self.comm) or '?'} ({where}) score {self.score} {self.verdict}"
+        head = f"pid {self.pid} {escape_text(self.comm) or '?'} ({where}) score {self.score}"
+        if self.cap is not None:
+            head += f" (capped from {self.cap.uncapped}: generic evidence only)"
+        head += f" {self.verdict}"
         if self.allowlisted:
             head += f" (allowlisted by {escape_text(self.allowlist_entry)})"
         if not self.evidence:
@@ -87,6 +93,8 @@ class Verdict:
             "exe": self.exe,
             "exe_deleted": self.exe_deleted,
             "score": self.score,
+            "score_capped": self.cap is not None,
+            "score_cap": self.cap.to_json() if self.cap is not None else None,
             "verdict": self.verdict,
             "allowlisted": self.allowlisted,
             "allowlist_entry": self.allowlist_entry,
@@ -146,7 +154,11 @@ def score_process(
         evidence += outcome[1]
     total = sum(e.weight for e in evidence)
     evidence.sort(key=lambda e: (-e.weight, e.rule_id))
-    score = max(0, min(100, total))
+    score, cap = generic_cap(
+        ((e.rule_id, e.tags, e.weight) for e in evidence),
+        max(0, min(100, total)),
+        ruleset.thresholds,
+    )
     verdict = verdict_for(score, ruleset)
     entry = ruleset.allowlist.match(state) if ruleset.allowlist.entries else None
     if entry is not None:
@@ -165,6 +177,7 @@ def score_process(
         allowlist_entry=entry.id if entry is not None else None,
         exe_deleted=bool(facts and facts.exe_deleted),
         time=now,
+        cap=cap,
     )
 
 

@@ -12,6 +12,7 @@ by a process that died is removed by the next one (each holds a lock on its own)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import hashlib
 import io
@@ -314,6 +315,8 @@ class Headers:
                 if os.environ.get("BCC_KERNEL_SOURCE") == str(tree):
                     del os.environ["BCC_KERNEL_SOURCE"]
                 shutil.rmtree(tree, ignore_errors=True)
+                with contextlib.suppress(OSError):  # the folder too, when no other tree is in it
+                    tree.parent.rmdir()
                 self.source = None
             if self._lock_fd is not None:
                 os.close(self._lock_fd)

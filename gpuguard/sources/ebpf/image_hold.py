@@ -73,8 +73,8 @@ class ImageHold:
         self.counts["judged"] += 1
 
     def exited(self, pid: int) -> bool:
-        """The process ended: True when its exec was held (both are dropped)."""
-        self._seen.pop(pid, None)
+        """The process ended: True when its exec was held (both are dropped).  Its image stays
+        in ``_seen``: a short process's verdict comes after its exit."""
         if self.held.pop(pid, None) is None:
             return False
         self.counts["dropped"] += 1

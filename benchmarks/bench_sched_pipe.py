@@ -1,7 +1,7 @@
 """Context-switch and write tax: ``perf bench sched pipe`` with and without the agent (root).
 
     .venv/bin/python benchmarks/bench_sched_pipe.py [--rounds 5] [--loops 100000]
-        [--baseline-tree DIR] [--json]
+        [--baseline-tree DIR] [--probe-only] [--json]
 
 Both ends of the pipe are pinned to CPU 0 (``taskset -c 0``): each round trip is two writes,
 two reads and two context switches on that CPU, so it fires ``x86_fpu_regs_deactivated``
@@ -14,6 +14,7 @@ BPF statistics give each of the agent's programs' runs and ns per run (its fds, 
 with pidfd_getfd), and the agent's status says whether its FPU probe was attached.  Other
 engineers' agents on a shared host keep their own probes attached throughout: the baseline
 already pays the tracepoints' fixed cost, so the ratios are this agent's own addition.
+``--probe-only``: the FPU probe alone, loaded once, attached / detached / not loaded in turn.
 """
 
 from __future__ import annotations
@@ -85,6 +86,31 @@ def prog_stats(pid: int) -> dict[str, tuple[int, int]]:
     return out
 
 
+def probe_only(rounds: int, loops: int) -> dict:
+    """The FPU probe alone, loaded once: attached, detached (the agent's gate while nothing
+    spins) and not loaded at all, in turn, ``rounds`` times: µs per round trip, medians."""
+    probe = FpuProbe.open()
+    rows: dict[str, list[float]] = {"none": [], "attached": [], "detached": []}
+    try:
+        for _ in range(rounds):
+            for label in ("none", "attached", "detached"):
+                if label != "none":
+                    probe.set_attached(label == "attached")
+                rows[label].append(round_trip_us(loops))
+                probe.set_attached(False)
+        runs_ns = probe.run_stats()
+    finally:
+        probe.close()
+    base = statistics.median(rows["none"])
+    out = {
+        k: {"median_us": statistics.median(v), "ratio": round(statistics.median(v) / base, 4)}
+        for k, v in rows.items()
+    }
+    if runs_ns and runs_ns[0]:
+        out["program"] = {"runs": runs_ns[0], "ns_per_run": round(runs_ns[1] / runs_ns[0], 1)}
+    return out
+
+
 def agent_block(tree: Path | None, loops: int) -> dict:
     wrapper = ("env", "-C", str(tree)) if tree else ()
     with tempfile.TemporaryDirectory(prefix="gg-bench-pipe-") as tmp:
@@ -115,9 +141,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--loops", type=int, default=100000)
     parser.add_argument("--baseline-tree", type=Path)
+    parser.add_argument("--probe-only", action="store_true", help="the FPU probe alone")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     stats = enable_bpf_stats()
+    if args.probe_only:
+        try:
+            print(json.dumps({"load": os.getloadavg()[0], **probe_only(args.rounds, args.loops)}))
+        finally:
+            if stats is not None:
+                os.close(stats)
+        return 0
     rows: dict[str, list] = {"none": [], "fpu probe alone": [], "agent (this tree)": []}
     if args.baseline_tree:
         rows["agent (baseline tree)"] = []

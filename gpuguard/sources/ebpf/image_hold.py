@@ -8,7 +8,9 @@ plain exec (docs/agent.md, "The exec filter"): dropped with its exit when the pr
 first, sent up before any other event of the process (a connect, a GPU open, huge pages...)
 and when it is still alive after the filter's age.  The image is /proc/PID/exe's
 (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns): a replaced, rewritten or touched file
-is a new image (ctime cannot be set back), and gets the whole path again.
+is a new image (ctime cannot be set back), and gets the whole path again.  A process already
+gone when its exec is read (a few-ms run on a loaded host) has nothing left to evaluate; the
+file its absolute path names now stands for its image.
 """
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ def image_of(pid: int, proc_root: str = "/proc") -> ImageId | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def _path_image(path: str) -> ImageId | None:
+    if not path.startswith("/"):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 class ImageHold:
     """Judged images, and the execs of them held (see the module docstring)."""
 
@@ -49,7 +61,11 @@ class ImageHold:
         image waits for a verdict)."""
         image = image_of(event.pid)
         if image is None:
-            return False
+            # already gone (a few-ms process read late): nothing of it is left to evaluate but
+            # the record, so the file its path names now stands for it
+            image = _path_image(event.filename)
+            if image is None or image not in self.judged:
+                return False
         if image in self.judged:
             self.judged.move_to_end(image)
             self.held[event.pid] = (time.monotonic(), event)

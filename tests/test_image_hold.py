@@ -98,3 +98,23 @@ def test_the_agent_judges_a_tmp_binary_once_and_holds_its_later_starts(tmp_path,
         # held and dropped with their exits: no facts, YARA, hash or scoring for them (other
         # jobs on a shared host may add theirs to these counts, never take ours away)
         assert after["held"] - before["held"] >= 5
+
+
+def test_an_exec_sent_up_for_another_reason_is_never_held(sensor):
+    """A plain program's exec promoted by age (it lived) goes up at once even when its image
+    was judged: only execs sent up for their directory are held (no second 0.5 s wait)."""
+    directory = Path(tempfile.mkdtemp(prefix="gg-hold-", dir="/var/cache"))
+    program = directory / "plainnap"
+    shutil.copy("/bin/sleep", program)
+    try:
+        first = subprocess.Popen([str(program), "1.2"])
+        assert _execs_of(sensor, first.pid, 1.0), "promoted after 0.5 s alive"
+        first.wait()
+        sensor.image_judged(first.pid, _identity(program))
+        held = sensor.image_hold.counts["held"]
+        again = subprocess.Popen([str(program), "1.2"])
+        execs = _execs_of(sensor, again.pid, 1.0)
+        assert execs and sensor.image_hold.counts["held"] == held
+        again.wait()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -152,6 +152,7 @@ class Sensor:
         # The exec filter (settings.exec_filter): names and directories whose execs go up in full
         self.exec_names = exec_names
         self._interest_names = frozenset(n.lower() for n in exec_names[0])
+        self._interest_dirs = _dir_prefixes(exec_names[1])
         self.exec_filter: ExecFilter | None = None
         self.image_hold: ImageHold | None = None  # execs of images judged clean (exec filter)
         self._interest_requests: deque[int] = deque()  # request_interest, from other threads
@@ -315,6 +316,7 @@ class Sensor:
         """Replace the names and directories whose execs go up in full (a rule reload)."""
         self.exec_names = (list(names), list(directories))
         self._interest_names = frozenset(n.lower() for n in names)
+        self._interest_dirs = _dir_prefixes(directories)
         return self.exec_filter.set_names(names, directories) if self.exec_filter else 0
 
     def request_interest(self, tgid: int) -> None:
@@ -399,6 +401,8 @@ class Sensor:
         hold, filt = self.image_hold, self.exec_filter
         if event.pid in self._gpu_tgids:
             return False
+        if not event.filename.startswith(self._interest_dirs):
+            return False  # up for another reason (promoted: connected, lived, an ancestor)
         if event.filename.rsplit("/", 1)[-1].lower() in self._interest_names:
             return False  # its name is one the rules look for
         return not filt.marked(event.pid) and hold.hold(event)
@@ -534,6 +538,13 @@ class Sensor:
             self.stats.swept_fds += self._forget_processes(dead)
         if self.activity is not None:
             self.activity.sweep()
+
+
+def _dir_prefixes(directories: list[str]) -> tuple[str, ...]:
+    """The rules' directories as path prefixes ("/tmp/"): an exec under one went up for it."""
+    kept = [d.rstrip("/") for d in directories if d.startswith("/")]
+    # as exec_filter.interest_keys: the kernel matches the first two leading directories only
+    return tuple(d + "/" for d in kept if d and d.count("/") <= 2)
 
 
 def _comm_of(pid: int) -> str:

@@ -235,7 +235,9 @@ def run_agent(tree: Path | None, args) -> dict:
                             kept0[kind] / (starts * EXECS_PER_START.get(kind, 1)), 3
                         ),
                     }
-                result["counters"] = agent.status().get("counters", {}).get("enrich", {})
+                counters = agent.status().get("counters", {})
+                result["counters"] = counters.get("stages", {}).get("enrich", {})
+                result["image_hold"] = counters.get("execs", {}).get("image_hold", {})
         finally:
             agent.stop()
             load.remove()
@@ -252,7 +254,8 @@ def print_result(result: dict, rate: float, window_s: float) -> None:
     idle = result["idle_window_us"]
     print(
         f"### {result['tree']} (load {result['load_start']:.1f} -> {result['load_end']:.1f}; "
-        f"idle {idle['core_fraction'] * 100:.3f}% of a core, window {window_s:g} s at {rate:g}/s)"
+        f"idle {idle['core_fraction'] * 100:.3f}% of a core, window {window_s:g} s at {rate:g}/s; "
+        f"image hold {result.get('image_hold')})"
     )
     print("| kind | starts | agent µs/start median | p99 | mean | kept in kernel | BPF µs/start |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -55,6 +55,8 @@ class AgentCounters:
     intake_depth: int = 0
     # the sensor's exec filter: execs kept in the kernel (total, top cgroups) and those sent up later
     execs: dict = field(default_factory=dict)
+    # the FPU rounding-mode probe's gate: attached now, re-attaches, the spin watch's looks
+    fpu_probe: dict = field(default_factory=dict)
     intake_capacity: int = 0
     # samplers
     samples: defaultdict = field(default_factory=_counts)  # by source
@@ -151,6 +153,7 @@ class AgentCounters:
                 "faults": self.log_faults,
             },
             "execs": dict(self.execs),
+            "fpu_probe": dict(self.fpu_probe),
             "samples": dict(self.samples),
             "sampler_errors": dict(self.sampler_errors),
             "sampler_seconds": {k: round(v, 4) for k, v in self.sampler_seconds.items()},

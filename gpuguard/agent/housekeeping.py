@@ -2,7 +2,8 @@
 
 Old processes expire; the CPU-miner candidates (huge-page users, host tuners, and every
 process the FPU probe saw leave round-to-nearest) get CPU windows and runnable-thread
-records (the CPU-miner rules read them); the responder lifts expired blocks; freed heap goes
+records (the CPU-miner rules read them); the FPU probe is attached only while some thread
+hardly sleeps; the responder lifts expired blocks; freed heap goes
 back to the kernel; the stages forget processes no longer tracked; drops since the last look
 are reported as one lifecycle line.
 """
@@ -18,6 +19,7 @@ from gpuguard.agent.stages.s4_score import ScoreStage
 from gpuguard.agent.stages.s5_report import ReportStage
 from gpuguard.agent.stages.s6_act import ActStage
 from gpuguard.correlate.correlator import Correlator
+from gpuguard.sources.proc.busy import SpinWatch
 from gpuguard.sources.proc.cpu_usage import CpuActivitySampler, CpuSampler
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ class Housekeeping:
         self.score, self.report, self.act = score, report, act
         self.cpu_sampler = CpuSampler(ctx.proc_root)  # CPU windows of huge-page users and tuners
         self.cpu_activity = CpuActivitySampler(ctx.proc_root)  # runnable threads, FPU rounding
+        self.spin_watch = SpinWatch(ctx.proc_root)  # when the FPU probe is attached
         self.drops_reported = 0
 
     def run(self, now: float, period_s: float) -> None:
@@ -50,12 +53,28 @@ class Housekeeping:
         # CPU windows for huge-page users and host tuners (the CPU-miner rules read them)
         for key, percent in self.cpu_sampler.sample(correlator.cpu_candidates()).items():
             correlator.add_cpu_sample(key, now, percent)
+        self._gate_rounding_probe()
         self._sample_cpu_activity(now)
         self.act.sweep_blocks(now)
         return_freed_memory()
         self.report.prune()
         self.score.prune()
         self._report_drops(period_s)
+
+    def _gate_rounding_probe(self) -> None:
+        """The FPU probe runs at context switches only while a thread hardly sleeps
+        (sources.proc.busy): where nothing spins it costs the host nothing."""
+        probe = self.sensor.fpu if self.sensor is not None else None
+        if probe is None or not probe.loaded:
+            return
+        spinning = self.spin_watch.candidates(ignore=os.getpid())
+        attached = probe.set_attached(bool(spinning))
+        self.ctx.counters.fpu_probe = {
+            "attached": attached,
+            "attaches": probe.attaches,
+            "attach_failures": probe.attach_failures,
+            **self.spin_watch.counts,
+        }
 
     def _sample_cpu_activity(self, now: float) -> None:
         """Runnable threads of the CPU-miner candidates and of every process the FPU probe saw

@@ -103,6 +103,15 @@ class ExecFilter:
             old = 0
         self.interest[key] = ct.c_uint8(old | flags)
 
+    def marked(self, tgid: int) -> bool:
+        """Whether the execs of ``tgid`` go up in full for what it is (a GPU holder's tree, a
+        process user space marked), not for their name or directory."""
+        try:
+            self.interest[self.interest.Key(tgid)]
+        except KeyError:
+            return False
+        return True
+
     # -- pending execs ---------------------------------------------------------------
     def due(self, now: float) -> bool:
         if now < self._next_promote:

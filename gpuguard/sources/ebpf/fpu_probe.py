@@ -26,6 +26,8 @@ from gpuguard.sources.proc.capabilities import can_load_bpf, effective_capabilit
 
 SOURCE = "fpu.bpf.c"
 TRACEPOINT = "x86_fpu/x86_fpu_regs_deactivated"
+_TP = TRACEPOINT.replace("/", ":").encode()  # as bcc names it
+_FN = b"tracepoint__" + TRACEPOINT.replace("/", "__").encode()  # TRACEPOINT_PROBE's function
 _TRACEFS = ("/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events")
 BLIND_PREFIX = "SSE rounding-mode switching (RandomX) unseen"
 # A thread "never sleeps" by the probe's own looks when at least SLEEPLESS_MIN_LOOKS of its
@@ -161,6 +163,8 @@ class FpuProbe:
         self.defines = defines or {}
         self.load_seconds = 0.0
         self._keys_of: dict[int, list] = {}  # tgid -> its threads' map keys, at the last walk
+        self.attaches = 0  # set_attached(True) that attached it again
+        self.attach_failures = 0
 
     @property
     def loaded(self) -> bool:
@@ -210,6 +214,26 @@ class FpuProbe:
         probe = cls(bpf, defines=defines)
         probe.load_seconds = time.perf_counter() - started
         return probe
+
+    @property
+    def attached(self) -> bool:
+        """Whether the program runs at context switches now (it is attached when loaded)."""
+        return self._bpf is not None and _TP in self._bpf.tracepoint_fds
+
+    def set_attached(self, on: bool) -> bool:
+        """Attach or detach the loaded program (its map and counts stay); returns
+        :attr:`attached`.  Detached it costs the host's context switches nothing."""
+        if self._bpf is None or on == self.attached:
+            return self.attached
+        try:
+            if on:
+                self._bpf.attach_tracepoint(tp=_TP, fn_name=_FN)
+                self.attaches += 1
+            else:
+                self._bpf.detach_tracepoint(_TP)
+        except Exception:  # noqa: BLE001 - bcc raises bare Exception when (de)attaching fails
+            self.attach_failures += 1
+        return self.attached
 
     def counts(self) -> dict[int, FpuCounts]:
         """{tgid: totals} of every process with a thread seen leaving round-to-nearest (live or

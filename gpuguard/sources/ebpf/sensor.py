@@ -43,6 +43,7 @@ from gpuguard.sources.ebpf.counter_drain import CounterDrain
 from gpuguard.sources.ebpf.exec_filter import ExecFilter, parent_of
 from gpuguard.sources.ebpf.exit_gens import ExitGenTable
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
+from gpuguard.sources.ebpf.image_hold import ImageHold
 from gpuguard.sources.ebpf.kernel_headers import HEADERS, HeaderSource, compile_with_headers
 from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps  # noqa: F401 (SLOT_MULTI: tests read it here)
 from gpuguard.sources.ebpf.probe_load import (
@@ -152,7 +153,10 @@ class Sensor:
         self.fpu: FpuProbe | None = None  # RandomX rounding modes; .blind_spot when not loaded
         # The exec filter (settings.exec_filter): names and directories whose execs go up in full
         self.exec_names = exec_names
+        self._interest_names = frozenset(n.lower() for n in exec_names[0])
+        self._interest_dirs = _dir_prefixes(exec_names[1])
         self.exec_filter: ExecFilter | None = None
+        self.image_hold: ImageHold | None = None  # execs of images judged clean (exec filter)
         self._interest_requests: deque[int] = deque()  # request_interest, from other threads
         self._chain_checked: set[int] = set()  # pids whose pending ancestors were sent up
 
@@ -181,6 +185,7 @@ class Sensor:
         if self.settings.exec_filter:
             self.exec_filter = ExecFilter(self._bpf, self._decoder.exec_record)
             self.exec_filter.set_names(*self.exec_names)
+            self.image_hold = ImageHold()
         self.counters = CounterDrain(
             self.tables,
             self.maps,
@@ -296,6 +301,8 @@ class Sensor:
         filt = self.exec_filter
         if filt is not None and filt.may_hold_execs:
             due = min(due, filt.next_turn)
+        if self.image_hold is not None and self.image_hold.held:
+            due = min(due, self.image_hold.next_due)
         return max(0, min(most_ms, math.ceil((due - time.monotonic()) * 1000)))
 
     def _exec_filter_turn(self, now: float) -> None:
@@ -309,10 +316,15 @@ class Sensor:
         if filt.due(now):
             for event in filt.take_old():
                 self._route(event)
+        if self.image_hold.held:
+            for event in self.image_hold.take_old(now):
+                self._exec_up(event)
 
     def set_exec_names(self, names: list[str], directories: list[str]) -> int:
         """Replace the names and directories whose execs go up in full (a rule reload)."""
         self.exec_names = (list(names), list(directories))
+        self._interest_names = frozenset(n.lower() for n in names)
+        self._interest_dirs = _dir_prefixes(directories)
         return self.exec_filter.set_names(names, directories) if self.exec_filter else 0
 
     def request_interest(self, tgid: int) -> None:
@@ -386,7 +398,46 @@ class Sensor:
         except Exception:  # noqa: BLE001 - one bad record must not stop the sensor
             self.stats.routing_errors += 1  # the record was fine; the bug is ours
 
+    def image_judged(self, pid: int, exe_identity: tuple) -> None:
+        """The image ``pid`` ran at its exec (``exe_identity``, its facts') was judged clean: its
+        later execs are held like the kernel's plain ones (gpuguard.sources.ebpf.image_hold)."""
+        if self.image_hold is not None:
+            self.image_hold.judge(pid, exe_identity)
+
+    def _holds(self, event: Exec) -> bool:
+        """Hold an exec sent up only for its directory, of an image judged clean."""
+        hold, filt = self.image_hold, self.exec_filter
+        if event.pid in self._gpu_tgids:
+            return False
+        if not event.filename.startswith(self._interest_dirs):
+            return False  # up for another reason (promoted: connected, lived, an ancestor)
+        if event.filename.rsplit("/", 1)[-1].lower() in self._interest_names:
+            return False  # its name is one the rules look for
+        return not filt.marked(event.pid) and hold.hold(event)
+
+    def _exec_up(self, event: Exec) -> None:
+        """A held exec goes up now (its process lived, or did something)."""
+        self._exec_facts(event)
+        self.stats.events[event.kind] += 1
+        self._pending.append(event)
+
+    def _exec_facts(self, event: Exec) -> None:
+        self._enrich_exec(event)
+        if event.pid in self._headers:
+            self._remember_header(event)
+        self._send_up_ancestors(event.pid, event.ppid)
+
     def _route(self, event: Event) -> None:
+        hold = self.image_hold
+        if hold is not None:
+            if hold.held and event.pid in hold.held:
+                if isinstance(event, Exit) and hold.exited(event.pid):
+                    return  # lived and died unseen, as a plain exec kept in the kernel
+                self._exec_up(hold.release(event.pid))
+            if isinstance(event, Exit):
+                hold.exited(event.pid)
+            elif isinstance(event, Exec) and self._holds(event):
+                return
         if isinstance(event, GpuOpen):
             if event.relative and not self._confirm_relative_open(event):
                 return
@@ -406,10 +457,7 @@ class Sensor:
                 and (event.result == 0 or event.result == -errno.EINPROGRESS),
             )
         elif isinstance(event, Exec):
-            self._enrich_exec(event)
-            if event.pid in self._headers:
-                self._remember_header(event)
-            self._send_up_ancestors(event.pid, event.ppid)
+            self._exec_facts(event)
         elif isinstance(event, Exit):
             self._process_gone(event.pid)
             self._chain_checked.discard(event.pid)
@@ -498,6 +546,13 @@ class Sensor:
             self.stats.swept_fds += self._forget_processes(dead)
         if self.activity is not None:
             self.activity.sweep()
+
+
+def _dir_prefixes(directories: list[str]) -> tuple[str, ...]:
+    """The rules' directories as path prefixes ("/tmp/"): an exec under one went up for it."""
+    kept = [d.rstrip("/") for d in directories if d.startswith("/")]
+    # as exec_filter.interest_keys: the kernel matches the first two leading directories only
+    return tuple(d + "/" for d in kept if d and d.count("/") <= 2)
 
 
 def _comm_of(pid: int) -> str:

@@ -11,7 +11,12 @@ import time
 from typing import Any, Protocol
 
 from gpuguard.events.model import ConnActivity
-from gpuguard.sources.net.tcp_sessions import TcpSession, TcpSessionReader, socket_fds
+from gpuguard.sources.net.tcp_sessions import (
+    TCP_PROTOCOLS,
+    TcpSession,
+    TcpSessionReader,
+    socket_fds,
+)
 
 ACTIVITY_TIMES = 8
 INTERVAL_S = 10.0
@@ -58,12 +63,17 @@ class ConnActivityReader:
         return self._seed(tgid)
 
     def _seed(self, tgid: int) -> int:
+        # the process's own TCP sockets first: most hold none, and the namespace's TCP tables
+        # (every socket of every process in it, TIME_WAIT included) cost ms on a busy host
+        sockets = socket_fds(tgid, protocols=TCP_PROTOCOLS)
+        if not sockets:
+            return 0
         inodes = established_socket_inodes(tgid)
         if not inodes:
             return 0
         now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         seeded = 0
-        for inode, fd in socket_fds(tgid).items():
+        for inode, fd in sockets.items():
             if inode not in inodes or not self._kernel.seed(tgid, fd, now_ns):
                 continue
             self._seeded.add((tgid, fd))

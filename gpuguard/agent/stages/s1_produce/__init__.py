@@ -107,10 +107,11 @@ class ProduceStage:
         if self.sensor is not None:
             self.sensor.set_exec_names(*exec_interest(ruleset))
 
-    def request(self, kind: str, pid: int) -> None:
-        """Feedback for the sensor (``watch`` or ``interest``); dropped in reduced mode."""
+    def request(self, kind: str, pid: int, detail: Any = None) -> None:
+        """Feedback for the sensor (``watch``, ``interest``, or ``image`` with the judged
+        exe identity); dropped in reduced mode."""
         if self.sensor is not None:
-            self.feedback.put((kind, pid))
+            self.feedback.put((kind, pid, detail))
 
     # -- stop -------------------------------------------------------------------------
     def join(self) -> bool:

@@ -62,16 +62,7 @@ RULE_KEYS = (
     "maturity",
     *CONTENT_KEYS,
 )
-OVERRIDABLE = (
-    "description",
-    "severity",
-    "tags",
-    "weight",
-    "condition",
-    "enabled",
-    "maturity",
-    *CONTENT_KEYS,
-)
+OVERRIDABLE = RULE_KEYS[1:]  # every key but the id a site file overrides by
 
 
 def at_least(tier: str, floor: str) -> bool:

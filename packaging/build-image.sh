@@ -116,7 +116,7 @@ fi
 
 progress "wheelhouse: the runtime pins of requirements.lock (hash-checked)"
 mkdir -p "$ctx/wheels" "$ctx/src"
-python3 "$ROOT/packaging/lockfile.py" runtime > "$ctx/wheels/runtime.txt" \
+(cd "$ROOT" && python3 packaging/lockfile.py runtime) > "$ctx/wheels/runtime.txt" \
     || die "could not cut the runtime pins from requirements.lock (see the line above)"
 # The image's interpreter is bookworm's CPython 3.11 on glibc 2.36, whatever this host runs
 # (every manylinux tag up to glibc 2.36 named: pip before 24 does not widen one to older ones).

@@ -12,6 +12,7 @@ import types
 
 import pytest
 
+from gpuguard.agent.config_schema import AgentConfig
 from gpuguard.agent.stages.s2_enrich import EnrichStage
 from gpuguard.correlate.correlator import Correlator
 from gpuguard.detect.ruleset.load import load_ruleset
@@ -37,7 +38,9 @@ def ruleset():
 
 
 def _enrich_and_correlator(ruleset):
-    ctx = types.SimpleNamespace(proc_root="/proc", lifecycle=lambda *a, **k: None)
+    ctx = types.SimpleNamespace(
+        proc_root="/proc", lifecycle=lambda *a, **k: None, config=AgentConfig()
+    )
     enrich = EnrichStage(ctx, ruleset)  # type: ignore[arg-type]
     correlator = Correlator(facts_provider=enrich.facts_of, on_new_facts=enrich.on_new_facts)
     return enrich, correlator

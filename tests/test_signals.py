@@ -700,6 +700,12 @@ def test_every_signal_is_exercised_or_computable():
         "parent_score",
         "proxy_target_hosts",
         "payload_hosts",
+        # the pod's names and image, as the node gives them (tests/test_kubernetes_names.py,
+        # test_agent_kubernetes_identity.py)
+        "k8s_namespace",
+        "k8s_pod",
+        "k8s_container",
+        "container_image",
     }, untested
 
 

@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import lzma
+import os
 import subprocess
 import sys
 import tarfile
@@ -33,7 +34,8 @@ GG = (sys.executable, "-m", "gpuguard")
 
 
 def run(argv, timeout=120, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw)
+    kw.setdefault("cwd", REPO)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def trees(base: Path) -> list[str]:
@@ -328,3 +330,19 @@ def test_a_pass_in_reduced_mode_says_so_and_fails_when_ebpf_is_required():
     assert verdict(reduced, require_ebpf=False).startswith("PASS (reduced mode, sensor proc")
     assert verdict(reduced, require_ebpf=True).startswith("FAIL (eBPF required; reduced mode")
     assert verdict(SelftestResult(False, "not found", sensor="ebpf"), require_ebpf=False) == "FAIL"
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_doctor_as_a_user_without_capabilities_names_them_without_a_traceback():
+    out = run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *GG, "doctor", "--json"],
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == 1
+    checks = by_name(json.loads(out.stdout))
+    assert not checks["capabilities"]["ok"] and "CAP_BPF" in checks["capabilities"]["detail"]
+    assert not checks["tracefs"]["ok"] and "CAP_DAC_READ_SEARCH" in checks["tracefs"]["fix"]
+    assert not checks["probes load"]["ok"]

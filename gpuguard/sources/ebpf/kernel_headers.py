@@ -138,7 +138,7 @@ def _unpack(data: bytes, into: Path, arch: str) -> None:
     """Regular files and directories only, each inside ``into`` (the archive is read as data)."""
     with tarfile.open(fileobj=io.BytesIO(lzma.decompress(data)), mode="r:") as tar:
         for member in tar:
-            name = os.path.normpath(member.name.lstrip("./") or ".")
+            name = os.path.normpath(member.name.removeprefix("./") or ".")
             if name.startswith("..") or os.path.isabs(name):
                 continue
             if name.startswith("arch/") and not name.startswith(f"arch/{arch}/"):

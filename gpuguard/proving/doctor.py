@@ -81,26 +81,12 @@ def btf() -> Check:
 
 
 def tracefs() -> tuple[Check, Path | None]:
-    for base in preflight.TRACEFS_DIRS:
-        try:
-            found = (base / "events").is_dir()
-        except PermissionError:  # root's 0700 tracefs, read without CAP_DAC_READ_SEARCH
-            return Check(
-                "tracefs",
-                False,
-                f"{base} is not readable by this process",
-                "no probe can attach: the agent runs in reduced mode (/proc sweeps)",
-                "run as root, or grant CAP_DAC_READ_SEARCH with the probes' capabilities",
-            ), None
-        if found:
-            return Check("tracefs", True, f"mounted at {base}"), base
-    return Check(
-        "tracefs",
-        False,
-        "not mounted",
-        "no probe can attach: the agent runs in reduced mode (/proc sweeps)",
-        "mount -t tracefs tracefs /sys/kernel/tracing (a DaemonSet mounts the host's)",
-    ), None
+    try:
+        base = preflight.require_tracefs()
+    except GpuguardError as exc:
+        cost = "no probe can attach: the agent runs in reduced mode (/proc sweeps)"
+        return Check("tracefs", False, exc.cause, cost, exc.fix), None
+    return Check("tracefs", True, f"mounted at {base}"), base
 
 
 def probe_tracepoints() -> list[tuple[str, str]]:

@@ -50,11 +50,12 @@ def require_kernel_headers():
     return HEADERS.use()
 
 
-def require_tracefs() -> None:
+def require_tracefs() -> Path:
+    """Where tracefs is mounted (its syscall events visible), or one line saying why not."""
     for base in TRACEFS_DIRS:
         try:
             if (base / "events" / "syscalls").is_dir():
-                return
+                return base
         except PermissionError:  # tracefs is root's 0700: a user needs CAP_DAC_READ_SEARCH
             raise GpuguardError(
                 f"tracefs at {base} is not readable by this process (the probes attach through it)",

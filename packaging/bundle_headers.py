@@ -35,29 +35,27 @@ MANIFEST = OUT / "manifest.json"
 ARCH = "x86_64"
 DEB_ARCH = "amd64"
 
-# Run under strace by this script: every probe program, in every variant of its flags.
+# Run under strace by this script: every probe program, in every variant of its flags, compiled
+# by the same calls as the agent's (BCC_KERNEL_SOURCE names the tree to trace).
 COMPILE_ALL = r"""
-import itertools, sys, tempfile
+import itertools, sys
+from pathlib import Path
 import bcc
-from gpuguard.events.abi import probe_dir
-from gpuguard.sources.ebpf.btf import Btf
-from gpuguard.sources.ebpf.exit_gens import identity_cflags
-from gpuguard.sources.ebpf.fpu_probe import SOURCE as FPU, fpu_offsets
-from gpuguard.sources.ebpf.probe_load import _deferred_attach_bpf
-from gpuguard.sources.ebpf.probe_source import ProbeSettings, probe_text
+from gpuguard.respond import bpf_pins
+from gpuguard.sources.ebpf.fpu_probe import FpuProbe
+from gpuguard.sources.ebpf.probe_load import compile_probes
+from gpuguard.sources.ebpf.probe_source import ProbeSettings
 
-probes = probe_dir()
 for hook, perf, payload, filt in itertools.product(
     ("tracepoint", "raw"), (False, True), (False, True), (False, True)
 ):
     s = ProbeSettings(enter_hook=hook, perf_buffer=perf, payload_capture=payload, exec_filter=filt)
-    _deferred_attach_bpf(bcc)(text=probe_text().encode(), cflags=s.cflags()).cleanup()
-defines = [f"-D{k}={v}" for k, v in fpu_offsets(Btf.load()).items()]
-bcc.BPF(src_file=str(probes / FPU).encode(), cflags=[f"-I{probes}", "-Wno-comment", *defines]).cleanup()
-pins = sys.argv[1]
+    compile_probes(bcc, s.cflags()).cleanup()
+fpu = FpuProbe.open(bcc)
+assert fpu.loaded, fpu.blind_spot
+fpu.close()
 for src in ("respond_cgroup.bpf.c", "respond_touch.bpf.c"):
-    flags = [f"-I{probes}", f'-DGG_PIN_ROOT="{pins}"', *identity_cflags(), "-Wno-comment"]
-    bcc.BPF(src_file=str(probes / src).encode(), cflags=flags).cleanup()
+    bpf_pins.compile_program(src, Path(sys.argv[1])).cleanup()
 """
 
 

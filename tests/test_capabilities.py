@@ -275,6 +275,11 @@ def test_enforce_capabilities_carry_out_the_response_on_another_users_miner(tmp_
                 while miner.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.1)
                 killed = miner.poll() is not None
+            if killed:  # the record of the kill is written after the kill itself
+                running.wait_record(
+                    lambda r: r in actions_on([r], miner.pid) and r["gpuguard"]["action"] == "kill",
+                    timeout=10,
+                )
             outcomes = {
                 r["gpuguard"]["action"]: r["gpuguard"]["status"]
                 for r in actions_on(running.records(), miner.pid)

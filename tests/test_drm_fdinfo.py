@@ -297,9 +297,12 @@ def test_no_drm_anywhere_is_unavailable(tmp_path):
 
 
 @pytest.mark.skipif(os.path.exists("/sys/class/drm"), reason="this machine has DRM devices")
-def test_open_samplers_on_this_gpu_less_machine_reports_one_line():
+def test_open_samplers_on_this_gpu_less_machine_reports_one_line(tmp_path):
+    # This machine's /sys; a /proc of its own where no process holds /dev/dri open (another
+    # test may hold a stand-in DRM node open on the real one while this runs).
+    proc = FakeProc(tmp_path / "proc")
     lines: list[str] = []
-    assert open_samplers(("drm-fdinfo",), on_status=lines.append) == []
+    assert open_samplers(("drm-fdinfo",), proc_root=str(proc.root), on_status=lines.append) == []
     assert lines == [
         "DRM fdinfo not available: no DRM device (/sys/class/drm has no card, no process holds "
         "/dev/dri open) (fix: nothing to fix on a host without GPUs; else load the GPU's kernel driver)"

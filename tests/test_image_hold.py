@@ -83,7 +83,9 @@ def test_a_judged_image_is_held_dropped_with_its_exit_released_when_it_lives(sen
 
 def test_the_agent_judges_a_tmp_binary_once_and_holds_its_later_starts(tmp_path, napper):
     with running_agent(tmp_path, "--sensor", "ebpf") as agent:
-        proc = subprocess.Popen([str(napper), "0.3"])  # lives long enough to be read and judged
+        # lives long enough to be read and judged on a loaded host (its verdict may come after its exit,
+        # but only once its facts were read while it ran)
+        proc = subprocess.Popen([str(napper), "2"])
         proc.wait()
 
         def hold() -> dict:

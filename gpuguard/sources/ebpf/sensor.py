@@ -54,9 +54,9 @@ from gpuguard.sources.ebpf.probe_load import (
     load_failure,
 )
 from gpuguard.sources.ebpf.probe_source import ProbeSettings
-from gpuguard.sources.gpu.fds import fd_is_gpu
 from gpuguard.sources.net.conn_activity import ConnActivityReader
 from gpuguard.sources.net.payload_streams import PayloadStreams
+from gpuguard.sources.proc.gpu_fds import fd_is_gpu
 
 _SCHEMA_MAPS = {
     EventKind.GPU_OPEN: "schema_gpu_open",

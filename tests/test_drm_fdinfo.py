@@ -13,7 +13,8 @@ import pytest
 
 from gpuguard.sources.gpu import drm_fdinfo
 from gpuguard.sources.gpu.drm_fdinfo import DrmFdinfoSampler, engine_utilization, parse_fdinfo
-from gpuguard.sources.gpu.sampler import SourceUnavailable, open_samplers
+from gpuguard.sources.gpu.registry import open_samplers
+from gpuguard.sources.gpu.sampler import SourceUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -39,7 +39,7 @@ def _verdict(verdict: str, *rules: str, tags: tuple[str, ...] = ()) -> Verdict:
 def _tracker(interval: float = 30.0) -> tuple[ProcessFindings, Clock, ProcessState]:
     clock = Clock()
     state = ProcessState(key=KEY, comm="xmrig", exe="/tmp/xmrig")
-    return ProcessFindings(interval, "gpu-node-7", "/nonexistent", clock), clock, state
+    return ProcessFindings(interval, "gpu-node-7", None, clock), clock, state
 
 
 def _poll(tracker: ProcessFindings, state: ProcessState, clock: Clock, final: bool = False):
@@ -72,7 +72,7 @@ def test_updates_are_timed_at_their_write_so_their_times_keep_the_interval():
     that.  Record times are the writes', so two updates read an interval apart in the log."""
     clock = Clock()
     state = ProcessState(key=KEY, comm="xmrig", exe="/tmp/xmrig")
-    tracker = ProcessFindings(8.0, "gpu-node-7", "/nonexistent", clock, wall=clock)
+    tracker = ProcessFindings(8.0, "gpu-node-7", None, clock, wall=clock)
     tracker.scored(_verdict("suspicious", "a"), state, clock.now)
     clock.now += 1.0
     escalation = tracker.scored(_verdict("malicious", "a", "b"), state, clock.now - 0.05)
@@ -181,7 +181,7 @@ def test_records_name_the_pod_and_container_the_kubelet_knows(tmp_path):
     (tmp_path / "containers").mkdir()
     (tmp_path / "containers" / f"trainer-7_ml-team_worker-{cid}.log").touch()
     clock = Clock()
-    tracker = ProcessFindings(30.0, "gpu-node-7", "/nonexistent", clock, PodNames(str(tmp_path)))
+    tracker = ProcessFindings(30.0, "gpu-node-7", None, clock, PodNames(str(tmp_path)))
     state = ProcessState(key=KEY, comm="xmrig", exe="/tmp/xmrig")
     write = tracker.scored(_verdict("malicious", "a"), state, clock.now)
     finding = finding_from_verdict(write.verdict, None, None, state)
@@ -220,7 +220,7 @@ def test_a_finding_an_earlier_run_left_open_is_continued_numbered_on_and_marked(
     key = _own_key()
     gone = ProcessKey(key.pid, key.start_time - 100.0)  # that pid, an earlier process: ended
     clock = Clock()
-    tracker = ProcessFindings(30.0, "gpu-node-7", "/nonexistent", clock, run_id="0a1b2c3d4e5f")
+    tracker = ProcessFindings(30.0, "gpu-node-7", None, clock, run_id="0a1b2c3d4e5f")
     fid = finding_id("gpu-node-7", key.pid, key.start_time)
     old = finding_id("gpu-node-7", gone.pid, gone.start_time)
     tracker.carry({fid: Carried(key, 3), old: Carried(gone, 7)})
@@ -276,7 +276,7 @@ def test_a_continued_finding_is_picked_up_whatever_its_verdict_now_and_closed_at
 
     key = _own_key()
     clock = Clock()
-    tracker = ProcessFindings(30.0, "gpu-node-7", "/nonexistent", clock, run_id="0a1b2c3d4e5f")
+    tracker = ProcessFindings(30.0, "gpu-node-7", None, clock, run_id="0a1b2c3d4e5f")
     fid = finding_id("gpu-node-7", key.pid, key.start_time)
     tracker.carry({fid: Carried(key, 2)})
     state = ProcessState(key=key, comm="xmrig", exe="/tmp/xmrig")

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from gpuguard.sources.gpu import amd
-from gpuguard.sources.gpu.sampler import SourceUnavailable, open_samplers
+from gpuguard.sources.gpu.registry import open_samplers
+from gpuguard.sources.gpu.sampler import SourceUnavailable
 from tests.fakes.fake_amdsmi import STATUS, FakeAmdGpu, FakeAmdProcess, FakeAmdSmi
 
 MIB = 1024 * 1024

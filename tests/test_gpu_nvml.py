@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from gpuguard.sources.gpu import nvml
-from gpuguard.sources.gpu.sampler import SourceUnavailable, open_samplers
+from gpuguard.sources.gpu.registry import open_samplers
+from gpuguard.sources.gpu.sampler import SourceUnavailable
 from tests.fakes.fake_pynvml import ERROR_CODES, MIB, FakeGpu, FakeNvml, FakeProcess
 
 NOW = 1_750_000_000.0

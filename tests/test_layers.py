@@ -725,3 +725,31 @@ def test_the_size_exceptions_are_still_needed():
     for name in sorted(DATA_TABLES):
         path = PACKAGE / name
         assert path.is_file(), f"{name} is gone: strike it from the size exceptions"
+
+
+# -- gpuguard/sources: its folders point one way ----------------------------------------------------
+
+# Each folder of sources imports only folders listed before it (and modules of sources itself);
+# with no circle between modules, a fact flows up: /proc, then the network and the GPU samplers,
+# then the sensor, then host-wide looks.
+SOURCES_FOLDERS = ("proc", "net", "gpu", "ebpf", "host")
+
+
+def sources_folder_problems() -> list[str]:
+    """Arrows back up between the folders of sources, and circles between its modules."""
+    graph = import_graph("sources")
+    found = [f"circle: {' <-> '.join(c)}" for c in circles(graph)]
+    for module, targets in sorted(graph.items()):
+        own = module.split(".")[2] if module.count(".") >= 3 else None
+        for target in sorted(targets):
+            other = target.split(".")[2] if target.count(".") >= 3 else None
+            if own in SOURCES_FOLDERS and other in SOURCES_FOLDERS and own != other:
+                if SOURCES_FOLDERS.index(other) > SOURCES_FOLDERS.index(own):
+                    found.append(f"{module} imports {target}: {own} is below {other}")
+    return found
+
+
+def test_sources_folders_point_one_way_with_no_circle():
+    folders = {p.name for p in (PACKAGE / "sources").iterdir() if (p / "__init__.py").is_file()}
+    assert folders == set(SOURCES_FOLDERS), "place a new folder of sources in SOURCES_FOLDERS"
+    assert sources_folder_problems() == []

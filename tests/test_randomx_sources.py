@@ -217,9 +217,12 @@ def test_scan_sees_a_throttled_standin_with_huge_pages_from_its_lifetime():
 def test_scan_skips_the_gpu_window_when_there_is_nothing_to_watch(tmp_path):
     """No GPU sampler works on this machine; a /proc with no process holds no GPU device: the
     3 s window is skipped rather than waited out."""
-    from gpuguard.sources.host.observation import _open_samplers, observe_host
+    from gpuguard.sources.gpu.registry import open_samplers
+    from gpuguard.sources.host.observation import observe_host
 
-    assert not _open_samplers(lambda line: None), "this test needs a host without GPU samplers"
+    assert not open_samplers(on_status=lambda line: None), (
+        "this test needs a host without GPU samplers"
+    )
     started = time.monotonic()
     obs = observe_host(cpu_sample_s=0.0, proc_root=str(tmp_path), gpu_window_s=3.0)
     assert obs.gpu_window_skipped and obs.gpu_window_s == 0.0

@@ -38,8 +38,8 @@ try:  # a machine that cannot import these still gets a summary saying so
     from gpuguard.outputs.gpu_table import view_to_json
     from gpuguard.outputs.jsonl import dumps_line
     from gpuguard.sources.gpu import nvml
-    from gpuguard.sources.gpu.registry import SOURCE_NAMES
-    from gpuguard.sources.gpu.sampler import SourceUnavailable, open_samplers
+    from gpuguard.sources.gpu.registry import SOURCE_NAMES, open_samplers
+    from gpuguard.sources.gpu.sampler import SourceUnavailable
 except ImportError as exc:
     IMPORT_ERROR: ImportError | None = exc
 else:

@@ -18,8 +18,8 @@ from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.outputs.gpu_table import GpuView, ProcessLabel, render_view, view_to_json
 from gpuguard.outputs.jsonl import dumps_line
-from gpuguard.sources.gpu.registry import BY_NAME, SOURCE_NAMES
-from gpuguard.sources.gpu.sampler import GpuSampler, open_samplers
+from gpuguard.sources.gpu.registry import BY_NAME, SOURCE_NAMES, open_samplers
+from gpuguard.sources.gpu.sampler import GpuSampler
 from gpuguard.sources.proc.process import collect_process_facts
 
 HELP = "show GPUs and the processes using them (NVIDIA, AMD, any DRM driver)"

@@ -72,7 +72,7 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     from gpuguard.events.wire_write import RecordingWriteFailed, RecordingWriter
-    from gpuguard.sources.gpu.sampler import open_samplers
+    from gpuguard.sources.gpu.registry import open_samplers
     from gpuguard.sources.proc.config_files import collect_facts_with_configs
 
     if printed_probes(args):

@@ -9,7 +9,8 @@ the departure real?) and an effect size (is it large?: Cohen's w from even share
 between consecutive looks), since a test alone rejects the slightest departure once a miner has
 been watched for hours, and an effect size alone is noise over a few looks.  ``random`` is the
 RandomX pattern.  The chi-square survival function is computed here (closed form for integer
-degrees of freedom).
+degrees of freedom).  :class:`FpuCounts`, one process's totals, is defined here, below both
+its readers (sources/ebpf/fpu_probe.py, sources/proc/cpu_usage.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,44 @@ ALPHA = 0.001  # a departure counts only if a chi-square test gives p below this
 MAX_UNIFORM_DISTANCE = 0.3  # ... and Cohen's w from even shares exceeds this
 MAX_DEPENDENCE = 0.2  # ... and Cramér's V between consecutive looks exceeds this
 MIN_TRANSITIONS = 32  # fewer pairs of consecutive looks: independence is not tested
+# A thread "never sleeps" by the FPU probe's own looks when at least SLEEPLESS_MIN_LOOKS of its
+# switch-outs were seen and at most SLEEPLESS_SHARE of them were because it blocked: a worker
+# throttled by a CPU quota or paused by SIGSTOP is switched out runnable or stopped.
+SLEEPLESS_MIN_LOOKS = 32
+SLEEPLESS_SHARE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class FpuCounts:
+    """One process's totals over its threads (``struct gg_fpu_rounding``, summed)."""
+
+    modes: tuple[int, ...]  # looks per mode: nearest, down, up, toward zero
+    transitions: tuple[int, ...]  # 16: consecutive looks of one thread, previous * 4 + next
+    preempted: int  # looks at a switch-out while runnable (preempted, throttled, yielded)
+    stopped: int  # ... while stopped from outside (SIGSTOP, ptrace, freezer)
+    threads: int  # threads seen leaving round-to-nearest
+    span_s: float  # first to latest counted look
+    sleepless: int = 0  # of those threads, ones never found asleep (see SLEEPLESS_*)
+
+    @property
+    def samples(self) -> int:
+        return sum(self.modes)
+
+    @property
+    def nondefault(self) -> int:
+        return self.samples - self.modes[0]
+
+    @property
+    def changes(self) -> int:
+        """Looks unlike the previous look of the same thread; each thread's first look counts
+        as one (it left the round-to-nearest every thread starts in)."""
+        same = sum(self.transitions[i * 5] for i in range(4))
+        return sum(self.transitions) - same + self.threads
+
+    @property
+    def sleeps(self) -> int:
+        """Looks at a switch-out because the thread blocked (slept, waited)."""
+        return self.samples - self.preempted - self.stopped
 
 
 def chi2_sf(x: float, df: int) -> float:

@@ -218,10 +218,10 @@ def gpu_sources() -> list[Check]:
     for source in GPU_SOURCES:
         try:
             sampler = source.open()
-        except (SourceUnavailable, ImportError) as exc:
-            fix = getattr(exc, "fix", "") or "install the GPU's driver and its library on the node"
-            detail = f"not available: {getattr(exc, 'cause', str(exc))}"[:240]
-            if getattr(exc, "absent", False):
+        except SourceUnavailable as exc:
+            fix = exc.fix or "install the GPU's driver and its library on the node"
+            detail = f"not available: {exc.cause}"[:240]
+            if exc.absent:
                 detail += " (this host has no GPU it reads)"
             cost = f"no per-process GPU use from {source.label}"
             checks.append(

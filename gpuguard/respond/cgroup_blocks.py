@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuguard.respond import bpf_pins
 from gpuguard.respond.blocks import Block, BlockKind, BlockStore, new_block_id
-from gpuguard.sources.gpu.fds import list_gpu_fds
+from gpuguard.sources.proc.gpu_fds import list_gpu_fds
 
 STATIC_GPU_MAJORS = {195: "nvidia", 226: "drm"}
 DYNAMIC_GPU_DEVICES = (

@@ -14,13 +14,13 @@ at ``/usr/bin/nvidia-smi``) unless it says ``any_container: true``; a
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from gpuguard.config.yaml_marks import Position
 from gpuguard.correlate.state import ProcessState
 from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.sources.proc.files import sha256_of_file
 
 ENTRY_FIELDS = (
     "id",
@@ -35,7 +35,6 @@ ENTRY_FIELDS = (
     "any_container",
     "comment",
 )
-MAX_HASH_BYTES = 1 << 30
 _HASH_CACHE_SIZE = 1024
 
 
@@ -125,19 +124,3 @@ class Allowlist:
         if len(self._hashes) > _HASH_CACHE_SIZE:
             self._hashes.popitem(last=False)
         return digest
-
-
-def sha256_of_file(path: str, limit: int = MAX_HASH_BYTES) -> str | None:
-    """Hex sha256 of a file (None when unreadable or larger than ``limit``)."""
-    digest = hashlib.sha256()
-    total = 0
-    try:
-        with open(path, "rb") as handle:
-            while chunk := handle.read(1 << 20):
-                total += len(chunk)
-                if total > limit:
-                    return None
-                digest.update(chunk)
-    except OSError:
-        return None
-    return digest.hexdigest()

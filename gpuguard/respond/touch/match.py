@@ -14,7 +14,6 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from gpuguard.detect.scoring.allowlist import sha256_of_file
 from gpuguard.respond.touch.target import (
     BlockTarget,
     Script,
@@ -24,6 +23,7 @@ from gpuguard.respond.touch.target import (
     script_of,
     users_of,
 )
+from gpuguard.sources.proc.files import sha256_of_file
 
 MAX_OWN = 8192  # exact copies remembered (the blocks' processes)
 

@@ -6,8 +6,8 @@ running kernel's BTF (:mod:`gpuguard.sources.ebpf.btf`).  Where BTF, the tracepo
 missing it loads nothing and says so in :attr:`FpuProbe.blind_spot` (one line, for the log,
 the status file and scan's report): RandomX's rounding modes then go unseen and the CPU-miner
 rules rely on the rest.  The kernel keeps one entry per thread; :meth:`FpuProbe.counts` sums
-them into {tgid: :class:`FpuCounts`}, the totals so far (gpuguard/events/rounding_modes.py
-reads the pattern in them).
+them into {tgid: ``FpuCounts``}, the totals so far (gpuguard/events/rounding_modes.py defines
+them and reads the pattern in them).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from gpuguard.errors import GpuguardError
+from gpuguard.events.rounding_modes import SLEEPLESS_MIN_LOOKS, SLEEPLESS_SHARE, FpuCounts
 from gpuguard.sources.ebpf.btf import Btf, BtfError
 from gpuguard.sources.ebpf.kernel_headers import compile_with_headers
 from gpuguard.sources.ebpf.probe_source import probe_dir
@@ -30,44 +31,6 @@ _TP = TRACEPOINT.replace("/", ":").encode()  # as bcc names it
 _FN = b"tracepoint__" + TRACEPOINT.replace("/", "__").encode()  # TRACEPOINT_PROBE's function
 _TRACEFS = ("/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events")
 BLIND_PREFIX = "SSE rounding-mode switching (RandomX) unseen"
-# A thread "never sleeps" by the probe's own looks when at least SLEEPLESS_MIN_LOOKS of its
-# switch-outs were seen and at most SLEEPLESS_SHARE of them were because it blocked: a worker
-# throttled by a CPU quota or paused by SIGSTOP is switched out runnable or stopped.
-SLEEPLESS_MIN_LOOKS = 32
-SLEEPLESS_SHARE = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class FpuCounts:
-    """One process's totals over its threads (``struct gg_fpu_rounding``, summed)."""
-
-    modes: tuple[int, ...]  # looks per mode: nearest, down, up, toward zero
-    transitions: tuple[int, ...]  # 16: consecutive looks of one thread, previous * 4 + next
-    preempted: int  # looks at a switch-out while runnable (preempted, throttled, yielded)
-    stopped: int  # ... while stopped from outside (SIGSTOP, ptrace, freezer)
-    threads: int  # threads seen leaving round-to-nearest
-    span_s: float  # first to latest counted look
-    sleepless: int = 0  # of those threads, ones never found asleep (see SLEEPLESS_*)
-
-    @property
-    def samples(self) -> int:
-        return sum(self.modes)
-
-    @property
-    def nondefault(self) -> int:
-        return self.samples - self.modes[0]
-
-    @property
-    def changes(self) -> int:
-        """Looks unlike the previous look of the same thread; each thread's first look counts
-        as one (it left the round-to-nearest every thread starts in)."""
-        same = sum(self.transitions[i * 5] for i in range(4))
-        return sum(self.transitions) - same + self.threads
-
-    @property
-    def sleeps(self) -> int:
-        """Looks at a switch-out because the thread blocked (slept, waited)."""
-        return self.samples - self.preempted - self.stopped
 
 
 def fpu_offsets(btf: Btf) -> dict[str, int]:

@@ -9,6 +9,7 @@ whenever a kernel counter says something could not be delivered.
 The sensor also keeps the kernel maps honest: entries of processes that exit
 are removed after a final drain, and a periodic sweep drops descriptors that
 were closed without close(2) (close_range, close-on-exec, fd passing).
+Each decoded record goes through ``event_route`` (a table from event type to its handler).
 Compiling and attaching live in ``probe_load``, the counter drains in ``counter_drain``,
 reassembly of captured first writes in ``payload_streams``, the per-connection activity
 records of GPU holders in ``conn_activity`` (their kernel side in ``activity_map``).
@@ -16,7 +17,6 @@ records of GPU holders in ``conn_activity`` (their kernel side in ``activity_map
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import time
@@ -24,23 +24,14 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 
 from gpuguard.errors import GpuguardError
-from gpuguard.events.abi import DeviceClass, EventKind, ExecInterest
-from gpuguard.events.devices import classify_device_path
-from gpuguard.events.model import (
-    Connect,
-    Event,
-    Exec,
-    Exit,
-    GpuOpen,
-    HugeAlloc,
-    Lost,
-    NetPayload,
-)
+from gpuguard.events.abi import EventKind, ExecInterest
+from gpuguard.events.model import Event, Lost
 from gpuguard.sources.ebpf import preflight
 from gpuguard.sources.ebpf.activity_map import ActivityMap
 from gpuguard.sources.ebpf.bpf_decode import EventDecoder, MalformedEvent
 from gpuguard.sources.ebpf.counter_drain import CounterDrain
-from gpuguard.sources.ebpf.exec_filter import ExecFilter, parent_of
+from gpuguard.sources.ebpf.event_route import EventRouter, ProcessHeader
+from gpuguard.sources.ebpf.exec_filter import ExecFilter
 from gpuguard.sources.ebpf.exit_gens import ExitGenTable
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
 from gpuguard.sources.ebpf.image_hold import ImageHold
@@ -54,9 +45,9 @@ from gpuguard.sources.ebpf.probe_load import (
     load_failure,
 )
 from gpuguard.sources.ebpf.probe_source import ProbeSettings
-from gpuguard.sources.gpu.fds import fd_is_gpu
 from gpuguard.sources.net.conn_activity import ConnActivityReader
 from gpuguard.sources.net.payload_streams import PayloadStreams
+from gpuguard.sources.proc.gpu_fds import fd_is_gpu
 
 _SCHEMA_MAPS = {
     EventKind.GPU_OPEN: "schema_gpu_open",
@@ -75,7 +66,6 @@ _TABLES = (
     "sock_fd_slots",
     "map_writes",
 )
-CHAIN_CHECKED_MAX = 65536  # pids remembered as having their ancestors sent up
 DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the process stops
 # With no GPU process known the drain has only the lost counts to read: this often at most.
 IDLE_DRAIN_S = 1.0
@@ -96,14 +86,6 @@ class SensorStats:
     interest_refused: int = 0  # request_interest calls the kernel's exec_interest map refused
     startup_seconds: float = 0.0
     buffer: str = ""
-
-
-@dataclass(slots=True)
-class _ProcessHeader:
-    comm: str
-    uid: int
-    gid: int
-    cgroup_id: int
 
 
 class Sensor:
@@ -137,7 +119,7 @@ class Sensor:
         self.counters: CounterDrain | None = None  # ioctl and lost counters, once started
         self._pending: list[Event] = []
         self._watch_requests: deque[int] = deque()  # request_watch, from other threads
-        self._headers: dict[int, _ProcessHeader] = {}
+        self._headers: dict[int, ProcessHeader] = {}
         self._gpu_tgids: set[int] = set()
         self.streams = PayloadStreams(self.settings.payload_writes)  # first writes per connection
         self._next_drain = 0.0
@@ -158,7 +140,8 @@ class Sensor:
         self.exec_filter: ExecFilter | None = None
         self.image_hold: ImageHold | None = None  # execs of images judged clean (exec filter)
         self._interest_requests: deque[int] = deque()  # request_interest, from other threads
-        self._chain_checked: set[int] = set()  # pids whose pending ancestors were sent up
+        self.router: EventRouter | None = None  # each decoded record's handler, once started
+        self._route = _not_started  # router.route once started (tests put a broken one here)
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -194,6 +177,22 @@ class Sensor:
             self._header_fields,
             self.exec_filter,
         )
+        self.router = EventRouter(
+            stats=self.stats,
+            pending=self._pending,
+            headers=self._headers,
+            gpu_tgids=self._gpu_tgids,
+            maps=self.maps,
+            counters=self.counters,
+            streams=self.streams,
+            payload_capture=self.settings.payload_capture,
+            activity=self.activity,
+            exec_filter=self.exec_filter,
+            image_hold=self.image_hold,
+            exit_generations=self.exit_generations,
+        )
+        self.router.set_interest(self._interest_names, self._interest_dirs)
+        self._route = self.router.route
         events = self._bpf[b"events"]
         if self.settings.perf_buffer:
             events.open_perf_buffer(
@@ -285,7 +284,8 @@ class Sensor:
         if now >= self._next_sweep:
             self._next_sweep = now + self.sweep_interval
             self.sweep()
-        out, self._pending = self._pending, []
+        out = self._pending.copy()  # the router appends to this one list
+        self._pending.clear()
         return out
 
     def wait_ms(self, most_ms: int) -> int:
@@ -318,13 +318,15 @@ class Sensor:
                 self._route(event)
         if self.image_hold.held:
             for event in self.image_hold.take_old(now):
-                self._exec_up(event)
+                self.router.exec_up(event)
 
     def set_exec_names(self, names: list[str], directories: list[str]) -> int:
         """Replace the names and directories whose execs go up in full (a rule reload)."""
         self.exec_names = (list(names), list(directories))
         self._interest_names = frozenset(n.lower() for n in names)
         self._interest_dirs = _dir_prefixes(directories)
+        if self.router is not None:
+            self.router.set_interest(self._interest_names, self._interest_dirs)
         return self.exec_filter.set_names(names, directories) if self.exec_filter else 0
 
     def request_interest(self, tgid: int) -> None:
@@ -365,7 +367,8 @@ class Sensor:
         if self.activity is not None:
             self._pending.extend(self.activity.report(self._header_fields))
             self.stats.tcp_counters_unreadable += len(self.activity.unreadable)
-        out, self._pending = self._pending, []
+        out = self._pending.copy()  # the router appends to this one list
+        self._pending.clear()
         return out
 
     def _consume_buffer(self) -> None:
@@ -404,146 +407,13 @@ class Sensor:
         if self.image_hold is not None:
             self.image_hold.judge(pid, exe_identity)
 
-    def _holds(self, event: Exec) -> bool:
-        """Hold an exec sent up only for its directory, of an image judged clean."""
-        hold, filt = self.image_hold, self.exec_filter
-        if event.pid in self._gpu_tgids:
-            return False
-        if not event.filename.startswith(self._interest_dirs):
-            return False  # up for another reason (promoted: connected, lived, an ancestor)
-        if event.filename.rsplit("/", 1)[-1].lower() in self._interest_names:
-            return False  # its name is one the rules look for
-        return not filt.marked(event.pid) and hold.hold(event)
-
-    def _exec_up(self, event: Exec) -> None:
-        """A held exec goes up now (its process lived, or did something)."""
-        self._exec_facts(event)
-        self.stats.events[event.kind] += 1
-        self._pending.append(event)
-
-    def _exec_facts(self, event: Exec) -> None:
-        self._enrich_exec(event)
-        if event.pid in self._headers:
-            self._remember_header(event)
-        self._send_up_ancestors(event.pid, event.ppid)
-
-    def _route(self, event: Event) -> None:
-        hold = self.image_hold
-        if hold is not None:
-            if hold.held and event.pid in hold.held:
-                if isinstance(event, Exit) and hold.exited(event.pid):
-                    return  # lived and died unseen, as a plain exec kept in the kernel
-                self._exec_up(hold.release(event.pid))
-            if isinstance(event, Exit):
-                hold.exited(event.pid)
-            elif isinstance(event, Exec) and self._holds(event):
-                return
-        if isinstance(event, GpuOpen):
-            if event.relative and not self._confirm_relative_open(event):
-                return
-            self._gpu_tgids.add(event.pid)
-            self._remember_header(event)
-            self._send_up_ancestors(event.pid, 0)
-        elif isinstance(event, NetPayload):
-            self.streams.recognise(event)
-        elif isinstance(event, HugeAlloc):
-            self._send_up_ancestors(event.pid, 0)
-        elif isinstance(event, Connect):
-            self._send_up_ancestors(event.pid, 0)
-            self.streams.connected(
-                event.pid,
-                event.fd,
-                self.settings.payload_capture
-                and (event.result == 0 or event.result == -errno.EINPROGRESS),
-            )
-        elif isinstance(event, Exec):
-            self._exec_facts(event)
-        elif isinstance(event, Exit):
-            self._process_gone(event.pid)
-            self._chain_checked.discard(event.pid)
-        self.stats.events[event.kind] += 1
-        self._pending.append(event)
-
-    def _send_up_ancestors(self, pid: int, ppid: int) -> None:
-        """Exec filter: the pending execs of ``pid``'s ancestors go up before its event, once per
-        process, so its tree is known (a GPU opener below a flood of short execs)."""
-        if self.exec_filter is None or pid in self._chain_checked:
-            return
-        if len(self._chain_checked) > CHAIN_CHECKED_MAX:
-            self._chain_checked.clear()  # exits not seen (shed): start over, at worst a re-check
-        self._chain_checked.add(pid)
-        for ancestor in self.exec_filter.promote_chain(ppid or parent_of(pid)):
-            self._route(ancestor)
-
-    # -- enrichment -----------------------------------------------------------------
-    def _remember_header(self, event: Event) -> None:
-        self._headers[event.pid] = _ProcessHeader(event.comm, event.uid, event.gid, event.cgroup_id)
-
-    def _confirm_relative_open(self, event: GpuOpen) -> bool:
-        """A relative open was classified by basename; keep it only if /proc agrees."""
-        is_gpu, target = fd_is_gpu(event.pid, event.fd)
-        if target is None:
-            return True  # already closed: the kernel's view is all there is
-        if not is_gpu:
-            self._forget_fd(event.pid, event.fd)
-            self.stats.dropped_relative_opens += 1
-            return False
-        if classify_device_path(target) != DeviceClass.NONE:
-            event.path = target
-        return True
-
-    def _enrich_exec(self, event: Exec) -> None:
-        try:
-            with open(f"/proc/{event.pid}/cmdline", "rb") as f:
-                raw = f.read(32768)
-            event.cmdline = (
-                [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\x00")[:-1]]
-                if raw
-                else []
-            )
-            with open(f"/proc/{event.pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            ppid = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            return  # the process already exited: the kernel's fields stand
-        gens = self.exit_generations
-        if gens is not None and event.exit_gen is not None and gens.of(event.pid) != event.exit_gen:
-            event.cmdline = []  # it exited before the read: /proc named another process
-            return
-        event.ppid = ppid
-
     # -- map hygiene (gpuguard.sources.ebpf.kernel_maps does the map work) --------------------
-    def _forget_fd(self, tgid: int, fd: int) -> None:
-        self.maps.forget_fd(tgid, fd)
-
-    def _process_gone(self, tgid: int) -> None:
-        """A process exited: report its last counts, then remove its kernel entries."""
-        fresh = self.streams.process_gone(tgid)
-        if fresh:
-            self.maps.forget_fresh(tgid, fresh)
-        if self.activity is not None and (
-            tgid in self._gpu_tgids or tgid in self.activity.watched_by_user
-        ):
-            self.activity.forget({tgid}, scan=False)
-        if tgid in self._gpu_tgids:
-            self.counters.drain_into(self._pending, only_tgid=tgid)
-            self._forget_processes({tgid})
-
-    def _forget_processes(self, tgids: set[int]) -> int:
-        """Remove dead processes' kernel entries and what the sensor kept about them; return tracked fds removed."""
-        removed = self.maps.forget_processes(tgids)
-        self.counters.forget(tgids)
-        for tgid in tgids:
-            self._gpu_tgids.discard(tgid)
-            self._headers.pop(tgid, None)
-        return removed
-
     def sweep(self) -> None:
         """Drop entries of processes that died unseen and fds closed without close(2)."""
         dead, swept = self.maps.sweep(fd_is_gpu)
         self.stats.swept_fds += swept
         if dead:
-            self.stats.swept_fds += self._forget_processes(dead)
+            self.stats.swept_fds += self.router.forget_processes(dead)
         if self.activity is not None:
             self.activity.sweep()
 
@@ -561,3 +431,7 @@ def _comm_of(pid: int) -> str:
             return f.read().rstrip(b"\n").decode("utf-8", "surrogateescape")
     except OSError:
         return ""
+
+
+def _not_started(event: Event) -> None:
+    raise GpuguardError("the sensor is not started", "call Sensor.start() first")

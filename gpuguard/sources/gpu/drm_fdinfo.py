@@ -1,7 +1,7 @@
 """Any DRM GPU (amdgpu, i915, xe, msm, panfrost…) from /proc/PID/fdinfo: discovery and the sampler.
 
 Which processes hold DRM nodes (:class:`FdTableSweeper`, through
-``gpuguard.sources.gpu.fds``), which cards sysfs knows, and the sampler that
+``gpuguard.sources.proc.gpu_fds``), which cards sysfs knows, and the sampler that
 turns both into GPU snapshots.  Parsing an fdinfo and the utilisation
 maths are in ``drm_usage``.
 
@@ -28,8 +28,8 @@ from gpuguard.sources.gpu.drm_usage import (
     node_index,
     parse_fdinfo,
 )
-from gpuguard.sources.gpu.fds import DRM_CLASSES, gpu_fds_of_links, list_gpu_fds, read_fdinfo
 from gpuguard.sources.gpu.sampler import OnceErrors, SourceUnavailable
+from gpuguard.sources.proc.gpu_fds import DRM_CLASSES, gpu_fds_of_links, list_gpu_fds, read_fdinfo
 from gpuguard.sources.proc.pidns import namespace_pid
 
 SOURCE = "drm-fdinfo"

@@ -8,14 +8,14 @@ The kernel prints, for each open DRM file: ``drm-driver``, ``drm-client-id``,
 ``drm-resident-``, ``drm-purgeable-``, ``drm-active-<region>``, and amdgpu's
 older ``drm-memory-<region>``) in bytes, KiB or MiB.  Utilisation is the change
 between two samples.  Finding the fds is discovery (``drm_fdinfo``,
-``gpuguard.sources.gpu.fds``); nothing here touches /proc.
+``gpuguard.sources.proc.gpu_fds``); nothing here touches /proc.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuguard.sources.gpu.fds import parse_fdinfo_fields
+from gpuguard.sources.proc.gpu_fds import parse_fdinfo_fields
 
 _SIZE_UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 _FREQ_UNITS = {"": 1, "Hz": 1, "KHz": 1000, "kHz": 1000, "MHz": 1_000_000}

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from gpuguard.events.abi import device_class_name
 from gpuguard.events.model import GpuOpen
-from gpuguard.sources.gpu.fds import (
+from gpuguard.sources.proc.fd_table import FdTables
+from gpuguard.sources.proc.gpu_fds import (
     DRM_CLASSES,
     FdInfo,
     GpuFd,
@@ -27,7 +28,6 @@ from gpuguard.sources.gpu.fds import (
     parse_fdinfo_fields,
     read_fdinfo,
 )
-from gpuguard.sources.proc.fd_table import FdTables
 
 
 @dataclass(slots=True)

@@ -1,16 +1,22 @@
-"""Every live GPU telemetry source, listed once: config, `scan`, `gpus` and the agent read it.
+"""Every live GPU telemetry source, listed once, and the one way to open them.
 
 A new source is one module with ``open_sampler(proc_root=...)`` plus one entry in
 :data:`GPU_SOURCES`.  Modules are imported when a source is opened, not when this
-list is read, so a config check never loads a vendor's module.
+list is read, so a config check never loads a vendor's module.  :func:`open_source` opens
+one for the agent, :func:`open_samplers` every one that works here for ``scan``, ``gpus``
+and ``record``; both go through :meth:`GpuSource.open`.
 """
 
 from __future__ import annotations
 
 import glob
 import importlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpuguard.errors import GpuguardError
+from gpuguard.sources.gpu.sampler import GpuSampler, SourceUnavailable
 
 _PACKAGE = "gpuguard.sources.gpu"
 # PCI base classes of GPUs: display controller, processing accelerator (AMD Instinct, some
@@ -31,19 +37,21 @@ class GpuSource:
     # The PCI vendor id of its GPUs ("0x10de"); None: any DRM device (/sys/class/drm/card*)
     pci_vendor: str | None = None
 
-    def open(self, proc_root: str = "/proc", fd_links: dict | None = None):
-        """Open a sampler; raises ``SourceUnavailable`` (or ImportError) when it cannot work here,
-        with ``absent`` set when the host has no GPU this source reads (information, not a fault).
+    def open(self, proc_root: str = "/proc", fd_links: dict | None = None) -> GpuSampler:
+        """Open a sampler; raises ``SourceUnavailable`` when it cannot work here (a module or
+        library that will not import too), with ``absent`` set when the host has no GPU this
+        source reads (information, not a fault).
 
         ``fd_links``: {pid: [(fd, target)]} of every process's /dev/ and /sys/ links, just read
         (:mod:`gpuguard.sources.proc.fd_table`), for a source that would otherwise read them again."""
-        from gpuguard.sources.gpu.sampler import SourceUnavailable
-
         try:
-            module = importlib.import_module(f"{_PACKAGE}.{self.module}")
-            if fd_links is not None and self.sweeps_fd_tables:
-                return module.open_sampler(proc_root=proc_root, fd_links=fd_links)
-            return module.open_sampler(proc_root=proc_root)
+            try:
+                module = importlib.import_module(f"{_PACKAGE}.{self.module}")
+                if fd_links is not None and self.sweeps_fd_tables:
+                    return module.open_sampler(proc_root=proc_root, fd_links=fd_links)
+                return module.open_sampler(proc_root=proc_root)
+            except ImportError as exc:
+                raise SourceUnavailable(str(exc)) from exc
         except SourceUnavailable as exc:
             exc.absent = exc.absent or not self.has_gpus(str(Path(proc_root).parent / "sys"))
             raise
@@ -93,3 +101,35 @@ GPU_SOURCES: tuple[GpuSource, ...] = (
 )
 SOURCE_NAMES: tuple[str, ...] = tuple(s.name for s in GPU_SOURCES)
 BY_NAME: dict[str, GpuSource] = {s.name: s for s in GPU_SOURCES}
+
+
+def open_source(name: str, proc_root: str = "/proc", fd_links: dict | None = None) -> GpuSampler:
+    """Open the source called ``name``; raises ``SourceUnavailable`` whose cause is its status
+    line (``NVML not available: library not found (fix: install the NVIDIA driver)``), with
+    ``absent`` as :meth:`GpuSource.open` set it."""
+    source = BY_NAME.get(name)
+    if source is None:
+        raise GpuguardError(f"unknown GPU source {name!r}", f"use one of {', '.join(SOURCE_NAMES)}")
+    try:
+        return source.open(proc_root, fd_links)
+    except SourceUnavailable as exc:
+        line = f"{source.label} not available: {exc.one_line()}"
+        raise SourceUnavailable(line, absent=exc.absent) from None
+
+
+def open_samplers(
+    sources: Iterable[str] = SOURCE_NAMES,
+    proc_root: str = "/proc",
+    on_status: Callable[[str], None] | None = None,
+    fd_links: dict | None = None,
+) -> list[GpuSampler]:
+    """Open every source named that works here; each one that does not is reported once, its
+    status line through ``on_status``.  ``fd_links``: see :meth:`GpuSource.open`."""
+    samplers: list[GpuSampler] = []
+    for name in sources:
+        try:
+            samplers.append(open_source(name, proc_root, fd_links))
+        except SourceUnavailable as exc:
+            if on_status is not None:
+                on_status(exc.cause)
+    return samplers

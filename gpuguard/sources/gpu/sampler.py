@@ -1,4 +1,4 @@
-"""The one interface every GPU telemetry source implements, and how they are opened.
+"""The one interface every GPU telemetry source implements (registry.py lists and opens them).
 
 A sampler is opened once, then ``sample()`` is called at a steady rate (1 Hz in
 the agent).  A source that cannot work here (no library, no driver, no GPU)
@@ -11,12 +11,10 @@ which raises ``EndOfRecording`` after the last recorded snapshot.)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 from gpuguard.errors import GpuguardError
 from gpuguard.events.gpu_snapshot import GpuSnapshot
-from gpuguard.sources.gpu.registry import BY_NAME, SOURCE_NAMES
 
 
 @runtime_checkable
@@ -37,37 +35,6 @@ class SourceUnavailable(GpuguardError):
     def __init__(self, cause: str, fix: str = "", absent: bool = False) -> None:
         super().__init__(cause, fix)
         self.absent = absent
-
-
-def status_line(label: str, exc: SourceUnavailable) -> str:
-    """``NVML not available: library not found (fix: install the NVIDIA driver)``."""
-    return f"{label} not available: {exc.one_line()}"
-
-
-def open_samplers(
-    sources: Iterable[str] = SOURCE_NAMES,
-    proc_root: str = "/proc",
-    on_status: Callable[[str], None] | None = None,
-    fd_links: dict | None = None,
-) -> list[GpuSampler]:
-    """Open every source (named in :mod:`~gpuguard.sources.gpu.registry`) that works here.
-
-    Each one that does not is reported once, through ``on_status``.  ``fd_links``: every
-    process's fd links just read (see ``GpuSource.open``).
-    """
-    samplers: list[GpuSampler] = []
-    for name in sources:
-        if name not in BY_NAME:
-            raise GpuguardError(
-                f"unknown GPU source {name!r}", f"use one of {', '.join(SOURCE_NAMES)}"
-            )
-        source = BY_NAME[name]
-        try:
-            samplers.append(source.open(proc_root, fd_links))
-        except SourceUnavailable as exc:
-            if on_status is not None:
-                on_status(status_line(source.label, exc))
-    return samplers
 
 
 class OnceErrors:

@@ -19,7 +19,7 @@ from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.events.model import ConnActivity, CpuActivity, Event
 from gpuguard.events.process_facts import MAX_ANCESTORS, Ancestor, ProcessFacts
 from gpuguard.sources.gpu.fd_holders import HolderScan, holder_event, scan_device_holders
-from gpuguard.sources.gpu.registry import SOURCE_NAMES
+from gpuguard.sources.gpu.registry import SOURCE_NAMES, open_samplers
 from gpuguard.sources.host.rounding_window import RoundingWindow, watch_rounding
 from gpuguard.sources.net.connections import (
     ConnectionTable,
@@ -171,21 +171,6 @@ def _lifetime_cpu_activity(
     return spinning, paused
 
 
-def _open_samplers(on_status: Callable[[str], None], fd_links: dict | None = None) -> list:
-    try:
-        from gpuguard.sources.gpu.sampler import open_samplers
-    except ImportError as exc:
-        on_status(f"GPU samplers not available: {exc}")
-        return []
-    samplers = []
-    for source in SOURCE_NAMES:
-        try:
-            samplers.extend(open_samplers([source], on_status=on_status, fd_links=fd_links))
-        except ImportError as exc:
-            on_status(f"{source} not available: {exc}")
-    return samplers
-
-
 def _sample_all(samplers: list, out: list[GpuSnapshot]) -> None:
     for sampler in samplers:
         out.append(sampler.sample())
@@ -249,7 +234,11 @@ def observe_host(
     # socket owners of the connection table all read it
     tables = read_fd_tables(sorted(listed), proc_root)
     samplers = (
-        _open_samplers(obs.gpu_status.append, tables.device_links if proc_root == "/proc" else None)
+        open_samplers(
+            SOURCE_NAMES,
+            on_status=obs.gpu_status.append,
+            fd_links=tables.device_links if proc_root == "/proc" else None,
+        )
         if gpu
         else []
     )

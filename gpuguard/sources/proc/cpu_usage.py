@@ -15,7 +15,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from gpuguard.events.model import CpuActivity
-from gpuguard.sources.ebpf.fpu_probe import FpuCounts
+from gpuguard.events.rounding_modes import FpuCounts
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 

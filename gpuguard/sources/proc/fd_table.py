@@ -3,7 +3,7 @@
 A scan used to walk every /proc/PID/fd three times (GPU device holders, the DRM sampler's
 first sweep, ``psutil.net_connections``' inode map).  :func:`read_fd_tables` does one
 ``readlink`` per fd and keeps only what those users read: device-like targets (``/dev/...``,
-``/sys/...``, classified later by :mod:`gpuguard.sources.gpu.fds`) and socket inodes.
+``/sys/...``, classified later by :mod:`gpuguard.sources.proc.gpu_fds`) and socket inodes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-_DEVICE_PREFIXES = ("/dev/", "/sys/")  # the only targets a GPU class can match (gpu/fds.py)
+_DEVICE_PREFIXES = ("/dev/", "/sys/")  # the only targets a GPU class can match (proc/gpu_fds.py)
 _SOCKET = "socket:["
 
 

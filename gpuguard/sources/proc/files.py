@@ -4,6 +4,8 @@ The agent runs as root on the host; the process it inspects may be in a
 container and is possibly hostile.  A path it names (``-c ../../etc/shadow``,
 or a ``config.json`` that is a symlink to ``/etc/shadow``) must resolve inside
 *its* filesystem view, never the host's.
+:func:`sha256_of_file` hashes an image read through ``/proc/PID/exe`` (allowlist, enrich,
+kill-on-touch).
 
 Details: docs/internals.md, "proc_files".
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import os
 import stat
 
@@ -21,6 +24,7 @@ _RESOLVE_BENEATH = 0x08
 _RESOLVE_IN_ROOT = 0x10
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+MAX_HASH_BYTES = 1 << 30  # a larger file is not hashed
 
 
 class _OpenHow(ctypes.Structure):
@@ -144,3 +148,19 @@ def read_process_file(pid: int, path: str, max_bytes: int, proc_root: str = "/pr
         return None
     finally:
         os.close(fd)
+
+
+def sha256_of_file(path: str, limit: int = MAX_HASH_BYTES) -> str | None:
+    """Hex sha256 of a file (None when unreadable or larger than ``limit``)."""
+    digest = hashlib.sha256()
+    total = 0
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                total += len(chunk)
+                if total > limit:
+                    return None
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()

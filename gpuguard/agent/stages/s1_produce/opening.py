@@ -6,6 +6,7 @@ teardown once its thread stopped; the GPU sources are opened by their own sample
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -91,22 +92,12 @@ def close_sensor(ctx: AgentContext, sensor: Sensor | None, busy: bool) -> None:
 
 
 def gpu_openers(sources: list[str], proc_root: str) -> dict[str, Callable[[], Any]]:
-    """One opener per configured GPU source; an opener raises ``SourceUnavailable`` with the
-    source's status line, and whether the host has no GPU it reads, when it cannot work here."""
-    from gpuguard.sources.gpu.registry import BY_NAME
-    from gpuguard.sources.gpu.sampler import SourceUnavailable, status_line
+    """One opener per configured GPU source (``registry.open_source``: it raises
+    ``SourceUnavailable`` with the source's status line, and whether the host has no GPU it
+    reads, when it cannot work here)."""
+    from gpuguard.sources.gpu.registry import open_source
 
-    def opener(source: str) -> Callable[[], Any]:
-        def open_one() -> Any:
-            try:
-                return BY_NAME[source].open(proc_root)
-            except SourceUnavailable as exc:  # the status line, and whether GPUs are absent
-                line = status_line(BY_NAME[source].label, exc)
-                raise SourceUnavailable(line, absent=exc.absent) from None
-
-        return open_one
-
-    return {source: opener(source) for source in sources}
+    return {source: functools.partial(open_source, source, proc_root) for source in sources}
 
 
 def _probes_attached(sensor: Any) -> int:

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuguard.agent.actions import Alert
 from gpuguard.agent.context import AgentContext
+from gpuguard.agent.stages.s2_enrich import ExeHashes
 from gpuguard.agent.stages.s5_report.finding_ledger import ledger_path, load_ledger, save_ledger
 from gpuguard.agent.stages.s5_report.findings import ProcessFindings, Write
 from gpuguard.agent.stages.s5_report.host_findings import GpuHostFindings
@@ -43,7 +44,7 @@ def report_parts(ctx: AgentContext) -> tuple[ProcessFindings, GpuHostFindings]:
     return (
         ProcessFindings(
             config.finding_update_interval_s,
-            proc_root=ctx.proc_root,
+            exe_hash=ExeHashes(ctx.proc_root).of,
             run_id=ctx.counters.run_id,
             pod_names=pod_names_for(config.kubernetes_log_root, config.containerd_root),
         ),

@@ -22,7 +22,6 @@ import psutil
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.ruleset.model import VERDICT_RANK
-from gpuguard.detect.scoring.allowlist import sha256_of_file
 from gpuguard.outputs.finding import Finding
 from gpuguard.sources.proc.pod_names import PodNames
 
@@ -32,10 +31,6 @@ POLL_S = 0.5  # open findings are checked for growth and exits this often
 FORGOTTEN_CHECK_S = 10.0  # a process the correlator forgot (idle, evicted) is looked up this often
 MAX_ACTIONS = 16  # actions a close record lists (the count is kept beyond)
 MAX_SESSIONS = 64  # connections whose byte counts a finding keeps
-# The detect loop hashes a finding's executable: a larger one is not hashed (no stall), and a
-# hash is reused for the same file (device, inode, size, mtime) across processes.
-MAX_HASH_BYTES = 64 << 20
-HASH_CACHE = 256
 GUARD_KEYS = 4096  # processes whose guard-policy record count is remembered
 
 
@@ -143,7 +138,7 @@ class ProcessFindings:
         self,
         update_interval_s: float = DEFAULT_UPDATE_INTERVAL_S,
         hostname: str | None = None,
-        proc_root: str = "/proc",
+        exe_hash: Callable[[int, tuple | None], str | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         pod_names: PodNames | None = None,
         wall: Callable[[], float] = time.time,
@@ -152,7 +147,8 @@ class ProcessFindings:
         self.update_interval_s = update_interval_s
         self.run_id = run_id  # the agent run's id: in every record id (unique across restarts)
         self.hostname = hostname or socket.gethostname()
-        self.proc_root = proc_root
+        # the enrich stage's reader of a running image's hash (s2_enrich.ExeHashes.of); None: none
+        self.exe_hash = exe_hash
         self.clock = clock  # the rate limit's (monotonic)
         self.wall = wall  # a record's time, read at the same moment as the rate limit's
         self.pod_names = pod_names or PodNames()  # the kubelet's names of pods and containers
@@ -161,7 +157,6 @@ class ProcessFindings:
         # parent's change) never opens its finding again (forget_closed prunes it)
         self._closed: set[ProcessKey] = set()
         self._next_poll = 0.0
-        self._hashes: OrderedDict[tuple, str | None] = OrderedDict()
         self._guard_records: OrderedDict[ProcessKey, int] = OrderedDict()  # records written
         self.carried: dict[str, Carried] = {}  # findings an earlier run left open, not picked up
         self._carried_keys: set[ProcessKey] = set()  # their processes (a cheap test per verdict)
@@ -384,23 +379,15 @@ class ProcessFindings:
         return write
 
     def _hash(self, found: OpenFinding, state: ProcessState) -> None:
-        """The sha256 of the running image, once per executable (read through /proc/PID/exe)."""
+        """The sha256 of the running image, once per executable (from the enrich stage)."""
         if state.exe == found.hashed_exe:
             return
         found.hashed_exe = state.exe
         if state.exe_sha256:
             found.exe_sha256 = state.exe_sha256
-            return
-        identity = state.facts.exe_identity if state.facts is not None else None
-        if identity is not None and identity in self._hashes:
-            self._hashes.move_to_end(identity)
-            found.exe_sha256 = self._hashes[identity]
-            return
-        found.exe_sha256 = sha256_of_file(f"{self.proc_root}/{state.pid}/exe", MAX_HASH_BYTES)
-        if identity is not None:
-            self._hashes[identity] = found.exe_sha256
-            if len(self._hashes) > HASH_CACHE:
-                self._hashes.popitem(last=False)
+        elif self.exe_hash is not None:
+            identity = state.facts.exe_identity if state.facts is not None else None
+            found.exe_sha256 = self.exe_hash(state.pid, identity)
 
     def _observe(self, found: OpenFinding, state: ProcessState | None, now: float) -> None:
         """Keep what the close record totals: GPU hold time, peak GPU memory, bytes per connection."""

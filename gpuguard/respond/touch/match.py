@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from gpuguard.detect.scoring.allowlist import sha256_of_file
+from gpuguard.detect.ruleset.allowlist import sha256_of_file
 from gpuguard.respond.touch.target import (
     BlockTarget,
     Script,

@@ -15,7 +15,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
-from gpuguard.detect.scoring.allowlist import sha256_of_file
+from gpuguard.detect.ruleset.allowlist import sha256_of_file
 
 MAX_ELF_READ = 256 * 1024 * 1024  # an executable larger than this is never read whole
 # Entry points an interpreter's executable defines or imports (ELF dynamic symbols).

@@ -21,8 +21,8 @@ from typing import Any
 import psutil
 
 from gpuguard.correlate.state import ProcessKey, ProcessState
+from gpuguard.detect.ruleset.allowlist import sha256_of_file
 from gpuguard.detect.ruleset.model import VERDICT_RANK
-from gpuguard.detect.scoring.allowlist import sha256_of_file
 from gpuguard.outputs.finding import Finding
 from gpuguard.sources.proc.pod_names import PodNames
 

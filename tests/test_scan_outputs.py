@@ -15,7 +15,6 @@ from test_scan_support import (
 
 from gpuguard.detect.host.checks import HostFinding, apply_thresholds
 from gpuguard.detect.ruleset.model import Thresholds
-from gpuguard.detect.scoring.rule import severity_for
 from gpuguard.detect.scoring.score import Evidence
 from gpuguard.outputs.ecs import finding_to_ecs, threat_fields
 from gpuguard.outputs.finding import (
@@ -96,20 +95,6 @@ def _report(findings: list[Finding]) -> ScanReport:
             "by other users; run as root to see them"
         ],
     )
-
-
-def test_severity_bands():
-    assert [severity_for(s) for s in (0, 1, 39, 40, 69, 70, 89, 90, 100)] == [
-        "informational",
-        "low",
-        "low",
-        "medium",
-        "medium",
-        "high",
-        "high",
-        "critical",
-        "critical",
-    ]
 
 
 def test_ecs_process_fields_nested():

@@ -33,7 +33,7 @@ from gpuguard.outputs.ecs import finding_to_ecs, host_fields
 from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.outputs.log_writer import open_log
 from gpuguard.outputs.metrics import AgentMetrics
-from gpuguard.outputs.records import RecordRenderer
+from gpuguard.outputs.records import FORMATS, RecordRenderer
 
 
 def per_call_us(fn, n: int, rounds: int) -> float:
@@ -74,7 +74,7 @@ def main() -> None:
         lambda: json.dumps(document, ensure_ascii=False, separators=(",", ":")), n, rounds
     )
     rows = [("json.dumps of a built ECS document (baseline)", baseline)]
-    for fmt in ("ecs", "ocsf", "cef"):
+    for fmt in FORMATS:
         renderer = RecordRenderer(fmt, host)
         rows.append(
             (f"render a finding: {fmt}", per_call_us(lambda r=renderer: r.line(finding), n, rounds))

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from gpuguard.outputs.records import FORMATS
 from gpuguard.proving.enforce_scope import EnforceScope
 from tests.support.agent_run import AgentProcess, actions_on
 from tests.support.randomx import LoopbackPool
@@ -268,7 +269,7 @@ def _view(fmt: str, line: str, pid: int) -> dict[str, Any] | None:
     return {"activity": detail["activity"], "id": ext["externalId"], "port": port, "gpu": gpu}
 
 
-@pytest.mark.parametrize("fmt", ["ocsf", "cef"])
+@pytest.mark.parametrize("fmt", FORMATS[1:])  # the default (ecs): the test above
 def test_the_lifecycle_in_ocsf_and_cef_validates(tmp_path, fmt):
     pool = LoopbackPool(tmp_path, tls=False, push_s=(600.0, 600.0))
     agent = AgentProcess(tmp_path, "--config", str(_config(tmp_path)), "--log-format", fmt)

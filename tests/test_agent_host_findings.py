@@ -24,6 +24,7 @@ import pytest
 from gpuguard.agent.config import AgentConfig
 from gpuguard.agent.pipeline import Agent
 from gpuguard.commands.status import render
+from gpuguard.detect.ruleset.model import Thresholds
 from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot
 from gpuguard.sources.gpu import nvml
@@ -332,12 +333,14 @@ def test_tracker_reports_growth_beyond_a_quarter_and_a_new_owner_only():
             tracker.observe(record)
         return [
             (f.activity, f.host_gpu["memory_bytes"], f.host_gpu["owner_pid"])
-            for f in tracker.check(time.time(), 40, 75)
+            for f in tracker.check(time.time(), Thresholds(40, 75))
         ]
 
     assert check(IDLE_USED) == []
     assert check(10 * GIB) == []  # found once: confirmed by the next sample
-    assert tracker.check(time.time(), 40, 75) == []  # the same sample again confirms nothing
+    assert (
+        tracker.check(time.time(), Thresholds(40, 75)) == []
+    )  # the same sample again confirms nothing
     assert check(10 * GIB) == [("create", 10 * GIB, None)]
     assert check(10 * GIB) == []
     assert check(int(10 * GIB * (1 + MATERIAL_GROWTH))) == []  # exactly a quarter: not material
@@ -361,7 +364,7 @@ def test_tracker_past_heavy_user_is_written_once_and_never_active():
     heavy = _exited(3_999_003, 520 * MIB, util=98.0, duration_s=3600.0)
     tracker.observe(_snapshot(IDLE_USED))
     tracker.observe(heavy)
-    (found,) = tracker.check(time.time(), 40, 75)  # history: no second sample needed
+    (found,) = tracker.check(time.time(), Thresholds(40, 75))  # history: no second sample needed
     assert (found.rule_id, found.activity, found.process.pid) == (
         "host-gpu-past-heavy-user",
         "create",
@@ -376,7 +379,9 @@ def test_tracker_past_heavy_user_is_written_once_and_never_active():
     assert tracker.active() == [] and tracker.active_by_rule() == {}
     tracker.observe(_snapshot(IDLE_USED))
     tracker.observe(heavy)
-    assert tracker.check(time.time(), 40, 75) == []  # not repeated while accounting remembers it
+    assert (
+        tracker.check(time.time(), Thresholds(40, 75)) == []
+    )  # not repeated while accounting remembers it
 
 
 def test_a_holder_that_exits_after_the_sample_is_not_reported():
@@ -389,12 +394,14 @@ def test_a_holder_that_exits_after_the_sample_is_not_reported():
     holder = subprocess.Popen(["sleep", "60"])
     listed = ProcessGpuUsage(holder.pid, "nvidia", 0, used_memory=8 * GIB)
     tracker.observe(_snapshot(IDLE_USED + 8 * GIB, [listed]))
-    assert tracker.check(time.time(), 40, 75) == []
+    assert tracker.check(time.time(), Thresholds(40, 75)) == []
     holder.kill()
     holder.wait()
-    assert tracker.check(time.time(), 40, 75) == []  # "gone" on the old sample: pending only
+    assert (
+        tracker.check(time.time(), Thresholds(40, 75)) == []
+    )  # "gone" on the old sample: pending only
     tracker.observe(_snapshot(IDLE_USED))  # the newer sample no longer lists it
-    assert tracker.check(time.time(), 40, 75) == []
+    assert tracker.check(time.time(), Thresholds(40, 75)) == []
     assert tracker.active() == []
 
 
@@ -428,22 +435,24 @@ def test_tracker_reports_host_tuning_without_gpu_samples_and_resolves_it(tmp_pat
     msr.write_text("off\n")
     pages.write_text("0\n")
     tracker = GpuHostFindings(10.0, str(tmp_path))
-    assert tracker.check(time.time(), 40, 75) == []
+    assert tracker.check(time.time(), Thresholds(40, 75)) == []
     msr.write_text("on\n")
     pages.write_text("1024\n")  # a RandomX dataset's worth of 2 MiB pages
-    found = tracker.check(time.time(), 40, 75)
+    found = tracker.check(time.time(), Thresholds(40, 75))
     assert sorted((f.rule_id, f.activity, f.verdict) for f in found) == [
         ("host-hugepages-reserved", "create", "clean"),
         ("host-msr-writes-enabled", "create", "suspicious"),
     ]
-    assert tracker.check(time.time(), 40, 75) == []  # persists: nothing new
+    assert tracker.check(time.time(), Thresholds(40, 75)) == []  # persists: nothing new
     pages.write_text("1536\n")  # +50 %: material
-    (grown,) = tracker.check(time.time(), 40, 75)
+    (grown,) = tracker.check(time.time(), Thresholds(40, 75))
     assert (grown.rule_id, grown.activity) == ("host-hugepages-reserved", "update")
     assert "1536 x 2 MiB" in grown.explanation
     msr.write_text("off\n")
     pages.write_text("0\n")
-    assert sorted((f.rule_id, f.activity) for f in tracker.check(time.time(), 40, 75)) == [
+    assert sorted(
+        (f.rule_id, f.activity) for f in tracker.check(time.time(), Thresholds(40, 75))
+    ) == [
         ("host-hugepages-reserved", "close"),
         ("host-msr-writes-enabled", "close"),
     ]

@@ -20,6 +20,7 @@ from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.finding import Finding, ProcessInfo, finding_from_verdict
 from gpuguard.outputs.log_writer import open_log
+from gpuguard.outputs.records import FORMATS
 from tests.support.records import render_record
 from tests.test_scan_support import ECS_FINDING_SHAPE, shape_errors
 
@@ -270,7 +271,7 @@ def test_cef_header_and_extension(miner_finding):
 # -- hostile names ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", ["ecs", "ocsf", "cef"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_hostile_name_cannot_forge_a_line_in_any_format(fmt):
     for record in hostile_records():
         line = render_record(record, fmt, HOST)

@@ -10,6 +10,7 @@ import pytest
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.log_writer import open_log
+from gpuguard.outputs.records import FORMATS
 from tests.support.rsyslog import Rsyslogd, free_ports
 from tests.support.schemas import strict_cef
 from tests.test_agent_logs import (  # noqa: F401 - hostile_finding and miner_finding are fixtures
@@ -98,16 +99,17 @@ def test_huge_records_arrive_whole_at_rsyslogs_default_8k_limit(tmp_path):
     daemon = Rsyslogd(tmp_path, *free_ports(), max_message_size="8k")
     daemon.start()
     try:
-        for fmt in ("ecs", "ocsf", "cef"):
+        for fmt in FORMATS:
             writer = open_log(f"syslog:tcp:127.0.0.1:{daemon.tcp}", fmt, host=HOST)
             writer.write(huge_finding())
             assert writer.flush(5) and writer.errors == 0
             writer.close()
-        lines = _received(daemon.received, 3)
+        lines = _received(daemon.received, len(FORMATS))
     finally:
         daemon.stop()
-    assert len(lines) == 3, [line[:100] for line in lines]  # nothing split into a second message
-    ecs, ocsf, cef = (line.split("|", 3)[3].lstrip() for line in lines)
+    assert len(lines) == len(FORMATS), [line[:100] for line in lines]  # nothing split in two
+    by_format = dict(zip(FORMATS, (line.split("|", 3)[3].lstrip() for line in lines), strict=True))
+    ecs, ocsf, cef = by_format["ecs"], by_format["ocsf"], by_format["cef"]
     assert json.loads(ecs)["gpuguard"]["truncated"]["process"]["command_line"]["sha256"]
     assert json.loads(ocsf)["unmapped"]["gpuguard"]["truncated"]
     assert json.loads(strict_cef(cef)[1]["flexString1"])["cs5"]["original_length"] > 100_000

@@ -800,9 +800,9 @@ def test_the_zero_series_deploy_md_counts_are_the_ones_the_shipped_agent_declare
 
 
 def test_alerting_rules_read_only_metrics_the_agent_exports():
-    from gpuguard.outputs.metrics import METRIC_NAMES, PER_PROCESS_METRIC_NAMES
+    from gpuguard.outputs.metrics import metric_names
 
-    exported = METRIC_NAMES | PER_PROCESS_METRIC_NAMES
+    exported = metric_names(per_process_gpu=True)
     for group in yaml.safe_load((PROM / "gpuguard-alerts.yaml").read_text())["groups"]:
         for rule in group["rules"]:
             for name in re.findall(r"\bgpuguard_[a-z_]+\b", rule["expr"]):

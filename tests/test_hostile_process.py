@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.commands import scan
 from tests.test_cli_sensor import GPUGUARD, REPO, start_recorder
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
@@ -135,7 +136,7 @@ def test_record_and_replay_json_with_a_hostile_process(tmp_path):
     view.stdout.decode("utf-8", "strict")
 
 
-@pytest.mark.parametrize("fmt", ["json", "ocsf", "table"])
+@pytest.mark.parametrize("fmt", scan.FORMATS)
 def test_scan_with_a_hostile_process(tmp_path, fmt):
     with hostile_process(tmp_path) as proc:
         out = subprocess.run(

@@ -22,6 +22,7 @@ from gpuguard.outputs.finding import Finding, ProcessInfo
 from gpuguard.outputs.gpu_table import GpuView, ProcessLabel, view_to_json
 from gpuguard.outputs.jsonl import dumps_document, dumps_line
 from gpuguard.outputs.ocsf import finding_to_ocsf
+from gpuguard.outputs.records import SCAN_FORMATS
 from gpuguard.outputs.scan_report import ScanReport, scan_document
 from gpuguard.sources.host.gpu_stack import GpuStackFacts
 
@@ -113,7 +114,7 @@ def _finding() -> Finding:
     )
 
 
-@pytest.mark.parametrize("fmt", ["json", "ocsf"])
+@pytest.mark.parametrize("fmt", sorted(SCAN_FORMATS))
 def test_scan_documents_one_rule_no_double_escaping(fmt):
     report = ScanReport(
         started=1.0,

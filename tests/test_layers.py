@@ -146,14 +146,22 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path, monkeypatch):
 
 # -- no import circle inside a package -------------------------------------------------------------
 
-# Packages whose modules import each other one way only: every import counts (lazy ones and
+# Every package's modules import each other one way only: every import counts (lazy ones and
 # ``if TYPE_CHECKING:`` ones too), as written; the parent packages Python runs first do not.
-NO_CIRCLES = ("respond", "agent")
+NO_CIRCLES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+# And the folders inside a package, each taken as one room (``sources/ebpf``, ``detect/ruleset``):
+# a folder that imports another never imported back, however deep it sits.
+FOLDERS = sorted(
+    str(p.parent.relative_to(PACKAGE))
+    for p in PACKAGE.rglob("__init__.py")
+    if p.parent != PACKAGE
+    and any(c.is_dir() and (c / "__init__.py").is_file() for c in p.parent.iterdir())
+)
 
 
 def import_graph(package: str) -> dict[str, set[str]]:
-    """``{module: the modules of gpuguard.<package> it imports}``."""
-    prefix = f"gpuguard.{package}"
+    """``{module: the modules of gpuguard.<package> it imports}`` (``package``: ``agent/stages``)."""
+    prefix = "gpuguard." + package.replace("/", ".")
     graph = {}
     for path in sorted((PACKAGE / package).rglob("*.py")):
         own = module_name(path)
@@ -198,9 +206,30 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def folder_graph(package: str) -> dict[str, set[str]]:
+    """``{room: the rooms it imports}`` inside ``gpuguard/<package>``, each sub-folder one room
+    and each module directly in the package its own."""
+    depth = package.count("/") + 3  # gpuguard, the package's parts, the room
+
+    def room(module: str) -> str:
+        return ".".join(module.split(".")[:depth])
+
+    graph: dict[str, set[str]] = {}
+    for module, targets in import_graph(package).items():
+        graph.setdefault(room(module), set()).update(
+            room(t) for t in targets if room(t) != room(module)
+        )
+    return graph
+
+
 @pytest.mark.parametrize("package", NO_CIRCLES)
 def test_no_import_circle_in_the_package(package):
     assert circles(import_graph(package)) == []
+
+
+@pytest.mark.parametrize("package", FOLDERS)
+def test_no_import_circle_between_the_folders_of_a_package(package):
+    assert circles(folder_graph(package)) == []
 
 
 def test_the_circle_check_catches_a_type_checking_and_a_submodule_circle(tmp_path, monkeypatch):
@@ -223,6 +252,26 @@ def test_the_circle_check_catches_a_type_checking_and_a_submodule_circle(tmp_pat
     assert circles(import_graph("respond")) == [
         ["gpuguard.respond.actions", "gpuguard.respond.actions.kill", "gpuguard.respond.responder"],
         ["gpuguard.respond.blocks", "gpuguard.respond.lift"],
+    ]
+
+
+def test_the_folder_check_catches_a_loop_through_three_folders(tmp_path, monkeypatch):
+    """No module circle, yet ebpf -> gpu -> proc -> ebpf: the folders go round."""
+    fake = tmp_path / "gpuguard"
+    for sub in ("ebpf", "gpu", "proc"):
+        (fake / "sources" / sub).mkdir(parents=True)
+        (fake / "sources" / sub / "__init__.py").write_text('"""x"""\n')
+    (fake / "__init__.py").write_text("")
+    (fake / "sources" / "__init__.py").write_text('"""x"""\n')
+    (fake / "sources" / "ebpf" / "sensor.py").write_text("from gpuguard.sources.gpu import nvml\n")
+    (fake / "sources" / "gpu" / "nvml.py").write_text("from gpuguard.sources.proc import fd\n")
+    (fake / "sources" / "proc" / "fd.py").write_text("from gpuguard.sources.ebpf import abi\n")
+    (fake / "sources" / "ebpf" / "abi.py").write_text("X = 1\n")
+    (fake / "sources" / "alone.py").write_text("from gpuguard.sources.proc import fd\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
+    assert circles(import_graph("sources")) == []
+    assert circles(folder_graph("sources")) == [
+        ["gpuguard.sources.ebpf", "gpuguard.sources.gpu", "gpuguard.sources.proc"]
     ]
 
 

@@ -14,6 +14,7 @@ from gpuguard.errors import GpuguardError
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits, cap_text
 from gpuguard.outputs.finding import Finding, ProcessInfo
+from gpuguard.outputs.records import FORMATS
 from tests.support.records import render_record
 from tests.test_agent_logs import HOST, hostile_records, parse_cef
 
@@ -66,7 +67,7 @@ def assert_one_clean_line(line: str, budget: int = 8192) -> None:
 
 def test_a_huge_finding_fits_8_kib_in_every_format_with_marks():
     finding = huge_finding()
-    for fmt in ("ecs", "ocsf", "cef"):
+    for fmt in FORMATS:
         line = render_record(finding, fmt, HOST)
         assert_one_clean_line(line)
         assert line == render_record(finding, fmt, HOST)  # deterministic
@@ -109,7 +110,7 @@ def test_a_huge_finding_fits_8_kib_in_every_format_with_marks():
 
 
 def test_a_small_finding_is_not_marked():
-    for fmt in ("ecs", "ocsf", "cef"):
+    for fmt in FORMATS:
         for record in hostile_records():
             line = render_record(record, fmt, HOST)
             assert "truncated" not in line and '"shed"' not in line
@@ -146,7 +147,7 @@ def test_huge_actions_and_lifecycle_records_fit_too():
     )
     fault = AgentLifecycle(time=2.0, action="fault", message=NAME * 10, detail={"path": EXE})
     for record in (action, fault):
-        for fmt in ("ecs", "ocsf", "cef"):
+        for fmt in FORMATS:
             line = render_record(record, fmt, HOST)
             assert_one_clean_line(line)
             assert "truncated" in line
@@ -160,7 +161,7 @@ def test_a_record_over_budget_at_the_floor_keeps_its_skeleton():
     assert ecs["gpuguard"]["shed"][-1] == "fields"
     assert ecs["event"]["kind"] == "alert" and ecs["process"]["pid"] == 66
     assert set(ecs["gpuguard"]["truncated"]["record"]) == {"original_length", "sha256"}
-    for fmt in ("ocsf", "cef"):
+    for fmt in (f for f in FORMATS if f != "ecs"):  # ecs: read field by field above
         assert_one_clean_line(render_record(finding, fmt, HOST, limits), 1024)
 
 

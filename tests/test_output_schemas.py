@@ -10,6 +10,7 @@ import pytest
 import gpuguard.detect.host.gpu_checks  # noqa: F401 - registers the GPU host rules
 from gpuguard.detect.host.checks import HostFinding, apply_thresholds
 from gpuguard.detect.host.rules import HOST_RULES
+from gpuguard.detect.ruleset.model import Thresholds
 from gpuguard.detect.scoring.cap import ScoreCap
 from gpuguard.detect.scoring.score import Evidence
 from gpuguard.escape import visible_text
@@ -97,7 +98,7 @@ def record_corpus(miner: Finding) -> list[Any]:
     host_file = HostFinding(
         "host-persistence-miner", "/etc/cron.d/x", "cron starts a miner", ["/etc/cron.d/x:1: x"]
     )
-    apply_thresholds([host_gpu, host_file], 40, 75)
+    apply_thresholds([host_gpu, host_file], Thresholds(40, 75))
     dialled = hostile_finding()
     dialled.destinations = [Destination("pool.example", 3333, 4, HOSTILE)]
     records: list[Any] = [
@@ -220,7 +221,7 @@ def test_every_record_kind_pairs_category_and_type_as_ecs_expects(corpus):
     expected = ecs_fields()["event.category"]["expected_event_types"]
     assert {c: tuple(expected[c]) for c in EXPECTED_EVENT_TYPES} == EXPECTED_EVENT_TYPES
     checks = [HostFinding(rule, "x", "y") for rule in HOST_RULES]
-    apply_thresholds(checks, 40, 75)
+    apply_thresholds(checks, Thresholds(40, 75))
     hosts = [finding_from_host(h, a) for h in checks for a in ("create", "update", "close")]
     seen: dict[str, set] = {"finding": set(), "action": set(), "lifecycle": set()}
     for record in [*corpus, *hosts]:

@@ -7,12 +7,13 @@ import json
 import random
 import socket
 import ssl
+from dataclasses import replace
 
 import msgpack
 import pytest
 
 from gpuguard.events import payload
-from gpuguard.events.payload import MAX_TEXT, recognise_payload, recognise_stream
+from gpuguard.events.payload import MAX_TEXT, dispatch, recognise_payload, recognise_stream
 
 PROTOCOLS = {
     "stratum",
@@ -664,7 +665,11 @@ def test_a_decoder_bug_is_contained_and_visible(monkeypatch):
     def broken(data):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(payload.tls, "recognise_tls", broken)
+    monkeypatch.setattr(
+        dispatch,
+        "DECODERS",
+        tuple(replace(d, read=broken) if d.name == "tls" else d for d in dispatch.DECODERS),
+    )
     assert recognise_payload(b"\x16\x03\x01\x00\x10\x01") == (
         "unknown",
         {"decode_error": "RuntimeError"},

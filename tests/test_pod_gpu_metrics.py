@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuguard.agent.config import AgentConfig
 from gpuguard.agent.pipeline import Agent
-from gpuguard.outputs.metrics import PER_PROCESS_METRIC_NAMES, AgentMetrics
+from gpuguard.outputs.metrics import AgentMetrics, metric_names
 from gpuguard.respond.cgroup_blocks import cgroup2_mount
 from gpuguard.sources.gpu import nvml
 from gpuguard.sources.proc.pod_names import PodNames, PodRef
@@ -206,7 +206,7 @@ def test_the_cap_bounds_the_series_and_counts_what_it_dropped(two_pods):
     dropped = samples(metrics)[("gpuguard_pod_gpu_series_dropped_total", (("family", "pod"),))]
     assert dropped == 2 * 3
     names_exported = {n for (n, _) in samples(metrics)}
-    assert not names_exported & PER_PROCESS_METRIC_NAMES
+    assert not names_exported & (metric_names(per_process_gpu=True) - metric_names())
     sampler.close()
 
 

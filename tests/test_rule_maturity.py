@@ -18,6 +18,7 @@ from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.score import score_process
 from gpuguard.errors import GpuguardError
 from gpuguard.events.process_facts import ProcessFacts
+from gpuguard.outputs.records import FORMATS
 
 REPO = Path(__file__).resolve().parent.parent
 T = 1_700_000_000.0
@@ -221,7 +222,7 @@ def test_records_carry_the_rule_content_the_response_and_the_pod_schema_valid_wi
     top = finding.rule_id
     rule = load_ruleset([shipped_rules_file()]).rule(top)
     host = {"hostname": "gpu-node-7", "name": "gpu-node-7"}
-    for fmt in ("ecs", "ocsf", "cef"):
+    for fmt in FORMATS:
         line = render_record(finding, fmt, host)
         assert not record_errors(line), (fmt, record_errors(line))
         assert len(line.encode()) <= 8192, (fmt, len(line.encode()))

@@ -28,6 +28,7 @@ from gpuguard.detect.host.checks import (
     miner_reasons,
 )
 from gpuguard.detect.ruleset.load import load_ruleset
+from gpuguard.detect.ruleset.model import Thresholds
 from gpuguard.sources.host.gpu_stack import (
     DeviceNode,
     GpuStackFacts,
@@ -349,7 +350,7 @@ def test_thresholds_give_verdicts():
     node = DeviceNode("/dev/nvidia0", "nvidia", 0o666, 0, 0, True)
     mem = DeviceNode("/dev/mem", "mem", 0o666, 0, 0, True)
     findings = check_device_nodes([node, mem])
-    apply_thresholds(findings, 40, 75)
+    apply_thresholds(findings, Thresholds(40, 75))
     assert [(f.rule_id, f.verdict) for f in findings] == [
         ("host-gpu-node-world-writable", "clean"),
         ("host-raw-memory-node-exposed", "suspicious"),

@@ -13,6 +13,7 @@ from test_scan_support import scan_json
 
 from gpuguard.detect.host.checks import apply_thresholds
 from gpuguard.detect.host.tuning_checks import check_host_tuning, host_tuning_findings
+from gpuguard.detect.ruleset.model import Thresholds
 from gpuguard.sources.proc.huge_pages import read_host_tuning
 
 GIB = 1 << 30
@@ -38,7 +39,7 @@ def test_msr_writes_on_and_1gib_pages_are_read_and_judged(tmp_path):
     tuning = read_host_tuning(str(root))
     assert (tuning.msr_allow_writes, tuning.nr_hugepages, tuning.reserved) == ("on", 0, {GIB: 3})
     findings = host_tuning_findings(str(root))
-    apply_thresholds(findings, 40, 75)
+    apply_thresholds(findings, Thresholds(40, 75))
     by_rule = {f.rule_id: f for f in findings}
     assert set(by_rule) == {"host-msr-writes-enabled", "host-hugepages-reserved"}
     assert by_rule["host-msr-writes-enabled"].verdict == "suspicious"
@@ -60,7 +61,7 @@ def test_msr_writes_not_enabled_is_no_finding(tmp_path, allow_writes):
 
 def test_database_sized_2mib_reservation_is_informational(tmp_path):
     findings = check_host_tuning(read_host_tuning(str(tuned_tree(tmp_path, None, two_mib=4096))))
-    apply_thresholds(findings, 40, 75)
+    apply_thresholds(findings, Thresholds(40, 75))
     assert [(f.rule_id, f.verdict) for f in findings] == [("host-hugepages-reserved", "clean")]
     assert "4096 x 2 MiB huge pages reserved (8 GiB in all)" == findings[0].detail
     assert sorted(findings[0].evidence) == [

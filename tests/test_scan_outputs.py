@@ -14,13 +14,13 @@ from test_scan_support import (
 )
 
 from gpuguard.detect.host.checks import HostFinding, apply_thresholds
+from gpuguard.detect.ruleset.model import Thresholds
 from gpuguard.detect.scoring.score import Evidence
 from gpuguard.outputs.ecs import finding_to_ecs, threat_fields
 from gpuguard.outputs.finding import (
     Finding,
     ProcessInfo,
     finding_from_host,
-    severity_for_score,
 )
 from gpuguard.outputs.jsonl import dumps_line
 from gpuguard.outputs.ocsf import finding_to_ocsf, finding_uid
@@ -95,20 +95,6 @@ def _report(findings: list[Finding]) -> ScanReport:
             "by other users; run as root to see them"
         ],
     )
-
-
-def test_severity_bands():
-    assert [severity_for_score(s) for s in (0, 1, 39, 40, 69, 70, 89, 90, 100)] == [
-        "informational",
-        "low",
-        "low",
-        "medium",
-        "medium",
-        "high",
-        "high",
-        "critical",
-        "critical",
-    ]
 
 
 def test_ecs_process_fields_nested():
@@ -210,7 +196,7 @@ def test_host_finding_renders_with_file_path():
         "cron /etc/cron.d/x starts a miner (miner xmrig)",
         ["/etc/cron.d/x:1: * * * * * root xmrig"],
     )
-    apply_thresholds([host], 40, 75)
+    apply_thresholds([host], Thresholds(40, 75))
     finding = finding_from_host(host)
     doc = finding_to_ecs(finding, 1.0)
     assert doc["file"] == {"path": "/etc/cron.d/x"}

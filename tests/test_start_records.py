@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.outputs.records import FORMATS
 from tests.support.agent_run import AgentProcess, finding_for, lifecycle, miner_simulator, until
 from tests.support.ports import free_port
 from tests.support.schemas import log_errors
@@ -112,7 +113,7 @@ def test_a_start_refused_for_a_taken_port_is_logged_as_start_failed_with_the_rea
     assert detail["reason"] in run.stderr and detail["fix"] in run.stderr  # what stderr says
 
 
-@pytest.mark.parametrize("fmt", ["ocsf", "cef"])
+@pytest.mark.parametrize("fmt", FORMATS[1:])  # the default (ecs): the test above
 def test_a_start_refused_for_a_bad_web_config_says_failure_in_every_format(tmp_path, fmt):
     web = tmp_path / "web.yml"
     web.write_text("tls_server_config:\n  cert_file: nope.crt\n")

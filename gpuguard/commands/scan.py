@@ -248,9 +248,7 @@ def _host_findings(args, ruleset, obs, hidden, limitations: list[str], notes: li
         tuning_root=args.root,
     )
     findings = run_host_checks(SCAN, inputs)  # the one list the agent reads too
-    host_checks.apply_thresholds(
-        findings, ruleset.thresholds.suspicious, ruleset.thresholds.malicious
-    )
+    host_checks.apply_thresholds(findings, ruleset.thresholds)
     counters = {
         "autostart_files": len(autostart.files),
         "hidden_pid_candidates": hidden.candidates_checked,

@@ -28,6 +28,7 @@ from gpuguard.config.schema import Key, Section, check, field_default
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.ruleset.load import ACTIONS
 from gpuguard.detect.ruleset.model import ALERT_VERDICTS, VERDICT_RANK
+from gpuguard.detect.scoring.rule import score_of
 from gpuguard.detect.scoring.score import Evidence, Verdict
 from gpuguard.errors import Problems
 
@@ -219,7 +220,7 @@ def evaluate_guard_policies(
                 pid=state.pid,
                 comm=state.comm,
                 exe=state.exe,
-                score=min(100, sum(e.weight for e in evidence)),
+                score=score_of(evidence),
                 verdict=policy.verdict,
                 evidence=evidence,
                 action=policy.action,

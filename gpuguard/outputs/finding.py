@@ -19,11 +19,11 @@ from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.host.checks import HostFinding
 from gpuguard.detect.ruleset.model import ALERT_VERDICTS, CATEGORY_OF_TAG, RuleContent
 from gpuguard.detect.scoring.cap import ScoreCap
+from gpuguard.detect.scoring.rule import severity_for
 from gpuguard.detect.scoring.score import Evidence
 from gpuguard.events.devices import GPU_NODE_CLASS_NAMES
 from gpuguard.events.process_facts import ProcessFacts
 
-SEVERITY_BANDS = ((90, "critical"), (70, "high"), (40, "medium"), (1, "low"), (0, "informational"))
 DEFAULT_TECHNIQUES = (("T1496", "Resource Hijacking"),)
 # Names of the ATT&CK techniques rule tags cite (a tag like "T1036" names a technique).
 TECHNIQUE_NAMES = {
@@ -40,14 +40,6 @@ TECHNIQUE_NAMES = {
 _TECHNIQUE_TAG = re.compile(r"^T\d{4}(\.\d{3})?$")
 MAX_DESTINATIONS = 8
 PARENT_CHAIN = 3  # ancestors a record names (parent, grandparent, great-grandparent)
-
-
-def severity_for_score(score: float) -> str:
-    """0-100 score -> "informational" | "low" | "medium" | "high" | "critical"."""
-    for floor, name in SEVERITY_BANDS:
-        if score >= floor:
-            return name
-    return "informational"
 
 
 def evidence_json(evidence: Evidence) -> dict[str, Any]:
@@ -245,7 +237,7 @@ class Finding:
 
     @property
     def severity(self) -> str:
-        return severity_for_score(self.score)
+        return severity_for(self.score)
 
     @property
     def is_alert(self) -> bool:
@@ -420,7 +412,7 @@ def finding_from_host(host: HostFinding, activity: str = "create", created: floa
         verdict=host.verdict,
         explanation=host.explain(),
         evidence=[
-            Evidence(rule.id, "host-check", line, 0, severity_for_score(rule.score))
+            Evidence(rule.id, "host-check", line, 0, severity_for(rule.score))
             for line in host.evidence
         ],
         categories=list(rule.category),

@@ -4,7 +4,7 @@ Data flow: the agent calls the ``count_*`` / ``set_*`` / ``observe_*``
 methods of :class:`AgentMetrics` as items pass each stage, or hands it the
 cumulative totals it already keeps (:meth:`AgentMetrics.sync_totals`);
 :meth:`AgentMetrics.serve` exposes them at ``http://HOST:PORT/metrics``.
-Every metric is named ``gpuguard_*`` (see :data:`METRIC_NAMES`); the Grafana
+Every metric is named ``gpuguard_*`` (see :func:`metric_names`); the Grafana
 dashboard in ``packaging/grafana-dashboard.json`` queries only these (a test
 checks it, and another has a real Prometheus scrape them).
 
@@ -13,6 +13,7 @@ Details: docs/internals.md, "metrics".
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterable
@@ -448,52 +449,26 @@ class AgentMetrics:
         return serve(address, make_wsgi_app(self.registry), health, web, on_problem)
 
 
-# What the exporter serves (the sample names Prometheus stores).
-METRIC_NAMES = frozenset(
-    {
-        "gpuguard_agent_info",
-        "gpuguard_agent_start_time_seconds",
-        "gpuguard_events_total",
-        "gpuguard_ring_lost_events_total",
-        "gpuguard_queue_depth",
-        "gpuguard_queue_dropped_total",
-        "gpuguard_findings_total",
-        "gpuguard_processes_tracked",
-        "gpuguard_gpu_utilization_percent",
-        "gpuguard_gpu_memory_used_bytes",
-        "gpuguard_gpu_memory_total_bytes",
-        "gpuguard_gpu_power_watts",
-        "gpuguard_gpu_process_utilization_percent",
-        "gpuguard_gpu_process_memory_bytes",
-        "gpuguard_sampler_errors_total",
-        "gpuguard_scoring_latency_seconds_bucket",
-        "gpuguard_scoring_latency_seconds_sum",
-        "gpuguard_scoring_latency_seconds_count",
-        "gpuguard_rules_info",
-        "gpuguard_rules_loaded_timestamp_seconds",
-        "gpuguard_reloads_total",
-        "gpuguard_config_last_reload_successful",
-        "gpuguard_reduced_mode",
-        "gpuguard_blind_spot",
-        "gpuguard_actions_total",
-        "gpuguard_touch_kills_total",
-        "gpuguard_rule_would_act_total",
-        "gpuguard_rule_acted_total",
-        "gpuguard_log_records_total",
-        "gpuguard_log_dropped_total",
-        "gpuguard_host_findings_active",
-        "gpuguard_pod_gpu_sm_percent",
-        "gpuguard_pod_gpu_memory_bytes",
-        "gpuguard_blocks_active",
-        "gpuguard_pod_gpu_series_dropped_total",
-        "gpuguard_execs_seen_total",
-        "gpuguard_execs_kept_in_kernel_total",
-        "gpuguard_execs_sent_up_total",
-        "gpuguard_exec_filter_full_total",
-        "gpuguard_stage_work_total",
-    }
-)
-# Exported only with metrics.per_process_gpu: true.
-PER_PROCESS_METRIC_NAMES = frozenset(
-    {"gpuguard_process_gpu_sm_percent", "gpuguard_process_gpu_memory_bytes"}
-)
+# The samples each kind of metric serves (no *_created: see AgentMetrics.__init__).
+SAMPLE_SUFFIXES = {
+    "counter": ("_total",),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "info": ("_info",),
+}
+
+
+def sample_names(registry: CollectorRegistry) -> frozenset[str]:
+    """The sample names (what Prometheus stores) of every metric defined in ``registry``."""
+    return frozenset(
+        family.name + suffix
+        for family in registry.collect()
+        for suffix in SAMPLE_SUFFIXES[family.type]
+    )
+
+
+@functools.cache
+def metric_names(per_process_gpu: bool = False) -> frozenset[str]:
+    """What the exporter serves, read from the definitions above; ``per_process_gpu``: with the
+    series ``metrics.per_process_gpu: true`` adds."""
+    return sample_names(AgentMetrics(per_process_gpu=per_process_gpu).registry)

@@ -141,6 +141,10 @@ class ActionContext:
             self.settings.never_act_namespaces or self.settings.only_act_namespaces
         )
 
+    def would(self, doing: str, detail: dict[str, Any], base: dict[str, Any]) -> ActionOutcome:
+        """What this action would do, in a dry run (:func:`would`)."""
+        return would(self.name, doing, detail, base)
+
     # -- blocks ----------------------------------------------------------------------------------
     def placed(self, block: Block, reason: str, base: dict[str, Any]) -> ActionOutcome:
         """Record ``block`` (it outlives the agent); the outcome that names it."""
@@ -163,3 +167,10 @@ class ActionContext:
     def loaded(self, make: Callable[[ActionContext], Part]) -> Part | None:
         """The part ``make`` made, or None when nothing has needed it yet."""
         return self._parts.loaded(make)
+
+
+def would(action: str, doing: str, detail: dict[str, Any], base: dict[str, Any]) -> ActionOutcome:
+    """The one dry-run outcome: ``action`` "would <doing>", with what it would have used."""
+    return ActionOutcome(
+        action=action, status="dry-run", detail=detail, reason=f"would {doing}", **base
+    )

@@ -28,7 +28,7 @@ from gpuguard.events.action_kinds import ALERT, HOOK, UNBLOCK
 from gpuguard.events.agent_events import ActionOutcome
 from gpuguard.respond.actions import ACTIONS, Action
 from gpuguard.respond.blocks import Block, BlockStore
-from gpuguard.respond.context import ActionContext, Parts
+from gpuguard.respond.context import ActionContext, Parts, would
 from gpuguard.respond.hooks import run_hook
 from gpuguard.respond.intent import Intent, intent_of
 from gpuguard.respond.lift import lift_block
@@ -249,12 +249,11 @@ class Responder:
         for hook in hooks:
             if self.dry_run:
                 described.append(
-                    ActionOutcome(
-                        action=HOOK.name,
-                        status="dry-run",
-                        detail={"hook": hook.name, "argv": list(hook.argv)},
-                        reason=f"would run {hook.name} with the finding on stdin",
-                        **base,
+                    would(
+                        HOOK.name,
+                        f"run {hook.name} with the finding on stdin",
+                        {"hook": hook.name, "argv": list(hook.argv)},
+                        base,
                     )
                 )
                 continue

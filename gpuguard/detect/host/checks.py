@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from gpuguard.detect.host.rules import HOST_RULES, HostRule
+from gpuguard.detect.ruleset.model import Thresholds
+from gpuguard.detect.scoring.rule import verdict_for
 from gpuguard.sources.host.gpu_stack import GPU_MODULES, DeviceNode, GpuStackFacts
 from gpuguard.sources.host.persistence import AutostartFile
 from gpuguard.sources.proc.hidden_pids import HiddenPid
@@ -246,10 +248,7 @@ def check_hidden_pids(hidden: Iterable[HiddenPid]) -> list[HostFinding]:
     ]
 
 
-def apply_thresholds(findings: Iterable[HostFinding], suspicious: float, malicious: float) -> None:
+def apply_thresholds(findings: Iterable[HostFinding], thresholds: Thresholds) -> None:
     """Give each finding the verdict its score earns under the rule set's thresholds."""
     for finding in findings:
-        score = finding.score
-        finding.verdict = (
-            "malicious" if score >= malicious else "suspicious" if score >= suspicious else "clean"
-        )
+        finding.verdict = verdict_for(finding.score, thresholds)

@@ -1,4 +1,4 @@
-"""The rules file: read with positions, merge layers, compile conditions, reload.
+"""The rules file: read with positions, merge layers, compile conditions, the allowlist, reload.
 
 Part of ``gpuguard.detect``: may import errors, escape, events, sources, correlate and detect.
 """

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuguard.config.filecheck import refusal_reason
 from gpuguard.config.yaml_marks import MarkedDocument, Position, shown
+from gpuguard.detect.ruleset.allowlist import ENTRY_FIELDS, AllowEntry, Allowlist
 from gpuguard.detect.ruleset.conditions import CompileContext, ListDef, compile_condition
 from gpuguard.detect.ruleset.content import check_content, content_of, maturity_of
 from gpuguard.detect.ruleset.model import (
@@ -42,7 +43,6 @@ from gpuguard.detect.ruleset.model import (
     at_least,
     categories_of_tags,
 )
-from gpuguard.detect.scoring.allowlist import ENTRY_FIELDS, AllowEntry, Allowlist
 from gpuguard.detect.signals.rescore import rule_cache
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")

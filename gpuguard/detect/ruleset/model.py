@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 from gpuguard.config.schema import Key, Section
 from gpuguard.config.yaml_marks import Position
 from gpuguard.correlate.state import ProcessState
+from gpuguard.detect.ruleset.allowlist import Allowlist
 from gpuguard.detect.ruleset.condition_tree import Condition, Leaf, Shape, known_outcome
-from gpuguard.detect.scoring.allowlist import Allowlist
 from gpuguard.detect.signals.blank import (
     BlankProbe,
     InputValues,

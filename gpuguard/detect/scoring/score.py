@@ -1,7 +1,7 @@
 """Scoring: matched rules become evidence, evidence becomes a 0-100 score and a verdict.
 
 The score is the sum of the weights of the matched rules, clamped to 0-100
-(negative weights record benign evidence), and held below ``suspicious`` when
+(negative weights record benign evidence; :mod:`.rule`, the one scoring rule), and held below ``suspicious`` when
 only rules tagged ``generic`` added weight (:mod:`.cap`).  A plain sum keeps every finding
 explainable ("+40 stratum URL"): the reader can add the numbers in the line.
 The verdict compares the score with the rule set's thresholds
@@ -19,6 +19,7 @@ from typing import Any
 from gpuguard.correlate.state import ProcessKey, ProcessState
 from gpuguard.detect.ruleset.load import Rule, RuleSet
 from gpuguard.detect.scoring.cap import ScoreCap, generic_cap
+from gpuguard.detect.scoring.rule import score_of, verdict_for
 from gpuguard.detect.signals.memo import keep, kept
 from gpuguard.detect.signals.reader import SignalReader
 from gpuguard.escape import escape_text
@@ -104,14 +105,6 @@ class Verdict:
         }
 
 
-def verdict_for(score: int, ruleset: RuleSet) -> str:
-    if score >= ruleset.thresholds.malicious:
-        return "malicious"
-    if score >= ruleset.thresholds.suspicious:
-        return "suspicious"
-    return "clean"
-
-
 def score_process(
     state: ProcessState,
     ruleset: RuleSet,
@@ -152,14 +145,11 @@ def score_process(
                     alike[key] = matched
             outcome = keep(entries, state, cache_name, (ruleset, matched))
         evidence += outcome[1]
-    total = sum(e.weight for e in evidence)
     evidence.sort(key=lambda e: (-e.weight, e.rule_id))
     score, cap = generic_cap(
-        ((e.rule_id, e.tags, e.weight) for e in evidence),
-        max(0, min(100, total)),
-        ruleset.thresholds,
+        ((e.rule_id, e.tags, e.weight) for e in evidence), score_of(evidence), ruleset.thresholds
     )
-    verdict = verdict_for(score, ruleset)
+    verdict = verdict_for(score, ruleset.thresholds)
     entry = ruleset.allowlist.match(state) if ruleset.allowlist.entries else None
     if entry is not None:
         verdict = "clean"

@@ -1,14 +1,13 @@
 """HTTP requests: request line, Host and User-Agent; CONNECT reveals the destination behind a proxy.
 
-A CONNECT's tunnelled bytes are recognised in turn (``inner_*``); a POSTed
-JSON-RPC body (getwork miners) is named as ``body_protocol``.
+A CONNECT's tunnelled bytes are returned as ``rest`` (dispatch recognises them:
+``inner_*``); a POSTed JSON-RPC body (getwork miners) is named as ``body_protocol``.
 """
 
 from __future__ import annotations
 
-from gpuguard.events.payload import dispatch
 from gpuguard.events.payload.mining import recognise_json_rpc
-from gpuguard.events.payload.reader import Detail, Result, decode
+from gpuguard.events.payload.reader import Decoded, Detail, decode
 
 _HTTP_METHODS = frozenset(
     {b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"OPTIONS", b"PATCH", b"CONNECT", b"TRACE"}
@@ -25,7 +24,7 @@ def _split_host_port(target: str) -> tuple[str, int | None]:
     return host, int(port)
 
 
-def recognise_http(data: bytes, depth: int) -> Result | None:
+def recognise_http(data: bytes) -> Decoded | None:
     space = data.find(b" ", 0, 8)
     if space < 0 or data[:space] not in _HTTP_METHODS:
         return None
@@ -55,6 +54,7 @@ def recognise_http(data: bytes, depth: int) -> Result | None:
             detail["user_agent"] = decode(value.strip())
     if head_end < 0:
         detail["truncated"] = True
+    rest = b""
     if method == "CONNECT":
         detail["target"] = detail.pop("path")
         host, port = _split_host_port(detail["target"])
@@ -62,10 +62,10 @@ def recognise_http(data: bytes, depth: int) -> Result | None:
         if port is not None:
             detail["target_port"] = port
         if head_end >= 0:
-            dispatch.add_inner(detail, data[head_end + 4 :], depth)
+            rest = data[head_end + 4 :]  # what the tunnel carries
     elif head_end >= 0:
         _add_body(detail, data[head_end + 4 :])
-    return "http", detail
+    return "http", detail, rest
 
 
 def _add_body(detail: Detail, body: bytes) -> None:
@@ -74,7 +74,7 @@ def _add_body(detail: Detail, body: bytes) -> None:
         body = body.lstrip(b"[")
         result = recognise_json_rpc(body)
         if result is not None:
-            protocol, fields = result
+            protocol, fields, _ = result
             detail["body_protocol"] = protocol
             if "method" in fields:
                 detail["body_method"] = fields["method"]

@@ -12,9 +12,9 @@ import re
 from gpuguard.events.payload.reader import (
     MAX_JSON_LINES,
     MAX_LIST,
+    Decoded,
     Detail,
     Reader,
-    Result,
     Truncated,
     text,
     text_list,
@@ -38,7 +38,7 @@ def _sv2_string(reader: Reader) -> str | None:
         return None
 
 
-def recognise_stratum_v2(data: bytes) -> Result | None:
+def recognise_stratum_v2(data: bytes) -> Decoded | None:
     # Frame: extension_type u16 LE, msg_type u8, msg_length u24 LE, payload.
     # SetupConnection is extension 0, message 0x00, and opens every SV2 connection.
     if len(data) < 6 + 5 or data[0:3] != b"\x00\x00\x00":
@@ -75,10 +75,10 @@ def recognise_stratum_v2(data: bytes) -> Result | None:
         if complete:
             return None  # the declared length disagrees with the fields
         detail["truncated"] = True
-        return "stratum-v2", detail
+        return "stratum-v2", detail, b""
     if reader.remaining():
         return None  # bytes left over inside the declared length
-    return "stratum-v2", detail
+    return "stratum-v2", detail, b""
 
 
 # --- JSON-RPC: stratum, CryptoNote, ETHPROXY ------------------------------------------
@@ -186,7 +186,7 @@ def _messages(data: bytes) -> list[_Message]:
     return messages
 
 
-def recognise_json_rpc(data: bytes) -> Result | None:
+def recognise_json_rpc(data: bytes) -> Decoded | None:
     messages = _messages(data)
     if not messages:
         return None
@@ -203,7 +203,7 @@ def recognise_json_rpc(data: bytes) -> Result | None:
             return None
     else:
         _ethproxy_detail(messages, detail)
-    return protocol, {k: v for k, v in detail.items() if v is not None}
+    return protocol, {k: v for k, v in detail.items() if v is not None}, b""
 
 
 def _stratum_detail(messages: list[_Message], detail: Detail) -> None:

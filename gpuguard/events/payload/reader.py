@@ -11,7 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 Detail = dict[str, Any]
-Result = tuple[str, Detail]
+Result = tuple[str, Detail]  # what the package returns: (protocol, detail)
+# What a decoder returns: (protocol, detail, rest), rest being what a proxy request tunnels
+# (b"" for all else); dispatch follows it
+Decoded = tuple[str, Detail, bytes]
 
 MAX_SCAN = 8192  # bytes looked at; the sensor captures far less
 MAX_TEXT = 200  # characters kept of any string in detail

@@ -1,17 +1,16 @@
 """SOCKS5 (greeting, RFC 1929 username, CONNECT request) and SOCKS4/4a: the proxied destination.
 
-What is tunnelled after the request is recognised in turn (``inner_*``).
+What is tunnelled after the request is returned as ``rest`` (dispatch recognises it: ``inner_*``).
 """
 
 from __future__ import annotations
 
 import ipaddress
 
-from gpuguard.events.payload import dispatch
 from gpuguard.events.payload.reader import (
+    Decoded,
     Detail,
     Reader,
-    Result,
     Truncated,
     decode,
     printable_ascii,
@@ -82,51 +81,49 @@ def _socks5_auth(data: bytes, pos: int) -> tuple[str, int] | str | None:
     return decode(username), reader.pos
 
 
-def recognise_socks5(data: bytes, depth: int) -> Result | None:
+def recognise_socks5(data: bytes) -> Decoded | None:
     greeting = _socks5_greeting(data)
     if greeting is not None:
-        result = _socks5_after_greeting(data, depth, *greeting)
+        result = _socks5_after_greeting(data, *greeting)
         if result is not None:
             return result
     # A CONNECT request written on its own (the greeting went in an earlier write).
     request = _socks5_request(data, 0)
     if isinstance(request, tuple):
         detail, end = request
-        dispatch.add_inner(detail, data[end:], depth)
-        return "socks5", detail
+        return "socks5", detail, data[end:]
     return None
 
 
-def _socks5_after_greeting(data: bytes, depth: int, methods: list[int], pos: int) -> Result | None:
+def _socks5_after_greeting(data: bytes, methods: list[int], pos: int) -> Decoded | None:
     detail: Detail = {
         "stage": "greeting",
         "methods": [_SOCKS5_METHODS.get(m, f"0x{m:02x}") for m in methods],
     }
     if pos == len(data):
-        return "socks5", detail
+        return "socks5", detail, b""
     if data[pos] == 1 and 2 in methods:
         auth = _socks5_auth(data, pos)
         if auth is None:
             return None
         if auth == "truncated":
             detail["truncated"] = True
-            return "socks5", detail
+            return "socks5", detail, b""
         detail["username"], pos = auth
         if pos == len(data):
-            return "socks5", detail
+            return "socks5", detail, b""
     request = _socks5_request(data, pos)
     if request is None:
         return None
     if request == "truncated":
         detail["truncated"] = True
-        return "socks5", detail
+        return "socks5", detail, b""
     fields, end = request
     detail.update(fields)
-    dispatch.add_inner(detail, data[end:], depth)
-    return "socks5", detail
+    return "socks5", detail, data[end:]
 
 
-def recognise_socks4(data: bytes, depth: int) -> Result | None:
+def recognise_socks4(data: bytes) -> Decoded | None:
     # VN=4 CD PORT(2) IP(4) USERID NUL [HOST NUL when IP is 0.0.0.x, x != 0: SOCKS4a]
     if len(data) < 9 or data[1] not in (1, 2):
         return None
@@ -158,5 +155,4 @@ def recognise_socks4(data: bytes, depth: int) -> Result | None:
         detail["target_host"] = ".".join(str(b) for b in ip)
     if user_id:
         detail["user_id"] = decode(user_id)
-    dispatch.add_inner(detail, data[end:], depth)
-    return "socks4", detail
+    return "socks4", detail, data[end:]

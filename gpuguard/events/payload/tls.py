@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 
-from gpuguard.events.payload.reader import MAX_LIST, Detail, Reader, Result, Truncated, decode
+from gpuguard.events.payload.reader import MAX_LIST, Decoded, Detail, Reader, Truncated, decode
 
 _TLS_VERSIONS = {
     0x0300: "SSL 3.0",
@@ -51,12 +51,12 @@ RECORD_TYPES = {
 _HANDSHAKE, _CLIENT_HELLO = 0x16, 0x01
 
 
-def recognise_tls(data: bytes) -> Result | None:
+def recognise_tls(data: bytes) -> Decoded | None:
     if len(data) < 3 or data[0] not in RECORD_TYPES or data[1] != 0x03 or data[2] > 0x04:
         return None
     if data[0] == _HANDSHAKE:
         if len(data) < 6:
-            return "tls", {"truncated": True}
+            return "tls", {"truncated": True}, b""
         if data[5] == _CLIENT_HELLO:
             return _client_hello(data)
     return _later_record(data)
@@ -67,16 +67,16 @@ def recognise_tls(data: bytes) -> Result | None:
 _CLIENT_HANDSHAKES = frozenset({11, 15, 16, 20})
 
 
-def _later_record(data: bytes) -> Result | None:
+def _later_record(data: bytes) -> Decoded | None:
     """A record that follows the ClientHello on the same connection (the hello was cut or sent earlier)."""
     if len(data) < 5 or not 1 <= int.from_bytes(data[3:5], "big") <= _TLS_MAX_RECORD:
         return None
     if data[0] == _HANDSHAKE and (len(data) < 6 or data[5] not in _CLIENT_HANDSHAKES):
         return None
-    return "tls", {"record": RECORD_TYPES[data[0]]}
+    return "tls", {"record": RECORD_TYPES[data[0]]}, b""
 
 
-def _client_hello(data: bytes) -> Result | None:
+def _client_hello(data: bytes) -> Decoded | None:
     # A client's first TLS bytes are a handshake record holding a ClientHello.
     record_len = int.from_bytes(data[3:5], "big")
     if not 4 <= record_len <= _TLS_MAX_RECORD:
@@ -130,7 +130,7 @@ def _client_hello(data: bytes) -> Result | None:
         detail["truncated"] = True
     if hello.listed:
         detail["ja4"] = hello.ja4()
-    return "tls", detail
+    return "tls", detail, b""
 
 
 def _grease(value: int) -> bool:

@@ -52,12 +52,10 @@ def run(
         )
     ttl = ctx.options.egress_ttl_s
     if ctx.dry_run:
-        return ActionOutcome(
-            action=BLOCK_EGRESS.name,
-            status="dry-run",
-            **base,
-            detail={"addresses": addresses, "nftables": ctx.options.nftables},
-            reason=f"would refuse connects to {', '.join(addresses)} for {ttl:g} s",
+        return ctx.would(
+            f"refuse connects to {', '.join(addresses)} for {ttl:g} s",
+            {"addresses": addresses, "nftables": ctx.options.nftables},
+            base,
         )
     container = bool(state.facts and state.facts.container_id)
     with ctx.open_offender(verdict, state) as handle:

@@ -48,13 +48,7 @@ def run(
         cgroup_dir = os.path.join(cgroup2_mount(), cgroup2_of(verdict.pid).lstrip("/"))
         detail.update(signal="cgroup.kill", cgroup=cgroup_dir)
         if ctx.dry_run:
-            return ActionOutcome(
-                action=KILL.name,
-                status="dry-run",
-                reason=f"would write 1 to {cgroup_dir}/cgroup.kill",
-                detail=detail,
-                **base,
-            )
+            return ctx.would(f"write 1 to {cgroup_dir}/cgroup.kill", detail, base)
         with ctx.open_offender(verdict, state):
             Path(cgroup_dir, "cgroup.kill").write_text("1")
         return ActionOutcome(
@@ -72,12 +66,10 @@ def run(
             p for p in process_group_members(pgid) if p != verdict.pid and not ctx.refusal(p, facts)
         ]
     if ctx.dry_run:
-        return ActionOutcome(
-            action=KILL.name,
-            status="dry-run",
-            detail=detail,
-            **base,
-            reason=f"would send SIGTERM to pid(s) {pids} (start time checked), SIGKILL after {grace:g} s",
+        return ctx.would(
+            f"send SIGTERM to pid(s) {pids} (start time checked), SIGKILL after {grace:g} s",
+            detail,
+            base,
         )
     handle = ctx.open_offender(verdict, state)
     handle.send(signal.SIGTERM)

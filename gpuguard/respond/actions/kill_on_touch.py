@@ -85,13 +85,7 @@ def run(
             "script": target.script.path if target.script else None,
         }
         if ctx.dry_run:
-            return ActionOutcome(
-                action=KILL_ON_TOUCH.name,
-                status="dry-run",
-                **base,
-                detail=detail,
-                reason=f"would block for {ttl:g} s: {target.why}",
-            )
+            return ctx.would(f"block for {ttl:g} s: {target.why}", detail, base)
         touch = ctx.part(touch_program)
         touch.set_scope(ctx.scope_ids())
         block = touch.add(

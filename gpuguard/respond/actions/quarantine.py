@@ -38,13 +38,11 @@ def run(
 ) -> ActionOutcome:
     container = bool(state.facts and state.facts.container_id)
     if ctx.dry_run:
-        return ActionOutcome(
-            action=QUARANTINE.name,
-            status="dry-run",
-            detail={"container": container},
-            **base,
-            reason="would deny GPU device majors to "
+        return ctx.would(
+            "deny GPU device majors to "
             + ("its container's cgroup" if container else "a gpuguard cgroup it is moved into"),
+            {"container": container},
+            base,
         )
     with ctx.open_offender(verdict, state) as handle:
         block = ctx.part(cgroup_programs).quarantine(

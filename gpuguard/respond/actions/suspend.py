@@ -23,12 +23,8 @@ def run(
     ctx: ActionContext, verdict: Verdict, state: ProcessState, base: dict[str, Any]
 ) -> ActionOutcome:
     if ctx.dry_run:
-        return ActionOutcome(
-            action=SUSPEND.name,
-            status="dry-run",
-            detail={"signal": "SIGSTOP"},
-            **base,
-            reason=f"would send SIGSTOP to pid {verdict.pid} and keep it stopped",
+        return ctx.would(
+            f"send SIGSTOP to pid {verdict.pid} and keep it stopped", {"signal": "SIGSTOP"}, base
         )
     with ctx.open_offender(verdict, state) as handle:
         handle.send(signal.SIGSTOP)

@@ -162,9 +162,8 @@ class ReportStage:
         and kept for status and metrics; past heavy users: logged once).  Never handed to the responder:
         there is no offender process to stop safely."""
         ctx, counters = self.ctx, self.ctx.counters
-        thresholds = self.rules.current.thresholds
         try:
-            records = self.host_findings.check(now, thresholds.suspicious, thresholds.malicious)
+            records = self.host_findings.check(now, self.rules.current.thresholds)
         except Exception as exc:  # noqa: BLE001 - a failing check is reported, detection goes on
             ctx.lifecycle("fault", f"GPU host checks failed: {type(exc).__name__}: {exc}")
             return

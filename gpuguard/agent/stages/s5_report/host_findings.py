@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from gpuguard.detect.host.check_list import AGENT, HostInputs, run_host_checks
 from gpuguard.detect.host.checks import HostFinding, apply_thresholds
+from gpuguard.detect.ruleset.model import Thresholds
 from gpuguard.events.gpu_accounting import GpuAccounting
 from gpuguard.events.gpu_snapshot import GpuSnapshot
 from gpuguard.outputs.finding import Finding, finding_from_host
@@ -81,7 +82,7 @@ class GpuHostFindings:
         for key in [k for k, (seen, _) in self._accounting.items() if seen < horizon]:
             del self._accounting[key]
 
-    def check(self, now: float, suspicious: float, malicious: float) -> list[Finding]:
+    def check(self, now: float, thresholds: Thresholds) -> list[Finding]:
         """Run the checks; the records to write for what appeared, changed materially or went away."""
         snapshots = list(self._snapshots.values())
         view = self._snapshots_seen
@@ -93,7 +94,7 @@ class GpuHostFindings:
             inputs.snapshots, inputs.pid_states = snapshots, gpu_pid_states(snapshots)
             inputs.accounting = accounting
         found = run_host_checks(AGENT, inputs)  # the checks detect.host.check_list lists for it
-        apply_thresholds(found, suspicious, malicious)
+        apply_thresholds(found, thresholds)
         out: list[Finding] = []
         seen: set[tuple[str, str]] = set()
         pending: dict[tuple[str, str], int] = {}

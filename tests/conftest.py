@@ -75,6 +75,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "there (alone: /var/cache/gpuguard-image, build-image.sh's default); without it they "
         "are deselected",
     )
+    parser.addoption(
+        "--device-check",
+        action="store_true",
+        help="run the tests marked device_check (benchmarks/device_check.sh --dry-run, minutes): "
+        ".ci/run runs them as a step of their own; without it they are deselected",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -192,6 +198,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if image:
             config.hook.pytest_deselected(items=image)
             items[:] = [i for i in items if i.get_closest_marker("image") is None]
+    # The device check's dry run has its own step and time budget in .ci/run.
+    if not config.getoption("--device-check"):
+        check = [i for i in items if i.get_closest_marker("device_check") is not None]
+        if check:
+            config.hook.pytest_deselected(items=check)
+            items[:] = [i for i in items if i.get_closest_marker("device_check") is None]
     if _several_tiers:
         raise pytest.UsageError(
             f"{len(_several_tiers)} tests carry more than one tier marker ({_several_tiers[0]} ...) "

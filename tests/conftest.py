@@ -93,6 +93,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "gpu: takes the fake NVML, or with GPUGUARD_REAL_NVML=1 on a GPU host the real one "
         "(tests/support/nvml_choice.py; benchmarks/device_check.sh)",
     )
+    config.addinivalue_line(
+        "markers",
+        "device_check: runs benchmarks/device_check.sh --dry-run (pytest --device-check, .ci/run's "
+        "own step; deselected without it)",
+    )
     for name, what in TIERS.items():
         config.addinivalue_line("markers", f"{name}: tier: {what}")
     if not hasattr(config, "workerinput"):

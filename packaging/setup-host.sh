@@ -28,6 +28,10 @@ latest=${GPUGUARD_LATEST:-0}
 if [ "$job" = test ] && [ "${1:-}" = --latest ]; then latest=1; shift; fi
 [ "$latest" = 1 ] || latest=0
 
+# The test job's pytest-xdist workers: 4 on the 2-core CI machine (most root tests wait on the
+# kernel or an agent rather than compute).  GPUGUARD_TEST_WORKERS overrides it for one run.
+TEST_WORKERS=${GPUGUARD_TEST_WORKERS:-4}
+
 say() { printf 'gpuguard-setup: %s\n' "$*" >&2; }
 die() { printf 'gpuguard-setup: %s\n' "$*" >&2; exit 2; }
 # shellcheck source=packaging/debian-packages.sh
@@ -126,9 +130,9 @@ case $job in
     run)   "$VENV/bin/gpuguard" selftest --own-agent \
                || say "the selftest failed (see the line above); starting the agent anyway"
            exec "$VENV/bin/gpuguard" agent "$@" ;;
-    # Four workers: the root tests that change or read host-wide state one after another on one
-    # (tests/conftest.py groups them), each file's self-contained root tests and the rest beside them.
+    # TEST_WORKERS workers: the root tests that change or read host-wide state one after another on
+    # one (tests/conftest.py groups them), each file's self-contained root tests and the rest beside them.
     test)  cd "$ROOT" && GPUGUARD_LATEST=$latest exec "$VENV/bin/python" -m pytest --require-root-tests \
-               -n 4 --dist loadgroup "$@" ;;
+               -n "$TEST_WORKERS" --dist loadgroup "$@" ;;
     *)     die "unknown job '$job' (fix: use run, test, setup or lock)" ;;
 esac

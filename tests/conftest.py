@@ -24,6 +24,17 @@ observer.  Mutators that change the same state compose: huge pages are reserved
 by count (tests/support/hugepages.py), stand-ins are installed under a path of
 their own process, and they assert only about the processes they started.
 
+Every test is in exactly one tier (TIERS below), a marker this file gives it at collection
+(``pytest -m unit`` runs the fast tier; README.md, "Tests"):
+
+* ``e2e``: its file starts gpuguard as a program (``python -m gpuguard``, the CLI helpers of
+  tests/support/cli.py and scan.py, an agent from tests/support/agent_run.py; E2E_SIGNS) or
+  it takes a fixture named ``*agent``;
+* ``kernel``: any other root test (eBPF, cgroups, namespaces, nftables in this process);
+* ``unit``: the rest: no root, no live agent, no gpuguard process.
+
+A test that carries one tier marker itself keeps it (the rule is for the common case).
+
 Under pytest-xdist (``--dist loadgroup``, as packaging/setup-host.sh runs the
 suite) the root tests form one group per file (its module fixtures are made
 once), spread over the workers beside the tests that are not root.
@@ -33,7 +44,9 @@ from __future__ import annotations
 
 import compileall
 import fcntl
+import functools
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -62,6 +75,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "there (alone: /var/cache/gpuguard-image, build-image.sh's default); without it they "
         "are deselected",
     )
+    parser.addoption(
+        "--device-check",
+        action="store_true",
+        help="run the tests marked device_check (benchmarks/device_check.sh --dry-run, minutes): "
+        ".ci/run runs them as a step of their own; without it they are deselected",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -74,6 +93,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "gpu: takes the fake NVML, or with GPUGUARD_REAL_NVML=1 on a GPU host the real one "
         "(tests/support/nvml_choice.py; benchmarks/device_check.sh)",
     )
+    config.addinivalue_line(
+        "markers",
+        "device_check: runs benchmarks/device_check.sh --dry-run (pytest --device-check, .ci/run's "
+        "own step; deselected without it)",
+    )
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: tier: {what}")
     if not hasattr(config, "workerinput"):
         compileall.compile_dir(str(REPO / "gpuguard"), quiet=1)
 
@@ -87,6 +113,38 @@ ROOT_CLASSES = {
     "self_contained": "asserts only about what it made (its processes, cgroups, namespaces, "
     "pins, files): may run beside anything",
 }
+# The tiers (the module docstring); each collected test carries exactly one.
+TIERS = {
+    "unit": "no root, no live agent, no gpuguard process (pytest -m unit: the fast tier)",
+    "kernel": "a root test of the kernel side in this process: eBPF, cgroups, namespaces, nftables",
+    "e2e": "its file starts gpuguard as a program (the CLI, an agent) or it takes an agent fixture",
+}
+# What in a test file's text says it starts gpuguard as a program.
+E2E_SIGNS = re.compile(
+    r'"-m",\s*"gpuguard"'  # python -m gpuguard
+    r"|bin/gpuguard\b"  # the venv's or an image's entry point
+    r"|from tests\.support\.(?:agent_run|cli) import"  # an agent; the CLI helpers
+    r"|\b(?:run_scan|scan_json)\b"  # gpuguard scan (tests/support/scan.py)
+)
+
+
+@functools.cache
+def _starts_gpuguard(path: Path) -> bool:
+    return E2E_SIGNS.search(path.read_text()) is not None
+
+
+def tier(item: pytest.Item) -> str | None:
+    """The tier of a test by the rule above, or None when it carries several tier markers."""
+    own = [name for name in TIERS if item.get_closest_marker(name) is not None]
+    if own:
+        return own[0] if len(own) == 1 else None
+    if _starts_gpuguard(Path(str(item.path))) or any(
+        f.endswith("agent") for f in getattr(item, "fixturenames", ())
+    ):
+        return "e2e"
+    return "kernel" if item.get_closest_marker("root") is not None else "unit"
+
+
 # mutators shared, observers exclusive (the variable: tests of the lock use one of their own)
 HOST_LOCK = Path(os.environ.get("GPUGUARD_TEST_HOST_LOCK", "/run/gpuguard-test-host.lock"))
 LOCK_MODES = {"host_mutator": fcntl.LOCK_SH, "host_observer": fcntl.LOCK_EX}
@@ -117,10 +175,17 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 _unclassified: list[str] = []
+_several_tiers: list[str] = []
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    # At collection, before any collection_modifyitems hook (xdist's reads the groups there).
+    # At collection, before any collection_modifyitems hook (xdist's reads the groups there,
+    # -m the tiers).
+    level = tier(item)
+    if level is None:
+        _several_tiers.append(item.nodeid)
+    elif item.get_closest_marker(level) is None:
+        item.add_marker(getattr(pytest.mark, level))
     if item.get_closest_marker("root") is None:
         return
     group = root_group(item)
@@ -138,6 +203,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if image:
             config.hook.pytest_deselected(items=image)
             items[:] = [i for i in items if i.get_closest_marker("image") is None]
+    # The device check's dry run has its own step and time budget in .ci/run.
+    if not config.getoption("--device-check"):
+        check = [i for i in items if i.get_closest_marker("device_check") is not None]
+        if check:
+            config.hook.pytest_deselected(items=check)
+            items[:] = [i for i in items if i.get_closest_marker("device_check") is None]
+    if _several_tiers:
+        raise pytest.UsageError(
+            f"{len(_several_tiers)} tests carry more than one tier marker ({_several_tiers[0]} ...) "
+            f"(fix: keep one of {', '.join(TIERS)}, or none to let tests/conftest.py choose)"
+        )
     if _unclassified:
         choices = "; ".join(f"@pytest.mark.{name}: {what}" for name, what in ROOT_CLASSES.items())
         raise pytest.UsageError(
@@ -203,3 +279,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="module")
+def miner_finding():
+    """The golden stratum miner's malicious finding (the output tests render it in every format)."""
+    from tests.support.findings import replayed_miner_finding
+
+    return replayed_miner_finding()
+
+
+@pytest.fixture
+def covert_host(tmp_path, monkeypatch):
+    """A covert miner beside an HTTPS client, the fake H100 it drives (tests/support/covert_host.py)."""
+    from tests.support.covert_host import covert_host_running
+
+    with covert_host_running(tmp_path, monkeypatch) as host:
+        yield host

@@ -22,7 +22,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.agent_run import (
     REPO,
@@ -34,8 +33,10 @@ from tests.support.agent_run import (
     running_agent,
     simulator_rules,
 )
+from tests.support.cef import parse_cef
+from tests.support.metrics_scrape import scrape, series
 from tests.support.ports import free_port
-from tests.test_agent_logs import parse_cef
+from tests.support.unprivileged import as_nobody
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 # The latency target (1 s; ~12 ms measured) is met in benchmarks/bench_agent.py.  Here the finding
@@ -93,23 +94,6 @@ def test_miner_is_found_while_it_runs_with_its_evidence(ebpf_agent):
     assert len(mine) <= 3, [r["gpuguard"]["finding"] for r in mine]
     alert = actions_on(records, miner["pid"])
     assert [a["gpuguard"]["action"] for a in alert] == ["alert"]
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    """/metrics over HTTP: {(sample name, sorted labels): value}."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(body)
-        for s in family.samples
-    }
-
-
-def series(samples: dict, name: str, **labels: str) -> float:
-    """The sum of every sample of ``name`` whose labels include ``labels``."""
-    return sum(
-        v for (n, lbl), v in samples.items() if n == name and set(labels.items()) <= set(lbl)
-    )
 
 
 def test_metrics_endpoint_counts_the_finding_events_and_processes(ebpf_agent):
@@ -387,7 +371,7 @@ def test_auto_sensor_without_ebpf_runs_in_reduced_mode_and_ebpf_refuses():
 
 
 def _unprivileged_agent(workdir: Path) -> None:
-    unprivileged = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    unprivileged = list(as_nobody())
     base = [
         sys.executable,
         "-m",
@@ -449,16 +433,7 @@ def test_selftest_starts_its_own_agent_when_none_runs(tmp_path):
 
 def test_selftest_refuses_without_root_in_one_line(tmp_path):
     run = subprocess.run(
-        [
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            sys.executable,
-            "-m",
-            "gpuguard",
-            "selftest",
-        ],
+        [*as_nobody(), sys.executable, "-m", "gpuguard", "selftest"],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -13,16 +12,9 @@ import pytest
 from gpuguard.agent.config import AgentConfig, load_config, with_overrides
 from gpuguard.errors import GpuguardError
 from gpuguard.respond import ResponseSettings
+from tests.support.agent_config import write
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def write(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
-    path = tmp_path / "agent.yaml"
-    path.write_text(text)
-    os.chmod(path, mode)
-    os.chmod(tmp_path, 0o700)
-    return path
 
 
 def test_no_file_gives_every_default(tmp_path):

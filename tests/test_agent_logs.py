@@ -13,90 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.detect.cases import replay
-from gpuguard.detect.ruleset.load import load_ruleset
-from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
-from gpuguard.outputs.finding import Finding, ProcessInfo, finding_from_verdict
+from gpuguard.outputs.finding import Finding
 from gpuguard.outputs.log_writer import open_log
 from gpuguard.outputs.records import FORMATS
+from tests.support.cef import parse_cef
+from tests.support.findings import (
+    HOST,
+    HOSTILE,
+    hostile_finding,
+    hostile_records,
+)
+from tests.support.json_shapes import ECS_FINDING_SHAPE, shape_errors
 from tests.support.records import render_record
-from tests.test_scan_support import ECS_FINDING_SHAPE, shape_errors
 
 REPO = Path(__file__).resolve().parent.parent
-# Newline (forged second line), ESC/BEL (terminal), invalid UTF-8 (a lone 0xff byte kept by
-# surrogateescape), CEF's separators | = \, and the line breaks JSON leaves alone.
-HOSTILE = "kw\nCEF:0|forged|x|1|2|3|10|act=fake\r\x1b]0;pwned\x07 a=b|c\\d \udcff \u2028\x85end"
-HOST = {
-    "hostname": "gpu-node-7",
-    "name": "gpu-node-7",
-    "architecture": "x86_64",
-    "os": {"type": "linux"},
-}
-
-
-@pytest.fixture(scope="module")
-def miner_finding() -> Finding:
-    ruleset = load_ruleset([shipped_rules_file()])
-    verdicts, correlator = replay(
-        Path(__file__).resolve().parent / "cases" / "miner_stratum_cmdline" / "capture.ggrec",
-        ruleset,
-    )
-    (verdict,) = [v for v in verdicts if v.verdict == "malicious"]
-    state = correlator.get(verdict.key)
-    return finding_from_verdict(verdict, state.facts, ruleset, state)
-
-
-def hostile_finding(score: float = 95, verdict: str = "malicious") -> Finding:
-    return Finding(
-        kind="process",
-        rule_id="miner-binary-name",
-        rule_name="miner-binary-name",
-        rule_description="known miner | program = name",
-        score=score,
-        verdict=verdict,
-        explanation=f"pid 66 {HOSTILE} score {score}",
-        process=ProcessInfo(
-            pid=66,
-            name=HOSTILE,
-            executable=f"/tmp/{HOSTILE}",
-            command_line=[HOSTILE, "-o"],
-            start_time=1_700_000_000.5,
-            ppid=1,
-            user_id=0,
-            user_name="root",
-            container_id="c" * 64,
-            pod_uid="0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
-        ),
-        created=1_700_000_100.0,
-    )
-
-
-def hostile_records() -> list:
-    return [
-        hostile_finding(),
-        ActionOutcome(
-            time=1_700_000_101.0,
-            action="kill",
-            status="done",
-            pid=66,
-            start_time=1_700_000_000.5,
-            comm=HOSTILE,
-            exe=f"/tmp/{HOSTILE}",
-            verdict="malicious",
-            score=95,
-            rule_ids=["miner-binary-name"],
-            reason=f"killed {HOSTILE}",
-            detail={"signal": HOSTILE},
-        ),
-        AgentLifecycle(
-            time=1_700_000_102.0,
-            action="fault",
-            message=f"cannot write {HOSTILE}",
-            detail={"path": HOSTILE},
-        ),
-    ]
 
 
 # -- shapes ----------------------------------------------------------------------------
@@ -220,33 +152,6 @@ def test_ocsf_classes():
         render_record(ActionOutcome(time=1.0, action="block-egress", status="done"), "ocsf", HOST)
     )
     assert (block["class_uid"], block["activity_name"]) == (7004, "Isolate")
-
-
-def parse_cef(line: str) -> tuple[list[str], dict[str, str]]:
-    """A strict CEF reader: 7 header fields split on unescaped |, extension split on unescaped =."""
-    assert line.startswith("CEF:0|")
-    fields, current, i = [], "", 0
-    while len(fields) < 7:
-        ch = line[i]
-        if ch == "\\":
-            assert line[i + 1] in "\\|", f"bad header escape at {i}: {line[i : i + 2]!r}"
-            current += line[i + 1]
-            i += 2
-            continue
-        if ch == "|":
-            fields.append(current)
-            current = ""
-        else:
-            current += ch
-        i += 1
-    ext = line[i:]
-    pairs = {}
-    for match in re.finditer(r"(\w+)=((?:\\.|[^\\=])*?)(?= \w+=|$)", ext):
-        value = re.sub(
-            r"\\(.)", lambda m: {"n": "\n", "r": "\r"}.get(m.group(1), m.group(1)), match.group(2)
-        )
-        pairs[match.group(1)] = value
-    return fields, pairs
 
 
 def test_cef_header_and_extension(miner_finding):

@@ -11,17 +11,10 @@ from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.log_writer import open_log
 from gpuguard.outputs.records import FORMATS
+from tests.support.cef import parse_cef
+from tests.support.findings import HOST, HOSTILE, hostile_records, huge_finding
 from tests.support.rsyslog import Rsyslogd, free_ports
 from tests.support.schemas import strict_cef
-from tests.test_agent_logs import (  # noqa: F401 - hostile_finding and miner_finding are fixtures
-    HOST,
-    HOSTILE,
-    hostile_finding,
-    hostile_records,
-    miner_finding,
-    parse_cef,
-)
-from tests.test_output_bounds import huge_finding
 
 
 @pytest.fixture
@@ -43,7 +36,7 @@ def _received(path, count: int, timeout: float = 10.0) -> list[str]:
     raise AssertionError(f"rsyslog received {path.read_text() if path.exists() else 'nothing'!r}")
 
 
-def test_cef_over_udp_and_tcp_reaches_rsyslog_one_record_per_line(rsyslog, miner_finding):  # noqa: F811
+def test_cef_over_udp_and_tcp_reaches_rsyslog_one_record_per_line(rsyslog, miner_finding):
     received, udp, tcp = rsyslog
     over_udp = open_log(
         f"syslog:udp:127.0.0.1:{udp}", "cef", queue_size=0, facility="local4", host=HOST

@@ -18,7 +18,7 @@ from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.hugepages import reserved_huge_pages
 from tests.support.load import join_load_group, start_in_load_group
 from tests.support.randomx import stop
-from tests.test_scan_support import findings_for_pid, scan_json
+from tests.support.scan import findings_for_pid, scan_json
 
 pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
 

@@ -29,7 +29,7 @@ from gpuguard.events.gpu_snapshot import DeviceSample
 from gpuguard.events.model import ConnActivity, CpuActivity
 from gpuguard.events.process_facts import Ancestor, ProcessFacts
 from tests.support.memo import set_aside
-from tests.test_signal_inputs import built_states
+from tests.support.signal_states import built_states
 
 CASES = Path(__file__).parent / "cases"
 T = 1_700_002_800.0

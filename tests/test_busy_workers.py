@@ -34,7 +34,7 @@ from tests.support.busy_workers import (
     start_worker,
 )
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, start_standin, stop
-from tests.test_scan_support import findings_for_pid, scan_json
+from tests.support.scan import findings_for_pid, scan_json
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_WINDOWS = REPO / "tests" / "support" / "short_windows.yaml"

@@ -24,8 +24,8 @@ from gpuguard.agent.capabilities import ENFORCE_CAPABILITIES, MONITOR_CAPABILITI
 from gpuguard.proving.enforce_scope import EnforceScope
 from gpuguard.sources.proc.capabilities import CAPABILITY_BITS
 from tests.support.agent_run import REPO, AgentProcess, actions_on, finding_for, simulator_rules
+from tests.support.payloads import LOGIN  # a Monero wallet, an XMRig agent
 from tests.support.workloads import build_workload
-from tests.test_sigma_on_agent_logs import LOGIN  # a Monero wallet, an XMRig agent
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 NOBODY = 65534

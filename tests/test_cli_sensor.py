@@ -6,37 +6,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.cli import GPUGUARD, REPO, gpuguard, start_recorder
+from tests.support.unprivileged import as_nobody
 from tests.support.workloads import build_workload, run_with_gpu_nodes
-
-REPO = Path(__file__).resolve().parent.parent
-GPUGUARD = [sys.executable, "-m", "gpuguard"]
-
-
-def gpuguard(*args: str, user: str | None = None, **kwargs) -> subprocess.CompletedProcess:
-    cmd = [*GPUGUARD, *args]
-    if user:
-        cmd = ["setpriv", "--reuid", user, "--regid", user, "--clear-groups", *cmd]
-    kwargs.setdefault("timeout", 60)
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, **kwargs)
-
-
-def start_recorder(output, *options: str) -> subprocess.Popen:
-    """Start `gpuguard record` and return once its probes are attached."""
-    recorder = subprocess.Popen(
-        [*GPUGUARD, "record", "--output", str(output), *options],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    for line in recorder.stderr:
-        if "recording to" in line:
-            break
-    return recorder
 
 
 def test_print_probes_shows_the_compiled_c_without_root():
@@ -55,7 +30,7 @@ def test_print_probes_shows_the_compiled_c_without_root():
     [["watch", "--duration", "1"], ["record", "--output", "/tmp/x.ggrec", "--duration", "1"]],
 )
 def test_sensor_commands_without_root_give_one_line_and_exit_2(command):
-    out = gpuguard(*command, user="65534")
+    out = gpuguard(*command, nobody=True)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1, out.stderr
     assert (
@@ -69,10 +44,7 @@ def test_sensor_commands_without_root_give_one_line_and_exit_2(command):
 def _with_capabilities(*caps: str) -> list[str]:
     """nobody, holding ``caps`` (setpriv's names) in its effective set through exec."""
     held = ",".join(f"+{c}" for c in caps)
-    return [
-        "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-        f"--inh-caps={held}", f"--ambient-caps={held}", *GPUGUARD,
-    ]  # fmt: skip
+    return [*as_nobody(f"--inh-caps={held}", f"--ambient-caps={held}"), *GPUGUARD]
 
 
 @pytest.mark.root

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.agent_run import REPO, lifecycle, running_agent, simulator_rules
+from tests.support.metrics_scrape import scrape, series
 from tests.support.ports import free_port
-from tests.test_agent import scrape, series
 
 BROKEN = """\
 mode: sometimes

@@ -23,6 +23,7 @@ from gpuguard.detect.ruleset.shipped import default_rule_paths
 from gpuguard.events.agent_events import AgentLifecycle
 from tests.support.prometheus import exposition
 from tests.support.records import render_record
+from tests.support.sigma_match import record_value, sigma_matches
 
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "packaging"
@@ -630,35 +631,6 @@ def test_sigma_rules_convert_with_pysigma():
     )
 
 
-def _value(doc: dict, dotted: str):
-    for part in dotted.split("."):
-        if not isinstance(doc, dict) or part not in doc:
-            return None
-        doc = doc[part]
-    return doc
-
-
-def _matches(rule: dict, doc: dict) -> bool:
-    """The subset of Sigma these rules use: maps of field[|exists] -> value or list; 'a and b'."""
-    detection = rule["detection"]
-
-    def selection(name: str) -> bool:
-        for key, want in detection[name].items():
-            field, _, modifier = key.partition("|")
-            have = _value(doc, field)
-            if modifier == "exists":
-                if (have is not None) != want:
-                    return False
-                continue
-            wants = want if isinstance(want, list) else [want]
-            haves = have if isinstance(have, list) else [have]
-            if not any(str(h) == str(w) for h in haves for w in wants):
-                return False
-        return True
-
-    return all(selection(name.strip()) for name in detection["condition"].split(" and "))
-
-
 def test_sigma_rules_match_real_agent_records_and_not_benign_ones():
     from gpuguard.detect.cases import replay
     from gpuguard.detect.ruleset.load import load_ruleset
@@ -680,8 +652,8 @@ def test_sigma_rules_match_real_agent_records_and_not_benign_ones():
     rules = _sigma_rules()
     assert docs["malicious"] and docs["clean"]
     for rule in ("gpuguard_malicious_on_gpu_node", "gpuguard_pool_connection"):
-        assert all(_matches(rules[rule], d) for d in docs["malicious"]), rule
-        assert not any(_matches(rules[rule], d) for d in docs["clean"]), rule
+        assert all(sigma_matches(rules[rule], d) for d in docs["malicious"]), rule
+        assert not any(sigma_matches(rules[rule], d) for d in docs["clean"]), rule
     blind = rules["gpuguard_agent_blind"]
     fault = json.loads(
         render_record(
@@ -693,13 +665,13 @@ def test_sigma_rules_match_real_agent_records_and_not_benign_ones():
     start = json.loads(
         render_record(AgentLifecycle(time=1.0, action="start"), "ecs", {"hostname": "gpu-1"})
     )
-    assert _matches(blind, fault) and not _matches(blind, start)
+    assert sigma_matches(blind, fault) and not sigma_matches(blind, start)
     # the correlation's fields exist in the records it counts
     corr = rules["gpuguard_pool_on_many_hosts"]["correlation"]
     miner = docs["malicious"][0]
     assert (
-        _value(miner, corr["group-by"][0]) == "141.94.96.144"
-        and _value(miner, corr["condition"]["field"]) == "gpu-1"
+        record_value(miner, corr["group-by"][0]) == "141.94.96.144"
+        and record_value(miner, corr["condition"]["field"]) == "gpu-1"
     )
 
 
@@ -851,7 +823,7 @@ def test_grafana_provisioning_example_loads_the_dashboard():
 
 def test_promtool_check_metrics_passes_on_the_agents_exposition(tmp_path):
     from gpuguard.outputs.metrics import AgentMetrics
-    from tests.test_agent_metrics import Pipeline
+    from tests.support.metrics_pipeline import Pipeline
 
     metrics = AgentMetrics(per_process_gpu=True)
     pipeline = Pipeline(metrics, tmp_path)
@@ -907,7 +879,7 @@ def test_the_documented_dcgm_joins_work_on_series_as_both_exporters_write_them(t
     from prometheus_client.parser import text_string_to_metric_families
 
     from gpuguard.outputs.metrics import AgentMetrics
-    from tests.test_agent_metrics import Pipeline
+    from tests.support.metrics_pipeline import Pipeline
 
     metrics = AgentMetrics(hostname="gpu-1")
     pipeline = Pipeline(metrics, tmp_path)

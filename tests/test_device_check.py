@@ -21,7 +21,8 @@ import pytest
 
 from gpuguard.respond.cgroup_blocks import cgroup2_mount
 
-pytestmark = [pytest.mark.root, pytest.mark.host_mutator]  # a miner-shaped stand-in, an agent
+# a miner-shaped stand-in, an agent; run by .ci/run as a step of its own (pytest --device-check)
+pytestmark = [pytest.mark.root, pytest.mark.host_mutator, pytest.mark.device_check]
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "device_check.sh"

@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 import pytest
-from test_scan_support import pool_listener, stop
 
 from gpuguard.sources.gpu import drm_fdinfo
 from gpuguard.sources.gpu.fd_holders import holders_of_pid, scan_device_holders
 from gpuguard.sources.net.connections import read_connection_table
 from gpuguard.sources.proc.fd_table import read_fd_tables
 from gpuguard.sources.proc.hidden_pids import list_proc_pids
+from tests.support.scan import pool_listener, stop
 
 # A private /dev where renderD128 is the null device (platform.md), held on fd 7, and a TCP
 # connection to the test's loopback listener: one process that all three users see.

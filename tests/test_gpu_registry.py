@@ -10,7 +10,7 @@ import pytest
 from gpuguard.agent.config import AgentConfig, load_config
 from gpuguard.errors import GpuguardError
 from gpuguard.sources.gpu.registry import GPU_SOURCES, SOURCE_NAMES
-from tests.test_agent_config import write
+from tests.support.agent_config import write
 
 
 @pytest.mark.parametrize("source", GPU_SOURCES, ids=SOURCE_NAMES)

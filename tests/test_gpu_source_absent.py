@@ -14,7 +14,7 @@ from gpuguard.agent.pipeline import Agent
 from gpuguard.sources.gpu.registry import BY_NAME
 from gpuguard.sources.gpu.sampler import SourceUnavailable
 from tests.support.agent_run import REPO, agent_running, log_records, until
-from tests.test_deploy import _matches
+from tests.support.sigma_match import sigma_matches
 
 BLIND = yaml.safe_load((REPO / "packaging/sigma/gpuguard_agent_blind.yml").read_text())
 # PCI functions as sysfs shows them (vendor, class): what each source's GPUs look like, and
@@ -99,5 +99,5 @@ def test_the_agent_logs_absent_sources_as_information_and_a_blind_one_as_degrade
     assert lines["amdsmi"]["gpuguard"]["detail"]["gpus_present"] is True
     assert lines["nvml"]["log"]["level"] == "info" and lines["amdsmi"]["log"]["level"] == "warning"
     assert "NVML not available" in lines["nvml"]["message"]
-    assert _matches(BLIND, lines["amdsmi"])
-    assert not _matches(BLIND, lines["nvml"]) and not _matches(BLIND, lines["drm-fdinfo"])
+    assert sigma_matches(BLIND, lines["amdsmi"])
+    assert not sigma_matches(BLIND, lines["nvml"]) and not sigma_matches(BLIND, lines["drm-fdinfo"])

@@ -18,7 +18,7 @@ import pytest
 
 from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot
 from gpuguard.events.wire_write import RecordingWriter
-from tests.test_cli_sensor import GPUGUARD, REPO, gpuguard, start_recorder
+from tests.support.cli import GPUGUARD, REPO, gpuguard, start_recorder
 
 T0 = 1_750_000_000.0
 

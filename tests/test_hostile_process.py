@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from gpuguard.commands import scan
-from tests.test_cli_sensor import GPUGUARD, REPO, start_recorder
+from tests.support.cli import GPUGUARD, REPO, start_recorder
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 

@@ -8,7 +8,6 @@ the ``gpus`` view and the ``scan`` ECS/OCSF documents.
 from __future__ import annotations
 
 import dataclasses
-import json
 import typing
 
 import pytest
@@ -25,16 +24,10 @@ from gpuguard.outputs.ocsf import finding_to_ocsf
 from gpuguard.outputs.records import SCAN_FORMATS
 from gpuguard.outputs.scan_report import ScanReport, scan_document
 from gpuguard.sources.host.gpu_stack import GpuStackFacts
+from tests.support.strict_json import assert_strict_json
 
 ALL_BYTES = bytes(range(256)).decode("utf-8", "surrogateescape")
 HOSTILE = "\x1b]0;pwned\x07$(id)\n" + ALL_BYTES + "\ud800"  # and one surrogate no decoder makes
-
-
-def assert_strict_json(text: str) -> object:
-    """Valid UTF-8, parses with a strict parser, no raw control bytes anywhere."""
-    raw = text.encode("utf-8")  # raises on any lone surrogate
-    assert not any(b < 0x20 and b not in (0x0A,) for b in raw), "raw control byte in JSON"
-    return json.loads(raw.decode("utf-8", "strict"))
 
 
 def _fill_strings(obj, value):

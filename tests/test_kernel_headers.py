@@ -28,6 +28,7 @@ from tests.support.no_headers import (
 )
 from tests.support.ports import free_port
 from tests.support.processes import terminate
+from tests.support.unprivileged import as_nobody
 
 REPO = Path(__file__).resolve().parent.parent
 GG = (sys.executable, "-m", "gpuguard")
@@ -336,7 +337,7 @@ def test_a_pass_in_reduced_mode_says_so_and_fails_when_ebpf_is_required():
 @pytest.mark.self_contained
 def test_doctor_as_a_user_without_capabilities_names_them_without_a_traceback():
     out = run(
-        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *GG, "doctor", "--json"],
+        [*as_nobody(), *GG, "doctor", "--json"],
         cwd="/",
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )

@@ -19,11 +19,11 @@ from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.telemetry import AgentTelemetry
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.log_writer import open_log
+from tests.support.findings import HOST, hostile_finding
 from tests.support.ports import free_port
 from tests.support.records import render_record
 from tests.support.rsyslog import Rsyslogd, free_ports
 from tests.support.tmpfs import fill, small_tmpfs
-from tests.test_agent_logs import HOST, hostile_finding
 
 
 def _balanced(writer) -> bool:

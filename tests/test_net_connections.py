@@ -12,6 +12,7 @@ import time
 import pytest
 
 from gpuguard.sources.net.connections import read_connection_table
+from tests.support.unprivileged import as_nobody
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,17 +57,7 @@ def test_time_wait_is_not_a_blind_spot_without_root_either():
         "print(json.dumps([t.unattributed, t.ownerless, [str(c.status) for c in tw], [c.pid for c in tw]]))"
     )
     out = subprocess.run(
-        [
-            "setpriv",
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            sys.executable,
-            "-c",
-            code,
-        ],
+        [*as_nobody(), sys.executable, "-c", code],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -9,18 +9,13 @@ import re
 import pytest
 
 from gpuguard.agent.config import load_config
-from gpuguard.detect.scoring.score import Evidence
 from gpuguard.errors import GpuguardError
 from gpuguard.events.agent_events import ActionOutcome, AgentLifecycle
 from gpuguard.outputs.bounds import OutputLimits, cap_text
-from gpuguard.outputs.finding import Finding, ProcessInfo
 from gpuguard.outputs.records import FORMATS
+from tests.support.cef import parse_cef
+from tests.support.findings import CMDLINE, EXE, HOST, NAME, hostile_records, huge_finding
 from tests.support.records import render_record
-from tests.test_agent_logs import HOST, hostile_records, parse_cef
-
-CMDLINE = ["/opt/m/" + "A" * 100_000] + [f"--opt{i}=\x1b\udcff" for i in range(10_000)]
-EXE = "/tmp/" + "e\\" * 32_768  # 64 KiB, full of backslashes
-NAME = "x\x1b]0;pwned\x07\udcfe|=\\\n" * 200
 
 
 def sha(text: str) -> str:
@@ -29,33 +24,6 @@ def sha(text: str) -> str:
 
 def size(text: str) -> int:
     return len(text.encode("utf-8", "surrogateescape"))
-
-
-def huge_finding() -> Finding:
-    return Finding(
-        kind="process",
-        rule_id="miner-binary-name",
-        rule_name="miner-binary-name",
-        rule_description="known miner",
-        score=95,
-        verdict="malicious",
-        explanation="pid 66 xmrig score 95 malicious",
-        evidence=[
-            Evidence(f"rule-{i:03d}", "sig", f"detail {i} " + "d" * 300, i % 50, "")
-            for i in range(500)
-        ],
-        process=ProcessInfo(
-            pid=66,
-            name=NAME,
-            executable=EXE,
-            command_line=list(CMDLINE),
-            start_time=1_700_000_000.5,
-            ppid=1,
-            user_name="root",
-            user_id=0,
-        ),
-        created=1_700_000_100.0,
-    )
 
 
 def assert_one_clean_line(line: str, budget: int = 8192) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
@@ -11,137 +10,33 @@ import gpuguard.detect.host.gpu_checks  # noqa: F401 - registers the GPU host ru
 from gpuguard.detect.host.checks import HostFinding, apply_thresholds
 from gpuguard.detect.host.rules import HOST_RULES
 from gpuguard.detect.ruleset.model import Thresholds
-from gpuguard.detect.scoring.cap import ScoreCap
-from gpuguard.detect.scoring.score import Evidence
 from gpuguard.escape import visible_text
 from gpuguard.events.agent_events import (
-    ACTION_STATUSES,
     LIFECYCLE_ACTIONS,
     ActionOutcome,
     AgentLifecycle,
 )
 from gpuguard.outputs.bounds import OutputLimits
 from gpuguard.outputs.ecs import _ACTION_ECS_TYPE, EXPECTED_EVENT_TYPES
-from gpuguard.outputs.finding import Destination, Finding, GpuUse, finding_from_host
+from gpuguard.outputs.finding import Finding, finding_from_host
 from gpuguard.outputs.ocsf import OCSF_VERSION
 from gpuguard.outputs.records import FORMATS
 from gpuguard.outputs.scan_report import scan_document
-from tests.support.records import render_record
-from tests.support.schemas import ecs_errors, ecs_fields, ecs_pair_errors, ocsf_errors, strict_cef
-from tests.test_agent_logs import (  # noqa: F401 - miner_finding is a fixture
+from tests.support.findings import (
     HOST,
     HOSTILE,
+    capped_finding,
     hostile_finding,
-    hostile_records,
-    miner_finding,
+    lifecycle_findings,
+    record_corpus,
+    scan_report,
 )
-from tests.test_output_bounds import huge_finding
-from tests.test_scan_outputs import _process_finding, _report
-
-
-def lifecycle_findings() -> list[Finding]:
-    """One process finding's create, update and close records, with everything a responder needs."""
-    out = []
-    for activity, sequence in (("create", 0), ("update", 1), ("close", 2)):
-        finding = hostile_finding()
-        finding.activity, finding.sequence = activity, sequence
-        finding.finding_id = "gpuguard-" + "a" * 31
-        finding.run_id = "3f2a9c1b7e44"  # the agent run's
-        finding.process.ppid = 40
-        finding.process.parent_name = HOSTILE
-        finding.process.ancestors = [
-            {"pid": 40, "name": HOSTILE, "executable": f"/bin/{HOSTILE}"},
-            {"pid": 30, "name": "sshd", "executable": "/usr/sbin/sshd"},
-            {"pid": 1, "name": "systemd", "executable": "/usr/lib/systemd/systemd"},
-        ]
-        finding.process.exe_sha256 = "ab" * 32
-        finding.process.pod_name, finding.process.pod_namespace = "trainer-7", "ml-team"
-        finding.process.container_name = "worker"
-        finding.destinations = [Destination("127.0.0.1", 3333, 2, "pool.example.org")]
-        finding.evidence = [
-            Evidence("miner-cmdline-stratum", "cmdline", HOSTILE, 40, "critical", ("T1496",)),
-            Evidence("net-pool-protocol", "payload", "stratum", 50, "critical", ("T1496",)),
-        ]
-        if activity != "create":
-            finding.changes = ["gpu", "destination", "rules"]
-            finding.gpu = GpuUse(["nvidia"], ["/dev/nvidia0"], 97.5, 6 << 30, 12, 8 << 30, True)
-        if activity == "close":
-            finding.process.exit_code = 137
-            finding.totals = {
-                "started": 1_700_000_000.5, "ended": 1_700_000_300.0, "age_s": 299.5,
-                "gpu_s": 250.0, "gpu_memory_peak": 6 << 30, "bytes_out": 4096, "bytes_in": 9000,
-                "actions": [{"action": "kill", "status": "done", "time": 1_700_000_101.0}],
-                "actions_total": 1, "records": 3, "destination": "127.0.0.1:3333",
-            }  # fmt: skip
-        out.append(finding)
-    return out
-
-
-def capped_finding() -> Finding:
-    """A busy worker's finding: three generic facts, 45, held at 39."""
-    finding = hostile_finding(39, "clean")
-    finding.score_cap = ScoreCap(39 + 6, 39, f"generic evidence only ({HOSTILE}, net-pool-port)")
-    return finding
-
-
-def record_corpus(miner: Finding) -> list[Any]:
-    """Every kind of record the output tests render: findings, each action and lifecycle step."""
-    host_gpu = HostFinding(
-        "host-gpu-memory-orphaned",
-        subject="nvidia gpu0",
-        detail="nvidia gpu0: 8.0 GiB held by no process",
-        device="nvidia gpu0",
-        amount=8 << 30,
-        pid=77,
-        process_name=HOSTILE,
-    )
-    host_file = HostFinding(
-        "host-persistence-miner", "/etc/cron.d/x", "cron starts a miner", ["/etc/cron.d/x:1: x"]
-    )
-    apply_thresholds([host_gpu, host_file], Thresholds(40, 75))
-    dialled = hostile_finding()
-    dialled.destinations = [Destination("pool.example", 3333, 4, HOSTILE)]
-    records: list[Any] = [
-        miner,
-        *hostile_records(),
-        hostile_finding(10, "clean"),
-        hostile_finding(50, "suspicious"),
-        capped_finding(),
-        dialled,
-        huge_finding(),
-        _process_finding(),
-        *lifecycle_findings(),
-        *(finding_from_host(h, a, 5.0) for h in (host_gpu, host_file) for a in ("create", "update", "close")),
-    ]  # fmt: skip
-    for action in (*_ACTION_ECS_TYPE, "other"):
-        for status in ACTION_STATUSES:
-            records.append(
-                ActionOutcome(
-                    time=3.0,
-                    action=action,
-                    status=status,
-                    pid=66,
-                    start_time=1.5,
-                    comm="x",
-                    exe="/x",
-                    verdict="malicious",
-                    score=90,
-                    rule_ids=["r"],
-                    reason="why",
-                    block_id="blk-1" if action == "block-egress" else None,
-                    detail={"addresses": ["10.0.0.1"]} if action == "block-egress" else {},
-                )  # fmt: skip
-            )
-        records.append(ActionOutcome(time=3.0, action=action, status="failed"))  # no target
-    records += [
-        AgentLifecycle(time=4.0, action=a, message=HOSTILE, detail={"n": 1})
-        for a in LIFECYCLE_ACTIONS
-    ]
-    return records
+from tests.support.records import render_record
+from tests.support.schemas import ecs_errors, ecs_fields, ecs_pair_errors, ocsf_errors, strict_cef
 
 
 @pytest.fixture(scope="module")
-def corpus(miner_finding):  # noqa: F811 - the fixture of the same name
+def corpus(miner_finding):
     return record_corpus(miner_finding)
 
 
@@ -195,7 +90,7 @@ def test_remediation_activity_has_a_command_uid_and_no_process():
 
 def test_scan_ocsf_documents_validate(corpus):
     findings = [r for r in corpus if isinstance(r, Finding)]
-    document = scan_document(_report(findings), "ocsf")
+    document = scan_document(scan_report(findings), "ocsf")
     assert document["scanner"]["schema"]["version"] == OCSF_VERSION
     for event in document["findings"]:
         assert ocsf_errors(json.loads(json.dumps(event, default=str))) == []
@@ -254,7 +149,7 @@ def test_every_ecs_record_uses_only_ecs_fields_of_the_right_type(corpus):
     for record in corpus:
         doc = json.loads(render_record(record, "ecs", HOST))
         assert ecs_errors(doc) == [], type(record).__name__
-    document = scan_document(_report([r for r in corpus if isinstance(r, Finding)]), "json")
+    document = scan_document(scan_report([r for r in corpus if isinstance(r, Finding)]), "json")
     for doc in document["findings"]:
         assert ecs_errors(json.loads(json.dumps(doc, default=str))) == []
 

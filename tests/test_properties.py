@@ -16,17 +16,6 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
-from test_json_outputs import assert_strict_json
-from test_payload import (
-    assert_well_formed,
-    json_line,
-    socks5_connect,
-    stratum,
-    sv2_setup_connection,
-    tls_client_hello,
-    xmrig_login,
-)
-from test_wire import raw_recording
 
 from gpuguard.commands.gpus import label_from_facts
 from gpuguard.commands.replay import _json_of
@@ -40,6 +29,17 @@ from gpuguard.events.wire_format import PROCESS_KIND, SNAPSHOT_KIND
 from gpuguard.outputs.console import LiveView
 from gpuguard.outputs.gpu_table import GpuView, render_view
 from gpuguard.outputs.jsonl import dumps_line
+from tests.support.payloads import (
+    assert_well_formed,
+    json_line,
+    socks5_connect,
+    stratum,
+    sv2_setup_connection,
+    tls_client_hello,
+    xmrig_login,
+)
+from tests.support.recordings import raw_recording
+from tests.support.strict_json import assert_strict_json
 
 PROPERTY = settings(
     max_examples=150,

@@ -39,7 +39,7 @@ from tests.support.rounding import (
     cpu_time_s,
     start_benign,
 )
-from tests.test_scan_support import findings_for_pid
+from tests.support.scan import findings_for_pid
 
 DEADLINE_S = 120.0
 SCAN_AFTER_S = 62.0

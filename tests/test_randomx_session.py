@@ -25,7 +25,7 @@ from tests.support.randomx import (
     start_standin,
     stop,
 )
-from tests.test_scan_support import findings_for_pid, scan_json
+from tests.support.scan import findings_for_pid, scan_json
 
 MIB = 1 << 20
 

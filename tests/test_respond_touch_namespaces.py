@@ -17,10 +17,10 @@ import pytest
 from gpuguard.respond import Responder
 from gpuguard.sources.proc.container_images import ContainerImages
 from gpuguard.sources.proc.pod_names import PodNames
+from tests.support.kubernetes_pod import Pod
 from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
 from tests.support.touch_scope import run_in, scope_cgroup, start_in
 from tests.support.workloads import build_workload
-from tests.test_agent_kubernetes_identity import Pod
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 

@@ -30,8 +30,8 @@ from gpuguard.sources.ebpf.fpu_probe import BLIND_PREFIX
 from gpuguard.sources.host.rounding_window import EXTEND_FACTOR, watch_rounding
 from tests.support.randomx import stop
 from tests.support.rounding import cpu_quota_group
+from tests.support.scan import run_scan
 from tests.support.workloads import build_c_program
-from tests.test_scan_support import run_scan
 
 # -- the chi-square survival function -------------------------------------------------
 

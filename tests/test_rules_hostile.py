@@ -17,7 +17,6 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_scan_support import run_scan
 
 from gpuguard.config.yaml_marks import MAX_DEPTH, MAX_NODES
 from gpuguard.correlate.state import ProcessKey, ProcessState
@@ -26,6 +25,7 @@ from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.score import score_process
 from gpuguard.errors import GpuguardError
 from gpuguard.events.process_facts import ProcessFacts
+from tests.support.scan import run_scan
 
 REPO = Path(__file__).resolve().parent.parent
 HEAD = "version: 1\n"

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_scan_support import REPO, run_scan, scan_json, sleeper
 
 from gpuguard.detect.ruleset.load import load_ruleset
 from gpuguard.detect.yara.persistent import PersistentYaraScanner
 from gpuguard.sources.host.yara_verdict_cache import CACHE_NAME
 from gpuguard.sources.proc.process import collect_process_facts
+from tests.support.scan import REPO, run_scan, scan_json, sleeper
 
 
 def _one_line_error(result) -> str:

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_scan_support import HIDER_C, PYTHON, REPO, compile_c, scan_json, sleeper
 
 from gpuguard.detect.host.checks import (
     HOST_RULES,
@@ -39,6 +38,7 @@ from gpuguard.sources.host.gpu_stack import (
     read_modules,
 )
 from gpuguard.sources.host.persistence import MAX_FILE_BYTES, collect_autostart_files
+from tests.support.scan import HIDER_C, PYTHON, REPO, compile_c, scan_json, sleeper
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_scan_support import scan_json
 
 from gpuguard.detect.host.checks import apply_thresholds
 from gpuguard.detect.host.tuning_checks import check_host_tuning, host_tuning_findings
 from gpuguard.detect.ruleset.model import Thresholds
 from gpuguard.sources.proc.huge_pages import read_host_tuning
+from tests.support.scan import scan_json
 
 GIB = 1 << 30
 

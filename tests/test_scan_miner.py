@@ -1,6 +1,6 @@
 """`gpuguard scan` finds a real miner-like process on this host, and leaves ordinary ones alone.
 
-One miner stand-in (tests/test_scan_support.py) runs for the whole module: a
+One miner stand-in (tests/support/scan.py) runs for the whole module: a
 renamed, deleted binary under /tmp with a kernel-thread comm, stratum
 arguments, a live connection to a loopback pool and GPU-named device handles
 from a private /dev.  Each output format is produced once and checked.
@@ -14,15 +14,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from test_scan_support import (
+
+from tests.support.json_shapes import (
     ECS_FINDING_SHAPE,
     OCSF_FINDING_SHAPE,
-    REPO,
     SCAN_DOCUMENT_SHAPE,
+    shape_errors,
+)
+from tests.support.scan import (
+    REPO,
     findings_for_pid,
     pool_listener,
     run_scan,
-    shape_errors,
     sleeper,
     started_miner,
     write_rules_override,

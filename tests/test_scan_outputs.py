@@ -6,99 +6,27 @@ import io
 import json
 
 from rich.console import Console
-from test_scan_support import (
+
+from gpuguard.detect.host.checks import HostFinding, apply_thresholds
+from gpuguard.detect.ruleset.model import Thresholds
+from gpuguard.outputs.ecs import finding_to_ecs, threat_fields
+from gpuguard.outputs.finding import (
+    finding_from_host,
+)
+from gpuguard.outputs.jsonl import dumps_line
+from gpuguard.outputs.ocsf import finding_to_ocsf, finding_uid
+from gpuguard.outputs.scan_report import render_console, scan_document
+from tests.support.findings import EVIL_NAME, process_finding, scan_report
+from tests.support.json_shapes import (
     ECS_FINDING_SHAPE,
     OCSF_FINDING_SHAPE,
     SCAN_DOCUMENT_SHAPE,
     shape_errors,
 )
 
-from gpuguard.detect.host.checks import HostFinding, apply_thresholds
-from gpuguard.detect.ruleset.model import Thresholds
-from gpuguard.detect.scoring.score import Evidence
-from gpuguard.outputs.ecs import finding_to_ecs, threat_fields
-from gpuguard.outputs.finding import (
-    Finding,
-    ProcessInfo,
-    finding_from_host,
-)
-from gpuguard.outputs.jsonl import dumps_line
-from gpuguard.outputs.ocsf import finding_to_ocsf, finding_uid
-from gpuguard.outputs.scan_report import ScanReport, render_console, scan_document
-from gpuguard.sources.host.gpu_stack import GpuStackFacts
-
-EVIL_NAME = "\x1b]0;pwned\x07[bold red]x[/]"
-
-
-def _process_finding(score: float = 80, verdict: str = "malicious") -> Finding:
-    return Finding(
-        kind="process",
-        rule_id="miner-cmdline-stratum",
-        rule_name="miner-cmdline-stratum",
-        rule_description="stratum URL in cmdline",
-        score=score,
-        verdict=verdict,
-        explanation=f"pid 4242 {EVIL_NAME} score {score:.0f} {verdict}",
-        evidence=[
-            Evidence(
-                "miner-cmdline-stratum",
-                "cmdline_url_schemes",
-                "cmdline_url_schemes=stratum+tcp",
-                40,
-                "critical",
-                ("T1496",),
-                "stratum URL in cmdline",
-            ),
-            Evidence(
-                "masquerade-kernel-thread",
-                "comm",
-                f"comm={EVIL_NAME}",
-                40,
-                "high",
-                ("T1036",),
-                "kernel-thread name on a user-space program",
-            ),
-        ],
-        categories=["process", "intrusion_detection"],
-        techniques=[("T1496", "Resource Hijacking"), ("T1036", "Masquerading")],
-        process=ProcessInfo(
-            pid=4242,
-            name=EVIL_NAME,
-            executable="/dev/shm/.x/kworker",
-            executable_deleted=True,
-            command_line=["/dev/shm/.x/kworker", "-o", "stratum+tcp://pool:3333"],
-            start_time=1_700_000_000.25,
-            ppid=1,
-            parent_name="systemd",
-            parent_executable="/usr/lib/systemd/systemd",
-            user_id=1000,
-            user_name="bob",
-            container_id="a" * 64,
-            container_runtime="containerd",
-            pod_uid="0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
-            cpu_percent=99.5,
-        ),
-    )
-
-
-def _report(findings: list[Finding]) -> ScanReport:
-    return ScanReport(
-        started=1_700_000_000.0,
-        finished=1_700_000_001.5,
-        findings=findings,
-        gpu_stack=GpuStackFacts(taint=0),
-        processes_scanned=123,
-        suspicious_threshold=40,
-        malicious_threshold=75,
-        limitations=[
-            "could not read /proc/PID/exe for 3 processes owned "
-            "by other users; run as root to see them"
-        ],
-    )
-
 
 def test_ecs_process_fields_nested():
-    doc = finding_to_ecs(_process_finding(), 1_700_000_001.0, {"hostname": "h1"})
+    doc = finding_to_ecs(process_finding(), 1_700_000_001.0, {"hostname": "h1"})
     assert shape_errors(doc, ECS_FINDING_SHAPE) == []
     assert doc["process"]["pid"] == 4242
     assert doc["process"]["name"] == EVIL_NAME  # structured field: exact value
@@ -133,13 +61,13 @@ def test_ecs_process_fields_nested():
 def test_ecs_event_kind_is_alert_only_at_or_above_the_suspicious_threshold():
     # A score-10 clean finding is an event, not an alert a SIEM would page on.
     kinds = {
-        verdict: finding_to_ecs(_process_finding(score, verdict), 1.0, {"hostname": "h1"})["event"][
+        verdict: finding_to_ecs(process_finding(score, verdict), 1.0, {"hostname": "h1"})["event"][
             "kind"
         ]
         for score, verdict in ((10, "clean"), (50, "suspicious"), (95, "malicious"))
     }
     assert kinds == {"clean": "event", "suspicious": "alert", "malicious": "alert"}
-    clean = finding_to_ecs(_process_finding(10, "clean"), 1.0, {"hostname": "h1"})
+    clean = finding_to_ecs(process_finding(10, "clean"), 1.0, {"hostname": "h1"})
     assert shape_errors(clean, ECS_FINDING_SHAPE) == []
 
 
@@ -158,7 +86,7 @@ def test_ecs_threat_subtechniques_and_tactics():
 
 
 def test_ocsf_detection_finding_fields():
-    event = finding_to_ocsf(_process_finding(), 1_700_000_001.0, "h1")
+    event = finding_to_ocsf(process_finding(), 1_700_000_001.0, "h1")
     assert shape_errors(event, OCSF_FINDING_SHAPE) == []
     assert (event["class_uid"], event["category_uid"], event["activity_id"], event["type_uid"]) == (
         2004,
@@ -184,7 +112,7 @@ def test_ocsf_detection_finding_fields():
 
 
 def test_ocsf_uid_is_stable_per_process_and_rule():
-    a, b = _process_finding(), _process_finding(score=50, verdict="suspicious")
+    a, b = process_finding(), process_finding(score=50, verdict="suspicious")
     assert finding_uid(a, "h1") == finding_uid(b, "h1")
     assert finding_uid(a, "h1") != finding_uid(a, "h2")
 
@@ -208,7 +136,9 @@ def test_host_finding_renders_with_file_path():
 
 def test_table_escapes_names_and_ignores_markup():
     out = io.StringIO()
-    render_console(_report([_process_finding()]), Console(file=out, width=200, color_system=None))
+    render_console(
+        scan_report([process_finding()]), Console(file=out, width=200, color_system=None)
+    )
     text = out.getvalue()
     assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b]0;pwned\\x07[bold red]x[/]" in text  # printed literally, not as markup
@@ -220,9 +150,9 @@ def test_table_escapes_names_and_ignores_markup():
 
 
 def test_document_envelope_and_exit_code():
-    clean = _report([_process_finding(score=20, verdict="clean")])
+    clean = scan_report([process_finding(score=20, verdict="clean")])
     assert clean.exit_code == 0
-    alerting = _report([_process_finding()])
+    alerting = scan_report([process_finding()])
     assert alerting.exit_code == 1
     doc = json.loads(json.dumps(scan_document(alerting, "json")))
     assert shape_errors(doc, SCAN_DOCUMENT_SHAPE) == []

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_scan_support import findings_for_pid, scan_json
+
+from tests.support.scan import findings_for_pid, scan_json
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_scan_support import pool_listener, started_miner, stop
 
 from gpuguard.events.model import Connect, GpuOpen
 from gpuguard.sources.gpu.fd_holders import holders_of_pid
 from gpuguard.sources.host.observation import observe_host
 from gpuguard.sources.net.connections import read_connection_table
 from gpuguard.sources.proc.hidden_pids import find_hidden_pids, list_proc_pids
+from tests.support.scan import pool_listener, started_miner, stop
 
 
 @pytest.mark.root

@@ -21,9 +21,9 @@ from gpuguard.detect.ruleset.load import load_ruleset
 from gpuguard.detect.ruleset.shipped import shipped_rules_file
 from gpuguard.detect.scoring.engine import DetectionEngine
 from gpuguard.detect.signals.reader import SignalReader
-from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot, ProcessGpuUsage
 from gpuguard.events.model import ConnActivity
 from gpuguard.events.process_facts import ProcessFacts
+from tests.support.gpu_feed import feed_busy_gpu
 from tests.support.workloads import run_with_gpu_nodes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,18 +58,6 @@ def _activity(pid, fd, age, times, bytes_out=2100, seeded=False):
     )
 
 
-def _busy_gpu(c, pid, seconds=300):
-    for i in range(0, seconds, 5):
-        c.feed(
-            GpuSnapshot(
-                time=T + i,
-                source="nvml",
-                devices=[DeviceSample("nvidia", 0, memory_total=80 << 30)],
-                processes=[ProcessGpuUsage(pid, "nvidia", 0, sm_util=99.0, used_memory=520 << 20)],
-            )
-        )
-
-
 def test_steady_cadence_signals_and_evidence(ruleset):
     c = Correlator(facts_provider=None)
     engine = DetectionEngine(c, ruleset)
@@ -82,7 +70,7 @@ def test_steady_cadence_signals_and_evidence(ruleset):
             cmdline=["python3", "svc.py"],
         )
     )
-    _busy_gpu(c, 7)
+    feed_busy_gpu(c, 7)
     c.feed(_activity(7, 5, 310.0, [T + 100 + 30 * i + (0.2 if i % 2 else 0.0) for i in range(8)]))
     c.feed(_activity(7, 6, 400.0, [T + 1, T + 2, T + 50, T + 51]))  # irregular: a person, a script
     r = SignalReader(c.state_of(7), T + 310)
@@ -113,7 +101,7 @@ def test_no_session_finding_without_a_pool_cadence(ruleset, times, why):
     c = Correlator(facts_provider=None)
     engine = DetectionEngine(c, ruleset)
     c.feed(ProcessFacts(pid=8, start_time=T, comm="app", exe="/usr/bin/app", cmdline=["app"]))
-    _busy_gpu(c, 8)
+    feed_busy_gpu(c, 8)
     c.feed(_activity(8, 5, 300.0, times))
     verdict = next(v for v in engine.verdicts(T + 300) if v.pid == 8)
     assert "net-steady-session-gpu-busy" not in {e.rule_id for e in verdict.evidence}, why
@@ -140,10 +128,9 @@ def test_sessions_are_bounded_keeping_the_longest_lived():
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_the_kernel_records_a_tls_pool_session_of_a_gpu_holder(tmp_path):
-    from test_scan_behaviour import TlsPool
-
     from gpuguard.sources.ebpf.probe_source import ProbeSettings
     from gpuguard.sources.ebpf.sensor import Sensor
+    from tests.support.covert_host import TlsPool
 
     pool = TlsPool(tmp_path)
     sensor = Sensor(ProbeSettings(), drain_interval=0.2, sweep_interval=3600, activity_interval=0.5)

@@ -8,8 +8,8 @@ import json
 import re
 from pathlib import Path
 
+from tests.support.findings import lifecycle_findings
 from tests.support.records import render_record
-from tests.test_output_schemas import lifecycle_findings
 
 SIEM_DOC = Path(__file__).resolve().parent.parent / "docs" / "siem.md"
 ACTIVITIES = ("create", "update", "close")

@@ -18,9 +18,9 @@ from sigma.collection import SigmaCollection
 from gpuguard.events.abi import DEVICE_CLASS_NAMES
 from gpuguard.events.devices import GPU_NODE_CLASS_NAMES
 from gpuguard.outputs.finding import GpuUse
+from tests.support.findings import HOST, hostile_finding
 from tests.support.records import render_record
-from tests.test_agent_logs import HOST, hostile_finding
-from tests.test_deploy import _matches
+from tests.support.sigma_match import sigma_matches
 
 REPO = Path(__file__).resolve().parent.parent
 SIGMA = REPO / "packaging" / "sigma"
@@ -92,12 +92,12 @@ def test_the_gpu_rule_matches_every_gpu_device_class_the_agent_emits_and_no_othe
         finding = hostile_finding()
         finding.gpu = GpuUse([device_class], ["/dev/dri/renderD128"], 97.0, 1 << 30, 12)
         doc = json.loads(render_record(finding, "ecs", HOST))
-        assert _matches(rule, doc) == (device_class not in NOT_GPU), device_class
+        assert sigma_matches(rule, doc) == (device_class not in NOT_GPU), device_class
     finding = hostile_finding()
     finding.gpu = GpuUse(
         ["hugepages-config", "nvidia"], [], None, None, 0
     )  # one GPU node is enough
-    assert _matches(rule, json.loads(render_record(finding, "ecs", HOST)))
+    assert sigma_matches(rule, json.loads(render_record(finding, "ecs", HOST)))
 
 
 def list_valued_fields(docs: list[dict]) -> set[str]:
@@ -130,7 +130,7 @@ def rule_fields(rule: dict) -> set[str]:
 def test_no_rule_selects_on_a_field_the_agent_writes_as_a_list():
     """ES|QL compares a multi-valued field with == (or IN) to null, so a rule on event.category
     never matches in Elasticsearch; every rule selects on single-valued fields only."""
-    from tests.test_output_schemas import record_corpus
+    from tests.support.findings import record_corpus
 
     finding = hostile_finding()
     finding.gpu = GpuUse(["nvidia", "nvidia-uvm"], ["/dev/nvidia0"], 97.0, 1 << 30, 12)

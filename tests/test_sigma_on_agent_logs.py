@@ -18,7 +18,6 @@ name the processes and the addresses this module started (docs/siem.md).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -42,23 +41,13 @@ from tests.support.agent_run import (
     running_agent,
     simulator_rules,
 )
+from tests.support.payloads import LOGIN
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 SIGMA = REPO / "packaging" / "sigma"
 NV_ESC_RM_ALLOC = (3 << 30) | (48 << 16) | (ord("F") << 8) | 0x2B
-LOGIN = (
-    json.dumps(
-        {
-            "id": 1,
-            "jsonrpc": "2.0",
-            "method": "login",
-            "params": {"login": "4" + "7" * 94, "pass": "x", "agent": "XMRig/6.21.0"},
-        }
-    )
-    + "\n"
-).encode()
 HTTP = b"GET /v1/models HTTP/1.1\r\nHost: inference.local\r\n\r\n"
 
 

@@ -36,9 +36,9 @@ from gpuguard.sources.net.tcp_sessions import (
     read_sessions,
     socket_fds,
 )
+from tests.support.covert_host import TlsPool, scan_in_process
+from tests.support.gpu_feed import feed_busy_gpu
 from tests.support.workloads import run_with_gpu_nodes
-from tests.test_scan_behaviour import TlsPool, _scan, covert_host  # noqa: F401 - covert_host is a fixture
-from tests.test_sessions import _busy_gpu
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT = REPO / "tests" / "workloads" / "tls_stratum_client.py"
@@ -296,7 +296,7 @@ def _rules_hit(ruleset, record, pid):
     c.feed(
         ProcessFacts(pid=pid, start_time=T - 3600, comm="app", exe="/usr/bin/app", cmdline=["app"])
     )
-    _busy_gpu(c, pid, 310)
+    feed_busy_gpu(c, pid, 310)
     c.feed(record)
     verdict = next(v for v in engine.verdicts(T + 310) if v.pid == pid)
     return {e.rule_id: e.detail for e in verdict.evidence}, SignalReader(c.state_of(pid), T + 310)
@@ -397,7 +397,7 @@ def test_a_scan_window_of_60_s_shows_a_15_s_cadence_from_three_writes(ruleset):
 
 @pytest.mark.root
 @pytest.mark.self_contained
-def test_scan_reports_the_session_cadence_of_a_gpu_holder(covert_host, capsys, tmp_path):  # noqa: F811 - the fixture
+def test_scan_reports_the_session_cadence_of_a_gpu_holder(covert_host, capsys, tmp_path):
     rules = tmp_path / "cadence.yaml"
     rules.write_text(
         "version: 1\nrules:\n  - id: test-session-cadence\n    description: any steady session\n"
@@ -406,7 +406,7 @@ def test_scan_reports_the_session_cadence_of_a_gpu_holder(covert_host, capsys, t
         "        - {signal: session_summary, matches: 'small writes every'}\n"
     )
     os.chmod(rules, 0o644)
-    code, doc = _scan(capsys, "--gpu-window", "7", "--rules", str(rules))
+    code, doc = scan_in_process(capsys, "--gpu-window", "7", "--rules", str(rules))
     covert = next(
         f for f in doc["findings"] if f.get("process", {}).get("pid") == covert_host["covert"].pid
     )

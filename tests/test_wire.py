@@ -31,8 +31,7 @@ from gpuguard.events.process_facts import Ancestor, ProcessFacts
 from gpuguard.events.wire import RecordingDamaged, iter_recording, read_header
 from gpuguard.events.wire_format import item_from_record
 from gpuguard.events.wire_write import RecordingWriter
-
-T0 = 1_718_000_000.25
+from tests.support.recordings import T0, raw_recording
 
 
 def sample_events() -> list:
@@ -208,30 +207,6 @@ def read_until_damage(path: Path) -> tuple[list, RecordingDamaged | None]:
     except RecordingDamaged as exc:
         return items, exc
     return items, None
-
-
-def raw_recording(records: list, header: dict | None = None, end: bool = True) -> bytes:
-    """A recording packed by hand from the documented format."""
-    header = (
-        header
-        if header is not None
-        else {
-            "format": "gpuguard-recording",
-            "version": 1,
-            "abi": abi.ABI_VERSION,
-            "created": T0,
-            "host": "h",
-            "gpuguard": "test",
-            "meta": {},
-        }
-    )
-    packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogateescape")
-    body = b"".join(packer.pack(r) for r in [header, *records])
-    if end:
-        body += msgpack.packb(
-            {"kind": "recording_end", "items": len(records), "crc32": zlib.crc32(body)}
-        )
-    return body
 
 
 def boundaries(data: bytes) -> list[int]:

@@ -1,6 +1,6 @@
-"""Shared pieces of the `gpuguard scan` tests: tiny C programs, a fake pool, the JSON shape.
+"""`gpuguard scan` run for tests, and what it scans: tiny C programs (a miner, a hider), a fake pool.
 
-No tests live here.  The programs are compiled with gcc into the test's
+The programs are compiled with gcc into the test's
 temporary directory:
 
 * ``MINER_C`` — a miner stand-in: opens the GPU nodes it finds, connects to the
@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.proving.simulator import LoopbackPool
+from tests.support.unprivileged import as_nobody
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 WALLET = "4" + "8" * 94  # a Monero-shaped address: 4, then 94 base58 characters
 
@@ -211,7 +212,9 @@ def run_scan(
     """``gpuguard scan ARGS`` in a fresh interpreter; ``user="nobody"`` drops to uid/gid 65534."""
     cmd = [PYTHON, "-m", "gpuguard", "scan", *args]
     if user == "nobody":
-        cmd = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *cmd]
+        cmd = [*as_nobody(), *cmd]
+    elif user is not None:
+        raise ValueError(f"run_scan runs as root or nobody, not {user}")
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO)
     full_env.update(env or {})
@@ -235,189 +238,3 @@ def write_rules_override(path: Path, pool_port: int) -> Path:
 
 def findings_for_pid(doc: dict[str, Any], pid: int) -> list[dict[str, Any]]:
     return [f for f in doc["findings"] if f.get("process", {}).get("pid") == pid]
-
-
-# ---- the documented JSON shape (docs/scan.md "JSON output") ----------------------
-# A JSON-schema-like description: "type" is a Python type or tuple; "required"
-# lists keys; "properties" describes nested objects; "items" describes list items.
-
-_STR, _INT, _NUM, _BOOL = str, int, (int, float), bool
-_STRS = {"type": list, "items": {"type": _STR}}
-
-ECS_FINDING_SHAPE: dict[str, Any] = {
-    "type": dict,
-    "required": ["@timestamp", "ecs", "message", "event", "rule", "threat", "host", "gpuguard"],
-    "properties": {
-        "@timestamp": {"type": _STR},
-        "ecs": {"type": dict, "required": ["version"]},
-        "message": {"type": _STR},
-        "event": {
-            "type": dict,
-            "required": ["kind", "category", "type", "risk_score", "severity", "module", "dataset"],
-            "properties": {
-                "kind": {"type": _STR, "enum": ["alert", "event"]},
-                "category": _STRS,
-                "type": _STRS,
-                "risk_score": {"type": _NUM},
-                "severity": {"type": _INT},
-            },
-        },
-        "rule": {
-            "type": dict,
-            "required": ["id", "name", "description"],
-            "properties": {
-                "id": {"type": _STR},
-                "name": {"type": _STR},
-                "description": {"type": _STR},
-            },
-        },
-        "threat": {
-            "type": dict,
-            "required": ["framework", "technique"],
-            "properties": {
-                "framework": {"type": _STR, "enum": ["MITRE ATT&CK"]},
-                "technique": {
-                    "type": dict,
-                    "required": ["id", "name"],
-                    "properties": {"id": _STRS, "name": _STRS},
-                },
-            },
-        },
-        "process": {
-            "type": dict,
-            "required": ["pid"],
-            "properties": {
-                "pid": {"type": _INT},
-                "name": {"type": _STR},
-                "executable": {"type": _STR},
-                "command_line": {"type": _STR},
-                "args": _STRS,
-                "parent": {"type": dict, "properties": {"pid": {"type": _INT}}},
-            },
-        },
-        "user": {"type": dict, "properties": {"id": {"type": _STR}, "name": {"type": _STR}}},
-        "container": {"type": dict, "required": ["id"]},
-        "orchestrator": {"type": dict, "required": ["type", "resource"]},
-        "gpuguard": {
-            "type": dict,
-            "required": ["kind", "score", "verdict", "severity", "rule_ids", "evidence"],
-            "properties": {
-                "kind": {"type": _STR, "enum": ["process", "host"]},
-                "score": {"type": _NUM},
-                "verdict": {"type": _STR, "enum": ["clean", "suspicious", "malicious"]},
-                "rule_ids": _STRS,
-                "evidence": {
-                    "type": list,
-                    "items": {
-                        "type": dict,
-                        "required": ["rule_id", "detail", "weight"],
-                        "properties": {
-                            "rule_id": {"type": _STR},
-                            "detail": {"type": _STR},
-                            "weight": {"type": _NUM},
-                        },
-                    },
-                },
-            },
-        },
-    },
-}
-
-OCSF_FINDING_SHAPE: dict[str, Any] = {
-    "type": dict,
-    "required": [
-        "class_uid",
-        "category_uid",
-        "activity_id",
-        "type_uid",
-        "severity_id",
-        "time",
-        "finding_info",
-        "metadata",
-        "evidences",
-    ],
-    "properties": {
-        "class_uid": {"type": _INT, "enum": [2004]},
-        "category_uid": {"type": _INT, "enum": [2]},
-        "activity_id": {"type": _INT, "enum": [1]},
-        "type_uid": {"type": _INT, "enum": [200401]},
-        "severity_id": {"type": _INT, "enum": [1, 2, 3, 4, 5]},
-        "time": {"type": _INT},
-        "finding_info": {
-            "type": dict,
-            "required": ["uid", "title", "analytic"],
-            "properties": {
-                "uid": {"type": _STR},
-                "title": {"type": _STR},
-                "types": _STRS,
-                "analytic": {"type": dict, "required": ["type_id"]},
-            },
-        },
-        "metadata": {
-            "type": dict,
-            "required": ["product", "version"],
-            "properties": {"product": {"type": dict, "required": ["name", "version"]}},
-        },
-        "evidences": {"type": list, "items": {"type": dict}},
-    },
-}
-
-SCAN_DOCUMENT_SHAPE: dict[str, Any] = {
-    "type": dict,
-    "required": ["scanner", "host", "summary", "findings"],
-    "properties": {
-        "scanner": {
-            "type": dict,
-            "required": ["name", "version", "command", "started", "finished", "schema"],
-        },
-        "host": {"type": dict, "required": ["hostname"]},
-        "summary": {
-            "type": dict,
-            "required": [
-                "processes_scanned",
-                "findings",
-                "malicious",
-                "suspicious",
-                "highest_score",
-                "exit_code",
-                "could_not_see",
-                "gpu_stack",
-            ],
-            "properties": {
-                "processes_scanned": {"type": _INT},
-                "exit_code": {"type": _INT, "enum": [0, 1]},
-                "could_not_see": _STRS,
-            },
-        },
-        "findings": {"type": list},
-    },
-}
-
-
-def shape_errors(value: Any, shape: dict[str, Any], where: str = "$") -> list[str]:
-    """Every place ``value`` departs from ``shape`` (empty when it conforms)."""
-    errors: list[str] = []
-    expected = shape.get("type")
-    if expected is not None:
-        # bool is an int in Python; a number field must not accept True.
-        if (
-            isinstance(value, bool)
-            and expected is not bool
-            and (expected is int or (isinstance(expected, tuple) and bool not in expected))
-        ):
-            return [f"{where}: expected {expected}, got bool"]
-        if not isinstance(value, expected):
-            return [f"{where}: expected {expected}, got {type(value).__name__}"]
-    if "enum" in shape and value not in shape["enum"]:
-        errors.append(f"{where}: {value!r} not in {shape['enum']}")
-    if isinstance(value, dict):
-        for key in shape.get("required", ()):
-            if key not in value:
-                errors.append(f"{where}: missing {key!r}")
-        for key, sub in shape.get("properties", {}).items():
-            if key in value:
-                errors.extend(shape_errors(value[key], sub, f"{where}.{key}"))
-    if isinstance(value, list) and "items" in shape:
-        for i, item in enumerate(value):
-            errors.extend(shape_errors(item, shape["items"], f"{where}[{i}]"))
-    return errors

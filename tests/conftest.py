@@ -95,6 +95,12 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "slow: waits out a shipped rule window live (a minute or more); the other live tests "
+        "layer tests/support/short_windows.py instead.  Run in CI like every test; "
+        "-m 'not slow' leaves them out of a quick run",
+    )
+    config.addinivalue_line(
+        "markers",
         "device_check: runs benchmarks/device_check.sh --dry-run (pytest --device-check, .ci/run's "
         "own step; deselected without it)",
     )

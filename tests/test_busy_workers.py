@@ -7,7 +7,7 @@ session to memcached, beanstalkd, redis-server or PostgreSQL; memcached's and be
 default ports lie in the pool-port range, so three of them show the three generic facts that
 used to add up to 45 (a quiet session, a pool-like port, a thread that never sleeps).  Beside
 them, the string-free RandomX stand-in runs as nobody over TLS without SNI.  Time is a rules
-parameter here (tests/support/short_windows.yaml): the rules' two-minute windows become 20 s,
+parameter here (tests/support/short_windows.py): the rules' two-minute windows become 20 s,
 and the servers hand out jobs every 2-8 s, so a minute shows what the five-minute soak
 (benchmarks/bench_precision.py) shows.
 """
@@ -35,24 +35,13 @@ from tests.support.busy_workers import (
 )
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, start_standin, stop
 from tests.support.scan import findings_for_pid, scan_json
+from tests.support.short_windows import short_window_rules
 
-REPO = Path(__file__).resolve().parent.parent
-SHORT_WINDOWS = REPO / "tests" / "support" / "short_windows.yaml"
 WARM_S = 35.0  # the workers' age before the scan: past the short windows (20 s)
 AGENT_WATCH_S = 60.0  # the agent watches the workers at least this long (3 short windows)
 STANDIN_DEADLINE_S = 150.0
 
 pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
-
-
-def _layered_rules(workdir: Path) -> list[str]:
-    """The shipped rules and the short windows, copied root-only as the agent demands."""
-    rules = workdir / "rules"
-    rules.mkdir(mode=0o700)
-    shutil.copytree(REPO / "rules", rules, dirs_exist_ok=True)
-    shutil.copy2(SHORT_WINDOWS, rules / "short-windows.yaml")
-    (rules / "short-windows.yaml").chmod(0o600)
-    return [str(rules / "miner-rules.yaml"), str(rules / "short-windows.yaml")]
 
 
 def _join(cgroup: Path, pid: int) -> None:
@@ -64,7 +53,7 @@ def corpus():
     """Servers, workers and the stand-in (all in one enforce scope), and one scan of them."""
     with tempfile.TemporaryDirectory(prefix="gg-busy-") as tmp:
         workdir = Path(tmp)
-        rules = _layered_rules(workdir)
+        rules = short_window_rules(workdir)
         pool = LoopbackPool(workdir, tls=True, push_s=(10, 40))
         workers: dict[str, subprocess.Popen] = {}
         standin = None

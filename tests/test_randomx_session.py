@@ -26,6 +26,7 @@ from tests.support.randomx import (
     stop,
 )
 from tests.support.scan import findings_for_pid, scan_json
+from tests.support.short_windows import rules_args, short_window_rules, shortened
 
 MIB = 1 << 20
 
@@ -117,23 +118,27 @@ def test_gpuguard_scan_flags_the_standin_on_a_quiet_host_and_on_a_loaded_one():
     """Its cache in huge pages, TLS to an IP with no SNI, settings on stdin: a 0.5 s scan finds
     it from lifetime evidence (a thread runnable all its life, the huge pages, its session
     read once) on a quiet host, and again once two CPU hogs and a second copy at nice 19 with
-    one thread load the host.  Assertions are about the processes this test started only."""
+    one thread load the host.  The rules' windows are shortened six-fold (a minute of spinning
+    is 10 s, a two-minute quiet session 20 s: tests/support/short_windows.py).  Assertions are
+    about the processes this test started only."""
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="gg-scan-rx-") as tmp:
+        rules = rules_args(short_window_rules(Path(tmp)))
         pool = LoopbackPool(Path(tmp), tls=True, push_s=(10.0, 40.0))
         try:
             with reserved_huge_pages(2 * 128 + 4):
                 try:
                     quiet = start_standin(pool, "nodestatd", threads=1, submit_s=15)
                     procs.append(quiet)
-                    time.sleep(70)  # cpu-hugepages-miner asks for a minute of spinning
-                    code, quiet_doc, _ = scan_json("--no-yara")
+                    time.sleep(shortened(60) + 5)  # cpu-hugepages-miner: a minute of spinning
+                    code, quiet_doc, _ = scan_json("--no-yara", *rules)
                     hogs = [cpu_hog(300), cpu_hog(300)]
                     procs += hogs
                     throttled = start_standin(pool, "syncagent", threads=1, nice=19, submit_s=15)
                     procs.append(throttled)
-                    time.sleep(70)
-                    _, loaded_doc, _ = scan_json("--no-yara")
+                    # the throttled copy's minute, and the first one's two-minute quiet session
+                    time.sleep(shortened(120))
+                    _, loaded_doc, _ = scan_json("--no-yara", *rules)
                     assert all(p.poll() is None for p in procs), "a workload died early"
                 finally:
                     for proc in procs:  # before the huge pages go back
@@ -142,15 +147,15 @@ def test_gpuguard_scan_flags_the_standin_on_a_quiet_host_and_on_a_loaded_one():
             pool.close()
             shutil.rmtree(INSTALL_DIR, ignore_errors=True)
     assert code == 1  # something reached suspicious
-    verdict, rules = _verdict(quiet_doc, quiet.pid)
-    assert verdict in ("suspicious", "malicious"), (verdict, rules)
-    assert {"cpu-hugepages-randomx-size", "cpu-hugepages-miner"} <= rules
+    verdict, rules_seen = _verdict(quiet_doc, quiet.pid)
+    assert verdict in ("suspicious", "malicious"), (verdict, rules_seen)
+    assert {"cpu-hugepages-randomx-size", "cpu-hugepages-miner"} <= rules_seen
     # on the loaded host: the throttled copy from its lifetime alone, and the first one again,
-    # now with its pool session read once (two minutes old: the quiet-session rule)
-    verdict, rules = _verdict(loaded_doc, throttled.pid)
-    assert verdict in ("suspicious", "malicious"), (verdict, rules)
-    verdict, rules = _verdict(loaded_doc, quiet.pid)
-    assert verdict in ("suspicious", "malicious"), (verdict, rules)
-    assert "net-quiet-session-cpu-spinning" in rules, rules
+    # now with its pool session read once (past the quiet-session rule's window)
+    verdict, rules_seen = _verdict(loaded_doc, throttled.pid)
+    assert verdict in ("suspicious", "malicious"), (verdict, rules_seen)
+    verdict, rules_seen = _verdict(loaded_doc, quiet.pid)
+    assert verdict in ("suspicious", "malicious"), (verdict, rules_seen)
+    assert "net-quiet-session-cpu-spinning" in rules_seen, rules_seen
     for hog in hogs:  # busy, but nothing else odd
         assert _verdict(loaded_doc, hog.pid)[0] == "clean"

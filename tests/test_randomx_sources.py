@@ -174,9 +174,12 @@ def test_fpu_probe_declares_its_blind_spot_without_btf():
 
 @pytest.mark.root
 @pytest.mark.host_mutator
+@pytest.mark.slow
 def test_scan_sees_a_throttled_standin_with_huge_pages_from_its_lifetime():
     """Huge pages reserved for it, one worker at nice 19 beside two hogs, TLS to an IP: a
-    scan with a 0.5 s CPU window finds the thread that never sleeps from its lifetime totals."""
+    scan with a 0.5 s CPU window finds the thread that never sleeps from its lifetime totals.
+    The suite's one live test on the shipped rules' own minute (the others shorten it:
+    tests/support/short_windows.py)."""
     from gpuguard.correlate.correlator import Correlator
     from gpuguard.sources.host.observation import observe_host
 

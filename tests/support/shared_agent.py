@@ -9,6 +9,7 @@ a restart) starts a private agent (:func:`tests.support.agent_run.running_agent`
 
 The agent runs the shipped rules plus a site layer listing the simulator's pool port
 (3333) and :data:`SHARED_POOL_PORTS`, ports tests bind their loopback pools on; it serves
+finding updates at most every :data:`UPDATE_INTERVAL_S`; it serves
 /metrics on a free loopback port (``agent.metrics_port``); ``agent.rules_dir`` holds its
 rules (a test that changes them restores them and reloads, in a ``finally``).
 """
@@ -26,6 +27,9 @@ from tests.support.ports import free_port
 # Pool ports the shared agent's site layer lists beside the simulator's: a test binds its pool
 # on one of them (tests/support/randomx.py's LoopbackPool takes a port).
 SHARED_POOL_PORTS = (34441, 34442, 34443, 34444)
+# findings.update_interval_s of the shared agent (the shipped 30 s would keep a finding's first
+# update from a test for half a minute)
+UPDATE_INTERVAL_S = 8.0
 
 
 @contextlib.contextmanager
@@ -34,9 +38,14 @@ def shared_agent_running() -> Iterator[AgentProcess]:
     with tempfile.TemporaryDirectory(prefix="gg-shared-agent-") as tmp:
         workdir = Path(tmp)
         rules, site = simulator_rules(workdir, *SHARED_POOL_PORTS)
+        config = workdir / "agent.yaml"
+        config.write_text(f"findings: {{update_interval_s: {UPDATE_INTERVAL_S:g}}}\n")
+        config.chmod(0o600)
         port = free_port()
         with running_agent(
             workdir,
+            "--config",
+            str(config),
             "--sensor",
             "ebpf",
             "--rules",

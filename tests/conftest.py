@@ -287,6 +287,16 @@ def repo() -> Path:
     return REPO
 
 
+@pytest.fixture(scope="session")
+def shared_agent():
+    """The live eBPF agent this test process shares, started at its first use
+    (tests/support/shared_agent.py): a test that takes it asserts only about its own pids."""
+    from tests.support.shared_agent import shared_agent_running
+
+    with shared_agent_running() as agent:
+        yield agent
+
+
 @pytest.fixture(scope="module")
 def miner_finding():
     """The golden stratum miner's malicious finding (the output tests render it in every format)."""

@@ -2,8 +2,9 @@
 
 The simulator (gpuguard/proving/simulator.py) runs in private mount and network
 namespaces: GPU-named nodes on a private /dev tmpfs, a CUDA-like ioctl burst,
-a stratum login to a loopback pool.  One eBPF agent serves most tests; the
-reduced-mode and start-order tests run their own.
+a stratum login to a loopback pool.  Most tests join the eBPF agent this test process shares
+(tests/support/shared_agent.py) and assert about their own simulator's pid; the tests of the
+agent's own start, stop, output and reduced mode run their own.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from tests.support.agent_run import (
     lifecycle,
     miner_simulator,
     running_agent,
-    simulator_rules,
 )
 from tests.support.cef import parse_cef
 from tests.support.metrics_scrape import scrape, series
@@ -44,34 +44,12 @@ pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 FOUND_WITHIN_S = 15.0
 
 
-@pytest.fixture(scope="module")
-def ebpf_agent():
-    with tempfile.TemporaryDirectory(prefix="gg-agent-") as tmp:
-        rules, site = simulator_rules(Path(tmp))
-        rules_dir = rules.parent
-        port = free_port()
-        with running_agent(
-            Path(tmp),
-            "--sensor",
-            "ebpf",
-            "--rules",
-            str(rules),
-            "--rules",
-            str(site),
-            "--metrics-address",
-            f"127.0.0.1:{port}",
-        ) as agent:
-            agent.rules_dir = rules_dir
-            agent.metrics_port = port
-            yield agent
-
-
-def test_miner_is_found_while_it_runs_with_its_evidence(ebpf_agent):
+def test_miner_is_found_while_it_runs_with_its_evidence(shared_agent):
     with miner_simulator() as miner:
         assert miner["pool"] == 1, "the simulator never logged in to its pool"
-        finding = ebpf_agent.wait_record(finding_for(miner["pid"]), timeout=10)
+        finding = shared_agent.wait_record(finding_for(miner["pid"]), timeout=10)
         # network evidence arrives after the exec: wait for the verdict to reach its final score
-        doc = ebpf_agent.wait_status(
+        doc = shared_agent.wait_status(
             lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"])
         )
     detected = [f for f in doc["last_findings"] if f["pid"] == miner["pid"]][0]
@@ -81,13 +59,13 @@ def test_miner_is_found_while_it_runs_with_its_evidence(ebpf_agent):
     # The first record may come from the exec's own argv before /proc's whole command line is
     # read (a loaded host); then an update of the same finding names all three cmdline rules.
     cmdline_rules = {"miner-cmdline-stratum", "miner-cmdline-wallet", "miner-cmdline-flags"}
-    ebpf_agent.wait_record(
+    shared_agent.wait_record(
         lambda r: finding_for(miner["pid"])(r) and cmdline_rules <= set(r["gpuguard"]["rule_ids"])
     )
     assert "stratum+tcp://127.0.0.1:3333" in finding["process"]["command_line"]
     assert "T1496" in finding["threat"]["technique"]["id"]
     # one create per finding, not one line per rescore (updates are coalesced; a close may follow)
-    records = ebpf_agent.records()
+    records = shared_agent.records()
     mine = [r for r in records if finding_for(miner["pid"])(r)]
     assert [r["gpuguard"]["finding"]["activity"] for r in mine][:1] == ["create"]
     assert sum(1 for r in mine if r["gpuguard"]["finding"]["activity"] == "create") == 1
@@ -96,13 +74,13 @@ def test_miner_is_found_while_it_runs_with_its_evidence(ebpf_agent):
     assert [a["gpuguard"]["action"] for a in alert] == ["alert"]
 
 
-def test_metrics_endpoint_counts_the_finding_events_and_processes(ebpf_agent):
+def test_metrics_endpoint_counts_the_finding_events_and_processes(shared_agent):
     with miner_simulator() as miner:
-        ebpf_agent.wait_record(finding_for(miner["pid"]), timeout=10)
-        before = series(scrape(ebpf_agent.metrics_port), "gpuguard_findings_total")
+        shared_agent.wait_record(finding_for(miner["pid"]), timeout=10)
+        before = series(scrape(shared_agent.metrics_port), "gpuguard_findings_total")
         deadline = time.monotonic() + 15  # totals are synced on every state-file tick
         while time.monotonic() < deadline:
-            samples = scrape(ebpf_agent.metrics_port)
+            samples = scrape(shared_agent.metrics_port)
             if (
                 series(samples, "gpuguard_findings_total", verdict="malicious") >= 1
                 and series(samples, "gpuguard_events_total", kind="gpu_ioctl") > 0
@@ -119,7 +97,7 @@ def test_metrics_endpoint_counts_the_finding_events_and_processes(ebpf_agent):
     assert series(samples, "gpuguard_log_records_total") > 0
 
 
-def test_metrics_count_the_execs_the_exec_filter_keeps_and_sends_up(ebpf_agent):
+def test_metrics_count_the_execs_the_exec_filter_keeps_and_sends_up(shared_agent):
     """Plain short execs are counted as kept in the kernel, a listed name as sent up at exec;
     the text is read by Prometheus's own parser (the host's other execs move them too)."""
     place = Path(f"/run/gg-agent-execs-{os.getpid()}")
@@ -129,13 +107,13 @@ def test_metrics_count_the_execs_the_exec_filter_keeps_and_sends_up(ebpf_agent):
         shutil.copy("/bin/true", plain)
         named = place / "xmrig"  # in the shipped rules' miner names: goes up in full at exec
         shutil.copy("/bin/true", named)
-        before = scrape(ebpf_agent.metrics_port)
+        before = scrape(shared_agent.metrics_port)
         for _ in range(40):
             subprocess.run([str(plain)], check=True)
         subprocess.run([str(named)], check=True)
         deadline = time.monotonic() + 20  # counts are read and synced every 2 s
         while time.monotonic() < deadline:
-            after = scrape(ebpf_agent.metrics_port)
+            after = scrape(shared_agent.metrics_port)
             moved = {
                 name: series(after, name, **labels) - series(before, name, **labels)
                 for name, labels in (
@@ -162,31 +140,31 @@ def test_metrics_count_the_execs_the_exec_filter_keeps_and_sends_up(ebpf_agent):
         assert ("gpuguard_execs_sent_up_total", (("when", when),)) in after
     assert ("gpuguard_exec_filter_full_total", (("map", "pending"),)) in after
     body = urllib.request.urlopen(
-        f"http://127.0.0.1:{ebpf_agent.metrics_port}/metrics", timeout=5
+        f"http://127.0.0.1:{shared_agent.metrics_port}/metrics", timeout=5
     ).read()
     assert b"# HELP gpuguard_execs_kept_in_kernel_total Execs the exec filter kept" in body
 
 
-def test_status_shows_the_running_agent(ebpf_agent):
+def test_status_shows_the_running_agent(shared_agent):
     run = subprocess.run(
-        [sys.executable, "-m", "gpuguard", "status", "--state-file", str(ebpf_agent.state)],
+        [sys.executable, "-m", "gpuguard", "status", "--state-file", str(shared_agent.state)],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=30,
     )
     assert run.returncode == 0, run.stderr
-    assert f"running (running), pid {ebpf_agent.proc.pid}" in run.stdout
+    assert f"running (running), pid {shared_agent.proc.pid}" in run.stdout
     assert "mode:       monitor" in run.stdout
-    doc = ebpf_agent.status()
+    doc = shared_agent.status()
     assert doc["sensor"] == "ebpf" and doc["probes_attached"] > 5 and doc["blind_spots"] == []
     assert len(doc["rules"]["version"]) == 12 and doc["rules"]["generation"] >= 1
-    assert oct(os.stat(ebpf_agent.state).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(shared_agent.state).st_mode & 0o777) == "0o600"
 
 
-def test_selftest_passes_against_the_running_agent(ebpf_agent):
+def test_selftest_passes_against_the_running_agent(shared_agent):
     run = subprocess.run(
-        [sys.executable, "-m", "gpuguard", "selftest", "--state-file", str(ebpf_agent.state)],
+        [sys.executable, "-m", "gpuguard", "selftest", "--state-file", str(shared_agent.state)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -196,32 +174,32 @@ def test_selftest_passes_against_the_running_agent(ebpf_agent):
     assert run.stdout.startswith("PASS: running agent") and "malicious" in run.stdout
 
 
-def test_sighup_with_a_broken_rules_file_keeps_the_old_rules(ebpf_agent):
-    site = ebpf_agent.rules_dir / "site.yaml"
+def test_sighup_with_a_broken_rules_file_keeps_the_old_rules(shared_agent):
+    site = shared_agent.rules_dir / "site.yaml"
     good = site.read_text()
-    before = ebpf_agent.status()["rules"]
+    before = shared_agent.status()["rules"]
     try:
         site.write_text("version: 1\nrules:\n  - id: broken\n    weight: lots\n")
-        ebpf_agent.signal(signal.SIGHUP)
-        failed = ebpf_agent.wait_record(
+        shared_agent.signal(signal.SIGHUP)
+        failed = shared_agent.wait_record(
             lambda r: lifecycle("reload-failed")(r) and "SIGHUP" in r["message"]
         )
         assert (
             "keeping the previous rules" in failed["message"] and "site.yaml" in failed["message"]
         )
-        doc = ebpf_agent.wait_status(lambda d: d["rules"]["error"])
+        doc = shared_agent.wait_status(lambda d: d["rules"]["error"])
         assert (
             doc["rules"]["generation"] == before["generation"]
             and doc["rules"]["version"] == before["version"]
         )
         with miner_simulator() as miner:  # the old rules still detect
-            ebpf_agent.wait_record(finding_for(miner["pid"]), timeout=10)
+            shared_agent.wait_record(finding_for(miner["pid"]), timeout=10)
     finally:
         site.write_text(good)
-    ebpf_agent.signal(signal.SIGHUP)
-    ebpf_agent.wait_record(lambda r: lifecycle("reload")(r) and "rules reloaded" in r["message"])
+    shared_agent.signal(signal.SIGHUP)
+    shared_agent.wait_record(lambda r: lifecycle("reload")(r) and "rules reloaded" in r["message"])
     assert (
-        ebpf_agent.wait_status(lambda d: not d["rules"]["error"])["rules"]["generation"]
+        shared_agent.wait_status(lambda d: not d["rules"]["error"])["rules"]["generation"]
         > before["generation"]
     )
 

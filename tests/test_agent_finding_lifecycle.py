@@ -26,12 +26,13 @@ from gpuguard.proving.enforce_scope import EnforceScope
 from tests.support.agent_run import AgentProcess, actions_on
 from tests.support.randomx import LoopbackPool
 from tests.support.schemas import ecs_errors, ocsf_errors, strict_cef
+from tests.support.shared_agent import UPDATE_INTERVAL_S
 from tests.support.workloads import build_workload, private_dev_command
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
 WALLET = "4" + "7" * 94  # Monero-shaped; no one's wallet
-INTERVAL_S = 8.0  # findings.update_interval_s of these agents
+INTERVAL_S = UPDATE_INTERVAL_S  # findings.update_interval_s of these agents (and the shared one)
 
 
 def _login(port: int) -> str:
@@ -103,12 +104,14 @@ def _epoch(record: dict[str, Any]) -> float:
     return datetime.fromisoformat(record["@timestamp"].replace("Z", "+00:00")).timestamp()
 
 
-def test_a_miner_gets_one_finding_id_an_update_with_pool_and_gpu_and_a_close(tmp_path):
+def test_a_miner_gets_one_finding_id_an_update_with_pool_and_gpu_and_a_close(
+    tmp_path, shared_agent
+):
+    """On the agent this test process shares: every assertion is about the miner's own pid."""
     pool = LoopbackPool(tmp_path, tls=False, push_s=(600.0, 600.0))
-    agent = AgentProcess(tmp_path, "--config", str(_config(tmp_path)))
+    agent = shared_agent
     miner = None
     try:
-        agent.wait_ready()
         miner = _start(
             # the GPU opens and the pool login come 1 s apart: one coalesced update carries both
             ["ready", "open:/dev/nvidia0", "open:/dev/nvidiactl", "sleep:1000"]
@@ -153,7 +156,6 @@ def test_a_miner_gets_one_finding_id_an_update_with_pool_and_gpu_and_a_close(tmp
     finally:
         if miner is not None:
             _stop(miner)
-        assert agent.stop() == 0, agent.stderr()
         pool.close()
     assert close["gpuguard"]["finding"]["id"] == fid
     assert close["event"]["type"] == ["info"] and close["event"]["action"] == "process-ended"

@@ -1,6 +1,7 @@
 """The shipped alerting rules, evaluated by promtool over what a real eBPF agent exports before
 and after it finds a real miner stand-in (the selftest's simulator): the first malicious finding
-of each rule pages, as the agent's series really are."""
+of each rule pages, as the agent's series really are.  The agent is the one this test process
+shares (tests/support/shared_agent.py): its counters may already count other processes."""
 
 from __future__ import annotations
 
@@ -16,14 +17,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuguard.detect.ruleset.model import VERDICTS
-from tests.support.agent_run import (
-    REPO,
-    finding_for,
-    miner_simulator,
-    running_agent,
-    simulator_rules,
-)
-from tests.support.ports import free_port
+from tests.support.agent_run import REPO, finding_for, miner_simulator
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 ALERTS = REPO / "packaging" / "prometheus" / "gpuguard-alerts.yaml"
@@ -113,50 +107,38 @@ def promtool_test(tmp_path: Path, name: str, series: list, cases: list) -> str:
     return run.stdout
 
 
-def test_the_first_malicious_finding_of_a_real_agent_pages(tmp_path):
-    rules, site = simulator_rules(tmp_path)
-    port = free_port()
-    with running_agent(
-        tmp_path,
-        "--sensor",
-        "ebpf",
-        "--rules",
-        str(rules),
-        "--rules",
-        str(site),
-        "--metrics-address",
-        f"127.0.0.1:{port}",
-    ) as agent:
-        before = scrape(port)
-        quiet = malicious(before)
-        # Every rule is exported at each verdict, at 0 until a finding names it.  The host is
-        # busy (other tests run miner stand-ins too), so a rule may already count findings
-        # about processes this test did not start: each such rule must be one the agent's log
-        # named in a malicious finding (the log is written before the counter ticks).
-        named = {
-            r["rule"]["id"]
-            for r in agent.records()
-            if r.get("gpuguard", {}).get("verdict") == "malicious" and "rule" in r
-        }
-        assert "miner-cmdline-stratum" in quiet, sorted(quiet)
-        assert {rule for rule, n in quiet.items() if n} <= named, (quiet, named)
-        assert any(n == 0 for n in quiet.values()), quiet
-        counted = {
-            (labels["rule"], labels["verdict"])
-            for name, labels, _ in before
-            if name == "gpuguard_findings_total"
-        }
-        assert {v for _, v in counted} == set(VERDICTS) and len(counted) == 3 * len(quiet)
-        with miner_simulator() as miner:
-            found = agent.wait_record(finding_for(miner["pid"]), timeout=20)
-            # the totals reach /metrics on a state-file tick: wait for the miner's own rule to
-            # count it (another rule may already count other tests' stand-ins)
-            rule, deadline = found["rule"]["id"], time.monotonic() + 20
-            while time.monotonic() < deadline:
-                if malicious(scrape(port)).get(rule, 0) > quiet.get(rule, 0):
-                    break
-                time.sleep(0.25)
-            after = scrape(port)
+def test_the_first_malicious_finding_of_a_real_agent_pages(tmp_path, shared_agent):
+    agent, port = shared_agent, shared_agent.metrics_port
+    before = scrape(port)
+    quiet = malicious(before)
+    # Every rule is exported at each verdict, at 0 until a finding names it.  The host is
+    # busy (other tests run miner stand-ins too), so a rule may already count findings
+    # about processes this test did not start: each such rule must be one the agent's log
+    # named in a malicious finding (the log is written before the counter ticks).
+    named = {
+        r["rule"]["id"]
+        for r in agent.records()
+        if r.get("gpuguard", {}).get("verdict") == "malicious" and "rule" in r
+    }
+    assert "miner-cmdline-stratum" in quiet, sorted(quiet)
+    assert {rule for rule, n in quiet.items() if n} <= named, (quiet, named)
+    assert any(n == 0 for n in quiet.values()), quiet
+    counted = {
+        (labels["rule"], labels["verdict"])
+        for name, labels, _ in before
+        if name == "gpuguard_findings_total"
+    }
+    assert {v for _, v in counted} == set(VERDICTS) and len(counted) == 3 * len(quiet)
+    with miner_simulator() as miner:
+        found = agent.wait_record(finding_for(miner["pid"]), timeout=20)
+        # the totals reach /metrics on a state-file tick: wait for the miner's own rule to
+        # count it (another rule may already count other tests' stand-ins)
+        rule, deadline = found["rule"]["id"], time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if malicious(scrape(port)).get(rule, 0) > quiet.get(rule, 0):
+                break
+            time.sleep(0.25)
+        after = scrape(port)
     assert found["gpuguard"]["verdict"] == "malicious"
     rose = sorted(rule for rule, n in malicious(after).items() if n > quiet.get(rule, 0))
     assert found["rule"]["id"] in rose, (found["rule"], rose)

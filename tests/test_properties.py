@@ -42,7 +42,7 @@ from tests.support.recordings import raw_recording
 from tests.support.strict_json import assert_strict_json
 
 PROPERTY = settings(
-    max_examples=150,
+    max_examples=100,  # hypothesis's default: the fast tier runs these on every change
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

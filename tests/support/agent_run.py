@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -62,6 +63,9 @@ class AgentProcess:
         )
         self.started = time.time()
         self._checked = False
+        self._log_id: tuple[int, int] | None = None
+        self._log_offset = 0
+        self._parsed: list[dict[str, Any]] = []
 
     def status(self) -> dict[str, Any]:
         try:
@@ -89,10 +93,21 @@ class AgentProcess:
         )
 
     def records(self) -> list[dict[str, Any]]:
+        """Every record in the log so far.  Lines already read are kept, only new bytes parsed:
+        a shared agent's log grows all session, and tests poll it every 50 ms."""
         try:
-            return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+            with open(self.log, "rb") as f:
+                stat = os.fstat(f.fileno())
+                if (stat.st_ino, stat.st_dev) != self._log_id or stat.st_size < self._log_offset:
+                    self._log_id, self._log_offset, self._parsed = (stat.st_ino, stat.st_dev), 0, []
+                f.seek(self._log_offset)
+                chunk = f.read()
         except FileNotFoundError:
             return []
+        end = chunk.rfind(b"\n") + 1  # a line still being written waits for its newline
+        self._log_offset += end
+        self._parsed += [json.loads(line) for line in chunk[:end].splitlines() if line.strip()]
+        return list(self._parsed)
 
     def wait_record(self, predicate: Callable[[dict], Any], timeout: float = 20) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

@@ -275,7 +275,9 @@ def test_outcomes_the_responder_reports_later_are_counted_and_kept(tmp_path):
         # queued by the responder's thread, recorded by the loop thread on its next turn
         until(lambda: agent.counters.actions[("hook", "done")] == 1)
         assert agent.counters.actions[("hook", "done")] == 1
-        assert agent.counters.last_actions[-1]["pid"] == 4_000_001
+        # listed among the latest (this agent watches the host: other tests' miners may add
+        # their alerts after it)
+        assert 4_000_001 in [a["pid"] for a in agent.counters.last_actions]
         until(
             lambda: [r for r in log_records(log) if r.get("gpuguard", {}).get("action") == "hook"]
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from gpuguard.detect.ruleset.load import load_ruleset
 from tests.support.short_windows import (
     FLOOR_S,
@@ -14,7 +16,6 @@ from tests.support.short_windows import (
     short_window_rules,
     shortened,
 )
-from tests.support.short_windows import yaml as _yaml
 
 
 def _without_windows(node):
@@ -29,7 +30,7 @@ def _without_windows(node):
 
 
 def test_the_layer_changes_only_window_bounds_and_shortens_each_long_one():
-    shipped = {r["id"]: r for r in _yaml.safe_load(SHIPPED.read_text())["rules"]}
+    shipped = {r["id"]: r for r in yaml.safe_load(SHIPPED.read_text())["rules"]}
     layer = short_window_layer()
     assert layer["rules"], "no shipped rule has a window"
     for override in layer["rules"]:

@@ -52,16 +52,20 @@ def test_miner_is_found_while_it_runs_with_its_evidence(shared_agent):
         doc = shared_agent.wait_status(
             lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"])
         )
+        # The first record may come from the exec's own argv before /proc's whole command line
+        # is read (a loaded host); then an update of the same finding, while it runs, names all
+        # three cmdline rules (the shared agent updates a finding at most every 8 s).
+        cmdline_rules = {"miner-cmdline-stratum", "miner-cmdline-wallet", "miner-cmdline-flags"}
+        shared_agent.wait_record(
+            lambda r: (
+                finding_for(miner["pid"])(r) and cmdline_rules <= set(r["gpuguard"]["rule_ids"])
+            ),
+            timeout=30,
+        )
     detected = [f for f in doc["last_findings"] if f["pid"] == miner["pid"]][0]
     assert detected["time"] - miner["start"] <= FOUND_WITHIN_S, detected
     assert finding["gpuguard"]["verdict"] == "malicious"
     assert finding["event"]["kind"] == "alert" and finding["event"]["dataset"] == "gpuguard.agent"
-    # The first record may come from the exec's own argv before /proc's whole command line is
-    # read (a loaded host); then an update of the same finding names all three cmdline rules.
-    cmdline_rules = {"miner-cmdline-stratum", "miner-cmdline-wallet", "miner-cmdline-flags"}
-    shared_agent.wait_record(
-        lambda r: finding_for(miner["pid"])(r) and cmdline_rules <= set(r["gpuguard"]["rule_ids"])
-    )
     assert "stratum+tcp://127.0.0.1:3333" in finding["process"]["command_line"]
     assert "T1496" in finding["threat"]["technique"]["id"]
     # one create per finding, not one line per rescore (updates are coalesced; a close may follow)

@@ -14,7 +14,6 @@ scanner; the cache is saved at stop).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,6 @@ from gpuguard.events.model import (
 )
 from gpuguard.events.process_facts import ProcessFacts
 from gpuguard.sources.proc.config_files import attach_config_files
-from gpuguard.sources.proc.files import sha256_of_file
 from gpuguard.sources.proc.pod_names import PodNames, pod_names_for
 from gpuguard.sources.proc.process import collect_process_facts
 
@@ -44,31 +42,6 @@ if TYPE_CHECKING:
 # events whose process the correlator creates (facts read) on first sight
 _MEETS = frozenset((GpuOpen, GpuIoctl, Connect, NetPayload, ConnActivity, HugeAlloc, CpuActivity))
 _NOT_READ = object()
-# A finding's executable is hashed for its records: a larger one is not hashed (no stall), and a
-# hash is reused for the same file (device, inode, size, mtime) across processes.
-MAX_HASH_BYTES = 64 << 20
-HASH_CACHE = 256
-
-
-class ExeHashes:
-    """The sha256 of a process's running image (/proc/PID/exe), once per executable file: what
-    the report stage's records carry (it reads no /proc itself)."""
-
-    def __init__(self, proc_root: str = "/proc") -> None:
-        self.proc_root = proc_root
-        self._hashes: OrderedDict[tuple, str | None] = OrderedDict()
-
-    def of(self, pid: int, identity: tuple | None) -> str | None:
-        """``identity``: the image's (device, inode, size, mtime) from its facts, the cache key."""
-        if identity is not None and identity in self._hashes:
-            self._hashes.move_to_end(identity)
-            return self._hashes[identity]
-        digest = sha256_of_file(f"{self.proc_root}/{pid}/exe", MAX_HASH_BYTES)
-        if identity is not None:
-            self._hashes[identity] = digest
-            if len(self._hashes) > HASH_CACHE:
-                self._hashes.popitem(last=False)
-        return digest
 
 
 class EnrichStage:

@@ -17,6 +17,7 @@ import errno
 import hashlib
 import os
 import stat
+from collections import OrderedDict
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (added after the table was unified)
 _RESOLVE_NO_MAGICLINKS = 0x02
@@ -164,3 +165,26 @@ def sha256_of_file(path: str, limit: int = MAX_HASH_BYTES) -> str | None:
     except OSError:
         return None
     return digest.hexdigest()
+
+
+class ExeHashes:
+    """The sha256 of a process's running image (``/proc/PID/exe``), once per executable file:
+    read lazily, for the records of a finding (hashing every image at exec would tax each start)."""
+
+    def __init__(self, proc_root: str = "/proc", limit: int = 64 << 20, cached: int = 256) -> None:
+        self.proc_root = proc_root
+        self.limit = limit  # a larger executable is not hashed (no stall)
+        self.cached = cached  # images whose hash is kept, the least recently used dropped
+        self._hashes: OrderedDict[tuple, str | None] = OrderedDict()
+
+    def of(self, pid: int, identity: tuple | None) -> str | None:
+        """``identity``: the image's (device, inode, size, mtime) from its facts, the cache key."""
+        if identity is not None and identity in self._hashes:
+            self._hashes.move_to_end(identity)
+            return self._hashes[identity]
+        digest = sha256_of_file(f"{self.proc_root}/{pid}/exe", self.limit)
+        if identity is not None:
+            self._hashes[identity] = digest
+            if len(self._hashes) > self.cached:
+                self._hashes.popitem(last=False)
+        return digest

@@ -21,7 +21,6 @@ from typing import Any
 
 from gpuguard.agent.actions import Alert
 from gpuguard.agent.context import AgentContext
-from gpuguard.agent.stages.s2_enrich import ExeHashes
 from gpuguard.agent.stages.s5_report.finding_ledger import ledger_path, load_ledger, save_ledger
 from gpuguard.agent.stages.s5_report.findings import ProcessFindings, Write
 from gpuguard.agent.stages.s5_report.host_findings import GpuHostFindings
@@ -33,6 +32,7 @@ from gpuguard.detect.ruleset.reload import RuleSetHolder
 from gpuguard.escape import escape_text
 from gpuguard.outputs.finding import finding_from_verdict
 from gpuguard.outputs.finding_document import finding_document, status_row
+from gpuguard.sources.proc.files import ExeHashes
 from gpuguard.sources.proc.pod_names import pod_names_for
 
 

@@ -147,7 +147,8 @@ class ProcessFindings:
         self.update_interval_s = update_interval_s
         self.run_id = run_id  # the agent run's id: in every record id (unique across restarts)
         self.hostname = hostname or socket.gethostname()
-        # the enrich stage's reader of a running image's hash (s2_enrich.ExeHashes.of); None: none
+        # the reader of a running image's hash (sources.proc.files.ExeHashes.of), called lazily
+        # for a finding's records (the enrich stage set it already where the allowlist pins one)
         self.exe_hash = exe_hash
         self.clock = clock  # the rate limit's (monotonic)
         self.wall = wall  # a record's time, read at the same moment as the rate limit's
@@ -379,7 +380,8 @@ class ProcessFindings:
         return write
 
     def _hash(self, found: OpenFinding, state: ProcessState) -> None:
-        """The sha256 of the running image, once per executable (from the enrich stage)."""
+        """The sha256 of the running image, once per executable: the enrich stage's where the
+        allowlist pinned one, else read now through ``exe_hash``."""
         if state.exe == found.hashed_exe:
             return
         found.hashed_exe = state.exe

@@ -10,6 +10,7 @@ import yaml
 from gpuguard.detect.ruleset.load import load_ruleset
 from tests.support.short_windows import (
     FLOOR_S,
+    NOT_WINDOWS,
     SHIPPED,
     WINDOW_SIGNALS,
     short_window_layer,
@@ -53,3 +54,28 @@ def test_the_layer_loads_over_the_shipped_rules(tmp_path: Path):
     ruleset = load_ruleset([Path(p) for p in paths])
     assert 45678 in ruleset.lists["pool_ports"]
     assert (tmp_path / "rules").stat().st_mode & 0o777 == 0o700
+
+
+def _lower_bounds(node, out: set[str]) -> set[str]:
+    """The signals ``node`` bounds from below (``gte``/``gt``)."""
+    if isinstance(node, list):
+        for item in node:
+            _lower_bounds(item, out)
+    elif isinstance(node, dict):
+        if "signal" in node and ("gte" in node or "gt" in node):
+            out.add(node["signal"])
+        for value in node.values():
+            _lower_bounds(value, out)
+    return out
+
+
+def test_every_signal_in_seconds_is_a_window_or_named_as_not_one():
+    """A new duration signal in the shipped rules must be shortened too (or said not to be one)."""
+    bounded: set[str] = set()
+    for rule in yaml.safe_load(SHIPPED.read_text())["rules"]:
+        _lower_bounds(rule.get("condition"), bounded)
+    in_seconds = {name for name in bounded if name.endswith("_s")}
+    assert in_seconds, "no signal in seconds found: the scan is broken"
+    assert in_seconds <= WINDOW_SIGNALS | NOT_WINDOWS, sorted(
+        in_seconds - WINDOW_SIGNALS - NOT_WINDOWS
+    )

@@ -27,12 +27,16 @@ WINDOW_SIGNALS = frozenset(
         "age_s",
         "cpu_spin_s",
         "cpu_window_s",
+        "fpu_rounding_s",
         "gpu_allocation_stable_s",
+        "gpu_lifetime_s",
         "gpu_util_window_s",
         "quiet_session_age_s",
         "session_age_s",
     }
 )
+# Signals named in seconds that are not how long something went on (a rate, a cadence).
+NOT_WINDOWS = frozenset({"gpu_pcie_mb_s", "session_cadence_s"})
 FACTOR = 6  # two minutes become 20 s, one minute 10 s
 FLOOR_S = 10  # a spinning thread still has to be seen spinning for a while
 

@@ -51,7 +51,13 @@ class GpuSource:
                     return module.open_sampler(proc_root=proc_root, fd_links=fd_links)
                 return module.open_sampler(proc_root=proc_root)
             except ImportError as exc:
-                raise SourceUnavailable(str(exc)) from exc
+                if (exc.name or "").startswith("gpuguard"):
+                    raise  # our own module broken: a bug to see, not a host without this GPU
+                raise SourceUnavailable(
+                    f"its Python library does not import ({exc})",
+                    f"install the vendor's Python library ({self.name} source: docs/gpus.md) "
+                    "or leave this source out of sampling.sources",
+                ) from exc
         except SourceUnavailable as exc:
             exc.absent = exc.absent or not self.has_gpus(str(Path(proc_root).parent / "sys"))
             raise

@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support.agent_run import (
     REPO,
@@ -44,6 +45,25 @@ pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 FOUND_WITHIN_S = 15.0
 
 
+SHIPPED_RULES = REPO / "rules" / "miner-rules.yaml"
+CMDLINE_RULES = ("miner-cmdline-stratum", "miner-cmdline-wallet", "miner-cmdline-flags")
+
+
+def _names_or_omits(record: dict, rules: tuple[str, ...]) -> bool:
+    """``record`` names each of ``rules``, or left out only ones no heavier than all it kept."""
+    g = record["gpuguard"]
+    missing = set(rules) - set(g["rule_ids"])
+    if not missing:
+        return True
+    weights = {r["id"]: r["weight"] for r in yaml.safe_load(SHIPPED_RULES.read_text())["rules"]}
+    kept = [e["weight"] for e in g.get("evidence") or []]
+    return (
+        bool(g.get("evidence_omitted"))
+        and bool(kept)
+        and max(weights[m] for m in missing) <= min(kept)
+    )
+
+
 def test_miner_is_found_while_it_runs_with_its_evidence(shared_agent):
     with miner_simulator() as miner:
         assert miner["pool"] == 1, "the simulator never logged in to its pool"
@@ -52,15 +72,13 @@ def test_miner_is_found_while_it_runs_with_its_evidence(shared_agent):
         doc = shared_agent.wait_status(
             lambda d: any(f["pid"] == miner["pid"] for f in d["last_findings"])
         )
-        # Its records name the stratum rule.  (The wallet and flags rules of the same command
-        # line are not asserted here: in 2 of 4 loaded CI runs no record of the running
-        # simulator named them within 30 s, a defect not yet understood, left open in issue 40's
-        # note.  The replayed captures and scan tests check those rules on every run.)
+        # A record of it names all three cmdline rules, or left out only lighter ones: a record
+        # keeps its ten heaviest pieces of evidence (outputs/bounds.py) and counts the rest in
+        # evidence_omitted.  The simulator earns 11 once its pool login is seen, so a first
+        # record scored after the network evidence (a loaded host) may leave out the wallet
+        # (30) or flags (25) rule.
         shared_agent.wait_record(
-            lambda r: (
-                finding_for(miner["pid"])(r)
-                and "miner-cmdline-stratum" in r["gpuguard"]["rule_ids"]
-            ),
+            lambda r: finding_for(miner["pid"])(r) and _names_or_omits(r, CMDLINE_RULES),
             timeout=30,
         )
     detected = [f for f in doc["last_findings"] if f["pid"] == miner["pid"]][0]

@@ -163,3 +163,16 @@ def test_a_name_that_is_there_but_unreadable_is_not_remembered_as_absent(tmp_pat
     assert read_config_files(1001, ["./x"], str(proc), empty) == {}
     assert read_config_files(1001, ["./x"], str(proc), empty) == {}
     assert empty.hits == 0
+
+
+def test_exe_hashes_keep_a_digest_per_image_but_never_a_failed_read(tmp_path):
+    from gpuguard.sources.proc.files import ExeHashes
+
+    hashes = ExeHashes(proc_root=str(tmp_path))
+    identity = (1, 2, 3, 4)
+    assert hashes.of(4242, identity) is None  # no such process here: nothing to read
+    (tmp_path / "4243").mkdir()
+    (tmp_path / "4243" / "exe").write_bytes(b"image")
+    digest = hashes.of(4243, identity)  # a later process of the same image is hashed
+    assert digest is not None and len(digest) == 64
+    assert hashes.of(4244, identity) == digest  # and the digest is kept for the image

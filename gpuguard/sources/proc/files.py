@@ -183,7 +183,9 @@ class ExeHashes:
             self._hashes.move_to_end(identity)
             return self._hashes[identity]
         digest = sha256_of_file(f"{self.proc_root}/{pid}/exe", self.limit)
-        if identity is not None:
+        # a failed read (the process gone, a file over the limit) is not kept: another process
+        # of the same image must still be hashed
+        if identity is not None and digest is not None:
             self._hashes[identity] = digest
             if len(self._hashes) > self.cached:
                 self._hashes.popitem(last=False)

@@ -95,17 +95,22 @@ def test_a_niced_spinner_on_a_busy_host_stays_runnable_while_a_sleeper_does_not(
         # A read while the starved spinner waits on a run queue misses that wait (schedstat adds
         # it when the task next runs): on a loaded host one read saw 0.71.  The best of a few
         # reads 0.2 s apart is the spinner's share (a known limit of one read, issue 40's note).
-        reads = []
-        for _ in range(10):
-            reads.append(lifetime_runnable(spinner.pid))
-            time.sleep(0.2)
-        spun = max(reads, key=lambda r: r.runnable_max if r is not None else -1.0)
-        slept = lifetime_runnable(sleeper.pid)
         # scan passes the start from the facts (psutil's boot time + ticks) instead of a read
         facts = collect_process_facts(spinner.pid)
-        from_facts = lifetime_runnable(
-            spinner.pid, start_after_boot_s=facts.start_time - psutil.boot_time()
+        start_after_boot_s = facts.start_time - psutil.boot_time()
+        reads = []  # (from its own start, from the facts' start), read at the same moment
+        for _ in range(10):
+            reads.append(
+                (
+                    lifetime_runnable(spinner.pid),
+                    lifetime_runnable(spinner.pid, start_after_boot_s=start_after_boot_s),
+                )
+            )
+            time.sleep(0.2)
+        spun, from_facts = max(
+            reads, key=lambda pair: pair[0].runnable_max if pair[0] is not None else -1.0
         )
+        slept = lifetime_runnable(sleeper.pid)
     finally:
         for proc in [spinner, sleeper, *hogs]:
             stop(proc)

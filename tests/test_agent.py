@@ -9,6 +9,7 @@ agent's own start, stop, output and reduced mode run their own.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -49,13 +50,19 @@ SHIPPED_RULES = REPO / "rules" / "miner-rules.yaml"
 CMDLINE_RULES = ("miner-cmdline-stratum", "miner-cmdline-wallet", "miner-cmdline-flags")
 
 
+@functools.cache
+def _shipped_weights() -> dict[str, float]:
+    """Each shipped rule's weight (read once: the predicate below runs on every poll)."""
+    return {r["id"]: r["weight"] for r in yaml.safe_load(SHIPPED_RULES.read_text())["rules"]}
+
+
 def _names_or_omits(record: dict, rules: tuple[str, ...]) -> bool:
     """``record`` names each of ``rules``, or left out only ones no heavier than all it kept."""
     g = record["gpuguard"]
     missing = set(rules) - set(g["rule_ids"])
     if not missing:
         return True
-    weights = {r["id"]: r["weight"] for r in yaml.safe_load(SHIPPED_RULES.read_text())["rules"]}
+    weights = _shipped_weights()
     kept = [e["weight"] for e in g.get("evidence") or []]
     return (
         bool(g.get("evidence_omitted"))

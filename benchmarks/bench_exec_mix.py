@@ -237,7 +237,8 @@ def run_agent(tree: Path | None, args) -> dict:
                     }
                 counters = agent.status().get("counters", {})
                 result["counters"] = counters.get("stages", {}).get("enrich", {})
-                result["image_hold"] = counters.get("execs", {}).get("image_hold", {})
+                execs = counters.get("execs", {})
+                result["execs"] = {k: v for k, v in execs.items() if k != "aggregated_by_cgroup"}
         finally:
             agent.stop()
             load.remove()
@@ -255,7 +256,7 @@ def print_result(result: dict, rate: float, window_s: float) -> None:
     print(
         f"### {result['tree']} (load {result['load_start']:.1f} -> {result['load_end']:.1f}; "
         f"idle {idle['core_fraction'] * 100:.3f}% of a core, window {window_s:g} s at {rate:g}/s; "
-        f"image hold {result.get('image_hold')})"
+        f"exec filter {result.get('execs')})"
     )
     print("| kind | starts | agent µs/start median | p99 | mean | kept in kernel | BPF µs/start |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -196,13 +196,14 @@ static __always_inline int gg_shed_low(void)
 
 /* ==== exec filter (GG_EXEC_FILTER: the agent's sensor) ====
  * An exec goes up in full only for a process that matters: one in exec_interest (a GPU holder
- * and its tree, one that connected, one user space marked), or whose executable's basename or
- * leading directories hash into exec_names (names and directories the rules look for).  Any
- * other exec is kept here, in exec_pending, and counted per cgroup in exec_aggregated: when the
- * process exits first (the short-lived majority) nothing goes up, not even its exit.  A pending
- * process that connects, opens a GPU or asks for huge pages has its exec sent up at once, before
- * that event (gg_exec_promote); user space sends up those still alive after a short age (a
- * short exec that turns into a long-lived spinner), so no process that lives hides. */
+ * and its tree, one that connected, one user space marked), or whose executable's basename
+ * hashes into exec_names (program names the rules look for).  Any other exec is kept here, in
+ * exec_pending, and counted per cgroup in exec_aggregated (a process forked by a pending one
+ * waits here too, uncounted: task_newtask in process.bpf.c).  When the process exits first (the
+ * short-lived majority) nothing goes up, not even its exit.  A pending process that connects,
+ * opens a GPU or asks for huge pages has its exec sent up at once, before that event
+ * (gg_exec_promote); user space sends up those still alive after a short age (a short exec
+ * that turns into a long-lived spinner), so no process that lives hides. */
 #ifndef GG_EXEC_PENDING
 #define GG_EXEC_PENDING 16384
 #endif
@@ -223,7 +224,7 @@ static __always_inline int gg_shed_low(void)
 BPF_HASH(exec_pending, __u32, struct gg_exec, GG_EXEC_PENDING);
 /* tgid (or tid: a thread forked by a member) -> enum gg_exec_interest flags. */
 BPF_TABLE("lru_hash", __u32, __u8, exec_interest, GG_EXEC_INTEREST);
-/* FNV-1a 64 of a lower-cased basename, or of a leading directory ("/tmp", "/dev/shm") -> 1. */
+/* FNV-1a 64 of a lower-cased basename ("xmrig") -> 1. */
 BPF_HASH(exec_names, __u64, __u8, GG_EXEC_NAMES);
 /* cgroup id -> execs kept in the kernel (cumulative; user space reads deltas). */
 BPF_HASH(exec_aggregated, __u64, __u64, GG_EXEC_CGROUPS);

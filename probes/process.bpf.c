@@ -10,29 +10,22 @@ BPF_ARRAY(exit_gens, __u32, GG_PID_MAX);
 
 #ifdef GG_EXEC_FILTER
 /* Does an exec of PATH by TGID go up in full?  (See "exec filter" in maps.bpf.h.)  One pass
- * over the path hashes the lower-cased basename and the first two leading directories. */
+ * over the path hashes its lower-cased basename. */
 static __always_inline int exec_matters(__u32 tgid, const char *path)
 {
     if (exec_interest.lookup(&tgid))
         return 1;
-    __u64 full = GG_FNV_OFFSET, base = GG_FNV_OFFSET;
-    int dirs = 0;
+    __u64 base = GG_FNV_OFFSET;
     for (int i = 0; i < GG_PATH_LEN; i++) {
         __u8 c = path[i];
         if (c == 0)
             break;
         if (c == '/') {
-            if (i > 0 && dirs < 2) {
-                dirs++;
-                if (exec_names.lookup(&full))
-                    return 1;
-            }
             base = GG_FNV_OFFSET;
         } else {
             __u8 lower = (c >= 'A' && c <= 'Z') ? c + 32 : c;
             base = (base ^ lower) * GG_FNV_PRIME;
         }
-        full = (full ^ c) * GG_FNV_PRIME;
     }
     return exec_names.lookup(&base) != 0;
 }
@@ -87,16 +80,47 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     return 0;
 }
 
-/* A child forked by a GPU holder's tree (or a process user space marked) is in it too. */
-TRACEPOINT_PROBE(sched, sched_process_fork)
+#define GG_CLONE_THREAD 0x00010000ULL
+#define GG_CLONE_INTO_CGROUP 0x200000000ULL
+
+/* A new task (current is its parent).  A child forked by a GPU holder's tree (or a process user
+ * space marked) is in it too.  A process forked by one whose exec is pending (user space knows
+ * nothing of it) waits in exec_pending as well, as a copy of that exec record (its image and
+ * command line are its parent's until it execs): the subshells of `sh -c 'a | b'` and the forks
+ * of a short program then end without a record, like their parent, and one that lives, connects
+ * or opens a GPU goes up as a pending exec does.  Not a thread, and not a child placed in
+ * another cgroup (clone3's CLONE_INTO_CGROUP: the record's cgroup would be its parent's): their
+ * ends go up as before. */
+TRACEPOINT_PROBE(task, task_newtask)
 {
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    __u32 child = args->pid;
     __u8 *f = exec_interest.lookup(&tgid);
-    if (!f || !(*f & (GG_INTEREST_GPU | GG_INTEREST_TREE | GG_INTEREST_USER)))
+    if (f) {
+        if (*f & (GG_INTEREST_GPU | GG_INTEREST_TREE | GG_INTEREST_USER)) {
+            __u8 v = GG_INTEREST_TREE;
+            exec_interest.update(&child, &v);
+        }
         return 0;
-    __u32 child = args->child_pid;
-    __u8 v = GG_INTEREST_TREE;
-    exec_interest.update(&child, &v);
+    }
+    if (args->clone_flags & (GG_CLONE_THREAD | GG_CLONE_INTO_CGROUP))
+        return 0;
+    struct gg_exec *parent = exec_pending.lookup(&tgid);
+    if (!parent)
+        return 0;
+    __u32 zero = 0;
+    struct gg_exec *e = exec_scratch.lookup(&zero);
+    if (!e)
+        return 0;
+    __builtin_memcpy(e, parent, sizeof(*e));
+    e->hdr.time_ns = bpf_ktime_get_boot_ns();   /* its own age */
+    e->hdr.pid = child;
+    e->hdr.tgid = child;
+    e->ppid = tgid;
+    __u32 *gen = exit_gens.lookup(&child);
+    e->exit_gen = gen ? *gen : 0;
+    if (exec_pending.update(&child, e) == 0)
+        exec_filter_count(GG_EXECF_PENDING_ADDED);
     return 0;
 }
 #else

@@ -31,10 +31,12 @@ def log_disk(tmp_path):
 
 
 def _miners(count: int) -> list[int]:
-    """Short miner-shaped workloads (malicious at exec from their command line), run to their end."""
+    """Short miner-shaped workloads (malicious from their command line once read), run to their end:
+    each lives past the exec filter's age (0.5 s) with time to spare for a loaded host's /proc
+    read (a plain exec is read only once it lives: docs/agent.md)."""
     procs = [
         subprocess.Popen(
-            [str(build_workload()), "sleep:800", "exit:0"]
+            [str(build_workload()), "sleep:2000", "exit:0"]
             + ["-o", "stratum+tcp://127.0.0.1:3333", "-u", WALLET, "--donate-level", "1"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

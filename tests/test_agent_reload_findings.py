@@ -120,9 +120,11 @@ def test_reloads_neither_replay_ended_findings_nor_act_on_them_again(tmp_path, m
             living = _spawn(
                 [workload, "sleep:600000", "exit:0", "--coin", "monero", marker], cgroup
             )
+            # each lives past the exec filter's age (0.5 s) with time to spare for a loaded
+            # host's /proc read: a plain exec is read only once it lives (docs/agent.md)
             miners = [
                 _spawn(
-                    [workload, "sleep:1000", "exit:0"]
+                    [workload, "sleep:2500", "exit:0"]
                     + ["-o", "stratum+tcp://127.0.0.1:3333", "-u", WALLET, "--donate-level", "1"],
                     cgroup,
                 )

@@ -1,8 +1,7 @@
 """Explicit queues that carry work back against the flow, drained by the stage that owns the target.
 
-* later stages -> the sensor: ``("watch", pid, None)`` (activity records for a process's
-  connections), ``("interest", pid, None)`` (its later execs in full) and ``("image", pid,
-  exe_identity)`` (its image judged clean: later execs of it held); the produce stage's sensor
+* later stages -> the sensor: ``("watch", pid)`` (activity records for a process's
+  connections) and ``("interest", pid)`` (its later execs in full); the produce stage's sensor
   thread drains them before each poll, so only that thread touches the sensor;
 * the responder's own threads -> the act stage: action outcomes that come later (SIGKILL
   after the grace, hook results, kill-on-touch kills); the loop drains them each turn.

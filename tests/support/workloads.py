@@ -68,8 +68,8 @@ def build_c_program(
 def build_exit0() -> Path:
     """tests/workloads/exit0.c, static and without libc: the cheapest program to exec.
 
-    Built outside /tmp: the rules list temporary directories, and the exec filter sends up
-    in full every exec from one of them."""
+    Built outside /tmp (EXIT0_DIR): a program in a temporary directory weighs in the rules, and
+    the flood benchmarks measure plain execs."""
     source = WORKLOAD_SOURCE.parent / "exit0.c"
     return build_c_program(source, EXIT0_DIR, ("-static", "-nostdlib"))
 

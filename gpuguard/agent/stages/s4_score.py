@@ -36,13 +36,7 @@ class ScoreStage:
         self.request = request  # feedback for the sensor (None: no sensor, reduced mode)
         self.session_watched: set[ProcessKey] = set()  # given activity records for their score
         self.exec_marked: set[ProcessKey] = set()  # execs in full for their score (exec filter)
-        self.images_judged: set[tuple[ProcessKey, tuple]] = set()  # (process, image) told clean
-        self.counts = {
-            "verdicts": 0,
-            "watch_requests": 0,
-            "interest_requests": 0,
-            "image_judgements": 0,
-        }
+        self.counts = {"verdicts": 0, "watch_requests": 0, "interest_requests": 0}
 
     def run(self, now: float) -> list[Verdict]:
         """Evaluate, let the correlator keep the result, send the sensor its feedback."""
@@ -59,7 +53,6 @@ class ScoreStage:
         if self.request is not None and verdicts:
             self._watch_sessions(verdicts)
             self._mark_exec_interest(verdicts)
-            self._judge_images(verdicts)
         return verdicts
 
     def _watch_sessions(self, verdicts: list[Verdict]) -> None:
@@ -84,26 +77,8 @@ class ScoreStage:
                 self.counts["interest_requests"] += 1
                 self.request("interest", verdict.pid)
 
-    def _judge_images(self, verdicts: list[Verdict]) -> None:
-        """A process judged clean with its image's facts read (YARA, exe hash done): the sensor
-        may hold later execs of that image like plain ones (sources.ebpf.image_hold)."""
-        get = self.correlator.get
-        for verdict in verdicts:
-            if verdict.verdict in ALERT_VERDICTS:
-                continue
-            state = get(verdict.key)
-            facts = state.facts if state is not None else None
-            if facts is None or not facts.exe_identity or facts.pid != verdict.pid:
-                continue
-            judged = (verdict.key, facts.exe_identity)
-            if judged not in self.images_judged:
-                self.images_judged.add(judged)
-                self.counts["image_judgements"] += 1
-                self.request("image", verdict.pid, facts.exe_identity)
-
     def prune(self) -> None:
         """Forget the processes the correlator no longer tracks (housekeeping)."""
         get = self.correlator.get
         self.session_watched = {k for k in self.session_watched if get(k) is not None}
         self.exec_marked = {k for k in self.exec_marked if get(k) is not None}
-        self.images_judged = {j for j in self.images_judged if get(j[0]) is not None}

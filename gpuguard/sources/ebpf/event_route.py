@@ -1,7 +1,6 @@
 """The sensor's per-event step: a table from event type to its handler, each returning what to emit.
 
-:meth:`EventRouter.route` takes one decoded record: a held exec of its process goes up first
-(:mod:`~gpuguard.sources.ebpf.image_hold`), then the handler of its type does that type's
+:meth:`EventRouter.route` takes one decoded record: the handler of its type does that type's
 bookkeeping and returns the event to emit, or None to drop it.  The pending execs of its
 ancestors (exec filter) go up before it.  The table is built once; a type without a handler
 goes up as it is.  This is the hot path (one call per kernel record): nothing here allocates
@@ -20,7 +19,6 @@ from gpuguard.events.model import Connect, Event, Exec, Exit, GpuOpen, HugeAlloc
 from gpuguard.sources.ebpf.counter_drain import CounterDrain
 from gpuguard.sources.ebpf.exec_filter import ExecFilter, parent_of
 from gpuguard.sources.ebpf.exit_gens import ExitGenTable
-from gpuguard.sources.ebpf.image_hold import ImageHold
 from gpuguard.sources.ebpf.kernel_maps import KernelMaps
 from gpuguard.sources.net.conn_activity import ConnActivityReader
 from gpuguard.sources.net.payload_streams import PayloadStreams
@@ -54,7 +52,6 @@ class EventRouter:
         payload_capture: bool,
         activity: ConnActivityReader | None = None,
         exec_filter: ExecFilter | None = None,
-        image_hold: ImageHold | None = None,
         exit_generations: ExitGenTable | None = None,
     ) -> None:
         self.stats, self.pending = stats, pending
@@ -62,10 +59,8 @@ class EventRouter:
         self.maps, self.counters, self.streams = maps, counters, streams
         self.payload_capture = payload_capture
         self.activity = activity
-        self.exec_filter, self.image_hold = exec_filter, image_hold
+        self.exec_filter = exec_filter
         self.exit_generations = exit_generations
-        self.interest_names: frozenset[str] = frozenset()
-        self.interest_dirs: tuple[str, ...] = ()
         self.chain_checked: set[int] = set()  # pids whose pending ancestors were sent up
         self.handlers: dict[type, Callable[[Event], Event | None]] = self._table()
 
@@ -79,29 +74,13 @@ class EventRouter:
             Exit: self._exit,
         }
 
-    def set_interest(self, names: frozenset[str], directories: tuple[str, ...]) -> None:
-        """The exec filter's names (lower case) and directory prefixes (a rule reload)."""
-        self.interest_names, self.interest_dirs = names, directories
-
     def route(self, event: Event) -> None:
-        """One record: released held exec first, then the handler of its type; what it returns
-        goes up."""
-        hold = self.image_hold
-        if hold is not None and hold.held and event.pid in hold.held:
-            if type(event) is Exit and hold.exited(event.pid):
-                return  # lived and died unseen, as a plain exec kept in the kernel
-            self.exec_up(hold.release(event.pid))
+        """One record: the handler of its type; what it returns goes up."""
         handler = self.handlers.get(type(event))
         if handler is not None:
             event = handler(event)
             if event is None:
                 return
-        self.stats.events[event.kind] += 1
-        self.pending.append(event)
-
-    def exec_up(self, event: Exec) -> None:
-        """A held exec goes up now (its process lived, or did something)."""
-        self._exec_facts(event)
         self.stats.events[event.kind] += 1
         self.pending.append(event)
 
@@ -131,36 +110,19 @@ class EventRouter:
         )
         return event
 
-    def _exec(self, event: Exec) -> Exec | None:
-        if self.image_hold is not None and self._holds(event):
-            return None
-        self._exec_facts(event)
+    def _exec(self, event: Exec) -> Exec:
+        self._enrich_exec(event)
+        if event.pid in self.headers:
+            self._remember_header(event)
+        self._send_up_ancestors(event.pid, event.ppid)
         return event
 
     def _exit(self, event: Exit) -> Exit:
-        if self.image_hold is not None:
-            self.image_hold.exited(event.pid)
         self._process_gone(event.pid)
         self.chain_checked.discard(event.pid)
         return event
 
     # -- what the handlers share --------------------------------------------------------------
-    def _holds(self, event: Exec) -> bool:
-        """Hold an exec sent up only for its directory, of an image judged clean."""
-        if event.pid in self.gpu_tgids:
-            return False
-        if not event.filename.startswith(self.interest_dirs):
-            return False  # up for another reason (promoted: connected, lived, an ancestor)
-        if event.filename.rsplit("/", 1)[-1].lower() in self.interest_names:
-            return False  # its name is one the rules look for
-        return not self.exec_filter.marked(event.pid) and self.image_hold.hold(event)
-
-    def _exec_facts(self, event: Exec) -> None:
-        self._enrich_exec(event)
-        if event.pid in self.headers:
-            self._remember_header(event)
-        self._send_up_ancestors(event.pid, event.ppid)
-
     def _send_up_ancestors(self, pid: int, ppid: int) -> None:
         """Exec filter: the pending execs of ``pid``'s ancestors go up before its event, once per
         process, so its tree is known (a GPU opener below a flood of short execs)."""

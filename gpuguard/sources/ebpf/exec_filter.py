@@ -4,8 +4,8 @@ The probes (``GG_EXEC_FILTER``, "exec filter" in probes/maps.bpf.h) send an exec
 only for a process that matters; every other exec waits in the kernel's ``exec_pending`` map
 and is counted per cgroup.  This module
 
-* fills ``exec_names`` with the FNV-1a hashes of the basenames and leading directories the
-  rules look for (:func:`name_hash`, the same hash the probe computes);
+* fills ``exec_names`` with the FNV-1a hashes of the program names the rules look for
+  (:func:`name_hash`, the same hash the probe computes over an exec's lower-cased basename);
 * sends up, every :data:`PROMOTE_EVERY_S`, the pending execs of processes still alive after
   :data:`PROMOTE_AGE_S` (a short exec that turned into a long-lived process), oldest first;
 * sends up the pending ancestors of a process that shows up (:meth:`ExecFilter.promote_chain`),
@@ -32,22 +32,16 @@ CHAIN_DEPTH = 8  # ancestors sent up for one process (facts keep up to 8)
 
 
 def name_hash(data: bytes) -> int:
-    """FNV-1a 64 of ``data``, as the probe hashes a basename or a leading directory."""
+    """FNV-1a 64 of ``data``, as the probe hashes a lower-cased basename."""
     h = FNV_OFFSET
     for byte in data:
         h = ((h ^ byte) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
     return h
 
 
-def interest_keys(names: Iterable[str], directories: Iterable[str]) -> set[int]:
-    """The exec_names keys: lower-cased basenames, and directories without their trailing slash."""
-    keys = {name_hash(n.lower().encode()) for n in names if n and "/" not in n}
-    keys |= {
-        name_hash(d.rstrip("/").encode())
-        for d in directories
-        if d.startswith("/") and d.rstrip("/") and d.rstrip("/").count("/") <= 2
-    }
-    return keys
+def interest_keys(names: Iterable[str]) -> set[int]:
+    """The exec_names keys: the lower-cased program names (a path is no basename: skipped)."""
+    return {name_hash(n.lower().encode()) for n in names if n and "/" not in n}
 
 
 def parent_of(pid: int) -> int:
@@ -83,9 +77,9 @@ class ExecFilter:
         self.pending_watch = EmptyWatch(self._added)
 
     # -- what the kernel looks for ---------------------------------------------------
-    def set_names(self, names: Iterable[str], directories: Iterable[str]) -> int:
-        """Replace the names and directories whose execs go up in full; returns the keys set."""
-        keys = interest_keys(names, directories)
+    def set_names(self, names: Iterable[str]) -> int:
+        """Replace the program names whose execs go up in full; returns the keys set."""
+        keys = interest_keys(names)
         for key in list(self.names.keys()):
             if key.value not in keys:
                 del self.names[key]
@@ -102,15 +96,6 @@ class ExecFilter:
         except KeyError:
             old = 0
         self.interest[key] = ct.c_uint8(old | flags)
-
-    def marked(self, tgid: int) -> bool:
-        """Whether the execs of ``tgid`` go up in full for what it is (a GPU holder's tree, a
-        process user space marked), not for their name or directory."""
-        try:
-            self.interest[self.interest.Key(tgid)]
-        except KeyError:
-            return False
-        return True
 
     # -- pending execs ---------------------------------------------------------------
     def due(self, now: float) -> bool:

@@ -34,7 +34,6 @@ from gpuguard.sources.ebpf.event_route import EventRouter, ProcessHeader
 from gpuguard.sources.ebpf.exec_filter import ExecFilter
 from gpuguard.sources.ebpf.exit_gens import ExitGenTable
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
-from gpuguard.sources.ebpf.image_hold import ImageHold
 from gpuguard.sources.ebpf.kernel_headers import HEADERS, HeaderSource, compile_with_headers
 from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps  # noqa: F401 (SLOT_MULTI: tests read it here)
 from gpuguard.sources.ebpf.probe_load import (
@@ -99,7 +98,7 @@ class Sensor:
         sweep_interval: float = 10.0,
         activity_interval: float = 10.0,
         fpu: bool = False,
-        exec_names: tuple[list[str], list[str]] = ([], []),
+        exec_names: list[str] | tuple[str, ...] = (),
         ignore_tgid: int | None = None,
     ) -> None:
         self.settings = settings or ProbeSettings()
@@ -133,12 +132,9 @@ class Sensor:
         self.fpu_wanted = fpu  # load the RandomX rounding-mode probe (the agent reads it)
         self.headers: HeaderSource | None = None  # what the probes compiled against, once started
         self.fpu: FpuProbe | None = None  # RandomX rounding modes; .blind_spot when not loaded
-        # The exec filter (settings.exec_filter): names and directories whose execs go up in full
-        self.exec_names = exec_names
-        self._interest_names = frozenset(n.lower() for n in exec_names[0])
-        self._interest_dirs = _dir_prefixes(exec_names[1])
+        # The exec filter (settings.exec_filter): program names whose execs go up in full
+        self.exec_names = list(exec_names)
         self.exec_filter: ExecFilter | None = None
-        self.image_hold: ImageHold | None = None  # execs of images judged clean (exec filter)
         self._interest_requests: deque[int] = deque()  # request_interest, from other threads
         self.router: EventRouter | None = None  # each decoded record's handler, once started
         self._route = _not_started  # router.route once started (tests put a broken one here)
@@ -167,8 +163,7 @@ class Sensor:
         self._decoder = EventDecoder(classes, self._bpf[b"schema_header"].Leaf)
         if self.settings.exec_filter:
             self.exec_filter = ExecFilter(self._bpf, self._decoder.exec_record)
-            self.exec_filter.set_names(*self.exec_names)
-            self.image_hold = ImageHold()
+            self.exec_filter.set_names(self.exec_names)
         self.counters = CounterDrain(
             self.tables,
             self.maps,
@@ -188,10 +183,8 @@ class Sensor:
             payload_capture=self.settings.payload_capture,
             activity=self.activity,
             exec_filter=self.exec_filter,
-            image_hold=self.image_hold,
             exit_generations=self.exit_generations,
         )
-        self.router.set_interest(self._interest_names, self._interest_dirs)
         self._route = self.router.route
         events = self._bpf[b"events"]
         if self.settings.perf_buffer:
@@ -301,8 +294,6 @@ class Sensor:
         filt = self.exec_filter
         if filt is not None and filt.may_hold_execs:
             due = min(due, filt.next_turn)
-        if self.image_hold is not None and self.image_hold.held:
-            due = min(due, self.image_hold.next_due)
         return max(0, min(most_ms, math.ceil((due - time.monotonic()) * 1000)))
 
     def _exec_filter_turn(self, now: float) -> None:
@@ -316,18 +307,11 @@ class Sensor:
         if filt.due(now):
             for event in filt.take_old():
                 self._route(event)
-        if self.image_hold.held:
-            for event in self.image_hold.take_old(now):
-                self.router.exec_up(event)
 
-    def set_exec_names(self, names: list[str], directories: list[str]) -> int:
-        """Replace the names and directories whose execs go up in full (a rule reload)."""
-        self.exec_names = (list(names), list(directories))
-        self._interest_names = frozenset(n.lower() for n in names)
-        self._interest_dirs = _dir_prefixes(directories)
-        if self.router is not None:
-            self.router.set_interest(self._interest_names, self._interest_dirs)
-        return self.exec_filter.set_names(names, directories) if self.exec_filter else 0
+    def set_exec_names(self, names: list[str]) -> int:
+        """Replace the program names whose execs go up in full (a rule reload)."""
+        self.exec_names = list(names)
+        return self.exec_filter.set_names(self.exec_names) if self.exec_filter else 0
 
     def request_interest(self, tgid: int) -> None:
         """Ask, from any thread, for every later exec of ``tgid`` and its tree in full."""
@@ -401,12 +385,6 @@ class Sensor:
         except Exception:  # noqa: BLE001 - one bad record must not stop the sensor
             self.stats.routing_errors += 1  # the record was fine; the bug is ours
 
-    def image_judged(self, pid: int, exe_identity: tuple) -> None:
-        """The image ``pid`` ran at its exec (``exe_identity``, its facts') was judged clean: its
-        later execs are held like the kernel's plain ones (gpuguard.sources.ebpf.image_hold)."""
-        if self.image_hold is not None:
-            self.image_hold.judge(pid, exe_identity)
-
     # -- map hygiene (gpuguard.sources.ebpf.kernel_maps does the map work) --------------------
     def sweep(self) -> None:
         """Drop entries of processes that died unseen and fds closed without close(2)."""
@@ -416,13 +394,6 @@ class Sensor:
             self.stats.swept_fds += self.router.forget_processes(dead)
         if self.activity is not None:
             self.activity.sweep()
-
-
-def _dir_prefixes(directories: list[str]) -> tuple[str, ...]:
-    """The rules' directories as path prefixes ("/tmp/"): an exec under one went up for it."""
-    kept = [d.rstrip("/") for d in directories if d.startswith("/")]
-    # as exec_filter.interest_keys: the kernel matches the first two leading directories only
-    return tuple(d + "/" for d in kept if d and d.count("/") <= 2)
 
 
 def _comm_of(pid: int) -> str:

@@ -103,15 +103,14 @@ class ProduceStage:
         return items
 
     def set_exec_names(self, ruleset: Any) -> None:
-        """A reloaded rule set: the names and directories whose execs go up in full."""
+        """A reloaded rule set: the program names whose execs go up in full."""
         if self.sensor is not None:
-            self.sensor.set_exec_names(*exec_interest(ruleset))
+            self.sensor.set_exec_names(exec_interest(ruleset))
 
-    def request(self, kind: str, pid: int, detail: Any = None) -> None:
-        """Feedback for the sensor (``watch``, ``interest``, or ``image`` with the judged
-        exe identity); dropped in reduced mode."""
+    def request(self, kind: str, pid: int) -> None:
+        """Feedback for the sensor (``watch`` or ``interest``); dropped in reduced mode."""
         if self.sensor is not None:
-            self.feedback.put((kind, pid, detail))
+            self.feedback.put((kind, pid))
 
     # -- stop -------------------------------------------------------------------------
     def join(self) -> bool:

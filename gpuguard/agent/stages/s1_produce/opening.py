@@ -38,7 +38,7 @@ def start_sensor(ctx: AgentContext, ruleset: RuleSet) -> Sensor | None:
     reason = "--sensor proc was asked for"
     if ctx.config.sensor != "proc":
         # The exec filter: plain short-lived execs stay in the kernel (counted per cgroup);
-        # the names and directories the rules score at exec go up in full.
+        # the program names the rules score at exec go up in full.
         sensor = Sensor(
             ProbeSettings(exec_filter=True),
             drain_interval=0.5,

@@ -99,19 +99,13 @@ class SensorThread(threading.Thread):
         filt = getattr(self.sensor, "exec_filter", None)
         if filt is not None and filt.counts_read != self._exec_counts_read:
             self._exec_counts_read = filt.counts_read
-            hold = self.sensor.image_hold
-            self.counters.execs = {
-                **filt.summary(),
-                "image_hold": dict(hold.counts) if hold is not None else {},
-            }
+            self.counters.execs = filt.summary()
 
     def _take_feedback(self) -> None:
         """Carry out what later stages asked of the sensor (this thread alone touches it)."""
-        for kind, pid, detail in self.feedback.drain():
+        for kind, pid in self.feedback.drain():
             if kind == "watch":
                 self.sensor.request_watch(pid)
-            elif kind == "image":
-                self.sensor.image_judged(pid, detail)
             else:
                 self.sensor.request_interest(pid)
 

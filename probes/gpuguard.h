@@ -27,6 +27,7 @@ enum gg_event_kind {
     GG_KIND_EXEC = 4,
     GG_KIND_EXIT = 5,
     GG_KIND_HUGE_ALLOC = 6,
+    GG_KIND_WAKE = 7,            /* a header alone: the exec filter wakes user space (maps.bpf.h) */
 };
 
 /* What kind of GPU-related file a descriptor refers to. */

@@ -230,12 +230,32 @@ BPF_HASH(exec_names, __u64, __u8, GG_EXEC_NAMES);
 BPF_HASH(exec_aggregated, __u64, __u64, GG_EXEC_CGROUPS);
 BPF_ARRAY(exec_filter_counts, __u64, GG_EXECF_SLOTS);
 BPF_PERCPU_ARRAY(exec_scratch, struct gg_exec, 1);
+/* 1 while user space sleeps with exec_pending known empty (it set it after a walk found the map
+ * empty): the next entry kept clears it and sends a header-only GG_KIND_WAKE record, so an idle
+ * sensor need not wake on a timer to notice a kept exec (and a busy one is never woken for it).
+ * Two CPUs may both see 1 and send one each: harmless. */
+BPF_ARRAY(exec_wake, __u32, 1);
 
 static __always_inline void exec_filter_count(__u32 slot)
 {
     __u64 *n = exec_filter_counts.lookup(&slot);
     if (n)
         __sync_fetch_and_add(n, 1);
+}
+
+/* An entry was written to exec_pending: count it (user space's walk watches the count), and wake
+ * user space if it sleeps on an empty map. */
+static __always_inline void exec_pending_added(void *ctx)
+{
+    exec_filter_count(GG_EXECF_PENDING_ADDED);
+    __u32 zero = 0;
+    __u32 *wake = exec_wake.lookup(&zero);
+    if (!wake || !*wake)
+        return;
+    *wake = 0;
+    struct gg_header *h = gg_event_reserve(sizeof(*h), GG_KIND_WAKE, GG_LOST_EXEC);
+    if (h)
+        gg_event_submit(ctx, h, sizeof(*h), GG_LOST_EXEC);
 }
 #endif
 

@@ -67,7 +67,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     if (old)
         e->hdr.time_ns = old->hdr.time_ns;  /* a re-exec keeps its age: promoted as soon */
     if (exec_pending.update(&tgid, e) == 0) {
-        exec_filter_count(GG_EXECF_PENDING_ADDED);
+        exec_pending_added(args);
         exec_aggregate(e->hdr.cgroup_id);
         return 0;
     }
@@ -120,7 +120,7 @@ TRACEPOINT_PROBE(task, task_newtask)
     __u32 *gen = exit_gens.lookup(&child);
     e->exit_gen = gen ? *gen : 0;
     if (exec_pending.update(&child, e) == 0)
-        exec_filter_count(GG_EXECF_PENDING_ADDED);
+        exec_pending_added(args);
     return 0;
 }
 #else

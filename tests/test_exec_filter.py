@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -343,6 +344,32 @@ def test_the_kernel_counts_each_exec_it_keeps_pending(sensor):
     assert filt._added() >= before + 1
 
 
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_a_sensor_asleep_on_an_empty_pending_map_is_woken_by_the_next_kept_exec(sensor):
+    """Once a walk finds exec_pending empty the sensor arms ``exec_wake`` and its waits stop
+    counting the exec filter's turns; the next exec the kernel keeps clears it and sends a
+    wake-up record, and the exec goes up once it has lived the filter's age."""
+    filt = sensor.exec_filter
+    wake = filt.wake_map
+    deadline = time.monotonic() + 20  # other jobs' short execs come and go: a turn finds none
+    while not (filt.pending_watch.known_empty and wake[wake.Key(0)].value == 1):
+        assert time.monotonic() < deadline, "no walk found the pending map empty"
+        sensor.poll(50)
+    assert not filt.may_hold_execs  # the filter's turns no longer shorten the sensor's waits
+    woken = sensor.stats.wakes
+    sleeper = subprocess.Popen(["/bin/sleep", "3"])  # a plain exec: kept in the kernel
+    try:
+        events = poll_until(
+            sensor, 3, lambda evs: any(isinstance(e, Exec) and e.pid == sleeper.pid for e in evs)
+        )
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert sensor.stats.wakes > woken  # ours, or another job's kept exec: the kernel woke us
+    assert [e.pid for e in events if isinstance(e, Exec) and e.pid == sleeper.pid] == [sleeper.pid]
+
+
 # The exec filter's maps alone, as the probes declare them, in a program with no probe: only
 # this test writes them, so a busy host's execs cannot move the count under it.
 PENDING_MAPS = """
@@ -352,6 +379,7 @@ BPF_TABLE("lru_hash", __u32, __u8, exec_interest, 64);
 BPF_HASH(exec_names, __u64, __u8, 64);
 BPF_HASH(exec_aggregated, __u64, __u64, 64);
 BPF_ARRAY(exec_filter_counts, __u64, GG_EXECF_SLOTS);
+BPF_ARRAY(exec_wake, __u32, 1);
 """
 
 
@@ -424,3 +452,18 @@ def test_a_long_poll_ends_when_the_sensors_periodic_work_falls_due(sensor):
         proc.kill()
         proc.wait()
     assert seen is not None and seen < 3.0  # age 0.5 s, then the next 0.25 s turn, not 5 s
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_a_wait_for_records_ends_when_another_thread_wakes_the_sensor(sensor):
+    """A stop or a request from another thread ends the sensor's wait at once (its eventfd),
+    so an idle sensor may wait for its next periodic job without a short timer."""
+    ring_wait = sensor._ring_wait
+    assert ring_wait is not None  # ring buffers and libbpf's epoll fd, as on this kernel
+    woken = ring_wait.wakes
+    threading.Timer(0.2, sensor.wake).start()
+    deadline = time.monotonic() + 10
+    while ring_wait.wakes == woken and time.monotonic() < deadline:
+        sensor.poll(3000)  # other jobs' records may end a wait first: wait again
+    assert ring_wait.wakes == woken + 1

@@ -35,6 +35,11 @@ def default_huge_page_size(meminfo: str = "/proc/meminfo") -> int:
     return 2 << 20
 
 
+def _no_event(_raw) -> None:
+    """A wake-up record (GG_KIND_WAKE: the exec filter kept an exec while user space slept)."""
+    return None
+
+
 def boot_to_epoch_offset() -> float:
     """Seconds to add to CLOCK_BOOTTIME (bpf_ktime_get_boot_ns) to get epoch time."""
     return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -57,6 +62,7 @@ class EventDecoder:
             EventKind.EXEC: self._exec,
             EventKind.EXIT: self._exit,
             EventKind.HUGE_ALLOC: self._huge_alloc,
+            EventKind.WAKE: _no_event,
         }
         self._default_huge_page = default_huge_page_size()
         for kind, cls in struct_classes.items():
@@ -64,8 +70,9 @@ class EventDecoder:
             if ct.sizeof(cls) < self._header_size:
                 raise MalformedEvent(f"struct for kind {kind} is smaller than the header")
 
-    def decode(self, data: int, size: int) -> Event:
-        """``data`` is the address bcc passes to a ring/perf buffer callback."""
+    def decode(self, data: int, size: int) -> Event | None:
+        """``data`` is the address bcc passes to a ring/perf buffer callback; None for a record
+        that only wakes the reader (GG_KIND_WAKE)."""
         if size < self._header_size:
             raise MalformedEvent(
                 f"record of {size} bytes is shorter than the {self._header_size}-byte header"

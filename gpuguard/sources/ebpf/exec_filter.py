@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from gpuguard.events.abi import ExecFilterCount
-from gpuguard.sources.ebpf.kernel_maps import EmptyWatch
+from gpuguard.sources.ebpf.kernel_maps import EmptyWatch, lookup_batch
 
 # enum gg_exec_filter_count, as counter names: promoted, pending_full, cgroups_full, pending_added
 COUNTS = {c.name.lower(): c.value for c in ExecFilterCount if c != ExecFilterCount.SLOTS}
@@ -62,6 +62,7 @@ class ExecFilter:
         self.names = bpf[b"exec_names"]
         self.aggregated_map = bpf[b"exec_aggregated"]
         self.counts_map = bpf[b"exec_filter_counts"]
+        self.wake_map = bpf[b"exec_wake"]
         self.decode = decode  # a pending gg_exec -> model Exec
         self.aggregated: dict[int, int] = {}  # cgroup id -> execs kept in the kernel (cumulative)
         self.promoted_by_age = 0
@@ -111,8 +112,8 @@ class ExecFilter:
 
     @property
     def may_hold_execs(self) -> bool:
-        """False only while the last walk left the map empty (a new exec may have come since:
-        the next turn, whenever it comes, sees it by the kernel's count)."""
+        """False only while the last walk left the map empty: the kernel then wakes user space
+        with its next kept exec (a GG_KIND_WAKE record), whose turn sees it by the count."""
         return not self.pending_watch.known_empty
 
     def _entries(self) -> list:
@@ -148,8 +149,19 @@ class ExecFilter:
             if self._take(key):
                 out.append(self.decode(value))
         self.promoted_by_age += len(out)
-        self.pending_watch.done(added, empty=len(entries) == len(old))
+        empty = len(entries) == len(old)
+        self.pending_watch.done(added, empty=empty)
+        if empty:
+            self._arm_wake(added)
         return out
+
+    def _arm_wake(self, added: int) -> None:
+        """The map was found empty: ask the kernel to wake user space at its next kept exec
+        (``exec_wake``), so the sensor may sleep until then.  An exec kept between the count read
+        before the walk and the arming moved the count: the next turn walks as usual."""
+        self.wake_map[self.wake_map.Key(0)] = ct.c_uint32(1)
+        if self._added() != added:
+            self.pending_watch.invalidate()
 
     def _added(self) -> int:
         return self.counts_map[self.counts_map.Key(ExecFilterCount.PENDING_ADDED)].value
@@ -191,10 +203,12 @@ class ExecFilter:
     # -- counts ----------------------------------------------------------------------
     def read_counts(self) -> None:
         """Refresh the per-cgroup totals and the filter's own counters from the kernel."""
-        for key, value in self.aggregated_map.items():
-            self.aggregated[key.value] = value.value
+        keys, values, n = lookup_batch(self.aggregated_map, 0)  # one syscall, not two a cgroup
+        for i in range(n):  # u64 keys and values: ctypes gives them as ints
+            self.aggregated[keys[i]] = values[i]
+        _, counts, n = lookup_batch(self.counts_map, 0)
         for name, index in COUNTS.items():
-            self.counts[name] = self.counts_map[self.counts_map.Key(index)].value
+            self.counts[name] = counts[index] if index < n else 0
         self.counts_read += 1
 
     def summary(self, top: int = 10) -> dict:

@@ -116,6 +116,22 @@ def lookup_batch(table, batch: int) -> tuple:
     return keys, values, min(total, size)
 
 
+def percpu_sums(table, cpus: int) -> dict[int, int]:
+    """Slot -> its sum over ``cpus`` possible CPUs, of a per-CPU array map of u64, in one
+    BPF_MAP_LOOKUP_BATCH (bcc's ``getvalue`` costs a syscall and a ctypes array per slot)."""
+    from bcc.libbcc import lib
+
+    slots = table.max_entries
+    keys, values = (ct.c_uint32 * slots)(), (ct.c_uint64 * (slots * cpus))()
+    token, count = ct.c_uint32(0), ct.c_uint32(slots)
+    res = lib.bpf_lookup_batch(table.map_fd, None, ct.byref(token), keys, values, ct.byref(count))
+    err = ct.get_errno()
+    if res != 0 and err != errno.ENOENT:  # ENOENT: the whole map was read
+        raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
+    flat = memoryview(values).cast("B").cast("Q")
+    return {keys[i]: sum(flat[i * cpus : (i + 1) * cpus]) for i in range(count.value)}
+
+
 class KernelMaps:
     """Removes stale entries from the probes' maps (see the module docstring)."""
 

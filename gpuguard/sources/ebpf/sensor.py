@@ -44,6 +44,7 @@ from gpuguard.sources.ebpf.probe_load import (
     load_failure,
 )
 from gpuguard.sources.ebpf.probe_source import ProbeSettings
+from gpuguard.sources.ebpf.ring_wait import UNWAKEABLE_MAX_MS, RingWait
 from gpuguard.sources.net.conn_activity import ConnActivityReader
 from gpuguard.sources.net.payload_streams import PayloadStreams
 from gpuguard.sources.proc.gpu_fds import fd_is_gpu
@@ -66,8 +67,10 @@ _TABLES = (
     "map_writes",
 )
 DRAIN_BUDGET_S = 0.5  # the final drain reads what it can in this time, then the process stops
-# With no GPU process known the drain has only the lost counts to read: this often at most.
-IDLE_DRAIN_S = 1.0
+# With no GPU process known the drain has only the lost counts (and every 2 s at most the exec
+# filter's counts) to read: this often at most.  A kept exec wakes the sensor by itself
+# (exec_wake), so an idle sensor sleeps until its next periodic job.
+IDLE_DRAIN_S = 5.0
 
 
 @dataclass(slots=True)
@@ -75,6 +78,7 @@ class SensorStats:
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     lost: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     malformed: int = 0  # kernel records that did not decode
+    wakes: int = 0  # wake-up records: the exec filter kept an exec while the sensor slept
     routing_errors: int = 0  # decoded records our own routing failed on (a gpuguard bug)
     dropped_relative_opens: int = 0
     swept_fds: int = 0
@@ -138,6 +142,7 @@ class Sensor:
         self._interest_requests: deque[int] = deque()  # request_interest, from other threads
         self.router: EventRouter | None = None  # each decoded record's handler, once started
         self._route = _not_started  # router.route once started (tests put a broken one here)
+        self._ring_wait: RingWait | None = None  # a wait other threads can end (ring buffers)
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -159,8 +164,10 @@ class Sensor:
                 ActivityMap(self._bpf, self.settings.fd_slots, self.settings.activity_slots),
                 self.activity_interval,
             )
+        header = self._bpf[b"schema_header"].Leaf
         classes = {kind: self._bpf[name.encode()].Leaf for kind, name in _SCHEMA_MAPS.items()}
-        self._decoder = EventDecoder(classes, self._bpf[b"schema_header"].Leaf)
+        classes[EventKind.WAKE] = header  # a header alone
+        self._decoder = EventDecoder(classes, header)
         if self.settings.exec_filter:
             self.exec_filter = ExecFilter(self._bpf, self._decoder.exec_record)
             self.exec_filter.set_names(self.exec_names)
@@ -197,6 +204,7 @@ class Sensor:
         else:
             events.open_ring_buffer(self._on_ring)
             self.stats.buffer = "ring"
+            self._ring_wait = RingWait.open(self._bpf)
         self.stats.startup_seconds = time.perf_counter() - started
         if self.fpu_wanted:  # a separate program: one that cannot load blinds only itself
             self.fpu = FpuProbe.open(bcc)
@@ -225,6 +233,8 @@ class Sensor:
     def close(self) -> None:
         if self.fpu is not None:
             self.fpu.close()
+        if self._ring_wait is not None:
+            self._ring_wait.close()
         if self._bpf is not None:
             self.detach_probes()
             self._detach.wait()
@@ -250,10 +260,12 @@ class Sensor:
         if self._bpf is None:
             raise GpuguardError("the sensor is not started", "call Sensor.start() first")
         timeout_ms = self.wait_ms(timeout_ms)
-        if self.settings.perf_buffer:
-            self._bpf.perf_buffer_poll(timeout=timeout_ms)
+        if self._ring_wait is not None:
+            self._ring_wait.wait_and_read(timeout_ms)
+        elif self.settings.perf_buffer:
+            self._bpf.perf_buffer_poll(timeout=min(timeout_ms, UNWAKEABLE_MAX_MS))
         else:
-            self._bpf.ring_buffer_poll(timeout=timeout_ms)
+            self._bpf.ring_buffer_poll(timeout=min(timeout_ms, UNWAKEABLE_MAX_MS))
         while self._watch_requests:
             tgid = self._watch_requests.popleft()
             if os.path.exists(f"/proc/{tgid}"):
@@ -317,10 +329,17 @@ class Sensor:
         """Ask, from any thread, for every later exec of ``tgid`` and its tree in full."""
         if self.exec_filter is not None:
             self._interest_requests.append(tgid)
+            self.wake()
 
     def request_stop(self) -> None:
-        """End the current poll between two records (safe to call from a signal handler)."""
+        """End the current poll between two records, or its wait (safe from a signal handler)."""
         self._consume_until = 0.0
+        self.wake()
+
+    def wake(self) -> None:
+        """End the current wait for records now (from any thread): a request is waiting."""
+        if self._ring_wait is not None:
+            self._ring_wait.wake()
 
     def watch_process(self, tgid: int) -> int:
         """Give a process's connections activity records (GPU holders get them already); returns
@@ -331,6 +350,7 @@ class Sensor:
     def request_watch(self, tgid: int) -> None:
         """Ask for :meth:`watch_process` from any thread; the next poll carries it out."""
         self._watch_requests.append(tgid)
+        self.wake()
 
     def _header_fields(self, tgid: int) -> tuple[str, int, int, int]:
         header = self._headers.get(tgid)
@@ -379,6 +399,9 @@ class Sensor:
             event = self._decoder.decode(data, size)
         except MalformedEvent:
             self.stats.malformed += 1
+            return
+        if event is None:
+            self.stats.wakes += 1  # the exec filter kept an exec: the poll ends, its turn looks
             return
         try:
             self._route(event)

@@ -64,6 +64,7 @@ class ProduceStage:
                     ctx.emit,
                     self.feedback,
                     on_gpu_open=self._nudge_samplers,
+                    stall_s=ctx.config.health_stall_s,
                 )
             )
         else:
@@ -111,11 +112,12 @@ class ProduceStage:
         """Feedback for the sensor (``watch`` or ``interest``); dropped in reduced mode."""
         if self.sensor is not None:
             self.feedback.put((kind, pid))
+            self.sensor.wake()  # its thread takes the feedback before its next wait
 
     # -- stop -------------------------------------------------------------------------
     def join(self) -> bool:
         """Wait for the producer threads; True when the sensor thread is still busy."""
-        self._wake_samplers()  # an idle sampler's wait is several seconds
+        self.stop_reading()  # an idle sensor's and sampler's waits are several seconds
         for thread in self.threads:
             thread.join(timeout=10)
         # The sensor's buffers are freed by its close: never while its thread may still be in

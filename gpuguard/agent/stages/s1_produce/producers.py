@@ -33,10 +33,11 @@ Emit = Callable[[AgentLifecycle], None]
 FAULT_REPEAT_S = 60.0  # a fault that persists is reported again this often
 REOPEN_AFTER_FAILURES = 3  # consecutive raising samples before the sampler is reopened
 MAX_BACKOFF_S = 60.0
-# The sensor thread's longest wait in the ring buffer: records, and the sensor's periodic jobs
-# (Sensor.wait_ms: the exec filter's 0.25 s turn while execs are pending), end it sooner.  It
-# bounds how long a quiet agent takes to see a stop, and a watch request from a later stage.
-POLL_MS = 1000
+# The sensor thread's longest wait for records: the sensor's periodic jobs (Sensor.wait_ms: the
+# exec filter's 0.25 s turn while execs are pending, the drain, the sweep) end it sooner, and a
+# stop or a request from a later stage wakes it (sources.ebpf.ring_wait).  A third of the health
+# check's stall time at most: /healthz wants a poll at least that recent.
+POLL_MS = 10_000
 
 
 def _fault(emit: Emit, message: str, **detail: Any) -> None:
@@ -70,8 +71,10 @@ class SensorThread(threading.Thread):
         emit: Emit,
         feedback: FeedbackQueue | None = None,  # none: no later stage asks anything of it
         on_gpu_open: Callable[[], None] | None = None,
+        stall_s: float = 30.0,  # /healthz's stall time (metrics.health_stall_s)
     ) -> None:
         super().__init__(name="gpuguard-sensor", daemon=True)
+        self.poll_ms = max(1, min(POLL_MS, int(stall_s * 1000 / 3)))
         self.on_gpu_open = on_gpu_open  # called once per poll that saw a GPU device open
         self.sensor, self.intake, self.counters, self.stop, self.emit = (
             sensor,
@@ -115,7 +118,7 @@ class SensorThread(threading.Thread):
             try:
                 if self.feedback is not None and len(self.feedback):
                     self._take_feedback()
-                self._queue(self.sensor.poll(POLL_MS))
+                self._queue(self.sensor.poll(self.poll_ms))
                 self.polled_at = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - the sensor thread must outlive one bad poll
                 fault.report(

@@ -19,3 +19,11 @@ def test_counters_that_move_with_every_gpu_sample_are_no_change():
     }
     assert _status_content(later) == _status_content(idle)
     assert _status_content({**later, "processes_tracked": 4}) != _status_content(idle)
+
+
+def test_the_spin_watchs_looks_are_no_change_but_the_probe_attaching_is():
+    idle = {"counters": {"fpu_probe": {"attached": False, "attaches": 2, "looks": 40}}}
+    later = {"counters": {"fpu_probe": {"attached": False, "attaches": 2, "looks": 41}}}
+    attached = {"counters": {"fpu_probe": {"attached": True, "attaches": 3, "looks": 41}}}
+    assert _status_content(later) == _status_content(idle)
+    assert _status_content(attached) != _status_content(idle)

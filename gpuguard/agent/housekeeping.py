@@ -3,9 +3,9 @@
 Old processes expire; the CPU-miner candidates (huge-page users, host tuners, and every
 process the FPU probe saw leave round-to-nearest) get CPU windows and runnable-thread
 records (the CPU-miner rules read them); the FPU probe is attached only while some thread
-hardly sleeps; the responder lifts expired blocks; freed heap goes
-back to the kernel; the stages forget processes no longer tracked; drops since the last look
-are reported as one lifecycle line.
+hardly sleeps; the responder lifts expired blocks; freed heap goes back to the kernel once
+there was work to free it (TRIM_AFTER_ITEMS); the stages forget processes no longer tracked;
+drops since the last look are reported as one lifecycle line.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from gpuguard.sources.ebpf.sensor import Sensor
 
 HOUSEKEEPING_S = 10.0  # expire old processes and report drops this often
+# malloc_trim walks the whole heap (~0.5 ms cold): after this many items correlated since the
+# last one, or TRIM_EVERY_S; an idle agent frees nothing worth the walk
+TRIM_AFTER_ITEMS = 1000
+TRIM_EVERY_S = 600.0
 
 
 class Housekeeping:
@@ -46,6 +50,7 @@ class Housekeeping:
         self.cpu_activity = CpuActivitySampler(ctx.proc_root)  # runnable threads, FPU rounding
         self.spin_watch = SpinWatch(ctx.proc_root)  # when the FPU probe is attached
         self.drops_reported = 0
+        self._trimmed = (0, 0.0)  # (items correlated, time) at the last heap trim
 
     def run(self, now: float, period_s: float) -> None:
         correlator = self.correlator
@@ -56,10 +61,17 @@ class Housekeeping:
         self._gate_rounding_probe()
         self._sample_cpu_activity(now)
         self.act.sweep_blocks(now)
-        return_freed_memory()
+        self._trim_heap(now)
         self.report.prune()
         self.score.prune()
         self._report_drops(period_s)
+
+    def _trim_heap(self, now: float) -> None:
+        items, at = self._trimmed
+        correlated = self.ctx.counters.items_correlated
+        if correlated - items >= TRIM_AFTER_ITEMS or now - at >= TRIM_EVERY_S:
+            return_freed_memory()
+            self._trimmed = (correlated, now)
 
     def _gate_rounding_probe(self) -> None:
         """The FPU probe runs at context switches only while a thread hardly sleeps

@@ -46,6 +46,7 @@ class Agent:
         self.counters = counters = AgentCounters(mode=config.mode)
         self.telemetry = AgentTelemetry(config, counters, stderr)  # the log and the metrics
         self.intake = BoundedQueue(config.intake_queue, on_drop=self._intake_dropped)
+        self.telemetry.nudge_loop = self.intake.nudge  # a scrape asks the loop for fresh totals
         counters.intake_capacity = config.intake_queue
         self.stop = threading.Event()
         self.ready = threading.Event()  # set once start-up finished (tests, selftest)

@@ -32,6 +32,7 @@ from gpuguard.outputs.web_config import load_web_config
 from gpuguard.sources.proc.pod_names import PodNames, PodRef
 
 STALL_ENV = "GPUGUARD_FAULT_STALL_LOOP"
+SCRAPE_SYNC_WAIT_S = 0.5  # a scrape waits this long at most for the loop's fresh totals
 STALL_MAX_S = 3600.0  # a forgotten stall file does not hold the loop for ever
 
 _DESTINATIONS = "a file path, - (stdout), or syslog[:unix:PATH|udp:HOST:PORT|tcp:HOST:PORT]"
@@ -81,6 +82,12 @@ class AgentTelemetry:
         # first sweep finds, for the seconds start-up takes.
         self._held: list | None = []
         self._held_lock = threading.Lock()
+        # /metrics asks the detect loop for fresh totals (it alone may read the counters whole)
+        self.nudge_loop: Callable[[], None] | None = (
+            None  # ends the loop's wait (the agent sets it)
+        )
+        self._sync_wanted = threading.Event()
+        self._synced = threading.Event()
 
     # -- start-up -----------------------------------------------------------------------
     def open_log(self) -> None:
@@ -118,7 +125,11 @@ class AgentTelemetry:
         metrics.declare_findings(finding_rules)
         try:
             self.server = metrics.serve(
-                address, self.health, web, on_problem=lambda line: self.stderr(f"gpuguard: {line}")
+                address,
+                self.health,
+                web,
+                on_problem=lambda line: self.stderr(f"gpuguard: {line}"),
+                before_scrape=self._fresh_for_scrape,
             )
         except ValueError as exc:
             raise GpuguardError(
@@ -252,6 +263,24 @@ class AgentTelemetry:
     def observe_scoring(self, seconds: float) -> None:
         if self.metrics is not None:
             self.metrics.observe_scoring(seconds)
+
+    def _fresh_for_scrape(self) -> None:
+        """A scrape is being answered (the metrics thread): the detect loop syncs the totals on its
+        next turn, which this nudges; at most SCRAPE_SYNC_WAIT_S, then the last totals are served
+        (a loop busy with a long batch).  An idle agent so syncs per scrape, not per turn."""
+        if self.nudge_loop is None:
+            return
+        self._synced.clear()
+        self._sync_wanted.set()
+        self.nudge_loop()
+        self._synced.wait(SCRAPE_SYNC_WAIT_S)
+
+    def sync_metrics_if_wanted(self) -> None:
+        """The detect loop's side of :meth:`_fresh_for_scrape` (once per turn)."""
+        if self._sync_wanted.is_set():
+            self._sync_wanted.clear()
+            self.sync_metrics()
+            self._synced.set()
 
     def sync_metrics(self) -> None:
         """The agent's running totals into the exporter; the log's own counts come from the writer

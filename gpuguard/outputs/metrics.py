@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import (
@@ -444,9 +444,19 @@ class AgentMetrics:
         health: AgentHealth | None = None,
         web: WebConfig | None = None,
         on_problem: Any = None,
+        before_scrape: Callable[[], None] | None = None,
     ) -> MetricsServer:
-        """Serve these metrics on ``HOST:PORT`` (:func:`gpuguard.outputs.metrics_http.serve`)."""
-        return serve(address, make_wsgi_app(self.registry), health, web, on_problem)
+        """Serve these metrics on ``HOST:PORT`` (:func:`gpuguard.outputs.metrics_http.serve`);
+        ``before_scrape`` runs (in the request's thread) before each answer is rendered."""
+        app = make_wsgi_app(self.registry)
+        if before_scrape is not None:
+            render = app
+
+            def app(environ: dict, start_response: Callable) -> Any:
+                before_scrape()
+                return render(environ, start_response)
+
+        return serve(address, app, health, web, on_problem)
 
 
 # The samples each kind of metric serves (no *_created: see AgentMetrics.__init__).

@@ -14,14 +14,17 @@ from gpuguard.detect.ruleset.reload import RuleSetHolder
 
 
 class EmitStage:
-    """Once per loop turn: sync the log; write the state file when something changed or due."""
+    """Once per loop turn: sync the log (and the metrics for a scrape); write the state file when
+    something changed or due."""
 
     def __init__(self, ctx: AgentContext, rules: RuleSetHolder) -> None:
         self.ctx = ctx
         self.status = StatusWriter(ctx, rules)
 
     def sync_log(self) -> None:
+        """The log writer's counts (every turn), and the metrics' totals when a scrape asked."""
         self.ctx.telemetry.sync_log()
+        self.ctx.telemetry.sync_metrics_if_wanted()
 
     def status_due(self, now: float, periodic: bool) -> None:
         """The state file's periodic check (the loop's schedule says when), or a change to say."""

@@ -69,6 +69,26 @@ def _by_pid(agent: AgentProcess) -> tuple[dict[int, list], dict[int, list]]:
     return findings, actions
 
 
+def _closed(agent: AgentProcess, pids: list[int], timeout: float = 30.0) -> None:
+    """Wait until each of ``pids`` (ended) has its finding closed; else fail saying what each had."""
+    try:
+        until(
+            lambda: all(
+                any(r["gpuguard"]["finding"]["activity"] == "close" for r in _by_pid(agent)[0][p])
+                for p in pids
+            ),
+            timeout=timeout,
+        )
+    except AssertionError:
+        found = _by_pid(agent)[0]
+        had = {p: [r["gpuguard"]["finding"]["activity"] for r in found[p]] for p in pids}
+        counters = agent.status().get("counters", {})
+        raise AssertionError(
+            f"ended miners without a closed finding: {had}; exec filter "
+            f"{counters.get('execs')}; ring lost {counters.get('ring_lost')}"
+        ) from None
+
+
 def _settled(agent: AgentProcess, pids: list[int], quiet_s: float = 2.0) -> None:
     """Wait until no record about ``pids`` has been added for ``quiet_s`` (the responder's
     outcomes, the closes due at the next poll and a reload's rescoring all had their turn).
@@ -133,16 +153,7 @@ def test_reloads_neither_replay_ended_findings_nor_act_on_them_again(tmp_path, m
             ended = [m.pid for m in miners]
             for miner in miners:
                 assert miner.wait(timeout=20) == 0
-            until(
-                lambda: all(
-                    any(
-                        r["gpuguard"]["finding"]["activity"] == "close"
-                        for r in _by_pid(agent)[0][p]
-                    )
-                    for p in ended
-                ),
-                timeout=30,
-            )
+            _closed(agent, ended)
             _settled(agent, [living.pid, *ended])
             before, acted_before = _by_pid(agent)
             (create,) = before[living.pid]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -206,8 +207,13 @@ def test_the_kernels_own_kheaders_archive_is_used_when_there_is_no_host_tree(tmp
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_scan_watches_rounding_modes_with_its_own_headers():
+    from gpuguard.sources.proc.cpu_usage import MIN_SPAN_S
+
     spinner = start_in_load_group([sys.executable, "-c", "while True: pass"])
     try:
+        # old enough to be judged by its lifetime when the scan reads it (a scan with a warm
+        # YARA cache takes well under a second on a quiet host)
+        time.sleep(MIN_SPAN_S + 1.0)
         out = run(
             [*without_headers(), *GG, "scan", "--json", "--cpu-window", "1", "--gpu-window", "0.5"],
             timeout=180,

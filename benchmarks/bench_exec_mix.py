@@ -4,7 +4,7 @@
         [--kinds shell,python,...] [--baseline-tree DIR] [--json]
 
 One eBPF agent (monitor mode, the shipped rules) runs while this script starts processes of
-one kind at ``--rate`` a second, in its own cgroup.  The kinds: a shell pipeline, ``python3 -c``,
+one kind at ``--rate`` a second, each kind in a cgroup of its own.  The kinds: a shell pipeline, ``python3 -c``,
 ``perl -e`` living 20 ms, ``git``, a compiled program living 5-50 ms from /usr and the same
 file from /tmp, a never-seen binary from /tmp (a distinct file each start), and a shell script
 that execs three children.  Kinds and idle windows alternate, round after round, so the shared
@@ -143,30 +143,40 @@ class Workloads:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def own_cgroup():
-    """This process (and so every start) in a cgroup of its own: (its id, the kernel's key)."""
-    from gpuguard.respond.cgroup_blocks import cgroup2_mount, cgroup2_of
+class KindCgroups:
+    """A cgroup per kind (and one for the idle windows): this process moves into a kind's before
+    its window, so every start of it is counted there by the exec filter."""
 
-    mount = Path(cgroup2_mount())
-    home = mount / cgroup2_of(os.getpid()).lstrip("/")
-    cgroup = mount / f"gg-bench-exec-mix-{os.getpid()}"
-    cgroup.mkdir()
-    (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-    try:
-        yield os.stat(cgroup).st_ino
-    finally:
-        (home / "cgroup.procs").write_text(str(os.getpid()))
-        for _ in range(50):
-            with contextlib.suppress(OSError):
-                cgroup.rmdir()
-                break
-            time.sleep(0.1)
+    def __init__(self, kinds: list[str]) -> None:
+        from gpuguard.respond.cgroup_blocks import cgroup2_mount, cgroup2_of
+
+        self.mount = Path(cgroup2_mount())
+        self.home = self.mount / cgroup2_of(os.getpid()).lstrip("/")
+        self.paths = {k: self.mount / f"gg-bench-exec-mix-{os.getpid()}-{k}" for k in kinds}
+        self.paths[None] = self.mount / f"gg-bench-exec-mix-{os.getpid()}-idle"
+        for path in self.paths.values():
+            path.mkdir()
+        self.ids = {k: os.stat(path).st_ino for k, path in self.paths.items()}
+
+    def enter(self, kind: str | None) -> None:
+        (self.paths[kind] / "cgroup.procs").write_text(str(os.getpid()))
+
+    def remove(self) -> None:
+        (self.home / "cgroup.procs").write_text(str(os.getpid()))
+        for path in self.paths.values():
+            for _ in range(50):
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+                    break
+                time.sleep(0.1)
 
 
-def kept(agent: AgentProcess, cgroup_id: int) -> int:
+def kept_by_cgroup(agent: AgentProcess) -> dict[int, int]:
+    """The exec filter's kept-in-kernel count per cgroup id (the ten busiest), from the state
+    file: the kernel's counts are read at the sensor's drain (every 5 s on a host with no GPU
+    process) and written at the next status check."""
     execs = agent.status().get("counters", {}).get("execs", {})
-    return int(execs.get("aggregated_by_cgroup", {}).get(str(cgroup_id), 0))
+    return {int(k): int(v) for k, v in execs.get("aggregated_by_cgroup", {}).items()}
 
 
 def window(agent: AgentProcess, load: Workloads, kind: str | None, args) -> tuple[int, int, int]:
@@ -196,52 +206,58 @@ def run_agent(tree: Path | None, args) -> dict:
     result: dict = {"tree": str(tree or REPO), "load_start": os.getloadavg()[0], "kinds": {}}
     with tempfile.TemporaryDirectory(prefix="gg-bench-mix-") as tmp:
         agent = AgentProcess(Path(tmp), "--sensor", "ebpf", wrapper=wrapper)
+        cgroups = KindCgroups(list(args.kinds))
         try:
             agent.wait_ready()
             time.sleep(5.0)
-            with own_cgroup() as cgroup_id:  # the starts' cgroup (the agent stays outside)
-                for kind in args.kinds:  # one warm-up window each: first sights of the programs
-                    window(agent, load, kind, args)
-                time.sleep(2.5)
-                idle: list[tuple[int, int]] = []
-                per: dict[str, list[tuple[int, int, int]]] = {k: [] for k in args.kinds}
-                kept0 = {k: 0 for k in args.kinds}
-                for _ in range(args.windows):
-                    for kind in args.kinds:
-                        cpu, bpf, _n = window(agent, load, None, args)
-                        idle.append((cpu, bpf))
-                        before = kept(agent, cgroup_id)
-                        per[kind].append(window(agent, load, kind, args))
-                        time.sleep(2.1)  # the state file's counts are of a moment after the window
-                        kept0[kind] += kept(agent, cgroup_id) - before
-                idle_cpu = statistics.median(c for c, _ in idle)
-                idle_bpf = statistics.median(b for _, b in idle)
-                result["idle_window_us"] = {
-                    "median": round(idle_cpu / 1e3, 1),
-                    "p99": round(_p99([c for c, _ in idle]) / 1e3, 1),
-                    "core_fraction": round(idle_cpu / (args.window_s * 1e9), 6),
+            for kind in args.kinds:  # one warm-up window each: first sights of the programs
+                cgroups.enter(kind)
+                window(agent, load, kind, args)
+            cgroups.enter(None)
+            time.sleep(8.0)  # the warm-up's counts: a drain, then a status check
+            kept0 = kept_by_cgroup(agent)
+            idle: list[tuple[int, int]] = []
+            per: dict[str, list[tuple[int, int, int]]] = {k: [] for k in args.kinds}
+            for _ in range(args.windows):
+                for kind in args.kinds:
+                    cgroups.enter(None)
+                    cpu, bpf, _n = window(agent, load, None, args)
+                    idle.append((cpu, bpf))
+                    cgroups.enter(kind)
+                    per[kind].append(window(agent, load, kind, args))
+                    time.sleep(1.0)  # what the window sent up is handled before the next one
+            cgroups.enter(None)
+            time.sleep(8.0)  # the last windows' counts: a drain, then a status check
+            kept1 = kept_by_cgroup(agent)
+            idle_cpu = statistics.median(c for c, _ in idle)
+            idle_bpf = statistics.median(b for _, b in idle)
+            result["idle_window_us"] = {
+                "median": round(idle_cpu / 1e3, 1),
+                "p99": round(_p99([c for c, _ in idle]) / 1e3, 1),
+                "core_fraction": round(idle_cpu / (args.window_s * 1e9), 6),
+            }
+            for kind, rows in per.items():
+                us = [(c - idle_cpu) / n / 1e3 for c, _, n in rows]
+                bpf = [(b - idle_bpf) / n / 1e3 for _, b, n in rows]
+                starts = sum(n for _, _, n in rows)
+                cg = cgroups.ids[kind]
+                kept = kept1.get(cg, 0) - kept0.get(cg, 0)
+                result["kinds"][kind] = {
+                    "starts": starts,
+                    "median_us": round(statistics.median(us), 1),
+                    "p99_us": round(_p99(us), 1),
+                    "mean_us": round(statistics.mean(us), 1),
+                    "bpf_us_per_start": round(statistics.median(bpf), 2),
+                    "kept_in_kernel": round(kept / (starts * EXECS_PER_START.get(kind, 1)), 3),
                 }
-                for kind, rows in per.items():
-                    us = [(c - idle_cpu) / n / 1e3 for c, _, n in rows]
-                    bpf = [(b - idle_bpf) / n / 1e3 for _, b, n in rows]
-                    starts = sum(n for _, _, n in rows)
-                    result["kinds"][kind] = {
-                        "starts": starts,
-                        "median_us": round(statistics.median(us), 1),
-                        "p99_us": round(_p99(us), 1),
-                        "mean_us": round(statistics.mean(us), 1),
-                        "bpf_us_per_start": round(statistics.median(bpf), 2),
-                        "kept_in_kernel": round(
-                            kept0[kind] / (starts * EXECS_PER_START.get(kind, 1)), 3
-                        ),
-                    }
-                counters = agent.status().get("counters", {})
-                result["counters"] = counters.get("stages", {}).get("enrich", {})
-                execs = counters.get("execs", {})
-                result["execs"] = {k: v for k, v in execs.items() if k != "aggregated_by_cgroup"}
+            counters = agent.status().get("counters", {})
+            result["counters"] = counters.get("stages", {}).get("enrich", {})
+            execs = counters.get("execs", {})
+            result["execs"] = {k: v for k, v in execs.items() if k != "aggregated_by_cgroup"}
         finally:
             agent.stop()
             load.remove()
+            cgroups.remove()
     result["load_end"] = os.getloadavg()[0]
     return result
 

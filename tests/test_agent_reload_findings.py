@@ -1,7 +1,7 @@
 """A reload re-judges the living, never the dead (the real agent, eBPF sensor, real processes).
 
-Five short miner-shaped workloads (malicious at exec from their command line, 1 s each) end
-before the reloads; one long-lived workload (suspicious at exec: a miner flag from /tmp)
+Five short miner-shaped workloads (malicious from their command line, 2.5 s each) end
+before the reloads; one long-lived workload (suspicious: a miner flag from /tmp)
 lives through them.  Four reloads follow, alternating SIGHUP and the rule-file watch: the
 second adds a rule that makes the living one malicious, the fourth only rewords that rule.
 The ended processes must get no record and no action from any reload; the living one gets

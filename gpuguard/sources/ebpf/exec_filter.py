@@ -135,7 +135,9 @@ class ExecFilter:
         while it stands still since a walk that left the map empty the walk is skipped: on an
         idle host that walk (every bucket of a 16,384-bucket map, 4 times a second) was most
         of the sensor's idle cost.  The count is read before the walk, so an exec written
-        during the walk is either seen by it or moves the count for the next turn."""
+        during the walk is either seen by it or moves the count for the next turn.  Execs kept
+        after a walk are younger than any it saw, so the next turn is when the oldest one it
+        left comes of age (at least :data:`PROMOTE_EVERY_S` on), not every turn."""
         added = self.pending_watch.start()
         if added is None:
             return []
@@ -149,10 +151,13 @@ class ExecFilter:
             if self._take(key):
                 out.append(self.decode(value))
         self.promoted_by_age += len(out)
-        empty = len(entries) == len(old)
-        self.pending_watch.done(added, empty=empty)
-        if empty:
+        young = [v.hdr.time_ns for _, v in entries if v.hdr.time_ns > limit]
+        self.pending_watch.done(added, empty=not young)
+        if not young:
             self._arm_wake(added)
+        else:  # none can come of age before the oldest left: no look until then
+            due_in = (min(young) + int(age_s * 1e9) - boot_now) / 1e9
+            self._next_promote = max(self._next_promote, time.monotonic() + due_in)
         return out
 
     def _arm_wake(self, added: int) -> None:

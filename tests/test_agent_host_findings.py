@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,6 @@ from gpuguard.events.gpu_snapshot import DeviceSample, GpuSnapshot
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import MIB, FakeAccounting, FakeGpu, FakeNvml, FakeProcess
 from tests.support.agent_run import log_records, until
-from tests.support.prometheus import exposition
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
@@ -133,7 +133,10 @@ class AgentRun:
         time.sleep(n * CHECK_S + 0.2)
 
     def gauge(self, rule: str) -> float:
-        body = exposition(self.agent.telemetry.metrics).decode()
+        """The gauge as a scrape of /metrics sees it (a scrape has the loop sync the totals)."""
+        server = self.agent.telemetry.server
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as r:
+            body = r.read().decode()
         for line in body.splitlines():
             if line.startswith(f'gpuguard_host_findings_active{{rule="{rule}"}}'):
                 return float(line.split()[-1])

@@ -117,18 +117,24 @@ def test_a_short_exec_that_connects_is_sent_up_before_its_connect(sensor):
     assert any(isinstance(e, Connect) and e.port == port for e in mine)
 
 
-@pytest.mark.root
-@pytest.mark.self_contained
-def test_a_plain_exec_that_lives_is_sent_up_with_its_command_line(sensor):
-    proc = subprocess.Popen(["/bin/sleep", "6"])
+def _sleeper_execs(sensor, seconds: str, within: float) -> tuple[int, list]:
+    """``/bin/sleep SECONDS`` (a plain exec: kept in the kernel) polled for until its exec goes
+    up or ``within`` s pass, then killed: (its pid, its Exec records)."""
+    proc = subprocess.Popen(["/bin/sleep", seconds])
     try:
         events = poll_until(
-            sensor, 10, lambda evs: any(isinstance(e, Exec) and e.pid == proc.pid for e in evs)
+            sensor, within, lambda evs: any(isinstance(e, Exec) and e.pid == proc.pid for e in evs)
         )
     finally:
         proc.kill()
         proc.wait()
-    (exec_,) = [e for e in events if isinstance(e, Exec) and e.pid == proc.pid]
+    return proc.pid, [e for e in events if isinstance(e, Exec) and e.pid == proc.pid]
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_a_plain_exec_that_lives_is_sent_up_with_its_command_line(sensor):
+    _pid, (exec_,) = _sleeper_execs(sensor, "6", 10)
     assert exec_.cmdline == ["/bin/sleep", "6"]
     assert exec_.ppid == os.getpid()
 
@@ -358,16 +364,9 @@ def test_a_sensor_asleep_on_an_empty_pending_map_is_woken_by_the_next_kept_exec(
         sensor.poll(50)
     assert not filt.may_hold_execs  # the filter's turns no longer shorten the sensor's waits
     woken = sensor.stats.wakes
-    sleeper = subprocess.Popen(["/bin/sleep", "3"])  # a plain exec: kept in the kernel
-    try:
-        events = poll_until(
-            sensor, 3, lambda evs: any(isinstance(e, Exec) and e.pid == sleeper.pid for e in evs)
-        )
-    finally:
-        sleeper.kill()
-        sleeper.wait()
+    pid, execs = _sleeper_execs(sensor, "3", 3)
     assert sensor.stats.wakes > woken  # ours, or another job's kept exec: the kernel woke us
-    assert [e.pid for e in events if isinstance(e, Exec) and e.pid == sleeper.pid] == [sleeper.pid]
+    assert [e.pid for e in execs] == [pid]
 
 
 # The exec filter's maps alone, as the probes declare them, in a program with no probe: only

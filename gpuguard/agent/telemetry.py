@@ -82,10 +82,9 @@ class AgentTelemetry:
         # first sweep finds, for the seconds start-up takes.
         self._held: list | None = []
         self._held_lock = threading.Lock()
-        # /metrics asks the detect loop for fresh totals (it alone may read the counters whole)
-        self.nudge_loop: Callable[[], None] | None = (
-            None  # ends the loop's wait (the agent sets it)
-        )
+        # /metrics asks the detect loop for fresh totals (it alone may read the counters whole);
+        # nudge_loop ends the loop's wait (the agent sets it)
+        self.nudge_loop: Callable[[], None] | None = None
         self._sync_wanted = threading.Event()
         self._synced = threading.Event()
 

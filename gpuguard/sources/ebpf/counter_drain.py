@@ -14,7 +14,7 @@ from gpuguard.events.abi import LostSlot, device_class_name
 from gpuguard.events.ioctl_names import ioctl_name
 from gpuguard.events.model import Event, GpuIoctl, Lost
 from gpuguard.sources.ebpf.exec_filter import ExecFilter
-from gpuguard.sources.ebpf.kernel_maps import KernelMaps, percpu_sums
+from gpuguard.sources.ebpf.kernel_maps import KernelMaps, lookup_batch
 
 # Walking a hash map starts with a look through all its buckets (~90 us for ioctl_counts' 65,536,
 # however empty): with no GPU process known and nothing counted, ioctl_counts is walked this
@@ -44,9 +44,6 @@ class CounterDrain:
         self.exec_filter = exec_filter
         self._ioctl_seen: dict[tuple[int, int, int], int] = {}
         self._lost_seen: dict[int, int] = {}
-        from bcc.utils import get_possible_cpus
-
-        self._cpus = len(get_possible_cpus())  # a per-CPU value: one u64 per possible CPU
         self._next_ioctl_walk = 0.0  # the next walk of ioctl_counts while no GPU process is known
         self._next_exec_counts = 0.0
 
@@ -97,7 +94,8 @@ class CounterDrain:
             self._next_exec_counts = mono + EXEC_COUNTS_EVERY_S
             self.exec_filter.sent_up = self.stats.events["exec"]
             self.exec_filter.read_counts()
-        totals = percpu_sums(self.tables["lost_counts"], self._cpus)
+        keys, values, n = lookup_batch(self.tables["lost_counts"], 0)  # one syscall, all slots
+        totals = {keys[i]: sum(values[i]) for i in range(n)}  # a slot's value: one per CPU
         for slot in LostSlot:
             if slot == LostSlot.SLOTS:
                 continue

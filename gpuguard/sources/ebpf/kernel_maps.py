@@ -81,7 +81,8 @@ def occupied_items(table, batch: int = 0) -> list[tuple]:
 
 
 def lookup_batch(table, batch: int) -> tuple:
-    """(keys, values, count read) of a whole bcc array map, read with BPF_MAP_LOOKUP_BATCH.
+    """(keys, values, count read) of a whole bcc map, read with BPF_MAP_LOOKUP_BATCH: an array
+    or a hash map; a per-CPU map's value is bcc's ``Leaf``, one value per possible CPU.
 
     bcc's own ``items_lookup_batch`` (0.26) passes one variable as both the batch token and
     the count, so the kernel's reply to one overwrites the other: it can loop without end.
@@ -114,22 +115,6 @@ def lookup_batch(table, batch: int) -> tuple:
             break
         token_in.value = token_out.value
     return keys, values, min(total, size)
-
-
-def percpu_sums(table, cpus: int) -> dict[int, int]:
-    """Slot -> its sum over ``cpus`` possible CPUs, of a per-CPU array map of u64, in one
-    BPF_MAP_LOOKUP_BATCH (bcc's ``getvalue`` costs a syscall and a ctypes array per slot)."""
-    from bcc.libbcc import lib
-
-    slots = table.max_entries
-    keys, values = (ct.c_uint32 * slots)(), (ct.c_uint64 * (slots * cpus))()
-    token, count = ct.c_uint32(0), ct.c_uint32(slots)
-    res = lib.bpf_lookup_batch(table.map_fd, None, ct.byref(token), keys, values, ct.byref(count))
-    err = ct.get_errno()
-    if res != 0 and err != errno.ENOENT:  # ENOENT: the whole map was read
-        raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
-    flat = memoryview(values).cast("B").cast("Q")
-    return {keys[i]: sum(flat[i * cpus : (i + 1) * cpus]) for i in range(count.value)}
 
 
 class KernelMaps:

@@ -175,7 +175,7 @@ class ExeHashes:
         self.proc_root = proc_root
         self.limit = limit  # a larger executable is not hashed (no stall)
         self.cached = cached  # images whose hash is kept, the least recently used dropped
-        self._hashes: OrderedDict[tuple, str | None] = OrderedDict()
+        self._hashes: OrderedDict[tuple, str] = OrderedDict()  # only hashes read
 
     def of(self, pid: int, identity: tuple | None) -> str | None:
         """``identity``: the image's (device, inode, size, mtime) from its facts, the cache key."""

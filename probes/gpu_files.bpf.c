@@ -177,12 +177,6 @@ static __always_inline __u32 classify_relative(const char *p)
 
 static __always_inline int open_enter(void *ctx, const char *filename, __u32 flags)
 {
-#ifdef GG_IGNORE_TGID
-    /* The agent's own opens (its host checks read the huge-page settings every few seconds)
-     * would make it a GPU holder in its own eyes. */
-    if ((__u32)(bpf_get_current_pid_tgid() >> 32) == GG_IGNORE_TGID)
-        return 0;
-#endif
     /* Most opens are not GPU files: look at the first bytes before
      * paying for the whole path. */
     char head[8] = {};
@@ -194,6 +188,12 @@ static __always_inline int open_enter(void *ctx, const char *filename, __u32 fla
             return 0;
     }
     __u32 zero = 0;
+    /* The agent's own opens (its host checks read the huge-page settings every few seconds)
+     * would make it a GPU holder in its own eyes: user space names it here before attaching
+     * (a map, not a define, so one compiled image serves every agent). */
+    __u32 *ignored = ignore_tgid.lookup(&zero);
+    if (ignored && *ignored && (__u32)(bpf_get_current_pid_tgid() >> 32) == *ignored)
+        return 0;
     struct gg_pending_open *po = pending_scratch.lookup(&zero);
     if (!po)
         return 0;

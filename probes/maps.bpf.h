@@ -70,6 +70,8 @@ static __always_inline void count_write(__u32 slot)
 /* One-entry maps that exist only so user space gets each struct's layout
  * from bcc (table.Leaf) instead of redeclaring it. */
 BPF_ARRAY(schema_header, struct gg_header, 1);
+/* A process whose opens the probes do not look at (the agent itself; 0: none), set at load. */
+BPF_ARRAY(ignore_tgid, __u32, 1);
 BPF_ARRAY(schema_gpu_open, struct gg_gpu_open, 1);
 BPF_ARRAY(schema_connect, struct gg_connect, 1);
 BPF_ARRAY(schema_net_payload, struct gg_net_payload, 1);

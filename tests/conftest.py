@@ -49,6 +49,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpuguard.sources.ebpf.probe_cache import ENV as PROBE_CACHE_ENV  # noqa: E402
 from tests.support.locks import host_lock  # noqa: E402 - the path above first
 
 
@@ -108,6 +110,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: tier: {what}")
     if not hasattr(config, "workerinput"):
         compileall.compile_dir(str(REPO / "gpuguard"), quiet=1)
+        _own_probe_cache(config)
+
+
+def _own_probe_cache(config: pytest.Config) -> None:
+    """One probe cache for this run, shared by its workers and every gpuguard they start, and
+    gone after it: each run compiles each probe variant once, from cold, and the host's own
+    cache (/var/cache/gpuguard/probes) is neither used nor changed.  A run given
+    GPUGUARD_PROBE_CACHE (a directory, or "off") keeps it."""
+    if os.environ.get(PROBE_CACHE_ENV) or os.geteuid() != 0:
+        return
+    folder = tempfile.mkdtemp(prefix="gpuguard-test-probe-cache-")
+    os.environ[PROBE_CACHE_ENV] = folder  # the workers start after this, and inherit it
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 # How a root test shares the host (the module docstring); each one carries exactly one.

@@ -361,7 +361,10 @@ def test_daemonset_security_fields():
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {v["mountPath"]: v for v in container["volumeMounts"]}
     assert volumes[mounts["/var/log/gpuguard"]["name"]]["hostPath"]["path"] == "/var/log/gpuguard"
+    # the probe cache outlives a pod, so a rolled-out agent loads its probes without compiling
+    assert mounts["/var/cache/gpuguard"].get("readOnly") is not True
     for path in (
+        "/var/cache/gpuguard",
         "/sys/fs/bpf",
         "/sys/kernel/tracing",
         "/sys/fs/cgroup",

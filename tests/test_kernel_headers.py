@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpuguard.sources.ebpf import kernel_headers
+from gpuguard.sources.ebpf.probe_cache import ENV as PROBE_CACHE_ENV
 from tests.support.agent_run import AgentProcess
 from tests.support.load import start_in_load_group
 from tests.support.no_headers import (
@@ -42,6 +43,13 @@ def run(argv, timeout=120, **kw) -> subprocess.CompletedProcess:
 
 def trees(base: Path) -> list[str]:
     return sorted(p.name for p in base.glob("tree-*"))
+
+
+@pytest.fixture(autouse=True)
+def _compile_at_every_start(monkeypatch):
+    """These tests are about compiling with each header source: no start here may take the
+    probes from the run's probe cache (tests/test_probe_cache.py tests that)."""
+    monkeypatch.setenv(PROBE_CACHE_ENV, "off")
 
 
 # ---- the bundled set ------------------------------------------------------------

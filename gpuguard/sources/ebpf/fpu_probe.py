@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from gpuguard.errors import GpuguardError
 from gpuguard.events.rounding_modes import SLEEPLESS_MIN_LOOKS, SLEEPLESS_SHARE, FpuCounts
 from gpuguard.sources.ebpf.btf import Btf, BtfError
-from gpuguard.sources.ebpf.kernel_headers import compile_with_headers
-from gpuguard.sources.ebpf.probe_source import probe_dir
+from gpuguard.sources.ebpf.probe_cache import load_probes
+from gpuguard.sources.ebpf.probe_source import probe_text
 from gpuguard.sources.proc.capabilities import can_load_bpf, effective_capabilities
 
 SOURCE = "fpu.bpf.c"
@@ -159,12 +159,9 @@ class FpuProbe:
                 import bcc
             except ImportError:
                 return cls(blind_spot=f"{BLIND_PREFIX}: bcc is not installed")
-        probes = probe_dir()
-        cflags = [f"-I{probes}", "-Wno-comment"] + [f"-D{k}={v}" for k, v in defines.items()]
+        cflags = ["-Wno-comment"] + [f"-D{k}={v}" for k, v in defines.items()]
         try:
-            bpf = compile_with_headers(
-                lambda: bcc.BPF(src_file=str(probes / SOURCE).encode(), cflags=cflags)
-            )
+            bpf = load_probes(bcc, probe_text(SOURCE), cflags).bpf
         except GpuguardError as exc:  # no header source at all
             return cls(blind_spot=f"{BLIND_PREFIX}: {exc.one_line()}")
         except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load/attach errors
@@ -174,6 +171,12 @@ class FpuProbe:
         if problem:
             bpf.cleanup()
             return cls(blind_spot=f"{BLIND_PREFIX}: {problem} (a stale probes/gpuguard.h?)")
+        try:
+            bpf.attach_all()
+        except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception when attaching fails
+            bpf.cleanup()
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return cls(blind_spot=f"{BLIND_PREFIX}: the probe did not attach ({first})")
         probe = cls(bpf, defines=defines)
         probe.load_seconds = time.perf_counter() - started
         return probe

@@ -216,13 +216,24 @@ class Headers:
         self._lock_fd: int | None = None
         self._mutex = threading.Lock()
         self._fell_back = False
+        self._offered: HeaderSource | None = None  # the best this host offered, before any choice
 
     def use(self) -> HeaderSource:
         """Choose (once) and point bcc at it; raises GpuguardError when no source exists."""
         with self._mutex:
             if self.source is None:
-                self.source = self._choose(plan())
+                offered = plan()
+                self._offered = self._offered or offered[0]
+                self.source = self._choose(offered)
             return self.source
+
+    def first_offered(self) -> HeaderSource:
+        """The best source this host offered before this process chose one (a tree we unpack
+        is named by ``BCC_KERNEL_SOURCE`` afterwards, so a later :func:`plan` says "env")."""
+        with self._mutex:
+            if self._offered is None:
+                self._offered = plan()[0]
+            return self._offered
 
     def _choose(self, offered: list[HeaderSource], after: str = "") -> HeaderSource:
         """The first of ``offered`` that works, its ``why`` saying why the ones before did not

@@ -1,8 +1,9 @@
-"""Compiling, loading and attaching the sensor's probes, and detaching them without waiting.
+"""Loading and attaching the sensor's probes, and detaching them without waiting.
 
-The probes are compiled with their attach deferred, so the open classifier is in its program
-array before any hook fires; detaching hands the probe fds to a keeper process, so a stopping
-sensor does not wait for the kernel's RCU grace periods (:class:`ProbeDetach`).
+The probes are compiled (or taken from the probe cache) with their attach deferred, so the open
+classifier is in its program array before any hook fires; detaching hands the probe fds to a
+keeper process, so a stopping sensor does not wait for the kernel's RCU grace periods
+(:class:`ProbeDetach`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import subprocess
 import threading
 
 from gpuguard.errors import GpuguardError
+from gpuguard.sources.ebpf.probe_cache import Loaded, load_probes
 from gpuguard.sources.ebpf.probe_source import probe_text
 
 
@@ -27,9 +29,9 @@ def kernel_has_ringbuf(release: str | None = None) -> bool:
     return (major, minor) >= (5, 8)
 
 
-def compile_probes(bcc, cflags: list[str]):
-    """The probes compiled and loaded, not yet attached (:func:`attach_probes` does that)."""
-    return _deferred_attach_bpf(bcc)(text=probe_text().encode(), cflags=cflags)
+def load_sensor_probes(bcc, cflags: list[str]) -> Loaded:
+    """The sensor's probes loaded, not yet attached (:func:`attach_probes` does that)."""
+    return load_probes(bcc, probe_text(), cflags)
 
 
 def attach_probes(bcc, bpf, enter_hook: str) -> None:
@@ -49,20 +51,6 @@ def load_failure(exc: Exception) -> GpuguardError:
         "check that kernel headers match or fall back cleanly (bash packaging/setup-host.sh setup) "
         "and that the kernel allows BPF (lockdown 'confidentiality' forbids it)",
     )
-
-
-def _deferred_attach_bpf(bcc):
-    """bcc.BPF whose automatic attach of TRACEPOINT_PROBE/RAW_TRACEPOINT_PROBE
-    programs waits for ``attach_all()``, so set-up can finish first."""
-
-    class DeferredAttachBPF(bcc.BPF):
-        def _trace_autoload(self) -> None:
-            pass
-
-        def attach_all(self) -> None:
-            bcc.BPF._trace_autoload(self)
-
-    return DeferredAttachBPF
 
 
 class ProbeDetach:

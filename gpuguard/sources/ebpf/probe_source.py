@@ -91,9 +91,9 @@ def _inline(path: Path, seen: set[Path]) -> str:
     return "".join(out)
 
 
-def probe_text() -> str:
-    """The single C text handed to bcc."""
-    return _inline(probe_dir() / ENTRY, set())
+def probe_text(entry: str = ENTRY) -> str:
+    """The single C text handed to bcc for ``probes/<entry>``."""
+    return _inline(probe_dir() / entry, set())
 
 
 def print_probes(settings: ProbeSettings) -> str:

@@ -17,6 +17,7 @@ records of GPU holders in ``conn_activity`` (their kernel side in ``activity_map
 
 from __future__ import annotations
 
+import ctypes as ct
 import math
 import os
 import time
@@ -34,14 +35,14 @@ from gpuguard.sources.ebpf.event_route import EventRouter, ProcessHeader
 from gpuguard.sources.ebpf.exec_filter import ExecFilter
 from gpuguard.sources.ebpf.exit_gens import ExitGenTable
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
-from gpuguard.sources.ebpf.kernel_headers import HEADERS, HeaderSource, compile_with_headers
+from gpuguard.sources.ebpf.kernel_headers import HeaderSource
 from gpuguard.sources.ebpf.kernel_maps import SLOT_MULTI, KernelMaps  # noqa: F401 (SLOT_MULTI: tests read it here)
 from gpuguard.sources.ebpf.probe_load import (
     ProbeDetach,
     attach_probes,
-    compile_probes,
     kernel_has_ringbuf,
     load_failure,
+    load_sensor_probes,
 )
 from gpuguard.sources.ebpf.probe_source import ProbeSettings
 from gpuguard.sources.ebpf.ring_wait import UNWAKEABLE_MAX_MS, RingWait
@@ -88,6 +89,7 @@ class SensorStats:
     watch_refused: int = 0  # request_watch calls the kernel's watched_tgids map had no room for
     interest_refused: int = 0  # request_interest calls the kernel's exec_interest map refused
     startup_seconds: float = 0.0
+    probe_cache: str = ""  # "loaded" (from the probe cache) or "compiled" (by bcc, at start)
     buffer: str = ""
 
 
@@ -143,6 +145,7 @@ class Sensor:
         self.router: EventRouter | None = None  # each decoded record's handler, once started
         self._route = _not_started  # router.route once started (tests put a broken one here)
         self._ring_wait: RingWait | None = None  # a wait other threads can end (ring buffers)
+        self.cache_note: str | None = None  # a probe cache that could not be read or written
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -151,8 +154,12 @@ class Sensor:
             self.settings = replace(self.settings, perf_buffer=True)
         started = time.perf_counter()
         try:
-            self._bpf = compile_with_headers(lambda: compile_probes(bcc, self._cflags()))
-            self.headers = HEADERS.source
+            loaded = load_sensor_probes(bcc, self.settings.cflags())
+            self._bpf, self.headers = loaded.bpf, loaded.headers
+            self.stats.probe_cache = "loaded" if loaded.cached else "compiled"
+            self.cache_note = loaded.note
+            if self.ignore_tgid is not None:
+                self._bpf[b"ignore_tgid"][ct.c_int(0)] = ct.c_uint32(self.ignore_tgid)
             attach_probes(bcc, self._bpf, self.settings.enter_hook)
         except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception for compile/load/attach errors
             raise load_failure(exc) from None
@@ -212,16 +219,12 @@ class Sensor:
         self._next_drain = now + self.drain_interval
         self._next_sweep = now + self.sweep_interval
 
-    def _cflags(self) -> list[str]:
-        flags = self.settings.cflags()
-        if self.ignore_tgid is not None:
-            flags.append(f"-DGG_IGNORE_TGID={int(self.ignore_tgid)}")
-        return flags
-
     def loaded(self) -> str:
         """How the probes were loaded, for a start-up line: the time and the kernel headers."""
         kind = self.headers.kind if self.headers is not None else "no"
-        return f"probes loaded in {self.stats.startup_seconds:.2f} s with {kind} kernel headers"
+        how = "from the probe cache, compiled" if self.stats.probe_cache == "loaded" else "compiled"
+        line = f"probes loaded in {self.stats.startup_seconds:.2f} s ({how} with {kind} kernel headers)"
+        return f"{line}; probe cache: {self.cache_note}" if self.cache_note else line
 
     def detach_probes(self) -> None:
         """Start detaching every probe and return at once: no new events arrive,

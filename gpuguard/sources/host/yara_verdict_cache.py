@@ -12,11 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
-import tempfile
 from pathlib import Path
 
-from gpuguard.errors import with_fix
+from gpuguard.config.cache_file import read_cache_file, write_cache_file
 
 DEFAULT_CACHE_DIR = Path("/var/cache/gpuguard")
 CACHE_NAME = "yara-exe-cache.json"
@@ -32,15 +30,6 @@ def rules_digest(paths: list[Path]) -> str:
         digest.update(Path(path).read_bytes())
         digest.update(b"\0")
     return digest.hexdigest()
-
-
-def _unsafe(st: os.stat_result, what: str) -> str | None:
-    if st.st_uid != 0:
-        return f"{what} is owned by uid {st.st_uid}, not root"
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{what} is writable by group/others (mode {mode:04o})"
-    return None
 
 
 class YaraExeCache:
@@ -85,42 +74,14 @@ class YaraExeCache:
             self.note = "YARA results are not cached across runs when not running as root"
             self.cache_dir = None
             return
-        try:
-            dir_st = os.stat(self.cache_dir)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            self.note = f"YARA cache directory {self.cache_dir} unusable: {exc.strerror}"
+        found = read_cache_file(self.cache_dir, CACHE_NAME, MAX_CACHE_BYTES, "YARA cache")
+        self.note = found.note
+        if not found.folder_usable:
             self.cache_dir = None
-            return
-        reason = _unsafe(dir_st, f"YARA cache directory {self.cache_dir}")
-        if reason:
-            self.note = with_fix(
-                f"{reason}; not using it",
-                f"chown root: {self.cache_dir} && chmod 0700 {self.cache_dir}",
-            )
-            self.cache_dir = None
+        if found.content is None:
             return
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            self.note = f"YARA cache {path} unusable: {exc.strerror}; it will be rewritten"
-            return
-        try:
-            st = os.fstat(fd)
-            reason = _unsafe(st, f"YARA cache {path}") or (
-                None if stat.S_ISREG(st.st_mode) else f"{path} is not a regular file"
-            )
-            if reason:
-                self.note = f"{reason}; ignoring it (it will be replaced)"
-                return
-            raw = os.read(fd, MAX_CACHE_BYTES + 1)
-        finally:
-            os.close(fd)
-        try:
-            data = json.loads(raw) if len(raw) <= MAX_CACHE_BYTES else None
+            data = json.loads(found.content)
         except ValueError:
             data = None
         if (
@@ -142,26 +103,10 @@ class YaraExeCache:
 
     def save(self) -> None:
         """Write the cache back (atomically) when this run added results."""
-        path = self.cache_path
-        if path is None or not self._dirty or os.geteuid() != 0:
+        if self.cache_dir is None or not self._dirty or os.geteuid() != 0:
             return
-        try:
-            os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)
-            reason = _unsafe(os.stat(self.cache_dir), f"YARA cache directory {self.cache_dir}")
-            if reason:
-                self.note = reason
-                return
-            entries = dict(list(self._disk.items())[-MAX_ENTRIES:])
-            fd, tmp = tempfile.mkstemp(prefix=".yara-cache-", dir=self.cache_dir)
-            try:
-                with os.fdopen(fd, "w") as handle:
-                    json.dump(
-                        {"format": CACHE_FORMAT, "rules": self.digest, "entries": entries}, handle
-                    )
-                os.chmod(tmp, 0o600)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-        except OSError as exc:
-            self.note = f"could not write the YARA cache {path}: {exc.strerror}"
+        entries = dict(list(self._disk.items())[-MAX_ENTRIES:])
+        data = {"format": CACHE_FORMAT, "rules": self.digest, "entries": entries}
+        note = write_cache_file(self.cache_dir, CACHE_NAME, json.dumps(data).encode(), "YARA cache")
+        if note:
+            self.note = note

@@ -97,9 +97,12 @@ def test_compiler_mappings_are_read_from_the_maps_text():
 
 @pytest.mark.root
 @pytest.mark.self_contained
-def test_the_compiler_pages_go_back_once_the_probes_are_loaded():
+def test_the_compiler_pages_go_back_once_the_probes_are_loaded(monkeypatch):
+    from gpuguard.sources.ebpf.probe_cache import ENV
     from gpuguard.sources.ebpf.probe_source import ProbeSettings
     from gpuguard.sources.ebpf.sensor import Sensor
+
+    monkeypatch.setenv(ENV, "off")  # a start that compiles (a kernel's first)
 
     with Sensor(ProbeSettings(), drain_interval=0.5) as sensor:  # compiles with bcc's LLVM
         before = _compiler_rss_kib()

@@ -267,3 +267,31 @@ def test_a_store_keeps_the_newest_images_only(tmp_path, monkeypatch):
     assert f"{probe_cache.KEEP + 4:064x}{SUFFIX}" in images  # the newest old one stays
     assert f"{0:064x}{SUFFIX}" not in images  # the oldest went
     assert (folder / "notes.txt").exists()
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_an_image_the_verifier_refuses_is_compiled_again_at_once(tmp_path, monkeypatch):
+    """A stale image the kernel will not take costs this start a compile, not its sensor."""
+    folder = tmp_path / "cache"
+    _load(folder, monkeypatch).bpf.cleanup()
+    [entry] = folder.iterdir()
+    image = ProbeImage.unpack(entry.read_bytes())
+    exit_only = ProgramSpec(image.programs[0].name, _insn(0x95), ())  # exit with r0 unset
+    entry.write_bytes(
+        ProbeImage(
+            image.license, image.kern_version, image.tables, (exit_only,), image.headers, 0.0
+        ).pack()
+    )
+    refused = _load(folder, monkeypatch)
+    try:
+        assert not refused.cached and "did not load" in refused.note
+        refused.bpf.attach_all()
+        before = _getppid_count(refused.bpf)
+        os.getppid()
+        assert _getppid_count(refused.bpf) > before  # the compiled program runs
+    finally:
+        refused.bpf.cleanup()
+    rewritten = _load(folder, monkeypatch)
+    rewritten.bpf.cleanup()
+    assert rewritten.cached

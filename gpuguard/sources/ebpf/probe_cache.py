@@ -1,19 +1,12 @@
 """Compiled probes kept on disk, so a later start on the same kernel skips bcc's compile.
 
-bcc compiles the probe text at every start: clang and LLVM, about 2 s of CPU on a small node,
-more than the rest of the agent's start together.  For one probe text, set of flags, kernel and
-bcc the result is always the same: each program's instructions, and the maps they name.  After
-a compile that result is kept under ``/var/cache/gpuguard/probes`` (root's alone, as the YARA
-cache); a later start with the same key creates the maps, writes their fds into the
-instructions and hands the programs to the kernel, whose verifier checks them as it checks
-bcc's.  The Python side gets bcc's own table and attach objects either way.
-
-The key holds everything the instructions depend on: the text and flags, the kernel (release,
-version, machine, possible CPUs), bcc's version and library file, and the header source this
-host offers first.  A result with anything we do not rebuild (a map kind not listed here, an
-instruction naming something other than a map, a program bcc would attach some other way) is
-not kept: that text is compiled at every start, as before.  ``GPUGUARD_PROBE_CACHE`` names
-another directory, or ``off``.  Format and safety rules: docs/agent.md, "The probe cache".
+For one probe text, set of flags, kernel and bcc, bcc's compile (~2 s of CPU) always yields the
+same programs and maps.  That result is kept under ``/var/cache/gpuguard/probes`` (root's alone);
+a start with the same key makes the maps, writes their fds into the instructions and loads the
+programs itself, and the kernel's verifier checks them as it checks bcc's.  Python gets bcc's
+own table and attach objects either way.  A result holding anything not rebuilt here is not
+kept.  ``GPUGUARD_PROBE_CACHE`` names another directory, or ``off``.  The key, the format and
+the safety rules: docs/agent.md, "The probe cache".
 """
 
 from __future__ import annotations
@@ -505,7 +498,7 @@ def load_probes(bcc, text: str, cflags: list[str]) -> Loaded:
             note = f"probe cache {folder / name} is unusable ({exc}); it will be rewritten"
         else:
             try:
-                bpf = image_bpf_class(bcc)(image)
+                bpf = _loaded_image(bcc, image)
             except Exception as exc:  # noqa: BLE001 - bcc-style bare Exception: compile instead
                 note = f"probe cache {folder / name} did not load ({exc}); compiled instead"
             else:
@@ -518,6 +511,22 @@ def load_probes(bcc, text: str, cflags: list[str]) -> Loaded:
             note = write_cache_file(folder, name, image.pack(), "probe cache") or note
             _prune(folder, keep=name)
     return Loaded(bpf, headers, False, note)
+
+
+def _loaded_image(bcc, image: ProbeImage):
+    """An ImageBPF with every program its name types already handed to the kernel, so a
+    verifier that refuses one means a compile now, not a sensor that fails at attach."""
+    bpf = image_bpf_class(bcc)(image)
+    try:
+        for program in image.programs:
+            if program.name.startswith(b"tracepoint__"):
+                bpf.load_func(program.name, bcc.BPF.TRACEPOINT)
+            elif program.name.startswith(b"raw_tracepoint__"):
+                bpf.load_func(program.name, bcc.BPF.RAW_TRACEPOINT)
+    except BaseException:
+        bpf.cleanup()
+        raise
+    return bpf
 
 
 def deferred_attach_bpf(bcc):

@@ -53,6 +53,7 @@ def test_the_state_file_check_shares_the_rule_check_wake_up_even_after_a_write_o
 
     monkeypatch.setattr(Schedule, "turn", counted_turn)
     monkeypatch.setattr(Schedule, "due", noted_due)
+    monkeypatch.setattr(schedule, "IDLE_TURNS", 10**6)  # the busy grid (idle: the tests below)
     fake = FakeNvml([FakeGpu()])
     config = AgentConfig(
         sensor="proc",
@@ -75,3 +76,56 @@ def test_the_state_file_check_shares_the_rule_check_wake_up_even_after_a_write_o
     checks = [names for names in turns if "rules" in names]
     assert len(checks) >= 2, turns
     assert all("status" in names for names in checks), turns  # one wake-up, not two
+
+
+def test_a_state_file_is_stale_only_after_an_idle_agent_would_have_rewritten_it():
+    from gpuguard.agent.status_file import STALE_AFTER_INTERVALS, STATUS_HEARTBEAT
+
+    # an idle agent rewrites an unchanged file at a heartbeat, seen at its stretched look
+    assert STALE_AFTER_INTERVALS >= STATUS_HEARTBEAT + schedule.IDLE_STRETCH + 1
+
+
+def test_an_idle_loop_looks_five_times_less_often_and_news_ends_it_at_once(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(schedule.time, "monotonic", lambda: clock[0])
+    plan = Schedule(
+        first_in_s=1.0,
+        most_idle_wait_s=lambda: 10.0,
+        status=lambda: 2.0,
+        housekeeping=lambda: 10.0,
+    )
+    ran = {}
+    now = 101.0
+    while now < 135.0:
+        clock[0] = now
+        plan.turn()
+        ran[now] = {name for name in TASKS if plan.due(name)}
+        plan.news(False)
+        now += plan.wait_s()
+    # three busy-grid turns, then one wake-up every 10 s: the stretched checks and
+    # housekeeping together, on the 10 s grid from the start
+    assert [t for t in ran if ran[t]] == [101.0, 103.0, 105.0, 111.0, 121.0, 131.0]
+    assert all(ran[t] == set(TASKS) for t in (111.0, 121.0, 131.0))
+    assert plan.idle
+    clock[0] = 132.3  # news: the stretched checks are due at their next 2 s mark
+    plan.news(True)
+    assert not plan.idle
+    assert plan.next["rules"] == plan.next["status"] == pytest.approx(133.0)
+    assert plan.wait_s() == pytest.approx(0.7)
+
+
+def test_an_idle_loop_still_turns_within_the_health_checks_bound(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(schedule.time, "monotonic", lambda: clock[0])
+    plan = Schedule(first_in_s=0.0, most_idle_wait_s=lambda: 4.0, housekeeping=lambda: 10.0)
+    for _ in range(schedule.IDLE_TURNS):
+        plan.news(False)
+    assert plan.idle and plan.wait_s() == pytest.approx(0.0)
+    clock[0] = 100.05
+    plan.turn()
+    assert {name for name in ("rules", "guard", "housekeeping") if plan.due(name)} == {
+        "rules",
+        "guard",
+        "housekeeping",
+    }
+    assert plan.wait_s() == pytest.approx(4.0)  # health_stall_s / 3, not 10 s

@@ -296,7 +296,8 @@ SCHEMA = Section(
                 Key(
                     "interval_s",
                     "number",
-                    "the status file is looked at this often (rewritten on change, else every 10th time)",
+                    "the status file is looked at this often, 5x less often while the agent is idle "
+                    "(rewritten on change, else every 10th time)",
                     field="status_interval_s",
                     low=_TIMES[0],
                     high=_TIMES[1],

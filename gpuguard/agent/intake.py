@@ -23,6 +23,7 @@ class BoundedQueue:
         self._cond = threading.Condition()
         self._on_drop = on_drop
         self._closed = False
+        self._news = False  # items that wake the consumer came since had_news() last asked
 
     def __len__(self) -> int:
         return len(self._items)
@@ -37,7 +38,8 @@ class BoundedQueue:
             kept = items if room >= len(items) else items[: max(room, 0)]
             self._items.extend(kept)
             dropped = len(items) - len(kept)
-            if wake:
+            if wake and kept:
+                self._news = True
                 self._cond.notify()
         if dropped and self._on_drop is not None:
             self._on_drop(producer, dropped)
@@ -58,6 +60,13 @@ class BoundedQueue:
                 return out
             popleft = self._items.popleft
             return [popleft() for _ in range(limit)]
+
+    def had_news(self) -> bool:
+        """Whether items that wake the consumer (not ``wake=False`` ones) came since the last
+        call: the detect loop's test for being idle."""
+        with self._cond:
+            news, self._news = self._news, False
+        return news
 
     def nudge(self) -> None:
         """Wake a waiting consumer once (a reload); safe in a signal handler (the lock is an RLock)."""

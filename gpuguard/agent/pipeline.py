@@ -117,6 +117,7 @@ class Agent:
     def _loop(self, wired: Wired) -> None:
         s, reloader, housekeeping = wired.stages, wired.reloader, wired.housekeeping
         plan = Schedule(
+            most_idle_wait_s=lambda: self.config.health_stall_s / 3,
             host=lambda: self.config.host_check_interval_s,
             housekeeping=lambda: self.housekeeping_s,
             status=lambda: self.config.status_interval_s,
@@ -132,6 +133,7 @@ class Agent:
             if self.stop.is_set():
                 break  # the teardown feeds what is left, for a bounded time, and scores
             s.act.take_later()  # outcomes the responder's threads reported
+            plan.news(self.intake.had_news() or bool(unfed) or self.hup)
             plan.turn()
             if self.hup:
                 self.hup = False

@@ -17,7 +17,12 @@ from typing import Any
 
 from gpuguard.errors import GpuguardError
 
-STALE_AFTER_INTERVALS = 5
+# An unchanged state file is rewritten every this many status intervals (20 s by default): each
+# rewrite cost an idle agent ~1 ms of CPU, a third of its detect loop's idle time at 3.
+STATUS_HEARTBEAT = 10
+# A reader calls the file stale past a heartbeat, plus an idle loop's stretched look at it
+# (schedule.IDLE_STRETCH intervals: tests/test_agent_schedule.py holds the sum), plus one.
+STALE_AFTER_INTERVALS = 16
 
 
 def status_document(

@@ -14,11 +14,9 @@ from typing import Any
 
 from gpuguard.agent import status_file
 from gpuguard.agent.context import AgentContext
+from gpuguard.agent.status_file import STATUS_HEARTBEAT
 from gpuguard.detect.ruleset.reload import RuleSetHolder
 
-# An unchanged state file is rewritten every this many status intervals (20 s by default): each
-# rewrite cost an idle agent ~1 ms of CPU, a third of its detect loop's idle time at 3.
-STATUS_HEARTBEAT = 10
 _STATUS_CLOCKS = frozenset(
     (
         "updated",

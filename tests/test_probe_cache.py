@@ -62,6 +62,22 @@ def _load(folder: Path, monkeypatch, text: str = SMALL, cflags=()):
     return load_probes(_bcc(), text, list(cflags))
 
 
+def _tried(folder: Path, monkeypatch):
+    """How a load with the cache in ``folder`` went (its probes already closed)."""
+    loaded = _load(folder, monkeypatch)
+    loaded.bpf.cleanup()
+    return loaded
+
+
+@pytest.fixture
+def stored(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """A cache folder holding SMALL's image, and the image's file."""
+    folder = tmp_path / "cache"
+    _tried(folder, monkeypatch)
+    [entry] = folder.iterdir()
+    return folder, entry
+
+
 # ---- the image on disk (no kernel) -------------------------------------------------------------
 
 
@@ -219,34 +235,26 @@ def test_a_cold_and_a_warm_sensor_report_the_same_gpu_opens(tmp_path, monkeypatc
 
 @pytest.mark.root
 @pytest.mark.self_contained
-def test_a_damaged_image_is_compiled_again_and_rewritten(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    _load(folder, monkeypatch).bpf.cleanup()
-    [entry] = folder.iterdir()
+def test_a_damaged_image_is_compiled_again_and_rewritten(stored, monkeypatch):
+    folder, entry = stored
     entry.write_bytes(entry.read_bytes()[:100])
-    again = _load(folder, monkeypatch)
-    again.bpf.cleanup()
+    again = _tried(folder, monkeypatch)
     assert not again.cached and "unusable" in again.note and "rewritten" in again.note
-    third = _load(folder, monkeypatch)
-    third.bpf.cleanup()
+    third = _tried(folder, monkeypatch)
     assert third.cached and third.note is None
 
 
 @pytest.mark.root
 @pytest.mark.self_contained
-def test_an_image_someone_else_could_have_written_is_not_loaded(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    _load(folder, monkeypatch).bpf.cleanup()
-    [entry] = folder.iterdir()
+def test_an_image_someone_else_could_have_written_is_not_loaded(stored, monkeypatch):
+    folder, entry = stored
     os.chown(entry, 65534, 65534)  # a file root does not own
-    owned = _load(folder, monkeypatch)
-    owned.bpf.cleanup()
+    owned = _tried(folder, monkeypatch)
     assert not owned.cached and "not root" in owned.note
     assert entry.stat().st_uid == 0  # the compile replaced it with root's own
     os.chmod(folder, 0o777)  # a directory anyone can write
     before = entry.stat().st_mtime_ns
-    open_dir = _load(folder, monkeypatch)
-    open_dir.bpf.cleanup()
+    open_dir = _tried(folder, monkeypatch)
     assert not open_dir.cached and "writable by group/others" in open_dir.note
     assert entry.stat().st_mtime_ns == before  # and nothing was written there
 
@@ -261,7 +269,7 @@ def test_a_store_keeps_the_newest_images_only(tmp_path, monkeypatch):
         old.write_bytes(b"x")
         os.utime(old, (1_000_000 + n, 1_000_000 + n))
     (folder / "notes.txt").write_text("not ours")
-    _load(folder, monkeypatch).bpf.cleanup()
+    _tried(folder, monkeypatch)
     images = sorted(p.name for p in folder.iterdir() if p.name.endswith(SUFFIX))
     assert len(images) == probe_cache.KEEP
     assert f"{probe_cache.KEEP + 4:064x}{SUFFIX}" in images  # the newest old one stays
@@ -271,11 +279,9 @@ def test_a_store_keeps_the_newest_images_only(tmp_path, monkeypatch):
 
 @pytest.mark.root
 @pytest.mark.self_contained
-def test_an_image_the_verifier_refuses_is_compiled_again_at_once(tmp_path, monkeypatch):
+def test_an_image_the_verifier_refuses_is_compiled_again_at_once(stored, monkeypatch):
     """A stale image the kernel will not take costs this start a compile, not its sensor."""
-    folder = tmp_path / "cache"
-    _load(folder, monkeypatch).bpf.cleanup()
-    [entry] = folder.iterdir()
+    folder, entry = stored
     image = ProbeImage.unpack(entry.read_bytes())
     exit_only = ProgramSpec(image.programs[0].name, _insn(0x95), ())  # exit with r0 unset
     entry.write_bytes(
@@ -292,6 +298,4 @@ def test_an_image_the_verifier_refuses_is_compiled_again_at_once(tmp_path, monke
         assert _getppid_count(refused.bpf) > before  # the compiled program runs
     finally:
         refused.bpf.cleanup()
-    rewritten = _load(folder, monkeypatch)
-    rewritten.bpf.cleanup()
-    assert rewritten.cached
+    assert _tried(folder, monkeypatch).cached  # rewritten

@@ -12,14 +12,8 @@ import pytest
 
 from gpuguard.sources.ebpf import probe_cache
 from gpuguard.sources.ebpf.kernel_headers import HeaderSource
-from gpuguard.sources.ebpf.probe_cache import (
-    ENV,
-    SUFFIX,
-    ProbeImage,
-    ProgramSpec,
-    TableSpec,
-    load_probes,
-)
+from gpuguard.sources.ebpf.probe_cache import ENV, SUFFIX, load_probes
+from gpuguard.sources.ebpf.probe_image import ProbeImage, ProgramSpec, TableSpec
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
 # A small probe (a map, a program that names it, a tracepoint): compiles in a fraction of a second.

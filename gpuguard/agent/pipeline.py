@@ -133,8 +133,7 @@ class Agent:
             if self.stop.is_set():
                 break  # the teardown feeds what is left, for a bounded time, and scores
             s.act.take_later()  # outcomes the responder's threads reported
-            plan.news(self.intake.had_news() or bool(unfed) or self.hup)
-            plan.turn()
+            plan.turn(news=self.intake.had_news() or bool(unfed) or self.hup)
             if self.hup:
                 self.hup = False
                 reloader.reload("SIGHUP")

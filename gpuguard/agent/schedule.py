@@ -75,8 +75,10 @@ class Schedule:
             most = max(most, min(most * IDLE_STRETCH, self.most_idle_wait_s()))
         return max(0.0, min(min(self.next.values()) - time.monotonic(), most))
 
-    def turn(self) -> float:
-        """Start a turn; tasks due within COALESCE_S of each other run in one wake-up."""
+    def turn(self, news: bool = True) -> float:
+        """Start a turn (``news``: whether it brought any, see :meth:`news`); tasks due within
+        COALESCE_S of each other run in one wake-up."""
+        self.news(news)
         mono = time.monotonic()
         self.soon = mono + COALESCE_S
         return mono

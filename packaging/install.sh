@@ -17,6 +17,8 @@
 #   /etc/systemd/system/gpuguard.service, /etc/logrotate.d/gpuguard
 #   /etc/systemd/system/gpuguard.service.d/enforce.conf   with --enforce: CAP_KILL, CAP_NET_ADMIN
 #   /var/log/gpuguard             the agent's log (0750)
+#   /var/cache/gpuguard/probes    the probes compiled for this kernel (made by the preflight,
+#                                 `gpuguard doctor`, which an install runs once; removed with gpuguard)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -106,6 +108,17 @@ install_files() {
     put 644 "$PKG/gpuguard.logrotate" "$etc/logrotate.d/gpuguard"
     install -d -m 750 "$DESTDIR/var/log/gpuguard"
 
+    if [ "$live" -eq 1 ] && [ -x "$opt/bin/gpuguard" ]; then
+        # The preflight, once per install: it names what this node lacks, and its probe load
+        # leaves the probes compiled for this kernel in /var/cache/gpuguard/probes, so the
+        # service's first start loads them instead of compiling (docs/agent.md, "The probe cache").
+        if "$opt/bin/gpuguard" doctor >/dev/null 2>&1; then
+            say "preflight passed (gpuguard doctor): the full eBPF sensor loads; probes compiled for $(uname -r)"
+        else
+            say "gpuguard doctor found something missing (run it to see what): the agent may start in reduced mode"
+        fi
+    fi
+
     if systemd_running; then
         systemctl daemon-reload
         if [ "$enable" -eq 1 ]; then
@@ -134,7 +147,7 @@ uninstall_files() {
     rm -f "$etc/systemd/system/gpuguard.service.d/enforce.conf"
     rmdir "$etc/systemd/system/gpuguard.service.d" 2>/dev/null || true
     if [ -L "$DESTDIR/usr/local/sbin/gpuguard" ]; then rm -f "$DESTDIR/usr/local/sbin/gpuguard"; fi
-    rm -rf "$opt"
+    rm -rf "$opt" "$DESTDIR/var/cache/gpuguard"  # compiled probes, YARA verdicts: made again
     if [ "$purge" -eq 1 ]; then
         rm -rf "$etc/gpuguard" "$DESTDIR/var/log/gpuguard"
         say "removed gpuguard with its config and logs"

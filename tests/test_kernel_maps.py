@@ -1,10 +1,11 @@
-"""Reading the probes' array maps in batches: every slot once, in order, whatever the batch size."""
+"""Reading the probes' maps in batches: every array slot once, in order, whatever the batch size;
+every entry of a hash map once, whatever its buffer."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuguard.sources.ebpf.kernel_maps import occupied_items
+from gpuguard.sources.ebpf.kernel_maps import batch_items, occupied_items
 from tests.support.kernel_maps import array_items
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
@@ -12,18 +13,24 @@ pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 PROGRAM = """
 struct leaf { u64 owner; u32 small; u8 pad[12]; };
 BPF_ARRAY(slots, struct leaf, 1000);
+BPF_HASH(pending, u32, struct leaf, 4096);
 """
 
 
 @pytest.fixture(scope="module")
-def table():
+def bpf():
     from bcc import BPF
 
     bpf = BPF(text=PROGRAM.encode())
     try:
-        yield bpf[b"slots"]
+        yield bpf
     finally:
         bpf.cleanup()
+
+
+@pytest.fixture
+def table(bpf):
+    return bpf[b"slots"]
 
 
 @pytest.mark.parametrize("batch", [0, 1, 7, 999, 1000, 5000])
@@ -56,3 +63,20 @@ def test_only_the_slots_in_use_are_returned_whole(table, batch):
     assert [(leaf.owner, leaf.small) for _, leaf in pairs] == [
         ((i << 32) | 1, i) for i in (0, 5, 998, 999)
     ]
+
+
+@pytest.mark.parametrize("entries, chunk", [(0, 64), (15, 64), (15, 1), (300, 1), (300, 64), (4096, 7)])
+def test_a_hash_maps_entries_are_each_read_once_whatever_the_buffer(bpf, entries, chunk):
+    """The exec filter's pending walk: a buffer smaller than the entries (more calls), and one
+    smaller than a bucket (ENOSPC: the buffer grows), lose and repeat nothing."""
+    table = bpf[b"pending"]
+    table.clear()
+    for tgid in range(1, entries + 1):
+        leaf = table.Leaf()
+        leaf.owner, leaf.small = tgid * 1000, tgid % 97
+        table[table.Key(tgid)] = leaf
+    pairs = batch_items(table, chunk=chunk)
+    assert sorted(key.value for key, _ in pairs) == list(range(1, entries + 1))
+    assert all(
+        (leaf.owner, leaf.small) == (key.value * 1000, key.value % 97) for key, leaf in pairs
+    )

@@ -117,6 +117,49 @@ def lookup_batch(table, batch: int) -> tuple:
     return keys, values, min(total, size)
 
 
+def batch_items(table, chunk: int = 64) -> list[tuple]:
+    """(key, value) of every entry of a hash map that holds few: BPF_MAP_LOOKUP_BATCH into a
+    buffer of ``chunk`` entries (not one of the map's size, as :func:`lookup_batch`), each pair
+    copied out, one syscall a chunk.  A bucket bigger than the buffer (ENOSPC) doubles it; a
+    kernel without batch operations (before 5.6) raises OSError."""
+    from bcc.libbcc import lib
+
+    key_size, value_size = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
+    token_in, token_out, count = ct.c_uint32(0), ct.c_uint32(0), ct.c_uint32(0)
+    out: list[tuple] = []
+    first = True
+    while True:
+        keys, values = (table.Key * chunk)(), (table.Leaf * chunk)()
+        count.value = chunk
+        res = lib.bpf_lookup_batch(
+            table.map_fd,
+            None if first else ct.byref(token_in),
+            ct.byref(token_out),
+            keys,
+            values,
+            ct.byref(count),
+        )
+        err = ct.get_errno()
+        out += [
+            (
+                table.Key.from_buffer_copy(keys, i * key_size),
+                table.Leaf.from_buffer_copy(values, i * value_size),
+            )
+            for i in range(count.value)
+        ]
+        if res != 0:
+            if err == errno.ENOENT:
+                return out  # the end of the map
+            if err == errno.ENOSPC and count.value == 0 and chunk < table.max_entries:
+                chunk *= 2  # a bucket holds more than the buffer: again, with room for it
+                continue
+            raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
+        if count.value == 0:
+            return out
+        first = False
+        token_in.value = token_out.value
+
+
 class KernelMaps:
     """Removes stale entries from the probes' maps (see the module docstring)."""
 

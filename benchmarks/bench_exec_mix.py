@@ -11,14 +11,16 @@ that execs three children.  Kinds and idle windows alternate, round after round,
 host's drift hits both alike.
 
 Per window (``--window-s``, ``rate * window`` starts) the agent's CPU is the sum of its
-threads' run time (``/proc/PID/task/*/schedstat``, ns); a kind's per-start figure is
-(window - the median idle window) / starts, reported as the median and p99 over its windows
-with the mean.  The agent batches (its ring is read every 250 ms), so a window, not a single
-start, is the unit.  The kernel filter's share: the fraction of the kind's execs kept in the
-kernel (never sent up: the agent's per-cgroup count) and the agent's BPF programs' run time
-per start above idle (kernel BPF statistics, charged to the starting processes, not to the
-agent).  ``--baseline-tree`` runs another checkout's agent (e.g. ``git archive main``) through
-the same windows first, for before/after figures from one run.
+threads' run time (``/proc/PID/task/*/schedstat``, ns); a kind's per-start figure is (window -
+the mean idle window) / starts, reported as the median and p99 over its windows with the mean.
+The mean, not the median, of the idle windows: an idle agent's periodic work comes in bunches
+(its detect loop turns every 10 s), so most idle seconds hold none of it and their median is 0
+while the idle rate is not; the mean is that rate. The agent batches (its ring is read every
+250 ms), so a window, not a single start, is the unit. The kernel filter's share: the fraction
+of the kind's execs kept in the kernel (never sent up: the agent's per-cgroup count) and the
+agent's BPF programs' run time per start above idle (kernel BPF statistics, charged to the
+starting processes, not to the agent). ``--baseline-tree`` runs another checkout's agent (e.g.
+``git archive main``) through the same windows first, for before/after figures from one run.
 """
 
 from __future__ import annotations
@@ -229,10 +231,11 @@ def run_agent(tree: Path | None, args) -> dict:
             cgroups.enter(None)
             time.sleep(8.0)  # the last windows' counts: a drain, then a status check
             kept1 = kept_by_cgroup(agent)
-            idle_cpu = statistics.median(c for c, _ in idle)
-            idle_bpf = statistics.median(b for _, b in idle)
+            idle_cpu = statistics.mean(c for c, _ in idle)
+            idle_bpf = statistics.mean(b for _, b in idle)
             result["idle_window_us"] = {
-                "median": round(idle_cpu / 1e3, 1),
+                "mean": round(idle_cpu / 1e3, 1),
+                "median": round(statistics.median(c for c, _ in idle) / 1e3, 1),
                 "p99": round(_p99([c for c, _ in idle]) / 1e3, 1),
                 "core_fraction": round(idle_cpu / (args.window_s * 1e9), 6),
             }
@@ -271,7 +274,7 @@ def print_result(result: dict, rate: float, window_s: float) -> None:
     idle = result["idle_window_us"]
     print(
         f"### {result['tree']} (load {result['load_start']:.1f} -> {result['load_end']:.1f}; "
-        f"idle {idle['core_fraction'] * 100:.3f}% of a core, window {window_s:g} s at {rate:g}/s; "
+        f"idle {idle['core_fraction'] * 100:.3f}% of a core (mean), window {window_s:g} s at {rate:g}/s; "
         f"exec filter {result.get('execs')})"
     )
     print("| kind | starts | agent µs/start median | p99 | mean | kept in kernel | BPF µs/start |")

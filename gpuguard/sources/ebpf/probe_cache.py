@@ -103,7 +103,8 @@ def load_probes(bcc, text: str, cflags: list[str]) -> Loaded:
     if folder is None:
         bpf = compile_now()
         return Loaded(bpf, HEADERS.source, False)
-    name = cache_key(bcc, text, cflags, HEADERS.first_offered()) + SUFFIX
+    offered = HEADERS.first_offered()
+    name = cache_key(bcc, text, cflags, offered) + SUFFIX
     found = read_cache_file(folder, name, MAX_BYTES, "probe cache")
     note = found.note
     if found.content is not None:
@@ -117,11 +118,14 @@ def load_probes(bcc, text: str, cflags: list[str]) -> Loaded:
             except Exception as exc:  # noqa: BLE001 - bcc-style bare Exception: compile instead
                 note = f"probe cache {folder / name} did not load ({exc}); compiled instead"
             else:
-                return Loaded(bpf, _from_cache(image, folder / name), True, note)
+                return Loaded(bpf, _from_cache(image, folder / name, offered), True, note)
     bpf = compile_now()
     headers = HEADERS.source
     if found.folder_usable:
-        image = capture(bcc, bpf, headers)
+        try:
+            image = capture(bcc, bpf, headers)
+        except ValueError:  # a result its own check refuses: compiled at every start
+            image = None
         if image is not None:
             note = write_cache_file(folder, name, image.pack(), "probe cache") or note
             _prune(folder, keep=name)
@@ -142,10 +146,13 @@ def deferred_attach_bpf(bcc):
     return DeferredAttachBPF
 
 
-def _from_cache(image: ProbeImage, path: Path) -> HeaderSource:
+def _from_cache(image: ProbeImage, path: Path, offered: HeaderSource) -> HeaderSource:
+    """The header source an image was compiled with, as a start that loads it reports it: an
+    archive's tree was unpacked for that compile and is gone, so the archive is named."""
     made = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(image.made))
     why = f"{image.headers.why}; compiled {made}, loaded from the probe cache {path}"
-    return HeaderSource(image.headers.kind, image.headers.path, why)
+    where = offered.path if offered.kind == image.headers.kind else image.headers.path
+    return HeaderSource(image.headers.kind, where, why)
 
 
 def _prune(folder: Path, keep: str) -> None:

@@ -65,7 +65,9 @@ def test_only_the_slots_in_use_are_returned_whole(table, batch):
     ]
 
 
-@pytest.mark.parametrize("entries, chunk", [(0, 64), (15, 64), (15, 1), (300, 1), (300, 64), (4096, 7)])
+@pytest.mark.parametrize(
+    "entries, chunk", [(0, 64), (15, 64), (15, 1), (300, 1), (300, 64), (4096, 7)]
+)
 def test_a_hash_maps_entries_are_each_read_once_whatever_the_buffer(bpf, entries, chunk):
     """The exec filter's pending walk: a buffer smaller than the entries (more calls), and one
     smaller than a bucket (ENOSPC: the buffer grows), lose and repeat nothing."""

@@ -460,9 +460,9 @@ def test_a_wait_for_records_ends_when_another_thread_wakes_the_sensor(sensor):
     so an idle sensor may wait for its next periodic job without a short timer."""
     ring_wait = sensor._ring_wait
     assert ring_wait is not None  # ring buffers and libbpf's epoll fd, as on this kernel
-    woken = ring_wait.wakes
+    woken = ring_wait.interruptions
     threading.Timer(0.2, sensor.wake).start()
     deadline = time.monotonic() + 10
-    while ring_wait.wakes == woken and time.monotonic() < deadline:
+    while ring_wait.interruptions == woken and time.monotonic() < deadline:
         sensor.poll(3000)  # other jobs' records may end a wait first: wait again
-    assert ring_wait.wakes == woken + 1
+    assert ring_wait.interruptions == woken + 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+from gpuguard.agent.config import AgentConfig
 from gpuguard.agent.counters import AgentCounters
 from gpuguard.agent.intake import BoundedQueue
 from gpuguard.agent.stages.s1_produce.producers import (
@@ -95,6 +96,7 @@ def test_a_gpu_open_brings_an_idle_sampler_back_at_once():
             stop=threading.Event(),
             emit=lambda line: None,
             on_gpu_open=thread.nudge,
+            stall_s=AgentConfig().health_stall_s,
         )
         feeder._queue([Exit(time=time.time(), pid=1234, comm="sh"), gpu_open])
         deadline = time.monotonic() + 1.0

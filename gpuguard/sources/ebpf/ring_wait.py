@@ -48,7 +48,7 @@ class RingWait:
         self._poll = select.poll()
         self._poll.register(ring_fd, select.POLLIN)
         self._poll.register(self._wake_fd, select.POLLIN)
-        self.wakes = 0  # waits ended by wake()
+        self.interruptions = 0  # waits ended by wake() from another thread
 
     @classmethod
     def open(cls, bpf) -> RingWait | None:
@@ -61,7 +61,7 @@ class RingWait:
             if fd == self._wake_fd:
                 with contextlib.suppress(BlockingIOError):
                     os.eventfd_read(self._wake_fd)
-                self.wakes += 1
+                self.interruptions += 1
         self._bpf.ring_buffer_consume()
 
     def wake(self) -> None:

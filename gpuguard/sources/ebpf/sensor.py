@@ -79,7 +79,9 @@ class SensorStats:
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     lost: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     malformed: int = 0  # kernel records that did not decode
-    wakes: int = 0  # wake-up records: the exec filter kept an exec while the sensor slept
+    wakes: int = (
+        0  # the kernel's wake-up records: the exec filter kept an exec while the sensor slept
+    )
     routing_errors: int = 0  # decoded records our own routing failed on (a gpuguard bug)
     dropped_relative_opens: int = 0
     swept_fds: int = 0
@@ -328,11 +330,13 @@ class Sensor:
         self.exec_names = list(names)
         return self.exec_filter.set_names(self.exec_names) if self.exec_filter else 0
 
-    def request_interest(self, tgid: int) -> None:
-        """Ask, from any thread, for every later exec of ``tgid`` and its tree in full."""
+    def request_interest(self, tgid: int, wake: bool = True) -> None:
+        """Ask, from any thread, for every later exec of ``tgid`` and its tree in full
+        (``wake=False``: the polling thread itself asks, and polls next)."""
         if self.exec_filter is not None:
             self._interest_requests.append(tgid)
-            self.wake()
+            if wake:
+                self.wake()
 
     def request_stop(self) -> None:
         """End the current poll between two records, or its wait (safe from a signal handler)."""
@@ -350,10 +354,12 @@ class Sensor:
         From the thread that polls; other threads use :meth:`request_watch`."""
         return self.activity.watch(tgid) if self.activity is not None else 0
 
-    def request_watch(self, tgid: int) -> None:
-        """Ask for :meth:`watch_process` from any thread; the next poll carries it out."""
+    def request_watch(self, tgid: int, wake: bool = True) -> None:
+        """Ask for :meth:`watch_process` from any thread; the next poll carries it out
+        (``wake=False``: the polling thread itself asks, and polls next)."""
         self._watch_requests.append(tgid)
-        self.wake()
+        if wake:
+            self.wake()
 
     def _header_fields(self, tgid: int) -> tuple[str, int, int, int]:
         header = self._headers.get(tgid)

@@ -71,7 +71,8 @@ class SensorThread(threading.Thread):
         emit: Emit,
         feedback: FeedbackQueue | None = None,  # none: no later stage asks anything of it
         on_gpu_open: Callable[[], None] | None = None,
-        stall_s: float = 30.0,  # /healthz's stall time (metrics.health_stall_s)
+        *,
+        stall_s: float,  # /healthz's stall time (the config's health_stall_s)
     ) -> None:
         super().__init__(name="gpuguard-sensor", daemon=True)
         self.poll_ms = max(1, min(POLL_MS, int(stall_s * 1000 / 3)))
@@ -106,11 +107,11 @@ class SensorThread(threading.Thread):
 
     def _take_feedback(self) -> None:
         """Carry out what later stages asked of the sensor (this thread alone touches it)."""
-        for kind, pid in self.feedback.drain():
+        for kind, pid in self.feedback.drain():  # the stage's request woke this thread already
             if kind == "watch":
-                self.sensor.request_watch(pid)
+                self.sensor.request_watch(pid, wake=False)
             else:
-                self.sensor.request_interest(pid)
+                self.sensor.request_interest(pid, wake=False)
 
     def run(self) -> None:
         fault = _RepeatedFault(self.emit)

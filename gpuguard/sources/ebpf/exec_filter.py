@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from gpuguard.events.abi import ExecFilterCount
-from gpuguard.sources.ebpf.kernel_maps import EmptyWatch, batch_items, lookup_batch
+from gpuguard.sources.ebpf.kernel_maps import EmptyWatch, lookup_batch
 
 # enum gg_exec_filter_count, as counter names: promoted, pending_full, cgroups_full, pending_added
 COUNTS = {c.name.lower(): c.value for c in ExecFilterCount if c != ExecFilterCount.SLOTS}
@@ -28,6 +28,7 @@ FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
 PROMOTE_AGE_S = 0.5  # a pending process alive this long is sent up
 PROMOTE_EVERY_S = 0.25  # how often the pending map is looked at
+PENDING_READ_ROOM = 64  # the pending execs one read holds before its buffer grows
 CHAIN_DEPTH = 8  # ancestors sent up for one process (facts keep up to 8)
 
 
@@ -118,12 +119,14 @@ class ExecFilter:
 
     def _entries(self) -> list:
         """(tgid, record) of every pending exec: few (the young processes), so one batch read
-        into a small buffer (:func:`batch_items`: one syscall for up to 64, where a walk of
-        the keys took two an entry, ~9 µs each); one lookup a key on kernels without it."""
+        into a small buffer (one syscall for up to 64, where a walk of the keys took two an
+        entry, ~9 µs each); one lookup a key on kernels without batch operations."""
         try:
-            return [(key.value, record) for key, record in batch_items(self.pending)]
+            keys, records, n = lookup_batch(self.pending, 0, room=PENDING_READ_ROOM)
         except OSError:
             pass
+        else:  # u32 keys: ctypes gives them as ints; each record keeps its buffer alive
+            return [(keys[i], records[i]) for i in range(n)]
         out = []
         for key in self.pending.keys():
             try:

@@ -80,23 +80,31 @@ def occupied_items(table, batch: int = 0) -> list[tuple]:
     return [(keys[i], values[i]) for i, owner in enumerate(owners) if owner]
 
 
-def lookup_batch(table, batch: int) -> tuple:
+def lookup_batch(table, batch: int, room: int = 0) -> tuple:
     """(keys, values, count read) of a whole bcc map, read with BPF_MAP_LOOKUP_BATCH: an array
     or a hash map; a per-CPU map's value is bcc's ``Leaf``, one value per possible CPU.
 
     bcc's own ``items_lookup_batch`` (0.26) passes one variable as both the batch token and
     the count, so the kernel's reply to one overwrites the other: it can loop without end.
     Here they are separate; the kernel ends with ENOENT.  ``batch`` caps the entries per
-    call (0: as many as the map holds)."""
+    call (0: as many as the buffer holds).  ``room`` is the buffer's first size in entries
+    (0: the whole map); it doubles when the map holds more, or when a hash bucket does not
+    fit in what is left (ENOSPC), so a map that holds few (the exec filter's pending execs)
+    is read into a small buffer, not one of its size.  A kernel without batch operations
+    (before 5.6) raises OSError."""
     from bcc.libbcc import lib
 
     size = table.max_entries
-    keys, values = (table.Key * size)(), (table.Leaf * size)()
+    room = min(room or size, size)
+    keys, values = (table.Key * room)(), (table.Leaf * room)()
     token_in, token_out, count = ct.c_uint32(0), ct.c_uint32(0), ct.c_uint32(0)
     key_size, value_size = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
     total = 0
     while total < size:
-        count.value = min(size - total, batch or size)
+        if total == room:  # the buffer is full and the map goes on
+            room = min(room * 2, size)
+            keys, values = _grown(keys, table.Key, room), _grown(values, table.Leaf, room)
+        count.value = min(room - total, batch or room)
         res = lib.bpf_lookup_batch(
             table.map_fd,
             ct.byref(token_in) if total else None,
@@ -110,6 +118,10 @@ def lookup_batch(table, batch: int) -> tuple:
         if res != 0:
             if err == errno.ENOENT:
                 break  # the end of the map
+            if err == errno.ENOSPC and count.value == 0 and room < size:
+                room = min(room * 2, size)  # a bucket bigger than what is left: the same call
+                keys, values = _grown(keys, table.Key, room), _grown(values, table.Leaf, room)
+                continue
             raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
         if count.value == 0:
             break
@@ -117,47 +129,11 @@ def lookup_batch(table, batch: int) -> tuple:
     return keys, values, min(total, size)
 
 
-def batch_items(table, chunk: int = 64) -> list[tuple]:
-    """(key, value) of every entry of a hash map that holds few: BPF_MAP_LOOKUP_BATCH into a
-    buffer of ``chunk`` entries (not one of the map's size, as :func:`lookup_batch`), each pair
-    copied out, one syscall a chunk.  A bucket bigger than the buffer (ENOSPC) doubles it; a
-    kernel without batch operations (before 5.6) raises OSError."""
-    from bcc.libbcc import lib
-
-    key_size, value_size = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
-    token_in, token_out, count = ct.c_uint32(0), ct.c_uint32(0), ct.c_uint32(0)
-    out: list[tuple] = []
-    first = True
-    while True:
-        keys, values = (table.Key * chunk)(), (table.Leaf * chunk)()
-        count.value = chunk
-        res = lib.bpf_lookup_batch(
-            table.map_fd,
-            None if first else ct.byref(token_in),
-            ct.byref(token_out),
-            keys,
-            values,
-            ct.byref(count),
-        )
-        err = ct.get_errno()
-        out += [
-            (
-                table.Key.from_buffer_copy(keys, i * key_size),
-                table.Leaf.from_buffer_copy(values, i * value_size),
-            )
-            for i in range(count.value)
-        ]
-        if res != 0:
-            if err == errno.ENOENT:
-                return out  # the end of the map
-            if err == errno.ENOSPC and count.value == 0 and chunk < table.max_entries:
-                chunk *= 2  # a bucket holds more than the buffer: again, with room for it
-                continue
-            raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
-        if count.value == 0:
-            return out
-        first = False
-        token_in.value = token_out.value
+def _grown(array, kind, room: int):
+    """``array`` copied into a ctypes array of ``room`` ``kind``s."""
+    bigger = (kind * room)()
+    ct.memmove(bigger, array, ct.sizeof(array))
+    return bigger
 
 
 class KernelMaps:

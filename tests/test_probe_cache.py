@@ -293,3 +293,18 @@ def test_an_image_the_verifier_refuses_is_compiled_again_at_once(stored, monkeyp
     finally:
         refused.bpf.cleanup()
     assert _tried(folder, monkeypatch).cached  # rewritten
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_a_text_with_what_an_image_cannot_rebuild_is_compiled_at_every_start(tmp_path, monkeypatch):
+    """A stack-trace map (a kind not in MAP_TYPES): compiled each time, nothing kept."""
+    text = SMALL.replace(
+        "BPF_ARRAY(seen, u64, 1);", "BPF_ARRAY(seen, u64, 1);\nBPF_STACK_TRACE(st, 16);"
+    )
+    folder = tmp_path / "cache"
+    for _ in range(2):
+        loaded = _load(folder, monkeypatch, text=text)
+        loaded.bpf.cleanup()
+        assert not loaded.cached and loaded.note is None
+    assert not folder.exists() or list(folder.iterdir()) == []

@@ -122,11 +122,8 @@ def load_probes(bcc, text: str, cflags: list[str]) -> Loaded:
     bpf = compile_now()
     headers = HEADERS.source
     if found.folder_usable:
-        try:
-            image = capture(bcc, bpf, headers)
-        except ValueError:  # a result its own check refuses: compiled at every start
-            image = None
-        if image is not None:
+        image = capture(bcc, bpf, headers)
+        if image is not None:  # else that text is compiled at every start
             note = write_cache_file(folder, name, image.pack(), "probe cache") or note
             _prune(folder, keep=name)
     return Loaded(bpf, headers, False, note)

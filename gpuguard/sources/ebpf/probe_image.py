@@ -160,17 +160,18 @@ class LibBcc:
 
 
 def capture(bcc, bpf, headers: HeaderSource) -> ProbeImage | None:
-    """The image of a module bcc has just compiled, or None when it holds what we do not rebuild."""
+    """The image of a module bcc has just compiled, or None when it holds what we do not rebuild
+    (what :meth:`ProbeImage.check` refuses, or a load of an fd that is none of its maps)."""
     lib, api, module = bcc.lib, LibBcc(bcc.lib), bpf.module
     tables, by_fd = [], {}
     for i in range(api.num_tables(module)):
-        fd, kind = api.table_fd(module, i), api.table_type(module, i)
-        if fd < 0 or kind not in MAP_TYPES:
+        fd = api.table_fd(module, i)
+        if fd < 0:
             return None
         tables.append(
             TableSpec(
                 api.table_name(module, i),
-                kind,
+                api.table_type(module, i),
                 api.key_size(module, i),
                 api.leaf_size(module, i),
                 api.max_entries(module, i),
@@ -183,8 +184,6 @@ def capture(bcc, bpf, headers: HeaderSource) -> ProbeImage | None:
     programs = []
     for i in range(lib.bpf_num_functions(module)):
         name = lib.bpf_function_name(module, i)
-        if name.startswith(OTHER_AUTOLOAD):
-            return None
         insns = ct.string_at(
             lib.bpf_function_start(module, name), lib.bpf_function_size(module, name)
         )
@@ -200,7 +199,10 @@ def capture(bcc, bpf, headers: HeaderSource) -> ProbeImage | None:
         headers,
         time.time(),
     )
-    image.check()
+    try:
+        image.check()
+    except ValueError:
+        return None
     return image
 
 

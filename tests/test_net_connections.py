@@ -18,18 +18,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _time_wait_socket() -> tuple[str, int]:
-    """A loopback connection whose client closed first: the kernel keeps it in TIME_WAIT, owned by no one."""
+    """A loopback connection whose client closed first: the kernel keeps it in TIME_WAIT, owned
+    by no one.  Its client's address (see :func:`_time_wait_pair` for both ends)."""
+    return _time_wait_pair()[0]
+
+
+def _time_wait_pair() -> tuple[tuple[str, int], tuple[str, int]]:
+    """The TIME_WAIT connection's (client, server) addresses: a busy host may hold another
+    TIME_WAIT socket on the same ephemeral port towards another server."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     client = socket.create_connection(server.getsockname())
     accepted, _ = server.accept()
-    local = client.getsockname()
+    local, remote = client.getsockname(), server.getsockname()
     client.close()  # the active closer goes to TIME_WAIT
     time.sleep(0.05)
     accepted.close()
     server.close()
-    return local
+    return local, remote
 
 
 @pytest.mark.root
@@ -45,13 +52,14 @@ def test_time_wait_sockets_are_ownerless_not_unmapped_as_root():
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_time_wait_is_not_a_blind_spot_without_root_either():
-    local = _time_wait_socket()
-    # As nobody, the real listing of this host's sockets, narrowed to ours (other sockets come
-    # and go on a busy host), classified by gpuguard's table.
+    local, remote = _time_wait_pair()
+    # As nobody, the real listing of this host's sockets, narrowed to ours, by both ends (other
+    # sockets come and go on a busy host), classified by gpuguard's table.
+    ours = f"c.laddr and c.laddr.port == {local[1]} and c.raddr and c.raddr.port == {remote[1]}"
     code = (
         "import json, gpuguard.sources.net.connections as n; "
         "real = n._inet_connections; "
-        f"n._inet_connections = lambda owners: [c for c in real(owners) if c.laddr and c.laddr.port == {local[1]}]; "
+        f"n._inet_connections = lambda owners: [c for c in real(owners) if {ours}]; "
         "t = n.read_connection_table(); "
         f"tw = n._inet_connections(None); "
         "print(json.dumps([t.unattributed, t.ownerless, [str(c.status) for c in tw], [c.pid for c in tw]]))"

@@ -20,7 +20,7 @@ from gpuguard.agent.telemetry import AgentTelemetry
 from gpuguard.events.agent_events import AgentLifecycle
 from gpuguard.outputs.log_writer import open_log
 from tests.support.findings import HOST, hostile_finding
-from tests.support.ports import free_port
+from tests.support.ports import quiet_port
 from tests.support.records import render_record
 from tests.support.rsyslog import Rsyslogd, free_ports
 from tests.support.tmpfs import fill, small_tmpfs
@@ -89,7 +89,7 @@ def test_a_fragment_left_in_the_file_is_never_glued_to_the_next_record(tmp_path)
 
 
 def test_udp_with_nothing_listening_counts_every_record_lost_and_reports_once():
-    port = free_port(socket.SOCK_DGRAM)
+    port = quiet_port(socket.SOCK_DGRAM)
     writer = open_log(f"syslog:udp:127.0.0.1:{port}", "cef", queue_size=0, host=HOST)
     for record in _records(300):
         writer.write(record)
@@ -156,7 +156,7 @@ def test_late_refusals_charge_a_gap_note_to_its_gap_not_to_the_records():
 
 def test_a_failing_sink_never_carries_its_own_failure_notes(tmp_path):
     """The agent's view: faults go to stderr, rate-limited; none is written to the failed log."""
-    port = free_port(socket.SOCK_DGRAM)
+    port = quiet_port(socket.SOCK_DGRAM)
     config = AgentConfig(log_path=f"syslog:udp:127.0.0.1:{port}", output_queue=1000)
     counters = AgentCounters()
     lines: list[str] = []
@@ -177,7 +177,7 @@ def test_a_failing_sink_never_carries_its_own_failure_notes(tmp_path):
 
 
 def test_a_udp_collector_that_comes_back_gets_one_recovery_note_naming_the_gap():
-    port = free_port(socket.SOCK_DGRAM)
+    port = quiet_port(socket.SOCK_DGRAM)
     writer = open_log(f"syslog:udp:127.0.0.1:{port}", "ecs", queue_size=0, host=HOST)
     for record in _records(5):
         writer.write(record)
@@ -242,7 +242,7 @@ def test_a_tcp_collector_away_gets_the_spooled_records_in_order_when_back(tmp_pa
 
 
 def test_a_full_spool_counts_what_overflowed(tmp_path):
-    port = free_port()  # every connect is refused
+    port = quiet_port(socket.SOCK_STREAM)  # every connect is refused
     writer = open_log(
         f"syslog:tcp:127.0.0.1:{port}",
         "ecs",
@@ -307,7 +307,7 @@ def test_every_run_of_failures_is_marked_in_band_whatever_the_rate_limit_on_note
     """Two outages of a UDP collector within a minute: stderr hears of the first only (at most
     one fault note a minute), but the collector gets a note naming each gap before anything
     else, and the counts add up: received records + the notes' counts = produced."""
-    port = free_port(socket.SOCK_DGRAM)
+    port = quiet_port(socket.SOCK_DGRAM)
     writer = open_log(f"syslog:udp:127.0.0.1:{port}", "ecs", queue_size=0, host=HOST)
     received: list[str] = []
     for outage, (lost, kept) in enumerate(((4, 3), (6, 2))):

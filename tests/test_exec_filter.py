@@ -369,6 +369,42 @@ def test_a_sensor_asleep_on_an_empty_pending_map_is_woken_by_the_next_kept_exec(
     assert [e.pid for e in execs] == [pid]
 
 
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_a_wake_just_after_an_empty_walk_still_has_the_exec_go_up_at_its_age(sensor):
+    """The kernel's wake-up can come before the filter's next turn (a walk that found the map
+    empty set it 0.25 s on).  The sensor must then wait for that turn, not for its other work:
+    pushed 30 s off here, as a quiet host's drain is seconds off, a process living 2 s would
+    end unseen."""
+    filt = sensor.exec_filter
+    wake = filt.wake_map
+    deadline = time.monotonic() + 20
+    while not (filt.pending_watch.known_empty and wake[wake.Key(0)].value == 1):
+        assert time.monotonic() < deadline, "no walk found the pending map empty"
+        sensor.poll(50)
+    far = time.monotonic() + 30
+    activity = sensor.activity
+    saved = sensor._next_drain, sensor._next_sweep, activity._next if activity else None
+    sensor._next_drain = sensor._next_sweep = far
+    if activity is not None:
+        activity._next = far
+    filt._next_promote = time.monotonic() + 0.25  # as the walk that found it empty left it
+    proc = subprocess.Popen(["/bin/sleep", "2"])
+    try:
+        started, seen = time.monotonic(), None
+        while seen is None and time.monotonic() - started < 4:
+            for event in sensor.poll(5000):  # the agent's long poll: the sensor shortens it
+                if isinstance(event, Exec) and event.pid == proc.pid:
+                    seen = time.monotonic() - started
+    finally:
+        proc.kill()
+        proc.wait()
+        sensor._next_drain, sensor._next_sweep = saved[:2]
+        if activity is not None:
+            activity._next = saved[2]
+    assert seen is not None and seen < 1.8, seen  # age 0.5 s, then a turn: not the 30 s
+
+
 # The exec filter's maps alone, as the probes declare them, in a program with no probe: only
 # this test writes them, so a busy host's execs cannot move the count under it.
 PENDING_MAPS = """

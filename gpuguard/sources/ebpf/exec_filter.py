@@ -114,8 +114,16 @@ class ExecFilter:
     @property
     def may_hold_execs(self) -> bool:
         """False only while the last walk left the map empty: the kernel then wakes user space
-        with its next kept exec (a GG_KIND_WAKE record), whose turn sees it by the count."""
+        with its next kept exec (a GG_KIND_WAKE record: :meth:`woken`)."""
         return not self.pending_watch.known_empty
+
+    def woken(self) -> None:
+        """The kernel's wake-up record came: an exec is pending again.  The map is no longer
+        known empty, so the sensor's waits count the filter's next turn again; that turn may be
+        up to :data:`PROMOTE_EVERY_S` off (the walk that found the map empty set it), and
+        until this the wait stopped only at the sensor's other work (up to seconds on an
+        idle host), long enough for a short-lived process to end unseen."""
+        self.pending_watch.invalidate()
 
     def _entries(self) -> list:
         """(tgid, record) of every pending exec: few (the young processes), so one batch read

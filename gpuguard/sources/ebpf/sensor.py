@@ -409,8 +409,10 @@ class Sensor:
         except MalformedEvent:
             self.stats.malformed += 1
             return
-        if event is None:
-            self.stats.wakes += 1  # the exec filter kept an exec: the poll ends, its turn looks
+        if event is None:  # the exec filter kept an exec while the map was known empty
+            self.stats.wakes += 1
+            if self.exec_filter is not None:
+                self.exec_filter.woken()  # its next turn (0.25 s at most) walks the map
             return
         try:
             self._route(event)

@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from tests.support.hugepages import reservation_open
 from tests.support.load import join_load_group, start_in_load_group
 
 SOURCE = Path(__file__).resolve().parent.parent / "workloads" / "randomx_standin.c"
@@ -180,7 +181,27 @@ def start_standin(
         proc.kill()
         proc.wait()
         raise RuntimeError(f"stand-in did not start: {proc.stderr.read().decode()[-400:]}")
+    if (reservation_open() if huge_pages is None else huge_pages) and not _hugetlb_kib(proc.pid):
+        proc.kill()
+        proc.wait()  # its verdicts would be about a stand-in without its huge pages
+        raise RuntimeError(
+            f"stand-in {name} got no huge pages though this test reserved them: another process "
+            f"on the host took the free ones ({_pool_line()}; fix: whatever maps huge pages in "
+            "the tests joins the load group or reserves its own, tests/support/hugepages.py)"
+        )
     return proc
+
+
+def _hugetlb_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("HugetlbPages:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _pool_line() -> str:
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    return ", ".join(line.replace(" ", "") for line in meminfo if line.startswith("HugePages_"))
 
 
 def stop(proc: subprocess.Popen | None) -> None:

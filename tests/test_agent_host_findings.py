@@ -355,6 +355,13 @@ def test_tracker_reports_growth_beyond_a_quarter_and_a_new_owner_only():
         ("update", 8 * GIB, 3_999_002)
     ]  # the owner is known now
     assert [r["owner_pid"] for r in tracker.active()] == [3_999_002]
+    # its accounting record not re-read within the tracker's horizon (a late sampler) and then
+    # read again: neither is news (no update without the owner, then one with it again)
+    tracker._accounting.clear()
+    assert check(8 * GIB) == []
+    assert check(8 * GIB, _exited(3_999_002, 9 * GIB)) == []
+    assert check(8 * GIB, _exited(3_999_004, 9 * GIB)) == [("update", 8 * GIB, 3_999_004)]
+    assert check(8 * GIB, _exited(3_999_002, 9 * GIB)) == [("update", 8 * GIB, 3_999_002)]
     assert tracker.active_by_rule() == {"host-gpu-memory-orphaned": 1}
     assert check(IDLE_USED) == [("close", 8 * GIB, 3_999_002)]
     assert tracker.active() == [] and tracker.active_by_rule() == {}

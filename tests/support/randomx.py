@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpuguard.sources.proc.huge_pages import status_hugetlb_kib
 from tests.support.hugepages import reservation_open
 from tests.support.load import join_load_group, start_in_load_group
 
@@ -181,7 +182,8 @@ def start_standin(
         proc.kill()
         proc.wait()
         raise RuntimeError(f"stand-in did not start: {proc.stderr.read().decode()[-400:]}")
-    if (reservation_open() if huge_pages is None else huge_pages) and not _hugetlb_kib(proc.pid):
+    expects_pages = reservation_open() if huge_pages is None else huge_pages
+    if expects_pages and not status_hugetlb_kib(Path(f"/proc/{proc.pid}/status").read_bytes()):
         proc.kill()
         proc.wait()  # its verdicts would be about a stand-in without its huge pages
         raise RuntimeError(
@@ -190,13 +192,6 @@ def start_standin(
             "the tests joins the load group or reserves its own, tests/support/hugepages.py)"
         )
     return proc
-
-
-def _hugetlb_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("HugetlbPages:"):
-            return int(line.split()[1])
-    return 0
 
 
 def _pool_line() -> str:

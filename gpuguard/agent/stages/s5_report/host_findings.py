@@ -155,8 +155,11 @@ class GpuHostFindings:
 
 
 def _material_change(before: HostFinding, after: HostFinding) -> bool:
-    """Worth a new record: the amount grew by more than MATERIAL_GROWTH, or the likely owner changed."""
-    if after.pid != before.pid:
+    """Worth a new record: the amount grew by more than MATERIAL_GROWTH, or a likely owner is
+    named that the last record did not name.  An owner no longer named is not news: its
+    accounting record was only not re-read in time (a sampler late on a busy host), and the
+    finding would otherwise flap, an update without the owner, then one with it again."""
+    if after.pid is not None and after.pid != before.pid:
         return True
     if after.amount is None or before.amount is None:
         return after.amount is not None and before.amount is None

@@ -242,8 +242,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"({', '.join(_unclassified[:5])}{' ...' if len(_unclassified) > 5 else ''}) "
             f"(fix: mark each with exactly one of: {choices}; see tests/conftest.py)"
         )
-    # The host mutators hold the minute-long windows the rules ask for: they start first (xdist
-    # hands out groups in this order), so the last of them does not end the run alone.
+    # The host mutators hold the minute-long windows the rules ask for: they come first in the
+    # collection.  xdist hands out its groups largest first (by test count) and keeps this order
+    # only among groups of one size, so this is a tie-break, not a schedule.
     items.sort(key=lambda item: root_class(item) != "host_mutator")
     # xdist marks a grouped test by its node id; where that silently stops working
     # (pytest-dev/pytest-xdist#1386) root tests would run side by side: refuse instead.

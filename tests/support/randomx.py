@@ -150,8 +150,8 @@ def start_standin(
 ) -> subprocess.Popen:
     """Install the stand-in as INSTALL_DIR/name, start it on ``pool`` and wait for "ready".
     ``huge_pages``: whether it may get any (by default: whether this test reserved some);
-    ``low_weight``: in the load group's low CPU weight (tests/support/load.py); ``user``: run
-    as that user (e.g. nobody) rather than root."""
+    ``low_weight``: in the load group's low CPU weight once ready (tests/support/load.py);
+    ``user``: run as that user (e.g. nobody) rather than root."""
     tls = pool.context is not None if tls is None else tls
     INSTALL_DIR.mkdir(parents=True, exist_ok=True)
     exe = INSTALL_DIR / name
@@ -173,8 +173,10 @@ def start_standin(
         group=pwd.getpwnam(user).pw_gid if user else None,
         extra_groups=[] if user else None,
     )
-    # before its settings: it maps nothing till then
-    join_load_group(proc.pid, huge_pages=huge_pages, low_weight=low_weight)
+    # the huge-page group before its settings (it maps nothing till then); its set-up (filling
+    # its buffer, a 2 GiB dataset in fast mode, the pool's handshake) at an ordinary weight:
+    # at the load group's, a busy run stretched a fast-mode start to most of a minute
+    join_load_group(proc.pid, huge_pages=huge_pages, low_weight=False)
     proc.stdin.write(settings.encode())
     proc.stdin.close()
     line = proc.stdout.readline()
@@ -191,6 +193,8 @@ def start_standin(
             f"on the host took the free ones ({_pool_line()}; fix: whatever maps huge pages in "
             "the tests joins the load group or reserves its own, tests/support/hugepages.py)"
         )
+    if low_weight:  # its busy loop
+        join_load_group(proc.pid, huge_pages=huge_pages)
     return proc
 
 

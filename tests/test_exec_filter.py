@@ -455,6 +455,15 @@ def test_the_pending_walk_is_skipped_only_while_nothing_can_be_pending():
             filt.take_old() == [] and filt.pending_watch.skipped == 2
         )  # but the count moved: walked
         assert filt.take_old() == [] and filt.pending_watch.skipped == 3
+        # the kernel's wake-up (an exec kept into the empty map): the next look is when that
+        # exec comes of age, not before (everything in the map is younger than it)
+        from gpuguard.sources.ebpf.exec_filter import PROMOTE_AGE_S
+
+        assert not filt.may_hold_execs
+        woken_at = time.monotonic()
+        filt.woken()
+        assert filt.may_hold_execs
+        assert woken_at + PROMOTE_AGE_S <= filt.next_turn <= time.monotonic() + PROMOTE_AGE_S
     finally:
         bpf.cleanup()
 

@@ -119,11 +119,13 @@ class ExecFilter:
 
     def woken(self) -> None:
         """The kernel's wake-up record came: an exec is pending again.  The map is no longer
-        known empty, so the sensor's waits count the filter's next turn again; that turn may be
-        up to :data:`PROMOTE_EVERY_S` off (the walk that found the map empty set it), and
-        until this the wait stopped only at the sensor's other work (up to seconds on an
-        idle host), long enough for a short-lived process to end unseen."""
+        known empty, so the sensor's waits count the filter's next turn again (until this they
+        stopped only at the sensor's other work, seconds off on an idle host: long enough for a
+        short-lived process to end unseen).  That turn is when the exec that woke it comes of
+        age: everything in the map is younger (it was empty), so a look before then finds
+        nothing to send up."""
         self.pending_watch.invalidate()
+        self._next_promote = max(self._next_promote, time.monotonic() + PROMOTE_AGE_S)
 
     def _entries(self) -> list:
         """(tgid, record) of every pending exec: few (the young processes), so one batch read

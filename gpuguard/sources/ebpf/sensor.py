@@ -412,7 +412,7 @@ class Sensor:
         if event is None:  # the exec filter kept an exec while the map was known empty
             self.stats.wakes += 1
             if self.exec_filter is not None:
-                self.exec_filter.woken()  # its next turn (0.25 s at most) walks the map
+                self.exec_filter.woken()  # its next turn, at that exec's age, walks the map
             return
         try:
             self._route(event)

@@ -17,15 +17,10 @@ from tests.support.unprivileged import as_nobody
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _time_wait_socket() -> tuple[str, int]:
-    """A loopback connection whose client closed first: the kernel keeps it in TIME_WAIT, owned
-    by no one.  Its client's address (see :func:`_time_wait_pair` for both ends)."""
-    return _time_wait_pair()[0]
-
-
 def _time_wait_pair() -> tuple[tuple[str, int], tuple[str, int]]:
-    """The TIME_WAIT connection's (client, server) addresses: a busy host may hold another
-    TIME_WAIT socket on the same ephemeral port towards another server."""
+    """A loopback connection whose client closed first: the kernel keeps it in TIME_WAIT, owned
+    by no one.  Its (client, server) addresses: a busy host may hold another TIME_WAIT socket on
+    the same ephemeral port towards another server."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -42,7 +37,7 @@ def _time_wait_pair() -> tuple[tuple[str, int], tuple[str, int]]:
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_time_wait_sockets_are_ownerless_not_unmapped_as_root():
-    local = _time_wait_socket()
+    local, _ = _time_wait_pair()
     table = read_connection_table()
     assert table.unattributed == 0
     assert table.ownerless >= 1

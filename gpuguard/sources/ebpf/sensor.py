@@ -79,9 +79,7 @@ class SensorStats:
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     lost: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     malformed: int = 0  # kernel records that did not decode
-    wakes: int = (
-        0  # the kernel's wake-up records: the exec filter kept an exec while the sensor slept
-    )
+    wakes: int = 0  # the kernel's wake-ups: the exec filter kept an exec while the sensor slept
     routing_errors: int = 0  # decoded records our own routing failed on (a gpuguard bug)
     dropped_relative_opens: int = 0
     swept_fds: int = 0

@@ -250,20 +250,13 @@ def start_floods(
 ) -> list[subprocess.Popen]:
     """Flooders (vfork+execve of ``program``, by default tests/workloads/exit0.c) together asking
     for ``rate`` execs/s for ``seconds``, inside ``cgroup`` from their first instruction when given."""
+    from tests.support.cgroup_start import in_cgroup
     from tests.support.workloads import build_c_program, build_exit0
 
     binary, program = build_c_program(EXEC_FLOOD), program or build_exit0()
     n = max(1, -(-rate // FLOODER_MAX_RATE))
     argv = [str(binary), str(rate / n), str(seconds), str(program)]
-    if cgroup is not None:
-        argv = [
-            "/bin/sh",
-            "-c",
-            'echo $$ > "$1/cgroup.procs" && shift && exec "$@"',
-            "sh",
-            str(cgroup),
-            *argv,
-        ]
+    argv = in_cgroup(argv, cgroup)
     return [
         subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         for _ in range(n)

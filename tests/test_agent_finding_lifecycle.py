@@ -24,6 +24,7 @@ import pytest
 from gpuguard.outputs.records import FORMATS
 from gpuguard.proving.enforce_scope import EnforceScope
 from tests.support.agent_run import AgentProcess, actions_on
+from tests.support.cgroup_start import in_cgroup
 from tests.support.randomx import LoopbackPool
 from tests.support.schemas import ecs_errors, ocsf_errors, strict_cef
 from tests.support.shared_agent import UPDATE_INTERVAL_S
@@ -59,9 +60,7 @@ def _config(tmp_path: Path, extra: str = "") -> Path:
 def _start(steps: list[str], miner_args: list[str], cgroup: Path | None = None):
     """The workload with GPU-named nodes; ``miner_args`` follow ``exit:0`` (never run as steps)."""
     command, env = private_dev_command([str(build_workload()), *steps, "exit:0", *miner_args])
-    if cgroup is not None:  # joins the cgroup first, then becomes the workload (same pid)
-        join = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
-        command = ["/bin/sh", "-c", join, "gg-join", str(cgroup), *command]
+    command = in_cgroup(command, cgroup)
     proc = subprocess.Popen(
         command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )

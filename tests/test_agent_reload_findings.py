@@ -22,6 +22,7 @@ import pytest
 
 from gpuguard.proving.enforce_scope import EnforceScope
 from tests.support.agent_run import AgentProcess, until
+from tests.support.cgroup_start import in_cgroup
 from tests.support.workloads import build_workload
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
@@ -49,10 +50,9 @@ def _rules(path: Path, marker: str, weight: int, description: str) -> None:
 
 
 def _spawn(argv: list[str], cgroup: Path | None) -> subprocess.Popen:
-    if cgroup is not None:  # joins the cgroup first, then becomes the workload (same pid)
-        join = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
-        argv = ["/bin/sh", "-c", join, "gg-join", str(cgroup), *argv]
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    return subprocess.Popen(
+        in_cgroup(argv, cgroup), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+    )
 
 
 def _by_pid(agent: AgentProcess) -> tuple[dict[int, list], dict[int, list]]:

@@ -11,6 +11,7 @@ import pytest
 
 from gpuguard.agent.memory import COMPILER_LIBRARIES, compiler_mappings, release_compiler_pages
 from tests.support.agent_run import AgentProcess, lifecycle
+from tests.support.load import start_flood
 from tests.support.workloads import build_c_program
 
 EXEC_FLOOD = Path(__file__).resolve().parent / "workloads" / "exec_flood.c"
@@ -28,7 +29,7 @@ def test_sigterm_during_an_exec_flood_stops_the_agent_and_accounts_for_the_queue
     try:
         agent.wait_ready()
         floods = [
-            subprocess.Popen([str(flooder), "0", "60"], stdout=subprocess.PIPE, text=True)
+            start_flood([str(flooder), "0", "60"], stdout=subprocess.PIPE, text=True)
             for _ in range(2)
         ]
         agent.wait_status(lambda d: _execs_seen(d) > 2000, 30)

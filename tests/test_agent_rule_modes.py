@@ -20,6 +20,7 @@ import pytest
 
 from gpuguard.proving.enforce_scope import EnforceScope
 from tests.support.agent_run import AgentProcess, actions_on, finding_for
+from tests.support.cgroup_start import in_cgroup
 
 pytestmark = [pytest.mark.root, pytest.mark.self_contained]
 
@@ -60,11 +61,7 @@ def _config(tmp_path: Path, scope: EnforceScope, act_rules: list[str]) -> Path:
 def _start(kind: str, cgroup: Path | None) -> subprocess.Popen:
     """A python sleeper whose command line carries the marker of ``kind`` (inside ``cgroup``)."""
     argv = [sys.executable, "-c", "import time; time.sleep(600)", f"gg{os.getpid()}-{kind}"]
-    if cgroup is not None:
-        argv = ["/bin/sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"', "x"]
-        argv += [str(cgroup), sys.executable, "-c", "import time; time.sleep(600)"]
-        argv += [f"gg{os.getpid()}-{kind}"]
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(in_cgroup(argv, cgroup), stdin=subprocess.DEVNULL)
 
 
 def _stop(proc: subprocess.Popen) -> None:

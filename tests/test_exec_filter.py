@@ -20,10 +20,11 @@ import pytest
 
 from gpuguard.events.model import Connect, Exec, Exit, GpuOpen
 from tests.support.agent_run import AgentProcess
+from tests.support.cgroup_start import in_cgroup
+from tests.support.load import start_flood
 from tests.support.workloads import build_c_program, build_workload, private_dev_command
 
 EXEC_FLOOD = Path(__file__).resolve().parent / "workloads" / "exec_flood.c"
-INTO_CGROUP = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
 # outer sh forks an inner sh that forks "$@" (the trailing "; true" keeps each from exec'ing)
 OUTER = '/bin/sh -c \'"$0" "$@"; true\' "$@"; true'
 MINER_ARGS = ["-o", "stratum+tcp://pool.example.invalid:3333", "--donate-level", "1"]
@@ -58,11 +59,8 @@ def own_cgroup() -> Iterator[tuple[Path, int]]:
 
 def flood(rate: int, seconds: float, cgroup: Path) -> subprocess.Popen:
     """exec_flood (fork+exec of /bin/true) inside ``cgroup`` from its first instruction."""
-    binary = build_c_program(EXEC_FLOOD)
-    argv = [str(binary), str(rate), str(seconds)]
-    return subprocess.Popen(
-        ["/bin/sh", "-c", INTO_CGROUP, "sh", str(cgroup), *argv], stdout=subprocess.PIPE, text=True
-    )
+    argv = [str(build_c_program(EXEC_FLOOD)), str(rate), str(seconds)]
+    return start_flood(argv, cgroup, stdout=subprocess.PIPE, text=True)
 
 
 def poll_until(sensor, seconds: float, done=lambda events: False) -> list:
@@ -255,11 +253,6 @@ def test_a_short_exec_of_a_name_the_rules_list_goes_up_at_once(sensor):
     assert str(plain) not in filenames  # short-lived and unlisted: counted, not sent up
 
 
-def _in_cgroup(cgroup: Path, *argv: str) -> list[str]:
-    """``argv`` run from its first instruction in ``cgroup`` (a shell that moves itself, then execs)."""
-    return ["/bin/sh", "-c", INTO_CGROUP, "sh", str(cgroup), *argv]
-
-
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_a_tmp_program_costs_nothing_at_its_first_or_later_short_starts_and_goes_up_when_it_lives(
@@ -275,8 +268,8 @@ def test_a_tmp_program_costs_nothing_at_its_first_or_later_short_starts_and_goes
     try:
         with own_cgroup() as (cgroup, cgroup_id):
             for _ in range(3):  # the first sight of this file, then two more
-                subprocess.run(_in_cgroup(cgroup, str(napper), "0.05"), check=True)
-            lives = subprocess.Popen(_in_cgroup(cgroup, str(napper), "1.5"))
+                subprocess.run(in_cgroup([str(napper), "0.05"], cgroup), check=True)
+            lives = subprocess.Popen(in_cgroup([str(napper), "1.5"], cgroup))
             events = poll_until(
                 sensor, 10, lambda evs: any(isinstance(e, Exit) and e.pid == lives.pid for e in evs)
             )
@@ -310,11 +303,9 @@ def test_the_forks_of_a_pending_process_end_without_a_record_unless_they_live(se
     with own_cgroup() as (cgroup, cgroup_id):
         for _ in range(5):
             pipeline = "echo a | tr a b | wc -c >/dev/null"
-            subprocess.run(_in_cgroup(cgroup, "/bin/sh", "-c", pipeline), check=True)
+            subprocess.run(in_cgroup(["/bin/sh", "-c", pipeline], cgroup), check=True)
         argv = [sys.executable, "-c", FORKER]
-        out = subprocess.run(
-            _in_cgroup(cgroup, *argv), check=True, stdout=subprocess.PIPE, text=True
-        )
+        out = subprocess.run(in_cgroup(argv, cgroup), check=True, stdout=subprocess.PIPE, text=True)
         child = int(out.stdout)
         events = poll_until(
             sensor, 10, lambda evs: any(isinstance(e, Exit) and e.pid == child for e in evs)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import load
 from tests.support.agent_run import AgentProcess, lifecycle
 from tests.support.touch_scope import scope_cgroup
 from tests.support.workloads import build_c_program, build_exit0, exit0_named
 
 EXEC_FLOOD = Path(__file__).resolve().parent / "workloads" / "exec_flood.c"
-INTO_CGROUP = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
 MINER_ARGS = ["-o", "stratum+tcp://pool.example.invalid:3333", "--donate-level", "1"]
 RATE, FLOODERS = 2000, 2
 STOP_BOUND_S = 20.0  # generous: a loaded host; the <= 2 s target is bench_agent's figure
@@ -27,11 +27,8 @@ def start_flood(rate: float, cgroup: Path, program: Path | None = None) -> subpr
     """exec_flood (vfork+execve of ``program``, the static exit0 by default) inside ``cgroup``
     from its first instruction."""
     argv = [str(build_c_program(EXEC_FLOOD)), str(rate), "0", str(program or build_exit0())]
-    return subprocess.Popen(
-        ["/bin/sh", "-c", INTO_CGROUP, "sh", str(cgroup), *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    return load.start_flood(
+        argv, cgroup, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
 
 

@@ -12,8 +12,11 @@ stepping through the modes (short and long tables).  Each stand-in must be malic
 six-fold, tests/support/short_windows.py: RandomX's 30 s of spinning is 10 s, a job-queue
 worker's quiet session is judged after 20 s, not two minutes); each benign program stays below
 suspicious in both, is never acted on and keeps working; the stand-ins outside the cgroup
-are refused any action and live on.  A probe of the test's own checks that the benign
-programs did leave round-to-nearest (the verdicts are about real switching, not silence).
+are refused any action and live on until their verdicts are in (then they stop, leaving the
+CPU to the benign programs, which are watched to twice the longest window they could meet:
+the 20 s quiet session, so a heartbeat sent at 30 s is inside the watch).  A probe of the
+test's own checks that the benign programs did leave round-to-nearest (the verdicts are about
+real switching, not silence).
 """
 
 from __future__ import annotations
@@ -42,10 +45,11 @@ from tests.support.rounding import (
     start_benign,
 )
 from tests.support.scan import findings_for_pid
-from tests.support.short_windows import rules_args, short_window_rules
+from tests.support.short_windows import rules_args, short_window_rules, shortened
 
 DEADLINE_S = 60.0
 SCAN_AFTER_S = 20.0
+BENIGN_WATCH_S = 2 * shortened(120)  # the quiet-session rule's window, twice
 ALERT = ("suspicious", "malicious")
 
 pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
@@ -154,13 +158,20 @@ def test_only_randomx_is_convicted_in_the_agent_in_scan_and_in_enforce_mode():
                 seen_at = _epoch(record["@timestamp"]) - started
                 found[variant] = (seen_at, set(record["gpuguard"]["rule_ids"]))
                 print(f"agent: {variant} malicious after {seen_at:.0f} s", found[variant][1])
-            # the benign programs keep working past the stand-ins' deadline
+            # the stand-ins lived to their verdicts (and any action on them): now they go
+            time.sleep(1.0)
+            alive = {name: p.poll() is None for name, p in standins.items()}
+            duty.stop()
+            duty = None
+            for proc in standins.values():
+                stop(proc)
+            # the benign programs keep working to the end of their watch
             work_before = {name: cpu_time_s(p.pid) for name, p in benign.items()}
             done_before = queue.lines.get("DONE", 0)
-            time.sleep(max(15.0, started + DEADLINE_S + 5 - time.time()))
+            time.sleep(max(15.0, started + BENIGN_WATCH_S - time.time()))
             counts = probe.counts()
             records = agent.records()
-            alive = {name: p.poll() is None for name, p in {**benign, **standins}.items()}
+            alive |= {name: p.poll() is None for name, p in benign.items()}
             work_after = {name: cpu_time_s(p.pid) for name, p in benign.items()}
             done_after = queue.lines.get("DONE", 0)
         finally:

@@ -22,6 +22,7 @@ import pytest
 from gpuguard.respond import Responder
 from gpuguard.respond.cgroup_blocks import cgroup2_mount
 from gpuguard.respond.touch.target import Script, interpreter_family, script_of
+from tests.support.cgroup_start import in_cgroup
 from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
 from tests.support.workloads import build_workload
 
@@ -116,17 +117,8 @@ def listener():
 
 def _start(argv: list[str], cgroup: Path | None = None, **kwargs) -> subprocess.Popen:
     """A process that is in ``cgroup`` (when given) from its first instruction."""
-    if cgroup is not None:
-        argv = [
-            "/bin/sh",
-            "-c",
-            'echo $$ > "$1/cgroup.procs" && shift && exec "$@"',
-            "sh",
-            str(cgroup),
-            *argv,
-        ]
     return subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **kwargs
+        in_cgroup(argv, cgroup), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **kwargs
     )
 
 

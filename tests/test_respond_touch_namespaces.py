@@ -17,6 +17,7 @@ import pytest
 from gpuguard.respond import Responder
 from gpuguard.sources.proc.container_images import ContainerImages
 from gpuguard.sources.proc.pod_names import PodNames
+from tests.support.cgroup_start import in_cgroup
 from tests.support.kubernetes_pod import Pod
 from tests.support.respond import cleanup, settings_for_test, state_of, verdict_for
 from tests.support.touch_scope import run_in, scope_cgroup, start_in
@@ -36,10 +37,7 @@ def test_only_act_namespaces_holds_in_the_kernel(tmp_path):
         settings = replace(settings, only_act_namespaces=("team-b",))
         names = PodNames(str(logs), images=ContainerImages(str(tasks)))
         # team-a's pod runs something else (a file the offender shares would be left alone)
-        neighbour = subprocess.Popen(
-            ["/bin/sh", "-c", 'echo $$ > "$1/cgroup.procs" && exec sleep 600', "sh"]
-            + [str(team_a.cgroup)]
-        )
+        neighbour = subprocess.Popen(in_cgroup(["sleep", "600"], team_a.cgroup))
         offender = start_in([str(miner), "ready", "sleep:60000"], team_b.cgroup)
         responder = None
         try:

@@ -8,6 +8,8 @@ import sys
 import uuid
 from pathlib import Path
 
+from tests.support.cgroup_start import in_cgroup
+
 
 class Pod:
     """A pod as the node shows it: a cgroup named like the kubelet's (systemd driver), the
@@ -42,9 +44,8 @@ class Pod:
         self.proc: subprocess.Popen | None = None
 
     def start(self, marker: str) -> int:
-        argv = ["/bin/sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"', "x"]
-        argv += [str(self.cgroup), sys.executable, "-c", "import time; time.sleep(600)", marker]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        argv = [sys.executable, "-c", "import time; time.sleep(600)", marker]
+        self.proc = subprocess.Popen(in_cgroup(argv, self.cgroup), stdin=subprocess.DEVNULL)
         return self.proc.pid
 
     def stop(self) -> None:

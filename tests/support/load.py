@@ -19,6 +19,10 @@ with an empty pool.
 follows) from the test process: a move can wait for an RCU grace period, and that wait is
 then the test's, not a sleep in the workload's own lifetime.  Where a controller is missing
 (or without root) that part of the move is skipped.
+
+Exec floods (:func:`start_flood`) are the other kind of load: hundreds of short children a
+second.  Where CPU is a cgroup v1 controller each would weigh an ordinary task, so a flood
+shares one cpu group that weighs one task in all.
 """
 
 from __future__ import annotations
@@ -27,14 +31,17 @@ import functools
 import subprocess
 from pathlib import Path
 
+from tests.support.cgroup_start import in_cgroups
 from tests.support.hugepages import reservation_open
 
 NAME = "gpuguard-test-load"
+FLOOD_NAME = "gpuguard-test-flood"
 # cgroup v2 weights run 1..10000 (default 100); v1 shares 2..262144 (default 1024): a quarter of
 # one ordinary task either way.  Lower starves a stand-in's pool session (a slice, then a wait
 # of hundreds of milliseconds per competitor), which real miners on a busy host do not see.
 V2_WEIGHT = "25"
 V1_SHARES = "256"
+V1_FLOOD_SHARES = "1024"  # a flood, all its processes together: one ordinary task
 V1_CPU = Path("/sys/fs/cgroup/cpu")
 
 
@@ -116,14 +123,42 @@ def start_in_load_group(argv: list[str], **popen_kwargs) -> subprocess.Popen:
     return proc
 
 
+@functools.cache
+def _flood_group() -> Path | None:
+    """The v1 cpu group floods run in (one ordinary task's shares), or None where CPU is not a
+    v1 controller (a flood in a cgroup v2 directory of its own is one entity there already)."""
+    if not (V1_CPU / "cpu.shares").exists():
+        return None
+    try:
+        (V1_CPU / FLOOD_NAME).mkdir(exist_ok=True)
+        (V1_CPU / FLOOD_NAME / "cpu.shares").write_text(V1_FLOOD_SHARES)
+    except OSError:
+        return None
+    return V1_CPU / FLOOD_NAME / "cgroup.procs"
+
+
+def start_flood(argv: list[str], cgroup: Path | None = None, **popen_kwargs) -> subprocess.Popen:
+    """``argv``, an exec flood, in the cgroup v2 directory ``cgroup`` (when given) and, where CPU
+    is a v1 controller (a hybrid host, such as this VM), in a cpu group of one ordinary task's
+    weight, both from its first instruction.  There each of a flood's short-lived children
+    would otherwise weigh a task of its own: 30 of them in flight held the rest of the run to a
+    sliver of both cores (a probe compile beside one took 22 s of wall time for 1 s of CPU).
+    A flood then runs at the rate one task's share allows; the flood tests wait for a count."""
+    procs = [Path(cgroup) / "cgroup.procs"] if cgroup is not None else []
+    procs += [group] if (group := _flood_group()) is not None else []
+    return subprocess.Popen(in_cgroups(argv, *procs), **popen_kwargs)
+
+
 def load_cgroups(pid: int) -> set[str]:
-    """The load groups ``pid`` is in ("cpu", "pages", "no-pages"), for the tests of this module."""
+    """The load groups ``pid`` is in ("cpu", "pages", "no-pages", "flood"), for the tests of this
+    module."""
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
         return set()
     paths = {line.split(":", 2)[2] for line in lines if line.count(":") >= 2}
     names = {"cpu": f"/{NAME}", "pages": f"/{NAME}/pages", "no-pages": f"/{NAME}/no-pages"}
+    names["flood"] = f"/{FLOOD_NAME}"
     return {name for name, path in names.items() if path in paths}
 
 

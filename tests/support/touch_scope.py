@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpuguard.respond.cgroup_blocks import cgroup2_mount
+from tests.support.cgroup_start import in_cgroup
 from tests.support.workloads import private_dev_command
 
 _COUNTER = itertools.count()
-_INTO_CGROUP = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
 
 
 @contextmanager
@@ -48,8 +48,7 @@ def scope_cgroup() -> Iterator[tuple[str, Path]]:
 def start_in(argv: list[str], cgroup: Path | None, **popen_kwargs) -> subprocess.Popen:
     """``argv`` with GPU-named nodes in a private /dev, in ``cgroup`` from its first instruction."""
     command, env = private_dev_command(argv)
-    if cgroup is not None:
-        command = ["/bin/sh", "-c", _INTO_CGROUP, "sh", str(cgroup), *command]
+    command = in_cgroup(command, cgroup)
     for stream in ("stdin", "stdout", "stderr"):
         popen_kwargs.setdefault(stream, subprocess.PIPE)
     return subprocess.Popen(command, env=env, **popen_kwargs)

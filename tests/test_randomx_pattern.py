@@ -36,11 +36,11 @@ from gpuguard.events.rounding_modes import MIN_LOOKS, rounding_pattern
 from gpuguard.proving.enforce_scope import EnforceScope
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
 from tests.support.agent_run import REPO, AgentProcess, actions_on, finding_for
+from tests.support.load import own_cpu_group
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, start_standin, stop
 from tests.support.rounding import (
     DutyCycle,
     JobQueue,
-    cpu_quota_group,
     cpu_time_s,
     start_benign,
 )
@@ -98,8 +98,9 @@ def test_only_randomx_is_convicted_in_the_agent_in_scan_and_in_enforce_mode():
     with (
         tempfile.TemporaryDirectory(prefix="gg-rx-pattern-") as tmp,
         EnforceScope(Path(tmp)) as scope,
-        cpu_quota_group(0.3) as quota_procs,
+        own_cpu_group(cores=0.3) as quota_procs,
     ):
+        assert quota_procs is not None, "no cpu controller to hold a stand-in to 0.3 of a core"
         workdir = Path(tmp)
         workdir.chmod(0o700)
         pool = LoopbackPool(workdir, tls=True, push_s=(10, 40))

@@ -28,8 +28,8 @@ from gpuguard.events.rounding_modes import (
 )
 from gpuguard.sources.ebpf.fpu_probe import BLIND_PREFIX
 from gpuguard.sources.host.rounding_window import EXTEND_FACTOR, watch_rounding
+from tests.support.load import own_cpu_group
 from tests.support.randomx import stop
-from tests.support.rounding import cpu_quota_group
 from tests.support.scan import run_scan
 from tests.support.workloads import build_c_program
 
@@ -158,7 +158,8 @@ def test_the_window_waits_past_its_length_for_a_thread_switched_out_rarely():
     """A RandomX-like thread held to 0.05 of a core is switched out ~10 times a second (once
     per quota period): a 2 s window holds too few looks, so it runs on until the thread has
     enough, and no longer than three times its length."""
-    with cpu_quota_group(0.05, name="gg-test-window") as procs:
+    with own_cpu_group(cores=0.05) as procs:
+        assert procs is not None, "no cpu controller to hold the thread to 0.05 of a core"
         spinner = _spinner()
         try:
             procs.write_text(str(spinner.pid))

@@ -27,8 +27,14 @@ shares one cpu group that weighs one task in all.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
+import os
+import signal
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support.cgroup_start import in_cgroups
@@ -43,6 +49,7 @@ V2_WEIGHT = "25"
 V1_SHARES = "256"
 V1_FLOOD_SHARES = "1024"  # a flood, all its processes together: one ordinary task
 V1_CPU = Path("/sys/fs/cgroup/cpu")
+_OWN = itertools.count()
 
 
 @functools.cache
@@ -147,6 +154,47 @@ def start_flood(argv: list[str], cgroup: Path | None = None, **popen_kwargs) -> 
     procs = [Path(cgroup) / "cgroup.procs"] if cgroup is not None else []
     procs += [group] if (group := _flood_group()) is not None else []
     return subprocess.Popen(in_cgroups(argv, *procs), **popen_kwargs)
+
+
+@contextlib.contextmanager
+def own_cpu_group(tasks: int = 1, cores: float | None = None) -> Iterator[Path | None]:
+    """A cpu cgroup of this test's alone, weighing ``tasks`` ordinary tasks and, with
+    ``cores``, limited to that much of a CPU (a CFS quota over a 100 ms period): yields its
+    ``cgroup.procs`` (None where there is no cpu controller to use), and removes it after,
+    killing what is left.  Processes moved in compete with each other as on a host of their
+    own, however busy the rest of the run keeps the load group."""
+    name = f"gg-test-cpu-{os.getpid()}-{next(_OWN)}"
+    period = 100_000
+    quota = int(cores * period) if cores is not None else None
+    group = None
+    if (V1_CPU / "cpu.shares").exists():
+        group = V1_CPU / name
+        group.mkdir()
+        (group / "cpu.shares").write_text(str(1024 * tasks))
+        if quota is not None:
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+    elif (root := _v2_root()) is not None and _enable(root, "cpu"):
+        group = root / name
+        group.mkdir()
+        (group / "cpu.weight").write_text(str(100 * tasks))
+        if quota is not None:
+            (group / "cpu.max").write_text(f"{quota} {period}")
+    try:
+        yield group / "cgroup.procs" if group is not None else None
+    finally:
+        if group is not None:
+            _empty_and_remove(group)
+
+
+def _empty_and_remove(group: Path) -> None:
+    deadline = time.monotonic() + 10
+    while (pids := _read(group / "cgroup.procs").split()) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.05)
+    group.rmdir()
 
 
 def load_cgroups(pid: int) -> set[str]:

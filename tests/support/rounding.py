@@ -1,28 +1,25 @@
 """Benign rounding-mode users (tests/workloads/rounding_benign.c), a job queue for them, and the
-throttles a RandomX stand-in runs under: a CPU quota cgroup and a SIGSTOP/SIGCONT duty cycle.
+throttle a RandomX stand-in runs under: a SIGSTOP/SIGCONT duty cycle (its CPU quota cgroup is
+tests/support/load.py's :func:`own_cpu_group`).
 
 :func:`start_benign` installs the workload under an ordinary path (INSTALL_DIR, beside the
 RandomX stand-ins: not a temporary directory, which a rule would count) and starts it in the
 load group (tests/support/load.py), optionally moved into a cgroup v2 directory of the test's
 (an enforce scope).  :class:`JobQueue` answers each line a worker sends with one line and never
-pushes.  :func:`cpu_quota_group` is a cgroup v1 cpu directory of its own with a CFS quota;
-:class:`DutyCycle` stops and continues a process from a thread, as cpulimit does.
+pushes.  :class:`DutyCycle` stops and continues a process from a thread, as cpulimit does.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from tests.support.load import V1_CPU, join_load_group
+from tests.support.load import join_load_group
 from tests.support.randomx import INSTALL_DIR, LoopbackServer
 from tests.support.workloads import build_c_program
 
@@ -85,26 +82,6 @@ def start_benign(
         proc.wait()
         raise RuntimeError(f"{mode} did not start: {proc.stderr.read().decode()[-400:]}")
     return proc
-
-
-@contextlib.contextmanager
-def cpu_quota_group(cores: float, name: str = "gg-test-quota") -> Iterator[Path]:
-    """A cgroup v1 cpu directory of its own limited to ``cores`` of a CPU (CFS quota over a
-    100 ms period); yields its cgroup.procs.  Removed once its processes are gone."""
-    group = V1_CPU / f"{name}-{os.getpid()}"
-    group.mkdir(exist_ok=True)
-    (group / "cpu.cfs_period_us").write_text("100000")
-    (group / "cpu.cfs_quota_us").write_text(str(int(cores * 100000)))
-    try:
-        yield group / "cgroup.procs"
-    finally:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)  # its last process is still being reaped
 
 
 def cpu_time_s(pid: int) -> float:

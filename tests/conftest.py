@@ -37,13 +37,7 @@ A test that carries one tier marker itself keeps it (the rule is for the common 
 
 Under pytest-xdist (``--dist loadgroup``, as packaging/setup-host.sh runs the
 suite) the root tests form one group per file (its module fixtures are made
-once), spread over the workers beside the tests that are not root.  The workers
-take the work in the order this file sorts it (xdist's own reorder, largest
-group first by test count, is off: it handed the one-test files holding the
-longest live tests out last, and two of them ran one after another at the end):
-the host mutators first (their minute-long windows overlap from the start),
-then the other root groups, largest first, then the tests that are not root,
-thousands of short ones that even out the end.
+once), spread over the workers beside the tests that are not root.
 """
 
 from __future__ import annotations
@@ -92,8 +86,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if getattr(config.option, "dist", None) == "loadgroup":
-        config.option.loadscopereorder = False  # the order: pytest_collection_modifyitems
     # The tests start gpuguard hundreds of times; with PYTHONDONTWRITEBYTECODE set (as on the
     # project's machines) each start would compile every module again.  Once per run, not per worker.
     for name, what in ROOT_CLASSES.items():
@@ -250,11 +242,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"({', '.join(_unclassified[:5])}{' ...' if len(_unclassified) > 5 else ''}) "
             f"(fix: mark each with exactly one of: {choices}; see tests/conftest.py)"
         )
-    # The order the workers take the work in (the module docstring).
-    sizes: dict[str | None, int] = {}
-    for item in items:
-        sizes[root_group(item)] = sizes.get(root_group(item), 0) + 1
-    items.sort(key=lambda item: _schedule_rank(item, sizes))
+    # The host mutators hold the minute-long windows the rules ask for: they come first in the
+    # collection.  xdist hands out its groups largest first (by test count) and keeps this order
+    # only among groups of one size, so this is a tie-break, not a schedule.
+    items.sort(key=lambda item: root_class(item) != "host_mutator")
     # xdist marks a grouped test by its node id; where that silently stops working
     # (pytest-dev/pytest-xdist#1386) root tests would run side by side: refuse instead.
     if getattr(config.option, "loadgroup", False):
@@ -264,15 +255,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"pytest-xdist did not group the root tests ({loose[0]} ...): this pytest and "
                 "pytest-xdist disagree (fix: bash packaging/setup-host.sh setup, or pass -n 0)"
             )
-
-
-def _schedule_rank(item: pytest.Item, sizes: dict[str | None, int]) -> tuple[int, int]:
-    """Where ``item`` goes in the run (a stable sort keeps files in order within a rank)."""
-    if item.get_closest_marker("root") is None:
-        return (2, 0)
-    if root_class(item) == "host_mutator":
-        return (0, 0)
-    return (1, -sizes.get(root_group(item), 0))
 
 
 def _root_test_blocker() -> str | None:

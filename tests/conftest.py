@@ -37,7 +37,15 @@ A test that carries one tier marker itself keeps it (the rule is for the common 
 
 Under pytest-xdist (``--dist loadgroup``, as packaging/setup-host.sh runs the
 suite) the root tests form one group per file (its module fixtures are made
-once), spread over the workers beside the tests that are not root.
+once), spread over the workers beside the tests that are not root.  The workers
+take the work in the order this file sorts it (:func:`schedule`; xdist's own
+reorder, largest group first by test count, is off: it handed out the one-test
+files holding the longest live tests last, and three of them ran one after
+another at the end): the groups holding host mutators alternate with the other
+root groups (largest first), so the minute-long windows start early but about
+half the workers at most run busy stand-ins and hogs at once (all of them at
+once starved a nice-19 stand-in of the load group's CPU), then the tests that
+are not root, thousands of short ones that even out the end.
 """
 
 from __future__ import annotations
@@ -86,6 +94,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "dist", None) == "loadgroup":
+        config.option.loadscopereorder = False  # the order: schedule()
     # The tests start gpuguard hundreds of times; with PYTHONDONTWRITEBYTECODE set (as on the
     # project's machines) each start would compile every module again.  Once per run, not per worker.
     for name, what in ROOT_CLASSES.items():
@@ -242,10 +252,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"({', '.join(_unclassified[:5])}{' ...' if len(_unclassified) > 5 else ''}) "
             f"(fix: mark each with exactly one of: {choices}; see tests/conftest.py)"
         )
-    # The host mutators hold the minute-long windows the rules ask for: they come first in the
-    # collection.  xdist hands out its groups largest first (by test count) and keeps this order
-    # only among groups of one size, so this is a tie-break, not a schedule.
-    items.sort(key=lambda item: root_class(item) != "host_mutator")
+    schedule(items)
     # xdist marks a grouped test by its node id; where that silently stops working
     # (pytest-dev/pytest-xdist#1386) root tests would run side by side: refuse instead.
     if getattr(config.option, "loadgroup", False):
@@ -255,6 +262,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"pytest-xdist did not group the root tests ({loose[0]} ...): this pytest and "
                 "pytest-xdist disagree (fix: bash packaging/setup-host.sh setup, or pass -n 0)"
             )
+
+
+def schedule(items: list[pytest.Item]) -> None:
+    """Sort ``items`` in the order the workers take them (the module docstring): groups with a
+    host mutator alternating with the other root groups (largest first), then the rest, each
+    part otherwise in collection order."""
+    sizes: dict[str, int] = {}
+    mutating: set[str] = set()
+    for item in items:
+        group = root_group(item)
+        if group is not None:
+            sizes[group] = sizes.get(group, 0) + 1
+            if root_class(item) == "host_mutator":
+                mutating.add(group)
+    others = sorted((g for g in sizes if g not in mutating), key=lambda g: -sizes[g])
+    place = {group: 2 * i for i, group in enumerate(g for g in sizes if g in mutating)}
+    place |= {group: 2 * i + 1 for i, group in enumerate(others)}
+    last = 2 * len(sizes)
+    items.sort(key=lambda item: place.get(root_group(item) or "", last))
 
 
 def _root_test_blocker() -> str | None:

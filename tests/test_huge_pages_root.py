@@ -28,6 +28,7 @@ from gpuguard.sources.proc.config_files import attach_config_files
 from gpuguard.sources.proc.huge_pages import process_hugetlb, read_host_tuning
 from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.hugepages import pool_held, reserved_huge_pages
+from tests.support.load import own_cpu_group
 from tests.support.workloads import build_workload, run_with_gpu_nodes
 
 pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
@@ -140,23 +141,35 @@ def _cpu_percent(pid: int, seconds: float = 1.0) -> float:
     return probe.cpu_percent(None)
 
 
-def _favoured() -> None:
-    """In the child before exec: a new session (its own autogroup) with nice -15."""
-    os.setsid()
-    try:
-        Path("/proc/self/autogroup").write_text("-15")
-    except OSError:
-        pass  # a kernel without autogroups: the plain nice below is what counts
-    os.nice(-15)
+def _into(procs: Path | None):
+    """A preexec_fn: the child joins the cgroup whose ``cgroup.procs`` is ``procs`` before exec."""
+
+    def join() -> None:
+        if procs is not None:
+            procs.write_text(str(os.getpid()))
+
+    return join
+
+
+# A workload measured here has one core to itself: a cpu group of its own, capped at one core
+# and weighing 16 tasks, so a busy host still leaves it the whole core while the other core
+# stays the host's (nice -15 in an autogroup of its own took both for its 8 spinning threads,
+# and stalled every other test of the run for up to 15 s).
+ONE_CORE = {"tasks": 16, "cores": 1.0}
 
 
 def run_measured(sensor, argv: list[str], huge_requests: int):
     """Start a workload, collect its sensor events, /proc facts and CPU %, then kill it.
 
-    It runs in its own session at nice -15 (the session's scheduler autogroup too): the test
-    machine's two cores are shared with other test runs, and the point is a process that
-    saturates what it is given, not a fair share of a busy host."""
-    proc, said = start(argv, preexec_fn=_favoured)
+    It runs with one core of its own (:data:`ONE_CORE`): the test machine's two cores are
+    shared with other tests, and the point is a process that saturates what it is given, not
+    a fair share of a busy host."""
+    with own_cpu_group(**ONE_CORE) as core:
+        return _measured(sensor, argv, huge_requests, core)
+
+
+def _measured(sensor, argv: list[str], huge_requests: int, core: Path | None):
+    proc, said = start(argv, preexec_fn=_into(core))
     try:
         events = sensor_events_of(
             sensor, {proc.pid}, lambda ev: sum(e.kind == "huge_alloc" for e in ev) >= huge_requests
@@ -310,8 +323,8 @@ def test_the_agent_gives_huge_page_users_a_cpu_window():
     from gpuguard.events.model import HugeAlloc
     from gpuguard.sources.proc.cpu_usage import CpuSampler
 
-    with workload_in_opt("worker") as binary:
-        busy, _ = start([str(binary), "spin:8", "ready"], preexec_fn=_favoured)
+    with workload_in_opt("worker") as binary, own_cpu_group(**ONE_CORE) as core:
+        busy, _ = start([str(binary), "spin:8", "ready"], preexec_fn=_into(core))
         idle, _ = start([str(binary), "ready"])
         try:
             correlator = Correlator(

@@ -72,8 +72,63 @@ def test_root_tests_form_one_group_per_file(tmp_path):
         "test_plain": "None",  # not a root test: xdist places it anywhere
     }
     order = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("GROUP")]
-    # the mutators first (they hold the long windows), the rest in the file's order
-    assert order == ["test_reserves", "test_plain", "test_reads", "test_alone"]
+    # one group, with a mutator in it: the root tests first, in the file's order, then the rest
+    assert order == ["test_reads", "test_alone", "test_reserves", "test_plain"]
+
+
+# Each test notes its name in $ORDER as it runs.
+NOTED = """\
+import os
+import pytest
+
+
+def _note(name):
+    with open(os.environ["ORDER"], "a") as out:
+        out.write(name + "\\n")
+
+
+{tests}
+"""
+
+
+def _noted(names_marks: list[tuple[str, str]]) -> str:
+    tests = "\n\n".join(
+        "".join(f"@pytest.mark.{m}\n" for m in marks.split())
+        + f"def test_{name}():\n    _note({name!r})\n"
+        for name, marks in names_marks
+    )
+    return NOTED.format(tests=tests)
+
+
+@pytest.mark.root  # the root tests it runs are skipped without root
+@pytest.mark.self_contained
+def test_the_workers_take_mutator_groups_turn_about_with_the_largest_root_groups(tmp_path):
+    """One xdist worker takes the work in the queue's order: the conftest's (a mutator's file,
+    the largest other root file, the next mutator's, the next root file, then the rest), not
+    xdist's own largest group first (the three-test file first, the mutators after it)."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    files = {
+        "test_a_plain.py": [("plain", "")],
+        "test_b_small.py": [("small", "root self_contained")],
+        "test_c_big.py": [(f"big{i}", "root self_contained") for i in range(3)],
+        "test_d_long.py": [("long", "root host_mutator")],
+        "test_e_mixed.py": [("mixed", "root self_contained"), ("hog", "root host_mutator")],
+    }
+    for name, tests in files.items():
+        (tmp_path / name).write_text(_noted(tests))
+    order = tmp_path / "order"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1"]
+        + ["--dist", "loadgroup", "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), "ORDER": str(order)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    expected = ["long", "big0", "big1", "big2", "mixed", "hog", "small", "plain"]
+    assert order.read_text().split() == expected
 
 
 # The test notes when it starts and ends in $TIMES; with $MEET set it waits (up to 60 s) for

@@ -21,7 +21,7 @@ from gpuguard.sources.ebpf.fpu_probe import BLIND_PREFIX, FpuProbe
 from gpuguard.sources.proc.config_files import attach_config_files
 from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.hugepages import reserved_huge_pages
-from tests.support.load import start_in_load_group
+from tests.support.load import own_cpu_group, start_in_load_group
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, cpu_hog, start_standin, stop
 
 # -- BTF --------------------------------------------------------------------------
@@ -82,7 +82,9 @@ def test_fpu_probe_counts_rounding_switches_of_the_standin_only():
     probe = FpuProbe.open()
     assert probe.loaded, probe.blind_spot
     procs: list[subprocess.Popen] = []
-    with tempfile.TemporaryDirectory(prefix="gg-fpu-") as tmp:
+    # the busy host is this test's own: its four processes in a cpu group of one task's weight
+    # (in the load group beside other tests' hogs the nice-19 worker went unswitched for 40 s)
+    with tempfile.TemporaryDirectory(prefix="gg-fpu-") as tmp, own_cpu_group() as group:
         pool = LoopbackPool(Path(tmp), tls=False)
         try:
             rounding = start_standin(pool, "nodestatd", threads=1, nice=19)
@@ -104,6 +106,8 @@ def test_fpu_probe_counts_rounding_switches_of_the_standin_only():
                     ]
                 )
             )
+            for proc in procs if group is not None else ():
+                group.write_text(str(proc.pid))
             # one worker at nice 19 is switched out about once a second on a busy host
             deadline = time.monotonic() + 60
             counts = {}

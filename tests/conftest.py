@@ -66,6 +66,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuguard.sources.ebpf.probe_cache import ENV as PROBE_CACHE_ENV  # noqa: E402
+from gpuguard.sources.host.yara_verdict_cache import ENV as YARA_CACHE_ENV  # noqa: E402
 from tests.support.locks import host_lock  # noqa: E402 - the path above first
 
 
@@ -120,19 +121,20 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: tier: {what}")
     if not hasattr(config, "workerinput"):
         compileall.compile_dir(str(REPO / "gpuguard"), quiet=1)
-        _own_probe_cache(config)
+        _own_caches(config)
 
 
-def _own_probe_cache(config: pytest.Config) -> None:
-    """One probe cache for this run, shared by its workers and every gpuguard they start, and
-    gone after it: each run compiles each probe variant once, from cold, and the host's own
-    cache (/var/cache/gpuguard/probes) is neither used nor changed.  A run given
-    GPUGUARD_PROBE_CACHE (a directory, or "off") keeps it."""
-    if os.environ.get(PROBE_CACHE_ENV) or os.geteuid() != 0:
+def _own_caches(config: pytest.Config) -> None:
+    """One probe cache and one YARA cache for this run, shared by its workers and every
+    gpuguard they start, and gone after it: each run compiles each probe variant once, from
+    cold, and the host's own caches (/var/cache/gpuguard) are neither used nor changed.  A run
+    given GPUGUARD_PROBE_CACHE or GPUGUARD_YARA_CACHE (a directory, or "off") keeps that one."""
+    if os.geteuid() != 0:
         return
-    folder = tempfile.mkdtemp(prefix="gpuguard-test-probe-cache-")
-    os.environ[PROBE_CACHE_ENV] = folder  # the workers start after this, and inherit it
+    folder = tempfile.mkdtemp(prefix="gpuguard-test-caches-")
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    for env in (PROBE_CACHE_ENV, YARA_CACHE_ENV):
+        os.environ.setdefault(env, folder)  # the workers start after this, and inherit it
 
 
 # How a root test shares the host (the module docstring); each one carries exactly one.

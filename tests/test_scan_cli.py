@@ -12,7 +12,8 @@ import pytest
 
 from gpuguard.detect.ruleset.load import load_ruleset
 from gpuguard.detect.yara.persistent import PersistentYaraScanner
-from gpuguard.sources.host.yara_verdict_cache import CACHE_NAME
+from gpuguard.sources.host.yara_verdict_cache import CACHE_NAME, DEFAULT_CACHE_DIR
+from gpuguard.sources.host.yara_verdict_cache import ENV as YARA_CACHE_ENV
 from gpuguard.sources.proc.process import collect_process_facts
 from tests.support.scan import REPO, run_scan, scan_json, sleeper
 
@@ -95,6 +96,22 @@ def yara_paths() -> list[Path]:
 
 def _facts_of_self():
     return collect_process_facts(os.getpid())
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_the_yara_cache_is_where_gpuguard_yara_cache_says(tmp_path: Path, yara_paths, monkeypatch):
+    """A directory of its own (the test suite's, a benchmark's), ``off``, or by default the
+    host's /var/cache/gpuguard."""
+    monkeypatch.setenv(YARA_CACHE_ENV, str(tmp_path / "elsewhere"))
+    scanner = PersistentYaraScanner.for_files(yara_paths)
+    scanner.scan_process(_facts_of_self())
+    scanner.save()
+    assert (tmp_path / "elsewhere" / CACHE_NAME).is_file()
+    monkeypatch.setenv(YARA_CACHE_ENV, "off")
+    assert PersistentYaraScanner.for_files(yara_paths).cache_dir is None
+    monkeypatch.delenv(YARA_CACHE_ENV)
+    assert PersistentYaraScanner.for_files(yara_paths).cache_dir == DEFAULT_CACHE_DIR
 
 
 @pytest.mark.root

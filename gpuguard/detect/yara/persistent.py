@@ -10,9 +10,15 @@ scanned from :meth:`scan_process` here: a deep scan asks for it explicitly
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from gpuguard.detect.yara.scan import YaraResult, YaraScanner, compile_files
-from gpuguard.sources.host.yara_verdict_cache import DEFAULT_CACHE_DIR, YaraExeCache, rules_digest
+from gpuguard.sources.host.yara_verdict_cache import (
+    DEFAULT_CACHE_DIR,
+    YaraExeCache,
+    rules_digest,
+    yara_cache_dir,
+)
 
 
 class PersistentYaraScanner(YaraScanner):
@@ -29,10 +35,13 @@ class PersistentYaraScanner(YaraScanner):
 
     @classmethod
     def for_files(
-        cls, paths: list[Path], cache_dir: Path | None = DEFAULT_CACHE_DIR
+        cls, paths: list[Path], cache_dir: Path | None | Literal["env"] = "env"
     ) -> PersistentYaraScanner:
+        """The scanner of ``paths`` with its cache loaded from ``cache_dir`` (by default
+        where ``GPUGUARD_YARA_CACHE`` says, else /var/cache/gpuguard; None: no cache)."""
         paths = [Path(p) for p in paths]
-        scanner = cls(compile_files(paths), rules_digest(paths), cache_dir)
+        where = yara_cache_dir() if cache_dir == "env" else cache_dir
+        scanner = cls(compile_files(paths), rules_digest(paths), where)
         scanner.cache.load()
         return scanner
 

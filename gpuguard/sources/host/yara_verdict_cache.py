@@ -3,8 +3,8 @@
 The file (``/var/cache/gpuguard/yara-exe-cache.json``) holds plain ``(rules, tags)`` per
 executable identity under one rule-set digest; the detect layer's ``PersistentYaraScanner``
 answers file scans from it.  This module reads and writes the file only, and uses it only
-when it is root's alone (otherwise "no cache", with a note).  Key, digest and safety rules:
-docs/scan.md, "The YARA cache".
+when it is root's alone (otherwise "no cache", with a note).  ``GPUGUARD_YARA_CACHE`` names
+another directory, or ``off``.  Key, digest and safety rules: docs/scan.md, "The YARA cache".
 """
 
 from __future__ import annotations
@@ -17,10 +17,19 @@ from pathlib import Path
 from gpuguard.config.cache_file import read_cache_file, write_cache_file
 
 DEFAULT_CACHE_DIR = Path("/var/cache/gpuguard")
+ENV = "GPUGUARD_YARA_CACHE"  # a directory, or "off"
 CACHE_NAME = "yara-exe-cache.json"
 CACHE_FORMAT = 1
 MAX_ENTRIES = 65536
 MAX_CACHE_BYTES = 32 << 20
+
+
+def yara_cache_dir() -> Path | None:
+    """Where the file is kept: ``GPUGUARD_YARA_CACHE`` (None for ``off``), else the default."""
+    chosen = os.environ.get(ENV, "")
+    if chosen.lower() == "off":
+        return None
+    return Path(chosen) if chosen else DEFAULT_CACHE_DIR
 
 
 def rules_digest(paths: list[Path]) -> str:

@@ -231,6 +231,8 @@ def test_an_exec_flood_does_not_blind_the_agent_to_a_miner_started_during_it(tmp
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_a_short_exec_of_a_name_the_rules_list_goes_up_at_once(sensor):
+    """The sensor sees the whole host: a round in which its ring lost exec records (another
+    test's flood beside this one) proves nothing either way, and is run again."""
     place = Path(f"/run/gg-exec-filter-{os.getpid()}")
     place.mkdir()
     try:
@@ -238,18 +240,22 @@ def test_a_short_exec_of_a_name_the_rules_list_goes_up_at_once(sensor):
         shutil.copy("/bin/true", named)
         plain = place / "plain"
         shutil.copy("/bin/true", plain)
-        for path in (plain, named):
-            subprocess.run([str(path)], check=True)
-        events = poll_until(
-            sensor,
-            10,
-            lambda evs: any(isinstance(e, Exec) and e.filename == str(named) for e in evs),
-        )
-        events += poll_until(sensor, 1.0)
+        for _ in range(3):
+            lost_before = sensor.stats.lost["exec"]
+            for path in (plain, named):
+                subprocess.run([str(path)], check=True)
+            events = poll_until(
+                sensor,
+                10,
+                lambda evs: any(isinstance(e, Exec) and e.filename == str(named) for e in evs),
+            )
+            events += poll_until(sensor, 1.0)
+            if sensor.stats.lost["exec"] == lost_before:
+                break
     finally:
         shutil.rmtree(place, ignore_errors=True)
     filenames = {e.filename for e in events if isinstance(e, Exec)}
-    assert str(named) in filenames
+    assert str(named) in filenames, sensor.stats.lost
     assert str(plain) not in filenames  # short-lived and unlisted: counted, not sent up
 
 

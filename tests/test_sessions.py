@@ -213,7 +213,20 @@ sys.stdin.readline()
 @pytest.mark.root
 @pytest.mark.self_contained
 def test_activity_slots_are_bounded_counted_when_full_and_freed_on_close():
-    """Two activity slots for the whole host: the third connection is counted lost, a close frees a slot."""
+    """Two activity slots for the whole host: the third connection is counted lost, a close
+    frees a slot.  The slots are the host's: a round in which another process opened a GPU
+    node (another test's GPU holder, whose connections take slots too) proves nothing either
+    way, and is run again."""
+    for _ in range(3):
+        failed, foreign = _activity_slot_round()
+        if failed is None or not foreign:
+            break
+    if failed is not None:
+        raise failed
+
+
+def _activity_slot_round() -> tuple[AssertionError | None, set[int]]:
+    """(the round's failed assertion or None, the other processes seen holding a GPU node)."""
     import socket
 
     from gpuguard.sources.ebpf.probe_source import ProbeSettings
@@ -257,11 +270,21 @@ def test_activity_slots_are_bounded_counted_when_full_and_freed_on_close():
         assert fourth not in (first, second, third)
         assert fourth in recorded_fds(lambda fds: fourth in fds)  # the closed first's slot, reused
         assert sensor.stats.lost["activity"] == 1
+        failed = None
+    except AssertionError as exc:
+        failed = exc
     finally:
         holder.kill()
         holder.wait()
+        events.extend(sensor.drain())
         sensor.close()
         listener.close()
+    foreign = {
+        e.pid
+        for e in events
+        if e.kind in ("gpu_open", "conn_activity") and e.pid not in (holder.pid, 0)
+    }
+    return failed, foreign
 
 
 CHATTER = """

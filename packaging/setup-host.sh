@@ -132,8 +132,9 @@ case $job in
     run)   "$VENV/bin/gpuguard" selftest --own-agent \
                || say "the selftest failed (see the line above); starting the agent anyway"
            exec "$VENV/bin/gpuguard" agent "$@" ;;
-    # TEST_WORKERS workers: the root tests that change or read host-wide state one after another on
-    # one (tests/conftest.py groups them), each file's self-contained root tests and the rest beside them.
+    # TEST_WORKERS workers: each file's root tests as one unit on one worker, in the order
+    # tests/conftest.py gives them (files with a host mutator turn about with the other root
+    # files, the tests that are not root last); its host lock keeps observers from mutators.
     test)  cd "$ROOT" && GPUGUARD_LATEST=$latest exec "$VENV/bin/python" -m pytest --require-root-tests \
                -n "$TEST_WORKERS" --dist loadgroup "$@" ;;
     *)     die "unknown job '$job' (fix: use run, test, setup or lock)" ;;

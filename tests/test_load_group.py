@@ -104,3 +104,18 @@ def test_a_join_that_fails_runs_nothing(tmp_path):
     argv = in_cgroups(["/bin/touch", str(marker)], tmp_path / "no-such-group" / "cgroup.procs")
     run = subprocess.run(argv, capture_output=True)
     assert run.returncode == 126 and not marker.exists()
+
+
+@pytest.mark.root
+@pytest.mark.self_contained
+def test_an_own_cpu_group_weighs_its_tasks_and_takes_what_is_left_in_it_along():
+    with load.own_cpu_group(tasks=3, cores=0.5) as procs:
+        assert procs is not None
+        group = procs.parent
+        left = subprocess.Popen(["sleep", "60"])
+        procs.write_text(str(left.pid))
+        shares = (group / "cpu.shares").read_text().strip()
+        quota = (group / "cpu.cfs_quota_us").read_text().strip()
+    assert (shares, quota) == ("3072", "50000")
+    assert left.wait(timeout=10) == -9  # killed on the way out
+    assert not group.exists()

@@ -188,11 +188,24 @@ def own_cpu_group(tasks: int = 1, cores: float | None = None) -> Iterator[Path |
 
 
 def _empty_and_remove(group: Path) -> None:
+    """Kill what is left in ``group`` (each by a pidfd, signalled only while the process it
+    names is still in the group: a pid read from the list may be another's by then), then
+    remove it."""
+    procs = group / "cgroup.procs"
     deadline = time.monotonic() + 10
-    while (pids := _read(group / "cgroup.procs").split()) and time.monotonic() < deadline:
+    while (pids := _read(procs).split()) and time.monotonic() < deadline:
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+            try:
+                fd = os.pidfd_open(int(pid))
+            except ProcessLookupError:
+                continue
+            try:
+                if pid in _read(procs).split():
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            finally:
+                os.close(fd)
         time.sleep(0.05)
     group.rmdir()
 

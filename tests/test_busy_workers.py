@@ -33,6 +33,7 @@ from tests.support.busy_workers import (
     remove_installed,
     start_worker,
 )
+from tests.support.load import own_cpu_group
 from tests.support.randomx import INSTALL_DIR, LoopbackPool, start_standin, stop
 from tests.support.scan import findings_for_pid, scan_json
 from tests.support.short_windows import short_window_rules
@@ -59,15 +60,20 @@ def corpus():
         workers: dict[str, subprocess.Popen] = {}
         standin = None
         try:
-            with Servers(push_s=(2, 8)) as servers, EnforceScope(workdir) as scope:
+            with (
+                Servers(push_s=(2, 8)) as servers,
+                EnforceScope(workdir) as scope,
+                own_cpu_group() as standin_cpu,
+            ):
                 for worker in CORPUS:
                     workers[worker.name] = start_worker(worker, servers, heartbeat_s=5)
                     _join(scope.cgroup, workers[worker.name].pid)
-                # at an ordinary task's weight, as in the other stand-in tests: in the load
-                # group beside the other host tests' hogs, it was once starved past any verdict
-                standin = start_standin(
-                    pool, "metricsd", user="nobody", submit_s=15, low_weight=False
-                )
+                # its threads weigh one ordinary task in all, in a cpu group of their own: in
+                # the load group beside the other host tests' hogs it was once starved past any
+                # verdict
+                standin = start_standin(pool, "metricsd", user="nobody", submit_s=15)
+                if standin_cpu is not None:
+                    standin_cpu.write_text(str(standin.pid))
                 _join(scope.cgroup, standin.pid)
                 time.sleep(WARM_S)
                 code, doc, _ = scan_json("--no-yara", *(a for r in rules for a in ("--rules", r)))

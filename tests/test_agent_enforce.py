@@ -1,7 +1,7 @@
 """The response layer inside the running agent: enforce mode end to end, guard policies, block expiry.
 
 Every enforce agent here is confined to a cgroup made for the test
-(:class:`gpuguard.proving.enforce_scope.EnforceScope`: ``/gg-test-<pid>``, its
+(:class:`gpuguard.proving.enforce_scope.EnforceScope`: ``/gg-test-<pid>-<n>``, its
 own pin root and block records, no host-wide nftables sets): other suites run
 on this machine, and the agent must not act on their processes.
 """

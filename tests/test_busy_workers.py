@@ -14,6 +14,7 @@ and the servers hand out jobs every 2-8 s, so a minute shows what the five-minut
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
@@ -59,12 +60,20 @@ def corpus():
         pool = LoopbackPool(workdir, tls=True, push_s=(10, 40))
         workers: dict[str, subprocess.Popen] = {}
         standin = None
+
+        def stop_all() -> None:  # before the scope goes: it cannot be removed while they run
+            for proc in workers.values():
+                stop(proc)
+            stop(standin)
+
         try:
             with (
                 Servers(push_s=(2, 8)) as servers,
                 EnforceScope(workdir) as scope,
                 own_cpu_group() as standin_cpu,
+                contextlib.ExitStack() as ending,
             ):
+                ending.callback(stop_all)
                 for worker in CORPUS:
                     workers[worker.name] = start_worker(worker, servers, heartbeat_s=5)
                     _join(scope.cgroup, workers[worker.name].pid)
@@ -87,9 +96,7 @@ def corpus():
                     "scan": (code, doc),
                 }
         finally:
-            for proc in workers.values():
-                stop(proc)
-            stop(standin)
+            stop_all()
             pool.close()
             remove_installed()
             shutil.rmtree(INSTALL_DIR, ignore_errors=True)

@@ -3,8 +3,8 @@
 ``gpuguard selftest --own-agent --mode enforce``, the enforce tests and the
 end-to-end benchmark start a real enforce agent on a host where other
 processes run.  :class:`EnforceScope` makes a cgroup v2 directory of its own
-(``/<prefix>-<pid>``), a private BPF pin root and block-record directory, and
-writes the ``response:`` section that confines the agent to that cgroup (no
+(``/<prefix>-<pid>-<n>``, the n-th of this process), a private BPF pin root and
+block-record directory, and writes the ``response:`` section that confines the agent to that cgroup (no
 host-wide nftables sets).  The simulator is started inside the cgroup
 (:func:`gpuguard.proving.simulator.start_simulator` ``cgroup=``).  ``close()``
 lifts every block the agent left, removes the pin root and the cgroups.
@@ -12,6 +12,7 @@ lifts every block the agent left, removes the pin root and the cgroups.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
@@ -32,11 +33,14 @@ RESPONSE_SECTION = """response:
 """
 
 
+_MADE = itertools.count()  # scopes made by this process: one's leftover never blocks the next
+
+
 class EnforceScope:
     """A cgroup, a pin root and a state directory for one enforce run; a context manager."""
 
     def __init__(self, workdir: Path, prefix: str = "gg-test", grace_s: float = 0.5) -> None:
-        self.scope = f"/{prefix}-{os.getpid()}"
+        self.scope = f"/{prefix}-{os.getpid()}-{next(_MADE)}"
         self.cgroup = Path(cgroup2_mount() + self.scope)
         self.pin_root = Path(f"/sys/fs/bpf{self.scope}")
         self.state_dir = workdir / "blocks"
@@ -79,7 +83,9 @@ def _empty(cgroup: Path) -> None:
     try:
         if (cgroup / "cgroup.procs").read_text().strip():
             (cgroup / "cgroup.kill").write_text("1")
-            deadline = time.monotonic() + 5
+            # a killed process still has to run to its exit: at a low CPU weight on a busy host
+            # that was seen to take more than 10 s
+            deadline = time.monotonic() + 30
             while (cgroup / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
                 time.sleep(0.05)
     except OSError:

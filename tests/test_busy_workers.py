@@ -70,16 +70,17 @@ def corpus():
             with (
                 Servers(push_s=(2, 8)) as servers,
                 EnforceScope(workdir) as scope,
-                own_cpu_group() as standin_cpu,
+                own_cpu_group(tasks=0.25) as standin_cpu,
                 contextlib.ExitStack() as ending,
             ):
                 ending.callback(stop_all)
                 for worker in CORPUS:
                     workers[worker.name] = start_worker(worker, servers, heartbeat_s=5)
                     _join(scope.cgroup, workers[worker.name].pid)
-                # its threads weigh one ordinary task in all, in a cpu group of their own: in
-                # the load group beside the other host tests' hogs it was once starved past any
-                # verdict
+                # in a cpu group of its own, of the load group's weight: inside the load group,
+                # beside the workers and the other host tests' hogs, it was once starved past
+                # any verdict; at an ordinary weight its two threads took two tasks' share of
+                # the run for a minute
                 standin = start_standin(pool, "metricsd", user="nobody", submit_s=15)
                 if standin_cpu is not None:
                     standin_cpu.write_text(str(standin.pid))

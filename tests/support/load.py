@@ -157,8 +157,9 @@ def start_flood(argv: list[str], cgroup: Path | None = None, **popen_kwargs) -> 
 
 
 @contextlib.contextmanager
-def own_cpu_group(tasks: int = 1, cores: float | None = None) -> Iterator[Path | None]:
-    """A cpu cgroup of this test's alone, weighing ``tasks`` ordinary tasks and, with
+def own_cpu_group(tasks: float = 1, cores: float | None = None) -> Iterator[Path | None]:
+    """A cpu cgroup of this test's alone, weighing ``tasks`` ordinary tasks (0.25: the load
+    group's weight, its own) and, with
     ``cores``, limited to that much of a CPU (a CFS quota over a 100 ms period): yields its
     ``cgroup.procs`` (None where there is no cpu controller to use), and removes it after,
     killing what is left.  Processes moved in compete with each other as on a host of their
@@ -170,14 +171,14 @@ def own_cpu_group(tasks: int = 1, cores: float | None = None) -> Iterator[Path |
     if (V1_CPU / "cpu.shares").exists():
         group = V1_CPU / name
         group.mkdir()
-        (group / "cpu.shares").write_text(str(1024 * tasks))
+        (group / "cpu.shares").write_text(str(max(2, round(1024 * tasks))))
         if quota is not None:
             (group / "cpu.cfs_period_us").write_text(str(period))
             (group / "cpu.cfs_quota_us").write_text(str(quota))
     elif (root := _v2_root()) is not None and _enable(root, "cpu"):
         group = root / name
         group.mkdir()
-        (group / "cpu.weight").write_text(str(100 * tasks))
+        (group / "cpu.weight").write_text(str(max(1, round(100 * tasks))))
         if quota is not None:
             (group / "cpu.max").write_text(f"{quota} {period}")
     try:

@@ -27,6 +27,7 @@ from gpuguard.outputs.console import LiveView, format_event
 from gpuguard.sources.proc.config_files import attach_config_files
 from gpuguard.sources.proc.huge_pages import process_hugetlb, read_host_tuning
 from gpuguard.sources.proc.process import collect_process_facts
+from tests.support.cgroup_start import in_cgroups
 from tests.support.hugepages import pool_held, reserved_huge_pages
 from tests.support.load import own_cpu_group
 from tests.support.workloads import build_workload, run_with_gpu_nodes
@@ -141,16 +142,6 @@ def _cpu_percent(pid: int, seconds: float = 1.0) -> float:
     return probe.cpu_percent(None)
 
 
-def _into(procs: Path | None):
-    """A preexec_fn: the child joins the cgroup whose ``cgroup.procs`` is ``procs`` before exec."""
-
-    def join() -> None:
-        if procs is not None:
-            procs.write_text(str(os.getpid()))
-
-    return join
-
-
 # A workload measured here has one core to itself: a cpu group of its own, capped at one core
 # and weighing 16 tasks, so a busy host still leaves it the whole core while the other core
 # stays the host's (nice -15 in an autogroup of its own took both for its 8 spinning threads,
@@ -169,7 +160,7 @@ def run_measured(sensor, argv: list[str], huge_requests: int):
 
 
 def _measured(sensor, argv: list[str], huge_requests: int, core: Path | None):
-    proc, said = start(argv, preexec_fn=_into(core))
+    proc, said = start(in_cgroups(argv, core))
     try:
         events = sensor_events_of(
             sensor, {proc.pid}, lambda ev: sum(e.kind == "huge_alloc" for e in ev) >= huge_requests
@@ -324,7 +315,7 @@ def test_the_agent_gives_huge_page_users_a_cpu_window():
     from gpuguard.sources.proc.cpu_usage import CpuSampler
 
     with workload_in_opt("worker") as binary, own_cpu_group(**ONE_CORE) as core:
-        busy, _ = start([str(binary), "spin:8", "ready"], preexec_fn=_into(core))
+        busy, _ = start(in_cgroups([str(binary), "spin:8", "ready"], core))
         idle, _ = start([str(binary), "ready"])
         try:
             correlator = Correlator(

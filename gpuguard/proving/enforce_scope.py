@@ -4,8 +4,8 @@
 end-to-end benchmark start a real enforce agent on a host where other
 processes run.  :class:`EnforceScope` makes a cgroup v2 directory of its own
 (``/<prefix>-<pid>-<n>``, the n-th of this process), a private BPF pin root and
-block-record directory, and writes the ``response:`` section that confines the agent to that cgroup (no
-host-wide nftables sets).  The simulator is started inside the cgroup
+block-record directory, and writes the ``response:`` section that confines the agent
+to that cgroup (no host-wide nftables sets).  The simulator is started inside the cgroup
 (:func:`gpuguard.proving.simulator.start_simulator` ``cgroup=``).  ``close()``
 lifts every block the agent left, removes the pin root and the cgroups.
 """

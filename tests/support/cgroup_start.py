@@ -13,10 +13,11 @@ from pathlib import Path
 _JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
 
 
-def in_cgroups(argv: list[str], *procs: Path) -> list[str]:
+def in_cgroups(argv: list[str], *procs: Path | None) -> list[str]:
     """``argv`` preceded by the shell that joins each ``cgroup.procs`` file in ``procs`` (v1 or
-    v2; a failed join exits 126 without running ``argv``)."""
-    return ["/bin/sh", "-c", _JOIN, "gg-join", *map(str, procs), "--", *argv]
+    v2; None: none there to join; a failed join exits 126 without running ``argv``)."""
+    joins = [str(p) for p in procs if p is not None]
+    return ["/bin/sh", "-c", _JOIN, "gg-join", *joins, "--", *argv]
 
 
 def in_cgroup(argv: list[str], cgroup: Path | None) -> list[str]:

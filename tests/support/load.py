@@ -151,19 +151,17 @@ def start_flood(argv: list[str], cgroup: Path | None = None, **popen_kwargs) -> 
     would otherwise weigh a task of its own: 30 of them in flight held the rest of the run to a
     sliver of both cores (a probe compile beside one took 22 s of wall time for 1 s of CPU).
     A flood then runs at the rate one task's share allows; the flood tests wait for a count."""
-    procs = [Path(cgroup) / "cgroup.procs"] if cgroup is not None else []
-    procs += [group] if (group := _flood_group()) is not None else []
-    return subprocess.Popen(in_cgroups(argv, *procs), **popen_kwargs)
+    own = Path(cgroup) / "cgroup.procs" if cgroup is not None else None
+    return subprocess.Popen(in_cgroups(argv, own, _flood_group()), **popen_kwargs)
 
 
 @contextlib.contextmanager
 def own_cpu_group(tasks: float = 1, cores: float | None = None) -> Iterator[Path | None]:
     """A cpu cgroup of this test's alone, weighing ``tasks`` ordinary tasks (0.25: the load
-    group's weight, its own) and, with
-    ``cores``, limited to that much of a CPU (a CFS quota over a 100 ms period): yields its
-    ``cgroup.procs`` (None where there is no cpu controller to use), and removes it after,
-    killing what is left.  Processes moved in compete with each other as on a host of their
-    own, however busy the rest of the run keeps the load group."""
+    group's weight, its own) and, with ``cores``, limited to that much of a CPU (a CFS quota
+    over a 100 ms period): yields its ``cgroup.procs`` (None where there is no cpu controller
+    to use), and removes it after, killing what is left.  Processes moved in compete with each
+    other as on a host of their own, however busy the rest of the run keeps the load group."""
     name = f"gg-test-cpu-{os.getpid()}-{next(_OWN)}"
     period = 100_000
     quota = int(cores * period) if cores is not None else None

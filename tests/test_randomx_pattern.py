@@ -14,9 +14,10 @@ worker's quiet session is judged after 20 s, not two minutes); each benign progr
 suspicious in both, is never acted on and keeps working; the stand-ins outside the cgroup
 are refused any action and live on until their verdicts are in (then they stop, leaving the
 CPU to the benign programs, which are watched to twice the longest window they could meet:
-the 20 s quiet session, so a heartbeat sent at 30 s is inside the watch).  A probe of the
-test's own checks that the benign programs did leave round-to-nearest (the verdicts are about
-real switching, not silence).
+the 20 s quiet session, so a heartbeat sent at 30 s is inside the watch, and on until a probe
+of the test's own has looked at each of them MIN_LOOKS times, a minute more at most).  That
+probe checks that the benign programs did leave round-to-nearest (the verdicts are about real
+switching, not silence).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.events.rounding_modes import MIN_LOOKS, rounding_pattern
+from gpuguard.events.rounding_modes import MIN_LOOKS, FpuCounts, rounding_pattern
 from gpuguard.proving.enforce_scope import EnforceScope
 from gpuguard.sources.ebpf.fpu_probe import FpuProbe
 from tests.support.agent_run import REPO, AgentProcess, actions_on, finding_for
@@ -50,9 +51,14 @@ from tests.support.short_windows import rules_args, short_window_rules, shortene
 DEADLINE_S = 60.0
 SCAN_AFTER_S = 20.0
 BENIGN_WATCH_S = 2 * shortened(120)  # the quiet-session rule's window, twice
+LOOKS_GRACE_S = 60.0  # past the watch, for the probe's looks at a benign program
 ALERT = ("suspicious", "malicious")
 
 pytestmark = [pytest.mark.root, pytest.mark.host_mutator]
+
+
+def _looked_enough(seen: FpuCounts | None) -> bool:
+    return seen is not None and seen.samples >= MIN_LOOKS
 
 
 def _verdicts(records: list[dict], pid: int) -> list[str]:
@@ -170,7 +176,15 @@ def test_only_randomx_is_convicted_in_the_agent_in_scan_and_in_enforce_mode():
             work_before = {name: cpu_time_s(p.pid) for name, p in benign.items()}
             done_before = queue.lines.get("DONE", 0)
             time.sleep(max(15.0, started + BENIGN_WATCH_S - time.time()))
+            # ... and until the probe has looked at each of them enough to judge it: the
+            # probe samples at preemption, which comes slower once the stand-ins are gone
             counts = probe.counts()
+            look_until = time.time() + LOOKS_GRACE_S
+            while time.time() < look_until and not all(
+                _looked_enough(counts.get(p.pid)) for p in benign.values()
+            ):
+                time.sleep(2.0)
+                counts = probe.counts()
             records = agent.records()
             alive |= {name: p.poll() is None for name, p in benign.items()}
             work_after = {name: cpu_time_s(p.pid) for name, p in benign.items()}
@@ -209,7 +223,7 @@ def test_only_randomx_is_convicted_in_the_agent_in_scan_and_in_enforce_mode():
         assert verdict == "clean", (name, score, scan_rules)
         assert alive[name] and work_after[name] > work_before[name], f"{name} stopped working"
         seen = counts.get(proc.pid)
-        assert seen is not None and seen.samples >= MIN_LOOKS and seen.nondefault, (name, seen)
+        assert _looked_enough(seen) and seen.nondefault, (name, seen)
         pattern = rounding_pattern(seen.modes, seen.transitions)
         print(f"probe: {name}", seen.modes, pattern)
         assert pattern is not None and not pattern.random, (name, pattern)

@@ -113,6 +113,67 @@ def test_an_idle_loop_looks_five_times_less_often_and_news_ends_it_at_once(monke
     assert plan.wait_s() == pytest.approx(0.7)
 
 
+def test_a_half_step_task_runs_between_the_others_busy_or_idle(monkeypatch):
+    # the agent's housekeeping and its host checks with the state file each cost a few ms:
+    # 5 s apart, so neither adds to the other's wake-up (an idle loop wakes twice per 10 s)
+    clock = [100.0]
+    monkeypatch.setattr(schedule.time, "monotonic", lambda: clock[0])
+    plan = Schedule(
+        first_in_s=1.0,
+        most_idle_wait_s=lambda: 10.0,
+        half_step=("housekeeping",),
+        status=lambda: 2.0,
+        host=lambda: 10.0,
+        housekeeping=lambda: 10.0,
+    )
+    ran = {}
+    now = 101.0
+    while now < 135.0:
+        clock[0] = now
+        plan.turn(news=False)
+        ran[now] = {name for name in (*TASKS, "host") if plan.due(name)}
+        now = round(now + plan.wait_s(), 6)
+        if now == 116.0:
+            now = 116.3  # one wake-up 0.3 s late: the next is still on the grid
+    assert [t for t in ran if ran[t]] == [101.0, 103.0, 106.0, 111.0, 116.3, 121.0, 126.0, 131.0]
+    assert all(ran[t] == {"housekeeping"} for t in (106.0, 116.3, 126.0))
+    assert all(ran[t] == {"rules", "guard", "status", "host"} for t in (111.0, 121.0, 131.0))
+
+
+def test_the_agent_keeps_its_housekeeping_off_the_host_checks_wake_up(tmp_path, monkeypatch):
+    plans: list[Schedule] = []
+    made = Schedule.__init__
+
+    def kept(self, *args, **kw):
+        made(self, *args, **kw)
+        plans.append(self)
+
+    monkeypatch.setattr(Schedule, "__init__", kept)
+    fake = FakeNvml([FakeGpu()])
+    config = AgentConfig(
+        sensor="proc",
+        log_path=str(tmp_path / "agent.log"),
+        status_path=tmp_path / "status.json",
+        sweep_interval_s=60.0,
+    )
+    agent = Agent(
+        config,
+        install_signals=False,
+        stderr=lambda line: None,
+        sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)},
+    )
+    with agent_running(agent):
+        deadline = time.monotonic() + 10
+        while not plans and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert plans, "the agent's loop made no schedule"
+    plan = plans[0]
+    host, housekeeping = config.host_check_interval_s, agent.housekeeping_s
+    assert host == housekeeping  # one period: half a step apart means 5 s between them
+    gap = (plan.next["housekeeping"] - plan.next["host"]) % host
+    assert gap == pytest.approx(host / 2, abs=0.2), plan.next
+
+
 def test_an_idle_loop_still_turns_within_the_health_checks_bound(monkeypatch):
     clock = [100.0]
     monkeypatch.setattr(schedule.time, "monotonic", lambda: clock[0])

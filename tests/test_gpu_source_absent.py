@@ -4,14 +4,19 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gpuguard.agent.config import AgentConfig
+from gpuguard.agent.counters import AgentCounters
+from gpuguard.agent.intake import BoundedQueue
 from gpuguard.agent.pipeline import Agent
-from gpuguard.sources.gpu.registry import BY_NAME
+from gpuguard.agent.stages.s1_produce.producers import SamplerThread
+from gpuguard.sources.gpu.registry import BY_NAME, open_source
 from gpuguard.sources.gpu.sampler import SourceUnavailable
 from tests.support.agent_run import REPO, agent_running, log_records, until
 from tests.support.sigma_match import sigma_matches
@@ -101,3 +106,70 @@ def test_the_agent_logs_absent_sources_as_information_and_a_blind_one_as_degrade
     assert "NVML not available" in lines["nvml"]["message"]
     assert sigma_matches(BLIND, lines["amdsmi"])
     assert not sigma_matches(BLIND, lines["nvml"]) and not sigma_matches(BLIND, lines["drm-fdinfo"])
+
+
+def _sampler_thread(source: str, root: Path, lines: list) -> tuple[SamplerThread, list[float]]:
+    opened: list[float] = []
+
+    def opener():
+        opened.append(time.monotonic())
+        return open_source(source, str(root / "proc"))
+
+    thread = SamplerThread(
+        source,
+        opener,
+        BoundedQueue(100),
+        AgentCounters(),
+        threading.Event(),
+        emit=lines.append,
+        reopen_s=0.05,
+    )
+    return thread, opened
+
+
+@pytest.mark.parametrize(
+    ("source", "appears"),
+    [("amdsmi", "pci"), ("drm-fdinfo", "drm")],
+)
+def test_an_absent_source_is_opened_again_only_when_a_device_appears(tmp_path, source, appears):
+    """An absent source costs a directory read a minute, not a library load and a sysfs walk
+    (a few ms in one burst, for each source a node lacks); a device that is hot-plugged, or a
+    DRM driver that loads, still gets it opened."""
+    root = fake_root(tmp_path, [H100, EPYC_ROOT])
+    lines: list = []
+    thread, opened = _sampler_thread(source, root, lines)
+    thread.start()
+    try:
+        time.sleep(0.6)  # twelve reopen periods
+        assert len(opened) == 1, opened
+        assert thread.hardware_same is not None
+        assert [line.action for line in lines] == ["source-absent"]
+        if appears == "pci":
+            device = root / "sys" / "bus" / "pci" / "devices" / "0000:41:00.0"
+            device.mkdir()
+            (device / "vendor").write_text(MI300X[0] + "\n")
+            (device / "class").write_text(MI300X[1] + "\n")
+        else:
+            (root / "sys" / "class" / "drm" / "card0").mkdir()
+        until(lambda: len(opened) >= 2, timeout=5)
+    finally:
+        thread.stop.set()
+        thread.join(5)
+    assert not thread.is_alive()
+    if appears == "pci":  # the GPU is there and ROCm is not: now a fault, retried as one
+        assert thread.hardware_same is None
+        assert lines[-1].action == "degraded", lines
+
+
+def test_a_source_failing_beside_its_gpus_is_still_retried_every_period(tmp_path):
+    root = fake_root(tmp_path, [MI300X])  # ROCm is not installed here: degraded, not absent
+    lines: list = []
+    thread, opened = _sampler_thread("amdsmi", root, lines)
+    thread.start()
+    try:
+        until(lambda: len(opened) >= 4, timeout=5)
+    finally:
+        thread.stop.set()
+        thread.join(5)
+    assert thread.hardware_same is None
+    assert [line.action for line in lines] == ["degraded"]  # said once, retried quietly

@@ -118,6 +118,9 @@ class Agent:
         s, reloader, housekeeping = wired.stages, wired.reloader, wired.housekeeping
         plan = Schedule(
             most_idle_wait_s=lambda: self.config.health_stall_s / 3,
+            # housekeeping (the spin watch's /proc walk, CPU samples) and the host checks with
+            # the state file cost a few ms each: 5 s apart, not in one burst every 10 s
+            half_step=("housekeeping",),
             host=lambda: self.config.host_check_interval_s,
             housekeeping=lambda: self.housekeeping_s,
             status=lambda: self.config.status_interval_s,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +60,22 @@ class GpuSource:
                     "or leave this source out of sampling.sources",
                 ) from exc
         except SourceUnavailable as exc:
-            exc.absent = exc.absent or not self.has_gpus(str(Path(proc_root).parent / "sys"))
+            sys_root = str(Path(proc_root).parent / "sys")
+            listed = self.hardware(sys_root)
+            none_here = not self.has_gpus(sys_root)
+            exc.absent = exc.absent or none_here
+            if none_here:  # only a new device can change that: look for one, cheaply
+                exc.hardware_same = lambda: self.hardware(sys_root) == listed
             raise
+
+    def hardware(self, sys_root: str = "/sys") -> tuple[str, ...]:
+        """The sysfs listing :meth:`has_gpus` reads (PCI devices, or DRM cards): one directory
+        read, where a device that is hot-plugged or whose driver loads appears."""
+        where = "class/drm" if self.pci_vendor is None else "bus/pci/devices"
+        try:
+            return tuple(sorted(os.listdir(f"{sys_root}/{where}")))
+        except OSError:
+            return ()
 
     def has_gpus(self, sys_root: str = "/sys") -> bool:
         """Whether the host has a GPU this source reads: a PCI display controller or processing
@@ -120,7 +135,7 @@ def open_source(name: str, proc_root: str = "/proc", fd_links: dict | None = Non
         return source.open(proc_root, fd_links)
     except SourceUnavailable as exc:
         line = f"{source.label} not available: {exc.one_line()}"
-        raise SourceUnavailable(line, absent=exc.absent) from None
+        raise SourceUnavailable(line, absent=exc.absent, hardware_same=exc.hardware_same) from None
 
 
 def open_samplers(

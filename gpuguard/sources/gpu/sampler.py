@@ -11,6 +11,7 @@ which raises ``EndOfRecording`` after the last recorded snapshot.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from gpuguard.errors import GpuguardError
@@ -30,11 +31,20 @@ class GpuSampler(Protocol):
 
 class SourceUnavailable(GpuguardError):
     """This telemetry source cannot work on this machine (cause + fix); ``absent``: the host has
-    no GPU it reads (a missing NVIDIA library on a host without NVIDIA GPUs is no fault)."""
+    no GPU it reads (a missing NVIDIA library on a host without NVIDIA GPUs is no fault).
+    ``hardware_same``, for an absent source: whether the devices that decided it are still the
+    ones listed then (a cheap look, so a retry waits for hardware that may have appeared)."""
 
-    def __init__(self, cause: str, fix: str = "", absent: bool = False) -> None:
+    def __init__(
+        self,
+        cause: str,
+        fix: str = "",
+        absent: bool = False,
+        hardware_same: Callable[[], bool] | None = None,
+    ) -> None:
         super().__init__(cause, fix)
         self.absent = absent
+        self.hardware_same = hardware_same
 
 
 class OnceErrors:

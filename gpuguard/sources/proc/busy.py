@@ -81,7 +81,7 @@ class SpinWatch:
             if not name.isdigit():
                 continue
             try:
-                fields = _read(f"{root}/{name}/stat").rsplit(b")", 1)[1].split()
+                fields = _read(f"{root}/{name}/stat").rsplit(b")", 1)[1].split(None, 20)
                 flags, start = int(fields[6]), int(fields[19])
                 used = int(fields[11]) + int(fields[12])
             except (OSError, IndexError, ValueError):

@@ -196,6 +196,9 @@ class SamplerThread(threading.Thread):
         self._accounting_fault = ""
         self.sampler: Any = None
         self.unavailable: str | None = None  # why the source cannot be opened here
+        # an absent source's look at the hardware: no reopen (a library load, a sysfs walk)
+        # while the devices that decided it are still the ones listed then
+        self.hardware_same: Callable[[], bool] | None = None
         self.wake = threading.Event()  # set by nudge(): sample now, at the full rate
         self._quiet: tuple | None = None  # the last sample's quiet_view
         self.quiet_samples = 0  # samples in a row with that same view
@@ -230,11 +233,14 @@ class SamplerThread(threading.Thread):
         amdsmi), ``degraded`` when it has and the source still fails (the agent is blind there)."""
         from gpuguard.sources.gpu.sampler import SourceUnavailable
 
+        self.hardware_same = None
         try:
             self.sampler = self.opener()
         except SourceUnavailable as exc:
+            self.hardware_same = exc.hardware_same
             line = exc.one_line()
-            if line != self.unavailable:
+            said = ("absent: " if exc.absent else "") + line  # a GPU that appears is news
+            if said != self.unavailable:
                 self.emit(
                     AgentLifecycle(
                         time=time.time(),
@@ -243,7 +249,7 @@ class SamplerThread(threading.Thread):
                         detail={"source": self.source, "gpus_present": not exc.absent},
                     )
                 )
-            self.unavailable = line
+            self.unavailable = said
             return False
         except Exception as exc:  # noqa: BLE001 - a broken library must not stop the agent
             self.counters.sampler_errors[self.source] += 1
@@ -256,6 +262,17 @@ class SamplerThread(threading.Thread):
         self.unavailable = None
         self._accounting_pending = self.turn_accounting_on
         return True
+
+    def _reopen(self) -> bool:
+        """:meth:`open` again, unless the source was absent and the hardware is as it was."""
+        same = self.hardware_same
+        if same is not None:
+            try:
+                if same():
+                    return False
+            except Exception:  # noqa: BLE001 - the look failed: open, as without it
+                pass
+        return self.open()
 
     def _apply_accounting_mode(self) -> None:
         """Turn the driver's accounting mode on when configured to, and say what changed.  Once per open,
@@ -332,7 +349,7 @@ class SamplerThread(threading.Thread):
         while not self.stop.is_set():
             now = time.monotonic()
             if self.sampler is None:
-                if now >= next_open and not self.open():
+                if now >= next_open and not self._reopen():
                     next_open = now + self.reopen_s
                 if self.sampler is None:
                     self.stop.wait(max(0.05, min(self.reopen_s, next_open - now)))

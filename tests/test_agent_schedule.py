@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
 
-from gpuguard.agent import schedule
+from gpuguard.agent import housekeeping, schedule
 from gpuguard.agent.config import AgentConfig
+from gpuguard.agent.housekeeping import heavy_pass
 from gpuguard.agent.pipeline import Agent
 from gpuguard.agent.schedule import Schedule
 from gpuguard.sources.gpu import nvml
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
-from tests.support.agent_run import agent_running
+from tests.support.agent_run import agent_running, until
 
 TASKS = ("rules", "guard", "status", "housekeeping")
 
@@ -113,34 +115,54 @@ def test_an_idle_loop_looks_five_times_less_often_and_news_ends_it_at_once(monke
     assert plan.wait_s() == pytest.approx(0.7)
 
 
-def test_a_half_step_task_runs_between_the_others_busy_or_idle(monkeypatch):
-    # the agent's housekeeping and its host checks with the state file each cost a few ms:
-    # 5 s apart, so neither adds to the other's wake-up (an idle loop wakes twice per 10 s)
+def test_a_task_kept_half_a_step_off_runs_between_the_others_busy_or_idle(monkeypatch):
+    # the agent's heavy housekeeping passes and its host checks with the state file each cost
+    # a few ms: 5 s apart, neither adds to the other's wake-up (an idle loop wakes twice per
+    # 10 s); back on the common grid, they share one wake-up again
     clock = [100.0]
     monkeypatch.setattr(schedule.time, "monotonic", lambda: clock[0])
     plan = Schedule(
         first_in_s=1.0,
         most_idle_wait_s=lambda: 10.0,
-        half_step=("housekeeping",),
         status=lambda: 2.0,
         host=lambda: 10.0,
         housekeeping=lambda: 10.0,
     )
     ran = {}
     now = 101.0
-    while now < 135.0:
+    while now < 155.0:
         clock[0] = now
         plan.turn(news=False)
         ran[now] = {name for name in (*TASKS, "host") if plan.due(name)}
+        if "housekeeping" in ran[now]:
+            plan.half_step("housekeeping", now < 130.0)  # heavy passes, then light ones
         now = round(now + plan.wait_s(), 6)
         if now == 116.0:
             now = 116.3  # one wake-up 0.3 s late: the next is still on the grid
-    assert [t for t in ran if ran[t]] == [101.0, 103.0, 106.0, 111.0, 116.3, 121.0, 126.0, 131.0]
-    assert all(ran[t] == {"housekeeping"} for t in (106.0, 116.3, 126.0))
-    assert all(ran[t] == {"rules", "guard", "status", "host"} for t in (111.0, 121.0, 131.0))
+    common = {"rules", "guard", "status", "host"}
+    assert [t for t in ran if ran[t]] == [
+        *(101.0, 103.0, 111.0),  # the first pass, heavy: the next one half a period later
+        *(116.3, 121.0, 126.0, 131.0, 136.0, 141.0),  # apart, 5 s off the others
+        151.0,  # the pass at 136 was light: with the others again (half a period later)
+    ]
+    assert ran[101.0] >= {"housekeeping", "host"}
+    assert all(ran[t] == {"housekeeping"} for t in (116.3, 126.0, 136.0))
+    assert all(ran[t] == common for t in (111.0, 121.0, 131.0, 141.0))
+    assert ran[151.0] == common | {"housekeeping"}
 
 
-def test_the_agent_keeps_its_housekeeping_off_the_host_checks_wake_up(tmp_path, monkeypatch):
+def test_a_pass_is_heavy_from_a_millisecond_and_light_again_below_half_of_one():
+    assert not heavy_pass(0.0002, was_heavy=False)
+    assert not heavy_pass(0.0009, was_heavy=False)
+    assert heavy_pass(0.0012, was_heavy=False)
+    assert heavy_pass(0.0007, was_heavy=True)  # no flapping around the threshold
+    assert not heavy_pass(0.0003, was_heavy=True)
+
+
+@pytest.mark.parametrize("heavy", [True, False])
+def test_the_agent_keeps_heavy_housekeeping_off_the_host_checks_wake_up(
+    tmp_path, monkeypatch, heavy
+):
     plans: list[Schedule] = []
     made = Schedule.__init__
 
@@ -149,6 +171,9 @@ def test_the_agent_keeps_its_housekeeping_off_the_host_checks_wake_up(tmp_path, 
         plans.append(self)
 
     monkeypatch.setattr(Schedule, "__init__", kept)
+    # every pass heavy, or none (a pass on this host may cost either)
+    monkeypatch.setattr(housekeeping, "HEAVY_FROM_S", 0.0 if heavy else math.inf)
+    monkeypatch.setattr(housekeeping, "LIGHT_BELOW_S", 0.0 if heavy else math.inf)
     fake = FakeNvml([FakeGpu()])
     config = AgentConfig(
         sensor="proc",
@@ -163,15 +188,12 @@ def test_the_agent_keeps_its_housekeeping_off_the_host_checks_wake_up(tmp_path, 
         sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)},
     )
     with agent_running(agent):
-        deadline = time.monotonic() + 10
-        while not plans and time.monotonic() < deadline:
-            time.sleep(0.05)
-    assert plans, "the agent's loop made no schedule"
+        until(lambda: plans and plans[0].next["housekeeping"] > plans[0].start, timeout=15)
     plan = plans[0]
-    host, housekeeping = config.host_check_interval_s, agent.housekeeping_s
-    assert host == housekeeping  # one period: half a step apart means 5 s between them
+    host, every = config.host_check_interval_s, agent.housekeeping_s
+    assert host == every  # one period: half a step apart means 5 s between them
     gap = (plan.next["housekeeping"] - plan.next["host"]) % host
-    assert gap == pytest.approx(host / 2, abs=0.2), plan.next
+    assert gap == pytest.approx(host / 2 if heavy else 0.0, abs=0.2), plan.next
 
 
 def test_an_idle_loop_still_turns_within_the_health_checks_bound(monkeypatch):

@@ -11,6 +11,7 @@ drops since the last look are reported as one lifecycle line.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING
 
 from gpuguard.agent.context import AgentContext
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     from gpuguard.sources.ebpf.sensor import Sensor
 
 HOUSEKEEPING_S = 10.0  # expire old processes and report drops this often
+# A pass that took this much CPU is heavy (on a busy host: the spin watch's /proc walk, CPU
+# samples), one under LIGHT_BELOW_S light again; between the two it stays as it was
+HEAVY_FROM_S = 0.001
+LIGHT_BELOW_S = 0.0005
 # malloc_trim walks the whole heap (~0.5 ms cold): after this many items correlated since the
 # last one, or TRIM_EVERY_S; an idle agent frees nothing worth the walk
 TRIM_AFTER_ITEMS = 1000
@@ -51,8 +56,14 @@ class Housekeeping:
         self.spin_watch = SpinWatch(ctx.proc_root)  # when the FPU probe is attached
         self.drops_reported = 0
         self._trimmed = (0, 0.0)  # (items correlated, time) at the last heap trim
+        self.heavy = False  # whether the passes cost a few ms (the loop spreads them out)
 
     def run(self, now: float, period_s: float) -> None:
+        cpu = time.thread_time()
+        self._run(now, period_s)
+        self.heavy = heavy_pass(time.thread_time() - cpu, self.heavy)
+
+    def _run(self, now: float, period_s: float) -> None:
         correlator = self.correlator
         correlator.expire(now)
         # CPU windows for huge-page users and host tuners (the CPU-miner rules read them)
@@ -126,3 +137,8 @@ class Housekeeping:
                 output_dropped=counters.output_dropped,
             )
             self.drops_reported = drops
+
+
+def heavy_pass(cpu_s: float, was_heavy: bool) -> bool:
+    """Whether passes that cost ``cpu_s`` of CPU are heavy (with hysteresis: no flapping)."""
+    return cpu_s >= HEAVY_FROM_S or (was_heavy and cpu_s >= LIGHT_BELOW_S)

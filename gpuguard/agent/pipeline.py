@@ -118,9 +118,6 @@ class Agent:
         s, reloader, housekeeping = wired.stages, wired.reloader, wired.housekeeping
         plan = Schedule(
             most_idle_wait_s=lambda: self.config.health_stall_s / 3,
-            # housekeeping (the spin watch's /proc walk, CPU samples) and the host checks with
-            # the state file cost a few ms each: 5 s apart, not in one burst every 10 s
-            half_step=("housekeeping",),
             host=lambda: self.config.host_check_interval_s,
             housekeeping=lambda: self.housekeeping_s,
             status=lambda: self.config.status_interval_s,
@@ -150,4 +147,7 @@ class Agent:
             s.emit.sync_log()  # 7 emit
             if plan.due("housekeeping"):
                 housekeeping.run(now, self.housekeeping_s)
+                # a heavy pass (a busy host: the spin watch walks /proc) runs 5 s off the host
+                # checks and the state file, not in one burst with them; a light one with them
+                plan.half_step("housekeeping", housekeeping.heavy)
             s.emit.status_due(now, plan.due("status"))

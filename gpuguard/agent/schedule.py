@@ -26,29 +26,34 @@ class Schedule:
 
     Every task keeps to one grid from the same start (its next deadline is its last one plus
     its period, not "now" plus it): a late wake-up does not shift a task, so tasks whose
-    periods are multiples of each other stay due in the same wake-up.  A task named in
-    ``half_step`` keeps the grid shifted by half its period: two tasks that each cost a few
-    ms run in different wake-ups instead of adding up in one (the price: one wake-up more
-    per period on an idle loop).  An idle loop runs the STRETCHED tasks on the grid of
-    IDLE_STRETCH periods from that start (:meth:`news`)."""
+    periods are multiples of each other stay due in the same wake-up, unless one is kept
+    half a step off (:meth:`half_step`).  An idle loop runs the STRETCHED tasks on the grid
+    of IDLE_STRETCH periods from that start (:meth:`news`)."""
 
     def __init__(
         self,
         first_in_s: float = 1.0,
         most_idle_wait_s: Callable[[], float] = lambda: math.inf,
-        half_step: tuple[str, ...] = (),
         **periods: Callable[[], float],
     ) -> None:
         self.periods = {"rules": lambda: RULE_FILE_CHECK_S, "guard": lambda: GUARD_CHECK_S}
         self.periods.update(periods)
         self.start = time.monotonic() + first_in_s
         self.next = dict.fromkeys(self.periods, self.start)
-        for name in half_step:
-            self.next[name] += self.periods[name]() / 2
+        self.apart: set[str] = set()  # tasks kept half a period off the common grid
         self.soon = 0.0  # the moment this turn counts as "now" (its tasks due within COALESCE_S)
         self.quiet_turns = 0  # turns in a row without news
         # an idle loop's longest sleep, beside its stretch: the health check must see it turn
         self.most_idle_wait_s = most_idle_wait_s
+
+    def half_step(self, name: str, apart: bool) -> None:
+        """Keep ``name`` half its period off the common grid (``apart``), or back on it: two
+        tasks that each cost a few ms then run in different wake-ups instead of adding up in
+        one, for one wake-up more per period.  Either way its next run is half a period later,
+        never sooner, and each later one keeps to the grid it is on."""
+        if apart != (name in self.apart):
+            self.apart ^= {name}
+            self.next[name] += self.periods[name]() / 2
 
     @property
     def idle(self) -> bool:

@@ -58,10 +58,13 @@ class Housekeeping:
         self._trimmed = (0, 0.0)  # (items correlated, time) at the last heap trim
         self.heavy = False  # whether the passes cost a few ms (the loop spreads them out)
 
-    def run(self, now: float, period_s: float) -> None:
+    def run(self, now: float, period_s: float) -> bool:
+        """One pass; whether the passes are heavy: the loop then runs them half a step (5 s)
+        off the host checks and the state file, so the two do not add up in one burst."""
         cpu = time.thread_time()
         self._run(now, period_s)
         self.heavy = heavy_pass(time.thread_time() - cpu, self.heavy)
+        return self.heavy
 
     def _run(self, now: float, period_s: float) -> None:
         correlator = self.correlator

@@ -146,8 +146,5 @@ class Agent:
                 s.report.check_host_findings(now)
             s.emit.sync_log()  # 7 emit
             if plan.due("housekeeping"):
-                housekeeping.run(now, self.housekeeping_s)
-                # a heavy pass (a busy host: the spin watch walks /proc) runs 5 s off the host
-                # checks and the state file, not in one burst with them; a light one with them
-                plan.half_step("housekeeping", housekeeping.heavy)
+                plan.half_step("housekeeping", housekeeping.run(now, self.housekeeping_s))
             s.emit.status_due(now, plan.due("status"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -17,6 +18,23 @@ from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
 from tests.support.agent_run import agent_running, until
 
 TASKS = ("rules", "guard", "status", "housekeeping")
+
+
+def _proc_agent(tmp_path, **config: object) -> Agent:
+    """An in-process agent on the /proc sensor with one fake idle GPU."""
+    fake = FakeNvml([FakeGpu()])
+    return Agent(
+        AgentConfig(
+            sensor="proc",
+            log_path=str(tmp_path / "agent.log"),
+            status_path=tmp_path / "status.json",
+            sweep_interval_s=60.0,
+            **config,
+        ),
+        install_signals=False,
+        stderr=lambda line: None,
+        sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)},
+    )
 
 
 def test_a_late_wake_up_does_not_move_the_tasks_off_their_grid(monkeypatch):
@@ -56,20 +74,7 @@ def test_the_state_file_check_shares_the_rule_check_wake_up_even_after_a_write_o
     monkeypatch.setattr(Schedule, "turn", counted_turn)
     monkeypatch.setattr(Schedule, "due", noted_due)
     monkeypatch.setattr(schedule, "IDLE_TURNS", 10**6)  # the busy grid (idle: the tests below)
-    fake = FakeNvml([FakeGpu()])
-    config = AgentConfig(
-        sensor="proc",
-        log_path=str(tmp_path / "agent.log"),
-        status_path=tmp_path / "status.json",
-        sweep_interval_s=60.0,
-        status_interval_s=0.5,
-    )
-    agent = Agent(
-        config,
-        install_signals=False,
-        stderr=lambda line: None,
-        sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)},
-    )
+    agent = _proc_agent(tmp_path, status_interval_s=0.5)
     with agent_running(agent):
         time.sleep(1.7)
         agent.ctx.status_soon = True  # a finding's write, between two checks
@@ -87,7 +92,8 @@ def test_a_state_file_is_stale_only_after_an_idle_agent_would_have_rewritten_it(
     assert STALE_AFTER_INTERVALS >= STATUS_HEARTBEAT + schedule.IDLE_STRETCH + 1
 
 
-def test_an_idle_loop_looks_five_times_less_often_and_news_ends_it_at_once(monkeypatch):
+def _quiet_loop(monkeypatch, **periods) -> tuple[Schedule, list[float]]:
+    """A schedule on a clock the test moves (rules and guard 2 s, status 2 s, housekeeping 10 s)."""
     clock = [100.0]
     monkeypatch.setattr(schedule.time, "monotonic", lambda: clock[0])
     plan = Schedule(
@@ -95,14 +101,36 @@ def test_an_idle_loop_looks_five_times_less_often_and_news_ends_it_at_once(monke
         most_idle_wait_s=lambda: 10.0,
         status=lambda: 2.0,
         housekeeping=lambda: 10.0,
+        **periods,
     )
-    ran = {}
+    return plan, clock
+
+
+def _quiet_turns(
+    plan: Schedule,
+    clock: list[float],
+    until: float,
+    tasks: tuple[str, ...] = TASKS,
+    after_turn: Callable[[float, set[str]], None] = lambda now, ran: None,
+    late: dict[float, float] | None = None,
+) -> dict[float, set[str]]:
+    """Turns without news from 101 s to ``until``, each woken when the schedule says (or at
+    ``late[t]`` instead of t): the tasks each turn ran."""
+    ran: dict[float, set[str]] = {}
     now = 101.0
-    while now < 135.0:
+    while now < until:
         clock[0] = now
         plan.turn(news=False)
-        ran[now] = {name for name in TASKS if plan.due(name)}
-        now += plan.wait_s()
+        ran[now] = {name for name in tasks if plan.due(name)}
+        after_turn(now, ran[now])
+        now = round(now + plan.wait_s(), 6)
+        now = (late or {}).get(now, now)
+    return ran
+
+
+def test_an_idle_loop_looks_five_times_less_often_and_news_ends_it_at_once(monkeypatch):
+    plan, clock = _quiet_loop(monkeypatch)
+    ran = _quiet_turns(plan, clock, until=135.0)
     # two turns on the busy grid; the third quiet one makes the loop idle, and from then on it
     # wakes once every 10 s: the stretched checks and housekeeping together, on the 10 s grid
     assert [t for t in ran if ran[t]] == [101.0, 103.0, 111.0, 121.0, 131.0]
@@ -119,26 +147,20 @@ def test_a_task_kept_half_a_step_off_runs_between_the_others_busy_or_idle(monkey
     # the agent's heavy housekeeping passes and its host checks with the state file each cost
     # a few ms: 5 s apart, neither adds to the other's wake-up (an idle loop wakes twice per
     # 10 s); back on the common grid, they share one wake-up again
-    clock = [100.0]
-    monkeypatch.setattr(schedule.time, "monotonic", lambda: clock[0])
-    plan = Schedule(
-        first_in_s=1.0,
-        most_idle_wait_s=lambda: 10.0,
-        status=lambda: 2.0,
-        host=lambda: 10.0,
-        housekeeping=lambda: 10.0,
-    )
-    ran = {}
-    now = 101.0
-    while now < 155.0:
-        clock[0] = now
-        plan.turn(news=False)
-        ran[now] = {name for name in (*TASKS, "host") if plan.due(name)}
-        if "housekeeping" in ran[now]:
+    plan, clock = _quiet_loop(monkeypatch, host=lambda: 10.0)
+
+    def housekeeping_ran(now: float, ran: set[str]) -> None:
+        if "housekeeping" in ran:
             plan.half_step("housekeeping", now < 130.0)  # heavy passes, then light ones
-        now = round(now + plan.wait_s(), 6)
-        if now == 116.0:
-            now = 116.3  # one wake-up 0.3 s late: the next is still on the grid
+
+    ran = _quiet_turns(
+        plan,
+        clock,
+        until=155.0,
+        tasks=(*TASKS, "host"),
+        after_turn=housekeeping_ran,
+        late={116.0: 116.3},  # one wake-up 0.3 s late: the next is still on the grid
+    )
     common = {"rules", "guard", "status", "host"}
     assert [t for t in ran if ran[t]] == [
         *(101.0, 103.0, 111.0),  # the first pass, heavy: the next one half a period later
@@ -174,19 +196,8 @@ def test_the_agent_keeps_heavy_housekeeping_off_the_host_checks_wake_up(
     # every pass heavy, or none (a pass on this host may cost either)
     monkeypatch.setattr(housekeeping, "HEAVY_FROM_S", 0.0 if heavy else math.inf)
     monkeypatch.setattr(housekeeping, "LIGHT_BELOW_S", 0.0 if heavy else math.inf)
-    fake = FakeNvml([FakeGpu()])
-    config = AgentConfig(
-        sensor="proc",
-        log_path=str(tmp_path / "agent.log"),
-        status_path=tmp_path / "status.json",
-        sweep_interval_s=60.0,
-    )
-    agent = Agent(
-        config,
-        install_signals=False,
-        stderr=lambda line: None,
-        sampler_openers={"nvml": lambda: nvml.open_sampler(library=fake.module)},
-    )
+    agent = _proc_agent(tmp_path)
+    config = agent.config
     with agent_running(agent):
         until(lambda: plans and plans[0].next["housekeeping"] > plans[0].start, timeout=15)
     plan = plans[0]

@@ -9,7 +9,6 @@ and ``record``; both go through :meth:`GpuSource.open`.
 
 from __future__ import annotations
 
-import glob
 import importlib
 import os
 from collections.abc import Callable, Iterable
@@ -62,7 +61,7 @@ class GpuSource:
         except SourceUnavailable as exc:
             sys_root = str(Path(proc_root).parent / "sys")
             listed = self.hardware(sys_root)
-            none_here = not self.has_gpus(sys_root)
+            none_here = not self.has_gpus(sys_root, listed)
             exc.absent = exc.absent or none_here
             if none_here:  # only a new device can change that: look for one, cheaply
                 exc.hardware_same = lambda: self.hardware(sys_root) == listed
@@ -77,13 +76,15 @@ class GpuSource:
         except OSError:
             return ()
 
-    def has_gpus(self, sys_root: str = "/sys") -> bool:
+    def has_gpus(self, sys_root: str = "/sys", listed: tuple[str, ...] | None = None) -> bool:
         """Whether the host has a GPU this source reads: a PCI display controller or processing
         accelerator of its vendor, or for DRM fdinfo any DRM card (read from sysfs, which a
-        container sees as the host's)."""
+        container sees as the host's).  ``listed``: :meth:`hardware`, when just read."""
+        names = self.hardware(sys_root) if listed is None else listed
         if self.pci_vendor is None:
-            return bool(glob.glob(f"{sys_root}/class/drm/card[0-9]*"))
-        for device in glob.glob(f"{sys_root}/bus/pci/devices/*"):
+            return any(name.startswith("card") and name[4:5].isdigit() for name in names)
+        for name in names:
+            device = Path(sys_root, "bus", "pci", "devices", name)
             try:
                 vendor = Path(device, "vendor").read_text().strip()
                 klass = Path(device, "class").read_text().strip()

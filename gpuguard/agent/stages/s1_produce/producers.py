@@ -265,13 +265,8 @@ class SamplerThread(threading.Thread):
 
     def _reopen(self) -> bool:
         """:meth:`open` again, unless the source was absent and the hardware is as it was."""
-        same = self.hardware_same
-        if same is not None:
-            try:
-                if same():
-                    return False
-            except Exception:  # noqa: BLE001 - the look failed: open, as without it
-                pass
+        if self.hardware_same is not None and self.hardware_same():
+            return False
         return self.open()
 
     def _apply_accounting_mode(self) -> None:

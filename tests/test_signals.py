@@ -507,6 +507,14 @@ SIGNAL_CASES = [
     # every pair follows the 3-cycle: p ~1e-24
     ("a cycle: p", with_(make(), _rounding(_INTERVAL, _CYCLE)), "fpu_rounding_independent_p", 0.0),
     ("a cycle", with_(make(), _rounding(_INTERVAL, _CYCLE)), "fpu_rounding_dependence", 1.0),
+    # x2 0 over 80 looks: a program 0.55 from even never shows that
+    ("benign p", with_(make(), _rounding(_EVEN, _INDEPENDENT)), "fpu_rounding_benign_p", 0.0),
+    (
+        "benign p: ruled out",
+        with_(make(), _rounding(_INTERVAL, _CYCLE)),
+        "fpu_rounding_benign_p",
+        None,
+    ),
     ("random", with_(make(), _rounding(_EVEN, _INDEPENDENT)), "fpu_rounding_random", True),
     ("not random", with_(make(), _rounding(_INTERVAL, _CYCLE)), "fpu_rounding_random", False),
     (

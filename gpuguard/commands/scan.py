@@ -303,14 +303,15 @@ def _rounding_lines(obs, window_s: float, limitations: list[str], notes: list[st
         notes.append(
             f"the CPU window ran {window.observed_s:.1f} s (of {window_s:g} s asked, at most "
             f"{window_s * 3:g}): {window.short} processes that left round-to-nearest still had "
-            f"fewer than {MIN_LOOKS} context switches to judge their rounding-mode pattern (a "
-            "lone thread on an idle core is switched out only a few times a second); a longer "
-            "--cpu-window, e.g. 30, or the agent judges them"
+            f"too few context switches to judge their rounding-mode pattern (fewer than "
+            f"{MIN_LOOKS}, or too few to tell even shares from a test suite's; a lone thread on "
+            "an idle core is switched out only a few times a second); a longer --cpu-window, "
+            "e.g. 30, or the agent judges them"
         )
     elif window.extended:
         notes.append(
             f"the CPU window ran {window.observed_s:.1f} s (of {window_s:g} s asked) until "
-            f"every process that left round-to-nearest had {MIN_LOOKS} context switches"
+            "every process that left round-to-nearest had enough context switches to judge"
         )
 
 

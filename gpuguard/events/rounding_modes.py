@@ -4,13 +4,13 @@ The probe (probes/fpu.bpf.c) counts, per thread, its looks per mode and per pair
 looks.  RandomX's CFROUND picks a mode from random register bits, so a miner's looks spread
 evenly over all four modes, each independent of the one before; interval arithmetic, set-once
 code and test suites switch modes in fixed patterns (docs/rules.md, "The rounding-mode
-pattern").  :func:`rounding_pattern` measures both properties, each with a chi-square test (is
-the departure real?) and an effect size (is it large?: Cohen's w from even shares, Cramér's V
-between consecutive looks), since a test alone rejects the slightest departure once a miner has
-been watched for hours, and an effect size alone is noise over a few looks.  ``random`` is the
-RandomX pattern.  The chi-square survival function is computed here (closed form for integer
-degrees of freedom).  :class:`FpuCounts`, one process's totals, is defined here, below both
-its readers (sources/ebpf/fpu_probe.py, sources/proc/cpu_usage.py).
+pattern").  :func:`rounding_pattern` measures both properties with a chi-square test (is the
+departure real?) and an effect size (is it large?: Cohen's w, Cramér's V), and asks for shares
+that a program as uneven as the most even benign switcher (:data:`BENIGN_DISTANCE`) shows at
+most :data:`FALSE_RANDOM` of the time, since over a few dozen looks a suite's shares can come
+out even by chance (a noncentral chi-square: a Poisson mixture of central ones, both computed
+here).  ``random`` is the RandomX pattern.  :class:`FpuCounts`, one process's totals, is
+defined here, below both its readers (sources/ebpf/fpu_probe.py, sources/proc/cpu_usage.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,11 @@ ALPHA = 0.001  # a departure counts only if a chi-square test gives p below this
 MAX_UNIFORM_DISTANCE = 0.3  # ... and Cohen's w from even shares exceeds this
 MAX_DEPENDENCE = 0.2  # ... and Cramér's V between consecutive looks exceeds this
 MIN_TRANSITIONS = 32  # fewer pairs of consecutive looks: independence is not tested
+# The most even benign switcher measured is a test suite with long tables (Cohen's w 0.61-0.71
+# from even shares; glibc's shape 0.62-0.69, interval arithmetic 0.72): the pattern needs shares
+# a program BENIGN_DISTANCE from even shows at most FALSE_RANDOM of the time (docs/rules.md).
+BENIGN_DISTANCE = 0.55
+FALSE_RANDOM = 0.001
 # A thread "never sleeps" by the FPU probe's own looks when at least SLEEPLESS_MIN_LOOKS of its
 # switch-outs were seen and at most SLEEPLESS_SHARE of them were because it blocked: a worker
 # throttled by a CPU quota or paused by SIGSTOP is switched out runnable or stopped.
@@ -90,6 +95,30 @@ def chi2_sf(x: float, df: int) -> float:
     return min(1.0, total)
 
 
+def ncx2_cdf(x: float, df: int, noncentrality: float) -> float:
+    """P(X <= x) for a noncentral chi-square variable: the central ones with df, df + 2, ...
+    degrees of freedom weighed by a Poisson(noncentrality / 2) draw, each central one from the
+    one before (F(df + 2) = F(df) - (x/2)^(df/2) e^(-x/2) / Gamma(df/2 + 1)); stops once the
+    weights past the mean or the central terms are negligible."""
+    if x <= 0:
+        return 0.0
+    half, mean = x / 2.0, noncentrality / 2.0
+    central = 1.0 - chi2_sf(x, df)
+    if mean <= 0:
+        return central
+    log_weight, total, j, k = -mean, 0.0, 0, df
+    while True:
+        weight = math.exp(log_weight)
+        total += weight * central
+        if central < 1e-17 or (j > mean and weight < 1e-17):
+            break
+        central -= math.exp(k / 2.0 * math.log(half) - half - math.lgamma(k / 2.0 + 1.0))
+        central = max(central, 0.0)
+        j, k = j + 1, k + 2
+        log_weight += math.log(mean / j)
+    return min(1.0, total)
+
+
 def uniform_test(counts: Sequence[int]) -> tuple[float, float]:
     """(p-value, Cohen's w) of ``counts`` against an even spread over all of them."""
     n = sum(counts)
@@ -131,7 +160,15 @@ class RoundingPattern:
     transitions: int  # pairs of consecutive looks of one thread
     independent_p: float | None  # chi-square p-value of consecutive looks being independent
     dependence: float | None  # Cramér's V between consecutive looks (0: independent)
+    # how often a program BENIGN_DISTANCE from even would show shares this even over this many
+    # looks; None where the shares or the order already rule RandomX out
+    benign_p: float | None
     random: bool
+
+    @property
+    def undecided(self) -> bool:
+        """RandomX's shape so far, over too few looks to tell it from a benign switcher."""
+        return self.benign_p is not None and not self.random
 
 
 def rounding_pattern(modes: Sequence[int], transitions: Sequence[int]) -> RoundingPattern | None:
@@ -146,13 +183,17 @@ def rounding_pattern(modes: Sequence[int], transitions: Sequence[int]) -> Roundi
     tested = independence_test(transitions) if pairs >= MIN_TRANSITIONS else None
     independent_p, dependence = tested if tested is not None else (None, None)
     min_share = min(modes) / looks
-    random = (
+    shaped = (
         min_share >= MIN_MODE_SHARE
         and not (uniform_p < ALPHA and distance > MAX_UNIFORM_DISTANCE)
         and not (
             independent_p is not None and independent_p < ALPHA and dependence > MAX_DEPENDENCE
         )
     )
+    benign_p = (
+        ncx2_cdf(looks * distance * distance, 3, looks * BENIGN_DISTANCE**2) if shaped else None
+    )
+    random = benign_p is not None and benign_p <= FALSE_RANDOM
     return RoundingPattern(
         looks=looks,
         modes_seen=sum(1 for c in modes if c),
@@ -162,5 +203,6 @@ def rounding_pattern(modes: Sequence[int], transitions: Sequence[int]) -> Roundi
         transitions=pairs,
         independent_p=round(independent_p, 6) if independent_p is not None else None,
         dependence=round(dependence, 3) if dependence is not None else None,
+        benign_p=round(benign_p, 6) if benign_p is not None else None,
         random=random,
     )

@@ -14,7 +14,13 @@ import functools
 
 from gpuguard.correlate.state import ProcessState
 from gpuguard.detect.signals.definition import signal
-from gpuguard.events.rounding_modes import MIN_LOOKS, RoundingPattern, rounding_pattern
+from gpuguard.events.rounding_modes import (
+    BENIGN_DISTANCE,
+    FALSE_RANDOM,
+    MIN_LOOKS,
+    RoundingPattern,
+    rounding_pattern,
+)
 
 
 @functools.lru_cache(maxsize=256)
@@ -171,12 +177,28 @@ def fpu_rounding_dependence(s: ProcessState, now: float) -> float | None:
 
 
 @signal(
+    "fpu_rounding_benign_p",
+    "number",
+    "cpu",
+    "how often a program whose modes are as uneven as the most even benign switcher measured "
+    f"(Cohen's w {BENIGN_DISTANCE}) shows shares this even over this many looks; RandomX's "
+    f"pattern needs at most {FALSE_RANDOM} (absent below {MIN_LOOKS} looks, or where the shares or their order already "
+    "rule RandomX out)",
+    reads=("cpu_activity",),
+)
+def fpu_rounding_benign_p(s: ProcessState, now: float) -> float | None:
+    p = _pattern(s)
+    return p.benign_p if p is not None else None
+
+
+@signal(
     "fpu_rounding_random",
     "bool",
     "cpu",
     "RandomX's pattern: all four rounding modes in even shares (each >= 10 %), each look "
     "independent of the thread's previous one, over at least "
-    f'{MIN_LOOKS} looks (docs/rules.md, "The rounding-mode pattern")',
+    f"{MIN_LOOKS} looks and enough of them to tell the shares from a test suite's "
+    '(fpu_rounding_benign_p; docs/rules.md, "The rounding-mode pattern")',
     reads=("cpu_activity",),
 )
 def fpu_rounding_random(s: ProcessState, now: float) -> bool | None:

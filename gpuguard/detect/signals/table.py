@@ -143,6 +143,7 @@ SIGNAL_FUNCTIONS: tuple[Callable[..., Any], ...] = (
     rounding.fpu_rounding_uniform_distance,
     rounding.fpu_rounding_independent_p,
     rounding.fpu_rounding_dependence,
+    rounding.fpu_rounding_benign_p,
     rounding.fpu_rounding_random,
     rounding.fpu_rounding_sleepless_threads,
     memory.huge_alloc_bytes,

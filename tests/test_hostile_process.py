@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,21 +69,19 @@ def _ours(doc: dict) -> bool:
 
 
 def test_watch_json_with_a_hostile_process(tmp_path):
-    watch = subprocess.Popen(
-        [*GPUGUARD, "watch", "--json", "--all"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    # Read its output all along: on a busy host `--all` fills a pipe within a second, and a
-    # watch blocked on its stdout would lose the very exec this test looks for.
-    out = bytearray()
-    reader = threading.Thread(target=lambda: _read_into(watch.stdout, out), daemon=True)
-    reader.start()
+    # Its output goes to a file, read back whole by path once it exits: a file never fills
+    # (on a busy host `--all` fills a pipe within a second, and a watch blocked on its stdout
+    # would lose the very exec this test looks for), and what is checked is every byte watch
+    # wrote, whoever else in this process reads a descriptor number.
+    output, errors = tmp_path / "watch.jsonl", tmp_path / "watch.err"
+    with output.open("wb") as sink, errors.open("wb") as err_sink:
+        watch = subprocess.Popen(
+            [*GPUGUARD, "watch", "--json", "--all"], cwd=REPO, stdout=sink, stderr=err_sink
+        )
     try:
         # Probes are attached once events flow: start processes until one is seen.
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not out and watch.poll() is None:
+        while time.monotonic() < deadline and not output.stat().st_size and watch.poll() is None:
             subprocess.run(["/bin/true"])
             time.sleep(0.1)
         with hostile_process(tmp_path):
@@ -97,20 +94,12 @@ def test_watch_json_with_a_hostile_process(tmp_path):
             if watch.poll() is None:
                 watch.kill()
                 watch.wait()
-        reader.join(30)
-        err = watch.stderr.read()
-    assert watch.returncode == 0, err
-    docs = assert_clean_json_lines(bytes(out), "watch --json")
+    assert watch.returncode == 0, errors.read_text(errors="replace")
+    docs = assert_clean_json_lines(output.read_bytes(), "watch --json")
     execs = [d for d in docs if d["kind"] == "exec" and _ours(d)]
     assert execs, "the hostile exec was not reported"
     assert execs[0]["comm"] == "\x1b]0;pwn\x07\n$(id)\\xff"  # exact text, JSON-escaped once
     assert "\x1b]2;title\x07\x1b[2J" in execs[0]["cmdline"]
-
-
-def _read_into(stream, out: bytearray) -> None:
-    """Append everything ``stream`` yields to ``out`` until it ends."""
-    for chunk in iter(lambda: stream.read1(65536), b""):
-        out.extend(chunk)
 
 
 def test_record_and_replay_json_with_a_hostile_process(tmp_path):

@@ -158,6 +158,9 @@ def _counts(sequence):
 # shares cannot yet be told from a suite's (docs/rules.md gives the rates), and a miner missed
 # then is judged again with more
 FOUND_AT_LEAST = {MIN_LOOKS: 30, 128: 85, 200: 95, 2000: 100}
+# A benign kind is never judged random, but for one just past the bound (w 0.58), which the
+# bound holds to ~0.1-0.2 % of samples over the first 128 looks (docs/rules.md): one in 100
+NEAR_THE_BOUND = {"suite: nearest half the time": 1}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -170,7 +173,7 @@ def test_each_kind_of_program_is_judged_alike_over_many_draws(kind):
         if random_expected:
             assert hits >= found, (kind, looks, hits)
         else:
-            assert hits == 0, (kind, looks, hits)
+            assert hits <= NEAR_THE_BOUND.get(kind, 0), (kind, looks, hits)
 
 
 def test_a_miner_watched_for_hours_stays_random_though_its_shares_are_not_exactly_even():

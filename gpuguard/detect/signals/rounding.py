@@ -182,8 +182,8 @@ def fpu_rounding_dependence(s: ProcessState, now: float) -> float | None:
     "cpu",
     "how often a program whose modes are as uneven as the most even benign switcher measured "
     f"(Cohen's w {BENIGN_DISTANCE}) shows shares this even over this many looks; RandomX's "
-    f"pattern needs at most {FALSE_RANDOM} (absent below {MIN_LOOKS} looks, or where the shares or their order already "
-    "rule RandomX out)",
+    f"pattern needs at most {FALSE_RANDOM} (absent below {MIN_LOOKS} looks, or where the "
+    "shares or their order already rule RandomX out)",
     reads=("cpu_activity",),
 )
 def fpu_rounding_benign_p(s: ProcessState, now: float) -> float | None:

@@ -88,13 +88,14 @@ class Housekeeping:
             self._trimmed = (correlated, now)
 
     def _gate_rounding_probe(self) -> None:
-        """The FPU probe runs at context switches only while a thread hardly sleeps
-        (sources.proc.busy): where nothing spins it costs the host nothing."""
+        """The FPU probe runs at context switches only while a thread hardly sleeps, or the
+        host has more runnable threads than CPUs (sources.proc.busy): where nothing spins it
+        costs the host nothing."""
         probe = self.sensor.fpu if self.sensor is not None else None
         if probe is None or not probe.loaded:
             return
         spinning = self.spin_watch.candidates(ignore=os.getpid())
-        attached = probe.set_attached(bool(spinning))
+        attached = probe.set_attached(bool(spinning) or self.spin_watch.contended)
         self.ctx.counters.fpu_probe = {
             "attached": attached,
             "attaches": probe.attaches,

@@ -3,19 +3,25 @@
 The probe (probes/fpu.bpf.c) runs on every context switch of the host, yet only a thread that
 hardly sleeps can show RandomX's pattern.  :meth:`SpinWatch.candidates` finds those in three
 steps, each paid only when the one before found something: the host's CPU time (/proc/stat:
-one read), the processes that used :data:`BUSY_SHARE` of a core since the previous look
+one read), the processes that used :data:`MIN_SHARE` of a core since the previous look
 (/proc/PID/stat; over its lifetime for one not seen before, so a miner started before the
-look counts at once), and in those, threads that ran that much while blocking at most
-:data:`SLEEPS_PER_S` times a second (their schedstat and status).  A throttled miner (a CPU
-quota, a SIGSTOP duty cycle) blocks rarely; a pipe ping-pong or a server blocks thousands of
-times a second.
+look counts at once), and in those, threads that blocked at most :data:`SLEEPS_PER_S` times a
+second and either ran :data:`BUSY_SHARE` of a core or were runnable (ran, or waited for a CPU
+or for their CPU quota) :data:`RUNNABLE_SHARE` of the time (their schedstat and status).  A
+miner held to a tenth of a core by a quota, or starved by heavier work, runs little but is
+runnable all the time; one paused by SIGSTOP runs in bursts; a pipe ping-pong or a server
+blocks thousands of times a second.  On a host with more runnable threads than CPUs
+(/proc/loadavg) a thread of low weight (nice 19) may run too little to be picked out at all,
+so :attr:`SpinWatch.contended` says so and the probe runs while it lasts.
 """
 
 from __future__ import annotations
 
 import os
 
-BUSY_SHARE = 0.2  # of one core
+BUSY_SHARE = 0.2  # of one core: a thread that ran this much ...
+RUNNABLE_SHARE = 0.9  # ... or was runnable this share of the time, having run MIN_SHARE
+MIN_SHARE = 0.05  # of one core: a host or process that used less is not looked into
 SLEEPS_PER_S = 20.0  # voluntary switches a second of a thread that "hardly sleeps"
 MIN_AGE_S = 1.0  # a process or thread younger than this is judged at the next look
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -36,6 +42,11 @@ def _host_busy_ticks(proc_root: str) -> int:
     return sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)
 
 
+def _runnable_now(proc_root: str) -> int:
+    """Threads runnable on the host at this instant (/proc/loadavg's fourth field, R/T)."""
+    return int(_read(f"{proc_root}/loadavg").split()[3].split(b"/")[0])
+
+
 def _voluntary(task_dir: str) -> int | None:
     for line in _read(f"{task_dir}/status").splitlines():
         if line.startswith(b"voluntary_ctxt_switches:"):
@@ -46,15 +57,16 @@ def _voluntary(task_dir: str) -> int | None:
 class SpinWatch:
     """Pids with a thread that hardly sleeps (see the module docstring)."""
 
-    def __init__(self, proc_root: str = "/proc", share: float = BUSY_SHARE) -> None:
+    def __init__(self, proc_root: str = "/proc", cpus: int | None = None) -> None:
         self.proc_root = proc_root
-        self.share = share
+        self.cpus = cpus or os.cpu_count() or 1
+        self.contended = False  # more runnable threads than CPUs at the latest look
         self._host: tuple[float, int] | None = None  # (uptime, busy ticks) at the last look
         self._procs: dict[int, tuple[int, int, float]] = {}  # pid -> (start, CPU ticks, uptime)
         self._threads: dict[
-            tuple[int, int], tuple[float, int, int]
-        ] = {}  # -> (uptime, run ns, sleeps)
-        self.counts = {"looks": 0, "process_sweeps": 0, "thread_looks": 0}
+            tuple[int, int], tuple[float, int, int, int]
+        ] = {}  # -> (uptime, run ns, wait ns, sleeps)
+        self.counts = {"looks": 0, "process_sweeps": 0, "thread_looks": 0, "contended": 0}
 
     def candidates(self, ignore: int = 0) -> list[int]:
         """Processes (not ``ignore``, not kernel threads) with a thread that hardly sleeps."""
@@ -65,9 +77,15 @@ class SpinWatch:
         except (OSError, ValueError, IndexError):
             return []
         self.counts["looks"] += 1
+        self.contended = False
         last, self._host = self._host, (now, busy)
-        if last is not None and (busy - last[1]) / _TICKS < self.share * (now - last[0]):
-            return []  # the whole host was quieter than one busy thread
+        if last is not None and (busy - last[1]) / _TICKS < MIN_SHARE * (now - last[0]):
+            return []  # the whole host was quieter than one throttled thread
+        try:  # the look itself is one of the runnable threads
+            self.contended = _runnable_now(root) - 1 > self.cpus
+        except (OSError, ValueError, IndexError):
+            pass
+        self.counts["contended"] += self.contended
         self.counts["process_sweeps"] += 1
         return [pid for pid in self._busy_processes(now, ignore) if self._sleepless(pid, now)]
 
@@ -96,7 +114,7 @@ class SpinWatch:
             else:
                 age = now - start / _TICKS
                 share = used / _TICKS / age if age >= MIN_AGE_S else 0.0
-            if share >= self.share:
+            if share >= MIN_SHARE:
                 out.append(pid)
         self._procs = seen
         return out
@@ -112,23 +130,27 @@ class SpinWatch:
         for tid in tids:
             task_dir = f"{root}/{pid}/task/{tid}"
             try:
-                run_ns = int(_read(f"{task_dir}/schedstat").split()[0])
+                run_ns, wait_ns = (int(x) for x in _read(f"{task_dir}/schedstat").split()[:2])
                 sleeps = _voluntary(task_dir)
-            except (OSError, ValueError, IndexError):
+            except (OSError, ValueError):
                 continue
             if sleeps is None:
                 continue
             self.counts["thread_looks"] += 1
             key = (pid, int(tid))
             before = self._threads.get(key)
-            self._threads[key] = (now, run_ns, sleeps)
+            self._threads[key] = (now, run_ns, wait_ns, sleeps)
             if before is not None and now > before[0]:
-                span, ran, slept = now - before[0], run_ns - before[1], sleeps - before[2]
+                span, ran = now - before[0], (run_ns - before[1]) / 1e9
+                waited, slept = (wait_ns - before[2]) / 1e9, sleeps - before[3]
             else:
-                span, ran, slept = now - start, run_ns, sleeps
+                span, ran, waited, slept = now - start, run_ns / 1e9, wait_ns / 1e9, sleeps
                 if span < MIN_AGE_S:
                     continue
-            if ran / 1e9 >= self.share * span and slept <= SLEEPS_PER_S * span:
+            if slept <= SLEEPS_PER_S * span and (
+                ran >= BUSY_SHARE * span
+                or (ran >= MIN_SHARE * span and ran + waited >= RUNNABLE_SHARE * span)
+            ):
                 found = True
         if len(self._threads) > 4096:
             self._threads = {k: v for k, v in self._threads.items() if v[0] == now}

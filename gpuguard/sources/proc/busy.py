@@ -2,26 +2,26 @@
 
 The probe (probes/fpu.bpf.c) runs on every context switch of the host, yet only a thread that
 hardly sleeps can show RandomX's pattern.  :meth:`SpinWatch.candidates` finds those in three
-steps, each paid only when the one before found something: the host's CPU time (/proc/stat:
-one read), the processes that used :data:`MIN_SHARE` of a core since the previous look
-(/proc/PID/stat; over its lifetime for one not seen before, so a miner started before the
-look counts at once), and in those, threads that blocked at most :data:`SLEEPS_PER_S` times a
-second and either ran :data:`BUSY_SHARE` of a core or were runnable (ran, or waited for a CPU
-or for their CPU quota) :data:`RUNNABLE_SHARE` of the time (their schedstat and status).  A
-miner held to a tenth of a core by a quota, or starved by heavier work, runs little but is
-runnable all the time; one paused by SIGSTOP runs in bursts; a pipe ping-pong or a server
-blocks thousands of times a second.  On a host with more runnable threads than CPUs
-(/proc/loadavg) a thread of low weight (nice 19) may run too little to be picked out at all,
-so :attr:`SpinWatch.contended` says so and the probe runs while it lasts.
+steps, each paid only when the one before found something: the host's CPU time (/proc/stat),
+the processes that used :data:`MIN_SHARE` of a core since the previous look (/proc/PID/stat;
+over its lifetime for one not seen before), and in those, threads that blocked at most
+:data:`SLEEPS_PER_S` times a second and ran :data:`BUSY_SHARE` of a core, or were runnable (ran,
+or waited for a CPU or their quota) as long as a spinning thread is (``cpu_usage.SPINNING``,
+the bar the CPU-miner rules read): a miner held to a tenth of a core by a quota, or starved by
+heavier work, runs little but is runnable all along; a pipe ping-pong blocks thousands of times
+a second.  With more runnable threads than CPUs (/proc/loadavg) a nice-19 thread may run too
+little to be picked out, so :attr:`SpinWatch.contended` says so and the probe runs meanwhile.
 """
 
 from __future__ import annotations
 
 import os
 
-BUSY_SHARE = 0.2  # of one core: a thread that ran this much ...
-RUNNABLE_SHARE = 0.9  # ... or was runnable this share of the time, having run MIN_SHARE
-MIN_SHARE = 0.05  # of one core: a host or process that used less is not looked into
+from gpuguard.sources.proc.cpu_usage import SPINNING
+
+BUSY_SHARE = 0.2  # of one core: a thread that ran this much, or was runnable SPINNING ...
+MIN_SHARE = 0.05  # ... having run this much of a core; a host or process that used less is
+# not looked into
 SLEEPS_PER_S = 20.0  # voluntary switches a second of a thread that "hardly sleeps"
 MIN_AGE_S = 1.0  # a process or thread younger than this is judged at the next look
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -149,7 +149,7 @@ class SpinWatch:
                     continue
             if slept <= SLEEPS_PER_S * span and (
                 ran >= BUSY_SHARE * span
-                or (ran >= MIN_SHARE * span and ran + waited >= RUNNABLE_SHARE * span)
+                or (ran >= MIN_SHARE * span and ran + waited >= SPINNING * span)
             ):
                 found = True
         if len(self._threads) > 4096:
